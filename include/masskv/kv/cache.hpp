@@ -1,0 +1,83 @@
+// kv::PagedKVCache: the owner of one layer's pages, page summaries and per-sequence page
+// lists (DESIGN.md §3). Single-threaded by contract: callers serialise mutation.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "masskv/kv/paged_kv.hpp"
+
+namespace masskv::kv {
+
+using SeqId = std::int32_t;
+
+struct CacheConfig {
+  int num_kv_heads = 8;
+  int head_dim = 128;
+  int page_size = 16;     // power of two in [1, 256]
+  DType dtype = DType::f16;
+  int capacity_pages = 0;  // size of the pool; > 0
+  Layout layout = Layout::HND;
+  void validate() const;
+};
+
+// A page table for a batch of sequences, owning its arrays; `table()` views them.
+struct PageTableStorage {
+  std::vector<std::int32_t> indptr, indices, last_page_len;
+  PageTable table() const { return {indptr, indices, last_page_len}; }
+};
+
+class PagedKVCache {
+ public:
+  explicit PagedKVCache(const CacheConfig& config);
+  ~PagedKVCache();
+  PagedKVCache(PagedKVCache&&) noexcept;
+  PagedKVCache& operator=(PagedKVCache&&) noexcept;
+
+  const CacheConfig& config() const;
+
+  SeqId create();
+  // New sequence sharing all of `parent`'s pages. Full pages stay shared; the partial last
+  // page (and its summary) is copied on the first write by either sequence.
+  SeqId fork(SeqId parent);
+  // Releases the sequence; pages return to the free list when no sequence uses them.
+  void free(SeqId seq);
+
+  // Appends n tokens: k, v are [n][num_kv_heads][head_dim] f32, converted to the cache dtype
+  // (round to nearest even). Summaries are updated in O(d) per token from the stored
+  // (converted) keys. Throws Error(out_of_memory) when the pool runs out (nothing is
+  // appended then), Error(non_finite, "k"/"v") on NaN/inf input.
+  void append(SeqId seq, std::span<const float> k, std::span<const float> v, int n = 1);
+
+  std::int64_t length(SeqId seq) const;
+  int free_pages() const;
+  bool alive(SeqId seq) const;
+
+  // Page table of the given sequences, in order.
+  PageTableStorage page_table(std::span<const SeqId> seqs) const;
+  // View for kernels; `table` must outlive the view's use.
+  PagedKVView view(const PageTableStorage& table) const;
+  SummariesView summaries() const;
+
+  // Bytes held per stored token: KV and (separately) summaries, for reports.
+  double kv_bytes_per_token() const;
+  double summary_bytes_per_token() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+// Recomputes the summaries of one (page, head) from the stored keys of `view`'s pool
+// (the first `count` slots), in f64 for mean/M2. Used by tests and by `fork`'s checks.
+struct PageSummary {
+  std::vector<float> min, max;
+  std::vector<double> mean, m2;
+  int count = 0;
+  double max_vnorm = 0;
+};
+PageSummary recompute_summary(const PagedKVView& view, std::int32_t page, int head, int count);
+
+}  // namespace masskv::kv

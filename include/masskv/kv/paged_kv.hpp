@@ -1,0 +1,88 @@
+// Views of a paged KV cache (DESIGN.md §3). Kernels take these by value; nothing here owns
+// memory. The owner is kv::PagedKVCache (kv/cache.hpp), but any engine's cache with the same
+// page table can be viewed: strides let an NHD cache (vLLM, FlashInfer's default) pass too.
+#pragma once
+
+#include <cstdint>
+#include <span>
+
+#include "masskv/dtype.hpp"
+
+namespace masskv::kv {
+
+// HND: [page][kv_head][slot][dim] (masskv's own: one head's page is one burst).
+// NHD: [page][slot][kv_head][dim].
+enum class Layout { HND, NHD };
+
+// FlashInfer's CSR page table, int32. Sequence b owns physical pages
+// indices[indptr[b] .. indptr[b+1]) in token order; its last page holds last_page_len[b]
+// tokens (1..page_size), every other page is full.
+struct PageTable {
+  std::span<const std::int32_t> indptr;         // [B + 1], indptr[0] == 0, non-decreasing
+  std::span<const std::int32_t> indices;        // [indptr[B]]
+  std::span<const std::int32_t> last_page_len;  // [B]
+
+  int batch() const { return indptr.empty() ? 0 : static_cast<int>(indptr.size()) - 1; }
+  int num_pages(int b) const { return indptr[b + 1] - indptr[b]; }
+  std::int32_t page(int b, int logical) const { return indices[indptr[b] + logical]; }
+  // Tokens stored in sequence b.
+  std::int64_t length(int b, int page_size) const {
+    const int n = num_pages(b);
+    return n == 0 ? 0 : static_cast<std::int64_t>(n - 1) * page_size + last_page_len[b];
+  }
+  // Valid slots of logical page `logical` of sequence b.
+  int page_len(int b, int logical, int page_size) const {
+    return logical + 1 == num_pages(b) ? last_page_len[b] : page_size;
+  }
+};
+
+struct PagedKVView {
+  const void* k = nullptr;
+  const void* v = nullptr;
+  DType dtype = DType::f16;
+  int num_pages = 0;     // physical pages in the pool
+  int num_kv_heads = 0;
+  int page_size = 16;    // power of two, 1..256
+  int head_dim = 128;
+  // Element strides, shared by K and V; the dim axis is contiguous.
+  std::int64_t stride_page = 0, stride_head = 0, stride_slot = 0;
+  PageTable table;
+
+  // Strides of a contiguous pool in `layout`.
+  void set_layout(Layout layout);
+  std::int64_t offset(std::int32_t page, int head, int slot) const {
+    return page * stride_page + head * stride_head + slot * stride_slot;
+  }
+  template <class T>
+  const T* key(std::int32_t page, int head, int slot) const {
+    return static_cast<const T*>(k) + offset(page, head, slot);
+  }
+  template <class T>
+  const T* value(std::int32_t page, int head, int slot) const {
+    return static_cast<const T*>(v) + offset(page, head, slot);
+  }
+
+  // Checks geometry and the page table: indptr monotone starting at 0, ids in
+  // [0, num_pages), every sequence non-empty with last_page_len in [1, page_size].
+  // Throws masskv::Error naming the offending argument. O(nnz).
+  void validate() const;
+};
+
+// Per page and kv head statistics of the keys (DESIGN.md §3), f32, laid out
+// [page][kv_head][head_dim] (count: [page]; max_vnorm: [page][kv_head]).
+// min/max are bit-equal to a recomputation from the stored keys; mean/M2 follow Welford.
+struct SummariesView {
+  const float* min = nullptr;
+  const float* max = nullptr;
+  const float* mean = nullptr;
+  const float* m2 = nullptr;
+  const std::int32_t* count = nullptr;
+  const float* max_vnorm = nullptr;  // max over the page's tokens of ||v||_2
+  int num_pages = 0, num_kv_heads = 0, head_dim = 0;
+
+  std::int64_t at(std::int32_t page, int head) const {
+    return (static_cast<std::int64_t>(page) * num_kv_heads + head) * head_dim;
+  }
+};
+
+}  // namespace masskv::kv

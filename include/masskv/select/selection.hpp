@@ -1,0 +1,26 @@
+// The Selection (DESIGN.md §3): the output of every selector and the input of sparse kernels.
+#pragma once
+
+#include <cstdint>
+#include <span>
+
+namespace masskv {
+
+// Per (sequence b, kv head h): ids[(b * num_kv_heads + h) * max_per_head + i], i < count,
+// strictly ascending, padded with -1. Ids are *logical* (position order within the
+// sequence): page ids 0..num_pages(b)-1 or token ids 0..length(b)-1. All q heads of a kv
+// group share the kv head's list (the shape vLLM/SGLang/FlashMLA sparse paths take).
+struct SelectionView {
+  enum class Unit { page, token };
+  Unit unit = Unit::page;
+  int batch = 0, num_kv_heads = 0, max_per_head = 0;
+  std::span<const std::int32_t> ids;    // [batch][num_kv_heads][max_per_head]
+  std::span<const std::int32_t> count;  // [batch][num_kv_heads]
+
+  std::span<const std::int32_t> list(int b, int h) const {
+    const std::size_t base = (static_cast<std::size_t>(b) * num_kv_heads + h) * max_per_head;
+    return ids.subspan(base, static_cast<std::size_t>(count[b * num_kv_heads + h]));
+  }
+};
+
+}  // namespace masskv
