@@ -1,8 +1,28 @@
+#include <fmt/core.h>
+
 #include <CLI/CLI.hpp>
+#include <cstdio>
+#include <exception>
+
+#include "commands.hpp"
+#include "masskv/error.hpp"
 
 int main(int argc, char** argv) {
-  CLI::App app{"masskv: sparse long-context attention"};
+  CLI::App app{"masskv: sparse long-context attention that reads only the KV cache that "
+               "carries attention mass"};
   app.require_subcommand(1);
-  CLI11_PARSE(app, argc, argv);
+  app.set_version_flag("--version", "masskv 0.1.0");
+  masskv::cli::register_bench(app);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  } catch (const masskv::Error& e) {
+    fmt::print(stderr, "masskv: error ({}): {}\n", masskv::to_string(e.code()), e.what());
+    return 2;
+  } catch (const std::exception& e) {
+    fmt::print(stderr, "masskv: error: {}\n", e.what());
+    return 1;
+  }
   return 0;
 }

@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# Installs what masskv needs on a fresh Debian 12 machine, by package name, then configures
+# and builds. Idempotent: a second run installs nothing and rebuilds only what changed.
+#   scripts/setup.sh [--build-dir DIR] [--sanitize] [--no-build]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+build_dir=build
+sanitize=OFF
+do_build=1
+while [[ $# -gt 0 ]]; do
+  case "$1" in
+    --build-dir) build_dir="$2"; shift 2 ;;
+    --sanitize) sanitize=ON; shift ;;
+    --no-build) do_build=0; shift ;;
+    -h|--help) sed -n '2,5p' "$0"; exit 0 ;;
+    *) echo "setup.sh: unknown option $1" >&2; exit 2 ;;
+  esac
+done
+
+apt_packages=(build-essential cmake ninja-build ccache pkg-config
+              libfmt-dev libcli11-dev nlohmann-json3-dev libgtest-dev libgmock-dev
+              libbenchmark-dev libomp-dev)
+missing=()
+for p in "${apt_packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [[ ${#missing[@]} -gt 0 ]]; then
+  echo "setup: installing ${missing[*]}" >&2
+  sudo_cmd=""; [[ $(id -u) -ne 0 ]] && sudo_cmd="sudo"
+  $sudo_cmd apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y -qq --no-install-recommends \
+    "${missing[@]}" >/dev/null
+fi
+
+[[ $do_build -eq 1 ]] || exit 0
+
+werror=OFF; [[ "${CI:-}" == "true" ]] && werror=ON
+extra=()
+# The sanitizer build runs the CPU tests only: CUDA objects would not run here anyway.
+[[ $sanitize == ON ]] && extra+=(-DMASSKV_CUDA=OFF)
+mkdir -p "$build_dir"
+cmake -S . -B "$build_dir" -G Ninja -DCMAKE_BUILD_TYPE=Release -DMASSKV_WERROR="$werror" \
+  -DMASSKV_SANITIZE="$sanitize" "${extra[@]}" >"$build_dir/configure.log" 2>&1 ||
+  { cat "$build_dir/configure.log" >&2; exit 1; }
+ninja -C "$build_dir" >&2

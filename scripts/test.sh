@@ -1,0 +1,81 @@
+#!/usr/bin/env bash
+# Sets up, builds and runs the whole masskv test suite; ends with one line
+# "N passed, N failed" summed over every runner used.
+#   scripts/test.sh              Release build: gtest suite + CLI checks
+#   scripts/test.sh --sanitize   ... then the gtest suite again under ASan + UBSan
+set -uo pipefail
+cd "$(dirname "$0")/.."
+
+sanitize=0
+for a in "$@"; do
+  case "$a" in
+    --sanitize) sanitize=1 ;;
+    -h|--help) sed -n '2,5p' "$0"; exit 0 ;;
+    *) echo "test.sh: unknown option $a" >&2; exit 2 ;;
+  esac
+done
+
+passed=0
+failed=0
+log_dir=$(mktemp -d)
+
+# Runs a gtest binary; adds its counts. A crash (no summary line) counts as one failure.
+run_gtest() {
+  local name=$1; shift
+  local log="$log_dir/$name.log"
+  echo "== $name" >&2
+  local t0=$SECONDS
+  "$@" --gtest_brief=1 >"$log" 2>&1
+  local rc=$?
+  local p f
+  p=$(grep -oP '^\[  PASSED  \] \K[0-9]+' "$log" | tail -1)
+  f=$(grep -oP '^\[  FAILED  \] \K[0-9]+(?= tests?, listed below)' "$log" | tail -1)
+  p=${p:-0}; f=${f:-0}
+  if [[ $rc -ne 0 && $f -eq 0 ]]; then
+    f=1
+    echo "$name exited with status $rc without a test summary:" >&2
+    tail -40 "$log" >&2
+  fi
+  grep -E '^\[  FAILED  \]|Failure|ERROR: AddressSanitizer|runtime error' "$log" | head -60 >&2
+  echo "$name: $p passed, $f failed ($((SECONDS - t0)) s)" >&2
+  passed=$((passed + p)); failed=$((failed + f))
+}
+
+# Runs a script that ends with "N passed, N failed"; adds its counts.
+run_counted() {
+  local name=$1; shift
+  local log="$log_dir/$name.log"
+  echo "== $name" >&2
+  "$@" >"$log" 2>&1
+  local rc=$?
+  local line p f
+  line=$(grep -E '^[0-9]+ passed, [0-9]+ failed$' "$log" | tail -1)
+  p=$(echo "$line" | awk '{print $1}'); f=$(echo "$line" | awk '{print $3}')
+  p=${p:-0}; f=${f:-0}
+  [[ $rc -ne 0 && $f -eq 0 ]] && f=1
+  grep -E '^FAIL' "$log" >&2
+  echo "$name: $p passed, $f failed" >&2
+  passed=$((passed + p)); failed=$((failed + f))
+}
+
+if scripts/setup.sh --build-dir build; then
+  run_gtest unit build/masskv_tests
+  run_counted cli tests/cli/run.sh build/masskv
+else
+  echo "test.sh: Release build failed" >&2
+  failed=$((failed + 1))
+fi
+
+if [[ $sanitize -eq 1 ]]; then
+  if scripts/setup.sh --build-dir build-asan --sanitize; then
+    ASAN_OPTIONS=detect_leaks=1:abort_on_error=0 UBSAN_OPTIONS=print_stacktrace=1 \
+      run_gtest unit-asan-ubsan build-asan/masskv_tests
+  else
+    echo "test.sh: sanitizer build failed" >&2
+    failed=$((failed + 1))
+  fi
+fi
+
+rm -rf "$log_dir"
+echo "$passed passed, $failed failed"
+[[ $failed -eq 0 && $passed -gt 0 ]]

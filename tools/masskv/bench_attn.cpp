@@ -1,0 +1,373 @@
+// `masskv bench attn`: CPU decode attention, dense vs sparse (page-bound top-k), with the
+// read bandwidth of this machine measured in the same run (DESIGN.md §6: ratios measured
+// side by side). Not a test: timings are reported, never asserted.
+#include <fmt/core.h>
+#include <fmt/os.h>
+#include <omp.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <nlohmann/json.hpp>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "bench_select.hpp"
+#include "commands.hpp"
+#include "masskv/attn/decode.hpp"
+#include "masskv/error.hpp"
+#include "masskv/kv/cache.hpp"
+#include "membw.hpp"
+#include "parse.hpp"
+#include "progress.hpp"
+
+namespace masskv::cli {
+namespace {
+
+struct Options {
+  std::vector<std::string> depths{"4K", "16K", "32K", "64K", "128K", "256K"};
+  std::vector<int> threads{1, 2};
+  int hq = 32, hkv = 8, head_dim = 128, page_size = 16;
+  std::string kv_dtype = "f16";
+  std::vector<std::string> budgets{"1/32", "1/16", "1/8"};
+  int sink_pages = 1;
+  int window = 64;
+  std::string mapping = "softmax";
+  double alpha = 1.5;
+  double min_seconds = 0.25;
+  int min_reps = 5;
+  std::uint64_t seed = 1;
+  std::string json_path, csv_path;
+};
+
+// Timing summary of one measured quantity, µs.
+struct Stat {
+  double median = 0, mean = 0, sd = 0;
+  int reps = 0;
+};
+
+Stat summarise(std::vector<double> us) {
+  Stat s;
+  s.reps = static_cast<int>(us.size());
+  s.mean = std::accumulate(us.begin(), us.end(), 0.0) / s.reps;
+  double v = 0;
+  for (double x : us) v += (x - s.mean) * (x - s.mean);
+  s.sd = s.reps > 1 ? std::sqrt(v / (s.reps - 1)) : 0.0;
+  std::nth_element(us.begin(), us.begin() + s.reps / 2, us.end());
+  s.median = us[static_cast<std::size_t>(s.reps / 2)];
+  return s;
+}
+
+double now_us() {
+  return std::chrono::duration<double, std::micro>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+// Layer-sized caches to rotate over so that no context is served from the CPU's caches:
+// together they span at least 512 MiB (16x a 32 MiB L3), between 2 and 8 of them.
+int rotation_count(double cache_bytes) {
+  return std::clamp(static_cast<int>(std::ceil(512.0 * (1 << 20) / cache_bytes)), 2, 8);
+}
+
+// Fills `cache` with `seqs` sequences of `length` tokens of random keys/values. Keys get a
+// per-channel scale and offset so page bounds differ between pages, as real keys do.
+std::vector<kv::SeqId> fill_cache(kv::PagedKVCache& cache, int seqs, std::int64_t length,
+                                  std::uint64_t seed, Progress& progress) {
+  const auto& cfg = cache.config();
+  const int row = cfg.num_kv_heads * cfg.head_dim;
+  constexpr int batch = 256;
+  std::mt19937_64 rng(seed);
+  std::vector<float> chan_scale(static_cast<std::size_t>(row)), chan_bias(chan_scale.size());
+  std::normal_distribution<float> gauss(0.0f, 1.0f);
+  for (std::size_t c = 0; c < chan_scale.size(); ++c) {
+    chan_scale[c] = 0.5f + std::fabs(gauss(rng));
+    chan_bias[c] = 0.3f * gauss(rng);
+  }
+  std::vector<float> k(static_cast<std::size_t>(batch) * row), v(k.size());
+  std::vector<kv::SeqId> ids;
+  std::uint64_t x = seed * 0x9E3779B97F4A7C15ull + 1;
+  auto uniform = [&x] {  // xorshift64*: fast enough to fill GiBs
+    x ^= x >> 12;
+    x ^= x << 25;
+    x ^= x >> 27;
+    return static_cast<float>((x * 0x2545F4914F6CDD1Dull) >> 40) * 0x1p-24f * 2.0f - 1.0f;
+  };
+  for (int s = 0; s < seqs; ++s) {
+    const kv::SeqId id = cache.create();
+    ids.push_back(id);
+    for (std::int64_t t = 0; t < length; t += batch) {
+      const int n = static_cast<int>(std::min<std::int64_t>(batch, length - t));
+      for (int i = 0; i < n; ++i) {
+        const float drift = uniform();  // a per-token shift makes some pages score higher
+        for (int c = 0; c < row; ++c) {
+          const std::size_t o = static_cast<std::size_t>(i) * row + c;
+          k[o] = chan_scale[static_cast<std::size_t>(c)] * (uniform() + 0.5f * drift) +
+                 chan_bias[static_cast<std::size_t>(c)];
+          v[o] = uniform();
+        }
+      }
+      cache.append(id, std::span<const float>(k.data(), static_cast<std::size_t>(n) * row),
+                   std::span<const float>(v.data(), static_cast<std::size_t>(n) * row), n);
+      progress.advance(n);
+    }
+  }
+  return ids;
+}
+
+struct DenseRow {
+  std::int64_t context;
+  int threads;
+  Stat us;
+  double bytes, gbps, read_gbps;
+};
+
+struct SparseRow {
+  std::int64_t context;
+  int threads;
+  std::string budget;
+  double pages_selected;  // mean per kv head
+  Stat select_us, total_us;
+  double kv_bytes, summary_bytes, dense_us, speedup, bytes_ratio;
+};
+
+void run(const Options& opt) {
+  const Mapping mapping = opt.mapping == "entmax" ? Mapping::entmax(opt.alpha) : Mapping::softmax();
+  mapping.validate();
+  const DType dtype = parse_dtype(opt.kv_dtype, "--kv-dtype");
+  require(opt.hq > 0 && opt.hkv > 0 && opt.hq % opt.hkv == 0, ErrorCode::invalid_argument,
+          "--hq", "must be a positive multiple of --hkv (", opt.hq, " vs ", opt.hkv, ")");
+  std::vector<std::int64_t> depths;
+  for (const auto& d : opt.depths) depths.push_back(parse_count(d, "--depth"));
+  std::vector<double> budgets;
+  for (const auto& b : opt.budgets) budgets.push_back(parse_fraction(b, "--budget"));
+  for (int t : opt.threads)
+    require(t >= 1, ErrorCode::invalid_argument, "--threads", "must be >= 1, got ", t);
+
+  const double kv_bytes_per_token = 2.0 * opt.hkv * opt.head_dim * dtype_size(dtype);
+  // Read bandwidth probe: 1 GiB, well beyond the last-level cache.
+  std::vector<double> read_gbps;
+  for (int t : opt.threads) read_gbps.push_back(measure_read_bandwidth(1ull << 30, t, 5).gb_per_s);
+
+  std::vector<DenseRow> dense_rows;
+  std::vector<SparseRow> sparse_rows;
+  double cache_bpt = 0, summary_bpt = 0, bound_bpt = 0;
+
+  std::mt19937_64 qrng(opt.seed ^ 0xabcdef);
+  std::normal_distribution<float> gauss(0.0f, 1.0f);
+  constexpr int q_sets = 16;  // vary q between iterations
+  std::vector<float> qs(static_cast<std::size_t>(q_sets) * opt.hq * opt.head_dim);
+  for (auto& x : qs) x = gauss(qrng);
+  std::vector<float> out(static_cast<std::size_t>(opt.hq) * opt.head_dim);
+  std::vector<float> lse(static_cast<std::size_t>(opt.hq));
+
+  for (std::int64_t context : depths) {
+    const int rot = rotation_count(kv_bytes_per_token * static_cast<double>(context));
+    const int pages_per_seq = static_cast<int>((context + opt.page_size - 1) / opt.page_size);
+    kv::CacheConfig cfg;
+    cfg.num_kv_heads = opt.hkv;
+    cfg.head_dim = opt.head_dim;
+    cfg.page_size = opt.page_size;
+    cfg.dtype = dtype;
+    cfg.capacity_pages = rot * pages_per_seq;
+    kv::PagedKVCache cache(cfg);
+    std::vector<kv::SeqId> seqs;
+    {
+      Progress fill(fmt::format("fill {} x {} tokens", rot, context), rot * context);
+      seqs = fill_cache(cache, rot, context, opt.seed + static_cast<std::uint64_t>(context), fill);
+    }
+    cache_bpt = cache.kv_bytes_per_token();
+    summary_bpt = cache.summary_bytes_per_token();
+    std::vector<kv::PageTableStorage> tables;
+    for (auto s : seqs) tables.push_back(cache.page_table(std::span<const kv::SeqId>(&s, 1)));
+    BenchSelector selector(cache, opt.sink_pages, opt.window);
+    bound_bpt = selector.bytes_per_token();
+
+    const long steps_total = static_cast<long>(opt.threads.size() * (1 + budgets.size()));
+    Progress progress(fmt::format("bench {} tokens", context), steps_total);
+    for (std::size_t ti = 0; ti < opt.threads.size(); ++ti) {
+      const int threads = opt.threads[ti];
+      omp_set_num_threads(threads);
+      int iter = 0;
+      auto decode_once = [&](const SelectionView* sel, int r) {
+        attn::DecodeArgs a;
+        a.q = View3<const float>::contiguous(
+            qs.data() + static_cast<std::size_t>(iter % q_sets) * opt.hq * opt.head_dim, 1,
+            opt.hq, opt.head_dim);
+        a.cache = cache.view(tables[static_cast<std::size_t>(r)]);
+        a.mapping = mapping;
+        a.selection = sel;
+        a.out = View3<float>::contiguous(out.data(), 1, opt.hq, opt.head_dim);
+        a.lse_or_tau = lse;
+        attn::decode(a);
+      };
+      // Runs `step` until both min_reps and min_seconds are reached; returns µs per step.
+      auto time_steps = [&](auto&& step) {
+        std::vector<double> us;
+        step();  // warm-up
+        const double t_end = now_us() + opt.min_seconds * 1e6;
+        while (static_cast<int>(us.size()) < opt.min_reps || now_us() < t_end) {
+          const double t0 = now_us();
+          step();
+          us.push_back(now_us() - t0);
+        }
+        return us;
+      };
+
+      progress.set_note(fmt::format("dense, {} thread(s)", threads));
+      const Stat dense = summarise(time_steps([&] {
+        decode_once(nullptr, iter % rot);
+        ++iter;
+      }));
+      const double dense_bytes = kv_bytes_per_token * static_cast<double>(context);
+      dense_rows.push_back({context, threads, dense, dense_bytes,
+                            dense_bytes / dense.median / 1e3, read_gbps[ti]});
+      progress.advance();
+
+      for (std::size_t bi = 0; bi < budgets.size(); ++bi) {
+        progress.set_note(fmt::format("sparse {}, {} thread(s)", opt.budgets[bi], threads));
+        const int k_pages = std::max(1, static_cast<int>(std::ceil(pages_per_seq * budgets[bi])));
+        std::vector<double> sel_us;
+        double pages_sum = 0;
+        int pages_n = 0;
+        const Stat total = summarise(time_steps([&] {
+          const int r = iter % rot;
+          const double t0 = now_us();
+          const SelectionView& sel = selector.select(
+              tables[static_cast<std::size_t>(r)],
+              std::span<const float>(
+                  qs.data() + static_cast<std::size_t>(iter % q_sets) * opt.hq * opt.head_dim,
+                  static_cast<std::size_t>(opt.hq) * opt.head_dim),
+              opt.hq, k_pages);
+          sel_us.push_back(now_us() - t0);
+          decode_once(&sel, r);
+          pages_sum += selector.mean_pages_selected();
+          ++pages_n;
+          ++iter;
+        }));
+        const double pages = pages_sum / pages_n;
+        const double kv_b = pages * opt.page_size * kv_bytes_per_token;
+        const double sum_b = selector.scan_bytes(pages_per_seq);
+        sparse_rows.push_back({context, threads, opt.budgets[bi], pages, summarise(sel_us), total,
+                               kv_b, sum_b, dense.median, dense.median / total.median,
+                               dense_bytes / (kv_b + sum_b)});
+        progress.advance();
+      }
+    }
+  }
+
+  fmt::print("\n## masskv bench attn — CPU decode, {} KV, Hq={}, Hkv={}, d={}, page {}, {}\n\n",
+             opt.kv_dtype, opt.hq, opt.hkv, opt.head_dim, opt.page_size,
+             mapping.is_entmax() ? fmt::format("entmax α={}", opt.alpha) : "softmax");
+  for (std::size_t ti = 0; ti < opt.threads.size(); ++ti)
+    fmt::print("read bandwidth (1 GiB sum, {} thread(s)): {:.1f} GB/s\n", opt.threads[ti],
+               read_gbps[ti]);
+  fmt::print(
+      "memory per token: KV {:.0f} B, f32 summaries (min/max/mean/M2/count/max‖v‖) {:.1f} B, "
+      "bf16 bounds (min/max, outward rounded) {:.1f} B\n\n",
+      cache_bpt, summary_bpt, bound_bpt);
+  fmt::print("| context | threads | dense µs (median ± sd) | KV read MB | GB/s | % of read BW |\n");
+  fmt::print("|---:|---:|---:|---:|---:|---:|\n");
+  for (const auto& r : dense_rows)
+    fmt::print("| {} | {} | {:.0f} ± {:.0f} | {:.1f} | {:.1f} | {:.0f}% |\n", r.context, r.threads,
+               r.us.median, r.us.sd, r.bytes / 1e6, r.gbps, 100.0 * r.gbps / r.read_gbps);
+  fmt::print(
+      "\n| context | threads | budget | pages/head | select µs | sparse µs (select incl.) | KV "
+      "read MB | bounds read MB | speedup vs dense | bytes ratio | speedup / bytes ratio |\n");
+  fmt::print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+  for (const auto& r : sparse_rows)
+    fmt::print("| {} | {} | {} | {:.0f} | {:.0f} | {:.0f} ± {:.0f} | {:.2f} | {:.2f} | {:.2f}× | "
+               "{:.2f}× | {:.2f} |\n",
+               r.context, r.threads, r.budget, r.pages_selected, r.select_us.median,
+               r.total_us.median, r.total_us.sd, r.kv_bytes / 1e6, r.summary_bytes / 1e6,
+               r.speedup, r.bytes_ratio, r.speedup / r.bytes_ratio);
+
+  if (!opt.json_path.empty() || !opt.csv_path.empty()) {
+    nlohmann::json j;
+    j["config"] = {{"kv_dtype", opt.kv_dtype}, {"hq", opt.hq},         {"hkv", opt.hkv},
+                   {"head_dim", opt.head_dim}, {"page_size", opt.page_size},
+                   {"mapping", opt.mapping},   {"alpha", opt.alpha},    {"sink_pages", opt.sink_pages},
+                   {"window", opt.window}};
+    j["read_gbps"] = nlohmann::json::array();
+    for (std::size_t ti = 0; ti < opt.threads.size(); ++ti)
+      j["read_gbps"].push_back({{"threads", opt.threads[ti]}, {"gbps", read_gbps[ti]}});
+    j["bytes_per_token"] = {{"kv", cache_bpt}, {"summaries_f32", summary_bpt},
+                            {"bounds_bf16", bound_bpt}};
+    for (const auto& r : dense_rows)
+      j["dense"].push_back({{"context", r.context}, {"threads", r.threads},
+                            {"us_median", r.us.median}, {"us_sd", r.us.sd}, {"reps", r.us.reps},
+                            {"bytes", r.bytes}, {"gbps", r.gbps}, {"read_gbps", r.read_gbps}});
+    for (const auto& r : sparse_rows)
+      j["sparse"].push_back({{"context", r.context}, {"threads", r.threads}, {"budget", r.budget},
+                             {"pages_per_head", r.pages_selected},
+                             {"select_us_median", r.select_us.median},
+                             {"us_median", r.total_us.median}, {"us_sd", r.total_us.sd},
+                             {"kv_bytes", r.kv_bytes}, {"bound_bytes", r.summary_bytes},
+                             {"dense_us", r.dense_us}, {"speedup", r.speedup},
+                             {"bytes_ratio", r.bytes_ratio}});
+    if (!opt.json_path.empty()) {
+      auto f = fmt::output_file(opt.json_path);
+      f.print("{}\n", j.dump(2));
+    }
+    if (!opt.csv_path.empty()) {
+      auto f = fmt::output_file(opt.csv_path);
+      f.print("kind,context,threads,budget,us_median,us_sd,kv_bytes,bound_bytes,gbps,speedup,"
+              "bytes_ratio\n");
+      for (const auto& r : dense_rows)
+        f.print("dense,{},{},1,{:.3f},{:.3f},{:.0f},0,{:.3f},1,1\n", r.context, r.threads,
+                r.us.median, r.us.sd, r.bytes, r.gbps);
+      for (const auto& r : sparse_rows)
+        f.print("sparse,{},{},{},{:.3f},{:.3f},{:.0f},{:.0f},,{:.3f},{:.3f}\n", r.context,
+                r.threads, r.budget, r.total_us.median, r.total_us.sd, r.kv_bytes,
+                r.summary_bytes, r.speedup, r.bytes_ratio);
+    }
+  }
+}
+
+}  // namespace
+
+void register_bench(CLI::App& app) {
+  auto* bench = app.add_subcommand("bench", "Benchmarks (timings are reported, never asserted)");
+  bench->require_subcommand(1);
+  auto opt = std::make_shared<Options>();
+  auto* attn = bench->add_subcommand(
+      "attn",
+      "CPU decode attention: dense vs sparse (top-k pages on the bf16 page bound, selection "
+      "time included), with this machine's read bandwidth measured in the same run");
+  attn->add_option("-d,--depth", opt->depths, "Context lengths (tokens; K/M suffixes allowed)")
+      ->delimiter(',')
+      ->capture_default_str();
+  attn->add_option("-t,--threads", opt->threads, "Thread counts to run")
+      ->delimiter(',')
+      ->capture_default_str();
+  attn->add_option("--hq", opt->hq, "Query heads")->capture_default_str();
+  attn->add_option("--hkv", opt->hkv, "KV heads")->capture_default_str();
+  attn->add_option("--head-dim", opt->head_dim, "Head dimension")->capture_default_str();
+  attn->add_option("--page", opt->page_size, "Page size (tokens)")->capture_default_str();
+  attn->add_option("--kv-dtype", opt->kv_dtype, "KV storage type: f32, f16, bf16")
+      ->capture_default_str();
+  attn->add_option("-b,--budget", opt->budgets, "Sparse budgets as fractions of the context")
+      ->delimiter(',')
+      ->capture_default_str();
+  attn->add_option("--sink-pages", opt->sink_pages, "Sink pages always kept")
+      ->capture_default_str();
+  attn->add_option("--window", opt->window, "Local window (tokens) always kept")
+      ->capture_default_str();
+  attn->add_option("--mapping", opt->mapping, "softmax or entmax")
+      ->check(CLI::IsMember({"softmax", "entmax"}))
+      ->capture_default_str();
+  attn->add_option("--alpha", opt->alpha, "entmax alpha in (1, 2]")->capture_default_str();
+  attn->add_option("--min-seconds", opt->min_seconds, "Minimum timed seconds per row")
+      ->capture_default_str();
+  attn->add_option("-r,--repeat", opt->min_reps, "Minimum repetitions per row")
+      ->capture_default_str();
+  attn->add_option("--seed", opt->seed, "Random seed")->capture_default_str();
+  attn->add_option("--json", opt->json_path, "Write results as JSON to this file");
+  attn->add_option("--csv", opt->csv_path, "Write results as CSV to this file");
+  attn->callback([opt] { run(*opt); });
+}
+
+}  // namespace masskv::cli
