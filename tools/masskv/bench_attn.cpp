@@ -15,11 +15,11 @@
 #include <string>
 #include <vector>
 
-#include "bench_select.hpp"
 #include "commands.hpp"
 #include "masskv/attn/decode.hpp"
 #include "masskv/error.hpp"
 #include "masskv/kv/cache.hpp"
+#include "masskv/select/page_bound.hpp"
 #include "membw.hpp"
 #include "parse.hpp"
 #include "progress.hpp"
@@ -183,8 +183,10 @@ void run(const Options& opt) {
     summary_bpt = cache.summary_bytes_per_token();
     std::vector<kv::PageTableStorage> tables;
     for (auto s : seqs) tables.push_back(cache.page_table(std::span<const kv::SeqId>(&s, 1)));
-    BenchSelector selector(cache, opt.sink_pages, opt.window);
-    bound_bpt = selector.bytes_per_token();
+    const select::BoundStore bounds(cache.summaries());
+    const select::BoundStoreView bounds_view = bounds.view();
+    bound_bpt = bounds.bytes_per_token(opt.page_size);
+    select::SelectionStorage selection;
 
     const long steps_total = static_cast<long>(opt.threads.size() * (1 + budgets.size()));
     Progress progress(fmt::format("bench {} tokens", context), steps_total);
@@ -236,21 +238,26 @@ void run(const Options& opt) {
         const Stat total = summarise(time_steps([&] {
           const int r = iter % rot;
           const double t0 = now_us();
-          const SelectionView& sel = selector.select(
-              tables[static_cast<std::size_t>(r)],
-              std::span<const float>(
-                  qs.data() + static_cast<std::size_t>(iter % q_sets) * opt.hq * opt.head_dim,
-                  static_cast<std::size_t>(opt.hq) * opt.head_dim),
-              opt.hq, k_pages);
+          select::QuestArgs qa;
+          qa.q = View3<const float>::contiguous(
+              qs.data() + static_cast<std::size_t>(iter % q_sets) * opt.hq * opt.head_dim, 1,
+              opt.hq, opt.head_dim);
+          qa.table = tables[static_cast<std::size_t>(r)].table();
+          qa.page_size = opt.page_size;
+          qa.bounds_bf16 = &bounds_view;
+          qa.policy = {k_pages, opt.sink_pages, opt.window};
+          select::quest_select(qa, selection);
           sel_us.push_back(now_us() - t0);
+          const SelectionView sel = selection.view();
           decode_once(&sel, r);
-          pages_sum += selector.mean_pages_selected();
+          pages_sum += std::accumulate(selection.count.begin(), selection.count.end(), 0.0) /
+                       static_cast<double>(selection.count.size());
           ++pages_n;
           ++iter;
         }));
         const double pages = pages_sum / pages_n;
         const double kv_b = pages * opt.page_size * kv_bytes_per_token;
-        const double sum_b = selector.scan_bytes(pages_per_seq);
+        const double sum_b = bound_bpt * static_cast<double>(context);
         sparse_rows.push_back({context, threads, opt.budgets[bi], pages, summarise(sel_us), total,
                                kv_b, sum_b, dense.median, dense.median / total.median,
                                dense_bytes / (kv_b + sum_b)});
