@@ -255,85 +255,56 @@ void q4_k_scales_mins(const std::uint8_t* p, std::uint8_t scales[8],
   }
 }
 
-DequantFn scalar_dequant(GgmlType type) noexcept {
-  switch (type) {
-    case GgmlType::f32:
-      return dequant_f32;
-    case GgmlType::f16:
-      return dequant_f16;
-    case GgmlType::bf16:
-      return dequant_bf16;
-    case GgmlType::q4_0:
-      return dequant_blocks<decode_q4_0, qk4_0, q4_0_bytes>;
-    case GgmlType::q4_1:
-      return dequant_blocks<decode_q4_1, qk4_1, q4_1_bytes>;
-    case GgmlType::q5_0:
-      return dequant_blocks<decode_q5_0, qk5_0, q5_0_bytes>;
-    case GgmlType::q5_1:
-      return dequant_blocks<decode_q5_1, qk5_1, q5_1_bytes>;
-    case GgmlType::q8_0:
-      return dequant_blocks<decode_q8_0, qk8_0, q8_0_bytes>;
-    case GgmlType::q4_k:
-      return dequant_blocks<decode_q4_k, qk_k, q4_k_bytes>;
-    case GgmlType::q6_k:
-      return dequant_blocks<decode_q6_k, qk_k, q6_k_bytes>;
-    default:
-      return nullptr;
+namespace {
+
+// One row per compute type: its scalar dequant/dot and its AVX2 dot.
+struct KernelSet {
+  GgmlType type;
+  DequantFn dequant;
+  DotFn dot;
+  DotFn avx2;
+};
+
+template <void (*Decode)(const std::uint8_t*, float*), std::size_t QK, std::size_t Bytes>
+constexpr KernelSet blocked(GgmlType type, DotFn avx2) {
+  return {type, dequant_blocks<Decode, QK, Bytes>, dot_blocks<Decode, QK, Bytes>, avx2};
+}
+
+constexpr KernelSet kKernels[] = {
+    {GgmlType::f32, dequant_f32, dot_f32, dot_f32_avx2},
+    {GgmlType::f16, dequant_f16, dot_f16, dot_f16_avx2},
+    {GgmlType::bf16, dequant_bf16, dot_bf16, dot_bf16_avx2},
+    blocked<decode_q4_0, qk4_0, q4_0_bytes>(GgmlType::q4_0, dot_q4_0_avx2),
+    blocked<decode_q4_1, qk4_1, q4_1_bytes>(GgmlType::q4_1, dot_q4_1_avx2),
+    blocked<decode_q5_0, qk5_0, q5_0_bytes>(GgmlType::q5_0, dot_q5_0_avx2),
+    blocked<decode_q5_1, qk5_1, q5_1_bytes>(GgmlType::q5_1, dot_q5_1_avx2),
+    blocked<decode_q8_0, qk8_0, q8_0_bytes>(GgmlType::q8_0, dot_q8_0_avx2),
+    blocked<decode_q4_k, qk_k, q4_k_bytes>(GgmlType::q4_k, dot_q4_k_avx2),
+    blocked<decode_q6_k, qk_k, q6_k_bytes>(GgmlType::q6_k, dot_q6_k_avx2),
+};
+
+const KernelSet* find_kernels(GgmlType type) noexcept {
+  for (const KernelSet& k : kKernels) {
+    if (k.type == type) return &k;
   }
+  return nullptr;
+}
+
+}  // namespace
+
+DequantFn scalar_dequant(GgmlType type) noexcept {
+  const KernelSet* k = find_kernels(type);
+  return k != nullptr ? k->dequant : nullptr;
 }
 
 DotFn scalar_dot(GgmlType type) noexcept {
-  switch (type) {
-    case GgmlType::f32:
-      return dot_f32;
-    case GgmlType::f16:
-      return dot_f16;
-    case GgmlType::bf16:
-      return dot_bf16;
-    case GgmlType::q4_0:
-      return dot_blocks<decode_q4_0, qk4_0, q4_0_bytes>;
-    case GgmlType::q4_1:
-      return dot_blocks<decode_q4_1, qk4_1, q4_1_bytes>;
-    case GgmlType::q5_0:
-      return dot_blocks<decode_q5_0, qk5_0, q5_0_bytes>;
-    case GgmlType::q5_1:
-      return dot_blocks<decode_q5_1, qk5_1, q5_1_bytes>;
-    case GgmlType::q8_0:
-      return dot_blocks<decode_q8_0, qk8_0, q8_0_bytes>;
-    case GgmlType::q4_k:
-      return dot_blocks<decode_q4_k, qk_k, q4_k_bytes>;
-    case GgmlType::q6_k:
-      return dot_blocks<decode_q6_k, qk_k, q6_k_bytes>;
-    default:
-      return nullptr;
-  }
+  const KernelSet* k = find_kernels(type);
+  return k != nullptr ? k->dot : nullptr;
 }
 
 DotFn avx2_dot(GgmlType type) noexcept {
-  switch (type) {
-    case GgmlType::f32:
-      return dot_f32_avx2;
-    case GgmlType::f16:
-      return dot_f16_avx2;
-    case GgmlType::bf16:
-      return dot_bf16_avx2;
-    case GgmlType::q4_0:
-      return dot_q4_0_avx2;
-    case GgmlType::q4_1:
-      return dot_q4_1_avx2;
-    case GgmlType::q5_0:
-      return dot_q5_0_avx2;
-    case GgmlType::q5_1:
-      return dot_q5_1_avx2;
-    case GgmlType::q8_0:
-      return dot_q8_0_avx2;
-    case GgmlType::q4_k:
-      return dot_q4_k_avx2;
-    case GgmlType::q6_k:
-      return dot_q6_k_avx2;
-    default:
-      return nullptr;
-  }
+  const KernelSet* k = find_kernels(type);
+  return k != nullptr ? k->avx2 : nullptr;
 }
 
 DotFn best_dot(GgmlType type) noexcept {
