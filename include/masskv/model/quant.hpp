@@ -1,0 +1,81 @@
+// ggml tensor types as stored in GGUF files: block layouts, dequantisation, fused dot
+// products against f32 activations, and a threaded matrix-vector product.
+//
+// A row of n values of a block-quantised type is n / block_elems consecutive blocks of
+// block_bytes each; scales and mins are little-endian f16. Arithmetic is f32; activations stay
+// f32 (unlike ggml's vec_dot, x is never quantised), so dot_row only adds f32 rounding.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string_view>
+
+namespace masskv::model {
+
+// Values are ggml's type ids (the on-disk numbers in GGUF tensor infos).
+enum class GgmlType : std::uint32_t {
+  f32 = 0,
+  f16 = 1,
+  q4_0 = 2,
+  q4_1 = 3,
+  q5_0 = 6,
+  q5_1 = 7,
+  q8_0 = 8,
+  q8_1 = 9,
+  q2_k = 10,
+  q3_k = 11,
+  q4_k = 12,
+  q5_k = 13,
+  q6_k = 14,
+  q8_k = 15,
+  i8 = 24,
+  i16 = 25,
+  i32 = 26,
+  i64 = 27,
+  f64 = 28,
+  bf16 = 30,
+};
+
+struct TypeTraits {
+  std::string_view name;      // ggml's name, e.g. "q4_K"
+  std::uint32_t block_elems;  // values per block (1 for plain types)
+  std::uint32_t block_bytes;  // bytes per block
+  bool compute;               // dequantize_row / dot_row / matvec implement it
+};
+
+// Traits of a raw type id, or nullptr when the id is not one the reader knows (the reader
+// cannot even size such a tensor, so it rejects the file).
+const TypeTraits* find_type_traits(std::uint32_t raw_type) noexcept;
+// Traits of a known type (never null for an enumerator above).
+const TypeTraits& type_traits(GgmlType type) noexcept;
+std::string_view to_string(GgmlType type) noexcept;
+
+// Block sizes of the compute types (ggml's QK* constants and sizeof(block_*)).
+inline constexpr std::size_t qk4_0 = 32, q4_0_bytes = 2 + 16;          // d, 32 nibbles
+inline constexpr std::size_t qk4_1 = 32, q4_1_bytes = 2 + 2 + 16;      // d, m, 32 nibbles
+inline constexpr std::size_t qk5_0 = 32, q5_0_bytes = 2 + 4 + 16;      // d, high bits, nibbles
+inline constexpr std::size_t qk5_1 = 32, q5_1_bytes = 2 + 2 + 4 + 16;  // d, m, high bits, nibbles
+inline constexpr std::size_t qk8_0 = 32, q8_0_bytes = 2 + 32;          // d, 32 int8
+inline constexpr std::size_t qk_k = 256;                               // K-quant super-block
+inline constexpr std::size_t q4_k_bytes = 2 + 2 + 12 + 128;   // d, dmin, 6-bit scales/mins, nibbles
+inline constexpr std::size_t q6_k_bytes = 128 + 64 + 16 + 2;  // low nibbles, high 2 bits, scales, d
+
+// Bytes of a row of n values; throws Error(invalid_argument, argument) when n is not a
+// multiple of the block size (e.g. a K-quant row whose width is not a multiple of 256).
+std::size_t row_bytes(GgmlType type, std::size_t n, std::string_view argument = "n");
+
+// dst[0..n) = the n values stored at src. Throws Error(unsupported) for a type without
+// compute support and Error(invalid_argument, "n") when n is not a multiple of the block.
+// Each value is the exact block formula rounded once to f32 (tests check bit-exactness).
+void dequantize_row(GgmlType type, const void* src, float* dst, std::size_t n);
+
+// sum_i w_i * x_i over one row of n stored values w, accumulated in f32 in a fixed order.
+float dot_row(GgmlType type, const void* row, const float* x, std::size_t n);
+
+// y[r] = dot_row(W row r, x) for r < rows; W is rows x cols, row-major, rows contiguous.
+// OpenMP over rows with fixed chunks: each y[r] is computed by one thread in a fixed order,
+// so results do not depend on the thread count.
+void matvec(GgmlType type, const void* w, std::size_t rows, std::size_t cols, const float* x,
+            float* y);
+
+}  // namespace masskv::model

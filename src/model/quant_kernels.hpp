@@ -1,0 +1,42 @@
+// Per-type row kernels behind masskv/model/quant.hpp: a portable scalar set (quant.cpp) and an
+// AVX2/FMA/F16C set (quant_avx2.cpp, entered only after the runtime CPU check). Exposed here
+// so tests can check both sets against the fp64 reference whatever the dispatcher picks.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "masskv/model/quant.hpp"
+
+namespace masskv::model::kernels {
+
+using DequantFn = void (*)(const void* src, float* dst, std::size_t n);
+using DotFn = float (*)(const void* row, const float* x, std::size_t n);
+
+// Scalar kernels for a compute type, or nullptr. n must be a multiple of the block size.
+DequantFn scalar_dequant(GgmlType type) noexcept;
+DotFn scalar_dot(GgmlType type) noexcept;
+// AVX2 dot kernel for a type, or nullptr when that type has none. Call only when
+// masskv::cpu::has_avx2().
+DotFn avx2_dot(GgmlType type) noexcept;
+// The kernel dot_row uses (AVX2 when present and allowed, else scalar).
+DotFn best_dot(GgmlType type) noexcept;
+
+// Q4_K packs 8 six-bit scales and 8 six-bit mins into 12 bytes: entries 0-3 in the low 6 bits
+// of bytes 0-3 (scales) and 4-7 (mins); entries 4-7 take their low 4 bits from bytes 8-11
+// (scale low nibble, min high nibble) and their top 2 bits from the spare top bits of 0-7.
+void q4_k_scales_mins(const std::uint8_t* packed, std::uint8_t scales[8],
+                      std::uint8_t mins[8]) noexcept;
+
+float dot_f32_avx2(const void* row, const float* x, std::size_t n);
+float dot_f16_avx2(const void* row, const float* x, std::size_t n);
+float dot_bf16_avx2(const void* row, const float* x, std::size_t n);
+float dot_q4_0_avx2(const void* row, const float* x, std::size_t n);
+float dot_q4_1_avx2(const void* row, const float* x, std::size_t n);
+float dot_q5_0_avx2(const void* row, const float* x, std::size_t n);
+float dot_q5_1_avx2(const void* row, const float* x, std::size_t n);
+float dot_q8_0_avx2(const void* row, const float* x, std::size_t n);
+float dot_q4_k_avx2(const void* row, const float* x, std::size_t n);
+float dot_q6_k_avx2(const void* row, const float* x, std::size_t n);
+
+}  // namespace masskv::model::kernels

@@ -1,0 +1,311 @@
+// ggml tensor types: dequantize_row vs a plain fp64 reference written from the block layouts
+// (bit-exact: every kernel value is the exact block formula rounded once to f32), dot_row
+// (scalar and AVX2) and matvec vs fp64 dot products (tolerance 1e-5 * sum|w_i x_i|), matvec
+// independent of the thread count, and errors for unsupported types and partial blocks.
+#include <gtest/gtest.h>
+#include <omp.h>
+
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "core/cpu_features.hpp"
+#include "masskv/dtype.hpp"
+#include "masskv/error.hpp"
+#include "masskv/model/quant.hpp"
+#include "model/quant_kernels.hpp"
+
+using masskv::Error;
+using masskv::ErrorCode;
+using namespace masskv::model;
+
+namespace {
+
+constexpr double kDotRelTol = 1e-5;  // of sum_i |w_i x_i|; f32 accumulation is far below it
+
+const GgmlType kComputeTypes[] = {GgmlType::f32,  GgmlType::f16,  GgmlType::bf16, GgmlType::q4_0,
+                                  GgmlType::q4_1, GgmlType::q5_0, GgmlType::q5_1, GgmlType::q8_0,
+                                  GgmlType::q4_k, GgmlType::q6_k};
+
+double f16d(const std::uint8_t* p) {
+  std::uint16_t b;
+  std::memcpy(&b, p, 2);
+  return masskv::f16_to_f32(masskv::f16{b});
+}
+
+// ---- fp64 reference: value i of a row, straight from the block layout ------------------------
+double ref_value(GgmlType type, const std::uint8_t* row, std::size_t i) {
+  const TypeTraits& t = type_traits(type);
+  const std::uint8_t* b = row + (i / t.block_elems) * t.block_bytes;
+  const std::size_t j = i % t.block_elems;
+  const auto nibble32 = [&](const std::uint8_t* qs) {  // value j of 32: low nibbles first
+    return j < 16 ? (qs[j] & 15) : (qs[j - 16] >> 4);
+  };
+  const auto bit = [&](const std::uint8_t* qh) { return (qh[j / 8] >> (j % 8)) & 1; };
+  switch (type) {
+    case GgmlType::f32: {
+      float f;
+      std::memcpy(&f, b, 4);
+      return f;
+    }
+    case GgmlType::f16:
+      return f16d(b);
+    case GgmlType::bf16: {
+      std::uint16_t h;
+      std::memcpy(&h, b, 2);
+      return masskv::bf16_to_f32(masskv::bf16{h});
+    }
+    case GgmlType::q4_0:
+      return f16d(b) * (nibble32(b + 2) - 8);
+    case GgmlType::q4_1:
+      return f16d(b) * nibble32(b + 4) + f16d(b + 2);
+    case GgmlType::q5_0:
+      return f16d(b) * ((nibble32(b + 6) | bit(b + 2) << 4) - 16);
+    case GgmlType::q5_1:
+      return f16d(b) * (nibble32(b + 8) | bit(b + 4) << 4) + f16d(b + 2);
+    case GgmlType::q8_0:
+      return f16d(b) * static_cast<std::int8_t>(b[2 + j]);
+    case GgmlType::q4_k: {
+      const std::uint8_t* s = b + 4;
+      const std::size_t sub = j / 32;  // 8 sub-blocks of 32
+      int sc, mn;
+      if (sub < 4) {
+        sc = s[sub] & 63;
+        mn = s[sub + 4] & 63;
+      } else {
+        sc = (s[sub + 4] & 15) | (s[sub - 4] >> 6) << 4;
+        mn = (s[sub + 4] >> 4) | (s[sub] >> 6) << 4;
+      }
+      const std::uint8_t byte = b[16 + 32 * (j / 64) + j % 32];
+      const int q = sub % 2 == 0 ? (byte & 15) : (byte >> 4);
+      return f16d(b) * sc * q - f16d(b + 2) * mn;
+    }
+    case GgmlType::q6_k: {
+      const std::size_t h = j / 128, k = (j % 128) / 32, l = j % 32;
+      const std::uint8_t lo = b[64 * h + l + 32 * (k % 2)];
+      const int low4 = k < 2 ? (lo & 15) : (lo >> 4);
+      const int high2 = (b[128 + 32 * h + l] >> (2 * k)) & 3;
+      const int scale = static_cast<std::int8_t>(b[192 + 8 * h + l / 16 + 2 * k]);
+      return f16d(b + 208) * scale * ((low4 | high2 << 4) - 32);
+    }
+    default:
+      break;
+  }
+  ADD_FAILURE() << "no reference for " << to_string(type);
+  return 0;
+}
+
+void put_f16(std::uint8_t* p, float v) {
+  const std::uint16_t bits = masskv::f32_to_f16(v).bits;
+  std::memcpy(p, &bits, 2);
+}
+
+// A random row: random bytes for quants and scale bytes, finite random f16 scales/mins, finite
+// random values for the plain float types.
+std::vector<std::uint8_t> random_row(GgmlType type, std::size_t n, std::mt19937& rng) {
+  const TypeTraits& t = type_traits(type);
+  std::vector<std::uint8_t> row(n / t.block_elems * t.block_bytes);
+  for (auto& c : row) c = static_cast<std::uint8_t>(rng());
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  const auto scale = [&] { return nd(rng) * std::ldexp(1.0f, static_cast<int>(rng() % 12) - 10); };
+  for (std::size_t blk = 0; blk < n / t.block_elems; ++blk) {
+    std::uint8_t* b = row.data() + blk * t.block_bytes;
+    switch (type) {
+      case GgmlType::f32: {
+        const float v = scale();
+        std::memcpy(b, &v, 4);
+        break;
+      }
+      case GgmlType::f16:
+        put_f16(b, scale());
+        break;
+      case GgmlType::bf16: {
+        const std::uint16_t bits = masskv::f32_to_bf16(scale()).bits;
+        std::memcpy(b, &bits, 2);
+        break;
+      }
+      case GgmlType::q4_1:
+      case GgmlType::q5_1:
+      case GgmlType::q4_k:  // d and dmin
+        put_f16(b, scale());
+        put_f16(b + 2, scale());
+        break;
+      case GgmlType::q6_k:
+        put_f16(b + 208, scale());
+        break;
+      default:
+        put_f16(b, scale());
+        break;  // q4_0, q5_0, q8_0: d
+    }
+  }
+  return row;
+}
+
+std::vector<std::size_t> widths(GgmlType type) {
+  switch (type_traits(type).block_elems) {
+    case 1:
+      return {1, 7, 17, 64, 576, 1000};
+    case 32:
+      return {32, 64, 96, 576, 1536};
+    default:
+      return {256, 512, 1024, 2048};
+  }
+}
+
+struct RefDot {
+  double value = 0, magnitude = 0;  // sum w x, sum |w x|
+};
+RefDot ref_dot(GgmlType type, const std::uint8_t* row, const float* x, std::size_t n) {
+  RefDot r;
+  for (std::size_t i = 0; i < n; ++i) {
+    const double p = ref_value(type, row, i) * x[i];
+    r.value += p;
+    r.magnitude += std::abs(p);
+  }
+  return r;
+}
+
+std::vector<float> random_x(std::size_t n, std::mt19937& rng) {
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  std::vector<float> x(n);
+  for (auto& v : x) v = nd(rng);
+  return x;
+}
+
+}  // namespace
+
+TEST(Dequant, BitExactVsFp64ReferenceOnRandomBlocks) {
+  std::mt19937 rng(42);
+  for (GgmlType type : kComputeTypes) {
+    for (std::size_t n : widths(type)) {
+      SCOPED_TRACE(testing::Message() << to_string(type) << " n=" << n);
+      for (int trial = 0; trial < 3; ++trial) {
+        const auto row = random_row(type, n, rng);
+        std::vector<float> y(n, -1.0f);
+        dequantize_row(type, row.data(), y.data(), n);
+        int bad = 0;
+        for (std::size_t i = 0; i < n && bad < 5; ++i) {
+          const float want = static_cast<float>(ref_value(type, row.data(), i));
+          if (std::memcmp(&want, &y[i], 4) != 0) {
+            ADD_FAILURE() << "value " << i << ": got " << y[i] << " want " << want;
+            ++bad;
+          }
+        }
+      }
+    }
+  }
+}
+
+// Values fixed by hand from the layouts, so the fp64 reference is itself pinned down.
+TEST(Dequant, HandBuiltBlocksGiveKnownValues) {
+  std::vector<std::uint8_t> q40(q4_0_bytes, 0x88);  // every nibble 8 -> 0
+  put_f16(q40.data(), 0.5f);
+  q40[2] = 0x9F;  // value 0: (15-8)*0.5, value 16: (9-8)*0.5
+  float y[256];
+  dequantize_row(GgmlType::q4_0, q40.data(), y, 32);
+  EXPECT_EQ(y[0], 3.5f);
+  EXPECT_EQ(y[16], 0.5f);
+  EXPECT_EQ(y[1], 0.0f);
+
+  std::vector<std::uint8_t> q6(q6_k_bytes, 0);
+  put_f16(q6.data() + 208, 1.0f);
+  q6[192] = 2;     // scale of values 0-15
+  q6[0] = 0x05;    // low 4 bits of value 0 (and of value 64 in the high nibble: 0)
+  q6[128] = 0x02;  // high 2 bits of value 0 -> q = 5 | 2<<4 = 37, minus 32 = 5
+  dequantize_row(GgmlType::q6_k, q6.data(), y, 256);
+  EXPECT_EQ(y[0], 10.0f);
+  EXPECT_EQ(y[1], -64.0f);  // all-zero bits are q = -32, times scale 2
+  EXPECT_EQ(y[16], 0.0f);   // scale 1 (values 16-31) is 0
+
+  std::vector<std::uint8_t> q4k(q4_k_bytes, 0);
+  put_f16(q4k.data(), 1.0f);      // d
+  put_f16(q4k.data() + 2, 1.0f);  // dmin
+  q4k[4 + 0] = 3 | 1 << 6;        // scale 0 = 3; top bits feed scale 4
+  q4k[4 + 4] = 1;                 // min 0 = 1
+  q4k[4 + 8] = 0x21;              // scale 4 = 1 | 1<<4 = 17, min 4 = 2
+  q4k[16 + 0] = 0x75;             // value 0: q=5 (sub-block 0); value 32: q=7 (sub-block 1)
+  q4k[16 + 64] = 0x03;            // value 128: q=3 (sub-block 4)
+  dequantize_row(GgmlType::q4_k, q4k.data(), y, 256);
+  EXPECT_EQ(y[0], 3.0f * 5 - 1);
+  EXPECT_EQ(y[32], 0.0f);  // scale 1 and min 1 are 0
+  EXPECT_EQ(y[128], 17.0f * 3 - 2);
+}
+
+TEST(DotRow, ScalarAndAvx2MatchFp64Reference) {
+  std::mt19937 rng(7);
+  const bool avx2 = masskv::cpu::has_avx2();
+  for (GgmlType type : kComputeTypes) {
+    for (std::size_t n : widths(type)) {
+      SCOPED_TRACE(testing::Message() << to_string(type) << " n=" << n);
+      for (int trial = 0; trial < 3; ++trial) {
+        const auto row = random_row(type, n, rng);
+        const auto x = random_x(n, rng);
+        const RefDot ref = ref_dot(type, row.data(), x.data(), n);
+        const double tol = kDotRelTol * ref.magnitude;
+        EXPECT_NEAR(kernels::scalar_dot(type)(row.data(), x.data(), n), ref.value, tol);
+        EXPECT_NEAR(dot_row(type, row.data(), x.data(), n), ref.value, tol);
+        if (avx2) {
+          ASSERT_NE(kernels::avx2_dot(type), nullptr);
+          EXPECT_NEAR(kernels::avx2_dot(type)(row.data(), x.data(), n), ref.value, tol);
+        }
+      }
+    }
+  }
+}
+
+TEST(Matvec, MatchesFp64AndDoesNotDependOnThreadCount) {
+  std::mt19937 rng(3);
+  for (GgmlType type : kComputeTypes) {
+    const std::size_t cols = type_traits(type).block_elems == 256 ? 512 : 96;
+    for (std::size_t rows : {1, 17, 100}) {
+      SCOPED_TRACE(testing::Message() << to_string(type) << " rows=" << rows);
+      std::vector<std::uint8_t> w;
+      for (std::size_t r = 0; r < rows; ++r) {
+        const auto row = random_row(type, cols, rng);
+        w.insert(w.end(), row.begin(), row.end());
+      }
+      const auto x = random_x(cols, rng);
+      std::vector<float> y1(rows), y2(rows);
+      const int saved = omp_get_max_threads();
+      omp_set_num_threads(1);
+      matvec(type, w.data(), rows, cols, x.data(), y1.data());
+      omp_set_num_threads(3);
+      matvec(type, w.data(), rows, cols, x.data(), y2.data());
+      omp_set_num_threads(saved);
+      const std::size_t stride = row_bytes(type, cols);
+      for (std::size_t r = 0; r < rows; ++r) {
+        EXPECT_EQ(std::memcmp(&y1[r], &y2[r], 4), 0) << r;
+        const float d = dot_row(type, w.data() + r * stride, x.data(), cols);
+        EXPECT_EQ(std::memcmp(&y1[r], &d, 4), 0) << r;
+        const RefDot ref = ref_dot(type, w.data() + r * stride, x.data(), cols);
+        EXPECT_NEAR(y1[r], ref.value, kDotRelTol * ref.magnitude) << r;
+      }
+    }
+  }
+}
+
+TEST(Quant, PartialBlocksAndUnsupportedTypesAreErrors) {
+  std::vector<std::uint8_t> buf(4096);
+  std::vector<float> y(1024);
+  const auto code = [](auto&& fn) {
+    try {
+      fn();
+    } catch (const Error& e) {
+      return e.code();
+    }
+    return ErrorCode::out_of_memory;  // "did not throw"
+  };
+  EXPECT_EQ(code([&] { dequantize_row(GgmlType::q4_k, buf.data(), y.data(), 640); }),
+            ErrorCode::invalid_argument);
+  EXPECT_EQ(code([&] { (void)dot_row(GgmlType::q6_k, buf.data(), y.data(), 320); }),
+            ErrorCode::invalid_argument);
+  EXPECT_EQ(code([&] { matvec(GgmlType::q8_0, buf.data(), 2, 48, y.data(), y.data()); }),
+            ErrorCode::invalid_argument);
+  EXPECT_EQ(code([&] { dequantize_row(GgmlType::q2_k, buf.data(), y.data(), 256); }),
+            ErrorCode::unsupported);
+  EXPECT_EQ(code([&] { (void)row_bytes(GgmlType::q4_0, 33); }), ErrorCode::invalid_argument);
+  EXPECT_EQ(row_bytes(GgmlType::q4_k, 1024), 4u * 144);
+  EXPECT_EQ(row_bytes(GgmlType::q6_k, 2048), 8u * 210);
+  EXPECT_EQ(row_bytes(GgmlType::q5_0, 640), 20u * 22);
+}
