@@ -68,10 +68,10 @@ void check_solution(const std::vector<double>& scores, double alpha, const Entma
                     const std::string& where) {
   SCOPED_TRACE(where);
   const double scale = tau_scale(scores, alpha);
-  EXPECT_NEAR(th.tau, tau_ref, 1e-9 * scale);
+  EXPECT_NEAR(th.tau, tau_ref, 1e-12 * scale);
   EXPECT_LE(th.tau_lo, th.tau);
   EXPECT_LE(th.tau, th.tau_hi);
-  EXPECT_LE(th.tau_hi - th.tau_lo, 1e-9 * scale) << "bracket too wide for certificates";
+  EXPECT_LE(th.tau_hi - th.tau_lo, 1e-12 * scale) << "bracket too wide for certificates";
   EXPECT_GE(entmax_mass(scores, alpha, th.tau_lo), 1.0);
   EXPECT_LE(entmax_mass(scores, alpha, th.tau_hi), 1.0);
   int support = 0;
@@ -130,7 +130,7 @@ void check_against_reference(EntmaxSolver solver, bool exact_alphas_only) {
     check_solution<double>(c.scores, c.alpha, th, p, c.tau, 1e-12, where);
     EXPECT_EQ(th.support, c.support) << where;
     for (std::size_t i = 0; i < p.size(); ++i)
-      ASSERT_NEAR(p[i], c.p[i], 1e-9) << where << " i=" << i;
+      ASSERT_NEAR(p[i], c.p[i], 1e-10) << where << " i=" << i;
     ++checked;
   }
   EXPECT_EQ(checked, exact_alphas_only ? 128 : 256);
@@ -251,15 +251,20 @@ TEST(EntmaxProperty, RandomAlphasMeetContracts) {
 // ---- closed-form cases -----------------------------------------------------------------------
 
 TEST(Entmax, SparsemaxKnownExample) {
-  // z = s; tau = (1 + 0.5 - 1) / 2 = 0.25, p = (0.75, 0.25, 0).
-  const std::vector<double> s = {1.0, 0.5, -1.0};
-  std::vector<double> p(3);
-  const EntmaxThreshold th = entmax(std::span<const double>(s), 2.0, std::span<double>(p));
-  EXPECT_NEAR(th.tau, 0.25, 1e-15);
-  EXPECT_EQ(th.support, 2);
-  EXPECT_NEAR(p[0], 0.75, 1e-15);
-  EXPECT_NEAR(p[1], 0.25, 1e-15);
-  EXPECT_EQ(p[2], 0.0);
+  // z = s; tau = (1 + 0.5 - 1) / 2 = 0.25, p = (0.75, 0.25, 0, 0). The last score sits exactly
+  // on tau: not in the support.
+  const std::vector<double> s = {1.0, 0.5, -1.0, 0.25};
+  std::vector<double> p(4);
+  for (const EntmaxSolver solver : {EntmaxSolver::exact_sort, EntmaxSolver::halley}) {
+    const EntmaxThreshold th =
+        attn::entmax_using(std::span<const double>(s), 2.0, solver, std::span<double>(p));
+    EXPECT_EQ(th.tau, 0.25) << name(solver);
+    EXPECT_EQ(th.support, 2) << name(solver);
+    EXPECT_EQ(p[0], 0.75) << name(solver);
+    EXPECT_EQ(p[1], 0.25) << name(solver);
+    EXPECT_EQ(p[2], 0.0) << name(solver);
+    EXPECT_EQ(p[3], 0.0) << name(solver);
+  }
 }
 
 TEST(Entmax, Entmax15KnownExample) {
