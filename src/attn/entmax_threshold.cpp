@@ -4,9 +4,9 @@
 //  1. validate, find z_max; gather the candidates z_i > c with c <= z_max - 1 (tau >= z_max - 1,
 //     so nothing else can be in the support). The working set keeps index order.
 //  2. solve on y = z - z_max (values in (-1, 0], so no cancellation against large offsets):
-//     exact sort-based closed forms for alpha = 2 and 1.5, safeguarded Halley otherwise.
-//     Both shrink the working set with Newton lower bounds first (Newton from below on the
-//     convex decreasing f never passes the root).
+//     safeguarded Halley for any alpha; every lower bracket end it finds cuts the working set.
+//     For alpha = 2 and 1.5 the exact sort-based closed form then runs on what is left (about
+//     the support), so the sort is short.
 //  3. finalize: tau_lo / tau_hi are checked with the same floating point evaluation of f that
 //     entmax_mass() performs, and moved outwards until f(tau_lo) >= 1 >= f(tau_hi) holds.
 #include <algorithm>
@@ -193,28 +193,6 @@ double proven_floor(double z_max) {
   return c;
 }
 
-// Newton from below for alpha in {1.5, 2} (no pow needed): raises the lower bound lo (on
-// y = z - z_max) and cuts the working set, until cutting stops paying.
-void newton_shrink(WorkingSet& w, double z_max, double alpha, double& lo) {
-  for (int pass = 0; pass < 16 && w.z.size() > 32; ++pass) {
-    double f = 0, slope = 0;
-    for (const double z : w.z) {
-      const double t = (z - z_max) - lo;
-      if (t > 0) {
-        f += alpha == 2.0 ? t : t * t;
-        slope += alpha == 2.0 ? 1.0 : 2.0 * t;
-      }
-    }
-    if (!(f > 1.0) || !(slope > 0)) return;
-    const double next = lo + (f - 1.0) / slope;
-    if (!(next > lo)) return;
-    lo = next;
-    const std::size_t before = w.z.size();
-    w.shrink(z_max + (lo - kCutSlack));
-    if (w.z.size() * 8 > before * 7) return;  // less than 1/8 dropped: sort now
-  }
-}
-
 // Exact thresholds on sorted prefixes; returns tau on y = z - z_max.
 double solve_sorted(WorkingSet& w, double z_max, double alpha) {
   std::vector<double>& y = w.sorted;
@@ -285,9 +263,10 @@ Estimate solve_halley(WorkingSet& w, double z_max, double alpha) {
       hi = tau;
     }
     if (!(hi - lo > kStepTol)) return {tau, hi - lo};
+    const double newton = d1 < 0 ? -g / d1 : std::numeric_limits<double>::infinity();
+    if (std::abs(newton) <= kStepTol) return {tau + newton, 2.0 * std::abs(newton)};
     double next = 0.5 * (lo + hi);
-    if (!bisect_next && d1 < 0) {
-      const double newton = -g / d1;
+    if (!bisect_next && std::isfinite(newton)) {
       const double denom = 1.0 - g * d2 / (2.0 * d1 * d1);
       const double candidate = tau + (denom > 0.5 && denom < 2.0 ? newton / denom : newton);
       if (candidate > lo && candidate <= hi) next = candidate;
@@ -296,7 +275,6 @@ Estimate solve_halley(WorkingSet& w, double z_max, double alpha) {
     bisect_next = step > 0.5 * prev_step;
     prev_step = step;
     tau = next;
-    if (step <= kStepTol) return {tau, 2.0 * step};
   }
   return {tau, hi - lo};
 }
@@ -366,8 +344,9 @@ EntmaxThreshold solve(std::span<const T> scores, double alpha, EntmaxSolver solv
   if (solver == EntmaxSolver::halley || !exact_alpha) {
     est = solve_halley(w, z_max, alpha);
   } else {
-    double lo = -1.0;
-    newton_shrink(w, z_max, alpha, lo);
+    // Halley first: it cuts the working set down to about the support, so the sort is short;
+    // then the closed form on sorted prefixes gives the exact threshold.
+    solve_halley(w, z_max, alpha);
     est = {solve_sorted(w, z_max, alpha), 0.0};
   }
   return finalize(w, scores, alpha, z_max, c, est);
