@@ -41,7 +41,7 @@ HandCache::HandCache(const KVConfig& config) : cfg_(config) {
   std::mt19937 rng(cfg_.seed);
   std::vector<std::int32_t> perm(pool_pages_);
   std::iota(perm.begin(), perm.end(), 0);
-  std::shuffle(perm.begin(), perm.end(), rng);
+  if (cfg_.shuffle_pages) std::shuffle(perm.begin(), perm.end(), rng);
   indices_.assign(perm.begin(), perm.begin() + total);
 
   const std::size_t elems =

@@ -46,7 +46,8 @@ struct KVConfig {
   DType dtype = DType::f32;
   kv::Layout layout = kv::Layout::HND;
   std::uint32_t seed = 1;
-  float value_offset = 0;  // added to V so ||o|| stays away from 0 for long contexts
+  float value_offset = 0;     // added to V so ||o|| stays away from 0 for long contexts
+  bool shuffle_pages = true;  // false: logical page i is physical page i (timing runs)
 };
 
 // A pool filled with random N(0,1) keys/values stored in `dtype`, pages handed out in a

@@ -32,6 +32,17 @@ MASSKV_AI __m256 load8(int dtype, const void* row, int c) {
   return _mm256_loadu_ps(static_cast<const float*>(row) + c);
 }
 
+// Pages sit anywhere in the pool, so the hardware prefetcher (which stops at 4 KiB
+// boundaries) cannot run ahead across them: prefetch whole rows a fixed distance ahead.
+constexpr int kPrefetchRows = 32;
+
+MASSKV_AI void prefetch_row(const void* row, int bytes) {
+  const char* p = static_cast<const char*>(row);
+  for (int off = 0; off < bytes; off += 64) _mm_prefetch(p + off, _MM_HINT_T0);
+}
+
+MASSKV_AI int row_bytes(int dtype, int d) { return dtype == kF32 ? 4 * d : 2 * d; }
+
 // Horizontal sums of 8 vectors in one vector (lane i = sum of v[i]).
 MASSKV_AI __m256 reduce8(const __m256* v) {
   const __m256 a01 = _mm256_hadd_ps(v[0], v[1]);
@@ -75,8 +86,14 @@ MASSKV_AI void score_tile(int dtype, const float* q, int d, int ht, int rb, cons
 MASSKV_AI void score_rows(int dtype, const float* q, int d, int ht, const void* const* rows, int n,
                           float scale, float* s, std::int64_t ls) {
   const int rb = ht == 1 ? 8 : ht == 2 ? 4 : 2;
+  const int bytes = row_bytes(dtype, d);
   int r = 0;
-  for (; r + rb <= n; r += rb) score_tile(dtype, q, d, ht, rb, rows + r, scale, s + r, ls);
+  for (; r + rb <= n; r += rb) {
+    for (int j = r + kPrefetchRows; j < r + kPrefetchRows + rb && j < n; ++j) {
+      prefetch_row(rows[j], bytes);
+    }
+    score_tile(dtype, q, d, ht, rb, rows + r, scale, s + r, ls);
+  }
   for (; r < n; ++r) score_tile(dtype, q, d, ht, 1, rows + r, scale, s + r, ls);
 }
 
@@ -244,8 +261,12 @@ void accumulate_avx2(int dtype, const float* w, std::int64_t lw, int g, int d,
                      const void* const* rows, int n, float* acc) {
   constexpr int kBlock = 16;  // rows per L1-resident block
   if (g <= 8 || dtype == kF32) {
+    const int bytes = row_bytes(dtype, d);
     for (int r0 = 0; r0 < n; r0 += kBlock) {
       const int nb = n - r0 < kBlock ? n - r0 : kBlock;
+      for (int j = r0 + kPrefetchRows; j < r0 + kPrefetchRows + nb && j < n; ++j) {
+        prefetch_row(rows[j], bytes);
+      }
       for (int h0 = 0; h0 < g; h0 += 8) {
         const int ht = g - h0 < 8 ? g - h0 : 8;
         acc_rows_dispatch(dtype, w + h0 * lw + r0, lw, ht, d, rows + r0, nb, acc + h0 * d);
