@@ -16,7 +16,7 @@ using SeqId = std::int32_t;
 struct CacheConfig {
   int num_kv_heads = 8;
   int head_dim = 128;
-  int page_size = 16;     // power of two in [1, 256]
+  int page_size = 16;  // power of two in [1, 256]
   DType dtype = DType::f16;
   int capacity_pages = 0;  // size of the pool; > 0
   Layout layout = Layout::HND;

@@ -40,9 +40,9 @@ struct PagedKVView {
   const void* k = nullptr;
   const void* v = nullptr;
   DType dtype = DType::f16;
-  int num_pages = 0;     // physical pages in the pool
+  int num_pages = 0;  // physical pages in the pool
   int num_kv_heads = 0;
-  int page_size = 16;    // power of two, 1..256
+  int page_size = 16;  // power of two, 1..256
   int head_dim = 128;
   // Element strides, shared by K and V; the dim axis is contiguous.
   std::int64_t stride_page = 0, stride_head = 0, stride_slot = 0;

@@ -3,6 +3,7 @@
 
 #include <cstdint>
 #include <span>
+#include <vector>
 
 namespace masskv {
 
@@ -21,6 +22,30 @@ struct SelectionView {
     const std::size_t base = (static_cast<std::size_t>(b) * num_kv_heads + h) * max_per_head;
     return ids.subspan(base, static_cast<std::size_t>(count[b * num_kv_heads + h]));
   }
+};
+
+// Owner of a Selection's arrays; `view()` lends them to kernels.
+struct SelectionStorage {
+  SelectionView::Unit unit = SelectionView::Unit::page;
+  int batch = 0, num_kv_heads = 0, max_per_head = 0;
+  std::vector<std::int32_t> ids;    // [batch][num_kv_heads][max_per_head], -1 padded
+  std::vector<std::int32_t> count;  // [batch][num_kv_heads]
+
+  // Sets the shape; every list becomes empty (ids -1, counts 0).
+  void reset(SelectionView::Unit u, int b, int heads, int per_head) {
+    unit = u;
+    batch = b;
+    num_kv_heads = heads;
+    max_per_head = per_head;
+    ids.assign(static_cast<std::size_t>(b) * heads * per_head, -1);
+    count.assign(static_cast<std::size_t>(b) * heads, 0);
+  }
+  std::span<std::int32_t> slots(int b, int h) {
+    return std::span<std::int32_t>(ids).subspan(
+        (static_cast<std::size_t>(b) * num_kv_heads + h) * max_per_head,
+        static_cast<std::size_t>(max_per_head));
+  }
+  SelectionView view() const { return {unit, batch, num_kv_heads, max_per_head, ids, count}; }
 };
 
 }  // namespace masskv

@@ -1,0 +1,387 @@
+// PagedKVCache: page pool, free list, reference-counted sharing between forks, and the page
+// summaries of DESIGN.md §3 (min/max for the §2.3 bound, mean/M2 for the §2.4 model,
+// max ||v|| for the §2.5 error bound), updated in O(d) per appended token.
+#include "masskv/kv/cache.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <limits>
+
+#include "masskv/error.hpp"
+
+namespace masskv::kv {
+
+namespace {
+
+constexpr std::size_t kPoolAlignment = 64;  // one cache line: SIMD loads of a page never split
+
+struct FreeDeleter {
+  void operator()(std::byte* p) const noexcept { std::free(p); }
+};
+using PoolBuffer = std::unique_ptr<std::byte, FreeDeleter>;
+
+PoolBuffer allocate_zeroed(std::size_t bytes) {
+  const std::size_t rounded = (bytes + kPoolAlignment - 1) / kPoolAlignment * kPoolAlignment;
+  PoolBuffer p(static_cast<std::byte*>(std::aligned_alloc(kPoolAlignment, rounded)));
+  require(p != nullptr, ErrorCode::out_of_memory, "capacity_pages", "cannot allocate ", rounded,
+          " bytes for the page pool");
+  std::memset(p.get(), 0, rounded);
+  return p;
+}
+
+bool is_pow2_page(int p) { return p >= 1 && p <= 256 && (p & (p - 1)) == 0; }
+
+// Rounds a non-negative f64 up to f32, so a stored max ||v|| never understates the true
+// one (it enters the error bound of DESIGN.md §2.5).
+float round_up_to_f32(double x) {
+  float f = static_cast<float>(x);
+  if (static_cast<double>(f) < x) f = std::nextafter(f, std::numeric_limits<float>::infinity());
+  return f;
+}
+
+// One comparison rule for min/max, shared by the incremental update and the recomputation,
+// so both produce the same bits (including the sign of zero).
+inline float min_rule(float x, float m) { return x < m ? x : m; }
+inline float max_rule(float x, float m) { return x > m ? x : m; }
+
+}  // namespace
+
+void CacheConfig::validate() const {
+  using enum ErrorCode;
+  require(num_kv_heads > 0, invalid_argument, "num_kv_heads", "must be > 0, got ", num_kv_heads);
+  require(head_dim > 0, invalid_argument, "head_dim", "must be > 0, got ", head_dim);
+  require(is_pow2_page(page_size), invalid_argument, "page_size",
+          "must be a power of two in [1, 256], got ", page_size);
+  require(capacity_pages > 0, invalid_argument, "capacity_pages", "must be > 0, got ",
+          capacity_pages);
+  require(dtype == DType::f32 || dtype == DType::f16 || dtype == DType::bf16, invalid_argument,
+          "dtype", "unknown dtype ", static_cast<int>(dtype));
+  require(layout == Layout::HND || layout == Layout::NHD, invalid_argument, "layout",
+          "unknown layout ", static_cast<int>(layout));
+}
+
+struct PagedKVCache::Impl {
+  struct Sequence {
+    std::vector<std::int32_t> pages;  // physical ids in token order
+    std::int64_t length = 0;
+    bool alive = false;
+  };
+
+  CacheConfig cfg;
+  PagedKVView pool;             // pointers, geometry and strides; the table is filled per view()
+  std::int64_t page_elems = 0;  // elements of one page of K (or V), all heads
+  PoolBuffer k, v;
+  std::vector<float> smin, smax, smean, sm2, svnorm;  // [page][head][d], svnorm [page][head]
+  std::vector<std::int32_t> count, refcount;          // [page]
+  std::vector<std::int32_t> free_list;                // stack of free page ids
+  std::vector<Sequence> seqs;                         // indexed by SeqId; ids are never reused
+
+  explicit Impl(const CacheConfig& c) : cfg(c) {
+    cfg.validate();
+    const int H = cfg.num_kv_heads, d = cfg.head_dim, P = cfg.page_size;
+    const std::int64_t pages = cfg.capacity_pages;
+    page_elems = static_cast<std::int64_t>(H) * P * d;
+    const std::size_t bytes = static_cast<std::size_t>(pages * page_elems) * dtype_size(cfg.dtype);
+    k = allocate_zeroed(bytes);
+    v = allocate_zeroed(bytes);
+    pool.k = k.get();
+    pool.v = v.get();
+    pool.dtype = cfg.dtype;
+    pool.num_pages = cfg.capacity_pages;
+    pool.num_kv_heads = H;
+    pool.page_size = P;
+    pool.head_dim = d;
+    pool.set_layout(cfg.layout);
+
+    const std::size_t sum_elems = static_cast<std::size_t>(pages) * H * d;
+    smin.assign(sum_elems, std::numeric_limits<float>::infinity());
+    smax.assign(sum_elems, -std::numeric_limits<float>::infinity());
+    smean.assign(sum_elems, 0.0f);
+    sm2.assign(sum_elems, 0.0f);
+    svnorm.assign(static_cast<std::size_t>(pages) * H, 0.0f);
+    count.assign(static_cast<std::size_t>(pages), 0);
+    refcount.assign(static_cast<std::size_t>(pages), 0);
+    free_list.reserve(static_cast<std::size_t>(pages));
+    for (std::int32_t p = cfg.capacity_pages - 1; p >= 0; --p) free_list.push_back(p);
+  }
+
+  Sequence& seq_at(SeqId id) {
+    require(id >= 0 && static_cast<std::size_t>(id) < seqs.size() && seqs[id].alive,
+            ErrorCode::out_of_range, "seq", "unknown or freed sequence id ", id);
+    return seqs[id];
+  }
+  const Sequence& seq_at(SeqId id) const { return const_cast<Impl*>(this)->seq_at(id); }
+
+  std::size_t sum_at(std::int32_t page, int head) const {
+    return (static_cast<std::size_t>(page) * cfg.num_kv_heads + head) * cfg.head_dim;
+  }
+  std::byte* page_bytes(std::byte* base, std::int32_t page) const {
+    return base + static_cast<std::size_t>(page * page_elems) * dtype_size(cfg.dtype);
+  }
+
+  // Takes a page off the free list with empty summaries. Its slots are zeroed so a page's
+  // unwritten slots never hold a previous owner's data (kernels mask them anyway, §3).
+  std::int32_t take_page() {
+    const std::int32_t p = free_list.back();
+    free_list.pop_back();
+    refcount[p] = 1;
+    count[p] = 0;
+    const std::size_t bytes = static_cast<std::size_t>(page_elems) * dtype_size(cfg.dtype);
+    std::memset(page_bytes(k.get(), p), 0, bytes);
+    std::memset(page_bytes(v.get(), p), 0, bytes);
+    const std::size_t n = static_cast<std::size_t>(cfg.num_kv_heads) * cfg.head_dim;
+    std::fill_n(smin.begin() + sum_at(p, 0), n, std::numeric_limits<float>::infinity());
+    std::fill_n(smax.begin() + sum_at(p, 0), n, -std::numeric_limits<float>::infinity());
+    std::fill_n(smean.begin() + sum_at(p, 0), n, 0.0f);
+    std::fill_n(sm2.begin() + sum_at(p, 0), n, 0.0f);
+    std::fill_n(svnorm.begin() + static_cast<std::size_t>(p) * cfg.num_kv_heads, cfg.num_kv_heads,
+                0.0f);
+    return p;
+  }
+
+  void release_page(std::int32_t p) {
+    if (--refcount[p] == 0) free_list.push_back(p);
+  }
+
+  // Copy-on-write of a shared partial page (DESIGN.md §3): data and summaries move to a
+  // fresh page owned by `s` alone.
+  void copy_last_page(Sequence& s) {
+    const std::int32_t old = s.pages.back();
+    const std::int32_t p = take_page();
+    const std::size_t bytes = static_cast<std::size_t>(page_elems) * dtype_size(cfg.dtype);
+    std::memcpy(page_bytes(k.get(), p), page_bytes(k.get(), old), bytes);
+    std::memcpy(page_bytes(v.get(), p), page_bytes(v.get(), old), bytes);
+    const std::size_t n = static_cast<std::size_t>(cfg.num_kv_heads) * cfg.head_dim;
+    for (auto* arr : {&smin, &smax, &smean, &sm2}) {
+      std::copy_n(arr->begin() + sum_at(old, 0), n, arr->begin() + sum_at(p, 0));
+    }
+    const std::size_t H = static_cast<std::size_t>(cfg.num_kv_heads);
+    std::copy_n(svnorm.begin() + old * H, H, svnorm.begin() + p * H);
+    count[p] = count[old];
+    release_page(old);
+    s.pages.back() = p;
+  }
+
+  template <class T>
+  void check_input(std::span<const float> x, const char* name) const {
+    for (std::size_t i = 0; i < x.size(); ++i) {
+      require(std::isfinite(x[i]), ErrorCode::non_finite, name, name, "[", i, "] = ", x[i],
+              " is not finite");
+      // A finite f32 can overflow f16: an inf key would poison the summaries and bounds.
+      require(std::isfinite(to_f32(from_f32<T>(x[i]))), ErrorCode::non_finite, name, name, "[", i,
+              "] = ", x[i], " overflows ", to_string(cfg.dtype));
+    }
+  }
+
+  // Writes one token's k and v for every head into `slot` of `page` and folds the stored
+  // (converted) key into the page summaries: min/max exactly, mean/M2 by Welford's update
+  // computed in f64 from the f32 state, max ||v|| rounded up.
+  template <class T>
+  void write_token(std::int32_t page, int slot, const float* k_tok, const float* v_tok) {
+    const int H = cfg.num_kv_heads, d = cfg.head_dim;
+    T* kp = static_cast<T*>(static_cast<void*>(k.get()));
+    T* vp = static_cast<T*>(static_cast<void*>(v.get()));
+    const double n = count[page] + 1;
+    for (int h = 0; h < H; ++h) {
+      T* ks = kp + pool.offset(page, h, slot);
+      T* vs = vp + pool.offset(page, h, slot);
+      const float* kin = k_tok + static_cast<std::size_t>(h) * d;
+      const float* vin = v_tok + static_cast<std::size_t>(h) * d;
+      const std::size_t base = sum_at(page, h);
+      float* mn = smin.data() + base;
+      float* mx = smax.data() + base;
+      float* mean = smean.data() + base;
+      float* m2 = sm2.data() + base;
+      double vnorm2 = 0;
+      for (int c = 0; c < d; ++c) {
+        ks[c] = from_f32<T>(kin[c]);
+        vs[c] = from_f32<T>(vin[c]);
+        const float x = to_f32(ks[c]);
+        mn[c] = min_rule(x, mn[c]);
+        mx[c] = max_rule(x, mx[c]);
+        const double delta = x - static_cast<double>(mean[c]);
+        const double new_mean = mean[c] + delta / n;
+        m2[c] = static_cast<float>(m2[c] + delta * (x - new_mean));
+        mean[c] = static_cast<float>(new_mean);
+        const double y = to_f32(vs[c]);
+        vnorm2 += y * y;
+      }
+      float& vmax = svnorm[static_cast<std::size_t>(page) * H + h];
+      vmax = std::max(vmax, round_up_to_f32(std::sqrt(vnorm2)));
+    }
+    ++count[page];
+  }
+
+  template <class T>
+  void append(SeqId id, std::span<const float> kin, std::span<const float> vin, int n) {
+    Sequence& s = seq_at(id);
+    require(n >= 0, ErrorCode::invalid_argument, "n", "must be >= 0, got ", n);
+    const std::size_t tok = static_cast<std::size_t>(cfg.num_kv_heads) * cfg.head_dim;
+    const std::size_t want = static_cast<std::size_t>(n) * tok;
+    require(kin.size() == want, ErrorCode::shape_mismatch, "k", "has ", kin.size(),
+            " values, expected n * num_kv_heads * head_dim = ", want);
+    require(vin.size() == want, ErrorCode::shape_mismatch, "v", "has ", vin.size(),
+            " values, expected n * num_kv_heads * head_dim = ", want);
+    if (n == 0) return;
+    check_input<T>(kin, "k");
+    check_input<T>(vin, "v");
+
+    // All-or-nothing: count every page this append takes before touching anything.
+    const int P = cfg.page_size;
+    const int used_in_last = static_cast<int>(s.length % P);
+    const int room = used_in_last == 0 ? 0 : P - used_in_last;
+    const std::int64_t fresh = n > room ? (n - room + P - 1) / P : 0;
+    const bool cow = used_in_last != 0 && refcount[s.pages.back()] > 1;
+    const std::int64_t needed = fresh + (cow ? 1 : 0);
+    require(needed <= static_cast<std::int64_t>(free_list.size()), ErrorCode::out_of_memory,
+            "capacity_pages", "appending ", n, " tokens needs ", needed, " free pages, ",
+            free_list.size(), " of ", cfg.capacity_pages, " are free");
+
+    if (cow) copy_last_page(s);
+    for (int t = 0; t < n; ++t) {
+      const int slot = static_cast<int>(s.length % P);
+      if (slot == 0) s.pages.push_back(take_page());
+      write_token<T>(s.pages.back(), slot, kin.data() + t * tok, vin.data() + t * tok);
+      ++s.length;
+    }
+  }
+};
+
+PagedKVCache::PagedKVCache(const CacheConfig& config) : impl_(std::make_unique<Impl>(config)) {}
+PagedKVCache::~PagedKVCache() = default;
+PagedKVCache::PagedKVCache(PagedKVCache&&) noexcept = default;
+PagedKVCache& PagedKVCache::operator=(PagedKVCache&&) noexcept = default;
+
+const CacheConfig& PagedKVCache::config() const { return impl_->cfg; }
+
+SeqId PagedKVCache::create() {
+  require(impl_->seqs.size() < static_cast<std::size_t>(std::numeric_limits<SeqId>::max()),
+          ErrorCode::out_of_range, "seq", "sequence ids exhausted");
+  impl_->seqs.push_back({{}, 0, true});
+  return static_cast<SeqId>(impl_->seqs.size() - 1);
+}
+
+SeqId PagedKVCache::fork(SeqId parent) {
+  // Copy the parent's state before create(): push_back may move the parent's storage.
+  const Impl::Sequence p = impl_->seq_at(parent);
+  const SeqId child = create();
+  for (std::int32_t page : p.pages) ++impl_->refcount[page];
+  impl_->seqs[child].pages = p.pages;
+  impl_->seqs[child].length = p.length;
+  return child;
+}
+
+void PagedKVCache::free(SeqId seq) {
+  Impl::Sequence& s = impl_->seq_at(seq);
+  for (std::int32_t page : s.pages) impl_->release_page(page);
+  s.pages.clear();
+  s.pages.shrink_to_fit();
+  s.length = 0;
+  s.alive = false;
+}
+
+void PagedKVCache::append(SeqId seq, std::span<const float> k, std::span<const float> v, int n) {
+  visit_dtype(impl_->cfg.dtype, [&](auto tag) {
+    using T = decltype(tag);
+    impl_->append<T>(seq, k, v, n);
+  });
+}
+
+std::int64_t PagedKVCache::length(SeqId seq) const { return impl_->seq_at(seq).length; }
+int PagedKVCache::free_pages() const { return static_cast<int>(impl_->free_list.size()); }
+bool PagedKVCache::alive(SeqId seq) const {
+  return seq >= 0 && static_cast<std::size_t>(seq) < impl_->seqs.size() && impl_->seqs[seq].alive;
+}
+
+PageTableStorage PagedKVCache::page_table(std::span<const SeqId> seqs) const {
+  require(!seqs.empty(), ErrorCode::invalid_argument, "seqs",
+          "a page table needs at least one sequence");
+  PageTableStorage t;
+  t.indptr.reserve(seqs.size() + 1);
+  t.last_page_len.reserve(seqs.size());
+  t.indptr.push_back(0);
+  const int P = impl_->cfg.page_size;
+  for (std::size_t b = 0; b < seqs.size(); ++b) {
+    const Impl::Sequence& s = impl_->seq_at(seqs[b]);
+    require(s.length > 0, ErrorCode::invalid_argument, "seqs", "seqs[", b, "] = sequence ", seqs[b],
+            " is empty (length 0): a kernel page table needs >= 1 token per sequence");
+    t.indices.insert(t.indices.end(), s.pages.begin(), s.pages.end());
+    t.indptr.push_back(static_cast<std::int32_t>(t.indices.size()));
+    t.last_page_len.push_back(static_cast<std::int32_t>((s.length - 1) % P + 1));
+  }
+  return t;
+}
+
+PagedKVView PagedKVCache::view(const PageTableStorage& table) const {
+  PagedKVView v = impl_->pool;
+  v.table = table.table();
+  return v;
+}
+
+SummariesView PagedKVCache::summaries() const {
+  const Impl& m = *impl_;
+  return {m.smin.data(),   m.smax.data(),        m.smean.data(),     m.sm2.data(),  m.count.data(),
+          m.svnorm.data(), m.cfg.capacity_pages, m.cfg.num_kv_heads, m.cfg.head_dim};
+}
+
+double PagedKVCache::kv_bytes_per_token() const {
+  const CacheConfig& c = impl_->cfg;
+  return 2.0 * c.num_kv_heads * c.head_dim * static_cast<double>(dtype_size(c.dtype));
+}
+
+double PagedKVCache::summary_bytes_per_token() const {
+  // Per page: min, max, mean, M2 (f32, [head][d]), max ||v|| (f32, [head]), count (int32).
+  const CacheConfig& c = impl_->cfg;
+  const double per_page = c.num_kv_heads * (4.0 * c.head_dim * 4 + 4) + 4;
+  return per_page / c.page_size;
+}
+
+PageSummary recompute_summary(const PagedKVView& view, std::int32_t page, int head, int count) {
+  using enum ErrorCode;
+  require(page >= 0 && page < view.num_pages, out_of_range, "page", page,
+          " is outside [0, num_pages = ", view.num_pages, ")");
+  require(head >= 0 && head < view.num_kv_heads, out_of_range, "head", head,
+          " is outside [0, num_kv_heads = ", view.num_kv_heads, ")");
+  require(count >= 0 && count <= view.page_size, out_of_range, "count", count,
+          " is outside [0, page_size = ", view.page_size, "]");
+  const int d = view.head_dim;
+  PageSummary s;
+  s.min.assign(d, std::numeric_limits<float>::infinity());
+  s.max.assign(d, -std::numeric_limits<float>::infinity());
+  s.mean.assign(d, 0.0);
+  s.m2.assign(d, 0.0);
+  s.count = count;
+  visit_dtype(view.dtype, [&](auto tag) {
+    using T = decltype(tag);
+    // Two passes (mean, then squared deviations): a different algorithm from the cache's
+    // Welford update, so agreement is evidence, not tautology.
+    for (int slot = 0; slot < count; ++slot) {
+      const T* key = view.key<T>(page, head, slot);
+      const T* val = view.value<T>(page, head, slot);
+      double vn = 0;
+      for (int c = 0; c < d; ++c) {
+        const float x = to_f32(key[c]);
+        s.min[c] = min_rule(x, s.min[c]);
+        s.max[c] = max_rule(x, s.max[c]);
+        s.mean[c] += x;
+        const double y = to_f32(val[c]);
+        vn += y * y;
+      }
+      s.max_vnorm = std::max(s.max_vnorm, std::sqrt(vn));
+    }
+    if (count == 0) return;
+    for (int c = 0; c < d; ++c) s.mean[c] /= count;
+    for (int slot = 0; slot < count; ++slot) {
+      const T* key = view.key<T>(page, head, slot);
+      for (int c = 0; c < d; ++c) {
+        const double e = to_f32(key[c]) - s.mean[c];
+        s.m2[c] += e * e;
+      }
+    }
+  });
+  return s;
+}
+
+}  // namespace masskv::kv

@@ -1,0 +1,391 @@
+// Quest page bounds (DESIGN.md §2.3), the outward-rounded bf16 bound store (§2.2) and the
+// top-k page selection with sinks and a local window (§3).
+#include "masskv/select/page_bound.hpp"
+
+#include <algorithm>
+#include <bit>
+#include <cmath>
+#include <limits>
+
+#include "masskv/error.hpp"
+
+namespace masskv::select {
+
+namespace {
+
+inline float load(float x) { return x; }
+inline float load(bf16 x) { return bf16_to_f32(x); }
+
+// Lanes of independent partial sums: fixed, so the summation order (and the result bits)
+// never depend on the machine, and wide enough for the compiler to keep them in vectors.
+constexpr int kLanes = 16;
+
+// Bound of one query vector against one page's min/max, DESIGN.md §2.3, plus the forward
+// error slack that makes it rigorous. With t_c the computed max(q_c m_c, q_c M_c), every
+// term is at most u|t_c| below its exact value and any order of summing d terms loses at
+// most (d-1)u·Σ|t_c| (u = 2^-24), so exact Σ ≤ fl(Σ t_c) + (d+1)u·A/(1-(d+1)u), A = Σ|t_c|.
+// We add 2(d+4)u·A: twice that, covering the rounding of A itself, of this addition and of
+// the final product with scale (|S| ≤ A). FLT_MIN covers underflowed products.
+template <class T>
+inline float bound_one(const T* mn, const T* mx, const float* q, int d, float slack_factor,
+                       float scale) {
+  float s[kLanes] = {}, a[kLanes] = {};
+  int c = 0;
+  for (; c + kLanes <= d; c += kLanes) {
+    for (int l = 0; l < kLanes; ++l) {
+      const float lo = q[c + l] * load(mn[c + l]);
+      const float hi = q[c + l] * load(mx[c + l]);
+      const float t = lo > hi ? lo : hi;
+      s[l] += t;
+      a[l] += std::fabs(t);
+    }
+  }
+  for (int l = 0; c < d; ++c, ++l) {
+    const float lo = q[c] * load(mn[c]);
+    const float hi = q[c] * load(mx[c]);
+    const float t = lo > hi ? lo : hi;
+    s[l] += t;
+    a[l] += std::fabs(t);
+  }
+  float S = 0, A = 0;
+  for (int l = 0; l < kLanes; ++l) {
+    S += s[l];
+    A += a[l];
+  }
+  return scale * (S + slack_factor * A + std::numeric_limits<float>::min());
+}
+
+float slack_factor(int d) { return 2.0f * static_cast<float>(d + 4) * 0x1p-24f; }
+
+// Bounds of num_q heads for `n` pages of one kv head; min/max of physical page p start at
+// mn + p * page_stride. out is [num_q][n]. No checks: callers validated the arguments.
+template <class T>
+void bounds_rows(const T* mn, const T* mx, std::int64_t page_stride, const std::int32_t* pages,
+                 int n, int d, const float* q, int num_q, std::int64_t q_stride, float scale,
+                 float* out) {
+  const float f = slack_factor(d);
+  for (int j = 0; j < n; ++j) {
+    const std::int64_t off = pages[j] * page_stride;
+    for (int i = 0; i < num_q; ++i) {
+      out[static_cast<std::int64_t>(i) * n + j] =
+          bound_one(mn + off, mx + off, q + i * q_stride, d, f, scale);
+    }
+  }
+}
+
+void check_bound_args(int num_pages_pool, int num_kv_heads, int head_dim,
+                      std::span<const std::int32_t> pages, int kv_head, const float* q, int num_q,
+                      std::int64_t q_stride, float scale, std::span<float> out) {
+  using enum ErrorCode;
+  require(kv_head >= 0 && kv_head < num_kv_heads, out_of_range, "kv_head", kv_head,
+          " is outside [0, num_kv_heads = ", num_kv_heads, ")");
+  require(num_q >= 1, invalid_argument, "num_q", "must be >= 1, got ", num_q);
+  require(q != nullptr, invalid_argument, "q", "null query");
+  require(num_q == 1 || q_stride >= head_dim, shape_mismatch, "q", "q_stride ", q_stride,
+          " is smaller than head_dim ", head_dim);
+  require(std::isfinite(scale) && scale > 0, invalid_argument, "scale",
+          "must be finite and > 0, got ", scale);
+  require(out.size() == static_cast<std::size_t>(num_q) * pages.size(), shape_mismatch, "out",
+          "has ", out.size(), " values, expected num_q * pages = ", num_q * pages.size());
+  for (int i = 0; i < num_q; ++i) {
+    for (int c = 0; c < head_dim; ++c) {
+      const float x = q[i * q_stride + c];
+      require(std::isfinite(x), non_finite, "q", "q[", i, "][", c, "] = ", x, " is not finite");
+    }
+  }
+  for (std::size_t j = 0; j < pages.size(); ++j) {
+    require(pages[j] >= 0 && pages[j] < num_pages_pool, out_of_range, "pages", "pages[", j,
+            "] = ", pages[j], " is outside [0, num_pages = ", num_pages_pool, ")");
+  }
+}
+
+// Order-preserving map of a finite-or-infinite float to an unsigned key (-0 counts as +0),
+// so ranking pages is one integer comparison.
+inline std::uint32_t ordered_key(float x) {
+  const std::uint32_t u = std::bit_cast<std::uint32_t>(x + 0.0f);
+  return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+}
+
+// Pages [0, sinks) and [window, n) are always kept; returns their union's size.
+int kept_pages(int n, std::int64_t length, int page_size, const TopkPolicy& p, int& sinks,
+               int& window) {
+  sinks = std::min(p.sink_pages, n);
+  const std::int64_t first_token = std::max<std::int64_t>(0, length - p.window_tokens);
+  window = p.window_tokens > 0 ? static_cast<int>(first_token / page_size) : n - 1;
+  window = std::min(window, n - 1);
+  return sinks >= window ? n : sinks + (n - window);
+}
+
+void check_policy(const TopkPolicy& p) {
+  using enum ErrorCode;
+  require(p.budget_pages >= 0, invalid_argument, "budget_pages", "must be >= 0, got ",
+          p.budget_pages);
+  require(p.sink_pages >= 0, invalid_argument, "sink_pages", "must be >= 0, got ", p.sink_pages);
+  require(p.window_tokens >= 0, invalid_argument, "window_tokens", "must be >= 0, got ",
+          p.window_tokens);
+}
+
+// Top-k of one (sequence, kv head), no checks; `keys` is scratch of n entries.
+int topk_one(const float* bounds, int num_q, int n, std::int64_t length, int page_size,
+             const TopkPolicy& policy, std::int32_t* out, int out_size,
+             std::vector<std::uint64_t>& keys) {
+  int sinks = 0, window = 0;
+  const int kept = kept_pages(n, length, page_size, policy, sinks, window);
+  const int total = std::min(n, std::max(policy.budget_pages, kept));
+  int need = total - kept;  // > 0 only when sinks < window: candidates are [sinks, window)
+  int w = 0;
+  for (int j = 0; j < sinks && j < window; ++j) out[w++] = j;
+  if (need > 0) {
+    keys.clear();
+    for (int j = sinks; j < window; ++j) {
+      float m = bounds[j];
+      for (int i = 1; i < num_q; ++i) {
+        const float x = bounds[static_cast<std::int64_t>(i) * n + j];
+        m = x > m ? x : m;
+      }
+      // High bound first; among equal bounds the lower id first (its complement is larger).
+      keys.push_back(static_cast<std::uint64_t>(ordered_key(m)) << 32 |
+                     (0xffffffffu - static_cast<std::uint32_t>(j)));
+    }
+    auto nth = keys.begin() + need;
+    std::nth_element(keys.begin(), nth - 1, keys.end(), std::greater<>());
+    std::sort(keys.begin(), nth, [](std::uint64_t x, std::uint64_t y) {
+      return (x & 0xffffffffu) > (y & 0xffffffffu);  // ascending page id
+    });
+    for (auto it = keys.begin(); it != nth; ++it) {
+      out[w++] = static_cast<std::int32_t>(0xffffffffu - static_cast<std::uint32_t>(*it));
+    }
+  }
+  for (int j = window; j < n; ++j) out[w++] = j;
+  need = w;
+  for (; w < out_size; ++w) out[w] = -1;
+  return need;
+}
+
+void check_bounds_finite(std::span<const float> bounds) {
+  for (std::size_t i = 0; i < bounds.size(); ++i) {
+    require(!std::isnan(bounds[i]), ErrorCode::non_finite, "bounds", "bounds[", i, "] is NaN");
+  }
+}
+
+}  // namespace
+
+BoundStore::BoundStore(const kv::SummariesView& s)
+    : num_pages_(s.num_pages), num_kv_heads_(s.num_kv_heads), head_dim_(s.head_dim) {
+  require(s.min != nullptr && s.max != nullptr, ErrorCode::invalid_argument, "s",
+          "summaries without min/max");
+  const std::size_t n = static_cast<std::size_t>(num_pages_) * num_kv_heads_ * head_dim_;
+  min_.resize(n);
+  max_.resize(n);
+  for (std::size_t i = 0; i < n; ++i) {
+    min_[i] = f32_to_bf16_down(s.min[i]);
+    max_[i] = f32_to_bf16_up(s.max[i]);
+  }
+}
+
+void BoundStore::update(const kv::SummariesView& s, std::span<const std::int32_t> pages) {
+  require(s.num_pages == num_pages_ && s.num_kv_heads == num_kv_heads_ && s.head_dim == head_dim_,
+          ErrorCode::shape_mismatch, "s", "summaries shape [", s.num_pages, "][", s.num_kv_heads,
+          "][", s.head_dim, "] differs from the store's [", num_pages_, "][", num_kv_heads_, "][",
+          head_dim_, "]");
+  for (std::size_t j = 0; j < pages.size(); ++j) {
+    require(pages[j] >= 0 && pages[j] < num_pages_, ErrorCode::out_of_range, "pages", "pages[", j,
+            "] = ", pages[j], " is outside [0, num_pages = ", num_pages_, ")");
+  }
+  const std::size_t per_page = static_cast<std::size_t>(num_kv_heads_) * head_dim_;
+  for (std::int32_t p : pages) {
+    const std::size_t base = static_cast<std::size_t>(p) * per_page;
+    for (std::size_t i = base; i < base + per_page; ++i) {
+      min_[i] = f32_to_bf16_down(s.min[i]);
+      max_[i] = f32_to_bf16_up(s.max[i]);
+    }
+  }
+}
+
+BoundStoreView BoundStore::view() const {
+  return {min_.data(), max_.data(), num_pages_, num_kv_heads_, head_dim_};
+}
+
+double BoundStore::bytes_per_token(int page_size) const {
+  require(page_size > 0, ErrorCode::invalid_argument, "page_size", "must be > 0, got ", page_size);
+  return 2.0 * 2.0 * num_kv_heads_ * head_dim_ / page_size;
+}
+
+void page_upper_bounds(const kv::SummariesView& s, std::span<const std::int32_t> pages, int kv_head,
+                       const float* q, int num_q, std::int64_t q_stride, float scale,
+                       std::span<float> out) {
+  check_bound_args(s.num_pages, s.num_kv_heads, s.head_dim, pages, kv_head, q, num_q, q_stride,
+                   scale, out);
+  const std::int64_t head_off = static_cast<std::int64_t>(kv_head) * s.head_dim;
+  bounds_rows(s.min + head_off, s.max + head_off,
+              static_cast<std::int64_t>(s.num_kv_heads) * s.head_dim, pages.data(),
+              static_cast<int>(pages.size()), s.head_dim, q, num_q, q_stride, scale, out.data());
+}
+
+void page_upper_bounds(const BoundStoreView& s, std::span<const std::int32_t> pages, int kv_head,
+                       const float* q, int num_q, std::int64_t q_stride, float scale,
+                       std::span<float> out) {
+  check_bound_args(s.num_pages, s.num_kv_heads, s.head_dim, pages, kv_head, q, num_q, q_stride,
+                   scale, out);
+  const std::int64_t head_off = static_cast<std::int64_t>(kv_head) * s.head_dim;
+  bounds_rows(s.min + head_off, s.max + head_off,
+              static_cast<std::int64_t>(s.num_kv_heads) * s.head_dim, pages.data(),
+              static_cast<int>(pages.size()), s.head_dim, q, num_q, q_stride, scale, out.data());
+}
+
+int topk_selected_pages(int num_pages, std::int64_t length, int page_size,
+                        const TopkPolicy& policy) {
+  check_policy(policy);
+  if (num_pages <= 0) return 0;
+  int sinks = 0, window = 0;
+  const int kept = kept_pages(num_pages, length, page_size, policy, sinks, window);
+  return std::min(num_pages, std::max(policy.budget_pages, kept));
+}
+
+int select_topk_pages(std::span<const float> bounds, int num_q, int num_pages, int last_page_len,
+                      int page_size, const TopkPolicy& policy, std::span<std::int32_t> out) {
+  using enum ErrorCode;
+  check_policy(policy);
+  require(num_q >= 1, invalid_argument, "num_q", "must be >= 1, got ", num_q);
+  require(num_pages >= 1, invalid_argument, "num_pages", "must be >= 1, got ", num_pages);
+  require(page_size >= 1, invalid_argument, "page_size", "must be >= 1, got ", page_size);
+  require(last_page_len >= 1 && last_page_len <= page_size, invalid_argument, "last_page_len",
+          last_page_len, " is outside [1, page_size = ", page_size, "]");
+  require(bounds.size() == static_cast<std::size_t>(num_q) * num_pages, shape_mismatch, "bounds",
+          "has ", bounds.size(), " values, expected num_q * num_pages = ", num_q * num_pages);
+  check_bounds_finite(bounds);
+  const std::int64_t length = static_cast<std::int64_t>(num_pages - 1) * page_size + last_page_len;
+  const int total = topk_selected_pages(num_pages, length, page_size, policy);
+  require(out.size() >= static_cast<std::size_t>(total), shape_mismatch, "out", "has ", out.size(),
+          " slots, the selection holds ", total);
+  std::vector<std::uint64_t> keys;
+  keys.reserve(static_cast<std::size_t>(num_pages));
+  return topk_one(bounds.data(), num_q, num_pages, length, page_size, policy, out.data(),
+                  static_cast<int>(out.size()), keys);
+}
+
+namespace {
+
+void check_batch_heads(int num_kv_heads, int num_q_heads) {
+  using enum ErrorCode;
+  require(num_kv_heads >= 1, invalid_argument, "num_kv_heads", "must be >= 1, got ", num_kv_heads);
+  require(num_q_heads >= num_kv_heads && num_q_heads % num_kv_heads == 0, shape_mismatch,
+          "num_q_heads", num_q_heads, " is not a multiple of num_kv_heads = ", num_kv_heads);
+}
+
+// Page table checks shared by the batch entry points (the geometry is the caller's).
+void check_table(const kv::PageTable& t, int page_size, int num_pages_pool) {
+  kv::PagedKVView v;
+  v.k = v.v = &v;  // only the table is checked here
+  v.num_pages = num_pages_pool;
+  v.num_kv_heads = 1;
+  v.head_dim = 1;
+  v.page_size = page_size;
+  v.set_layout(kv::Layout::HND);
+  v.table = t;
+  v.validate();
+}
+
+int max_selected(const kv::PageTable& t, int page_size, const TopkPolicy& policy) {
+  int m = 0;
+  for (int b = 0; b < t.batch(); ++b) {
+    m = std::max(m, topk_selected_pages(t.num_pages(b), t.length(b, page_size), page_size, policy));
+  }
+  return m;
+}
+
+}  // namespace
+
+void select_topk_pages(std::span<const float> bounds, const kv::PageTable& table, int page_size,
+                       int num_kv_heads, int num_q_heads, const TopkPolicy& policy,
+                       SelectionStorage& out) {
+  check_policy(policy);
+  check_batch_heads(num_kv_heads, num_q_heads);
+  check_table(table, page_size, std::numeric_limits<std::int32_t>::max());
+  const int B = table.batch();
+  const std::size_t nnz = table.indices.size();
+  require(bounds.size() == nnz * num_q_heads, ErrorCode::shape_mismatch, "bounds", "has ",
+          bounds.size(), " values, expected pages * num_q_heads = ", nnz * num_q_heads);
+  check_bounds_finite(bounds);
+  out.reset(SelectionView::Unit::page, B, num_kv_heads, max_selected(table, page_size, policy));
+  const int g = num_q_heads / num_kv_heads;
+  std::vector<std::uint64_t> keys;
+  for (int b = 0; b < B; ++b) {
+    const int n = table.num_pages(b);
+    for (int h = 0; h < num_kv_heads; ++h) {
+      const float* rows = bounds.data() + static_cast<std::size_t>(table.indptr[b]) * num_q_heads +
+                          static_cast<std::size_t>(h) * g * n;
+      const std::span<std::int32_t> slots = out.slots(b, h);
+      out.count[b * num_kv_heads + h] =
+          topk_one(rows, g, n, table.length(b, page_size), page_size, policy, slots.data(),
+                   static_cast<int>(slots.size()), keys);
+    }
+  }
+}
+
+void quest_select(const QuestArgs& args, SelectionStorage& out) {
+  using enum ErrorCode;
+  require((args.summaries != nullptr) != (args.bounds_bf16 != nullptr), invalid_argument,
+          "summaries", "give exactly one of summaries and bounds_bf16");
+  const int pool_pages = args.summaries ? args.summaries->num_pages : args.bounds_bf16->num_pages;
+  const int Hkv = args.summaries ? args.summaries->num_kv_heads : args.bounds_bf16->num_kv_heads;
+  const int d = args.summaries ? args.summaries->head_dim : args.bounds_bf16->head_dim;
+  require(args.summaries == nullptr || (args.summaries->min && args.summaries->max),
+          invalid_argument, "summaries", "null min/max");
+  require(args.bounds_bf16 == nullptr || (args.bounds_bf16->min && args.bounds_bf16->max),
+          invalid_argument, "bounds_bf16", "null min/max");
+  check_policy(args.policy);
+  check_table(args.table, args.page_size, pool_pages);
+  const View3<const float>& q = args.q;
+  const int B = args.table.batch();
+  require(q.data != nullptr, invalid_argument, "q", "null query");
+  require(q.n0 == B, shape_mismatch, "q", "has ", q.n0, " sequences, the page table ", B);
+  require(q.n2 == d, shape_mismatch, "q", "head_dim ", q.n2, " differs from the summaries' ", d);
+  check_batch_heads(Hkv, q.n1);
+  const float scale = args.scale == 0 ? 1.0f / std::sqrt(static_cast<float>(d)) : args.scale;
+  require(std::isfinite(scale) && scale > 0, invalid_argument, "scale",
+          "must be finite and > 0, got ", args.scale);
+  for (int b = 0; b < B; ++b) {
+    for (int h = 0; h < q.n1; ++h) {
+      const float* row = q.row(b, h);
+      for (int c = 0; c < d; ++c) {
+        require(std::isfinite(row[c]), non_finite, "q", "q[", b, "][", h, "][", c, "] = ", row[c],
+                " is not finite");
+      }
+    }
+  }
+
+  out.reset(SelectionView::Unit::page, B, Hkv,
+            max_selected(args.table, args.page_size, args.policy));
+  const int g = q.n1 / Hkv;
+  const int tasks = B * Hkv;
+  // Everything that can throw ran above: the parallel region only computes.
+#pragma omp parallel
+  {
+    std::vector<float> rows;
+    std::vector<std::uint64_t> keys;
+#pragma omp for schedule(dynamic, 1)
+    for (int task = 0; task < tasks; ++task) {
+      const int b = task / Hkv, h = task % Hkv;
+      const int n = args.table.num_pages(b);
+      const std::int32_t* pages = args.table.indices.data() + args.table.indptr[b];
+      rows.resize(static_cast<std::size_t>(g) * n);
+      const float* qg = q.row(b, h * g);
+      const std::int64_t off = static_cast<std::int64_t>(h) * d;
+      const std::int64_t stride = static_cast<std::int64_t>(Hkv) * d;
+      if (args.summaries) {
+        bounds_rows(args.summaries->min + off, args.summaries->max + off, stride, pages, n, d, qg,
+                    g, q.s1, scale, rows.data());
+      } else {
+        bounds_rows(args.bounds_bf16->min + off, args.bounds_bf16->max + off, stride, pages, n, d,
+                    qg, g, q.s1, scale, rows.data());
+      }
+      const std::span<std::int32_t> slots = out.slots(b, h);
+      out.count[task] =
+          topk_one(rows.data(), g, n, args.table.length(b, args.page_size), args.page_size,
+                   args.policy, slots.data(), static_cast<int>(slots.size()), keys);
+    }
+  }
+}
+
+}  // namespace masskv::select
