@@ -269,7 +269,8 @@ void decode_entmax(const DecodeArgs& args, const Geometry& geo, const RowSource&
     }
   }
   std::vector<float> scores(static_cast<std::size_t>(s_off[n_slots]));
-  std::vector<double> tau_local(static_cast<std::size_t>(n_slots) * g);
+  // Local candidates of slot i, q head j: cand[i * g + j] (merge.hpp, step 1 of §2.6).
+  std::vector<std::vector<double>> cand(static_cast<std::size_t>(n_slots) * g);
 
 #pragma omp parallel num_threads(nt)
   {
@@ -285,11 +286,7 @@ void decode_entmax(const DecodeArgs& args, const Geometry& geo, const RowSource&
         for (int j = 0; j < g; ++j) {
           const float* sj = t.sh(h) + static_cast<std::int64_t>(j) * t.max_rows;
           std::copy(sj, sj + n, s + static_cast<std::int64_t>(j) * n);
-        }
-        for (int j = 0; j < g; ++j) {
-          // tau_lo <= tau_c <= tau_global: candidates above tau_lo cover the global support.
-          const std::span<const float> sj(s + static_cast<std::int64_t>(j) * n, n);
-          tau_local[t.slot[h] * g + j] = entmax_threshold(sj, alpha).tau_lo;
+          append_local_candidates(std::span<const float>(sj, n), alpha, cand[t.slot[h] * g + j]);
         }
       }
     }
@@ -299,21 +296,17 @@ void decode_entmax(const DecodeArgs& args, const Geometry& geo, const RowSource&
   std::vector<double> tau(static_cast<std::size_t>(n_heads) * g);
 #pragma omp parallel num_threads(nt)
   {
-    std::vector<float> cand;
+    std::vector<double> all;
 #pragma omp for schedule(dynamic, 1)
     for (int bh = 0; bh < n_heads; ++bh) {
       for (int j = 0; j < g; ++j) {
-        cand.clear();
+        all.clear();
         for (std::int64_t i = plan.first[bh]; i < plan.first[bh + 1]; ++i) {
-          const float* s = scores.data() + s_off[i] + static_cast<std::int64_t>(j) * rows[i];
-          const double tl = tau_local[i * g + j];
-          for (int r = 0; r < rows[i]; ++r) {
-            if ((alpha - 1.0) * s[r] > tl) cand.push_back(s[r]);
-          }
+          all.insert(all.end(), cand[i * g + j].begin(), cand[i * g + j].end());
         }
         tau[static_cast<std::size_t>(bh) * g + j] =
-            cand.empty() ? std::numeric_limits<double>::quiet_NaN()
-                         : entmax_threshold(std::span<const float>(cand), alpha).tau;
+            all.empty() ? std::numeric_limits<double>::quiet_NaN()
+                        : entmax_threshold(std::span<const double>(all), alpha).tau;
       }
     }
   }
