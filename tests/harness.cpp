@@ -256,3 +256,58 @@ Errors check_decode(const DecodeCase& c) {
 }
 
 }  // namespace masskv::test
+
+namespace masskv::test {
+
+Errors check_prefill(const PrefillCase& c) {
+  const HandCache cache(c.kv);
+  const int B = static_cast<int>(c.kv.lengths.size()), Hq = c.num_q_heads, d = c.kv.head_dim;
+  std::vector<std::int32_t> q_indptr{0};
+  for (int b = 0; b < B; ++b) q_indptr.push_back(q_indptr.back() + c.num_queries[b]);
+  const int total = q_indptr.back();
+  const std::vector<float> q = random_q(total, Hq, d, c.q_sd, c.kv.seed + 23);
+  std::vector<std::uint8_t> mask_bits;
+  std::vector<std::int64_t> mask_offset;
+  attn::BlockMask mask;
+  if (c.block_sparse) {
+    std::mt19937 rng(c.kv.seed + 29);
+    std::bernoulli_distribution coin(c.keep);
+    for (int b = 0; b < B; ++b) {
+      mask_offset.push_back(static_cast<std::int64_t>(mask_bits.size()));
+      const int rows = (c.num_queries[b] + c.q_block - 1) / c.q_block;
+      const int cols = (c.kv.lengths[b] + c.k_block - 1) / c.k_block;
+      for (int i = 0; i < rows * cols; ++i) mask_bits.push_back(coin(rng) ? 1 : 0);
+    }
+    mask.q_block = c.q_block;
+    mask.k_block = c.k_block;
+    mask.mask = mask_bits;
+    mask.mask_offset = mask_offset;
+  }
+  std::vector<float> out(static_cast<std::size_t>(total) * Hq * d, -7.0f),
+      stat(static_cast<std::size_t>(total) * Hq, -7.0f);
+  attn::PrefillArgs args;
+  args.q = View3<const float>::contiguous(q.data(), total, Hq, d);
+  args.q_indptr = q_indptr;
+  args.cache = cache.view();
+  args.mapping = c.mapping;
+  args.block_mask = c.block_sparse ? &mask : nullptr;
+  args.out = View3<float>::contiguous(out.data(), total, Hq, d);
+  args.lse_or_tau = stat;
+  std::vector<double> ref_out(out.size()), ref_stat(stat.size());
+  attn::prefill_reference(args, ref_out, ref_stat);
+  const Tolerance tol = tolerance(c.kv.dtype);
+  Errors worst;
+  for (const ImplEntry& impl : prefill_impls()) {
+    args.impl = impl.impl;
+    std::fill(out.begin(), out.end(), -7.0f);
+    attn::prefill(args);
+    const Errors e = compare(out, ref_out, stat, ref_stat, d);
+    EXPECT_LE(e.out, tol.out) << impl.name << ": " << c.describe();
+    EXPECT_LE(e.stat, tol.stat) << impl.name << ": " << c.describe();
+    worst.out = std::max(worst.out, e.out);
+    worst.stat = std::max(worst.stat, e.stat);
+  }
+  return worst;
+}
+
+}  // namespace masskv::test

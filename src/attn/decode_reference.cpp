@@ -22,6 +22,7 @@ void decode_reference(const DecodeArgs& args, std::span<double> out, std::span<d
           "reference needs 0 or batch * q heads doubles");
   const detail::RowSource src(args.cache, args.selection);
   std::vector<const void*> k, v;
+  std::vector<const double*> v64;
   std::vector<double> s, qd(d);
   for (int b = 0; b < geo.batch; ++b) {
     for (int h = 0; h < geo.num_kv_heads; ++h) {
@@ -31,16 +32,20 @@ void decode_reference(const DecodeArgs& args, std::span<double> out, std::span<d
       v.resize(n);
       s.resize(n);
       src.gather(b, h, 0, units, k.data(), v.data(), nullptr);
+      const std::vector<double> kd = detail::ref_rows(k, args.cache.dtype, d);
+      const std::vector<double> vd = detail::ref_rows(v, args.cache.dtype, d);
+      v64.resize(n);
+      for (int r = 0; r < n; ++r) v64[r] = vd.data() + static_cast<std::size_t>(r) * d;
       for (int j = 0; j < geo.group; ++j) {
         const int hq = h * geo.group + j;
         const float* q = args.q.row(b, hq);
         for (int c = 0; c < d; ++c) qd[c] = q[c];
         for (int r = 0; r < n; ++r) {
           s[r] = static_cast<double>(geo.scale) *
-                 detail::ref_dot(qd.data(), k[r], args.cache.dtype, d);
+                 detail::ref_dot(qd.data(), kd.data() + static_cast<std::size_t>(r) * d, d);
         }
         double* o = out.data() + (static_cast<std::size_t>(b) * geo.num_q_heads + hq) * d;
-        const double stat = detail::ref_attend(s, v, args.cache.dtype, d, args.mapping, o);
+        const double stat = detail::ref_attend(s, v64, d, args.mapping, o);
         if (!lse_or_tau.empty())
           lse_or_tau[static_cast<std::size_t>(b) * geo.num_q_heads + hq] = stat;
       }

@@ -6,21 +6,30 @@
 
 namespace masskv::attn::detail {
 
-double ref_load(const void* row, DType dtype, int c) {
-  switch (dtype) {
-    case DType::f16:
-      return f16_to_f32(static_cast<const f16*>(row)[c]);
-    case DType::bf16:
-      return bf16_to_f32(static_cast<const bf16*>(row)[c]);
-    case DType::f32:
-      break;
+std::vector<double> ref_rows(std::span<const void* const> rows, DType dtype, int d) {
+  std::vector<double> out(rows.size() * d);
+  for (std::size_t r = 0; r < rows.size(); ++r) {
+    double* o = out.data() + r * d;
+    for (int c = 0; c < d; ++c) {
+      switch (dtype) {
+        case DType::f16:
+          o[c] = f16_to_f32(static_cast<const f16*>(rows[r])[c]);
+          break;
+        case DType::bf16:
+          o[c] = bf16_to_f32(static_cast<const bf16*>(rows[r])[c]);
+          break;
+        case DType::f32:
+          o[c] = static_cast<const float*>(rows[r])[c];
+          break;
+      }
+    }
   }
-  return static_cast<const float*>(row)[c];
+  return out;
 }
 
-double ref_dot(const double* q, const void* row, DType dtype, int d) {
+double ref_dot(const double* q, const double* k, int d) {
   double s = 0;
-  for (int c = 0; c < d; ++c) s += q[c] * ref_load(row, dtype, c);
+  for (int c = 0; c < d; ++c) s += q[c] * k[c];
   return s;
 }
 
@@ -48,7 +57,7 @@ double ref_entmax_tau(std::span<const double> s, double alpha) {
   return 0.5 * (lo + hi);
 }
 
-double ref_attend(std::span<const double> s, std::span<const void* const> v, DType dtype, int d,
+double ref_attend(std::span<const double> s, std::span<const double* const> v, int d,
                   const Mapping& mapping, double* o) {
   std::fill_n(o, d, 0.0);
   double smax = -std::numeric_limits<double>::infinity();
@@ -72,7 +81,7 @@ double ref_attend(std::span<const double> s, std::span<const void* const> v, DTy
   for (std::size_t i = 0; i < s.size(); ++i) {
     if (p[i] == 0) continue;
     const double w = p[i] / sum;
-    for (int c = 0; c < d; ++c) o[c] += w * ref_load(v[i], dtype, c);
+    for (int c = 0; c < d; ++c) o[c] += w * v[i][c];
   }
   return stat;
 }

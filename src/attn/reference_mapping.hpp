@@ -10,15 +10,16 @@
 
 namespace masskv::attn::detail {
 
-double ref_load(const void* row, DType dtype, int c);
-double ref_dot(const double* q, const void* row, DType dtype, int d);
+// Stored rows converted exactly to f64, [rows.size()][d].
+std::vector<double> ref_rows(std::span<const void* const> rows, DType dtype, int d);
+double ref_dot(const double* q, const double* k, int d);
 
 // Entmax threshold on z = (alpha-1)*s by >= 100 bisection rounds in f64 (DESIGN.md §2.1).
 double ref_entmax_tau(std::span<const double> s, double alpha);
 
 // o = sum_i p_i v_i with p = map(s); entries of s equal to -inf are masked (p = 0).
 // Returns the lse (softmax) or tau (entmax). No finite entry: o = 0, -inf / NaN.
-double ref_attend(std::span<const double> s, std::span<const void* const> v, DType dtype, int d,
+double ref_attend(std::span<const double> s, std::span<const double* const> v, int d,
                   const Mapping& mapping, double* o);
 
 }  // namespace masskv::attn::detail
