@@ -143,6 +143,24 @@ OwnedSelection make_selection(const HandCache& cache, SelectionView::Unit unit,
   return finish(std::move(lists), static_cast<int>(per_seq.size()), cfg.num_kv_heads, unit);
 }
 
+std::vector<double> token_scores(const HandCache& cache, int b, int h, const float* q,
+                                 double scale) {
+  const kv::PagedKVView view = cache.view();
+  const int P = view.page_size, d = view.head_dim;
+  std::vector<double> s(cache.config().lengths[b]);
+  for (std::size_t t = 0; t < s.size(); ++t) {
+    const std::int32_t page = view.table.page(b, static_cast<int>(t / P));
+    double acc = 0;
+    visit_dtype(view.dtype, [&](auto tag) {
+      using T = decltype(tag);
+      const T* k = view.key<T>(page, h, static_cast<int>(t % P));
+      for (int c = 0; c < d; ++c) acc += static_cast<double>(q[c]) * to_f32(k[c]);
+    });
+    s[t] = scale * acc;
+  }
+  return s;
+}
+
 std::vector<float> random_q(std::int64_t rows, int heads, int d, float sd, std::uint32_t seed) {
   std::mt19937 rng(seed);
   std::normal_distribution<float> normal(0.0f, sd);

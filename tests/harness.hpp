@@ -79,6 +79,11 @@ OwnedSelection random_selection(const HandCache& cache, SelectionView::Unit unit
 OwnedSelection make_selection(const HandCache& cache, SelectionView::Unit unit,
                               const std::vector<std::vector<std::int32_t>>& per_seq);
 
+// f64 scores scale * q . k_t of every token t of sequence b, kv head h (test-side, for
+// building supports and supersets).
+std::vector<double> token_scores(const HandCache& cache, int b, int h, const float* q,
+                                 double scale);
+
 std::vector<float> random_q(std::int64_t rows, int heads, int d, float sd, std::uint32_t seed);
 
 // ---- comparison -----------------------------------------------------------------------------

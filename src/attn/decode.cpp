@@ -56,8 +56,16 @@ struct Plan {
 
 Plan make_plan(const Geometry& geo, const RowSource& src, int chunk_pages, int page_size) {
   Plan plan;
-  plan.per_chunk = src.token_units() ? chunk_pages * page_size : chunk_pages;
-  plan.max_rows = chunk_pages * page_size;
+  // A chunk never holds more rows than the longest sequence (chunk_pages may be huge: one
+  // chunk per head); int64 avoids overflow of chunk_pages * page_size.
+  std::int64_t longest = 0;
+  for (int b = 0; b < geo.batch; ++b) longest = std::max(longest, src.length(b));
+  const std::int64_t chunk_rows = std::min(static_cast<std::int64_t>(chunk_pages) * page_size,
+                                           std::max<std::int64_t>(longest, 1));
+  plan.per_chunk = src.token_units()
+                       ? static_cast<int>(chunk_rows)
+                       : static_cast<int>(std::min<std::int64_t>(chunk_pages, longest + 1));
+  plan.max_rows = static_cast<int>(chunk_rows);
   plan.first.push_back(0);
   for (int b = 0; b < geo.batch; ++b) {
     int most = 0;
