@@ -190,6 +190,26 @@ TEST(EntmaxDecode, SparseEqualsDenseWhenSupportCovered) {
   }
 }
 
+// The converse, so the test above can fail: dropping a support token changes the result.
+TEST(EntmaxDecode, SparseDiffersWhenSupportTokenDropped) {
+  const HandCache cache(property_kv(DType::f32, Layout::HND, 16));
+  const int hq = 2, d = 64;
+  const std::vector<float> q = random_q(3, hq, d, 4.0f, 5);
+  const Mapping map = Mapping::entmax(1.5);
+  const Result dense = run_decode(cache, q, hq, map, nullptr, 4, attn::Impl::fast);
+  std::vector<std::vector<std::int32_t>> per_seq(3);
+  for (int b = 0; b < 3; ++b) {
+    const std::vector<double> s = token_scores(cache, b, 0, q.data() + b * hq * d, 1.0 / 8);
+    const auto top = std::max_element(s.begin(), s.end()) - s.begin();
+    for (int t = 0; t < cache.config().lengths[b]; ++t) {
+      if (t != top) per_seq[b].push_back(t);
+    }
+  }
+  const OwnedSelection sel = make_selection(cache, SelectionView::Unit::token, per_seq);
+  const Result sparse = run_decode(cache, q, hq, map, &sel.view, 4, attn::Impl::fast);
+  EXPECT_GT(rel_diff(sparse.out, dense.out), 1e-3);
+}
+
 // DESIGN.md §2.6: softmax partials over any split merge to the unsplit result.
 TEST(SoftmaxDecode, AnySplitMergesToUnsplitResult) {
   for (const Layout layout : {Layout::HND, Layout::NHD}) {
