@@ -56,12 +56,14 @@ MASSKV_AI __m256 reduce8(const __m256* v) {
   return _mm256_add_ps(lo, hi);
 }
 
-// Scores of ht heads x rb rows (ht * rb <= 8).
-MASSKV_AI void score_tile(int dtype, const float* q, int d, int ht, int rb, const void* const* rows,
-                          float scale, float* s, std::int64_t ls) {
-  __m256 acc[8];
-#pragma GCC unroll 8
-  for (int i = 0; i < 8; ++i) acc[i] = _mm256_setzero_ps();
+// Scores of ht heads x rb rows (ht * rb <= 12: with rb key vectors and one q vector that is
+// at most the 16 ymm registers). Per column step: rb conversions + ht q loads feed ht * rb
+// FMAs, so the loop is FMA-bound rather than load-bound.
+MASSKV_AI void score_tile(int dtype, const float* q, int d, int ht, int rb,
+                          const void* const* rows, float scale, float* s, std::int64_t ls) {
+  __m256 acc[16];
+#pragma GCC unroll 16
+  for (int i = 0; i < 16; ++i) acc[i] = _mm256_setzero_ps();
   for (int c = 0; c < d; c += 8) {
     __m256 k[8];
 #pragma GCC unroll 8
@@ -73,8 +75,9 @@ MASSKV_AI void score_tile(int dtype, const float* q, int d, int ht, int rb, cons
       for (int r = 0; r < rb; ++r) acc[h * rb + r] = _mm256_fmadd_ps(qv, k[r], acc[h * rb + r]);
     }
   }
-  alignas(32) float out[8];
+  alignas(32) float out[16];
   _mm256_store_ps(out, _mm256_mul_ps(reduce8(acc), _mm256_set1_ps(scale)));
+  if (ht * rb > 8) _mm256_store_ps(out + 8, _mm256_mul_ps(reduce8(acc + 8), _mm256_set1_ps(scale)));
 #pragma GCC unroll 8
   for (int h = 0; h < ht; ++h) {
 #pragma GCC unroll 8
@@ -85,7 +88,7 @@ MASSKV_AI void score_tile(int dtype, const float* q, int d, int ht, int rb, cons
 // All rows for one head tile of ht <= 4 heads: blocks of 8 / ht rows, then single rows.
 MASSKV_AI void score_rows(int dtype, const float* q, int d, int ht, const void* const* rows, int n,
                           float scale, float* s, std::int64_t ls) {
-  const int rb = ht == 1 ? 8 : ht == 2 ? 4 : 2;
+  const int rb = ht == 1 ? 8 : ht == 2 ? 4 : 3;
   const int bytes = row_bytes(dtype, d);
   int r = 0;
   for (; r + rb <= n; r += rb) {
@@ -135,10 +138,11 @@ void convert_rows(int dtype, const void* const* rows, int n, int d, float* out,
   }
 }
 
-// Accumulation tile: ht heads x cw column chunks of 8 (ht * cw <= 8), over n rows.
+// Accumulation tile: ht heads x cw column chunks of 8 (ht * cw <= 12), over n rows. Each
+// accumulator is updated once per row, so ht * cw >= 8 independent chains hide FMA latency.
 MASSKV_AI void acc_tile(int dtype, const float* w, std::int64_t lw, int ht, int cw, int d, int c0,
                         const void* const* rows, int n, float* acc) {
-  __m256 a[8];
+  __m256 a[16];
 #pragma GCC unroll 8
   for (int h = 0; h < ht; ++h) {
 #pragma GCC unroll 8
@@ -166,9 +170,13 @@ MASSKV_AI void acc_tile(int dtype, const float* w, std::int64_t lw, int ht, int 
 // swept; each element is converted once per head tile.
 MASSKV_AI void acc_rows(int dtype, const float* w, std::int64_t lw, int ht, int d,
                         const void* const* rows, int n, float* acc) {
-  const int cw = ht == 1 ? 8 : ht == 2 ? 4 : ht <= 4 ? 2 : 1;
+  const int cw = ht == 1 ? 8 : ht == 2 ? 4 : ht <= 4 ? 3 : 1;
   int c = 0;
   for (; c + 8 * cw <= d; c += 8 * cw) acc_tile(dtype, w, lw, ht, cw, d, c, rows, n, acc);
+  if (ht <= 4 && c + 16 <= d) {
+    acc_tile(dtype, w, lw, ht, 2, d, c, rows, n, acc);
+    c += 16;
+  }
   for (; c < d; c += 8) acc_tile(dtype, w, lw, ht, 1, d, c, rows, n, acc);
 }
 
