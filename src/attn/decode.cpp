@@ -138,7 +138,7 @@ void load_item(const DecodeArgs& args, const Geometry& geo, const RowSource& src
 void prefetch_rows(const void* const* rows, int n, int row_bytes) {
   for (int r = 0; r < n; ++r) {
     const char* p = static_cast<const char*>(rows[r]);
-    for (int off = 0; off < row_bytes; off += 64) __builtin_prefetch(p + off, 0, 3);
+    for (int off = 0; off < row_bytes; off += 64) __builtin_prefetch(p + off, 0, 2);
   }
 }
 
