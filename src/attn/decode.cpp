@@ -85,26 +85,34 @@ int thread_count(Impl impl) { return impl == Impl::fast ? omp_get_max_threads() 
 int block_rows(int page_size) { return std::max(page_size, 16); }
 
 // Per-thread buffers for one item (all kv heads of one chunk).
+// Per-thread buffers for one item (all kv heads of one chunk). Kept per thread between calls
+// (decode runs once per layer per token: fresh buffers would page-fault on every call); they
+// only grow.
 struct Scratch {
-  int max_rows, g, d;
+  int max_rows = 0, g = 0, d = 0;
   std::vector<const void*> k, v;    // [Hkv][max_rows]
   std::vector<int> n;               // [Hkv] rows of the head in this item (0: no chunk)
   std::vector<std::int64_t> slot;   // [Hkv]
   std::vector<float> q, s, w, acc;  // [Hkv][g][d], [Hkv][g][max_rows] x2, [Hkv][g][d]
   std::vector<float> inv_l;         // [Hkv][g]
-  Scratch(const Geometry& geo, int rows)
-      : max_rows(rows),
-        g(geo.group),
-        d(geo.head_dim),
-        k(static_cast<std::size_t>(geo.num_kv_heads) * rows),
-        v(k.size()),
-        n(geo.num_kv_heads),
-        slot(geo.num_kv_heads),
-        q(static_cast<std::size_t>(geo.num_q_heads) * geo.head_dim),
-        s(static_cast<std::size_t>(geo.num_q_heads) * rows),
-        w(s.size()),
-        acc(q.size()),
-        inv_l(geo.num_q_heads) {}
+
+  static Scratch& get(const Geometry& geo, int rows) {
+    thread_local Scratch t;
+    t.max_rows = rows;
+    t.g = geo.group;
+    t.d = geo.head_dim;
+    const std::size_t heads = geo.num_kv_heads, qh = geo.num_q_heads;
+    t.k.resize(heads * rows);
+    t.v.resize(heads * rows);
+    t.n.resize(heads);
+    t.slot.resize(heads);
+    t.q.resize(qh * geo.head_dim);
+    t.s.resize(qh * rows);
+    t.w.resize(qh * rows);
+    t.acc.resize(qh * geo.head_dim);
+    t.inv_l.resize(qh);
+    return t;
+  }
   const void** krows(int h) { return k.data() + static_cast<std::size_t>(h) * max_rows; }
   const void** vrows(int h) { return v.data() + static_cast<std::size_t>(h) * max_rows; }
   float* qh(int h) { return q.data() + static_cast<std::size_t>(h) * g * d; }
@@ -196,12 +204,16 @@ void decode_softmax(const DecodeArgs& args, const Geometry& geo, const RowSource
   const int dt = static_cast<int>(args.cache.dtype);
   const int block = block_rows(args.cache.page_size);
   const std::int64_t n_items = static_cast<std::int64_t>(plan.items.size());
-  std::vector<float> o_part(static_cast<std::size_t>(plan.slots()) * g * d);
-  std::vector<float> lse_part(static_cast<std::size_t>(plan.slots()) * g);
+  // Partials of every slot; kept on the calling thread between calls (see Scratch).
+  thread_local std::vector<float> o_part, lse_part;
+  o_part.resize(static_cast<std::size_t>(plan.slots()) * g * d);
+  lse_part.resize(static_cast<std::size_t>(plan.slots()) * g);
+  float* const o_parts = o_part.data();
+  float* const lse_parts = lse_part.data();
 
 #pragma omp parallel num_threads(thread_count(args.impl))
   {
-    Scratch t(geo, plan.max_rows);
+    Scratch& t = Scratch::get(geo, plan.max_rows);
 #pragma omp for schedule(dynamic, 1)
     for (std::int64_t i = 0; i < n_items; ++i) {
       load_item(args, geo, src, plan, plan.items[i], t);
@@ -213,14 +225,14 @@ void decode_softmax(const DecodeArgs& args, const Geometry& geo, const RowSource
           float* w = t.sh(h) + static_cast<std::int64_t>(j) * t.max_rows;
           const float m = *std::max_element(w, w + t.n[h]);
           const float l = kern.exp_sum(w, t.n[h], m);
-          lse_part[t.slot[h] * g + j] = m + std::log(l);
+          lse_parts[t.slot[h] * g + j] = m + std::log(l);
           inv_l[h * g + j] = 1.0f / l;
         }
       }
       item_accumulate(geo, dt, kern, block, t.n, t.s.data(), t.max_rows, t);
       for (int h = 0; h < geo.num_kv_heads; ++h) {
         if (t.n[h] == 0) continue;
-        float* o = o_part.data() + t.slot[h] * g * d;
+        float* o = o_parts + t.slot[h] * g * d;
         const float* a = t.acch(h);
         for (int j = 0; j < g; ++j) {
           for (int c = 0; c < d; ++c) o[j * d + c] = a[j * d + c] * inv_l[h * g + j];
@@ -241,7 +253,7 @@ void decode_softmax(const DecodeArgs& args, const Geometry& geo, const RowSource
     std::vector<SoftmaxPartialView> parts(static_cast<std::size_t>(i1 - i0));
     for (int j = 0; j < g; ++j) {
       for (std::int64_t i = i0; i < i1; ++i) {
-        parts[i - i0] = {o_part.data() + (i * g + j) * d, lse_part[i * g + j]};
+        parts[i - i0] = {o_parts + (i * g + j) * d, lse_parts[i * g + j]};
       }
       const int hq = h * g + j;
       const float lse = merge_softmax(parts, d, args.out.row(b, hq));
@@ -282,7 +294,7 @@ void decode_entmax(const DecodeArgs& args, const Geometry& geo, const RowSource&
 
 #pragma omp parallel num_threads(nt)
   {
-    Scratch t(geo, plan.max_rows);
+    Scratch& t = Scratch::get(geo, plan.max_rows);
 #pragma omp for schedule(dynamic, 1)
     for (std::int64_t i = 0; i < n_items; ++i) {
       load_item(args, geo, src, plan, plan.items[i], t);
@@ -323,7 +335,7 @@ void decode_entmax(const DecodeArgs& args, const Geometry& geo, const RowSource&
   std::vector<double> p_sum(static_cast<std::size_t>(n_slots) * g);
 #pragma omp parallel num_threads(nt)
   {
-    Scratch t(geo, plan.max_rows);
+    Scratch& t = Scratch::get(geo, plan.max_rows);
     std::vector<int> kept(geo.num_kv_heads);
 #pragma omp for schedule(dynamic, 1)
     for (std::int64_t i = 0; i < n_items; ++i) {
