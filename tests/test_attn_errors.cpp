@@ -23,10 +23,19 @@ void expect_error(const std::function<void()>& f, ErrorCode code, const std::str
   }
 }
 
-// A valid decode setup: 2 sequences, Hkv = 2, Hq = 4, d = 64, P = 16.
+// 2 sequences (40 and 17 tokens), Hkv = 2, d = 64, P = 16.
+KVConfig small_kv() {
+  KVConfig c;
+  c.lengths = {40, 17};
+  c.num_kv_heads = 2;
+  c.head_dim = 64;
+  return c;
+}
+
+// A valid decode setup on small_kv() with Hq = 4.
 class DecodeErrors : public ::testing::Test {
  protected:
-  DecodeErrors() : cache_(config()) {
+  DecodeErrors() : cache_(small_kv()) {
     q_ = random_q(2, 4, 64, 1.0f, 1);
     out_.assign(2 * 4 * 64, 0.0f);
     stat_.assign(2 * 4, 0.0f);
@@ -36,13 +45,6 @@ class DecodeErrors : public ::testing::Test {
     args_.lse_or_tau = stat_;
     ref_out_.assign(out_.size(), 0.0);
     ref_stat_.assign(stat_.size(), 0.0);
-  }
-  static KVConfig config() {
-    KVConfig c;
-    c.lengths = {40, 17};
-    c.num_kv_heads = 2;
-    c.head_dim = 64;
-    return c;
   }
   // Both decode and the reference must reject it.
   void expect(ErrorCode code, const std::string& argument) {
@@ -209,7 +211,7 @@ TEST_F(DecodeErrors, NothingWrittenOnError) {
 
 class PrefillErrors : public ::testing::Test {
  protected:
-  PrefillErrors() : cache_(DecodeErrors_config()) {
+  PrefillErrors() : cache_(small_kv()) {
     q_ = random_q(10, 4, 64, 1.0f, 1);
     out_.assign(10 * 4 * 64, 0.0f);
     args_.q = View3<const float>::contiguous(q_.data(), 10, 4, 64);
@@ -217,13 +219,6 @@ class PrefillErrors : public ::testing::Test {
     args_.cache = cache_.view();
     args_.out = View3<float>::contiguous(out_.data(), 10, 4, 64);
     ref_out_.assign(out_.size(), 0.0);
-  }
-  static KVConfig DecodeErrors_config() {
-    KVConfig c;
-    c.lengths = {40, 17};
-    c.num_kv_heads = 2;
-    c.head_dim = 64;
-    return c;
   }
   void expect(ErrorCode code, const std::string& argument) {
     for (const ImplEntry& impl : prefill_impls()) {

@@ -196,6 +196,36 @@ void write_empty(const DecodeArgs& args, const Geometry& geo, int b, int h) {
   }
 }
 
+// The fixed-order merge of every (b, kv head): merge(bh, j, out_row) merges the slots of q head
+// j of the group into out_row and returns its lse / tau. Heads without slots get the empty
+// result. One loop for both mappings.
+template <class Merge>
+void merge_heads(const DecodeArgs& args, const Geometry& geo, const Plan& plan, Merge&& merge) {
+  const int n_heads = geo.batch * geo.num_kv_heads;
+#pragma omp parallel for schedule(static) num_threads(thread_count(args.impl))
+  for (int bh = 0; bh < n_heads; ++bh) {
+    const int b = bh / geo.num_kv_heads, h = bh % geo.num_kv_heads;
+    if (plan.first[bh] == plan.first[bh + 1]) {
+      write_empty(args, geo, b, h);
+      continue;
+    }
+    for (int j = 0; j < geo.group; ++j) {
+      const int hq = h * geo.group + j;
+      const float stat = merge(bh, j, args.out.row(b, hq));
+      if (!args.lse_or_tau.empty()) args.lse_or_tau[b * geo.num_q_heads + hq] = stat;
+    }
+  }
+}
+
+float merge_softmax_slots(const float* o_parts, const float* lse_parts, const Plan& plan,
+                          std::int64_t bh, int j, int g, int d, float* out) {
+  std::vector<SoftmaxPartialView> parts;
+  for (std::int64_t i = plan.first[bh]; i < plan.first[bh + 1]; ++i) {
+    parts.push_back({o_parts + (i * g + j) * d, lse_parts[i * g + j]});
+  }
+  return merge_softmax(parts, d, out);
+}
+
 // Softmax: each chunk yields (o_c, lse_c) from one pass over its K and V (scores of the chunk,
 // its max, exp, then the weighted V sum); partials are merged by §2.6 in chunk order.
 void decode_softmax(const DecodeArgs& args, const Geometry& geo, const RowSource& src,
@@ -241,25 +271,9 @@ void decode_softmax(const DecodeArgs& args, const Geometry& geo, const RowSource
     }
   }
 
-  const int n_heads = geo.batch * geo.num_kv_heads;
-#pragma omp parallel for schedule(static) num_threads(thread_count(args.impl))
-  for (int bh = 0; bh < n_heads; ++bh) {
-    const int b = bh / geo.num_kv_heads, h = bh % geo.num_kv_heads;
-    const std::int64_t i0 = plan.first[bh], i1 = plan.first[bh + 1];
-    if (i0 == i1) {
-      write_empty(args, geo, b, h);
-      continue;
-    }
-    std::vector<SoftmaxPartialView> parts(static_cast<std::size_t>(i1 - i0));
-    for (int j = 0; j < g; ++j) {
-      for (std::int64_t i = i0; i < i1; ++i) {
-        parts[i - i0] = {o_parts + (i * g + j) * d, lse_parts[i * g + j]};
-      }
-      const int hq = h * g + j;
-      const float lse = merge_softmax(parts, d, args.out.row(b, hq));
-      if (!args.lse_or_tau.empty()) args.lse_or_tau[b * geo.num_q_heads + hq] = lse;
-    }
-  }
+  merge_heads(args, geo, plan, [&](std::int64_t slot, int j, float* out) {
+    return merge_softmax_slots(o_parts, lse_parts, plan, slot, j, g, d, out);
+  });
 }
 
 // Entmax: the two-step exact scheme of §2.6. Pass 1 scores every chunk and solves its local
@@ -377,27 +391,14 @@ void decode_entmax(const DecodeArgs& args, const Geometry& geo, const RowSource&
     }
   }
 
-#pragma omp parallel for schedule(static) num_threads(nt)
-  for (int bh = 0; bh < n_heads; ++bh) {
-    const int b = bh / geo.num_kv_heads, h = bh % geo.num_kv_heads;
-    const std::int64_t i0 = plan.first[bh], i1 = plan.first[bh + 1];
-    if (i0 == i1) {
-      write_empty(args, geo, b, h);
-      continue;
+  merge_heads(args, geo, plan, [&](std::int64_t bh, int j, float* out) {
+    std::vector<EntmaxPartialView> parts;
+    for (std::int64_t i = plan.first[bh]; i < plan.first[bh + 1]; ++i) {
+      parts.push_back({o_sum.data() + (i * g + j) * d, p_sum[i * g + j]});
     }
-    std::vector<EntmaxPartialView> parts(static_cast<std::size_t>(i1 - i0));
-    for (int j = 0; j < g; ++j) {
-      for (std::int64_t i = i0; i < i1; ++i) {
-        parts[i - i0] = {o_sum.data() + (i * g + j) * d, p_sum[i * g + j]};
-      }
-      const int hq = h * g + j;
-      merge_entmax(parts, d, args.out.row(b, hq));
-      if (!args.lse_or_tau.empty()) {
-        args.lse_or_tau[b * geo.num_q_heads + hq] =
-            static_cast<float>(tau[static_cast<std::size_t>(bh) * g + j]);
-      }
-    }
-  }
+    merge_entmax(parts, d, out);
+    return static_cast<float>(tau[static_cast<std::size_t>(bh) * g + j]);
+  });
 }
 
 }  // namespace
