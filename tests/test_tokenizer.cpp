@@ -698,7 +698,7 @@ std::size_t compare_reference(const Tokenizer& tok, const std::string& name) {
     EXPECT_EQ(tok.encode(text, false, special), expected) << text << " special=" << special;
     tokens += expected.size();
   }
-  EXPECT_GE(doc["cases"].size(), 20u);
+  EXPECT_GE(doc["cases"].size(), 100u);
   return tokens;
 }
 
@@ -713,13 +713,13 @@ std::size_t compare_reference(const Tokenizer& tok, const std::string& name) {
 TEST(RealTokenizer, SmolLM2MatchesHuggingFaceTokenizersOnReferenceStrings) {
   REAL_MODEL_OR_SKIP(m, "smollm2");
   EXPECT_EQ(m->tok->vocab().model, "gpt2");
-  EXPECT_GT(compare_reference(*m->tok, "smollm2"), 500u);
+  EXPECT_GT(compare_reference(*m->tok, "smollm2"), 2500u);
 }
 
 TEST(RealTokenizer, Gemma3MatchesSentencePieceOnReferenceStrings) {
   REAL_MODEL_OR_SKIP(m, "gemma3");
   EXPECT_EQ(m->tok->vocab().model, "llama");
-  EXPECT_GT(compare_reference(*m->tok, "gemma3"), 400u);
+  EXPECT_GT(compare_reference(*m->tok, "gemma3"), 2500u);
 }
 
 TEST(RealTokenizer, SmolLM2RoundTripsFixedAndRandomStrings) {
