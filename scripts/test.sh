@@ -58,7 +58,7 @@ run_counted() {
   passed=$((passed + p)); failed=$((failed + f))
 }
 
-if scripts/setup.sh --build-dir build; then
+if scripts/setup.sh --build-dir build --models; then
   run_gtest unit build/masskv_tests
   run_counted cli tests/cli/run.sh build/masskv
 else
