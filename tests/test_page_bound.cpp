@@ -12,10 +12,12 @@
 #include <string>
 #include <vector>
 
+#include "core/cpu_features.hpp"
 #include "masskv/dtype.hpp"
 #include "masskv/error.hpp"
 #include "masskv/kv/cache.hpp"
 #include "masskv/select/page_bound.hpp"
+#include "select/quest_kernels.hpp"
 
 namespace masskv::select {
 namespace {
@@ -78,22 +80,27 @@ std::vector<double> page_scores(const kv::PagedKVView& v, int j, int head, const
   return s;
 }
 
-// The §2.3 formula in f64 from f32 min/max, and Σ_c |term_c| (the slack's scale).
+// The §2.3 formula in f64 from the stored min/max, and the slack scale ||q||_1 * W of
+// page_upper_bounds (W = max_c max(|m_c|, |M_c|)), both times `scale`.
 template <class T>
 std::pair<double, double> reference_bound(const T* mn, const T* mx, const float* q, int d,
                                           double scale) {
-  double s = 0, a = 0;
+  double s = 0, q1 = 0, w = 0;
   for (int c = 0; c < d; ++c) {
-    const double t = std::max(double(q[c]) * to_f32(mn[c]), double(q[c]) * to_f32(mx[c]));
-    s += t;
-    a += std::fabs(t);
+    const double lo = to_f32(mn[c]), hi = to_f32(mx[c]);
+    s += std::max(double(q[c]) * lo, double(q[c]) * hi);
+    q1 += std::fabs(double(q[c]));
+    w = std::max({w, std::fabs(lo), std::fabs(hi)});
   }
-  return {scale * s, scale * a};
+  return {scale * s, scale * q1 * w};
 }
+
+// Documented slack 2(2d+4)u plus the evaluation error (2d+4)u, per unit of ||q||_1 * W.
+double max_excess(int d) { return (6.0 * d + 13) * kU; }
 
 // For every page and head: U >= every exact score in the page (the property the §2.2
 // certificate needs), U >= the f64 §2.3 formula, and U exceeds it by at most the documented
-// slack 2(d+4)·2^-24·scale·Σ|t_c| plus f32 evaluation error (another (d+2)·2^-24).
+// slack 2(2d+4)·2^-24·scale·||q||_1·W plus the f32 evaluation error.
 TEST(PageBound, IsAboveEveryScoreInThePage) {
   std::mt19937 rng(1);
   int checked = 0;
@@ -120,8 +127,8 @@ TEST(PageBound, IsAboveEveryScoreInThePage) {
               const std::int64_t at = s.at(v.table.page(0, j), h);
               const auto [ref, mag] = reference_bound(s.min + at, s.max + at, qi, d, scale);
               EXPECT_GE(U, ref);
-              EXPECT_LE(U - ref, (3 * d + 12) * kU * mag + 1e-30) << "bound too loose";
-              EXPECT_GE(U16, U - (3 * d + 12) * kU * mag) << "bf16 bound below f32 bound";
+              EXPECT_LE(U - ref, max_excess(d) * mag + 1e-30) << "bound too loose";
+              EXPECT_GE(U16, U - max_excess(d) * mag) << "bf16 bound below f32 bound";
               visit_dtype(t, [&](auto tag) {
                 for (double sc : page_scores<decltype(tag)>(v, j, h, qi, scale)) {
                   ASSERT_GE(U, sc) << "f32 bound, page " << j << " head " << h;
@@ -148,13 +155,13 @@ TEST(PageBound, IsTightForSingleKeyPages) {
   const std::vector<float> q = random_vec(rng, d);
   std::vector<float> u(50);
   page_upper_bounds(f.cache.summaries(), v.table.indices, 0, q.data(), 1, d, 0.125f, u);
+  const kv::SummariesView sum = f.cache.summaries();
   for (int j = 0; j < 50; ++j) {
     const double s = page_scores<float>(v, j, 0, q.data(), 0.125)[0];
-    double mag = 0;
-    const float* k = v.key<float>(v.table.page(0, j), 0, 0);
-    for (int c = 0; c < d; ++c) mag += 0.125 * std::fabs(double(q[c]) * k[c]);
+    const std::int64_t at = sum.at(v.table.page(0, j), 0);
+    const double mag = reference_bound(sum.min + at, sum.max + at, q.data(), d, 0.125).second;
     EXPECT_GE(u[j], s);
-    EXPECT_LE(u[j] - s, (3 * d + 12) * kU * mag) << j;
+    EXPECT_LE(u[j] - s, max_excess(d) * mag) << j;
   }
 }
 
@@ -188,6 +195,75 @@ TEST(PageBound, Bf16StoreFailsWithoutOutwardRounding) {
   }
   EXPECT_GT(nearest_violations, 0) << "the test could not detect a non-outward store";
   EXPECT_EQ(outward_violations, 0);
+}
+
+// The AVX2 inner loop and the portable one compute the same sums up to the summation-order
+// error (2d)u·||q||_1·W (both are inside the slack), and the same W bit for bit; f64 is the
+// referee. Head counts 1..9 cover the 4-head blocks and the single-head remainder.
+TEST(QuestKernels, Avx2MatchesPortableAndF64) {
+  if (!cpu::has_avx2()) GTEST_SKIP() << "no AVX2 on this CPU";
+  std::mt19937 rng(9);
+  for (int d : {8, 64, 128, 256}) {
+    for (int nh : {1, 3, 4, 5, 9}) {
+      const int pool = 37, n = 23;
+      const std::vector<float> a = random_vec(rng, std::size_t(pool) * d);
+      const std::vector<float> b = random_vec(rng, a.size());
+      std::vector<float> mn(a.size()), mx(a.size());
+      std::vector<std::uint16_t> mn16(a.size()), mx16(a.size());
+      for (std::size_t i = 0; i < a.size(); ++i) {
+        mn[i] = std::min(a[i], b[i]);
+        mx[i] = std::max(a[i], b[i]);
+        mn16[i] = f32_to_bf16_down(mn[i]).bits;
+        mx16[i] = f32_to_bf16_up(mx[i]).bits;
+      }
+      std::vector<std::int32_t> pages(n);
+      for (int& p : pages) p = std::uniform_int_distribution<int>(0, pool - 1)(rng);
+      const std::vector<float> q = random_vec(rng, std::size_t(nh) * d);
+      std::vector<float> qp(q.size()), qn(q.size());
+      for (std::size_t i = 0; i < q.size(); ++i) {
+        qp[i] = std::max(q[i], 0.0f);
+        qn[i] = std::min(q[i], 0.0f);
+      }
+      for (bool use_bf16 : {false, true}) {
+        std::vector<float> s1(std::size_t(nh) * n), s2(s1.size()), w1(n), w2(n);
+        if (use_bf16) {
+          detail::quest_sums_portable_bf16(mn16.data(), mx16.data(), d, pages.data(), n, d,
+                                           qp.data(), qn.data(), nh, s1.data(), w1.data());
+          detail::quest_sums_avx2_bf16(mn16.data(), mx16.data(), d, pages.data(), n, d, qp.data(),
+                                       qn.data(), nh, s2.data(), w2.data());
+        } else {
+          detail::quest_sums_portable_f32(mn.data(), mx.data(), d, pages.data(), n, d, qp.data(),
+                                          qn.data(), nh, s1.data(), w1.data());
+          detail::quest_sums_avx2_f32(mn.data(), mx.data(), d, pages.data(), n, d, qp.data(),
+                                      qn.data(), nh, s2.data(), w2.data());
+        }
+        for (int j = 0; j < n; ++j) {
+          const std::int64_t at = std::int64_t(pages[j]) * d;
+          double w = 0;
+          for (int c = 0; c < d; ++c) {
+            const double lo = use_bf16 ? bf16_to_f32(bf16{mn16[at + c]}) : mn[at + c];
+            const double hi = use_bf16 ? bf16_to_f32(bf16{mx16[at + c]}) : mx[at + c];
+            w = std::max({w, std::fabs(lo), std::fabs(hi)});
+          }
+          ASSERT_EQ(w1[j], w2[j]);
+          ASSERT_EQ(w1[j], float(w));
+          for (int h = 0; h < nh; ++h) {
+            double ref = 0, q1 = 0;
+            for (int c = 0; c < d; ++c) {
+              const double lo = use_bf16 ? bf16_to_f32(bf16{mn16[at + c]}) : mn[at + c];
+              const double hi = use_bf16 ? bf16_to_f32(bf16{mx16[at + c]}) : mx[at + c];
+              const double x = q[h * d + c];
+              ref += std::max(x * lo, x * hi);
+              q1 += std::fabs(x);
+            }
+            const double tol = (2.0 * d + 1) * kU * q1 * w;
+            ASSERT_NEAR(s1[h * n + j], ref, tol) << "portable d " << d << " nh " << nh;
+            ASSERT_NEAR(s2[h * n + j], ref, tol) << "avx2 d " << d << " nh " << nh;
+          }
+        }
+      }
+    }
+  }
 }
 
 TEST(BoundStore, UpdateMatchesRebuildAfterAppends) {

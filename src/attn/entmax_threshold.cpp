@@ -4,12 +4,13 @@
 //  1. validate, find z_max; gather the candidates z_i > c with c <= z_max - 1 (tau >= z_max - 1,
 //     so nothing else can be in the support). The working set keeps index order.
 //  2. solve on y = z - z_max (values in (-1, 0], so no cancellation against large offsets):
-//     exact sort-based closed forms for alpha = 2 and 1.5, safeguarded Halley otherwise.
-//     Both shrink the working set with Newton lower bounds first (Newton from below on the
-//     convex decreasing f never passes the root).
+//     safeguarded Halley for any alpha; every lower bracket end it finds cuts the working set.
+//     For alpha = 2 and 1.5 the exact sort-based closed form then runs on what is left (about
+//     the support), so the sort is short.
 //  3. finalize: tau_lo / tau_hi are checked with the same floating point evaluation of f that
 //     entmax_mass() performs, and moved outwards until f(tau_lo) >= 1 >= f(tau_hi) holds.
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstdint>
 #include <functional>
@@ -32,21 +33,32 @@ constexpr double kCutSlack = 1e-9;
 // Halley stops once a step is this small (z - z_max lies in [-1, 0]).
 constexpr double kStepTol = 4e-16;
 
-// t^{1/(alpha-1)} for t > 0, with exact shortcuts for sparsemax and 1.5-entmax.
+// t^{1/(alpha-1)} for t > 0. Sparsemax, 1.5-entmax and alpha = 1 + 1/k (integer exponents up
+// to 8, e.g. alpha = 1.25) use products instead of std::pow, which dominates the solver's cost.
 class Power {
  public:
-  explicit Power(double alpha) : alpha_(alpha), exponent_(1.0 / (alpha - 1.0)) {}
+  explicit Power(double alpha) : exponent_(1.0 / (alpha - 1.0)) {
+    if (exponent_ == std::floor(exponent_) && exponent_ <= 8.0) {
+      integer_ = static_cast<int>(exponent_);
+    }
+  }
   double operator()(double t) const {
-    if (alpha_ == 2.0) return t;
-    if (alpha_ == 1.5) return t * t;
-    return std::pow(t, exponent_);
+    return integer_ > 0 ? ipow(t, integer_) : std::pow(t, exponent_);
+  }
+  // t^{exponent - 1}, for derivatives.
+  double lowered(double t) const {
+    return integer_ > 0 ? ipow(t, integer_ - 1) : std::pow(t, exponent_ - 1.0);
   }
   double exponent() const { return exponent_; }
-  double alpha() const { return alpha_; }
 
  private:
-  double alpha_;
+  static double ipow(double t, int k) {
+    double r = 1.0;
+    for (int i = 0; i < k; ++i) r *= t;
+    return r;
+  }
   double exponent_;
+  int integer_ = 0;  // > 0: the exponent is this integer
 };
 
 // The one floating point evaluation of f(tau) (DESIGN.md §2.1). Terms with z <= tau are exactly
@@ -63,19 +75,60 @@ double mass_of(const double* z, std::size_t n, double tau, const Power& power) {
 
 void check_alpha(double alpha) { Mapping::entmax(alpha).validate(); }
 
+// Integer images of IEEE floats that order like the floats (sign-magnitude to two's
+// complement). Integer max and exponent tests vectorise without fast-math flags, which the
+// float compare-select forms do not.
+template <class T>
+struct OrderedBits;
+template <>
+struct OrderedBits<float> {
+  using U = std::uint32_t;
+  using S = std::int32_t;
+  static constexpr U kExponent = 0x7f800000u;
+  static constexpr U kMagnitude = 0x7fffffffu;
+  static constexpr int kSignShift = 31;
+};
+template <>
+struct OrderedBits<double> {
+  using U = std::uint64_t;
+  using S = std::int64_t;
+  static constexpr U kExponent = 0x7ff0000000000000ull;
+  static constexpr U kMagnitude = 0x7fffffffffffffffull;
+  static constexpr int kSignShift = 63;
+};
+
+// Max of the scores, rejecting NaN / inf (exponent field all ones).
 template <class T>
 double checked_max(std::span<const T> scores) {
+  using B = OrderedBits<T>;
+  using U = typename B::U;
+  using S = typename B::S;
   require(!scores.empty(), ErrorCode::invalid_argument, "scores", "must not be empty");
   require(scores.size() <= static_cast<std::size_t>(std::numeric_limits<int>::max()),
           ErrorCode::invalid_argument, "scores", "has more than 2^31-1 entries");
-  bool finite = true;
-  T m = scores[0];
-  for (const T s : scores) {
-    finite &= std::isfinite(s);
-    m = s > m ? s : m;
+  S key_max = std::numeric_limits<S>::min();
+  U non_finite = 0;
+  for (const T x : scores) {
+    const U bits = std::bit_cast<U>(x);
+    non_finite += (bits & B::kExponent) == B::kExponent ? 1 : 0;
+    const U flip = static_cast<U>(static_cast<S>(bits) >> B::kSignShift) & B::kMagnitude;
+    const S key = static_cast<S>(bits ^ flip);
+    key_max = key > key_max ? key : key_max;
   }
-  require(finite, ErrorCode::non_finite, "scores", "contains NaN or inf");
-  return static_cast<double>(m);
+  require(non_finite == 0, ErrorCode::non_finite, "scores", "contains NaN or inf");
+  const U flip = static_cast<U>(key_max >> B::kSignShift) & B::kMagnitude;
+  return static_cast<double>(std::bit_cast<T>(static_cast<U>(static_cast<U>(key_max) ^ flip)));
+}
+
+// The largest T not above x (x finite or -inf), for screening in the scores' own type.
+template <class T>
+T round_down(double x) {
+  if (x < static_cast<double>(std::numeric_limits<T>::lowest())) {
+    return -std::numeric_limits<T>::infinity();
+  }
+  T t = static_cast<T>(x);
+  if (static_cast<double>(t) > x) t = std::nextafter(t, -std::numeric_limits<T>::infinity());
+  return t;
 }
 
 // Candidates z_i > cut, in index order, with their indices (to write p).
@@ -89,14 +142,26 @@ struct WorkingSet {
   void gather(std::span<const T> scores, double alpha_minus_1, double cut) {
     z.clear();
     index.clear();
-    for (std::size_t i = 0; i < scores.size(); ++i) {
-      const double zi = alpha_minus_1 * static_cast<double>(scores[i]);
-      if (zi > cut) {
-        z.push_back(zi);
-        index.push_back(static_cast<std::uint32_t>(i));
+    floor = cut;
+    // Most scores are far below the cut: screen blocks in score units with a margin that
+    // cannot reject any z_i > cut, and test exactly only inside blocks that pass.
+    const double cut_s = cut / alpha_minus_1;
+    const T screen = round_down<T>(cut_s - (std::abs(cut_s) * 1e-12 + 1e-300));
+    constexpr std::size_t kBlock = 64;
+    const std::size_t n = scores.size();
+    for (std::size_t b = 0; b < n; b += kBlock) {
+      const std::size_t e = std::min(n, b + kBlock);
+      int hits = 0;
+      for (std::size_t i = b; i < e; ++i) hits += scores[i] > screen ? 1 : 0;
+      if (hits == 0) continue;
+      for (std::size_t i = b; i < e; ++i) {
+        const double zi = alpha_minus_1 * static_cast<double>(scores[i]);
+        if (zi > cut) {
+          z.push_back(zi);
+          index.push_back(static_cast<std::uint32_t>(i));
+        }
       }
     }
-    floor = cut;
   }
   // Drops z_i <= cut (stable, so index order is kept).
   void shrink(double cut) {
@@ -126,28 +191,6 @@ double proven_floor(double z_max) {
   double c = z_max - 1.0;
   while (!(z_max - c >= 1.0)) c = std::nextafter(c, -std::numeric_limits<double>::infinity());
   return c;
-}
-
-// Newton from below for alpha in {1.5, 2} (no pow needed): raises the lower bound lo (on
-// y = z - z_max) and cuts the working set, until cutting stops paying.
-void newton_shrink(WorkingSet& w, double z_max, double alpha, double& lo) {
-  for (int pass = 0; pass < 16 && w.z.size() > 32; ++pass) {
-    double f = 0, slope = 0;
-    for (const double z : w.z) {
-      const double t = (z - z_max) - lo;
-      if (t > 0) {
-        f += alpha == 2.0 ? t : t * t;
-        slope += alpha == 2.0 ? 1.0 : 2.0 * t;
-      }
-    }
-    if (!(f > 1.0) || !(slope > 0)) return;
-    const double next = lo + (f - 1.0) / slope;
-    if (!(next > lo)) return;
-    lo = next;
-    const std::size_t before = w.z.size();
-    w.shrink(z_max + (lo - kCutSlack));
-    if (w.z.size() * 8 > before * 7) return;  // less than 1/8 dropped: sort now
-  }
 }
 
 // Exact thresholds on sorted prefixes; returns tau on y = z - z_max.
@@ -192,10 +235,11 @@ struct Estimate {
 // Safeguarded Halley on g(tau) = f(tau) - 1 inside the bracket [lo, hi] on y = z - z_max
 // (DESIGN.md §2.1). Every evaluation narrows the bracket; a step that leaves it or fails to
 // halve the previous step is replaced by bisection.
-Estimate solve_halley(WorkingSet& w, double z_max, const Power& power) {
+Estimate solve_halley(WorkingSet& w, double z_max, double alpha) {
+  const Power power(alpha);
   const double p = power.exponent();
   double lo = -1.0;
-  double hi = -std::pow(static_cast<double>(w.z.size()), 1.0 - power.alpha());
+  double hi = -std::pow(static_cast<double>(w.z.size()), 1.0 - alpha);
   if (!(hi > lo)) return {lo, 0.0};
   double tau = lo;
   double prev_step = hi - lo;
@@ -205,7 +249,7 @@ Estimate solve_halley(WorkingSet& w, double z_max, const Power& power) {
     for (const double z : w.z) {
       const double t = (z - z_max) - tau;
       if (t > 0) {
-        const double tp = p == 1.0 ? 1.0 : (p == 2.0 ? t : std::pow(t, p - 1.0));
+        const double tp = power.lowered(t);
         g += tp * t;
         d1 -= p * tp;
         d2 += p * (p - 1.0) * (tp / t);
@@ -219,18 +263,18 @@ Estimate solve_halley(WorkingSet& w, double z_max, const Power& power) {
       hi = tau;
     }
     if (!(hi - lo > kStepTol)) return {tau, hi - lo};
+    const double newton = d1 < 0 ? -g / d1 : std::numeric_limits<double>::infinity();
+    if (std::abs(newton) <= kStepTol) return {tau + newton, 2.0 * std::abs(newton)};
     double next = 0.5 * (lo + hi);
-    if (!bisect_next && d1 < 0) {
-      const double newton = -g / d1;
+    if (!bisect_next && std::isfinite(newton)) {
       const double denom = 1.0 - g * d2 / (2.0 * d1 * d1);
       const double candidate = tau + (denom > 0.5 && denom < 2.0 ? newton / denom : newton);
-      if (candidate > lo && candidate < hi) next = candidate;
+      if (candidate > lo && candidate <= hi) next = candidate;
     }
     const double step = std::abs(next - tau);
     bisect_next = step > 0.5 * prev_step;
     prev_step = step;
     tau = next;
-    if (step <= kStepTol) return {tau, 2.0 * step};
   }
   return {tau, hi - lo};
 }
@@ -298,10 +342,11 @@ EntmaxThreshold solve(std::span<const T> scores, double alpha, EntmaxSolver solv
   w.gather(scores, alpha_minus_1, c);
   Estimate est{};
   if (solver == EntmaxSolver::halley || !exact_alpha) {
-    est = solve_halley(w, z_max, Power(alpha));
+    est = solve_halley(w, z_max, alpha);
   } else {
-    double lo = -1.0;
-    newton_shrink(w, z_max, alpha, lo);
+    // Halley first: it cuts the working set down to about the support, so the sort is short;
+    // then the closed form on sorted prefixes gives the exact threshold.
+    solve_halley(w, z_max, alpha);
     est = {solve_sorted(w, z_max, alpha), 0.0};
   }
   return finalize(w, scores, alpha, z_max, c, est);

@@ -6,69 +6,116 @@
 #include <bit>
 #include <cmath>
 #include <limits>
+#include <utility>
 
+#include "core/cpu_features.hpp"
 #include "masskv/error.hpp"
+#include "select/quest_kernels.hpp"
 
 namespace masskv::select {
 
 namespace {
 
 inline float load(float x) { return x; }
-inline float load(bf16 x) { return bf16_to_f32(x); }
+inline float load(std::uint16_t x) { return std::bit_cast<float>(std::uint32_t{x} << 16); }
 
 // Lanes of independent partial sums: fixed, so the summation order (and the result bits)
 // never depend on the machine, and wide enough for the compiler to keep them in vectors.
-constexpr int kLanes = 16;
+constexpr int kLanes = 8;
 
-// Bound of one query vector against one page's min/max, DESIGN.md §2.3, plus the forward
-// error slack that makes it rigorous. With t_c the computed max(q_c m_c, q_c M_c), every
-// term is at most u|t_c| below its exact value and any order of summing d terms loses at
-// most (d-1)u·Σ|t_c| (u = 2^-24), so exact Σ ≤ fl(Σ t_c) + (d+1)u·A/(1-(d+1)u), A = Σ|t_c|.
-// We add 2(d+4)u·A: twice that, covering the rounding of A itself, of this addition and of
-// the final product with scale (|S| ≤ A). FLT_MIN covers underflowed products.
 template <class T>
-inline float bound_one(const T* mn, const T* mx, const float* q, int d, float slack_factor,
-                       float scale) {
-  float s[kLanes] = {}, a[kLanes] = {};
-  int c = 0;
-  for (; c + kLanes <= d; c += kLanes) {
-    for (int l = 0; l < kLanes; ++l) {
-      const float lo = q[c + l] * load(mn[c + l]);
-      const float hi = q[c + l] * load(mx[c + l]);
-      const float t = lo > hi ? lo : hi;
-      s[l] += t;
-      a[l] += std::fabs(t);
+void sums_portable(const T* mn, const T* mx, std::int64_t page_stride, const std::int32_t* pages,
+                   int n, int d, const float* qpos, const float* qneg, int nh, float* sums,
+                   float* w) {
+  for (int j = 0; j < n; ++j) {
+    const T* lo = mn + pages[j] * page_stride;
+    const T* hi = mx + pages[j] * page_stride;
+    float wl[kLanes] = {};
+    for (int c = 0; c < d; ++c) {
+      const float a = std::fabs(load(lo[c])), b = std::fabs(load(hi[c]));
+      const float x = a > b ? a : b;
+      wl[c % kLanes] = x > wl[c % kLanes] ? x : wl[c % kLanes];
+    }
+    float wmax = 0;
+    for (float x : wl) wmax = x > wmax ? x : wmax;
+    w[j] = wmax;
+    for (int h = 0; h < nh; ++h) {
+      const float* qp = qpos + static_cast<std::int64_t>(h) * d;
+      const float* qn = qneg + static_cast<std::int64_t>(h) * d;
+      float s[kLanes] = {};
+      int c = 0;
+      for (; c + kLanes <= d; c += kLanes) {
+        for (int l = 0; l < kLanes; ++l) {
+          s[l] += qp[c + l] * load(hi[c + l]) + qn[c + l] * load(lo[c + l]);
+        }
+      }
+      for (int l = 0; c < d; ++c, ++l) s[l] += qp[c] * load(hi[c]) + qn[c] * load(lo[c]);
+      float S = 0;
+      for (float x : s) S += x;
+      sums[static_cast<std::int64_t>(h) * n + j] = S;
     }
   }
-  for (int l = 0; c < d; ++c, ++l) {
-    const float lo = q[c] * load(mn[c]);
-    const float hi = q[c] * load(mx[c]);
-    const float t = lo > hi ? lo : hi;
-    s[l] += t;
-    a[l] += std::fabs(t);
-  }
-  float S = 0, A = 0;
-  for (int l = 0; l < kLanes; ++l) {
-    S += s[l];
-    A += a[l];
-  }
-  return scale * (S + slack_factor * A + std::numeric_limits<float>::min());
 }
 
-float slack_factor(int d) { return 2.0f * static_cast<float>(d + 4) * 0x1p-24f; }
+const std::uint16_t* bits(const bf16* p) { return reinterpret_cast<const std::uint16_t*>(p); }
 
-// Bounds of num_q heads for `n` pages of one kv head; min/max of physical page p start at
-// mn + p * page_stride. out is [num_q][n]. No checks: callers validated the arguments.
+void sums_dispatch(const float* mn, const float* mx, std::int64_t page_stride,
+                   const std::int32_t* pages, int n, int d, const float* qpos, const float* qneg,
+                   int nh, float* sums, float* w) {
+  if (d % 8 == 0 && cpu::has_avx2() && cpu::simd_allowed()) {
+    detail::quest_sums_avx2_f32(mn, mx, page_stride, pages, n, d, qpos, qneg, nh, sums, w);
+  } else {
+    detail::quest_sums_portable_f32(mn, mx, page_stride, pages, n, d, qpos, qneg, nh, sums, w);
+  }
+}
+void sums_dispatch(const bf16* mn, const bf16* mx, std::int64_t page_stride,
+                   const std::int32_t* pages, int n, int d, const float* qpos, const float* qneg,
+                   int nh, float* sums, float* w) {
+  if (d % 8 == 0 && cpu::has_avx2() && cpu::simd_allowed()) {
+    detail::quest_sums_avx2_bf16(bits(mn), bits(mx), page_stride, pages, n, d, qpos, qneg, nh, sums,
+                                 w);
+  } else {
+    detail::quest_sums_portable_bf16(bits(mn), bits(mx), page_stride, pages, n, d, qpos, qneg, nh,
+                                     sums, w);
+  }
+}
+
+// Bounds of num_q heads for `n` pages of one kv head (DESIGN.md §2.3); min/max of physical
+// page p start at mn + p * page_stride; out is [num_q][n]. No checks: callers validated.
+//
+// Rigour: the sums are dot products of 2d terms, half of them exact zeros, whose exact
+// value is sum_c t_c with |t_c| <= |q_c| * W, W = max_c max(|m_c|, |M_c|). Any summation
+// order (with or without FMA) is within (2d)u/(1-2du) * ||q||_1 * W of it (u = 2^-24). We add
+// twice that, 2(2d+4)u * ||q||_1 * W, which also covers the rounding of ||q||_1, of the slack
+// and of the product with scale; FLT_MIN covers underflowed products. So
+// out >= scale * q·k exactly for every key of the page.
 template <class T>
 void bounds_rows(const T* mn, const T* mx, std::int64_t page_stride, const std::int32_t* pages,
                  int n, int d, const float* q, int num_q, std::int64_t q_stride, float scale,
-                 float* out) {
-  const float f = slack_factor(d);
-  for (int j = 0; j < n; ++j) {
-    const std::int64_t off = pages[j] * page_stride;
-    for (int i = 0; i < num_q; ++i) {
-      out[static_cast<std::int64_t>(i) * n + j] =
-          bound_one(mn + off, mx + off, q + i * q_stride, d, f, scale);
+                 float* out, std::vector<float>& scratch) {
+  const std::size_t qd = static_cast<std::size_t>(num_q) * d;
+  scratch.resize(2 * qd + num_q + n);
+  float* qpos = scratch.data();
+  float* qneg = qpos + qd;
+  float* qnorm = qneg + qd;
+  float* w = qnorm + num_q;
+  for (int h = 0; h < num_q; ++h) {
+    float norm = 0;
+    for (int c = 0; c < d; ++c) {
+      const float x = q[h * q_stride + c];
+      qpos[h * d + c] = x > 0 ? x : 0.0f;
+      qneg[h * d + c] = x < 0 ? x : 0.0f;
+      norm += std::fabs(x);
+    }
+    qnorm[h] = norm;
+  }
+  sums_dispatch(mn, mx, page_stride, pages, n, d, qpos, qneg, num_q, out, w);
+  const float f = 2.0f * static_cast<float>(2 * d + 4) * 0x1p-24f;
+  for (int h = 0; h < num_q; ++h) {
+    const float fq = f * qnorm[h];
+    float* row = out + static_cast<std::int64_t>(h) * n;
+    for (int j = 0; j < n; ++j) {
+      row[j] = scale * (row[j] + fq * w[j] + std::numeric_limits<float>::min());
     }
   }
 }
@@ -170,6 +217,21 @@ void check_bounds_finite(std::span<const float> bounds) {
 
 }  // namespace
 
+namespace detail {
+
+void quest_sums_portable_f32(const float* mn, const float* mx, std::int64_t page_stride,
+                             const std::int32_t* pages, int n, int d, const float* qpos,
+                             const float* qneg, int nh, float* sums, float* w) {
+  sums_portable(mn, mx, page_stride, pages, n, d, qpos, qneg, nh, sums, w);
+}
+void quest_sums_portable_bf16(const std::uint16_t* mn, const std::uint16_t* mx,
+                              std::int64_t page_stride, const std::int32_t* pages, int n, int d,
+                              const float* qpos, const float* qneg, int nh, float* sums, float* w) {
+  sums_portable(mn, mx, page_stride, pages, n, d, qpos, qneg, nh, sums, w);
+}
+
+}  // namespace detail
+
 BoundStore::BoundStore(const kv::SummariesView& s)
     : num_pages_(s.num_pages), num_kv_heads_(s.num_kv_heads), head_dim_(s.head_dim) {
   require(s.min != nullptr && s.max != nullptr, ErrorCode::invalid_argument, "s",
@@ -216,10 +278,12 @@ void page_upper_bounds(const kv::SummariesView& s, std::span<const std::int32_t>
                        std::span<float> out) {
   check_bound_args(s.num_pages, s.num_kv_heads, s.head_dim, pages, kv_head, q, num_q, q_stride,
                    scale, out);
+  std::vector<float> scratch;
   const std::int64_t head_off = static_cast<std::int64_t>(kv_head) * s.head_dim;
   bounds_rows(s.min + head_off, s.max + head_off,
               static_cast<std::int64_t>(s.num_kv_heads) * s.head_dim, pages.data(),
-              static_cast<int>(pages.size()), s.head_dim, q, num_q, q_stride, scale, out.data());
+              static_cast<int>(pages.size()), s.head_dim, q, num_q, q_stride, scale, out.data(),
+              scratch);
 }
 
 void page_upper_bounds(const BoundStoreView& s, std::span<const std::int32_t> pages, int kv_head,
@@ -227,10 +291,12 @@ void page_upper_bounds(const BoundStoreView& s, std::span<const std::int32_t> pa
                        std::span<float> out) {
   check_bound_args(s.num_pages, s.num_kv_heads, s.head_dim, pages, kv_head, q, num_q, q_stride,
                    scale, out);
+  std::vector<float> scratch;
   const std::int64_t head_off = static_cast<std::int64_t>(kv_head) * s.head_dim;
   bounds_rows(s.min + head_off, s.max + head_off,
               static_cast<std::int64_t>(s.num_kv_heads) * s.head_dim, pages.data(),
-              static_cast<int>(pages.size()), s.head_dim, q, num_q, q_stride, scale, out.data());
+              static_cast<int>(pages.size()), s.head_dim, q, num_q, q_stride, scale, out.data(),
+              scratch);
 }
 
 int topk_selected_pages(int num_pages, std::int64_t length, int page_size,
@@ -357,33 +423,60 @@ void quest_select(const QuestArgs& args, SelectionStorage& out) {
 
   out.reset(SelectionView::Unit::page, B, Hkv,
             max_selected(args.table, args.page_size, args.policy));
-  const int g = q.n1 / Hkv;
+  const int g = q.n1 / Hkv, Hq = q.n1;
+  // Bounds in the batch CSR order of select_topk_pages: [b][q head][logical page].
+  std::vector<float> bounds(args.table.indices.size() * Hq);
+  // Pages are scanned in chunks, every kv head of a chunk in turn: with the [page][head][d]
+  // summary layout one head's rows lie H*d apart, so a per-head scan of a whole sequence
+  // strides through memory, while a chunk's summaries stay in L2 for all its heads.
+  constexpr int kChunk = 32;
+  std::vector<std::pair<int, int>> chunks;  // (sequence, first logical page)
+  for (int b = 0; b < B; ++b) {
+    for (int j = 0; j < args.table.num_pages(b); j += kChunk) chunks.emplace_back(b, j);
+  }
+  const int num_chunks = static_cast<int>(chunks.size());
   const int tasks = B * Hkv;
-  // Everything that can throw ran above: the parallel region only computes.
+  const std::int64_t stride = static_cast<std::int64_t>(Hkv) * d;
+  // Everything that can throw ran above: the parallel region only computes. Each output
+  // value is computed by one task alone, so results do not depend on the thread count.
 #pragma omp parallel
   {
-    std::vector<float> rows;
+    std::vector<float> rows, scratch;
     std::vector<std::uint64_t> keys;
+#pragma omp for schedule(static)
+    for (int t = 0; t < num_chunks; ++t) {
+      const auto [b, j0] = chunks[t];
+      const int nb = args.table.num_pages(b);
+      const int n = std::min(kChunk, nb - j0);
+      const std::int32_t* pages = args.table.indices.data() + args.table.indptr[b] + j0;
+      float* seq_bounds = bounds.data() + static_cast<std::size_t>(args.table.indptr[b]) * Hq;
+      rows.resize(static_cast<std::size_t>(g) * n);
+      for (int h = 0; h < Hkv; ++h) {
+        const float* qg = q.row(b, h * g);
+        const std::int64_t off = static_cast<std::int64_t>(h) * d;
+        if (args.summaries) {
+          bounds_rows(args.summaries->min + off, args.summaries->max + off, stride, pages, n, d, qg,
+                      g, q.s1, scale, rows.data(), scratch);
+        } else {
+          bounds_rows(args.bounds_bf16->min + off, args.bounds_bf16->max + off, stride, pages, n, d,
+                      qg, g, q.s1, scale, rows.data(), scratch);
+        }
+        for (int i = 0; i < g; ++i) {
+          std::copy_n(rows.data() + static_cast<std::size_t>(i) * n, n,
+                      seq_bounds + static_cast<std::size_t>(h * g + i) * nb + j0);
+        }
+      }
+    }
 #pragma omp for schedule(dynamic, 1)
     for (int task = 0; task < tasks; ++task) {
       const int b = task / Hkv, h = task % Hkv;
       const int n = args.table.num_pages(b);
-      const std::int32_t* pages = args.table.indices.data() + args.table.indptr[b];
-      rows.resize(static_cast<std::size_t>(g) * n);
-      const float* qg = q.row(b, h * g);
-      const std::int64_t off = static_cast<std::int64_t>(h) * d;
-      const std::int64_t stride = static_cast<std::int64_t>(Hkv) * d;
-      if (args.summaries) {
-        bounds_rows(args.summaries->min + off, args.summaries->max + off, stride, pages, n, d, qg,
-                    g, q.s1, scale, rows.data());
-      } else {
-        bounds_rows(args.bounds_bf16->min + off, args.bounds_bf16->max + off, stride, pages, n, d,
-                    qg, g, q.s1, scale, rows.data());
-      }
+      const float* rows_bh = bounds.data() + static_cast<std::size_t>(args.table.indptr[b]) * Hq +
+                             static_cast<std::size_t>(h) * g * n;
       const std::span<std::int32_t> slots = out.slots(b, h);
       out.count[task] =
-          topk_one(rows.data(), g, n, args.table.length(b, args.page_size), args.page_size,
-                   args.policy, slots.data(), static_cast<int>(slots.size()), keys);
+          topk_one(rows_bh, g, n, args.table.length(b, args.page_size), args.page_size, args.policy,
+                   slots.data(), static_cast<int>(slots.size()), keys);
     }
   }
 }

@@ -45,9 +45,11 @@ class BoundStore {
 // sequence for one kv head (the q heads of that head's GQA group):
 //   out[i * pages.size() + j] = scale * sum_c max(q_ic * m_jc, q_ic * M_jc) + slack,
 // with m, M the min/max summaries of physical page pages[j] (DESIGN.md §2.3). The slack is
-// a forward-error bound of the f32 evaluation (about 2(d+4)·2^-24·scale·Σ_c|term_c|), so
-// out >= scale * q·k in exact arithmetic for every stored key k of the page: the bound is
-// rigorous, not only up to rounding. q_i starts at q + i * q_stride; scale > 0.
+// a forward-error bound of the f32 evaluation, 2(2d+4)·2^-24·scale·||q_i||_1·W_j with
+// W_j = max_c max(|m_jc|, |M_jc|), so out >= scale * q·k in exact arithmetic for every
+// stored key k of the page: the bound is rigorous, not only up to rounding (the §2.2
+// certificate's ε then only has to cover the kernel's score error). Uses AVX2+FMA when the
+// CPU has it and d % 8 == 0. q_i starts at q + i * q_stride; scale > 0.
 // Throws Error naming "pages", "kv_head", "q", "num_q", "scale" or "out".
 void page_upper_bounds(const kv::SummariesView& s, std::span<const std::int32_t> pages, int kv_head,
                        const float* q, int num_q, std::int64_t q_stride, float scale,

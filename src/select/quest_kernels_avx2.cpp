@@ -1,0 +1,108 @@
+// AVX2 + FMA inner loops of the Quest page bound (see quest_kernels.hpp). Pointer kernels
+// only: this file is compiled with -mavx2 -mfma and entered after a runtime CPU check.
+#include <immintrin.h>
+
+#include "select/quest_kernels.hpp"
+
+namespace masskv::select::detail {
+
+namespace {
+
+inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
+inline __m256 load8(const std::uint16_t* p) {
+  // bf16 -> f32 is a 16-bit shift: exact.
+  const __m256i x = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(x, 16));
+}
+
+inline float hsum(__m256 v) {
+  const __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  const __m128 t = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  return _mm_cvtss_f32(_mm_add_ss(t, _mm_shuffle_ps(t, t, 1)));
+}
+
+inline float hmax(__m256 v) {
+  const __m128 s = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  const __m128 t = _mm_max_ps(s, _mm_movehl_ps(s, s));
+  return _mm_cvtss_f32(_mm_max_ss(t, _mm_shuffle_ps(t, t, 1)));
+}
+
+// Four heads at once: the page's min/max are loaded once for all of them, and the eight
+// independent FMA chains hide the FMA latency.
+template <class T>
+void sums4(const T* mn, const T* mx, std::int64_t page_stride, const std::int32_t* pages, int n,
+           int d, const float* qpos, const float* qneg, float* sums, float* w) {
+  const __m256 absmask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+  for (int j = 0; j < n; ++j) {
+    const T* lo = mn + pages[j] * page_stride;
+    const T* hi = mx + pages[j] * page_stride;
+    __m256 ap0 = _mm256_setzero_ps(), ap1 = ap0, ap2 = ap0, ap3 = ap0;
+    __m256 an0 = ap0, an1 = ap0, an2 = ap0, an3 = ap0, wv = ap0;
+    for (int c = 0; c < d; c += 8) {
+      const __m256 M = load8(hi + c), m = load8(lo + c);
+      wv = _mm256_max_ps(wv, _mm256_max_ps(_mm256_and_ps(M, absmask), _mm256_and_ps(m, absmask)));
+      ap0 = _mm256_fmadd_ps(_mm256_loadu_ps(qpos + c), M, ap0);
+      an0 = _mm256_fmadd_ps(_mm256_loadu_ps(qneg + c), m, an0);
+      ap1 = _mm256_fmadd_ps(_mm256_loadu_ps(qpos + d + c), M, ap1);
+      an1 = _mm256_fmadd_ps(_mm256_loadu_ps(qneg + d + c), m, an1);
+      ap2 = _mm256_fmadd_ps(_mm256_loadu_ps(qpos + 2 * d + c), M, ap2);
+      an2 = _mm256_fmadd_ps(_mm256_loadu_ps(qneg + 2 * d + c), m, an2);
+      ap3 = _mm256_fmadd_ps(_mm256_loadu_ps(qpos + 3 * d + c), M, ap3);
+      an3 = _mm256_fmadd_ps(_mm256_loadu_ps(qneg + 3 * d + c), m, an3);
+    }
+    sums[j] = hsum(_mm256_add_ps(ap0, an0));
+    sums[n + j] = hsum(_mm256_add_ps(ap1, an1));
+    sums[2 * n + j] = hsum(_mm256_add_ps(ap2, an2));
+    sums[3 * n + j] = hsum(_mm256_add_ps(ap3, an3));
+    w[j] = hmax(wv);
+  }
+}
+
+template <class T>
+void sums1(const T* mn, const T* mx, std::int64_t page_stride, const std::int32_t* pages, int n,
+           int d, const float* qpos, const float* qneg, float* sums, float* w) {
+  const __m256 absmask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+  for (int j = 0; j < n; ++j) {
+    const T* lo = mn + pages[j] * page_stride;
+    const T* hi = mx + pages[j] * page_stride;
+    __m256 ap = _mm256_setzero_ps(), an = ap, wv = ap;
+    for (int c = 0; c < d; c += 8) {
+      const __m256 M = load8(hi + c), m = load8(lo + c);
+      wv = _mm256_max_ps(wv, _mm256_max_ps(_mm256_and_ps(M, absmask), _mm256_and_ps(m, absmask)));
+      ap = _mm256_fmadd_ps(_mm256_loadu_ps(qpos + c), M, ap);
+      an = _mm256_fmadd_ps(_mm256_loadu_ps(qneg + c), m, an);
+    }
+    sums[j] = hsum(_mm256_add_ps(ap, an));
+    w[j] = hmax(wv);
+  }
+}
+
+template <class T>
+void sums_any(const T* mn, const T* mx, std::int64_t page_stride, const std::int32_t* pages, int n,
+              int d, const float* qpos, const float* qneg, int nh, float* sums, float* w) {
+  int h = 0;
+  for (; h + 4 <= nh; h += 4) {
+    sums4(mn, mx, page_stride, pages, n, d, qpos + h * d, qneg + h * d,
+          sums + static_cast<std::int64_t>(h) * n, w);
+  }
+  for (; h < nh; ++h) {
+    sums1(mn, mx, page_stride, pages, n, d, qpos + h * d, qneg + h * d,
+          sums + static_cast<std::int64_t>(h) * n, w);
+  }
+}
+
+}  // namespace
+
+void quest_sums_avx2_f32(const float* mn, const float* mx, std::int64_t page_stride,
+                         const std::int32_t* pages, int n, int d, const float* qpos,
+                         const float* qneg, int nh, float* sums, float* w) {
+  sums_any(mn, mx, page_stride, pages, n, d, qpos, qneg, nh, sums, w);
+}
+
+void quest_sums_avx2_bf16(const std::uint16_t* mn, const std::uint16_t* mx,
+                          std::int64_t page_stride, const std::int32_t* pages, int n, int d,
+                          const float* qpos, const float* qneg, int nh, float* sums, float* w) {
+  sums_any(mn, mx, page_stride, pages, n, d, qpos, qneg, nh, sums, w);
+}
+
+}  // namespace masskv::select::detail
