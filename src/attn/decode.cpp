@@ -142,17 +142,8 @@ void load_item(const DecodeArgs& args, const Geometry& geo, const RowSource& src
 }
 
 // Pages sit anywhere in the pool and the hardware prefetcher stops at 4 KiB boundaries, so
-// the rows of the next block of the same head are prefetched while this block is computed.
-void prefetch_rows(const void* const* rows, int n, int row_bytes) {
-  for (int r = 0; r < n; ++r) {
-    const char* p = static_cast<const char*>(rows[r]);
-    for (int off = 0; off < row_bytes; off += 64) __builtin_prefetch(p + off, 0, 2);
-  }
-}
-
-int row_bytes(const Geometry& geo, int dt) {
-  return geo.head_dim * static_cast<int>(dtype_size(static_cast<DType>(dt)));
-}
+// each kernel call is handed the rows of the next block of the same head to prefetch.
+int next_block(int r0, int block, int n) { return std::clamp(n - r0 - block, 0, block); }
 
 // Scores of every head of the item into t.s ([g][max_rows] per kv head), page-major.
 void item_scores(const Geometry& geo, int dt, const mk::Kernels& kern, int block, Scratch& t) {
@@ -161,10 +152,8 @@ void item_scores(const Geometry& geo, int dt, const mk::Kernels& kern, int block
     for (int h = 0; h < geo.num_kv_heads; ++h) {
       const int m = std::min(block, t.n[h] - r0);
       if (m <= 0) continue;
-      prefetch_rows(t.krows(h) + r0 + block, std::clamp(t.n[h] - r0 - block, 0, block),
-                    row_bytes(geo, dt));
       kern.scores(dt, t.qh(h), geo.group, geo.head_dim, t.krows(h) + r0, m, geo.scale, t.sh(h) + r0,
-                  t.max_rows);
+                  t.max_rows, t.krows(h) + r0 + block, next_block(r0, block, t.n[h]));
     }
   }
 }
@@ -178,10 +167,9 @@ void item_accumulate(const Geometry& geo, int dt, const mk::Kernels& kern, int b
     for (int h = 0; h < geo.num_kv_heads; ++h) {
       const int m = std::min(block, rows[h] - r0);
       if (m <= 0) continue;
-      prefetch_rows(t.vrows(h) + r0 + block, std::clamp(rows[h] - r0 - block, 0, block),
-                    row_bytes(geo, dt));
       kern.accumulate(dt, w + static_cast<std::int64_t>(h) * geo.group * lw + r0, lw, geo.group,
-                      geo.head_dim, t.vrows(h) + r0, m, t.acch(h));
+                      geo.head_dim, t.vrows(h) + r0, m, t.acch(h), t.vrows(h) + r0 + block,
+                      next_block(r0, block, rows[h]));
     }
   }
 }
