@@ -7,21 +7,14 @@
 #include <limits>
 #include <vector>
 
+#include "expect_error.hpp"
 #include "harness.hpp"
 #include "masskv/error.hpp"
 
 namespace masskv::test {
 namespace {
 
-void expect_error(const std::function<void()>& f, ErrorCode code, const std::string& argument) {
-  try {
-    f();
-    ADD_FAILURE() << "no error, expected " << to_string(code) << " on " << argument;
-  } catch (const Error& e) {
-    EXPECT_EQ(e.code(), code) << e.what();
-    EXPECT_EQ(e.argument(), argument) << e.what();
-  }
-}
+using masskv::test::expect_error;
 
 // 2 sequences (40 and 17 tokens), Hkv = 2, d = 64, P = 16.
 KVConfig small_kv() {

@@ -13,11 +13,14 @@
 #include <vector>
 
 #include "attn/entmax_solvers.hpp"
+#include "expect_error.hpp"
 #include "masskv/error.hpp"
 #include "masskv/mapping.hpp"
 
 namespace masskv {
 namespace {
+
+using masskv::test::expect_error;
 
 using attn::EntmaxSolver;
 
@@ -309,16 +312,6 @@ TEST(Entmax, MassIsZeroAtMaxAndAtLeastOneAtMaxMinusOne) {
 }
 
 // ---- bad input ---------------------------------------------------------------------------------
-
-void expect_error(const std::function<void()>& f, ErrorCode code, const std::string& arg) {
-  try {
-    f();
-    ADD_FAILURE() << "no masskv::Error thrown";
-  } catch (const Error& e) {
-    EXPECT_EQ(e.code(), code) << e.what();
-    EXPECT_EQ(e.argument(), arg) << e.what();
-  }
-}
 
 const std::vector<double> kGood = {0.1, 0.2, 0.3};
 

@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "expect_error.hpp"
 #include "masskv/dtype.hpp"
 #include "masskv/error.hpp"
 #include "masskv/kv/cache.hpp"
@@ -21,23 +22,9 @@
 namespace masskv::kv {
 namespace {
 
-constexpr double kU = 0x1p-24;  // unit roundoff of f32
+using masskv::test::expect_error;
 
-// Expects `f` to throw masskv::Error with this code and argument name.
-template <class F>
-void expect_error(F&& f, ErrorCode code, const std::string& argument,
-                  const std::string& message_part = "") {
-  try {
-    f();
-    ADD_FAILURE() << "no error thrown, expected " << to_string(code) << " on " << argument;
-  } catch (const Error& e) {
-    EXPECT_EQ(e.code(), code) << e.what();
-    EXPECT_EQ(e.argument(), argument) << e.what();
-    if (!message_part.empty()) {
-      EXPECT_NE(std::string(e.what()).find(message_part), std::string::npos) << e.what();
-    }
-  }
-}
+constexpr double kU = 0x1p-24;  // unit roundoff of f32
 
 // Random keys/values: mostly N(0,1), some channels with outliers (the case that makes raw
 // sums cancel, DESIGN.md §2.4), within f16 range.

@@ -10,12 +10,15 @@
 #include <string>
 #include <vector>
 
+#include "expect_error.hpp"
 #include "masskv/attn/merge.hpp"
 #include "masskv/error.hpp"
 #include "masskv/mapping.hpp"
 
 namespace masskv::attn {
 namespace {
+
+using masskv::test::expect_error;
 
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
@@ -223,16 +226,6 @@ TEST(MergeEntmax, ZeroMassGivesZero) {
 }
 
 // ---- bad input ---------------------------------------------------------------------------------
-
-void expect_error(const std::function<void()>& f, ErrorCode code, const std::string& arg) {
-  try {
-    f();
-    ADD_FAILURE() << "no masskv::Error thrown";
-  } catch (const Error& e) {
-    EXPECT_EQ(e.code(), code) << e.what();
-    EXPECT_EQ(e.argument(), arg) << e.what();
-  }
-}
 
 TEST(MergeErrors, NonPositiveDNamesD) {
   float o[1];

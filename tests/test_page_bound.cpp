@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "core/cpu_features.hpp"
+#include "expect_error.hpp"
 #include "masskv/dtype.hpp"
 #include "masskv/error.hpp"
 #include "masskv/kv/cache.hpp"
@@ -22,6 +23,8 @@
 namespace masskv::select {
 namespace {
 
+using masskv::test::expect_error;
+
 using kv::CacheConfig;
 using kv::Layout;
 using kv::PagedKVCache;
@@ -29,17 +32,6 @@ using kv::PageTableStorage;
 using kv::SeqId;
 
 constexpr double kU = 0x1p-24;
-
-template <class F>
-void expect_error(F&& f, ErrorCode code, const std::string& argument) {
-  try {
-    f();
-    ADD_FAILURE() << "no error thrown, expected " << to_string(code) << " on " << argument;
-  } catch (const Error& e) {
-    EXPECT_EQ(e.code(), code) << e.what();
-    EXPECT_EQ(e.argument(), argument) << e.what();
-  }
-}
 
 std::vector<float> random_vec(std::mt19937& rng, std::size_t n, float outlier_scale = 20.0f) {
   std::normal_distribution<float> normal(0.0f, 1.0f);

@@ -8,11 +8,14 @@
 #include <string>
 #include <vector>
 
+#include "expect_error.hpp"
 #include "masskv/error.hpp"
 #include "masskv/mapping.hpp"
 
 namespace masskv {
 namespace {
+
+using masskv::test::expect_error;
 
 struct Ref {
   std::vector<long double> p;
@@ -105,16 +108,6 @@ TEST(Softmax, AllEqualScoresAreUniform) {
               1e-15);
   for (const double x : p) ASSERT_EQ(x, p[0]);
   EXPECT_NEAR(p[0], 1e-3, 1e-18);
-}
-
-void expect_error(const std::function<void()>& f, ErrorCode code, const std::string& arg) {
-  try {
-    f();
-    ADD_FAILURE() << "no masskv::Error thrown";
-  } catch (const Error& e) {
-    EXPECT_EQ(e.code(), code) << e.what();
-    EXPECT_EQ(e.argument(), arg) << e.what();
-  }
 }
 
 TEST(SoftmaxErrors, EmptyScoresNameScores) {
