@@ -1,0 +1,51 @@
+// Pointer micro-kernels of the CPU attention stages (DESIGN.md §1): scores of the g query
+// heads of one kv group against n key rows, and the weighted sum of n value rows. Rows are
+// given as an array of pointers so one kernel serves dense pages, page selections, token
+// selections and any layout (HND, NHD). Every row is loaded and converted once for all g
+// heads (GQA: the bytes read per token do not grow with the group size).
+#pragma once
+
+#include <cstdint>
+
+namespace masskv::attn::mk {
+
+// dtype codes: the values of masskv::DType (0 = f32, 1 = f16, 2 = bf16).
+
+// s[h * ls + r] = scale * dot(q + h * d, rows[r]) for h < g, r < n. q is f32, [g][d].
+using ScoresFn = void (*)(int dtype, const float* q, int g, int d, const void* const* rows, int n,
+                          float scale, float* s, std::int64_t ls);
+// acc[h * d + c] += sum_r w[h * lw + r] * rows[r][c] for h < g, c < d.
+using AccumulateFn = void (*)(int dtype, const float* w, std::int64_t lw, int g, int d,
+                              const void* const* rows, int n, float* acc);
+// x[i] = exp(x[i] - m) (0 for x[i] = -inf); returns the sum of the new x.
+using ExpSumFn = float (*)(float* x, int n, float m);
+
+struct Kernels {
+  ScoresFn scores;
+  AccumulateFn accumulate;
+  ExpSumFn exp_sum;
+  const char* name;
+};
+
+// Largest head_dim the kernels accept (their stack scratch is sized for it).
+inline constexpr int kMaxHeadDim = 512;
+
+// simd = false: the scalar kernels. simd = true: AVX2+FMA+F16C when the CPU has them and
+// MASSKV_ISA does not forbid them, else scalar.
+const Kernels& kernels(bool simd);
+
+// Scalar versions (microkernels_scalar.cpp).
+void scores_scalar(int dtype, const float* q, int g, int d, const void* const* rows, int n,
+                   float scale, float* s, std::int64_t ls);
+void accumulate_scalar(int dtype, const float* w, std::int64_t lw, int g, int d,
+                       const void* const* rows, int n, float* acc);
+float exp_sum_scalar(float* x, int n, float m);
+
+// AVX2 versions (microkernels_avx2.cpp): call only after cpu::has_avx2().
+void scores_avx2(int dtype, const float* q, int g, int d, const void* const* rows, int n,
+                 float scale, float* s, std::int64_t ls);
+void accumulate_avx2(int dtype, const float* w, std::int64_t lw, int g, int d,
+                     const void* const* rows, int n, float* acc);
+float exp_sum_avx2(float* x, int n, float m);
+
+}  // namespace masskv::attn::mk

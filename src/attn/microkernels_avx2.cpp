@@ -1,0 +1,314 @@
+// AVX2 + FMA + F16C micro-kernels (see microkernels.hpp). Compiled with -mavx2 -mfma -mf16c
+// and entered only after cpu::has_avx2(): pointer kernels and internal-linkage helpers only,
+// so no inline function compiled for AVX2 can be picked by the linker for other code.
+//
+// Register tiling: a tile of `ht` heads x `rb` rows keeps ht*rb <= 8 independent 8-lane
+// accumulators (scores) or ht heads x cw column chunks (accumulate), so FMA latency is hidden
+// and each converted row vector feeds every head of the tile. The helpers are always_inline
+// and called with literal tile sizes, so the loops unroll into straight register code.
+#include <immintrin.h>
+
+#include <cstdint>
+
+#include "attn/microkernels.hpp"
+
+#define MASSKV_AI inline __attribute__((always_inline))
+
+namespace masskv::attn::mk {
+namespace {
+
+constexpr int kF32 = 0, kF16 = 1, kBF16 = 2;
+
+MASSKV_AI __m256 load8(int dtype, const void* row, int c) {
+  if (dtype == kF16) {
+    const auto* p = static_cast<const std::uint16_t*>(row) + c;
+    return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  }
+  if (dtype == kBF16) {
+    const auto* p = static_cast<const std::uint16_t*>(row) + c;
+    const __m256i w = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(w, 16));
+  }
+  return _mm256_loadu_ps(static_cast<const float*>(row) + c);
+}
+
+// Pages sit anywhere in the pool, so the hardware prefetcher (which stops at 4 KiB
+// boundaries) cannot run ahead across them: prefetch whole rows a fixed distance ahead.
+constexpr int kPrefetchRows = 32;
+
+MASSKV_AI void prefetch_row(const void* row, int bytes) {
+  const char* p = static_cast<const char*>(row);
+  for (int off = 0; off < bytes; off += 64) _mm_prefetch(p + off, _MM_HINT_T0);
+}
+
+MASSKV_AI int row_bytes(int dtype, int d) { return dtype == kF32 ? 4 * d : 2 * d; }
+
+// Horizontal sums of 8 vectors in one vector (lane i = sum of v[i]).
+MASSKV_AI __m256 reduce8(const __m256* v) {
+  const __m256 a01 = _mm256_hadd_ps(v[0], v[1]);
+  const __m256 a23 = _mm256_hadd_ps(v[2], v[3]);
+  const __m256 a45 = _mm256_hadd_ps(v[4], v[5]);
+  const __m256 a67 = _mm256_hadd_ps(v[6], v[7]);
+  const __m256 b0 = _mm256_hadd_ps(a01, a23);  // lanes: v0 v1 v2 v3 | v0 v1 v2 v3 (halves)
+  const __m256 b1 = _mm256_hadd_ps(a45, a67);
+  const __m256 lo = _mm256_permute2f128_ps(b0, b1, 0x20);
+  const __m256 hi = _mm256_permute2f128_ps(b0, b1, 0x31);
+  return _mm256_add_ps(lo, hi);
+}
+
+// Scores of ht heads x rb rows (ht * rb <= 8).
+MASSKV_AI void score_tile(int dtype, const float* q, int d, int ht, int rb, const void* const* rows,
+                          float scale, float* s, std::int64_t ls) {
+  __m256 acc[8];
+#pragma GCC unroll 8
+  for (int i = 0; i < 8; ++i) acc[i] = _mm256_setzero_ps();
+  for (int c = 0; c < d; c += 8) {
+    __m256 k[8];
+#pragma GCC unroll 8
+    for (int r = 0; r < rb; ++r) k[r] = load8(dtype, rows[r], c);
+#pragma GCC unroll 8
+    for (int h = 0; h < ht; ++h) {
+      const __m256 qv = _mm256_loadu_ps(q + h * d + c);
+#pragma GCC unroll 8
+      for (int r = 0; r < rb; ++r) acc[h * rb + r] = _mm256_fmadd_ps(qv, k[r], acc[h * rb + r]);
+    }
+  }
+  alignas(32) float out[8];
+  _mm256_store_ps(out, _mm256_mul_ps(reduce8(acc), _mm256_set1_ps(scale)));
+#pragma GCC unroll 8
+  for (int h = 0; h < ht; ++h) {
+#pragma GCC unroll 8
+    for (int r = 0; r < rb; ++r) s[h * ls + r] = out[h * rb + r];
+  }
+}
+
+// All rows for one head tile of ht <= 4 heads: blocks of 8 / ht rows, then single rows.
+MASSKV_AI void score_rows(int dtype, const float* q, int d, int ht, const void* const* rows, int n,
+                          float scale, float* s, std::int64_t ls) {
+  const int rb = ht == 1 ? 8 : ht == 2 ? 4 : 2;
+  const int bytes = row_bytes(dtype, d);
+  int r = 0;
+  for (; r + rb <= n; r += rb) {
+    for (int j = r + kPrefetchRows; j < r + kPrefetchRows + rb && j < n; ++j) {
+      prefetch_row(rows[j], bytes);
+    }
+    score_tile(dtype, q, d, ht, rb, rows + r, scale, s + r, ls);
+  }
+  for (; r < n; ++r) score_tile(dtype, q, d, ht, 1, rows + r, scale, s + r, ls);
+}
+
+void score_rows_dispatch(int dtype, const float* q, int d, int ht, const void* const* rows, int n,
+                         float scale, float* s, std::int64_t ls) {
+#define MASSKV_CASE(DT, HT) score_rows(DT, q, d, HT, rows, n, scale, s, ls)
+#define MASSKV_DT(DT)     \
+  switch (ht) {           \
+    case 1:               \
+      MASSKV_CASE(DT, 1); \
+      return;             \
+    case 2:               \
+      MASSKV_CASE(DT, 2); \
+      return;             \
+    case 3:               \
+      MASSKV_CASE(DT, 3); \
+      return;             \
+    default:              \
+      MASSKV_CASE(DT, 4); \
+      return;             \
+  }
+  if (dtype == kF16) MASSKV_DT(kF16)
+  if (dtype == kBF16) MASSKV_DT(kBF16)
+  MASSKV_DT(kF32)
+#undef MASSKV_DT
+#undef MASSKV_CASE
+}
+
+void convert_rows(int dtype, const void* const* rows, int n, int d, float* out,
+                  const void** out_rows) {
+  for (int r = 0; r < n; ++r) {
+    float* o = out + r * d;
+    if (dtype == kF16) {
+      for (int c = 0; c < d; c += 8) _mm256_storeu_ps(o + c, load8(kF16, rows[r], c));
+    } else {
+      for (int c = 0; c < d; c += 8) _mm256_storeu_ps(o + c, load8(kBF16, rows[r], c));
+    }
+    out_rows[r] = o;
+  }
+}
+
+// Accumulation tile: ht heads x cw column chunks of 8 (ht * cw <= 8), over n rows.
+MASSKV_AI void acc_tile(int dtype, const float* w, std::int64_t lw, int ht, int cw, int d, int c0,
+                        const void* const* rows, int n, float* acc) {
+  __m256 a[8];
+#pragma GCC unroll 8
+  for (int h = 0; h < ht; ++h) {
+#pragma GCC unroll 8
+    for (int j = 0; j < cw; ++j) a[h * cw + j] = _mm256_loadu_ps(acc + h * d + c0 + 8 * j);
+  }
+  for (int r = 0; r < n; ++r) {
+    __m256 v[8];
+#pragma GCC unroll 8
+    for (int j = 0; j < cw; ++j) v[j] = load8(dtype, rows[r], c0 + 8 * j);
+#pragma GCC unroll 8
+    for (int h = 0; h < ht; ++h) {
+      const __m256 wv = _mm256_broadcast_ss(w + h * lw + r);
+#pragma GCC unroll 8
+      for (int j = 0; j < cw; ++j) a[h * cw + j] = _mm256_fmadd_ps(wv, v[j], a[h * cw + j]);
+    }
+  }
+#pragma GCC unroll 8
+  for (int h = 0; h < ht; ++h) {
+#pragma GCC unroll 8
+    for (int j = 0; j < cw; ++j) _mm256_storeu_ps(acc + h * d + c0 + 8 * j, a[h * cw + j]);
+  }
+}
+
+// One head tile (ht <= 8) over a block of rows that stays in L1 while the column chunks are
+// swept; each element is converted once per head tile.
+MASSKV_AI void acc_rows(int dtype, const float* w, std::int64_t lw, int ht, int d,
+                        const void* const* rows, int n, float* acc) {
+  const int cw = ht == 1 ? 8 : ht == 2 ? 4 : ht <= 4 ? 2 : 1;
+  int c = 0;
+  for (; c + 8 * cw <= d; c += 8 * cw) acc_tile(dtype, w, lw, ht, cw, d, c, rows, n, acc);
+  for (; c < d; c += 8) acc_tile(dtype, w, lw, ht, 1, d, c, rows, n, acc);
+}
+
+void acc_rows_dispatch(int dtype, const float* w, std::int64_t lw, int ht, int d,
+                       const void* const* rows, int n, float* acc) {
+#define MASSKV_CASE(DT, HT) acc_rows(DT, w, lw, HT, d, rows, n, acc)
+#define MASSKV_DT(DT)     \
+  switch (ht) {           \
+    case 1:               \
+      MASSKV_CASE(DT, 1); \
+      return;             \
+    case 2:               \
+      MASSKV_CASE(DT, 2); \
+      return;             \
+    case 3:               \
+      MASSKV_CASE(DT, 3); \
+      return;             \
+    case 4:               \
+      MASSKV_CASE(DT, 4); \
+      return;             \
+    case 5:               \
+      MASSKV_CASE(DT, 5); \
+      return;             \
+    case 6:               \
+      MASSKV_CASE(DT, 6); \
+      return;             \
+    case 7:               \
+      MASSKV_CASE(DT, 7); \
+      return;             \
+    default:              \
+      MASSKV_CASE(DT, 8); \
+      return;             \
+  }
+  if (dtype == kF16) MASSKV_DT(kF16)
+  if (dtype == kBF16) MASSKV_DT(kBF16)
+  MASSKV_DT(kF32)
+#undef MASSKV_DT
+#undef MASSKV_CASE
+}
+
+// exp on [-87.3, 0] (Cody-Waite reduction, degree-6 polynomial, ~1 ulp); smaller -> 0.
+MASSKV_AI __m256 exp_nonpos(__m256 x) {
+  const __m256 underflow = _mm256_cmp_ps(x, _mm256_set1_ps(-87.33654f), _CMP_LT_OQ);
+  x = _mm256_max_ps(x, _mm256_set1_ps(-87.33654f));
+  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+  __m256 p = _mm256_set1_ps(1.0f / 720);
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 120));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 24));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 6));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.5f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+  // 2^n with n in [-126, 0]: build the exponent field directly.
+  const __m256i e =
+      _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+  const __m256 y = _mm256_mul_ps(p, _mm256_castsi256_ps(e));
+  return _mm256_andnot_ps(underflow, y);
+}
+
+}  // namespace
+
+void scores_avx2(int dtype, const float* q, int g, int d, const void* const* rows, int n,
+                 float scale, float* s, std::int64_t ls) {
+  if (g <= 4 || dtype == kF32) {
+    for (int h0 = 0; h0 < g; h0 += 4) {
+      const int ht = g - h0 < 4 ? g - h0 : 4;
+      score_rows_dispatch(dtype, q + h0 * d, d, ht, rows, n, scale, s + h0 * ls, ls);
+    }
+    return;
+  }
+  // More heads than one register tile: convert a block of rows to f32 once, then run every
+  // head tile on the converted block.
+  constexpr int kBlock = 8;
+  alignas(32) float buf[kBlock * kMaxHeadDim];
+  const void* conv[kBlock];
+  for (int r0 = 0; r0 < n; r0 += kBlock) {
+    const int nb = n - r0 < kBlock ? n - r0 : kBlock;
+    convert_rows(dtype, rows + r0, nb, d, buf, conv);
+    for (int h0 = 0; h0 < g; h0 += 4) {
+      const int ht = g - h0 < 4 ? g - h0 : 4;
+      score_rows_dispatch(kF32, q + h0 * d, d, ht, conv, nb, scale, s + h0 * ls + r0, ls);
+    }
+  }
+}
+
+void accumulate_avx2(int dtype, const float* w, std::int64_t lw, int g, int d,
+                     const void* const* rows, int n, float* acc) {
+  constexpr int kBlock = 16;  // rows per L1-resident block
+  if (g <= 8 || dtype == kF32) {
+    const int bytes = row_bytes(dtype, d);
+    for (int r0 = 0; r0 < n; r0 += kBlock) {
+      const int nb = n - r0 < kBlock ? n - r0 : kBlock;
+      for (int j = r0 + kPrefetchRows; j < r0 + kPrefetchRows + nb && j < n; ++j) {
+        prefetch_row(rows[j], bytes);
+      }
+      for (int h0 = 0; h0 < g; h0 += 8) {
+        const int ht = g - h0 < 8 ? g - h0 : 8;
+        acc_rows_dispatch(dtype, w + h0 * lw + r0, lw, ht, d, rows + r0, nb, acc + h0 * d);
+      }
+    }
+    return;
+  }
+  alignas(32) float buf[kBlock * kMaxHeadDim];
+  const void* conv[kBlock];
+  for (int r0 = 0; r0 < n; r0 += kBlock) {
+    const int nb = n - r0 < kBlock ? n - r0 : kBlock;
+    convert_rows(dtype, rows + r0, nb, d, buf, conv);
+    for (int h0 = 0; h0 < g; h0 += 8) {
+      const int ht = g - h0 < 8 ? g - h0 : 8;
+      acc_rows_dispatch(kF32, w + h0 * lw + r0, lw, ht, d, conv, nb, acc + h0 * d);
+    }
+  }
+}
+
+float exp_sum_avx2(float* x, int n, float m) {
+  const __m256 mv = _mm256_set1_ps(m);
+  __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps();
+  int i = 0;
+  for (; i + 16 <= n; i += 16) {
+    const __m256 a = exp_nonpos(_mm256_sub_ps(_mm256_loadu_ps(x + i), mv));
+    const __m256 b = exp_nonpos(_mm256_sub_ps(_mm256_loadu_ps(x + i + 8), mv));
+    _mm256_storeu_ps(x + i, a);
+    _mm256_storeu_ps(x + i + 8, b);
+    s0 = _mm256_add_ps(s0, a);
+    s1 = _mm256_add_ps(s1, b);
+  }
+  alignas(32) float lanes[8];
+  _mm256_store_ps(lanes, _mm256_add_ps(s0, s1));
+  float sum = ((lanes[0] + lanes[1]) + (lanes[2] + lanes[3])) +
+              ((lanes[4] + lanes[5]) + (lanes[6] + lanes[7]));
+  for (; i < n; ++i) {
+    alignas(32) float one[8] = {x[i] - m, 0, 0, 0, 0, 0, 0, 0};
+    _mm256_store_ps(one, exp_nonpos(_mm256_load_ps(one)));
+    x[i] = one[0];
+    sum += one[0];
+  }
+  return sum;
+}
+
+}  // namespace masskv::attn::mk

@@ -1,0 +1,195 @@
+// Causal prefill, dense or block-sparse. Work items are (sequence, query tile, kv head); a tile
+// packs its queries x the group's q heads as one "head" set for the micro-kernels, so every
+// key and value row is converted once per tile and group (not once per query head).
+// Per tile: scores of all keys any query of the tile may see, masked per query (causal and
+// block mask), mapped (softmax or exact entmax per row), then one weighted pass over V that
+// skips rows no query of the tile weights (the sparse rows of entmax and of the mask).
+// Memory per thread is O(tile * group * keys); the tile shrinks for long sequences.
+#include "masskv/attn/prefill.hpp"
+
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+#include "attn/entmax_weight.hpp"
+#include "attn/microkernels.hpp"
+#include "attn/prefill_mask.hpp"
+#include "attn/rows.hpp"
+#include "attn/validate_args.hpp"
+
+namespace masskv::attn {
+namespace {
+
+using detail::Geometry;
+
+struct Item {
+  int b, h;
+  std::int64_t q0, q1;  // queries [q0, q1) of sequence b
+};
+
+// Queries per tile: 16, fewer when the score block tile * group * length would pass ~16 MiB.
+std::int64_t tile_queries(const Geometry& geo, std::int64_t length) {
+  constexpr std::int64_t kMaxScores = std::int64_t{4} << 20;
+  const std::int64_t per_query =
+      static_cast<std::int64_t>(geo.group) * std::max<std::int64_t>(length, 1);
+  return std::clamp<std::int64_t>(kMaxScores / per_query, 1, 16);
+}
+
+struct Scratch {
+  std::vector<const void*> k, v, kk, vv;
+  std::vector<std::int64_t> pos;
+  std::vector<float> q, s, acc, row;
+  std::vector<double> p_sum;
+};
+
+void run_item(const PrefillArgs& args, const Geometry& geo, const detail::RowSource& src,
+              const mk::Kernels& kern, const Item& it, Scratch& t) {
+  const int g = geo.group, d = geo.head_dim;
+  const int dt = static_cast<int>(args.cache.dtype);
+  const std::int64_t length = args.cache.table.length(it.b, args.cache.page_size);
+  const std::int64_t nq = args.q_indptr[it.b + 1] - args.q_indptr[it.b];
+  const detail::PrefillMask mask(args.block_mask, it.b, length, nq);
+  const int tq = static_cast<int>(it.q1 - it.q0);
+  const int rows_q = tq * g;  // packed query vectors: (query i, head j) -> i * g + j
+
+  // Keys some query of the tile may see: causal up to the last query, and in a selected block.
+  const std::int64_t last = mask.position(it.q1 - 1);
+  const int pages = static_cast<int>(last / args.cache.page_size) + 1;
+  t.k.resize(static_cast<std::size_t>(pages) * args.cache.page_size);
+  t.v.resize(t.k.size());
+  t.pos.resize(t.k.size());
+  const int all = src.gather(it.b, it.h, 0, pages, t.k.data(), t.v.data(), t.pos.data());
+  t.kk.clear();
+  t.vv.clear();
+  std::vector<std::int64_t> kpos;
+  for (int r = 0; r < all && t.pos[r] <= last; ++r) {
+    bool any = false;
+    for (std::int64_t i = it.q0; i < it.q1 && !any; i += args.block_mask ? 1 : tq) {
+      any = mask.block_selected(i, t.pos[r]);
+    }
+    if (!any) continue;
+    t.kk.push_back(t.k[r]);
+    t.vv.push_back(t.v[r]);
+    kpos.push_back(t.pos[r]);
+  }
+  const int n = static_cast<int>(t.kk.size());
+
+  t.q.resize(static_cast<std::size_t>(rows_q) * d);
+  for (int i = 0; i < tq; ++i) {
+    for (int j = 0; j < g; ++j) {
+      std::memcpy(t.q.data() + (static_cast<std::size_t>(i) * g + j) * d,
+                  args.q.row(static_cast<int>(args.q_indptr[it.b] + it.q0 + i), it.h * g + j),
+                  sizeof(float) * d);
+    }
+  }
+  t.s.resize(static_cast<std::size_t>(rows_q) * std::max(n, 1));
+  if (n > 0) kern.scores(dt, t.q.data(), rows_q, d, t.kk.data(), n, geo.scale, t.s.data(), n);
+
+  // Map each packed row to weights in place; stat = lse or tau.
+  constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+  std::vector<float> stat(rows_q);
+  t.p_sum.assign(rows_q, 0.0);
+  for (int i = 0; i < tq; ++i) {
+    for (int j = 0; j < g; ++j) {
+      float* s = t.s.data() + (static_cast<std::size_t>(i) * g + j) * n;
+      int visible = 0;
+      for (int r = 0; r < n; ++r) {
+        if (mask.allowed(it.q0 + i, kpos[r])) {
+          ++visible;
+        } else {
+          s[r] = kNegInf;
+        }
+      }
+      const int row = i * g + j;
+      if (visible == 0) {
+        std::fill_n(s, n, 0.0f);
+        stat[row] = args.mapping.is_entmax() ? std::numeric_limits<float>::quiet_NaN() : kNegInf;
+        continue;
+      }
+      if (!args.mapping.is_entmax()) {
+        const float m = *std::max_element(s, s + n);
+        const float l = kern.exp_sum(s, n, m);
+        t.p_sum[row] = l;
+        stat[row] = m + std::log(l);
+        continue;
+      }
+      t.row.clear();
+      for (int r = 0; r < n; ++r) {
+        if (s[r] != kNegInf) t.row.push_back(s[r]);
+      }
+      const double alpha = args.mapping.alpha;
+      const double tau = entmax_threshold(std::span<const float>(t.row), alpha).tau;
+      double sum = 0;
+      for (int r = 0; r < n; ++r) {
+        const float p =
+            s[r] == kNegInf
+                ? 0.0f
+                : static_cast<float>(detail::entmax_weight((alpha - 1) * s[r] - tau, alpha));
+        s[r] = p;
+        sum += p;
+      }
+      t.p_sum[row] = sum;
+      stat[row] = static_cast<float>(tau);
+    }
+  }
+
+  // One weighted pass over V, skipping rows that no packed query weights.
+  int m = 0;
+  for (int r = 0; r < n; ++r) {
+    bool any = false;
+    for (int row = 0; row < rows_q && !any; ++row)
+      any = t.s[static_cast<std::size_t>(row) * n + r] != 0;
+    if (!any) continue;
+    for (int row = 0; row < rows_q; ++row) {
+      t.s[static_cast<std::size_t>(row) * n + m] = t.s[static_cast<std::size_t>(row) * n + r];
+    }
+    t.vv[m++] = t.vv[r];
+  }
+  t.acc.assign(static_cast<std::size_t>(rows_q) * d, 0.0f);
+  if (m > 0) kern.accumulate(dt, t.s.data(), n, rows_q, d, t.vv.data(), m, t.acc.data());
+
+  for (int i = 0; i < tq; ++i) {
+    const std::int64_t qrow = args.q_indptr[it.b] + it.q0 + i;
+    for (int j = 0; j < g; ++j) {
+      const int row = i * g + j, hq = it.h * g + j;
+      float* o = args.out.row(static_cast<int>(qrow), hq);
+      const double ps = t.p_sum[row];
+      const float inv = ps > 0 ? static_cast<float>(1.0 / ps) : 0.0f;
+      for (int c = 0; c < d; ++c) o[c] = t.acc[static_cast<std::size_t>(row) * d + c] * inv;
+      if (!args.lse_or_tau.empty()) {
+        args.lse_or_tau[static_cast<std::size_t>(qrow) * geo.num_q_heads + hq] = stat[row];
+      }
+    }
+  }
+}
+
+}  // namespace
+
+void prefill(const PrefillArgs& args) {
+  const Geometry geo = detail::validate(args);
+  const detail::RowSource src(args.cache, nullptr);
+  const mk::Kernels& kern = mk::kernels(args.impl != Impl::scalar);
+  std::vector<Item> items;
+  for (int b = 0; b < geo.batch; ++b) {
+    const std::int64_t nq = args.q_indptr[b + 1] - args.q_indptr[b];
+    const std::int64_t tile = tile_queries(geo, args.cache.table.length(b, args.cache.page_size));
+    for (std::int64_t q0 = 0; q0 < nq; q0 += tile) {
+      for (int h = 0; h < geo.num_kv_heads; ++h)
+        items.push_back({b, h, q0, std::min(nq, q0 + tile)});
+    }
+  }
+  const std::int64_t n_items = static_cast<std::int64_t>(items.size());
+  const int nt = args.impl == Impl::fast ? omp_get_max_threads() : 1;
+#pragma omp parallel num_threads(nt)
+  {
+    Scratch t;
+#pragma omp for schedule(dynamic, 1)
+    for (std::int64_t i = 0; i < n_items; ++i) run_item(args, geo, src, kern, items[i], t);
+  }
+}
+
+}  // namespace masskv::attn
