@@ -147,7 +147,7 @@ void run(const Options& opt) {
   for (int t : opt.threads)
     require(t >= 1, ErrorCode::invalid_argument, "--threads", "must be >= 1, got ", t);
 
-  const double kv_bytes_per_token = 2.0 * opt.hkv * opt.head_dim * dtype_size(dtype);
+  const double kv_bytes_per_token = 2.0 * opt.hkv * opt.head_dim * static_cast<double>(dtype_size(dtype));
   // Read bandwidth probe: 1 GiB, well beyond the last-level cache.
   std::vector<double> read_gbps;
   for (int t : opt.threads) read_gbps.push_back(measure_read_bandwidth(1ull << 30, t, 5).gb_per_s);
@@ -186,7 +186,7 @@ void run(const Options& opt) {
     const select::BoundStore bounds(cache.summaries());
     const select::BoundStoreView bounds_view = bounds.view();
     bound_bpt = bounds.bytes_per_token(opt.page_size);
-    select::SelectionStorage selection;
+    SelectionStorage selection;
 
     const long steps_total = static_cast<long>(opt.threads.size() * (1 + budgets.size()));
     Progress progress(fmt::format("bench {} tokens", context), steps_total);
