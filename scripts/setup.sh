@@ -33,6 +33,10 @@ if [[ ${#missing[@]} -gt 0 ]]; then
     "${missing[@]}" >/dev/null
 fi
 
+# matplotlib (PyPI) for the PNG plots of `masskv study` (scripts/plot_study.py); optional.
+python3 -c 'import matplotlib' 2>/dev/null || python3 -m pip install --quiet matplotlib ||
+  echo "setup: matplotlib not installed; masskv study will skip its plots" >&2
+
 [[ $do_build -eq 1 ]] || exit 0
 
 werror=OFF; [[ "${CI:-}" == "true" ]] && werror=ON
