@@ -143,6 +143,24 @@ OwnedSelection make_selection(const HandCache& cache, SelectionView::Unit unit,
   return finish(std::move(lists), static_cast<int>(per_seq.size()), cfg.num_kv_heads, unit);
 }
 
+std::vector<double> token_scores(const HandCache& cache, int b, int h, const float* q,
+                                 double scale) {
+  const kv::PagedKVView view = cache.view();
+  const int P = view.page_size, d = view.head_dim;
+  std::vector<double> s(cache.config().lengths[b]);
+  for (std::size_t t = 0; t < s.size(); ++t) {
+    const std::int32_t page = view.table.page(b, static_cast<int>(t / P));
+    double acc = 0;
+    visit_dtype(view.dtype, [&](auto tag) {
+      using T = decltype(tag);
+      const T* k = view.key<T>(page, h, static_cast<int>(t % P));
+      for (int c = 0; c < d; ++c) acc += static_cast<double>(q[c]) * to_f32(k[c]);
+    });
+    s[t] = scale * acc;
+  }
+  return s;
+}
+
 std::vector<float> random_q(std::int64_t rows, int heads, int d, float sd, std::uint32_t seed) {
   std::mt19937 rng(seed);
   std::normal_distribution<float> normal(0.0f, sd);
@@ -220,6 +238,32 @@ std::string PrefillCase::describe() const {
   return os.str();
 }
 
+namespace {
+
+// The one comparison loop: runs every registered implementation (outputs poisoned first, so a
+// path that writes nothing fails) and EXPECTs each within tolerance(dtype) of the reference.
+template <class RunImpl>
+Errors check_impls(std::span<const ImplEntry> impls, DType dtype, const std::string& what,
+                   std::vector<float>& out, std::vector<float>& stat,
+                   const std::vector<double>& ref_out, const std::vector<double>& ref_stat, int d,
+                   RunImpl&& run) {
+  const Tolerance tol = tolerance(dtype);
+  Errors worst;
+  for (const ImplEntry& impl : impls) {
+    std::fill(out.begin(), out.end(), -7.0f);
+    std::fill(stat.begin(), stat.end(), -7.0f);
+    run(impl.impl);
+    const Errors e = compare(out, ref_out, stat, ref_stat, d);
+    EXPECT_LE(e.out, tol.out) << impl.name << ": " << what;
+    EXPECT_LE(e.stat, tol.stat) << impl.name << ": " << what;
+    worst.out = std::max(worst.out, e.out);
+    worst.stat = std::max(worst.stat, e.stat);
+  }
+  return worst;
+}
+
+}  // namespace
+
 Errors check_decode(const DecodeCase& c) {
   const HandCache cache(c.kv);
   const int B = static_cast<int>(c.kv.lengths.size()), Hq = c.num_q_heads, d = c.kv.head_dim;
@@ -241,18 +285,11 @@ Errors check_decode(const DecodeCase& c) {
   args.chunk_pages = c.chunk_pages;
   std::vector<double> ref_out(out.size()), ref_stat(stat.size());
   attn::decode_reference(args, ref_out, ref_stat);
-  const Tolerance tol = tolerance(c.kv.dtype);
-  Errors worst;
-  for (const ImplEntry& impl : decode_impls()) {
-    args.impl = impl.impl;
-    attn::decode(args);
-    const Errors e = compare(out, ref_out, stat, ref_stat, d);
-    EXPECT_LE(e.out, tol.out) << impl.name << ": " << c.describe();
-    EXPECT_LE(e.stat, tol.stat) << impl.name << ": " << c.describe();
-    worst.out = std::max(worst.out, e.out);
-    worst.stat = std::max(worst.stat, e.stat);
-  }
-  return worst;
+  return check_impls(decode_impls(), c.kv.dtype, c.describe(), out, stat, ref_out, ref_stat, d,
+                     [&](attn::Impl impl) {
+                       args.impl = impl;
+                       attn::decode(args);
+                     });
 }
 
 }  // namespace masskv::test
@@ -295,19 +332,11 @@ Errors check_prefill(const PrefillCase& c) {
   args.lse_or_tau = stat;
   std::vector<double> ref_out(out.size()), ref_stat(stat.size());
   attn::prefill_reference(args, ref_out, ref_stat);
-  const Tolerance tol = tolerance(c.kv.dtype);
-  Errors worst;
-  for (const ImplEntry& impl : prefill_impls()) {
-    args.impl = impl.impl;
-    std::fill(out.begin(), out.end(), -7.0f);
-    attn::prefill(args);
-    const Errors e = compare(out, ref_out, stat, ref_stat, d);
-    EXPECT_LE(e.out, tol.out) << impl.name << ": " << c.describe();
-    EXPECT_LE(e.stat, tol.stat) << impl.name << ": " << c.describe();
-    worst.out = std::max(worst.out, e.out);
-    worst.stat = std::max(worst.stat, e.stat);
-  }
-  return worst;
+  return check_impls(prefill_impls(), c.kv.dtype, c.describe(), out, stat, ref_out, ref_stat, d,
+                     [&](attn::Impl impl) {
+                       args.impl = impl;
+                       attn::prefill(args);
+                     });
 }
 
 }  // namespace masskv::test

@@ -56,8 +56,16 @@ struct Plan {
 
 Plan make_plan(const Geometry& geo, const RowSource& src, int chunk_pages, int page_size) {
   Plan plan;
-  plan.per_chunk = src.token_units() ? chunk_pages * page_size : chunk_pages;
-  plan.max_rows = chunk_pages * page_size;
+  // A chunk never holds more rows than the longest sequence (chunk_pages may be huge: one
+  // chunk per head); int64 avoids overflow of chunk_pages * page_size.
+  std::int64_t longest = 0;
+  for (int b = 0; b < geo.batch; ++b) longest = std::max(longest, src.length(b));
+  const std::int64_t chunk_rows = std::min(static_cast<std::int64_t>(chunk_pages) * page_size,
+                                           std::max<std::int64_t>(longest, 1));
+  plan.per_chunk = src.token_units()
+                       ? static_cast<int>(chunk_rows)
+                       : static_cast<int>(std::min<std::int64_t>(chunk_pages, longest + 1));
+  plan.max_rows = static_cast<int>(chunk_rows);
   plan.first.push_back(0);
   for (int b = 0; b < geo.batch; ++b) {
     int most = 0;
@@ -77,26 +85,34 @@ int thread_count(Impl impl) { return impl == Impl::fast ? omp_get_max_threads() 
 int block_rows(int page_size) { return std::max(page_size, 16); }
 
 // Per-thread buffers for one item (all kv heads of one chunk).
+// Per-thread buffers for one item (all kv heads of one chunk). Kept per thread between calls
+// (decode runs once per layer per token: fresh buffers would page-fault on every call); they
+// only grow.
 struct Scratch {
-  int max_rows, g, d;
+  int max_rows = 0, g = 0, d = 0;
   std::vector<const void*> k, v;    // [Hkv][max_rows]
   std::vector<int> n;               // [Hkv] rows of the head in this item (0: no chunk)
   std::vector<std::int64_t> slot;   // [Hkv]
   std::vector<float> q, s, w, acc;  // [Hkv][g][d], [Hkv][g][max_rows] x2, [Hkv][g][d]
   std::vector<float> inv_l;         // [Hkv][g]
-  Scratch(const Geometry& geo, int rows)
-      : max_rows(rows),
-        g(geo.group),
-        d(geo.head_dim),
-        k(static_cast<std::size_t>(geo.num_kv_heads) * rows),
-        v(k.size()),
-        n(geo.num_kv_heads),
-        slot(geo.num_kv_heads),
-        q(static_cast<std::size_t>(geo.num_q_heads) * geo.head_dim),
-        s(static_cast<std::size_t>(geo.num_q_heads) * rows),
-        w(s.size()),
-        acc(q.size()),
-        inv_l(geo.num_q_heads) {}
+
+  static Scratch& get(const Geometry& geo, int rows) {
+    thread_local Scratch t;
+    t.max_rows = rows;
+    t.g = geo.group;
+    t.d = geo.head_dim;
+    const std::size_t heads = geo.num_kv_heads, qh = geo.num_q_heads;
+    t.k.resize(heads * rows);
+    t.v.resize(heads * rows);
+    t.n.resize(heads);
+    t.slot.resize(heads);
+    t.q.resize(qh * geo.head_dim);
+    t.s.resize(qh * rows);
+    t.w.resize(qh * rows);
+    t.acc.resize(qh * geo.head_dim);
+    t.inv_l.resize(qh);
+    return t;
+  }
   const void** krows(int h) { return k.data() + static_cast<std::size_t>(h) * max_rows; }
   const void** vrows(int h) { return v.data() + static_cast<std::size_t>(h) * max_rows; }
   float* qh(int h) { return q.data() + static_cast<std::size_t>(h) * g * d; }
@@ -126,17 +142,8 @@ void load_item(const DecodeArgs& args, const Geometry& geo, const RowSource& src
 }
 
 // Pages sit anywhere in the pool and the hardware prefetcher stops at 4 KiB boundaries, so
-// the rows of the next block of the same head are prefetched while this block is computed.
-void prefetch_rows(const void* const* rows, int n, int row_bytes) {
-  for (int r = 0; r < n; ++r) {
-    const char* p = static_cast<const char*>(rows[r]);
-    for (int off = 0; off < row_bytes; off += 64) __builtin_prefetch(p + off, 0, 3);
-  }
-}
-
-int row_bytes(const Geometry& geo, int dt) {
-  return geo.head_dim * static_cast<int>(dtype_size(static_cast<DType>(dt)));
-}
+// each kernel call is handed the rows of the next block of the same head to prefetch.
+int next_block(int r0, int block, int n) { return std::clamp(n - r0 - block, 0, block); }
 
 // Scores of every head of the item into t.s ([g][max_rows] per kv head), page-major.
 void item_scores(const Geometry& geo, int dt, const mk::Kernels& kern, int block, Scratch& t) {
@@ -145,10 +152,8 @@ void item_scores(const Geometry& geo, int dt, const mk::Kernels& kern, int block
     for (int h = 0; h < geo.num_kv_heads; ++h) {
       const int m = std::min(block, t.n[h] - r0);
       if (m <= 0) continue;
-      prefetch_rows(t.krows(h) + r0 + block, std::clamp(t.n[h] - r0 - block, 0, block),
-                    row_bytes(geo, dt));
       kern.scores(dt, t.qh(h), geo.group, geo.head_dim, t.krows(h) + r0, m, geo.scale, t.sh(h) + r0,
-                  t.max_rows);
+                  t.max_rows, t.krows(h) + r0 + block, next_block(r0, block, t.n[h]));
     }
   }
 }
@@ -162,10 +167,9 @@ void item_accumulate(const Geometry& geo, int dt, const mk::Kernels& kern, int b
     for (int h = 0; h < geo.num_kv_heads; ++h) {
       const int m = std::min(block, rows[h] - r0);
       if (m <= 0) continue;
-      prefetch_rows(t.vrows(h) + r0 + block, std::clamp(rows[h] - r0 - block, 0, block),
-                    row_bytes(geo, dt));
       kern.accumulate(dt, w + static_cast<std::int64_t>(h) * geo.group * lw + r0, lw, geo.group,
-                      geo.head_dim, t.vrows(h) + r0, m, t.acch(h));
+                      geo.head_dim, t.vrows(h) + r0, m, t.acch(h), t.vrows(h) + r0 + block,
+                      next_block(r0, block, rows[h]));
     }
   }
 }
@@ -180,6 +184,36 @@ void write_empty(const DecodeArgs& args, const Geometry& geo, int b, int h) {
   }
 }
 
+// The fixed-order merge of every (b, kv head): merge(bh, j, out_row) merges the slots of q head
+// j of the group into out_row and returns its lse / tau. Heads without slots get the empty
+// result. One loop for both mappings.
+template <class Merge>
+void merge_heads(const DecodeArgs& args, const Geometry& geo, const Plan& plan, Merge&& merge) {
+  const int n_heads = geo.batch * geo.num_kv_heads;
+#pragma omp parallel for schedule(static) num_threads(thread_count(args.impl))
+  for (int bh = 0; bh < n_heads; ++bh) {
+    const int b = bh / geo.num_kv_heads, h = bh % geo.num_kv_heads;
+    if (plan.first[bh] == plan.first[bh + 1]) {
+      write_empty(args, geo, b, h);
+      continue;
+    }
+    for (int j = 0; j < geo.group; ++j) {
+      const int hq = h * geo.group + j;
+      const float stat = merge(bh, j, args.out.row(b, hq));
+      if (!args.lse_or_tau.empty()) args.lse_or_tau[b * geo.num_q_heads + hq] = stat;
+    }
+  }
+}
+
+float merge_softmax_slots(const float* o_parts, const float* lse_parts, const Plan& plan,
+                          std::int64_t bh, int j, int g, int d, float* out) {
+  std::vector<SoftmaxPartialView> parts;
+  for (std::int64_t i = plan.first[bh]; i < plan.first[bh + 1]; ++i) {
+    parts.push_back({o_parts + (i * g + j) * d, lse_parts[i * g + j]});
+  }
+  return merge_softmax(parts, d, out);
+}
+
 // Softmax: each chunk yields (o_c, lse_c) from one pass over its K and V (scores of the chunk,
 // its max, exp, then the weighted V sum); partials are merged by §2.6 in chunk order.
 void decode_softmax(const DecodeArgs& args, const Geometry& geo, const RowSource& src,
@@ -188,12 +222,16 @@ void decode_softmax(const DecodeArgs& args, const Geometry& geo, const RowSource
   const int dt = static_cast<int>(args.cache.dtype);
   const int block = block_rows(args.cache.page_size);
   const std::int64_t n_items = static_cast<std::int64_t>(plan.items.size());
-  std::vector<float> o_part(static_cast<std::size_t>(plan.slots()) * g * d);
-  std::vector<float> lse_part(static_cast<std::size_t>(plan.slots()) * g);
+  // Partials of every slot; kept on the calling thread between calls (see Scratch).
+  thread_local std::vector<float> o_part, lse_part;
+  o_part.resize(static_cast<std::size_t>(plan.slots()) * g * d);
+  lse_part.resize(static_cast<std::size_t>(plan.slots()) * g);
+  float* const o_parts = o_part.data();
+  float* const lse_parts = lse_part.data();
 
 #pragma omp parallel num_threads(thread_count(args.impl))
   {
-    Scratch t(geo, plan.max_rows);
+    Scratch& t = Scratch::get(geo, plan.max_rows);
 #pragma omp for schedule(dynamic, 1)
     for (std::int64_t i = 0; i < n_items; ++i) {
       load_item(args, geo, src, plan, plan.items[i], t);
@@ -205,14 +243,14 @@ void decode_softmax(const DecodeArgs& args, const Geometry& geo, const RowSource
           float* w = t.sh(h) + static_cast<std::int64_t>(j) * t.max_rows;
           const float m = *std::max_element(w, w + t.n[h]);
           const float l = kern.exp_sum(w, t.n[h], m);
-          lse_part[t.slot[h] * g + j] = m + std::log(l);
+          lse_parts[t.slot[h] * g + j] = m + std::log(l);
           inv_l[h * g + j] = 1.0f / l;
         }
       }
       item_accumulate(geo, dt, kern, block, t.n, t.s.data(), t.max_rows, t);
       for (int h = 0; h < geo.num_kv_heads; ++h) {
         if (t.n[h] == 0) continue;
-        float* o = o_part.data() + t.slot[h] * g * d;
+        float* o = o_parts + t.slot[h] * g * d;
         const float* a = t.acch(h);
         for (int j = 0; j < g; ++j) {
           for (int c = 0; c < d; ++c) o[j * d + c] = a[j * d + c] * inv_l[h * g + j];
@@ -221,25 +259,9 @@ void decode_softmax(const DecodeArgs& args, const Geometry& geo, const RowSource
     }
   }
 
-  const int n_heads = geo.batch * geo.num_kv_heads;
-#pragma omp parallel for schedule(static) num_threads(thread_count(args.impl))
-  for (int bh = 0; bh < n_heads; ++bh) {
-    const int b = bh / geo.num_kv_heads, h = bh % geo.num_kv_heads;
-    const std::int64_t i0 = plan.first[bh], i1 = plan.first[bh + 1];
-    if (i0 == i1) {
-      write_empty(args, geo, b, h);
-      continue;
-    }
-    std::vector<SoftmaxPartialView> parts(static_cast<std::size_t>(i1 - i0));
-    for (int j = 0; j < g; ++j) {
-      for (std::int64_t i = i0; i < i1; ++i) {
-        parts[i - i0] = {o_part.data() + (i * g + j) * d, lse_part[i * g + j]};
-      }
-      const int hq = h * g + j;
-      const float lse = merge_softmax(parts, d, args.out.row(b, hq));
-      if (!args.lse_or_tau.empty()) args.lse_or_tau[b * geo.num_q_heads + hq] = lse;
-    }
-  }
+  merge_heads(args, geo, plan, [&](std::int64_t slot, int j, float* out) {
+    return merge_softmax_slots(o_parts, lse_parts, plan, slot, j, g, d, out);
+  });
 }
 
 // Entmax: the two-step exact scheme of §2.6. Pass 1 scores every chunk and solves its local
@@ -274,7 +296,7 @@ void decode_entmax(const DecodeArgs& args, const Geometry& geo, const RowSource&
 
 #pragma omp parallel num_threads(nt)
   {
-    Scratch t(geo, plan.max_rows);
+    Scratch& t = Scratch::get(geo, plan.max_rows);
 #pragma omp for schedule(dynamic, 1)
     for (std::int64_t i = 0; i < n_items; ++i) {
       load_item(args, geo, src, plan, plan.items[i], t);
@@ -315,7 +337,7 @@ void decode_entmax(const DecodeArgs& args, const Geometry& geo, const RowSource&
   std::vector<double> p_sum(static_cast<std::size_t>(n_slots) * g);
 #pragma omp parallel num_threads(nt)
   {
-    Scratch t(geo, plan.max_rows);
+    Scratch& t = Scratch::get(geo, plan.max_rows);
     std::vector<int> kept(geo.num_kv_heads);
 #pragma omp for schedule(dynamic, 1)
     for (std::int64_t i = 0; i < n_items; ++i) {
@@ -357,27 +379,14 @@ void decode_entmax(const DecodeArgs& args, const Geometry& geo, const RowSource&
     }
   }
 
-#pragma omp parallel for schedule(static) num_threads(nt)
-  for (int bh = 0; bh < n_heads; ++bh) {
-    const int b = bh / geo.num_kv_heads, h = bh % geo.num_kv_heads;
-    const std::int64_t i0 = plan.first[bh], i1 = plan.first[bh + 1];
-    if (i0 == i1) {
-      write_empty(args, geo, b, h);
-      continue;
+  merge_heads(args, geo, plan, [&](std::int64_t bh, int j, float* out) {
+    std::vector<EntmaxPartialView> parts;
+    for (std::int64_t i = plan.first[bh]; i < plan.first[bh + 1]; ++i) {
+      parts.push_back({o_sum.data() + (i * g + j) * d, p_sum[i * g + j]});
     }
-    std::vector<EntmaxPartialView> parts(static_cast<std::size_t>(i1 - i0));
-    for (int j = 0; j < g; ++j) {
-      for (std::int64_t i = i0; i < i1; ++i) {
-        parts[i - i0] = {o_sum.data() + (i * g + j) * d, p_sum[i * g + j]};
-      }
-      const int hq = h * g + j;
-      merge_entmax(parts, d, args.out.row(b, hq));
-      if (!args.lse_or_tau.empty()) {
-        args.lse_or_tau[b * geo.num_q_heads + hq] =
-            static_cast<float>(tau[static_cast<std::size_t>(bh) * g + j]);
-      }
-    }
-  }
+    merge_entmax(parts, d, out);
+    return static_cast<float>(tau[static_cast<std::size_t>(bh) * g + j]);
+  });
 }
 
 }  // namespace

@@ -11,12 +11,18 @@ namespace masskv::attn::mk {
 
 // dtype codes: the values of masskv::DType (0 = f32, 1 = f16, 2 = bf16).
 
+// Prefetching: `pf` lists up to `npf` rows the caller reads next (e.g. the next page of the
+// same head); the kernel spreads their prefetches over its own work so that memory and
+// arithmetic overlap (a burst of prefetches would stall on the miss buffers instead).
+// pf == nullptr: the kernel looks ahead in its own rows.
+//
 // s[h * ls + r] = scale * dot(q + h * d, rows[r]) for h < g, r < n. q is f32, [g][d].
 using ScoresFn = void (*)(int dtype, const float* q, int g, int d, const void* const* rows, int n,
-                          float scale, float* s, std::int64_t ls);
+                          float scale, float* s, std::int64_t ls, const void* const* pf, int npf);
 // acc[h * d + c] += sum_r w[h * lw + r] * rows[r][c] for h < g, c < d.
 using AccumulateFn = void (*)(int dtype, const float* w, std::int64_t lw, int g, int d,
-                              const void* const* rows, int n, float* acc);
+                              const void* const* rows, int n, float* acc, const void* const* pf,
+                              int npf);
 // x[i] = exp(x[i] - m) (0 for x[i] = -inf); returns the sum of the new x.
 using ExpSumFn = float (*)(float* x, int n, float m);
 
@@ -36,16 +42,16 @@ const Kernels& kernels(bool simd);
 
 // Scalar versions (microkernels_scalar.cpp).
 void scores_scalar(int dtype, const float* q, int g, int d, const void* const* rows, int n,
-                   float scale, float* s, std::int64_t ls);
+                   float scale, float* s, std::int64_t ls, const void* const* pf, int npf);
 void accumulate_scalar(int dtype, const float* w, std::int64_t lw, int g, int d,
-                       const void* const* rows, int n, float* acc);
+                       const void* const* rows, int n, float* acc, const void* const* pf, int npf);
 float exp_sum_scalar(float* x, int n, float m);
 
 // AVX2 versions (microkernels_avx2.cpp): call only after cpu::has_avx2().
 void scores_avx2(int dtype, const float* q, int g, int d, const void* const* rows, int n,
-                 float scale, float* s, std::int64_t ls);
+                 float scale, float* s, std::int64_t ls, const void* const* pf, int npf);
 void accumulate_avx2(int dtype, const float* w, std::int64_t lw, int g, int d,
-                     const void* const* rows, int n, float* acc);
+                     const void* const* rows, int n, float* acc, const void* const* pf, int npf);
 float exp_sum_avx2(float* x, int n, float m);
 
 }  // namespace masskv::attn::mk

@@ -43,6 +43,11 @@ MASSKV_AI void prefetch_row(const void* row, int bytes) {
 
 MASSKV_AI int row_bytes(int dtype, int d) { return dtype == kF32 ? 4 * d : 2 * d; }
 
+// Prefetches pf[begin, end) clipped to [0, npf).
+MASSKV_AI void prefetch_some(const void* const* pf, int npf, int begin, int end, int bytes) {
+  for (int j = begin < 0 ? 0 : begin; j < end && j < npf; ++j) prefetch_row(pf[j], bytes);
+}
+
 // Horizontal sums of 8 vectors in one vector (lane i = sum of v[i]).
 MASSKV_AI __m256 reduce8(const __m256* v) {
   const __m256 a01 = _mm256_hadd_ps(v[0], v[1]);
@@ -56,12 +61,14 @@ MASSKV_AI __m256 reduce8(const __m256* v) {
   return _mm256_add_ps(lo, hi);
 }
 
-// Scores of ht heads x rb rows (ht * rb <= 8).
+// Scores of ht heads x rb rows (ht * rb <= 12: with rb key vectors and one q vector that is
+// at most the 16 ymm registers). Per column step: rb conversions + ht q loads feed ht * rb
+// FMAs, so the loop is FMA-bound rather than load-bound.
 MASSKV_AI void score_tile(int dtype, const float* q, int d, int ht, int rb, const void* const* rows,
                           float scale, float* s, std::int64_t ls) {
-  __m256 acc[8];
-#pragma GCC unroll 8
-  for (int i = 0; i < 8; ++i) acc[i] = _mm256_setzero_ps();
+  __m256 acc[16];
+#pragma GCC unroll 16
+  for (int i = 0; i < 16; ++i) acc[i] = _mm256_setzero_ps();
   for (int c = 0; c < d; c += 8) {
     __m256 k[8];
 #pragma GCC unroll 8
@@ -73,8 +80,9 @@ MASSKV_AI void score_tile(int dtype, const float* q, int d, int ht, int rb, cons
       for (int r = 0; r < rb; ++r) acc[h * rb + r] = _mm256_fmadd_ps(qv, k[r], acc[h * rb + r]);
     }
   }
-  alignas(32) float out[8];
+  alignas(32) float out[16];
   _mm256_store_ps(out, _mm256_mul_ps(reduce8(acc), _mm256_set1_ps(scale)));
+  if (ht * rb > 8) _mm256_store_ps(out + 8, _mm256_mul_ps(reduce8(acc + 8), _mm256_set1_ps(scale)));
 #pragma GCC unroll 8
   for (int h = 0; h < ht; ++h) {
 #pragma GCC unroll 8
@@ -82,24 +90,26 @@ MASSKV_AI void score_tile(int dtype, const float* q, int d, int ht, int rb, cons
   }
 }
 
-// All rows for one head tile of ht <= 4 heads: blocks of 8 / ht rows, then single rows.
+// All rows for one head tile of ht <= 4 heads: blocks of rb rows, then single rows; tile t
+// also prefetches the matching rows of pf.
 MASSKV_AI void score_rows(int dtype, const float* q, int d, int ht, const void* const* rows, int n,
-                          float scale, float* s, std::int64_t ls) {
-  const int rb = ht == 1 ? 8 : ht == 2 ? 4 : 2;
+                          float scale, float* s, std::int64_t ls, const void* const* pf, int npf) {
+  const int rb = ht == 1 ? 8 : ht == 2 ? 4 : 3;
   const int bytes = row_bytes(dtype, d);
   int r = 0;
   for (; r + rb <= n; r += rb) {
-    for (int j = r + kPrefetchRows; j < r + kPrefetchRows + rb && j < n; ++j) {
-      prefetch_row(rows[j], bytes);
-    }
+    prefetch_some(pf, npf, r, r + rb, bytes);
     score_tile(dtype, q, d, ht, rb, rows + r, scale, s + r, ls);
   }
-  for (; r < n; ++r) score_tile(dtype, q, d, ht, 1, rows + r, scale, s + r, ls);
+  for (; r < n; ++r) {
+    prefetch_some(pf, npf, r, r + 1, bytes);
+    score_tile(dtype, q, d, ht, 1, rows + r, scale, s + r, ls);
+  }
 }
 
 void score_rows_dispatch(int dtype, const float* q, int d, int ht, const void* const* rows, int n,
-                         float scale, float* s, std::int64_t ls) {
-#define MASSKV_CASE(DT, HT) score_rows(DT, q, d, HT, rows, n, scale, s, ls)
+                         float scale, float* s, std::int64_t ls, const void* const* pf, int npf) {
+#define MASSKV_CASE(DT, HT) score_rows(DT, q, d, HT, rows, n, scale, s, ls, pf, npf)
 #define MASSKV_DT(DT)     \
   switch (ht) {           \
     case 1:               \
@@ -135,10 +145,11 @@ void convert_rows(int dtype, const void* const* rows, int n, int d, float* out,
   }
 }
 
-// Accumulation tile: ht heads x cw column chunks of 8 (ht * cw <= 8), over n rows.
+// Accumulation tile: ht heads x cw column chunks of 8 (ht * cw <= 12), over n rows. Each
+// accumulator is updated once per row, so ht * cw >= 8 independent chains hide FMA latency.
 MASSKV_AI void acc_tile(int dtype, const float* w, std::int64_t lw, int ht, int cw, int d, int c0,
                         const void* const* rows, int n, float* acc) {
-  __m256 a[8];
+  __m256 a[16];
 #pragma GCC unroll 8
   for (int h = 0; h < ht; ++h) {
 #pragma GCC unroll 8
@@ -163,18 +174,31 @@ MASSKV_AI void acc_tile(int dtype, const float* w, std::int64_t lw, int ht, int 
 }
 
 // One head tile (ht <= 8) over a block of rows that stays in L1 while the column chunks are
-// swept; each element is converted once per head tile.
+// swept; each element is converted once per head tile. The prefetches of pf are spread over
+// the column sweeps.
 MASSKV_AI void acc_rows(int dtype, const float* w, std::int64_t lw, int ht, int d,
-                        const void* const* rows, int n, float* acc) {
-  const int cw = ht == 1 ? 8 : ht == 2 ? 4 : ht <= 4 ? 2 : 1;
-  int c = 0;
-  for (; c + 8 * cw <= d; c += 8 * cw) acc_tile(dtype, w, lw, ht, cw, d, c, rows, n, acc);
+                        const void* const* rows, int n, float* acc, const void* const* pf,
+                        int npf) {
+  const int cw = ht == 1 ? 8 : ht == 2 ? 4 : ht <= 4 ? 3 : 1;
+  const int bytes = row_bytes(dtype, d);
+  const int sweeps = (d + 8 * cw - 1) / (8 * cw);
+  const int per = (npf + sweeps - 1) / sweeps;
+  int c = 0, k = 0;
+  for (; c + 8 * cw <= d; c += 8 * cw, ++k) {
+    prefetch_some(pf, npf, k * per, (k + 1) * per, bytes);
+    acc_tile(dtype, w, lw, ht, cw, d, c, rows, n, acc);
+  }
+  prefetch_some(pf, npf, k * per, npf, bytes);
+  if (ht <= 4 && c + 16 <= d) {
+    acc_tile(dtype, w, lw, ht, 2, d, c, rows, n, acc);
+    c += 16;
+  }
   for (; c < d; c += 8) acc_tile(dtype, w, lw, ht, 1, d, c, rows, n, acc);
 }
 
 void acc_rows_dispatch(int dtype, const float* w, std::int64_t lw, int ht, int d,
-                       const void* const* rows, int n, float* acc) {
-#define MASSKV_CASE(DT, HT) acc_rows(DT, w, lw, HT, d, rows, n, acc)
+                       const void* const* rows, int n, float* acc, const void* const* pf, int npf) {
+#define MASSKV_CASE(DT, HT) acc_rows(DT, w, lw, HT, d, rows, n, acc, pf, npf)
 #define MASSKV_DT(DT)     \
   switch (ht) {           \
     case 1:               \
@@ -234,11 +258,17 @@ MASSKV_AI __m256 exp_nonpos(__m256 x) {
 }  // namespace
 
 void scores_avx2(int dtype, const float* q, int g, int d, const void* const* rows, int n,
-                 float scale, float* s, std::int64_t ls) {
+                 float scale, float* s, std::int64_t ls, const void* const* pf, int npf) {
+  if (pf == nullptr) {  // look ahead in our own rows
+    pf = rows + kPrefetchRows;
+    npf = n - kPrefetchRows;
+  }
   if (g <= 4 || dtype == kF32) {
     for (int h0 = 0; h0 < g; h0 += 4) {
       const int ht = g - h0 < 4 ? g - h0 : 4;
-      score_rows_dispatch(dtype, q + h0 * d, d, ht, rows, n, scale, s + h0 * ls, ls);
+      // Only the first head tile prefetches: later tiles reread rows already in cache.
+      score_rows_dispatch(dtype, q + h0 * d, d, ht, rows, n, scale, s + h0 * ls, ls, pf,
+                          h0 == 0 ? npf : 0);
     }
     return;
   }
@@ -247,29 +277,39 @@ void scores_avx2(int dtype, const float* q, int g, int d, const void* const* row
   constexpr int kBlock = 8;
   alignas(32) float buf[kBlock * kMaxHeadDim];
   const void* conv[kBlock];
+  const int bytes = row_bytes(dtype, d);
   for (int r0 = 0; r0 < n; r0 += kBlock) {
     const int nb = n - r0 < kBlock ? n - r0 : kBlock;
+    prefetch_some(pf, npf, r0, r0 + nb, bytes);
     convert_rows(dtype, rows + r0, nb, d, buf, conv);
     for (int h0 = 0; h0 < g; h0 += 4) {
       const int ht = g - h0 < 4 ? g - h0 : 4;
-      score_rows_dispatch(kF32, q + h0 * d, d, ht, conv, nb, scale, s + h0 * ls + r0, ls);
+      score_rows_dispatch(kF32, q + h0 * d, d, ht, conv, nb, scale, s + h0 * ls + r0, ls, nullptr,
+                          0);
     }
   }
 }
 
 void accumulate_avx2(int dtype, const float* w, std::int64_t lw, int g, int d,
-                     const void* const* rows, int n, float* acc) {
-  constexpr int kBlock = 16;  // rows per L1-resident block
+                     const void* const* rows, int n, float* acc, const void* const* pf, int npf) {
+  constexpr int kBlock = 16;       // rows per L1-resident block
+  const bool own = pf == nullptr;  // look ahead in our own rows, block by block
+  if (own) {
+    pf = rows + kPrefetchRows;
+    npf = n - kPrefetchRows;
+  }
+  const int bytes = row_bytes(dtype, d);
   if (g <= 8 || dtype == kF32) {
-    const int bytes = row_bytes(dtype, d);
     for (int r0 = 0; r0 < n; r0 += kBlock) {
       const int nb = n - r0 < kBlock ? n - r0 : kBlock;
-      for (int j = r0 + kPrefetchRows; j < r0 + kPrefetchRows + nb && j < n; ++j) {
-        prefetch_row(rows[j], bytes);
-      }
+      // The rows to prefetch during this block: the matching slice of pf.
+      const int p0 = own ? r0 : (npf * r0) / n;
+      const int p1 = own ? r0 + nb : (npf * (r0 + nb)) / n;
       for (int h0 = 0; h0 < g; h0 += 8) {
         const int ht = g - h0 < 8 ? g - h0 : 8;
-        acc_rows_dispatch(dtype, w + h0 * lw + r0, lw, ht, d, rows + r0, nb, acc + h0 * d);
+        const int m = h0 == 0 ? (p1 < npf ? p1 : npf) - p0 : 0;
+        acc_rows_dispatch(dtype, w + h0 * lw + r0, lw, ht, d, rows + r0, nb, acc + h0 * d, pf + p0,
+                          m > 0 ? m : 0);
       }
     }
     return;
@@ -278,10 +318,11 @@ void accumulate_avx2(int dtype, const float* w, std::int64_t lw, int g, int d,
   const void* conv[kBlock];
   for (int r0 = 0; r0 < n; r0 += kBlock) {
     const int nb = n - r0 < kBlock ? n - r0 : kBlock;
+    prefetch_some(pf, npf, own ? r0 : (npf * r0) / n, own ? r0 + nb : (npf * (r0 + nb)) / n, bytes);
     convert_rows(dtype, rows + r0, nb, d, buf, conv);
     for (int h0 = 0; h0 < g; h0 += 8) {
       const int ht = g - h0 < 8 ? g - h0 : 8;
-      acc_rows_dispatch(kF32, w + h0 * lw + r0, lw, ht, d, conv, nb, acc + h0 * d);
+      acc_rows_dispatch(kF32, w + h0 * lw + r0, lw, ht, d, conv, nb, acc + h0 * d, nullptr, 0);
     }
   }
 }

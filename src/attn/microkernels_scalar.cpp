@@ -30,8 +30,9 @@ void load_row(int dtype, const void* row, int d, float* out) {
 
 }  // namespace
 
+// The scalar path is the portable baseline: it does not prefetch (pf is ignored).
 void scores_scalar(int dtype, const float* q, int g, int d, const void* const* rows, int n,
-                   float scale, float* s, std::int64_t ls) {
+                   float scale, float* s, std::int64_t ls, const void* const*, int) {
   float k[kMaxHeadDim];
   for (int r = 0; r < n; ++r) {
     load_row(dtype, rows[r], d, k);
@@ -49,7 +50,7 @@ void scores_scalar(int dtype, const float* q, int g, int d, const void* const* r
 }
 
 void accumulate_scalar(int dtype, const float* w, std::int64_t lw, int g, int d,
-                       const void* const* rows, int n, float* acc) {
+                       const void* const* rows, int n, float* acc, const void* const*, int) {
   float v[kMaxHeadDim];
   for (int r = 0; r < n; ++r) {
     load_row(dtype, rows[r], d, v);

@@ -87,7 +87,8 @@ void run_item(const PrefillArgs& args, const Geometry& geo, const detail::RowSou
     }
   }
   t.s.resize(static_cast<std::size_t>(rows_q) * std::max(n, 1));
-  if (n > 0) kern.scores(dt, t.q.data(), rows_q, d, t.kk.data(), n, geo.scale, t.s.data(), n);
+  if (n > 0)
+    kern.scores(dt, t.q.data(), rows_q, d, t.kk.data(), n, geo.scale, t.s.data(), n, nullptr, 0);
 
   // Map each packed row to weights in place; stat = lse or tau.
   constexpr float kNegInf = -std::numeric_limits<float>::infinity();
@@ -150,7 +151,8 @@ void run_item(const PrefillArgs& args, const Geometry& geo, const detail::RowSou
     t.vv[m++] = t.vv[r];
   }
   t.acc.assign(static_cast<std::size_t>(rows_q) * d, 0.0f);
-  if (m > 0) kern.accumulate(dt, t.s.data(), n, rows_q, d, t.vv.data(), m, t.acc.data());
+  if (m > 0)
+    kern.accumulate(dt, t.s.data(), n, rows_q, d, t.vv.data(), m, t.acc.data(), nullptr, 0);
 
   for (int i = 0; i < tq; ++i) {
     const std::int64_t qrow = args.q_indptr[it.b] + it.q0 + i;

@@ -17,6 +17,8 @@ class RowSource {
   int units(int b, int h) const;
   bool token_units() const { return sel_ != nullptr && sel_->unit == SelectionView::Unit::token; }
 
+  std::int64_t length(int b) const { return c_.table.length(b, c_.page_size); }
+
   // Number of rows gather() would write for units [begin, end) of (b, h).
   int count(int b, int h, int begin, int end) const;
 

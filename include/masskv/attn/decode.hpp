@@ -12,7 +12,9 @@
 
 namespace masskv::attn {
 
-// Which implementation runs a stage. `fast` picks the best available (SIMD + threads).
+// Which implementation runs a stage: `scalar` (portable kernels, one thread), `simd` (AVX2
+// kernels when the CPU has them, one thread), `fast` (SIMD + OpenMP threads). All three use
+// the same chunking and merge order; simd and fast give the same bits.
 enum class Impl { scalar, simd, fast };
 std::string_view to_string(Impl impl);
 
@@ -29,18 +31,24 @@ struct DecodeArgs {
   // empty selection). entmax: the threshold tau on z = (alpha-1)*s (NaN for an empty
   // selection). May be empty.
   std::span<float> lse_or_tau;
-  // Split-K: tokens of one (sequence, kv head) are cut into chunks of this many pages,
-  // merged by §2.6. Fixed, so results do not depend on the thread count.
+  // Split-K: tokens of one (sequence, kv head) are cut into chunks of this many pages
+  // (token selections: chunk_pages * page_size selected tokens), merged by §2.6. Fixed, so
+  // results do not depend on the thread count. Must be > 0.
   int chunk_pages = 64;
   Impl impl = Impl::fast;
 };
 
-// Validates args (throws masskv::Error naming the argument) and runs.
+// Validates args (throws masskv::Error naming the argument: "q", "out", "lse_or_tau",
+// "selection", "chunk_pages", "scale", "head_dim", "alpha", and the cache's own names) before
+// writing anything, then runs. head_dim must be a multiple of 8 up to 512 (unsupported
+// otherwise). The KV values are not checked for NaN/inf (that would cost a full read).
 // Empty selection for a head: softmax -> out = 0, lse = -inf; entmax -> out = 0, tau = NaN
 // (entmax over an empty set is undefined; zero output mirrors softmax's convention).
+// Entmax runs the exact two-step scheme of §2.6: V is read only at support rows.
 void decode(const DecodeArgs& args);
 
-// f64 reference: plain loops, no chunking. Output in double, [B][Hq][d] contiguous.
+// f64 reference: plain loops, no chunking, entmax by its own f64 bisection. Output in double,
+// [B][Hq][d] contiguous; lse_or_tau [B][Hq] or empty.
 void decode_reference(const DecodeArgs& args, std::span<double> out, std::span<double> lse_or_tau);
 
 }  // namespace masskv::attn

@@ -34,6 +34,8 @@ struct PrefillArgs {
   Impl impl = Impl::fast;
 };
 
+// Validates (as decode, plus "q_indptr" and "block_mask") and runs. A query that may attend
+// no key (its mask row selects nothing before it) gets out = 0 and lse = -inf / tau = NaN.
 void prefill(const PrefillArgs& args);
 void prefill_reference(const PrefillArgs& args, std::span<double> out,
                        std::span<double> lse_or_tau);
