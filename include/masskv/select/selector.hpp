@@ -1,0 +1,109 @@
+// Training-free selectors (DESIGN.md §2.2–§2.4, §2.7, §3, §4): one entry point that turns the
+// queries of a decode step into a Selection, plus the selector's own estimate per q head.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <string_view>
+#include <vector>
+
+#include "masskv/kv/paged_kv.hpp"
+#include "masskv/mapping.hpp"
+#include "masskv/select/page_bound.hpp"
+#include "masskv/select/selection.hpp"
+#include "masskv/tensor.hpp"
+
+namespace masskv::select {
+
+enum class Method {
+  dense,           // every page
+  sink_recent,     // sinks + the most recent pages up to the budget (StreamingLLM-style)
+  quest,           // top pages by the §2.3 upper bound
+  top_p,           // bound candidates pruned to estimated mass >= p (Twilight-style, §2.4)
+  entmax_support,  // grown by bound until the §2.2 certificate holds (EntmaxKV)
+  gaussian_tau,    // pages whose bound reaches the Gaussian-model tau_hat (EntmaxKV, §2.4)
+  oracle,          // true attention mass (§2.7): a reference, it reads every key
+};
+std::string_view to_string(Method m);
+// Parses the names above ("sink_recent", "top_p", ...). Throws Error naming `argument`.
+Method parse_method(std::string_view name, std::string_view argument);
+
+// How many pages a selection may hold (DESIGN.md §2.8's top-K ∧ top-p, for training-free
+// selectors).
+struct Budget {
+  enum class Kind {
+    fixed,     // exactly ceil(tokens / page_size) pages (kept pages count; never fewer)
+    top_p,     // the smallest set whose *estimated* mass >= p, at most `tokens` (0: no cap)
+    adaptive,  // the selector's own stopping rule (certificate, tau_hat reach), capped likewise
+  };
+  Kind kind = Kind::fixed;
+  std::int64_t tokens = 0;  // fixed: the budget; otherwise the cap (0 = none)
+  double p = 0.9;           // top_p target mass in (0, 1]
+};
+
+// GQA: one selection per kv group (DESIGN.md §3). `union_heads` interleaves the q heads'
+// own rankings (round robin, each head's next best page) so every head gets its best pages;
+// `aggregate` ranks by one group score (max bound, mean estimated mass). Default: union,
+// because the §2.2 certificate is per q head and a union of per-head supports is exact for
+// each head, whereas an aggregate lets agreeing heads outvote the one head that disagrees.
+enum class GroupRule { union_heads, aggregate };
+
+// Source of a page's estimated mass for top_p (§2.4). `page_mean`: n_j e^{m_j} (biased low);
+// `page_gaussian`: n_j E[e^X] = n_j exp(m_j + v_j/2) for softmax, the Gaussian-model
+// entmax mass at tau_hat for entmax. Quantised selector keys (§2.9) are a later source.
+enum class MassSource { page_mean, page_gaussian };
+
+struct SelectorConfig {
+  Method method = Method::quest;
+  Mapping mapping = Mapping::softmax();  // the attention the selection serves
+  Budget budget;
+  int sink_pages = 1;     // always kept (0 allowed)
+  int window_tokens = 0;  // pages covering the last W tokens always kept; so is the last page
+  GroupRule group = GroupRule::union_heads;
+  MassSource mass_source = MassSource::page_gaussian;
+  // gaussian_tau: keep page j when (alpha-1) U_j > tau_hat - margin (z units).
+  double tau_margin = 0.0;
+  // entmax_support: pages selected by bound before the first certificate check.
+  int seed_pages = 4;
+  // oracle (§2.7): token or page granularity; mass per kv group or over all q heads.
+  bool oracle_tokens = false;
+  bool oracle_head_collapsed = false;
+};
+
+struct SelectArgs {
+  View3<const float> q;   // [B][Hq][d], Hq a multiple of the cache's kv heads
+  kv::PagedKVView cache;  // keys are read by entmax_support (selected pages) and oracle (all)
+  kv::SummariesView summaries;
+  // Optional: bounds from the outward-rounded bf16 store instead of the f32 min/max.
+  const BoundStoreView* bounds_bf16 = nullptr;
+  float scale = 0;  // 0 means 1/sqrt(d)
+};
+
+// Per (b, q head) estimate, [B][Hq]: tau_hat (gaussian_tau), the exact tau(S) on the
+// selection (entmax_support), or the estimated selected mass in [0, 1] (others; NaN when a
+// selector has no estimate, e.g. sink_recent).
+struct SelectOutput {
+  SelectionStorage selection;
+  std::vector<double> estimate;
+  // entmax_support: 1 where the selector's own certificate held for every head of the group.
+  std::vector<std::uint8_t> certified;  // [B][Hkv]
+};
+
+// Validates (throws masskv::Error naming the argument) and selects. Results do not depend on
+// the thread count. Sinks, window pages and the last page are always in every list.
+void run_selector(const SelectArgs& args, const SelectorConfig& config, SelectOutput& out);
+
+// f64 scores scale * q·k of the keys of logical pages (or tokens) `ids` of sequence b,
+// kv head h, in list order; partial last page masked. One q vector of head_dim floats.
+void exact_scores(const kv::PagedKVView& cache, int b, int kv_head, const float* q, float scale,
+                  SelectionView::Unit unit, std::span<const std::int32_t> ids,
+                  std::vector<double>& out);
+
+// Gaussian page model (§2.4): the expected entmax mass E[((alpha-1)X - tau)_+^{1/(alpha-1)}]
+// of X ~ N(m, v); closed forms for alpha 2 and 1.5, Gauss–Hermite quadrature otherwise.
+double gaussian_entmax_mass(double m, double v, double alpha, double tau);
+// tau_hat solving sum_j n_j E_j(tau) = 1 by bisection on the §2.1 bracket of the means.
+double gaussian_tau_hat(std::span<const double> m, std::span<const double> v,
+                        std::span<const double> n, double alpha);
+
+}  // namespace masskv::select

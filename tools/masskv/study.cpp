@@ -1,0 +1,632 @@
+// `masskv study`: selectors × budgets on synthetic attention inputs with named structure,
+// under softmax and entmax (DESIGN.md §2.2–§2.7): measured δ, recall, output error, the
+// certified-exact fraction and the tightness of the certified δ bound, next to the tokens and
+// bytes each selection reads. `masskv bench select`: the selector's cost per step next to the
+// attention time it saves, in the same run.
+#include <fmt/core.h>
+#include <fmt/os.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <cstdlib>
+#include <filesystem>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "commands.hpp"
+#include "masskv/attn/decode.hpp"
+#include "masskv/error.hpp"
+#include "masskv/kv/cache.hpp"
+#include "masskv/select/diagnostics.hpp"
+#include "masskv/select/selector.hpp"
+#include "parse.hpp"
+#include "progress.hpp"
+
+namespace masskv::cli {
+namespace {
+
+using select::Budget;
+using select::Method;
+
+struct StudyOptions {
+  std::string context = "8K";
+  int hq = 8, hkv = 2, head_dim = 64, page_size = 16, steps = 2;
+  std::vector<std::string> generators{"gaussian", "needles", "heavy", "drift", "sinks"};
+  std::vector<std::string> selectors{"sink_recent",  "quest",          "top_p",
+                                     "gaussian_tau", "entmax_support", "oracle"};
+  std::vector<std::string> budgets{"1/64", "1/32", "1/16", "1/8", "1/4"};
+  std::vector<std::string> mappings{"softmax", "entmax1.5", "entmax2"};
+  double top_p = 0.95;
+  int sink_pages = 1, window = 32;
+  std::uint64_t seed = 1;
+  std::string out_dir, json_path, csv_path;
+  bool plots = true;
+};
+
+// ---- synthetic generators -----------------------------------------------------------------
+// Each fills keys/values [L][Hkv][d] and queries [B][Hq][d] of one sequence per step b.
+// Scores are q·k/sqrt(d); the q scale sets how peaked attention is.
+struct Inputs {
+  std::vector<std::vector<float>> k, v;  // per sequence
+  std::vector<float> q;
+};
+
+Inputs generate(const std::string& name, const StudyOptions& o, std::int64_t L,
+                std::uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<float> N(0.0f, 1.0f);
+  const int d = o.head_dim, Hkv = o.hkv, g = o.hq / o.hkv;
+  const std::size_t row = static_cast<std::size_t>(Hkv) * d;
+  Inputs in;
+  in.q.resize(static_cast<std::size_t>(o.steps) * o.hq * d);
+  for (int b = 0; b < o.steps; ++b) {
+    std::vector<float> k(static_cast<std::size_t>(L) * row), v(k.size());
+    for (auto& x : v) x = N(rng) + 0.2f;
+    // Per kv head: the group's query direction u (unit), heads = u + noise.
+    std::vector<float> u(row);
+    for (int h = 0; h < Hkv; ++h) {
+      double n2 = 0;
+      for (int x = 0; x < d; ++x) n2 += (u[h * d + x] = N(rng)) * u[h * d + x];
+      for (int x = 0; x < d; ++x) u[h * d + x] /= static_cast<float>(std::sqrt(n2));
+    }
+    float qscale = 1.5f;
+    std::vector<float> drift(row, 0.0f);
+    std::student_t_distribution<float> T(2.5f);
+    std::uniform_int_distribution<std::int64_t> pos(0, L - 1);
+    for (std::int64_t t = 0; t < L; ++t) {
+      float tok = 1.0f;
+      if (name == "heavy") tok = std::min(8.0f, 0.5f + 0.5f * std::fabs(T(rng)));
+      if (name == "drift" && t % 16 == 0) {
+        for (auto& x : drift) x = 0.98f * x + 0.3f * N(rng);
+      }
+      for (std::size_t x = 0; x < row; ++x) {
+        k[static_cast<std::size_t>(t) * row + x] =
+            tok * N(rng) + (name == "drift" ? drift[x] : 0.0f);
+      }
+    }
+    if (name == "needles") {  // 16 keys along the group direction at random positions
+      for (int n = 0; n < 16; ++n) {
+        const std::int64_t t = pos(rng);
+        for (int h = 0; h < Hkv; ++h) {
+          for (int x = 0; x < d; ++x) {
+            k[static_cast<std::size_t>(t) * row + h * d + x] +=
+                0.9f * std::sqrt(static_cast<float>(d)) * u[h * d + x];
+          }
+        }
+      }
+      qscale = 1.0f;
+    }
+    if (name == "sinks") {  // the first 4 tokens soak up mass, as in trained models
+      for (std::int64_t t = 0; t < std::min<std::int64_t>(4, L); ++t) {
+        for (int h = 0; h < Hkv; ++h) {
+          for (int x = 0; x < d; ++x) {
+            k[static_cast<std::size_t>(t) * row + h * d + x] +=
+                1.2f * std::sqrt(static_cast<float>(d)) * u[h * d + x];
+          }
+        }
+      }
+    }
+    if (name == "drift") {  // q recalls the keys of a random past stretch
+      const std::int64_t t0 = pos(rng);
+      for (int h = 0; h < Hkv; ++h) {
+        double n2 = 0;
+        for (int x = 0; x < d; ++x) {
+          const float m = k[static_cast<std::size_t>(t0) * row + h * d + x];
+          n2 += m * m;
+        }
+        for (int x = 0; x < d; ++x) {
+          u[h * d + x] = 0.5f * u[h * d + x] + k[static_cast<std::size_t>(t0) * row + h * d + x] /
+                                                   static_cast<float>(std::sqrt(n2));
+        }
+      }
+    }
+    for (int h = 0; h < Hkv; ++h) {
+      for (int i = 0; i < g; ++i) {
+        for (int x = 0; x < d; ++x) {
+          in.q[(static_cast<std::size_t>(b) * o.hq + h * g + i) * d + x] =
+              qscale * (std::sqrt(static_cast<float>(d)) * u[h * d + x] * 0.8f + 0.6f * N(rng));
+        }
+      }
+    }
+    in.k.push_back(std::move(k));
+    in.v.push_back(std::move(v));
+  }
+  return in;
+}
+
+Mapping parse_mapping(const std::string& s) {
+  if (s == "softmax") return Mapping::softmax();
+  require(s.rfind("entmax", 0) == 0 && s.size() > 6, ErrorCode::invalid_argument, "--mapping",
+          "expected softmax or entmax<alpha> (entmax1.5), got '", s, "'");
+  Mapping m = Mapping::entmax(std::strtod(s.c_str() + 6, nullptr));
+  m.validate();
+  return m;
+}
+
+struct Row {
+  std::string generator, mapping, selector, budget;
+  double budget_frac = 1;
+  double tokens = 0, tokens_frac = 0, bytes_frac = 0;
+  double delta = 0, delta_max = 0, delta_bound = 0, recall = 0, rel_error = 0, err_bound = 0;
+  double certified = 0, tightness = 0;
+  bool held = true;
+};
+
+// Bytes one selector reads per step for one (sequence, kv head), besides the selected KV:
+// the summaries it scans (f32: min/max for bounds, mean/M2 for the page model) or, for the
+// oracle, every key.
+double selector_bytes(Method m, int pages, std::int64_t L, int d) {
+  const double per = 4.0 * d;  // one f32 [d] summary row
+  switch (m) {
+    case Method::quest:
+    case Method::entmax_support:
+      return pages * 2 * per;
+    case Method::top_p:
+    case Method::gaussian_tau:
+      return pages * 4 * per;
+    case Method::oracle:
+      return static_cast<double>(L) * d * 2.0;
+    default:
+      return 0;
+  }
+}
+
+void write_outputs(const std::vector<Row>& rows, const StudyOptions& o, const std::string& cmd) {
+  nlohmann::json j;
+  j["command"] = cmd;
+  j["config"] = {{"context", o.context},
+                 {"hq", o.hq},
+                 {"hkv", o.hkv},
+                 {"head_dim", o.head_dim},
+                 {"page_size", o.page_size},
+                 {"steps", o.steps},
+                 {"top_p", o.top_p},
+                 {"sink_pages", o.sink_pages},
+                 {"window", o.window},
+                 {"seed", o.seed}};
+  for (const auto& r : rows) {
+    j["rows"].push_back({{"generator", r.generator},
+                         {"mapping", r.mapping},
+                         {"selector", r.selector},
+                         {"budget", r.budget},
+                         {"budget_frac", r.budget_frac},
+                         {"tokens", r.tokens},
+                         {"tokens_frac", r.tokens_frac},
+                         {"bytes_frac", r.bytes_frac},
+                         {"delta", r.delta},
+                         {"delta_max", r.delta_max},
+                         {"delta_bound", r.delta_bound},
+                         {"recall", r.recall},
+                         {"rel_error", r.rel_error},
+                         {"error_bound", r.err_bound},
+                         {"certified", r.certified},
+                         {"tightness", r.tightness},
+                         {"bounds_held", r.held}});
+  }
+  std::vector<std::string> json_paths, csv_paths;
+  if (!o.json_path.empty()) json_paths.push_back(o.json_path);
+  if (!o.csv_path.empty()) csv_paths.push_back(o.csv_path);
+  if (!o.out_dir.empty()) {
+    std::filesystem::create_directories(o.out_dir);
+    json_paths.push_back(o.out_dir + "/study.json");
+    csv_paths.push_back(o.out_dir + "/study.csv");
+  }
+  for (const auto& p : json_paths) {
+    auto f = fmt::output_file(p);
+    f.print("{}\n", j.dump(1));
+  }
+  for (const auto& p : csv_paths) {
+    auto f = fmt::output_file(p);
+    f.print(
+        "generator,mapping,selector,budget,budget_frac,tokens,tokens_frac,bytes_frac,delta,"
+        "delta_max,delta_bound,recall,rel_error,error_bound,certified,tightness,bounds_held\n");
+    for (const auto& r : rows) {
+      f.print(
+          "{},{},{},{},{:.6f},{:.1f},{:.6f},{:.6f},{:.6g},{:.6g},{:.6g},{:.6f},{:.6g},{:.6g},{:.4f}"
+          ","
+          "{:.4f},{}\n",
+          r.generator, r.mapping, r.selector, r.budget, r.budget_frac, r.tokens, r.tokens_frac,
+          r.bytes_frac, r.delta, r.delta_max, r.delta_bound, r.recall, r.rel_error, r.err_bound,
+          r.certified, r.tightness, r.held ? 1 : 0);
+    }
+  }
+}
+
+// Runs scripts/plot_study.py on the CSV; a missing python or matplotlib is a warning.
+void make_plots(const StudyOptions& o) {
+  if (!o.plots || o.out_dir.empty()) return;
+  std::string script = "scripts/plot_study.py";
+  if (!std::filesystem::exists(script)) {
+    fmt::print(stderr,
+               "masskv study: warning: {} not found (run from the repository root); "
+               "no plots\n",
+               script);
+    return;
+  }
+  const std::string check = "python3 -c 'import matplotlib' >/dev/null 2>&1";
+  if (std::system(check.c_str()) != 0) {
+    fmt::print(stderr,
+               "masskv study: warning: python3 with matplotlib not available "
+               "(python3 -m pip install matplotlib); no plots\n");
+    return;
+  }
+  const std::string cmd =
+      fmt::format("python3 {} '{}/study.csv' '{}'", script, o.out_dir, o.out_dir);
+  if (std::system(cmd.c_str()) != 0) {
+    fmt::print(stderr, "masskv study: warning: plotting failed ({})\n", cmd);
+  }
+}
+
+void run_study(const StudyOptions& o, const std::string& cmdline) {
+  const std::int64_t L = parse_count(o.context, "--context");
+  require(o.hq > 0 && o.hkv > 0 && o.hq % o.hkv == 0, ErrorCode::invalid_argument, "--hq",
+          "must be a positive multiple of --hkv");
+  require(o.steps >= 1, ErrorCode::invalid_argument, "--steps", "must be >= 1");
+  std::vector<Mapping> maps;
+  for (const auto& m : o.mappings) maps.push_back(parse_mapping(m));
+  std::vector<Method> methods;
+  for (const auto& s : o.selectors) methods.push_back(select::parse_method(s, "--selectors"));
+  std::vector<double> fracs;
+  for (const auto& b : o.budgets) fracs.push_back(parse_fraction(b, "--budget"));
+  for (const auto& gname : o.generators) {
+    require(gname == "gaussian" || gname == "needles" || gname == "heavy" || gname == "drift" ||
+                gname == "sinks",
+            ErrorCode::invalid_argument, "--generators", "unknown generator '", gname,
+            "' (gaussian, needles, heavy, drift, sinks)");
+  }
+
+  // Work list: per generator and mapping, dense once, then selectors × budgets.
+  long total = 0;
+  for (std::size_t mi = 0; mi < maps.size(); ++mi) {
+    for (Method m : methods) {
+      const bool entmax_only = m == Method::entmax_support || m == Method::gaussian_tau;
+      if (entmax_only && !maps[mi].is_entmax()) continue;
+      total += static_cast<long>(fracs.size());
+    }
+    total += 1;
+  }
+  total *= static_cast<long>(o.generators.size());
+  Progress progress("study", total);
+  std::vector<Row> rows;
+  const double dense_kv_bytes = 2.0 * 2.0 * o.head_dim * static_cast<double>(L);  // f16 K+V
+
+  for (std::size_t gi = 0; gi < o.generators.size(); ++gi) {
+    const std::string& gname = o.generators[gi];
+    Inputs in = generate(gname, o, L, o.seed * 1000 + gi);
+    kv::CacheConfig cfg;
+    cfg.num_kv_heads = o.hkv;
+    cfg.head_dim = o.head_dim;
+    cfg.page_size = o.page_size;
+    cfg.dtype = DType::f16;
+    cfg.capacity_pages = static_cast<int>(o.steps * ((L + o.page_size - 1) / o.page_size));
+    kv::PagedKVCache cache(cfg);
+    std::vector<kv::SeqId> seqs;
+    for (int b = 0; b < o.steps; ++b) {
+      seqs.push_back(cache.create());
+      cache.append(seqs.back(), in.k[b], in.v[b], static_cast<int>(L));
+    }
+    const kv::PageTableStorage table = cache.page_table(seqs);
+    select::SelectArgs sa;
+    sa.q = View3<const float>::contiguous(in.q.data(), o.steps, o.hq, o.head_dim);
+    sa.cache = cache.view(table);
+    sa.summaries = cache.summaries();
+    const int pages = static_cast<int>((L + o.page_size - 1) / o.page_size);
+
+    for (std::size_t mi = 0; mi < maps.size(); ++mi) {
+      const Mapping map = maps[mi];
+      auto evaluate = [&](Method m, double frac, const std::string& budget_name) {
+        progress.set_note(
+            fmt::format("{} {} {} {}", gname, o.mappings[mi], select::to_string(m), budget_name));
+        select::SelectorConfig sc;
+        sc.method = m;
+        sc.mapping = map;
+        sc.sink_pages = o.sink_pages;
+        sc.window_tokens = o.window;
+        const auto budget_tokens =
+            static_cast<std::int64_t>(std::ceil(frac * static_cast<double>(L)));
+        // Fixed-budget selectors fill K; the adaptive ones stop under their own rule, K caps.
+        if (m == Method::top_p || m == Method::gaussian_tau || m == Method::entmax_support) {
+          sc.budget = {Budget::Kind::adaptive, budget_tokens, o.top_p};
+        } else {
+          sc.budget = {Budget::Kind::fixed, budget_tokens, 1.0};
+        }
+        select::SelectOutput out;
+        select::run_selector(sa, sc, out);
+        const SelectionView sel = out.selection.view();
+        select::DiagnosticsArgs da;
+        da.q = sa.q;
+        da.cache = sa.cache;
+        da.summaries = sa.summaries;
+        da.mapping = map;
+        da.selection = &sel;
+        da.study = true;
+        std::vector<select::HeadDiagnostics> diag;
+        select::diagnose(da, diag);
+        Row r;
+        r.generator = gname;
+        r.mapping = o.mappings[mi];
+        r.selector = std::string(select::to_string(m));
+        r.budget = budget_name;
+        r.budget_frac = frac;
+        double sum_delta = 0, sum_bound = 0;
+        for (const auto& D : diag) {
+          r.tokens += static_cast<double>(D.selected_tokens);
+          r.delta += D.delta;
+          r.delta_max = std::max(r.delta_max, D.delta);
+          r.delta_bound += D.delta_bound;
+          r.recall += D.recall;
+          r.rel_error += D.rel_error;
+          r.err_bound += D.error_bound;
+          r.certified += D.certified;
+          r.held = r.held && D.bounds_held;
+          sum_delta += D.delta;
+          sum_bound += D.delta_bound;
+        }
+        const double n = static_cast<double>(diag.size());
+        for (double* x : {&r.tokens, &r.delta, &r.delta_bound, &r.recall, &r.rel_error,
+                          &r.err_bound, &r.certified}) {
+          *x /= n;
+        }
+        r.tightness = sum_bound > 0 ? sum_delta / sum_bound : 1.0;
+        r.tokens_frac = r.tokens / static_cast<double>(L);
+        r.bytes_frac = (r.tokens * 4.0 * o.head_dim + selector_bytes(m, pages, L, o.head_dim)) /
+                       dense_kv_bytes;
+        rows.push_back(r);
+        progress.advance();
+      };
+      evaluate(Method::dense, 1.0, "1");
+      for (Method m : methods) {
+        const bool entmax_only = m == Method::entmax_support || m == Method::gaussian_tau;
+        if (entmax_only && !map.is_entmax()) continue;
+        for (std::size_t bi = 0; bi < fracs.size(); ++bi) evaluate(m, fracs[bi], o.budgets[bi]);
+      }
+    }
+  }
+  progress.finish();
+
+  fmt::print(
+      "\n## masskv study — {} tokens, Hq={}, Hkv={}, d={}, page {}, {} step(s) per "
+      "generator, top-p {}, sinks {} page(s), window {}\n\n",
+      L, o.hq, o.hkv, o.head_dim, o.page_size, o.steps, o.top_p, o.sink_pages, o.window);
+  fmt::print(
+      "δ: dropped mass (mean over heads and steps); recall: entmax support / softmax "
+      "90%-mass set; err: ‖o − ô‖/‖o‖; cert: heads certified exact; tight: Σδ / Σδ-bound; "
+      "bytes: (KV read + selector reads) / dense KV.\n\n");
+  fmt::print(
+      "| generator | mapping | selector | budget | tokens | bytes | δ | δ max | δ bound | "
+      "tight | recall | err | cert | bounds held |\n");
+  fmt::print("|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|:-:|\n");
+  for (const auto& r : rows) {
+    fmt::print(
+        "| {} | {} | {} | {} | {:.0f} | {:.4f} | {:.2e} | {:.2e} | {:.2e} | {:.2f} | {:.3f} | "
+        "{:.2e} | {:.2f} | {} |\n",
+        r.generator, r.mapping, r.selector, r.budget, r.tokens, r.bytes_frac, r.delta, r.delta_max,
+        r.delta_bound, r.tightness, r.recall, r.rel_error, r.certified, r.held ? "yes" : "**NO**");
+  }
+  // Tokens needed to reach δ <= target: the smallest budget in the sweep that does, per
+  // generator, mapping and selector (a coarse reading of the sweep).
+  fmt::print("\n### Smallest swept budget with mean δ ≤ 1% (tokens read, bytes fraction)\n\n");
+  fmt::print(
+      "| generator | mapping | selector | budget | tokens | bytes "
+      "|\n|---|---|---|---:|---:|---:|\n");
+  std::map<std::tuple<std::string, std::string, std::string>, const Row*> best;
+  for (const auto& r : rows) {
+    if (r.delta > 0.01 || r.selector == "dense") continue;
+    auto& b = best[{r.generator, r.mapping, r.selector}];
+    if (!b || r.tokens < b->tokens) b = &r;
+  }
+  for (const auto& [key, r] : best) {
+    fmt::print("| {} | {} | {} | {} | {:.0f} | {:.4f} |\n", r->generator, r->mapping, r->selector,
+               r->budget, r->tokens, r->bytes_frac);
+  }
+  write_outputs(rows, o, cmdline);
+  make_plots(o);
+  const bool all_held = std::all_of(rows.begin(), rows.end(), [](const Row& r) { return r.held; });
+  fmt::print("\nevery certified bound held: {}\n", all_held ? "yes" : "NO");
+}
+
+// ---- bench select ---------------------------------------------------------------------------
+struct BenchOptions {
+  std::vector<std::string> depths{"32K", "64K", "128K", "256K"};
+  int hq = 32, hkv = 8, head_dim = 128, page_size = 16;
+  std::string budget = "1/32";
+  std::vector<std::string> selectors{"sink_recent", "quest", "top_p", "gaussian_tau",
+                                     "entmax_support"};
+  double alpha = 1.5;
+  int reps = 5;
+  std::uint64_t seed = 1;
+  std::string json_path;
+};
+
+double now_us() {
+  return std::chrono::duration<double, std::micro>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+template <class F>
+double median_us(int reps, F&& f) {
+  std::vector<double> t;
+  f();
+  for (int i = 0; i < reps; ++i) {
+    const double t0 = now_us();
+    f();
+    t.push_back(now_us() - t0);
+  }
+  std::nth_element(t.begin(), t.begin() + reps / 2, t.end());
+  return t[static_cast<std::size_t>(reps / 2)];
+}
+
+void run_bench(const BenchOptions& o) {
+  const double frac = parse_fraction(o.budget, "--budget");
+  StudyOptions so;
+  so.hq = o.hq;
+  so.hkv = o.hkv;
+  so.head_dim = o.head_dim;
+  so.page_size = o.page_size;
+  so.steps = 1;
+  struct BRow {
+    std::int64_t context;
+    std::string selector;
+    double select_us, pages, sparse_us, dense_us;
+  };
+  std::vector<BRow> rows;
+  const Mapping map = Mapping::entmax(o.alpha);
+  Progress progress("bench select", static_cast<long>(o.depths.size() * (o.selectors.size() + 1)));
+  for (const auto& ds : o.depths) {
+    const std::int64_t L = parse_count(ds, "--depth");
+    progress.set_note(fmt::format("fill {}", L));
+    Inputs in = generate("drift", so, L, o.seed + static_cast<std::uint64_t>(L));
+    kv::CacheConfig cfg;
+    cfg.num_kv_heads = o.hkv;
+    cfg.head_dim = o.head_dim;
+    cfg.page_size = o.page_size;
+    cfg.dtype = DType::f16;
+    cfg.capacity_pages = static_cast<int>((L + o.page_size - 1) / o.page_size);
+    kv::PagedKVCache cache(cfg);
+    const kv::SeqId s = cache.create();
+    cache.append(s, in.k[0], in.v[0], static_cast<int>(L));
+    in.k.clear();
+    in.v.clear();
+    const kv::PageTableStorage table = cache.page_table(std::span<const kv::SeqId>(&s, 1));
+    std::vector<float> out(static_cast<std::size_t>(o.hq) * o.head_dim), st(o.hq);
+    attn::DecodeArgs a;
+    a.q = View3<const float>::contiguous(in.q.data(), 1, o.hq, o.head_dim);
+    a.cache = cache.view(table);
+    a.mapping = map;
+    a.out = View3<float>::contiguous(out.data(), 1, o.hq, o.head_dim);
+    a.lse_or_tau = st;
+    const double dense_us = median_us(o.reps, [&] { attn::decode(a); });
+    progress.advance();
+    for (const auto& name : o.selectors) {
+      progress.set_note(fmt::format("{} {}", L, name));
+      select::SelectorConfig sc;
+      sc.method = select::parse_method(name, "--selectors");
+      sc.mapping = map;
+      sc.window_tokens = 64;
+      const auto k = static_cast<std::int64_t>(std::ceil(frac * static_cast<double>(L)));
+      sc.budget = sc.method == Method::top_p || sc.method == Method::gaussian_tau ||
+                          sc.method == Method::entmax_support
+                      ? Budget{Budget::Kind::adaptive, k, 0.95}
+                      : Budget{Budget::Kind::fixed, k, 1.0};
+      select::SelectArgs sa;
+      sa.q = a.q;
+      sa.cache = a.cache;
+      sa.summaries = cache.summaries();
+      select::SelectOutput so_out;
+      const double sel_us = median_us(o.reps, [&] { select::run_selector(sa, sc, so_out); });
+      const SelectionView sel = so_out.selection.view();
+      attn::DecodeArgs b = a;
+      b.selection = &sel;
+      const double sparse_us = median_us(o.reps, [&] { attn::decode(b); });
+      const double pages =
+          std::accumulate(so_out.selection.count.begin(), so_out.selection.count.end(), 0.0) /
+          static_cast<double>(so_out.selection.count.size());
+      rows.push_back({L, name, sel_us, pages, sparse_us, dense_us});
+      progress.advance();
+    }
+  }
+  progress.finish();
+  fmt::print(
+      "\n## masskv bench select — CPU, f16 KV, Hq={}, Hkv={}, d={}, page {}, entmax α={}, "
+      "budget cap {} (drifting keys)\n\n",
+      o.hq, o.hkv, o.head_dim, o.page_size, o.alpha, o.budget);
+  fmt::print(
+      "| context | selector | select µs | pages/head | sparse decode µs | dense decode µs | "
+      "saved µs | select / saved |\n|---:|---|---:|---:|---:|---:|---:|---:|\n");
+  nlohmann::json j;
+  for (const auto& r : rows) {
+    const double saved = r.dense_us - r.sparse_us;
+    fmt::print("| {} | {} | {:.0f} | {:.0f} | {:.0f} | {:.0f} | {:.0f} | {:.2f} |\n", r.context,
+               r.selector, r.select_us, r.pages, r.sparse_us, r.dense_us, saved,
+               saved > 0 ? r.select_us / saved : INFINITY);
+    j["rows"].push_back({{"context", r.context},
+                         {"selector", r.selector},
+                         {"select_us", r.select_us},
+                         {"pages_per_head", r.pages},
+                         {"sparse_us", r.sparse_us},
+                         {"dense_us", r.dense_us}});
+  }
+  if (!o.json_path.empty()) {
+    auto f = fmt::output_file(o.json_path);
+    f.print("{}\n", j.dump(1));
+  }
+}
+
+}  // namespace
+
+void register_study(CLI::App& app, const std::string& cmdline) {
+  auto o = std::make_shared<StudyOptions>();
+  auto* s = app.add_subcommand(
+      "study",
+      "Selectors x budgets on synthetic attention inputs (softmax and entmax): dropped "
+      "mass, recall, output error, certificates, bytes read; table, CSV/JSON, PNG plots");
+  s->add_option("-c,--context", o->context, "Context length (tokens; K/M suffixes)")
+      ->capture_default_str();
+  s->add_option("--hq", o->hq, "Query heads")->capture_default_str();
+  s->add_option("--hkv", o->hkv, "KV heads")->capture_default_str();
+  s->add_option("--head-dim", o->head_dim, "Head dimension")->capture_default_str();
+  s->add_option("--page", o->page_size, "Page size (tokens)")->capture_default_str();
+  s->add_option("--steps", o->steps, "Decode steps (independent sequences) per generator")
+      ->capture_default_str();
+  s->add_option("-g,--generators", o->generators,
+                "Synthetic inputs: gaussian, needles, heavy, drift, sinks")
+      ->delimiter(',')
+      ->capture_default_str();
+  s->add_option("-s,--selectors", o->selectors,
+                "sink_recent, quest, top_p, gaussian_tau, entmax_support, oracle (dense always)")
+      ->delimiter(',')
+      ->capture_default_str();
+  s->add_option("-b,--budget", o->budgets,
+                "Budgets as fractions of the context (caps for the "
+                "adaptive selectors)")
+      ->delimiter(',')
+      ->capture_default_str();
+  s->add_option("-m,--mapping", o->mappings, "softmax, entmax<alpha> (entmax1.5, entmax2)")
+      ->delimiter(',')
+      ->capture_default_str();
+  s->add_option("--top-p", o->top_p, "Target estimated mass of the top_p selector")
+      ->capture_default_str();
+  s->add_option("--sink-pages", o->sink_pages, "Sink pages always kept")->capture_default_str();
+  s->add_option("--window", o->window, "Local window (tokens) always kept")->capture_default_str();
+  s->add_option("--seed", o->seed, "Random seed")->capture_default_str();
+  s->add_option("-o,--out-dir", o->out_dir,
+                "Write study.csv, study.json and PNG plots (scripts/plot_study.py) here");
+  s->add_option("--json", o->json_path, "Write results as JSON to this file");
+  s->add_option("--csv", o->csv_path, "Write results as CSV to this file");
+  s->add_flag("!--no-plots", o->plots, "Skip the PNG plots");
+  s->callback([o, cmdline] { run_study(*o, cmdline); });
+
+  auto b = std::make_shared<BenchOptions>();
+  auto* bench = app.get_subcommand("bench");
+  auto* sel = bench->add_subcommand(
+      "select",
+      "Selector cost per decode step next to the attention time it saves (dense vs "
+      "sparse decode on its selection), same run");
+  sel->add_option("-d,--depth", b->depths, "Context lengths")
+      ->delimiter(',')
+      ->capture_default_str();
+  sel->add_option("--hq", b->hq, "Query heads")->capture_default_str();
+  sel->add_option("--hkv", b->hkv, "KV heads")->capture_default_str();
+  sel->add_option("--head-dim", b->head_dim, "Head dimension")->capture_default_str();
+  sel->add_option("--page", b->page_size, "Page size (tokens)")->capture_default_str();
+  sel->add_option("-b,--budget", b->budget, "Budget (cap) as a fraction of the context")
+      ->capture_default_str();
+  sel->add_option("-s,--selectors", b->selectors, "Selectors to time")
+      ->delimiter(',')
+      ->capture_default_str();
+  sel->add_option("--alpha", b->alpha, "entmax alpha of the attention")->capture_default_str();
+  sel->add_option("-r,--repeat", b->reps, "Timed repetitions (median reported)")
+      ->capture_default_str();
+  sel->add_option("--seed", b->seed, "Random seed")->capture_default_str();
+  sel->add_option("--json", b->json_path, "Write results as JSON to this file");
+  sel->callback([b] { run_bench(*b); });
+}
+
+}  // namespace masskv::cli
