@@ -58,4 +58,6 @@ mkdir -p "$build_dir"
 cmake -S . -B "$build_dir" -G Ninja -DCMAKE_BUILD_TYPE=Release -DMASSKV_WERROR="$werror" \
   -DMASSKV_SANITIZE="$sanitize" "${extra[@]}" >"$build_dir/configure.log" 2>&1 ||
   { cat "$build_dir/configure.log" >&2; exit 1; }
-ninja -C "$build_dir" >&2
+# The sanitizer build serves the unit tests only.
+targets=(); [[ $sanitize == ON ]] && targets=(masskv_tests)
+ninja -C "$build_dir" "${targets[@]}" >&2
