@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <mutex>
 
 #include "masskv/cuda/decode.hpp"
 #include "masskv/error.hpp"
@@ -117,30 +118,50 @@ __device__ __forceinline__ void to_float8(const uint4& r, float (&f)[8]) {
   }
 }
 
-// 16-byte streaming load: read-only path, no L1 allocation (each KV byte is used once).
-__device__ __forceinline__ uint4 load_stream(const std::uint16_t* ptr) {
-  uint4 r;
-  asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
-      : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
-      : "l"(ptr));
-  return r;
+// 16-byte asynchronous copy global -> shared (L2 only, no L1 allocation: each KV byte is used
+// once); src_bytes 0 writes zeros (masked tokens) without reading.
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem, int src_bytes) {
+  const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(gmem),
+               "r"(src_bytes));
 }
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n"); }
+template <int kPending>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending));
+}
+
+// Pipeline depth: tiles in flight per thread while one is computed.
+constexpr int kStages = 3;
+
+template <int kD, int kG, int kU>
+struct ChunkSmem {
+  static constexpr int kRowGroups = kWarps * (32 / (kD / 8));
+  static constexpr std::size_t kList = kMaxChunkPages * (sizeof(int) + sizeof(std::uint16_t));
+  static constexpr std::size_t kStage = std::size_t{kStages} * kU * 2 * kThreads * 16;
+  static constexpr std::size_t kMerge = sizeof(float) * kRowGroups * kG * (kD + 2);
+  static constexpr std::size_t kBytes = kList + (kStage > kMerge ? kStage : kMerge);
+};
 
 // One CTA: chunk blockIdx.x of (sequence blockIdx.z, kv head blockIdx.y / head_groups), q heads
 // of head group blockIdx.y % head_groups. Lanes are split into row groups of D/8 lanes, each
-// lane holding 8 dims (16-byte loads); a row group walks its own tokens with its own online
+// lane holding 8 dims (16-byte accesses); a row group walks its own tokens with its own online
 // softmax state (no cross-group traffic in the loop), the CTA merges the row groups at the end.
+// Loads: each thread copies its own 16-byte pieces of K and V with cp.async into a private
+// shared-memory ring of kStages tiles, so kStages-1 tiles per thread are in flight while one is
+// computed, whatever the register budget (no barrier needed: a thread reads only what it copied).
 // kG: q heads held per CTA (>= the heads of the group, extra ones are zero and not written);
-// kU: tokens per row group in flight (K and V loads issued together before use).
+// kU: tokens per row group per tile.
 template <bool kBf16, int kD, int kG, int kU>
-__global__ void __launch_bounds__(kThreads) decode_chunk_kernel(Params p) {
+__global__ void __launch_bounds__(kThreads, kG <= 4 ? 4 : 2) decode_chunk_kernel(Params p) {
+  using Smem = ChunkSmem<kD, kG, kU>;
   constexpr int kLanesPerRow = kD / 8;
-  constexpr int kRowsPerWarp = 32 / kLanesPerRow;
-  constexpr int kRowGroups = kWarps * kRowsPerWarp;
-  __shared__ std::int64_t s_page_off[kMaxChunkPages];
-  __shared__ int s_len[kMaxChunkPages];
-  __shared__ float s_acc[kRowGroups][kG][kD];
-  __shared__ float s_m[kRowGroups][kG], s_l[kRowGroups][kG];
+  constexpr int kRowGroups = Smem::kRowGroups;
+  constexpr int kTileTokens = kRowGroups * kU;
+  extern __shared__ uint4 smem_raw[];
+  int* s_phys = reinterpret_cast<int*>(smem_raw);
+  std::uint16_t* s_len = reinterpret_cast<std::uint16_t*>(s_phys + kMaxChunkPages);
+  uint4* s_stage = reinterpret_cast<uint4*>(reinterpret_cast<char*>(smem_raw) + Smem::kList);
 
   const int chunk = blockIdx.x;
   const int kvh = blockIdx.y / p.head_groups;
@@ -159,11 +180,10 @@ __global__ void __launch_bounds__(kThreads) decode_chunk_kernel(Params p) {
   const int page_size = 1 << p.log2_page;
   const std::int32_t* sel =
       p.sparse ? p.sel_ids + (static_cast<std::int64_t>(b) * p.num_kv_heads + kvh) * p.sel_max
-                : nullptr;
+               : nullptr;
   const int seq_begin = num_pages > 0 ? p.indptr[b] : 0;
   for (int i = threadIdx.x; i < n_pages; i += kThreads) {
-    int logical = unit0 + i, len = 0;
-    std::int64_t off = 0;
+    int logical = unit0 + i, len = 0, phys_ok = 0;
     if (p.sparse) {
       logical = sel[unit0 + i];
       if (logical < 0 || logical >= num_pages) {
@@ -177,15 +197,15 @@ __global__ void __launch_bounds__(kThreads) decode_chunk_kernel(Params p) {
         atomicOr(p.err, kBadPhysical);
       } else {
         len = logical == num_pages - 1 ? last_len : page_size;
-        off = phys * p.stride_page;
+        phys_ok = phys;
       }
     }
-    s_page_off[i] = off;
-    s_len[i] = len;
+    s_phys[i] = phys_ok;
+    s_len[i] = static_cast<std::uint16_t>(len);
   }
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int rg = warp * kRowsPerWarp + lane / kLanesPerRow;
+  const int rg = warp * (32 / kLanesPerRow) + lane / kLanesPerRow;
   const int lane_dim = (lane % kLanesPerRow) * 8;
 
   // q of the CTA's heads, pre-scaled into base-2 logits.
@@ -210,26 +230,43 @@ __global__ void __launch_bounds__(kThreads) decode_chunk_kernel(Params p) {
   const std::uint16_t* kb = p.k + head_off;
   const std::uint16_t* vb = p.v + head_off;
   const int rows = n_pages << p.log2_page;
-  for (int t0 = rg; t0 < rows; t0 += kRowGroups * kU) {
-    uint4 kr[kU], vr[kU];
-    bool ok[kU];
+  const int n_tiles = (rows + kTileTokens - 1) / kTileTokens;
+  const auto token_ok = [&](int t) {
+    return t < rows && static_cast<int>(t & (page_size - 1)) <
+                           static_cast<int>(s_len[min(t >> p.log2_page, n_pages - 1)]);
+  };
+  const auto issue = [&](int tile) {
+    uint4* st = s_stage + (tile % kStages) * (kU * 2 * kThreads) + threadIdx.x;
 #pragma unroll
     for (int u = 0; u < kU; ++u) {
-      const int t = t0 + u * kRowGroups;
-      const int pi = t >> p.log2_page, slot = t & (page_size - 1);
-      ok[u] = t < rows && slot < s_len[min(pi, n_pages - 1)];
-      kr[u] = vr[u] = make_uint4(0, 0, 0, 0);
-      if (ok[u]) {
-        const std::int64_t off = s_page_off[pi] + slot * p.stride_slot;
-        kr[u] = load_stream(kb + off);
-        vr[u] = load_stream(vb + off);
+      const int t = rg + tile * kTileTokens + u * kRowGroups;
+      const bool ok = token_ok(t);
+      std::int64_t off = 0;
+      if (ok) {
+        off = static_cast<std::int64_t>(s_phys[t >> p.log2_page]) * p.stride_page +
+              (t & (page_size - 1)) * p.stride_slot;
       }
+      cp_async16(st + (2 * u) * kThreads, kb + off, ok ? 16 : 0);
+      cp_async16(st + (2 * u + 1) * kThreads, vb + off, ok ? 16 : 0);
     }
+  };
+#pragma unroll
+  for (int s = 0; s < kStages - 1; ++s) {
+    if (s < n_tiles) issue(s);
+    cp_async_commit();
+  }
+  for (int tile = 0; tile < n_tiles; ++tile) {
+    if (tile + kStages - 1 < n_tiles) issue(tile + kStages - 1);
+    cp_async_commit();
+    cp_async_wait<kStages - 1>();
+    const uint4* st = s_stage + (tile % kStages) * (kU * 2 * kThreads) + threadIdx.x;
+    bool ok[kU];
     float s[kU][kG];
 #pragma unroll
     for (int u = 0; u < kU; ++u) {
+      ok[u] = token_ok(rg + tile * kTileTokens + u * kRowGroups);
       float kf[8];
-      to_float8<kBf16>(kr[u], kf);
+      to_float8<kBf16>(st[(2 * u) * kThreads], kf);
 #pragma unroll
       for (int g = 0; g < kG; ++g) {
         float d = 0.f;
@@ -245,29 +282,31 @@ __global__ void __launch_bounds__(kThreads) decode_chunk_kernel(Params p) {
 #pragma unroll
         for (int g = 0; g < kG; ++g) s[u][g] += __shfl_xor_sync(0xffffffffu, s[u][g], off);
     }
-    // Online softmax update (base 2). Masked tokens score -inf and carry zero V.
+    // Online softmax update (base 2). Masked tokens score -inf and carry zero V. The running
+    // output is rescaled only when a head's max grows (rare after the first tiles).
     float pw[kU][kG];
 #pragma unroll
     for (int g = 0; g < kG; ++g) {
       float mt = m[g];
 #pragma unroll
       for (int u = 0; u < kU; ++u) mt = ok[u] ? fmaxf(mt, s[u][g]) : mt;
-      const float corr = mt == -INFINITY ? 1.f : exp2f(m[g] - mt);
-      m[g] = mt;
-      float lsum = l[g] * corr;
+      if (mt > m[g]) {
+        const float corr = exp2f(m[g] - mt);  // m = -inf gives 0: nothing accumulated yet
+        l[g] *= corr;
+#pragma unroll
+        for (int j = 0; j < 8; ++j) acc[g][j] *= corr;
+        m[g] = mt;
+      }
 #pragma unroll
       for (int u = 0; u < kU; ++u) {
         pw[u][g] = ok[u] ? exp2f(s[u][g] - mt) : 0.f;
-        lsum += pw[u][g];
+        l[g] += pw[u][g];
       }
-      l[g] = lsum;
-#pragma unroll
-      for (int j = 0; j < 8; ++j) acc[g][j] *= corr;
     }
 #pragma unroll
     for (int u = 0; u < kU; ++u) {
       float vf[8];
-      to_float8<kBf16>(vr[u], vf);
+      to_float8<kBf16>(st[(2 * u + 1) * kThreads], vf);
 #pragma unroll
       for (int g = 0; g < kG; ++g)
 #pragma unroll
@@ -275,14 +314,19 @@ __global__ void __launch_bounds__(kThreads) decode_chunk_kernel(Params p) {
     }
   }
 
-  // Merge the row groups (fixed order: deterministic).
+  // Merge the row groups (fixed order: deterministic). The merge area reuses the stage ring.
+  cp_async_wait<0>();
+  __syncthreads();
+  float* s_acc = reinterpret_cast<float*>(s_stage);  // [kRowGroups][kG][kD]
+  float* s_m = s_acc + kRowGroups * kG * kD;          // [kRowGroups][kG]
+  float* s_l = s_m + kRowGroups * kG;
 #pragma unroll
   for (int g = 0; g < kG; ++g) {
 #pragma unroll
-    for (int j = 0; j < 8; ++j) s_acc[rg][g][lane_dim + j] = acc[g][j];
+    for (int j = 0; j < 8; ++j) s_acc[(rg * kG + g) * kD + lane_dim + j] = acc[g][j];
     if (lane_dim == 0) {
-      s_m[rg][g] = m[g];
-      s_l[rg][g] = l[g];
+      s_m[rg * kG + g] = m[g];
+      s_l[rg * kG + g] = l[g];
     }
   }
   __syncthreads();
@@ -290,14 +334,14 @@ __global__ void __launch_bounds__(kThreads) decode_chunk_kernel(Params p) {
     const int g = idx / kD, dim = idx % kD;
     if (g >= heads_here) continue;
     float mx = -INFINITY;
-    for (int r = 0; r < kRowGroups; ++r) mx = fmaxf(mx, s_m[r][g]);
+    for (int r = 0; r < kRowGroups; ++r) mx = fmaxf(mx, s_m[r * kG + g]);
     float o = 0.f, lse = -INFINITY;
     if (mx != -INFINITY) {
       float lsum = 0.f, osum = 0.f;
       for (int r = 0; r < kRowGroups; ++r) {
-        const float w = exp2f(s_m[r][g] - mx);
-        lsum += s_l[r][g] * w;
-        osum += s_acc[r][g][dim] * w;
+        const float w = exp2f(s_m[r * kG + g] - mx);
+        lsum += s_l[r * kG + g] * w;
+        osum += s_acc[(r * kG + g) * kD + dim] * w;
       }
       o = osum / lsum;
       lse = (mx + log2f(lsum)) * kLn2;
@@ -358,19 +402,28 @@ __global__ void __launch_bounds__(kThreads) merge_kernel(Params p, int d) {
 }
 
 using KernelFn = void (*)(Params);
+struct KernelInfo {
+  KernelFn fn;
+  std::size_t smem;
+};
+
+template <bool kBf16, int kD, int kG, int kU>
+KernelInfo info() {
+  return {decode_chunk_kernel<kBf16, kD, kG, kU>, ChunkSmem<kD, kG, kU>::kBytes};
+}
 
 template <bool kBf16, int kD>
-KernelFn pick_group(int g) {
+KernelInfo pick_group(int g) {
   switch (g) {
-    case 1: return decode_chunk_kernel<kBf16, kD, 1, 8>;
-    case 2: return decode_chunk_kernel<kBf16, kD, 2, 8>;
-    case 4: return decode_chunk_kernel<kBf16, kD, 4, 4>;
-    default: return decode_chunk_kernel<kBf16, kD, 8, 2>;
+    case 1: return info<kBf16, kD, 1, 4>();
+    case 2: return info<kBf16, kD, 2, 4>();
+    case 4: return info<kBf16, kD, 4, 4>();
+    default: return info<kBf16, kD, 8, 2>();
   }
 }
 
 template <bool kBf16>
-KernelFn pick_dim(int d, int g) {
+KernelInfo pick_dim(int d, int g) {
   switch (d) {
     case 64: return pick_group<kBf16, 64>(g);
     case 128: return pick_group<kBf16, 128>(g);
@@ -383,9 +436,33 @@ int kernel_group(int group) {
   return g <= 1 ? 1 : g <= 2 ? 2 : g <= 4 ? 4 : 8;
 }
 
-KernelFn pick_kernel(DType dtype, int d, int group) {
+// The kernel for (dtype, d, group), its shared-memory limit raised once, and its resident
+// CTAs per SM (cached: the occupancy query costs host time on every step otherwise).
+struct Prepared {
+  KernelInfo k;
+  int per_sm;
+};
+Prepared prepare_kernel(DType dtype, int d, int group) {
   const int g = kernel_group(group);
-  return dtype == DType::bf16 ? pick_dim<true>(d, g) : pick_dim<false>(d, g);
+  const int key = (dtype == DType::bf16 ? 0 : 1) * 12 + (d == 64 ? 0 : d == 128 ? 1 : 2) * 4 +
+                  (g == 1 ? 0 : g == 2 ? 1 : g == 4 ? 2 : 3);
+  static std::mutex mu;
+  static Prepared cache[24];
+  static bool ready[24] = {};
+  std::lock_guard<std::mutex> lock(mu);
+  if (!ready[key]) {
+    Prepared pr;
+    pr.k = dtype == DType::bf16 ? pick_dim<true>(d, g) : pick_dim<false>(d, g);
+    check_cuda(cudaFuncSetAttribute(pr.k.fn, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    static_cast<int>(pr.k.smem)),
+               "cudaFuncSetAttribute(shared memory)");
+    check_cuda(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&pr.per_sm, pr.k.fn, kThreads,
+                                                             pr.k.smem),
+               "occupancy");
+    cache[key] = pr;
+    ready[key] = true;
+  }
+  return cache[key];
 }
 
 int device_sms() {
@@ -403,7 +480,7 @@ int device_sms() {
 int plan_chunk_pages(int base_ctas, int units, int ctas_per_sm) {
   if (units <= 0) return 1;
   const int target = std::max(1, device_sms() * std::max(1, ctas_per_sm));
-  const int chunks = std::max(1, (target + base_ctas - 1) / base_ctas);
+  const int chunks = std::max(1, target / base_ctas);  // whole waves: no partial last wave
   int cp = (units + chunks - 1) / chunks;
   cp = std::max(cp, 8);  // fewer partials: each costs (d + 1) floats written and read
   cp = std::max(cp, (units + kMaxChunks - 1) / kMaxChunks);
@@ -457,8 +534,12 @@ void DecodeWorkspace::check(CUstream_st* stream) const {
        "decreasing, or a sequence longer than DecodeLaunch::max_pages_per_seq");
 }
 
-int planned_chunk_pages(int batch, int num_kv_heads, int q_head_groups, int pages_per_head) {
-  return plan_chunk_pages(batch * num_kv_heads * q_head_groups, pages_per_head, 4);
+int planned_chunk_pages(DType dtype, int head_dim, int batch, int num_kv_heads, int num_q_heads,
+                        int pages_per_head) {
+  const int group = num_q_heads / num_kv_heads;
+  const int head_groups = (group + kMaxGroup - 1) / kMaxGroup;
+  return plan_chunk_pages(batch * num_kv_heads * head_groups, pages_per_head,
+                          prepare_kernel(dtype, head_dim, group).per_sm);
 }
 
 void decode(const attn::DecodeArgs& a, const DecodeLaunch& launch) {
@@ -519,10 +600,8 @@ void decode(const attn::DecodeArgs& a, const DecodeLaunch& launch) {
 
   const int group = Hq / c.num_kv_heads;
   const int head_groups = (group + kMaxGroup - 1) / kMaxGroup;
-  const KernelFn kernel = pick_kernel(c.dtype, d, group);
-  int per_sm = 0;
-  check_cuda(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kThreads, 0),
-             "occupancy");
+  const Prepared kernel = prepare_kernel(c.dtype, d, group);
+  const int per_sm = kernel.per_sm;
   const int base = B * c.num_kv_heads * head_groups;
   int cp = launch.chunk_pages > 0 ? launch.chunk_pages
                                   : plan_chunk_pages(base, units_max, per_sm);
@@ -576,7 +655,7 @@ void decode(const attn::DecodeArgs& a, const DecodeLaunch& launch) {
 
   cudaStream_t stream = launch.stream;
   const dim3 grid(chunks, c.num_kv_heads * head_groups, B);
-  kernel<<<grid, kThreads, 0, stream>>>(p);
+  kernel.k.fn<<<grid, kThreads, kernel.k.smem, stream>>>(p);
   check_cuda(cudaGetLastError(), "decode kernel launch");
   if (chunks > 1) {
     merge_kernel<<<B * Hq, kThreads, 0, stream>>>(p, d);

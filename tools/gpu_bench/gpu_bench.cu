@@ -571,7 +571,7 @@ int run_bench(const char* json_path) {
   struct Shape {
     int ctx, batch;
   };
-  const Shape shapes[] = {{32768, 1}, {131072, 1}, {524288, 1}, {1048576, 1}, {32768, 16}};
+  const Shape shapes[] = {{1024, 1}, {32768, 1}, {131072, 1}, {524288, 1}, {1048576, 1}, {32768, 16}};
   for (const Shape& sh : shapes) {
     const int pages = sh.ctx / P;
     const double kv_bytes = static_cast<double>(sh.batch) * sh.ctx * Hkv * d * 2 * 2;
@@ -639,7 +639,7 @@ int run_bench(const char* json_path) {
       cuda::decode(args_for(r), launch);
     });
     ws.check(nullptr);
-    const int cp = cuda::planned_chunk_pages(sh.batch, Hkv, 1, pages);
+    const int cp = cuda::planned_chunk_pages(DType::bf16, d, sh.batch, Hkv, Hq, pages);
     std::printf("dense  ctx=%7d B=%2d rot=%d chunk_pages(plan)=%d: %9.1f us  %7.1f GB/s\n", sh.ctx,
                 sh.batch, rot, cp, us, kv_bytes / us / 1e3);
     rows.push_back({"ours_dense", sh.ctx, sh.batch, 0, us, kv_bytes});

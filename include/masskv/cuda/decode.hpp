@@ -68,6 +68,7 @@ void decode(const attn::DecodeArgs& args, const DecodeLaunch& launch);
 
 // The split-K chunk (pages) decode plans for `pages_per_head` pages per (sequence, kv head)
 // on this device (for reports).
-int planned_chunk_pages(int batch, int num_kv_heads, int q_head_groups, int pages_per_head);
+int planned_chunk_pages(DType dtype, int head_dim, int batch, int num_kv_heads, int num_q_heads,
+                        int pages_per_head);
 
 }  // namespace masskv::cuda
