@@ -510,6 +510,40 @@ double time_us(int warmup, int iters, F&& fn) {
   return median(ms) * 1000.0;
 }
 
+// The same steps replayed from CUDA graphs (one graph per rotation, captured after warm-up so
+// the workspace and kernel attributes exist): shows what launch overhead costs the step.
+template <class F>
+double time_graph_us(int rot, int warmup, int iters, F&& step) {
+  cudaStream_t st;
+  CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+  std::vector<cudaGraphExec_t> execs(rot);
+  for (int r = 0; r < rot; ++r) {
+    step(r, st);  // warm-up outside capture
+    CK(cudaStreamSynchronize(st));
+    cudaGraph_t g;
+    CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
+    step(r, st);
+    CK(cudaStreamEndCapture(st, &g));
+    CK(cudaGraphInstantiate(&execs[r], g, 0));
+    CK(cudaGraphDestroy(g));
+  }
+  for (int i = 0; i < warmup; ++i) CK(cudaGraphLaunch(execs[i % rot], st));
+  std::vector<cudaEvent_t> ev(2 * iters);
+  for (auto& e : ev) CK(cudaEventCreate(&e));
+  for (int i = 0; i < iters; ++i) {
+    CK(cudaEventRecord(ev[2 * i], st));
+    CK(cudaGraphLaunch(execs[i % rot], st));
+    CK(cudaEventRecord(ev[2 * i + 1], st));
+  }
+  CK(cudaStreamSynchronize(st));
+  std::vector<float> ms(iters);
+  for (int i = 0; i < iters; ++i) CK(cudaEventElapsedTime(&ms[i], ev[2 * i], ev[2 * i + 1]));
+  for (auto& e : ev) CK(cudaEventDestroy(e));
+  for (auto& x : execs) CK(cudaGraphExecDestroy(x));
+  CK(cudaStreamDestroy(st));
+  return median(ms) * 1000.0;
+}
+
 struct Row {
   std::string kind;
   int ctx, batch, budget;
@@ -639,9 +673,16 @@ int run_bench(const char* json_path) {
       cuda::decode(args_for(r), launch);
     });
     ws.check(nullptr);
+    const double gus = time_graph_us(rot, kWarm, kIters, [&](int r, cudaStream_t st) {
+      cuda::DecodeLaunch l = launch;
+      l.stream = st;
+      cuda::decode(args_for(r), l);
+    });
+    ws.check(nullptr);
+    rows.push_back({"ours_dense_graph", sh.ctx, sh.batch, 0, gus, kv_bytes});
     const int cp = cuda::planned_chunk_pages(DType::bf16, d, sh.batch, Hkv, Hq, pages);
-    std::printf("dense  ctx=%7d B=%2d rot=%d chunk_pages(plan)=%d: %9.1f us  %7.1f GB/s\n", sh.ctx,
-                sh.batch, rot, cp, us, kv_bytes / us / 1e3);
+    std::printf("dense  ctx=%7d B=%2d rot=%d chunk_pages(plan)=%d: %9.1f us  %7.1f GB/s "
+                "(graph %.1f us)\n", sh.ctx, sh.batch, rot, cp, us, kv_bytes / us / 1e3, gus);
     rows.push_back({"ours_dense", sh.ctx, sh.batch, 0, us, kv_bytes});
 
     if (sh.batch != 1) continue;
@@ -679,9 +720,19 @@ int run_bench(const char* json_path) {
         cuda::decode(a, launch);
       });
       ws.check(nullptr);
-      std::printf("sparse ctx=%7d budget=%5d: %9.1f us  %7.1f GB/s (CPU Quest select %.2f ms, "
-                  "not in the time)\n", sh.ctx, budget, sus, bytes / sus / 1e3, sel_ms);
+      const double sgus = time_graph_us(rot, kWarm, kIters, [&](int r, cudaStream_t st) {
+        attn::DecodeArgs a = args_for(r);
+        a.selection = &svs[r];
+        cuda::DecodeLaunch l = launch;
+        l.stream = st;
+        cuda::decode(a, l);
+      });
+      ws.check(nullptr);
+      std::printf("sparse ctx=%7d budget=%5d: %9.1f us  %7.1f GB/s (graph %.1f us; CPU Quest "
+                  "select %.2f ms, not in the time)\n", sh.ctx, budget, sus, bytes / sus / 1e3,
+                  sgus, sel_ms);
       rows.push_back({"ours_sparse_quest_cpu_sel", sh.ctx, sh.batch, budget, sus, bytes});
+      rows.push_back({"ours_sparse_quest_cpu_sel_graph", sh.ctx, sh.batch, budget, sgus, bytes});
     }
   }
 
