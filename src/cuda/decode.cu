@@ -28,10 +28,10 @@ constexpr float kLog2e = 1.4426950408889634f;
 
 // Device error flag bits (DecodeWorkspace::check turns them into masskv::Error).
 enum ErrBit : unsigned {
-  kBadPhysical = 1u,    // indices[...] outside [0, num_pages)
-  kBadSelection = 2u,   // selected logical page outside the sequence, or count out of range
-  kBadIndptr = 4u,      // decreasing indptr, or more pages than the planned grid covers
-  kBadLastLen = 8u,     // last_page_len outside [1, page_size]
+  kBadPhysical = 1u,   // indices[...] outside [0, num_pages)
+  kBadSelection = 2u,  // selected logical page outside the sequence, or count out of range
+  kBadIndptr = 4u,     // decreasing indptr, or more pages than the planned grid covers
+  kBadLastLen = 8u,    // last_page_len outside [1, page_size]
 };
 
 void check_cuda(cudaError_t e, const char* what) {
@@ -53,7 +53,7 @@ struct Params {
   const std::int32_t* indptr;
   const std::int32_t* indices;
   const std::int32_t* last_len;
-  int sparse;                    // 0: dense (pages from the table), 1: pages from sel_ids
+  int sparse;  // 0: dense (pages from the table), 1: pages from sel_ids
   const std::int32_t* sel_ids;
   const std::int32_t* sel_count;
   int sel_max;
@@ -318,7 +318,7 @@ __global__ void __launch_bounds__(kThreads, kG <= 4 ? 4 : 2) decode_chunk_kernel
   cp_async_wait<0>();
   __syncthreads();
   float* s_acc = reinterpret_cast<float*>(s_stage);  // [kRowGroups][kG][kD]
-  float* s_m = s_acc + kRowGroups * kG * kD;          // [kRowGroups][kG]
+  float* s_m = s_acc + kRowGroups * kG * kD;         // [kRowGroups][kG]
   float* s_l = s_m + kRowGroups * kG;
 #pragma unroll
   for (int g = 0; g < kG; ++g) {
@@ -415,19 +415,26 @@ KernelInfo info() {
 template <bool kBf16, int kD>
 KernelInfo pick_group(int g) {
   switch (g) {
-    case 1: return info<kBf16, kD, 1, 4>();
-    case 2: return info<kBf16, kD, 2, 4>();
-    case 4: return info<kBf16, kD, 4, 4>();
-    default: return info<kBf16, kD, 8, 2>();
+    case 1:
+      return info<kBf16, kD, 1, 4>();
+    case 2:
+      return info<kBf16, kD, 2, 4>();
+    case 4:
+      return info<kBf16, kD, 4, 4>();
+    default:
+      return info<kBf16, kD, 8, 2>();
   }
 }
 
 template <bool kBf16>
 KernelInfo pick_dim(int d, int g) {
   switch (d) {
-    case 64: return pick_group<kBf16, 64>(g);
-    case 128: return pick_group<kBf16, 128>(g);
-    default: return pick_group<kBf16, 256>(g);
+    case 64:
+      return pick_group<kBf16, 64>(g);
+    case 128:
+      return pick_group<kBf16, 128>(g);
+    default:
+      return pick_group<kBf16, 256>(g);
   }
 }
 
@@ -444,8 +451,15 @@ struct Prepared {
 };
 Prepared prepare_kernel(DType dtype, int d, int group) {
   const int g = kernel_group(group);
-  const int key = (dtype == DType::bf16 ? 0 : 1) * 12 + (d == 64 ? 0 : d == 128 ? 1 : 2) * 4 +
-                  (g == 1 ? 0 : g == 2 ? 1 : g == 4 ? 2 : 3);
+  const int key = (dtype == DType::bf16 ? 0 : 1) * 12 +
+                  (d == 64    ? 0
+                   : d == 128 ? 1
+                              : 2) *
+                      4 +
+                  (g == 1   ? 0
+                   : g == 2 ? 1
+                   : g == 4 ? 2
+                            : 3);
   static std::mutex mu;
   static Prepared cache[24];
   static bool ready[24] = {};
@@ -456,9 +470,9 @@ Prepared prepare_kernel(DType dtype, int d, int group) {
     check_cuda(cudaFuncSetAttribute(pr.k.fn, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                     static_cast<int>(pr.k.smem)),
                "cudaFuncSetAttribute(shared memory)");
-    check_cuda(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&pr.per_sm, pr.k.fn, kThreads,
-                                                             pr.k.smem),
-               "occupancy");
+    check_cuda(
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&pr.per_sm, pr.k.fn, kThreads, pr.k.smem),
+        "occupancy");
     cache[key] = pr;
     ready[key] = true;
   }
@@ -567,8 +581,8 @@ void decode(const attn::DecodeArgs& a, const DecodeLaunch& launch) {
           ErrorCode::invalid_argument, "stride",
           "strides must be multiples of 8 elements (16-byte rows), stride_slot >= head_dim");
   const int B = a.q.n0, Hq = a.q.n1;
-  require(B >= 0 && c.table.indptr.size() == static_cast<std::size_t>(B) + 1, ErrorCode::shape_mismatch,
-          "indptr", "needs batch + 1 entries (batch from q)");
+  require(B >= 0 && c.table.indptr.size() == static_cast<std::size_t>(B) + 1,
+          ErrorCode::shape_mismatch, "indptr", "needs batch + 1 entries (batch from q)");
   require(c.table.last_page_len.size() == static_cast<std::size_t>(B), ErrorCode::shape_mismatch,
           "last_page_len", "needs batch entries");
   require(a.q.n2 == d && a.q.data != nullptr, ErrorCode::shape_mismatch, "q",
@@ -588,10 +602,11 @@ void decode(const attn::DecodeArgs& a, const DecodeLaunch& launch) {
   if (sel) {
     require(sel->unit == SelectionView::Unit::page, ErrorCode::unsupported, "selection",
             "the CUDA decode takes page selections only");
-    require(sel->batch == B && sel->num_kv_heads == c.num_kv_heads && sel->max_per_head >= 0 &&
-                sel->ids.size() == static_cast<std::size_t>(B) * c.num_kv_heads * sel->max_per_head &&
-                sel->count.size() == static_cast<std::size_t>(B) * c.num_kv_heads,
-            ErrorCode::shape_mismatch, "selection", "shape does not match q and the cache");
+    require(
+        sel->batch == B && sel->num_kv_heads == c.num_kv_heads && sel->max_per_head >= 0 &&
+            sel->ids.size() == static_cast<std::size_t>(B) * c.num_kv_heads * sel->max_per_head &&
+            sel->count.size() == static_cast<std::size_t>(B) * c.num_kv_heads,
+        ErrorCode::shape_mismatch, "selection", "shape does not match q and the cache");
     units_max = sel->max_per_head;
   } else {
     require(units_max > 0, ErrorCode::invalid_argument, "max_pages_per_seq",
@@ -603,8 +618,7 @@ void decode(const attn::DecodeArgs& a, const DecodeLaunch& launch) {
   const Prepared kernel = prepare_kernel(c.dtype, d, group);
   const int per_sm = kernel.per_sm;
   const int base = B * c.num_kv_heads * head_groups;
-  int cp = launch.chunk_pages > 0 ? launch.chunk_pages
-                                  : plan_chunk_pages(base, units_max, per_sm);
+  int cp = launch.chunk_pages > 0 ? launch.chunk_pages : plan_chunk_pages(base, units_max, per_sm);
   require(cp <= kMaxChunkPages, ErrorCode::invalid_argument, "chunk_pages", "at most ",
           kMaxChunkPages);
   const int chunks = std::max(1, (std::max(units_max, 1) + cp - 1) / cp);

@@ -25,14 +25,14 @@
 
 using namespace masskv;
 
-#define CK(x)                                                                         \
-  do {                                                                                \
-    cudaError_t e_ = (x);                                                             \
-    if (e_ != cudaSuccess) {                                                          \
-      std::fprintf(stderr, "CUDA error %s at %s:%d: %s\n", cudaGetErrorString(e_),    \
-                   __FILE__, __LINE__, #x);                                           \
-      std::exit(2);                                                                   \
-    }                                                                                 \
+#define CK(x)                                                                                \
+  do {                                                                                       \
+    cudaError_t e_ = (x);                                                                    \
+    if (e_ != cudaSuccess) {                                                                 \
+      std::fprintf(stderr, "CUDA error %s at %s:%d: %s\n", cudaGetErrorString(e_), __FILE__, \
+                   __LINE__, #x);                                                            \
+      std::exit(2);                                                                          \
+    }                                                                                        \
   } while (0)
 
 namespace {
@@ -141,8 +141,7 @@ void build_case(CaseData& cd, std::uint64_t seed) {
   for (int i = cd.pool_pages - 1; i > 0; --i) std::swap(perm[i], perm[rng.below(i + 1)]);
   cd.indices.assign(perm.begin(), perm.begin() + total);
 
-  const std::size_t elems =
-      static_cast<std::size_t>(cd.pool_pages) * c.num_kv_heads * c.page * c.d;
+  const std::size_t elems = static_cast<std::size_t>(cd.pool_pages) * c.num_kv_heads * c.page * c.d;
   cd.k.resize(elems);
   cd.v.resize(elems);
   for (std::size_t i = 0; i < elems; ++i) {
@@ -269,8 +268,12 @@ void setup_gpu(const CaseData& cd, GpuCase& g) {
   g.sel_count = to_device(cd.sel.count);
   g.view = make_view(c, cd.pool_pages, g.k.p, g.v.p);
   g.view.table = {{g.indptr.p, g.indptr.n}, {g.indices.p, g.indices.n}, {g.last.p, g.last.n}};
-  g.sel = {SelectionView::Unit::page, c.batch, c.num_kv_heads, cd.sel.max_per_head,
-           {g.sel_ids.p, g.sel_ids.n}, {g.sel_count.p, g.sel_count.n}};
+  g.sel = {SelectionView::Unit::page,
+           c.batch,
+           c.num_kv_heads,
+           cd.sel.max_per_head,
+           {g.sel_ids.p, g.sel_ids.n},
+           {g.sel_count.p, g.sel_count.n}};
   const int hq = c.num_kv_heads * c.group;
   g.args.q = View3<const float>::contiguous(g.q.p, c.batch, hq, c.d);
   g.args.cache = g.view;
@@ -307,8 +310,8 @@ bool expect_throw(const char* name, const char* argument, const std::function<vo
     f();
   } catch (const Error& e) {
     const bool ok = e.argument() == argument;
-    std::printf("  error case %-34s -> Error(%s) \"%s\" %s\n", name, e.argument().c_str(),
-                e.what(), ok ? "ok" : "WRONG ARGUMENT");
+    std::printf("  error case %-34s -> Error(%s) \"%s\" %s\n", name, e.argument().c_str(), e.what(),
+                ok ? "ok" : "WRONG ARGUMENT");
     return ok;
   }
   std::printf("  error case %-34s -> no exception: FAIL\n", name);
@@ -336,8 +339,10 @@ int run_check() {
   cases.push_back({1000, 16, 64, 16, 64, DType::f16, kv::Layout::NHD});
 
   std::printf("check: %zu cases x {dense auto-split, dense chunk_pages=3, sparse}\n", cases.size());
-  std::printf("tolerances: ||o-ref||inf/||ref||inf <= %.0e, |lse-ref|/max(1,|ref|) <= %.0e "
-              "(reference: f64 on the same bf16/f16 KV values)\n", kTolO, kTolLse);
+  std::printf(
+      "tolerances: ||o-ref||inf/||ref||inf <= %.0e, |lse-ref|/max(1,|ref|) <= %.0e "
+      "(reference: f64 on the same bf16/f16 KV values)\n",
+      kTolO, kTolLse);
   int failures = 0;
   double worst_o[2] = {0, 0}, worst_lse[2] = {0, 0};  // [bf16, f16]
   cuda::DecodeWorkspace ws;
@@ -384,8 +389,7 @@ int run_check() {
     std::printf("  cases %zu..%zu done (%d failures so far)\n", start, end - 1, failures);
     std::fflush(stdout);
   }
-  const double secs =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   std::printf("worst errors: bf16 o %.3e lse %.3e | f16 o %.3e lse %.3e (%.1f s)\n", worst_o[0],
               worst_lse[0], worst_o[1], worst_lse[1], secs);
 
@@ -461,8 +465,8 @@ __global__ void read_kernel(const uint4* p, std::size_t n, unsigned* sink) {
   for (; i + 3 * stride < n; i += 4 * stride) {
     uint4 a = __ldcs(p + i), b = __ldcs(p + i + stride), c = __ldcs(p + i + 2 * stride),
           d = __ldcs(p + i + 3 * stride);
-    acc ^= a.x ^ a.y ^ a.z ^ a.w ^ b.x ^ b.y ^ b.z ^ b.w ^ c.x ^ c.y ^ c.z ^ c.w ^ d.x ^ d.y ^
-           d.z ^ d.w;
+    acc ^= a.x ^ a.y ^ a.z ^ a.w ^ b.x ^ b.y ^ b.z ^ b.w ^ c.x ^ c.y ^ c.z ^ c.w ^ d.x ^ d.y ^ d.z ^
+           d.w;
   }
   for (; i < n; i += stride) {
     const uint4 a = __ldcs(p + i);
@@ -605,7 +609,8 @@ int run_bench(const char* json_path) {
   struct Shape {
     int ctx, batch;
   };
-  const Shape shapes[] = {{1024, 1}, {32768, 1}, {131072, 1}, {524288, 1}, {1048576, 1}, {32768, 16}};
+  const Shape shapes[] = {{1024, 1},   {32768, 1},   {131072, 1},
+                          {524288, 1}, {1048576, 1}, {32768, 16}};
   for (const Shape& sh : shapes) {
     const int pages = sh.ctx / P;
     const double kv_bytes = static_cast<double>(sh.batch) * sh.ctx * Hkv * d * 2 * 2;
@@ -623,7 +628,8 @@ int run_bench(const char* json_path) {
     for (int r = 0; r < rot; ++r) {
       indices[r].resize(seq_pages);
       std::iota(indices[r].begin(), indices[r].end(), r * seq_pages);
-      for (int i = seq_pages - 1; i > 0; --i) std::swap(indices[r][i], indices[r][rng.below(i + 1)]);
+      for (int i = seq_pages - 1; i > 0; --i)
+        std::swap(indices[r][i], indices[r][rng.below(i + 1)]);
       for (int b = 0; b <= sh.batch; ++b) indptr[r].push_back(b * pages);
       last[r].assign(sh.batch, P);
       kv::PagedKVView hv;
@@ -681,8 +687,10 @@ int run_bench(const char* json_path) {
     ws.check(nullptr);
     rows.push_back({"ours_dense_graph", sh.ctx, sh.batch, 0, gus, kv_bytes});
     const int cp = cuda::planned_chunk_pages(DType::bf16, d, sh.batch, Hkv, Hq, pages);
-    std::printf("dense  ctx=%7d B=%2d rot=%d chunk_pages(plan)=%d: %9.1f us  %7.1f GB/s "
-                "(graph %.1f us)\n", sh.ctx, sh.batch, rot, cp, us, kv_bytes / us / 1e3, gus);
+    std::printf(
+        "dense  ctx=%7d B=%2d rot=%d chunk_pages(plan)=%d: %9.1f us  %7.1f GB/s "
+        "(graph %.1f us)\n",
+        sh.ctx, sh.batch, rot, cp, us, kv_bytes / us / 1e3, gus);
     rows.push_back({"ours_dense", sh.ctx, sh.batch, 0, us, kv_bytes});
 
     if (sh.batch != 1) continue;
@@ -708,10 +716,12 @@ int run_bench(const char* json_path) {
         s_cnt.push_back(to_device(sels[r].count));
       }
       const double sel_ms =
-          std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - ts).count() / rot;
+          std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - ts).count() /
+          rot;
       for (int r = 0; r < rot; ++r)
-        svs[r] = {SelectionView::Unit::page, sels[r].batch, sels[r].num_kv_heads,
-                  sels[r].max_per_head, {s_ids[r].p, s_ids[r].n}, {s_cnt[r].p, s_cnt[r].n}};
+        svs[r] = {SelectionView::Unit::page, sels[r].batch,
+                  sels[r].num_kv_heads,      sels[r].max_per_head,
+                  {s_ids[r].p, s_ids[r].n},  {s_cnt[r].p, s_cnt[r].n}};
       const double bytes = sel_pages / rot * P * d * 2 * 2;
       const double sus = time_us(kWarm, kIters, [&](int i) {
         const int r = i % rot;
@@ -728,9 +738,10 @@ int run_bench(const char* json_path) {
         cuda::decode(a, l);
       });
       ws.check(nullptr);
-      std::printf("sparse ctx=%7d budget=%5d: %9.1f us  %7.1f GB/s (graph %.1f us; CPU Quest "
-                  "select %.2f ms, not in the time)\n", sh.ctx, budget, sus, bytes / sus / 1e3,
-                  sgus, sel_ms);
+      std::printf(
+          "sparse ctx=%7d budget=%5d: %9.1f us  %7.1f GB/s (graph %.1f us; CPU Quest "
+          "select %.2f ms, not in the time)\n",
+          sh.ctx, budget, sus, bytes / sus / 1e3, sgus, sel_ms);
       rows.push_back({"ours_sparse_quest_cpu_sel", sh.ctx, sh.batch, budget, sus, bytes});
       rows.push_back({"ours_sparse_quest_cpu_sel_graph", sh.ctx, sh.batch, budget, sgus, bytes});
     }
@@ -745,9 +756,11 @@ int run_bench(const char* json_path) {
                prop.multiProcessorCount);
   for (std::size_t i = 0; i < rows.size(); ++i) {
     const Row& r = rows[i];
-    std::fprintf(f, "  {\"kind\": \"%s\", \"ctx\": %d, \"batch\": %d, \"budget\": %d, "
-                    "\"us\": %.3f, \"bytes\": %.0f}%s\n", r.kind.c_str(), r.ctx, r.batch,
-                 r.budget, r.us, r.bytes, i + 1 < rows.size() ? "," : "");
+    std::fprintf(f,
+                 "  {\"kind\": \"%s\", \"ctx\": %d, \"batch\": %d, \"budget\": %d, "
+                 "\"us\": %.3f, \"bytes\": %.0f}%s\n",
+                 r.kind.c_str(), r.ctx, r.batch, r.budget, r.us, r.bytes,
+                 i + 1 < rows.size() ? "," : "");
   }
   std::fprintf(f, "]}\n");
   std::fclose(f);
