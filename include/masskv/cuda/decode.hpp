@@ -1,0 +1,74 @@
+// CUDA decode attention over a paged KV cache (issue 7; DESIGN.md §2.6, §3). Same argument
+// shape as attn::decode, but every pointer and span in the args is *device* memory.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+
+#include "masskv/attn/decode.hpp"
+
+// cudaStream_t without pulling cuda_runtime.h into host-only translation units (the runtime
+// declares it the same way).
+struct CUstream_st;
+
+namespace masskv::cuda {
+
+// Device buffers a decode step needs besides its inputs and outputs: the split-K partials
+// (o and lse per (sequence, q head, chunk)) and the device-side error flag. Grows on demand;
+// one workspace per stream (steps on one stream reuse it in order).
+class DecodeWorkspace {
+ public:
+  DecodeWorkspace();
+  ~DecodeWorkspace();
+  DecodeWorkspace(const DecodeWorkspace&) = delete;
+  DecodeWorkspace& operator=(const DecodeWorkspace&) = delete;
+
+  // Waits for `stream`, reads and clears the error flag, throws masskv::Error when a kernel
+  // met a bad id: out_of_range "indices" (a physical page id outside the pool), "selection"
+  // (a selected logical page outside its sequence), "indptr" (a sequence with more pages than
+  // DecodeLaunch::max_pages_per_seq, or a decreasing indptr) or "last_page_len". Pages with bad
+  // ids are never read; the outputs of the affected heads are then unspecified.
+  void check(CUstream_st* stream) const;
+
+  struct Impl;
+  Impl& impl() const { return *impl_; }
+
+ private:
+  std::unique_ptr<Impl> impl_;
+};
+
+struct DecodeLaunch {
+  CUstream_st* stream = nullptr;
+  DecodeWorkspace* workspace = nullptr;  // required
+  // Upper bound on pages per sequence (dense) known on the host; it sizes the split-K grid
+  // without reading the device page table. A sequence with more pages sets the error flag.
+  // Sparse decode uses the selection's max_per_head instead.
+  int max_pages_per_seq = 0;
+  // Split-K chunk in pages; 0 plans it from the grid size and the device's SM count
+  // (DecodeArgs::chunk_pages is not used on the GPU: the CPU's fixed 64 would be far too
+  // small a grid or too many partials here). The result is deterministic for a given
+  // (chunk_pages, args): the chunking and the merge order do not depend on timing.
+  int chunk_pages = 0;
+  // true: wait for the step and check the error flag (throws). false: the caller calls
+  // workspace->check(stream) when it wants (benchmarks, CUDA graphs).
+  bool check_errors = true;
+};
+
+// Decode on the GPU. args: q/out device [B][Hq][d] f32 (unit stride on d); cache.k/v device
+// pool in f16 or bf16, 16-byte aligned, strides multiples of 8 elements (HND or NHD);
+// cache.table spans over device int32 arrays (sizes: indptr B+1, last_page_len B); the host
+// cannot read them, so validate the table on the host where it is built
+// (PagedKVView::validate on the host copy) — kernels still check every id they use and set
+// the error flag instead of reading a bad page. selection: nullptr (dense) or a view whose
+// ids/count spans are device memory, unit page. lse_or_tau: device [B][Hq] or empty.
+// Supported: softmax; head_dim 64, 128, 256; any GQA ratio (groups of more than 8 q heads
+// re-read the kv head's pages once per 8 q heads). Throws masskv::Error naming the argument
+// (unsupported for entmax, token selections, other head dims, f32 KV).
+void decode(const attn::DecodeArgs& args, const DecodeLaunch& launch);
+
+// The split-K chunk (pages) decode plans for `pages_per_head` pages per (sequence, kv head)
+// on this device (for reports).
+int planned_chunk_pages(DType dtype, int head_dim, int batch, int num_kv_heads, int num_q_heads,
+                        int pages_per_head);
+
+}  // namespace masskv::cuda

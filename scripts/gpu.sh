@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# On the GPU machine: build the CUDA library + masskv_gpu_bench, run the CUDA-vs-f64-reference
+# check, the benchmark, the torch SDPA peers, and write the joined report under $OUT
+# (7 files: build.log check.log bench.log bench_ours.json bench_torch.json report.md report.json).
+# Exit status: the check's (a failed check still lets the benchmark run and report).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-$PWD/gpu-out}
+mkdir -p "$OUT"
+BUILD=${BUILD:-build-gpu}
+{ date -u +%Y-%m-%dT%H:%M:%SZ; nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem \
+  --format=csv; nvcc --version | tail -1; } 2>&1 | tee "$OUT/check.log"
+{ cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DMASSKV_TOOLS=OFF -DMASSKV_CUDA=ON \
+  && ninja -C "$BUILD" -j"$(nproc)" masskv_gpu_bench; } > "$OUT/build.log" 2>&1 \
+  || { tail -40 "$OUT/build.log"; exit 2; }
+"$BUILD/masskv_gpu_bench" check 2>&1 | tee -a "$OUT/check.log"
+check_rc=${PIPESTATUS[0]}
+"$BUILD/masskv_gpu_bench" bench "$OUT/bench_ours.json" 2>&1 | tee "$OUT/bench.log"
+PYTHONUNBUFFERED=1 python3 tools/gpu_bench/torch_peer.py "$OUT/bench_torch.json" 2>&1 \
+  | tee -a "$OUT/bench.log"
+python3 tools/gpu_bench/report.py "$OUT/bench_ours.json" "$OUT/bench_torch.json" \
+  "$OUT/report.md" "$OUT/report.json"
+echo "check exit status: $check_rc"
+exit "$check_rc"

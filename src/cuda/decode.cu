@@ -1,0 +1,681 @@
+// CUDA decode attention, softmax, dense and sparse (issue 7; DESIGN.md §2.6 split-K merge,
+// §3 layout). One kernel skeleton for both: a CTA owns one chunk of pages of one
+// (sequence, kv head) and all q heads of that kv head (up to 8), so each selected page is read
+// once per kv group. Dense takes the chunk's pages from the CSR page table, sparse from the
+// Selection's logical ids. A second small kernel merges the chunks' (o, lse) partials.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <mutex>
+
+#include "masskv/cuda/decode.hpp"
+#include "masskv/error.hpp"
+
+namespace masskv::cuda {
+namespace {
+
+constexpr int kWarps = 4;
+constexpr int kThreads = kWarps * 32;
+constexpr int kMaxChunkPages = 1024;  // page list of one chunk lives in shared memory
+constexpr int kMaxChunks = 4096;      // merge weights live in shared memory
+constexpr int kMaxGroup = 8;          // q heads per CTA (registers)
+constexpr float kLn2 = 0.6931471805599453f;
+constexpr float kLog2e = 1.4426950408889634f;
+
+// Device error flag bits (DecodeWorkspace::check turns them into masskv::Error).
+enum ErrBit : unsigned {
+  kBadPhysical = 1u,   // indices[...] outside [0, num_pages)
+  kBadSelection = 2u,  // selected logical page outside the sequence, or count out of range
+  kBadIndptr = 4u,     // decreasing indptr, or more pages than the planned grid covers
+  kBadLastLen = 8u,    // last_page_len outside [1, page_size]
+};
+
+void check_cuda(cudaError_t e, const char* what) {
+  if (e == cudaSuccess) return;
+  fail(e == cudaErrorMemoryAllocation ? ErrorCode::out_of_memory : ErrorCode::unsupported, "cuda",
+       what, ": ", cudaGetErrorString(e));
+}
+
+struct Params {
+  const float* q;
+  std::int64_t q_s0, q_s1;
+  float* out;
+  std::int64_t o_s0, o_s1;
+  float* lse;  // may be null
+  const std::uint16_t* k;
+  const std::uint16_t* v;
+  std::int64_t stride_page, stride_head, stride_slot;
+  int pool_pages, num_kv_heads, num_q_heads, group, head_groups, log2_page;
+  const std::int32_t* indptr;
+  const std::int32_t* indices;
+  const std::int32_t* last_len;
+  int sparse;  // 0: dense (pages from the table), 1: pages from sel_ids
+  const std::int32_t* sel_ids;
+  const std::int32_t* sel_count;
+  int sel_max;
+  int max_pages;  // dense: bound the grid was planned for
+  int chunk_pages, num_chunks;
+  float scale_log2;  // score scale * log2(e): scores are kept in base 2
+  float* part_o;     // [B][Hq][num_chunks][D] (num_chunks > 1)
+  float* part_lse;   // [B][Hq][num_chunks], natural log
+  unsigned* err;
+};
+
+// Pages and units (pages to attend) of (b, kv head), with the ids checked. Returns the number
+// of units; 0 when the sequence's table entry is bad (flagged).
+__device__ int seq_units(const Params& p, int b, int kvh, int& num_pages, int& last_len) {
+  const int begin = p.indptr[b], end = p.indptr[b + 1];
+  num_pages = end - begin;
+  last_len = 0;
+  if (num_pages < 0) {
+    atomicOr(p.err, kBadIndptr);
+    num_pages = 0;
+    return 0;
+  }
+  if (num_pages > 0) {
+    last_len = p.last_len[b];
+    if (last_len < 1 || last_len > (1 << p.log2_page)) {
+      atomicOr(p.err, kBadLastLen);
+      num_pages = 0;
+      return 0;
+    }
+  }
+  if (!p.sparse) {
+    if (num_pages > p.max_pages) {
+      atomicOr(p.err, kBadIndptr);
+      num_pages = 0;
+      return 0;
+    }
+    return num_pages;
+  }
+  const int count = p.sel_count[b * p.num_kv_heads + kvh];
+  if (count < 0 || count > p.sel_max) {
+    atomicOr(p.err, kBadSelection);
+    return 0;
+  }
+  return count;
+}
+
+template <bool kBf16>
+__device__ __forceinline__ void to_float8(const uint4& r, float (&f)[8]) {
+  const unsigned w[4] = {r.x, r.y, r.z, r.w};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    if constexpr (kBf16) {
+      f[2 * i] = __uint_as_float(w[i] << 16);
+      f[2 * i + 1] = __uint_as_float(w[i] & 0xffff0000u);
+    } else {
+      __half2 h;
+      memcpy(&h, &w[i], 4);
+      const float2 x = __half22float2(h);
+      f[2 * i] = x.x;
+      f[2 * i + 1] = x.y;
+    }
+  }
+}
+
+// 16-byte asynchronous copy global -> shared (L2 only, no L1 allocation: each KV byte is used
+// once); src_bytes 0 writes zeros (masked tokens) without reading.
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem, int src_bytes) {
+  const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(gmem),
+               "r"(src_bytes));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n"); }
+template <int kPending>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending));
+}
+
+// Pipeline depth: tiles in flight per thread while one is computed.
+constexpr int kStages = 3;
+
+template <int kD, int kG, int kU>
+struct ChunkSmem {
+  static constexpr int kRowGroups = kWarps * (32 / (kD / 8));
+  static constexpr std::size_t kList = kMaxChunkPages * (sizeof(int) + sizeof(std::uint16_t));
+  static constexpr std::size_t kStage = std::size_t{kStages} * kU * 2 * kThreads * 16;
+  static constexpr std::size_t kMerge = sizeof(float) * kRowGroups * kG * (kD + 2);
+  static constexpr std::size_t kBytes = kList + (kStage > kMerge ? kStage : kMerge);
+};
+
+// One CTA: chunk blockIdx.x of (sequence blockIdx.z, kv head blockIdx.y / head_groups), q heads
+// of head group blockIdx.y % head_groups. Lanes are split into row groups of D/8 lanes, each
+// lane holding 8 dims (16-byte accesses); a row group walks its own tokens with its own online
+// softmax state (no cross-group traffic in the loop), the CTA merges the row groups at the end.
+// Loads: each thread copies its own 16-byte pieces of K and V with cp.async into a private
+// shared-memory ring of kStages tiles, so kStages-1 tiles per thread are in flight while one is
+// computed, whatever the register budget (no barrier needed: a thread reads only what it copied).
+// kG: q heads held per CTA (>= the heads of the group, extra ones are zero and not written);
+// kU: tokens per row group per tile.
+template <bool kBf16, int kD, int kG, int kU>
+__global__ void __launch_bounds__(kThreads, kG <= 4 ? 4 : 2) decode_chunk_kernel(Params p) {
+  using Smem = ChunkSmem<kD, kG, kU>;
+  constexpr int kLanesPerRow = kD / 8;
+  constexpr int kRowGroups = Smem::kRowGroups;
+  constexpr int kTileTokens = kRowGroups * kU;
+  extern __shared__ uint4 smem_raw[];
+  int* s_phys = reinterpret_cast<int*>(smem_raw);
+  std::uint16_t* s_len = reinterpret_cast<std::uint16_t*>(s_phys + kMaxChunkPages);
+  uint4* s_stage = reinterpret_cast<uint4*>(reinterpret_cast<char*>(smem_raw) + Smem::kList);
+
+  const int chunk = blockIdx.x;
+  const int kvh = blockIdx.y / p.head_groups;
+  const int hg = blockIdx.y % p.head_groups;
+  const int b = blockIdx.z;
+  const int heads_here = min(kMaxGroup, p.group - hg * kMaxGroup);
+  const int q_head0 = kvh * p.group + hg * kMaxGroup;
+
+  int num_pages, last_len;
+  const int units = seq_units(p, b, kvh, num_pages, last_len);
+  const int unit0 = chunk * p.chunk_pages;
+  if (unit0 >= units && !(chunk == 0 && p.num_chunks == 1)) return;  // merge covers empties
+  const int n_pages = max(0, min(p.chunk_pages, units - unit0));
+
+  // Page list of the chunk, every id checked here, so the token loop never sees a bad id.
+  const int page_size = 1 << p.log2_page;
+  const std::int32_t* sel =
+      p.sparse ? p.sel_ids + (static_cast<std::int64_t>(b) * p.num_kv_heads + kvh) * p.sel_max
+               : nullptr;
+  const int seq_begin = num_pages > 0 ? p.indptr[b] : 0;
+  for (int i = threadIdx.x; i < n_pages; i += kThreads) {
+    int logical = unit0 + i, len = 0, phys_ok = 0;
+    if (p.sparse) {
+      logical = sel[unit0 + i];
+      if (logical < 0 || logical >= num_pages) {
+        atomicOr(p.err, kBadSelection);
+        logical = -1;
+      }
+    }
+    if (logical >= 0) {
+      const int phys = p.indices[seq_begin + logical];
+      if (phys < 0 || phys >= p.pool_pages) {
+        atomicOr(p.err, kBadPhysical);
+      } else {
+        len = logical == num_pages - 1 ? last_len : page_size;
+        phys_ok = phys;
+      }
+    }
+    s_phys[i] = phys_ok;
+    s_len[i] = static_cast<std::uint16_t>(len);
+  }
+
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int rg = warp * (32 / kLanesPerRow) + lane / kLanesPerRow;
+  const int lane_dim = (lane % kLanesPerRow) * 8;
+
+  // q of the CTA's heads, pre-scaled into base-2 logits.
+  float qf[kG][8];
+#pragma unroll
+  for (int g = 0; g < kG; ++g) {
+    const float* qrow = p.q + b * p.q_s0 + (q_head0 + g) * p.q_s1 + lane_dim;
+#pragma unroll
+    for (int j = 0; j < 8; ++j) qf[g][j] = g < heads_here ? qrow[j] * p.scale_log2 : 0.f;
+  }
+  float m[kG], l[kG], acc[kG][8];
+#pragma unroll
+  for (int g = 0; g < kG; ++g) {
+    m[g] = -INFINITY;
+    l[g] = 0.f;
+#pragma unroll
+    for (int j = 0; j < 8; ++j) acc[g][j] = 0.f;
+  }
+  __syncthreads();
+
+  const std::int64_t head_off = kvh * p.stride_head + lane_dim;
+  const std::uint16_t* kb = p.k + head_off;
+  const std::uint16_t* vb = p.v + head_off;
+  const int rows = n_pages << p.log2_page;
+  const int n_tiles = (rows + kTileTokens - 1) / kTileTokens;
+  const auto token_ok = [&](int t) {
+    return t < rows && static_cast<int>(t & (page_size - 1)) <
+                           static_cast<int>(s_len[min(t >> p.log2_page, n_pages - 1)]);
+  };
+  const auto issue = [&](int tile) {
+    uint4* st = s_stage + (tile % kStages) * (kU * 2 * kThreads) + threadIdx.x;
+#pragma unroll
+    for (int u = 0; u < kU; ++u) {
+      const int t = rg + tile * kTileTokens + u * kRowGroups;
+      const bool ok = token_ok(t);
+      std::int64_t off = 0;
+      if (ok) {
+        off = static_cast<std::int64_t>(s_phys[t >> p.log2_page]) * p.stride_page +
+              (t & (page_size - 1)) * p.stride_slot;
+      }
+      cp_async16(st + (2 * u) * kThreads, kb + off, ok ? 16 : 0);
+      cp_async16(st + (2 * u + 1) * kThreads, vb + off, ok ? 16 : 0);
+    }
+  };
+#pragma unroll
+  for (int s = 0; s < kStages - 1; ++s) {
+    if (s < n_tiles) issue(s);
+    cp_async_commit();
+  }
+  for (int tile = 0; tile < n_tiles; ++tile) {
+    if (tile + kStages - 1 < n_tiles) issue(tile + kStages - 1);
+    cp_async_commit();
+    cp_async_wait<kStages - 1>();
+    const uint4* st = s_stage + (tile % kStages) * (kU * 2 * kThreads) + threadIdx.x;
+    bool ok[kU];
+    float s[kU][kG];
+#pragma unroll
+    for (int u = 0; u < kU; ++u) {
+      ok[u] = token_ok(rg + tile * kTileTokens + u * kRowGroups);
+      float kf[8];
+      to_float8<kBf16>(st[(2 * u) * kThreads], kf);
+#pragma unroll
+      for (int g = 0; g < kG; ++g) {
+        float d = 0.f;
+#pragma unroll
+        for (int j = 0; j < 8; ++j) d = fmaf(qf[g][j], kf[j], d);
+        s[u][g] = d;
+      }
+    }
+#pragma unroll
+    for (int off = kLanesPerRow / 2; off > 0; off /= 2) {
+#pragma unroll
+      for (int u = 0; u < kU; ++u)
+#pragma unroll
+        for (int g = 0; g < kG; ++g) s[u][g] += __shfl_xor_sync(0xffffffffu, s[u][g], off);
+    }
+    // Online softmax update (base 2). Masked tokens score -inf and carry zero V. The running
+    // output is rescaled only when a head's max grows (rare after the first tiles).
+    float pw[kU][kG];
+#pragma unroll
+    for (int g = 0; g < kG; ++g) {
+      float mt = m[g];
+#pragma unroll
+      for (int u = 0; u < kU; ++u) mt = ok[u] ? fmaxf(mt, s[u][g]) : mt;
+      if (mt > m[g]) {
+        const float corr = exp2f(m[g] - mt);  // m = -inf gives 0: nothing accumulated yet
+        l[g] *= corr;
+#pragma unroll
+        for (int j = 0; j < 8; ++j) acc[g][j] *= corr;
+        m[g] = mt;
+      }
+#pragma unroll
+      for (int u = 0; u < kU; ++u) {
+        pw[u][g] = ok[u] ? exp2f(s[u][g] - mt) : 0.f;
+        l[g] += pw[u][g];
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < kU; ++u) {
+      float vf[8];
+      to_float8<kBf16>(st[(2 * u + 1) * kThreads], vf);
+#pragma unroll
+      for (int g = 0; g < kG; ++g)
+#pragma unroll
+        for (int j = 0; j < 8; ++j) acc[g][j] = fmaf(pw[u][g], vf[j], acc[g][j]);
+    }
+  }
+
+  // Merge the row groups (fixed order: deterministic). The merge area reuses the stage ring.
+  cp_async_wait<0>();
+  __syncthreads();
+  float* s_acc = reinterpret_cast<float*>(s_stage);  // [kRowGroups][kG][kD]
+  float* s_m = s_acc + kRowGroups * kG * kD;         // [kRowGroups][kG]
+  float* s_l = s_m + kRowGroups * kG;
+#pragma unroll
+  for (int g = 0; g < kG; ++g) {
+#pragma unroll
+    for (int j = 0; j < 8; ++j) s_acc[(rg * kG + g) * kD + lane_dim + j] = acc[g][j];
+    if (lane_dim == 0) {
+      s_m[rg * kG + g] = m[g];
+      s_l[rg * kG + g] = l[g];
+    }
+  }
+  __syncthreads();
+  for (int idx = threadIdx.x; idx < kG * kD; idx += kThreads) {
+    const int g = idx / kD, dim = idx % kD;
+    if (g >= heads_here) continue;
+    float mx = -INFINITY;
+    for (int r = 0; r < kRowGroups; ++r) mx = fmaxf(mx, s_m[r * kG + g]);
+    float o = 0.f, lse = -INFINITY;
+    if (mx != -INFINITY) {
+      float lsum = 0.f, osum = 0.f;
+      for (int r = 0; r < kRowGroups; ++r) {
+        const float w = exp2f(s_m[r * kG + g] - mx);
+        lsum += s_l[r * kG + g] * w;
+        osum += s_acc[(r * kG + g) * kD + dim] * w;
+      }
+      o = osum / lsum;
+      lse = (mx + log2f(lsum)) * kLn2;
+    }
+    const int hq = q_head0 + g;
+    if (p.num_chunks == 1) {
+      p.out[b * p.o_s0 + hq * p.o_s1 + dim] = o;
+      if (p.lse && dim == 0) p.lse[b * p.num_q_heads + hq] = lse;
+    } else {
+      const std::int64_t slot =
+          (static_cast<std::int64_t>(b) * p.num_q_heads + hq) * p.num_chunks + chunk;
+      p.part_o[slot * kD + dim] = o;
+      if (dim == 0) p.part_lse[slot] = lse;
+    }
+  }
+}
+
+// Merge of the chunks of one (sequence, q head), §2.6: lse = logsumexp_c lse_c,
+// o = sum_c e^{lse_c - lse} o_c, in chunk order. Empty chunks (lse -inf) weigh 0; all empty
+// gives o = 0, lse = -inf.
+__global__ void __launch_bounds__(kThreads) merge_kernel(Params p, int d) {
+  __shared__ float s_w[kMaxChunks];
+  __shared__ float s_red[kThreads];
+  const int b = blockIdx.x / p.num_q_heads, hq = blockIdx.x % p.num_q_heads;
+  const int kvh = hq / p.group;
+  int num_pages, last_len;
+  const int units = seq_units(p, b, kvh, num_pages, last_len);
+  const int n_chunks = min(p.num_chunks, (units + p.chunk_pages - 1) / p.chunk_pages);
+  const std::int64_t slot0 = (static_cast<std::int64_t>(b) * p.num_q_heads + hq) * p.num_chunks;
+
+  float mx = -INFINITY;
+  for (int c = threadIdx.x; c < n_chunks; c += kThreads) mx = fmaxf(mx, p.part_lse[slot0 + c]);
+  s_red[threadIdx.x] = mx;
+  __syncthreads();
+  for (int w = kThreads / 2; w > 0; w /= 2) {
+    if (threadIdx.x < w) s_red[threadIdx.x] = fmaxf(s_red[threadIdx.x], s_red[threadIdx.x + w]);
+    __syncthreads();
+  }
+  mx = s_red[0];
+  for (int c = threadIdx.x; c < n_chunks; c += kThreads)
+    s_w[c] = mx == -INFINITY ? 0.f : expf(p.part_lse[slot0 + c] - mx);
+  __syncthreads();
+  float wsum = 0.f;
+  for (int c = 0; c < n_chunks; ++c) wsum += s_w[c];
+  for (int dim = threadIdx.x; dim < d; dim += kThreads) {
+    float o = 0.f;
+    if (wsum > 0.f) {
+      for (int c = 0; c < n_chunks; ++c) {
+        if (s_w[c] != 0.f) o = fmaf(s_w[c], p.part_o[(slot0 + c) * d + dim], o);
+      }
+      o /= wsum;
+    }
+    p.out[b * p.o_s0 + hq * p.o_s1 + dim] = o;
+  }
+  if (threadIdx.x == 0 && p.lse) {
+    p.lse[b * p.num_q_heads + hq] = wsum > 0.f ? mx + logf(wsum) : -INFINITY;
+  }
+}
+
+using KernelFn = void (*)(Params);
+struct KernelInfo {
+  KernelFn fn;
+  std::size_t smem;
+};
+
+template <bool kBf16, int kD, int kG, int kU>
+KernelInfo info() {
+  return {decode_chunk_kernel<kBf16, kD, kG, kU>, ChunkSmem<kD, kG, kU>::kBytes};
+}
+
+template <bool kBf16, int kD>
+KernelInfo pick_group(int g) {
+  switch (g) {
+    case 1:
+      return info<kBf16, kD, 1, 4>();
+    case 2:
+      return info<kBf16, kD, 2, 4>();
+    case 4:
+      return info<kBf16, kD, 4, 4>();
+    default:
+      return info<kBf16, kD, 8, 2>();
+  }
+}
+
+template <bool kBf16>
+KernelInfo pick_dim(int d, int g) {
+  switch (d) {
+    case 64:
+      return pick_group<kBf16, 64>(g);
+    case 128:
+      return pick_group<kBf16, 128>(g);
+    default:
+      return pick_group<kBf16, 256>(g);
+  }
+}
+
+int kernel_group(int group) {
+  const int g = std::min(group, kMaxGroup);
+  return g <= 1 ? 1 : g <= 2 ? 2 : g <= 4 ? 4 : 8;
+}
+
+// The kernel for (dtype, d, group), its shared-memory limit raised once, and its resident
+// CTAs per SM (cached: the occupancy query costs host time on every step otherwise).
+struct Prepared {
+  KernelInfo k;
+  int per_sm;
+};
+Prepared prepare_kernel(DType dtype, int d, int group) {
+  const int g = kernel_group(group);
+  const int key = (dtype == DType::bf16 ? 0 : 1) * 12 +
+                  (d == 64    ? 0
+                   : d == 128 ? 1
+                              : 2) *
+                      4 +
+                  (g == 1   ? 0
+                   : g == 2 ? 1
+                   : g == 4 ? 2
+                            : 3);
+  static std::mutex mu;
+  static Prepared cache[24];
+  static bool ready[24] = {};
+  std::lock_guard<std::mutex> lock(mu);
+  if (!ready[key]) {
+    Prepared pr;
+    pr.k = dtype == DType::bf16 ? pick_dim<true>(d, g) : pick_dim<false>(d, g);
+    check_cuda(cudaFuncSetAttribute(pr.k.fn, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    static_cast<int>(pr.k.smem)),
+               "cudaFuncSetAttribute(shared memory)");
+    check_cuda(
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&pr.per_sm, pr.k.fn, kThreads, pr.k.smem),
+        "occupancy");
+    cache[key] = pr;
+    ready[key] = true;
+  }
+  return cache[key];
+}
+
+int device_sms() {
+  static const int sms = [] {
+    int dev = 0, n = 0;
+    check_cuda(cudaGetDevice(&dev), "cudaGetDevice");
+    check_cuda(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev), "SM count");
+    return n;
+  }();
+  return sms;
+}
+
+// One wave of equal chunks: CTAs = SMs * resident CTAs per SM, split evenly over the
+// (sequence, kv head, head group) triples. Small chunks only cost partials (d floats each).
+int plan_chunk_pages(int base_ctas, int units, int ctas_per_sm) {
+  if (units <= 0) return 1;
+  const int target = std::max(1, device_sms() * std::max(1, ctas_per_sm));
+  const int chunks = std::max(1, target / base_ctas);  // whole waves: no partial last wave
+  int cp = (units + chunks - 1) / chunks;
+  cp = std::max(cp, 8);  // fewer partials: each costs (d + 1) floats written and read
+  cp = std::max(cp, (units + kMaxChunks - 1) / kMaxChunks);
+  return std::min(cp, kMaxChunkPages);
+}
+
+bool is_pow2(int x) { return x > 0 && (x & (x - 1)) == 0; }
+
+}  // namespace
+
+struct DecodeWorkspace::Impl {
+  float* part = nullptr;  // o partials then lse partials
+  std::size_t part_floats = 0;
+  unsigned* err = nullptr;
+  void reserve(std::size_t floats) {
+    if (floats <= part_floats) return;
+    if (part) cudaFree(part);
+    part = nullptr;
+    part_floats = 0;
+    check_cuda(cudaMalloc(&part, floats * sizeof(float)), "cudaMalloc(partials)");
+    part_floats = floats;
+  }
+};
+
+DecodeWorkspace::DecodeWorkspace() : impl_(std::make_unique<Impl>()) {
+  check_cuda(cudaMalloc(&impl_->err, sizeof(unsigned)), "cudaMalloc(error flag)");
+  check_cuda(cudaMemset(impl_->err, 0, sizeof(unsigned)), "cudaMemset(error flag)");
+}
+
+DecodeWorkspace::~DecodeWorkspace() {
+  if (impl_->part) cudaFree(impl_->part);
+  if (impl_->err) cudaFree(impl_->err);
+}
+
+void DecodeWorkspace::check(CUstream_st* stream) const {
+  unsigned flag = 0;
+  check_cuda(cudaMemcpyAsync(&flag, impl_->err, sizeof flag, cudaMemcpyDeviceToHost, stream),
+             "cudaMemcpyAsync(error flag)");
+  check_cuda(cudaStreamSynchronize(stream), "decode step");
+  if (flag == 0) return;
+  check_cuda(cudaMemsetAsync(impl_->err, 0, sizeof flag, stream), "cudaMemset(error flag)");
+  check_cuda(cudaStreamSynchronize(stream), "cudaMemset(error flag)");
+  if (flag & kBadPhysical)
+    fail(ErrorCode::out_of_range, "indices", "a page id outside [0, num_pages) was met on the GPU");
+  if (flag & kBadSelection)
+    fail(ErrorCode::out_of_range, "selection",
+         "a selected page outside its sequence (or a count outside [0, max_per_head])");
+  if (flag & kBadLastLen)
+    fail(ErrorCode::out_of_range, "last_page_len", "a value outside [1, page_size] on the GPU");
+  fail(ErrorCode::out_of_range, "indptr",
+       "decreasing, or a sequence longer than DecodeLaunch::max_pages_per_seq");
+}
+
+int planned_chunk_pages(DType dtype, int head_dim, int batch, int num_kv_heads, int num_q_heads,
+                        int pages_per_head) {
+  const int group = num_q_heads / num_kv_heads;
+  const int head_groups = (group + kMaxGroup - 1) / kMaxGroup;
+  return plan_chunk_pages(batch * num_kv_heads * head_groups, pages_per_head,
+                          prepare_kernel(dtype, head_dim, group).per_sm);
+}
+
+void decode(const attn::DecodeArgs& a, const DecodeLaunch& launch) {
+  const kv::PagedKVView& c = a.cache;
+  require(launch.workspace != nullptr, ErrorCode::invalid_argument, "workspace", "is required");
+  require(!a.mapping.is_entmax(), ErrorCode::unsupported, "mapping",
+          "the CUDA decode serves softmax only (entmax: not yet)");
+  require(c.dtype == DType::bf16 || c.dtype == DType::f16, ErrorCode::unsupported, "dtype",
+          "the CUDA decode reads f16 or bf16 KV");
+  const int d = c.head_dim;
+  require(d == 64 || d == 128 || d == 256, ErrorCode::unsupported, "head_dim",
+          "the CUDA decode serves head_dim 64, 128, 256; got ", d);
+  require(c.num_kv_heads > 0, ErrorCode::invalid_argument, "num_kv_heads", "must be > 0");
+  require(is_pow2(c.page_size) && c.page_size <= 256, ErrorCode::invalid_argument, "page_size",
+          "must be a power of two in [1, 256]");
+  require(c.num_pages > 0 && c.k && c.v, ErrorCode::invalid_argument, "cache",
+          "empty pool or null K/V");
+  const auto aligned16 = [](const void* ptr) {
+    return reinterpret_cast<std::uintptr_t>(ptr) % 16 == 0;
+  };
+  require(aligned16(c.k) && aligned16(c.v), ErrorCode::invalid_argument, "cache",
+          "K and V must be 16-byte aligned");
+  require(c.stride_page % 8 == 0 && c.stride_head % 8 == 0 && c.stride_slot % 8 == 0 &&
+              c.stride_slot >= d,
+          ErrorCode::invalid_argument, "stride",
+          "strides must be multiples of 8 elements (16-byte rows), stride_slot >= head_dim");
+  const int B = a.q.n0, Hq = a.q.n1;
+  require(B >= 0 && c.table.indptr.size() == static_cast<std::size_t>(B) + 1,
+          ErrorCode::shape_mismatch, "indptr", "needs batch + 1 entries (batch from q)");
+  require(c.table.last_page_len.size() == static_cast<std::size_t>(B), ErrorCode::shape_mismatch,
+          "last_page_len", "needs batch entries");
+  require(a.q.n2 == d && a.q.data != nullptr, ErrorCode::shape_mismatch, "q",
+          "must be [batch][q heads][head_dim]");
+  require(Hq > 0 && Hq % c.num_kv_heads == 0, ErrorCode::shape_mismatch, "q",
+          "q heads must be a multiple of the kv heads");
+  require(a.out.n0 == B && a.out.n1 == Hq && a.out.n2 == d && a.out.data != nullptr,
+          ErrorCode::shape_mismatch, "out", "must have q's shape");
+  require(a.lse_or_tau.empty() || a.lse_or_tau.size() == static_cast<std::size_t>(B) * Hq,
+          ErrorCode::shape_mismatch, "lse_or_tau", "needs 0 or batch * q heads entries");
+  require(a.scale >= 0 && std::isfinite(a.scale), ErrorCode::invalid_argument, "scale",
+          "must be finite and >= 0 (0: 1/sqrt(d))");
+  if (B == 0) return;
+
+  const SelectionView* sel = a.selection;
+  int units_max = launch.max_pages_per_seq;
+  if (sel) {
+    require(sel->unit == SelectionView::Unit::page, ErrorCode::unsupported, "selection",
+            "the CUDA decode takes page selections only");
+    require(
+        sel->batch == B && sel->num_kv_heads == c.num_kv_heads && sel->max_per_head >= 0 &&
+            sel->ids.size() == static_cast<std::size_t>(B) * c.num_kv_heads * sel->max_per_head &&
+            sel->count.size() == static_cast<std::size_t>(B) * c.num_kv_heads,
+        ErrorCode::shape_mismatch, "selection", "shape does not match q and the cache");
+    units_max = sel->max_per_head;
+  } else {
+    require(units_max > 0, ErrorCode::invalid_argument, "max_pages_per_seq",
+            "dense decode needs the host's bound on pages per sequence");
+  }
+
+  const int group = Hq / c.num_kv_heads;
+  const int head_groups = (group + kMaxGroup - 1) / kMaxGroup;
+  const Prepared kernel = prepare_kernel(c.dtype, d, group);
+  const int per_sm = kernel.per_sm;
+  const int base = B * c.num_kv_heads * head_groups;
+  int cp = launch.chunk_pages > 0 ? launch.chunk_pages : plan_chunk_pages(base, units_max, per_sm);
+  require(cp <= kMaxChunkPages, ErrorCode::invalid_argument, "chunk_pages", "at most ",
+          kMaxChunkPages);
+  const int chunks = std::max(1, (std::max(units_max, 1) + cp - 1) / cp);
+  require(chunks <= kMaxChunks, ErrorCode::invalid_argument, "chunk_pages",
+          "too small for this many pages (more than ", kMaxChunks, " chunks)");
+
+  DecodeWorkspace::Impl& ws = launch.workspace->impl();
+  Params p{};
+  p.q = a.q.data;
+  p.q_s0 = a.q.s0;
+  p.q_s1 = a.q.s1;
+  p.out = a.out.data;
+  p.o_s0 = a.out.s0;
+  p.o_s1 = a.out.s1;
+  p.lse = a.lse_or_tau.empty() ? nullptr : a.lse_or_tau.data();
+  p.k = static_cast<const std::uint16_t*>(c.k);
+  p.v = static_cast<const std::uint16_t*>(c.v);
+  p.stride_page = c.stride_page;
+  p.stride_head = c.stride_head;
+  p.stride_slot = c.stride_slot;
+  p.pool_pages = c.num_pages;
+  p.num_kv_heads = c.num_kv_heads;
+  p.num_q_heads = Hq;
+  p.group = group;
+  p.head_groups = head_groups;
+  int lg = 0;
+  while ((1 << lg) < c.page_size) ++lg;
+  p.log2_page = lg;
+  p.indptr = c.table.indptr.data();
+  p.indices = c.table.indices.data();
+  p.last_len = c.table.last_page_len.data();
+  p.sparse = sel ? 1 : 0;
+  p.sel_ids = sel ? sel->ids.data() : nullptr;
+  p.sel_count = sel ? sel->count.data() : nullptr;
+  p.sel_max = sel ? sel->max_per_head : 0;
+  p.max_pages = launch.max_pages_per_seq;
+  p.chunk_pages = cp;
+  p.num_chunks = chunks;
+  const float scale = a.scale > 0 ? a.scale : 1.0f / std::sqrt(static_cast<float>(d));
+  p.scale_log2 = scale * kLog2e;
+  if (chunks > 1) {
+    const std::size_t slots = static_cast<std::size_t>(B) * Hq * chunks;
+    ws.reserve(slots * (d + 1));
+    p.part_o = ws.part;
+    p.part_lse = ws.part + slots * d;
+  }
+  p.err = ws.err;
+
+  cudaStream_t stream = launch.stream;
+  const dim3 grid(chunks, c.num_kv_heads * head_groups, B);
+  kernel.k.fn<<<grid, kThreads, kernel.k.smem, stream>>>(p);
+  check_cuda(cudaGetLastError(), "decode kernel launch");
+  if (chunks > 1) {
+    merge_kernel<<<B * Hq, kThreads, 0, stream>>>(p, d);
+    check_cuda(cudaGetLastError(), "merge kernel launch");
+  }
+  if (launch.check_errors) launch.workspace->check(stream);
+}
+
+}  // namespace masskv::cuda

@@ -1,0 +1,783 @@
+// masskv_gpu_bench: checks every CUDA decode kernel against the CPU f64 reference on a grid of
+// shapes, then benchmarks dense and sparse decode against a read-only bandwidth kernel.
+// Plain printf only: the GPU machine has none of the Debian C++ libraries.
+//   masskv_gpu_bench check            grid check (exit 1 on any failure)
+//   masskv_gpu_bench bench OUT.json   benchmark (B=1, Hq=32, Hkv=8, d=128, bf16, page 16)
+#include <cuda_runtime.h>
+#include <omp.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <numeric>
+#include <string>
+#include <vector>
+
+#include "masskv/attn/decode.hpp"
+#include "masskv/cuda/decode.hpp"
+#include "masskv/error.hpp"
+#include "masskv/select/page_bound.hpp"
+
+using namespace masskv;
+
+#define CK(x)                                                                                \
+  do {                                                                                       \
+    cudaError_t e_ = (x);                                                                    \
+    if (e_ != cudaSuccess) {                                                                 \
+      std::fprintf(stderr, "CUDA error %s at %s:%d: %s\n", cudaGetErrorString(e_), __FILE__, \
+                   __LINE__, #x);                                                            \
+      std::exit(2);                                                                          \
+    }                                                                                        \
+  } while (0)
+
+namespace {
+
+// ---- small host utilities -----------------------------------------------------------------
+struct Rng {
+  std::uint64_t s;
+  explicit Rng(std::uint64_t seed) : s(seed * 0x9E3779B97F4A7C15ull + 1) {}
+  std::uint64_t next() {
+    std::uint64_t z = (s += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+  }
+  double uniform() { return (next() >> 11) * (1.0 / 9007199254740992.0); }
+  float sym(float a) { return static_cast<float>((2 * uniform() - 1) * a); }
+  int below(int n) { return static_cast<int>(next() % static_cast<std::uint64_t>(n)); }
+};
+
+template <class T>
+struct DevBuf {
+  T* p = nullptr;
+  std::size_t n = 0;
+  DevBuf() = default;
+  explicit DevBuf(std::size_t count) : n(count) {
+    CK(cudaMalloc(&p, std::max<std::size_t>(count, 1) * sizeof(T)));
+  }
+  DevBuf(const DevBuf&) = delete;
+  DevBuf& operator=(const DevBuf&) = delete;
+  DevBuf(DevBuf&& o) noexcept : p(o.p), n(o.n) { o.p = nullptr; }
+  DevBuf& operator=(DevBuf&& o) noexcept {
+    std::swap(p, o.p);
+    std::swap(n, o.n);
+    return *this;
+  }
+  ~DevBuf() {
+    if (p) cudaFree(p);
+  }
+  void upload(const T* h, std::size_t count) {
+    CK(cudaMemcpy(p, h, count * sizeof(T), cudaMemcpyHostToDevice));
+  }
+  void upload(const std::vector<T>& h) { upload(h.data(), h.size()); }
+  std::vector<T> download() const {
+    std::vector<T> h(n);
+    CK(cudaMemcpy(h.data(), p, n * sizeof(T), cudaMemcpyDeviceToHost));
+    return h;
+  }
+};
+
+template <class T>
+DevBuf<T> to_device(const std::vector<T>& h) {
+  DevBuf<T> d(h.size());
+  if (!h.empty()) d.upload(h);
+  return d;
+}
+
+// ---- check ---------------------------------------------------------------------------------
+struct Case {
+  int len, group, d, batch, page;
+  DType dtype;
+  kv::Layout layout;
+  int num_kv_heads = 2;
+};
+
+// Host copy of one case's inputs, its selection and the f64 references.
+struct CaseData {
+  Case c;
+  int pool_pages = 0;
+  std::vector<std::uint16_t> k, v;
+  std::vector<float> q;
+  std::vector<std::int32_t> indptr, indices, last;
+  SelectionStorage sel;
+  std::vector<double> ref_dense, lse_dense, ref_sparse, lse_sparse;
+  kv::PagedKVView view;  // host pointers
+};
+
+kv::PagedKVView make_view(const Case& c, int pool_pages, const void* k, const void* v) {
+  kv::PagedKVView view;
+  view.k = k;
+  view.v = v;
+  view.dtype = c.dtype;
+  view.num_pages = pool_pages;
+  view.num_kv_heads = c.num_kv_heads;
+  view.page_size = c.page;
+  view.head_dim = c.d;
+  view.set_layout(c.layout);
+  return view;
+}
+
+void build_case(CaseData& cd, std::uint64_t seed) {
+  const Case& c = cd.c;
+  Rng rng(seed);
+  std::vector<int> lens(c.batch);
+  for (int b = 0; b < c.batch; ++b) lens[b] = b == 0 ? c.len : 1 + rng.below(c.len);
+  cd.indptr.assign(1, 0);
+  int total = 0;
+  for (int b = 0; b < c.batch; ++b) {
+    const int np = (lens[b] + c.page - 1) / c.page;
+    total += np;
+    cd.indptr.push_back(total);
+    cd.last.push_back(lens[b] - (np - 1) * c.page);
+  }
+  cd.pool_pages = total + total / 4 + 3;  // spare pages: ids are a random injection
+  std::vector<std::int32_t> perm(cd.pool_pages);
+  std::iota(perm.begin(), perm.end(), 0);
+  for (int i = cd.pool_pages - 1; i > 0; --i) std::swap(perm[i], perm[rng.below(i + 1)]);
+  cd.indices.assign(perm.begin(), perm.begin() + total);
+
+  const std::size_t elems = static_cast<std::size_t>(cd.pool_pages) * c.num_kv_heads * c.page * c.d;
+  cd.k.resize(elems);
+  cd.v.resize(elems);
+  for (std::size_t i = 0; i < elems; ++i) {
+    // Keys in [-2, 2], values in [-1, 1]: scores spread over several units (peaky softmax).
+    const float kf = rng.sym(2.f), vf = rng.sym(1.f);
+    if (c.dtype == DType::bf16) {
+      cd.k[i] = f32_to_bf16(kf).bits;
+      cd.v[i] = f32_to_bf16(vf).bits;
+    } else {
+      cd.k[i] = f32_to_f16(kf).bits;
+      cd.v[i] = f32_to_f16(vf).bits;
+    }
+  }
+  const int hq = c.num_kv_heads * c.group;
+  cd.q.resize(static_cast<std::size_t>(c.batch) * hq * c.d);
+  for (float& x : cd.q) x = rng.sym(3.f);
+
+  // Selection: each page with probability 0.3, the last page always; in some cases one
+  // (sequence, kv head) gets an empty selection (output 0, lse -inf).
+  int max_sel = 0;
+  std::vector<std::vector<std::int32_t>> lists(static_cast<std::size_t>(c.batch) * c.num_kv_heads);
+  for (int b = 0; b < c.batch; ++b) {
+    const int np = cd.indptr[b + 1] - cd.indptr[b];
+    for (int h = 0; h < c.num_kv_heads; ++h) {
+      auto& l = lists[static_cast<std::size_t>(b) * c.num_kv_heads + h];
+      const bool empty = (seed % 4 == 1) && b == 0 && h == 0;
+      if (!empty) {
+        for (int j = 0; j < np; ++j)
+          if (j == np - 1 || rng.uniform() < 0.3) l.push_back(j);
+      }
+      max_sel = std::max(max_sel, static_cast<int>(l.size()));
+    }
+  }
+  cd.sel.reset(SelectionView::Unit::page, c.batch, c.num_kv_heads, max_sel + 1);
+  for (int b = 0; b < c.batch; ++b)
+    for (int h = 0; h < c.num_kv_heads; ++h) {
+      const auto& l = lists[static_cast<std::size_t>(b) * c.num_kv_heads + h];
+      std::copy(l.begin(), l.end(), cd.sel.slots(b, h).begin());
+      cd.sel.count[static_cast<std::size_t>(b) * c.num_kv_heads + h] = static_cast<int>(l.size());
+    }
+
+  cd.view = make_view(c, cd.pool_pages, cd.k.data(), cd.v.data());
+  cd.view.table = {cd.indptr, cd.indices, cd.last};
+  cd.view.validate();  // the host validates the table where it is built
+
+  std::vector<float> dummy_out(cd.q.size());
+  attn::DecodeArgs a;
+  a.q = View3<const float>::contiguous(cd.q.data(), c.batch, hq, c.d);
+  a.cache = cd.view;
+  a.out = View3<float>::contiguous(dummy_out.data(), c.batch, hq, c.d);
+  const std::size_t heads = static_cast<std::size_t>(c.batch) * hq;
+  cd.ref_dense.resize(heads * c.d);
+  cd.lse_dense.resize(heads);
+  attn::decode_reference(a, cd.ref_dense, cd.lse_dense);
+  const SelectionView sv = cd.sel.view();
+  a.selection = &sv;
+  cd.ref_sparse.resize(heads * c.d);
+  cd.lse_sparse.resize(heads);
+  attn::decode_reference(a, cd.ref_sparse, cd.lse_sparse);
+}
+
+struct Errors {
+  double o = 0, lse = 0;
+  bool ok = true;
+  std::string why;
+};
+
+Errors compare(const std::vector<float>& o, const std::vector<float>& lse,
+               const std::vector<double>& ro, const std::vector<double>& rl) {
+  Errors e;
+  double num = 0, den = 0;
+  for (std::size_t i = 0; i < ro.size(); ++i) {
+    if (!std::isfinite(o[i])) {
+      e.ok = false;
+      e.why = "non-finite output (unwritten or NaN)";
+      return e;
+    }
+    num = std::max(num, std::fabs(o[i] - ro[i]));
+    den = std::max(den, std::fabs(ro[i]));
+  }
+  e.o = den > 0 ? num / den : num;
+  for (std::size_t i = 0; i < rl.size(); ++i) {
+    if (std::isinf(rl[i]) && rl[i] < 0) {
+      if (!(std::isinf(lse[i]) && lse[i] < 0)) {
+        e.ok = false;
+        e.why = "empty selection must give lse = -inf";
+        return e;
+      }
+      continue;
+    }
+    if (!std::isfinite(lse[i])) {
+      e.ok = false;
+      e.why = "non-finite lse";
+      return e;
+    }
+    e.lse = std::max(e.lse, std::fabs(lse[i] - rl[i]) / std::max(1.0, std::fabs(rl[i])));
+  }
+  return e;
+}
+
+constexpr double kTolO = 1e-3;    // ||o - ref||_inf / ||ref||_inf (bf16/f16 KV, f32 accumulation)
+constexpr double kTolLse = 1e-4;  // |lse - ref| / max(1, |ref|)
+
+struct GpuCase {
+  DevBuf<std::uint16_t> k, v;
+  DevBuf<float> q, out, lse;
+  DevBuf<std::int32_t> indptr, indices, last, sel_ids, sel_count;
+  kv::PagedKVView view;
+  SelectionView sel;
+  attn::DecodeArgs args;
+};
+
+void setup_gpu(const CaseData& cd, GpuCase& g) {
+  const Case& c = cd.c;
+  g.k = to_device(cd.k);
+  g.v = to_device(cd.v);
+  g.q = to_device(cd.q);
+  g.out = DevBuf<float>(cd.q.size());
+  g.lse = DevBuf<float>(cd.lse_dense.size());
+  g.indptr = to_device(cd.indptr);
+  g.indices = to_device(cd.indices);
+  g.last = to_device(cd.last);
+  g.sel_ids = to_device(cd.sel.ids);
+  g.sel_count = to_device(cd.sel.count);
+  g.view = make_view(c, cd.pool_pages, g.k.p, g.v.p);
+  g.view.table = {{g.indptr.p, g.indptr.n}, {g.indices.p, g.indices.n}, {g.last.p, g.last.n}};
+  g.sel = {SelectionView::Unit::page,
+           c.batch,
+           c.num_kv_heads,
+           cd.sel.max_per_head,
+           {g.sel_ids.p, g.sel_ids.n},
+           {g.sel_count.p, g.sel_count.n}};
+  const int hq = c.num_kv_heads * c.group;
+  g.args.q = View3<const float>::contiguous(g.q.p, c.batch, hq, c.d);
+  g.args.cache = g.view;
+  g.args.out = View3<float>::contiguous(g.out.p, c.batch, hq, c.d);
+  g.args.lse_or_tau = {g.lse.p, g.lse.n};
+}
+
+int max_pages(const CaseData& cd) {
+  int m = 0;
+  for (std::size_t b = 0; b + 1 < cd.indptr.size(); ++b)
+    m = std::max(m, cd.indptr[b + 1] - cd.indptr[b]);
+  return m;
+}
+
+Errors run_and_compare(GpuCase& g, const attn::DecodeArgs& args, cuda::DecodeLaunch launch,
+                       const std::vector<double>& ro, const std::vector<double>& rl) {
+  CK(cudaMemset(g.out.p, 0xff, g.out.n * sizeof(float)));  // poison: NaN everywhere
+  CK(cudaMemset(g.lse.p, 0xff, g.lse.n * sizeof(float)));
+  Errors e;
+  try {
+    cuda::decode(args, launch);
+  } catch (const Error& err) {
+    e.ok = false;
+    e.why = std::string("threw: ") + err.what();
+    return e;
+  }
+  CK(cudaDeviceSynchronize());
+  return compare(g.out.download(), g.lse.download(), ro, rl);
+}
+
+// Expects decode to throw masskv::Error naming `argument`; then a clean run must pass again.
+bool expect_throw(const char* name, const char* argument, const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    const bool ok = e.argument() == argument;
+    std::printf("  error case %-34s -> Error(%s) \"%s\" %s\n", name, e.argument().c_str(), e.what(),
+                ok ? "ok" : "WRONG ARGUMENT");
+    return ok;
+  }
+  std::printf("  error case %-34s -> no exception: FAIL\n", name);
+  return false;
+}
+
+int run_check() {
+  std::vector<Case> cases;
+  const int lens[] = {1, 17, 1000, 4097, 65537};
+  int idx = 0;
+  for (int len : lens)
+    for (int group : {1, 4, 8})
+      for (int d : {64, 128, 256})
+        for (int batch : {1, 16}) {
+          if (batch == 16 && len == 65537) continue;  // keep the f64 reference affordable
+          for (DType dt : {DType::bf16, DType::f16})
+            for (int page : {16, 64}) {
+              const kv::Layout lay = (idx++ % 3 == 2) ? kv::Layout::NHD : kv::Layout::HND;
+              cases.push_back({len, group, d, batch, page, dt, lay});
+            }
+        }
+  // A few wider groups: 3 (padded to 4) and 16 (two head groups re-reading the pages).
+  cases.push_back({1000, 3, 128, 16, 16, DType::bf16, kv::Layout::HND});
+  cases.push_back({4097, 16, 128, 1, 16, DType::bf16, kv::Layout::HND});
+  cases.push_back({1000, 16, 64, 16, 64, DType::f16, kv::Layout::NHD});
+
+  std::printf("check: %zu cases x {dense auto-split, dense chunk_pages=3, sparse}\n", cases.size());
+  std::printf(
+      "tolerances: ||o-ref||inf/||ref||inf <= %.0e, |lse-ref|/max(1,|ref|) <= %.0e "
+      "(reference: f64 on the same bf16/f16 KV values)\n",
+      kTolO, kTolLse);
+  int failures = 0;
+  double worst_o[2] = {0, 0}, worst_lse[2] = {0, 0};  // [bf16, f16]
+  cuda::DecodeWorkspace ws;
+  const std::size_t batch_n = 24;
+  const auto t0 = std::chrono::steady_clock::now();
+  for (std::size_t start = 0; start < cases.size(); start += batch_n) {
+    const std::size_t end = std::min(cases.size(), start + batch_n);
+    std::vector<CaseData> data(end - start);
+#pragma omp parallel for schedule(dynamic, 1)
+    for (std::size_t i = start; i < end; ++i) {
+      data[i - start].c = cases[i];
+      build_case(data[i - start], 1000 + i);
+    }
+    for (std::size_t i = start; i < end; ++i) {
+      CaseData& cd = data[i - start];
+      const Case& c = cd.c;
+      GpuCase g;
+      setup_gpu(cd, g);
+      cuda::DecodeLaunch launch;
+      launch.workspace = &ws;
+      launch.max_pages_per_seq = max_pages(cd);
+      const char* names[3] = {"dense", "dense/cp3", "sparse"};
+      for (int variant = 0; variant < 3; ++variant) {
+        attn::DecodeArgs args = g.args;
+        cuda::DecodeLaunch l = launch;
+        if (variant == 1) l.chunk_pages = 3;
+        if (variant == 2) args.selection = &g.sel;
+        const bool sparse = variant == 2;
+        const Errors e = run_and_compare(g, args, l, sparse ? cd.ref_sparse : cd.ref_dense,
+                                         sparse ? cd.lse_sparse : cd.lse_dense);
+        const int t = c.dtype == DType::bf16 ? 0 : 1;
+        worst_o[t] = std::max(worst_o[t], e.o);
+        worst_lse[t] = std::max(worst_lse[t], e.lse);
+        const bool pass = e.ok && e.o <= kTolO && e.lse <= kTolLse;
+        if (!pass) {
+          ++failures;
+          std::printf("FAIL %-9s len=%d G=%d d=%d B=%d page=%d %s %s: o_err=%.3e lse_err=%.3e %s\n",
+                      names[variant], c.len, c.group, c.d, c.batch, c.page,
+                      std::string(to_string(c.dtype)).c_str(),
+                      c.layout == kv::Layout::HND ? "HND" : "NHD", e.o, e.lse, e.why.c_str());
+        }
+      }
+    }
+    std::printf("  cases %zu..%zu done (%d failures so far)\n", start, end - 1, failures);
+    std::fflush(stdout);
+  }
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  std::printf("worst errors: bf16 o %.3e lse %.3e | f16 o %.3e lse %.3e (%.1f s)\n", worst_o[0],
+              worst_lse[0], worst_o[1], worst_lse[1], secs);
+
+  // Bad ids are reported through the device flag, never read; bad shapes on the host.
+  {
+    CaseData cd;
+    cd.c = {1000, 4, 128, 2, 16, DType::bf16, kv::Layout::HND};
+    build_case(cd, 7);
+    GpuCase g;
+    setup_gpu(cd, g);
+    cuda::DecodeLaunch launch;
+    launch.workspace = &ws;
+    launch.max_pages_per_seq = max_pages(cd);
+    bool ok = true;
+    std::vector<std::int32_t> bad = cd.indices;
+    bad[5] = cd.pool_pages;  // one past the pool
+    g.indices.upload(bad);
+    ok &= expect_throw("physical page id == num_pages", "indices",
+                       [&] { cuda::decode(g.args, launch); });
+    g.indices.upload(cd.indices);
+    SelectionStorage s2 = cd.sel;
+    s2.ids[0] = cd.indptr[1] - cd.indptr[0];  // logical page past the sequence
+    g.sel_ids.upload(s2.ids);
+    ok &= expect_throw("selected page >= num_pages(b)", "selection", [&] {
+      attn::DecodeArgs a = g.args;
+      a.selection = &g.sel;
+      cuda::decode(a, launch);
+    });
+    g.sel_ids.upload(cd.sel.ids);
+    ok &= expect_throw("max_pages_per_seq too small", "indptr", [&] {
+      cuda::DecodeLaunch l = launch;
+      l.max_pages_per_seq = max_pages(cd) - 1;
+      cuda::decode(g.args, l);
+    });
+    ok &= expect_throw("q heads not a multiple of kv heads", "q", [&] {
+      attn::DecodeArgs a = g.args;
+      a.q.n1 = 3;
+      cuda::decode(a, launch);
+    });
+    ok &= expect_throw("entmax", "mapping", [&] {
+      attn::DecodeArgs a = g.args;
+      a.mapping = Mapping::entmax(1.5);
+      cuda::decode(a, launch);
+    });
+    // After the errors the flag is clear and a good run passes.
+    const Errors e = run_and_compare(g, g.args, launch, cd.ref_dense, cd.lse_dense);
+    const bool clean = e.ok && e.o <= kTolO && e.lse <= kTolLse;
+    std::printf("  clean run after errors: o_err=%.3e %s\n", e.o, clean ? "ok" : "FAIL");
+    if (!ok || !clean) ++failures;
+  }
+  std::printf("CHECK %s: %d failure(s)\n", failures ? "FAILED" : "PASSED", failures);
+  return failures ? 1 : 0;
+}
+
+// ---- benchmark -----------------------------------------------------------------------------
+__global__ void fill_kernel(std::uint16_t* p, std::size_t n, std::uint64_t seed, float amp) {
+  for (std::size_t i = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<std::size_t>(gridDim.x) * blockDim.x) {
+    std::uint64_t z = (i + seed) * 0x9E3779B97F4A7C15ull;
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    z ^= z >> 31;
+    const float u = ((z >> 40) * (1.0f / 16777216.0f) * 2.f - 1.f) * amp;
+    p[i] = static_cast<std::uint16_t>(__float_as_uint(u) >> 16);  // bf16 (truncated)
+  }
+}
+
+// Read-only ceiling: every byte read once with 16-byte loads, four in flight per thread.
+__global__ void read_kernel(const uint4* p, std::size_t n, unsigned* sink) {
+  const std::size_t stride = static_cast<std::size_t>(gridDim.x) * blockDim.x;
+  std::size_t i = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x;
+  unsigned acc = 0;
+  for (; i + 3 * stride < n; i += 4 * stride) {
+    uint4 a = __ldcs(p + i), b = __ldcs(p + i + stride), c = __ldcs(p + i + 2 * stride),
+          d = __ldcs(p + i + 3 * stride);
+    acc ^= a.x ^ a.y ^ a.z ^ a.w ^ b.x ^ b.y ^ b.z ^ b.w ^ c.x ^ c.y ^ c.z ^ c.w ^ d.x ^ d.y ^ d.z ^
+           d.w;
+  }
+  for (; i < n; i += stride) {
+    const uint4 a = __ldcs(p + i);
+    acc ^= a.x ^ a.y ^ a.z ^ a.w;
+  }
+  if (acc == 0x9E3779B9u) *sink = acc;  // keeps the loads alive
+}
+
+// Key min/max per (page, kv head) for the CPU Quest selector (f32, [page][head][d]).
+__global__ void summaries_kernel(const std::uint16_t* k, int heads, int page, int d, float* mn,
+                                 float* mx) {
+  const int pg = blockIdx.x, h = blockIdx.y, c = threadIdx.x;
+  const std::uint16_t* base = k + ((static_cast<std::size_t>(pg) * heads + h) * page) * d + c;
+  float lo = INFINITY, hi = -INFINITY;
+  for (int s = 0; s < page; ++s) {
+    const float x = __uint_as_float(static_cast<unsigned>(base[s * d]) << 16);
+    lo = fminf(lo, x);
+    hi = fmaxf(hi, x);
+  }
+  const std::size_t o = (static_cast<std::size_t>(pg) * heads + h) * d + c;
+  mn[o] = lo;
+  mx[o] = hi;
+}
+
+double median(std::vector<float> v) {
+  std::sort(v.begin(), v.end());
+  return v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
+}
+
+// Times fn(iteration) with one event pair per launch; median in microseconds.
+template <class F>
+double time_us(int warmup, int iters, F&& fn) {
+  for (int i = 0; i < warmup; ++i) fn(i);
+  std::vector<cudaEvent_t> ev(2 * iters);
+  for (auto& e : ev) CK(cudaEventCreate(&e));
+  for (int i = 0; i < iters; ++i) {
+    CK(cudaEventRecord(ev[2 * i]));
+    fn(warmup + i);
+    CK(cudaEventRecord(ev[2 * i + 1]));
+  }
+  CK(cudaDeviceSynchronize());
+  std::vector<float> ms(iters);
+  for (int i = 0; i < iters; ++i) CK(cudaEventElapsedTime(&ms[i], ev[2 * i], ev[2 * i + 1]));
+  for (auto& e : ev) CK(cudaEventDestroy(e));
+  return median(ms) * 1000.0;
+}
+
+// The same steps replayed from CUDA graphs (one graph per rotation, captured after warm-up so
+// the workspace and kernel attributes exist): shows what launch overhead costs the step.
+template <class F>
+double time_graph_us(int rot, int warmup, int iters, F&& step) {
+  cudaStream_t st;
+  CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+  std::vector<cudaGraphExec_t> execs(rot);
+  for (int r = 0; r < rot; ++r) {
+    step(r, st);  // warm-up outside capture
+    CK(cudaStreamSynchronize(st));
+    cudaGraph_t g;
+    CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
+    step(r, st);
+    CK(cudaStreamEndCapture(st, &g));
+    CK(cudaGraphInstantiate(&execs[r], g, 0));
+    CK(cudaGraphDestroy(g));
+  }
+  for (int i = 0; i < warmup; ++i) CK(cudaGraphLaunch(execs[i % rot], st));
+  std::vector<cudaEvent_t> ev(2 * iters);
+  for (auto& e : ev) CK(cudaEventCreate(&e));
+  for (int i = 0; i < iters; ++i) {
+    CK(cudaEventRecord(ev[2 * i], st));
+    CK(cudaGraphLaunch(execs[i % rot], st));
+    CK(cudaEventRecord(ev[2 * i + 1], st));
+  }
+  CK(cudaStreamSynchronize(st));
+  std::vector<float> ms(iters);
+  for (int i = 0; i < iters; ++i) CK(cudaEventElapsedTime(&ms[i], ev[2 * i], ev[2 * i + 1]));
+  for (auto& e : ev) CK(cudaEventDestroy(e));
+  for (auto& x : execs) CK(cudaGraphExecDestroy(x));
+  CK(cudaStreamDestroy(st));
+  return median(ms) * 1000.0;
+}
+
+struct Row {
+  std::string kind;
+  int ctx, batch, budget;
+  double us, bytes;
+};
+
+int run_bench(const char* json_path) {
+  cudaDeviceProp prop{};
+  CK(cudaGetDeviceProperties(&prop, 0));
+  std::printf("device: %s, %d SMs, L2 %.0f MB\n", prop.name, prop.multiProcessorCount,
+              prop.l2CacheSize / 1e6);
+  const int Hq = 32, Hkv = 8, d = 128, P = 16;
+  const int kIters = 100, kWarm = 10;
+  const int pool_pages = (1 << 20) / P;  // 1M tokens
+  const std::size_t elems = static_cast<std::size_t>(pool_pages) * Hkv * P * d;
+  DevBuf<std::uint16_t> K(elems), V(elems);
+  fill_kernel<<<4096, 256>>>(K.p, elems, 1, 2.f);
+  fill_kernel<<<4096, 256>>>(V.p, elems, 1ull << 40, 1.f);
+  CK(cudaGetLastError());
+  CK(cudaDeviceSynchronize());
+
+  std::vector<Row> rows;
+  // Ceiling: read K and V once (4.29 GB).
+  {
+    DevBuf<unsigned> sink(1);
+    const std::size_t n16 = elems * 2 / 16;
+    const int grid = prop.multiProcessorCount * 8;
+    const double us = time_us(3, 20, [&](int i) {
+      read_kernel<<<grid, 512>>>(reinterpret_cast<const uint4*>(i % 2 ? V.p : K.p), n16, sink.p);
+    });
+    const double us2 = time_us(2, 10, [&](int) {
+      read_kernel<<<grid, 512>>>(reinterpret_cast<const uint4*>(K.p), n16, sink.p);
+      read_kernel<<<grid, 512>>>(reinterpret_cast<const uint4*>(V.p), n16, sink.p);
+    });
+    rows.push_back({"ceiling_read", 0, 0, 0, us, static_cast<double>(elems) * 2});
+    rows.push_back({"ceiling_read_KV", 0, 0, 0, us2, static_cast<double>(elems) * 4});
+    CK(cudaGetLastError());
+  }
+
+  // Summaries of the whole pool for the CPU Quest selector (selection time not measured).
+  std::vector<float> smin, smax;
+  {
+    const std::size_t n = static_cast<std::size_t>(pool_pages) * Hkv * d;
+    DevBuf<float> mn(n), mx(n);
+    summaries_kernel<<<dim3(pool_pages, Hkv), d>>>(K.p, Hkv, P, d, mn.p, mx.p);
+    CK(cudaGetLastError());
+    smin = mn.download();
+    smax = mx.download();
+  }
+  kv::SummariesView summ;
+  summ.min = smin.data();
+  summ.max = smax.data();
+  summ.num_pages = pool_pages;
+  summ.num_kv_heads = Hkv;
+  summ.head_dim = d;
+
+  cuda::DecodeWorkspace ws;
+  Rng rng(42);
+  struct Shape {
+    int ctx, batch;
+  };
+  const Shape shapes[] = {{1024, 1},   {32768, 1},   {131072, 1},
+                          {524288, 1}, {1048576, 1}, {32768, 16}};
+  for (const Shape& sh : shapes) {
+    const int pages = sh.ctx / P;
+    const double kv_bytes = static_cast<double>(sh.batch) * sh.ctx * Hkv * d * 2 * 2;
+    const int rot = kv_bytes < 400e6 ? 8 : 1;  // rotate layer-sized caches past the L2
+    const int seq_pages = pages * sh.batch;
+    if (seq_pages * rot > pool_pages) {
+      std::printf("skip ctx=%d B=%d: pool too small\n", sh.ctx, sh.batch);
+      continue;
+    }
+    // Tables: rotation r owns pool pages [r * seq_pages, (r+1) * seq_pages), shuffled.
+    std::vector<std::vector<std::int32_t>> indices(rot), indptr(rot), last(rot);
+    std::vector<DevBuf<std::int32_t>> d_indices, d_indptr, d_last;
+    std::vector<std::vector<float>> qh(rot);
+    std::vector<DevBuf<float>> d_q, d_out, d_lse;
+    for (int r = 0; r < rot; ++r) {
+      indices[r].resize(seq_pages);
+      std::iota(indices[r].begin(), indices[r].end(), r * seq_pages);
+      for (int i = seq_pages - 1; i > 0; --i)
+        std::swap(indices[r][i], indices[r][rng.below(i + 1)]);
+      for (int b = 0; b <= sh.batch; ++b) indptr[r].push_back(b * pages);
+      last[r].assign(sh.batch, P);
+      kv::PagedKVView hv;
+      hv.k = K.p;
+      hv.v = V.p;
+      hv.dtype = DType::bf16;
+      hv.num_pages = pool_pages;
+      hv.num_kv_heads = Hkv;
+      hv.page_size = P;
+      hv.head_dim = d;
+      hv.set_layout(kv::Layout::HND);
+      hv.table = {indptr[r], indices[r], last[r]};
+      hv.validate();  // host-side validation where the table is built
+      d_indices.push_back(to_device(indices[r]));
+      d_indptr.push_back(to_device(indptr[r]));
+      d_last.push_back(to_device(last[r]));
+      qh[r].resize(static_cast<std::size_t>(sh.batch) * Hq * d);
+      for (float& x : qh[r]) x = rng.sym(3.f);
+      d_q.push_back(to_device(qh[r]));
+      d_out.emplace_back(qh[r].size());
+      d_lse.emplace_back(static_cast<std::size_t>(sh.batch) * Hq);
+    }
+    auto args_for = [&](int r) {
+      attn::DecodeArgs a;
+      a.q = View3<const float>::contiguous(d_q[r].p, sh.batch, Hq, d);
+      a.cache.k = K.p;
+      a.cache.v = V.p;
+      a.cache.dtype = DType::bf16;
+      a.cache.num_pages = pool_pages;
+      a.cache.num_kv_heads = Hkv;
+      a.cache.page_size = P;
+      a.cache.head_dim = d;
+      a.cache.set_layout(kv::Layout::HND);
+      a.cache.table = {{d_indptr[r].p, d_indptr[r].n},
+                       {d_indices[r].p, d_indices[r].n},
+                       {d_last[r].p, d_last[r].n}};
+      a.out = View3<float>::contiguous(d_out[r].p, sh.batch, Hq, d);
+      a.lse_or_tau = {d_lse[r].p, d_lse[r].n};
+      return a;
+    };
+    cuda::DecodeLaunch launch;
+    launch.workspace = &ws;
+    launch.max_pages_per_seq = pages;
+    launch.check_errors = false;
+    const double us = time_us(kWarm, kIters, [&](int i) {
+      const int r = i % rot;
+      cuda::decode(args_for(r), launch);
+    });
+    ws.check(nullptr);
+    const double gus = time_graph_us(rot, kWarm, kIters, [&](int r, cudaStream_t st) {
+      cuda::DecodeLaunch l = launch;
+      l.stream = st;
+      cuda::decode(args_for(r), l);
+    });
+    ws.check(nullptr);
+    rows.push_back({"ours_dense_graph", sh.ctx, sh.batch, 0, gus, kv_bytes});
+    const int cp = cuda::planned_chunk_pages(DType::bf16, d, sh.batch, Hkv, Hq, pages);
+    std::printf(
+        "dense  ctx=%7d B=%2d rot=%d chunk_pages(plan)=%d: %9.1f us  %7.1f GB/s "
+        "(graph %.1f us)\n",
+        sh.ctx, sh.batch, rot, cp, us, kv_bytes / us / 1e3, gus);
+    rows.push_back({"ours_dense", sh.ctx, sh.batch, 0, us, kv_bytes});
+
+    if (sh.batch != 1) continue;
+    // Sparse: CPU Quest selection (page bounds + top-k, sink page + last page kept), uploaded.
+    for (int budget : {2048, 4096, 8192}) {
+      std::vector<SelectionStorage> sels(rot);
+      std::vector<DevBuf<std::int32_t>> s_ids, s_cnt;
+      std::vector<SelectionView> svs(rot);
+      double sel_pages = 0;
+      const auto ts = std::chrono::steady_clock::now();
+      for (int r = 0; r < rot; ++r) {
+        select::QuestArgs qa;
+        qa.q = View3<const float>::contiguous(qh[r].data(), sh.batch, Hq, d);
+        qa.table = {indptr[r], indices[r], last[r]};
+        qa.page_size = P;
+        qa.summaries = &summ;
+        qa.policy.budget_pages = budget / P;
+        qa.policy.sink_pages = 1;
+        qa.policy.window_tokens = 0;
+        select::quest_select(qa, sels[r]);
+        for (int c : sels[r].count) sel_pages += c;
+        s_ids.push_back(to_device(sels[r].ids));
+        s_cnt.push_back(to_device(sels[r].count));
+      }
+      const double sel_ms =
+          std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - ts).count() /
+          rot;
+      for (int r = 0; r < rot; ++r)
+        svs[r] = {SelectionView::Unit::page, sels[r].batch,
+                  sels[r].num_kv_heads,      sels[r].max_per_head,
+                  {s_ids[r].p, s_ids[r].n},  {s_cnt[r].p, s_cnt[r].n}};
+      const double bytes = sel_pages / rot * P * d * 2 * 2;
+      const double sus = time_us(kWarm, kIters, [&](int i) {
+        const int r = i % rot;
+        attn::DecodeArgs a = args_for(r);
+        a.selection = &svs[r];
+        cuda::decode(a, launch);
+      });
+      ws.check(nullptr);
+      const double sgus = time_graph_us(rot, kWarm, kIters, [&](int r, cudaStream_t st) {
+        attn::DecodeArgs a = args_for(r);
+        a.selection = &svs[r];
+        cuda::DecodeLaunch l = launch;
+        l.stream = st;
+        cuda::decode(a, l);
+      });
+      ws.check(nullptr);
+      std::printf(
+          "sparse ctx=%7d budget=%5d: %9.1f us  %7.1f GB/s (graph %.1f us; CPU Quest "
+          "select %.2f ms, not in the time)\n",
+          sh.ctx, budget, sus, bytes / sus / 1e3, sgus, sel_ms);
+      rows.push_back({"ours_sparse_quest_cpu_sel", sh.ctx, sh.batch, budget, sus, bytes});
+      rows.push_back({"ours_sparse_quest_cpu_sel_graph", sh.ctx, sh.batch, budget, sgus, bytes});
+    }
+  }
+
+  FILE* f = std::fopen(json_path, "w");
+  if (!f) {
+    std::perror(json_path);
+    return 2;
+  }
+  std::fprintf(f, "{\"device\": \"%s\", \"sms\": %d, \"rows\": [\n", prop.name,
+               prop.multiProcessorCount);
+  for (std::size_t i = 0; i < rows.size(); ++i) {
+    const Row& r = rows[i];
+    std::fprintf(f,
+                 "  {\"kind\": \"%s\", \"ctx\": %d, \"batch\": %d, \"budget\": %d, "
+                 "\"us\": %.3f, \"bytes\": %.0f}%s\n",
+                 r.kind.c_str(), r.ctx, r.batch, r.budget, r.us, r.bytes,
+                 i + 1 < rows.size() ? "," : "");
+  }
+  std::fprintf(f, "]}\n");
+  std::fclose(f);
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const std::string mode = argc > 1 ? argv[1] : "check";
+  try {
+    if (mode == "check") return run_check();
+    if (mode == "bench") return run_bench(argc > 2 ? argv[2] : "bench_ours.json");
+  } catch (const Error& e) {
+    std::fprintf(stderr, "masskv::Error: %s\n", e.what());
+    return 3;
+  }
+  std::fprintf(stderr, "usage: %s check | bench OUT.json\n", argv[0]);
+  return 2;
+}

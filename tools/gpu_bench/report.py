@@ -1,0 +1,53 @@
+"""Joins masskv_gpu_bench's and torch_peer.py's JSON into one markdown table + one JSON.
+Usage: python3 report.py ours.json torch.json OUT.md OUT.json"""
+import json
+import sys
+
+
+def main():
+    ours = json.load(open(sys.argv[1]))
+    peer = json.load(open(sys.argv[2]))
+    ceil_rows = [r for r in ours["rows"] if r["kind"].startswith("ceiling")]
+    ceiling = max(r["bytes"] / r["us"] / 1e3 for r in ceil_rows)  # GB/s
+    def best(prefix):  # fastest spelling (gqa / rows) of a backend per shape
+        out = {}
+        for r in peer["rows"]:
+            if r["kind"].startswith(prefix) and r.get("us"):
+                key = (r["ctx"], r["batch"])
+                out[key] = min(out.get(key, r["us"]), r["us"])
+        return out
+    cudnn = best("torch_cudnn")
+    flash = best("torch_flash")
+    lines = [f"Device: {ours['device']} ({ours['sms']} SMs); torch {peer['torch']}.",
+             f"Read ceiling (read-only kernel, 16-byte loads): {ceiling:.0f} GB/s "
+             + ", ".join(f"{r['kind']} {r['bytes'] / 1e9:.2f} GB in {r['us']:.1f} us"
+                         for r in ceil_rows) + ".", "",
+             "| row | context | B | budget (tokens) | bytes read | µs | GB/s | % of ceiling "
+             "| cuDNN µs | flash µs | speedup vs cuDNN |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    table = []
+    for r in ours["rows"]:
+        if r["kind"].startswith("ceiling"):
+            continue
+        key = (r["ctx"], r["batch"])
+        gbs = r["bytes"] / r["us"] / 1e3
+        c = cudnn.get(key)
+        fl = flash.get(key)
+        row = dict(r, gbs=gbs, pct_ceiling=100 * gbs / ceiling, cudnn_us=c, flash_us=fl,
+                   speedup_vs_cudnn=(c / r["us"]) if c else None)
+        table.append(row)
+        ctx = f"{r['ctx'] // 1024}K"
+        fmt = lambda x, spec: format(x, spec) if x else "-"
+        lines.append(
+            f"| {r['kind']} | {ctx} | {r['batch']} | {r['budget'] or '-'} | "
+            f"{r['bytes'] / 1e6:.1f} MB | {r['us']:.1f} | {gbs:.0f} | {row['pct_ceiling']:.1f}% | "
+            f"{fmt(c, '.1f')} | {fmt(fl, '.1f')} | "
+            f"{fmt(row['speedup_vs_cudnn'], '.2f')}{'x' if c else ''} |")
+    open(sys.argv[3], "w").write("\n".join(lines) + "\n")
+    json.dump({"ceiling_gbs": ceiling, "ours": ours, "torch": peer, "table": table},
+              open(sys.argv[4], "w"), indent=1)
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()

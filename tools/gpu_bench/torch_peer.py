@@ -1,0 +1,77 @@
+"""Peer timings for masskv_gpu_bench: torch SDPA (cuDNN and flash backends) on the same decode
+shapes (Hq=32, Hkv=8, d=128, bf16, one query token), CUDA events, median of 100 after warm-up,
+rotating over 8 caches when one cache is < 400 MB (so L2 does not serve it).
+
+Two spellings of GQA decode, each timed for each backend (the report takes the faster):
+"gqa": q [B, Hq, 1, d], k, v [B, Hkv, L, d], enable_gqa=True;
+"rows": q [B, Hkv, G, d] against k, v [B, Hkv, L, d]: the G query heads of a kv group become
+G query rows (no mask), the same arithmetic, each kv head read once.
+Usage: python3 torch_peer.py OUT.json
+"""
+import json
+import statistics
+import sys
+
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+HQ, HKV, D = 32, 8, 128
+SHAPES = [(1024, 1), (32768, 1), (131072, 1), (524288, 1), (1048576, 1), (32768, 16)]
+BACKENDS = [("cudnn", SDPBackend.CUDNN_ATTENTION), ("flash", SDPBackend.FLASH_ATTENTION)]
+
+
+def time_us(fn, warm=10, iters=100):
+    for i in range(warm):
+        fn(i)
+    ev = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+          for _ in range(iters)]
+    for i, (a, b) in enumerate(ev):
+        a.record()
+        fn(warm + i)
+        b.record()
+    torch.cuda.synchronize()
+    return statistics.median(a.elapsed_time(b) for a, b in ev) * 1000.0
+
+
+def main():
+    out = sys.argv[1] if len(sys.argv) > 1 else "bench_torch.json"
+    rows = []
+    torch.manual_seed(0)
+    print(f"torch {torch.__version__}, {torch.cuda.get_device_name()}, "
+          f"cuDNN {torch.backends.cudnn.version()}")
+    for ctx, batch in SHAPES:
+        kv_bytes = batch * ctx * HKV * D * 2 * 2
+        rot = 8 if kv_bytes < 400e6 else 1
+        ks = [torch.randn(batch, HKV, ctx, D, device="cuda", dtype=torch.bfloat16) for _ in range(rot)]
+        vs = [torch.randn(batch, HKV, ctx, D, device="cuda", dtype=torch.bfloat16) for _ in range(rot)]
+        qs = {"rows": [torch.randn(batch, HKV, HQ // HKV, D, device="cuda", dtype=torch.bfloat16)
+                       for _ in range(rot)],
+              "gqa": [torch.randn(batch, HQ, 1, D, device="cuda", dtype=torch.bfloat16)
+                      for _ in range(rot)]}
+        for name, backend in BACKENDS:
+            for form in ("gqa", "rows"):
+                q = qs[form]
+                kw = {"enable_gqa": True} if form == "gqa" else {}
+                try:
+                    with sdpa_kernel([backend]):
+                        us = time_us(lambda i: F.scaled_dot_product_attention(
+                            q[i % rot], ks[i % rot], vs[i % rot], **kw))
+                    rows.append({"kind": f"torch_{name}_{form}", "ctx": ctx, "batch": batch,
+                                 "us": us, "bytes": kv_bytes})
+                    print(f"{name:6s} {form:4s} ctx={ctx:8d} B={batch:2d} rot={rot}: {us:9.1f} us "
+                          f"{kv_bytes / us / 1e3:7.1f} GB/s", flush=True)
+                except Exception as e:  # a backend may refuse a shape: record it, go on
+                    rows.append({"kind": f"torch_{name}_{form}", "ctx": ctx, "batch": batch,
+                                 "us": None, "error": str(e)[:200]})
+                    print(f"{name:6s} {form:4s} ctx={ctx:8d} B={batch:2d}: failed: {str(e)[:200]}",
+                          flush=True)
+        del ks, vs, qs
+        torch.cuda.empty_cache()
+    with open(out, "w") as f:
+        json.dump({"torch": torch.__version__, "device": torch.cuda.get_device_name(),
+                   "rows": rows}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
