@@ -7,6 +7,7 @@ kernels are C++ (CPU build); arrays cross without copies through DLPack / the bu
 See docs/python.md for a walkthrough.
 """
 
+from ._masskv import _data_ptr  # noqa: F401  (tests: the pointer the bindings see)
 from ._masskv import (
     KV,
     EntmaxThreshold,
