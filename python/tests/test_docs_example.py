@@ -29,3 +29,13 @@ def test_docs_example_runs_and_output_matches_the_doc():
     assert len(got) == len(want)
     for g, w in zip(got, want):
         assert same_line(g, w), (g, w)
+
+
+def test_type_stubs_are_installed_with_the_module():
+    import masskv
+
+    stub = pathlib.Path(masskv.__file__).parent / "_masskv.pyi"
+    text = stub.read_text()
+    assert "def decode(q: numpy.typing.ArrayLike, kv: KV" in text
+    assert "class PagedKVCache" in text and "std::" not in text
+    assert (pathlib.Path(masskv.__file__).parent / "py.typed").exists()
