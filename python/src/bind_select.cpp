@@ -1,0 +1,200 @@
+// Every selector through run_selector, and the per-head diagnostics (DESIGN.md §2.2–§2.5, §3).
+#include <cmath>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "arrays.hpp"
+#include "bindings.hpp"
+#include "kv_objects.hpp"
+#include "masskv/error.hpp"
+#include "masskv/select/diagnostics.hpp"
+#include "masskv/select/page_bound.hpp"
+#include "masskv/select/selector.hpp"
+
+namespace masskv::py {
+namespace {
+
+using select::Budget;
+using select::GroupRule;
+using select::MassSource;
+
+Budget::Kind parse_budget(const std::string& s) {
+  if (s == "fixed") return Budget::Kind::fixed;
+  if (s == "top_p") return Budget::Kind::top_p;
+  if (s == "adaptive") return Budget::Kind::adaptive;
+  fail(ErrorCode::invalid_argument, "budget",
+       "expected \"fixed\", \"top_p\" or \"adaptive\", got \"", s, "\"");
+}
+
+GroupRule parse_group(const std::string& s) {
+  if (s == "union") return GroupRule::union_heads;
+  if (s == "aggregate") return GroupRule::aggregate;
+  fail(ErrorCode::invalid_argument, "group", "expected \"union\" or \"aggregate\", got \"", s,
+       "\"");
+}
+
+MassSource parse_mass_source(const std::string& s) {
+  if (s == "page_mean") return MassSource::page_mean;
+  if (s == "page_gaussian") return MassSource::page_gaussian;
+  fail(ErrorCode::invalid_argument, "mass_source",
+       "expected \"page_mean\" or \"page_gaussian\", got \"", s, "\"");
+}
+
+struct SelectResult {
+  nb::object selection;  // masskv.Selection
+  nb::object estimate;   // float64 (B, Hq)
+  nb::object certified;  // uint8 (B, Hkv)
+};
+
+SelectResult run_select(InArray q, const KV& kv, const std::string& method, double alpha,
+                        const std::string& budget, std::int64_t budget_tokens, double top_p,
+                        int sink_pages, int window_tokens, const std::string& group,
+                        const std::string& mass_source, double tau_margin, int seed_pages,
+                        bool oracle_tokens, bool oracle_head_collapsed, float scale,
+                        bool bf16_bounds) {
+  const Cache& cache = kv.require_cache("a selector");
+  select::SelectorConfig cfg;
+  cfg.method = select::parse_method(method, "method");
+  cfg.mapping = mapping_of(alpha);
+  cfg.budget.kind = parse_budget(budget);
+  cfg.budget.tokens = budget_tokens;
+  cfg.budget.p = top_p;
+  cfg.sink_pages = sink_pages;
+  cfg.window_tokens = window_tokens;
+  cfg.group = parse_group(group);
+  cfg.mass_source = parse_mass_source(mass_source);
+  cfg.tau_margin = tau_margin;
+  cfg.seed_pages = seed_pages;
+  cfg.oracle_tokens = oracle_tokens;
+  cfg.oracle_head_collapsed = oracle_head_collapsed;
+
+  select::SelectArgs a;
+  a.q = view3_f32(q, "q");
+  a.cache = kv.checked();
+  a.summaries = cache.cache.summaries();
+  a.scale = scale;
+  auto* owned = new Selection();
+  nb::object sel_obj = nb::cast(owned, nb::rv_policy::take_ownership);
+  select::SelectOutput out;
+  {
+    nb::gil_scoped_release nogil;
+    std::optional<select::BoundStore> store;
+    select::BoundStoreView store_view;
+    if (bf16_bounds) {
+      store.emplace(a.summaries);
+      store_view = store->view();
+      a.bounds_bf16 = &store_view;
+    }
+    select::run_selector(a, cfg, out);
+  }
+  owned->storage = std::move(out.selection);
+  const auto B = static_cast<std::size_t>(a.q.n0), Hq = static_cast<std::size_t>(a.q.n1),
+             Hkv = static_cast<std::size_t>(a.cache.num_kv_heads);
+  SelectResult r;
+  r.selection = sel_obj;
+  r.estimate = numpy_from_vector(std::move(out.estimate), {B, Hq});
+  r.certified = numpy_from_vector(std::move(out.certified), {B, Hkv});
+  return r;
+}
+
+nb::dict diagnose(InArray q, const KV& kv, const Selection* selection, double alpha, float scale,
+                  bool study, bool bf16_bounds) {
+  const Cache& cache = kv.require_cache("diagnose");
+  select::DiagnosticsArgs a;
+  a.q = view3_f32(q, "q");
+  a.cache = kv.checked();
+  a.summaries = cache.cache.summaries();
+  a.mapping = mapping_of(alpha);
+  a.scale = scale;
+  a.study = study;
+  SelectionView sel;
+  if (selection != nullptr) {
+    sel = selection->view();
+    a.selection = &sel;
+  }
+  std::vector<select::HeadDiagnostics> d;
+  {
+    nb::gil_scoped_release nogil;
+    std::optional<select::BoundStore> store;
+    select::BoundStoreView store_view;
+    if (bf16_bounds) {
+      store.emplace(a.summaries);
+      store_view = store->view();
+      a.bounds_bf16 = &store_view;
+    }
+    select::diagnose(a, d);
+  }
+  const std::vector<std::size_t> shape{static_cast<std::size_t>(a.q.n0),
+                                       static_cast<std::size_t>(a.q.n1)};
+  nb::dict out;
+  auto column = [&](const char* name, auto field) {
+    using T = std::decay_t<decltype(d[0].*field)>;
+    using Stored = std::conditional_t<std::is_same_v<T, bool>, std::uint8_t, T>;
+    std::vector<Stored> v;
+    v.reserve(d.size());
+    for (const auto& h : d) v.push_back(static_cast<Stored>(h.*field));
+    nb::object arr = numpy_from_vector(std::move(v), shape);
+    if constexpr (std::is_same_v<T, bool>) arr = arr.attr("astype")("bool");
+    out[name] = arr;
+  };
+  using H = select::HeadDiagnostics;
+  column("selected_tokens", &H::selected_tokens);
+  column("total_tokens", &H::total_tokens);
+  column("certified", &H::certified);
+  column("margin", &H::margin);
+  column("tau_lo", &H::tau_lo);
+  column("eps", &H::eps);
+  column("tau_or_lse", &H::tau_or_lse);
+  column("delta_bound", &H::delta_bound);
+  column("error_bound", &H::error_bound);
+  column("delta", &H::delta);
+  column("recall", &H::recall);
+  column("abs_error", &H::abs_error);
+  column("rel_error", &H::rel_error);
+  column("support", &H::support);
+  column("bounds_held", &H::bounds_held);
+  return out;
+}
+
+}  // namespace
+
+void bind_select(nb::module_& m) {
+  nb::class_<SelectResult>(m, "SelectResult", "Output of masskv.select.")
+      .def_ro("selection", &SelectResult::selection, "masskv.Selection")
+      .def_ro("estimate", &SelectResult::estimate,
+              "float64 (B, Hq): tau_hat (gaussian_tau), the exact tau(S) (entmax_support), or\n"
+              "the estimated selected mass (others; NaN without an estimate).")
+      .def_ro("certified", &SelectResult::certified,
+              "uint8 (B, H_kv): entmax_support's certificate held for every head of the group.");
+
+  m.def("select", &run_select, nb::arg("q").noconvert(), nb::arg("kv"), nb::kw_only(),
+        nb::arg("method") = "quest", nb::arg("alpha") = 1.0, nb::arg("budget") = "fixed",
+        nb::arg("budget_tokens") = 0, nb::arg("top_p") = 0.9, nb::arg("sink_pages") = 1,
+        nb::arg("window_tokens") = 0, nb::arg("group") = "union",
+        nb::arg("mass_source") = "page_gaussian", nb::arg("tau_margin") = 0.0,
+        nb::arg("seed_pages") = 4, nb::arg("oracle_tokens") = false,
+        nb::arg("oracle_head_collapsed") = false, nb::arg("scale") = 0.0f,
+        nb::arg("bf16_bounds") = false,
+        "Runs one selector (select::run_selector) for the decode step with queries q\n"
+        "(float32 (B, Hq, d)) over kv, which must come from PagedKVCache.view (the selectors\n"
+        "read its page summaries).\n\n"
+        "method: dense | sink_recent | quest | top_p | entmax_support | gaussian_tau | oracle.\n"
+        "alpha: the attention the selection serves (1 = softmax, (1, 2] = entmax).\n"
+        "budget: fixed (ceil(budget_tokens / page_size) pages) | top_p (estimated mass >=\n"
+        "top_p, capped at budget_tokens; 0 = no cap) | adaptive (the selector's own rule).\n"
+        "sink_pages / window_tokens: always kept (so is the last page). group: union | aggregate\n"
+        "(GQA). mass_source: page_gaussian | page_mean. bf16_bounds: take the page bounds from\n"
+        "the outward-rounded bf16 store. Returns a SelectResult.");
+
+  m.def("diagnose", &diagnose, nb::arg("q").noconvert(), nb::arg("kv"), nb::arg("selection").none(),
+        nb::kw_only(), nb::arg("alpha") = 1.0, nb::arg("scale") = 0.0f, nb::arg("study") = false,
+        nb::arg("bf16_bounds") = false,
+        "Per (b, q head) diagnostics of a selection (select::diagnose, DESIGN.md §2.2, §2.5):\n"
+        "dict of (B, Hq) arrays selected_tokens, total_tokens (int64), certified (bool),\n"
+        "margin, tau_lo, eps, tau_or_lse, delta_bound, error_bound (float64); study=True also\n"
+        "reads every key for delta, recall, abs_error, rel_error (NaN otherwise), support, and\n"
+        "bounds_held (bool: every bound held).");
+}
+
+}  // namespace masskv::py

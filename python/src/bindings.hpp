@@ -1,0 +1,24 @@
+// One function per group of bindings (module.cpp calls them in order) and the helpers they
+// share.
+#pragma once
+
+#include <nanobind/nanobind.h>
+
+#include <string_view>
+
+#include "masskv/mapping.hpp"
+
+namespace masskv::py {
+
+namespace nb = nanobind;
+
+void bind_mapping(nb::module_& m);
+void bind_cache(nb::module_& m);
+void bind_attn(nb::module_& m);
+void bind_select(nb::module_& m);
+
+// alpha == 1 is softmax; alpha in (1, 2] is alpha-entmax (DESIGN.md §2.1). Anything else
+// raises masskv.Error (a ValueError) naming "alpha".
+Mapping mapping_of(double alpha);
+
+}  // namespace masskv::py
