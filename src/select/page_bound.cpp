@@ -89,35 +89,89 @@ void sums_dispatch(const bf16* mn, const bf16* mx, std::int64_t page_stride,
 // twice that, 2(2d+4)u * ||q||_1 * W, which also covers the rounding of ||q||_1, of the slack
 // and of the product with scale; FLT_MIN covers underflowed products. So
 // out >= scale * q·k exactly for every key of the page.
+// Software prefetch of `count` elements from p, one request per cache line.
+template <class T>
+void prefetch_span(const T* p, std::int64_t count) {
+  const char* c = reinterpret_cast<const char*>(p);
+  const std::int64_t bytes = count * static_cast<std::int64_t>(sizeof(T));
+  for (std::int64_t off = 0; off < bytes; off += 64) __builtin_prefetch(c + off);
+}
+constexpr int kPrefetchPages = 4;
+
+// The query side of the bound, split once per query: q+ = max(q, 0), q- = min(q, 0) so that
+// sum_c max(q_c m_c, q_c M_c) = q+·M + q-·m, and ||q||_1 for the rounding slack below.
+struct SplitQuery {
+  std::vector<float> norm;  // [num_q]
+
+  const float* pos() const { return aligned(); }
+  const float* neg() const { return aligned() + qd_; }
+
+  void assign(const float* q, int num_q, std::int64_t q_stride, int d) {
+    qd_ = static_cast<std::size_t>(num_q) * d;
+    // 64-byte aligned rows: the kernels' 32-byte loads then never straddle cache lines.
+    storage_.resize(2 * qd_ + 16);
+    norm.resize(static_cast<std::size_t>(num_q));
+    float* p = aligned();
+    float* n = p + qd_;
+    for (int h = 0; h < num_q; ++h) {
+      float l1 = 0;
+      for (int c = 0; c < d; ++c) {
+        const float x = q[h * q_stride + c];
+        p[static_cast<std::size_t>(h) * d + c] = x > 0 ? x : 0.0f;
+        n[static_cast<std::size_t>(h) * d + c] = x < 0 ? x : 0.0f;
+        l1 += std::fabs(x);
+      }
+      norm[static_cast<std::size_t>(h)] = l1;
+    }
+  }
+
+ private:
+  float* aligned() const {
+    const auto addr = reinterpret_cast<std::uintptr_t>(storage_.data());
+    return const_cast<float*>(storage_.data()) + ((64 - addr % 64) % 64) / sizeof(float);
+  }
+  std::vector<float> storage_;
+  std::size_t qd_ = 0;
+};
+
+// Bounds of heads [h0, h0 + num_q) of `sq` for `n` pages of one kv head (DESIGN.md §2.3);
+// min/max of physical page p start at mn + p * page_stride; row i of out (stride ldo) gets
+// head h0 + i. sums (num_q * n floats, may equal out when ldo == n) and w (n floats) are
+// scratch. No checks: callers validated. Each page's value
+// depends on that page alone, so any way of cutting the page list gives the same bits.
+//
+// Rigour: the sums are dot products of 2d terms, half of them exact zeros, whose exact
+// value is sum_c t_c with |t_c| <= |q_c| * W, W = max_c max(|m_c|, |M_c|). Any summation
+// order (with or without FMA) is within (2d)u/(1-2du) * ||q||_1 * W of it (u = 2^-24). We add
+// twice that, 2(2d+4)u * ||q||_1 * W, which also covers the rounding of ||q||_1, of the slack
+// and of the product with scale; FLT_MIN covers underflowed products. So
+// out >= scale * q·k exactly for every key of the page.
+template <class T>
+void bounds_of_pages(const T* mn, const T* mx, std::int64_t page_stride, const std::int32_t* pages,
+                     int n, int d, const SplitQuery& sq, int h0, int num_q, float scale, float* out,
+                     std::int64_t ldo, float* sums, float* w) {
+  const std::size_t q0 = static_cast<std::size_t>(h0) * d;
+  sums_dispatch(mn, mx, page_stride, pages, n, d, sq.pos() + q0, sq.neg() + q0, num_q,
+                sums, w);
+  const float f = 2.0f * static_cast<float>(2 * d + 4) * 0x1p-24f;
+  for (int h = 0; h < num_q; ++h) {
+    const float fq = f * sq.norm[static_cast<std::size_t>(h0 + h)];
+    const float* src = sums + static_cast<std::int64_t>(h) * n;
+    float* row = out + static_cast<std::int64_t>(h) * ldo;
+    for (int j = 0; j < n; ++j) {
+      row[j] = scale * (src[j] + fq * w[j] + std::numeric_limits<float>::min());
+    }
+  }
+}
+
 template <class T>
 void bounds_rows(const T* mn, const T* mx, std::int64_t page_stride, const std::int32_t* pages,
                  int n, int d, const float* q, int num_q, std::int64_t q_stride, float scale,
-                 float* out, std::vector<float>& scratch) {
-  const std::size_t qd = static_cast<std::size_t>(num_q) * d;
-  scratch.resize(2 * qd + num_q + n);
-  float* qpos = scratch.data();
-  float* qneg = qpos + qd;
-  float* qnorm = qneg + qd;
-  float* w = qnorm + num_q;
-  for (int h = 0; h < num_q; ++h) {
-    float norm = 0;
-    for (int c = 0; c < d; ++c) {
-      const float x = q[h * q_stride + c];
-      qpos[h * d + c] = x > 0 ? x : 0.0f;
-      qneg[h * d + c] = x < 0 ? x : 0.0f;
-      norm += std::fabs(x);
-    }
-    qnorm[h] = norm;
-  }
-  sums_dispatch(mn, mx, page_stride, pages, n, d, qpos, qneg, num_q, out, w);
-  const float f = 2.0f * static_cast<float>(2 * d + 4) * 0x1p-24f;
-  for (int h = 0; h < num_q; ++h) {
-    const float fq = f * qnorm[h];
-    float* row = out + static_cast<std::int64_t>(h) * n;
-    for (int j = 0; j < n; ++j) {
-      row[j] = scale * (row[j] + fq * w[j] + std::numeric_limits<float>::min());
-    }
-  }
+                 float* out) {
+  SplitQuery sq;
+  sq.assign(q, num_q, q_stride, d);
+  std::vector<float> w(static_cast<std::size_t>(n));
+  bounds_of_pages(mn, mx, page_stride, pages, n, d, sq, 0, num_q, scale, out, n, out, w.data());
 }
 
 void check_bound_args(int num_pages_pool, int num_kv_heads, int head_dim,
@@ -278,12 +332,10 @@ void page_upper_bounds(const kv::SummariesView& s, std::span<const std::int32_t>
                        std::span<float> out) {
   check_bound_args(s.num_pages, s.num_kv_heads, s.head_dim, pages, kv_head, q, num_q, q_stride,
                    scale, out);
-  std::vector<float> scratch;
   const std::int64_t head_off = static_cast<std::int64_t>(kv_head) * s.head_dim;
   bounds_rows(s.min + head_off, s.max + head_off,
               static_cast<std::int64_t>(s.num_kv_heads) * s.head_dim, pages.data(),
-              static_cast<int>(pages.size()), s.head_dim, q, num_q, q_stride, scale, out.data(),
-              scratch);
+              static_cast<int>(pages.size()), s.head_dim, q, num_q, q_stride, scale, out.data());
 }
 
 void page_upper_bounds(const BoundStoreView& s, std::span<const std::int32_t> pages, int kv_head,
@@ -291,12 +343,10 @@ void page_upper_bounds(const BoundStoreView& s, std::span<const std::int32_t> pa
                        std::span<float> out) {
   check_bound_args(s.num_pages, s.num_kv_heads, s.head_dim, pages, kv_head, q, num_q, q_stride,
                    scale, out);
-  std::vector<float> scratch;
   const std::int64_t head_off = static_cast<std::int64_t>(kv_head) * s.head_dim;
   bounds_rows(s.min + head_off, s.max + head_off,
               static_cast<std::int64_t>(s.num_kv_heads) * s.head_dim, pages.data(),
-              static_cast<int>(pages.size()), s.head_dim, q, num_q, q_stride, scale, out.data(),
-              scratch);
+              static_cast<int>(pages.size()), s.head_dim, q, num_q, q_stride, scale, out.data());
 }
 
 int topk_selected_pages(int num_pages, std::int64_t length, int page_size,
@@ -426,9 +476,9 @@ void quest_select(const QuestArgs& args, SelectionStorage& out) {
   const int g = q.n1 / Hkv, Hq = q.n1;
   // Bounds in the batch CSR order of select_topk_pages: [b][q head][logical page].
   std::vector<float> bounds(args.table.indices.size() * Hq);
-  // Pages are scanned in chunks, every kv head of a chunk in turn: with the [page][head][d]
-  // summary layout one head's rows lie H*d apart, so a per-head scan of a whole sequence
-  // strides through memory, while a chunk's summaries stay in L2 for all its heads.
+  // Pages are scanned in chunks; inside a chunk, page by page and every kv head of a page in
+  // turn: with the [page][head][d] summary layout that reads each array sequentially (a
+  // per-head scan strides H*d apart and ran at a third of the bandwidth).
   constexpr int kChunk = 32;
   std::vector<std::pair<int, int>> chunks;  // (sequence, first logical page)
   for (int b = 0; b < B; ++b) {
@@ -441,29 +491,45 @@ void quest_select(const QuestArgs& args, SelectionStorage& out) {
   // value is computed by one task alone, so results do not depend on the thread count.
 #pragma omp parallel
   {
-    std::vector<float> rows, scratch;
+    SplitQuery sq;
+    int split_b = -1;
+    std::vector<float> sums(static_cast<std::size_t>(g));
     std::vector<std::uint64_t> keys;
 #pragma omp for schedule(static)
     for (int t = 0; t < num_chunks; ++t) {
       const auto [b, j0] = chunks[t];
+      if (b != split_b) {  // q rows of a sequence are [Hq][d] with stride q.s1
+        sq.assign(q.row(b, 0), Hq, q.s1, d);
+        split_b = b;
+      }
       const int nb = args.table.num_pages(b);
       const int n = std::min(kChunk, nb - j0);
       const std::int32_t* pages = args.table.indices.data() + args.table.indptr[b] + j0;
       float* seq_bounds = bounds.data() + static_cast<std::size_t>(args.table.indptr[b]) * Hq;
-      rows.resize(static_cast<std::size_t>(g) * n);
-      for (int h = 0; h < Hkv; ++h) {
-        const float* qg = q.row(b, h * g);
-        const std::int64_t off = static_cast<std::int64_t>(h) * d;
-        if (args.summaries) {
-          bounds_rows(args.summaries->min + off, args.summaries->max + off, stride, pages, n, d, qg,
-                      g, q.s1, scale, rows.data(), scratch);
-        } else {
-          bounds_rows(args.bounds_bf16->min + off, args.bounds_bf16->max + off, stride, pages, n, d,
-                      qg, g, q.s1, scale, rows.data(), scratch);
+      for (int jj = 0; jj < n; ++jj) {
+        // Pages lie anywhere in the pool and the hardware prefetcher stops at 4 KiB
+        // boundaries: fetch the summaries of a page a few pages ahead ourselves.
+        if (jj + kPrefetchPages < nb - j0) {
+          const std::int64_t ahead = pages[jj + kPrefetchPages] * stride;
+          if (args.summaries) {
+            prefetch_span(args.summaries->min + ahead, stride);
+            prefetch_span(args.summaries->max + ahead, stride);
+          } else {
+            prefetch_span(args.bounds_bf16->min + ahead, stride);
+            prefetch_span(args.bounds_bf16->max + ahead, stride);
+          }
         }
-        for (int i = 0; i < g; ++i) {
-          std::copy_n(rows.data() + static_cast<std::size_t>(i) * n, n,
-                      seq_bounds + static_cast<std::size_t>(h * g + i) * nb + j0);
+        for (int h = 0; h < Hkv; ++h) {
+          const std::int64_t off = static_cast<std::int64_t>(h) * d;
+          float* dst = seq_bounds + static_cast<std::size_t>(h * g) * nb + j0 + jj;
+          float w = 0;
+          if (args.summaries) {
+            bounds_of_pages(args.summaries->min + off, args.summaries->max + off, stride,
+                            pages + jj, 1, d, sq, h * g, g, scale, dst, nb, sums.data(), &w);
+          } else {
+            bounds_of_pages(args.bounds_bf16->min + off, args.bounds_bf16->max + off, stride,
+                            pages + jj, 1, d, sq, h * g, g, scale, dst, nb, sums.data(), &w);
+          }
         }
       }
     }
