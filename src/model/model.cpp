@@ -33,6 +33,7 @@ std::size_t sz(std::int64_t v) { return static_cast<std::size_t>(v); }
 
 struct Session::Impl {
   SessionOptions opt;
+  std::int64_t window = 0;  // local layers' sliding window
   std::vector<kv::PagedKVCache> caches;
   std::vector<kv::SeqId> seqs;
   std::vector<double> inv_freq_global, inv_freq_local;
@@ -77,6 +78,9 @@ Session::Session(const Model& model, SessionOptions options)
   cc.capacity_pages =
       static_cast<int>((options.max_tokens + options.page_size - 1) / options.page_size);
   cc.validate();
+  require(options.sliding_window >= 0, ErrorCode::invalid_argument, "sliding_window",
+          "must be >= 0, got ", options.sliding_window);
+  impl_->window = options.sliding_window > 0 ? options.sliding_window : c.sliding_window;
   impl_->opt = std::move(options);
   for (int l = 0; l < c.n_layer; ++l) {
     impl_->caches.emplace_back(cc);
@@ -127,7 +131,7 @@ static void attend(const Model& model, Session::Impl& s, int layer, const Block&
   const int n = static_cast<int>(blk.n);
   const std::int64_t len = blk.pos0 + n;  // tokens in the cache after this block
   const bool local = c.is_local[sz(layer)] != 0;
-  const std::int64_t W = c.sliding_window;
+  const std::int64_t W = s.window;
   const View3<const float> qv = View3<float>::contiguous(s.q.data(), n, Hq, D);
   const View3<float> ov = View3<float>::contiguous(s.att.data(), n, Hq, D);
   const int ps = cache.config().page_size;

@@ -116,6 +116,9 @@ struct SessionOptions {
   // Decode selection on the layers that allow it (see the file comment); nullopt = dense.
   std::optional<select::SelectorConfig> selector;
   int prefill_block = 64;  // tokens per prefill step (weight rows reused across them)
+  // Sliding window of the local layers: 0 = the model's; > 0 overrides it (tests exercise the
+  // window on short sequences this way).
+  int sliding_window = 0;
 };
 
 // Per-step counters for reports (bench, run --verbose).
