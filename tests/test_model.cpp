@@ -39,8 +39,7 @@ const Model* installed(const std::string& name) {
 
 std::vector<TokenId> sample_tokens(const Model& m) {
   return m.tokenizer().encode(
-      "The quick brown fox jumps over the lazy dog. A journey of a thousand miles begins with "
-      "a single step.",
+      "The quick brown fox jumps over the lazy dog, twice.",
       m.tokenizer().add_bos_default());
 }
 
@@ -143,7 +142,7 @@ TEST(ModelForward, Gemma3PrefillLogitsEqualTokenByTokenDecode) {
 TEST(ModelForward, Gemma3SlidingWindowPrefillEqualsDecode) {
   REQUIRE_MODEL(m, "gemma3");
   SessionOptions so;
-  so.sliding_window = 6;  // the sample is ~25 tokens: most queries see a cut window
+  so.sliding_window = 4;  // the sample is ~12 tokens: most queries see a cut window
   expect_prefill_equals_decode(*m, so);
 }
 
