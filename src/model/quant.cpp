@@ -342,4 +342,21 @@ void matvec(GgmlType type, const void* w, std::size_t rows, std::size_t cols, co
   }
 }
 
+void matmul(GgmlType type, const void* w, std::size_t rows, std::size_t cols, const float* x,
+            std::size_t n, float* y) {
+  compute_traits(type, "type");
+  const std::size_t stride = row_bytes(type, cols, "cols");
+  const kernels::DotFn dot = kernels::best_dot(type);
+  const auto* base = static_cast<const std::uint8_t*>(w);
+  const auto nr = static_cast<std::int64_t>(rows);
+  // Same chunking as matvec; the token loop is inside so a row is fetched from memory once.
+#pragma omp parallel for schedule(static, 16)
+  for (std::int64_t r = 0; r < nr; ++r) {
+    const std::uint8_t* row = base + static_cast<std::size_t>(r) * stride;
+    for (std::size_t t = 0; t < n; ++t) {
+      y[t * rows + static_cast<std::size_t>(r)] = dot(row, x + t * cols, cols);
+    }
+  }
+}
+
 }  // namespace masskv::model

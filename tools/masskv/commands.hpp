@@ -10,5 +10,7 @@ void register_bench(CLI::App& app);
 // `study`, and `bench select` under the existing `bench` (call after register_bench);
 // `cmdline` is recorded in the study's outputs.
 void register_study(CLI::App& app, const std::string& cmdline);
+// `run` and `perplexity` on a GGUF model (run_model.cpp).
+void register_model_commands(CLI::App& app);
 
 }  // namespace masskv::cli

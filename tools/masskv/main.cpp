@@ -18,6 +18,7 @@ int main(int argc, char** argv) {
   std::string cmdline = "masskv";
   for (int i = 1; i < argc; ++i) cmdline += std::string(" ") + argv[i];
   masskv::cli::register_study(app, cmdline);
+  masskv::cli::register_model_commands(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -78,4 +78,10 @@ float dot_row(GgmlType type, const void* row, const float* x, std::size_t n);
 void matvec(GgmlType type, const void* w, std::size_t rows, std::size_t cols, const float* x,
             float* y);
 
+// Y[t][r] = dot_row(W row r, X[t]) for t < n tokens: X is [n][cols], Y is [n][rows]. Each
+// weight row is read once and reused for all n tokens while it sits in L1 (prefill batches).
+// Every Y[t] is bit-equal to matvec(W, X[t]); threaded like matvec.
+void matmul(GgmlType type, const void* w, std::size_t rows, std::size_t cols, const float* x,
+            std::size_t n, float* y);
+
 }  // namespace masskv::model

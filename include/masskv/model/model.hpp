@@ -1,0 +1,189 @@
+// Forward pass of the two model families masskv is tested with, on the CPU, with the KV cache
+// in one kv::PagedKVCache per layer and attention through the masskv kernels:
+//   llama   (SmolLM2): RMSNorm, RoPE (adjacent pairs, as llama.cpp's converter permutes Q/K),
+//           GQA attention, SiLU-gated FFN, tied or separate output head.
+//   gemma3  (Gemma 3): embeddings scaled by sqrt(n_embd); sliding-window local layers and
+//           global layers (every 6th layer global, llama.cpp's and HF's rule; window from
+//           gemma3.attention.sliding_window); QK-norm; RoPE in NeoX halves with base 10000 on
+//           local layers (gemma3.rope.freq_base_swa when present) and gemma3.rope.freq_base on
+//           global ones; post-attention and post-FFN norms; GELU(tanh)-gated FFN. The GGUF
+//           converter stores Gemma's norm weights as (1 + w), so every norm is x * w here.
+// Every hyperparameter comes from the GGUF metadata; a missing or inconsistent key or tensor
+// shape throws masskv::Error naming it.
+//
+// Sparse attention is pluggable at decode: with SessionOptions::selector set, every layer that
+// may use it (all llama layers; gemma3's global layers, local layers keep their window) runs
+// select::run_selector on the step's queries and attends over the selection only. Prefill is
+// always dense (causal; windowed on local layers).
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "masskv/dtype.hpp"
+#include "masskv/model/gguf.hpp"
+#include "masskv/model/tokenizer.hpp"
+#include "masskv/select/selector.hpp"
+
+namespace masskv::model {
+
+enum class Arch { llama, gemma3 };
+std::string_view to_string(Arch arch) noexcept;
+
+struct ModelConfig {
+  Arch arch = Arch::llama;
+  int n_layer = 0, n_embd = 0, n_head = 0, n_head_kv = 0, head_dim = 0, n_ff = 0;
+  int n_vocab = 0;
+  int n_ctx_train = 0;
+  float rms_eps = 1e-5f;
+  int rope_dims = 0;                   // leading dims of each head that rotate
+  bool rope_neox = false;              // pairs (i, i + rope_dims/2) instead of (2i, 2i+1)
+  double rope_base = 10000;            // global layers (all layers for llama)
+  double rope_base_local = 10000;      // gemma3 sliding-window layers
+  double rope_freq_scale = 1;          // linear scaling on global layers (1 / rope.scaling.factor)
+  int sliding_window = 0;              // gemma3: tokens a local layer sees (itself included)
+  std::vector<std::uint8_t> is_local;  // [n_layer]: 1 = sliding-window layer
+  float attn_scale = 0;                // score scale (1/sqrt(query_pre_attn_scalar or head_dim))
+  float embd_scale = 1;                // gemma3: sqrt(n_embd)
+  float final_softcap = 0;             // tanh soft-capping of the logits; 0 = none
+  bool qk_norm = false;
+  bool post_norms = false;  // gemma3's post-attention / post-FFN norms
+  bool gelu_ffn = false;    // GELU(tanh) gate instead of SiLU
+
+  // Throws Error(unsupported, "general.architecture") for other architectures.
+  static ModelConfig from_gguf(const GgufFile& file);
+};
+
+// Weights of one layer, pointing into the mapped file.
+struct LayerWeights {
+  const GgufTensor* attn_norm = nullptr;
+  const GgufTensor* wq = nullptr;
+  const GgufTensor* wk = nullptr;
+  const GgufTensor* wv = nullptr;
+  const GgufTensor* wo = nullptr;
+  const GgufTensor* q_norm = nullptr;          // gemma3
+  const GgufTensor* k_norm = nullptr;          // gemma3
+  const GgufTensor* post_attn_norm = nullptr;  // gemma3
+  const GgufTensor* ffn_norm = nullptr;
+  const GgufTensor* ffn_gate = nullptr;
+  const GgufTensor* ffn_up = nullptr;
+  const GgufTensor* ffn_down = nullptr;
+  const GgufTensor* post_ffn_norm = nullptr;  // gemma3
+};
+
+class Model {
+ public:
+  // Opens (maps) the GGUF file, reads the config, checks every tensor's type and shape, and
+  // builds the tokenizer. Throws masskv::Error.
+  static std::unique_ptr<Model> load(const std::string& path);
+
+  const ModelConfig& config() const noexcept { return config_; }
+  const Tokenizer& tokenizer() const noexcept { return *tokenizer_; }
+  const GgufFile& file() const noexcept { return file_; }
+  const std::string& path() const noexcept { return path_; }
+  const LayerWeights& layer(int i) const { return layers_.at(static_cast<std::size_t>(i)); }
+  const GgufTensor& token_embd() const noexcept { return *token_embd_; }
+  const GgufTensor& output_norm() const noexcept { return *output_norm_; }
+  const GgufTensor& output() const noexcept { return *output_; }  // token_embd when tied
+  // Norm weights as f32 (F32 tensors are used in place; others dequantised once at load).
+  const float* norm_weights(const GgufTensor& t) const;
+  // Bytes of weights one decode step reads (every layer matrix, the head, one embedding row).
+  double weight_bytes_per_token() const noexcept { return weight_bytes_per_token_; }
+
+ private:
+  Model(GgufFile file, std::string path);
+  GgufFile file_;
+  std::string path_;
+  ModelConfig config_;
+  std::unique_ptr<Tokenizer> tokenizer_;
+  std::vector<LayerWeights> layers_;
+  const GgufTensor* token_embd_ = nullptr;
+  const GgufTensor* output_norm_ = nullptr;
+  const GgufTensor* output_ = nullptr;
+  std::vector<std::pair<const GgufTensor*, std::vector<float>>> dequantised_norms_;
+  double weight_bytes_per_token_ = 0;
+};
+
+struct SessionOptions {
+  std::int64_t max_tokens = 4096;  // KV capacity per layer, in tokens (> 0)
+  int page_size = 16;
+  DType kv_dtype = DType::f16;
+  // Decode selection on the layers that allow it (see the file comment); nullopt = dense.
+  std::optional<select::SelectorConfig> selector;
+  int prefill_block = 64;  // tokens per prefill step (weight rows reused across them)
+  // Sliding window of the local layers: 0 = the model's; > 0 overrides it (tests exercise the
+  // window on short sequences this way).
+  int sliding_window = 0;
+};
+
+// Per-step counters for reports (bench, run --verbose).
+struct DecodeStats {
+  double kv_tokens_read = 0;   // KV rows read by attention, summed over layers and kv heads
+  double kv_tokens_total = 0;  // what dense attention would have read
+};
+
+// One sequence being generated. Not thread-safe; the kernels inside use OpenMP.
+class Session {
+ public:
+  Session(const Model& model, SessionOptions options);
+  ~Session();
+  Session(Session&&) noexcept;
+  Session& operator=(Session&&) noexcept;
+
+  const Model& model() const noexcept { return *model_; }
+  std::int64_t position() const noexcept { return position_; }
+
+  // Appends `tokens` (dense causal attention) in blocks of prefill_block. logits_last gets the
+  // logits after the last token (n_vocab; may be empty to skip the head). When all_logits is
+  // set it receives [tokens.size()][n_vocab]. progress(done, total) is called per block.
+  // Throws Error(out_of_range, "tokens") when the cache capacity would be exceeded and
+  // Error(out_of_range, "tokens") for an id outside the vocabulary (nothing appended then).
+  void prefill(std::span<const TokenId> tokens, std::span<float> logits_last,
+               std::vector<float>* all_logits = nullptr,
+               const std::function<void(std::int64_t, std::int64_t)>& progress = {});
+  // One token through the decode path (selector applied), logits into `logits` (n_vocab).
+  void decode(TokenId token, std::span<float> logits);
+
+  const DecodeStats& last_decode_stats() const noexcept { return stats_; }
+  struct Impl;  // opaque: caches and scratch (model.cpp)
+  // KV + summary bytes currently held, all layers.
+  double kv_bytes() const;
+  double kv_bytes_per_token() const;  // KV bytes per stored token, all layers
+  double summary_bytes_per_token() const;
+
+ private:
+  const Model* model_;
+  std::unique_ptr<Impl> impl_;
+  std::int64_t position_ = 0;
+  DecodeStats stats_;
+};
+
+// Token choice from logits (llama.cpp's sampler order: top-k, then top-p, then temperature).
+struct SamplerConfig {
+  float temperature = 0;  // <= 0: greedy (argmax, lowest id on ties)
+  int top_k = 40;         // <= 0: whole vocabulary
+  float top_p = 0.95f;    // 1: off
+  std::uint64_t seed = 0;
+};
+
+class Sampler {
+ public:
+  // Throws Error(invalid_argument, "temperature"/"top_p") for non-finite or out-of-range values.
+  explicit Sampler(SamplerConfig config);
+  TokenId sample(std::span<const float> logits);
+
+ private:
+  double uniform();  // [0, 1) from the seeded generator, same on every platform
+  SamplerConfig config_;
+  std::uint64_t state_;
+  std::vector<std::pair<float, TokenId>> scratch_;
+};
+
+TokenId argmax(std::span<const float> logits);
+
+}  // namespace masskv::model

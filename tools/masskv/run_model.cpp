@@ -1,0 +1,376 @@
+// `masskv run` (generate text) and `masskv perplexity` (perplexity and the KL divergence of
+// sparse against dense logits) on a GGUF model, in llama.cpp's option conventions.
+#include <fmt/core.h>
+#include <fmt/os.h>
+#include <omp.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <fstream>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "commands.hpp"
+#include "masskv/error.hpp"
+#include "masskv/model/chat_template.hpp"
+#include "masskv/model/locate.hpp"
+#include "masskv/model/model.hpp"
+#include "parse.hpp"
+#include "progress.hpp"
+
+namespace masskv::cli {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using model::TokenId;
+
+double seconds_since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+// Options shared by run and perplexity.
+struct ModelOptions {
+  std::string model = "smollm2";  // a known name or a path
+  int threads = 0;                // 0: OpenMP's default
+  std::string selector = "dense";
+  std::string budget = "1024";  // tokens (K suffix allowed) or a fraction of the context
+  int sink_pages = 1;
+  int window = 64;
+  double top_p_mass = 0.95;
+  int page_size = 16;
+};
+
+void add_model_options(CLI::App* app, ModelOptions& o) {
+  app->add_option("-m,--model", o.model,
+                  "Model: smollm2 (SmolLM2-135M-Instruct), gemma3 (Gemma 3 270M) or a GGUF path")
+      ->capture_default_str();
+  app->add_option("-t,--threads", o.threads, "Threads (0: all cores)")->capture_default_str();
+  app->add_option("--selector", o.selector,
+                  "Decode attention: dense, sink_recent, quest, top_p, gaussian_tau, oracle "
+                  "(gemma3: global layers only)")
+      ->capture_default_str();
+  app->add_option("--budget", o.budget,
+                  "Selector budget: tokens (e.g. 1024, 2K) or a fraction of the context (1/8)")
+      ->capture_default_str();
+  app->add_option("--sink-pages", o.sink_pages, "Pages at the start always kept")
+      ->capture_default_str();
+  app->add_option("--window", o.window, "Most recent tokens always kept")->capture_default_str();
+  app->add_option("--top-p-mass", o.top_p_mass, "Target mass of the top_p selector")
+      ->capture_default_str();
+  app->add_option("--page", o.page_size, "KV page size (tokens)")->capture_default_str();
+}
+
+std::string resolve_model(const std::string& name) {
+  if (name == "smollm2" || name == "gemma3") return model::find_model(name).string();
+  return name;
+}
+
+// nullopt for dense; the budget is relative to `context` when given as a fraction.
+std::optional<select::SelectorConfig> selector_config(const ModelOptions& o, std::int64_t context) {
+  if (o.selector == "dense") return std::nullopt;
+  select::SelectorConfig c;
+  c.method = select::parse_method(o.selector, "--selector");
+  require(c.method != select::Method::entmax_support, ErrorCode::unsupported, "--selector",
+          "entmax_support needs entmax attention; the models use softmax");
+  c.mapping = Mapping::softmax();
+  c.sink_pages = o.sink_pages;
+  c.window_tokens = o.window;
+  if (o.budget.find('/') != std::string::npos || o.budget.find('.') != std::string::npos) {
+    c.budget.tokens = std::max<std::int64_t>(
+        1, static_cast<std::int64_t>(
+               std::llround(parse_fraction(o.budget, "--budget") * static_cast<double>(context))));
+  } else {
+    c.budget.tokens = parse_count(o.budget, "--budget");
+  }
+  if (c.method == select::Method::top_p) {
+    c.budget.kind = select::Budget::Kind::top_p;
+    c.budget.p = o.top_p_mass;
+  }
+  return c;
+}
+
+void set_threads(int threads) {
+  require(threads >= 0, ErrorCode::invalid_argument, "--threads", "must be >= 0");
+  if (threads > 0) omp_set_num_threads(threads);
+}
+
+// ---- run ------------------------------------------------------------------------------------
+
+struct RunOptions {
+  ModelOptions m;
+  std::string prompt = "The meaning of life is";
+  std::string file;
+  int n_predict = 64;
+  std::int64_t ctx = 0;  // 0: prompt + n_predict
+  bool chat = false;
+  std::string system;
+  float temperature = 0;
+  int top_k = 40;
+  float top_p = 0.95f;
+  std::uint64_t seed = 0;
+  bool verbose = false;
+};
+
+void run_generate(const RunOptions& o) {
+  set_threads(o.m.threads);
+  const std::string path = resolve_model(o.m.model);
+  auto mdl = model::Model::load(path);
+  const model::Tokenizer& tok = mdl->tokenizer();
+  std::string text = o.prompt;
+  if (!o.file.empty()) {
+    std::ifstream in(o.file, std::ios::binary);
+    require(in.good(), ErrorCode::io, "-f", "cannot read ", o.file);
+    std::ostringstream ss;
+    ss << in.rdbuf();
+    text = ss.str();
+  }
+  std::vector<TokenId> prompt;
+  std::string_view stop_text;
+  std::optional<model::ChatTemplate> tmpl;
+  if (o.chat) {
+    tmpl = model::ChatTemplate::from_gguf(mdl->file());
+    std::vector<model::ChatMessage> msgs;
+    if (!o.system.empty()) msgs.push_back({"system", o.system});
+    msgs.push_back({"user", text});
+    prompt = tok.encode(tmpl->format_chat(msgs, true), tok.add_bos_default(), true);
+    stop_text = tmpl->end_of_turn();
+  } else {
+    prompt = tok.encode(text, tok.add_bos_default(), false);
+  }
+  require(!prompt.empty(), ErrorCode::invalid_argument, "-p", "the prompt has no tokens");
+  require(o.n_predict >= 0, ErrorCode::invalid_argument, "-n", "must be >= 0");
+  const std::int64_t ctx =
+      o.ctx > 0 ? o.ctx : static_cast<std::int64_t>(prompt.size()) + o.n_predict;
+  require(ctx >= static_cast<std::int64_t>(prompt.size()) + o.n_predict,
+          ErrorCode::invalid_argument, "-c", "context ", ctx, " is smaller than the prompt (",
+          prompt.size(), " tokens) plus -n ", o.n_predict);
+  model::SessionOptions so;
+  so.max_tokens = ctx;
+  so.page_size = o.m.page_size;
+  so.selector = selector_config(o.m, ctx);
+  model::Session session(*mdl, so);
+  const TokenId stop_id = stop_text.empty() ? -1 : tok.find_token(stop_text);
+
+  std::vector<float> logits(static_cast<std::size_t>(mdl->config().n_vocab));
+  const auto t0 = Clock::now();
+  {
+    Progress bar("prefill", static_cast<long>(prompt.size()));
+    std::int64_t shown = 0;
+    session.prefill(prompt, logits, nullptr, [&](std::int64_t done, std::int64_t) {
+      bar.advance(static_cast<long>(done - shown));
+      shown = done;
+    });
+    bar.finish();
+  }
+  const double t_prefill = seconds_since(t0);
+  if (!o.chat) fmt::print("{}", text);
+  std::fflush(stdout);
+  model::Sampler sampler({o.temperature, o.top_k, o.top_p, o.seed});
+  std::vector<TokenId> out;
+  const auto t1 = Clock::now();
+  double kv_read = 0, kv_total = 0;
+  for (int i = 0; i < o.n_predict; ++i) {
+    const TokenId next = sampler.sample(logits);
+    if (next == tok.eos() || next == stop_id) break;
+    out.push_back(next);
+    fmt::print("{}", tok.token_to_piece(next, false));
+    std::fflush(stdout);
+    if (i + 1 == o.n_predict) break;
+    session.decode(next, logits);
+    kv_read += session.last_decode_stats().kv_tokens_read;
+    kv_total += session.last_decode_stats().kv_tokens_total;
+  }
+  const double t_decode = seconds_since(t1);
+  fmt::print("\n");
+  const auto decoded = static_cast<double>(out.size() > 0 ? out.size() - 1 : 0);
+  fmt::print(stderr,
+             "masskv run: {} ({}), prompt {} tokens in {:.2f} s ({:.1f} tok/s), generated {} "
+             "tokens, decode {:.1f} tok/s",
+             path, model::to_string(mdl->config().arch), prompt.size(), t_prefill,
+             static_cast<double>(prompt.size()) / t_prefill, out.size(),
+             decoded > 0 ? decoded / t_decode : 0.0);
+  if (kv_total > 0) fmt::print(stderr, ", KV read {:.1f}% of dense", 100.0 * kv_read / kv_total);
+  fmt::print(stderr, "\n");
+}
+
+// ---- perplexity ---------------------------------------------------------------------------
+
+struct PplOptions {
+  ModelOptions m;
+  std::string file;
+  std::int64_t ctx = 512;
+  int chunks = 0;  // 0: all
+  bool kl = false;
+  std::string json_path;
+};
+
+// -log p(target) and the distribution (f64) of one row of logits.
+double log_softmax_at(const float* logits, std::size_t V, TokenId target, std::vector<double>* p) {
+  const float mx = *std::max_element(logits, logits + V);
+  double sum = 0;
+  for (std::size_t i = 0; i < V; ++i) sum += std::exp(static_cast<double>(logits[i]) - mx);
+  const double lse = mx + std::log(sum);
+  if (p != nullptr) {
+    p->resize(V);
+    for (std::size_t i = 0; i < V; ++i) (*p)[i] = static_cast<double>(logits[i]) - lse;
+  }
+  return lse - static_cast<double>(logits[target]);
+}
+
+// KL(P || Q) from log-probabilities.
+double kl_divergence(const std::vector<double>& lp, const std::vector<double>& lq) {
+  double kl = 0;
+  for (std::size_t i = 0; i < lp.size(); ++i) kl += std::exp(lp[i]) * (lp[i] - lq[i]);
+  return std::max(0.0, kl);
+}
+
+void run_perplexity(const PplOptions& o) {
+  set_threads(o.m.threads);
+  const std::string path = resolve_model(o.m.model);
+  auto mdl = model::Model::load(path);
+  const model::Tokenizer& tok = mdl->tokenizer();
+  std::ifstream in(o.file, std::ios::binary);
+  require(in.good(), ErrorCode::io, "-f", "cannot read ", o.file);
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  const std::vector<TokenId> all = tok.encode(ss.str(), tok.add_bos_default(), false);
+  require(o.ctx >= 8, ErrorCode::invalid_argument, "-c", "must be >= 8");
+  const std::int64_t n_chunks_avail = static_cast<std::int64_t>(all.size()) / o.ctx;
+  require(n_chunks_avail > 0, ErrorCode::invalid_argument, "-f", "has ", all.size(),
+          " tokens, fewer than one context of ", o.ctx);
+  const std::int64_t n_chunks =
+      o.chunks > 0 ? std::min<std::int64_t>(o.chunks, n_chunks_avail) : n_chunks_avail;
+  const auto sel = selector_config(o.m, o.ctx);
+  const bool sparse = sel.has_value();
+  const auto V = static_cast<std::size_t>(mdl->config().n_vocab);
+  // As llama.cpp's perplexity: each chunk of ctx tokens is evaluated alone (bos first when the
+  // model adds one) and the second half is scored, so every scored token sees >= ctx/2 context.
+  const std::int64_t first = o.ctx / 2;
+  double nll_dense = 0, nll_sparse = 0, kl_sum = 0, kl_max = 0, kv_read = 0, kv_total = 0;
+  std::int64_t scored = 0, top1_same = 0;
+  Progress bar("perplexity", static_cast<long>(n_chunks * (o.ctx - first)));
+  const auto t0 = Clock::now();
+  std::vector<float> ld(V), ls(V);
+  std::vector<double> lpd, lps;
+  for (std::int64_t c = 0; c < n_chunks; ++c) {
+    std::vector<TokenId> chunk(all.begin() + c * o.ctx, all.begin() + (c + 1) * o.ctx);
+    if (tok.add_bos_default()) chunk[0] = tok.bos();
+    const std::span<const TokenId> head(chunk.data(), static_cast<std::size_t>(first));
+    model::SessionOptions so;
+    so.max_tokens = o.ctx;
+    so.page_size = o.m.page_size;
+    model::Session dense(*mdl, so);
+    dense.prefill(head, ld);
+    std::unique_ptr<model::Session> sp;
+    if (sparse) {
+      so.selector = sel;
+      sp = std::make_unique<model::Session>(*mdl, so);
+      sp->prefill(head, ls);
+    }
+    for (std::int64_t i = first; i < o.ctx; ++i) {
+      const TokenId target = chunk[static_cast<std::size_t>(i)];
+      const bool need_dist = sparse && o.kl;
+      nll_dense += log_softmax_at(ld.data(), V, target, need_dist ? &lpd : nullptr);
+      if (sparse) {
+        nll_sparse += log_softmax_at(ls.data(), V, target, need_dist ? &lps : nullptr);
+        if (need_dist) {
+          const double kl = kl_divergence(lpd, lps);
+          kl_sum += kl;
+          kl_max = std::max(kl_max, kl);
+        }
+        top1_same += model::argmax(ld) == model::argmax(ls);
+      }
+      ++scored;
+      bar.advance();
+      if (i + 1 == o.ctx) break;
+      dense.decode(target, ld);
+      if (sparse) {
+        sp->decode(target, ls);
+        kv_read += sp->last_decode_stats().kv_tokens_read;
+        kv_total += sp->last_decode_stats().kv_tokens_total;
+      }
+    }
+  }
+  bar.finish();
+  const double secs = seconds_since(t0);
+  const double ppl_dense = std::exp(nll_dense / static_cast<double>(scored));
+  const double ppl_sparse = sparse ? std::exp(nll_sparse / static_cast<double>(scored)) : NAN;
+  fmt::print(
+      "| model | ctx | chunks | scored | selector | budget | ppl dense | ppl sparse | "
+      "Δppl % | mean KL | max KL | top-1 same | KV read |\n");
+  fmt::print(
+      "| --- | ---: | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: "
+      "| ---: |\n");
+  const std::string name = model::to_string(mdl->config().arch).data();
+  if (!sparse) {
+    fmt::print("| {} | {} | {} | {} | dense | - | {:.4f} | - | - | - | - | - | 100% |\n", name,
+               o.ctx, n_chunks, scored, ppl_dense);
+  } else {
+    fmt::print(
+        "| {} | {} | {} | {} | {} | {} | {:.4f} | {:.4f} | {:+.3f} | {} | {} | {:.2f}% "
+        "| {:.1f}% |\n",
+        name, o.ctx, n_chunks, scored, o.m.selector, sel->budget.tokens, ppl_dense, ppl_sparse,
+        100.0 * (ppl_sparse / ppl_dense - 1.0),
+        o.kl ? fmt::format("{:.3e}", kl_sum / static_cast<double>(scored)) : "-",
+        o.kl ? fmt::format("{:.3e}", kl_max) : "-",
+        100.0 * static_cast<double>(top1_same) / static_cast<double>(scored),
+        100.0 * kv_read / kv_total);
+  }
+  fmt::print(stderr, "masskv perplexity: {} tokens scored in {:.1f} s\n", scored, secs);
+  if (!o.json_path.empty()) {
+    nlohmann::json j{{"model", path},         {"arch", name},     {"ctx", o.ctx},
+                     {"chunks", n_chunks},    {"scored", scored}, {"selector", o.m.selector},
+                     {"ppl_dense", ppl_dense}};
+    if (sparse) {
+      j["budget_tokens"] = sel->budget.tokens;
+      j["ppl_sparse"] = ppl_sparse;
+      j["top1_same"] = static_cast<double>(top1_same) / static_cast<double>(scored);
+      j["kv_read_fraction"] = kv_read / kv_total;
+      if (o.kl) {
+        j["kl_mean"] = kl_sum / static_cast<double>(scored);
+        j["kl_max"] = kl_max;
+      }
+    }
+    auto f = fmt::output_file(o.json_path);
+    f.print("{}\n", j.dump(2));
+  }
+}
+
+}  // namespace
+
+void register_model_commands(CLI::App& app) {
+  auto ro = std::make_shared<RunOptions>();
+  CLI::App* run = app.add_subcommand("run", "Generate text with a GGUF model (llama.cpp style)");
+  add_model_options(run, ro->m);
+  run->add_option("-p,--prompt", ro->prompt, "Prompt")->capture_default_str();
+  run->add_option("-f,--file", ro->file, "Read the prompt from this file");
+  run->add_option("-n,--n-predict", ro->n_predict, "Tokens to generate")->capture_default_str();
+  run->add_option("-c,--ctx-size", ro->ctx, "KV capacity in tokens (0: prompt + n)")
+      ->capture_default_str();
+  run->add_flag("--chat", ro->chat, "Wrap the prompt in the model's chat template");
+  run->add_option("--system", ro->system, "System message (with --chat)");
+  run->add_option("--temp", ro->temperature, "Temperature (0: greedy)")->capture_default_str();
+  run->add_option("--top-k", ro->top_k, "Top-k (0: off)")->capture_default_str();
+  run->add_option("--top-p", ro->top_p, "Top-p (1: off)")->capture_default_str();
+  run->add_option("-s,--seed", ro->seed, "Sampling seed")->capture_default_str();
+  run->callback([ro] { run_generate(*ro); });
+
+  auto po = std::make_shared<PplOptions>();
+  CLI::App* ppl = app.add_subcommand(
+      "perplexity", "Perplexity of a text file; with --selector also sparse vs dense logits");
+  add_model_options(ppl, po->m);
+  ppl->add_option("-f,--file", po->file, "Text file (e.g. the Debian Policy Manual, see README)")
+      ->required();
+  ppl->add_option("-c,--ctx-size", po->ctx, "Context per chunk; the second half is scored")
+      ->capture_default_str();
+  ppl->add_option("--chunks", po->chunks, "Chunks to evaluate (0: all)")->capture_default_str();
+  ppl->add_flag("--kl", po->kl, "KL divergence of sparse against dense logits (with --selector)");
+  ppl->add_option("--json", po->json_path, "Write the results as JSON to this file");
+  ppl->callback([po] { run_perplexity(*po); });
+}
+
+}  // namespace masskv::cli
