@@ -101,21 +101,29 @@ inline void prefetch_bytes(const void* p, std::int64_t bytes) {
 }
 
 // The fused scan (see quest_kernels.hpp): page by page, every kv head of a page in turn.
-template <class T, bool kW>
+// kD > 0 fixes head_dim at compile time: the q rows are then one base pointer plus constant
+// offsets (no spilled pointers in the hot loop) and the channel loop unrolls.
+template <class T, bool kW, int kD>
 void scan(const T* mn, const T* mx, const std::int32_t* pages, int n, int prefetch_n, int nkv,
-          int d, const float* qpos, const float* qneg, int g, const float* wpre, float* sums,
+          int d_arg, const float* qpos, const float* qneg, int g, const float* wpre, float* sums,
           float* w) {
+  const int d = kD > 0 ? kD : d_arg;
   const std::int64_t page_stride = static_cast<std::int64_t>(nkv) * d;
-  constexpr int kAhead = 4;  // pages; the hardware prefetcher stops at 4 KiB boundaries
+  // Pages ahead to prefetch (the hardware prefetcher stops at 4 KiB boundaries, and pages lie
+  // anywhere in the pool); one head's rows per head step, so the requests are spread out.
+  constexpr int kAhead = 4;
+  const std::int64_t row_bytes = static_cast<std::int64_t>(d) * sizeof(T);
   for (int j = 0; j < n; ++j) {
-    if (j + kAhead < prefetch_n) {
-      const std::int64_t ahead = pages[j + kAhead] * page_stride;
-      prefetch_bytes(mn + ahead, page_stride * static_cast<std::int64_t>(sizeof(T)));
-      prefetch_bytes(mx + ahead, page_stride * static_cast<std::int64_t>(sizeof(T)));
-    }
     const T* lo = mn + pages[j] * page_stride;
     const T* hi = mx + pages[j] * page_stride;
+    const bool pf = j + kAhead < prefetch_n;
+    const T* plo = pf ? mn + pages[j + kAhead] * page_stride : nullptr;
+    const T* phi = pf ? mx + pages[j + kAhead] * page_stride : nullptr;
     for (int h = 0; h < nkv; ++h, lo += d, hi += d) {
+      if (pf) {
+        prefetch_bytes(plo + static_cast<std::int64_t>(h) * d, row_bytes);
+        prefetch_bytes(phi + static_cast<std::int64_t>(h) * d, row_bytes);
+      }
       const std::int64_t q0 = static_cast<std::int64_t>(h) * g * d;
       float* s = sums + static_cast<std::int64_t>(h) * g * n + j;
       float* wj = w + static_cast<std::int64_t>(h) * n + j;
@@ -131,6 +139,19 @@ void scan(const T* mn, const T* mx, const std::int32_t* pages, int n, int prefet
       }
       if constexpr (!kW) *wj = wpre[static_cast<std::int64_t>(pages[j]) * nkv + h];
     }
+  }
+}
+
+template <class T, bool kW>
+void scan_d(const T* mn, const T* mx, const std::int32_t* pages, int n, int prefetch_n, int nkv,
+            int d, const float* qpos, const float* qneg, int g, const float* wpre, float* sums,
+            float* w) {
+  if (d == 128) {
+    scan<T, kW, 128>(mn, mx, pages, n, prefetch_n, nkv, d, qpos, qneg, g, wpre, sums, w);
+  } else if (d == 64) {
+    scan<T, kW, 64>(mn, mx, pages, n, prefetch_n, nkv, d, qpos, qneg, g, wpre, sums, w);
+  } else {
+    scan<T, kW, 0>(mn, mx, pages, n, prefetch_n, nkv, d, qpos, qneg, g, wpre, sums, w);
   }
 }
 
@@ -153,7 +174,7 @@ void sums_any(const T* mn, const T* mx, std::int64_t page_stride, const std::int
 void quest_scan_avx2_f32(const float* mn, const float* mx, const std::int32_t* pages, int n,
                          int prefetch_n, int nkv, int d, const float* qpos, const float* qneg,
                          int g, float* sums, float* w) {
-  scan<float, true>(mn, mx, pages, n, prefetch_n, nkv, d, qpos, qneg, g, nullptr, sums, w);
+  scan_d<float, true>(mn, mx, pages, n, prefetch_n, nkv, d, qpos, qneg, g, nullptr, sums, w);
 }
 
 void quest_scan_avx2_bf16(const std::uint16_t* mn, const std::uint16_t* mx,
@@ -161,10 +182,11 @@ void quest_scan_avx2_bf16(const std::uint16_t* mn, const std::uint16_t* mx,
                           const float* qpos, const float* qneg, int g, const float* wpre,
                           float* sums, float* w) {
   if (wpre != nullptr) {
-    scan<std::uint16_t, false>(mn, mx, pages, n, prefetch_n, nkv, d, qpos, qneg, g, wpre, sums, w);
+    scan_d<std::uint16_t, false>(mn, mx, pages, n, prefetch_n, nkv, d, qpos, qneg, g, wpre, sums,
+                                 w);
   } else {
-    scan<std::uint16_t, true>(mn, mx, pages, n, prefetch_n, nkv, d, qpos, qneg, g, nullptr, sums,
-                              w);
+    scan_d<std::uint16_t, true>(mn, mx, pages, n, prefetch_n, nkv, d, qpos, qneg, g, nullptr, sums,
+                                w);
   }
 }
 
