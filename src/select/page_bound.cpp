@@ -81,7 +81,7 @@ void sums_dispatch(const bf16* mn, const bf16* mx, std::int64_t page_stride,
 }
 
 // Pages the fused scan prefetches ahead (must match kAhead of quest_kernels_avx2.cpp).
-constexpr int kPrefetchPages = 4;
+constexpr int kPrefetchPages = 8;
 
 // The query side of the bound, split once per query: q+ = max(q, 0), q- = min(q, 0) so that
 // sum_c max(q_c m_c, q_c M_c) = q+·M + q-·m, and ||q||_1 for the rounding slack below.

@@ -111,7 +111,7 @@ void scan(const T* mn, const T* mx, const std::int32_t* pages, int n, int prefet
   const std::int64_t page_stride = static_cast<std::int64_t>(nkv) * d;
   // Pages ahead to prefetch (the hardware prefetcher stops at 4 KiB boundaries, and pages lie
   // anywhere in the pool); one head's rows per head step, so the requests are spread out.
-  constexpr int kAhead = 4;
+  constexpr int kAhead = 8;
   const std::int64_t row_bytes = static_cast<std::int64_t>(d) * sizeof(T);
   for (int j = 0; j < n; ++j) {
     const T* lo = mn + pages[j] * page_stride;
