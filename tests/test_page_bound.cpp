@@ -275,7 +275,11 @@ TEST(BoundStore, UpdateMatchesRebuildAfterAppends) {
     ASSERT_EQ(a.min[i].bits, b.min[i].bits) << i;
     ASSERT_EQ(a.max[i].bits, b.max[i].bits) << i;
   }
-  EXPECT_DOUBLE_EQ(store.bytes_per_token(16), 2.0 * 2 * 2 * 64 / 16);
+  for (std::int64_t i = 0; i < std::int64_t(a.num_pages) * 2; ++i) {
+    ASSERT_EQ(a.wmax[i], b.wmax[i]) << i;
+  }
+  // bf16 min + max per channel and one f32 W per kv head, per token of a full page.
+  EXPECT_DOUBLE_EQ(store.bytes_per_token(16), (2.0 * 2 * 2 * 64 + 4.0 * 2) / 16);
 }
 
 TEST(PageBound, RejectsBadArguments) {
@@ -460,6 +464,15 @@ TEST(QuestSelect, EqualsPerHeadBoundsAndTopkForAnyThreadCount) {
         EXPECT_EQ(got.ids, want.ids) << "ratio " << ratio << " threads " << threads;
         EXPECT_EQ(got.count, want.count);
         EXPECT_EQ(got.max_per_head, want.max_per_head);
+      }
+      if (use_bf16) {  // the kernels compute W themselves when the view has none
+        BoundStoreView no_w = sv;
+        no_w.wmax = nullptr;
+        args.bounds_bf16 = &no_w;
+        SelectionStorage got;
+        quest_select(args, got);
+        EXPECT_EQ(got.ids, want.ids) << "ratio " << ratio << " without precomputed W";
+        args.bounds_bf16 = &sv;
       }
       // Sequence 0 (1 token) selects its only page; the others hit the budget.
       const SelectionView view = want.view();

@@ -80,23 +80,8 @@ void sums_dispatch(const bf16* mn, const bf16* mx, std::int64_t page_stride,
   }
 }
 
-// Bounds of num_q heads for `n` pages of one kv head (DESIGN.md §2.3); min/max of physical
-// page p start at mn + p * page_stride; out is [num_q][n]. No checks: callers validated.
-//
-// Rigour: the sums are dot products of 2d terms, half of them exact zeros, whose exact
-// value is sum_c t_c with |t_c| <= |q_c| * W, W = max_c max(|m_c|, |M_c|). Any summation
-// order (with or without FMA) is within (2d)u/(1-2du) * ||q||_1 * W of it (u = 2^-24). We add
-// twice that, 2(2d+4)u * ||q||_1 * W, which also covers the rounding of ||q||_1, of the slack
-// and of the product with scale; FLT_MIN covers underflowed products. So
-// out >= scale * q·k exactly for every key of the page.
-// Software prefetch of `count` elements from p, one request per cache line.
-template <class T>
-void prefetch_span(const T* p, std::int64_t count) {
-  const char* c = reinterpret_cast<const char*>(p);
-  const std::int64_t bytes = count * static_cast<std::int64_t>(sizeof(T));
-  for (std::int64_t off = 0; off < bytes; off += 64) __builtin_prefetch(c + off);
-}
-constexpr int kPrefetchPages = 4;
+// Pages the fused scan prefetches ahead (must match kAhead of quest_kernels_avx2.cpp).
+constexpr int kPrefetchPages = 8;
 
 // The query side of the bound, split once per query: q+ = max(q, 0), q- = min(q, 0) so that
 // sum_c max(q_c m_c, q_c M_c) = q+·M + q-·m, and ||q||_1 for the rounding slack below.
@@ -146,20 +131,25 @@ struct SplitQuery {
 // twice that, 2(2d+4)u * ||q||_1 * W, which also covers the rounding of ||q||_1, of the slack
 // and of the product with scale; FLT_MIN covers underflowed products. So
 // out >= scale * q·k exactly for every key of the page.
+// One bound from its sum and slack terms; the one expression both the per-head path and the
+// fused scan of quest_select use, so their results have the same bits.
+inline float finish_bound(float sum, float fq, float w, float scale) {
+  return scale * (sum + fq * w + std::numeric_limits<float>::min());
+}
+
 template <class T>
 void bounds_of_pages(const T* mn, const T* mx, std::int64_t page_stride, const std::int32_t* pages,
                      int n, int d, const SplitQuery& sq, int h0, int num_q, float scale, float* out,
                      std::int64_t ldo, float* sums, float* w) {
   const std::size_t q0 = static_cast<std::size_t>(h0) * d;
-  sums_dispatch(mn, mx, page_stride, pages, n, d, sq.pos() + q0, sq.neg() + q0, num_q,
-                sums, w);
+  sums_dispatch(mn, mx, page_stride, pages, n, d, sq.pos() + q0, sq.neg() + q0, num_q, sums, w);
   const float f = 2.0f * static_cast<float>(2 * d + 4) * 0x1p-24f;
   for (int h = 0; h < num_q; ++h) {
     const float fq = f * sq.norm[static_cast<std::size_t>(h0 + h)];
     const float* src = sums + static_cast<std::int64_t>(h) * n;
     float* row = out + static_cast<std::int64_t>(h) * ldo;
     for (int j = 0; j < n; ++j) {
-      row[j] = scale * (src[j] + fq * w[j] + std::numeric_limits<float>::min());
+      row[j] = finish_bound(src[j], fq, w[j], scale);
     }
   }
 }
@@ -172,6 +162,46 @@ void bounds_rows(const T* mn, const T* mx, std::int64_t page_stride, const std::
   sq.assign(q, num_q, q_stride, d);
   std::vector<float> w(static_cast<std::size_t>(n));
   bounds_of_pages(mn, mx, page_stride, pages, n, d, sq, 0, num_q, scale, out, n, out, w.data());
+}
+
+// The fused scan of quest_select (layout in quest_kernels.hpp) for `n` pages of the pool
+// [page][nkv][d]: q heads h*g .. h*g+g-1 of `sq` go with kv head h. Pages up to prefetch_n
+// are prefetched. The portable path runs the per-head kernel one page at a time.
+template <class T>
+void scan_portable(const T* mn, const T* mx, const std::int32_t* pages, int n, int nkv, int d,
+                   const SplitQuery& sq, int g, float* sums, float* w, float* tmp) {
+  const std::int64_t stride = static_cast<std::int64_t>(nkv) * d;
+  for (int j = 0; j < n; ++j) {
+    for (int h = 0; h < nkv; ++h) {
+      const std::size_t q0 = static_cast<std::size_t>(h) * g * d;
+      sums_portable(mn + static_cast<std::int64_t>(h) * d, mx + static_cast<std::int64_t>(h) * d,
+                    stride, pages + j, 1, d, sq.pos() + q0, sq.neg() + q0, g, tmp,
+                    w + static_cast<std::int64_t>(h) * n + j);
+      for (int i = 0; i < g; ++i) sums[static_cast<std::int64_t>(h * g + i) * n + j] = tmp[i];
+    }
+  }
+}
+
+void scan_pages(const kv::SummariesView& s, const std::int32_t* pages, int n, int prefetch_n,
+                const SplitQuery& sq, int g, float* sums, float* w, float* tmp) {
+  const int d = s.head_dim;
+  if (d % 8 == 0 && cpu::has_avx2() && cpu::simd_allowed()) {
+    detail::quest_scan_avx2_f32(s.min, s.max, pages, n, prefetch_n, s.num_kv_heads, d, sq.pos(),
+                                sq.neg(), g, sums, w);
+  } else {
+    scan_portable(s.min, s.max, pages, n, s.num_kv_heads, d, sq, g, sums, w, tmp);
+  }
+}
+
+void scan_pages(const BoundStoreView& s, const std::int32_t* pages, int n, int prefetch_n,
+                const SplitQuery& sq, int g, float* sums, float* w, float* tmp) {
+  const int d = s.head_dim;
+  if (d % 8 == 0 && cpu::has_avx2() && cpu::simd_allowed()) {
+    detail::quest_scan_avx2_bf16(bits(s.min), bits(s.max), pages, n, prefetch_n, s.num_kv_heads, d,
+                                 sq.pos(), sq.neg(), g, s.wmax, sums, w);
+  } else {
+    scan_portable(bits(s.min), bits(s.max), pages, n, s.num_kv_heads, d, sq, g, sums, w, tmp);
+  }
 }
 
 void check_bound_args(int num_pages_pool, int num_kv_heads, int head_dim,
@@ -286,6 +316,24 @@ void quest_sums_portable_bf16(const std::uint16_t* mn, const std::uint16_t* mx,
 
 }  // namespace detail
 
+// Rounds page p outward to bf16 and records its W per kv head (max is exact, so the kernels'
+// own W of the same bf16 values has the same bits).
+void BoundStore::round_page(const kv::SummariesView& s, std::int32_t page) {
+  for (int h = 0; h < num_kv_heads_; ++h) {
+    const std::size_t base =
+        (static_cast<std::size_t>(page) * num_kv_heads_ + h) * static_cast<std::size_t>(head_dim_);
+    float w = 0;
+    for (std::size_t i = base; i < base + static_cast<std::size_t>(head_dim_); ++i) {
+      min_[i] = f32_to_bf16_down(s.min[i]);
+      max_[i] = f32_to_bf16_up(s.max[i]);
+      const float a = std::fabs(bf16_to_f32(min_[i])), b = std::fabs(bf16_to_f32(max_[i]));
+      const float x = a > b ? a : b;
+      w = x > w ? x : w;
+    }
+    wmax_[static_cast<std::size_t>(page) * num_kv_heads_ + h] = w;
+  }
+}
+
 BoundStore::BoundStore(const kv::SummariesView& s)
     : num_pages_(s.num_pages), num_kv_heads_(s.num_kv_heads), head_dim_(s.head_dim) {
   require(s.min != nullptr && s.max != nullptr, ErrorCode::invalid_argument, "s",
@@ -293,10 +341,8 @@ BoundStore::BoundStore(const kv::SummariesView& s)
   const std::size_t n = static_cast<std::size_t>(num_pages_) * num_kv_heads_ * head_dim_;
   min_.resize(n);
   max_.resize(n);
-  for (std::size_t i = 0; i < n; ++i) {
-    min_[i] = f32_to_bf16_down(s.min[i]);
-    max_[i] = f32_to_bf16_up(s.max[i]);
-  }
+  wmax_.resize(static_cast<std::size_t>(num_pages_) * num_kv_heads_);
+  for (std::int32_t p = 0; p < num_pages_; ++p) round_page(s, p);
 }
 
 void BoundStore::update(const kv::SummariesView& s, std::span<const std::int32_t> pages) {
@@ -308,23 +354,16 @@ void BoundStore::update(const kv::SummariesView& s, std::span<const std::int32_t
     require(pages[j] >= 0 && pages[j] < num_pages_, ErrorCode::out_of_range, "pages", "pages[", j,
             "] = ", pages[j], " is outside [0, num_pages = ", num_pages_, ")");
   }
-  const std::size_t per_page = static_cast<std::size_t>(num_kv_heads_) * head_dim_;
-  for (std::int32_t p : pages) {
-    const std::size_t base = static_cast<std::size_t>(p) * per_page;
-    for (std::size_t i = base; i < base + per_page; ++i) {
-      min_[i] = f32_to_bf16_down(s.min[i]);
-      max_[i] = f32_to_bf16_up(s.max[i]);
-    }
-  }
+  for (std::int32_t p : pages) round_page(s, p);
 }
 
 BoundStoreView BoundStore::view() const {
-  return {min_.data(), max_.data(), num_pages_, num_kv_heads_, head_dim_};
+  return {min_.data(), max_.data(), num_pages_, num_kv_heads_, head_dim_, wmax_.data()};
 }
 
 double BoundStore::bytes_per_token(int page_size) const {
   require(page_size > 0, ErrorCode::invalid_argument, "page_size", "must be > 0, got ", page_size);
-  return 2.0 * 2.0 * num_kv_heads_ * head_dim_ / page_size;
+  return (2.0 * 2.0 * num_kv_heads_ * head_dim_ + 4.0 * num_kv_heads_) / page_size;
 }
 
 void page_upper_bounds(const kv::SummariesView& s, std::span<const std::int32_t> pages, int kv_head,
@@ -486,15 +525,17 @@ void quest_select(const QuestArgs& args, SelectionStorage& out) {
   }
   const int num_chunks = static_cast<int>(chunks.size());
   const int tasks = B * Hkv;
-  const std::int64_t stride = static_cast<std::int64_t>(Hkv) * d;
   // Everything that can throw ran above: the parallel region only computes. Each output
   // value is computed by one task alone, so results do not depend on the thread count.
 #pragma omp parallel
   {
     SplitQuery sq;
     int split_b = -1;
-    std::vector<float> sums(static_cast<std::size_t>(g));
+    std::vector<float> sums(static_cast<std::size_t>(Hq) * kChunk);
+    std::vector<float> w(static_cast<std::size_t>(Hkv) * kChunk);
+    std::vector<float> tmp(static_cast<std::size_t>(g));
     std::vector<std::uint64_t> keys;
+    const float f = 2.0f * static_cast<float>(2 * d + 4) * 0x1p-24f;
 #pragma omp for schedule(static)
     for (int t = 0; t < num_chunks; ++t) {
       const auto [b, j0] = chunks[t];
@@ -504,33 +545,22 @@ void quest_select(const QuestArgs& args, SelectionStorage& out) {
       }
       const int nb = args.table.num_pages(b);
       const int n = std::min(kChunk, nb - j0);
+      // Prefetch runs a few pages ahead, into the sequence's next chunk too.
+      const int prefetch_n = std::min(n + kPrefetchPages, nb - j0);
       const std::int32_t* pages = args.table.indices.data() + args.table.indptr[b] + j0;
+      if (args.summaries) {
+        scan_pages(*args.summaries, pages, n, prefetch_n, sq, g, sums.data(), w.data(), tmp.data());
+      } else {
+        scan_pages(*args.bounds_bf16, pages, n, prefetch_n, sq, g, sums.data(), w.data(),
+                   tmp.data());
+      }
       float* seq_bounds = bounds.data() + static_cast<std::size_t>(args.table.indptr[b]) * Hq;
-      for (int jj = 0; jj < n; ++jj) {
-        // Pages lie anywhere in the pool and the hardware prefetcher stops at 4 KiB
-        // boundaries: fetch the summaries of a page a few pages ahead ourselves.
-        if (jj + kPrefetchPages < nb - j0) {
-          const std::int64_t ahead = pages[jj + kPrefetchPages] * stride;
-          if (args.summaries) {
-            prefetch_span(args.summaries->min + ahead, stride);
-            prefetch_span(args.summaries->max + ahead, stride);
-          } else {
-            prefetch_span(args.bounds_bf16->min + ahead, stride);
-            prefetch_span(args.bounds_bf16->max + ahead, stride);
-          }
-        }
-        for (int h = 0; h < Hkv; ++h) {
-          const std::int64_t off = static_cast<std::int64_t>(h) * d;
-          float* dst = seq_bounds + static_cast<std::size_t>(h * g) * nb + j0 + jj;
-          float w = 0;
-          if (args.summaries) {
-            bounds_of_pages(args.summaries->min + off, args.summaries->max + off, stride,
-                            pages + jj, 1, d, sq, h * g, g, scale, dst, nb, sums.data(), &w);
-          } else {
-            bounds_of_pages(args.bounds_bf16->min + off, args.bounds_bf16->max + off, stride,
-                            pages + jj, 1, d, sq, h * g, g, scale, dst, nb, sums.data(), &w);
-          }
-        }
+      for (int hq = 0; hq < Hq; ++hq) {
+        const float fq = f * sq.norm[static_cast<std::size_t>(hq)];
+        const float* src = sums.data() + static_cast<std::size_t>(hq) * n;
+        const float* wh = w.data() + static_cast<std::size_t>(hq / g) * n;
+        float* row = seq_bounds + static_cast<std::size_t>(hq) * nb + j0;
+        for (int j = 0; j < n; ++j) row[j] = finish_bound(src[j], fq, wh[j], scale);
       }
     }
 #pragma omp for schedule(dynamic, 1)

@@ -19,6 +19,10 @@ struct BoundStoreView {
   const bf16* min = nullptr;
   const bf16* max = nullptr;
   int num_pages = 0, num_kv_heads = 0, head_dim = 0;
+  // Optional [page][kv_head] W = max_c max(|min_c|, |max_c|) of the bf16 values (the scale of
+  // the bound's rounding slack, DESIGN.md §2.3), precomputed so the scan need not; null: the
+  // kernels compute it. BoundStore::view() always sets it.
+  const float* wmax = nullptr;
 
   std::int64_t at(std::int32_t page, int head) const {
     return (static_cast<std::int64_t>(page) * num_kv_heads + head) * head_dim;
@@ -33,11 +37,15 @@ class BoundStore {
   // Re-rounds the listed physical pages from `s` (call after appends wrote into them).
   void update(const kv::SummariesView& s, std::span<const std::int32_t> pages);
   BoundStoreView view() const;
-  // bf16 min + max of every kv head, per token of a full page: 4 * H * d / page_size.
+  // bf16 min + max and the f32 W of every kv head, per token of a full page:
+  // (4 * H * d + 4 * H) / page_size.
   double bytes_per_token(int page_size) const;
 
  private:
+  void round_page(const kv::SummariesView& s, std::int32_t page);
+
   std::vector<bf16> min_, max_;
+  std::vector<float> wmax_;  // [page][kv_head]
   int num_pages_ = 0, num_kv_heads_ = 0, head_dim_ = 0;
 };
 
