@@ -95,11 +95,7 @@ class BpeTokenizer final : public Tokenizer {
   void encode_word(std::string_view bytes, std::vector<TokenId>& out) const {
     const ByteMap& map = byte_map();
     std::string s;  // the word in byte images
-    struct Symbol {
-      std::size_t start, len;
-      int prev, next;
-    };
-    std::vector<Symbol> sym;
+    std::vector<MergeSymbol> sym;
     for (std::size_t i = 0; i < bytes.size(); ++i) {
       const std::string& t = map.to_text[static_cast<unsigned char>(bytes[i])];
       const int k = static_cast<int>(sym.size());
@@ -121,26 +117,13 @@ class BpeTokenizer final : public Tokenizer {
     std::string key;
     const auto consider = [&](int left) {
       if (left < 0 || sym[left].next < 0) return;
-      const Symbol& l = sym[left];
-      const Symbol& r = sym[l.next];
+      const MergeSymbol& l = sym[left];
+      const MergeSymbol& r = sym[l.next];
       key.assign(s, l.start, l.len).append(1, ' ').append(s, r.start, r.len);
       const auto it = ranks_.find(key);
       if (it != ranks_.end()) queue.push({it->second, left, l.len + r.len});
     };
-    for (int k = 0; k + 1 < static_cast<int>(sym.size()); ++k) consider(k);
-    while (!queue.empty()) {
-      const Candidate c = queue.top();
-      queue.pop();
-      Symbol& l = sym[c.left];
-      if (l.len == 0 || l.next < 0 || l.len + sym[l.next].len != c.len) continue;  // stale
-      Symbol& r = sym[l.next];
-      l.len += r.len;
-      r.len = 0;
-      l.next = r.next;
-      if (l.next >= 0) sym[l.next].prev = c.left;
-      consider(l.prev);
-      consider(c.left);
-    }
+    merge_pairs(sym, queue, consider);
     for (int k = 0; k >= 0; k = sym[k].next) {
       const std::string_view piece = std::string_view(s).substr(sym[k].start, sym[k].len);
       const TokenId id = find_token(piece);

@@ -70,11 +70,7 @@ class SpmTokenizer final : public Tokenizer {
         s.push_back(c);
       }
     }
-    struct Symbol {
-      std::size_t start, len;
-      int prev, next;
-    };
-    std::vector<Symbol> sym;
+    std::vector<MergeSymbol> sym;
     for (std::size_t pos = 0; pos < s.size();) {
       const std::size_t len = unicode::decode_utf8(s, pos).len;
       const int k = static_cast<int>(sym.size());
@@ -98,8 +94,8 @@ class SpmTokenizer final : public Tokenizer {
     const std::string_view sv(s);
     const auto consider = [&](int left) {
       if (left < 0 || sym[left].next < 0) return;
-      const Symbol& l = sym[left];
-      const Symbol& r = sym[l.next];
+      const MergeSymbol& l = sym[left];
+      const MergeSymbol& r = sym[l.next];
       const std::string_view piece = sv.substr(l.start, l.len + r.len);
       const auto it = pieces_.find(piece);
       if (it == pieces_.end()) return;
@@ -109,20 +105,7 @@ class SpmTokenizer final : public Tokenizer {
         unmerge.emplace(piece, std::pair(sv.substr(l.start, l.len), sv.substr(r.start, r.len)));
       }
     };
-    for (int k = 0; k + 1 < static_cast<int>(sym.size()); ++k) consider(k);
-    while (!queue.empty()) {
-      const Candidate c = queue.top();
-      queue.pop();
-      Symbol& l = sym[c.left];
-      if (l.len == 0 || l.next < 0 || l.len + sym[l.next].len != c.len) continue;  // stale
-      Symbol& r = sym[l.next];
-      l.len += r.len;
-      r.len = 0;
-      l.next = r.next;
-      if (l.next >= 0) sym[l.next].prev = c.left;
-      consider(l.prev);
-      consider(c.left);
-    }
+    merge_pairs(sym, queue, consider);
     for (int k = 0; k >= 0; k = sym[k].next)
       emit(sv.substr(sym[k].start, sym[k].len), unmerge, out);
   }
