@@ -115,6 +115,26 @@ nb::tuple decode(InArray q, const KV& kv, double alpha, float scale, const Selec
   return nb::make_tuple(o.out_obj, o.lse_obj);
 }
 
+// Runs an f64 reference (decode_reference / prefill_reference) into new float64 arrays
+// [n0][n1][n2] and [n0][n1]. The references validate the f32 `out` view like the kernels do,
+// though they write f64: it points at scratch.
+template <class Args, class Reference>
+nb::tuple run_reference(Args& a, Reference&& reference) {
+  const auto n0 = static_cast<std::size_t>(a.q.n0), n1 = static_cast<std::size_t>(a.q.n1),
+             n2 = static_cast<std::size_t>(a.q.n2);
+  double* out = nullptr;
+  double* lse = nullptr;
+  nb::object out_obj = new_numpy<double>({n0, n1, n2}, &out);
+  nb::object lse_obj = new_numpy<double>({n0, n1}, &lse);
+  std::vector<float> unused(n0 * n1 * n2);
+  a.out = View3<float>::contiguous(unused.data(), a.q.n0, a.q.n1, a.q.n2);
+  {
+    nb::gil_scoped_release nogil;
+    reference(a, std::span<double>(out, n0 * n1 * n2), std::span<double>(lse, n0 * n1));
+  }
+  return nb::make_tuple(out_obj, lse_obj);
+}
+
 nb::tuple decode_reference(InArray q, const KV& kv, double alpha, float scale,
                            const Selection* selection) {
   attn::DecodeArgs a;
@@ -127,20 +147,8 @@ nb::tuple decode_reference(InArray q, const KV& kv, double alpha, float scale,
     sel = selection->view();
     a.selection = &sel;
   }
-  const auto n0 = static_cast<std::size_t>(a.q.n0), n1 = static_cast<std::size_t>(a.q.n1),
-             n2 = static_cast<std::size_t>(a.q.n2);
-  double* out = nullptr;
-  double* lse = nullptr;
-  nb::object out_obj = new_numpy<double>({n0, n1, n2}, &out);
-  nb::object lse_obj = new_numpy<double>({n0, n1}, &lse);
-  // The references validate the f32 `out` view like the kernels do, though they write f64.
-  std::vector<float> unused(n0 * n1 * n2);
-  a.out = View3<float>::contiguous(unused.data(), a.q.n0, a.q.n1, a.q.n2);
-  {
-    nb::gil_scoped_release nogil;
-    attn::decode_reference(a, {out, n0 * n1 * n2}, {lse, n0 * n1});
-  }
-  return nb::make_tuple(out_obj, lse_obj);
+  return run_reference(a, [](const attn::DecodeArgs& args, std::span<double> o,
+                             std::span<double> l) { attn::decode_reference(args, o, l); });
 }
 
 // Block mask pieces must outlive the call; `store` holds them.
@@ -196,20 +204,8 @@ nb::tuple prefill_reference(InArray q, InArray q_indptr, const KV& kv, double al
                             int q_block, int k_block) {
   const MaskArgs mask = block_mask_of(block_mask, mask_offset, q_block, k_block);
   attn::PrefillArgs a = prefill_args(q, q_indptr, kv, alpha, scale, mask);
-  const auto n0 = static_cast<std::size_t>(a.q.n0), n1 = static_cast<std::size_t>(a.q.n1),
-             n2 = static_cast<std::size_t>(a.q.n2);
-  double* out = nullptr;
-  double* lse = nullptr;
-  nb::object out_obj = new_numpy<double>({n0, n1, n2}, &out);
-  nb::object lse_obj = new_numpy<double>({n0, n1}, &lse);
-  // The references validate the f32 `out` view like the kernels do, though they write f64.
-  std::vector<float> unused(n0 * n1 * n2);
-  a.out = View3<float>::contiguous(unused.data(), a.q.n0, a.q.n1, a.q.n2);
-  {
-    nb::gil_scoped_release nogil;
-    attn::prefill_reference(a, {out, n0 * n1 * n2}, {lse, n0 * n1});
-  }
-  return nb::make_tuple(out_obj, lse_obj);
+  return run_reference(a, [](const attn::PrefillArgs& args, std::span<double> o,
+                             std::span<double> l) { attn::prefill_reference(args, o, l); });
 }
 
 constexpr const char* kDecodeDoc =
