@@ -91,18 +91,25 @@ Outputs outputs_for(const View3<const float>& q, nb::handle out, nb::handle lse)
   return o;
 }
 
-nb::tuple decode(InArray q, const KV& kv, double alpha, float scale, const Selection* selection,
-                 nb::handle out, nb::handle lse_or_tau, int chunk_pages, const std::string& impl) {
+// The inputs decode and decode_reference share; `sel` must outlive the returned args.
+attn::DecodeArgs decode_args(const InArray& q, const KV& kv, double alpha, float scale,
+                             const Selection* selection, SelectionView& sel) {
   attn::DecodeArgs a;
   a.q = view3_f32(q, "q");
   a.cache = kv.checked();
   a.mapping = mapping_of(alpha);
   a.scale = scale;
-  SelectionView sel;
   if (selection != nullptr) {
     sel = selection->view();
     a.selection = &sel;
   }
+  return a;
+}
+
+nb::tuple decode(InArray q, const KV& kv, double alpha, float scale, const Selection* selection,
+                 nb::handle out, nb::handle lse_or_tau, int chunk_pages, const std::string& impl) {
+  SelectionView sel;
+  attn::DecodeArgs a = decode_args(q, kv, alpha, scale, selection, sel);
   Outputs o = outputs_for(a.q, out, lse_or_tau);
   a.out = o.out;
   a.lse_or_tau = o.lse;
@@ -137,16 +144,8 @@ nb::tuple run_reference(Args& a, Reference&& reference) {
 
 nb::tuple decode_reference(InArray q, const KV& kv, double alpha, float scale,
                            const Selection* selection) {
-  attn::DecodeArgs a;
-  a.q = view3_f32(q, "q");
-  a.cache = kv.checked();
-  a.mapping = mapping_of(alpha);
-  a.scale = scale;
   SelectionView sel;
-  if (selection != nullptr) {
-    sel = selection->view();
-    a.selection = &sel;
-  }
+  attn::DecodeArgs a = decode_args(q, kv, alpha, scale, selection, sel);
   return run_reference(a, [](const attn::DecodeArgs& args, std::span<double> o,
                              std::span<double> l) { attn::decode_reference(args, o, l); });
 }
