@@ -268,6 +268,129 @@ TEST(ModelForward, BadInputsThrowTypedErrors) {
                      "max_tokens");
 }
 
+// ---- forks, attention mapping, diagnostics ------------------------------------------------
+
+// A fork continues exactly where its parent was (shared pages, copy-on-write): decoding the
+// same token from parent and fork gives the same logits as an unforked session, and the
+// fork's appends never show in the parent.
+TEST(SessionFork, ForkDecodesLikeAFreshSessionAndLeavesTheParentAlone) {
+  REQUIRE_MODEL(m, "smollm2");
+  const auto toks = sample_tokens(*m);  // 13 tokens: the last page (size 4) is partial
+  const std::size_t V = static_cast<std::size_t>(m->config().n_vocab);
+  const auto prompt = std::span<const TokenId>(toks).first(toks.size() - 2);
+  SessionOptions so;
+  so.max_tokens = 32;
+  so.page_size = 4;
+  so.fork_pages = 8;
+  std::vector<float> ref_a(V), ref_b(V), logits(V);
+  {
+    Session fresh(*m, so);
+    fresh.prefill(prompt, logits);
+    fresh.decode(toks[toks.size() - 2], ref_a);
+    fresh.decode(toks.back(), ref_b);
+  }
+  Session parent(*m, so);
+  parent.prefill(prompt, logits);
+  std::vector<float> got(V);
+  {
+    Session child = parent.fork();
+    EXPECT_EQ(child.position(), parent.position());
+    child.decode(toks[toks.size() - 2], got);
+    EXPECT_EQ(max_abs_diff(got, ref_a), 0.0);
+    child.decode(toks.back(), got);
+    EXPECT_EQ(max_abs_diff(got, ref_b), 0.0);
+    // A different continuation in the parent, then the same one again: untouched by the child.
+    parent.decode(toks[0], got);
+  }
+  Session again(*m, so);
+  again.prefill(prompt, logits);
+  Session child2 = again.fork();
+  again = Session(*m, so);  // the parent may go first
+  child2.decode(toks[toks.size() - 2], got);
+  EXPECT_EQ(max_abs_diff(got, ref_a), 0.0);
+}
+
+TEST(SessionFork, FullPoolThrowsBeforeAnyLayerAppends) {
+  REQUIRE_MODEL(m, "smollm2");
+  const auto toks = sample_tokens(*m);
+  const std::size_t V = static_cast<std::size_t>(m->config().n_vocab);
+  const auto prompt = std::span<const TokenId>(toks).first(11);
+  SessionOptions so;
+  so.max_tokens = 12;
+  so.page_size = 4;
+  so.fork_pages = 0;  // 3 pages: the parent's 11 tokens take all of them, the last partially
+  Session parent(*m, so);
+  std::vector<float> logits(V);
+  parent.prefill(prompt, logits);
+  {
+    Session child = parent.fork();
+    // The first append of either must copy the shared partial page: no page is free.
+    test::expect_error([&] { child.decode(1, logits); }, ErrorCode::out_of_memory, "fork_pages");
+    test::expect_error([&] { parent.decode(1, logits); }, ErrorCode::out_of_memory, "fork_pages");
+    EXPECT_EQ(child.position(), parent.position());
+  }
+  // The child gave its sequences back: the parent owns its partial page alone again.
+  parent.decode(1, logits);
+  EXPECT_EQ(parent.position(), 12);
+}
+
+TEST(SessionMapping, EntmaxAttentionRunsAndSelectorMustMatchIt) {
+  REQUIRE_MODEL(m, "smollm2");
+  const auto toks = sample_tokens(*m);
+  SessionOptions so;
+  so.max_tokens = 32;
+  so.page_size = 4;
+  so.mapping = Mapping::entmax(1.5);
+  // Prefill (entmax causal kernel) and token-by-token decode (entmax decode) agree.
+  expect_prefill_equals_decode(*m, so);
+  const auto each = decode_each(*m, toks, so);
+  // Entmax attention changes the logits against softmax.
+  SessionOptions soft = so;
+  soft.mapping = Mapping::softmax();
+  EXPECT_GT(max_abs_diff(decode_each(*m, toks, soft).back(), each.back()), 0.05);
+  // A selector serving softmax cannot run in an entmax session, and the reverse.
+  so.selector = select::SelectorConfig{};
+  test::expect_error([&] { Session bad(*m, so); }, ErrorCode::invalid_argument, "selector");
+  so.selector->mapping = Mapping::entmax(2.0);
+  test::expect_error([&] { Session bad(*m, so); }, ErrorCode::invalid_argument, "selector");
+  so.selector->mapping = Mapping::entmax(1.5);
+  Session ok(*m, so);
+  soft.selector = so.selector;
+  test::expect_error([&] { Session bad(*m, soft); }, ErrorCode::invalid_argument, "selector");
+}
+
+// Every page selected: δ bound 0 and certified; a two-page budget: bounds in (0, 1] per head.
+TEST(SessionDiagnostics, DeltaBoundsAreZeroWhenDenseAndPositiveWhenSparse) {
+  REQUIRE_MODEL(m, "smollm2");
+  const auto toks = sample_tokens(*m);
+  const std::size_t V = static_cast<std::size_t>(m->config().n_vocab);
+  const auto run = [&](std::int64_t budget) {
+    SessionOptions so;
+    so.max_tokens = 32;
+    so.page_size = 4;
+    so.diagnostics = true;
+    so.selector = select::SelectorConfig{};
+    so.selector->method = select::Method::quest;
+    so.selector->budget.tokens = budget;
+    Session s(*m, so);
+    std::vector<float> logits(V);
+    s.prefill(std::span<const TokenId>(toks).first(toks.size() - 1), logits);
+    s.decode(toks.back(), logits);
+    return s.last_decode_stats();
+  };
+  const double heads = static_cast<double>(m->config().n_layer) * m->config().n_head;
+  const DecodeStats all = run(64);
+  EXPECT_EQ(all.heads, heads);
+  EXPECT_EQ(all.delta_bound_sum, 0.0);
+  EXPECT_EQ(all.certified, heads);
+  const DecodeStats few = run(8);
+  EXPECT_EQ(few.heads, heads);
+  EXPECT_GT(few.delta_bound_sum, 0.0);
+  EXPECT_LE(few.delta_bound_sum, heads);
+  EXPECT_EQ(few.certified, 0.0);
+  EXPECT_LT(few.kv_tokens_read, few.kv_tokens_total);
+}
+
 // ---- llama.cpp agreement ------------------------------------------------------------------
 
 // llama.cpp (via llama-cpp-python) logits on the same GGUF. llama.cpp quantises the activations

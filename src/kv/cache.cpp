@@ -214,6 +214,19 @@ struct PagedKVCache::Impl {
     ++count[page];
   }
 
+  bool shared_partial(const Sequence& s) const {
+    return s.length % cfg.page_size != 0 && refcount[s.pages.back()] > 1;
+  }
+
+  // Fresh pages for n more tokens, plus the copy of a shared partial last page.
+  std::int64_t pages_needed(const Sequence& s, std::int64_t n) const {
+    const int P = cfg.page_size;
+    const int used_in_last = static_cast<int>(s.length % P);
+    const int room = used_in_last == 0 ? 0 : P - used_in_last;
+    const std::int64_t fresh = n > room ? (n - room + P - 1) / P : 0;
+    return fresh + (shared_partial(s) ? 1 : 0);
+  }
+
   template <class T>
   void append(SeqId id, std::span<const float> kin, std::span<const float> vin, int n) {
     Sequence& s = seq_at(id);
@@ -230,11 +243,8 @@ struct PagedKVCache::Impl {
 
     // All-or-nothing: count every page this append takes before touching anything.
     const int P = cfg.page_size;
-    const int used_in_last = static_cast<int>(s.length % P);
-    const int room = used_in_last == 0 ? 0 : P - used_in_last;
-    const std::int64_t fresh = n > room ? (n - room + P - 1) / P : 0;
-    const bool cow = used_in_last != 0 && refcount[s.pages.back()] > 1;
-    const std::int64_t needed = fresh + (cow ? 1 : 0);
+    const bool cow = shared_partial(s);
+    const std::int64_t needed = pages_needed(s, n);
     require(needed <= static_cast<std::int64_t>(free_list.size()), ErrorCode::out_of_memory,
             "capacity_pages", "appending ", n, " tokens needs ", needed, " free pages, ",
             free_list.size(), " of ", cfg.capacity_pages, " are free");
@@ -291,6 +301,10 @@ void PagedKVCache::append(SeqId seq, std::span<const float> k, std::span<const f
 
 std::int64_t PagedKVCache::length(SeqId seq) const { return impl_->seq_at(seq).length; }
 int PagedKVCache::free_pages() const { return static_cast<int>(impl_->free_list.size()); }
+std::int64_t PagedKVCache::pages_needed(SeqId seq, std::int64_t n) const {
+  require(n >= 0, ErrorCode::invalid_argument, "n", "must be >= 0, got ", n);
+  return impl_->pages_needed(impl_->seq_at(seq), n);
+}
 bool PagedKVCache::alive(SeqId seq) const {
   return seq >= 0 && static_cast<std::size_t>(seq) < impl_->seqs.size() && impl_->seqs[seq].alive;
 }

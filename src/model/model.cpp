@@ -10,6 +10,7 @@
 #include "masskv/error.hpp"
 #include "masskv/kv/cache.hpp"
 #include "masskv/model/quant.hpp"
+#include "masskv/select/diagnostics.hpp"
 
 namespace masskv::model {
 
@@ -29,17 +30,27 @@ void linear(const GgufTensor& w, const float* x, std::size_t n, float* y) {
 
 std::size_t sz(std::int64_t v) { return static_cast<std::size_t>(v); }
 
+void check_selector(const std::optional<select::SelectorConfig>& selector, const Mapping& mapping) {
+  if (!selector) return;
+  const Mapping& m = selector->mapping;
+  require(m.kind == mapping.kind && (!m.is_entmax() || m.alpha == mapping.alpha),
+          ErrorCode::invalid_argument, "selector",
+          "the selector serves a different attention mapping than the session's");
+}
+
 }  // namespace
 
 struct Session::Impl {
   SessionOptions opt;
   std::int64_t window = 0;  // local layers' sliding window
-  std::vector<kv::PagedKVCache> caches;
+  // One cache (page pool) per layer, shared with forked sessions; `seqs` are this session's.
+  std::shared_ptr<std::vector<kv::PagedKVCache>> caches;
   std::vector<kv::SeqId> seqs;
   std::vector<double> inv_freq_global, inv_freq_local;
   // Scratch, sized for one block of tokens.
   std::vector<float> x, xn, q, k, v, att, o, gate, up, logits_rows;
   select::SelectOutput sel_out;
+  std::vector<select::HeadDiagnostics> diag;
   SelectionStorage window_sel;
   kv::PageTableStorage rows_table;
 
@@ -66,43 +77,82 @@ Session::Session(const Model& model, SessionOptions options)
           options.max_tokens);
   require(options.prefill_block > 0, ErrorCode::invalid_argument, "prefill_block",
           "must be > 0, got ", options.prefill_block);
-  if (options.selector) {
-    require(!options.selector->mapping.is_entmax(), ErrorCode::unsupported, "selector",
-            "the models are trained with softmax attention; entmax selectors do not apply");
-  }
+  options.mapping.validate();
+  check_selector(options.selector, options.mapping);
+  require(options.fork_pages >= 0, ErrorCode::invalid_argument, "fork_pages", "must be >= 0, got ",
+          options.fork_pages);
   kv::CacheConfig cc;
   cc.num_kv_heads = c.n_head_kv;
   cc.head_dim = c.head_dim;
   cc.page_size = options.page_size;
   cc.dtype = options.kv_dtype;
   cc.capacity_pages =
-      static_cast<int>((options.max_tokens + options.page_size - 1) / options.page_size);
+      static_cast<int>((options.max_tokens + options.page_size - 1) / options.page_size) +
+      options.fork_pages;
   cc.validate();
   require(options.sliding_window >= 0, ErrorCode::invalid_argument, "sliding_window",
           "must be >= 0, got ", options.sliding_window);
   impl_->window = options.sliding_window > 0 ? options.sliding_window : c.sliding_window;
   impl_->opt = std::move(options);
+  impl_->caches = std::make_shared<std::vector<kv::PagedKVCache>>();
   for (int l = 0; l < c.n_layer; ++l) {
-    impl_->caches.emplace_back(cc);
-    impl_->seqs.push_back(impl_->caches.back().create());
+    impl_->caches->emplace_back(cc);
+    impl_->seqs.push_back(impl_->caches->back().create());
   }
   impl_->inv_freq_global = ops::rope_inv_freq(c.rope_base, c.rope_dims, c.rope_freq_scale);
   impl_->inv_freq_local = ops::rope_inv_freq(c.rope_base_local, c.rope_dims, 1.0);
 }
 
-Session::~Session() = default;
+Session::~Session() { release(); }
+
+void Session::release() noexcept {
+  if (!impl_ || !impl_->caches) return;
+  for (std::size_t l = 0; l < impl_->seqs.size(); ++l) (*impl_->caches)[l].free(impl_->seqs[l]);
+  impl_->caches.reset();
+}
+
 Session::Session(Session&&) noexcept = default;
-Session& Session::operator=(Session&&) noexcept = default;
+Session& Session::operator=(Session&& other) noexcept {
+  if (this != &other) {
+    release();
+    model_ = other.model_;
+    impl_ = std::move(other.impl_);
+    position_ = other.position_;
+    stats_ = other.stats_;
+  }
+  return *this;
+}
+
+Session::Session(const Model& model, std::unique_ptr<Impl> impl, std::int64_t position)
+    : model_(&model), impl_(std::move(impl)), position_(position) {}
+
+Session Session::fork() const {
+  auto child = std::make_unique<Impl>();
+  child->opt = impl_->opt;
+  child->window = impl_->window;
+  child->caches = impl_->caches;
+  child->inv_freq_global = impl_->inv_freq_global;
+  child->inv_freq_local = impl_->inv_freq_local;
+  for (std::size_t l = 0; l < impl_->seqs.size(); ++l) {
+    child->seqs.push_back((*impl_->caches)[l].fork(impl_->seqs[l]));
+  }
+  return Session(*model_, std::move(child), position_);
+}
+
+void Session::set_selector(std::optional<select::SelectorConfig> selector) {
+  check_selector(selector, impl_->opt.mapping);
+  impl_->opt.selector = std::move(selector);
+}
 
 double Session::kv_bytes_per_token() const {
   double b = 0;
-  for (const auto& cache : impl_->caches) b += cache.kv_bytes_per_token();
+  for (const auto& cache : *impl_->caches) b += cache.kv_bytes_per_token();
   return b;
 }
 
 double Session::summary_bytes_per_token() const {
   double b = 0;
-  for (const auto& cache : impl_->caches) b += cache.summary_bytes_per_token();
+  for (const auto& cache : *impl_->caches) b += cache.summary_bytes_per_token();
   return b;
 }
 
@@ -121,11 +171,30 @@ struct Block {
 
 }  // namespace
 
+// Certified δ bounds of this layer's selection (no unselected key read) into `stats`.
+static void add_diagnostics(Session::Impl& s, const View3<const float>& q,
+                            const kv::PagedKVView& view, const kv::SummariesView& summaries,
+                            const SelectionView& sv, const ModelConfig& c, DecodeStats& stats) {
+  select::DiagnosticsArgs d;
+  d.q = q;
+  d.cache = view;
+  d.summaries = summaries;
+  d.mapping = s.opt.mapping;
+  d.scale = c.attn_scale;
+  d.selection = &sv;
+  select::diagnose(d, s.diag);
+  for (const select::HeadDiagnostics& h : s.diag) {
+    stats.delta_bound_sum += h.delta_bound;
+    stats.certified += h.certified ? 1 : 0;
+    stats.heads += 1;
+  }
+}
+
 // Attention of one layer for the block's queries (already in impl.q, k/v appended).
 static void attend(const Model& model, Session::Impl& s, int layer, const Block& blk,
                    DecodeStats& stats) {
   const ModelConfig& c = model.config();
-  kv::PagedKVCache& cache = s.caches[sz(layer)];
+  kv::PagedKVCache& cache = (*s.caches)[sz(layer)];
   const kv::SeqId seq = s.seqs[sz(layer)];
   const int Hq = c.n_head, Hkv = c.n_head_kv, D = c.head_dim;
   const int n = static_cast<int>(blk.n);
@@ -165,6 +234,7 @@ static void attend(const Model& model, Session::Impl& s, int layer, const Block&
     a.q = qv;
     a.cache = cache.view(rt);
     a.scale = c.attn_scale;
+    a.mapping = s.opt.mapping;
     a.selection = &sv;
     a.out = ov;
     attn::decode(a);
@@ -184,6 +254,7 @@ static void attend(const Model& model, Session::Impl& s, int layer, const Block&
     a.q_indptr = indptr;
     a.cache = view;
     a.scale = c.attn_scale;
+    a.mapping = s.opt.mapping;
     a.out = ov;
     attn::prefill(a);
     return;
@@ -192,6 +263,7 @@ static void attend(const Model& model, Session::Impl& s, int layer, const Block&
   a.q = qv;
   a.cache = view;
   a.scale = c.attn_scale;
+  a.mapping = s.opt.mapping;
   a.out = ov;
   stats.kv_tokens_total += static_cast<double>(len) * Hkv;
   SelectionView sv;
@@ -210,6 +282,7 @@ static void attend(const Model& model, Session::Impl& s, int layer, const Block&
             sv.unit == SelectionView::Unit::token ? 1 : view.table.page_len(0, id, ps);
       }
     }
+    if (s.opt.diagnostics) add_diagnostics(s, qv, view, cache.summaries(), sv, c, stats);
   } else {
     stats.kv_tokens_read += static_cast<double>(len) * Hkv;
   }
@@ -261,8 +334,8 @@ static void forward(const Model& model, Session::Impl& s, std::span<const TokenI
         ops::rope(kh, inv_freq, pos, c.rope_neox);
       }
     }
-    s.caches[sz(l)].append(s.seqs[sz(l)], std::span<const float>(s.k.data(), n * Hkv * D),
-                           std::span<const float>(s.v.data(), n * Hkv * D), static_cast<int>(n));
+    (*s.caches)[sz(l)].append(s.seqs[sz(l)], std::span<const float>(s.k.data(), n * Hkv * D),
+                              std::span<const float>(s.v.data(), n * Hkv * D), static_cast<int>(n));
     attend(model, s, l, blk, stats);
     linear(*L.wo, s.att.data(), n, s.o.data());
     if (c.post_norms) {
@@ -306,6 +379,18 @@ static void forward(const Model& model, Session::Impl& s, std::span<const TokenI
 
 namespace {
 
+// Every layer's pool must hold the append before any layer takes it: a failure half-way
+// through the layers would leave the session inconsistent.
+void check_pool(const Session::Impl& s, std::int64_t n) {
+  for (std::size_t l = 0; l < s.seqs.size(); ++l) {
+    const kv::PagedKVCache& cache = (*s.caches)[l];
+    const std::int64_t need = cache.pages_needed(s.seqs[l], n);
+    require(need <= cache.free_pages(), ErrorCode::out_of_memory, "fork_pages", "appending ", n,
+            " tokens needs ", need, " free pages per layer, ", cache.free_pages(),
+            " are free (forks share the pool: raise SessionOptions::fork_pages)");
+  }
+}
+
 void check_tokens(std::span<const TokenId> tokens, int n_vocab) {
   for (std::size_t i = 0; i < tokens.size(); ++i) {
     require(tokens[i] >= 0 && tokens[i] < n_vocab, ErrorCode::out_of_range, "tokens", "id ",
@@ -326,6 +411,7 @@ void Session::prefill(std::span<const TokenId> tokens, std::span<float> logits_l
           " tokens exceed the session's max_tokens ", impl_->opt.max_tokens);
   require(logits_last.empty() || logits_last.size() == V, ErrorCode::shape_mismatch, "logits_last",
           "has ", logits_last.size(), " values, the vocabulary ", V);
+  check_pool(*impl_, static_cast<std::int64_t>(tokens.size()));
   if (all_logits != nullptr) all_logits->assign(tokens.size() * V, 0.0f);
   const std::size_t B = sz(impl_->opt.prefill_block);
   DecodeStats unused;
@@ -363,6 +449,7 @@ void Session::decode(TokenId token, std::span<float> logits) {
           "the session is full (max_tokens ", impl_->opt.max_tokens, ")");
   require(logits.size() == sz(c.n_vocab), ErrorCode::shape_mismatch, "logits", "has ",
           logits.size(), " values, the vocabulary ", c.n_vocab);
+  check_pool(*impl_, 1);
   stats_ = {};
   const Block blk{1, position_, true};
   forward(*model_, *impl_, std::span<const TokenId>(&token, 1), blk, 0, logits.data(), stats_);

@@ -53,6 +53,8 @@ class PagedKVCache {
 
   std::int64_t length(SeqId seq) const;
   int free_pages() const;
+  // Free pages an append of n tokens to `seq` would take (append fails unless <= free_pages).
+  std::int64_t pages_needed(SeqId seq, std::int64_t n) const;
   bool alive(SeqId seq) const;
 
   // Page table of the given sequences, in order.

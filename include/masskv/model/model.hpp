@@ -14,7 +14,10 @@
 // Sparse attention is pluggable at decode: with SessionOptions::selector set, every layer that
 // may use it (all llama layers; gemma3's global layers, local layers keep their window) runs
 // select::run_selector on the step's queries and attends over the selection only. Prefill is
-// always dense (causal; windowed on local layers).
+// always dense (causal; windowed on local layers). SessionOptions::mapping swaps the attention
+// mapping of every layer (prefill and decode) for α-entmax: the models are trained with
+// softmax, so that is "entmax mapping on a softmax-trained model" until a converted model
+// exists (DESIGN.md §2.10); reports must label it so.
 #pragma once
 
 #include <cstdint>
@@ -114,7 +117,15 @@ struct SessionOptions {
   int page_size = 16;
   DType kv_dtype = DType::f16;
   // Decode selection on the layers that allow it (see the file comment); nullopt = dense.
+  // Its mapping must equal `mapping`.
   std::optional<select::SelectorConfig> selector;
+  Mapping mapping = Mapping::softmax();  // attention mapping of every layer
+  // Per decode step, the certified δ bound of every selected head (select::diagnose, no
+  // unselected key read) into DecodeStats; costs about one more bound pass per layer.
+  bool diagnostics = false;
+  // Extra pages in each layer's pool for sessions forked from this one (each fork copies the
+  // partial last page on its first append and then needs pages for what it appends).
+  int fork_pages = 0;
   int prefill_block = 64;  // tokens per prefill step (weight rows reused across them)
   // Sliding window of the local layers: 0 = the model's; > 0 overrides it (tests exercise the
   // window on short sequences this way).
@@ -125,6 +136,10 @@ struct SessionOptions {
 struct DecodeStats {
   double kv_tokens_read = 0;   // KV rows read by attention, summed over layers and kv heads
   double kv_tokens_total = 0;  // what dense attention would have read
+  // With SessionOptions::diagnostics, over the q heads of the layers that ran the selector:
+  double delta_bound_sum = 0;  // Σ certified δ upper bounds (§2.5)
+  double heads = 0;            // heads diagnosed
+  double certified = 0;        // heads whose selection is certified exact (§2.2)
 };
 
 // One sequence being generated. Not thread-safe; the kernels inside use OpenMP.
@@ -134,6 +149,14 @@ class Session {
   ~Session();
   Session(Session&&) noexcept;
   Session& operator=(Session&&) noexcept;
+
+  // A session continuing from this one's state that shares its KV pages copy-on-write (the
+  // pool of SessionOptions::fork_pages): prefill a prompt once, then decode different
+  // continuations (or selectors: see set_selector) from it. Parent and forks must not run
+  // concurrently (they share the pool); either may be destroyed first.
+  Session fork() const;
+  // Replaces the decode selector (nullopt = dense). Throws like the constructor.
+  void set_selector(std::optional<select::SelectorConfig> selector);
 
   const Model& model() const noexcept { return *model_; }
   std::int64_t position() const noexcept { return position_; }
@@ -157,6 +180,8 @@ class Session {
   double summary_bytes_per_token() const;
 
  private:
+  Session(const Model& model, std::unique_ptr<Impl> impl, std::int64_t position);
+  void release() noexcept;  // frees this session's sequences in the shared pools
   const Model* model_;
   std::unique_ptr<Impl> impl_;
   std::int64_t position_ = 0;
