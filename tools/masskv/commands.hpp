@@ -12,5 +12,7 @@ void register_bench(CLI::App& app);
 void register_study(CLI::App& app, const std::string& cmdline);
 // `run` and `perplexity` on a GGUF model (run_model.cpp).
 void register_model_commands(CLI::App& app);
+// `eval`: long-context tasks, dense against every selector (eval.cpp).
+void register_eval(CLI::App& app, const std::string& cmdline);
 
 }  // namespace masskv::cli

@@ -26,6 +26,7 @@
 #include "masskv/select/diagnostics.hpp"
 #include "masskv/select/selector.hpp"
 #include "parse.hpp"
+#include "plots.hpp"
 #include "progress.hpp"
 
 namespace masskv::cli {
@@ -238,29 +239,10 @@ void write_outputs(const std::vector<Row>& rows, const StudyOptions& o, const st
   }
 }
 
-// Runs scripts/plot_study.py on the CSV; a missing python or matplotlib is a warning.
+// Runs scripts/plot_study.py on the CSV.
 void make_plots(const StudyOptions& o) {
   if (!o.plots || o.out_dir.empty()) return;
-  std::string script = "scripts/plot_study.py";
-  if (!std::filesystem::exists(script)) {
-    fmt::print(stderr,
-               "masskv study: warning: {} not found (run from the repository root); "
-               "no plots\n",
-               script);
-    return;
-  }
-  const std::string check = "python3 -c 'import matplotlib' >/dev/null 2>&1";
-  if (std::system(check.c_str()) != 0) {
-    fmt::print(stderr,
-               "masskv study: warning: python3 with matplotlib not available "
-               "(python3 -m pip install matplotlib); no plots\n");
-    return;
-  }
-  const std::string cmd =
-      fmt::format("python3 {} '{}/study.csv' '{}'", script, o.out_dir, o.out_dir);
-  if (std::system(cmd.c_str()) != 0) {
-    fmt::print(stderr, "masskv study: warning: plotting failed ({})\n", cmd);
-  }
+  run_plot_script("study", "plot_study.py", {o.out_dir + "/study.csv", o.out_dir});
 }
 
 void run_study(const StudyOptions& o, const std::string& cmdline) {

@@ -1,0 +1,68 @@
+// The eval loop of one sample (DESIGN.md §6's data flow, issue 6): the context is prefilled
+// densely once per attention mapping; every decode configuration then forks that session
+// (shared pages, copy-on-write), decodes the question and the answer prefix token by token
+// through its selector, and generates the answer greedily. Sparsity therefore acts on every
+// token that decides the answer, as it would in a long chat where the history is the cache.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "masskv/dtype.hpp"
+#include "masskv/eval/tasks.hpp"
+#include "masskv/mapping.hpp"
+#include "masskv/model/chat_template.hpp"
+#include "masskv/model/model.hpp"
+#include "masskv/select/selector.hpp"
+
+namespace masskv::eval {
+
+struct DecodeConfig {
+  Mapping mapping = Mapping::softmax();            // attention of every layer, prefill included
+  std::optional<select::SelectorConfig> selector;  // nullopt: dense decode
+};
+
+struct Outcome {
+  std::string output;  // generated text, special tokens not rendered
+  double score = 0;    // eval::score(sample, output)
+  int steps = 0;       // decode steps: question + answer prefix + generated tokens
+  double kv_read = 1;  // KV rows read / rows dense decode reads, over all steps and layers
+  // Over the steps and the q heads of the layers that ran a selector: the mean certified δ
+  // upper bound (§2.5) and the fraction of heads certified exact (§2.2). Dense: 0 and 1.
+  double delta_bound = 0;
+  double certified = 1;
+  double decode_seconds = 0;
+  double prefill_seconds = 0;  // the shared prefill this configuration used (not divided)
+};
+
+struct RunOptions {
+  int page_size = 16;
+  DType kv_dtype = DType::f16;
+  int prefill_block = 64;
+  bool diagnostics = true;  // certified δ bounds per step (about one more bound pass per layer)
+};
+
+// The prompt split where the work is shared: `context` is the chat template's start and the
+// sample's context (bos included when the model wants one); `rest` is the question, the end
+// of the user turn, the start of the model's turn and the answer prefix.
+struct PromptTokens {
+  std::vector<model::TokenId> context, rest;
+  std::vector<model::TokenId> stop;  // eos and the template's end of turn
+};
+PromptTokens tokenize_sample(const model::Model& model, const model::ChatTemplate& chat,
+                             const Sample& sample);
+// Tokens the chat template and bos add to a user turn (GenerateArgs::reserve_tokens).
+int template_overhead(const model::Model& model, const model::ChatTemplate& chat);
+
+// Runs `configs` on one sample; outcomes in config order. progress(done, total) counts
+// prefilled tokens and decode steps. Throws masskv::Error from the model or selector.
+std::vector<Outcome> run_sample(const model::Model& model, const model::ChatTemplate& chat,
+                                const Sample& sample, std::span<const DecodeConfig> configs,
+                                const RunOptions& options,
+                                const std::function<void(std::int64_t)>& progress = {});
+
+}  // namespace masskv::eval
