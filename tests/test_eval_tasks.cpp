@@ -22,6 +22,7 @@
 #include "eval/rng.hpp"
 #include "eval/words.hpp"
 #include "expect_error.hpp"
+#include "installed_model.hpp"
 #include "masskv/error.hpp"
 #include "masskv/eval/tasks.hpp"
 #include "masskv/model/locate.hpp"
@@ -32,27 +33,8 @@ namespace {
 
 using masskv::test::expect_error;
 
-#if defined(__SANITIZE_ADDRESS__)
-constexpr bool kSanitized = true;
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
-constexpr bool kSanitized = true;
-#else
-constexpr bool kSanitized = false;
-#endif
-#else
-constexpr bool kSanitized = false;
-#endif
-
-const model::Model* installed(const std::string& name) {
-  static std::map<std::string, std::unique_ptr<model::Model>> cache;
-  auto it = cache.find(name);
-  if (it == cache.end()) {
-    const auto path = model::find_model_if_installed(name);
-    it = cache.emplace(name, path.empty() ? nullptr : model::Model::load(path.string())).first;
-  }
-  return it->second.get();
-}
+using test::installed;
+using test::kSanitized;
 
 constexpr const char* kPolicyPath = "/usr/share/doc/debian-policy/policy.txt.gz";
 
@@ -75,10 +57,6 @@ const std::string& policy_text() {
   }();
   return text;
 }
-
-#define REQUIRE_MODEL(var, name)             \
-  const model::Model* var = installed(name); \
-  if (var == nullptr) GTEST_SKIP() << name << " not installed (scripts/setup.sh --models)"
 
 #define REQUIRE_TEXT() \
   if (policy_text().empty()) GTEST_SKIP() << kPolicyPath << " absent (apt install debian-policy)"

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "expect_error.hpp"
+#include "installed_model.hpp"
 #include "masskv/dtype.hpp"
 #include "masskv/model/locate.hpp"
 #include "masskv/model/model.hpp"
@@ -21,27 +22,8 @@
 namespace masskv::model {
 namespace {
 
-#if defined(__SANITIZE_ADDRESS__)
-constexpr bool kSanitized = true;
-#else
-constexpr bool kSanitized = false;
-#endif
-
-// One model per name for the whole test binary (loading maps the file and builds the
-// tokenizer: cheap, but not free under ASan).
-const Model* installed(const std::string& name) {
-  static std::map<std::string, std::unique_ptr<Model>> cache;
-  auto it = cache.find(name);
-  if (it == cache.end()) {
-    const auto path = find_model_if_installed(name);
-    it = cache.emplace(name, path.empty() ? nullptr : Model::load(path.string())).first;
-  }
-  return it->second.get();
-}
-
-#define REQUIRE_MODEL(var, name)      \
-  const Model* var = installed(name); \
-  if (var == nullptr) GTEST_SKIP() << name << " not installed (scripts/setup.sh --models)"
+using test::installed;
+using test::kSanitized;
 
 std::vector<TokenId> sample_tokens(const Model& m) {
   return m.tokenizer().encode("The quick brown fox jumps over the lazy dog, twice.",

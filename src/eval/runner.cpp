@@ -23,8 +23,8 @@ bool same_mapping(const Mapping& a, const Mapping& b) {
 
 // One configuration decoded from a fork of the prefilled session.
 Outcome decode_config(const model::Session& root, const DecodeConfig& config,
-                      const PromptTokens& prompt, const Sample& sample,
-                      const model::Tokenizer& tok, const std::function<void(std::int64_t)>& tick) {
+                      const PromptTokens& prompt, const Sample& sample, const model::Tokenizer& tok,
+                      const std::function<void(std::int64_t)>& tick) {
   model::Session s = root.fork();
   s.set_selector(config.selector);
   std::vector<float> logits(static_cast<std::size_t>(root.model().config().n_vocab));
@@ -66,8 +66,8 @@ Outcome decode_config(const model::Session& root, const DecodeConfig& config,
 
 PromptTokens tokenize_sample(const model::Model& model, const model::ChatTemplate& chat,
                              const Sample& sample) {
-  require(!sample.context.empty(), ErrorCode::invalid_argument, "sample",
-          "the context of a ", sample.task, " sample is empty");
+  require(!sample.context.empty(), ErrorCode::invalid_argument, "sample", "the context of a ",
+          sample.task, " sample is empty");
   const model::Tokenizer& tok = model.tokenizer();
   const std::vector<model::ChatMessage> msgs{{"user", sample.context + sample.question}};
   const std::string text = chat.format_chat(msgs, true) + sample.answer_prefix;
@@ -89,8 +89,8 @@ PromptTokens tokenize_sample(const model::Model& model, const model::ChatTemplat
 int template_overhead(const model::Model& model, const model::ChatTemplate& chat) {
   const model::Tokenizer& tok = model.tokenizer();
   const std::vector<model::ChatMessage> msgs{{"user", ""}};
-  return static_cast<int>(tok.encode(chat.format_chat(msgs, true), tok.add_bos_default(), true)
-                              .size());
+  return static_cast<int>(
+      tok.encode(chat.format_chat(msgs, true), tok.add_bos_default(), true).size());
 }
 
 std::vector<Outcome> run_sample(const model::Model& model, const model::ChatTemplate& chat,
@@ -99,8 +99,8 @@ std::vector<Outcome> run_sample(const model::Model& model, const model::ChatTemp
                                 const std::function<void(std::int64_t)>& progress) {
   const PromptTokens prompt = tokenize_sample(model, chat, sample);
   const std::int64_t context = static_cast<std::int64_t>(prompt.context.size());
-  const std::int64_t forked = static_cast<std::int64_t>(prompt.rest.size()) +
-                              std::max(0, sample.max_new_tokens);
+  const std::int64_t forked =
+      static_cast<std::int64_t>(prompt.rest.size()) + std::max(0, sample.max_new_tokens);
   std::vector<Outcome> outcomes(configs.size());
   std::vector<bool> done(configs.size(), false);
   // One dense prefill per distinct mapping, shared by the configurations that use it.

@@ -42,7 +42,7 @@ struct EvalOptions {
   bool full = false;
   bool quick = false;  // the default; the flag exists for explicitness
   std::vector<std::string> tasks, lengths, methods, budgets;  // empty: the preset's
-  int samples = 0;                                             // 0: the preset's
+  int samples = 0;                                            // 0: the preset's
   std::uint64_t seed = 1;
   int threads = 0;
   std::string out_dir = "out/eval";
@@ -119,8 +119,7 @@ std::int64_t budget_tokens(const std::string& budget, std::int64_t length) {
   return parse_count(budget, "--budgets");
 }
 
-eval::DecodeConfig decode_config(const MethodRow& row, std::int64_t length,
-                                 const EvalOptions& o) {
+eval::DecodeConfig decode_config(const MethodRow& row, std::int64_t length, const EvalOptions& o) {
   eval::DecodeConfig c;
   c.mapping = row.entmax ? Mapping::entmax(o.entmax_alpha) : Mapping::softmax();
   if (is_dense(row.method)) return c;
@@ -231,8 +230,8 @@ std::string settings_tag(const EvalOptions& o) {
 
 std::string record_key(const std::string& model, const SampleId& s, const MethodRow& m,
                        const std::string& tag) {
-  return fmt::format("{}|{}|{}|{}|{}|{}|{}|{}", model, s.task, s.length, s.seed, s.index,
-                     m.method, m.budget, tag);
+  return fmt::format("{}|{}|{}|{}|{}|{}|{}|{}", model, s.task, s.length, s.seed, s.index, m.method,
+                     m.budget, tag);
 }
 
 class ResultCache {
@@ -277,8 +276,8 @@ class ResultCache {
 
  private:
   static std::string key_of(const Record& r, const std::string& tag) {
-    return record_key(r.model, {r.task, r.length, r.index, r.seed},
-                      {r.method, r.budget, false}, tag);
+    return record_key(r.model, {r.task, r.length, r.index, r.seed}, {r.method, r.budget, false},
+                      tag);
   }
   fs::path path_;
   std::string tag_;
@@ -314,8 +313,7 @@ std::string load_text(const std::string& path) {
   char buf[1 << 16];
   std::size_t n = 0;
   while ((n = std::fread(buf, 1, sizeof buf, pipe)) > 0) text.append(buf, n);
-  require(pclose(pipe) == 0 && !text.empty(), ErrorCode::io, "--text", "gzip -dc ", gz,
-          " failed");
+  require(pclose(pipe) == 0 && !text.empty(), ErrorCode::io, "--text", "gzip -dc ", gz, " failed");
   return text;
 }
 
@@ -334,8 +332,7 @@ std::pair<double, double> wilson(double mean, double n) {
 struct Cell {
   std::string task, method, budget, attention;
   std::int64_t length = 0;
-  double n = 0, score = 0, kv_read = 0, delta_bound = 0, certified = 0, steps = 0,
-         seconds = 0;
+  double n = 0, score = 0, kv_read = 0, delta_bound = 0, certified = 0, steps = 0, seconds = 0;
   void add(const Record& r) {
     n += 1;
     score += r.score;
@@ -418,9 +415,9 @@ void write_reports(const EvalOptions& o, const RunInfo& info, const std::vector<
     for (const Cell& c : cells) {
       const double m = c.mean(c.score);
       const auto [lo, hi] = wilson(m, c.n);
-      csv.print("{},{},{},{},{},{:.0f},{:.6g},{:.6g},{:.6g},{:.6g},{:.6g},{:.6g},{:.6g}\n",
-                c.task, c.length, c.method, c.budget, c.attention, c.n, m, lo, hi,
-                c.mean(c.kv_read), c.mean(c.delta_bound), c.mean(c.certified),
+      csv.print("{},{},{},{},{},{:.0f},{:.6g},{:.6g},{:.6g},{:.6g},{:.6g},{:.6g},{:.6g}\n", c.task,
+                c.length, c.method, c.budget, c.attention, c.n, m, lo, hi, c.mean(c.kv_read),
+                c.mean(c.delta_bound), c.mean(c.certified),
                 c.seconds > 0 ? c.steps / c.seconds : 0.0);
     }
   }
@@ -507,9 +504,8 @@ void run_eval(EvalOptions o, const std::string& cmdline) {
   const std::vector<MethodRow> rows = method_rows(o.methods, o.budgets);
   for (const std::string& b : o.budgets) (void)budget_tokens(b, 1024);
 
-  const std::string path = (o.model == "smollm2" || o.model == "gemma3")
-                               ? model::find_model(o.model).string()
-                               : o.model;
+  const std::string path =
+      (o.model == "smollm2" || o.model == "gemma3") ? model::find_model(o.model).string() : o.model;
   const auto mdl = model::Model::load(path);
   const model::ChatTemplate chat = model::ChatTemplate::from_gguf(mdl->file());
   const std::string model_name = fs::path(path).filename().string();
@@ -520,8 +516,7 @@ void run_eval(EvalOptions o, const std::string& cmdline) {
   const std::string text = needs_text ? load_text(o.text) : std::string();
   const int reserve = eval::template_overhead(*mdl, chat) + 2;
   const std::string tag = settings_tag(o);
-  ResultCache cache(o.cache.empty() ? fs::path(o.out_dir) / "cache.jsonl" : fs::path(o.cache),
-                    tag);
+  ResultCache cache(o.cache.empty() ? fs::path(o.out_dir) / "cache.jsonl" : fs::path(o.cache), tag);
 
   // Plan: every (task, length, sample) with the rows it still lacks.
   std::vector<Job> jobs;
@@ -589,12 +584,11 @@ void run_eval(EvalOptions o, const std::string& cmdline) {
           }
           eval::RunOptions ro;
           ro.page_size = o.page_size;
-          const auto outcomes = eval::run_sample(*mdl, chat, sample, configs, ro,
-                                                 [&](std::int64_t n) {
-                                                   std::lock_guard<std::mutex> lock(
-                                                       progress_mutex);
-                                                   bar.advance(static_cast<long>(n));
-                                                 });
+          const auto outcomes =
+              eval::run_sample(*mdl, chat, sample, configs, ro, [&](std::int64_t n) {
+                std::lock_guard<std::mutex> lock(progress_mutex);
+                bar.advance(static_cast<long>(n));
+              });
           for (std::size_t k = 0; k < outcomes.size(); ++k) {
             const eval::Outcome& oc = outcomes[k];
             const MethodRow& row = rows[job.rows[k]];
@@ -681,8 +675,9 @@ void register_eval(CLI::App& app, const std::string& cmdline) {
   e->add_option("-m,--model", o->model,
                 "Model: smollm2 (SmolLM2-135M-Instruct), gemma3 (Gemma 3 270M) or a GGUF path")
       ->capture_default_str();
-  auto* quick = e->add_flag("--quick", o->quick, "The quick suite (default): 4 tasks × 1K, 2K × 3 samples, "
-                                       "budget 1/16; minutes on 2 cores");
+  auto* quick = e->add_flag("--quick", o->quick,
+                            "The quick suite (default): 4 tasks × 1K, 2K × 3 samples, "
+                            "budget 1/16; minutes on 2 cores");
   e->add_flag("--full", o->full,
               "The full suite: every task, lengths up to the model's limit (SmolLM2 8K, "
               "Gemma 3 32K), budgets 1/32, 1/16, 1/8, 256 tokens, 20 samples")
@@ -704,8 +699,7 @@ void register_eval(CLI::App& app, const std::string& cmdline) {
       ->delimiter(',');
   e->add_option("--samples", o->samples, "Samples per task and length (0: the preset's)");
   e->add_option("--seed", o->seed, "Seed of the generated samples")->capture_default_str();
-  e->add_option("-t,--threads", o->threads,
-                "Worker threads, one sample each (0: all cores)")
+  e->add_option("-t,--threads", o->threads, "Worker threads, one sample each (0: all cores)")
       ->capture_default_str();
   e->add_option("-o,--out-dir", o->out_dir,
                 "Write results.md, results.csv, results.json and PNG plots here")

@@ -1,0 +1,130 @@
+// The eval loop (eval/runner.hpp) on the real default model: shared prefill gives the same
+// outcomes as separate runs, the prompt split loses nothing, the bookkeeping of dense and
+// sparse rows, and generation on a generated task.
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include "installed_model.hpp"
+#include "masskv/eval/runner.hpp"
+#include "masskv/eval/tasks.hpp"
+
+namespace masskv::eval {
+namespace {
+
+// A short hand-made sample (the generated tasks need >= 512 tokens; this keeps the test
+// quick, and under ASan too).
+Sample code_word_sample() {
+  Sample s;
+  s.task = "code_word";
+  s.context = "A special magic number is hidden in this text.\n";
+  s.context += "The special magic number for zebra-lamp is: 4829301.\n";
+  for (int i = 0; i < 6; ++i) s.context += "The grass is green. The sky is blue. Here we go.\n";
+  s.context += "\n";
+  s.question = "What is the special magic number for zebra-lamp?";
+  s.answer_prefix = "The special magic number for zebra-lamp is";
+  s.answers = {"4829301"};
+  s.max_new_tokens = 10;
+  return s;
+}
+
+DecodeConfig quest(std::int64_t budget, Mapping mapping = Mapping::softmax()) {
+  DecodeConfig c;
+  c.mapping = mapping;
+  c.selector = select::SelectorConfig{};
+  c.selector->method = select::Method::quest;
+  c.selector->mapping = mapping;
+  c.selector->budget.tokens = budget;
+  return c;
+}
+
+RunOptions small_pages() {
+  RunOptions o;
+  o.page_size = 4;
+  return o;
+}
+
+TEST(EvalRunner, PromptSplitKeepsEveryTokenAndEndsTheContextAtTheHaystack) {
+  REQUIRE_MODEL(m, "smollm2");
+  const model::ChatTemplate chat = model::ChatTemplate::from_gguf(m->file());
+  const Sample s = code_word_sample();
+  const PromptTokens p = tokenize_sample(*m, chat, s);
+  const std::string ctx = m->tokenizer().decode(p.context);
+  const std::string rest = m->tokenizer().decode(p.rest);
+  EXPECT_TRUE(ctx.ends_with(s.context)) << ctx;
+  EXPECT_TRUE(rest.starts_with(s.question)) << rest;
+  EXPECT_TRUE(rest.ends_with(s.answer_prefix)) << rest;
+  EXPECT_EQ(
+      ctx + rest,
+      chat.format_chat(std::vector<model::ChatMessage>{{"user", s.context + s.question}}, true) +
+          s.answer_prefix);
+  EXPECT_GT(template_overhead(*m, chat), 0);
+  EXPECT_GE(p.stop.size(), 1u);
+}
+
+TEST(EvalRunner, SharedPrefillGivesTheOutcomesOfSeparateRuns) {
+  REQUIRE_MODEL(m, "smollm2");
+  if (test::kSanitized) GTEST_SKIP() << "six short runs: too slow under sanitizers";
+  const model::ChatTemplate chat = model::ChatTemplate::from_gguf(m->file());
+  const Sample s = code_word_sample();
+  // Mappings interleaved: one prefill each; the later configurations of a mapping decode from
+  // a root that earlier forks have used.
+  const std::vector<DecodeConfig> configs{DecodeConfig{},
+                                          DecodeConfig{Mapping::entmax(1.5), std::nullopt},
+                                          quest(8), quest(8, Mapping::entmax(1.5))};
+  const auto together = run_sample(*m, chat, s, configs, small_pages());
+  ASSERT_EQ(together.size(), configs.size());
+  for (std::size_t i = 2; i < configs.size(); ++i) {
+    const auto alone = run_sample(*m, chat, s, std::span(&configs[i], 1), small_pages());
+    EXPECT_EQ(together[i].output, alone[0].output) << "config " << i;
+    EXPECT_EQ(together[i].steps, alone[0].steps) << "config " << i;
+    EXPECT_EQ(together[i].kv_read, alone[0].kv_read) << "config " << i;
+    EXPECT_EQ(together[i].delta_bound, alone[0].delta_bound) << "config " << i;
+  }
+}
+
+TEST(EvalRunner, DenseFindsTheAnswerAndSparseRowsReportWhatTheyRead) {
+  REQUIRE_MODEL(m, "smollm2");
+  const model::ChatTemplate chat = model::ChatTemplate::from_gguf(m->file());
+  const Sample s = code_word_sample();
+  const std::vector<DecodeConfig> configs{DecodeConfig{}, quest(4096), quest(8)};
+  const auto out = run_sample(*m, chat, s, configs, small_pages());
+  // Dense: the answer, everything read, nothing dropped.
+  EXPECT_EQ(out[0].score, 1.0) << out[0].output;
+  EXPECT_EQ(out[0].kv_read, 1.0);
+  EXPECT_EQ(out[0].delta_bound, 0.0);
+  EXPECT_EQ(out[0].certified, 1.0);
+  EXPECT_GT(out[0].steps, 0);
+  // A budget covering every page is dense again, certified.
+  EXPECT_EQ(out[1].output, out[0].output);
+  EXPECT_EQ(out[1].kv_read, 1.0);
+  EXPECT_EQ(out[1].delta_bound, 0.0);
+  EXPECT_EQ(out[1].certified, 1.0);
+  // Two pages: a fraction read, a positive δ bound, nothing certified.
+  EXPECT_LT(out[2].kv_read, 0.5);
+  EXPECT_GT(out[2].delta_bound, 0.0);
+  EXPECT_LE(out[2].delta_bound, 1.0);
+  EXPECT_LT(out[2].certified, 1.0);
+}
+
+TEST(EvalRunner, GeneratedNeedleTaskRunsEndToEnd) {
+  REQUIRE_MODEL(m, "smollm2");
+  if (test::kSanitized) GTEST_SKIP() << "a 512-token prefill is slow under sanitizers";
+  const model::ChatTemplate chat = model::ChatTemplate::from_gguf(m->file());
+  GenerateArgs ga;
+  ga.tokenizer = &m->tokenizer();
+  ga.length = 512;
+  ga.reserve_tokens = template_overhead(*m, chat) + 2;
+  ga.seed = 7;
+  const Sample s = make_sample("niah_single_number", ga);
+  const PromptTokens p = tokenize_sample(*m, chat, s);
+  EXPECT_LE(static_cast<std::int64_t>(p.context.size() + p.rest.size()), ga.length);
+  const std::vector<DecodeConfig> configs{DecodeConfig{}};
+  const auto out = run_sample(*m, chat, s, configs, RunOptions{});
+  EXPECT_EQ(out[0].score, 1.0) << out[0].output << " vs " << s.answers[0];
+  EXPECT_GT(out[0].prefill_seconds, 0.0);
+}
+
+}  // namespace
+}  // namespace masskv::eval
