@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # CLI checks: every command answers --help, bad input fails with exit 2 and names the
-# option, and a tiny benchmark run writes its table and JSON. Ends with "N passed, N failed".
+# option, a tiny benchmark run writes its table and JSON, and a tiny eval resumes from its
+# cache. Ends with "N passed, N failed".
 #   tests/cli/run.sh path/to/masskv
 set -u
 bin=${1:?usage: run.sh path/to/masskv}
@@ -36,6 +37,23 @@ check tiny-bench-json 0 '"sparse"' -- cat "$tmp/b.json"
 check tiny-bench-csv 0 '^sparse,1024,1,1/8,' -- cat "$tmp/b.csv"
 check tiny-bench-entmax 0 'entmax' -- "$bin" bench attn -d 2K -t 2 -b 1/4 --min-seconds 0 \
   -r 2 --hq 8 --hkv 2 --mapping entmax --alpha 1.5 --kv-dtype bf16
+
+# eval: options checked before any work; a tiny run, its cache resumed, then widened.
+check eval-help 0 '--budgets' -- "$bin" eval --help
+check eval-bad-task 2 '--tasks' -- "$bin" eval --tasks needle_in_a_sack
+check eval-bad-length 2 '--lengths' -- "$bin" eval --tasks vt --lengths 1Q
+check eval-bad-method 2 '--methods' -- "$bin" eval --methods quest,magic
+check eval-bad-budget 2 '--budgets' -- "$bin" eval --budgets 3/2
+check eval-too-long 2 'context' -- "$bin" eval --tasks vt --lengths 1M
+ev=(--tasks niah_single_number --lengths 512 --samples 1 --budgets 1/8 -t 1 --no-plots
+    -o "$tmp/eval")
+check eval-tiny 0 '\| quest \| 1/8 \| softmax \|' -- "$bin" eval "${ev[@]}" --methods dense,quest
+check eval-tiny-files 0 'niah_single_number' -- cat "$tmp/eval/results.md" "$tmp/eval/results.csv"
+check eval-resumes 0 '2 results cached, 0 samples to run' -- \
+  "$bin" eval "${ev[@]}" --methods dense,quest
+check eval-widens 0 '2 results cached, 1 samples to run' -- \
+  "$bin" eval "${ev[@]}" --methods dense,quest,sink_recent
+check eval-cache-lines 0 '^3$' -- bash -c "wc -l < '$tmp/eval/cache.jsonl'"
 
 echo "$pass passed, $fail failed"
 [[ $fail -eq 0 ]]
