@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
-# The main job on a fresh machine: set up (dependencies + build), then run it.
-# Until the long-context eval exists, the main job is the CPU attention benchmark
-# (dense vs sparse decode, read bandwidth measured in the same run). Extra arguments go to
-# `masskv bench attn` (see `build/masskv bench attn --help`).
+# The main job on a fresh machine: set up (build + the default model + the text), then run
+# `masskv eval` — the quick suite on SmolLM2-135M-Instruct: long-context tasks, dense against
+# every selector at a matched KV budget; the table is printed and written to out/eval/
+# (results.md / .csv / .json, PNG plots). Extra arguments go to `masskv eval` (e.g. --full,
+# -m gemma3; see `build/masskv eval --help`). Results are cached in out/eval/cache.jsonl: a
+# stopped run resumes.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-scripts/setup.sh --build-dir build
-mkdir -p out
-exec build/masskv bench attn --json out/bench_attn.json "$@"
+scripts/setup.sh --build-dir build --default-model
+exec build/masskv eval -o out/eval "$@"

