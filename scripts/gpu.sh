@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # On the GPU machine: build the CUDA library + masskv_gpu_bench, run the CUDA-vs-f64-reference
 # check, the benchmark, the torch SDPA peers, and write the joined report under $OUT
-# (7 files: build.log check.log bench.log bench_ours.json bench_torch.json report.md report.json).
-# Exit status: the check's (a failed check still lets the benchmark run and report).
+# (7 files: build.log check.log bench.log bench_ours.json bench_torch.json report.md report.json),
+# then the Python tests CI cannot run (PyTorch tensors, the transformers integration) with the
+# module built there (python.log). Wheels the machine lacks (nanobind, scikit-build-core) travel
+# in .whl/ (see docs/python.md). Exit status: the check's, or pytest's when the check passed.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/gpu-out}
@@ -21,4 +23,18 @@ PYTHONUNBUFFERED=1 python3 tools/gpu_bench/torch_peer.py "$OUT/bench_torch.json"
 python3 tools/gpu_bench/report.py "$OUT/bench_ours.json" "$OUT/bench_torch.json" \
   "$OUT/report.md" "$OUT/report.json"
 echo "check exit status: $check_rc"
-exit "$check_rc"
+
+# Python: the module against torch and transformers (python3 there holds them).
+SITE=${SITE:-/tmp/masskv-site}
+{ if compgen -G ".whl/*.whl" >/dev/null; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target "$SITE" .whl/*.whl
+  fi
+  PYTHONPATH="$SITE" CMAKE_BUILD_PARALLEL_LEVEL="$(nproc)" python3 -m pip install -q \
+    --no-build-isolation --no-deps --no-index --target "$SITE" . &&
+  PYTHONPATH="$SITE" PYTHONUNBUFFERED=1 python3 -X faulthandler -m pytest -v -p no:cacheprovider \
+    python/tests; } > "$OUT/python.log" 2>&1
+py_rc=$?
+tail -30 "$OUT/python.log"
+echo "pytest exit status: $py_rc"
+[[ $check_rc -ne 0 ]] && exit "$check_rc"
+exit "$py_rc"
