@@ -38,6 +38,23 @@ check tiny-bench-csv 0 '^sparse,1024,1,1/8,' -- cat "$tmp/b.csv"
 check tiny-bench-entmax 0 'entmax' -- "$bin" bench attn -d 2K -t 2 -b 1/4 --min-seconds 0 \
   -r 2 --hq 8 --hkv 2 --mapping entmax --alpha 1.5 --kv-dtype bf16
 
+# bench (model, llama-bench style): errors before any work, a tiny run in each format.
+check bench-model-help 0 '--n-depth' -- "$bin" bench --help
+check bench-model-zero 2 '-p/-n' -- "$bin" bench -p 0 -n 0
+check bench-model-reps 2 '^masskv: error.*-r' -- "$bin" bench -r 0
+check bench-model-too-deep 2 'exceeds the model' -- "$bin" bench -d 9000
+check bench-model-bad-format 105 'output' -- "$bin" bench -o xml
+check bench-model-tiny 0 '\| quest [0-9]+ \| tg4 @ d48 \|' -- "$bin" bench -p 16 -n 4 -d 0,48 -r 1 \
+  --selector quest --budget 1/2
+check bench-model-json 0 '"tps_mean"' -- "$bin" bench -p 8 -n 2 -r 1 --json
+check bench-model-csv 0 '^llama,.*,masskv,1,dense,pp8,' -- "$bin" bench -p 8 -n 0 -r 1 --csv
+if python3 -c 'import llama_cpp' 2>/dev/null; then
+  check bench-model-peer 0 '\| llama.cpp \| 1 \| dense \| tg2 \|' -- "$bin" bench -p 8 -n 2 -r 1 \
+    --peer llama.cpp
+else
+  check bench-model-peer-missing 2 'setup.sh --peer' -- "$bin" bench -p 8 -n 2 --peer llama.cpp
+fi
+
 # eval: options checked before any work; a tiny run, its cache resumed, then widened.
 check eval-help 0 '--budgets' -- "$bin" eval --help
 check eval-bad-task 2 '--tasks' -- "$bin" eval --tasks needle_in_a_sack

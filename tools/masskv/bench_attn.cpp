@@ -338,8 +338,13 @@ void run(const Options& opt) {
 }  // namespace
 
 void register_bench(CLI::App& app) {
-  auto* bench = app.add_subcommand("bench", "Benchmarks (timings are reported, never asserted)");
-  bench->require_subcommand(1);
+  auto* bench = app.add_subcommand(
+      "bench",
+      "Model benchmark in llama-bench's conventions (ppN / tgN at depths, ours vs llama.cpp "
+      "with --peer); subcommands benchmark the attention kernels. Timings are reported, never "
+      "asserted");
+  bench->require_subcommand(0, 1);
+  register_bench_model(*bench);
   auto opt = std::make_shared<Options>();
   auto* attn = bench->add_subcommand(
       "attn",

@@ -6,7 +6,10 @@
 
 namespace masskv::cli {
 
+// `bench` (its subcommands attn and select, and without one the model benchmark).
 void register_bench(CLI::App& app);
+// The llama-bench-style model benchmark on `bench` itself (bench_model.cpp).
+void register_bench_model(CLI::App& bench);
 // `study`, and `bench select` under the existing `bench` (call after register_bench);
 // `cmdline` is recorded in the study's outputs.
 void register_study(CLI::App& app, const std::string& cmdline);

@@ -8,9 +8,7 @@
 
 namespace masskv::cli {
 
-namespace {
-
-std::string quote(const std::string& s) {
+std::string shell_quote(const std::string& s) {
   std::string q(1, '\'');
   for (const char c : s) {
     if (c == '\'') {
@@ -34,8 +32,6 @@ std::filesystem::path find_script(const std::string& script) {
   return {};
 }
 
-}  // namespace
-
 void run_plot_script(const std::string& command, const std::string& script,
                      const std::vector<std::string>& args) {
   const std::filesystem::path path = find_script(script);
@@ -50,10 +46,10 @@ void run_plot_script(const std::string& command, const std::string& script,
                command);
     return;
   }
-  std::string cmd = "python3 " + quote(path.string());
+  std::string cmd = "python3 " + shell_quote(path.string());
   for (const std::string& a : args) {
     cmd.push_back(' ');
-    cmd.append(quote(a));
+    cmd.append(shell_quote(a));
   }
   if (std::system(cmd.c_str()) != 0) {
     fmt::print(stderr, "masskv {}: warning: plotting failed ({})\n", command, cmd);

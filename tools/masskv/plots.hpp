@@ -1,10 +1,18 @@
-// PNG plots are drawn by Python scripts in scripts/ (matplotlib); the CLI only calls them.
+// Python helpers in scripts/: PNG plots (matplotlib) and the llama.cpp peer; the CLI only calls
+// them.
 #pragma once
 
+#include <filesystem>
 #include <string>
 #include <vector>
 
 namespace masskv::cli {
+
+// scripts/<script> next to the working directory or the executable's ../scripts (build dirs
+// one or two levels down); empty when absent.
+std::filesystem::path find_script(const std::string& script);
+// `s` in single quotes for /bin/sh.
+std::string shell_quote(const std::string& s);
 
 // Runs `python3 scripts/<script> args...` (the scripts folder next to the working directory or
 // the executable's ../scripts). A missing script, python or matplotlib is a warning on stderr

@@ -19,6 +19,7 @@
 #include "masskv/model/chat_template.hpp"
 #include "masskv/model/locate.hpp"
 #include "masskv/model/model.hpp"
+#include "model_options.hpp"
 #include "parse.hpp"
 #include "progress.hpp"
 
@@ -30,72 +31,6 @@ using model::TokenId;
 
 double seconds_since(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
-}
-
-// Options shared by run and perplexity.
-struct ModelOptions {
-  std::string model = "smollm2";  // a known name or a path
-  int threads = 0;                // 0: OpenMP's default
-  std::string selector = "dense";
-  std::string budget = "1024";  // tokens (K suffix allowed) or a fraction of the context
-  int sink_pages = 1;
-  int window = 64;
-  double top_p_mass = 0.95;
-  int page_size = 16;
-};
-
-void add_model_options(CLI::App* app, ModelOptions& o) {
-  app->add_option("-m,--model", o.model,
-                  "Model: smollm2 (SmolLM2-135M-Instruct), gemma3 (Gemma 3 270M) or a GGUF path")
-      ->capture_default_str();
-  app->add_option("-t,--threads", o.threads, "Threads (0: all cores)")->capture_default_str();
-  app->add_option("--selector", o.selector,
-                  "Decode attention: dense, sink_recent, quest, top_p, gaussian_tau, oracle "
-                  "(gemma3: global layers only)")
-      ->capture_default_str();
-  app->add_option("--budget", o.budget,
-                  "Selector budget: tokens (e.g. 1024, 2K) or a fraction of the context (1/8)")
-      ->capture_default_str();
-  app->add_option("--sink-pages", o.sink_pages, "Pages at the start always kept")
-      ->capture_default_str();
-  app->add_option("--window", o.window, "Most recent tokens always kept")->capture_default_str();
-  app->add_option("--top-p-mass", o.top_p_mass, "Target mass of the top_p selector")
-      ->capture_default_str();
-  app->add_option("--page", o.page_size, "KV page size (tokens)")->capture_default_str();
-}
-
-std::string resolve_model(const std::string& name) {
-  if (name == "smollm2" || name == "gemma3") return model::find_model(name).string();
-  return name;
-}
-
-// nullopt for dense; the budget is relative to `context` when given as a fraction.
-std::optional<select::SelectorConfig> selector_config(const ModelOptions& o, std::int64_t context) {
-  if (o.selector == "dense") return std::nullopt;
-  select::SelectorConfig c;
-  c.method = select::parse_method(o.selector, "--selector");
-  require(c.method != select::Method::entmax_support, ErrorCode::unsupported, "--selector",
-          "entmax_support needs entmax attention; the models use softmax");
-  c.mapping = Mapping::softmax();
-  c.sink_pages = o.sink_pages;
-  c.window_tokens = o.window;
-  if (o.budget.find('/') != std::string::npos || o.budget.find('.') != std::string::npos) {
-    c.budget.tokens = std::max<std::int64_t>(
-        1, static_cast<std::int64_t>(
-               std::llround(parse_fraction(o.budget, "--budget") * static_cast<double>(context))));
-  } else {
-    c.budget.tokens = parse_count(o.budget, "--budget");
-  }
-  if (c.method == select::Method::top_p) {
-    c.budget.kind = select::Budget::Kind::top_p;
-    c.budget.p = o.top_p_mass;
-  }
-  return c;
-}
-
-void set_threads(int threads) {
-  require(threads >= 0, ErrorCode::invalid_argument, "--threads", "must be >= 0");
-  if (threads > 0) omp_set_num_threads(threads);
 }
 
 // ---- run ------------------------------------------------------------------------------------

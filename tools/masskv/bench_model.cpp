@@ -1,0 +1,343 @@
+// `masskv bench` (no subcommand): llama-bench-style model benchmark. For each thread count and
+// depth: the depth is prefilled once (untimed, random token ids as llama-bench), then every
+// repetition of a test runs on a fork of it (copy-on-write pages), so repetitions start from
+// the same cache: ppN = prefill N tokens, tgN = decode N tokens one by one through the
+// selector. Reported per test: tokens/s (mean ± sd), KV and summary bytes read per decoded
+// token, bytes per token in all (weights + KV + summaries), the dense-over-sparse bytes ratio
+// (the bound on the speed-up of a memory-bound decode) and the process's peak RSS. With
+// --peer llama.cpp the same tests run on llama.cpp (scripts/llamacpp_bench.py) in the same
+// invocation and each row gets the ratio ours / llama.cpp.
+#include <fmt/core.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
+
+#include <algorithm>
+#include <array>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <random>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "commands.hpp"
+#include "masskv/error.hpp"
+#include "masskv/model/model.hpp"
+#include "model_options.hpp"
+#include "parse.hpp"
+#include "plots.hpp"
+#include "progress.hpp"
+
+namespace masskv::cli {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using model::TokenId;
+
+struct BenchOptions {
+  ModelOptions m;
+  std::vector<int> threads{1};
+  std::string prompt = "512", gen = "128";
+  std::vector<std::string> depth{"0"};
+  int reps = 3;
+  std::string format = "md";  // md, json, csv
+  std::string peer;           // "" or llama.cpp
+  std::uint64_t seed = 1;
+};
+
+// One test result (ours or the peer's).
+struct Row {
+  std::string backend, attention, test;
+  int threads = 0;
+  std::int64_t depth = 0, tokens = 0;
+  std::vector<double> seconds;
+  double kv_bytes = NAN, summary_bytes = NAN, total_bytes = NAN, dense_bytes = NAN;
+  double peak_rss_mb = NAN;
+  double ratio_vs_peer = NAN;
+
+  double tps_mean() const {
+    double s = 0;
+    for (double x : seconds) s += static_cast<double>(tokens) / x;
+    return s / static_cast<double>(seconds.size());
+  }
+  double tps_sd() const {
+    const double m = tps_mean();
+    double s = 0;
+    for (double x : seconds) s += std::pow(static_cast<double>(tokens) / x - m, 2);
+    return seconds.size() > 1 ? std::sqrt(s / static_cast<double>(seconds.size() - 1)) : 0.0;
+  }
+  std::string name() const {
+    return depth > 0 ? fmt::format("{} @ d{}", test, depth) : test;
+  }
+};
+
+Row make_row(std::string backend, std::string attention, std::string test, int threads,
+             std::int64_t depth, std::int64_t tokens) {
+  Row r;
+  r.backend = std::move(backend);
+  r.attention = std::move(attention);
+  r.test = std::move(test);
+  r.threads = threads;
+  r.depth = depth;
+  r.tokens = tokens;
+  return r;
+}
+
+double peak_rss_mb() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  return static_cast<double>(u.ru_maxrss) / 1024.0;  // Linux: kilobytes
+}
+
+std::vector<TokenId> random_tokens(std::mt19937_64& rng, int vocab, std::int64_t n) {
+  std::uniform_int_distribution<TokenId> pick(0, vocab - 1);
+  std::vector<TokenId> t(static_cast<std::size_t>(n));
+  for (auto& x : t) x = pick(rng);
+  return t;
+}
+
+double seconds_since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+// Our rows for one thread count and depth.
+std::vector<Row> bench_ours(const model::Model& mdl, const BenchOptions& o, int threads,
+                            std::int64_t depth, std::int64_t n_prompt, std::int64_t n_gen,
+                            std::mt19937_64& rng) {
+  set_threads(threads);
+  const auto& cfg = mdl.config();
+  const std::int64_t longest = std::max(n_prompt, n_gen);
+  model::SessionOptions so;
+  so.max_tokens = depth + longest + 1;
+  so.page_size = o.m.page_size;
+  so.fork_pages = static_cast<int>((longest + 16) / o.m.page_size) + 2;
+  so.selector = selector_config(o.m, depth + n_gen);
+  model::Session base(mdl, so);
+  std::vector<float> logits(static_cast<std::size_t>(cfg.n_vocab));
+  if (depth > 0) {
+    const auto toks = random_tokens(rng, cfg.n_vocab, depth);
+    Progress bar(fmt::format("depth {}", depth), static_cast<long>(depth));
+    std::int64_t shown = 0;
+    base.prefill(toks, logits, nullptr, [&](std::int64_t done, std::int64_t) {
+      bar.advance(static_cast<long>(done - shown));
+      shown = done;
+    });
+    bar.finish();
+  }
+  // Bytes one KV row (one token of one kv head of one layer) takes.
+  const double row_bytes =
+      base.kv_bytes_per_token() / (static_cast<double>(cfg.n_layer) * cfg.n_head_kv);
+  const std::string attention =
+      so.selector ? fmt::format("{} {}", o.m.selector, so.selector->budget.tokens) : "dense";
+  std::vector<Row> rows;
+  if (n_prompt > 0) {
+    Row r = make_row("masskv", "dense", fmt::format("pp{}", n_prompt), threads, depth, n_prompt);
+    const auto toks = random_tokens(rng, cfg.n_vocab, n_prompt);
+    for (int rep = -1; rep < o.reps; ++rep) {  // rep -1: warm-up, not timed
+      model::Session s = base.fork();
+      const auto t0 = Clock::now();
+      s.prefill(rep < 0 ? std::span<const TokenId>(toks).first(std::min<std::size_t>(16, toks.size()))
+                        : std::span<const TokenId>(toks),
+                logits);
+      if (rep >= 0) r.seconds.push_back(seconds_since(t0));
+    }
+    r.peak_rss_mb = peak_rss_mb();
+    rows.push_back(r);
+  }
+  if (n_gen > 0) {
+    Row r = make_row("masskv", attention, fmt::format("tg{}", n_gen), threads, depth, n_gen);
+    const auto toks = random_tokens(rng, cfg.n_vocab, n_gen);
+    double read = 0, total = 0, steps = 0;
+    for (int rep = -1; rep < o.reps; ++rep) {
+      model::Session s = base.fork();
+      const std::size_t count = rep < 0 ? 1 : toks.size();
+      const auto t0 = Clock::now();
+      for (std::size_t i = 0; i < count; ++i) {
+        s.decode(toks[i], logits);
+        if (rep >= 0) {
+          read += s.last_decode_stats().kv_tokens_read;
+          total += s.last_decode_stats().kv_tokens_total;
+          steps += 1;
+        }
+      }
+      if (rep >= 0) r.seconds.push_back(seconds_since(t0));
+    }
+    // Summaries are read by the selector over the whole context of every step (sparse only).
+    const double mean_pos = static_cast<double>(depth) + static_cast<double>(n_gen + 1) / 2.0;
+    r.kv_bytes = read / steps * row_bytes;
+    r.summary_bytes = so.selector ? base.summary_bytes_per_token() * mean_pos : 0.0;
+    r.total_bytes = mdl.weight_bytes_per_token() + r.kv_bytes + r.summary_bytes;
+    r.dense_bytes = mdl.weight_bytes_per_token() + total / steps * row_bytes;
+    r.peak_rss_mb = peak_rss_mb();
+    rows.push_back(r);
+  }
+  return rows;
+}
+
+// The peer's rows: runs scripts/llamacpp_bench.py and parses its JSON lines.
+std::vector<Row> bench_peer(const std::string& path, const BenchOptions& o,
+                            const std::vector<std::int64_t>& depths, std::int64_t n_prompt,
+                            std::int64_t n_gen) {
+  const std::filesystem::path script = find_script("llamacpp_bench.py");
+  require(!script.empty(), ErrorCode::io, "--peer", "cannot find scripts/llamacpp_bench.py");
+  auto join = [](const auto& v) {
+    std::string s;
+    for (const auto& x : v) s += (s.empty() ? "" : ",") + fmt::format("{}", x);
+    return s;
+  };
+  const std::string cmd =
+      fmt::format("python3 {} {} -p {} -n {} -d {} -t {} -r {} --seed {}",
+                  shell_quote(script.string()), shell_quote(path), n_prompt, n_gen, join(depths),
+                  join(o.threads), o.reps, o.seed);
+  fmt::print(stderr, "peer: {}\n", cmd);
+  FILE* pipe = popen(cmd.c_str(), "r");
+  require(pipe != nullptr, ErrorCode::io, "--peer", "cannot run python3");
+  std::vector<Row> rows;
+  std::array<char, 4096> buf{};
+  while (std::fgets(buf.data(), static_cast<int>(buf.size()), pipe) != nullptr) {
+    const auto j = nlohmann::json::parse(buf.data(), nullptr, false);
+    if (j.is_discarded() || !j.contains("test")) continue;
+    Row r = make_row("llama.cpp", "dense", j["test"].get<std::string>(), j["threads"].get<int>(),
+                     j["depth"].get<std::int64_t>(), j["tokens"].get<std::int64_t>());
+    r.seconds = j["seconds"].get<std::vector<double>>();
+    rows.push_back(r);
+  }
+  const int rc = pclose(pipe);
+  require(rc == 0, ErrorCode::io, "--peer", "scripts/llamacpp_bench.py failed (exit status ",
+          WIFEXITED(rc) ? WEXITSTATUS(rc) : rc, ")");
+  return rows;
+}
+
+std::string fmt_or_dash(double v, const char* spec) {
+  return std::isnan(v) ? std::string("-") : fmt::format(fmt::runtime(spec), v);
+}
+
+void print_rows(const std::vector<Row>& rows, const std::string& model_name, double size_mb,
+                const std::string& format) {
+  if (format == "json") {
+    nlohmann::json all = nlohmann::json::array();
+    for (const Row& r : rows) {
+      nlohmann::json j{{"model", model_name},      {"size_mb", size_mb},
+                       {"backend", r.backend},     {"attention", r.attention},
+                       {"threads", r.threads},     {"test", r.test},
+                       {"depth", r.depth},         {"tokens", r.tokens},
+                       {"seconds", r.seconds},     {"tps_mean", r.tps_mean()},
+                       {"tps_sd", r.tps_sd()}};
+      auto put = [&](const char* k, double v) {
+        if (!std::isnan(v)) j[k] = v;
+      };
+      put("kv_bytes_per_token", r.kv_bytes);
+      put("summary_bytes_per_token", r.summary_bytes);
+      put("bytes_per_token", r.total_bytes);
+      put("dense_bytes_per_token", r.dense_bytes);
+      put("peak_rss_mb", r.peak_rss_mb);
+      put("ratio_vs_peer", r.ratio_vs_peer);
+      all.push_back(j);
+    }
+    fmt::print("{}\n", all.dump(2));
+    return;
+  }
+  const bool csv = format == "csv";
+  const char* sep = csv ? "," : " | ";
+  auto line = [&](const std::vector<std::string>& cells) {
+    std::string s = csv ? "" : "| ";
+    for (std::size_t i = 0; i < cells.size(); ++i) s += (i ? sep : "") + cells[i];
+    fmt::print("{}{}\n", s, csv ? "" : " |");
+  };
+  line({"model", "size MiB", "backend", "threads", "attention", "test", "t/s", "KV MB/tok",
+        "bytes MB/tok", "dense/ours bytes", "vs llama.cpp", "peak RSS MiB"});
+  if (!csv) fmt::print("| --- | ---: | --- | ---: | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |\n");
+  for (const Row& r : rows) {
+    line({model_name, fmt::format("{:.1f}", size_mb), r.backend, fmt::format("{}", r.threads),
+          r.attention, r.name(), fmt::format("{:.2f} ± {:.2f}", r.tps_mean(), r.tps_sd()),
+          fmt_or_dash(r.kv_bytes / 1e6, "{:.3f}"), fmt_or_dash(r.total_bytes / 1e6, "{:.2f}"),
+          fmt_or_dash(r.dense_bytes / r.total_bytes, "{:.2f}×"),
+          fmt_or_dash(r.ratio_vs_peer, "{:.2f}×"), fmt_or_dash(r.peak_rss_mb, "{:.0f}")});
+  }
+}
+
+void run_bench_model(const BenchOptions& o) {
+  require(o.reps >= 1, ErrorCode::invalid_argument, "-r", "must be >= 1");
+  require(!o.threads.empty(), ErrorCode::invalid_argument, "-t", "needs at least one value");
+  for (int t : o.threads) require(t >= 1, ErrorCode::invalid_argument, "-t", "must be >= 1");
+  const std::int64_t n_prompt = o.prompt == "0" ? 0 : parse_count(o.prompt, "-p");
+  const std::int64_t n_gen = o.gen == "0" ? 0 : parse_count(o.gen, "-n");
+  require(n_prompt + n_gen > 0, ErrorCode::invalid_argument, "-p/-n", "both are 0");
+  std::vector<std::int64_t> depths;
+  for (const auto& d : o.depth) depths.push_back(d == "0" ? 0 : parse_count(d, "-d"));
+  const std::string path = resolve_model(o.m.model);
+  auto mdl = model::Model::load(path);
+  const std::int64_t longest = *std::max_element(depths.begin(), depths.end()) +
+                               std::max(n_prompt, n_gen);
+  require(longest <= mdl->config().n_ctx_train, ErrorCode::invalid_argument, "-d",
+          "depth + max(-p, -n) = ", longest, " exceeds the model's context ",
+          mdl->config().n_ctx_train);
+  // Before the long part: a missing peer is an error now, not after our rows.
+  require(o.peer.empty() || std::system("python3 -c 'import llama_cpp' >/dev/null 2>&1") == 0,
+          ErrorCode::unsupported, "--peer",
+          "llama-cpp-python is not installed in python3: scripts/setup.sh --peer builds it "
+          "(30-60 min on 2 cores)");
+  std::mt19937_64 rng(o.seed);
+  std::vector<Row> rows;
+  for (int t : o.threads) {
+    for (std::int64_t d : depths) {
+      auto r = bench_ours(*mdl, o, t, d, n_prompt, n_gen, rng);
+      rows.insert(rows.end(), r.begin(), r.end());
+    }
+  }
+  if (o.peer == "llama.cpp") {
+    const auto peer = bench_peer(path, o, depths, n_prompt, n_gen);
+    for (Row& r : rows) {
+      for (const Row& p : peer) {
+        if (p.test == r.test && p.depth == r.depth && p.threads == r.threads) {
+          r.ratio_vs_peer = r.tps_mean() / p.tps_mean();
+        }
+      }
+    }
+    rows.insert(rows.end(), peer.begin(), peer.end());
+  }
+  const double size_mb =
+      static_cast<double>(std::filesystem::file_size(path)) / (1024.0 * 1024.0);
+  print_rows(rows, std::string(model::to_string(mdl->config().arch)), size_mb, o.format);
+  const double w = mdl->weight_bytes_per_token();
+  fmt::print(stderr,
+             "weights read per decoded token: {:.2f} MB; dense/ours bytes is the bound on the "
+             "decode speed-up when decode is memory-bound\n",
+             w / 1e6);
+}
+
+}  // namespace
+
+void register_bench_model(CLI::App& bench) {
+  auto o = std::make_shared<BenchOptions>();
+  add_model_options(&bench, o->m, /*with_threads=*/false);
+  bench.add_option("-t,--threads", o->threads, "Thread counts (comma-separated)")
+      ->delimiter(',')
+      ->capture_default_str();
+  bench.add_option("-p,--n-prompt", o->prompt, "Prompt tokens of the ppN test (0: skip)")
+      ->capture_default_str();
+  bench.add_option("-n,--n-gen", o->gen, "Generated tokens of the tgN test (0: skip)")
+      ->capture_default_str();
+  bench.add_option("-d,--n-depth", o->depth, "Depths: tokens already in the cache (e.g. 0,2048,7K)")
+      ->delimiter(',')
+      ->capture_default_str();
+  bench.add_option("-r,--repetitions", o->reps, "Repetitions of each test")->capture_default_str();
+  bench.add_option("-o,--output", o->format, "Output format: md, json, csv")
+      ->check(CLI::IsMember({"md", "json", "csv"}))
+      ->capture_default_str();
+  bench.add_flag_callback("--json", [o] { o->format = "json"; }, "Same as -o json");
+  bench.add_flag_callback("--csv", [o] { o->format = "csv"; }, "Same as -o csv");
+  bench.add_option("--peer", o->peer, "Also run llama.cpp (llama-cpp-python) in the same run")
+      ->check(CLI::IsMember({"llama.cpp"}));
+  bench.add_option("-s,--seed", o->seed, "Seed of the random token ids")->capture_default_str();
+  bench.callback([&bench, o] {
+    if (bench.get_subcommands().empty()) run_bench_model(*o);
+  });
+}
+
+}  // namespace masskv::cli

@@ -1,0 +1,35 @@
+// Options shared by the commands that run a GGUF model (run, perplexity, bench): the model, the
+// threads and the decode selector, in llama.cpp's option conventions.
+#pragma once
+
+#include <CLI/CLI.hpp>
+#include <cstdint>
+#include <optional>
+#include <string>
+
+#include "masskv/select/selector.hpp"
+
+namespace masskv::cli {
+
+struct ModelOptions {
+  std::string model = "smollm2";  // a known name or a path
+  int threads = 0;                // 0: OpenMP's default
+  std::string selector = "dense";
+  std::string budget = "1024";  // tokens (K suffix allowed) or a fraction of the context
+  int sink_pages = 1;
+  int window = 64;
+  double top_p_mass = 0.95;
+  int page_size = 16;
+};
+
+// Registers -m, -t (unless with_threads is false), --selector, --budget, --sink-pages, --window,
+// --top-p-mass, --page.
+void add_model_options(CLI::App* app, ModelOptions& o, bool with_threads = true);
+// "smollm2" / "gemma3" -> the installed file; anything else is a path.
+std::string resolve_model(const std::string& name);
+// nullopt for dense; the budget is relative to `context` when given as a fraction.
+std::optional<select::SelectorConfig> selector_config(const ModelOptions& o, std::int64_t context);
+// OpenMP threads for what follows (0 keeps OpenMP's default).
+void set_threads(int threads);
+
+}  // namespace masskv::cli
