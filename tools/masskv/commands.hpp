@@ -15,6 +15,8 @@ void register_bench_model(CLI::App& bench);
 void register_study(CLI::App& app, const std::string& cmdline);
 // `run` and `perplexity` on a GGUF model (run_model.cpp).
 void register_model_commands(CLI::App& app);
+// `dump`: a model's real q/k/v for `study` (dump.cpp).
+void register_dump(CLI::App& app);
 // `eval`: long-context tasks, dense against every selector (eval.cpp).
 void register_eval(CLI::App& app, const std::string& cmdline);
 

@@ -29,6 +29,7 @@
 #include "masskv/model/locate.hpp"
 #include "parse.hpp"
 #include "plots.hpp"
+#include "text.hpp"
 #include "progress.hpp"
 
 namespace masskv::cli {
@@ -289,37 +290,6 @@ class ResultCache {
   std::mutex mutex_;
 };
 
-// ---- the text -------------------------------------------------------------------------------
-
-std::string read_file(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  require(in.good(), ErrorCode::io, "--text", "cannot read ", p.string());
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
-// The real-text haystack: --text, $MASSKV_TEXT, or the Debian Policy Manual that
-// `scripts/setup.sh --models` installs (debian-policy), decompressed here.
-std::string load_text(const std::string& path) {
-  if (!path.empty()) return read_file(path);
-  if (const char* env = std::getenv("MASSKV_TEXT"); env != nullptr && *env != '\0') {
-    return read_file(env);
-  }
-  const char* gz = "/usr/share/doc/debian-policy/policy.txt.gz";
-  require(fs::exists(gz), ErrorCode::io, "--text",
-          "no text for the real-text tasks: install it with scripts/setup.sh --models "
-          "(debian-policy) or pass --text FILE");
-  std::string text;
-  FILE* pipe = popen((std::string("gzip -dc ") + gz).c_str(), "r");
-  require(pipe != nullptr, ErrorCode::io, "--text", "cannot run gzip on ", gz);
-  char buf[1 << 16];
-  std::size_t n = 0;
-  while ((n = std::fread(buf, 1, sizeof buf, pipe)) > 0) text.append(buf, n);
-  require(pclose(pipe) == 0 && !text.empty(), ErrorCode::io, "--text", "gzip -dc ", gz, " failed");
-  return text;
-}
-
 // ---- the report -----------------------------------------------------------------------------
 
 // Wilson score interval of a mean score over n samples at 95% (scores in [0, 1]; for partial
@@ -516,7 +486,7 @@ void run_eval(EvalOptions o, const std::string& cmdline) {
     require(L <= mdl->config().n_ctx_train, ErrorCode::invalid_argument, "--lengths", L,
             " tokens exceed the model's context of ", mdl->config().n_ctx_train);
   }
-  const std::string text = needs_text ? load_text(o.text) : std::string();
+  const std::string text = needs_text ? load_text(o.text, "--text") : std::string();
   const int reserve = eval::template_overhead(*mdl, chat) + 2;
   const std::string tag = settings_tag(o);
   ResultCache cache(o.cache.empty() ? fs::path(o.out_dir) / "cache.jsonl" : fs::path(o.cache), tag);

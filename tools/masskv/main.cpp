@@ -19,6 +19,7 @@ int main(int argc, char** argv) {
   for (int i = 1; i < argc; ++i) cmdline += std::string(" ") + argv[i];
   masskv::cli::register_study(app, cmdline);
   masskv::cli::register_model_commands(app);
+  masskv::cli::register_dump(app);
   masskv::cli::register_eval(app, cmdline);
   try {
     app.parse(argc, argv);

@@ -28,6 +28,7 @@
 #include "parse.hpp"
 #include "plots.hpp"
 #include "progress.hpp"
+#include "qkv_dump.hpp"
 
 namespace masskv::cli {
 namespace {
@@ -245,7 +246,45 @@ void make_plots(const StudyOptions& o) {
   run_plot_script("study", "plot_study.py", {o.out_dir + "/study.csv", o.out_dir});
 }
 
-void run_study(const StudyOptions& o, const std::string& cmdline) {
+bool is_dump(const std::string& gname) { return gname.rfind("dump:", 0) == 0; }
+
+// Real inputs from `masskv dump`: every step's sequence is the dumped context, each with the
+// query of one dumped token.
+Inputs load_dump(const std::string& gname) {
+  QkvDump d = read_qkv_dump(gname.substr(5));
+  Inputs in;
+  in.q = std::move(d.q);
+  for (int b = 0; b < d.steps; ++b) {
+    in.k.push_back(d.k);
+    in.v.push_back(d.v);
+  }
+  return in;
+}
+
+// With dump generators the shapes (context, heads, head_dim, steps) come from the files, which
+// must agree with each other.
+StudyOptions with_dump_shapes(StudyOptions o) {
+  bool first = true;
+  for (const auto& gname : o.generators) {
+    if (!is_dump(gname)) continue;
+    const QkvDump h = read_qkv_dump_header(gname.substr(5));
+    const std::string ctx = std::to_string(h.context);
+    require(first || (ctx == o.context && h.hq == o.hq && h.hkv == o.hkv &&
+                      h.head_dim == o.head_dim && h.steps == o.steps),
+            ErrorCode::invalid_argument, "--generators", gname,
+            ": shapes differ from the other dumps (context, heads, head_dim, steps)");
+    o.context = ctx;
+    o.hq = h.hq;
+    o.hkv = h.hkv;
+    o.head_dim = h.head_dim;
+    o.steps = h.steps;
+    first = false;
+  }
+  return o;
+}
+
+void run_study(const StudyOptions& o_in, const std::string& cmdline) {
+  const StudyOptions o = with_dump_shapes(o_in);
   const std::int64_t L = parse_count(o.context, "--context");
   require(o.hq > 0 && o.hkv > 0 && o.hq % o.hkv == 0, ErrorCode::invalid_argument, "--hq",
           "must be a positive multiple of --hkv");
@@ -258,9 +297,9 @@ void run_study(const StudyOptions& o, const std::string& cmdline) {
   for (const auto& b : o.budgets) fracs.push_back(parse_fraction(b, "--budget"));
   for (const auto& gname : o.generators) {
     require(gname == "gaussian" || gname == "needles" || gname == "heavy" || gname == "drift" ||
-                gname == "sinks",
+                gname == "sinks" || is_dump(gname),
             ErrorCode::invalid_argument, "--generators", "unknown generator '", gname,
-            "' (gaussian, needles, heavy, drift, sinks)");
+            "' (gaussian, needles, heavy, drift, sinks, dump:FILE)");
   }
 
   // Work list: per generator and mapping, dense once, then selectors × budgets.
@@ -280,7 +319,7 @@ void run_study(const StudyOptions& o, const std::string& cmdline) {
 
   for (std::size_t gi = 0; gi < o.generators.size(); ++gi) {
     const std::string& gname = o.generators[gi];
-    Inputs in = generate(gname, o, L, o.seed * 1000 + gi);
+    Inputs in = is_dump(gname) ? load_dump(gname) : generate(gname, o, L, o.seed * 1000 + gi);
     kv::CacheConfig cfg;
     cfg.num_kv_heads = o.hkv;
     cfg.head_dim = o.head_dim;
@@ -558,7 +597,9 @@ void register_study(CLI::App& app, const std::string& cmdline) {
   s->add_option("--steps", o->steps, "Decode steps (independent sequences) per generator")
       ->capture_default_str();
   s->add_option("-g,--generators", o->generators,
-                "Synthetic inputs: gaussian, needles, heavy, drift, sinks")
+                "Inputs: synthetic gaussian, needles, heavy, drift, sinks; or dump:FILE, a model's "
+                "real q/k/v written by masskv dump (its shapes replace --context, --hq, --hkv, "
+                "--head-dim, --steps)")
       ->delimiter(',')
       ->capture_default_str();
   s->add_option("-s,--selectors", o->selectors,

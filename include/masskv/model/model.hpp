@@ -112,6 +112,16 @@ class Model {
   double weight_bytes_per_token_ = 0;
 };
 
+// What SessionOptions::capture sees of one layer for a block of n tokens at positions
+// pos0 .. pos0+n-1: q [n][n_head][head_dim] and k [n][n_head_kv][head_dim] after QK-norm and
+// RoPE (what attention scores: q·k × ModelConfig::attn_scale), v [n][n_head_kv][head_dim].
+struct LayerCapture {
+  int layer = 0;
+  std::int64_t pos0 = 0;
+  int n = 0;
+  std::span<const float> q, k, v;
+};
+
 struct SessionOptions {
   std::int64_t max_tokens = 4096;  // KV capacity per layer, in tokens (> 0)
   int page_size = 16;
@@ -130,6 +140,9 @@ struct SessionOptions {
   // Sliding window of the local layers: 0 = the model's; > 0 overrides it (tests exercise the
   // window on short sequences this way).
   int sliding_window = 0;
+  // Called for every layer of every prefill block and decode step, before attention (for
+  // `masskv dump`: real q/k/v for `masskv study`). Empty: nothing called.
+  std::function<void(const LayerCapture&)> capture;
 };
 
 // Per-step counters for reports (bench, run --verbose).
