@@ -228,7 +228,7 @@ __global__ void __launch_bounds__(kScoreThreads) quest_score_kernel(SelParams p)
         const float bound = __fmul_rn(
             p.scale, __fadd_rn(__fadd_rn(s, __fmul_rn(s_fq[i], w)), FLT_MIN));
         // CPU: m = bounds[0]; m = x > m ? x : m (a NaN is flagged below either way).
-        if (bound != bound) atomicOr(p.err, kNonFinite);
+        if (isnan(bound)) atomicOr(p.err, kNonFinite);
         best = (i == half || bound > best) ? bound : best;
       }
     }
