@@ -1239,6 +1239,7 @@ struct Row {
   std::string kind;
   int ctx, batch, budget;
   double us, bytes;
+  double cpu_select_ms = 0;  // CPU Quest selection time of the step (not in us), when known
 };
 
 int run_bench(const char* json_path) {
@@ -1290,6 +1291,24 @@ int run_bench(const char* json_path) {
   summ.num_pages = pool_pages;
   summ.num_kv_heads = Hkv;
   summ.head_dim = d;
+  // The outward-rounded bf16 store the GPU selector reads (the summaries of bf16 keys are
+  // bf16 values, so the rounding is exact here and CPU and GPU rank the same bounds).
+  select::BoundStoreView dstore;
+  DevBuf<std::uint16_t> store_min, store_max;
+  {
+    const select::BoundStore store(summ);
+    const select::BoundStoreView hv = store.view();
+    const std::size_t n = static_cast<std::size_t>(pool_pages) * Hkv * d;
+    store_min = DevBuf<std::uint16_t>(n);
+    store_max = DevBuf<std::uint16_t>(n);
+    store_min.upload(reinterpret_cast<const std::uint16_t*>(hv.min), n);
+    store_max.upload(reinterpret_cast<const std::uint16_t*>(hv.max), n);
+    dstore = hv;
+    dstore.min = reinterpret_cast<const bf16*>(store_min.p);
+    dstore.max = reinterpret_cast<const bf16*>(store_max.p);
+    dstore.wmax = nullptr;
+  }
+  cuda::SelectWorkspace sws;
 
   cuda::DecodeWorkspace ws;
   Rng rng(42);
@@ -1310,8 +1329,19 @@ int run_bench(const char* json_path) {
     // Tables: rotation r owns pool pages [r * seq_pages, (r+1) * seq_pages), shuffled.
     std::vector<std::vector<std::int32_t>> indices(rot), indptr(rot), last(rot);
     std::vector<DevBuf<std::int32_t>> d_indices, d_indptr, d_last;
-    std::vector<std::vector<float>> qh(rot);
+    // Queries rotate over kQRot vectors whatever `rot` is: a sparse step's selection follows
+    // its q, so rotating q rotates the selected pages too (a budget of 8192 tokens is 34 MB of
+    // KV, inside the 50 MB L2: one fixed selection would be served from L2).
+    constexpr int kQRot = 8;
+    std::vector<std::vector<float>> qh(kQRot);
     std::vector<DevBuf<float>> d_q, d_out, d_lse;
+    for (int r = 0; r < kQRot; ++r) {
+      qh[r].resize(static_cast<std::size_t>(sh.batch) * Hq * d);
+      for (float& x : qh[r]) x = rng.sym(3.f);
+      d_q.push_back(to_device(qh[r]));
+      d_out.emplace_back(qh[r].size());
+      d_lse.emplace_back(static_cast<std::size_t>(sh.batch) * Hq);
+    }
     for (int r = 0; r < rot; ++r) {
       indices[r].resize(seq_pages);
       std::iota(indices[r].begin(), indices[r].end(), r * seq_pages);
@@ -1333,13 +1363,11 @@ int run_bench(const char* json_path) {
       d_indices.push_back(to_device(indices[r]));
       d_indptr.push_back(to_device(indptr[r]));
       d_last.push_back(to_device(last[r]));
-      qh[r].resize(static_cast<std::size_t>(sh.batch) * Hq * d);
-      for (float& x : qh[r]) x = rng.sym(3.f);
-      d_q.push_back(to_device(qh[r]));
-      d_out.emplace_back(qh[r].size());
-      d_lse.emplace_back(static_cast<std::size_t>(sh.batch) * Hq);
     }
+    // Step r: page table r % rot, query r % kQRot.
     auto args_for = [&](int r) {
+      const int t = r % rot;
+      r %= kQRot;
       attn::DecodeArgs a;
       a.q = View3<const float>::contiguous(d_q[r].p, sh.batch, Hq, d);
       a.cache.k = K.p;
@@ -1350,9 +1378,9 @@ int run_bench(const char* json_path) {
       a.cache.page_size = P;
       a.cache.head_dim = d;
       a.cache.set_layout(kv::Layout::HND);
-      a.cache.table = {{d_indptr[r].p, d_indptr[r].n},
-                       {d_indices[r].p, d_indices[r].n},
-                       {d_last[r].p, d_last[r].n}};
+      a.cache.table = {{d_indptr[t].p, d_indptr[t].n},
+                       {d_indices[t].p, d_indices[t].n},
+                       {d_last[t].p, d_last[t].n}};
       a.out = View3<float>::contiguous(d_out[r].p, sh.batch, Hq, d);
       a.lse_or_tau = {d_lse[r].p, d_lse[r].n};
       return a;
@@ -1380,23 +1408,29 @@ int run_bench(const char* json_path) {
         sh.ctx, sh.batch, rot, cp, us, kv_bytes / us / 1e3, gus);
     rows.push_back({"ours_dense", sh.ctx, sh.batch, 0, us, kv_bytes});
 
-    if (sh.batch != 1) continue;
-    // Sparse: CPU Quest selection (page bounds + top-k, sink page + last page kept), uploaded.
+    // Sparse, kQRot steps in rotation (query r, table r % rot), per budget:
+    //  - CPU Quest selection (f32 summaries) computed and uploaded beforehand: decode only;
+    //  - GPU Quest selection (bf16 store) + decode in the step, plain and CUDA-graph captured;
+    //  - the GPU selection alone, and its scoring kernel alone.
+    const double summary_bytes = static_cast<double>(sh.batch) * pages * Hkv * d * 2 * 2;
     for (int budget : {2048, 4096, 8192}) {
-      std::vector<SelectionStorage> sels(rot);
+      select::TopkPolicy pol;
+      pol.budget_pages = budget / P;
+      pol.sink_pages = 1;
+      pol.window_tokens = 0;
+      std::vector<SelectionStorage> sels(kQRot);
       std::vector<DevBuf<std::int32_t>> s_ids, s_cnt;
-      std::vector<SelectionView> svs(rot);
+      std::vector<SelectionView> svs(kQRot);
       double sel_pages = 0;
       const auto ts = std::chrono::steady_clock::now();
-      for (int r = 0; r < rot; ++r) {
+      for (int r = 0; r < kQRot; ++r) {
+        const int t = r % rot;
         select::QuestArgs qa;
         qa.q = View3<const float>::contiguous(qh[r].data(), sh.batch, Hq, d);
-        qa.table = {indptr[r], indices[r], last[r]};
+        qa.table = {indptr[t], indices[t], last[t]};
         qa.page_size = P;
         qa.summaries = &summ;
-        qa.policy.budget_pages = budget / P;
-        qa.policy.sink_pages = 1;
-        qa.policy.window_tokens = 0;
+        qa.policy = pol;
         select::quest_select(qa, sels[r]);
         for (int c : sels[r].count) sel_pages += c;
         s_ids.push_back(to_device(sels[r].ids));
@@ -1404,20 +1438,20 @@ int run_bench(const char* json_path) {
       }
       const double sel_ms =
           std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - ts).count() /
-          rot;
-      for (int r = 0; r < rot; ++r)
+          kQRot;
+      for (int r = 0; r < kQRot; ++r)
         svs[r] = {SelectionView::Unit::page, sels[r].batch,
                   sels[r].num_kv_heads,      sels[r].max_per_head,
                   {s_ids[r].p, s_ids[r].n},  {s_cnt[r].p, s_cnt[r].n}};
-      const double bytes = sel_pages / rot * P * d * 2 * 2;
+      const double bytes = sel_pages / kQRot * P * d * 2 * 2;
       const double sus = time_us(kWarm, kIters, [&](int i) {
-        const int r = i % rot;
+        const int r = i % kQRot;
         attn::DecodeArgs a = args_for(r);
         a.selection = &svs[r];
         cuda::decode(a, launch);
       });
       ws.check(nullptr);
-      const double sgus = time_graph_us(rot, kWarm, kIters, [&](int r, cudaStream_t st) {
+      const double sgus = time_graph_us(kQRot, kWarm, kIters, [&](int r, cudaStream_t st) {
         attn::DecodeArgs a = args_for(r);
         a.selection = &svs[r];
         cuda::DecodeLaunch l = launch;
@@ -1426,11 +1460,97 @@ int run_bench(const char* json_path) {
       });
       ws.check(nullptr);
       std::printf(
-          "sparse ctx=%7d budget=%5d: %9.1f us  %7.1f GB/s (graph %.1f us; CPU Quest "
+          "sparse ctx=%7d B=%2d budget=%5d: %9.1f us  %7.1f GB/s (graph %.1f us; CPU Quest "
           "select %.2f ms, not in the time)\n",
-          sh.ctx, budget, sus, bytes / sus / 1e3, sgus, sel_ms);
-      rows.push_back({"ours_sparse_quest_cpu_sel", sh.ctx, sh.batch, budget, sus, bytes});
-      rows.push_back({"ours_sparse_quest_cpu_sel_graph", sh.ctx, sh.batch, budget, sgus, bytes});
+          sh.ctx, sh.batch, budget, sus, bytes / sus / 1e3, sgus, sel_ms);
+      Row cpu_row{"ours_sparse_quest_cpu_sel", sh.ctx, sh.batch, budget, sus, bytes, sel_ms};
+      rows.push_back(cpu_row);
+      cpu_row.kind = "ours_sparse_quest_cpu_sel_graph";
+      cpu_row.us = sgus;
+      rows.push_back(cpu_row);
+
+      // GPU selection into per-rotation device lists, consumed by the same decode.
+      const int cap = cuda::select_capacity(pages, P, pol);
+      std::vector<DevBuf<std::int32_t>> g_ids, g_cnt;
+      std::vector<SelectionView> gsv(kQRot);
+      for (int r = 0; r < kQRot; ++r) {
+        g_ids.emplace_back(static_cast<std::size_t>(sh.batch) * Hkv * cap);
+        g_cnt.emplace_back(static_cast<std::size_t>(sh.batch) * Hkv);
+        gsv[r] = {SelectionView::Unit::page, sh.batch, Hkv, cap, {g_ids[r].p, g_ids[r].n},
+                  {g_cnt[r].p, g_cnt[r].n}};
+      }
+      auto sel_args = [&](int r) {
+        const int t = r % rot;
+        r %= kQRot;
+        cuda::QuestSelectArgs sa;
+        sa.q = View3<const float>::contiguous(d_q[r].p, sh.batch, Hq, d);
+        sa.table = {{d_indptr[t].p, d_indptr[t].n},
+                    {d_indices[t].p, d_indices[t].n},
+                    {d_last[t].p, d_last[t].n}};
+        sa.page_size = P;
+        sa.bounds = dstore;
+        sa.policy = pol;
+        sa.max_per_head = cap;
+        sa.ids = {g_ids[r].p, g_ids[r].n};
+        sa.count = {g_cnt[r].p, g_cnt[r].n};
+        return sa;
+      };
+      cuda::SelectLaunch sl;
+      sl.workspace = &sws;
+      sl.max_pages_per_seq = pages;
+      sl.check_errors = false;
+      // Same selection as the CPU's? (bf16-exact summaries: expected identical.)
+      int same = 0;
+      for (int r = 0; r < kQRot; ++r) {
+        cuda::quest_select(sel_args(r), sl);
+        sws.check(nullptr);
+        const auto ids = g_ids[r].download();
+        const auto cnt = g_cnt[r].download();
+        bool eq = cnt == sels[r].count;
+        for (int b = 0; eq && b < sh.batch; ++b)
+          for (int h = 0; eq && h < Hkv; ++h) {
+            const auto l = sels[r].view().list(b, h);
+            eq = std::equal(l.begin(), l.end(), ids.begin() + (b * Hkv + h) * cap);
+          }
+        same += eq;
+      }
+      const double gsel_us = time_us(kWarm, kIters, [&](int i) {
+        cuda::quest_select(sel_args(i), sl);
+      });
+      const double gscore_us = time_us(kWarm, kIters, [&](int i) {
+        cuda::quest_score(sel_args(i), sl);
+      });
+      sws.check(nullptr);
+      const double gus_plain = time_us(kWarm, kIters, [&](int i) {
+        cuda::quest_select(sel_args(i), sl);
+        attn::DecodeArgs a = args_for(i);
+        a.selection = &gsv[i % kQRot];
+        cuda::decode(a, launch);
+      });
+      sws.check(nullptr);
+      ws.check(nullptr);
+      const double gus_graph = time_graph_us(kQRot, kWarm, kIters, [&](int r, cudaStream_t st) {
+        cuda::SelectLaunch l2 = sl;
+        l2.stream = st;
+        cuda::quest_select(sel_args(r), l2);
+        attn::DecodeArgs a = args_for(r);
+        a.selection = &gsv[r];
+        cuda::DecodeLaunch l = launch;
+        l.stream = st;
+        cuda::decode(a, l);
+      });
+      sws.check(nullptr);
+      ws.check(nullptr);
+      std::printf(
+          "  gpu-sel ctx=%7d B=%2d budget=%5d: select+decode %9.1f us (graph %.1f us); select "
+          "%.1f us, score %.1f us; GPU selection == CPU selection in %d/%d steps\n",
+          sh.ctx, sh.batch, budget, gus_plain, gus_graph, gsel_us, gscore_us, same, kQRot);
+      rows.push_back({"ours_sparse_quest_gpu_sel", sh.ctx, sh.batch, budget, gus_plain,
+                      bytes + summary_bytes});
+      rows.push_back({"ours_sparse_quest_gpu_sel_graph", sh.ctx, sh.batch, budget, gus_graph,
+                      bytes + summary_bytes});
+      rows.push_back({"gpu_quest_select", sh.ctx, sh.batch, budget, gsel_us, summary_bytes});
+      rows.push_back({"gpu_quest_score", sh.ctx, sh.batch, budget, gscore_us, summary_bytes});
     }
   }
 
@@ -1445,8 +1565,8 @@ int run_bench(const char* json_path) {
     const Row& r = rows[i];
     std::fprintf(f,
                  "  {\"kind\": \"%s\", \"ctx\": %d, \"batch\": %d, \"budget\": %d, "
-                 "\"us\": %.3f, \"bytes\": %.0f}%s\n",
-                 r.kind.c_str(), r.ctx, r.batch, r.budget, r.us, r.bytes,
+                 "\"us\": %.3f, \"bytes\": %.0f, \"cpu_select_ms\": %.4f}%s\n",
+                 r.kind.c_str(), r.ctx, r.batch, r.budget, r.us, r.bytes, r.cpu_select_ms,
                  i + 1 < rows.size() ? "," : "");
   }
   std::fprintf(f, "]}\n");
