@@ -7,7 +7,7 @@
 //     kernel (8 lanes of FMA chains over c = l, l+8, ..., the same horizontal sum), so on an
 //     AVX2 host the bounds have the same bits.
 //  2. quest_topk_kernel: a 1024-thread CTA per (sequence, kv head) keeps the sinks and the
-//     window pages, finds the need-th largest candidate key by a block-wide radix select
+//     window pages, caches up to 40960 candidate keys in shared memory, finds the need-th largest candidate key by a block-wide radix select
 //     (4 passes of 8 bits, warp-aggregated shared histograms), then takes every candidate above
 //     it and the lowest-id candidates equal to it (ties to the lower page id, as the CPU), and
 //     writes the ids ascending with two ballot passes (no sort), -1 padded, and the count.
@@ -31,6 +31,9 @@ constexpr int kTile = 64;  // pages per shared-memory tile (kScoreThreads = 2 * 
 constexpr int kTopkThreads = 1024;
 constexpr int kTopkWarps = kTopkThreads / 32;
 constexpr int kMaxGroupDims = 16384;  // group * head_dim (q+ and q- live in shared memory)
+// Candidate keys the top-k CTA keeps in shared memory (160 KiB): the radix passes and the two
+// compaction passes then read global memory (L2) only for candidates past these.
+constexpr int kKeyCache = 40960;
 
 enum ErrBit : unsigned {
   kBadPhysical = 1u,
@@ -61,6 +64,7 @@ struct SelParams {
   std::uint32_t* keys;
   // top-k
   int budget, sinks, window_tokens, max_per_head;
+  int key_cache;  // keys the top-k kernel's dynamic shared memory holds
   std::int32_t* out_ids;
   std::int32_t* out_count;
   unsigned* err;
@@ -247,6 +251,7 @@ __global__ void __launch_bounds__(kScoreThreads) quest_score_kernel(SelParams p)
 
 // Selection of one (sequence, kv head). grid (kv heads, batch), kTopkThreads threads.
 __global__ void __launch_bounds__(kTopkThreads) quest_topk_kernel(SelParams p) {
+  extern __shared__ std::uint32_t s_keys[];  // candidates [lo, lo + cached)
   __shared__ int s_hist[256];
   __shared__ int s_warp_a[kTopkWarps], s_warp_b[kTopkWarps];
   __shared__ int s_base_eq[kTopkWarps], s_base_sel[kTopkWarps];
@@ -303,6 +308,13 @@ __global__ void __launch_bounds__(kTopkThreads) quest_topk_kernel(SelParams p) {
       p.keys + (static_cast<std::int64_t>(b) * p.num_kv_heads + h) * p.max_pages;
   const int lo = sinks, hi = window, cand = hi - lo;
   const bool take_all = nsel >= cand;
+  const int cached = take_all ? 0 : min(cand, p.key_cache);
+  for (int i = tid; i < cached; i += kTopkThreads) s_keys[i] = __ldg(keys + lo + i);
+  __syncthreads();
+  const auto key_at = [&](int j) {
+    const int i = j - lo;
+    return i < cached ? s_keys[i] : __ldg(keys + j);
+  };
   // Threshold T = the nsel-th largest key; k_rem = how many keys equal to T are taken.
   std::uint32_t prefix = 0, pmask = 0;
   int k_rem = nsel;
@@ -315,7 +327,7 @@ __global__ void __launch_bounds__(kTopkThreads) quest_topk_kernel(SelParams p) {
         const int j = lo + it * kTopkThreads + tid;
         unsigned bin = 256;
         if (j < hi) {
-          const std::uint32_t key = keys[j];
+          const std::uint32_t key = key_at(j);
           if ((key & pmask) == prefix) bin = (key >> shift) & 255u;
         }
         const unsigned peers = __match_any_sync(0xffffffffu, bin);
@@ -369,7 +381,7 @@ __global__ void __launch_bounds__(kTopkThreads) quest_topk_kernel(SelParams p) {
     const int j = j0 + lane;
     bool gt = false, eq = false;
     if (j < wend) {
-      const std::uint32_t key = keys[j];
+      const std::uint32_t key = key_at(j);
       gt = take_all || key > T;
       eq = !take_all && key == T;
     }
@@ -397,7 +409,7 @@ __global__ void __launch_bounds__(kTopkThreads) quest_topk_kernel(SelParams p) {
     const int j = j0 + lane;
     bool gt = false, eq = false;
     if (j < wend) {
-      const std::uint32_t key = keys[j];
+      const std::uint32_t key = key_at(j);
       gt = take_all || key > T;
       eq = !take_all && key == T;
     }
@@ -444,6 +456,16 @@ ScoreFn score_kernel(int d) {
   return fns[idx];
 }
 
+// The top-k kernel with its dynamic shared-memory limit raised once (the key cache).
+void prepare_topk() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    check_cuda(cudaFuncSetAttribute(quest_topk_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    static_cast<int>(sizeof(std::uint32_t) * kKeyCache)),
+               "cudaFuncSetAttribute(top-k shared memory)");
+  });
+}
+
 std::size_t score_smem(int d, int group) {
   return d == 64 ? ScoreSmem<64>::bytes(group)
                  : d == 128 ? ScoreSmem<128>::bytes(group) : ScoreSmem<256>::bytes(group);
@@ -462,7 +484,7 @@ struct Prepared {
   SelParams p{};
   dim3 score_grid, topk_grid;
   ScoreFn score = nullptr;
-  std::size_t smem = 0;
+  std::size_t smem = 0, topk_smem = 0;
 };
 
 void check_policy(const select::TopkPolicy& pol) {
@@ -631,6 +653,9 @@ Prepared prepare(const QuestSelectArgs& a, const SelectLaunch& launch, bool outp
   pr.topk_grid = dim3(Hkv, B);
   pr.score = score_kernel(d);
   pr.smem = score_smem(d, group);
+  p.key_cache = std::min(launch.max_pages_per_seq, kKeyCache);
+  pr.topk_smem = sizeof(std::uint32_t) * static_cast<std::size_t>(p.key_cache);
+  prepare_topk();
   return pr;
 }
 
@@ -651,7 +676,7 @@ void quest_select(const QuestSelectArgs& a, const SelectLaunch& launch) {
   cudaStream_t stream = launch.stream;
   pr.score<<<pr.score_grid, kScoreThreads, pr.smem, stream>>>(pr.p);
   check_cuda(cudaGetLastError(), "quest score kernel launch");
-  quest_topk_kernel<<<pr.topk_grid, kTopkThreads, 0, stream>>>(pr.p);
+  quest_topk_kernel<<<pr.topk_grid, kTopkThreads, pr.topk_smem, stream>>>(pr.p);
   check_cuda(cudaGetLastError(), "quest top-k kernel launch");
   if (launch.check_errors) launch.workspace->check(stream);
 }
