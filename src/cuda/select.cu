@@ -7,10 +7,11 @@
 //     kernel (8 lanes of FMA chains over c = l, l+8, ..., the same horizontal sum), so on an
 //     AVX2 host the bounds have the same bits.
 //  2. quest_topk_kernel: a 1024-thread CTA per (sequence, kv head) keeps the sinks and the
-//     window pages, caches up to 40960 candidate keys in shared memory, finds the need-th largest candidate key by a block-wide radix select
-//     (4 passes of 8 bits, warp-aggregated shared histograms), then takes every candidate above
-//     it and the lowest-id candidates equal to it (ties to the lower page id, as the CPU), and
-//     writes the ids ascending with two ballot passes (no sort), -1 padded, and the count.
+//     window pages, caches up to 40960 candidate keys in shared memory, finds the need-th largest
+//     candidate key by a block-wide radix select (4 passes of 8 bits, warp-aggregated shared
+//     histograms), then takes every candidate above it and the lowest-id candidates equal to it
+//     (ties to the lower page id, as the CPU), and writes the ids ascending with two ballot passes
+//     (no sort), -1 padded, and the count.
 // Both are deterministic (integer atomics only count; no order depends on timing).
 #include <cuda_runtime.h>
 
@@ -152,8 +153,7 @@ __global__ void __launch_bounds__(kScoreThreads) quest_score_kernel(SelParams p)
   const std::int64_t page_stride = static_cast<std::int64_t>(p.num_kv_heads) * kD;
   const std::uint16_t* mn = p.mn + static_cast<std::int64_t>(h) * kD;
   const std::uint16_t* mx = p.mx + static_cast<std::int64_t>(h) * kD;
-  std::uint32_t* keys =
-      p.keys + (static_cast<std::int64_t>(b) * p.num_kv_heads + h) * p.max_pages;
+  std::uint32_t* keys = p.keys + (static_cast<std::int64_t>(b) * p.num_kv_heads + h) * p.max_pages;
   const int pt = threadIdx.x % kTile, half = threadIdx.x / kTile;
 
   for (int t0 = j0; t0 < j1; t0 += kTile) {
@@ -229,8 +229,8 @@ __global__ void __launch_bounds__(kScoreThreads) quest_score_kernel(SelParams p)
         const float s = __fadd_rn(__fadd_rn(__fadd_rn(v[0], v[4]), __fadd_rn(v[2], v[6])),
                                   __fadd_rn(__fadd_rn(v[1], v[5]), __fadd_rn(v[3], v[7])));
         // finish_bound: scale * (sum + fq * w + FLT_MIN), each operation rounded.
-        const float bound = __fmul_rn(
-            p.scale, __fadd_rn(__fadd_rn(s, __fmul_rn(s_fq[i], w)), FLT_MIN));
+        const float bound =
+            __fmul_rn(p.scale, __fadd_rn(__fadd_rn(s, __fmul_rn(s_fq[i], w)), FLT_MIN));
         // CPU: m = bounds[0]; m = x > m ? x : m (a NaN is flagged below either way).
         if (isnan(bound)) atomicOr(p.err, kNonFinite);
         best = (i == half || bound > best) ? bound : best;
@@ -260,8 +260,8 @@ __global__ void __launch_bounds__(kTopkThreads) quest_topk_kernel(SelParams p) {
   const int h = blockIdx.x, b = blockIdx.y;
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
   const unsigned lt_mask = (1u << lane) - 1u;
-  std::int32_t* out = p.out_ids + (static_cast<std::int64_t>(b) * p.num_kv_heads + h) *
-                                      p.max_per_head;
+  std::int32_t* out =
+      p.out_ids + (static_cast<std::int64_t>(b) * p.num_kv_heads + h) * p.max_per_head;
   std::int32_t* out_count = p.out_count + b * p.num_kv_heads + h;
 
   const int n = seq_pages(p, b);
@@ -441,8 +441,7 @@ ScoreFn score_kernel(int d) {
   static std::mutex mu;
   static bool ready[3] = {};
   const int idx = d == 64 ? 0 : d == 128 ? 1 : 2;
-  const ScoreFn fns[3] = {quest_score_kernel<64>, quest_score_kernel<128>,
-                          quest_score_kernel<256>};
+  const ScoreFn fns[3] = {quest_score_kernel<64>, quest_score_kernel<128>, quest_score_kernel<256>};
   std::lock_guard<std::mutex> lock(mu);
   if (!ready[idx]) {
     const std::size_t most = idx == 0   ? ScoreSmem<64>::bytes(kMaxGroupDims / 64)
@@ -467,8 +466,9 @@ void prepare_topk() {
 }
 
 std::size_t score_smem(int d, int group) {
-  return d == 64 ? ScoreSmem<64>::bytes(group)
-                 : d == 128 ? ScoreSmem<128>::bytes(group) : ScoreSmem<256>::bytes(group);
+  return d == 64    ? ScoreSmem<64>::bytes(group)
+         : d == 128 ? ScoreSmem<128>::bytes(group)
+                    : ScoreSmem<256>::bytes(group);
 }
 
 // Chunks of whole tiles, about eight CTAs per SM over the (sequence, kv head) pairs.
@@ -562,7 +562,8 @@ int select_capacity(int max_pages_per_seq, int page_size, const select::TopkPoli
           : 1;
   const std::int64_t kept =
       std::min<std::int64_t>(n, static_cast<std::int64_t>(policy.sink_pages) + window_pages);
-  return static_cast<int>(std::min<std::int64_t>(n, std::max<std::int64_t>(policy.budget_pages, kept)));
+  return static_cast<int>(
+      std::min<std::int64_t>(n, std::max<std::int64_t>(policy.budget_pages, kept)));
 }
 
 namespace {
@@ -628,9 +629,8 @@ Prepared prepare(const QuestSelectArgs& a, const SelectLaunch& launch, bool outp
   p.scale = scale;
   p.slack_f = 2.0f * static_cast<float>(2 * d + 4) * 0x1p-24f;
   p.max_pages = launch.max_pages_per_seq;
-  p.chunk_pages = launch.chunk_pages > 0
-                      ? launch.chunk_pages
-                      : plan_score_chunk(B * Hkv, launch.max_pages_per_seq);
+  p.chunk_pages = launch.chunk_pages > 0 ? launch.chunk_pages
+                                         : plan_score_chunk(B * Hkv, launch.max_pages_per_seq);
   p.budget = a.policy.budget_pages;
   p.sinks = a.policy.sink_pages;
   p.window_tokens = a.policy.window_tokens;

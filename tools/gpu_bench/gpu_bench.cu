@@ -589,8 +589,8 @@ struct SelStats {
 // Compares one case; returns the failures (printed).
 int compare_selection(const SelData& sd, const SelectionStorage& cpu,
                       const std::vector<std::int32_t>& gids, const std::vector<std::int32_t>& gcnt,
-                      int gmax, const std::vector<std::uint32_t>& keys, int kstride,
-                      SelStats& st, const char* tag) {
+                      int gmax, const std::vector<std::uint32_t>& keys, int kstride, SelStats& st,
+                      const char* tag) {
   const SelCase& c = sd.c;
   const select::BoundStoreView hv = sd.store.view();
   const int g = c.hq / c.hkv;
@@ -599,10 +599,11 @@ int compare_selection(const SelData& sd, const SelectionStorage& cpu,
   int failures = 0;
   auto fail_msg = [&](int b, int h, const std::string& why) {
     if (failures++ < 5)
-      std::printf("FAIL select %s B=%d Hq=%d Hkv=%d d=%d page=%d len=%d budget=%d sinks=%d "
-                  "window=%d tie=%d: b=%d h=%d: %s\n",
-                  tag, c.batch, c.hq, c.hkv, c.d, c.page, c.len, c.pol.budget_pages,
-                  c.pol.sink_pages, c.pol.window_tokens, c.tie_mode, b, h, why.c_str());
+      std::printf(
+          "FAIL select %s B=%d Hq=%d Hkv=%d d=%d page=%d len=%d budget=%d sinks=%d "
+          "window=%d tie=%d: b=%d h=%d: %s\n",
+          tag, c.batch, c.hq, c.hkv, c.d, c.page, c.len, c.pol.budget_pages, c.pol.sink_pages,
+          c.pol.window_tokens, c.tie_mode, b, h, why.c_str());
   };
   std::vector<float> U;
   for (int b = 0; b < c.batch; ++b) {
@@ -626,8 +627,8 @@ int compare_selection(const SelData& sd, const SelectionStorage& cpu,
         float m = U[j];
         for (int i = 1; i < g; ++i) m = U[i * n + j] > m ? U[i * n + j] : m;
         agg[j] = m;
-        wmax = std::max(wmax, static_cast<double>(hv.wmax[static_cast<std::size_t>(phys[j]) *
-                                                          c.hkv + h]));
+        wmax = std::max(
+            wmax, static_cast<double>(hv.wmax[static_cast<std::size_t>(phys[j]) * c.hkv + h]));
       }
       double maxabs = 0;
       for (float x : agg) maxabs = std::max(maxabs, std::fabs(static_cast<double>(x)));
@@ -645,8 +646,8 @@ int compare_selection(const SelData& sd, const SelectionStorage& cpu,
           st.worst_bound = std::max(st.worst_bound, e);
           if (!(e <= 1.0)) {
             char buf[160];
-            std::snprintf(buf, sizeof buf, "page %d bound gpu %.9g cpu %.9g (|diff| = %.2f eps)",
-                          j, gb, agg[j], e);
+            std::snprintf(buf, sizeof buf, "page %d bound gpu %.9g cpu %.9g (|diff| = %.2f eps)", j,
+                          gb, agg[j], e);
             fail_msg(b, h, buf);
             break;
           }
@@ -683,10 +684,10 @@ int compare_selection(const SelData& sd, const SelectionStorage& cpu,
       for (int i = 0; i < gc; ++i) in_g[gl[i]] = 1;
       const std::int64_t length = static_cast<std::int64_t>(n - 1) * c.page + sd.last[b];
       const int sinks = std::min(c.pol.sink_pages, n);
-      int window = c.pol.window_tokens > 0
-                       ? static_cast<int>(std::max<std::int64_t>(0, length - c.pol.window_tokens) /
-                                          c.page)
-                       : n - 1;
+      int window =
+          c.pol.window_tokens > 0
+              ? static_cast<int>(std::max<std::int64_t>(0, length - c.pol.window_tokens) / c.page)
+              : n - 1;
       window = std::min(window, n - 1);
       double thr = INFINITY;
       for (int j = sinks; j < window; ++j)
@@ -748,8 +749,8 @@ std::vector<SelCase> select_cases() {
     c.batch = batches[(idx / 3) % 4];
     if (c.len > 65536 && c.batch > 3) c.batch = 3;
     // Keep the host summaries under ~40M floats per array.
-    while (c.batch > 1 && static_cast<double>(c.batch) * ((c.len + c.page - 1) / c.page) * c.hkv *
-                                  c.d > 3e7)
+    while (c.batch > 1 &&
+           static_cast<double>(c.batch) * ((c.len + c.page - 1) / c.page) * c.hkv * c.d > 3e7)
       c.batch = 1;
     c.pol.budget_pages = budgets[(idx / 2 + idx * 5) % 7];
     c.pol.sink_pages = sinks[idx % 4];
@@ -774,10 +775,13 @@ std::vector<SelCase> select_cases() {
 
 int run_select_check() {
   const std::vector<SelCase> cases = select_cases();
-  std::printf("select check: %zu cases, GPU quest_select vs CPU select::quest_select "
-              "(bounds_bf16 store, same policy)\n", cases.size());
-  std::printf("tolerance: none where the bounds have the same bits; otherwise only candidate "
-              "pages with a bound within eps of the threshold may differ (see gpu_bench.cu)\n");
+  std::printf(
+      "select check: %zu cases, GPU quest_select vs CPU select::quest_select "
+      "(bounds_bf16 store, same policy)\n",
+      cases.size());
+  std::printf(
+      "tolerance: none where the bounds have the same bits; otherwise only candidate "
+      "pages with a bound within eps of the threshold may differ (see gpu_bench.cu)\n");
   cuda::SelectWorkspace ws;
   SelStats st;
   int failures = 0;
@@ -810,10 +814,11 @@ int run_select_check() {
     }
   }
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  std::printf("select: %ld lists: %ld identical, %ld near-tie only; bounds bit-identical %ld/%ld "
-              "pages (%.4f%%), worst |gpu-cpu| %.3f eps (%.1f s)\n",
-              st.lists, st.identical, st.near_tie, st.bit_equal, st.pages,
-              st.pages ? 100.0 * st.bit_equal / st.pages : 0.0, st.worst_bound, secs);
+  std::printf(
+      "select: %ld lists: %ld identical, %ld near-tie only; bounds bit-identical %ld/%ld "
+      "pages (%.4f%%), worst |gpu-cpu| %.3f eps (%.1f s)\n",
+      st.lists, st.identical, st.near_tie, st.bit_equal, st.pages,
+      st.pages ? 100.0 * st.bit_equal / st.pages : 0.0, st.worst_bound, secs);
   std::printf("SELECT CHECK %s: %d failure(s)\n", failures ? "FAILED" : "PASSED", failures);
   return failures;
 }
@@ -922,7 +927,8 @@ int run_select_selftest() {
         for (int h = 0; h < 8; ++h) {
           const int n = sd.indptr[b + 1] - sd.indptr[b];
           all &= c2[b * 8 + h] == n;
-          for (int j = 0; j < n; ++j) all &= i2[(b * 8 + h) * static_cast<std::size_t>(cap) + j] == j;
+          for (int j = 0; j < n; ++j)
+            all &= i2[(b * 8 + h) * static_cast<std::size_t>(cap) + j] == j;
         }
       expect(all, "budget >= pages selects every page");
     }
@@ -1107,8 +1113,8 @@ int run_select_selftest() {
           const auto l = csv.list(b, h);
           same = std::equal(l.begin(), l.end(), gi.begin() + (b * c.num_kv_heads + h) * cap);
         }
-      const SelectionView gsv{SelectionView::Unit::page, c.batch, c.num_kv_heads, cap,
-                              {ids.p, ids.n}, {cnt.p, cnt.n}};
+      const SelectionView gsv{
+          SelectionView::Unit::page, c.batch, c.num_kv_heads, cap, {ids.p, ids.n}, {cnt.p, cnt.n}};
       attn::DecodeArgs da = gc.args;
       da.selection = &gsv;
       cuda::DecodeWorkspace dws;
@@ -1121,10 +1127,11 @@ int run_select_selftest() {
       e.why = std::string("threw: ") + err.what();
     }
     const bool pass = same && e.ok && e.o <= kTolO && e.lse <= kTolLse;
-    std::printf("  end to end %s: GPU select %s CPU select, sparse decode o_err=%.3e "
-                "lse_err=%.3e %s %s\n",
-                variant == 0 ? "G=4 d=128 HND" : "G=8 d=64 NHD ", same ? "==" : "!=", e.o, e.lse,
-                e.why.c_str(), pass ? "ok" : "FAIL");
+    std::printf(
+        "  end to end %s: GPU select %s CPU select, sparse decode o_err=%.3e "
+        "lse_err=%.3e %s %s\n",
+        variant == 0 ? "G=4 d=128 HND" : "G=8 d=64 NHD ", same ? "==" : "!=", e.o, e.lse,
+        e.why.c_str(), pass ? "ok" : "FAIL");
     if (!pass) ++failures;
   }
   std::printf("SELECT SELFTEST %s: %d failure(s)\n", failures ? "FAILED" : "PASSED", failures);
@@ -1514,12 +1521,10 @@ int run_bench(const char* json_path) {
           }
         same += eq;
       }
-      const double gsel_us = time_us(kWarm, kIters, [&](int i) {
-        cuda::quest_select(sel_args(i), sl);
-      });
-      const double gscore_us = time_us(kWarm, kIters, [&](int i) {
-        cuda::quest_score(sel_args(i), sl);
-      });
+      const double gsel_us =
+          time_us(kWarm, kIters, [&](int i) { cuda::quest_select(sel_args(i), sl); });
+      const double gscore_us =
+          time_us(kWarm, kIters, [&](int i) { cuda::quest_score(sel_args(i), sl); });
       sws.check(nullptr);
       const double gus_plain = time_us(kWarm, kIters, [&](int i) {
         cuda::quest_select(sel_args(i), sl);
