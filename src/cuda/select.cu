@@ -231,7 +231,7 @@ __global__ void __launch_bounds__(kScoreThreads) quest_score_kernel(SelParams p)
         // finish_bound: scale * (sum + fq * w + FLT_MIN), each operation rounded.
         const float bound =
             __fmul_rn(p.scale, __fadd_rn(__fadd_rn(s, __fmul_rn(s_fq[i], w)), FLT_MIN));
-        // CPU: m = bounds[0]; m = x > m ? x : m (a NaN is flagged below either way).
+        // CPU: m = bounds[0]; m = x > m ? x : m; the same value for finite bounds (NaN flagged).
         if (isnan(bound)) atomicOr(p.err, kNonFinite);
         best = (i == half || bound > best) ? bound : best;
       }
