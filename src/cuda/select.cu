@@ -31,7 +31,7 @@ constexpr int kScoreThreads = 128;
 constexpr int kTile = 64;  // pages per shared-memory tile (kScoreThreads = 2 * kTile)
 constexpr int kTopkThreads = 1024;
 constexpr int kTopkWarps = kTopkThreads / 32;
-constexpr int kMaxGroupDims = 16384;  // group * head_dim (q+ and q- live in shared memory)
+constexpr int kMaxGroupDims = 8192;  // group * head_dim (q+ and q- live in shared memory)
 // Candidate keys the top-k CTA keeps in shared memory (160 KiB): the radix passes and the two
 // compaction passes then read global memory (L2) only for candidates past these.
 constexpr int kKeyCache = 40960;
@@ -101,12 +101,26 @@ __device__ int seq_pages(const SelParams& p, int b) {
   return n;
 }
 
+// 16-byte asynchronous copy global -> shared (L2 only: each summary byte is used by one CTA);
+// src_bytes 0 writes zeros without reading.
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem, int src_bytes) {
+  const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(gmem),
+               "r"(src_bytes));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n"); }
+__device__ __forceinline__ void cp_async_wait1() { asm volatile("cp.async.wait_group 1;\n"); }
+
+// Two tile buffers (the next tile is copied while the current one is scored), each min and max
+// rows of kTile pages, then q+, q-, f||q||_1, the halves' maxima and the tiles' page flags.
 template <int kD>
 struct ScoreSmem {
   static constexpr int kRow = kD + 8;  // bf16 per staged row: 16 bytes of padding (no conflicts)
+  static constexpr int kBuf = 2 * kTile * kRow;  // bf16 per buffer (min rows, then max rows)
   static std::size_t bytes(int group) {
-    return sizeof(float) * (2 * static_cast<std::size_t>(group) * kD + group + 2 * kTile) +
-           sizeof(int) * kTile + sizeof(std::uint16_t) * 2 * kTile * kRow;
+    return sizeof(std::uint16_t) * 2 * kBuf +
+           sizeof(float) * (2 * static_cast<std::size_t>(group) * kD + group + 2 * kTile) +
+           sizeof(int) * 2 * kTile;
   }
 };
 
@@ -119,14 +133,13 @@ __global__ void __launch_bounds__(kScoreThreads) quest_score_kernel(SelParams p)
   constexpr int kBlocks = kD / 8;
   extern __shared__ uint4 smem_raw[];
   const int g = p.group;
-  // Layout: tiles first (16-byte aligned), then floats.
-  std::uint16_t* s_lo = reinterpret_cast<std::uint16_t*>(smem_raw);
-  std::uint16_t* s_hi = s_lo + kTile * kRow;
-  float* s_qpos = reinterpret_cast<float*>(s_hi + kTile * kRow);
+  // Layout: tile buffers first (16-byte aligned), then floats, then ints.
+  std::uint16_t* s_tiles = reinterpret_cast<std::uint16_t*>(smem_raw);  // [2][min|max][kTile][kRow]
+  float* s_qpos = reinterpret_cast<float*>(s_tiles + 2 * Smem::kBuf);
   float* s_qneg = s_qpos + g * kD;
   float* s_fq = s_qneg + g * kD;
-  float* s_part = s_fq + g;  // [2][kTile]
-  int* s_ok = reinterpret_cast<int*>(s_part + 2 * kTile);
+  float* s_part = s_fq + g;                                // [2][kTile]
+  int* s_ok = reinterpret_cast<int*>(s_part + 2 * kTile);  // [2][kTile]: phys + 1, 0 = none
 
   const int chunk = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
   const int n = seq_pages(p, b);
@@ -134,6 +147,37 @@ __global__ void __launch_bounds__(kScoreThreads) quest_score_kernel(SelParams p)
   if (n < 0 || j0 >= n) return;
   const int j1 = min(n, j0 + p.chunk_pages);
   const int seq_begin = p.indptr[b];
+
+  const std::int64_t page_stride = static_cast<std::int64_t>(p.num_kv_heads) * kD;
+  const std::uint16_t* mn = p.mn + static_cast<std::int64_t>(h) * kD;
+  const std::uint16_t* mx = p.mx + static_cast<std::int64_t>(h) * kD;
+  // Copies tile [t0, t0 + kTile) of the chunk into buffer buf; every thread reads the page ids
+  // its pieces need (so no barrier is needed before the copies), the one copying a page's first
+  // min piece records the id check.
+  const auto issue = [&](int t0, int buf) {
+    const int tn = min(kTile, j1 - t0);
+    std::uint16_t* tile = s_tiles + buf * Smem::kBuf;
+    for (int idx = threadIdx.x; idx < kTile * kBlocks * 2; idx += kScoreThreads) {
+      const int arr = idx / (kTile * kBlocks);  // 0: min, 1: max
+      const int rem = idx % (kTile * kBlocks);
+      const int pg = rem / kBlocks, blk = rem % kBlocks;
+      int ok = 0;
+      if (pg < tn) {
+        const int phys = p.indices[seq_begin + t0 + pg];
+        if (phys >= 0 && phys < p.pool_pages) {
+          ok = phys + 1;
+        } else if (arr == 0 && blk == 0) {
+          atomicOr(p.err, kBadPhysical);
+        }
+      }
+      if (arr == 0 && blk == 0) s_ok[buf * kTile + pg] = ok;
+      const std::uint16_t* src =
+          ok ? (arr ? mx : mn) + (ok - 1) * page_stride + blk * 8 : p.mn;  // 0 bytes read if !ok
+      cp_async16(tile + (arr * kTile + pg) * kRow + blk * 8, src, ok ? 16 : 0);
+    }
+  };
+  issue(j0, 0);
+  cp_async_commit();
 
   const int q_head0 = h * g;
   for (int idx = threadIdx.x; idx < g * kD; idx += kScoreThreads) {
@@ -150,45 +194,22 @@ __global__ void __launch_bounds__(kScoreThreads) quest_score_kernel(SelParams p)
     s_fq[i] = __fmul_rn(p.slack_f, l1);
   }
 
-  const std::int64_t page_stride = static_cast<std::int64_t>(p.num_kv_heads) * kD;
-  const std::uint16_t* mn = p.mn + static_cast<std::int64_t>(h) * kD;
-  const std::uint16_t* mx = p.mx + static_cast<std::int64_t>(h) * kD;
   std::uint32_t* keys = p.keys + (static_cast<std::int64_t>(b) * p.num_kv_heads + h) * p.max_pages;
   const int pt = threadIdx.x % kTile, half = threadIdx.x / kTile;
 
-  for (int t0 = j0; t0 < j1; t0 += kTile) {
+  for (int t0 = j0, buf = 0; t0 < j1; t0 += kTile, buf ^= 1) {
     const int tn = min(kTile, j1 - t0);
-    __syncthreads();  // previous tile consumed (and q staged, first time)
-    if (threadIdx.x < kTile) {
-      int ok = 0;
-      if (threadIdx.x < tn) {
-        const int phys = p.indices[seq_begin + t0 + threadIdx.x];
-        if (phys < 0 || phys >= p.pool_pages) {
-          atomicOr(p.err, kBadPhysical);
-        } else {
-          ok = phys + 1;
-        }
-      }
-      s_ok[threadIdx.x] = ok;  // phys + 1, 0 = bad or past the tile
-    }
-    __syncthreads();
-    for (int idx = threadIdx.x; idx < tn * kBlocks * 2; idx += kScoreThreads) {
-      const int arr = idx / (tn * kBlocks);  // 0: min, 1: max
-      const int rem = idx % (tn * kBlocks);
-      const int pg = rem / kBlocks, blk = rem % kBlocks;
-      uint4 v = make_uint4(0, 0, 0, 0);
-      const int ok = s_ok[pg];
-      if (ok) {
-        const std::uint16_t* src = (arr ? mx : mn) + (ok - 1) * page_stride + blk * 8;
-        v = __ldg(reinterpret_cast<const uint4*>(src));
-      }
-      std::uint16_t* dst = (arr ? s_hi : s_lo) + pg * kRow + blk * 8;
-      *reinterpret_cast<uint4*>(dst) = v;
-    }
-    __syncthreads();
+    // The other buffer was last read before the previous iteration's second barrier.
+    if (t0 + kTile < j1) issue(t0 + kTile, buf ^ 1);
+    cp_async_commit();
+    cp_async_wait1();  // this thread's copies of the current tile have landed
+    __syncthreads();   // everyone's (and q, and the page flags)
+    const std::uint16_t* s_lo = s_tiles + buf * Smem::kBuf;
+    const std::uint16_t* s_hi = s_lo + kTile * kRow;
+    const int ok_here = s_ok[buf * kTile + pt];
 
     float best = -INFINITY;
-    if (pt < tn && s_ok[pt]) {
+    if (pt < tn && ok_here) {
       const uint4* lo = reinterpret_cast<const uint4*>(s_lo + pt * kRow);
       const uint4* hi = reinterpret_cast<const uint4*>(s_hi + pt * kRow);
       // W = max_c max(|m_c|, |M_c|) (exact in any order).
@@ -238,11 +259,11 @@ __global__ void __launch_bounds__(kScoreThreads) quest_score_kernel(SelParams p)
     }
     s_part[half * kTile + pt] = best;
     __syncthreads();
-    if (threadIdx.x < tn) {
+    if (threadIdx.x < tn) {  // pt == threadIdx.x, half 0
       const float a = s_part[threadIdx.x];
       const float c = s_part[kTile + threadIdx.x];
       const float m = g > 1 && c > a ? c : a;
-      keys[t0 + threadIdx.x] = s_ok[threadIdx.x] ? ordered_key(m) : 0u;
+      keys[t0 + threadIdx.x] = ok_here ? ordered_key(m) : 0u;
     }
   }
 }

@@ -86,7 +86,7 @@ struct SelectLaunch {
 // shape of the arguments (throws masskv::Error naming the argument: "workspace", "q",
 // "head_dim", "bounds", "indptr", "last_page_len", "page_size", "budget_pages",
 // "sink_pages", "window_tokens", "max_pages_per_seq", "max_per_head", "ids", "count",
-// "scale", "chunk_pages"). Served: head_dim 64, 128, 256; group * head_dim <= 16384.
+// "scale", "chunk_pages"). Served: head_dim 64, 128, 256; group * head_dim <= 8192.
 void quest_select(const QuestSelectArgs& args, const SelectLaunch& launch);
 
 // The scoring kernel alone (keys into the workspace; ids/count not written, may be empty).
