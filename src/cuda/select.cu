@@ -56,6 +56,7 @@ struct SelParams {
   const std::uint16_t* mn;  // bf16 bits [page][kv][d]
   const std::uint16_t* mx;
   int pool_pages, num_kv_heads, group, page_size;
+  int nnz;  // entries of indices: indptr must stay inside
   const std::int32_t* indptr;
   const std::int32_t* indices;
   const std::int32_t* last_len;
@@ -93,8 +94,9 @@ __device__ __forceinline__ void unpack8(const uint4& r, float (&f)[8]) {
 
 // Sequence b's page count, checked (flags and returns -1 when bad).
 __device__ int seq_pages(const SelParams& p, int b) {
-  const int n = p.indptr[b + 1] - p.indptr[b];
-  if (n < 0 || n > p.max_pages) {
+  const int begin = p.indptr[b], end = p.indptr[b + 1];
+  const int n = end - begin;
+  if (n < 0 || n > p.max_pages || begin < 0 || end > p.nnz) {
     atomicOr(p.err, kBadIndptr);
     return -1;
   }
@@ -564,7 +566,8 @@ void SelectWorkspace::check(CUstream_st* stream) const {
          "a page id outside [0, bounds.num_pages) was met on the GPU");
   if (flag & kBadIndptr)
     fail(ErrorCode::out_of_range, "indptr",
-         "decreasing, or a sequence longer than SelectLaunch::max_pages_per_seq");
+         "decreasing, past indices.size(), or a sequence longer than "
+         "SelectLaunch::max_pages_per_seq");
   if (flag & kBadLastLen)
     fail(ErrorCode::out_of_range, "last_page_len", "a value outside [1, page_size] on the GPU");
   if (flag & kBadCapacity)
@@ -646,6 +649,9 @@ Prepared prepare(const QuestSelectArgs& a, const SelectLaunch& launch, bool outp
   p.page_size = a.page_size;
   p.indptr = a.table.indptr.data();
   p.indices = a.table.indices.data();
+  require(a.table.indices.size() <= static_cast<std::size_t>(INT32_MAX), shape_mismatch, "indices",
+          "more than 2^31 - 1 entries");
+  p.nnz = static_cast<int>(a.table.indices.size());
   p.last_len = a.table.last_page_len.data();
   p.scale = scale;
   p.slack_f = 2.0f * static_cast<float>(2 * d + 4) * 0x1p-24f;

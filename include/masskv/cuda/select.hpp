@@ -32,8 +32,8 @@ class SelectWorkspace {
 
   // Waits for `stream`, reads and clears the error flag, throws masskv::Error when a kernel
   // met bad data: out_of_range "indices" (a physical page outside the bound store),
-  // "indptr" (a decreasing indptr, or a sequence with more pages than
-  // SelectLaunch::max_pages_per_seq), "last_page_len" (outside [1, page_size]),
+  // "indptr" (a decreasing indptr, one past indices.size(), or a sequence with more pages
+  // than SelectLaunch::max_pages_per_seq), "last_page_len" (outside [1, page_size]),
   // "max_per_head" (a selection longer than the output lists), non_finite "q" (a NaN bound:
   // the CPU selector rejects non-finite q up front; the GPU cannot read q on the host).
   // The lists of the affected (sequence, kv head) pairs are then empty (count 0, all -1).
