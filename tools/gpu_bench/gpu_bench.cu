@@ -977,6 +977,12 @@ int run_select_selftest() {
       throws("physical page id == pool pages (device flag)", "indices",
              [&] { cuda::quest_select(g.args, l); });
       g.indices.upload(sd.indices);
+      std::vector<std::int32_t> badp = sd.indptr;
+      badp.back() += 1;  // one past indices.size()
+      g.indptr.upload(badp);
+      throws("indptr past indices.size() (device flag)", "indptr",
+             [&] { cuda::quest_select(g.args, l); });
+      g.indptr.upload(sd.indptr);
       std::vector<std::int32_t> badl = sd.last;
       badl[1] = 17;
       g.last.upload(badl);
