@@ -1,7 +1,10 @@
 // masskv_gpu_bench: checks every CUDA decode kernel against the CPU f64 reference on a grid of
 // shapes, then benchmarks dense and sparse decode against a read-only bandwidth kernel.
 // Plain printf only: the GPU machine has none of the Debian C++ libraries.
-//   masskv_gpu_bench check            grid check (exit 1 on any failure)
+//   masskv_gpu_bench check            grid check: decode, select-selftest, select (exit 1 on any
+//                                     failure)
+//   masskv_gpu_bench select-selftest  GPU Quest selection: ties, edges, errors, graphs, end to end
+//   masskv_gpu_bench select-check     GPU Quest selection vs the CPU selector on ~90 shapes
 //   masskv_gpu_bench bench OUT.json   benchmark (B=1, Hq=32, Hkv=8, d=128, bf16, page 16)
 #include <cuda_runtime.h>
 #include <omp.h>
@@ -20,6 +23,7 @@
 
 #include "masskv/attn/decode.hpp"
 #include "masskv/cuda/decode.hpp"
+#include "masskv/cuda/select.hpp"
 #include "masskv/error.hpp"
 #include "masskv/select/page_bound.hpp"
 
@@ -444,6 +448,702 @@ int run_check() {
   return failures ? 1 : 0;
 }
 
+// ---- GPU Quest selection: check against the CPU selector, self-test -------------------------
+// The CPU reference is select::quest_select on the same outward-rounded bf16 bound store
+// (select::BoundStore). The GPU kernel evaluates the bound in the order of the CPU's AVX2
+// kernel, so on an AVX2 host the bounds are expected to have the same bits and the lists to be
+// identical. Tolerance, only where bounds differ in bits (a non-AVX2 host, MASSKV_ISA=scalar,
+// or a compiler contracting differently): two f32 evaluations of the same bound in different
+// summation orders differ by at most eps = scale * (2(2d+4) 2^-24 * max_i ||q_i||_1 * W +
+// 8 * 2^-24 * |bound|) (the forward-error bound the CPU already adds as slack, page_bound.cpp);
+// pages whose bounds lie within eps of the k-th (threshold) bound may then rank either way.
+// So a list may differ from the CPU's only in candidate pages whose CPU bound is within eps of
+// the threshold; counts, kept pages (sinks, window, last page) and everything else must match.
+
+struct SelCase {
+  int batch, hq, hkv, d, page, len;
+  select::TopkPolicy pol;
+  float scale = 0;
+  int tie_mode = 0;  // 0 random, 1 four distinct page patterns (exact ties), 2 all pages equal
+};
+
+struct SelData {
+  SelCase c;
+  int pool_pages = 0;
+  std::vector<std::int32_t> indptr, indices, last;
+  std::vector<float> smin, smax, q;
+  select::BoundStore store;
+  int max_pages = 0;
+};
+
+void build_sel_case(SelData& sd, std::uint64_t seed) {
+  const SelCase& c = sd.c;
+  Rng rng(seed);
+  sd.indptr.assign(1, 0);
+  int total = 0;
+  for (int b = 0; b < c.batch; ++b) {
+    const int len = b == 0 ? c.len : 1 + rng.below(c.len);
+    const int np = (len + c.page - 1) / c.page;
+    total += np;
+    sd.indptr.push_back(total);
+    sd.last.push_back(len - (np - 1) * c.page);
+    sd.max_pages = std::max(sd.max_pages, np);
+  }
+  sd.pool_pages = total + total / 4 + 3;
+  std::vector<std::int32_t> perm(sd.pool_pages);
+  std::iota(perm.begin(), perm.end(), 0);
+  for (int i = sd.pool_pages - 1; i > 0; --i) std::swap(perm[i], perm[rng.below(i + 1)]);
+  sd.indices.assign(perm.begin(), perm.begin() + total);
+  const std::size_t per_page = static_cast<std::size_t>(c.hkv) * c.d;
+  sd.smin.resize(static_cast<std::size_t>(sd.pool_pages) * per_page);
+  sd.smax.resize(sd.smin.size());
+  const int patterns = c.tie_mode == 1 ? 4 : 1;
+  std::vector<float> pat_lo(patterns * per_page), pat_hi(pat_lo.size());
+  for (std::size_t i = 0; i < pat_lo.size(); ++i) {
+    const float ctr = rng.sym(1.5f), r = static_cast<float>(rng.uniform());
+    pat_lo[i] = ctr - r;
+    pat_hi[i] = ctr + r;
+  }
+  for (int pg = 0; pg < sd.pool_pages; ++pg) {
+    const int pat = c.tie_mode ? rng.below(patterns) : 0;
+    for (std::size_t i = 0; i < per_page; ++i) {
+      const std::size_t o = static_cast<std::size_t>(pg) * per_page + i;
+      if (c.tie_mode) {
+        sd.smin[o] = pat_lo[pat * per_page + i];
+        sd.smax[o] = pat_hi[pat * per_page + i];
+      } else {
+        // Keys in [-2, 2] with a per-page spread: min <= max, values not bf16-exact (the store
+        // rounds them outward).
+        const float ctr = rng.sym(1.5f), r = static_cast<float>(rng.uniform() * 0.8);
+        sd.smin[o] = ctr - r;
+        sd.smax[o] = ctr + r;
+      }
+    }
+  }
+  kv::SummariesView sv;
+  sv.min = sd.smin.data();
+  sv.max = sd.smax.data();
+  sv.num_pages = sd.pool_pages;
+  sv.num_kv_heads = c.hkv;
+  sv.head_dim = c.d;
+  sd.store = select::BoundStore(sv);
+  sd.q.resize(static_cast<std::size_t>(c.batch) * c.hq * c.d);
+  for (float& x : sd.q) x = rng.sym(3.f);
+}
+
+// Device copies of a case's store, table and q, and the GPU selection's outputs.
+struct SelGpu {
+  DevBuf<std::uint16_t> mn, mx;
+  DevBuf<std::int32_t> indptr, indices, last, ids, count;
+  DevBuf<float> q;
+  cuda::QuestSelectArgs args;
+  int max_per_head = 0;
+};
+
+void setup_sel_gpu(const SelData& sd, SelGpu& g) {
+  const SelCase& c = sd.c;
+  const select::BoundStoreView hv = sd.store.view();
+  const std::size_t n = static_cast<std::size_t>(hv.num_pages) * hv.num_kv_heads * hv.head_dim;
+  g.mn = DevBuf<std::uint16_t>(n);
+  g.mx = DevBuf<std::uint16_t>(n);
+  g.mn.upload(reinterpret_cast<const std::uint16_t*>(hv.min), n);
+  g.mx.upload(reinterpret_cast<const std::uint16_t*>(hv.max), n);
+  g.indptr = to_device(sd.indptr);
+  g.indices = to_device(sd.indices);
+  g.last = to_device(sd.last);
+  g.q = to_device(sd.q);
+  g.max_per_head = cuda::select_capacity(sd.max_pages, c.page, c.pol);
+  g.ids = DevBuf<std::int32_t>(static_cast<std::size_t>(c.batch) * c.hkv * g.max_per_head);
+  g.count = DevBuf<std::int32_t>(static_cast<std::size_t>(c.batch) * c.hkv);
+  cuda::QuestSelectArgs& a = g.args;
+  a.q = View3<const float>::contiguous(g.q.p, c.batch, c.hq, c.d);
+  a.table = {{g.indptr.p, g.indptr.n}, {g.indices.p, g.indices.n}, {g.last.p, g.last.n}};
+  a.page_size = c.page;
+  a.bounds = hv;
+  a.bounds.min = reinterpret_cast<const bf16*>(g.mn.p);
+  a.bounds.max = reinterpret_cast<const bf16*>(g.mx.p);
+  a.bounds.wmax = nullptr;
+  a.scale = c.scale;
+  a.policy = c.pol;
+  a.max_per_head = g.max_per_head;
+  a.ids = {g.ids.p, g.ids.n};
+  a.count = {g.count.p, g.count.n};
+}
+
+select::QuestArgs cpu_args(const SelData& sd, const select::BoundStoreView& hv) {
+  select::QuestArgs qa;
+  qa.q = View3<const float>::contiguous(sd.q.data(), sd.c.batch, sd.c.hq, sd.c.d);
+  qa.table = {sd.indptr, sd.indices, sd.last};
+  qa.page_size = sd.c.page;
+  qa.bounds_bf16 = &hv;
+  qa.scale = sd.c.scale;
+  qa.policy = sd.c.pol;
+  return qa;
+}
+
+struct SelStats {
+  long lists = 0, identical = 0, near_tie = 0, pages = 0, bit_equal = 0;
+  double worst_bound = 0;  // max |gpu - cpu| / eps over pages
+};
+
+// Compares one case; returns the failures (printed).
+int compare_selection(const SelData& sd, const SelectionStorage& cpu,
+                      const std::vector<std::int32_t>& gids, const std::vector<std::int32_t>& gcnt,
+                      int gmax, const std::vector<std::uint32_t>& keys, int kstride, SelStats& st,
+                      const char* tag) {
+  const SelCase& c = sd.c;
+  const select::BoundStoreView hv = sd.store.view();
+  const int g = c.hq / c.hkv;
+  const float scale = c.scale == 0 ? 1.0f / std::sqrt(static_cast<float>(c.d)) : c.scale;
+  const double f = 2.0 * (2 * c.d + 4) * 0x1p-24;
+  int failures = 0;
+  auto fail_msg = [&](int b, int h, const std::string& why) {
+    if (failures++ < 5)
+      std::printf(
+          "FAIL select %s B=%d Hq=%d Hkv=%d d=%d page=%d len=%d budget=%d sinks=%d "
+          "window=%d tie=%d: b=%d h=%d: %s\n",
+          tag, c.batch, c.hq, c.hkv, c.d, c.page, c.len, c.pol.budget_pages, c.pol.sink_pages,
+          c.pol.window_tokens, c.tie_mode, b, h, why.c_str());
+  };
+  std::vector<float> U;
+  for (int b = 0; b < c.batch; ++b) {
+    const int n = sd.indptr[b + 1] - sd.indptr[b];
+    const std::span<const std::int32_t> phys(sd.indices.data() + sd.indptr[b],
+                                             static_cast<std::size_t>(n));
+    for (int h = 0; h < c.hkv; ++h) {
+      ++st.lists;
+      // CPU bounds of the group, aggregated by max over its q heads as topk_one does.
+      U.resize(static_cast<std::size_t>(g) * n);
+      const float* q0 = sd.q.data() + (static_cast<std::size_t>(b) * c.hq + h * g) * c.d;
+      select::page_upper_bounds(hv, phys, h, q0, g, c.d, scale, U);
+      std::vector<float> agg(static_cast<std::size_t>(n));
+      double l1max = 0, wmax = 0;
+      for (int i = 0; i < g; ++i) {
+        double l1 = 0;
+        for (int x = 0; x < c.d; ++x) l1 += std::fabs(q0[i * c.d + x]);
+        l1max = std::max(l1max, l1);
+      }
+      for (int j = 0; j < n; ++j) {
+        float m = U[j];
+        for (int i = 1; i < g; ++i) m = U[i * n + j] > m ? U[i * n + j] : m;
+        agg[j] = m;
+        wmax = std::max(
+            wmax, static_cast<double>(hv.wmax[static_cast<std::size_t>(phys[j]) * c.hkv + h]));
+      }
+      double maxabs = 0;
+      for (float x : agg) maxabs = std::max(maxabs, std::fabs(static_cast<double>(x)));
+      const double eps = scale * (f * l1max * wmax + 8 * 0x1p-24 * maxabs);
+      bool bits_equal = true;
+      for (int j = 0; j < n; ++j) {
+        const std::uint32_t k = keys[(static_cast<std::size_t>(b) * c.hkv + h) * kstride + j];
+        const float gb = cuda::key_to_bound(k);
+        ++st.pages;
+        if (k == cuda::bound_to_key(agg[j])) {
+          ++st.bit_equal;
+        } else {
+          bits_equal = false;
+          const double e = std::fabs(static_cast<double>(gb) - agg[j]) / eps;
+          st.worst_bound = std::max(st.worst_bound, e);
+          if (!(e <= 1.0)) {
+            char buf[160];
+            std::snprintf(buf, sizeof buf, "page %d bound gpu %.9g cpu %.9g (|diff| = %.2f eps)", j,
+                          gb, agg[j], e);
+            fail_msg(b, h, buf);
+            break;
+          }
+        }
+      }
+      // Lists.
+      const int cc = cpu.count[b * c.hkv + h], gc = gcnt[b * c.hkv + h];
+      const std::int32_t* gl = gids.data() + (static_cast<std::size_t>(b) * c.hkv + h) * gmax;
+      const std::span<const std::int32_t> cl = cpu.view().list(b, h);
+      if (cc != gc) {
+        fail_msg(b, h, "count gpu " + std::to_string(gc) + " cpu " + std::to_string(cc));
+        continue;
+      }
+      bool valid = gc <= gmax;
+      for (int i = 0; valid && i < gc; ++i)
+        valid = gl[i] >= 0 && gl[i] < n && (i == 0 || gl[i] > gl[i - 1]);
+      for (int i = gc; valid && i < gmax; ++i) valid = gl[i] == -1;
+      if (!valid) {
+        fail_msg(b, h, "gpu list not ascending in [0, n) with -1 padding");
+        continue;
+      }
+      if (std::equal(cl.begin(), cl.end(), gl)) {
+        ++st.identical;
+        continue;
+      }
+      if (bits_equal) {
+        fail_msg(b, h, "lists differ although every bound has the same bits (top-k bug)");
+        continue;
+      }
+      // Near-tie tolerance: differing pages must be candidates with bounds within eps of the
+      // threshold (the smallest bound among the CPU's selected candidates).
+      std::vector<std::uint8_t> in_c(static_cast<std::size_t>(n), 0), in_g(in_c.size(), 0);
+      for (std::int32_t j : cl) in_c[j] = 1;
+      for (int i = 0; i < gc; ++i) in_g[gl[i]] = 1;
+      const std::int64_t length = static_cast<std::int64_t>(n - 1) * c.page + sd.last[b];
+      const int sinks = std::min(c.pol.sink_pages, n);
+      int window =
+          c.pol.window_tokens > 0
+              ? static_cast<int>(std::max<std::int64_t>(0, length - c.pol.window_tokens) / c.page)
+              : n - 1;
+      window = std::min(window, n - 1);
+      double thr = INFINITY;
+      for (int j = sinks; j < window; ++j)
+        if (in_c[j]) thr = std::min(thr, static_cast<double>(agg[j]));
+      bool ok = true;
+      for (int j = 0; j < n && ok; ++j) {
+        if (in_c[j] == in_g[j]) continue;
+        ok = j >= sinks && j < window && std::fabs(agg[j] - thr) <= eps;
+        if (!ok) {
+          char buf[200];
+          std::snprintf(buf, sizeof buf,
+                        "page %d %s: bound %.9g vs threshold %.9g (eps %.3g) is not a near-tie", j,
+                        in_c[j] ? "only on the CPU" : "only on the GPU", agg[j], thr, eps);
+          fail_msg(b, h, buf);
+        }
+      }
+      if (ok) ++st.near_tie;
+    }
+  }
+  return failures;
+}
+
+// Runs the GPU selection of a set-up case and downloads ids, counts and keys.
+void run_gpu_select(SelGpu& g, const SelData& sd, cuda::SelectWorkspace& ws,
+                    std::vector<std::int32_t>& ids, std::vector<std::int32_t>& cnt,
+                    std::vector<std::uint32_t>& keys, int chunk_pages = 0) {
+  CK(cudaMemset(g.ids.p, 0x7f, g.ids.n * sizeof(std::int32_t)));  // poison
+  CK(cudaMemset(g.count.p, 0x7f, g.count.n * sizeof(std::int32_t)));
+  cuda::SelectLaunch l;
+  l.workspace = &ws;
+  l.max_pages_per_seq = sd.max_pages;
+  l.chunk_pages = chunk_pages;
+  cuda::quest_select(g.args, l);
+  ids = g.ids.download();
+  cnt = g.count.download();
+  const auto k = ws.page_keys();
+  keys.resize(k.size());
+  CK(cudaMemcpy(keys.data(), k.data(), k.size() * sizeof(std::uint32_t), cudaMemcpyDeviceToHost));
+}
+
+std::vector<SelCase> select_cases() {
+  std::vector<SelCase> cases;
+  const int groups[][2] = {{4, 4}, {8, 2}, {12, 4}, {32, 8}, {16, 2}, {28, 4}, {32, 2}};
+  const int lens[] = {1, 15, 17, 100, 1000, 4097, 20000, 65537, 131073};
+  const int pages[] = {16, 1, 7, 32, 64, 16, 16};
+  const int budgets[] = {0, 1, 5, 16, 64, 256, 100000};
+  const int sinks[] = {0, 1, 4, 1};
+  const int windows[] = {0, 1, 64, 1000, 0};
+  const int batches[] = {1, 3, 8, 1};
+  for (int idx = 0; idx < 84; ++idx) {
+    SelCase c{};
+    const int gi = idx % 7;
+    c.hq = groups[gi][0];
+    c.hkv = groups[gi][1];
+    c.d = (idx / 7) % 2 ? 128 : 64;
+    c.len = lens[(idx * 5 + idx / 9) % 9];
+    c.page = pages[(idx * 3 + idx / 7) % 7];
+    if (c.page < 7 && c.len > 20000) c.page = 16;  // keep the pool (and the CPU) affordable
+    c.batch = batches[(idx / 3) % 4];
+    if (c.len > 65536 && c.batch > 3) c.batch = 3;
+    // Keep the host summaries under ~40M floats per array.
+    while (c.batch > 1 &&
+           static_cast<double>(c.batch) * ((c.len + c.page - 1) / c.page) * c.hkv * c.d > 3e7)
+      c.batch = 1;
+    c.pol.budget_pages = budgets[(idx / 2 + idx * 5) % 7];
+    c.pol.sink_pages = sinks[idx % 4];
+    c.pol.window_tokens = windows[(idx / 2) % 5];
+    c.scale = idx % 10 == 3 ? 1.0f : 0.f;
+    c.tie_mode = idx % 12 == 5 ? 1 : idx % 17 == 8 ? 2 : 0;
+    cases.push_back(c);
+  }
+  // Hand-picked edges: budget >= pages, budget 0, sinks covering the sequence, window covering
+  // it, exact ties with a large budget, head_dim 256, one page.
+  cases.push_back({1, 32, 8, 128, 16, 4097, {1000, 1, 0}, 0, 0});
+  cases.push_back({2, 32, 8, 128, 16, 4097, {0, 0, 0}, 0, 0});
+  cases.push_back({2, 8, 2, 64, 16, 100, {3, 10, 0}, 0, 0});
+  cases.push_back({2, 8, 2, 64, 16, 100, {3, 0, 5000}, 0, 0});
+  cases.push_back({4, 16, 4, 128, 16, 30000, {100, 2, 256}, 0, 2});
+  cases.push_back({4, 16, 4, 128, 16, 30000, {700, 1, 16}, 0, 1});
+  cases.push_back({2, 16, 2, 256, 16, 5000, {32, 1, 64}, 0, 0});
+  cases.push_back({3, 4, 1, 64, 64, 1, {4, 1, 0}, 0, 0});
+  cases.push_back({1, 32, 8, 128, 16, 1 << 20, {512, 1, 64}, 0, 0});  // 1M tokens, 65536 pages
+  return cases;
+}
+
+int run_select_check() {
+  const std::vector<SelCase> cases = select_cases();
+  std::printf(
+      "select check: %zu cases, GPU quest_select vs CPU select::quest_select "
+      "(bounds_bf16 store, same policy)\n",
+      cases.size());
+  std::printf(
+      "tolerance: none where the bounds have the same bits; otherwise only candidate "
+      "pages with a bound within eps of the threshold may differ (see gpu_bench.cu)\n");
+  cuda::SelectWorkspace ws;
+  SelStats st;
+  int failures = 0;
+  const auto t0 = std::chrono::steady_clock::now();
+  for (std::size_t i = 0; i < cases.size(); ++i) {
+    SelData sd;
+    sd.c = cases[i];
+    build_sel_case(sd, 5000 + i);
+    const select::BoundStoreView hv = sd.store.view();
+    SelectionStorage cpu;
+    select::quest_select(cpu_args(sd, hv), cpu);
+    SelGpu g;
+    setup_sel_gpu(sd, g);
+    std::vector<std::int32_t> ids, cnt;
+    std::vector<std::uint32_t> keys;
+    int f = 0;
+    try {
+      // Alternate the planned chunk and a small explicit one (many CTAs per sequence).
+      run_gpu_select(g, sd, ws, ids, cnt, keys, i % 2 ? 64 : 0);
+      f = compare_selection(sd, cpu, ids, cnt, g.max_per_head, keys, ws.keys_stride(), st,
+                            i % 2 ? "cp64" : "auto");
+    } catch (const Error& e) {
+      std::printf("FAIL select case %zu threw: %s\n", i, e.what());
+      f = 1;
+    }
+    failures += f;
+    if (i % 16 == 15 || i + 1 == cases.size()) {
+      std::printf("  select cases ..%zu done (%d failures so far)\n", i, failures);
+      std::fflush(stdout);
+    }
+  }
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  std::printf(
+      "select: %ld lists: %ld identical, %ld near-tie only; bounds bit-identical %ld/%ld "
+      "pages (%.4f%%), worst |gpu-cpu| %.3f eps (%.1f s)\n",
+      st.lists, st.identical, st.near_tie, st.bit_equal, st.pages,
+      st.pages ? 100.0 * st.bit_equal / st.pages : 0.0, st.worst_bound, secs);
+  std::printf("SELECT CHECK %s: %d failure(s)\n", failures ? "FAILED" : "PASSED", failures);
+  return failures;
+}
+
+// Self-test: properties that do not lean on the CPU selector (ties, budget edges,
+// determinism, errors through the flag and on the host, graph capture), then an end-to-end
+// sparse decode on the GPU's own selection against the f64 reference on the CPU's.
+int run_select_selftest() {
+  std::printf("select-selftest\n");
+  int failures = 0;
+  auto expect = [&](bool ok, const char* what) {
+    std::printf("  %-62s %s\n", what, ok ? "ok" : "FAIL");
+    if (!ok) ++failures;
+  };
+  cuda::SelectWorkspace ws;
+  // 1. All pages equal (tie_mode 2): the candidates taken are the lowest ids.
+  {
+    SelData sd;
+    sd.c = {2, 8, 2, 64, 16, 1600, {10, 2, 32}, 0, 2};
+    build_sel_case(sd, 11);
+    SelGpu g;
+    setup_sel_gpu(sd, g);
+    std::vector<std::int32_t> ids, cnt;
+    std::vector<std::uint32_t> keys;
+    run_gpu_select(g, sd, ws, ids, cnt, keys);
+    bool ok = true;
+    for (int b = 0; b < 2; ++b)
+      for (int h = 0; h < 2; ++h) {
+        const int n = sd.indptr[b + 1] - sd.indptr[b];
+        const std::int32_t* l = ids.data() + (b * 2 + h) * g.max_per_head;
+        // Expected: sinks 0,1; then the lowest candidates; then the window pages.
+        const int len = (n - 1) * 16 + sd.last[b];
+        const int window = std::min(n - 1, std::max(0, len - 32) / 16);
+        std::vector<std::int32_t> want;
+        const int kept = 2 >= window ? n : 2 + (n - window);
+        const int total = std::min(n, std::max(10, kept));
+        for (int j = 0; j < std::min(2, window); ++j) want.push_back(j);
+        for (int j = 2; j < 2 + (total - kept); ++j) want.push_back(j);
+        for (int j = window; j < n; ++j) want.push_back(j);
+        ok &= cnt[b * 2 + h] == static_cast<int>(want.size()) &&
+              std::equal(want.begin(), want.end(), l);
+      }
+    expect(ok, "equal bounds: ties go to the lowest page ids");
+  }
+  // 2. Budget edges and determinism on a random case.
+  {
+    SelData sd;
+    sd.c = {3, 32, 8, 128, 16, 20000, {64, 1, 64}, 0, 0};
+    build_sel_case(sd, 12);
+    SelGpu g;
+    setup_sel_gpu(sd, g);
+    std::vector<std::int32_t> ids, cnt, ids2, cnt2;
+    std::vector<std::uint32_t> keys, keys2;
+    run_gpu_select(g, sd, ws, ids, cnt, keys);
+    bool same = true;
+    for (int r = 0; r < 3; ++r) {
+      run_gpu_select(g, sd, ws, ids2, cnt2, keys2, r == 1 ? 64 : r == 2 ? 192 : 0);
+      same &= ids2 == ids && cnt2 == cnt && keys2 == keys;
+    }
+    expect(same, "same output bits on reruns and for chunk_pages auto/64/192");
+    // The top candidates by key are exactly the non-kept selected pages.
+    bool topk_ok = true;
+    for (int b = 0; b < 3 && topk_ok; ++b) {
+      const int n = sd.indptr[b + 1] - sd.indptr[b];
+      const int len = (n - 1) * 16 + sd.last[b];
+      const int window = std::min(n - 1, std::max(0, len - 64) / 16);
+      for (int h = 0; h < 8 && topk_ok; ++h) {
+        const std::uint32_t* k = keys.data() + (b * 8 + h) * static_cast<std::size_t>(sd.max_pages);
+        std::vector<std::uint64_t> cand;
+        for (int j = 1; j < window; ++j)
+          cand.push_back(static_cast<std::uint64_t>(k[j]) << 32 | (0xffffffffu - j));
+        std::sort(cand.begin(), cand.end(), std::greater<>());
+        const int kept = 1 >= window ? n : 1 + (n - window);
+        const int need = std::min(n, std::max(64, kept)) - kept;
+        std::vector<std::int32_t> want;
+        if (window > 0) want.push_back(0);  // the sink (when it is not a window page)
+        const std::size_t first = want.size();
+        for (int i = 0; i < need; ++i)
+          want.push_back(static_cast<std::int32_t>(0xffffffffu - (cand[i] & 0xffffffffu)));
+        std::sort(want.begin() + static_cast<std::ptrdiff_t>(first), want.end());
+        for (int j = window; j < n; ++j) want.push_back(j);
+        const std::int32_t* l = ids.data() + (b * 8 + h) * static_cast<std::size_t>(g.max_per_head);
+        topk_ok = cnt[b * 8 + h] == static_cast<int>(want.size()) &&
+                  std::equal(want.begin(), want.end(), l);
+      }
+    }
+    expect(topk_ok, "selected = sink + top keys (full sort reference) + window");
+    cuda::QuestSelectArgs a = g.args;
+    a.policy.budget_pages = 1 << 20;
+    a.max_per_head = 0;
+    a.ids = {};
+    // budget >= pages: every page.
+    {
+      const int cap = cuda::select_capacity(sd.max_pages, 16, a.policy);
+      DevBuf<std::int32_t> big(static_cast<std::size_t>(3) * 8 * cap);
+      a.max_per_head = cap;
+      a.ids = {big.p, big.n};
+      cuda::SelectLaunch l;
+      l.workspace = &ws;
+      l.max_pages_per_seq = sd.max_pages;
+      cuda::quest_select(a, l);
+      const auto c2 = g.count.download();
+      const auto i2 = big.download();
+      bool all = true;
+      for (int b = 0; b < 3; ++b)
+        for (int h = 0; h < 8; ++h) {
+          const int n = sd.indptr[b + 1] - sd.indptr[b];
+          all &= c2[b * 8 + h] == n;
+          for (int j = 0; j < n; ++j)
+            all &= i2[(b * 8 + h) * static_cast<std::size_t>(cap) + j] == j;
+        }
+      expect(all, "budget >= pages selects every page");
+    }
+    // Errors: host-side arguments, then bad data through the device flag.
+    cuda::SelectLaunch l;
+    l.workspace = &ws;
+    l.max_pages_per_seq = sd.max_pages;
+    auto throws = [&](const char* name, const char* argument, const std::function<void()>& f) {
+      if (!expect_throw(name, argument, f)) ++failures;
+    };
+    throws("budget_pages -1", "budget_pages", [&] {
+      cuda::QuestSelectArgs b2 = g.args;
+      b2.policy.budget_pages = -1;
+      cuda::quest_select(b2, l);
+    });
+    throws("head_dim 96", "head_dim", [&] {
+      cuda::QuestSelectArgs b2 = g.args;
+      b2.bounds.head_dim = 96;
+      cuda::quest_select(b2, l);
+    });
+    throws("ids span of the wrong size", "ids", [&] {
+      cuda::QuestSelectArgs b2 = g.args;
+      b2.ids = b2.ids.subspan(1);
+      cuda::quest_select(b2, l);
+    });
+    throws("max_pages_per_seq 0", "max_pages_per_seq", [&] {
+      cuda::SelectLaunch l2 = l;
+      l2.max_pages_per_seq = 0;
+      cuda::quest_select(g.args, l2);
+    });
+    throws("max_pages_per_seq too small (device flag)", "indptr", [&] {
+      cuda::SelectLaunch l2 = l;
+      l2.max_pages_per_seq = sd.max_pages - 1;
+      cuda::quest_select(g.args, l2);
+    });
+    throws("max_per_head too small (device flag)", "max_per_head", [&] {
+      cuda::QuestSelectArgs b2 = g.args;
+      b2.max_per_head = 3;
+      b2.ids = b2.ids.subspan(0, static_cast<std::size_t>(3) * 8 * 3);
+      cuda::quest_select(b2, l);
+    });
+    {
+      std::vector<std::int32_t> bad = sd.indices;
+      bad[7] = sd.pool_pages;
+      g.indices.upload(bad);
+      throws("physical page id == pool pages (device flag)", "indices",
+             [&] { cuda::quest_select(g.args, l); });
+      g.indices.upload(sd.indices);
+      std::vector<std::int32_t> badp = sd.indptr;
+      badp.back() += 1;  // one past indices.size()
+      g.indptr.upload(badp);
+      throws("indptr past indices.size() (device flag)", "indptr",
+             [&] { cuda::quest_select(g.args, l); });
+      g.indptr.upload(sd.indptr);
+      std::vector<std::int32_t> badl = sd.last;
+      badl[1] = 17;
+      g.last.upload(badl);
+      throws("last_page_len 17 > page 16 (device flag)", "last_page_len",
+             [&] { cuda::quest_select(g.args, l); });
+      g.last.upload(sd.last);
+      std::vector<float> badq = sd.q;
+      badq[5] = NAN;
+      g.q.upload(badq);
+      throws("NaN in q (device flag)", "q", [&] { cuda::quest_select(g.args, l); });
+      g.q.upload(sd.q);
+    }
+    run_gpu_select(g, sd, ws, ids2, cnt2, keys2);
+    expect(ids2 == ids && cnt2 == cnt, "clean run after the errors gives the same selection");
+
+    // CUDA graph: capture select on a stream, replay, same result.
+    {
+      cudaStream_t st;
+      CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+      cuda::SelectLaunch lg = l;
+      lg.stream = st;
+      lg.check_errors = false;
+      CK(cudaMemsetAsync(g.ids.p, 0x7f, g.ids.n * sizeof(std::int32_t), st));
+      cudaGraph_t graph;
+      cudaGraphExec_t exec;
+      CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
+      cuda::quest_select(g.args, lg);
+      CK(cudaStreamEndCapture(st, &graph));
+      CK(cudaGraphInstantiate(&exec, graph, 0));
+      CK(cudaGraphLaunch(exec, st));
+      ws.check(st);
+      CK(cudaGraphExecDestroy(exec));
+      CK(cudaGraphDestroy(graph));
+      CK(cudaStreamDestroy(st));
+      expect(g.ids.download() == ids && g.count.download() == cnt,
+             "CUDA graph replay gives the same selection");
+    }
+  }
+  // 3. End to end: GPU selection -> GPU sparse decode vs the f64 reference on the CPU's
+  // selection, with the summaries of the actual keys.
+  for (int variant = 0; variant < 2; ++variant) {
+    CaseData cd;
+    cd.c = variant == 0 ? Case{5000, 4, 128, 3, 16, DType::bf16, kv::Layout::HND}
+                        : Case{20000, 8, 64, 2, 16, DType::bf16, kv::Layout::NHD};
+    build_case(cd, 77 + variant);
+    const Case& c = cd.c;
+    const std::size_t per_page = static_cast<std::size_t>(c.num_kv_heads) * c.d;
+    std::vector<float> smin(static_cast<std::size_t>(cd.pool_pages) * per_page, 0.f);
+    std::vector<float> smax(smin.size(), 0.f);
+    int mp = 0;
+    for (int b = 0; b < c.batch; ++b) {
+      const int n = cd.indptr[b + 1] - cd.indptr[b];
+      mp = std::max(mp, n);
+      for (int j = 0; j < n; ++j) {
+        const int phys = cd.indices[cd.indptr[b] + j];
+        const int len = cd.view.table.page_len(b, j, c.page);
+        for (int h = 0; h < c.num_kv_heads; ++h)
+          for (int x = 0; x < c.d; ++x) {
+            float lo = INFINITY, hi = -INFINITY;
+            for (int s = 0; s < len; ++s) {
+              const float kx = bf16_to_f32(cd.view.key<bf16>(phys, h, s)[x]);
+              lo = std::min(lo, kx);
+              hi = std::max(hi, kx);
+            }
+            smin[phys * per_page + h * c.d + x] = lo;
+            smax[phys * per_page + h * c.d + x] = hi;
+          }
+      }
+    }
+    kv::SummariesView sv;
+    sv.min = smin.data();
+    sv.max = smax.data();
+    sv.num_pages = cd.pool_pages;
+    sv.num_kv_heads = c.num_kv_heads;
+    sv.head_dim = c.d;
+    const select::BoundStore store(sv);
+    const select::BoundStoreView hv = store.view();
+    const int hq = c.num_kv_heads * c.group;
+    select::TopkPolicy pol;
+    pol.budget_pages = 24;
+    pol.sink_pages = 1;
+    pol.window_tokens = 64;
+    select::QuestArgs qa;
+    qa.q = View3<const float>::contiguous(cd.q.data(), c.batch, hq, c.d);
+    qa.table = {cd.indptr, cd.indices, cd.last};
+    qa.page_size = c.page;
+    qa.bounds_bf16 = &hv;
+    qa.policy = pol;
+    SelectionStorage cs;
+    select::quest_select(qa, cs);
+    std::vector<float> dummy(cd.q.size());
+    attn::DecodeArgs ra;
+    ra.q = qa.q;
+    ra.cache = cd.view;
+    ra.out = View3<float>::contiguous(dummy.data(), c.batch, hq, c.d);
+    const SelectionView csv = cs.view();
+    ra.selection = &csv;
+    std::vector<double> ref(cd.q.size()), rlse(static_cast<std::size_t>(c.batch) * hq);
+    attn::decode_reference(ra, ref, rlse);
+
+    GpuCase gc;
+    setup_gpu(cd, gc);
+    const std::size_t n = static_cast<std::size_t>(cd.pool_pages) * per_page;
+    DevBuf<std::uint16_t> dmn(n), dmx(n);
+    dmn.upload(reinterpret_cast<const std::uint16_t*>(hv.min), n);
+    dmx.upload(reinterpret_cast<const std::uint16_t*>(hv.max), n);
+    const int cap = cuda::select_capacity(mp, c.page, pol);
+    DevBuf<std::int32_t> ids(static_cast<std::size_t>(c.batch) * c.num_kv_heads * cap);
+    DevBuf<std::int32_t> cnt(static_cast<std::size_t>(c.batch) * c.num_kv_heads);
+    cuda::QuestSelectArgs sa;
+    sa.q = gc.args.q;
+    sa.table = gc.view.table;
+    sa.page_size = c.page;
+    sa.bounds = hv;
+    sa.bounds.min = reinterpret_cast<const bf16*>(dmn.p);
+    sa.bounds.max = reinterpret_cast<const bf16*>(dmx.p);
+    sa.bounds.wmax = nullptr;
+    sa.policy = pol;
+    sa.max_per_head = cap;
+    sa.ids = {ids.p, ids.n};
+    sa.count = {cnt.p, cnt.n};
+    cuda::SelectLaunch sl;
+    sl.workspace = &ws;
+    sl.max_pages_per_seq = mp;
+    bool same = false;
+    Errors e;
+    try {
+      cuda::quest_select(sa, sl);
+      const auto gi = ids.download();
+      const auto gn = cnt.download();
+      same = gn == cs.count;
+      for (int b = 0; same && b < c.batch; ++b)
+        for (int h = 0; same && h < c.num_kv_heads; ++h) {
+          const auto l = csv.list(b, h);
+          same = std::equal(l.begin(), l.end(), gi.begin() + (b * c.num_kv_heads + h) * cap);
+        }
+      const SelectionView gsv{
+          SelectionView::Unit::page, c.batch, c.num_kv_heads, cap, {ids.p, ids.n}, {cnt.p, cnt.n}};
+      attn::DecodeArgs da = gc.args;
+      da.selection = &gsv;
+      cuda::DecodeWorkspace dws;
+      cuda::DecodeLaunch dl;
+      dl.workspace = &dws;
+      dl.max_pages_per_seq = mp;
+      e = run_and_compare(gc, da, dl, ref, rlse);
+    } catch (const Error& err) {
+      e.ok = false;
+      e.why = std::string("threw: ") + err.what();
+    }
+    const bool pass = same && e.ok && e.o <= kTolO && e.lse <= kTolLse;
+    std::printf(
+        "  end to end %s: GPU select %s CPU select, sparse decode o_err=%.3e "
+        "lse_err=%.3e %s %s\n",
+        variant == 0 ? "G=4 d=128 HND" : "G=8 d=64 NHD ", same ? "==" : "!=", e.o, e.lse,
+        e.why.c_str(), pass ? "ok" : "FAIL");
+    if (!pass) ++failures;
+  }
+  std::printf("SELECT SELFTEST %s: %d failure(s)\n", failures ? "FAILED" : "PASSED", failures);
+  return failures;
+}
+
 // ---- benchmark -----------------------------------------------------------------------------
 __global__ void fill_kernel(std::uint16_t* p, std::size_t n, std::uint64_t seed, float amp) {
   for (std::size_t i = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x; i < n;
@@ -552,6 +1252,7 @@ struct Row {
   std::string kind;
   int ctx, batch, budget;
   double us, bytes;
+  double cpu_select_ms = 0;  // CPU Quest selection time of the step (not in us), when known
 };
 
 int run_bench(const char* json_path) {
@@ -603,6 +1304,24 @@ int run_bench(const char* json_path) {
   summ.num_pages = pool_pages;
   summ.num_kv_heads = Hkv;
   summ.head_dim = d;
+  // The outward-rounded bf16 store the GPU selector reads (the summaries of bf16 keys are
+  // bf16 values, so the rounding is exact here and CPU and GPU rank the same bounds).
+  select::BoundStoreView dstore;
+  DevBuf<std::uint16_t> store_min, store_max;
+  {
+    const select::BoundStore store(summ);
+    const select::BoundStoreView hv = store.view();
+    const std::size_t n = static_cast<std::size_t>(pool_pages) * Hkv * d;
+    store_min = DevBuf<std::uint16_t>(n);
+    store_max = DevBuf<std::uint16_t>(n);
+    store_min.upload(reinterpret_cast<const std::uint16_t*>(hv.min), n);
+    store_max.upload(reinterpret_cast<const std::uint16_t*>(hv.max), n);
+    dstore = hv;
+    dstore.min = reinterpret_cast<const bf16*>(store_min.p);
+    dstore.max = reinterpret_cast<const bf16*>(store_max.p);
+    dstore.wmax = nullptr;
+  }
+  cuda::SelectWorkspace sws;
 
   cuda::DecodeWorkspace ws;
   Rng rng(42);
@@ -623,8 +1342,19 @@ int run_bench(const char* json_path) {
     // Tables: rotation r owns pool pages [r * seq_pages, (r+1) * seq_pages), shuffled.
     std::vector<std::vector<std::int32_t>> indices(rot), indptr(rot), last(rot);
     std::vector<DevBuf<std::int32_t>> d_indices, d_indptr, d_last;
-    std::vector<std::vector<float>> qh(rot);
+    // Queries rotate over kQRot vectors whatever `rot` is: a sparse step's selection follows
+    // its q, so rotating q rotates the selected pages too (a budget of 8192 tokens is 34 MB of
+    // KV, inside the 50 MB L2: one fixed selection would be served from L2).
+    constexpr int kQRot = 8;
+    std::vector<std::vector<float>> qh(kQRot);
     std::vector<DevBuf<float>> d_q, d_out, d_lse;
+    for (int r = 0; r < kQRot; ++r) {
+      qh[r].resize(static_cast<std::size_t>(sh.batch) * Hq * d);
+      for (float& x : qh[r]) x = rng.sym(3.f);
+      d_q.push_back(to_device(qh[r]));
+      d_out.emplace_back(qh[r].size());
+      d_lse.emplace_back(static_cast<std::size_t>(sh.batch) * Hq);
+    }
     for (int r = 0; r < rot; ++r) {
       indices[r].resize(seq_pages);
       std::iota(indices[r].begin(), indices[r].end(), r * seq_pages);
@@ -646,13 +1376,11 @@ int run_bench(const char* json_path) {
       d_indices.push_back(to_device(indices[r]));
       d_indptr.push_back(to_device(indptr[r]));
       d_last.push_back(to_device(last[r]));
-      qh[r].resize(static_cast<std::size_t>(sh.batch) * Hq * d);
-      for (float& x : qh[r]) x = rng.sym(3.f);
-      d_q.push_back(to_device(qh[r]));
-      d_out.emplace_back(qh[r].size());
-      d_lse.emplace_back(static_cast<std::size_t>(sh.batch) * Hq);
     }
+    // Step r: page table r % rot, query r % kQRot.
     auto args_for = [&](int r) {
+      const int t = r % rot;
+      r %= kQRot;
       attn::DecodeArgs a;
       a.q = View3<const float>::contiguous(d_q[r].p, sh.batch, Hq, d);
       a.cache.k = K.p;
@@ -663,9 +1391,9 @@ int run_bench(const char* json_path) {
       a.cache.page_size = P;
       a.cache.head_dim = d;
       a.cache.set_layout(kv::Layout::HND);
-      a.cache.table = {{d_indptr[r].p, d_indptr[r].n},
-                       {d_indices[r].p, d_indices[r].n},
-                       {d_last[r].p, d_last[r].n}};
+      a.cache.table = {{d_indptr[t].p, d_indptr[t].n},
+                       {d_indices[t].p, d_indices[t].n},
+                       {d_last[t].p, d_last[t].n}};
       a.out = View3<float>::contiguous(d_out[r].p, sh.batch, Hq, d);
       a.lse_or_tau = {d_lse[r].p, d_lse[r].n};
       return a;
@@ -693,23 +1421,29 @@ int run_bench(const char* json_path) {
         sh.ctx, sh.batch, rot, cp, us, kv_bytes / us / 1e3, gus);
     rows.push_back({"ours_dense", sh.ctx, sh.batch, 0, us, kv_bytes});
 
-    if (sh.batch != 1) continue;
-    // Sparse: CPU Quest selection (page bounds + top-k, sink page + last page kept), uploaded.
+    // Sparse, kQRot steps in rotation (query r, table r % rot), per budget:
+    //  - CPU Quest selection (f32 summaries) computed and uploaded beforehand: decode only;
+    //  - GPU Quest selection (bf16 store) + decode in the step, plain and CUDA-graph captured;
+    //  - the GPU selection alone, and its scoring kernel alone.
+    const double summary_bytes = static_cast<double>(sh.batch) * pages * Hkv * d * 2 * 2;
     for (int budget : {2048, 4096, 8192}) {
-      std::vector<SelectionStorage> sels(rot);
+      select::TopkPolicy pol;
+      pol.budget_pages = budget / P;
+      pol.sink_pages = 1;
+      pol.window_tokens = 0;
+      std::vector<SelectionStorage> sels(kQRot);
       std::vector<DevBuf<std::int32_t>> s_ids, s_cnt;
-      std::vector<SelectionView> svs(rot);
+      std::vector<SelectionView> svs(kQRot);
       double sel_pages = 0;
       const auto ts = std::chrono::steady_clock::now();
-      for (int r = 0; r < rot; ++r) {
+      for (int r = 0; r < kQRot; ++r) {
+        const int t = r % rot;
         select::QuestArgs qa;
         qa.q = View3<const float>::contiguous(qh[r].data(), sh.batch, Hq, d);
-        qa.table = {indptr[r], indices[r], last[r]};
+        qa.table = {indptr[t], indices[t], last[t]};
         qa.page_size = P;
         qa.summaries = &summ;
-        qa.policy.budget_pages = budget / P;
-        qa.policy.sink_pages = 1;
-        qa.policy.window_tokens = 0;
+        qa.policy = pol;
         select::quest_select(qa, sels[r]);
         for (int c : sels[r].count) sel_pages += c;
         s_ids.push_back(to_device(sels[r].ids));
@@ -717,20 +1451,20 @@ int run_bench(const char* json_path) {
       }
       const double sel_ms =
           std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - ts).count() /
-          rot;
-      for (int r = 0; r < rot; ++r)
+          kQRot;
+      for (int r = 0; r < kQRot; ++r)
         svs[r] = {SelectionView::Unit::page, sels[r].batch,
                   sels[r].num_kv_heads,      sels[r].max_per_head,
                   {s_ids[r].p, s_ids[r].n},  {s_cnt[r].p, s_cnt[r].n}};
-      const double bytes = sel_pages / rot * P * d * 2 * 2;
+      const double bytes = sel_pages / kQRot * P * d * 2 * 2;
       const double sus = time_us(kWarm, kIters, [&](int i) {
-        const int r = i % rot;
+        const int r = i % kQRot;
         attn::DecodeArgs a = args_for(r);
         a.selection = &svs[r];
         cuda::decode(a, launch);
       });
       ws.check(nullptr);
-      const double sgus = time_graph_us(rot, kWarm, kIters, [&](int r, cudaStream_t st) {
+      const double sgus = time_graph_us(kQRot, kWarm, kIters, [&](int r, cudaStream_t st) {
         attn::DecodeArgs a = args_for(r);
         a.selection = &svs[r];
         cuda::DecodeLaunch l = launch;
@@ -739,11 +1473,95 @@ int run_bench(const char* json_path) {
       });
       ws.check(nullptr);
       std::printf(
-          "sparse ctx=%7d budget=%5d: %9.1f us  %7.1f GB/s (graph %.1f us; CPU Quest "
+          "sparse ctx=%7d B=%2d budget=%5d: %9.1f us  %7.1f GB/s (graph %.1f us; CPU Quest "
           "select %.2f ms, not in the time)\n",
-          sh.ctx, budget, sus, bytes / sus / 1e3, sgus, sel_ms);
-      rows.push_back({"ours_sparse_quest_cpu_sel", sh.ctx, sh.batch, budget, sus, bytes});
-      rows.push_back({"ours_sparse_quest_cpu_sel_graph", sh.ctx, sh.batch, budget, sgus, bytes});
+          sh.ctx, sh.batch, budget, sus, bytes / sus / 1e3, sgus, sel_ms);
+      Row cpu_row{"ours_sparse_quest_cpu_sel", sh.ctx, sh.batch, budget, sus, bytes, sel_ms};
+      rows.push_back(cpu_row);
+      cpu_row.kind = "ours_sparse_quest_cpu_sel_graph";
+      cpu_row.us = sgus;
+      rows.push_back(cpu_row);
+
+      // GPU selection into per-rotation device lists, consumed by the same decode.
+      const int cap = cuda::select_capacity(pages, P, pol);
+      std::vector<DevBuf<std::int32_t>> g_ids, g_cnt;
+      std::vector<SelectionView> gsv(kQRot);
+      for (int r = 0; r < kQRot; ++r) {
+        g_ids.emplace_back(static_cast<std::size_t>(sh.batch) * Hkv * cap);
+        g_cnt.emplace_back(static_cast<std::size_t>(sh.batch) * Hkv);
+        gsv[r] = {SelectionView::Unit::page, sh.batch, Hkv, cap, {g_ids[r].p, g_ids[r].n},
+                  {g_cnt[r].p, g_cnt[r].n}};
+      }
+      auto sel_args = [&](int r) {
+        const int t = r % rot;
+        r %= kQRot;
+        cuda::QuestSelectArgs sa;
+        sa.q = View3<const float>::contiguous(d_q[r].p, sh.batch, Hq, d);
+        sa.table = {{d_indptr[t].p, d_indptr[t].n},
+                    {d_indices[t].p, d_indices[t].n},
+                    {d_last[t].p, d_last[t].n}};
+        sa.page_size = P;
+        sa.bounds = dstore;
+        sa.policy = pol;
+        sa.max_per_head = cap;
+        sa.ids = {g_ids[r].p, g_ids[r].n};
+        sa.count = {g_cnt[r].p, g_cnt[r].n};
+        return sa;
+      };
+      cuda::SelectLaunch sl;
+      sl.workspace = &sws;
+      sl.max_pages_per_seq = pages;
+      sl.check_errors = false;
+      // Same selection as the CPU's? (bf16-exact summaries: expected identical.)
+      int same = 0;
+      for (int r = 0; r < kQRot; ++r) {
+        cuda::quest_select(sel_args(r), sl);
+        sws.check(nullptr);
+        const auto ids = g_ids[r].download();
+        const auto cnt = g_cnt[r].download();
+        bool eq = cnt == sels[r].count;
+        for (int b = 0; eq && b < sh.batch; ++b)
+          for (int h = 0; eq && h < Hkv; ++h) {
+            const auto l = sels[r].view().list(b, h);
+            eq = std::equal(l.begin(), l.end(), ids.begin() + (b * Hkv + h) * cap);
+          }
+        same += eq;
+      }
+      const double gsel_us =
+          time_us(kWarm, kIters, [&](int i) { cuda::quest_select(sel_args(i), sl); });
+      const double gscore_us =
+          time_us(kWarm, kIters, [&](int i) { cuda::quest_score(sel_args(i), sl); });
+      sws.check(nullptr);
+      const double gus_plain = time_us(kWarm, kIters, [&](int i) {
+        cuda::quest_select(sel_args(i), sl);
+        attn::DecodeArgs a = args_for(i);
+        a.selection = &gsv[i % kQRot];
+        cuda::decode(a, launch);
+      });
+      sws.check(nullptr);
+      ws.check(nullptr);
+      const double gus_graph = time_graph_us(kQRot, kWarm, kIters, [&](int r, cudaStream_t st) {
+        cuda::SelectLaunch l2 = sl;
+        l2.stream = st;
+        cuda::quest_select(sel_args(r), l2);
+        attn::DecodeArgs a = args_for(r);
+        a.selection = &gsv[r];
+        cuda::DecodeLaunch l = launch;
+        l.stream = st;
+        cuda::decode(a, l);
+      });
+      sws.check(nullptr);
+      ws.check(nullptr);
+      std::printf(
+          "  gpu-sel ctx=%7d B=%2d budget=%5d: select+decode %9.1f us (graph %.1f us); select "
+          "%.1f us, score %.1f us; GPU selection == CPU selection in %d/%d steps\n",
+          sh.ctx, sh.batch, budget, gus_plain, gus_graph, gsel_us, gscore_us, same, kQRot);
+      rows.push_back({"ours_sparse_quest_gpu_sel", sh.ctx, sh.batch, budget, gus_plain,
+                      bytes + summary_bytes});
+      rows.push_back({"ours_sparse_quest_gpu_sel_graph", sh.ctx, sh.batch, budget, gus_graph,
+                      bytes + summary_bytes});
+      rows.push_back({"gpu_quest_select", sh.ctx, sh.batch, budget, gsel_us, summary_bytes});
+      rows.push_back({"gpu_quest_score", sh.ctx, sh.batch, budget, gscore_us, summary_bytes});
     }
   }
 
@@ -758,8 +1576,8 @@ int run_bench(const char* json_path) {
     const Row& r = rows[i];
     std::fprintf(f,
                  "  {\"kind\": \"%s\", \"ctx\": %d, \"batch\": %d, \"budget\": %d, "
-                 "\"us\": %.3f, \"bytes\": %.0f}%s\n",
-                 r.kind.c_str(), r.ctx, r.batch, r.budget, r.us, r.bytes,
+                 "\"us\": %.3f, \"bytes\": %.0f, \"cpu_select_ms\": %.4f}%s\n",
+                 r.kind.c_str(), r.ctx, r.batch, r.budget, r.us, r.bytes, r.cpu_select_ms,
                  i + 1 < rows.size() ? "," : "");
   }
   std::fprintf(f, "]}\n");
@@ -772,12 +1590,23 @@ int run_bench(const char* json_path) {
 int main(int argc, char** argv) {
   const std::string mode = argc > 1 ? argv[1] : "check";
   try {
-    if (mode == "check") return run_check();
+    if (mode == "check") {
+      const int decode_rc = run_check();
+      const int selftest = run_select_selftest();
+      const int select = run_select_check();
+      std::printf("ALL CHECKS %s (decode %s, select-selftest %d, select %d failure(s))\n",
+                  decode_rc || selftest || select ? "FAILED" : "PASSED",
+                  decode_rc ? "FAILED" : "passed", selftest, select);
+      return decode_rc || selftest || select ? 1 : 0;
+    }
+    if (mode == "select-selftest") return run_select_selftest() ? 1 : 0;
+    if (mode == "select-check") return run_select_check() ? 1 : 0;
     if (mode == "bench") return run_bench(argc > 2 ? argv[2] : "bench_ours.json");
   } catch (const Error& e) {
     std::fprintf(stderr, "masskv::Error: %s\n", e.what());
     return 3;
   }
-  std::fprintf(stderr, "usage: %s check | bench OUT.json\n", argv[0]);
+  std::fprintf(stderr, "usage: %s check | select-selftest | select-check | bench OUT.json\n",
+               argv[0]);
   return 2;
 }

@@ -4,6 +4,44 @@ import json
 import sys
 
 
+SPARSE_COLS = [
+    ("ours_sparse_quest_cpu_sel", "decode, CPU sel µs"),
+    ("ours_sparse_quest_cpu_sel_graph", "graph µs"),
+    ("ours_sparse_quest_gpu_sel", "GPU sel + decode µs"),
+    ("ours_sparse_quest_gpu_sel_graph", "graph µs"),
+    ("gpu_quest_select", "GPU select µs"),
+    ("gpu_quest_score", "GPU score µs"),
+]
+
+
+def sparse_table(rows):
+    """Sparse decode side by side: the CPU-selection rows time the decode alone (the CPU
+    selection, in its own column, runs before and is not in their µs); the GPU-selection rows
+    time selection + decode in one step."""
+    by = {}
+    for r in rows:
+        if r["budget"]:
+            by.setdefault((r["ctx"], r["batch"], r["budget"]), {})[r["kind"]] = r
+    if not by:
+        return []
+    out = ["", "Sparse decode (Quest, sink page 1, budget in tokens): CPU selection (computed "
+           "beforehand, not in the decode µs) vs GPU selection (in the step).", "",
+           "| context | B | budget | CPU select ms | "
+           + " | ".join(name for _, name in SPARSE_COLS) + " | GPU step vs CPU select + decode |",
+           "|---|---|---|---|" + "---|" * len(SPARSE_COLS) + "---|"]
+    for (ctx, batch, budget), k in sorted(by.items()):
+        cells = [f"{k[kind]['us']:.1f}" if kind in k else "-" for kind, _ in SPARSE_COLS]
+        cpu = k.get("ours_sparse_quest_cpu_sel")
+        gpu = k.get("ours_sparse_quest_gpu_sel_graph") or k.get("ours_sparse_quest_gpu_sel")
+        ms = cpu.get("cpu_select_ms", 0) if cpu else 0
+        ratio = "-"
+        if cpu and gpu and ms:
+            ratio = f"{(cpu['us'] + 1e3 * ms) / gpu['us']:.1f}x"
+        out.append(f"| {ctx // 1024}K | {batch} | {budget} | {ms:.2f} | " + " | ".join(cells)
+                   + f" | {ratio} |")
+    return out
+
+
 def main():
     ours = json.load(open(sys.argv[1]))
     peer = json.load(open(sys.argv[2]))
@@ -31,8 +69,9 @@ def main():
             continue
         key = (r["ctx"], r["batch"])
         gbs = r["bytes"] / r["us"] / 1e3
-        c = cudnn.get(key)
-        fl = flash.get(key)
+        # Peers only beside attention rows (selection-only rows are not attention).
+        c = cudnn.get(key) if r["kind"].startswith("ours_") else None
+        fl = flash.get(key) if r["kind"].startswith("ours_") else None
         row = dict(r, gbs=gbs, pct_ceiling=100 * gbs / ceiling, cudnn_us=c, flash_us=fl,
                    speedup_vs_cudnn=(c / r["us"]) if c else None)
         table.append(row)
@@ -43,6 +82,7 @@ def main():
             f"{r['bytes'] / 1e6:.1f} MB | {r['us']:.1f} | {gbs:.0f} | {row['pct_ceiling']:.1f}% | "
             f"{fmt(c, '.1f')} | {fmt(fl, '.1f')} | "
             f"{fmt(row['speedup_vs_cudnn'], '.2f')}{'x' if c else ''} |")
+    lines += sparse_table(ours["rows"])
     open(sys.argv[3], "w").write("\n".join(lines) + "\n")
     json.dump({"ceiling_gbs": ceiling, "ours": ours, "torch": peer, "table": table},
               open(sys.argv[4], "w"), indent=1)

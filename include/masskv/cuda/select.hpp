@@ -1,0 +1,109 @@
+// CUDA Quest page selection (DESIGN.md §2.3 page bounds, §3 Selection): page scoring and top-k
+// on the GPU, so a sparse decode step needs no host round trip. The result is the CPU
+// selector's (select::quest_select with bounds_bf16): same bounds, same GQA aggregation (max
+// over the group's q heads), same kept pages (sinks, window, last page), same tie rule (lower
+// page id first), same Selection layout (ascending logical ids, -1 padded, counts). Every
+// pointer and span in the args is *device* memory.
+#pragma once
+
+#include <bit>
+#include <cstdint>
+#include <memory>
+#include <span>
+
+#include "masskv/kv/paged_kv.hpp"
+#include "masskv/select/page_bound.hpp"
+#include "masskv/tensor.hpp"
+
+struct CUstream_st;
+
+namespace masskv::cuda {
+
+// Device buffers of a selection step besides its inputs and outputs: the page keys
+// ([B][Hkv][max_pages_per_seq] uint32) and the device error flag. Grows on demand (once, at
+// the first step of a shape); afterwards a step allocates nothing, so it can be captured in a
+// CUDA graph. One workspace per stream.
+class SelectWorkspace {
+ public:
+  SelectWorkspace();
+  ~SelectWorkspace();
+  SelectWorkspace(const SelectWorkspace&) = delete;
+  SelectWorkspace& operator=(const SelectWorkspace&) = delete;
+
+  // Waits for `stream`, reads and clears the error flag, throws masskv::Error when a kernel
+  // met bad data: out_of_range "indices" (a physical page outside the bound store),
+  // "indptr" (a decreasing indptr, one past indices.size(), or a sequence with more pages
+  // than SelectLaunch::max_pages_per_seq), "last_page_len" (outside [1, page_size]),
+  // "max_per_head" (a selection longer than the output lists), non_finite "q" (a NaN bound:
+  // the CPU selector rejects non-finite q up front; the GPU cannot read q on the host).
+  // The lists of the affected (sequence, kv head) pairs are then empty (count 0, all -1).
+  void check(CUstream_st* stream) const;
+
+  // The page keys of the last quest_select / quest_score: device memory,
+  // key of (b, kv head h, logical page j) at [(b * Hkv + h) * keys_stride() + j], j < pages(b).
+  // key = order-preserving map of the page's bound (max over the group's q heads); see
+  // key_to_bound. Keys of pages whose physical id was bad are 0.
+  std::span<const std::uint32_t> page_keys() const;
+  int keys_stride() const;
+
+  struct Impl;
+  Impl& impl() const { return *impl_; }
+
+ private:
+  std::unique_ptr<Impl> impl_;
+};
+
+struct QuestSelectArgs {
+  View3<const float> q;  // device [B][Hq][d], unit stride on d; Hq a multiple of Hkv
+  kv::PageTable table;   // device spans: indptr [B+1], indices, last_page_len [B]
+  int page_size = 16;    // any >= 1 (the decode kernel needs a power of two <= 256)
+  // Device bf16 min/max summaries [page][kv_head][head_dim], rounded outward (the host
+  // select::BoundStore's arrays copied to the device). wmax is not used (the kernel
+  // recomputes W = max_c max(|m_c|, |M_c|), exact, from the same bf16 values).
+  select::BoundStoreView bounds;
+  float scale = 0;  // 0 means 1/sqrt(d), as the CPU selector
+  select::TopkPolicy policy;
+  // Output, device: ids [B][Hkv][max_per_head] (ascending logical page ids, -1 padded) and
+  // count [B][Hkv]. The SelectionView of these spans feeds cuda::decode directly.
+  int max_per_head = 0;
+  std::span<std::int32_t> ids;
+  std::span<std::int32_t> count;
+};
+
+struct SelectLaunch {
+  CUstream_st* stream = nullptr;
+  SelectWorkspace* workspace = nullptr;  // required
+  // Host bound on pages per sequence: sizes the key buffer and the scoring grid without
+  // reading the device page table. A longer sequence sets the error flag ("indptr").
+  int max_pages_per_seq = 0;
+  // Scoring chunk in pages (a multiple of 64); 0 plans it from the SM count.
+  int chunk_pages = 0;
+  // true: wait and check the error flag (throws). false: call workspace->check later.
+  bool check_errors = true;
+};
+
+// Scores every page (bounds -> keys in the workspace) and selects. Validates the host-side
+// shape of the arguments (throws masskv::Error naming the argument: "workspace", "q",
+// "head_dim", "bounds", "indptr", "last_page_len", "page_size", "budget_pages",
+// "sink_pages", "window_tokens", "max_pages_per_seq", "max_per_head", "ids", "count",
+// "scale", "chunk_pages"). Served: head_dim 64, 128, 256; group * head_dim <= 8192.
+void quest_select(const QuestSelectArgs& args, const SelectLaunch& launch);
+
+// The scoring kernel alone (keys into the workspace; ids/count not written, may be empty).
+void quest_score(const QuestSelectArgs& args, const SelectLaunch& launch);
+
+// An upper bound, computable on the host, of the selected pages of any sequence with at most
+// max_pages_per_seq pages (size max_per_head with it): min(max_pages, max(budget, kept)),
+// kept <= sinks + the pages covering the window + the last page.
+int select_capacity(int max_pages_per_seq, int page_size, const select::TopkPolicy& policy);
+
+// The order-preserving key of a bound (-0 as +0) and back; the CPU selector's ordering.
+constexpr std::uint32_t bound_to_key(float x) {
+  const std::uint32_t u = std::bit_cast<std::uint32_t>(x + 0.0f);
+  return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+}
+constexpr float key_to_bound(std::uint32_t k) {
+  return std::bit_cast<float>((k & 0x80000000u) ? (k & 0x7fffffffu) : ~k);
+}
+
+}  // namespace masskv::cuda

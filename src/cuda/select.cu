@@ -1,0 +1,711 @@
+// CUDA Quest selection (DESIGN.md §2.3 page bounds, §3 Selection, kept pages). Two kernels:
+//  1. quest_score_kernel: a CTA owns a chunk of pages of one (sequence, kv head); it stages the
+//     group's q (split into q+ = max(q, 0), q- = min(q, 0)) and tiles of 64 pages' bf16 min/max
+//     in shared memory and writes one order-preserving uint32 key per page: the page bound
+//     max over the group's q heads of scale * (q+·M + q-·m + f·||q||_1·W + FLT_MIN), the CPU
+//     selector's bounds_bf16 formula (page_bound.cpp), evaluated in the same order as its AVX2
+//     kernel (8 lanes of FMA chains over c = l, l+8, ..., the same horizontal sum), so on an
+//     AVX2 host the bounds have the same bits.
+//  2. quest_topk_kernel: a 1024-thread CTA per (sequence, kv head) keeps the sinks and the
+//     window pages, caches up to 40960 candidate keys in shared memory, finds the need-th largest
+//     candidate key by a block-wide radix select (4 passes of 8 bits, warp-aggregated shared
+//     histograms), then takes every candidate above it and the lowest-id candidates equal to it
+//     (ties to the lower page id, as the CPU), and writes the ids ascending with two ballot passes
+//     (no sort), -1 padded, and the count.
+// Both are deterministic (integer atomics only count; no order depends on timing).
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cfloat>
+#include <cmath>
+#include <cstdint>
+#include <mutex>
+
+#include "masskv/cuda/select.hpp"
+#include "masskv/error.hpp"
+
+namespace masskv::cuda {
+namespace {
+
+constexpr int kScoreThreads = 128;
+constexpr int kTile = 64;  // pages per shared-memory tile (kScoreThreads = 2 * kTile)
+constexpr int kTopkThreads = 1024;
+constexpr int kTopkWarps = kTopkThreads / 32;
+constexpr int kMaxGroupDims = 8192;  // group * head_dim (q+ and q- live in shared memory)
+// Candidate keys the top-k CTA keeps in shared memory (160 KiB): the radix passes and the two
+// compaction passes then read global memory (L2) only for candidates past these.
+constexpr int kKeyCache = 40960;
+
+enum ErrBit : unsigned {
+  kBadPhysical = 1u,
+  kBadIndptr = 2u,
+  kBadLastLen = 4u,
+  kBadCapacity = 8u,
+  kNonFinite = 16u,
+};
+
+void check_cuda(cudaError_t e, const char* what) {
+  if (e == cudaSuccess) return;
+  fail(e == cudaErrorMemoryAllocation ? ErrorCode::out_of_memory : ErrorCode::unsupported, "cuda",
+       what, ": ", cudaGetErrorString(e));
+}
+
+struct SelParams {
+  const float* q;
+  std::int64_t q_s0, q_s1;
+  const std::uint16_t* mn;  // bf16 bits [page][kv][d]
+  const std::uint16_t* mx;
+  int pool_pages, num_kv_heads, group, page_size;
+  int nnz;  // entries of indices: indptr must stay inside
+  const std::int32_t* indptr;
+  const std::int32_t* indices;
+  const std::int32_t* last_len;
+  float scale, slack_f;  // slack_f = 2 (2d + 4) 2^-24, as page_bound.cpp
+  int max_pages;         // keys stride
+  int chunk_pages;
+  std::uint32_t* keys;
+  // top-k
+  int budget, sinks, window_tokens, max_per_head;
+  int key_cache;  // keys the top-k kernel's dynamic shared memory holds
+  std::int32_t* out_ids;
+  std::int32_t* out_count;
+  unsigned* err;
+};
+
+__device__ __forceinline__ std::uint32_t ordered_key(float x) {
+  const std::uint32_t u = __float_as_uint(__fadd_rn(x, 0.0f));
+  return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+}
+
+__device__ __forceinline__ float bf16_lo(unsigned w) { return __uint_as_float(w << 16); }
+__device__ __forceinline__ float bf16_hi(unsigned w) { return __uint_as_float(w & 0xffff0000u); }
+
+// Unpacks 8 bf16 (one uint4) into floats, element i = channel c + i.
+__device__ __forceinline__ void unpack8(const uint4& r, float (&f)[8]) {
+  f[0] = bf16_lo(r.x);
+  f[1] = bf16_hi(r.x);
+  f[2] = bf16_lo(r.y);
+  f[3] = bf16_hi(r.y);
+  f[4] = bf16_lo(r.z);
+  f[5] = bf16_hi(r.z);
+  f[6] = bf16_lo(r.w);
+  f[7] = bf16_hi(r.w);
+}
+
+// Sequence b's page count, checked (flags and returns -1 when bad).
+__device__ int seq_pages(const SelParams& p, int b) {
+  const int begin = p.indptr[b], end = p.indptr[b + 1];
+  const int n = end - begin;
+  if (n < 0 || n > p.max_pages || begin < 0 || end > p.nnz) {
+    atomicOr(p.err, kBadIndptr);
+    return -1;
+  }
+  return n;
+}
+
+// 16-byte asynchronous copy global -> shared (L2 only: each summary byte is used by one CTA);
+// src_bytes 0 writes zeros without reading.
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem, int src_bytes) {
+  const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(gmem),
+               "r"(src_bytes));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n"); }
+__device__ __forceinline__ void cp_async_wait1() { asm volatile("cp.async.wait_group 1;\n"); }
+
+// Two tile buffers (the next tile is copied while the current one is scored), each min and max
+// rows of kTile pages, then q+, q-, f||q||_1, the halves' maxima and the tiles' page flags.
+template <int kD>
+struct ScoreSmem {
+  static constexpr int kRow = kD + 8;  // bf16 per staged row: 16 bytes of padding (no conflicts)
+  static constexpr int kBuf = 2 * kTile * kRow;  // bf16 per buffer (min rows, then max rows)
+  static std::size_t bytes(int group) {
+    return sizeof(std::uint16_t) * 2 * kBuf +
+           sizeof(float) * (2 * static_cast<std::size_t>(group) * kD + group + 2 * kTile) +
+           sizeof(int) * 2 * kTile;
+  }
+};
+
+// grid (chunks, kv heads, batch). Thread t: page t % 64 of the tile, q heads i = t / 64,
+// t / 64 + 2, ...; the two halves' maxima merge in shared memory.
+template <int kD>
+__global__ void __launch_bounds__(kScoreThreads) quest_score_kernel(SelParams p) {
+  using Smem = ScoreSmem<kD>;
+  constexpr int kRow = Smem::kRow;
+  constexpr int kBlocks = kD / 8;
+  extern __shared__ uint4 smem_raw[];
+  const int g = p.group;
+  // Layout: tile buffers first (16-byte aligned), then floats, then ints.
+  std::uint16_t* s_tiles = reinterpret_cast<std::uint16_t*>(smem_raw);  // [2][min|max][kTile][kRow]
+  float* s_qpos = reinterpret_cast<float*>(s_tiles + 2 * Smem::kBuf);
+  float* s_qneg = s_qpos + g * kD;
+  float* s_fq = s_qneg + g * kD;
+  float* s_part = s_fq + g;                                // [2][kTile]
+  int* s_ok = reinterpret_cast<int*>(s_part + 2 * kTile);  // [2][kTile]: phys + 1, 0 = none
+
+  const int chunk = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
+  const int n = seq_pages(p, b);
+  const int j0 = chunk * p.chunk_pages;
+  if (n < 0 || j0 >= n) return;
+  const int j1 = min(n, j0 + p.chunk_pages);
+  const int seq_begin = p.indptr[b];
+
+  const std::int64_t page_stride = static_cast<std::int64_t>(p.num_kv_heads) * kD;
+  const std::uint16_t* mn = p.mn + static_cast<std::int64_t>(h) * kD;
+  const std::uint16_t* mx = p.mx + static_cast<std::int64_t>(h) * kD;
+  // Copies tile [t0, t0 + kTile) of the chunk into buffer buf; every thread reads the page ids
+  // its pieces need (so no barrier is needed before the copies), the one copying a page's first
+  // min piece records the id check.
+  const auto issue = [&](int t0, int buf) {
+    const int tn = min(kTile, j1 - t0);
+    std::uint16_t* tile = s_tiles + buf * Smem::kBuf;
+    for (int idx = threadIdx.x; idx < kTile * kBlocks * 2; idx += kScoreThreads) {
+      const int arr = idx / (kTile * kBlocks);  // 0: min, 1: max
+      const int rem = idx % (kTile * kBlocks);
+      const int pg = rem / kBlocks, blk = rem % kBlocks;
+      int ok = 0;
+      if (pg < tn) {
+        const int phys = p.indices[seq_begin + t0 + pg];
+        if (phys >= 0 && phys < p.pool_pages) {
+          ok = phys + 1;
+        } else if (arr == 0 && blk == 0) {
+          atomicOr(p.err, kBadPhysical);
+        }
+      }
+      if (arr == 0 && blk == 0) s_ok[buf * kTile + pg] = ok;
+      const std::uint16_t* src =
+          ok ? (arr ? mx : mn) + (ok - 1) * page_stride + blk * 8 : p.mn;  // 0 bytes read if !ok
+      cp_async16(tile + (arr * kTile + pg) * kRow + blk * 8, src, ok ? 16 : 0);
+    }
+  };
+  issue(j0, 0);
+  cp_async_commit();
+
+  const int q_head0 = h * g;
+  for (int idx = threadIdx.x; idx < g * kD; idx += kScoreThreads) {
+    const int i = idx / kD, c = idx % kD;
+    const float x = p.q[b * p.q_s0 + (q_head0 + i) * p.q_s1 + c];
+    s_qpos[idx] = x > 0.f ? x : 0.f;
+    s_qneg[idx] = x < 0.f ? x : 0.f;
+  }
+  for (int i = threadIdx.x; i < g; i += kScoreThreads) {
+    // ||q||_1 summed in channel order, as SplitQuery::assign.
+    const float* row = p.q + b * p.q_s0 + (q_head0 + i) * p.q_s1;
+    float l1 = 0.f;
+    for (int c = 0; c < kD; ++c) l1 = __fadd_rn(l1, fabsf(row[c]));
+    s_fq[i] = __fmul_rn(p.slack_f, l1);
+  }
+
+  std::uint32_t* keys = p.keys + (static_cast<std::int64_t>(b) * p.num_kv_heads + h) * p.max_pages;
+  const int pt = threadIdx.x % kTile, half = threadIdx.x / kTile;
+
+  for (int t0 = j0, buf = 0; t0 < j1; t0 += kTile, buf ^= 1) {
+    const int tn = min(kTile, j1 - t0);
+    // The other buffer was last read before the previous iteration's second barrier.
+    if (t0 + kTile < j1) issue(t0 + kTile, buf ^ 1);
+    cp_async_commit();
+    cp_async_wait1();  // this thread's copies of the current tile have landed
+    __syncthreads();   // everyone's (and q, and the page flags)
+    const std::uint16_t* s_lo = s_tiles + buf * Smem::kBuf;
+    const std::uint16_t* s_hi = s_lo + kTile * kRow;
+    const int ok_here = s_ok[buf * kTile + pt];
+
+    float best = -INFINITY;
+    if (pt < tn && ok_here) {
+      const uint4* lo = reinterpret_cast<const uint4*>(s_lo + pt * kRow);
+      const uint4* hi = reinterpret_cast<const uint4*>(s_hi + pt * kRow);
+      // W = max_c max(|m_c|, |M_c|) (exact in any order).
+      float w = 0.f;
+#pragma unroll 4
+      for (int k = 0; k < kBlocks; ++k) {
+        float M[8], m[8];
+        unpack8(hi[k], M);
+        unpack8(lo[k], m);
+#pragma unroll
+        for (int l = 0; l < 8; ++l) w = fmaxf(w, fmaxf(fabsf(M[l]), fabsf(m[l])));
+      }
+      for (int i = half; i < g; i += 2) {
+        const float4* qp = reinterpret_cast<const float4*>(s_qpos + i * kD);
+        const float4* qn = reinterpret_cast<const float4*>(s_qneg + i * kD);
+        float ap[8], an[8];
+#pragma unroll
+        for (int l = 0; l < 8; ++l) ap[l] = an[l] = 0.f;
+#pragma unroll 4
+        for (int k = 0; k < kBlocks; ++k) {
+          float M[8], m[8];
+          unpack8(hi[k], M);
+          unpack8(lo[k], m);
+          const float4 p0 = qp[2 * k], p1 = qp[2 * k + 1];
+          const float4 n0 = qn[2 * k], n1 = qn[2 * k + 1];
+          const float qpv[8] = {p0.x, p0.y, p0.z, p0.w, p1.x, p1.y, p1.z, p1.w};
+          const float qnv[8] = {n0.x, n0.y, n0.z, n0.w, n1.x, n1.y, n1.z, n1.w};
+#pragma unroll
+          for (int l = 0; l < 8; ++l) {
+            ap[l] = fmaf(qpv[l], M[l], ap[l]);
+            an[l] = fmaf(qnv[l], m[l], an[l]);
+          }
+        }
+        float v[8];
+#pragma unroll
+        for (int l = 0; l < 8; ++l) v[l] = __fadd_rn(ap[l], an[l]);
+        // The AVX2 hsum: ((v0+v4)+(v2+v6)) + ((v1+v5)+(v3+v7)).
+        const float s = __fadd_rn(__fadd_rn(__fadd_rn(v[0], v[4]), __fadd_rn(v[2], v[6])),
+                                  __fadd_rn(__fadd_rn(v[1], v[5]), __fadd_rn(v[3], v[7])));
+        // finish_bound: scale * (sum + fq * w + FLT_MIN), each operation rounded.
+        const float bound =
+            __fmul_rn(p.scale, __fadd_rn(__fadd_rn(s, __fmul_rn(s_fq[i], w)), FLT_MIN));
+        // CPU: m = bounds[0]; m = x > m ? x : m; the same value for finite bounds (NaN flagged).
+        if (isnan(bound)) atomicOr(p.err, kNonFinite);
+        best = (i == half || bound > best) ? bound : best;
+      }
+    }
+    s_part[half * kTile + pt] = best;
+    __syncthreads();
+    if (threadIdx.x < tn) {  // pt == threadIdx.x, half 0
+      const float a = s_part[threadIdx.x];
+      const float c = s_part[kTile + threadIdx.x];
+      const float m = g > 1 && c > a ? c : a;
+      keys[t0 + threadIdx.x] = ok_here ? ordered_key(m) : 0u;
+    }
+  }
+}
+
+// ---- top-k ----------------------------------------------------------------------------------
+
+// Selection of one (sequence, kv head). grid (kv heads, batch), kTopkThreads threads.
+__global__ void __launch_bounds__(kTopkThreads) quest_topk_kernel(SelParams p) {
+  extern __shared__ std::uint32_t s_keys[];  // candidates [lo, lo + cached)
+  __shared__ int s_hist[256];
+  __shared__ int s_warp_a[kTopkWarps], s_warp_b[kTopkWarps];
+  __shared__ int s_base_eq[kTopkWarps], s_base_sel[kTopkWarps];
+  __shared__ int s_bin, s_krem;
+
+  const int h = blockIdx.x, b = blockIdx.y;
+  const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+  const unsigned lt_mask = (1u << lane) - 1u;
+  std::int32_t* out =
+      p.out_ids + (static_cast<std::int64_t>(b) * p.num_kv_heads + h) * p.max_per_head;
+  std::int32_t* out_count = p.out_count + b * p.num_kv_heads + h;
+
+  const int n = seq_pages(p, b);
+  int last = 0;
+  bool bad = n < 0;
+  if (!bad && n > 0) {
+    last = p.last_len[b];
+    if (last < 1 || last > p.page_size) {
+      if (tid == 0) atomicOr(p.err, kBadLastLen);
+      bad = true;
+    }
+  }
+  // Kept pages and the total, as kept_pages / topk_one (page_bound.cpp).
+  int sinks = 0, window = 0, kept = 0, total = 0;
+  if (!bad && n > 0) {
+    const std::int64_t length = static_cast<std::int64_t>(n - 1) * p.page_size + last;
+    sinks = min(p.sinks, n);
+    const std::int64_t first_token =
+        length - p.window_tokens > 0 ? length - p.window_tokens : std::int64_t{0};
+    window = p.window_tokens > 0 ? static_cast<int>(first_token / p.page_size) : n - 1;
+    window = min(window, n - 1);
+    kept = sinks >= window ? n : sinks + (n - window);
+    total = min(n, max(p.budget, kept));
+    if (total > p.max_per_head) {
+      if (tid == 0) atomicOr(p.err, kBadCapacity);
+      bad = true;
+    }
+  }
+  if (bad || n == 0) {
+    for (int i = tid; i < p.max_per_head; i += kTopkThreads) out[i] = -1;
+    if (tid == 0) *out_count = 0;
+    return;
+  }
+  const int need = total - kept;  // > 0 only when sinks < window
+  const int s0 = min(sinks, window);
+  const int nsel = max(need, 0);
+  for (int j = tid; j < s0; j += kTopkThreads) out[j] = j;
+  for (int j = window + tid; j < n; j += kTopkThreads) out[s0 + nsel + (j - window)] = j;
+  for (int i = total + tid; i < p.max_per_head; i += kTopkThreads) out[i] = -1;
+  if (tid == 0) *out_count = total;
+  if (nsel == 0) return;
+
+  const std::uint32_t* keys =
+      p.keys + (static_cast<std::int64_t>(b) * p.num_kv_heads + h) * p.max_pages;
+  const int lo = sinks, hi = window, cand = hi - lo;
+  const bool take_all = nsel >= cand;
+  const int cached = take_all ? 0 : min(cand, p.key_cache);
+  for (int i = tid; i < cached; i += kTopkThreads) s_keys[i] = __ldg(keys + lo + i);
+  __syncthreads();
+  const auto key_at = [&](int j) {
+    const int i = j - lo;
+    return i < cached ? s_keys[i] : __ldg(keys + j);
+  };
+  // Threshold T = the nsel-th largest key; k_rem = how many keys equal to T are taken.
+  std::uint32_t prefix = 0, pmask = 0;
+  int k_rem = nsel;
+  if (!take_all) {
+    const int iters = (cand + kTopkThreads - 1) / kTopkThreads;
+    for (int shift = 24; shift >= 0; shift -= 8) {
+      for (int i = tid; i < 256; i += kTopkThreads) s_hist[i] = 0;
+      __syncthreads();
+      for (int it = 0; it < iters; ++it) {
+        const int j = lo + it * kTopkThreads + tid;
+        unsigned bin = 256;
+        if (j < hi) {
+          const std::uint32_t key = key_at(j);
+          if ((key & pmask) == prefix) bin = (key >> shift) & 255u;
+        }
+        const unsigned peers = __match_any_sync(0xffffffffu, bin);
+        if (bin < 256 && lane == __ffs(peers) - 1) atomicAdd(&s_hist[bin], __popc(peers));
+      }
+      __syncthreads();
+      if (warp == 0) {
+        // Lane l holds bins [8l, 8l + 8); suffix sums over lanes find the bin holding the
+        // k_rem-th largest key of the current prefix.
+        int c[8], sum = 0;
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {
+          c[i] = s_hist[8 * lane + i];
+          sum += c[i];
+        }
+        int suffix = sum;  // sum over lanes >= lane
+#pragma unroll
+        for (int off = 1; off < 32; off *= 2) {
+          const int o = __shfl_down_sync(0xffffffffu, suffix, off);
+          if (lane + off < 32) suffix += o;
+        }
+        const int above = suffix - sum;  // keys in bins of higher lanes
+        if (suffix >= k_rem && above < k_rem) {
+          int acc = above;
+          for (int i = 7; i >= 0; --i) {
+            if (acc + c[i] >= k_rem) {
+              s_bin = 8 * lane + i;
+              s_krem = k_rem - acc;
+              break;
+            }
+            acc += c[i];
+          }
+        }
+      }
+      __syncthreads();
+      prefix |= static_cast<std::uint32_t>(s_bin) << shift;
+      pmask |= 255u << shift;
+      k_rem = s_krem;
+      __syncthreads();  // s_bin / s_krem / s_hist reused next pass
+    }
+  }
+  const std::uint32_t T = prefix;
+  const int need_eq = k_rem;
+
+  // Warp w owns candidates [lo + w * seg, lo + (w + 1) * seg), walked 32 at a time in id
+  // order: ranks are running ballot counts, so ids come out ascending without a sort.
+  const int seg = ((cand + kTopkWarps * 32 - 1) / (kTopkWarps * 32)) * 32;
+  const int wbeg = lo + warp * seg, wend = min(hi, wbeg + seg);
+  int eq_w = 0, gt_w = 0;
+  for (int j0 = wbeg; j0 < wend; j0 += 32) {
+    const int j = j0 + lane;
+    bool gt = false, eq = false;
+    if (j < wend) {
+      const std::uint32_t key = key_at(j);
+      gt = take_all || key > T;
+      eq = !take_all && key == T;
+    }
+    gt_w += __popc(__ballot_sync(0xffffffffu, gt));
+    eq_w += __popc(__ballot_sync(0xffffffffu, eq));
+  }
+  if (lane == 0) {
+    s_warp_a[warp] = eq_w;
+    s_warp_b[warp] = gt_w;
+  }
+  __syncthreads();
+  if (tid == 0) {
+    int eq_base = 0, sel_base = 0;
+    for (int w = 0; w < kTopkWarps; ++w) {
+      s_base_eq[w] = eq_base;
+      s_base_sel[w] = sel_base;
+      const int take = min(max(need_eq - eq_base, 0), s_warp_a[w]);
+      sel_base += s_warp_b[w] + take;
+      eq_base += s_warp_a[w];
+    }
+  }
+  __syncthreads();
+  int eq_r = s_base_eq[warp], sel_r = s_base_sel[warp];
+  for (int j0 = wbeg; j0 < wend; j0 += 32) {
+    const int j = j0 + lane;
+    bool gt = false, eq = false;
+    if (j < wend) {
+      const std::uint32_t key = key_at(j);
+      gt = take_all || key > T;
+      eq = !take_all && key == T;
+    }
+    const unsigned eqb = __ballot_sync(0xffffffffu, eq);
+    const bool sel = gt || (eq && eq_r + __popc(eqb & lt_mask) < need_eq);
+    const unsigned selb = __ballot_sync(0xffffffffu, sel);
+    if (sel) out[s0 + sel_r + __popc(selb & lt_mask)] = j;
+    eq_r += __popc(eqb);
+    sel_r += __popc(selb);
+  }
+}
+
+// ---- host -----------------------------------------------------------------------------------
+
+int device_sms() {
+  static const int sms = [] {
+    int dev = 0, n = 0;
+    check_cuda(cudaGetDevice(&dev), "cudaGetDevice");
+    check_cuda(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev), "SM count");
+    return n;
+  }();
+  return sms;
+}
+
+using ScoreFn = void (*)(SelParams);
+
+// The scoring kernel for head_dim d, with its dynamic shared-memory limit raised once.
+ScoreFn score_kernel(int d) {
+  static std::mutex mu;
+  static bool ready[3] = {};
+  const int idx = d == 64 ? 0 : d == 128 ? 1 : 2;
+  const ScoreFn fns[3] = {quest_score_kernel<64>, quest_score_kernel<128>, quest_score_kernel<256>};
+  std::lock_guard<std::mutex> lock(mu);
+  if (!ready[idx]) {
+    const std::size_t most = idx == 0   ? ScoreSmem<64>::bytes(kMaxGroupDims / 64)
+                             : idx == 1 ? ScoreSmem<128>::bytes(kMaxGroupDims / 128)
+                                        : ScoreSmem<256>::bytes(kMaxGroupDims / 256);
+    check_cuda(cudaFuncSetAttribute(fns[idx], cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    static_cast<int>(most)),
+               "cudaFuncSetAttribute(shared memory)");
+    ready[idx] = true;
+  }
+  return fns[idx];
+}
+
+// The top-k kernel with its dynamic shared-memory limit raised once (the key cache).
+void prepare_topk() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    check_cuda(cudaFuncSetAttribute(quest_topk_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    static_cast<int>(sizeof(std::uint32_t) * kKeyCache)),
+               "cudaFuncSetAttribute(top-k shared memory)");
+  });
+}
+
+std::size_t score_smem(int d, int group) {
+  return d == 64    ? ScoreSmem<64>::bytes(group)
+         : d == 128 ? ScoreSmem<128>::bytes(group)
+                    : ScoreSmem<256>::bytes(group);
+}
+
+// Chunks of whole tiles, about eight CTAs per SM over the (sequence, kv head) pairs.
+int plan_score_chunk(int base_ctas, int max_pages) {
+  const int target = std::max(1, device_sms() * 8);
+  const int chunks = std::max(1, target / std::max(1, base_ctas));
+  int cp = (max_pages + chunks - 1) / chunks;
+  cp = (cp + kTile - 1) / kTile * kTile;
+  return std::max(cp, kTile);
+}
+
+struct Prepared {
+  SelParams p{};
+  dim3 score_grid, topk_grid;
+  ScoreFn score = nullptr;
+  std::size_t smem = 0, topk_smem = 0;
+};
+
+void check_policy(const select::TopkPolicy& pol) {
+  using enum ErrorCode;
+  require(pol.budget_pages >= 0, invalid_argument, "budget_pages", "must be >= 0, got ",
+          pol.budget_pages);
+  require(pol.sink_pages >= 0, invalid_argument, "sink_pages", "must be >= 0, got ",
+          pol.sink_pages);
+  require(pol.window_tokens >= 0, invalid_argument, "window_tokens", "must be >= 0, got ",
+          pol.window_tokens);
+}
+
+}  // namespace
+
+struct SelectWorkspace::Impl {
+  std::uint32_t* keys = nullptr;
+  std::size_t keys_n = 0;
+  std::size_t keys_used = 0;
+  int stride = 0;
+  unsigned* err = nullptr;
+  void reserve(std::size_t n) {
+    if (n <= keys_n) return;
+    if (keys) cudaFree(keys);
+    keys = nullptr;
+    keys_n = 0;
+    check_cuda(cudaMalloc(&keys, n * sizeof(std::uint32_t)), "cudaMalloc(page keys)");
+    keys_n = n;
+  }
+};
+
+SelectWorkspace::SelectWorkspace() : impl_(std::make_unique<Impl>()) {
+  check_cuda(cudaMalloc(&impl_->err, sizeof(unsigned)), "cudaMalloc(error flag)");
+  check_cuda(cudaMemset(impl_->err, 0, sizeof(unsigned)), "cudaMemset(error flag)");
+}
+
+SelectWorkspace::~SelectWorkspace() {
+  if (impl_->keys) cudaFree(impl_->keys);
+  if (impl_->err) cudaFree(impl_->err);
+}
+
+std::span<const std::uint32_t> SelectWorkspace::page_keys() const {
+  return {impl_->keys, impl_->keys_used};
+}
+int SelectWorkspace::keys_stride() const { return impl_->stride; }
+
+void SelectWorkspace::check(CUstream_st* stream) const {
+  unsigned flag = 0;
+  check_cuda(cudaMemcpyAsync(&flag, impl_->err, sizeof flag, cudaMemcpyDeviceToHost, stream),
+             "cudaMemcpyAsync(error flag)");
+  check_cuda(cudaStreamSynchronize(stream), "select step");
+  if (flag == 0) return;
+  check_cuda(cudaMemsetAsync(impl_->err, 0, sizeof flag, stream), "cudaMemset(error flag)");
+  check_cuda(cudaStreamSynchronize(stream), "cudaMemset(error flag)");
+  if (flag & kBadPhysical)
+    fail(ErrorCode::out_of_range, "indices",
+         "a page id outside [0, bounds.num_pages) was met on the GPU");
+  if (flag & kBadIndptr)
+    fail(ErrorCode::out_of_range, "indptr",
+         "decreasing, past indices.size(), or a sequence longer than "
+         "SelectLaunch::max_pages_per_seq");
+  if (flag & kBadLastLen)
+    fail(ErrorCode::out_of_range, "last_page_len", "a value outside [1, page_size] on the GPU");
+  if (flag & kBadCapacity)
+    fail(ErrorCode::shape_mismatch, "max_per_head",
+         "a selection holds more pages than the output lists (see select_capacity)");
+  fail(ErrorCode::non_finite, "q", "a page bound is NaN (non-finite q or summaries)");
+}
+
+int select_capacity(int max_pages_per_seq, int page_size, const select::TopkPolicy& policy) {
+  check_policy(policy);
+  require(page_size >= 1, ErrorCode::invalid_argument, "page_size", "must be >= 1");
+  const int n = std::max(0, max_pages_per_seq);
+  const std::int64_t window_pages =
+      policy.window_tokens > 0
+          ? (static_cast<std::int64_t>(policy.window_tokens) + page_size - 1) / page_size + 1
+          : 1;
+  const std::int64_t kept =
+      std::min<std::int64_t>(n, static_cast<std::int64_t>(policy.sink_pages) + window_pages);
+  return static_cast<int>(
+      std::min<std::int64_t>(n, std::max<std::int64_t>(policy.budget_pages, kept)));
+}
+
+namespace {
+
+Prepared prepare(const QuestSelectArgs& a, const SelectLaunch& launch, bool outputs) {
+  using enum ErrorCode;
+  require(launch.workspace != nullptr, invalid_argument, "workspace", "is required");
+  const select::BoundStoreView& s = a.bounds;
+  const int d = s.head_dim;
+  require(d == 64 || d == 128 || d == 256, unsupported, "head_dim",
+          "the CUDA selector serves head_dim 64, 128, 256; got ", d);
+  require(s.min != nullptr && s.max != nullptr && s.num_pages > 0 && s.num_kv_heads > 0,
+          invalid_argument, "bounds", "null min/max or empty store");
+  const auto aligned16 = [](const void* ptr) {
+    return reinterpret_cast<std::uintptr_t>(ptr) % 16 == 0;
+  };
+  require(aligned16(s.min) && aligned16(s.max), invalid_argument, "bounds",
+          "min and max must be 16-byte aligned");
+  const int B = a.q.n0, Hq = a.q.n1, Hkv = s.num_kv_heads;
+  require(a.q.data != nullptr && a.q.n2 == d && B >= 0, shape_mismatch, "q",
+          "must be [batch][q heads][head_dim] with the store's head_dim");
+  require(Hq > 0 && Hq % Hkv == 0, shape_mismatch, "q", "q heads (", Hq,
+          ") must be a multiple of the kv heads (", Hkv, ")");
+  const int group = Hq / Hkv;
+  require(static_cast<std::int64_t>(group) * d <= kMaxGroupDims, unsupported, "q",
+          "group * head_dim must be <= ", kMaxGroupDims);
+  require(a.table.indptr.size() == static_cast<std::size_t>(B) + 1, shape_mismatch, "indptr",
+          "needs batch + 1 entries (batch from q)");
+  require(a.table.last_page_len.size() == static_cast<std::size_t>(B), shape_mismatch,
+          "last_page_len", "needs batch entries");
+  require(a.page_size >= 1, invalid_argument, "page_size", "must be >= 1, got ", a.page_size);
+  check_policy(a.policy);
+  require(launch.max_pages_per_seq > 0, invalid_argument, "max_pages_per_seq",
+          "the host's bound on pages per sequence is required");
+  require(launch.chunk_pages >= 0 && launch.chunk_pages % kTile == 0, invalid_argument,
+          "chunk_pages", "must be 0 or a multiple of ", kTile);
+  if (outputs) {
+    require(a.max_per_head >= 0, invalid_argument, "max_per_head", "must be >= 0");
+    require(a.ids.size() == static_cast<std::size_t>(B) * Hkv * a.max_per_head &&
+                (a.ids.data() != nullptr || a.ids.empty()),
+            shape_mismatch, "ids", "needs batch * kv heads * max_per_head entries");
+    require(a.count.size() == static_cast<std::size_t>(B) * Hkv, shape_mismatch, "count",
+            "needs batch * kv heads entries");
+  }
+  const float scale = a.scale == 0 ? 1.0f / std::sqrt(static_cast<float>(d)) : a.scale;
+  require(std::isfinite(scale) && scale > 0, invalid_argument, "scale",
+          "must be finite and > 0, got ", a.scale);
+
+  Prepared pr;
+  SelParams& p = pr.p;
+  p.q = a.q.data;
+  p.q_s0 = a.q.s0;
+  p.q_s1 = a.q.s1;
+  p.mn = reinterpret_cast<const std::uint16_t*>(s.min);
+  p.mx = reinterpret_cast<const std::uint16_t*>(s.max);
+  p.pool_pages = s.num_pages;
+  p.num_kv_heads = Hkv;
+  p.group = group;
+  p.page_size = a.page_size;
+  p.indptr = a.table.indptr.data();
+  p.indices = a.table.indices.data();
+  require(a.table.indices.size() <= static_cast<std::size_t>(INT32_MAX), shape_mismatch, "indices",
+          "more than 2^31 - 1 entries");
+  p.nnz = static_cast<int>(a.table.indices.size());
+  p.last_len = a.table.last_page_len.data();
+  p.scale = scale;
+  p.slack_f = 2.0f * static_cast<float>(2 * d + 4) * 0x1p-24f;
+  p.max_pages = launch.max_pages_per_seq;
+  p.chunk_pages = launch.chunk_pages > 0 ? launch.chunk_pages
+                                         : plan_score_chunk(B * Hkv, launch.max_pages_per_seq);
+  p.budget = a.policy.budget_pages;
+  p.sinks = a.policy.sink_pages;
+  p.window_tokens = a.policy.window_tokens;
+  p.max_per_head = a.max_per_head;
+  p.out_ids = a.ids.data();
+  p.out_count = a.count.data();
+
+  SelectWorkspace::Impl& ws = launch.workspace->impl();
+  const std::size_t nkeys = static_cast<std::size_t>(B) * Hkv * launch.max_pages_per_seq;
+  ws.reserve(nkeys);
+  ws.keys_used = nkeys;
+  ws.stride = launch.max_pages_per_seq;
+  p.keys = ws.keys;
+  p.err = ws.err;
+
+  const int chunks = (launch.max_pages_per_seq + p.chunk_pages - 1) / p.chunk_pages;
+  require(B <= 65535, unsupported, "q", "batch must be <= 65535");
+  require(Hkv <= 65535, unsupported, "bounds", "num_kv_heads must be <= 65535");
+  pr.score_grid = dim3(chunks, Hkv, B);
+  pr.topk_grid = dim3(Hkv, B);
+  pr.score = score_kernel(d);
+  pr.smem = score_smem(d, group);
+  p.key_cache = std::min(launch.max_pages_per_seq, kKeyCache);
+  pr.topk_smem = sizeof(std::uint32_t) * static_cast<std::size_t>(p.key_cache);
+  prepare_topk();
+  return pr;
+}
+
+}  // namespace
+
+void quest_score(const QuestSelectArgs& a, const SelectLaunch& launch) {
+  const Prepared pr = prepare(a, launch, false);
+  if (a.q.n0 == 0) return;
+  cudaStream_t stream = launch.stream;
+  pr.score<<<pr.score_grid, kScoreThreads, pr.smem, stream>>>(pr.p);
+  check_cuda(cudaGetLastError(), "quest score kernel launch");
+  if (launch.check_errors) launch.workspace->check(stream);
+}
+
+void quest_select(const QuestSelectArgs& a, const SelectLaunch& launch) {
+  const Prepared pr = prepare(a, launch, true);
+  if (a.q.n0 == 0) return;
+  cudaStream_t stream = launch.stream;
+  pr.score<<<pr.score_grid, kScoreThreads, pr.smem, stream>>>(pr.p);
+  check_cuda(cudaGetLastError(), "quest score kernel launch");
+  quest_topk_kernel<<<pr.topk_grid, kTopkThreads, pr.topk_smem, stream>>>(pr.p);
+  check_cuda(cudaGetLastError(), "quest top-k kernel launch");
+  if (launch.check_errors) launch.workspace->check(stream);
+}
+
+}  // namespace masskv::cuda
