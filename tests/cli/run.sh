@@ -55,6 +55,19 @@ else
   check bench-model-peer-missing 2 'setup.sh --peer' -- "$bin" bench -p 8 -n 2 --peer llama.cpp
 fi
 
+# dump: real q/k/v that study reads back; damaged files are errors naming the file.
+check dump-help 0 '--layers' -- "$bin" dump --help
+check dump-bad-layer 2 'layer 99 out of range' -- "$bin" dump -l 99 -d 64 -o "$tmp/dump"
+check dump-too-deep 2 'exceeds' -- "$bin" dump -d 9000 -o "$tmp/dump"
+check dump-tiny 0 'layer02.mkvd' -- "$bin" dump -d 96 -l 2 --steps 2 -t 1 -o "$tmp/dump"
+check study-dump 0 '\| dump:.*layer02.mkvd \| softmax \| quest \| 1/4 \|' -- "$bin" study \
+  --generators "dump:$tmp/dump/layer02.mkvd" -b 1/4 -m softmax -s quest --no-plots
+head -c 1000 "$tmp/dump/layer02.mkvd" > "$tmp/cut.mkvd"
+check study-dump-truncated 2 'truncated' -- "$bin" study --generators "dump:$tmp/cut.mkvd" \
+  -b 1/4 -m softmax -s quest --no-plots
+check study-dump-not-a-dump 2 'not a masskv q/k/v dump' -- "$bin" study \
+  --generators "dump:$tmp/b.json" --no-plots
+
 # eval: options checked before any work; a tiny run, its cache resumed, then widened.
 check eval-help 0 '--budgets' -- "$bin" eval --help
 check eval-bad-task 2 '--tasks' -- "$bin" eval --tasks needle_in_a_sack
