@@ -5,8 +5,20 @@
 # then the Python tests CI cannot run (PyTorch tensors, the transformers integration) with the
 # module built there (python.log). Wheels the machine lacks (nanobind, scikit-build-core) travel
 # in .whl/ (see docs/python.md). Exit status: the check's, or pytest's when the check passed.
+#   scripts/gpu.sh [--no-check] [--no-bench] [--no-python]   (stages to skip: the device allows
+#   10 minutes per call, so a long session splits the stages over calls on the warm machine)
 set -uo pipefail
 cd "$(dirname "$0")/.."
+do_check=1; do_bench=1; do_python=1
+for a in "$@"; do
+  case "$a" in
+    --no-check) do_check=0 ;;
+    --no-bench) do_bench=0 ;;
+    --no-python) do_python=0 ;;
+    -h|--help) sed -n '2,10p' "$0"; exit 0 ;;
+    *) echo "gpu.sh: unknown option $a" >&2; exit 2 ;;
+  esac
+done
 OUT=${OUT:-$PWD/gpu-out}
 mkdir -p "$OUT"
 BUILD=${BUILD:-build-gpu}
@@ -15,14 +27,20 @@ BUILD=${BUILD:-build-gpu}
 { cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DMASSKV_TOOLS=OFF -DMASSKV_CUDA=ON \
   && ninja -C "$BUILD" -j"$(nproc)" masskv_gpu_bench; } > "$OUT/build.log" 2>&1 \
   || { tail -40 "$OUT/build.log"; exit 2; }
-"$BUILD/masskv_gpu_bench" check 2>&1 | tee -a "$OUT/check.log"
-check_rc=${PIPESTATUS[0]}
-"$BUILD/masskv_gpu_bench" bench "$OUT/bench_ours.json" 2>&1 | tee "$OUT/bench.log"
-PYTHONUNBUFFERED=1 python3 tools/gpu_bench/torch_peer.py "$OUT/bench_torch.json" 2>&1 \
-  | tee -a "$OUT/bench.log"
-python3 tools/gpu_bench/report.py "$OUT/bench_ours.json" "$OUT/bench_torch.json" \
-  "$OUT/report.md" "$OUT/report.json"
-echo "check exit status: $check_rc"
+check_rc=0
+if [[ $do_check -eq 1 ]]; then
+  "$BUILD/masskv_gpu_bench" check 2>&1 | tee -a "$OUT/check.log"
+  check_rc=${PIPESTATUS[0]}
+  echo "check exit status: $check_rc"
+fi
+if [[ $do_bench -eq 1 ]]; then
+  "$BUILD/masskv_gpu_bench" bench "$OUT/bench_ours.json" 2>&1 | tee "$OUT/bench.log"
+  PYTHONUNBUFFERED=1 python3 tools/gpu_bench/torch_peer.py "$OUT/bench_torch.json" 2>&1 \
+    | tee -a "$OUT/bench.log"
+  python3 tools/gpu_bench/report.py "$OUT/bench_ours.json" "$OUT/bench_torch.json" \
+    "$OUT/report.md" "$OUT/report.json"
+fi
+[[ $do_python -eq 0 ]] && exit "$check_rc"
 
 # Python: the module against torch and transformers (python3 there holds them).
 SITE=${SITE:-/tmp/masskv-site}
