@@ -13,19 +13,21 @@
 #include "masskv/select/selector.hpp"
 
 namespace masskv::py {
+
+select::Budget::Kind parse_budget(const std::string& s) {
+  using K = select::Budget::Kind;
+  if (s == "fixed") return K::fixed;
+  if (s == "top_p") return K::top_p;
+  if (s == "adaptive") return K::adaptive;
+  fail(ErrorCode::invalid_argument, "budget",
+       "expected \"fixed\", \"top_p\" or \"adaptive\", got \"", s, "\"");
+}
+
 namespace {
 
 using select::Budget;
 using select::GroupRule;
 using select::MassSource;
-
-Budget::Kind parse_budget(const std::string& s) {
-  if (s == "fixed") return Budget::Kind::fixed;
-  if (s == "top_p") return Budget::Kind::top_p;
-  if (s == "adaptive") return Budget::Kind::adaptive;
-  fail(ErrorCode::invalid_argument, "budget",
-       "expected \"fixed\", \"top_p\" or \"adaptive\", got \"", s, "\"");
-}
 
 GroupRule parse_group(const std::string& s) {
   if (s == "union") return GroupRule::union_heads;

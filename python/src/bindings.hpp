@@ -6,7 +6,10 @@
 
 #include <string_view>
 
+#include <string>
+
 #include "masskv/mapping.hpp"
+#include "masskv/select/selector.hpp"
 
 namespace masskv::py {
 
@@ -16,9 +19,12 @@ void bind_mapping(nb::module_& m);
 void bind_cache(nb::module_& m);
 void bind_attn(nb::module_& m);
 void bind_select(nb::module_& m);
+void bind_model(nb::module_& m);
 
 // alpha == 1 is softmax; alpha in (1, 2] is alpha-entmax (DESIGN.md §2.1). Anything else
 // raises masskv.Error (a ValueError) naming "alpha".
 Mapping mapping_of(double alpha);
+// "fixed" | "top_p" | "adaptive"; anything else raises masskv.Error naming "budget".
+select::Budget::Kind parse_budget(const std::string& s);
 
 }  // namespace masskv::py

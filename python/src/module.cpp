@@ -48,6 +48,7 @@ NB_MODULE(_masskv, m) {
   masskv::py::bind_cache(m);
   masskv::py::bind_attn(m);
   masskv::py::bind_select(m);
+  masskv::py::bind_model(m);
 
   m.def(
       "_data_ptr", [](masskv::py::InArray a) { return masskv::py::data_ptr(a); },
