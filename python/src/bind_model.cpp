@@ -43,24 +43,6 @@ std::unique_ptr<PyModel> load_model(const std::string& name) {
   return out;
 }
 
-// nullopt for method "dense".
-std::optional<select::SelectorConfig> selector_of(const std::string& method,
-                                                  std::int64_t budget_tokens,
-                                                  const std::string& budget, double top_p,
-                                                  int sink_pages, int window_tokens,
-                                                  double alpha) {
-  if (method == "dense") return std::nullopt;
-  select::SelectorConfig c;
-  c.method = select::parse_method(method, "method");
-  c.mapping = mapping_of(alpha);
-  c.budget.kind = parse_budget(budget);
-  c.budget.tokens = budget_tokens;
-  c.budget.p = top_p;
-  c.sink_pages = sink_pages;
-  c.window_tokens = window_tokens;
-  return c;
-}
-
 std::unique_ptr<PySession> new_session(const PyModel& pm, std::int64_t max_tokens, int page_size,
                                        const std::string& method, std::int64_t budget_tokens,
                                        const std::string& budget, double top_p, int sink_pages,
@@ -71,8 +53,10 @@ std::unique_ptr<PySession> new_session(const PyModel& pm, std::int64_t max_token
   o.max_tokens = max_tokens;
   o.page_size = page_size;
   o.mapping = mapping_of(alpha);
-  o.selector =
-      selector_of(method, budget_tokens, budget, top_p, sink_pages, window_tokens, alpha);
+  if (method != "dense") {
+    o.selector =
+        selector_config(method, alpha, budget, budget_tokens, top_p, sink_pages, window_tokens);
+  }
   o.diagnostics = diagnostics;
   auto out = std::make_unique<PySession>();
   out->s = std::make_unique<model::Session>(*pm.m, o);

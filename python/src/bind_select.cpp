@@ -13,6 +13,7 @@
 #include "masskv/select/selector.hpp"
 
 namespace masskv::py {
+namespace {
 
 select::Budget::Kind parse_budget(const std::string& s) {
   using K = select::Budget::Kind;
@@ -21,6 +22,22 @@ select::Budget::Kind parse_budget(const std::string& s) {
   if (s == "adaptive") return K::adaptive;
   fail(ErrorCode::invalid_argument, "budget",
        "expected \"fixed\", \"top_p\" or \"adaptive\", got \"", s, "\"");
+}
+
+}  // namespace
+
+select::SelectorConfig selector_config(const std::string& method, double alpha,
+                                       const std::string& budget, std::int64_t budget_tokens,
+                                       double top_p, int sink_pages, int window_tokens) {
+  select::SelectorConfig c;
+  c.method = select::parse_method(method, "method");
+  c.mapping = mapping_of(alpha);
+  c.budget.kind = parse_budget(budget);
+  c.budget.tokens = budget_tokens;
+  c.budget.p = top_p;
+  c.sink_pages = sink_pages;
+  c.window_tokens = window_tokens;
+  return c;
 }
 
 namespace {
@@ -56,14 +73,8 @@ SelectResult run_select(InArray q, const KV& kv, const std::string& method, doub
                         bool oracle_tokens, bool oracle_head_collapsed, float scale,
                         bool bf16_bounds) {
   const Cache& cache = kv.require_cache("a selector");
-  select::SelectorConfig cfg;
-  cfg.method = select::parse_method(method, "method");
-  cfg.mapping = mapping_of(alpha);
-  cfg.budget.kind = parse_budget(budget);
-  cfg.budget.tokens = budget_tokens;
-  cfg.budget.p = top_p;
-  cfg.sink_pages = sink_pages;
-  cfg.window_tokens = window_tokens;
+  select::SelectorConfig cfg =
+      selector_config(method, alpha, budget, budget_tokens, top_p, sink_pages, window_tokens);
   cfg.group = parse_group(group);
   cfg.mass_source = parse_mass_source(mass_source);
   cfg.tau_margin = tau_margin;

@@ -6,6 +6,7 @@
 
 #include <string_view>
 
+#include <cstdint>
 #include <string>
 
 #include "masskv/mapping.hpp"
@@ -24,7 +25,10 @@ void bind_model(nb::module_& m);
 // alpha == 1 is softmax; alpha in (1, 2] is alpha-entmax (DESIGN.md §2.1). Anything else
 // raises masskv.Error (a ValueError) naming "alpha".
 Mapping mapping_of(double alpha);
-// "fixed" | "top_p" | "adaptive"; anything else raises masskv.Error naming "budget".
-select::Budget::Kind parse_budget(const std::string& s);
+// The selector settings the Python API names (the rest keep their defaults). budget: "fixed" |
+// "top_p" | "adaptive". Errors (masskv.Error) name the argument.
+select::SelectorConfig selector_config(const std::string& method, double alpha,
+                                       const std::string& budget, std::int64_t budget_tokens,
+                                       double top_p, int sink_pages, int window_tokens);
 
 }  // namespace masskv::py
