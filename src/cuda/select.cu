@@ -27,8 +27,7 @@
 namespace masskv::cuda {
 namespace {
 
-constexpr int kScoreThreads = 128;
-constexpr int kTile = 64;  // pages per shared-memory tile (kScoreThreads = 2 * kTile)
+constexpr int kChunkAlign = 64;  // SelectLaunch::chunk_pages: a multiple of this
 constexpr int kTopkThreads = 1024;
 constexpr int kTopkWarps = kTopkThreads / 32;
 constexpr int kMaxGroupDims = 8192;  // group * head_dim (q+ and q- live in shared memory)
@@ -111,165 +110,217 @@ __device__ __forceinline__ void cp_async16(void* smem, const void* gmem, int src
                "r"(src_bytes));
 }
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n"); }
-__device__ __forceinline__ void cp_async_wait1() { asm volatile("cp.async.wait_group 1;\n"); }
 
-// Two tile buffers (the next tile is copied while the current one is scored), each min and max
-// rows of kTile pages, then q+, q-, f||q||_1, the halves' maxima and the tiles' page flags.
+// Scoring layout. A CTA of up to kScoreMaxWarps warps owns a chunk of pages of one (sequence,
+// kv head); its warps are independent pipelines: warp w scores the warp tiles w, w + warps,
+// w + 2 warps, ... of the chunk (kWarpPages pages each), every tile copied into the warp's own
+// shared-memory stages with 16-byte cp.async (coalesced: 16 lanes per 256-byte row at d = 128)
+// kScoreStages - 1 tiles ahead, so only __syncwarp orders a warp's copies and reads (one
+// __syncthreads, after the group's q is staged). In a tile, lane L scores row L: page L / 2,
+// its min row (L even: the q- chains) or its max row (L odd: the q+ chains); the two lanes of a
+// page then add their chains (shuffle) and both finish the bound.
+constexpr int kWarpPages = 16;  // pages per warp tile: 32 rows, one per lane
+constexpr int kScoreStages = 2;
+constexpr int kScoreMaxWarps = 12;
+constexpr int kHeadBatch = 4;  // q heads per pass over a row (8 accumulators each)
+
 template <int kD>
 struct ScoreSmem {
-  static constexpr int kRow = kD + 8;  // bf16 per staged row: 16 bytes of padding (no conflicts)
-  static constexpr int kBuf = 2 * kTile * kRow;  // bf16 per buffer (min rows, then max rows)
-  static std::size_t bytes(int group) {
-    return sizeof(std::uint16_t) * 2 * kBuf +
-           sizeof(float) * (2 * static_cast<std::size_t>(group) * kD + group + 2 * kTile) +
-           sizeof(int) * 2 * kTile;
+  static constexpr int kRowBytes = 2 * kD + 16;  // 16 bytes of padding: lane L reads row L
+  static constexpr int kStageBytes = 2 * kWarpPages * kRowBytes;
+  static constexpr int kWarpBytes = kScoreStages * kStageBytes;
+  // q+ [group][kD], 4 floats of padding (q- in other banks than q+), q- [group][kD], f||q||_1.
+  static std::size_t q_bytes(int group) {
+    return sizeof(float) * (2 * static_cast<std::size_t>(group) * kD + 4 + group);
+  }
+  static std::size_t bytes(int warps, int group) {
+    return static_cast<std::size_t>(warps) * kWarpBytes + q_bytes(group);
   }
 };
 
-// grid (chunks, kv heads, batch). Thread t: page t % 64 of the tile, q heads i = t / 64,
-// t / 64 + 2, ...; the two halves' maxima merge in shared memory.
+__device__ __forceinline__ void cp_async_wait_stages() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(kScoreStages - 1) : "memory");
+}
+
+// The chains of kNB q heads (from head i0) over this lane's row; kW: also W over the row.
+// acc[i][l] = sum over k, in order, of q[i][8k + l] * row[8k + l] (one FMA chain per lane l, as
+// the AVX2 kernel's lanes), q = q- for a min row, q+ for a max row.
+template <int kD, int kNB, bool kW>
+__device__ __forceinline__ void score_rows(const uint4* row, const float* qa, int i0, float& w,
+                                           float (&acc)[kHeadBatch][8]) {
+#pragma unroll
+  for (int i = 0; i < kNB; ++i)
+#pragma unroll
+    for (int l = 0; l < 8; ++l) acc[i][l] = 0.f;
+#pragma unroll
+  for (int k = 0; k < kD / 8; ++k) {
+    float x[8];
+    unpack8(row[k], x);
+    if constexpr (kW) {
+#pragma unroll
+      for (int l = 0; l < 8; ++l) w = fmaxf(w, fabsf(x[l]));
+    }
+#pragma unroll
+    for (int i = 0; i < kNB; ++i) {
+      const float4* qv = reinterpret_cast<const float4*>(qa + (i0 + i) * kD + 8 * k);
+      const float4 a = qv[0], c = qv[1];
+      acc[i][0] = fmaf(a.x, x[0], acc[i][0]);
+      acc[i][1] = fmaf(a.y, x[1], acc[i][1]);
+      acc[i][2] = fmaf(a.z, x[2], acc[i][2]);
+      acc[i][3] = fmaf(a.w, x[3], acc[i][3]);
+      acc[i][4] = fmaf(c.x, x[4], acc[i][4]);
+      acc[i][5] = fmaf(c.y, x[5], acc[i][5]);
+      acc[i][6] = fmaf(c.z, x[6], acc[i][6]);
+      acc[i][7] = fmaf(c.w, x[7], acc[i][7]);
+    }
+  }
+}
+
+// grid (chunks, kv heads, batch), blockDim = 32 * warps (warps <= kScoreMaxWarps, planned on the
+// host from the shared memory that fits).
 template <int kD>
-__global__ void __launch_bounds__(kScoreThreads) quest_score_kernel(SelParams p) {
+__global__ void __launch_bounds__(kScoreMaxWarps * 32) quest_score_kernel(SelParams p) {
   using Smem = ScoreSmem<kD>;
-  constexpr int kRow = Smem::kRow;
-  constexpr int kBlocks = kD / 8;
+  constexpr int kRowBytes = Smem::kRowBytes;
+  constexpr int kPieces = kD / 8;             // 16-byte pieces per row
+  constexpr int kRowsPerCopy = 32 / kPieces;  // rows one warp-wide copy covers (4, 2, 1)
+  constexpr int kCopies = 2 * kWarpPages / kRowsPerCopy;
+  constexpr unsigned kAll = 0xffffffffu;
   extern __shared__ uint4 smem_raw[];
+  unsigned char* smem = reinterpret_cast<unsigned char*>(smem_raw);
+  const int warps = blockDim.x / 32;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int g = p.group;
-  // Layout: tile buffers first (16-byte aligned), then floats, then ints.
-  std::uint16_t* s_tiles = reinterpret_cast<std::uint16_t*>(smem_raw);  // [2][min|max][kTile][kRow]
-  float* s_qpos = reinterpret_cast<float*>(s_tiles + 2 * Smem::kBuf);
-  float* s_qneg = s_qpos + g * kD;
+  float* s_qpos = reinterpret_cast<float*>(smem + static_cast<std::size_t>(warps) * Smem::kWarpBytes);
+  float* s_qneg = s_qpos + g * kD + 4;
   float* s_fq = s_qneg + g * kD;
-  float* s_part = s_fq + g;                                // [2][kTile]
-  int* s_ok = reinterpret_cast<int*>(s_part + 2 * kTile);  // [2][kTile]: phys + 1, 0 = none
+  unsigned char* wbuf = smem + static_cast<std::size_t>(warp) * Smem::kWarpBytes;
 
   const int chunk = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
   const int n = seq_pages(p, b);
   const int j0 = chunk * p.chunk_pages;
-  if (n < 0 || j0 >= n) return;
+  if (n < 0 || j0 >= n) return;  // the whole CTA: before any barrier
   const int j1 = min(n, j0 + p.chunk_pages);
   const int seq_begin = p.indptr[b];
+  const int tiles = (j1 - j0 + kWarpPages - 1) / kWarpPages;
+  const int my_tiles = warp < tiles ? (tiles - warp + warps - 1) / warps : 0;
+  const auto tile_page0 = [&](int t) { return j0 + (warp + t * warps) * kWarpPages; };
 
   const std::int64_t page_stride = static_cast<std::int64_t>(p.num_kv_heads) * kD;
   const std::uint16_t* mn = p.mn + static_cast<std::int64_t>(h) * kD;
   const std::uint16_t* mx = p.mx + static_cast<std::int64_t>(h) * kD;
-  // Copies tile [t0, t0 + kTile) of the chunk into buffer buf; every thread reads the page ids
-  // its pieces need (so no barrier is needed before the copies), the one copying a page's first
-  // min piece records the id check.
-  const auto issue = [&](int t0, int buf) {
-    const int tn = min(kTile, j1 - t0);
-    std::uint16_t* tile = s_tiles + buf * Smem::kBuf;
-    for (int idx = threadIdx.x; idx < kTile * kBlocks * 2; idx += kScoreThreads) {
-      const int arr = idx / (kTile * kBlocks);  // 0: min, 1: max
-      const int rem = idx % (kTile * kBlocks);
-      const int pg = rem / kBlocks, blk = rem % kBlocks;
-      int ok = 0;
-      if (pg < tn) {
-        const int phys = p.indices[seq_begin + t0 + pg];
-        if (phys >= 0 && phys < p.pool_pages) {
-          ok = phys + 1;
-        } else if (arr == 0 && blk == 0) {
-          atomicOr(p.err, kBadPhysical);
-        }
+  // Copies this warp's tile t into stage st: lane L reads the page id of page L % 16 of the
+  // tile (flags a bad one); copy `it` moves rows [it * kRowsPerCopy, +kRowsPerCopy) of the
+  // stage (row r = 2 * page + (0: min, 1: max)), kPieces consecutive lanes per row; missing or
+  // bad pages are zero-filled without reading.
+  const auto issue = [&](int t, int st) {
+    const int pg0 = tile_page0(t);
+    const int tn = min(kWarpPages, j1 - pg0);
+    const int mine = lane % kWarpPages;
+    int phys = -1;
+    if (mine < tn) {
+      const int id = p.indices[seq_begin + pg0 + mine];
+      if (id >= 0 && id < p.pool_pages) {
+        phys = id;
+      } else if (lane < kWarpPages) {
+        atomicOr(p.err, kBadPhysical);
       }
-      if (arr == 0 && blk == 0) s_ok[buf * kTile + pg] = ok;
+    }
+    unsigned char* stage = wbuf + st * Smem::kStageBytes;
+    const int piece = lane % kPieces;
+#pragma unroll
+    for (int it = 0; it < kCopies; ++it) {
+      const int r = it * kRowsPerCopy + lane / kPieces;
+      const int ph = __shfl_sync(kAll, phys, r >> 1);
       const std::uint16_t* src =
-          ok ? (arr ? mx : mn) + (ok - 1) * page_stride + blk * 8 : p.mn;  // 0 bytes read if !ok
-      cp_async16(tile + (arr * kTile + pg) * kRow + blk * 8, src, ok ? 16 : 0);
+          ph >= 0 ? ((r & 1) ? mx : mn) + ph * page_stride + piece * 8 : p.mn;  // 0 bytes if < 0
+      cp_async16(stage + r * kRowBytes + piece * 16, src, ph >= 0 ? 16 : 0);
     }
   };
-  issue(j0, 0);
-  cp_async_commit();
+#pragma unroll
+  for (int s = 0; s < kScoreStages - 1; ++s) {
+    if (s < my_tiles) issue(s, s);
+    cp_async_commit();
+  }
 
   const int q_head0 = h * g;
-  for (int idx = threadIdx.x; idx < g * kD; idx += kScoreThreads) {
+  for (int idx = threadIdx.x; idx < g * kD; idx += blockDim.x) {
     const int i = idx / kD, c = idx % kD;
     const float x = p.q[b * p.q_s0 + (q_head0 + i) * p.q_s1 + c];
     s_qpos[idx] = x > 0.f ? x : 0.f;
     s_qneg[idx] = x < 0.f ? x : 0.f;
   }
-  for (int i = threadIdx.x; i < g; i += kScoreThreads) {
+  for (int i = threadIdx.x; i < g; i += blockDim.x) {
     // ||q||_1 summed in channel order, as SplitQuery::assign.
     const float* row = p.q + b * p.q_s0 + (q_head0 + i) * p.q_s1;
     float l1 = 0.f;
     for (int c = 0; c < kD; ++c) l1 = __fadd_rn(l1, fabsf(row[c]));
     s_fq[i] = __fmul_rn(p.slack_f, l1);
   }
+  __syncthreads();  // q staged; from here on the warps run on their own
 
   std::uint32_t* keys = p.keys + (static_cast<std::int64_t>(b) * p.num_kv_heads + h) * p.max_pages;
-  const int pt = threadIdx.x % kTile, half = threadIdx.x / kTile;
-
-  for (int t0 = j0, buf = 0; t0 < j1; t0 += kTile, buf ^= 1) {
-    const int tn = min(kTile, j1 - t0);
-    // The other buffer was last read before the previous iteration's second barrier.
-    if (t0 + kTile < j1) issue(t0 + kTile, buf ^ 1);
+  const float* qa = (lane & 1) ? s_qpos : s_qneg;
+  for (int t = 0; t < my_tiles; ++t) {
+    // The stage written here was last read in iteration t - 1, before its closing __syncwarp.
+    if (t + kScoreStages - 1 < my_tiles)
+      issue(t + kScoreStages - 1, (t + kScoreStages - 1) % kScoreStages);
     cp_async_commit();
-    cp_async_wait1();  // this thread's copies of the current tile have landed
-    __syncthreads();   // everyone's (and q, and the page flags)
-    const std::uint16_t* s_lo = s_tiles + buf * Smem::kBuf;
-    const std::uint16_t* s_hi = s_lo + kTile * kRow;
-    const int ok_here = s_ok[buf * kTile + pt];
-
-    float best = -INFINITY;
-    if (pt < tn && ok_here) {
-      const uint4* lo = reinterpret_cast<const uint4*>(s_lo + pt * kRow);
-      const uint4* hi = reinterpret_cast<const uint4*>(s_hi + pt * kRow);
-      // W = max_c max(|m_c|, |M_c|) (exact in any order).
-      float w = 0.f;
-#pragma unroll 4
-      for (int k = 0; k < kBlocks; ++k) {
-        float M[8], m[8];
-        unpack8(hi[k], M);
-        unpack8(lo[k], m);
-#pragma unroll
-        for (int l = 0; l < 8; ++l) w = fmaxf(w, fmaxf(fabsf(M[l]), fabsf(m[l])));
-      }
-      for (int i = half; i < g; i += 2) {
-        const float4* qp = reinterpret_cast<const float4*>(s_qpos + i * kD);
-        const float4* qn = reinterpret_cast<const float4*>(s_qneg + i * kD);
-        float ap[8], an[8];
-#pragma unroll
-        for (int l = 0; l < 8; ++l) ap[l] = an[l] = 0.f;
-#pragma unroll 4
-        for (int k = 0; k < kBlocks; ++k) {
-          float M[8], m[8];
-          unpack8(hi[k], M);
-          unpack8(lo[k], m);
-          const float4 p0 = qp[2 * k], p1 = qp[2 * k + 1];
-          const float4 n0 = qn[2 * k], n1 = qn[2 * k + 1];
-          const float qpv[8] = {p0.x, p0.y, p0.z, p0.w, p1.x, p1.y, p1.z, p1.w};
-          const float qnv[8] = {n0.x, n0.y, n0.z, n0.w, n1.x, n1.y, n1.z, n1.w};
-#pragma unroll
-          for (int l = 0; l < 8; ++l) {
-            ap[l] = fmaf(qpv[l], M[l], ap[l]);
-            an[l] = fmaf(qnv[l], m[l], an[l]);
-          }
+    cp_async_wait_stages();  // this lane's copies of tile t have landed
+    __syncwarp();            // and every lane's
+    const int pg = tile_page0(t) + lane / 2;
+    const bool in = pg < j1;
+    bool ok = false;
+    if (in) {
+      const int id = p.indices[seq_begin + pg];
+      ok = id >= 0 && id < p.pool_pages;
+    }
+    const uint4* row = reinterpret_cast<const uint4*>(wbuf + (t % kScoreStages) * Smem::kStageBytes +
+                                                      lane * kRowBytes);
+    // W = max_c max(|m_c|, |M_c|): each lane's row, then the pair's (exact in any order).
+    float w = 0.f, best = -INFINITY;
+    float acc[kHeadBatch][8];
+    for (int i0 = 0; i0 < g; i0 += kHeadBatch) {
+      const int nb = min(kHeadBatch, g - i0);
+      if (i0 == 0) {
+        switch (nb) {
+          case 1: score_rows<kD, 1, true>(row, qa, i0, w, acc); break;
+          case 2: score_rows<kD, 2, true>(row, qa, i0, w, acc); break;
+          case 3: score_rows<kD, 3, true>(row, qa, i0, w, acc); break;
+          default: score_rows<kD, 4, true>(row, qa, i0, w, acc); break;
         }
-        float v[8];
+        w = fmaxf(w, __shfl_xor_sync(kAll, w, 1));
+      } else {
+        switch (nb) {
+          case 1: score_rows<kD, 1, false>(row, qa, i0, w, acc); break;
+          case 2: score_rows<kD, 2, false>(row, qa, i0, w, acc); break;
+          case 3: score_rows<kD, 3, false>(row, qa, i0, w, acc); break;
+          default: score_rows<kD, 4, false>(row, qa, i0, w, acc); break;
+        }
+      }
 #pragma unroll
-        for (int l = 0; l < 8; ++l) v[l] = __fadd_rn(ap[l], an[l]);
-        // The AVX2 hsum: ((v0+v4)+(v2+v6)) + ((v1+v5)+(v3+v7)).
-        const float s = __fadd_rn(__fadd_rn(__fadd_rn(v[0], v[4]), __fadd_rn(v[2], v[6])),
-                                  __fadd_rn(__fadd_rn(v[1], v[5]), __fadd_rn(v[3], v[7])));
-        // finish_bound: scale * (sum + fq * w + FLT_MIN), each operation rounded.
-        const float bound =
-            __fmul_rn(p.scale, __fadd_rn(__fadd_rn(s, __fmul_rn(s_fq[i], w)), FLT_MIN));
-        // CPU: m = bounds[0]; m = x > m ? x : m; the same value for finite bounds (NaN flagged).
-        if (isnan(bound)) atomicOr(p.err, kNonFinite);
-        best = (i == half || bound > best) ? bound : best;
+      for (int i = 0; i < kHeadBatch; ++i) {
+        if (i < nb) {
+          // v_l = (q+·M)_l + (q-·m)_l: the partner lane holds the other chain (+ commutes).
+          float v[8];
+#pragma unroll
+          for (int l = 0; l < 8; ++l) v[l] = __fadd_rn(acc[i][l], __shfl_xor_sync(kAll, acc[i][l], 1));
+          // The AVX2 hsum: ((v0+v4)+(v2+v6)) + ((v1+v5)+(v3+v7)).
+          const float s = __fadd_rn(__fadd_rn(__fadd_rn(v[0], v[4]), __fadd_rn(v[2], v[6])),
+                                    __fadd_rn(__fadd_rn(v[1], v[5]), __fadd_rn(v[3], v[7])));
+          // finish_bound: scale * (sum + fq * w + FLT_MIN), each operation rounded.
+          const float bound = __fmul_rn(
+              p.scale, __fadd_rn(__fadd_rn(s, __fmul_rn(s_fq[i0 + i], w)), FLT_MIN));
+          // CPU: m = bounds[0]; m = x > m ? x : m (in head order).
+          if (ok && isnan(bound) && (lane & 1) == 0) atomicOr(p.err, kNonFinite);
+          best = (i0 + i == 0 || bound > best) ? bound : best;
+        }
       }
     }
-    s_part[half * kTile + pt] = best;
-    __syncthreads();
-    if (threadIdx.x < tn) {  // pt == threadIdx.x, half 0
-      const float a = s_part[threadIdx.x];
-      const float c = s_part[kTile + threadIdx.x];
-      const float m = g > 1 && c > a ? c : a;
-      keys[t0 + threadIdx.x] = ok_here ? ordered_key(m) : 0u;
-    }
+    if ((lane & 1) == 0 && in) keys[pg] = ok ? ordered_key(best) : 0u;
+    __syncwarp();  // every lane is done with this stage before it is refilled
   }
 }
-
 // ---- top-k ----------------------------------------------------------------------------------
 
 // Selection of one (sequence, kv head). grid (kv heads, batch), kTopkThreads threads.
@@ -459,23 +510,66 @@ int device_sms() {
 
 using ScoreFn = void (*)(SelParams);
 
-// The scoring kernel for head_dim d, with its dynamic shared-memory limit raised once.
-ScoreFn score_kernel(int d) {
+int device_attr(cudaDeviceAttr attr, const char* what) {
+  int dev = 0, v = 0;
+  check_cuda(cudaGetDevice(&dev), "cudaGetDevice");
+  check_cuda(cudaDeviceGetAttribute(&v, attr, dev), what);
+  return v;
+}
+
+// The scoring launch of one (head_dim, group): the kernel (its dynamic shared-memory limit
+// raised to the device's once), warps per CTA (as many as fit, <= kScoreMaxWarps), shared
+// memory, and resident CTAs per SM (for the chunk plan). Cached per head_dim for the last group.
+struct ScorePlan {
+  ScoreFn fn = nullptr;
+  int warps = 0;
+  std::size_t smem = 0;
+  int ctas_per_sm = 1;
+};
+
+template <int kD>
+std::size_t score_warp_bytes() {
+  return ScoreSmem<kD>::kWarpBytes;
+}
+
+ScorePlan score_plan(int d, int group) {
   static std::mutex mu;
   static bool ready[3] = {};
+  static ScorePlan cache[3];
+  static int cache_group[3] = {};
   const int idx = d == 64 ? 0 : d == 128 ? 1 : 2;
   const ScoreFn fns[3] = {quest_score_kernel<64>, quest_score_kernel<128>, quest_score_kernel<256>};
   std::lock_guard<std::mutex> lock(mu);
+  static const int optin =
+      device_attr(cudaDevAttrMaxSharedMemoryPerBlockOptin, "shared memory per block");
   if (!ready[idx]) {
-    const std::size_t most = idx == 0   ? ScoreSmem<64>::bytes(kMaxGroupDims / 64)
-                             : idx == 1 ? ScoreSmem<128>::bytes(kMaxGroupDims / 128)
-                                        : ScoreSmem<256>::bytes(kMaxGroupDims / 256);
-    check_cuda(cudaFuncSetAttribute(fns[idx], cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                    static_cast<int>(most)),
+    check_cuda(cudaFuncSetAttribute(fns[idx], cudaFuncAttributeMaxDynamicSharedMemorySize, optin),
                "cudaFuncSetAttribute(shared memory)");
     ready[idx] = true;
   }
-  return fns[idx];
+  if (cache[idx].fn != nullptr && cache_group[idx] == group) return cache[idx];
+  const std::size_t q_bytes = idx == 0   ? ScoreSmem<64>::q_bytes(group)
+                              : idx == 1 ? ScoreSmem<128>::q_bytes(group)
+                                         : ScoreSmem<256>::q_bytes(group);
+  const std::size_t warp_bytes = idx == 0   ? score_warp_bytes<64>()
+                                 : idx == 1 ? score_warp_bytes<128>()
+                                            : score_warp_bytes<256>();
+  const std::size_t room = static_cast<std::size_t>(optin) > q_bytes ? optin - q_bytes : 0;
+  ScorePlan plan;
+  plan.fn = fns[idx];
+  plan.warps = static_cast<int>(std::min<std::size_t>(kScoreMaxWarps, room / warp_bytes));
+  require(plan.warps >= 1, ErrorCode::unsupported, "q",
+          "the scoring kernel's shared memory does not fit this device for group ", group,
+          " and head_dim ", d);
+  plan.smem = static_cast<std::size_t>(plan.warps) * warp_bytes + q_bytes;
+  int ctas = 0;
+  check_cuda(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&ctas, plan.fn, plan.warps * 32,
+                                                           plan.smem),
+             "cudaOccupancyMaxActiveBlocksPerMultiprocessor(score)");
+  plan.ctas_per_sm = std::max(1, ctas);
+  cache[idx] = plan;
+  cache_group[idx] = group;
+  return plan;
 }
 
 // The top-k kernel with its dynamic shared-memory limit raised once (the key cache).
@@ -488,25 +582,22 @@ void prepare_topk() {
   });
 }
 
-std::size_t score_smem(int d, int group) {
-  return d == 64    ? ScoreSmem<64>::bytes(group)
-         : d == 128 ? ScoreSmem<128>::bytes(group)
-                    : ScoreSmem<256>::bytes(group);
-}
-
-// Chunks of whole tiles, about eight CTAs per SM over the (sequence, kv head) pairs.
-int plan_score_chunk(int base_ctas, int max_pages) {
-  const int target = std::max(1, device_sms() * 8);
-  const int chunks = std::max(1, target / std::max(1, base_ctas));
+// One wave: the (sequence, kv head) pairs split into as many chunks as resident CTA slots
+// allow (each CTA's warps then stream many tiles through their pipelines); chunks of whole
+// kChunkAlign pages. With more pairs than slots, one chunk per pair.
+int plan_score_chunk(int pairs, int max_pages, int ctas_per_sm) {
+  const int slots = std::max(1, device_sms() * ctas_per_sm);
+  const int chunks = std::max(1, slots / std::max(1, pairs));
   int cp = (max_pages + chunks - 1) / chunks;
-  cp = (cp + kTile - 1) / kTile * kTile;
-  return std::max(cp, kTile);
+  cp = (cp + kChunkAlign - 1) / kChunkAlign * kChunkAlign;
+  return std::max(cp, kChunkAlign);
 }
 
 struct Prepared {
   SelParams p{};
   dim3 score_grid, topk_grid;
   ScoreFn score = nullptr;
+  int score_threads = 0;
   std::size_t smem = 0, topk_smem = 0;
 };
 
@@ -622,8 +713,8 @@ Prepared prepare(const QuestSelectArgs& a, const SelectLaunch& launch, bool outp
   check_policy(a.policy);
   require(launch.max_pages_per_seq > 0, invalid_argument, "max_pages_per_seq",
           "the host's bound on pages per sequence is required");
-  require(launch.chunk_pages >= 0 && launch.chunk_pages % kTile == 0, invalid_argument,
-          "chunk_pages", "must be 0 or a multiple of ", kTile);
+  require(launch.chunk_pages >= 0 && launch.chunk_pages % kChunkAlign == 0,
+          invalid_argument, "chunk_pages", "must be 0 or a multiple of ", kChunkAlign);
   if (outputs) {
     require(a.max_per_head >= 0, invalid_argument, "max_per_head", "must be >= 0");
     require(a.ids.size() == static_cast<std::size_t>(B) * Hkv * a.max_per_head &&
@@ -636,6 +727,7 @@ Prepared prepare(const QuestSelectArgs& a, const SelectLaunch& launch, bool outp
   require(std::isfinite(scale) && scale > 0, invalid_argument, "scale",
           "must be finite and > 0, got ", a.scale);
 
+  const ScorePlan splan = score_plan(d, group);
   Prepared pr;
   SelParams& p = pr.p;
   p.q = a.q.data;
@@ -657,7 +749,8 @@ Prepared prepare(const QuestSelectArgs& a, const SelectLaunch& launch, bool outp
   p.slack_f = 2.0f * static_cast<float>(2 * d + 4) * 0x1p-24f;
   p.max_pages = launch.max_pages_per_seq;
   p.chunk_pages = launch.chunk_pages > 0 ? launch.chunk_pages
-                                         : plan_score_chunk(B * Hkv, launch.max_pages_per_seq);
+                                         : plan_score_chunk(B * Hkv, launch.max_pages_per_seq,
+                                                            splan.ctas_per_sm);
   p.budget = a.policy.budget_pages;
   p.sinks = a.policy.sink_pages;
   p.window_tokens = a.policy.window_tokens;
@@ -678,8 +771,9 @@ Prepared prepare(const QuestSelectArgs& a, const SelectLaunch& launch, bool outp
   require(Hkv <= 65535, unsupported, "bounds", "num_kv_heads must be <= 65535");
   pr.score_grid = dim3(chunks, Hkv, B);
   pr.topk_grid = dim3(Hkv, B);
-  pr.score = score_kernel(d);
-  pr.smem = score_smem(d, group);
+  pr.score = splan.fn;
+  pr.score_threads = splan.warps * 32;
+  pr.smem = splan.smem;
   p.key_cache = std::min(launch.max_pages_per_seq, kKeyCache);
   pr.topk_smem = sizeof(std::uint32_t) * static_cast<std::size_t>(p.key_cache);
   prepare_topk();
@@ -692,7 +786,7 @@ void quest_score(const QuestSelectArgs& a, const SelectLaunch& launch) {
   const Prepared pr = prepare(a, launch, false);
   if (a.q.n0 == 0) return;
   cudaStream_t stream = launch.stream;
-  pr.score<<<pr.score_grid, kScoreThreads, pr.smem, stream>>>(pr.p);
+  pr.score<<<pr.score_grid, pr.score_threads, pr.smem, stream>>>(pr.p);
   check_cuda(cudaGetLastError(), "quest score kernel launch");
   if (launch.check_errors) launch.workspace->check(stream);
 }
@@ -701,7 +795,7 @@ void quest_select(const QuestSelectArgs& a, const SelectLaunch& launch) {
   const Prepared pr = prepare(a, launch, true);
   if (a.q.n0 == 0) return;
   cudaStream_t stream = launch.stream;
-  pr.score<<<pr.score_grid, kScoreThreads, pr.smem, stream>>>(pr.p);
+  pr.score<<<pr.score_grid, pr.score_threads, pr.smem, stream>>>(pr.p);
   check_cuda(cudaGetLastError(), "quest score kernel launch");
   quest_topk_kernel<<<pr.topk_grid, kTopkThreads, pr.topk_smem, stream>>>(pr.p);
   check_cuda(cudaGetLastError(), "quest top-k kernel launch");
