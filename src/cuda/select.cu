@@ -13,6 +13,7 @@
 //     (ties to the lower page id, as the CPU), and writes the ids ascending with two ballot passes
 //     (no sort), -1 padded, and the count.
 // Both are deterministic (integer atomics only count; no order depends on timing).
+#include <cooperative_groups.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -27,9 +28,12 @@
 namespace masskv::cuda {
 namespace {
 
+namespace cg = cooperative_groups;
+
 constexpr int kChunkAlign = 64;  // SelectLaunch::chunk_pages: a multiple of this
 constexpr int kTopkThreads = 1024;
 constexpr int kTopkWarps = kTopkThreads / 32;
+constexpr int kTopkCluster = 8;  // CTAs per (sequence, kv head) in the top-k (portable cluster)
 constexpr int kMaxGroupDims = 8192;  // group * head_dim (q+ and q- live in shared memory)
 // Candidate keys the top-k CTA keeps in shared memory (160 KiB): the radix passes and the two
 // compaction passes then read global memory (L2) only for candidates past these.
@@ -323,20 +327,33 @@ __global__ void __launch_bounds__(kScoreMaxWarps * 32) quest_score_kernel(SelPar
 }
 // ---- top-k ----------------------------------------------------------------------------------
 
-// Selection of one (sequence, kv head). grid (kv heads, batch), kTopkThreads threads.
-__global__ void __launch_bounds__(kTopkThreads) quest_topk_kernel(SelParams p) {
-  extern __shared__ std::uint32_t s_keys[];  // candidates [lo, lo + cached)
-  __shared__ int s_hist[256];
+// Selection of one (sequence, kv head) by a cluster of kTopkCluster CTAs (thread-block cluster,
+// distributed shared memory). grid (kTopkCluster, kv heads, batch), kTopkThreads threads.
+// CTA r of the cluster owns the r-th contiguous slice of the candidates [sinks, window): it
+// caches the slice's keys, builds each radix pass's 256-bin histogram of its slice; after a
+// cluster barrier every CTA sums the cluster's histograms (integer sums: the same in every CTA)
+// and finds the same bin, so the threshold T and need_eq come out as with one CTA. The ordered
+// compaction gives each CTA the counts of the lower-ranked slices (id order = rank order), so
+// the ids are written ascending without a sort. All CTAs of a cluster take the same branches
+// (they compute the same n, kept, need), so no barrier is left waiting.
+__global__ void __cluster_dims__(kTopkCluster, 1, 1) __launch_bounds__(kTopkThreads)
+    quest_topk_kernel(SelParams p) {
+  extern __shared__ std::uint32_t s_keys[];  // this CTA's slice [slo, slo + cached)
+  __shared__ int s_hist[2][256];             // by pass parity (other CTAs read them)
   __shared__ int s_warp_a[kTopkWarps], s_warp_b[kTopkWarps];
   __shared__ int s_base_eq[kTopkWarps], s_base_sel[kTopkWarps];
+  __shared__ int s_cta_eq, s_cta_gt;  // this slice's counts (other CTAs read them)
   __shared__ int s_bin, s_krem;
 
-  const int h = blockIdx.x, b = blockIdx.y;
+  cg::cluster_group cluster = cg::this_cluster();
+  const int rank = static_cast<int>(cluster.block_rank());
+  const int h = blockIdx.y, b = blockIdx.z;
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
   const unsigned lt_mask = (1u << lane) - 1u;
   std::int32_t* out =
       p.out_ids + (static_cast<std::int64_t>(b) * p.num_kv_heads + h) * p.max_per_head;
   std::int32_t* out_count = p.out_count + b * p.num_kv_heads + h;
+  const bool leader = rank == 0;  // writes the kept pages, the padding, the count, the flags
 
   const int n = seq_pages(p, b);
   int last = 0;
@@ -365,58 +382,74 @@ __global__ void __launch_bounds__(kTopkThreads) quest_topk_kernel(SelParams p) {
     }
   }
   if (bad || n == 0) {
-    for (int i = tid; i < p.max_per_head; i += kTopkThreads) out[i] = -1;
-    if (tid == 0) *out_count = 0;
+    if (leader) {
+      for (int i = tid; i < p.max_per_head; i += kTopkThreads) out[i] = -1;
+      if (tid == 0) *out_count = 0;
+    }
     return;
   }
   const int need = total - kept;  // > 0 only when sinks < window
   const int s0 = min(sinks, window);
   const int nsel = max(need, 0);
-  for (int j = tid; j < s0; j += kTopkThreads) out[j] = j;
-  for (int j = window + tid; j < n; j += kTopkThreads) out[s0 + nsel + (j - window)] = j;
-  for (int i = total + tid; i < p.max_per_head; i += kTopkThreads) out[i] = -1;
-  if (tid == 0) *out_count = total;
+  if (leader) {
+    for (int j = tid; j < s0; j += kTopkThreads) out[j] = j;
+    for (int j = window + tid; j < n; j += kTopkThreads) out[s0 + nsel + (j - window)] = j;
+    for (int i = total + tid; i < p.max_per_head; i += kTopkThreads) out[i] = -1;
+    if (tid == 0) *out_count = total;
+  }
   if (nsel == 0) return;
 
   const std::uint32_t* keys =
       p.keys + (static_cast<std::int64_t>(b) * p.num_kv_heads + h) * p.max_pages;
   const int lo = sinks, hi = window, cand = hi - lo;
   const bool take_all = nsel >= cand;
-  const int cached = take_all ? 0 : min(cand, p.key_cache);
-  for (int i = tid; i < cached; i += kTopkThreads) s_keys[i] = __ldg(keys + lo + i);
+  // This CTA's slice [slo, shi) of the candidates (whole warps of 32 ids).
+  const int slice = (cand + kTopkCluster * 32 - 1) / (kTopkCluster * 32) * 32;
+  const int slo = min(hi, lo + rank * slice), shi = min(hi, slo + slice);
+  const int scount = shi - slo;
+  const int cached = take_all ? 0 : min(scount, p.key_cache);
+  for (int i = tid; i < cached; i += kTopkThreads) s_keys[i] = __ldg(keys + slo + i);
   __syncthreads();
   const auto key_at = [&](int j) {
-    const int i = j - lo;
+    const int i = j - slo;
     return i < cached ? s_keys[i] : __ldg(keys + j);
   };
-  // Threshold T = the nsel-th largest key; k_rem = how many keys equal to T are taken.
+  // Threshold T = the nsel-th largest key of all candidates; k_rem = how many keys equal to T
+  // are taken.
   std::uint32_t prefix = 0, pmask = 0;
   int k_rem = nsel;
   if (!take_all) {
-    const int iters = (cand + kTopkThreads - 1) / kTopkThreads;
-    for (int shift = 24; shift >= 0; shift -= 8) {
-      for (int i = tid; i < 256; i += kTopkThreads) s_hist[i] = 0;
+    const int iters = (scount + kTopkThreads - 1) / kTopkThreads;
+    int parity = 0;
+    for (int shift = 24; shift >= 0; shift -= 8, parity ^= 1) {
+      // s_hist[parity] was last read (by every CTA) before the previous pass's cluster barrier.
+      int* hist = s_hist[parity];
+      for (int i = tid; i < 256; i += kTopkThreads) hist[i] = 0;
       __syncthreads();
       for (int it = 0; it < iters; ++it) {
-        const int j = lo + it * kTopkThreads + tid;
+        const int j = slo + it * kTopkThreads + tid;
         unsigned bin = 256;
-        if (j < hi) {
+        if (j < shi) {
           const std::uint32_t key = key_at(j);
           if ((key & pmask) == prefix) bin = (key >> shift) & 255u;
         }
         const unsigned peers = __match_any_sync(0xffffffffu, bin);
-        if (bin < 256 && lane == __ffs(peers) - 1) atomicAdd(&s_hist[bin], __popc(peers));
+        if (bin < 256 && lane == __ffs(peers) - 1) atomicAdd(&hist[bin], __popc(peers));
       }
-      __syncthreads();
+      cluster.sync();  // every CTA's histogram of this pass is complete
       if (warp == 0) {
-        // Lane l holds bins [8l, 8l + 8); suffix sums over lanes find the bin holding the
-        // k_rem-th largest key of the current prefix.
+        // Lane l holds bins [8l, 8l + 8) summed over the cluster; suffix sums over lanes find
+        // the bin holding the k_rem-th largest key of the current prefix.
         int c[8], sum = 0;
 #pragma unroll
-        for (int i = 0; i < 8; ++i) {
-          c[i] = s_hist[8 * lane + i];
-          sum += c[i];
+        for (int i = 0; i < 8; ++i) c[i] = 0;
+        for (int r = 0; r < kTopkCluster; ++r) {
+          const int* rh = cluster.map_shared_rank(hist, r);
+#pragma unroll
+          for (int i = 0; i < 8; ++i) c[i] += rh[8 * lane + i];
         }
+#pragma unroll
+        for (int i = 0; i < 8; ++i) sum += c[i];
         int suffix = sum;  // sum over lanes >= lane
 #pragma unroll
         for (int off = 1; off < 32; off *= 2) {
@@ -440,16 +473,16 @@ __global__ void __launch_bounds__(kTopkThreads) quest_topk_kernel(SelParams p) {
       prefix |= static_cast<std::uint32_t>(s_bin) << shift;
       pmask |= 255u << shift;
       k_rem = s_krem;
-      __syncthreads();  // s_bin / s_krem / s_hist reused next pass
+      __syncthreads();  // s_bin / s_krem are rewritten next pass
     }
   }
   const std::uint32_t T = prefix;
   const int need_eq = k_rem;
 
-  // Warp w owns candidates [lo + w * seg, lo + (w + 1) * seg), walked 32 at a time in id
+  // Warp w owns the slice's ids [slo + w * seg, slo + (w + 1) * seg), walked 32 at a time in id
   // order: ranks are running ballot counts, so ids come out ascending without a sort.
-  const int seg = ((cand + kTopkWarps * 32 - 1) / (kTopkWarps * 32)) * 32;
-  const int wbeg = lo + warp * seg, wend = min(hi, wbeg + seg);
+  const int seg = ((scount + kTopkWarps * 32 - 1) / (kTopkWarps * 32)) * 32;
+  const int wbeg = min(shi, slo + warp * seg), wend = min(shi, wbeg + seg);
   int eq_w = 0, gt_w = 0;
   for (int j0 = wbeg; j0 < wend; j0 += 32) {
     const int j = j0 + lane;
@@ -468,7 +501,24 @@ __global__ void __launch_bounds__(kTopkThreads) quest_topk_kernel(SelParams p) {
   }
   __syncthreads();
   if (tid == 0) {
+    int eq = 0, gt = 0;
+    for (int w = 0; w < kTopkWarps; ++w) {
+      eq += s_warp_a[w];
+      gt += s_warp_b[w];
+    }
+    s_cta_eq = eq;
+    s_cta_gt = gt;
+  }
+  cluster.sync();  // every slice's counts are published
+  if (tid == 0) {
+    // The lower slices first (ties to the lower id), then this CTA's warps.
     int eq_base = 0, sel_base = 0;
+    for (int r = 0; r < rank; ++r) {
+      const int eq_r = *cluster.map_shared_rank(&s_cta_eq, r);
+      const int gt_r = *cluster.map_shared_rank(&s_cta_gt, r);
+      sel_base += gt_r + min(max(need_eq - eq_base, 0), eq_r);
+      eq_base += eq_r;
+    }
     for (int w = 0; w < kTopkWarps; ++w) {
       s_base_eq[w] = eq_base;
       s_base_sel[w] = sel_base;
@@ -477,7 +527,9 @@ __global__ void __launch_bounds__(kTopkThreads) quest_topk_kernel(SelParams p) {
       eq_base += s_warp_a[w];
     }
   }
-  __syncthreads();
+  // No CTA leaves (or reuses) its shared memory while another may still read it; also orders
+  // s_base_* for this CTA's threads.
+  cluster.sync();
   int eq_r = s_base_eq[warp], sel_r = s_base_sel[warp];
   for (int j0 = wbeg; j0 < wend; j0 += 32) {
     const int j = j0 + lane;
@@ -770,11 +822,13 @@ Prepared prepare(const QuestSelectArgs& a, const SelectLaunch& launch, bool outp
   require(B <= 65535, unsupported, "q", "batch must be <= 65535");
   require(Hkv <= 65535, unsupported, "bounds", "num_kv_heads must be <= 65535");
   pr.score_grid = dim3(chunks, Hkv, B);
-  pr.topk_grid = dim3(Hkv, B);
+  pr.topk_grid = dim3(kTopkCluster, Hkv, B);
   pr.score = splan.fn;
   pr.score_threads = splan.warps * 32;
   pr.smem = splan.smem;
-  p.key_cache = std::min(launch.max_pages_per_seq, kKeyCache);
+  // A CTA's slice of the candidates (whole warps), cached up to kKeyCache keys.
+  const int slice = (launch.max_pages_per_seq + kTopkCluster * 32 - 1) / (kTopkCluster * 32) * 32;
+  p.key_cache = std::min(slice, kKeyCache);
   pr.topk_smem = sizeof(std::uint32_t) * static_cast<std::size_t>(p.key_cache);
   prepare_topk();
   return pr;
