@@ -252,13 +252,18 @@ __global__ void __launch_bounds__(kScoreMaxWarps * 32) quest_score_kernel(SelPar
     const int i = idx / kD, c = idx % kD;
     const float x = p.q[b * p.q_s0 + (q_head0 + i) * p.q_s1 + c];
     s_qpos[idx] = x > 0.f ? x : 0.f;
-    s_qneg[idx] = x < 0.f ? x : 0.f;
+    // A NaN channel: q+ 0, q- NaN (so its ||q||_1 below is NaN, as the sum of |q| would be).
+    s_qneg[idx] = x < 0.f ? x : x > 0.f ? 0.f : (x == x ? 0.f : x);
   }
+  __syncthreads();
   for (int i = threadIdx.x; i < g; i += blockDim.x) {
-    // ||q||_1 summed in channel order, as SplitQuery::assign.
-    const float* row = p.q + b * p.q_s0 + (q_head0 + i) * p.q_s1;
+    // ||q||_1 summed in channel order, as SplitQuery::assign, from shared memory:
+    // q+ - q- = |q| exactly (one of them is 0); NaN where q- holds the NaN.
     float l1 = 0.f;
-    for (int c = 0; c < kD; ++c) l1 = __fadd_rn(l1, fabsf(row[c]));
+    for (int c = 0; c < kD; ++c) {
+      const float qn = s_qneg[i * kD + c];
+      l1 = __fadd_rn(l1, qn == qn ? __fsub_rn(s_qpos[i * kD + c], qn) : qn);
+    }
     s_fq[i] = __fmul_rn(p.slack_f, l1);
   }
   __syncthreads();  // q staged; from here on the warps run on their own
