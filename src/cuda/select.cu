@@ -576,7 +576,8 @@ int device_attr(cudaDeviceAttr attr, const char* what) {
 
 // The scoring launch of one (head_dim, group): the kernel (its dynamic shared-memory limit
 // raised to the device's once), warps per CTA (as many as fit, <= kScoreMaxWarps), shared
-// memory, and resident CTAs per SM (for the chunk plan). Cached per head_dim for the last group.
+// memory, and resident CTAs per SM (for the chunk plan). Cached per (head_dim, group): after
+// the first step of a shape no CUDA call is made (stream capture).
 struct ScorePlan {
   ScoreFn fn = nullptr;
   int warps = 0;
@@ -592,8 +593,7 @@ std::size_t score_warp_bytes() {
 ScorePlan score_plan(int d, int group) {
   static std::mutex mu;
   static bool ready[3] = {};
-  static ScorePlan cache[3];
-  static int cache_group[3] = {};
+  static ScorePlan cache[3][kMaxGroupDims / 64 + 1];  // group <= kMaxGroupDims / head_dim
   const int idx = d == 64 ? 0 : d == 128 ? 1 : 2;
   const ScoreFn fns[3] = {quest_score_kernel<64>, quest_score_kernel<128>, quest_score_kernel<256>};
   std::lock_guard<std::mutex> lock(mu);
@@ -604,7 +604,7 @@ ScorePlan score_plan(int d, int group) {
                "cudaFuncSetAttribute(shared memory)");
     ready[idx] = true;
   }
-  if (cache[idx].fn != nullptr && cache_group[idx] == group) return cache[idx];
+  if (cache[idx][group].fn != nullptr) return cache[idx][group];
   const std::size_t q_bytes = idx == 0   ? ScoreSmem<64>::q_bytes(group)
                               : idx == 1 ? ScoreSmem<128>::q_bytes(group)
                                          : ScoreSmem<256>::q_bytes(group);
@@ -624,8 +624,7 @@ ScorePlan score_plan(int d, int group) {
                                                            plan.smem),
              "cudaOccupancyMaxActiveBlocksPerMultiprocessor(score)");
   plan.ctas_per_sm = std::max(1, ctas);
-  cache[idx] = plan;
-  cache_group[idx] = group;
+  cache[idx][group] = plan;
   return plan;
 }
 
