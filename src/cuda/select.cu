@@ -1,17 +1,20 @@
 // CUDA Quest selection (DESIGN.md §2.3 page bounds, §3 Selection, kept pages). Two kernels:
 //  1. quest_score_kernel: a CTA owns a chunk of pages of one (sequence, kv head); it stages the
-//     group's q (split into q+ = max(q, 0), q- = min(q, 0)) and tiles of 64 pages' bf16 min/max
-//     in shared memory and writes one order-preserving uint32 key per page: the page bound
-//     max over the group's q heads of scale * (q+·M + q-·m + f·||q||_1·W + FLT_MIN), the CPU
-//     selector's bounds_bf16 formula (page_bound.cpp), evaluated in the same order as its AVX2
-//     kernel (8 lanes of FMA chains over c = l, l+8, ..., the same horizontal sum), so on an
-//     AVX2 host the bounds have the same bits.
-//  2. quest_topk_kernel: a 1024-thread CTA per (sequence, kv head) keeps the sinks and the
-//     window pages, caches up to 40960 candidate keys in shared memory, finds the need-th largest
-//     candidate key by a block-wide radix select (4 passes of 8 bits, warp-aggregated shared
-//     histograms), then takes every candidate above it and the lowest-id candidates equal to it
-//     (ties to the lower page id, as the CPU), and writes the ids ascending with two ballot passes
-//     (no sort), -1 padded, and the count.
+//     group's q (split into q+ = max(q, 0), q- = min(q, 0)) in shared memory, then each warp
+//     streams its own 16-page tiles of bf16 min/max rows through a private cp.async pipeline
+//     (lane L scores row L: page L / 2, min or max row) and writes one order-preserving uint32
+//     key per page: the page bound max over the group's q heads of
+//     scale * (q+·M + q-·m + f·||q||_1·W + FLT_MIN), the CPU selector's bounds_bf16 formula
+//     (page_bound.cpp), evaluated in the same order as its AVX2 kernel (8 lanes of FMA chains
+//     over c = l, l+8, ..., the same horizontal sum), so on an AVX2 host the bounds have the
+//     same bits.
+//  2. quest_topk_kernel: a cluster of 8 CTAs (1024 threads each) per (sequence, kv head) keeps
+//     the sinks and the window pages; each CTA caches its slice of the candidate keys in shared
+//     memory; the cluster finds the need-th largest candidate key by a radix select (4 passes of
+//     8 bits, warp-aggregated per-slice histograms summed over distributed shared memory), then
+//     takes every candidate above it and the lowest-id candidates equal to it (ties to the lower
+//     page id, as the CPU), and writes the ids ascending with two ballot passes (no sort; the
+//     lower slices' counts as bases), -1 padded, and the count.
 // Both are deterministic (integer atomics only count; no order depends on timing).
 #include <cooperative_groups.h>
 #include <cuda_runtime.h>
@@ -35,8 +38,8 @@ constexpr int kTopkThreads = 1024;
 constexpr int kTopkWarps = kTopkThreads / 32;
 constexpr int kTopkCluster = 8;  // CTAs per (sequence, kv head) in the top-k (portable cluster)
 constexpr int kMaxGroupDims = 8192;  // group * head_dim (q+ and q- live in shared memory)
-// Candidate keys the top-k CTA keeps in shared memory (160 KiB): the radix passes and the two
-// compaction passes then read global memory (L2) only for candidates past these.
+// Candidate keys a top-k CTA keeps of its slice in shared memory (at most 160 KiB): the radix
+// passes and the two compaction passes read global memory (L2) only for keys past these.
 constexpr int kKeyCache = 40960;
 
 enum ErrBit : unsigned {
