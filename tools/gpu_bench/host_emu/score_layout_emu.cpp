@@ -1,4 +1,4 @@
-// Host emulation of quest_score_kernel's layout (src/cuda/select.cu): the per-warp cp.async copy
+// Host emulation of quest_score_kernel's layout in src/cuda/select.cu (the per-warp cp.async copy
 // pattern into the stages, lane L = row L, q-head batches of 4, the pair shuffles), bit-compared
 // with a direct evaluation in the operation order of the first kernel (score_emu.cpp checks that
 // order against the CPU). Not a substitute for running the kernel. Build and run:
