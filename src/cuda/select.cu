@@ -122,12 +122,15 @@ __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commi
 // kv head); its warps are independent pipelines: warp w scores the warp tiles w, w + warps,
 // w + 2 warps, ... of the chunk (kWarpPages pages each), every tile copied into the warp's own
 // shared-memory stages with 16-byte cp.async (coalesced: 16 lanes per 256-byte row at d = 128)
-// kScoreStages - 1 tiles ahead, so only __syncwarp orders a warp's copies and reads (one
+// kStages - 1 tiles ahead, so only __syncwarp orders a warp's copies and reads (one
 // __syncthreads, after the group's q is staged). In a tile, lane L scores row L: page L / 2,
 // its min row (L even: the q- chains) or its max row (L odd: the q+ chains); the two lanes of a
 // page then add their chains (shuffle) and both finish the bound.
 constexpr int kWarpPages = 16;  // pages per warp tile: 32 rows, one per lane
-constexpr int kScoreStages = 2;
+// Pipeline stages per warp: 2 (one tile in flight while one is scored); 3 at d = 64, where a
+// tile is half as many bytes.
+template <int kD>
+constexpr int kScoreStages = kD == 64 ? 3 : 2;
 constexpr int kScoreMaxWarps = 12;
 constexpr int kHeadBatch = 4;  // q heads per pass over a row (8 accumulators each)
 
@@ -135,7 +138,8 @@ template <int kD>
 struct ScoreSmem {
   static constexpr int kRowBytes = 2 * kD + 16;  // 16 bytes of padding: lane L reads row L
   static constexpr int kStageBytes = 2 * kWarpPages * kRowBytes;
-  static constexpr int kWarpBytes = kScoreStages * kStageBytes;
+  static constexpr int kStages = kScoreStages<kD>;
+  static constexpr int kWarpBytes = kStages * kStageBytes;
   // q+ [group][kD], 4 floats of padding (q- in other banks than q+), q- [group][kD], f||q||_1.
   static std::size_t q_bytes(int group) {
     return sizeof(float) * (2 * static_cast<std::size_t>(group) * kD + 4 + group);
@@ -145,8 +149,9 @@ struct ScoreSmem {
   }
 };
 
-__device__ __forceinline__ void cp_async_wait_stages() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(kScoreStages - 1) : "memory");
+template <int kPending>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");
 }
 
 // The chains of kNB q heads (from head i0) over this lane's row; kW: also W over the row.
@@ -189,6 +194,7 @@ template <int kD>
 __global__ void __launch_bounds__(kScoreMaxWarps * 32) quest_score_kernel(SelParams p) {
   using Smem = ScoreSmem<kD>;
   constexpr int kRowBytes = Smem::kRowBytes;
+  constexpr int kStages = Smem::kStages;
   constexpr int kPieces = kD / 8;             // 16-byte pieces per row
   constexpr int kRowsPerCopy = 32 / kPieces;  // rows one warp-wide copy covers (4, 2, 1)
   constexpr int kCopies = 2 * kWarpPages / kRowsPerCopy;
@@ -245,7 +251,7 @@ __global__ void __launch_bounds__(kScoreMaxWarps * 32) quest_score_kernel(SelPar
     }
   };
 #pragma unroll
-  for (int s = 0; s < kScoreStages - 1; ++s) {
+  for (int s = 0; s < kStages - 1; ++s) {
     if (s < my_tiles) issue(s, s);
     cp_async_commit();
   }
@@ -275,10 +281,9 @@ __global__ void __launch_bounds__(kScoreMaxWarps * 32) quest_score_kernel(SelPar
   const float* qa = (lane & 1) ? s_qpos : s_qneg;
   for (int t = 0; t < my_tiles; ++t) {
     // The stage written here was last read in iteration t - 1, before its closing __syncwarp.
-    if (t + kScoreStages - 1 < my_tiles)
-      issue(t + kScoreStages - 1, (t + kScoreStages - 1) % kScoreStages);
+    if (t + kStages - 1 < my_tiles) issue(t + kStages - 1, (t + kStages - 1) % kStages);
     cp_async_commit();
-    cp_async_wait_stages();  // this lane's copies of tile t have landed
+    cp_async_wait<kStages - 1>();  // this lane's copies of tile t have landed
     __syncwarp();            // and every lane's
     const int pg = tile_page0(t) + lane / 2;
     const bool in = pg < j1;
@@ -287,7 +292,7 @@ __global__ void __launch_bounds__(kScoreMaxWarps * 32) quest_score_kernel(SelPar
       const int id = p.indices[seq_begin + pg];
       ok = id >= 0 && id < p.pool_pages;
     }
-    const uint4* row = reinterpret_cast<const uint4*>(wbuf + (t % kScoreStages) * Smem::kStageBytes +
+    const uint4* row = reinterpret_cast<const uint4*>(wbuf + (t % kStages) * Smem::kStageBytes +
                                                       lane * kRowBytes);
     // W = max_c max(|m_c|, |M_c|): each lane's row, then the pair's (exact in any order).
     float w = 0.f, best = -INFINITY;

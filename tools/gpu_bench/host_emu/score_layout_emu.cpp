@@ -16,10 +16,11 @@ static std::uint32_t okey(float x) {
   const std::uint32_t u = std::bit_cast<std::uint32_t>(x + 0.0f);
   return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
 }
-constexpr int kWarpPages = 16, kStages = 2, kHB = 4;
+constexpr int kWarpPages = 16, kHB = 4;
 int fails = 0;
 template <int kD>
 void run(int g, int H, int h, int n, int chunk_pages, int warps, std::mt19937& rng, int bad_every) {
+  const int kStages = kD == 64 ? 3 : 2;  // as kScoreStages<kD>
   const int kRowBytes = 2 * kD + 16, kStageBytes = 2 * kWarpPages * kRowBytes;
   const int kPieces = kD / 8, kRowsPerCopy = 32 / kPieces, kCopies = 2 * kWarpPages / kRowsPerCopy;
   const int pool = n + 7;
