@@ -366,7 +366,7 @@ __global__ void __cluster_dims__(kTopkCluster, 1, 1) __launch_bounds__(kTopkThre
   std::int32_t* out =
       p.out_ids + (static_cast<std::int64_t>(b) * p.num_kv_heads + h) * p.max_per_head;
   std::int32_t* out_count = p.out_count + b * p.num_kv_heads + h;
-  const bool leader = rank == 0;  // writes the kept pages, the padding, the count, the flags
+  const bool leader = rank == 0;  // writes the kept pages, the -1 padding and the count
 
   const int n = seq_pages(p, b);
   int last = 0;
