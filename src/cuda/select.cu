@@ -8,7 +8,8 @@
 //     (page_bound.cpp), evaluated in the same order as its AVX2 kernel (8 lanes of FMA chains
 //     over c = l, l+8, ..., the same horizontal sum), so on an AVX2 host the bounds have the
 //     same bits.
-//  2. quest_topk_kernel: a cluster of 8 CTAs (1024 threads each) per (sequence, kv head) keeps
+//  2. quest_topk_kernel: a cluster of C CTAs (1024 threads each; C = 8, 4, 2 or 1 by how many
+//     (sequence, kv head) pairs there are) per (sequence, kv head) keeps
 //     the sinks and the window pages; each CTA caches its slice of the candidate keys in shared
 //     memory; the cluster finds the need-th largest candidate key by a radix select (4 passes of
 //     8 bits, warp-aggregated per-slice histograms summed over distributed shared memory), then
@@ -36,7 +37,7 @@ namespace cg = cooperative_groups;
 constexpr int kChunkAlign = 64;  // SelectLaunch::chunk_pages: a multiple of this
 constexpr int kTopkThreads = 1024;
 constexpr int kTopkWarps = kTopkThreads / 32;
-constexpr int kTopkCluster = 8;  // CTAs per (sequence, kv head) in the top-k (portable cluster)
+constexpr int kTopkMaxCluster = 8;  // CTAs per (sequence, kv head) in the top-k (portable limit)
 constexpr int kMaxGroupDims = 8192;  // group * head_dim (q+ and q- live in shared memory)
 // Candidate keys a top-k CTA keeps of its slice in shared memory (at most 160 KiB): the radix
 // passes and the two compaction passes read global memory (L2) only for keys past these.
@@ -340,8 +341,8 @@ __global__ void __launch_bounds__(kScoreMaxWarps * 32) quest_score_kernel(SelPar
 }
 // ---- top-k ----------------------------------------------------------------------------------
 
-// Selection of one (sequence, kv head) by a cluster of kTopkCluster CTAs (thread-block cluster,
-// distributed shared memory). grid (kTopkCluster, kv heads, batch), kTopkThreads threads.
+// Selection of one (sequence, kv head) by a cluster of kC CTAs (thread-block cluster,
+// distributed shared memory). grid (kC, kv heads, batch), kTopkThreads threads.
 // CTA r of the cluster owns the r-th contiguous slice of the candidates [sinks, window): it
 // caches the slice's keys, builds each radix pass's 256-bin histogram of its slice; after a
 // cluster barrier every CTA sums the cluster's histograms (integer sums: the same in every CTA)
@@ -349,7 +350,8 @@ __global__ void __launch_bounds__(kScoreMaxWarps * 32) quest_score_kernel(SelPar
 // compaction gives each CTA the counts of the lower-ranked slices (id order = rank order), so
 // the ids are written ascending without a sort. All CTAs of a cluster take the same branches
 // (they compute the same n, kept, need), so no barrier is left waiting.
-__global__ void __cluster_dims__(kTopkCluster, 1, 1) __launch_bounds__(kTopkThreads)
+template <int kC>
+__global__ void __cluster_dims__(kC, 1, 1) __launch_bounds__(kTopkThreads)
     quest_topk_kernel(SelParams p) {
   extern __shared__ std::uint32_t s_keys[];  // this CTA's slice [slo, slo + cached)
   __shared__ int s_hist[2][256];             // by pass parity (other CTAs read them)
@@ -417,7 +419,7 @@ __global__ void __cluster_dims__(kTopkCluster, 1, 1) __launch_bounds__(kTopkThre
   const int lo = sinks, hi = window, cand = hi - lo;
   const bool take_all = nsel >= cand;
   // This CTA's slice [slo, shi) of the candidates (whole warps of 32 ids).
-  const int slice = (cand + kTopkCluster * 32 - 1) / (kTopkCluster * 32) * 32;
+  const int slice = (cand + kC * 32 - 1) / (kC * 32) * 32;
   const int slo = min(hi, lo + rank * slice), shi = min(hi, slo + slice);
   const int scount = shi - slo;
   const int cached = take_all ? 0 : min(scount, p.key_cache);
@@ -456,7 +458,7 @@ __global__ void __cluster_dims__(kTopkCluster, 1, 1) __launch_bounds__(kTopkThre
         int c[8], sum = 0;
 #pragma unroll
         for (int i = 0; i < 8; ++i) c[i] = 0;
-        for (int r = 0; r < kTopkCluster; ++r) {
+        for (int r = 0; r < kC; ++r) {
           const int* rh = cluster.map_shared_rank(hist, r);
 #pragma unroll
           for (int i = 0; i < 8; ++i) c[i] += rh[8 * lane + i];
@@ -636,14 +638,29 @@ ScorePlan score_plan(int d, int group) {
   return plan;
 }
 
-// The top-k kernel with its dynamic shared-memory limit raised once (the key cache).
-void prepare_topk() {
+using TopkFn = void (*)(SelParams);
+
+// The top-k kernel for clusters of c CTAs, its dynamic shared-memory limit raised once (the key
+// cache).
+TopkFn topk_kernel(int c) {
+  static const TopkFn fns[4] = {quest_topk_kernel<1>, quest_topk_kernel<2>, quest_topk_kernel<4>,
+                                quest_topk_kernel<8>};
   static std::once_flag once;
   std::call_once(once, [] {
-    check_cuda(cudaFuncSetAttribute(quest_topk_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                    static_cast<int>(sizeof(std::uint32_t) * kKeyCache)),
-               "cudaFuncSetAttribute(top-k shared memory)");
+    for (TopkFn f : fns)
+      check_cuda(cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                      static_cast<int>(sizeof(std::uint32_t) * kKeyCache)),
+                 "cudaFuncSetAttribute(top-k shared memory)");
   });
+  return fns[c == 1 ? 0 : c == 2 ? 1 : c == 4 ? 2 : 3];
+}
+
+// CTAs per (sequence, kv head) in the top-k: the most (<= 8, a power of two) that keep all the
+// pairs' CTAs in one wave of one 1024-thread CTA per SM; 1 when the pairs alone fill the GPU.
+int plan_topk_cluster(int pairs) {
+  int c = kTopkMaxCluster;
+  while (c > 1 && static_cast<std::int64_t>(pairs) * c > device_sms()) c /= 2;
+  return c;
 }
 
 // One wave: the (sequence, kv head) pairs split into as many chunks as resident CTA slots
@@ -661,6 +678,7 @@ struct Prepared {
   SelParams p{};
   dim3 score_grid, topk_grid;
   ScoreFn score = nullptr;
+  void (*topk)(SelParams) = nullptr;
   int score_threads = 0;
   std::size_t smem = 0, topk_smem = 0;
 };
@@ -834,15 +852,16 @@ Prepared prepare(const QuestSelectArgs& a, const SelectLaunch& launch, bool outp
   require(B <= 65535, unsupported, "q", "batch must be <= 65535");
   require(Hkv <= 65535, unsupported, "bounds", "num_kv_heads must be <= 65535");
   pr.score_grid = dim3(chunks, Hkv, B);
-  pr.topk_grid = dim3(kTopkCluster, Hkv, B);
+  const int tc = plan_topk_cluster(B * Hkv);
+  pr.topk_grid = dim3(tc, Hkv, B);
+  pr.topk = topk_kernel(tc);
   pr.score = splan.fn;
   pr.score_threads = splan.warps * 32;
   pr.smem = splan.smem;
   // A CTA's slice of the candidates (whole warps), cached up to kKeyCache keys.
-  const int slice = (launch.max_pages_per_seq + kTopkCluster * 32 - 1) / (kTopkCluster * 32) * 32;
+  const int slice = (launch.max_pages_per_seq + tc * 32 - 1) / (tc * 32) * 32;
   p.key_cache = std::min(slice, kKeyCache);
   pr.topk_smem = sizeof(std::uint32_t) * static_cast<std::size_t>(p.key_cache);
-  prepare_topk();
   return pr;
 }
 
@@ -863,7 +882,7 @@ void quest_select(const QuestSelectArgs& a, const SelectLaunch& launch) {
   cudaStream_t stream = launch.stream;
   pr.score<<<pr.score_grid, pr.score_threads, pr.smem, stream>>>(pr.p);
   check_cuda(cudaGetLastError(), "quest score kernel launch");
-  quest_topk_kernel<<<pr.topk_grid, kTopkThreads, pr.topk_smem, stream>>>(pr.p);
+  pr.topk<<<pr.topk_grid, kTopkThreads, pr.topk_smem, stream>>>(pr.p);
   check_cuda(cudaGetLastError(), "quest top-k kernel launch");
   if (launch.check_errors) launch.workspace->check(stream);
 }

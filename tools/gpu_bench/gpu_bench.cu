@@ -776,6 +776,8 @@ std::vector<SelCase> select_cases() {
   cases.push_back({2, 24, 4, 64, 16, 70000, {1000, 4, 1000}, 0, 2});
   cases.push_back({1, 10, 2, 256, 16, 40000, {300, 1, 64}, 0, 0});
   cases.push_back({2, 16, 8, 128, 1, 33, {5, 0, 0}, 0, 0});
+  // 9 x 8 = 72 (sequence, kv head) pairs: the top-k runs one CTA per pair (no cluster) on 132 SMs.
+  cases.push_back({9, 32, 8, 128, 16, 3000, {64, 1, 64}, 0, 1});
   return cases;
 }
 

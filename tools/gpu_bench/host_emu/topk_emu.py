@@ -1,13 +1,14 @@
-# Host emulation of src/cuda/select.cu's quest_topk_kernel, line by line: a cluster of C = 8
-# CTAs per (sequence, kv head), each 1024 threads as 32 warps x 32 lanes over its slice of the
+# Host emulation of src/cuda/select.cu's quest_topk_kernel, line by line: a cluster of C = 1, 2,
+# 4 or 8 CTAs per (sequence, kv head), each 1024 threads as 32 warps x 32 lanes over its slice of the
 # candidates (per-slice radix histograms summed over the cluster, the bin search, the ballot
 # compaction with the lower slices' counts as bases), against the CPU's topk_one rule (ties to
 # the lower id). Not a substitute for running the kernel; it checks the algorithm and
 # select_capacity. Run: python3 tools/gpu_bench/host_emu/topk_emu.py
 import random
-T=1024; W=32; C=8
+T=1024; W=32; C=8  # C: CTAs per cluster (1, 2, 4, 8 by the pairs; set per trial)
 def popc(x): return bin(x).count('1')
 def kernel(keys, n, page, last, budget, sinks_p, window_tokens, max_per_head):
+    global C
     out=[None]*max_per_head; count=None
     length=(n-1)*page+last
     sinks=min(sinks_p,n)
@@ -135,6 +136,7 @@ for trial in range(3000):
     elif mode=='same': keys=[0xBF800000]*n
     else: keys=[0xC1230000|random.getrandbits(4)<<8|random.getrandbits(2) for _ in range(n)]
     mph=min(n,max(budget, min(n, sinks+((wt+page-1)//page+1 if wt>0 else 1))))
+    C=random.choice([1,2,4,8,8])
     a=kernel(keys,n,page,last,budget,sinks,wt,mph)
     b=ref(keys,n,page,last,budget,sinks,wt,mph)
     assert a==b, (trial,n,page,last,budget,sinks,wt,mode,a[1],b[1])
