@@ -223,17 +223,21 @@ __global__ void __launch_bounds__(kScoreMaxWarps * 32) quest_score_kernel(SelPar
   const std::int64_t page_stride = static_cast<std::int64_t>(p.num_kv_heads) * kD;
   const std::uint16_t* mn = p.mn + static_cast<std::int64_t>(h) * kD;
   const std::uint16_t* mx = p.mx + static_cast<std::int64_t>(h) * kD;
-  // Copies this warp's tile t into stage st: lane L reads the page id of page L % 16 of the
-  // tile (flags a bad one); copy `it` moves rows [it * kRowsPerCopy, +kRowsPerCopy) of the
-  // stage (row r = 2 * page + (0: min, 1: max)), kPieces consecutive lanes per row; missing or
-  // bad pages are zero-filled without reading.
-  const auto issue = [&](int t, int st) {
-    const int pg0 = tile_page0(t);
-    const int tn = min(kWarpPages, j1 - pg0);
+  // The page id of page L % 16 of this warp's tile t for lane L (0 past the chunk). Loaded one
+  // tile before the copies that use it, so the load's latency is not exposed.
+  const auto load_id = [&](int t) {
+    const int pg = tile_page0(t) + lane % kWarpPages;
+    return t < my_tiles && pg < j1 ? p.indices[seq_begin + pg] : 0;
+  };
+  // Copies this warp's tile t into stage st: lane L holds the page id of page L % 16 of the
+  // tile (`id`; flags a bad one); copy `it` moves rows [it * kRowsPerCopy, +kRowsPerCopy) of
+  // the stage (row r = 2 * page + (0: min, 1: max)), kPieces consecutive lanes per row; missing
+  // or bad pages are zero-filled without reading.
+  const auto issue = [&](int t, int st, int id) {
+    const int tn = min(kWarpPages, j1 - tile_page0(t));
     const int mine = lane % kWarpPages;
     int phys = -1;
     if (mine < tn) {
-      const int id = p.indices[seq_begin + pg0 + mine];
       if (id >= 0 && id < p.pool_pages) {
         phys = id;
       } else if (lane < kWarpPages) {
@@ -253,9 +257,10 @@ __global__ void __launch_bounds__(kScoreMaxWarps * 32) quest_score_kernel(SelPar
   };
 #pragma unroll
   for (int s = 0; s < kStages - 1; ++s) {
-    if (s < my_tiles) issue(s, s);
+    if (s < my_tiles) issue(s, s, load_id(s));
     cp_async_commit();
   }
+  int next_id = load_id(kStages - 1);
 
   const int q_head0 = h * g;
   for (int idx = threadIdx.x; idx < g * kD; idx += blockDim.x) {
@@ -282,7 +287,8 @@ __global__ void __launch_bounds__(kScoreMaxWarps * 32) quest_score_kernel(SelPar
   const float* qa = (lane & 1) ? s_qpos : s_qneg;
   for (int t = 0; t < my_tiles; ++t) {
     // The stage written here was last read in iteration t - 1, before its closing __syncwarp.
-    if (t + kStages - 1 < my_tiles) issue(t + kStages - 1, (t + kStages - 1) % kStages);
+    if (t + kStages - 1 < my_tiles) issue(t + kStages - 1, (t + kStages - 1) % kStages, next_id);
+    next_id = load_id(t + kStages);
     cp_async_commit();
     cp_async_wait<kStages - 1>();  // this lane's copies of tile t have landed
     __syncwarp();            // and every lane's

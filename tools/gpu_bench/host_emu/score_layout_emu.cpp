@@ -81,16 +81,22 @@ void run(int g, int H, int h, int n, int chunk_pages, int warps, std::mt19937& r
       std::vector<unsigned char> wbuf(kStages * kStageBytes, 0xAB);
       const int my_tiles = warp < tiles ? (tiles - warp + warps - 1) / warps : 0;
       auto page0 = [&](int t) { return j0 + (warp + t * warps) * kWarpPages; };
-      auto issue = [&](int t, int st) {
+      using Ids = std::vector<int>;
+      auto load_id = [&](int t) {
+        Ids id(32);
+        for (int lane = 0; lane < 32; ++lane) {
+          const int pg = page0(t) + lane % kWarpPages;
+          id[lane] = t < my_tiles && pg < j1 ? indices[pg] : 0;
+        }
+        return id;
+      };
+      auto issue = [&](int t, int st, const Ids& id) {
         const int pg0 = page0(t), tn = std::min(kWarpPages, j1 - pg0);
         int phys[32];
         for (int lane = 0; lane < 32; ++lane) {
           const int mine = lane % kWarpPages;
           phys[lane] = -1;
-          if (mine < tn) {
-            const int id = indices[pg0 + mine];
-            if (id >= 0 && id < pool) phys[lane] = id;
-          }
+          if (mine < tn && id[lane] >= 0 && id[lane] < pool) phys[lane] = id[lane];
         }
         for (int it = 0; it < kCopies; ++it)
           for (int lane = 0; lane < 32; ++lane) {
@@ -108,9 +114,11 @@ void run(int g, int H, int h, int n, int chunk_pages, int warps, std::mt19937& r
       };
       // Pipeline order as the kernel (the emulation copies synchronously, so only the stage
       // indices are exercised).
-      for (int s = 0; s < kStages - 1; ++s) if (s < my_tiles) issue(s, s);
+      for (int s = 0; s < kStages - 1; ++s) if (s < my_tiles) issue(s, s, load_id(s));
+      Ids next_id = load_id(kStages - 1);
       for (int t = 0; t < my_tiles; ++t) {
-        if (t + kStages - 1 < my_tiles) issue(t + kStages - 1, (t + kStages - 1) % kStages);
+        if (t + kStages - 1 < my_tiles) issue(t + kStages - 1, (t + kStages - 1) % kStages, next_id);
+        next_id = load_id(t + kStages);
         float acc[32][kHB][8], wl[32], best[32];
         for (int lane = 0; lane < 32; ++lane) { wl[lane] = 0; best[lane] = -INFINITY; }
         for (int i0 = 0; i0 < g; i0 += kHB) {
