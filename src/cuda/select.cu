@@ -1,18 +1,23 @@
 // CUDA Quest selection (DESIGN.md §2.3 page bounds, §3 Selection, kept pages). Two kernels:
 //  1. quest_score_kernel: a CTA owns a chunk of pages of one (sequence, kv head); it stages the
-//     group's q (split into q+ = max(q, 0), q- = min(q, 0)) and tiles of 64 pages' bf16 min/max
-//     in shared memory and writes one order-preserving uint32 key per page: the page bound
-//     max over the group's q heads of scale * (q+·M + q-·m + f·||q||_1·W + FLT_MIN), the CPU
-//     selector's bounds_bf16 formula (page_bound.cpp), evaluated in the same order as its AVX2
-//     kernel (8 lanes of FMA chains over c = l, l+8, ..., the same horizontal sum), so on an
-//     AVX2 host the bounds have the same bits.
-//  2. quest_topk_kernel: a 1024-thread CTA per (sequence, kv head) keeps the sinks and the
-//     window pages, caches up to 40960 candidate keys in shared memory, finds the need-th largest
-//     candidate key by a block-wide radix select (4 passes of 8 bits, warp-aggregated shared
-//     histograms), then takes every candidate above it and the lowest-id candidates equal to it
-//     (ties to the lower page id, as the CPU), and writes the ids ascending with two ballot passes
-//     (no sort), -1 padded, and the count.
+//     group's q (split into q+ = max(q, 0), q- = min(q, 0)) in shared memory, then each warp
+//     streams its own 16-page tiles of bf16 min/max rows through a private cp.async pipeline
+//     (lane L scores row L: page L / 2, min or max row) and writes one order-preserving uint32
+//     key per page: the page bound max over the group's q heads of
+//     scale * (q+·M + q-·m + f·||q||_1·W + FLT_MIN), the CPU selector's bounds_bf16 formula
+//     (page_bound.cpp), evaluated in the same order as its AVX2 kernel (8 lanes of FMA chains
+//     over c = l, l+8, ..., the same horizontal sum), so on an AVX2 host the bounds have the
+//     same bits.
+//  2. quest_topk_kernel: a cluster of C CTAs (1024 threads each; C = 8, 4, 2 or 1 by how many
+//     (sequence, kv head) pairs there are) per (sequence, kv head) keeps
+//     the sinks and the window pages; each CTA caches its slice of the candidate keys in shared
+//     memory; the cluster finds the need-th largest candidate key by a radix select (4 passes of
+//     8 bits, warp-aggregated per-slice histograms summed over distributed shared memory), then
+//     takes every candidate above it and the lowest-id candidates equal to it (ties to the lower
+//     page id, as the CPU), and writes the ids ascending with two ballot passes (no sort; the
+//     lower slices' counts as bases), -1 padded, and the count.
 // Both are deterministic (integer atomics only count; no order depends on timing).
+#include <cooperative_groups.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -27,13 +32,15 @@
 namespace masskv::cuda {
 namespace {
 
-constexpr int kScoreThreads = 128;
-constexpr int kTile = 64;  // pages per shared-memory tile (kScoreThreads = 2 * kTile)
+namespace cg = cooperative_groups;
+
+constexpr int kChunkAlign = 64;  // SelectLaunch::chunk_pages: a multiple of this
 constexpr int kTopkThreads = 1024;
 constexpr int kTopkWarps = kTopkThreads / 32;
+constexpr int kTopkMaxCluster = 8;  // CTAs per (sequence, kv head) in the top-k (portable limit)
 constexpr int kMaxGroupDims = 8192;  // group * head_dim (q+ and q- live in shared memory)
-// Candidate keys the top-k CTA keeps in shared memory (160 KiB): the radix passes and the two
-// compaction passes then read global memory (L2) only for candidates past these.
+// Candidate keys a top-k CTA keeps of its slice in shared memory (at most 160 KiB): the radix
+// passes and the two compaction passes read global memory (L2) only for keys past these.
 constexpr int kKeyCache = 40960;
 
 enum ErrBit : unsigned {
@@ -111,181 +118,263 @@ __device__ __forceinline__ void cp_async16(void* smem, const void* gmem, int src
                "r"(src_bytes));
 }
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n"); }
-__device__ __forceinline__ void cp_async_wait1() { asm volatile("cp.async.wait_group 1;\n"); }
 
-// Two tile buffers (the next tile is copied while the current one is scored), each min and max
-// rows of kTile pages, then q+, q-, f||q||_1, the halves' maxima and the tiles' page flags.
+// Scoring layout. A CTA of up to kScoreMaxWarps warps owns a chunk of pages of one (sequence,
+// kv head); its warps are independent pipelines: warp w scores the warp tiles w, w + warps,
+// w + 2 warps, ... of the chunk (kWarpPages pages each), every tile copied into the warp's own
+// shared-memory stages with 16-byte cp.async (coalesced: 16 lanes per 256-byte row at d = 128)
+// kStages - 1 tiles ahead, so only __syncwarp orders a warp's copies and reads (one
+// __syncthreads, after the group's q is staged). In a tile, lane L scores row L: page L / 2,
+// its min row (L even: the q- chains) or its max row (L odd: the q+ chains); the two lanes of a
+// page then add their chains (shuffle) and both finish the bound.
+constexpr int kWarpPages = 16;  // pages per warp tile: 32 rows, one per lane
+// Pipeline stages per warp: 2 (one tile in flight while one is scored); 3 at d = 64, where a
+// tile is half as many bytes.
+template <int kD>
+constexpr int kScoreStages = kD == 64 ? 3 : 2;
+constexpr int kScoreMaxWarps = 12;
+constexpr int kHeadBatch = 4;  // q heads per pass over a row (8 accumulators each)
+
 template <int kD>
 struct ScoreSmem {
-  static constexpr int kRow = kD + 8;  // bf16 per staged row: 16 bytes of padding (no conflicts)
-  static constexpr int kBuf = 2 * kTile * kRow;  // bf16 per buffer (min rows, then max rows)
-  static std::size_t bytes(int group) {
-    return sizeof(std::uint16_t) * 2 * kBuf +
-           sizeof(float) * (2 * static_cast<std::size_t>(group) * kD + group + 2 * kTile) +
-           sizeof(int) * 2 * kTile;
+  static constexpr int kRowBytes = 2 * kD + 16;  // 16 bytes of padding: lane L reads row L
+  static constexpr int kStageBytes = 2 * kWarpPages * kRowBytes;
+  static constexpr int kStages = kScoreStages<kD>;
+  static constexpr int kWarpBytes = kStages * kStageBytes;
+  // q+ [group][kD], 4 floats of padding (q- in other banks than q+), q- [group][kD], f||q||_1.
+  static std::size_t q_bytes(int group) {
+    return sizeof(float) * (2 * static_cast<std::size_t>(group) * kD + 4 + group);
+  }
+  static std::size_t bytes(int warps, int group) {
+    return static_cast<std::size_t>(warps) * kWarpBytes + q_bytes(group);
   }
 };
 
-// grid (chunks, kv heads, batch). Thread t: page t % 64 of the tile, q heads i = t / 64,
-// t / 64 + 2, ...; the two halves' maxima merge in shared memory.
-template <int kD>
-__global__ void __launch_bounds__(kScoreThreads) quest_score_kernel(SelParams p) {
-  using Smem = ScoreSmem<kD>;
-  constexpr int kRow = Smem::kRow;
-  constexpr int kBlocks = kD / 8;
-  extern __shared__ uint4 smem_raw[];
-  const int g = p.group;
-  // Layout: tile buffers first (16-byte aligned), then floats, then ints.
-  std::uint16_t* s_tiles = reinterpret_cast<std::uint16_t*>(smem_raw);  // [2][min|max][kTile][kRow]
-  float* s_qpos = reinterpret_cast<float*>(s_tiles + 2 * Smem::kBuf);
-  float* s_qneg = s_qpos + g * kD;
-  float* s_fq = s_qneg + g * kD;
-  float* s_part = s_fq + g;                                // [2][kTile]
-  int* s_ok = reinterpret_cast<int*>(s_part + 2 * kTile);  // [2][kTile]: phys + 1, 0 = none
+template <int kPending>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");
+}
 
-  const int chunk = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
-  const int n = seq_pages(p, b);
-  const int j0 = chunk * p.chunk_pages;
-  if (n < 0 || j0 >= n) return;
-  const int j1 = min(n, j0 + p.chunk_pages);
-  const int seq_begin = p.indptr[b];
-
-  const std::int64_t page_stride = static_cast<std::int64_t>(p.num_kv_heads) * kD;
-  const std::uint16_t* mn = p.mn + static_cast<std::int64_t>(h) * kD;
-  const std::uint16_t* mx = p.mx + static_cast<std::int64_t>(h) * kD;
-  // Copies tile [t0, t0 + kTile) of the chunk into buffer buf; every thread reads the page ids
-  // its pieces need (so no barrier is needed before the copies), the one copying a page's first
-  // min piece records the id check.
-  const auto issue = [&](int t0, int buf) {
-    const int tn = min(kTile, j1 - t0);
-    std::uint16_t* tile = s_tiles + buf * Smem::kBuf;
-    for (int idx = threadIdx.x; idx < kTile * kBlocks * 2; idx += kScoreThreads) {
-      const int arr = idx / (kTile * kBlocks);  // 0: min, 1: max
-      const int rem = idx % (kTile * kBlocks);
-      const int pg = rem / kBlocks, blk = rem % kBlocks;
-      int ok = 0;
-      if (pg < tn) {
-        const int phys = p.indices[seq_begin + t0 + pg];
-        if (phys >= 0 && phys < p.pool_pages) {
-          ok = phys + 1;
-        } else if (arr == 0 && blk == 0) {
-          atomicOr(p.err, kBadPhysical);
-        }
-      }
-      if (arr == 0 && blk == 0) s_ok[buf * kTile + pg] = ok;
-      const std::uint16_t* src =
-          ok ? (arr ? mx : mn) + (ok - 1) * page_stride + blk * 8 : p.mn;  // 0 bytes read if !ok
-      cp_async16(tile + (arr * kTile + pg) * kRow + blk * 8, src, ok ? 16 : 0);
+// The chains of kNB q heads (from head i0) over this lane's row; kW: also W over the row.
+// acc[i][l] = sum over k, in order, of q[i][8k + l] * row[8k + l] (one FMA chain per lane l, as
+// the AVX2 kernel's lanes), q = q- for a min row, q+ for a max row.
+template <int kD, int kNB, bool kW>
+__device__ __forceinline__ void score_rows(const uint4* row, const float* qa, int i0, float& w,
+                                           float (&acc)[kHeadBatch][8]) {
+#pragma unroll
+  for (int i = 0; i < kNB; ++i)
+#pragma unroll
+    for (int l = 0; l < 8; ++l) acc[i][l] = 0.f;
+#pragma unroll
+  for (int k = 0; k < kD / 8; ++k) {
+    float x[8];
+    unpack8(row[k], x);
+    if constexpr (kW) {
+#pragma unroll
+      for (int l = 0; l < 8; ++l) w = fmaxf(w, fabsf(x[l]));
     }
-  };
-  issue(j0, 0);
-  cp_async_commit();
-
-  const int q_head0 = h * g;
-  for (int idx = threadIdx.x; idx < g * kD; idx += kScoreThreads) {
-    const int i = idx / kD, c = idx % kD;
-    const float x = p.q[b * p.q_s0 + (q_head0 + i) * p.q_s1 + c];
-    s_qpos[idx] = x > 0.f ? x : 0.f;
-    s_qneg[idx] = x < 0.f ? x : 0.f;
-  }
-  for (int i = threadIdx.x; i < g; i += kScoreThreads) {
-    // ||q||_1 summed in channel order, as SplitQuery::assign.
-    const float* row = p.q + b * p.q_s0 + (q_head0 + i) * p.q_s1;
-    float l1 = 0.f;
-    for (int c = 0; c < kD; ++c) l1 = __fadd_rn(l1, fabsf(row[c]));
-    s_fq[i] = __fmul_rn(p.slack_f, l1);
-  }
-
-  std::uint32_t* keys = p.keys + (static_cast<std::int64_t>(b) * p.num_kv_heads + h) * p.max_pages;
-  const int pt = threadIdx.x % kTile, half = threadIdx.x / kTile;
-
-  for (int t0 = j0, buf = 0; t0 < j1; t0 += kTile, buf ^= 1) {
-    const int tn = min(kTile, j1 - t0);
-    // The other buffer was last read before the previous iteration's second barrier.
-    if (t0 + kTile < j1) issue(t0 + kTile, buf ^ 1);
-    cp_async_commit();
-    cp_async_wait1();  // this thread's copies of the current tile have landed
-    __syncthreads();   // everyone's (and q, and the page flags)
-    const std::uint16_t* s_lo = s_tiles + buf * Smem::kBuf;
-    const std::uint16_t* s_hi = s_lo + kTile * kRow;
-    const int ok_here = s_ok[buf * kTile + pt];
-
-    float best = -INFINITY;
-    if (pt < tn && ok_here) {
-      const uint4* lo = reinterpret_cast<const uint4*>(s_lo + pt * kRow);
-      const uint4* hi = reinterpret_cast<const uint4*>(s_hi + pt * kRow);
-      // W = max_c max(|m_c|, |M_c|) (exact in any order).
-      float w = 0.f;
-#pragma unroll 4
-      for (int k = 0; k < kBlocks; ++k) {
-        float M[8], m[8];
-        unpack8(hi[k], M);
-        unpack8(lo[k], m);
 #pragma unroll
-        for (int l = 0; l < 8; ++l) w = fmaxf(w, fmaxf(fabsf(M[l]), fabsf(m[l])));
-      }
-      for (int i = half; i < g; i += 2) {
-        const float4* qp = reinterpret_cast<const float4*>(s_qpos + i * kD);
-        const float4* qn = reinterpret_cast<const float4*>(s_qneg + i * kD);
-        float ap[8], an[8];
-#pragma unroll
-        for (int l = 0; l < 8; ++l) ap[l] = an[l] = 0.f;
-#pragma unroll 4
-        for (int k = 0; k < kBlocks; ++k) {
-          float M[8], m[8];
-          unpack8(hi[k], M);
-          unpack8(lo[k], m);
-          const float4 p0 = qp[2 * k], p1 = qp[2 * k + 1];
-          const float4 n0 = qn[2 * k], n1 = qn[2 * k + 1];
-          const float qpv[8] = {p0.x, p0.y, p0.z, p0.w, p1.x, p1.y, p1.z, p1.w};
-          const float qnv[8] = {n0.x, n0.y, n0.z, n0.w, n1.x, n1.y, n1.z, n1.w};
-#pragma unroll
-          for (int l = 0; l < 8; ++l) {
-            ap[l] = fmaf(qpv[l], M[l], ap[l]);
-            an[l] = fmaf(qnv[l], m[l], an[l]);
-          }
-        }
-        float v[8];
-#pragma unroll
-        for (int l = 0; l < 8; ++l) v[l] = __fadd_rn(ap[l], an[l]);
-        // The AVX2 hsum: ((v0+v4)+(v2+v6)) + ((v1+v5)+(v3+v7)).
-        const float s = __fadd_rn(__fadd_rn(__fadd_rn(v[0], v[4]), __fadd_rn(v[2], v[6])),
-                                  __fadd_rn(__fadd_rn(v[1], v[5]), __fadd_rn(v[3], v[7])));
-        // finish_bound: scale * (sum + fq * w + FLT_MIN), each operation rounded.
-        const float bound =
-            __fmul_rn(p.scale, __fadd_rn(__fadd_rn(s, __fmul_rn(s_fq[i], w)), FLT_MIN));
-        // CPU: m = bounds[0]; m = x > m ? x : m; the same value for finite bounds (NaN flagged).
-        if (isnan(bound)) atomicOr(p.err, kNonFinite);
-        best = (i == half || bound > best) ? bound : best;
-      }
-    }
-    s_part[half * kTile + pt] = best;
-    __syncthreads();
-    if (threadIdx.x < tn) {  // pt == threadIdx.x, half 0
-      const float a = s_part[threadIdx.x];
-      const float c = s_part[kTile + threadIdx.x];
-      const float m = g > 1 && c > a ? c : a;
-      keys[t0 + threadIdx.x] = ok_here ? ordered_key(m) : 0u;
+    for (int i = 0; i < kNB; ++i) {
+      const float4* qv = reinterpret_cast<const float4*>(qa + (i0 + i) * kD + 8 * k);
+      const float4 a = qv[0], c = qv[1];
+      acc[i][0] = fmaf(a.x, x[0], acc[i][0]);
+      acc[i][1] = fmaf(a.y, x[1], acc[i][1]);
+      acc[i][2] = fmaf(a.z, x[2], acc[i][2]);
+      acc[i][3] = fmaf(a.w, x[3], acc[i][3]);
+      acc[i][4] = fmaf(c.x, x[4], acc[i][4]);
+      acc[i][5] = fmaf(c.y, x[5], acc[i][5]);
+      acc[i][6] = fmaf(c.z, x[6], acc[i][6]);
+      acc[i][7] = fmaf(c.w, x[7], acc[i][7]);
     }
   }
 }
 
+// grid (chunks, kv heads, batch), blockDim = 32 * warps (warps <= kScoreMaxWarps, planned on the
+// host from the shared memory that fits).
+template <int kD>
+__global__ void __launch_bounds__(kScoreMaxWarps * 32) quest_score_kernel(SelParams p) {
+  using Smem = ScoreSmem<kD>;
+  constexpr int kRowBytes = Smem::kRowBytes;
+  constexpr int kStages = Smem::kStages;
+  constexpr int kPieces = kD / 8;             // 16-byte pieces per row
+  constexpr int kRowsPerCopy = 32 / kPieces;  // rows one warp-wide copy covers (4, 2, 1)
+  constexpr int kCopies = 2 * kWarpPages / kRowsPerCopy;
+  constexpr unsigned kAll = 0xffffffffu;
+  extern __shared__ uint4 smem_raw[];
+  unsigned char* smem = reinterpret_cast<unsigned char*>(smem_raw);
+  const int warps = blockDim.x / 32;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int g = p.group;
+  float* s_qpos = reinterpret_cast<float*>(smem + static_cast<std::size_t>(warps) * Smem::kWarpBytes);
+  float* s_qneg = s_qpos + g * kD + 4;
+  float* s_fq = s_qneg + g * kD;
+  unsigned char* wbuf = smem + static_cast<std::size_t>(warp) * Smem::kWarpBytes;
+
+  const int chunk = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
+  const int n = seq_pages(p, b);
+  const int j0 = chunk * p.chunk_pages;
+  if (n < 0 || j0 >= n) return;  // the whole CTA: before any barrier
+  const int j1 = min(n, j0 + p.chunk_pages);
+  const int seq_begin = p.indptr[b];
+  const int tiles = (j1 - j0 + kWarpPages - 1) / kWarpPages;
+  const int my_tiles = warp < tiles ? (tiles - warp + warps - 1) / warps : 0;
+  const auto tile_page0 = [&](int t) { return j0 + (warp + t * warps) * kWarpPages; };
+
+  const std::int64_t page_stride = static_cast<std::int64_t>(p.num_kv_heads) * kD;
+  const std::uint16_t* mn = p.mn + static_cast<std::int64_t>(h) * kD;
+  const std::uint16_t* mx = p.mx + static_cast<std::int64_t>(h) * kD;
+  // The page id of page L % 16 of this warp's tile t for lane L (0 past the chunk). Loaded one
+  // tile before the copies that use it, so the load's latency is not exposed.
+  const auto load_id = [&](int t) {
+    const int pg = tile_page0(t) + lane % kWarpPages;
+    return t < my_tiles && pg < j1 ? p.indices[seq_begin + pg] : 0;
+  };
+  // Copies this warp's tile t into stage st: lane L holds the page id of page L % 16 of the
+  // tile (`id`; flags a bad one); copy `it` moves rows [it * kRowsPerCopy, +kRowsPerCopy) of
+  // the stage (row r = 2 * page + (0: min, 1: max)), kPieces consecutive lanes per row; missing
+  // or bad pages are zero-filled without reading.
+  const auto issue = [&](int t, int st, int id) {
+    const int tn = min(kWarpPages, j1 - tile_page0(t));
+    const int mine = lane % kWarpPages;
+    int phys = -1;
+    if (mine < tn) {
+      if (id >= 0 && id < p.pool_pages) {
+        phys = id;
+      } else if (lane < kWarpPages) {
+        atomicOr(p.err, kBadPhysical);
+      }
+    }
+    unsigned char* stage = wbuf + st * Smem::kStageBytes;
+    const int piece = lane % kPieces;
+#pragma unroll
+    for (int it = 0; it < kCopies; ++it) {
+      const int r = it * kRowsPerCopy + lane / kPieces;
+      const int ph = __shfl_sync(kAll, phys, r >> 1);
+      const std::uint16_t* src =
+          ph >= 0 ? ((r & 1) ? mx : mn) + ph * page_stride + piece * 8 : p.mn;  // 0 bytes if < 0
+      cp_async16(stage + r * kRowBytes + piece * 16, src, ph >= 0 ? 16 : 0);
+    }
+  };
+#pragma unroll
+  for (int s = 0; s < kStages - 1; ++s) {
+    if (s < my_tiles) issue(s, s, load_id(s));
+    cp_async_commit();
+  }
+  int next_id = load_id(kStages - 1);
+
+  const int q_head0 = h * g;
+  for (int idx = threadIdx.x; idx < g * kD; idx += blockDim.x) {
+    const int i = idx / kD, c = idx % kD;
+    const float x = p.q[b * p.q_s0 + (q_head0 + i) * p.q_s1 + c];
+    s_qpos[idx] = x > 0.f ? x : 0.f;
+    // A NaN channel: q+ 0, q- NaN (so its ||q||_1 below is NaN, as the sum of |q| would be).
+    s_qneg[idx] = x < 0.f ? x : x > 0.f ? 0.f : (x == x ? 0.f : x);
+  }
+  __syncthreads();
+  for (int i = threadIdx.x; i < g; i += blockDim.x) {
+    // ||q||_1 summed in channel order, as SplitQuery::assign, from shared memory:
+    // q+ - q- = |q| exactly (one of them is 0); NaN where q- holds the NaN.
+    float l1 = 0.f;
+    for (int c = 0; c < kD; ++c) {
+      const float qn = s_qneg[i * kD + c];
+      l1 = __fadd_rn(l1, qn == qn ? __fsub_rn(s_qpos[i * kD + c], qn) : qn);
+    }
+    s_fq[i] = __fmul_rn(p.slack_f, l1);
+  }
+  __syncthreads();  // q staged; from here on the warps run on their own
+
+  std::uint32_t* keys = p.keys + (static_cast<std::int64_t>(b) * p.num_kv_heads + h) * p.max_pages;
+  const float* qa = (lane & 1) ? s_qpos : s_qneg;
+  for (int t = 0; t < my_tiles; ++t) {
+    // The stage written here was last read in iteration t - 1, before its closing __syncwarp.
+    if (t + kStages - 1 < my_tiles) issue(t + kStages - 1, (t + kStages - 1) % kStages, next_id);
+    next_id = load_id(t + kStages);
+    cp_async_commit();
+    cp_async_wait<kStages - 1>();  // this lane's copies of tile t have landed
+    __syncwarp();            // and every lane's
+    const int pg = tile_page0(t) + lane / 2;
+    const bool in = pg < j1;
+    bool ok = false;
+    if (in) {
+      const int id = p.indices[seq_begin + pg];
+      ok = id >= 0 && id < p.pool_pages;
+    }
+    const uint4* row = reinterpret_cast<const uint4*>(wbuf + (t % kStages) * Smem::kStageBytes +
+                                                      lane * kRowBytes);
+    // W = max_c max(|m_c|, |M_c|): each lane's row, then the pair's (exact in any order).
+    float w = 0.f, best = -INFINITY;
+    float acc[kHeadBatch][8];
+    for (int i0 = 0; i0 < g; i0 += kHeadBatch) {
+      const int nb = min(kHeadBatch, g - i0);
+      if (i0 == 0) {
+        switch (nb) {
+          case 1: score_rows<kD, 1, true>(row, qa, i0, w, acc); break;
+          case 2: score_rows<kD, 2, true>(row, qa, i0, w, acc); break;
+          case 3: score_rows<kD, 3, true>(row, qa, i0, w, acc); break;
+          default: score_rows<kD, 4, true>(row, qa, i0, w, acc); break;
+        }
+        w = fmaxf(w, __shfl_xor_sync(kAll, w, 1));
+      } else {
+        switch (nb) {
+          case 1: score_rows<kD, 1, false>(row, qa, i0, w, acc); break;
+          case 2: score_rows<kD, 2, false>(row, qa, i0, w, acc); break;
+          case 3: score_rows<kD, 3, false>(row, qa, i0, w, acc); break;
+          default: score_rows<kD, 4, false>(row, qa, i0, w, acc); break;
+        }
+      }
+#pragma unroll
+      for (int i = 0; i < kHeadBatch; ++i) {
+        if (i < nb) {
+          // v_l = (q+·M)_l + (q-·m)_l: the partner lane holds the other chain (+ commutes).
+          float v[8];
+#pragma unroll
+          for (int l = 0; l < 8; ++l) v[l] = __fadd_rn(acc[i][l], __shfl_xor_sync(kAll, acc[i][l], 1));
+          // The AVX2 hsum: ((v0+v4)+(v2+v6)) + ((v1+v5)+(v3+v7)).
+          const float s = __fadd_rn(__fadd_rn(__fadd_rn(v[0], v[4]), __fadd_rn(v[2], v[6])),
+                                    __fadd_rn(__fadd_rn(v[1], v[5]), __fadd_rn(v[3], v[7])));
+          // finish_bound: scale * (sum + fq * w + FLT_MIN), each operation rounded.
+          const float bound = __fmul_rn(
+              p.scale, __fadd_rn(__fadd_rn(s, __fmul_rn(s_fq[i0 + i], w)), FLT_MIN));
+          // CPU: m = bounds[0]; m = x > m ? x : m (in head order).
+          if (ok && isnan(bound) && (lane & 1) == 0) atomicOr(p.err, kNonFinite);
+          best = (i0 + i == 0 || bound > best) ? bound : best;
+        }
+      }
+    }
+    if ((lane & 1) == 0 && in) keys[pg] = ok ? ordered_key(best) : 0u;
+    __syncwarp();  // every lane is done with this stage before it is refilled
+  }
+}
 // ---- top-k ----------------------------------------------------------------------------------
 
-// Selection of one (sequence, kv head). grid (kv heads, batch), kTopkThreads threads.
-__global__ void __launch_bounds__(kTopkThreads) quest_topk_kernel(SelParams p) {
-  extern __shared__ std::uint32_t s_keys[];  // candidates [lo, lo + cached)
-  __shared__ int s_hist[256];
+// Selection of one (sequence, kv head) by a cluster of kC CTAs (thread-block cluster,
+// distributed shared memory). grid (kC, kv heads, batch), kTopkThreads threads.
+// CTA r of the cluster owns the r-th contiguous slice of the candidates [sinks, window): it
+// caches the slice's keys, builds each radix pass's 256-bin histogram of its slice; after a
+// cluster barrier every CTA sums the cluster's histograms (integer sums: the same in every CTA)
+// and finds the same bin, so the threshold T and need_eq come out as with one CTA. The ordered
+// compaction gives each CTA the counts of the lower-ranked slices (id order = rank order), so
+// the ids are written ascending without a sort. All CTAs of a cluster take the same branches
+// (they compute the same n, kept, need), so no barrier is left waiting.
+template <int kC>
+__global__ void __cluster_dims__(kC, 1, 1) __launch_bounds__(kTopkThreads)
+    quest_topk_kernel(SelParams p) {
+  extern __shared__ std::uint32_t s_keys[];  // this CTA's slice [slo, slo + cached)
+  __shared__ int s_hist[2][256];             // by pass parity (other CTAs read them)
   __shared__ int s_warp_a[kTopkWarps], s_warp_b[kTopkWarps];
   __shared__ int s_base_eq[kTopkWarps], s_base_sel[kTopkWarps];
+  __shared__ int s_cta_eq, s_cta_gt;  // this slice's counts (other CTAs read them)
   __shared__ int s_bin, s_krem;
 
-  const int h = blockIdx.x, b = blockIdx.y;
+  cg::cluster_group cluster = cg::this_cluster();
+  const int rank = static_cast<int>(cluster.block_rank());
+  const int h = blockIdx.y, b = blockIdx.z;
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
   const unsigned lt_mask = (1u << lane) - 1u;
   std::int32_t* out =
       p.out_ids + (static_cast<std::int64_t>(b) * p.num_kv_heads + h) * p.max_per_head;
   std::int32_t* out_count = p.out_count + b * p.num_kv_heads + h;
+  const bool leader = rank == 0;  // writes the kept pages, the -1 padding and the count
 
   const int n = seq_pages(p, b);
   int last = 0;
@@ -314,58 +403,74 @@ __global__ void __launch_bounds__(kTopkThreads) quest_topk_kernel(SelParams p) {
     }
   }
   if (bad || n == 0) {
-    for (int i = tid; i < p.max_per_head; i += kTopkThreads) out[i] = -1;
-    if (tid == 0) *out_count = 0;
+    if (leader) {
+      for (int i = tid; i < p.max_per_head; i += kTopkThreads) out[i] = -1;
+      if (tid == 0) *out_count = 0;
+    }
     return;
   }
   const int need = total - kept;  // > 0 only when sinks < window
   const int s0 = min(sinks, window);
   const int nsel = max(need, 0);
-  for (int j = tid; j < s0; j += kTopkThreads) out[j] = j;
-  for (int j = window + tid; j < n; j += kTopkThreads) out[s0 + nsel + (j - window)] = j;
-  for (int i = total + tid; i < p.max_per_head; i += kTopkThreads) out[i] = -1;
-  if (tid == 0) *out_count = total;
+  if (leader) {
+    for (int j = tid; j < s0; j += kTopkThreads) out[j] = j;
+    for (int j = window + tid; j < n; j += kTopkThreads) out[s0 + nsel + (j - window)] = j;
+    for (int i = total + tid; i < p.max_per_head; i += kTopkThreads) out[i] = -1;
+    if (tid == 0) *out_count = total;
+  }
   if (nsel == 0) return;
 
   const std::uint32_t* keys =
       p.keys + (static_cast<std::int64_t>(b) * p.num_kv_heads + h) * p.max_pages;
   const int lo = sinks, hi = window, cand = hi - lo;
   const bool take_all = nsel >= cand;
-  const int cached = take_all ? 0 : min(cand, p.key_cache);
-  for (int i = tid; i < cached; i += kTopkThreads) s_keys[i] = __ldg(keys + lo + i);
+  // This CTA's slice [slo, shi) of the candidates (whole warps of 32 ids).
+  const int slice = (cand + kC * 32 - 1) / (kC * 32) * 32;
+  const int slo = min(hi, lo + rank * slice), shi = min(hi, slo + slice);
+  const int scount = shi - slo;
+  const int cached = take_all ? 0 : min(scount, p.key_cache);
+  for (int i = tid; i < cached; i += kTopkThreads) s_keys[i] = __ldg(keys + slo + i);
   __syncthreads();
   const auto key_at = [&](int j) {
-    const int i = j - lo;
+    const int i = j - slo;
     return i < cached ? s_keys[i] : __ldg(keys + j);
   };
-  // Threshold T = the nsel-th largest key; k_rem = how many keys equal to T are taken.
+  // Threshold T = the nsel-th largest key of all candidates; k_rem = how many keys equal to T
+  // are taken.
   std::uint32_t prefix = 0, pmask = 0;
   int k_rem = nsel;
   if (!take_all) {
-    const int iters = (cand + kTopkThreads - 1) / kTopkThreads;
-    for (int shift = 24; shift >= 0; shift -= 8) {
-      for (int i = tid; i < 256; i += kTopkThreads) s_hist[i] = 0;
+    const int iters = (scount + kTopkThreads - 1) / kTopkThreads;
+    int parity = 0;
+    for (int shift = 24; shift >= 0; shift -= 8, parity ^= 1) {
+      // s_hist[parity] was last read (by every CTA) before the previous pass's cluster barrier.
+      int* hist = s_hist[parity];
+      for (int i = tid; i < 256; i += kTopkThreads) hist[i] = 0;
       __syncthreads();
       for (int it = 0; it < iters; ++it) {
-        const int j = lo + it * kTopkThreads + tid;
+        const int j = slo + it * kTopkThreads + tid;
         unsigned bin = 256;
-        if (j < hi) {
+        if (j < shi) {
           const std::uint32_t key = key_at(j);
           if ((key & pmask) == prefix) bin = (key >> shift) & 255u;
         }
         const unsigned peers = __match_any_sync(0xffffffffu, bin);
-        if (bin < 256 && lane == __ffs(peers) - 1) atomicAdd(&s_hist[bin], __popc(peers));
+        if (bin < 256 && lane == __ffs(peers) - 1) atomicAdd(&hist[bin], __popc(peers));
       }
-      __syncthreads();
+      cluster.sync();  // every CTA's histogram of this pass is complete
       if (warp == 0) {
-        // Lane l holds bins [8l, 8l + 8); suffix sums over lanes find the bin holding the
-        // k_rem-th largest key of the current prefix.
+        // Lane l holds bins [8l, 8l + 8) summed over the cluster; suffix sums over lanes find
+        // the bin holding the k_rem-th largest key of the current prefix.
         int c[8], sum = 0;
 #pragma unroll
-        for (int i = 0; i < 8; ++i) {
-          c[i] = s_hist[8 * lane + i];
-          sum += c[i];
+        for (int i = 0; i < 8; ++i) c[i] = 0;
+        for (int r = 0; r < kC; ++r) {
+          const int* rh = cluster.map_shared_rank(hist, r);
+#pragma unroll
+          for (int i = 0; i < 8; ++i) c[i] += rh[8 * lane + i];
         }
+#pragma unroll
+        for (int i = 0; i < 8; ++i) sum += c[i];
         int suffix = sum;  // sum over lanes >= lane
 #pragma unroll
         for (int off = 1; off < 32; off *= 2) {
@@ -389,16 +494,16 @@ __global__ void __launch_bounds__(kTopkThreads) quest_topk_kernel(SelParams p) {
       prefix |= static_cast<std::uint32_t>(s_bin) << shift;
       pmask |= 255u << shift;
       k_rem = s_krem;
-      __syncthreads();  // s_bin / s_krem / s_hist reused next pass
+      __syncthreads();  // s_bin / s_krem are rewritten next pass
     }
   }
   const std::uint32_t T = prefix;
   const int need_eq = k_rem;
 
-  // Warp w owns candidates [lo + w * seg, lo + (w + 1) * seg), walked 32 at a time in id
+  // Warp w owns the slice's ids [slo + w * seg, slo + (w + 1) * seg), walked 32 at a time in id
   // order: ranks are running ballot counts, so ids come out ascending without a sort.
-  const int seg = ((cand + kTopkWarps * 32 - 1) / (kTopkWarps * 32)) * 32;
-  const int wbeg = lo + warp * seg, wend = min(hi, wbeg + seg);
+  const int seg = ((scount + kTopkWarps * 32 - 1) / (kTopkWarps * 32)) * 32;
+  const int wbeg = min(shi, slo + warp * seg), wend = min(shi, wbeg + seg);
   int eq_w = 0, gt_w = 0;
   for (int j0 = wbeg; j0 < wend; j0 += 32) {
     const int j = j0 + lane;
@@ -417,7 +522,24 @@ __global__ void __launch_bounds__(kTopkThreads) quest_topk_kernel(SelParams p) {
   }
   __syncthreads();
   if (tid == 0) {
+    int eq = 0, gt = 0;
+    for (int w = 0; w < kTopkWarps; ++w) {
+      eq += s_warp_a[w];
+      gt += s_warp_b[w];
+    }
+    s_cta_eq = eq;
+    s_cta_gt = gt;
+  }
+  cluster.sync();  // every slice's counts are published
+  if (tid == 0) {
+    // The lower slices first (ties to the lower id), then this CTA's warps.
     int eq_base = 0, sel_base = 0;
+    for (int r = 0; r < rank; ++r) {
+      const int eq_r = *cluster.map_shared_rank(&s_cta_eq, r);
+      const int gt_r = *cluster.map_shared_rank(&s_cta_gt, r);
+      sel_base += gt_r + min(max(need_eq - eq_base, 0), eq_r);
+      eq_base += eq_r;
+    }
     for (int w = 0; w < kTopkWarps; ++w) {
       s_base_eq[w] = eq_base;
       s_base_sel[w] = sel_base;
@@ -426,7 +548,9 @@ __global__ void __launch_bounds__(kTopkThreads) quest_topk_kernel(SelParams p) {
       eq_base += s_warp_a[w];
     }
   }
-  __syncthreads();
+  // No CTA leaves (or reuses) its shared memory while another may still read it; also orders
+  // s_base_* for this CTA's threads.
+  cluster.sync();
   int eq_r = s_base_eq[warp], sel_r = s_base_sel[warp];
   for (int j0 = wbeg; j0 < wend; j0 += 32) {
     const int j = j0 + lane;
@@ -459,54 +583,109 @@ int device_sms() {
 
 using ScoreFn = void (*)(SelParams);
 
-// The scoring kernel for head_dim d, with its dynamic shared-memory limit raised once.
-ScoreFn score_kernel(int d) {
+int device_attr(cudaDeviceAttr attr, const char* what) {
+  int dev = 0, v = 0;
+  check_cuda(cudaGetDevice(&dev), "cudaGetDevice");
+  check_cuda(cudaDeviceGetAttribute(&v, attr, dev), what);
+  return v;
+}
+
+// The scoring launch of one (head_dim, group): the kernel (its dynamic shared-memory limit
+// raised to the device's once), warps per CTA (as many as fit, <= kScoreMaxWarps), shared
+// memory, and resident CTAs per SM (for the chunk plan). Cached per (head_dim, group): after
+// the first step of a shape no CUDA call is made (stream capture).
+struct ScorePlan {
+  ScoreFn fn = nullptr;
+  int warps = 0;
+  std::size_t smem = 0;
+  int ctas_per_sm = 1;
+};
+
+template <int kD>
+std::size_t score_warp_bytes() {
+  return ScoreSmem<kD>::kWarpBytes;
+}
+
+ScorePlan score_plan(int d, int group) {
   static std::mutex mu;
   static bool ready[3] = {};
+  static ScorePlan cache[3][kMaxGroupDims / 64 + 1];  // group <= kMaxGroupDims / head_dim
   const int idx = d == 64 ? 0 : d == 128 ? 1 : 2;
   const ScoreFn fns[3] = {quest_score_kernel<64>, quest_score_kernel<128>, quest_score_kernel<256>};
   std::lock_guard<std::mutex> lock(mu);
+  static const int optin =
+      device_attr(cudaDevAttrMaxSharedMemoryPerBlockOptin, "shared memory per block");
   if (!ready[idx]) {
-    const std::size_t most = idx == 0   ? ScoreSmem<64>::bytes(kMaxGroupDims / 64)
-                             : idx == 1 ? ScoreSmem<128>::bytes(kMaxGroupDims / 128)
-                                        : ScoreSmem<256>::bytes(kMaxGroupDims / 256);
-    check_cuda(cudaFuncSetAttribute(fns[idx], cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                    static_cast<int>(most)),
+    check_cuda(cudaFuncSetAttribute(fns[idx], cudaFuncAttributeMaxDynamicSharedMemorySize, optin),
                "cudaFuncSetAttribute(shared memory)");
     ready[idx] = true;
   }
-  return fns[idx];
+  if (cache[idx][group].fn != nullptr) return cache[idx][group];
+  const std::size_t q_bytes = idx == 0   ? ScoreSmem<64>::q_bytes(group)
+                              : idx == 1 ? ScoreSmem<128>::q_bytes(group)
+                                         : ScoreSmem<256>::q_bytes(group);
+  const std::size_t warp_bytes = idx == 0   ? score_warp_bytes<64>()
+                                 : idx == 1 ? score_warp_bytes<128>()
+                                            : score_warp_bytes<256>();
+  const std::size_t room = static_cast<std::size_t>(optin) > q_bytes ? optin - q_bytes : 0;
+  ScorePlan plan;
+  plan.fn = fns[idx];
+  plan.warps = static_cast<int>(std::min<std::size_t>(kScoreMaxWarps, room / warp_bytes));
+  require(plan.warps >= 1, ErrorCode::unsupported, "q",
+          "the scoring kernel's shared memory does not fit this device for group ", group,
+          " and head_dim ", d);
+  plan.smem = static_cast<std::size_t>(plan.warps) * warp_bytes + q_bytes;
+  int ctas = 0;
+  check_cuda(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&ctas, plan.fn, plan.warps * 32,
+                                                           plan.smem),
+             "cudaOccupancyMaxActiveBlocksPerMultiprocessor(score)");
+  plan.ctas_per_sm = std::max(1, ctas);
+  cache[idx][group] = plan;
+  return plan;
 }
 
-// The top-k kernel with its dynamic shared-memory limit raised once (the key cache).
-void prepare_topk() {
+using TopkFn = void (*)(SelParams);
+
+// The top-k kernel for clusters of c CTAs, its dynamic shared-memory limit raised once (the key
+// cache).
+TopkFn topk_kernel(int c) {
+  static const TopkFn fns[4] = {quest_topk_kernel<1>, quest_topk_kernel<2>, quest_topk_kernel<4>,
+                                quest_topk_kernel<8>};
   static std::once_flag once;
   std::call_once(once, [] {
-    check_cuda(cudaFuncSetAttribute(quest_topk_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                    static_cast<int>(sizeof(std::uint32_t) * kKeyCache)),
-               "cudaFuncSetAttribute(top-k shared memory)");
+    for (TopkFn f : fns)
+      check_cuda(cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                      static_cast<int>(sizeof(std::uint32_t) * kKeyCache)),
+                 "cudaFuncSetAttribute(top-k shared memory)");
   });
+  return fns[c == 1 ? 0 : c == 2 ? 1 : c == 4 ? 2 : 3];
 }
 
-std::size_t score_smem(int d, int group) {
-  return d == 64    ? ScoreSmem<64>::bytes(group)
-         : d == 128 ? ScoreSmem<128>::bytes(group)
-                    : ScoreSmem<256>::bytes(group);
+// CTAs per (sequence, kv head) in the top-k: the most (<= 8, a power of two) that keep all the
+// pairs' CTAs in one wave of one 1024-thread CTA per SM; 1 when the pairs alone fill the GPU.
+int plan_topk_cluster(int pairs) {
+  int c = kTopkMaxCluster;
+  while (c > 1 && static_cast<std::int64_t>(pairs) * c > device_sms()) c /= 2;
+  return c;
 }
 
-// Chunks of whole tiles, about eight CTAs per SM over the (sequence, kv head) pairs.
-int plan_score_chunk(int base_ctas, int max_pages) {
-  const int target = std::max(1, device_sms() * 8);
-  const int chunks = std::max(1, target / std::max(1, base_ctas));
+// One wave: the (sequence, kv head) pairs split into as many chunks as resident CTA slots
+// allow (each CTA's warps then stream many tiles through their pipelines); chunks of whole
+// kChunkAlign pages. With more pairs than slots, one chunk per pair.
+int plan_score_chunk(int pairs, int max_pages, int ctas_per_sm) {
+  const int slots = std::max(1, device_sms() * ctas_per_sm);
+  const int chunks = std::max(1, slots / std::max(1, pairs));
   int cp = (max_pages + chunks - 1) / chunks;
-  cp = (cp + kTile - 1) / kTile * kTile;
-  return std::max(cp, kTile);
+  cp = (cp + kChunkAlign - 1) / kChunkAlign * kChunkAlign;
+  return std::max(cp, kChunkAlign);
 }
 
 struct Prepared {
   SelParams p{};
   dim3 score_grid, topk_grid;
   ScoreFn score = nullptr;
+  void (*topk)(SelParams) = nullptr;
+  int score_threads = 0;
   std::size_t smem = 0, topk_smem = 0;
 };
 
@@ -622,8 +801,8 @@ Prepared prepare(const QuestSelectArgs& a, const SelectLaunch& launch, bool outp
   check_policy(a.policy);
   require(launch.max_pages_per_seq > 0, invalid_argument, "max_pages_per_seq",
           "the host's bound on pages per sequence is required");
-  require(launch.chunk_pages >= 0 && launch.chunk_pages % kTile == 0, invalid_argument,
-          "chunk_pages", "must be 0 or a multiple of ", kTile);
+  require(launch.chunk_pages >= 0 && launch.chunk_pages % kChunkAlign == 0,
+          invalid_argument, "chunk_pages", "must be 0 or a multiple of ", kChunkAlign);
   if (outputs) {
     require(a.max_per_head >= 0, invalid_argument, "max_per_head", "must be >= 0");
     require(a.ids.size() == static_cast<std::size_t>(B) * Hkv * a.max_per_head &&
@@ -636,6 +815,7 @@ Prepared prepare(const QuestSelectArgs& a, const SelectLaunch& launch, bool outp
   require(std::isfinite(scale) && scale > 0, invalid_argument, "scale",
           "must be finite and > 0, got ", a.scale);
 
+  const ScorePlan splan = score_plan(d, group);
   Prepared pr;
   SelParams& p = pr.p;
   p.q = a.q.data;
@@ -657,7 +837,8 @@ Prepared prepare(const QuestSelectArgs& a, const SelectLaunch& launch, bool outp
   p.slack_f = 2.0f * static_cast<float>(2 * d + 4) * 0x1p-24f;
   p.max_pages = launch.max_pages_per_seq;
   p.chunk_pages = launch.chunk_pages > 0 ? launch.chunk_pages
-                                         : plan_score_chunk(B * Hkv, launch.max_pages_per_seq);
+                                         : plan_score_chunk(B * Hkv, launch.max_pages_per_seq,
+                                                            splan.ctas_per_sm);
   p.budget = a.policy.budget_pages;
   p.sinks = a.policy.sink_pages;
   p.window_tokens = a.policy.window_tokens;
@@ -677,12 +858,16 @@ Prepared prepare(const QuestSelectArgs& a, const SelectLaunch& launch, bool outp
   require(B <= 65535, unsupported, "q", "batch must be <= 65535");
   require(Hkv <= 65535, unsupported, "bounds", "num_kv_heads must be <= 65535");
   pr.score_grid = dim3(chunks, Hkv, B);
-  pr.topk_grid = dim3(Hkv, B);
-  pr.score = score_kernel(d);
-  pr.smem = score_smem(d, group);
-  p.key_cache = std::min(launch.max_pages_per_seq, kKeyCache);
+  const int tc = plan_topk_cluster(B * Hkv);
+  pr.topk_grid = dim3(tc, Hkv, B);
+  pr.topk = topk_kernel(tc);
+  pr.score = splan.fn;
+  pr.score_threads = splan.warps * 32;
+  pr.smem = splan.smem;
+  // A CTA's slice of the candidates (whole warps), cached up to kKeyCache keys.
+  const int slice = (launch.max_pages_per_seq + tc * 32 - 1) / (tc * 32) * 32;
+  p.key_cache = std::min(slice, kKeyCache);
   pr.topk_smem = sizeof(std::uint32_t) * static_cast<std::size_t>(p.key_cache);
-  prepare_topk();
   return pr;
 }
 
@@ -692,7 +877,7 @@ void quest_score(const QuestSelectArgs& a, const SelectLaunch& launch) {
   const Prepared pr = prepare(a, launch, false);
   if (a.q.n0 == 0) return;
   cudaStream_t stream = launch.stream;
-  pr.score<<<pr.score_grid, kScoreThreads, pr.smem, stream>>>(pr.p);
+  pr.score<<<pr.score_grid, pr.score_threads, pr.smem, stream>>>(pr.p);
   check_cuda(cudaGetLastError(), "quest score kernel launch");
   if (launch.check_errors) launch.workspace->check(stream);
 }
@@ -701,9 +886,9 @@ void quest_select(const QuestSelectArgs& a, const SelectLaunch& launch) {
   const Prepared pr = prepare(a, launch, true);
   if (a.q.n0 == 0) return;
   cudaStream_t stream = launch.stream;
-  pr.score<<<pr.score_grid, kScoreThreads, pr.smem, stream>>>(pr.p);
+  pr.score<<<pr.score_grid, pr.score_threads, pr.smem, stream>>>(pr.p);
   check_cuda(cudaGetLastError(), "quest score kernel launch");
-  quest_topk_kernel<<<pr.topk_grid, kTopkThreads, pr.topk_smem, stream>>>(pr.p);
+  pr.topk<<<pr.topk_grid, kTopkThreads, pr.topk_smem, stream>>>(pr.p);
   check_cuda(cudaGetLastError(), "quest top-k kernel launch");
   if (launch.check_errors) launch.workspace->check(stream);
 }

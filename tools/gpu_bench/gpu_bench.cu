@@ -770,6 +770,14 @@ std::vector<SelCase> select_cases() {
   cases.push_back({2, 16, 2, 256, 16, 5000, {32, 1, 64}, 0, 0});
   cases.push_back({3, 4, 1, 64, 64, 1, {4, 1, 0}, 0, 0});
   cases.push_back({1, 32, 8, 128, 16, 1 << 20, {512, 1, 64}, 0, 0});  // 1M tokens, 65536 pages
+  // Groups 2, 6 and 5 (the scoring kernel's q-head batches of 4: a batch of 2 and of 1 after 4),
+  // and candidates spread over all eight slices of the top-k cluster, with ties across slices.
+  cases.push_back({1, 16, 8, 128, 16, 200000, {4096, 1, 64}, 0, 1});
+  cases.push_back({2, 24, 4, 64, 16, 70000, {1000, 4, 1000}, 0, 2});
+  cases.push_back({1, 10, 2, 256, 16, 40000, {300, 1, 64}, 0, 0});
+  cases.push_back({2, 16, 8, 128, 1, 33, {5, 0, 0}, 0, 0});
+  // 9 x 8 = 72 (sequence, kv head) pairs: the top-k runs one CTA per pair (no cluster) on 132 SMs.
+  cases.push_back({9, 32, 8, 128, 16, 3000, {64, 1, 64}, 0, 1});
   return cases;
 }
 
