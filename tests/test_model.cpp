@@ -475,9 +475,10 @@ TEST(LlamaCppAgreement, Gemma3LogitsTokensAndGreedyMatch) { expect_agrees_with_l
 
 // ---- matmul ---------------------------------------------------------------------------------
 
-// Random Q8_0 rows (f16 scale + int8 values) and f32 rows: matmul's column t is bit-equal to
-// matvec on token t, for token counts around the row chunk.
-TEST(Matmul, EachTokenBitEqualsMatvec) {
+// Random Q8_0 rows (f16 scale + int8 values) and f32 rows: matmul (the prefill GEMM) and matvec
+// (the decode dot products) sum in different orders, so they are no longer bit-equal; each
+// token's matmul row and its matvec are both within 1e-5 * sum|w x| of the fp64 product.
+TEST(Matmul, EachTokenAndMatvecMatchFp64) {
   std::mt19937 rng(7);
   std::uniform_int_distribution<int> byte(-127, 127);
   std::normal_distribution<float> N(0, 1);
@@ -499,12 +500,22 @@ TEST(Matmul, EachTokenBitEqualsMatvec) {
       for (const auto& [type, w] :
            {std::pair{GgmlType::q8_0, static_cast<const void*>(q8.data())},
             std::pair{GgmlType::f32, static_cast<const void*>(f32.data())}}) {
-        std::vector<float> y(n * rows), yv(rows);
+        const std::size_t stride = row_bytes(type, cols);
+        std::vector<float> y(n * rows), yv(rows), wr(cols);
         matmul(type, w, rows, cols, x.data(), n, y.data());
         for (std::size_t t = 0; t < n; ++t) {
           matvec(type, w, rows, cols, x.data() + t * cols, yv.data());
           for (std::size_t r = 0; r < rows; ++r) {
-            ASSERT_EQ(y[t * rows + r], yv[r]) << to_string(type) << " n=" << n << " t=" << t;
+            dequantize_row(type, static_cast<const std::uint8_t*>(w) + r * stride, wr.data(),
+                           cols);  // exact values
+            double want = 0, mag = 0;
+            for (std::size_t i = 0; i < cols; ++i) {
+              want += static_cast<double>(wr[i]) * x[t * cols + i];
+              mag += std::abs(static_cast<double>(wr[i]) * x[t * cols + i]);
+            }
+            ASSERT_NEAR(y[t * rows + r], want, 1e-5 * mag)
+                << to_string(type) << " n=" << n << " t=" << t;
+            ASSERT_NEAR(yv[r], want, 1e-5 * mag) << to_string(type) << " n=" << n << " t=" << t;
           }
         }
       }

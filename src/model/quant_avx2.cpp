@@ -269,3 +269,169 @@ float dot_q6_k_avx2(const void* row, const float* x, std::size_t n) {
 }
 
 }  // namespace masskv::model::kernels
+
+// ---- dequantisers: the scalar decoders' formulas with the same single rounding per value ----
+// (d*q, d*scale and d*scale*q before the "+ m" / "- m" are exact in f32 except Q6_K's last
+// product, which both sides round once in the same order), so they equal quant.cpp's bit for bit.
+namespace masskv::model::kernels {
+namespace {
+
+void store32(float* y, const __m256i q[4], __m256 d) {
+  for (int g = 0; g < 4; ++g)
+    _mm256_storeu_ps(y + 8 * g, _mm256_mul_ps(_mm256_cvtepi32_ps(q[g]), d));
+}
+
+void store32_plus(float* y, const __m256i q[4], __m256 d, __m256 m) {
+  for (int g = 0; g < 4; ++g)
+    _mm256_storeu_ps(y + 8 * g, _mm256_fmadd_ps(_mm256_cvtepi32_ps(q[g]), d, m));
+}
+
+}  // namespace
+
+void dequant_f16_avx2(const void* src, float* dst, std::size_t n) {
+  const auto* w = static_cast<const std::uint8_t*>(src);
+  std::size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    _mm256_storeu_ps(dst + i,
+                     _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w + 2 * i))));
+  }
+  for (; i < n; ++i) dst[i] = f16_at(w + 2 * i);
+}
+
+void dequant_bf16_avx2(const void* src, float* dst, std::size_t n) {
+  const auto* w = static_cast<const std::uint8_t*>(src);
+  std::size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(w + 2 * i));
+    _mm256_storeu_ps(dst + i, _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16)));
+  }
+  for (; i < n; ++i) {
+    std::uint16_t bits;
+    std::memcpy(&bits, w + 2 * i, 2);
+    const std::uint32_t u = static_cast<std::uint32_t>(bits) << 16;
+    std::memcpy(dst + i, &u, 4);
+  }
+}
+
+void dequant_q4_0_avx2(const void* src, float* dst, std::size_t n) {
+  const auto* b = static_cast<const std::uint8_t*>(src);
+  __m256i q[4];
+  for (std::size_t i = 0; i < n / qk4_0; ++i, b += q4_0_bytes, dst += qk4_0) {
+    nibbles32(b + 2, q);
+    sub_all(q, 8);
+    store32(dst, q, _mm256_set1_ps(f16_at(b)));
+  }
+}
+
+void dequant_q4_1_avx2(const void* src, float* dst, std::size_t n) {
+  const auto* b = static_cast<const std::uint8_t*>(src);
+  __m256i q[4];
+  for (std::size_t i = 0; i < n / qk4_1; ++i, b += q4_1_bytes, dst += qk4_1) {
+    nibbles32(b + 4, q);
+    store32_plus(dst, q, _mm256_set1_ps(f16_at(b)), _mm256_set1_ps(f16_at(b + 2)));
+  }
+}
+
+void dequant_q5_0_avx2(const void* src, float* dst, std::size_t n) {
+  const auto* b = static_cast<const std::uint8_t*>(src);
+  __m256i q[4];
+  for (std::size_t i = 0; i < n / qk5_0; ++i, b += q5_0_bytes, dst += qk5_0) {
+    std::uint32_t qh;
+    std::memcpy(&qh, b + 2, 4);
+    nibbles32(b + 6, q);
+    add_high_bits(qh, q);
+    sub_all(q, 16);
+    store32(dst, q, _mm256_set1_ps(f16_at(b)));
+  }
+}
+
+void dequant_q5_1_avx2(const void* src, float* dst, std::size_t n) {
+  const auto* b = static_cast<const std::uint8_t*>(src);
+  __m256i q[4];
+  for (std::size_t i = 0; i < n / qk5_1; ++i, b += q5_1_bytes, dst += qk5_1) {
+    std::uint32_t qh;
+    std::memcpy(&qh, b + 4, 4);
+    nibbles32(b + 8, q);
+    add_high_bits(qh, q);
+    store32_plus(dst, q, _mm256_set1_ps(f16_at(b)), _mm256_set1_ps(f16_at(b + 2)));
+  }
+}
+
+void dequant_q8_0_avx2(const void* src, float* dst, std::size_t n) {
+  const auto* b = static_cast<const std::uint8_t*>(src);
+  for (std::size_t i = 0; i < n / qk8_0; ++i, b += q8_0_bytes, dst += qk8_0) {
+    const __m256 d = _mm256_set1_ps(f16_at(b));
+    for (int g = 0; g < 4; ++g)
+      _mm256_storeu_ps(dst + 8 * g, _mm256_mul_ps(i8_to_ps(load8(b + 2 + 8 * g)), d));
+  }
+}
+
+void dequant_q4_k_avx2(const void* src, float* dst, std::size_t n) {
+  const auto* b = static_cast<const std::uint8_t*>(src);
+  const __m128i mask = _mm_set1_epi8(0x0F);
+  for (std::size_t i = 0; i < n / qk_k; ++i, b += q4_k_bytes, dst += qk_k) {
+    const float d = f16_at(b);
+    const float dmin = f16_at(b + 2);
+    std::uint8_t sc[8], mn[8];
+    q4_k_scales_mins(b + 4, sc, mn);
+    for (int c = 0; c < 4; ++c) {
+      const std::uint8_t* q = b + 16 + 32 * c;
+      const __m128i v0 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(q));
+      const __m128i v1 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(q + 16));
+      for (int half = 0; half < 2; ++half) {
+        const int s = 2 * c + half;
+        const __m128i l0 =
+            half == 0 ? _mm_and_si128(v0, mask) : _mm_and_si128(_mm_srli_epi16(v0, 4), mask);
+        const __m128i l1 =
+            half == 0 ? _mm_and_si128(v1, mask) : _mm_and_si128(_mm_srli_epi16(v1, 4), mask);
+        const __m256i qv[4] = {
+            _mm256_cvtepu8_epi32(l0), _mm256_cvtepu8_epi32(_mm_srli_si128(l0, 8)),
+            _mm256_cvtepu8_epi32(l1), _mm256_cvtepu8_epi32(_mm_srli_si128(l1, 8))};
+        const __m256 ds = _mm256_set1_ps(d * static_cast<float>(sc[s]));
+        const __m256 ms = _mm256_set1_ps(dmin * static_cast<float>(mn[s]));
+        float* y = dst + 32 * s;
+        for (int g = 0; g < 4; ++g) {
+          _mm256_storeu_ps(y + 8 * g, _mm256_fmsub_ps(ds, _mm256_cvtepi32_ps(qv[g]), ms));
+        }
+      }
+    }
+  }
+}
+
+void dequant_q6_k_avx2(const void* src, float* dst, std::size_t n) {
+  const auto* b = static_cast<const std::uint8_t*>(src);
+  const __m256i m4 = _mm256_set1_epi32(0x0F), m2 = _mm256_set1_epi32(3);
+  const __m256i bias = _mm256_set1_epi32(32);
+  for (std::size_t i = 0; i < n / qk_k; ++i, b += q6_k_bytes) {
+    const float d = f16_at(b + 208);
+    for (int h = 0; h < 2; ++h) {
+      const std::uint8_t* ql = b + 64 * h;
+      const std::uint8_t* qh = b + 128 + 32 * h;
+      const auto* sc = reinterpret_cast<const std::int8_t*>(b + 192 + 8 * h);
+      float* y = dst + qk_k * i + 128 * h;
+      for (int l = 0; l < 32; l += 8) {
+        const __m256i a = _mm256_cvtepu8_epi32(load8(ql + l));
+        const __m256i c = _mm256_cvtepu8_epi32(load8(ql + l + 32));
+        const __m256i hb = _mm256_cvtepu8_epi32(load8(qh + l));
+        const __m256i q[4] = {
+            _mm256_or_si256(_mm256_and_si256(a, m4),
+                            _mm256_slli_epi32(_mm256_and_si256(hb, m2), 4)),
+            _mm256_or_si256(_mm256_and_si256(c, m4),
+                            _mm256_slli_epi32(_mm256_and_si256(_mm256_srli_epi32(hb, 2), m2), 4)),
+            _mm256_or_si256(_mm256_srli_epi32(a, 4),
+                            _mm256_slli_epi32(_mm256_and_si256(_mm256_srli_epi32(hb, 4), m2), 4)),
+            _mm256_or_si256(_mm256_srli_epi32(c, 4),
+                            _mm256_slli_epi32(_mm256_srli_epi32(hb, 6), 4)),
+        };
+        const int is = l / 16;
+        for (int k = 0; k < 4; ++k) {
+          const __m256 scale = _mm256_set1_ps(d * static_cast<float>(sc[is + 2 * k]));
+          _mm256_storeu_ps(y + 32 * k + l,
+                           _mm256_mul_ps(scale, _mm256_cvtepi32_ps(_mm256_sub_epi32(q[k], bias))));
+        }
+      }
+    }
+  }
+}
+
+}  // namespace masskv::model::kernels

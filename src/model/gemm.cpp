@@ -1,0 +1,83 @@
+// Prefill matmul driver and scalar panel kernel (see gemm_kernels.hpp). Tokens go in blocks of
+// at most kTokenBlock; per block the activations are transposed once to [cols][tokens] (zero
+// padded to a multiple of 8 tokens), then each thread takes whole 8-row panels: it dequantises
+// the panel's rows once and runs the micro-kernel over all tokens of the block. An output is
+// computed by one panel call in a fixed order, so the thread count cannot change it.
+#include <algorithm>
+#include <cstdint>
+#include <vector>
+
+#include "core/cpu_features.hpp"
+#include "masskv/error.hpp"
+#include "masskv/model/quant.hpp"
+#include "model/gemm_kernels.hpp"
+
+namespace masskv::model {
+namespace kernels {
+
+// The transposed block stays in L2 (128 tokens x 576 cols = 288 KiB) and amortises each
+// panel's dequantisation over enough tokens.
+constexpr std::size_t kTokenBlock = 128;
+
+void panel_scalar(const float* w, std::size_t K, const float* xt, std::size_t ldx, std::size_t nt,
+                  float* c, std::size_t ldc) {
+  for (std::size_t t0 = 0; t0 < nt; t0 += 8) {
+    for (std::size_t i = 0; i < kPanelRows; ++i) {
+      float acc[8] = {};
+      const float* wi = w + i * K;
+      for (std::size_t k = 0; k < K; ++k) {
+        const float* xk = xt + k * ldx + t0;
+        for (std::size_t t = 0; t < 8; ++t) acc[t] += wi[k] * xk[t];
+      }
+      std::copy(acc, acc + 8, c + i * ldc + t0);
+    }
+  }
+}
+
+void matmul_with(DequantFn dequant, PanelFn panel, GgmlType type, const void* w, std::size_t rows,
+                 std::size_t cols, const float* x, std::size_t n, float* y) {
+  const std::size_t stride = row_bytes(type, cols, "cols");
+  const auto* base = static_cast<const std::uint8_t*>(w);
+  const auto panels = static_cast<std::int64_t>((rows + kPanelRows - 1) / kPanelRows);
+  static thread_local std::vector<float> xt;
+  for (std::size_t t0 = 0; t0 < n; t0 += kTokenBlock) {
+    const std::size_t nb = std::min(kTokenBlock, n - t0);
+    const std::size_t ldx = (nb + 7) / 8 * 8;
+    xt.assign(cols * ldx, 0.0f);
+    for (std::size_t t = 0; t < nb; ++t) {
+      const float* xr = x + (t0 + t) * cols;
+      for (std::size_t k = 0; k < cols; ++k) xt[k * ldx + t] = xr[k];
+    }
+    const float* xtp = xt.data();
+#pragma omp parallel for schedule(static)
+    for (std::int64_t p = 0; p < panels; ++p) {
+      static thread_local std::vector<float> wp, c;
+      wp.resize(kPanelRows * cols);
+      c.resize(kPanelRows * ldx);
+      const std::size_t r0 = static_cast<std::size_t>(p) * kPanelRows;
+      const std::size_t nr = std::min(kPanelRows, rows - r0);
+      for (std::size_t i = 0; i < nr; ++i) dequant(base + (r0 + i) * stride, &wp[i * cols], cols);
+      std::fill(wp.begin() + static_cast<std::ptrdiff_t>(nr * cols), wp.end(), 0.0f);
+      panel(wp.data(), cols, xtp, ldx, ldx, c.data(), ldx);
+      for (std::size_t t = 0; t < nb; ++t) {
+        float* yr = y + (t0 + t) * rows + r0;
+        for (std::size_t i = 0; i < nr; ++i) yr[i] = c[i * ldx + t];
+      }
+    }
+  }
+}
+
+}  // namespace kernels
+
+void matmul(GgmlType type, const void* w, std::size_t rows, std::size_t cols, const float* x,
+            std::size_t n, float* y) {
+  const TypeTraits& t = type_traits(type);
+  require(t.compute, ErrorCode::unsupported, "type", "tensor type ", t.name,
+          " has no dequantisation kernel");
+  const bool simd = cpu::has_avx2() && cpu::simd_allowed();
+  kernels::matmul_with(kernels::best_dequant(type),
+                       simd ? kernels::panel_avx2 : kernels::panel_scalar, type, w, rows, cols, x,
+                       n, y);
+}
+
+}  // namespace masskv::model

@@ -1,0 +1,71 @@
+// AVX2+FMA panel kernel of the prefill matmul (gemm_kernels.hpp): tiles of 4 weight rows x 3
+// vectors of 8 tokens keep 12 accumulators in registers; per k it loads 3 token vectors and
+// broadcasts 4 weights for 12 FMAs. Pointer kernel only: entered after cpu::has_avx2().
+#include <immintrin.h>
+
+#include <cstddef>
+
+#include "model/gemm_kernels.hpp"
+
+namespace masskv::model::kernels {
+namespace {
+
+// Named accumulators, not an array: GCC keeps an array of __m256 mirrored on the stack.
+template <int NV>
+inline void fma_row(__m256 b, __m256 x0, __m256 x1, __m256 x2, __m256& a0, __m256& a1, __m256& a2) {
+  a0 = _mm256_fmadd_ps(b, x0, a0);
+  if constexpr (NV > 1) a1 = _mm256_fmadd_ps(b, x1, a1);
+  if constexpr (NV > 2) a2 = _mm256_fmadd_ps(b, x2, a2);
+}
+
+template <int NV>
+inline void store_row(float* c, __m256 a0, __m256 a1, __m256 a2) {
+  _mm256_storeu_ps(c, a0);
+  if constexpr (NV > 1) _mm256_storeu_ps(c + 8, a1);
+  if constexpr (NV > 2) _mm256_storeu_ps(c + 16, a2);
+}
+
+template <int NV>
+void tile4(const float* w, std::size_t K, const float* xt, std::size_t ldx, float* c,
+           std::size_t ldc) {
+  const __m256 z = _mm256_setzero_ps();
+  __m256 a00 = z, a01 = z, a02 = z, a10 = z, a11 = z, a12 = z;
+  __m256 a20 = z, a21 = z, a22 = z, a30 = z, a31 = z, a32 = z;
+  const float* w0 = w;
+  const float* w1 = w + K;
+  const float* w2 = w + 2 * K;
+  const float* w3 = w + 3 * K;
+  for (std::size_t k = 0; k < K; ++k) {
+    const float* xk = xt + k * ldx;
+    const __m256 x0 = _mm256_loadu_ps(xk);
+    const __m256 x1 = NV > 1 ? _mm256_loadu_ps(xk + 8) : z;
+    const __m256 x2 = NV > 2 ? _mm256_loadu_ps(xk + 16) : z;
+    fma_row<NV>(_mm256_broadcast_ss(w0 + k), x0, x1, x2, a00, a01, a02);
+    fma_row<NV>(_mm256_broadcast_ss(w1 + k), x0, x1, x2, a10, a11, a12);
+    fma_row<NV>(_mm256_broadcast_ss(w2 + k), x0, x1, x2, a20, a21, a22);
+    fma_row<NV>(_mm256_broadcast_ss(w3 + k), x0, x1, x2, a30, a31, a32);
+  }
+  store_row<NV>(c, a00, a01, a02);
+  store_row<NV>(c + ldc, a10, a11, a12);
+  store_row<NV>(c + 2 * ldc, a20, a21, a22);
+  store_row<NV>(c + 3 * ldc, a30, a31, a32);
+}
+
+template <int NV>
+void rows8(const float* w, std::size_t K, const float* xt, std::size_t ldx, float* c,
+           std::size_t ldc) {
+  tile4<NV>(w, K, xt, ldx, c, ldc);
+  tile4<NV>(w + 4 * K, K, xt, ldx, c + 4 * ldc, ldc);
+}
+
+}  // namespace
+
+void panel_avx2(const float* w, std::size_t K, const float* xt, std::size_t ldx, std::size_t nt,
+                float* c, std::size_t ldc) {
+  std::size_t t = 0;
+  for (; t + 24 <= nt; t += 24) rows8<3>(w, K, xt + t, ldx, c + t, ldc);
+  if (nt - t == 16) rows8<2>(w, K, xt + t, ldx, c + t, ldc);
+  if (nt - t == 8) rows8<1>(w, K, xt + t, ldx, c + t, ldc);
+}
+
+}  // namespace masskv::model::kernels

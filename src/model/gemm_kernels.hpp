@@ -1,0 +1,32 @@
+// The prefill matmul (quant.hpp's matmul) in two steps: dequantise 8 weight rows into an f32
+// panel, then multiply the panel by the block's activations with a register-blocked micro-kernel.
+// The panel kernels come in a scalar and an AVX2+FMA version; both are exposed so tests can
+// check each against the fp64 reference whatever the dispatcher picks.
+#pragma once
+
+#include <cstddef>
+
+#include "model/quant_kernels.hpp"
+
+namespace masskv::model::kernels {
+
+inline constexpr std::size_t kPanelRows = 8;
+
+// c[i * ldc + t] = sum_{k < K} w[i * K + k] * xt[k * ldx + t] for i < 8 and t < nt, nt a
+// multiple of 8. Every output is one f32 chain over k in increasing order, whatever tile it
+// falls in, so a token's result does not depend on nt or its place in the block.
+using PanelFn = void (*)(const float* w, std::size_t K, const float* xt, std::size_t ldx,
+                         std::size_t nt, float* c, std::size_t ldc);
+
+void panel_scalar(const float* w, std::size_t K, const float* xt, std::size_t ldx, std::size_t nt,
+                  float* c, std::size_t ldc);
+// Call only when masskv::cpu::has_avx2().
+void panel_avx2(const float* w, std::size_t K, const float* xt, std::size_t ldx, std::size_t nt,
+                float* c, std::size_t ldc);
+
+// matmul with a given dequantiser and panel kernel (matmul passes best_dequant and the AVX2
+// panel when allowed); same contract as matmul.
+void matmul_with(DequantFn dequant, PanelFn panel, GgmlType type, const void* w, std::size_t rows,
+                 std::size_t cols, const float* x, std::size_t n, float* y);
+
+}  // namespace masskv::model::kernels
