@@ -19,12 +19,12 @@ namespace kernels {
 // panel's dequantisation over enough tokens.
 constexpr std::size_t kTokenBlock = 128;
 
-void panel_scalar(const float* w, std::size_t K, const float* xt, std::size_t ldx, std::size_t nt,
-                  float* c, std::size_t ldc) {
+void panel_scalar(const float* w, std::size_t ldw, std::size_t K, const float* xt, std::size_t ldx,
+                  std::size_t nt, float* c, std::size_t ldc) {
   for (std::size_t t0 = 0; t0 < nt; t0 += 8) {
     for (std::size_t i = 0; i < kPanelRows; ++i) {
       float acc[8] = {};
-      const float* wi = w + i * K;
+      const float* wi = w + i * ldw;
       for (std::size_t k = 0; k < K; ++k) {
         const float* xk = xt + k * ldx + t0;
         for (std::size_t t = 0; t < 8; ++t) acc[t] += wi[k] * xk[t];
@@ -39,6 +39,9 @@ void matmul_with(DequantFn dequant, PanelFn panel, GgmlType type, const void* w,
   const std::size_t stride = row_bytes(type, cols, "cols");
   const auto* base = static_cast<const std::uint8_t*>(w);
   const auto panels = static_cast<std::int64_t>((rows + kPanelRows - 1) / kPanelRows);
+  // Panel rows one cache line apart from a multiple of 4 KiB, so the 8 rows a kernel streams
+  // do not share L1 sets (K = 2048 would put them all in one).
+  const std::size_t ldw = (cols + 15) / 16 * 16 + 16;
   static thread_local std::vector<float> xt;
   for (std::size_t t0 = 0; t0 < n; t0 += kTokenBlock) {
     const std::size_t nb = std::min(kTokenBlock, n - t0);
@@ -52,13 +55,13 @@ void matmul_with(DequantFn dequant, PanelFn panel, GgmlType type, const void* w,
 #pragma omp parallel for schedule(static)
     for (std::int64_t p = 0; p < panels; ++p) {
       static thread_local std::vector<float> wp, c;
-      wp.resize(kPanelRows * cols);
+      wp.resize(kPanelRows * ldw);
       c.resize(kPanelRows * ldx);
       const std::size_t r0 = static_cast<std::size_t>(p) * kPanelRows;
       const std::size_t nr = std::min(kPanelRows, rows - r0);
-      for (std::size_t i = 0; i < nr; ++i) dequant(base + (r0 + i) * stride, &wp[i * cols], cols);
-      std::fill(wp.begin() + static_cast<std::ptrdiff_t>(nr * cols), wp.end(), 0.0f);
-      panel(wp.data(), cols, xtp, ldx, ldx, c.data(), ldx);
+      for (std::size_t i = 0; i < nr; ++i) dequant(base + (r0 + i) * stride, &wp[i * ldw], cols);
+      std::fill(wp.begin() + static_cast<std::ptrdiff_t>(nr * ldw), wp.end(), 0.0f);
+      panel(wp.data(), ldw, cols, xtp, ldx, ldx, c.data(), ldx);
       for (std::size_t t = 0; t < nb; ++t) {
         float* yr = y + (t0 + t) * rows + r0;
         for (std::size_t i = 0; i < nr; ++i) yr[i] = c[i * ldx + t];

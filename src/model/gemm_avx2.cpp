@@ -19,23 +19,38 @@ inline void fma_row(__m256 b, __m256 x0, __m256 x1, __m256 x2, __m256& a0, __m25
 }
 
 template <int NV>
+inline void load_row(const float* c, __m256& a0, __m256& a1, __m256& a2) {
+  a0 = _mm256_loadu_ps(c);
+  if constexpr (NV > 1) a1 = _mm256_loadu_ps(c + 8);
+  if constexpr (NV > 2) a2 = _mm256_loadu_ps(c + 16);
+}
+
+template <int NV>
 inline void store_row(float* c, __m256 a0, __m256 a1, __m256 a2) {
   _mm256_storeu_ps(c, a0);
   if constexpr (NV > 1) _mm256_storeu_ps(c + 8, a1);
   if constexpr (NV > 2) _mm256_storeu_ps(c + 16, a2);
 }
 
+// Rows w[0..3] (stride ldw) over k in [k0, k1); continues the sums in c unless k0 == 0, so
+// splitting k into chunks keeps each output the same single chain.
 template <int NV>
-void tile4(const float* w, std::size_t K, const float* xt, std::size_t ldx, float* c,
-           std::size_t ldc) {
+void tile4(const float* w, std::size_t ldw, std::size_t k0, std::size_t k1, const float* xt,
+           std::size_t ldx, float* c, std::size_t ldc) {
   const __m256 z = _mm256_setzero_ps();
   __m256 a00 = z, a01 = z, a02 = z, a10 = z, a11 = z, a12 = z;
   __m256 a20 = z, a21 = z, a22 = z, a30 = z, a31 = z, a32 = z;
+  if (k0 > 0) {
+    load_row<NV>(c, a00, a01, a02);
+    load_row<NV>(c + ldc, a10, a11, a12);
+    load_row<NV>(c + 2 * ldc, a20, a21, a22);
+    load_row<NV>(c + 3 * ldc, a30, a31, a32);
+  }
   const float* w0 = w;
-  const float* w1 = w + K;
-  const float* w2 = w + 2 * K;
-  const float* w3 = w + 3 * K;
-  for (std::size_t k = 0; k < K; ++k) {
+  const float* w1 = w + ldw;
+  const float* w2 = w + 2 * ldw;
+  const float* w3 = w + 3 * ldw;
+  for (std::size_t k = k0; k < k1; ++k) {
     const float* xk = xt + k * ldx;
     const __m256 x0 = _mm256_loadu_ps(xk);
     const __m256 x1 = NV > 1 ? _mm256_loadu_ps(xk + 8) : z;
@@ -52,20 +67,27 @@ void tile4(const float* w, std::size_t K, const float* xt, std::size_t ldx, floa
 }
 
 template <int NV>
-void rows8(const float* w, std::size_t K, const float* xt, std::size_t ldx, float* c,
-           std::size_t ldc) {
-  tile4<NV>(w, K, xt, ldx, c, ldc);
-  tile4<NV>(w + 4 * K, K, xt, ldx, c + 4 * ldc, ldc);
+void rows8(const float* w, std::size_t ldw, std::size_t k0, std::size_t k1, const float* xt,
+           std::size_t ldx, float* c, std::size_t ldc) {
+  tile4<NV>(w, ldw, k0, k1, xt, ldx, c, ldc);
+  tile4<NV>(w + 4 * ldw, ldw, k0, k1, xt, ldx, c + 4 * ldc, ldc);
 }
+
+// k in chunks of 128: a 24-token tile of the chunk (12 KiB) and the panel's chunk (4 KiB) stay
+// in L1 while both row halves use them.
+constexpr std::size_t kChunk = 128;
 
 }  // namespace
 
-void panel_avx2(const float* w, std::size_t K, const float* xt, std::size_t ldx, std::size_t nt,
-                float* c, std::size_t ldc) {
-  std::size_t t = 0;
-  for (; t + 24 <= nt; t += 24) rows8<3>(w, K, xt + t, ldx, c + t, ldc);
-  if (nt - t == 16) rows8<2>(w, K, xt + t, ldx, c + t, ldc);
-  if (nt - t == 8) rows8<1>(w, K, xt + t, ldx, c + t, ldc);
+void panel_avx2(const float* w, std::size_t ldw, std::size_t K, const float* xt, std::size_t ldx,
+                std::size_t nt, float* c, std::size_t ldc) {
+  for (std::size_t k0 = 0; k0 < K; k0 += kChunk) {
+    const std::size_t k1 = k0 + kChunk < K ? k0 + kChunk : K;
+    std::size_t t = 0;
+    for (; t + 24 <= nt; t += 24) rows8<3>(w, ldw, k0, k1, xt + t, ldx, c + t, ldc);
+    if (nt - t == 16) rows8<2>(w, ldw, k0, k1, xt + t, ldx, c + t, ldc);
+    if (nt - t == 8) rows8<1>(w, ldw, k0, k1, xt + t, ldx, c + t, ldc);
+  }
 }
 
 }  // namespace masskv::model::kernels

@@ -12,17 +12,17 @@ namespace masskv::model::kernels {
 
 inline constexpr std::size_t kPanelRows = 8;
 
-// c[i * ldc + t] = sum_{k < K} w[i * K + k] * xt[k * ldx + t] for i < 8 and t < nt, nt a
+// c[i * ldc + t] = sum_{k < K} w[i * ldw + k] * xt[k * ldx + t] for i < 8 and t < nt, nt a
 // multiple of 8. Every output is one f32 chain over k in increasing order, whatever tile it
 // falls in, so a token's result does not depend on nt or its place in the block.
-using PanelFn = void (*)(const float* w, std::size_t K, const float* xt, std::size_t ldx,
-                         std::size_t nt, float* c, std::size_t ldc);
+using PanelFn = void (*)(const float* w, std::size_t ldw, std::size_t K, const float* xt,
+                         std::size_t ldx, std::size_t nt, float* c, std::size_t ldc);
 
-void panel_scalar(const float* w, std::size_t K, const float* xt, std::size_t ldx, std::size_t nt,
-                  float* c, std::size_t ldc);
+void panel_scalar(const float* w, std::size_t ldw, std::size_t K, const float* xt, std::size_t ldx,
+                  std::size_t nt, float* c, std::size_t ldc);
 // Call only when masskv::cpu::has_avx2().
-void panel_avx2(const float* w, std::size_t K, const float* xt, std::size_t ldx, std::size_t nt,
-                float* c, std::size_t ldc);
+void panel_avx2(const float* w, std::size_t ldw, std::size_t K, const float* xt, std::size_t ldx,
+                std::size_t nt, float* c, std::size_t ldc);
 
 // matmul with a given dequantiser and panel kernel (matmul passes best_dequant and the AVX2
 // panel when allowed); same contract as matmul.
