@@ -18,6 +18,7 @@ namespace kernels {
 // The transposed block stays in L2 (128 tokens x 576 cols = 288 KiB) and amortises each
 // panel's dequantisation over enough tokens.
 constexpr std::size_t kTokenBlock = 128;
+constexpr std::size_t kPackCols = 64;
 
 void panel_scalar(const float* w, std::size_t ldw, std::size_t K, const float* xt, std::size_t ldx,
                   std::size_t nt, float* c, std::size_t ldc) {
@@ -46,25 +47,39 @@ void matmul_with(DequantFn dequant, PanelFn panel, GgmlType type, const void* w,
   for (std::size_t t0 = 0; t0 < n; t0 += kTokenBlock) {
     const std::size_t nb = std::min(kTokenBlock, n - t0);
     const std::size_t ldx = (nb + 7) / 8 * 8;
-    xt.assign(cols * ldx, 0.0f);
-    for (std::size_t t = 0; t < nb; ++t) {
-      const float* xr = x + (t0 + t) * cols;
-      for (std::size_t k = 0; k < cols; ++k) xt[k * ldx + t] = xr[k];
-    }
-    const float* xtp = xt.data();
-#pragma omp parallel for schedule(static)
-    for (std::int64_t p = 0; p < panels; ++p) {
-      static thread_local std::vector<float> wp, c;
-      wp.resize(kPanelRows * ldw);
-      c.resize(kPanelRows * ldx);
-      const std::size_t r0 = static_cast<std::size_t>(p) * kPanelRows;
-      const std::size_t nr = std::min(kPanelRows, rows - r0);
-      for (std::size_t i = 0; i < nr; ++i) dequant(base + (r0 + i) * stride, &wp[i * ldw], cols);
-      std::fill(wp.begin() + static_cast<std::ptrdiff_t>(nr * ldw), wp.end(), 0.0f);
-      panel(wp.data(), ldw, cols, xtp, ldx, ldx, c.data(), ldx);
-      for (std::size_t t = 0; t < nb; ++t) {
-        float* yr = y + (t0 + t) * rows + r0;
-        for (std::size_t i = 0; i < nr; ++i) yr[i] = c[i * ldx + t];
+    xt.resize(cols * ldx);
+    float* xtp = xt.data();
+    const auto kblocks = static_cast<std::int64_t>((cols + kPackCols - 1) / kPackCols);
+#pragma omp parallel
+    {
+      // Transpose in blocks of 64 columns: the 64 destination rows stay in L1 while every
+      // token of the block is read once.
+#pragma omp for schedule(static)
+      for (std::int64_t kb = 0; kb < kblocks; ++kb) {
+        const std::size_t k0 = static_cast<std::size_t>(kb) * kPackCols;
+        const std::size_t k1 = std::min(cols, k0 + kPackCols);
+        for (std::size_t t = 0; t < nb; ++t) {
+          const float* xr = x + (t0 + t) * cols;
+          for (std::size_t k = k0; k < k1; ++k) xtp[k * ldx + t] = xr[k];
+        }
+        for (std::size_t k = k0; k < k1; ++k) {
+          std::fill(xtp + k * ldx + nb, xtp + (k + 1) * ldx, 0.0f);
+        }
+      }
+#pragma omp for schedule(static)
+      for (std::int64_t p = 0; p < panels; ++p) {
+        static thread_local std::vector<float> wp, c;
+        wp.resize(kPanelRows * ldw);
+        c.resize(kPanelRows * ldx);
+        const std::size_t r0 = static_cast<std::size_t>(p) * kPanelRows;
+        const std::size_t nr = std::min(kPanelRows, rows - r0);
+        for (std::size_t i = 0; i < nr; ++i) dequant(base + (r0 + i) * stride, &wp[i * ldw], cols);
+        std::fill(wp.begin() + static_cast<std::ptrdiff_t>(nr * ldw), wp.end(), 0.0f);
+        panel(wp.data(), ldw, cols, xtp, ldx, ldx, c.data(), ldx);
+        for (std::size_t t = 0; t < nb; ++t) {
+          float* yr = y + (t0 + t) * rows + r0;
+          for (std::size_t i = 0; i < nr; ++i) yr[i] = c[i * ldx + t];
+        }
       }
     }
   }
