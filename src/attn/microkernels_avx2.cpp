@@ -145,6 +145,65 @@ void convert_rows(int dtype, const void* const* rows, int n, int d, float* out,
   }
 }
 
+// Transposed scores for many packed heads (prefill packs query tile x group): 16 keys sit in
+// the lanes of two vectors (kt is [d][16], converted and transposed once), each head is a
+// broadcast, so ht heads x 2 vectors of accumulators need no horizontal sums and their
+// results are stored straight into the score rows. ht <= 6 keeps 12 accumulators.
+MASSKV_AI void score_tile_t(const float* q, int d, int ht, const float* kt, float scale, float* s,
+                            std::int64_t ls, int nk) {
+  __m256 a[12];
+#pragma GCC unroll 12
+  for (int i = 0; i < 12; ++i) a[i] = _mm256_setzero_ps();
+  for (int c = 0; c < d; ++c) {
+    const __m256 k0 = _mm256_load_ps(kt + 16 * c);
+    const __m256 k1 = _mm256_load_ps(kt + 16 * c + 8);
+#pragma GCC unroll 6
+    for (int h = 0; h < ht; ++h) {
+      const __m256 qv = _mm256_broadcast_ss(q + h * d + c);
+      a[2 * h] = _mm256_fmadd_ps(qv, k0, a[2 * h]);
+      a[2 * h + 1] = _mm256_fmadd_ps(qv, k1, a[2 * h + 1]);
+    }
+  }
+  const __m256 sc = _mm256_set1_ps(scale);
+#pragma GCC unroll 6
+  for (int h = 0; h < ht; ++h) {
+    float* out = s + h * ls;
+    if (nk == 16) {
+      _mm256_storeu_ps(out, _mm256_mul_ps(a[2 * h], sc));
+      _mm256_storeu_ps(out + 8, _mm256_mul_ps(a[2 * h + 1], sc));
+    } else {
+      alignas(32) float tmp[16];
+      _mm256_store_ps(tmp, _mm256_mul_ps(a[2 * h], sc));
+      _mm256_store_ps(tmp + 8, _mm256_mul_ps(a[2 * h + 1], sc));
+      for (int r = 0; r < nk; ++r) out[r] = tmp[r];
+    }
+  }
+}
+
+void score_tile_t_dispatch(const float* q, int d, int ht, const float* kt, float scale, float* s,
+                           std::int64_t ls, int nk) {
+  switch (ht) {
+    case 1:
+      score_tile_t(q, d, 1, kt, scale, s, ls, nk);
+      return;
+    case 2:
+      score_tile_t(q, d, 2, kt, scale, s, ls, nk);
+      return;
+    case 3:
+      score_tile_t(q, d, 3, kt, scale, s, ls, nk);
+      return;
+    case 4:
+      score_tile_t(q, d, 4, kt, scale, s, ls, nk);
+      return;
+    case 5:
+      score_tile_t(q, d, 5, kt, scale, s, ls, nk);
+      return;
+    default:
+      score_tile_t(q, d, 6, kt, scale, s, ls, nk);
+      return;
+  }
+}
+
 // Accumulation tile: ht heads x cw column chunks of 8 (ht * cw <= 12), over n rows. Each
 // accumulator is updated once per row, so ht * cw >= 8 independent chains hide FMA latency.
 MASSKV_AI void acc_tile(int dtype, const float* w, std::int64_t lw, int ht, int cw, int d, int c0,
@@ -255,6 +314,35 @@ MASSKV_AI __m256 exp_nonpos(__m256 x) {
   return _mm256_andnot_ps(underflow, y);
 }
 
+// From this many packed heads on, scores use the transposed tiles.
+constexpr int kTransposedHeads = 8;
+
+void scores_transposed(int dtype, const float* q, int g, int d, const void* const* rows, int n,
+                       float scale, float* s, std::int64_t ls, const void* const* pf, int npf) {
+  constexpr int kKeys = 16;
+  alignas(32) float buf[kKeys * kMaxHeadDim];
+  alignas(32) float kt[kKeys * kMaxHeadDim];
+  const void* conv[kKeys];
+  const int bytes = row_bytes(dtype, d);
+  for (int r0 = 0; r0 < n; r0 += kKeys) {
+    const int nb = n - r0 < kKeys ? n - r0 : kKeys;
+    prefetch_some(pf, npf, r0, r0 + nb, bytes);
+    if (dtype == kF32) {
+      for (int r = 0; r < nb; ++r) conv[r] = rows[r0 + r];
+    } else {
+      convert_rows(dtype, rows + r0, nb, d, buf, conv);
+    }
+    for (int c = 0; c < d; ++c) {
+      for (int r = 0; r < nb; ++r) kt[kKeys * c + r] = static_cast<const float*>(conv[r])[c];
+      for (int r = nb; r < kKeys; ++r) kt[kKeys * c + r] = 0.0f;
+    }
+    for (int h0 = 0; h0 < g; h0 += 6) {
+      const int ht = g - h0 < 6 ? g - h0 : 6;
+      score_tile_t_dispatch(q + h0 * d, d, ht, kt, scale, s + h0 * ls + r0, ls, nb);
+    }
+  }
+}
+
 }  // namespace
 
 void scores_avx2(int dtype, const float* q, int g, int d, const void* const* rows, int n,
@@ -262,6 +350,10 @@ void scores_avx2(int dtype, const float* q, int g, int d, const void* const* row
   if (pf == nullptr) {  // look ahead in our own rows
     pf = rows + kPrefetchRows;
     npf = n - kPrefetchRows;
+  }
+  if (g >= kTransposedHeads) {
+    scores_transposed(dtype, q, g, d, rows, n, scale, s, ls, pf, npf);
+    return;
   }
   if (g <= 4 || dtype == kF32) {
     for (int h0 = 0; h0 < g; h0 += 4) {
