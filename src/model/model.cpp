@@ -5,6 +5,7 @@
 #include <cmath>
 
 #include "layer_ops.hpp"
+#include "model/activations.hpp"
 #include "masskv/attn/decode.hpp"
 #include "masskv/attn/prefill.hpp"
 #include "masskv/error.hpp"
@@ -359,10 +360,7 @@ static void forward(const Model& model, Session::Impl& s, std::span<const TokenI
     }
     linear(*L.ffn_gate, s.xn.data(), n, s.gate.data());
     linear(*L.ffn_up, s.xn.data(), n, s.up.data());
-    for (std::size_t i = 0; i < n * F; ++i) {
-      const float g = c.gelu_ffn ? ops::gelu_tanh(s.gate[i]) : ops::silu(s.gate[i]);
-      s.gate[i] = g * s.up[i];
-    }
+    ops::glu(c.gelu_ffn, s.gate.data(), s.up.data(), n * F);
     linear(*L.ffn_down, s.gate.data(), n, s.o.data());
     if (c.post_norms) {
       const float* w = model.norm_weights(*L.post_ffn_norm);
