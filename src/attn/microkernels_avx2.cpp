@@ -11,6 +11,7 @@
 #include <cstdint>
 
 #include "attn/microkernels.hpp"
+#include "core/exp_avx2.hpp"
 
 #define MASSKV_AI inline __attribute__((always_inline))
 
@@ -145,7 +146,7 @@ void convert_rows(int dtype, const void* const* rows, int n, int d, float* out,
   }
 }
 
-// Transposed scores for many packed heads (prefill packs query tile x group): 16 keys sit in
+// Transposed scores for more than 4 heads (prefill packs query tile x group): 16 keys sit in
 // the lanes of two vectors (kt is [d][16], converted and transposed once), each head is a
 // broadcast, so ht heads x 2 vectors of accumulators need no horizontal sums and their
 // results are stored straight into the score rows. ht <= 6 keeps 12 accumulators.
@@ -180,29 +181,17 @@ MASSKV_AI void score_tile_t(const float* q, int d, int ht, const float* kt, floa
   }
 }
 
-void score_tile_t_dispatch(const float* q, int d, int ht, const float* kt, float scale, float* s,
-                           std::int64_t ls, int nk) {
-  switch (ht) {
-    case 1:
-      score_tile_t(q, d, 1, kt, scale, s, ls, nk);
-      return;
-    case 2:
-      score_tile_t(q, d, 2, kt, scale, s, ls, nk);
-      return;
-    case 3:
-      score_tile_t(q, d, 3, kt, scale, s, ls, nk);
-      return;
-    case 4:
-      score_tile_t(q, d, 4, kt, scale, s, ls, nk);
-      return;
-    case 5:
-      score_tile_t(q, d, 5, kt, scale, s, ls, nk);
-      return;
-    default:
-      score_tile_t(q, d, 6, kt, scale, s, ls, nk);
-      return;
-  }
+template <int HT>
+void score_tile_t_n(const float* q, int d, const float* kt, float scale, float* s, std::int64_t ls,
+                    int nk) {
+  score_tile_t(q, d, HT, kt, scale, s, ls, nk);
 }
+
+using ScoreTileT = void (*)(const float*, int, const float*, float, float*, std::int64_t, int);
+// Indexed by the head count of the tile (1-6).
+constexpr ScoreTileT kScoreTileT[] = {nullptr,           score_tile_t_n<1>, score_tile_t_n<2>,
+                                      score_tile_t_n<3>, score_tile_t_n<4>, score_tile_t_n<5>,
+                                      score_tile_t_n<6>};
 
 // Accumulation tile: ht heads x cw column chunks of 8 (ht * cw <= 12), over n rows. Each
 // accumulator is updated once per row, so ht * cw >= 8 independent chains hide FMA latency.
@@ -292,30 +281,12 @@ void acc_rows_dispatch(int dtype, const float* w, std::int64_t lw, int ht, int d
 #undef MASSKV_CASE
 }
 
-// exp on [-87.3, 0] (Cody-Waite reduction, degree-6 polynomial, ~1 ulp); smaller -> 0.
+// exp on [-87.3, 0] (simd::exp_in_range, ~1 ulp); smaller -> 0.
 MASSKV_AI __m256 exp_nonpos(__m256 x) {
-  const __m256 underflow = _mm256_cmp_ps(x, _mm256_set1_ps(-87.33654f), _CMP_LT_OQ);
-  x = _mm256_max_ps(x, _mm256_set1_ps(-87.33654f));
-  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
-                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
-  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
-  __m256 p = _mm256_set1_ps(1.0f / 720);
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 120));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 24));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 6));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.5f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
-  // 2^n with n in [-126, 0]: build the exponent field directly.
-  const __m256i e =
-      _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
-  const __m256 y = _mm256_mul_ps(p, _mm256_castsi256_ps(e));
-  return _mm256_andnot_ps(underflow, y);
+  const __m256 underflow = _mm256_cmp_ps(x, _mm256_set1_ps(simd::kExpMin), _CMP_LT_OQ);
+  return _mm256_andnot_ps(underflow,
+                          simd::exp_in_range(_mm256_max_ps(x, _mm256_set1_ps(simd::kExpMin))));
 }
-
-// From this many packed heads on, scores use the transposed tiles.
-constexpr int kTransposedHeads = 8;
 
 void scores_transposed(int dtype, const float* q, int g, int d, const void* const* rows, int n,
                        float scale, float* s, std::int64_t ls, const void* const* pf, int npf) {
@@ -338,7 +309,7 @@ void scores_transposed(int dtype, const float* q, int g, int d, const void* cons
     }
     for (int h0 = 0; h0 < g; h0 += 6) {
       const int ht = g - h0 < 6 ? g - h0 : 6;
-      score_tile_t_dispatch(q + h0 * d, d, ht, kt, scale, s + h0 * ls + r0, ls, nb);
+      kScoreTileT[ht](q + h0 * d, d, kt, scale, s + h0 * ls + r0, ls, nb);
     }
   }
 }
@@ -351,34 +322,13 @@ void scores_avx2(int dtype, const float* q, int g, int d, const void* const* row
     pf = rows + kPrefetchRows;
     npf = n - kPrefetchRows;
   }
-  if (g >= kTransposedHeads) {
+  if (g > 4) {  // more heads than one register tile
     scores_transposed(dtype, q, g, d, rows, n, scale, s, ls, pf, npf);
     return;
   }
-  if (g <= 4 || dtype == kF32) {
-    for (int h0 = 0; h0 < g; h0 += 4) {
-      const int ht = g - h0 < 4 ? g - h0 : 4;
-      // Only the first head tile prefetches: later tiles reread rows already in cache.
-      score_rows_dispatch(dtype, q + h0 * d, d, ht, rows, n, scale, s + h0 * ls, ls, pf,
-                          h0 == 0 ? npf : 0);
-    }
-    return;
-  }
-  // More heads than one register tile: convert a block of rows to f32 once, then run every
-  // head tile on the converted block.
-  constexpr int kBlock = 8;
-  alignas(32) float buf[kBlock * kMaxHeadDim];
-  const void* conv[kBlock];
-  const int bytes = row_bytes(dtype, d);
-  for (int r0 = 0; r0 < n; r0 += kBlock) {
-    const int nb = n - r0 < kBlock ? n - r0 : kBlock;
-    prefetch_some(pf, npf, r0, r0 + nb, bytes);
-    convert_rows(dtype, rows + r0, nb, d, buf, conv);
-    for (int h0 = 0; h0 < g; h0 += 4) {
-      const int ht = g - h0 < 4 ? g - h0 : 4;
-      score_rows_dispatch(kF32, q + h0 * d, d, ht, conv, nb, scale, s + h0 * ls + r0, ls, nullptr,
-                          0);
-    }
+  for (int h0 = 0; h0 < g; h0 += 4) {
+    const int ht = g - h0 < 4 ? g - h0 : 4;
+    score_rows_dispatch(dtype, q + h0 * d, d, ht, rows, n, scale, s + h0 * ls, ls, pf, npf);
   }
 }
 

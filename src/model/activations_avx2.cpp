@@ -4,34 +4,16 @@
 
 #include <cstddef>
 
+#include "core/exp_avx2.hpp"
 #include "model/activations.hpp"
 
 namespace masskv::model::ops::kernels {
 namespace {
 
-// exp(x) for x in [-87.3, 88.7] (clamped): Cody-Waite reduction by ln 2, degree-6
-// polynomial, 2^n built in the exponent field; about 1-2 ulp.
+// exp(x), x clamped to the range of simd::exp_in_range.
 __m256 exp_ps(__m256 x) {
-  x = _mm256_max_ps(_mm256_min_ps(x, _mm256_set1_ps(88.7f)), _mm256_set1_ps(-87.3f));
-  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
-                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
-  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
-  __m256 p = _mm256_set1_ps(1.0f / 720);
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 120));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 24));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 6));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.5f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
-  // n in [-126, 128]: 2^n as two factors so n = 128 does not overflow the exponent field.
-  const __m256i ni = _mm256_cvtps_epi32(n);
-  const __m256i h = _mm256_srai_epi32(ni, 1);
-  const __m256 s1 =
-      _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(h, _mm256_set1_epi32(127)), 23));
-  const __m256 s2 = _mm256_castsi256_ps(
-      _mm256_slli_epi32(_mm256_add_epi32(_mm256_sub_epi32(ni, h), _mm256_set1_epi32(127)), 23));
-  return _mm256_mul_ps(_mm256_mul_ps(p, s1), s2);
+  x = _mm256_max_ps(_mm256_min_ps(x, _mm256_set1_ps(simd::kExpMax)), _mm256_set1_ps(simd::kExpMin));
+  return simd::exp_in_range(x);
 }
 
 // x / (1 + exp(-x)).
