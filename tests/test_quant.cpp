@@ -375,12 +375,14 @@ TEST(Matmul, ScalarAndAvx2MatchFp64Reference) {
       const MatmulCase c = random_matmul(type, rows, cols, n, rng);
       std::vector<std::pair<const char*, std::vector<float>>> results;
       results.emplace_back("scalar", std::vector<float>(n * rows));
-      kernels::matmul_with(kernels::scalar_dequant(type), kernels::panel_scalar, type, c.w.data(),
-                           rows, cols, c.x.data(), n, results.back().second.data());
+      kernels::matmul_with(
+          {kernels::scalar_dequant(type), kernels::panel_scalar, kernels::transpose_scalar}, type,
+          c.w.data(), rows, cols, c.x.data(), n, results.back().second.data());
       if (avx2) {
         results.emplace_back("avx2", std::vector<float>(n * rows));
-        kernels::matmul_with(kernels::avx2_dequant(type), kernels::panel_avx2, type, c.w.data(),
-                             rows, cols, c.x.data(), n, results.back().second.data());
+        kernels::matmul_with(
+            {kernels::avx2_dequant(type), kernels::panel_avx2, kernels::transpose_avx2}, type,
+            c.w.data(), rows, cols, c.x.data(), n, results.back().second.data());
       }
       results.emplace_back("matmul", std::vector<float>(n * rows));
       matmul(type, c.w.data(), rows, cols, c.x.data(), n, results.back().second.data());
@@ -426,5 +428,20 @@ TEST(Matmul, ResultDoesNotDependOnThreadCountOrTokenBlock) {
       EXPECT_EQ(std::memcmp(ys.data(), y1.data() + first * rows, ys.size() * sizeof(float)), 0)
           << "tokens from " << first;
     }
+  }
+}
+
+TEST(Matmul, Avx2TransposeEqualsScalarOnRaggedShapes) {
+  if (!masskv::cpu::has_avx2()) GTEST_SKIP() << "no AVX2 on this CPU";
+  std::mt19937 rng(13);
+  for (const auto& [rows, cols] :
+       {std::pair<std::size_t, std::size_t>{1, 1}, {8, 8}, {9, 17}, {64, 576}, {23, 7}, {8, 130}}) {
+    const std::size_t lds = cols + 3, ldd = rows + 5;
+    const auto src = random_x(rows * lds, rng);
+    std::vector<float> a(cols * ldd, -1.0f), b(cols * ldd, -1.0f);
+    kernels::transpose_scalar(src.data(), lds, rows, cols, a.data(), ldd);
+    kernels::transpose_avx2(src.data(), lds, rows, cols, b.data(), ldd);
+    EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)), 0) << rows << "x" << cols;
+    EXPECT_EQ(a[ldd * (cols - 1) + rows - 1], src[(rows - 1) * lds + cols - 1]);
   }
 }

@@ -35,7 +35,14 @@ void panel_scalar(const float* w, std::size_t ldw, std::size_t K, const float* x
   }
 }
 
-void matmul_with(DequantFn dequant, PanelFn panel, GgmlType type, const void* w, std::size_t rows,
+void transpose_scalar(const float* src, std::size_t lds, std::size_t rows, std::size_t cols,
+                      float* dst, std::size_t ldd) {
+  for (std::size_t i = 0; i < rows; ++i) {
+    for (std::size_t j = 0; j < cols; ++j) dst[j * ldd + i] = src[i * lds + j];
+  }
+}
+
+void matmul_with(const GemmKernels& kern, GgmlType type, const void* w, std::size_t rows,
                  std::size_t cols, const float* x, std::size_t n, float* y) {
   const std::size_t stride = row_bytes(type, cols, "cols");
   const auto* base = static_cast<const std::uint8_t*>(w);
@@ -58,10 +65,7 @@ void matmul_with(DequantFn dequant, PanelFn panel, GgmlType type, const void* w,
       for (std::int64_t kb = 0; kb < kblocks; ++kb) {
         const std::size_t k0 = static_cast<std::size_t>(kb) * kPackCols;
         const std::size_t k1 = std::min(cols, k0 + kPackCols);
-        for (std::size_t t = 0; t < nb; ++t) {
-          const float* xr = x + (t0 + t) * cols;
-          for (std::size_t k = k0; k < k1; ++k) xtp[k * ldx + t] = xr[k];
-        }
+        kern.transpose(x + t0 * cols + k0, cols, nb, k1 - k0, xtp + k0 * ldx, ldx);
         for (std::size_t k = k0; k < k1; ++k) {
           std::fill(xtp + k * ldx + nb, xtp + (k + 1) * ldx, 0.0f);
         }
@@ -73,13 +77,12 @@ void matmul_with(DequantFn dequant, PanelFn panel, GgmlType type, const void* w,
         c.resize(kPanelRows * ldx);
         const std::size_t r0 = static_cast<std::size_t>(p) * kPanelRows;
         const std::size_t nr = std::min(kPanelRows, rows - r0);
-        for (std::size_t i = 0; i < nr; ++i) dequant(base + (r0 + i) * stride, &wp[i * ldw], cols);
-        std::fill(wp.begin() + static_cast<std::ptrdiff_t>(nr * ldw), wp.end(), 0.0f);
-        panel(wp.data(), ldw, cols, xtp, ldx, ldx, c.data(), ldx);
-        for (std::size_t t = 0; t < nb; ++t) {
-          float* yr = y + (t0 + t) * rows + r0;
-          for (std::size_t i = 0; i < nr; ++i) yr[i] = c[i * ldx + t];
+        for (std::size_t i = 0; i < nr; ++i) {
+          kern.dequant(base + (r0 + i) * stride, &wp[i * ldw], cols);
         }
+        std::fill(wp.begin() + static_cast<std::ptrdiff_t>(nr * ldw), wp.end(), 0.0f);
+        kern.panel(wp.data(), ldw, cols, xtp, ldx, ldx, c.data(), ldx);
+        kern.transpose(c.data(), ldx, nr, nb, y + t0 * rows + r0, rows);
       }
     }
   }
@@ -93,9 +96,10 @@ void matmul(GgmlType type, const void* w, std::size_t rows, std::size_t cols, co
   require(t.compute, ErrorCode::unsupported, "type", "tensor type ", t.name,
           " has no dequantisation kernel");
   const bool simd = cpu::has_avx2() && cpu::simd_allowed();
-  kernels::matmul_with(kernels::best_dequant(type),
-                       simd ? kernels::panel_avx2 : kernels::panel_scalar, type, w, rows, cols, x,
-                       n, y);
+  const kernels::GemmKernels kern{kernels::best_dequant(type),
+                                  simd ? kernels::panel_avx2 : kernels::panel_scalar,
+                                  simd ? kernels::transpose_avx2 : kernels::transpose_scalar};
+  kernels::matmul_with(kern, type, w, rows, cols, x, n, y);
 }
 
 }  // namespace masskv::model

@@ -90,4 +90,39 @@ void panel_avx2(const float* w, std::size_t ldw, std::size_t K, const float* xt,
   }
 }
 
+void transpose_avx2(const float* src, std::size_t lds, std::size_t rows, std::size_t cols,
+                    float* dst, std::size_t ldd) {
+  std::size_t i = 0;
+  for (; i + 8 <= rows; i += 8) {
+    std::size_t j = 0;
+    for (; j + 8 <= cols; j += 8) {
+      const float* s0 = src + i * lds + j;
+      __m256 r[8], t[8];
+      for (int k = 0; k < 8; ++k) r[k] = _mm256_loadu_ps(s0 + k * lds);
+      for (int k = 0; k < 8; k += 2) {
+        t[k] = _mm256_unpacklo_ps(r[k], r[k + 1]);
+        t[k + 1] = _mm256_unpackhi_ps(r[k], r[k + 1]);
+      }
+      // r[0..3]: columns {0,4}, {1,5}, {2,6}, {3,7} of rows 0-3; r[4..7] the same of rows 4-7.
+      for (int h = 0; h < 2; ++h) {
+        r[4 * h] = _mm256_shuffle_ps(t[4 * h], t[4 * h + 2], 0x44);
+        r[4 * h + 1] = _mm256_shuffle_ps(t[4 * h], t[4 * h + 2], 0xEE);
+        r[4 * h + 2] = _mm256_shuffle_ps(t[4 * h + 1], t[4 * h + 3], 0x44);
+        r[4 * h + 3] = _mm256_shuffle_ps(t[4 * h + 1], t[4 * h + 3], 0xEE);
+      }
+      float* d0 = dst + j * ldd + i;
+      for (int k = 0; k < 4; ++k) {
+        _mm256_storeu_ps(d0 + k * ldd, _mm256_permute2f128_ps(r[k], r[k + 4], 0x20));
+        _mm256_storeu_ps(d0 + (k + 4) * ldd, _mm256_permute2f128_ps(r[k], r[k + 4], 0x31));
+      }
+    }
+    for (std::size_t ii = i; ii < i + 8; ++ii) {
+      for (std::size_t jj = j; jj < cols; ++jj) dst[jj * ldd + ii] = src[ii * lds + jj];
+    }
+  }
+  for (; i < rows; ++i) {
+    for (std::size_t j = 0; j < cols; ++j) dst[j * ldd + i] = src[i * lds + j];
+  }
+}
+
 }  // namespace masskv::model::kernels

@@ -24,9 +24,25 @@ void panel_scalar(const float* w, std::size_t ldw, std::size_t K, const float* x
 void panel_avx2(const float* w, std::size_t ldw, std::size_t K, const float* xt, std::size_t ldx,
                 std::size_t nt, float* c, std::size_t ldc);
 
-// matmul with a given dequantiser and panel kernel (matmul passes best_dequant and the AVX2
-// panel when allowed); same contract as matmul.
-void matmul_with(DequantFn dequant, PanelFn panel, GgmlType type, const void* w, std::size_t rows,
+// dst[j * ldd + i] = src[i * lds + j] for i < rows, j < cols: the activations into the
+// [cols][tokens] layout, the panel's results into Y. Exact copies, so the versions agree.
+using TransposeFn = void (*)(const float* src, std::size_t lds, std::size_t rows, std::size_t cols,
+                             float* dst, std::size_t ldd);
+void transpose_scalar(const float* src, std::size_t lds, std::size_t rows, std::size_t cols,
+                      float* dst, std::size_t ldd);
+// 8x8 blocks in registers; call only when masskv::cpu::has_avx2().
+void transpose_avx2(const float* src, std::size_t lds, std::size_t rows, std::size_t cols,
+                    float* dst, std::size_t ldd);
+
+struct GemmKernels {
+  DequantFn dequant;
+  PanelFn panel;
+  TransposeFn transpose;
+};
+
+// matmul with given kernels (matmul passes best_dequant and the AVX2 panel and transpose when
+// allowed); same contract as matmul.
+void matmul_with(const GemmKernels& k, GgmlType type, const void* w, std::size_t rows,
                  std::size_t cols, const float* x, std::size_t n, float* y);
 
 }  // namespace masskv::model::kernels
