@@ -362,8 +362,10 @@ void accumulate_avx2(int dtype, const float* w, std::int64_t lw, int g, int d,
     const int nb = n - r0 < kBlock ? n - r0 : kBlock;
     prefetch_some(pf, npf, own ? r0 : (npf * r0) / n, own ? r0 + nb : (npf * (r0 + nb)) / n, bytes);
     convert_rows(dtype, rows + r0, nb, d, buf, conv);
-    for (int h0 = 0; h0 < g; h0 += 8) {
-      const int ht = g - h0 < 8 ? g - h0 : 8;
+    // Tiles of 4 heads x 3 column vectors (12 accumulators, 3 loads + 4 broadcasts per 12
+    // FMAs) rather than 8 x 1 (9 loads per 8 FMAs): the converted block is in L1 either way.
+    for (int h0 = 0; h0 < g; h0 += 4) {
+      const int ht = g - h0 < 4 ? g - h0 : 4;
       acc_rows_dispatch(kF32, w + h0 * lw + r0, lw, ht, d, conv, nb, acc + h0 * d, nullptr, 0);
     }
   }
