@@ -5,13 +5,13 @@
 #include <cmath>
 
 #include "layer_ops.hpp"
-#include "model/activations.hpp"
 #include "masskv/attn/decode.hpp"
 #include "masskv/attn/prefill.hpp"
 #include "masskv/error.hpp"
 #include "masskv/kv/cache.hpp"
 #include "masskv/model/quant.hpp"
 #include "masskv/select/diagnostics.hpp"
+#include "model/activations.hpp"
 
 namespace masskv::model {
 
