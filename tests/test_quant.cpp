@@ -1,10 +1,13 @@
 // ggml tensor types: dequantize_row vs a plain fp64 reference written from the block layouts
 // (bit-exact: every kernel value is the exact block formula rounded once to f32), dot_row
 // (scalar and AVX2) and matvec vs fp64 dot products (tolerance 1e-5 * sum|w_i x_i|), matvec
-// independent of the thread count, and errors for unsupported types and partial blocks.
+// independent of the thread count, and errors for unsupported types and partial blocks. The
+// prefill matmul: AVX2 dequantisers bit-equal to the scalar ones, scalar and AVX2 panel kernels
+// vs fp64 (same tolerance) on ragged shapes, independence of thread count and token block.
 #include <gtest/gtest.h>
 #include <omp.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <random>
@@ -14,6 +17,7 @@
 #include "masskv/dtype.hpp"
 #include "masskv/error.hpp"
 #include "masskv/model/quant.hpp"
+#include "model/gemm_kernels.hpp"
 #include "model/quant_kernels.hpp"
 
 using masskv::Error;
@@ -308,4 +312,136 @@ TEST(Quant, PartialBlocksAndUnsupportedTypesAreErrors) {
   EXPECT_EQ(row_bytes(GgmlType::q4_k, 1024), 4u * 144);
   EXPECT_EQ(row_bytes(GgmlType::q6_k, 2048), 8u * 210);
   EXPECT_EQ(row_bytes(GgmlType::q5_0, 640), 20u * 22);
+}
+
+// ---- prefill matmul ---------------------------------------------------------------------------
+
+TEST(Dequant, Avx2BitEqualsScalarForEveryType) {
+  if (!masskv::cpu::has_avx2()) GTEST_SKIP() << "no AVX2 on this CPU";
+  std::mt19937 rng(11);
+  for (GgmlType type : kComputeTypes) {
+    ASSERT_NE(kernels::avx2_dequant(type), nullptr) << to_string(type);
+    for (std::size_t n : widths(type)) {
+      SCOPED_TRACE(testing::Message() << to_string(type) << " n=" << n);
+      for (int trial = 0; trial < 3; ++trial) {
+        const auto row = random_row(type, n, rng);
+        std::vector<float> a(n, -1.0f), b(n, -2.0f);
+        kernels::scalar_dequant(type)(row.data(), a.data(), n);
+        kernels::avx2_dequant(type)(row.data(), b.data(), n);
+        ASSERT_EQ(std::memcmp(a.data(), b.data(), n * sizeof(float)), 0);
+      }
+    }
+  }
+}
+
+namespace {
+
+struct MatmulCase {
+  std::vector<std::uint8_t> w;
+  std::vector<double> wd;  // fp64 reference values, [rows][cols]
+  std::vector<float> x;    // [n][cols]
+};
+
+MatmulCase random_matmul(GgmlType type, std::size_t rows, std::size_t cols, std::size_t n,
+                         std::mt19937& rng) {
+  MatmulCase c;
+  for (std::size_t r = 0; r < rows; ++r) {
+    const auto row = random_row(type, cols, rng);
+    c.w.insert(c.w.end(), row.begin(), row.end());
+    for (std::size_t i = 0; i < cols; ++i) c.wd.push_back(ref_value(type, row.data(), i));
+  }
+  c.x = random_x(n * cols, rng);
+  return c;
+}
+
+}  // namespace
+
+// Rows around the 8-row panel, tokens around the 8-token vector, the 24-token tile and the
+// 128-token block; every output within 1e-5 * sum|w x| of the fp64 product.
+TEST(Matmul, ScalarAndAvx2MatchFp64Reference) {
+  std::mt19937 rng(5);
+  const bool avx2 = masskv::cpu::has_avx2();
+  for (GgmlType type : kComputeTypes) {
+    const std::size_t cols = type_traits(type).block_elems == 256 ? 512 : 96;
+    for (const auto& [rows, n] : {std::pair<std::size_t, std::size_t>{1, 1},
+                                  {7, 2},
+                                  {8, 8},
+                                  {13, 23},
+                                  {17, 24},
+                                  {24, 25},
+                                  {9, 49},
+                                  {3, 131}}) {
+      SCOPED_TRACE(testing::Message() << to_string(type) << " rows=" << rows << " n=" << n);
+      const MatmulCase c = random_matmul(type, rows, cols, n, rng);
+      std::vector<std::pair<const char*, std::vector<float>>> results;
+      results.emplace_back("scalar", std::vector<float>(n * rows));
+      kernels::matmul_with(
+          {kernels::scalar_dequant(type), kernels::panel_scalar, kernels::transpose_scalar}, type,
+          c.w.data(), rows, cols, c.x.data(), n, results.back().second.data());
+      if (avx2) {
+        results.emplace_back("avx2", std::vector<float>(n * rows));
+        kernels::matmul_with(
+            {kernels::avx2_dequant(type), kernels::panel_avx2, kernels::transpose_avx2}, type,
+            c.w.data(), rows, cols, c.x.data(), n, results.back().second.data());
+      }
+      results.emplace_back("matmul", std::vector<float>(n * rows));
+      matmul(type, c.w.data(), rows, cols, c.x.data(), n, results.back().second.data());
+      for (std::size_t t = 0; t < n; ++t) {
+        for (std::size_t r = 0; r < rows; ++r) {
+          double want = 0, mag = 0;
+          for (std::size_t i = 0; i < cols; ++i) {
+            const double p = c.wd[r * cols + i] * c.x[t * cols + i];
+            want += p;
+            mag += std::abs(p);
+          }
+          for (const auto& [name, y] : results) {
+            ASSERT_NEAR(y[t * rows + r], want, kDotRelTol * mag)
+                << name << " token " << t << " row " << r;
+          }
+        }
+      }
+    }
+  }
+}
+
+// One output is one f32 chain in a fixed order: neither the thread count nor the token's block
+// (how many tokens come with it, where it sits) changes its bits.
+TEST(Matmul, ResultDoesNotDependOnThreadCountOrTokenBlock) {
+  std::mt19937 rng(9);
+  for (GgmlType type : {GgmlType::q4_1, GgmlType::q4_k, GgmlType::q8_0, GgmlType::f16}) {
+    const std::size_t cols = type_traits(type).block_elems == 256 ? 256 : 64;
+    const std::size_t rows = 37, n = 150;
+    SCOPED_TRACE(to_string(type));
+    const MatmulCase c = random_matmul(type, rows, cols, n, rng);
+    std::vector<float> y1(n * rows), y3(n * rows);
+    const int saved = omp_get_max_threads();
+    omp_set_num_threads(1);
+    matmul(type, c.w.data(), rows, cols, c.x.data(), n, y1.data());
+    omp_set_num_threads(3);
+    matmul(type, c.w.data(), rows, cols, c.x.data(), n, y3.data());
+    omp_set_num_threads(saved);
+    EXPECT_EQ(std::memcmp(y1.data(), y3.data(), y1.size() * sizeof(float)), 0);
+    for (const std::size_t first : {1u, 5u, 30u, 149u}) {
+      const std::size_t m = std::min<std::size_t>(n - first, 11);
+      std::vector<float> ys(m * rows);
+      matmul(type, c.w.data(), rows, cols, c.x.data() + first * cols, m, ys.data());
+      EXPECT_EQ(std::memcmp(ys.data(), y1.data() + first * rows, ys.size() * sizeof(float)), 0)
+          << "tokens from " << first;
+    }
+  }
+}
+
+TEST(Matmul, Avx2TransposeEqualsScalarOnRaggedShapes) {
+  if (!masskv::cpu::has_avx2()) GTEST_SKIP() << "no AVX2 on this CPU";
+  std::mt19937 rng(13);
+  for (const auto& [rows, cols] :
+       {std::pair<std::size_t, std::size_t>{1, 1}, {8, 8}, {9, 17}, {64, 576}, {23, 7}, {8, 130}}) {
+    const std::size_t lds = cols + 3, ldd = rows + 5;
+    const auto src = random_x(rows * lds, rng);
+    std::vector<float> a(cols * ldd, -1.0f), b(cols * ldd, -1.0f);
+    kernels::transpose_scalar(src.data(), lds, rows, cols, a.data(), ldd);
+    kernels::transpose_avx2(src.data(), lds, rows, cols, b.data(), ldd);
+    EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)), 0) << rows << "x" << cols;
+    EXPECT_EQ(a[ldd * (cols - 1) + rows - 1], src[(rows - 1) * lds + cols - 1]);
+  }
 }

@@ -11,6 +11,7 @@
 #include <cstdint>
 
 #include "attn/microkernels.hpp"
+#include "core/exp_avx2.hpp"
 
 #define MASSKV_AI inline __attribute__((always_inline))
 
@@ -145,6 +146,53 @@ void convert_rows(int dtype, const void* const* rows, int n, int d, float* out,
   }
 }
 
+// Transposed scores for more than 4 heads (prefill packs query tile x group): 16 keys sit in
+// the lanes of two vectors (kt is [d][16], converted and transposed once), each head is a
+// broadcast, so ht heads x 2 vectors of accumulators need no horizontal sums and their
+// results are stored straight into the score rows. ht <= 6 keeps 12 accumulators.
+MASSKV_AI void score_tile_t(const float* q, int d, int ht, const float* kt, float scale, float* s,
+                            std::int64_t ls, int nk) {
+  __m256 a[12];
+#pragma GCC unroll 12
+  for (int i = 0; i < 12; ++i) a[i] = _mm256_setzero_ps();
+  for (int c = 0; c < d; ++c) {
+    const __m256 k0 = _mm256_load_ps(kt + 16 * c);
+    const __m256 k1 = _mm256_load_ps(kt + 16 * c + 8);
+#pragma GCC unroll 6
+    for (int h = 0; h < ht; ++h) {
+      const __m256 qv = _mm256_broadcast_ss(q + h * d + c);
+      a[2 * h] = _mm256_fmadd_ps(qv, k0, a[2 * h]);
+      a[2 * h + 1] = _mm256_fmadd_ps(qv, k1, a[2 * h + 1]);
+    }
+  }
+  const __m256 sc = _mm256_set1_ps(scale);
+#pragma GCC unroll 6
+  for (int h = 0; h < ht; ++h) {
+    float* out = s + h * ls;
+    if (nk == 16) {
+      _mm256_storeu_ps(out, _mm256_mul_ps(a[2 * h], sc));
+      _mm256_storeu_ps(out + 8, _mm256_mul_ps(a[2 * h + 1], sc));
+    } else {
+      alignas(32) float tmp[16];
+      _mm256_store_ps(tmp, _mm256_mul_ps(a[2 * h], sc));
+      _mm256_store_ps(tmp + 8, _mm256_mul_ps(a[2 * h + 1], sc));
+      for (int r = 0; r < nk; ++r) out[r] = tmp[r];
+    }
+  }
+}
+
+template <int HT>
+void score_tile_t_n(const float* q, int d, const float* kt, float scale, float* s, std::int64_t ls,
+                    int nk) {
+  score_tile_t(q, d, HT, kt, scale, s, ls, nk);
+}
+
+using ScoreTileT = void (*)(const float*, int, const float*, float, float*, std::int64_t, int);
+// Indexed by the head count of the tile (1-6).
+constexpr ScoreTileT kScoreTileT[] = {nullptr,           score_tile_t_n<1>, score_tile_t_n<2>,
+                                      score_tile_t_n<3>, score_tile_t_n<4>, score_tile_t_n<5>,
+                                      score_tile_t_n<6>};
+
 // Accumulation tile: ht heads x cw column chunks of 8 (ht * cw <= 12), over n rows. Each
 // accumulator is updated once per row, so ht * cw >= 8 independent chains hide FMA latency.
 MASSKV_AI void acc_tile(int dtype, const float* w, std::int64_t lw, int ht, int cw, int d, int c0,
@@ -233,26 +281,37 @@ void acc_rows_dispatch(int dtype, const float* w, std::int64_t lw, int ht, int d
 #undef MASSKV_CASE
 }
 
-// exp on [-87.3, 0] (Cody-Waite reduction, degree-6 polynomial, ~1 ulp); smaller -> 0.
+// exp on [-87.3, 0] (simd::exp_in_range, ~1 ulp); smaller -> 0.
 MASSKV_AI __m256 exp_nonpos(__m256 x) {
-  const __m256 underflow = _mm256_cmp_ps(x, _mm256_set1_ps(-87.33654f), _CMP_LT_OQ);
-  x = _mm256_max_ps(x, _mm256_set1_ps(-87.33654f));
-  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
-                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
-  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
-  __m256 p = _mm256_set1_ps(1.0f / 720);
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 120));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 24));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 6));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.5f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
-  // 2^n with n in [-126, 0]: build the exponent field directly.
-  const __m256i e =
-      _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
-  const __m256 y = _mm256_mul_ps(p, _mm256_castsi256_ps(e));
-  return _mm256_andnot_ps(underflow, y);
+  const __m256 underflow = _mm256_cmp_ps(x, _mm256_set1_ps(simd::kExpMin), _CMP_LT_OQ);
+  return _mm256_andnot_ps(underflow,
+                          simd::exp_in_range(_mm256_max_ps(x, _mm256_set1_ps(simd::kExpMin))));
+}
+
+void scores_transposed(int dtype, const float* q, int g, int d, const void* const* rows, int n,
+                       float scale, float* s, std::int64_t ls, const void* const* pf, int npf) {
+  constexpr int kKeys = 16;
+  alignas(32) float buf[kKeys * kMaxHeadDim];
+  alignas(32) float kt[kKeys * kMaxHeadDim];
+  const void* conv[kKeys];
+  const int bytes = row_bytes(dtype, d);
+  for (int r0 = 0; r0 < n; r0 += kKeys) {
+    const int nb = n - r0 < kKeys ? n - r0 : kKeys;
+    prefetch_some(pf, npf, r0, r0 + nb, bytes);
+    if (dtype == kF32) {
+      for (int r = 0; r < nb; ++r) conv[r] = rows[r0 + r];
+    } else {
+      convert_rows(dtype, rows + r0, nb, d, buf, conv);
+    }
+    for (int c = 0; c < d; ++c) {
+      for (int r = 0; r < nb; ++r) kt[kKeys * c + r] = static_cast<const float*>(conv[r])[c];
+      for (int r = nb; r < kKeys; ++r) kt[kKeys * c + r] = 0.0f;
+    }
+    for (int h0 = 0; h0 < g; h0 += 6) {
+      const int ht = g - h0 < 6 ? g - h0 : 6;
+      kScoreTileT[ht](q + h0 * d, d, kt, scale, s + h0 * ls + r0, ls, nb);
+    }
+  }
 }
 
 }  // namespace
@@ -263,30 +322,13 @@ void scores_avx2(int dtype, const float* q, int g, int d, const void* const* row
     pf = rows + kPrefetchRows;
     npf = n - kPrefetchRows;
   }
-  if (g <= 4 || dtype == kF32) {
-    for (int h0 = 0; h0 < g; h0 += 4) {
-      const int ht = g - h0 < 4 ? g - h0 : 4;
-      // Only the first head tile prefetches: later tiles reread rows already in cache.
-      score_rows_dispatch(dtype, q + h0 * d, d, ht, rows, n, scale, s + h0 * ls, ls, pf,
-                          h0 == 0 ? npf : 0);
-    }
+  if (g > 4) {  // more heads than one register tile
+    scores_transposed(dtype, q, g, d, rows, n, scale, s, ls, pf, npf);
     return;
   }
-  // More heads than one register tile: convert a block of rows to f32 once, then run every
-  // head tile on the converted block.
-  constexpr int kBlock = 8;
-  alignas(32) float buf[kBlock * kMaxHeadDim];
-  const void* conv[kBlock];
-  const int bytes = row_bytes(dtype, d);
-  for (int r0 = 0; r0 < n; r0 += kBlock) {
-    const int nb = n - r0 < kBlock ? n - r0 : kBlock;
-    prefetch_some(pf, npf, r0, r0 + nb, bytes);
-    convert_rows(dtype, rows + r0, nb, d, buf, conv);
-    for (int h0 = 0; h0 < g; h0 += 4) {
-      const int ht = g - h0 < 4 ? g - h0 : 4;
-      score_rows_dispatch(kF32, q + h0 * d, d, ht, conv, nb, scale, s + h0 * ls + r0, ls, nullptr,
-                          0);
-    }
+  for (int h0 = 0; h0 < g; h0 += 4) {
+    const int ht = g - h0 < 4 ? g - h0 : 4;
+    score_rows_dispatch(dtype, q + h0 * d, d, ht, rows, n, scale, s + h0 * ls, ls, pf, npf);
   }
 }
 
@@ -320,8 +362,10 @@ void accumulate_avx2(int dtype, const float* w, std::int64_t lw, int g, int d,
     const int nb = n - r0 < kBlock ? n - r0 : kBlock;
     prefetch_some(pf, npf, own ? r0 : (npf * r0) / n, own ? r0 + nb : (npf * (r0 + nb)) / n, bytes);
     convert_rows(dtype, rows + r0, nb, d, buf, conv);
-    for (int h0 = 0; h0 < g; h0 += 8) {
-      const int ht = g - h0 < 8 ? g - h0 : 8;
+    // Tiles of 4 heads x 3 column vectors (12 accumulators, 3 loads + 4 broadcasts per 12
+    // FMAs) rather than 8 x 1 (9 loads per 8 FMAs): the converted block is in L1 either way.
+    for (int h0 = 0; h0 < g; h0 += 4) {
+      const int ht = g - h0 < 4 ? g - h0 : 4;
       acc_rows_dispatch(kF32, w + h0 * lw + r0, lw, ht, d, conv, nb, acc + h0 * d, nullptr, 0);
     }
   }

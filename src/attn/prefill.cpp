@@ -31,12 +31,40 @@ struct Item {
   std::int64_t q0, q1;  // queries [q0, q1) of sequence b
 };
 
-// Queries per tile: 16, fewer when the score block tile * group * length would pass ~16 MiB.
+// Queries per tile: 32 (each key and value row is converted once per tile and group), fewer
+// when the score block tile * group * length would pass ~16 MiB.
 std::int64_t tile_queries(const Geometry& geo, std::int64_t length) {
   constexpr std::int64_t kMaxScores = std::int64_t{4} << 20;
   const std::int64_t per_query =
       static_cast<std::int64_t>(geo.group) * std::max<std::int64_t>(length, 1);
-  return std::clamp<std::int64_t>(kMaxScores / per_query, 1, 16);
+  return std::clamp<std::int64_t>(kMaxScores / per_query, 1, 32);
+}
+
+// Max of s[0..n) (n > 0) with 8 independent partial maxima, so the compiler can use vector
+// max instead of one serial chain; max is exact, so the order does not change the result.
+float max_of(const float* s, int n) {
+  float m[8];
+  for (int j = 0; j < 8; ++j) m[j] = s[0];
+  int r = 0;
+  for (; r + 8 <= n; r += 8) {
+    for (int j = 0; j < 8; ++j) m[j] = s[r + j] > m[j] ? s[r + j] : m[j];
+  }
+  for (; r < n; ++r) m[0] = s[r] > m[0] ? s[r] : m[0];
+  for (int j = 1; j < 8; ++j) m[0] = m[j] > m[0] ? m[j] : m[0];
+  return m[0];
+}
+
+// Causal mask without a block mask, branch-free (a select per key, which the compiler
+// vectorises): keys after position p become -inf. Returns the visible count.
+int causal_mask_row(float* s, const std::int64_t* kpos, int n, std::int64_t p) {
+  constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+  int visible = 0;
+  for (int r = 0; r < n; ++r) {
+    const bool ok = kpos[r] <= p;
+    visible += ok ? 1 : 0;
+    s[r] = ok ? s[r] : kNegInf;
+  }
+  return visible;
 }
 
 struct Scratch {
@@ -44,6 +72,8 @@ struct Scratch {
   std::vector<std::int64_t> pos;
   std::vector<float> q, s, acc, row;
   std::vector<double> p_sum;
+  std::vector<std::uint8_t> used;
+  std::vector<int> keep;
 };
 
 void run_item(const PrefillArgs& args, const Geometry& geo, const detail::RowSource& src,
@@ -77,6 +107,7 @@ void run_item(const PrefillArgs& args, const Geometry& geo, const detail::RowSou
     kpos.push_back(t.pos[r]);
   }
   const int n = static_cast<int>(t.kk.size());
+  t.keep.resize(static_cast<std::size_t>(n));
 
   t.q.resize(static_cast<std::size_t>(rows_q) * d);
   for (int i = 0; i < tq; ++i) {
@@ -98,11 +129,15 @@ void run_item(const PrefillArgs& args, const Geometry& geo, const detail::RowSou
     for (int j = 0; j < g; ++j) {
       float* s = t.s.data() + (static_cast<std::size_t>(i) * g + j) * n;
       int visible = 0;
-      for (int r = 0; r < n; ++r) {
-        if (mask.allowed(it.q0 + i, kpos[r])) {
-          ++visible;
-        } else {
-          s[r] = kNegInf;
+      if (args.block_mask == nullptr) {
+        visible = causal_mask_row(s, kpos.data(), n, mask.position(it.q0 + i));
+      } else {
+        for (int r = 0; r < n; ++r) {
+          if (mask.allowed(it.q0 + i, kpos[r])) {
+            ++visible;
+          } else {
+            s[r] = kNegInf;
+          }
         }
       }
       const int row = i * g + j;
@@ -112,7 +147,7 @@ void run_item(const PrefillArgs& args, const Geometry& geo, const detail::RowSou
         continue;
       }
       if (!args.mapping.is_entmax()) {
-        const float m = *std::max_element(s, s + n);
+        const float m = max_of(s, n);
         const float l = kern.exp_sum(s, n, m);
         t.p_sum[row] = l;
         stat[row] = m + std::log(l);
@@ -138,17 +173,25 @@ void run_item(const PrefillArgs& args, const Geometry& geo, const detail::RowSou
     }
   }
 
-  // One weighted pass over V, skipping rows that no packed query weights.
+  // One weighted pass over V, skipping rows that no packed query weights. Which rows are
+  // weighted is found row by row (contiguous); the columns move only when some row is
+  // skipped (softmax under a plain causal mask weights every row: the tile's last query sees
+  // them all).
+  t.used.assign(static_cast<std::size_t>(n), 0);
+  for (int row = 0; row < rows_q; ++row) {
+    const float* s = t.s.data() + static_cast<std::size_t>(row) * n;
+    for (int r = 0; r < n; ++r) t.used[r] |= s[r] != 0 ? 1 : 0;
+  }
   int m = 0;
   for (int r = 0; r < n; ++r) {
-    bool any = false;
-    for (int row = 0; row < rows_q && !any; ++row)
-      any = t.s[static_cast<std::size_t>(row) * n + r] != 0;
-    if (!any) continue;
+    if (t.used[r] != 0) t.keep[m++] = r;
+  }
+  if (m < n) {
     for (int row = 0; row < rows_q; ++row) {
-      t.s[static_cast<std::size_t>(row) * n + m] = t.s[static_cast<std::size_t>(row) * n + r];
+      float* s = t.s.data() + static_cast<std::size_t>(row) * n;
+      for (int c = 0; c < m; ++c) s[c] = s[t.keep[c]];
     }
-    t.vv[m++] = t.vv[r];
+    for (int c = 0; c < m; ++c) t.vv[c] = t.vv[t.keep[c]];
   }
   t.acc.assign(static_cast<std::size_t>(rows_q) * d, 0.0f);
   if (m > 0)

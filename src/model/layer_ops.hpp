@@ -3,6 +3,7 @@
 
 #include <cmath>
 #include <cstddef>
+#include <cstdint>
 #include <vector>
 
 namespace masskv::model::ops {
@@ -15,22 +16,43 @@ inline void rms_norm(const float* x, const float* w, float eps, std::size_t n, f
   for (std::size_t i = 0; i < n; ++i) y[i] = x[i] * scale * w[i];
 }
 
-// Rotary position embedding of one head in place (RoFormer): pair j rotates by
+// Rotary position embedding (RoFormer): pair j of a head at position pos rotates by
 // pos * inv_freq[j]. Adjacent pairs (2j, 2j+1) for llama GGUFs (the converter permuted Q/K
-// to that order), NeoX halves (j, j + rope_dims/2) for gemma3.
-inline void rope(float* x, const std::vector<double>& inv_freq, double pos, bool neox) {
-  const std::size_t half = inv_freq.size();
-  for (std::size_t j = 0; j < half; ++j) {
-    const double angle = pos * inv_freq[j];
-    const auto c = static_cast<float>(std::cos(angle));
-    const auto s = static_cast<float>(std::sin(angle));
-    const std::size_t i0 = neox ? j : 2 * j;
-    const std::size_t i1 = neox ? j + half : 2 * j + 1;
-    const float a = x[i0], b = x[i1];
-    x[i0] = a * c - b * s;
-    x[i1] = a * s + b * c;
+// to that order), NeoX halves (j, j + rope_dims/2) for gemma3. The cos/sin of a block's
+// positions are computed once (in f64, rounded to f32) and shared by every head and layer.
+class RopeTable {
+ public:
+  // Positions pos0 .. pos0 + n - 1.
+  void fill(const std::vector<double>& inv_freq, std::int64_t pos0, std::size_t n) {
+    half_ = inv_freq.size();
+    cs_.resize(2 * n * half_);
+    for (std::size_t t = 0; t < n; ++t) {
+      const auto pos = static_cast<double>(pos0 + static_cast<std::int64_t>(t));
+      float* row = &cs_[2 * t * half_];
+      for (std::size_t j = 0; j < half_; ++j) {
+        const double angle = pos * inv_freq[j];
+        row[j] = static_cast<float>(std::cos(angle));
+        row[half_ + j] = static_cast<float>(std::sin(angle));
+      }
+    }
   }
-}
+  // Rotates one head of token t (of the filled block) in place.
+  void apply(float* x, std::size_t t, bool neox) const {
+    const float* c = &cs_[2 * t * half_];
+    const float* s = c + half_;
+    for (std::size_t j = 0; j < half_; ++j) {
+      const std::size_t i0 = neox ? j : 2 * j;
+      const std::size_t i1 = neox ? j + half_ : 2 * j + 1;
+      const float a = x[i0], b = x[i1];
+      x[i0] = a * c[j] - b * s[j];
+      x[i1] = a * s[j] + b * c[j];
+    }
+  }
+
+ private:
+  std::size_t half_ = 0;
+  std::vector<float> cs_;  // per token: cos of every pair, then sin
+};
 
 // inv_freq[j] = scale * base^(-2j / dims), j < dims / 2.
 inline std::vector<double> rope_inv_freq(double base, int dims, double scale) {

@@ -11,6 +11,7 @@
 #include "masskv/kv/cache.hpp"
 #include "masskv/model/quant.hpp"
 #include "masskv/select/diagnostics.hpp"
+#include "model/activations.hpp"
 
 namespace masskv::model {
 
@@ -47,6 +48,7 @@ struct Session::Impl {
   std::shared_ptr<std::vector<kv::PagedKVCache>> caches;
   std::vector<kv::SeqId> seqs;
   std::vector<double> inv_freq_global, inv_freq_local;
+  ops::RopeTable rope_global, rope_local;  // cos/sin of the current block's positions
   // Scratch, sized for one block of tokens.
   std::vector<float> x, xn, q, k, v, att, o, gate, up, logits_rows;
   select::SelectOutput sel_out;
@@ -306,10 +308,14 @@ static void forward(const Model& model, Session::Impl& s, std::span<const TokenI
       for (std::size_t i = 0; i < E; ++i) s.x[t * E + i] *= c.embd_scale;
     }
   }
+  s.rope_global.fill(s.inv_freq_global, blk.pos0, n);
+  if (std::find(c.is_local.begin(), c.is_local.end(), 1) != c.is_local.end()) {
+    s.rope_local.fill(s.inv_freq_local, blk.pos0, n);
+  }
   for (int l = 0; l < c.n_layer; ++l) {
     const LayerWeights& L = model.layer(l);
     const bool local = c.is_local[sz(l)] != 0;
-    const std::vector<double>& inv_freq = local ? s.inv_freq_local : s.inv_freq_global;
+    const ops::RopeTable& rope = local ? s.rope_local : s.rope_global;
     const float* w_attn_norm = model.norm_weights(*L.attn_norm);
 #pragma omp parallel for schedule(static) if (n > 1)
     for (std::int64_t t = 0; t < ln; ++t) {
@@ -322,16 +328,15 @@ static void forward(const Model& model, Session::Impl& s, std::span<const TokenI
     const float* wkn = c.qk_norm ? model.norm_weights(*L.k_norm) : nullptr;
 #pragma omp parallel for schedule(static) if (n > 1)
     for (std::int64_t t = 0; t < ln; ++t) {
-      const auto pos = static_cast<double>(blk.pos0 + t);
       for (std::size_t h = 0; h < Hq; ++h) {
         float* qh = &s.q[(sz(t) * Hq + h) * D];
         if (wqn != nullptr) ops::rms_norm(qh, wqn, c.rms_eps, D, qh);
-        ops::rope(qh, inv_freq, pos, c.rope_neox);
+        rope.apply(qh, sz(t), c.rope_neox);
       }
       for (std::size_t h = 0; h < Hkv; ++h) {
         float* kh = &s.k[(sz(t) * Hkv + h) * D];
         if (wkn != nullptr) ops::rms_norm(kh, wkn, c.rms_eps, D, kh);
-        ops::rope(kh, inv_freq, pos, c.rope_neox);
+        rope.apply(kh, sz(t), c.rope_neox);
       }
     }
     if (s.opt.capture) {
@@ -355,10 +360,7 @@ static void forward(const Model& model, Session::Impl& s, std::span<const TokenI
     }
     linear(*L.ffn_gate, s.xn.data(), n, s.gate.data());
     linear(*L.ffn_up, s.xn.data(), n, s.up.data());
-    for (std::size_t i = 0; i < n * F; ++i) {
-      const float g = c.gelu_ffn ? ops::gelu_tanh(s.gate[i]) : ops::silu(s.gate[i]);
-      s.gate[i] = g * s.up[i];
-    }
+    ops::glu(c.gelu_ffn, s.gate.data(), s.up.data(), n * F);
     linear(*L.ffn_down, s.gate.data(), n, s.o.data());
     if (c.post_norms) {
       const float* w = model.norm_weights(*L.post_ffn_norm);

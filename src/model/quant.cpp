@@ -257,30 +257,33 @@ void q4_k_scales_mins(const std::uint8_t* p, std::uint8_t scales[8],
 
 namespace {
 
-// One row per compute type: its scalar dequant/dot and its AVX2 dot.
+// One row per compute type: its scalar dequant/dot and its AVX2 dot/dequant.
 struct KernelSet {
   GgmlType type;
   DequantFn dequant;
   DotFn dot;
   DotFn avx2;
+  DequantFn avx2_dequant;
 };
 
 template <void (*Decode)(const std::uint8_t*, float*), std::size_t QK, std::size_t Bytes>
-constexpr KernelSet blocked(GgmlType type, DotFn avx2) {
-  return {type, dequant_blocks<Decode, QK, Bytes>, dot_blocks<Decode, QK, Bytes>, avx2};
+constexpr KernelSet blocked(GgmlType type, DotFn avx2, DequantFn avx2_dequant) {
+  return {type, dequant_blocks<Decode, QK, Bytes>, dot_blocks<Decode, QK, Bytes>, avx2,
+          avx2_dequant};
 }
 
+// f32 has no AVX2 dequantiser: it is a copy.
 constexpr KernelSet kKernels[] = {
-    {GgmlType::f32, dequant_f32, dot_f32, dot_f32_avx2},
-    {GgmlType::f16, dequant_f16, dot_f16, dot_f16_avx2},
-    {GgmlType::bf16, dequant_bf16, dot_bf16, dot_bf16_avx2},
-    blocked<decode_q4_0, qk4_0, q4_0_bytes>(GgmlType::q4_0, dot_q4_0_avx2),
-    blocked<decode_q4_1, qk4_1, q4_1_bytes>(GgmlType::q4_1, dot_q4_1_avx2),
-    blocked<decode_q5_0, qk5_0, q5_0_bytes>(GgmlType::q5_0, dot_q5_0_avx2),
-    blocked<decode_q5_1, qk5_1, q5_1_bytes>(GgmlType::q5_1, dot_q5_1_avx2),
-    blocked<decode_q8_0, qk8_0, q8_0_bytes>(GgmlType::q8_0, dot_q8_0_avx2),
-    blocked<decode_q4_k, qk_k, q4_k_bytes>(GgmlType::q4_k, dot_q4_k_avx2),
-    blocked<decode_q6_k, qk_k, q6_k_bytes>(GgmlType::q6_k, dot_q6_k_avx2),
+    {GgmlType::f32, dequant_f32, dot_f32, dot_f32_avx2, dequant_f32},
+    {GgmlType::f16, dequant_f16, dot_f16, dot_f16_avx2, dequant_f16_avx2},
+    {GgmlType::bf16, dequant_bf16, dot_bf16, dot_bf16_avx2, dequant_bf16_avx2},
+    blocked<decode_q4_0, qk4_0, q4_0_bytes>(GgmlType::q4_0, dot_q4_0_avx2, dequant_q4_0_avx2),
+    blocked<decode_q4_1, qk4_1, q4_1_bytes>(GgmlType::q4_1, dot_q4_1_avx2, dequant_q4_1_avx2),
+    blocked<decode_q5_0, qk5_0, q5_0_bytes>(GgmlType::q5_0, dot_q5_0_avx2, dequant_q5_0_avx2),
+    blocked<decode_q5_1, qk5_1, q5_1_bytes>(GgmlType::q5_1, dot_q5_1_avx2, dequant_q5_1_avx2),
+    blocked<decode_q8_0, qk8_0, q8_0_bytes>(GgmlType::q8_0, dot_q8_0_avx2, dequant_q8_0_avx2),
+    blocked<decode_q4_k, qk_k, q4_k_bytes>(GgmlType::q4_k, dot_q4_k_avx2, dequant_q4_k_avx2),
+    blocked<decode_q6_k, qk_k, q6_k_bytes>(GgmlType::q6_k, dot_q6_k_avx2, dequant_q6_k_avx2),
 };
 
 const KernelSet* find_kernels(GgmlType type) noexcept {
@@ -307,6 +310,18 @@ DotFn avx2_dot(GgmlType type) noexcept {
   return k != nullptr ? k->avx2 : nullptr;
 }
 
+DequantFn avx2_dequant(GgmlType type) noexcept {
+  const KernelSet* k = find_kernels(type);
+  return k != nullptr ? k->avx2_dequant : nullptr;
+}
+
+DequantFn best_dequant(GgmlType type) noexcept {
+  if (cpu::has_avx2() && cpu::simd_allowed()) {
+    if (DequantFn f = avx2_dequant(type)) return f;
+  }
+  return scalar_dequant(type);
+}
+
 DotFn best_dot(GgmlType type) noexcept {
   if (cpu::has_avx2() && cpu::simd_allowed()) {
     if (DotFn f = avx2_dot(type)) return f;
@@ -319,7 +334,7 @@ DotFn best_dot(GgmlType type) noexcept {
 void dequantize_row(GgmlType type, const void* src, float* dst, std::size_t n) {
   compute_traits(type, "type");
   row_bytes(type, n, "n");
-  kernels::scalar_dequant(type)(src, dst, n);
+  kernels::best_dequant(type)(src, dst, n);
 }
 
 float dot_row(GgmlType type, const void* row, const float* x, std::size_t n) {
@@ -339,23 +354,6 @@ void matvec(GgmlType type, const void* w, std::size_t rows, std::size_t cols, co
 #pragma omp parallel for schedule(static, 16)
   for (std::int64_t r = 0; r < n; ++r) {
     y[r] = dot(base + static_cast<std::size_t>(r) * stride, x, cols);
-  }
-}
-
-void matmul(GgmlType type, const void* w, std::size_t rows, std::size_t cols, const float* x,
-            std::size_t n, float* y) {
-  compute_traits(type, "type");
-  const std::size_t stride = row_bytes(type, cols, "cols");
-  const kernels::DotFn dot = kernels::best_dot(type);
-  const auto* base = static_cast<const std::uint8_t*>(w);
-  const auto nr = static_cast<std::int64_t>(rows);
-  // Same chunking as matvec; the token loop is inside so a row is fetched from memory once.
-#pragma omp parallel for schedule(static, 16)
-  for (std::int64_t r = 0; r < nr; ++r) {
-    const std::uint8_t* row = base + static_cast<std::size_t>(r) * stride;
-    for (std::size_t t = 0; t < n; ++t) {
-      y[t * rows + static_cast<std::size_t>(r)] = dot(row, x + t * cols, cols);
-    }
   }
 }
 

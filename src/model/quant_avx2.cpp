@@ -77,6 +77,57 @@ __m256 sum32(const float* x) {
   return _mm256_add_ps(a, b);
 }
 
+// Q4_K sub-block 2c + half of byte run c (v0, v1: its two 16-byte halves) as 4 x 8 int32.
+void q4_k_sub_block(__m128i v0, __m128i v1, int half, __m256i q[4]) {
+  const __m128i mask = _mm_set1_epi8(0x0F);
+  const __m128i l0 =
+      half == 0 ? _mm_and_si128(v0, mask) : _mm_and_si128(_mm_srli_epi16(v0, 4), mask);
+  const __m128i l1 =
+      half == 0 ? _mm_and_si128(v1, mask) : _mm_and_si128(_mm_srli_epi16(v1, 4), mask);
+  q[0] = _mm256_cvtepu8_epi32(l0);
+  q[1] = _mm256_cvtepu8_epi32(_mm_srli_si128(l0, 8));
+  q[2] = _mm256_cvtepu8_epi32(l1);
+  q[3] = _mm256_cvtepu8_epi32(_mm_srli_si128(l1, 8));
+}
+
+// Calls f(s, q, d * scale_s, dmin * min_s) for the 8 sub-blocks s of the Q4_K block at b
+// (q: its 32 values as 4 x 8 int32).
+template <class F>
+void q4_k_sub_blocks(const std::uint8_t* b, F f) {
+  const float d = f16_at(b);
+  const float dmin = f16_at(b + 2);
+  std::uint8_t sc[8], mn[8];
+  q4_k_scales_mins(b + 4, sc, mn);
+  __m256i qv[4];
+  for (int c = 0; c < 4; ++c) {
+    const std::uint8_t* q = b + 16 + 32 * c;
+    const __m128i v0 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(q));
+    const __m128i v1 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(q + 16));
+    for (int half = 0; half < 2; ++half) {  // low nibbles: sub-block 2c, high: 2c+1
+      const int s = 2 * c + half;
+      q4_k_sub_block(v0, v1, half, qv);
+      f(s, qv, d * static_cast<float>(sc[s]), dmin * static_cast<float>(mn[s]));
+    }
+  }
+}
+
+// Q6_K: values l..l+7 of the four 32-value quarters of a 128-value half, minus 32 (see
+// decode_q6_k in quant.cpp for the layout).
+void q6_k_quads(const std::uint8_t* ql, const std::uint8_t* qh, int l, __m256i q[4]) {
+  const __m256i m4 = _mm256_set1_epi32(0x0F), m2 = _mm256_set1_epi32(3);
+  const __m256i bias = _mm256_set1_epi32(32);
+  const __m256i a = _mm256_cvtepu8_epi32(load8(ql + l));
+  const __m256i c = _mm256_cvtepu8_epi32(load8(ql + l + 32));
+  const __m256i hb = _mm256_cvtepu8_epi32(load8(qh + l));
+  const auto high = [&](int shift) {
+    return _mm256_slli_epi32(_mm256_and_si256(_mm256_srli_epi32(hb, shift), m2), 4);
+  };
+  q[0] = _mm256_sub_epi32(_mm256_or_si256(_mm256_and_si256(a, m4), high(0)), bias);
+  q[1] = _mm256_sub_epi32(_mm256_or_si256(_mm256_and_si256(c, m4), high(2)), bias);
+  q[2] = _mm256_sub_epi32(_mm256_or_si256(_mm256_srli_epi32(a, 4), high(4)), bias);
+  q[3] = _mm256_sub_epi32(_mm256_or_si256(_mm256_srli_epi32(c, 4), high(6)), bias);
+}
+
 }  // namespace
 
 float dot_f32_avx2(const void* row, const float* x, std::size_t n) {
@@ -200,72 +251,170 @@ float dot_q8_0_avx2(const void* row, const float* x, std::size_t n) {
 // Q4_K: per sub-block s, sum w x = d*scale_s * sum q x - dmin*min_s * sum x.
 float dot_q4_k_avx2(const void* row, const float* x, std::size_t n) {
   const auto* b = static_cast<const std::uint8_t*>(row);
-  const __m128i mask = _mm_set1_epi8(0x0F);
   __m256 acc = _mm256_setzero_ps();
   for (std::size_t i = 0; i < n / qk_k; ++i, b += q4_k_bytes, x += qk_k) {
-    const float d = f16_at(b);
-    const float dmin = f16_at(b + 2);
-    std::uint8_t sc[8], mn[8];
-    q4_k_scales_mins(b + 4, sc, mn);
-    for (int c = 0; c < 4; ++c) {
-      const std::uint8_t* q = b + 16 + 32 * c;
-      const __m128i v0 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(q));
-      const __m128i v1 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(q + 16));
-      for (int half = 0; half < 2; ++half) {  // low nibbles: sub-block 2c, high: 2c+1
-        const int s = 2 * c + half;
-        const __m128i l0 =
-            half == 0 ? _mm_and_si128(v0, mask) : _mm_and_si128(_mm_srli_epi16(v0, 4), mask);
-        const __m128i l1 =
-            half == 0 ? _mm_and_si128(v1, mask) : _mm_and_si128(_mm_srli_epi16(v1, 4), mask);
-        const __m256i qv[4] = {
-            _mm256_cvtepu8_epi32(l0), _mm256_cvtepu8_epi32(_mm_srli_si128(l0, 8)),
-            _mm256_cvtepu8_epi32(l1), _mm256_cvtepu8_epi32(_mm_srli_si128(l1, 8))};
-        const float* xs = x + 32 * s;
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(d * static_cast<float>(sc[s])), dot32(qv, xs), acc);
-        acc = _mm256_fnmadd_ps(_mm256_set1_ps(dmin * static_cast<float>(mn[s])), sum32(xs), acc);
-      }
-    }
+    q4_k_sub_blocks(b, [&](int s, const __m256i* qv, float ds, float ms) {
+      const float* xs = x + 32 * s;
+      acc = _mm256_fmadd_ps(_mm256_set1_ps(ds), dot32(qv, xs), acc);
+      acc = _mm256_fnmadd_ps(_mm256_set1_ps(ms), sum32(xs), acc);
+    });
   }
   return hsum(acc);
 }
 
-// Q6_K: 8 values at a time in int32 lanes; see decode_q6_k in quant.cpp for the layout.
+// Q6_K: 8 values at a time in int32 lanes.
 float dot_q6_k_avx2(const void* row, const float* x, std::size_t n) {
   const auto* b = static_cast<const std::uint8_t*>(row);
-  const __m256i m4 = _mm256_set1_epi32(0x0F), m2 = _mm256_set1_epi32(3);
-  const __m256i bias = _mm256_set1_epi32(32);
   __m256 acc = _mm256_setzero_ps();
+  __m256i q[4];
   for (std::size_t i = 0; i < n / qk_k; ++i, b += q6_k_bytes) {
     const float d = f16_at(b + 208);
     for (int h = 0; h < 2; ++h) {
-      const std::uint8_t* ql = b + 64 * h;
-      const std::uint8_t* qh = b + 128 + 32 * h;
       const auto* sc = reinterpret_cast<const std::int8_t*>(b + 192 + 8 * h);
       const float* xh = x + qk_k * i + 128 * h;
       for (int l = 0; l < 32; l += 8) {
-        const __m256i a = _mm256_cvtepu8_epi32(load8(ql + l));
-        const __m256i c = _mm256_cvtepu8_epi32(load8(ql + l + 32));
-        const __m256i hb = _mm256_cvtepu8_epi32(load8(qh + l));
-        const __m256i q[4] = {
-            _mm256_or_si256(_mm256_and_si256(a, m4),
-                            _mm256_slli_epi32(_mm256_and_si256(hb, m2), 4)),
-            _mm256_or_si256(_mm256_and_si256(c, m4),
-                            _mm256_slli_epi32(_mm256_and_si256(_mm256_srli_epi32(hb, 2), m2), 4)),
-            _mm256_or_si256(_mm256_srli_epi32(a, 4),
-                            _mm256_slli_epi32(_mm256_and_si256(_mm256_srli_epi32(hb, 4), m2), 4)),
-            _mm256_or_si256(_mm256_srli_epi32(c, 4),
-                            _mm256_slli_epi32(_mm256_srli_epi32(hb, 6), 4)),
-        };
+        q6_k_quads(b + 64 * h, b + 128 + 32 * h, l, q);
         const int is = l / 16;
         for (int k = 0; k < 4; ++k) {
           const __m256 scale = _mm256_set1_ps(d * static_cast<float>(sc[is + 2 * k]));
-          const __m256 w = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(q[k], bias)), scale);
+          const __m256 w = _mm256_mul_ps(_mm256_cvtepi32_ps(q[k]), scale);
           acc = _mm256_fmadd_ps(w, _mm256_loadu_ps(xh + 32 * k + l), acc);
         }
       }
     }
   }
   return hsum(acc);
+}
+
+}  // namespace masskv::model::kernels
+
+// ---- dequantisers: the scalar decoders' formulas with the same single rounding per value ----
+// (d*q, d*scale and d*scale*q before the "+ m" / "- m" are exact in f32 except Q6_K's last
+// product, which both sides round once in the same order), so they equal quant.cpp's bit for bit.
+namespace masskv::model::kernels {
+namespace {
+
+void store32(float* y, const __m256i q[4], __m256 d) {
+  for (int g = 0; g < 4; ++g)
+    _mm256_storeu_ps(y + 8 * g, _mm256_mul_ps(_mm256_cvtepi32_ps(q[g]), d));
+}
+
+void store32_plus(float* y, const __m256i q[4], __m256 d, __m256 m) {
+  for (int g = 0; g < 4; ++g)
+    _mm256_storeu_ps(y + 8 * g, _mm256_fmadd_ps(_mm256_cvtepi32_ps(q[g]), d, m));
+}
+
+}  // namespace
+
+void dequant_f16_avx2(const void* src, float* dst, std::size_t n) {
+  const auto* w = static_cast<const std::uint8_t*>(src);
+  std::size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    _mm256_storeu_ps(dst + i,
+                     _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w + 2 * i))));
+  }
+  for (; i < n; ++i) dst[i] = f16_at(w + 2 * i);
+}
+
+void dequant_bf16_avx2(const void* src, float* dst, std::size_t n) {
+  const auto* w = static_cast<const std::uint8_t*>(src);
+  std::size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(w + 2 * i));
+    _mm256_storeu_ps(dst + i, _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16)));
+  }
+  for (; i < n; ++i) {
+    std::uint16_t bits;
+    std::memcpy(&bits, w + 2 * i, 2);
+    const std::uint32_t u = static_cast<std::uint32_t>(bits) << 16;
+    std::memcpy(dst + i, &u, 4);
+  }
+}
+
+void dequant_q4_0_avx2(const void* src, float* dst, std::size_t n) {
+  const auto* b = static_cast<const std::uint8_t*>(src);
+  __m256i q[4];
+  for (std::size_t i = 0; i < n / qk4_0; ++i, b += q4_0_bytes, dst += qk4_0) {
+    nibbles32(b + 2, q);
+    sub_all(q, 8);
+    store32(dst, q, _mm256_set1_ps(f16_at(b)));
+  }
+}
+
+void dequant_q4_1_avx2(const void* src, float* dst, std::size_t n) {
+  const auto* b = static_cast<const std::uint8_t*>(src);
+  __m256i q[4];
+  for (std::size_t i = 0; i < n / qk4_1; ++i, b += q4_1_bytes, dst += qk4_1) {
+    nibbles32(b + 4, q);
+    store32_plus(dst, q, _mm256_set1_ps(f16_at(b)), _mm256_set1_ps(f16_at(b + 2)));
+  }
+}
+
+void dequant_q5_0_avx2(const void* src, float* dst, std::size_t n) {
+  const auto* b = static_cast<const std::uint8_t*>(src);
+  __m256i q[4];
+  for (std::size_t i = 0; i < n / qk5_0; ++i, b += q5_0_bytes, dst += qk5_0) {
+    std::uint32_t qh;
+    std::memcpy(&qh, b + 2, 4);
+    nibbles32(b + 6, q);
+    add_high_bits(qh, q);
+    sub_all(q, 16);
+    store32(dst, q, _mm256_set1_ps(f16_at(b)));
+  }
+}
+
+void dequant_q5_1_avx2(const void* src, float* dst, std::size_t n) {
+  const auto* b = static_cast<const std::uint8_t*>(src);
+  __m256i q[4];
+  for (std::size_t i = 0; i < n / qk5_1; ++i, b += q5_1_bytes, dst += qk5_1) {
+    std::uint32_t qh;
+    std::memcpy(&qh, b + 4, 4);
+    nibbles32(b + 8, q);
+    add_high_bits(qh, q);
+    store32_plus(dst, q, _mm256_set1_ps(f16_at(b)), _mm256_set1_ps(f16_at(b + 2)));
+  }
+}
+
+void dequant_q8_0_avx2(const void* src, float* dst, std::size_t n) {
+  const auto* b = static_cast<const std::uint8_t*>(src);
+  for (std::size_t i = 0; i < n / qk8_0; ++i, b += q8_0_bytes, dst += qk8_0) {
+    const __m256 d = _mm256_set1_ps(f16_at(b));
+    for (int g = 0; g < 4; ++g)
+      _mm256_storeu_ps(dst + 8 * g, _mm256_mul_ps(i8_to_ps(load8(b + 2 + 8 * g)), d));
+  }
+}
+
+void dequant_q4_k_avx2(const void* src, float* dst, std::size_t n) {
+  const auto* b = static_cast<const std::uint8_t*>(src);
+  for (std::size_t i = 0; i < n / qk_k; ++i, b += q4_k_bytes, dst += qk_k) {
+    q4_k_sub_blocks(b, [&](int s, const __m256i* qv, float ds, float ms) {
+      for (int g = 0; g < 4; ++g) {
+        _mm256_storeu_ps(
+            dst + 32 * s + 8 * g,
+            _mm256_fmsub_ps(_mm256_set1_ps(ds), _mm256_cvtepi32_ps(qv[g]), _mm256_set1_ps(ms)));
+      }
+    });
+  }
+}
+
+void dequant_q6_k_avx2(const void* src, float* dst, std::size_t n) {
+  const auto* b = static_cast<const std::uint8_t*>(src);
+  __m256i q[4];
+  for (std::size_t i = 0; i < n / qk_k; ++i, b += q6_k_bytes) {
+    const float d = f16_at(b + 208);
+    for (int h = 0; h < 2; ++h) {
+      const auto* sc = reinterpret_cast<const std::int8_t*>(b + 192 + 8 * h);
+      float* y = dst + qk_k * i + 128 * h;
+      for (int l = 0; l < 32; l += 8) {
+        q6_k_quads(b + 64 * h, b + 128 + 32 * h, l, q);
+        const int is = l / 16;
+        for (int k = 0; k < 4; ++k) {
+          const __m256 scale = _mm256_set1_ps(d * static_cast<float>(sc[is + 2 * k]));
+          _mm256_storeu_ps(y + 32 * k + l, _mm256_mul_ps(scale, _mm256_cvtepi32_ps(q[k])));
+        }
+      }
+    }
+  }
 }
 
 }  // namespace masskv::model::kernels

@@ -21,6 +21,10 @@ DotFn scalar_dot(GgmlType type) noexcept;
 DotFn avx2_dot(GgmlType type) noexcept;
 // The kernel dot_row uses (AVX2 when present and allowed, else scalar).
 DotFn best_dot(GgmlType type) noexcept;
+// AVX2 dequantiser (bit-equal to the scalar one), or nullptr; call only when has_avx2().
+DequantFn avx2_dequant(GgmlType type) noexcept;
+// The dequantiser dequantize_row and matmul use (AVX2 when present and allowed, else scalar).
+DequantFn best_dequant(GgmlType type) noexcept;
 
 // Q4_K packs 8 six-bit scales and 8 six-bit mins into 12 bytes: entries 0-3 in the low 6 bits
 // of bytes 0-3 (scales) and 4-7 (mins); entries 4-7 take their low 4 bits from bytes 8-11
@@ -38,5 +42,15 @@ float dot_q5_1_avx2(const void* row, const float* x, std::size_t n);
 float dot_q8_0_avx2(const void* row, const float* x, std::size_t n);
 float dot_q4_k_avx2(const void* row, const float* x, std::size_t n);
 float dot_q6_k_avx2(const void* row, const float* x, std::size_t n);
+
+void dequant_f16_avx2(const void* src, float* dst, std::size_t n);
+void dequant_bf16_avx2(const void* src, float* dst, std::size_t n);
+void dequant_q4_0_avx2(const void* src, float* dst, std::size_t n);
+void dequant_q4_1_avx2(const void* src, float* dst, std::size_t n);
+void dequant_q5_0_avx2(const void* src, float* dst, std::size_t n);
+void dequant_q5_1_avx2(const void* src, float* dst, std::size_t n);
+void dequant_q8_0_avx2(const void* src, float* dst, std::size_t n);
+void dequant_q4_k_avx2(const void* src, float* dst, std::size_t n);
+void dequant_q6_k_avx2(const void* src, float* dst, std::size_t n);
 
 }  // namespace masskv::model::kernels

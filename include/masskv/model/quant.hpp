@@ -1,5 +1,5 @@
 // ggml tensor types as stored in GGUF files: block layouts, dequantisation, fused dot
-// products against f32 activations, and a threaded matrix-vector product.
+// products against f32 activations, a threaded matrix-vector product and the prefill matmul.
 //
 // A row of n values of a block-quantised type is n / block_elems consecutive blocks of
 // block_bytes each; scales and mins are little-endian f16. Arithmetic is f32; activations stay
@@ -78,9 +78,12 @@ float dot_row(GgmlType type, const void* row, const float* x, std::size_t n);
 void matvec(GgmlType type, const void* w, std::size_t rows, std::size_t cols, const float* x,
             float* y);
 
-// Y[t][r] = dot_row(W row r, X[t]) for t < n tokens: X is [n][cols], Y is [n][rows]. Each
-// weight row is read once and reused for all n tokens while it sits in L1 (prefill batches).
-// Every Y[t] is bit-equal to matvec(W, X[t]); threaded like matvec.
+// Y[t][r] = sum_i W[r][i] X[t][i] for t < n tokens: X is [n][cols], Y is [n][rows] (prefill
+// batches). Weight rows are dequantised to f32 once per 8-row panel and block of up to 128
+// tokens, then multiplied by a register-blocked f32 kernel (src/model/gemm*.cpp). Each output
+// is one f32 chain over i in order: within 1e-5 * sum|w x| of the exact product like dot_row,
+// but not bit-equal to matvec; independent of the thread count and of which other tokens share
+// the call. OpenMP over panels.
 void matmul(GgmlType type, const void* w, std::size_t rows, std::size_t cols, const float* x,
             std::size_t n, float* y);
 
