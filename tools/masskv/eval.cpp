@@ -271,7 +271,9 @@ class ResultCache {
     std::lock_guard<std::mutex> lock(mutex_);
     json j = r;
     j["settings"] = tag_;
-    out_ << j.dump() << '\n';
+    // Model outputs may end inside a UTF-8 character (generation stops at a token boundary):
+    // such bytes are written as U+FFFD rather than failing the run.
+    out_ << j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << '\n';
     out_.flush();
     entries_[key_of(r, tag_)] = std::move(r);
   }
@@ -420,7 +422,8 @@ void write_reports(const EvalOptions& o, const RunInfo& info, const std::vector<
                             {"tok_s", c.seconds > 0 ? c.steps / c.seconds : 0.0}});
     }
     j["records"] = records;
-    std::ofstream((dir / "results.json").string()) << j.dump(1) << '\n';
+    std::ofstream((dir / "results.json").string())
+        << j.dump(1, ' ', false, nlohmann::json::error_handler_t::replace) << '\n';
   }
 }
 
@@ -649,8 +652,9 @@ void register_eval(CLI::App& app, const std::string& cmdline) {
                 "Model: smollm2 (SmolLM2-135M-Instruct), gemma3 (Gemma 3 270M) or a GGUF path")
       ->capture_default_str();
   auto* quick = e->add_flag("--quick", o->quick,
-                            "The quick suite (default): 4 tasks × 1K, 2K × 3 samples, "
-                            "budget 1/16; minutes on 2 cores");
+                            "The quick suite (default): niah_single_number, niah_multikey, "
+                            "niah_multivalue, niah_single_uuid × 1K, 2K × 3 samples, budget "
+                            "1/16; minutes on 2 cores");
   e->add_flag("--full", o->full,
               "The full suite: every task, lengths up to the model's limit (SmolLM2 8K, "
               "Gemma 3 32K), budgets 1/32, 1/16, 1/8, 256 tokens, 20 samples")
