@@ -31,6 +31,13 @@ check_rc=0
 if [[ $do_check -eq 1 ]]; then
   "$BUILD/masskv_gpu_bench" check 2>&1 | tee -a "$OUT/check.log"
   check_rc=${PIPESTATUS[0]}
+  # The top-k's cluster size follows the sequence length; check every size on every case.
+  for c in 1 2 4 8; do
+    echo "select check with MASSKV_TOPK_CLUSTER=$c" | tee -a "$OUT/check.log"
+    MASSKV_TOPK_CLUSTER=$c "$BUILD/masskv_gpu_bench" select-check 2>&1 | tail -3 \
+      | tee -a "$OUT/check.log"
+    [[ ${PIPESTATUS[0]} -ne 0 ]] && check_rc=1
+  done
   echo "check exit status: $check_rc"
 fi
 if [[ $do_bench -eq 1 ]]; then

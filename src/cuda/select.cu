@@ -21,6 +21,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <cfloat>
 #include <cmath>
 #include <cstdint>
@@ -662,10 +663,23 @@ TopkFn topk_kernel(int c) {
 }
 
 // CTAs per (sequence, kv head) in the top-k: the most (<= 8, a power of two) that keep all the
-// pairs' CTAs in one wave of one 1024-thread CTA per SM; 1 when the pairs alone fill the GPU.
-int plan_topk_cluster(int pairs) {
+// pairs' CTAs in one wave of one 1024-thread CTA per SM and give each CTA at least
+// kTopkMinSlice candidates; 1 when the pairs alone fill the GPU. Measured on the H200
+// (2026-12-03): the cluster's barriers cost ~20 us per selection, which one CTA beats below
+// ~16K pages per sequence (32K tokens: 10 vs 27 us) and loses above (1M tokens: 112 vs 43 us).
+constexpr int kTopkMinSlice = 8192;
+int plan_topk_cluster(int pairs, int max_pages) {
+  // MASSKV_TOPK_CLUSTER=1|2|4|8 forces the size (the GPU check runs every size on every case).
+  static const int forced = [] {
+    const char* e = std::getenv("MASSKV_TOPK_CLUSTER");
+    const int v = e != nullptr ? std::atoi(e) : 0;
+    return v == 1 || v == 2 || v == 4 || v == 8 ? v : 0;
+  }();
+  if (forced != 0) return forced;
   int c = kTopkMaxCluster;
-  while (c > 1 && static_cast<std::int64_t>(pairs) * c > device_sms()) c /= 2;
+  while (c > 1 && (static_cast<std::int64_t>(pairs) * c > device_sms() ||
+                   max_pages / c < kTopkMinSlice))
+    c /= 2;
   return c;
 }
 
@@ -858,7 +872,7 @@ Prepared prepare(const QuestSelectArgs& a, const SelectLaunch& launch, bool outp
   require(B <= 65535, unsupported, "q", "batch must be <= 65535");
   require(Hkv <= 65535, unsupported, "bounds", "num_kv_heads must be <= 65535");
   pr.score_grid = dim3(chunks, Hkv, B);
-  const int tc = plan_topk_cluster(B * Hkv);
+  const int tc = plan_topk_cluster(B * Hkv, launch.max_pages_per_seq);
   pr.topk_grid = dim3(tc, Hkv, B);
   pr.topk = topk_kernel(tc);
   pr.score = splan.fn;
