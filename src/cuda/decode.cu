@@ -14,6 +14,7 @@
 
 #include "masskv/cuda/decode.hpp"
 #include "masskv/error.hpp"
+#include "device.cuh"
 
 namespace masskv::cuda {
 namespace {
@@ -34,11 +35,8 @@ enum ErrBit : unsigned {
   kBadLastLen = 8u,    // last_page_len outside [1, page_size]
 };
 
-void check_cuda(cudaError_t e, const char* what) {
-  if (e == cudaSuccess) return;
-  fail(e == cudaErrorMemoryAllocation ? ErrorCode::out_of_memory : ErrorCode::unsupported, "cuda",
-       what, ": ", cudaGetErrorString(e));
-}
+using detail::check_cuda;
+using detail::device_sms;
 
 struct Params {
   const float* q;
@@ -479,15 +477,6 @@ Prepared prepare_kernel(DType dtype, int d, int group) {
   return cache[key];
 }
 
-int device_sms() {
-  static const int sms = [] {
-    int dev = 0, n = 0;
-    check_cuda(cudaGetDevice(&dev), "cudaGetDevice");
-    check_cuda(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev), "SM count");
-    return n;
-  }();
-  return sms;
-}
 
 // One wave of equal chunks: CTAs = SMs * resident CTAs per SM, split evenly over the
 // (sequence, kv head, head group) triples. Small chunks only cost partials (d floats each).
@@ -506,37 +495,17 @@ bool is_pow2(int x) { return x > 0 && (x & (x - 1)) == 0; }
 }  // namespace
 
 struct DecodeWorkspace::Impl {
-  float* part = nullptr;  // o partials then lse partials
-  std::size_t part_floats = 0;
-  unsigned* err = nullptr;
-  void reserve(std::size_t floats) {
-    if (floats <= part_floats) return;
-    if (part) cudaFree(part);
-    part = nullptr;
-    part_floats = 0;
-    check_cuda(cudaMalloc(&part, floats * sizeof(float)), "cudaMalloc(partials)");
-    part_floats = floats;
-  }
+  detail::GrowBuffer<float> part;  // o partials then lse partials
+  detail::ErrorFlag err;
 };
 
-DecodeWorkspace::DecodeWorkspace() : impl_(std::make_unique<Impl>()) {
-  check_cuda(cudaMalloc(&impl_->err, sizeof(unsigned)), "cudaMalloc(error flag)");
-  check_cuda(cudaMemset(impl_->err, 0, sizeof(unsigned)), "cudaMemset(error flag)");
-}
+DecodeWorkspace::DecodeWorkspace() : impl_(std::make_unique<Impl>()) {}
 
-DecodeWorkspace::~DecodeWorkspace() {
-  if (impl_->part) cudaFree(impl_->part);
-  if (impl_->err) cudaFree(impl_->err);
-}
+DecodeWorkspace::~DecodeWorkspace() = default;
 
 void DecodeWorkspace::check(CUstream_st* stream) const {
-  unsigned flag = 0;
-  check_cuda(cudaMemcpyAsync(&flag, impl_->err, sizeof flag, cudaMemcpyDeviceToHost, stream),
-             "cudaMemcpyAsync(error flag)");
-  check_cuda(cudaStreamSynchronize(stream), "decode step");
+  const unsigned flag = impl_->err.take(stream, "decode step");
   if (flag == 0) return;
-  check_cuda(cudaMemsetAsync(impl_->err, 0, sizeof flag, stream), "cudaMemset(error flag)");
-  check_cuda(cudaStreamSynchronize(stream), "cudaMemset(error flag)");
   if (flag & kBadPhysical)
     fail(ErrorCode::out_of_range, "indices", "a page id outside [0, num_pages) was met on the GPU");
   if (flag & kBadSelection)
@@ -661,11 +630,11 @@ void decode(const attn::DecodeArgs& a, const DecodeLaunch& launch) {
   p.scale_log2 = scale * kLog2e;
   if (chunks > 1) {
     const std::size_t slots = static_cast<std::size_t>(B) * Hq * chunks;
-    ws.reserve(slots * (d + 1));
-    p.part_o = ws.part;
-    p.part_lse = ws.part + slots * d;
+    ws.part.reserve(slots * (d + 1), "cudaMalloc(partials)");
+    p.part_o = ws.part.data();
+    p.part_lse = ws.part.data() + slots * d;
   }
-  p.err = ws.err;
+  p.err = ws.err.get();
 
   cudaStream_t stream = launch.stream;
   const dim3 grid(chunks, c.num_kv_heads * head_groups, B);

@@ -29,6 +29,7 @@
 
 #include "masskv/cuda/select.hpp"
 #include "masskv/error.hpp"
+#include "device.cuh"
 
 namespace masskv::cuda {
 namespace {
@@ -52,11 +53,8 @@ enum ErrBit : unsigned {
   kNonFinite = 16u,
 };
 
-void check_cuda(cudaError_t e, const char* what) {
-  if (e == cudaSuccess) return;
-  fail(e == cudaErrorMemoryAllocation ? ErrorCode::out_of_memory : ErrorCode::unsupported, "cuda",
-       what, ": ", cudaGetErrorString(e));
-}
+using detail::check_cuda;
+using detail::device_sms;
 
 struct SelParams {
   const float* q;
@@ -572,15 +570,6 @@ __global__ void __cluster_dims__(kC, 1, 1) __launch_bounds__(kTopkThreads)
 
 // ---- host -----------------------------------------------------------------------------------
 
-int device_sms() {
-  static const int sms = [] {
-    int dev = 0, n = 0;
-    check_cuda(cudaGetDevice(&dev), "cudaGetDevice");
-    check_cuda(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev), "SM count");
-    return n;
-  }();
-  return sms;
-}
 
 using ScoreFn = void (*)(SelParams);
 
@@ -716,44 +705,24 @@ void check_policy(const select::TopkPolicy& pol) {
 }  // namespace
 
 struct SelectWorkspace::Impl {
-  std::uint32_t* keys = nullptr;
-  std::size_t keys_n = 0;
+  detail::GrowBuffer<std::uint32_t> keys;
   std::size_t keys_used = 0;
   int stride = 0;
-  unsigned* err = nullptr;
-  void reserve(std::size_t n) {
-    if (n <= keys_n) return;
-    if (keys) cudaFree(keys);
-    keys = nullptr;
-    keys_n = 0;
-    check_cuda(cudaMalloc(&keys, n * sizeof(std::uint32_t)), "cudaMalloc(page keys)");
-    keys_n = n;
-  }
+  detail::ErrorFlag err;
 };
 
-SelectWorkspace::SelectWorkspace() : impl_(std::make_unique<Impl>()) {
-  check_cuda(cudaMalloc(&impl_->err, sizeof(unsigned)), "cudaMalloc(error flag)");
-  check_cuda(cudaMemset(impl_->err, 0, sizeof(unsigned)), "cudaMemset(error flag)");
-}
+SelectWorkspace::SelectWorkspace() : impl_(std::make_unique<Impl>()) {}
 
-SelectWorkspace::~SelectWorkspace() {
-  if (impl_->keys) cudaFree(impl_->keys);
-  if (impl_->err) cudaFree(impl_->err);
-}
+SelectWorkspace::~SelectWorkspace() = default;
 
 std::span<const std::uint32_t> SelectWorkspace::page_keys() const {
-  return {impl_->keys, impl_->keys_used};
+  return {impl_->keys.data(), impl_->keys_used};
 }
 int SelectWorkspace::keys_stride() const { return impl_->stride; }
 
 void SelectWorkspace::check(CUstream_st* stream) const {
-  unsigned flag = 0;
-  check_cuda(cudaMemcpyAsync(&flag, impl_->err, sizeof flag, cudaMemcpyDeviceToHost, stream),
-             "cudaMemcpyAsync(error flag)");
-  check_cuda(cudaStreamSynchronize(stream), "select step");
+  const unsigned flag = impl_->err.take(stream, "select step");
   if (flag == 0) return;
-  check_cuda(cudaMemsetAsync(impl_->err, 0, sizeof flag, stream), "cudaMemset(error flag)");
-  check_cuda(cudaStreamSynchronize(stream), "cudaMemset(error flag)");
   if (flag & kBadPhysical)
     fail(ErrorCode::out_of_range, "indices",
          "a page id outside [0, bounds.num_pages) was met on the GPU");
@@ -862,11 +831,11 @@ Prepared prepare(const QuestSelectArgs& a, const SelectLaunch& launch, bool outp
 
   SelectWorkspace::Impl& ws = launch.workspace->impl();
   const std::size_t nkeys = static_cast<std::size_t>(B) * Hkv * launch.max_pages_per_seq;
-  ws.reserve(nkeys);
+  ws.keys.reserve(nkeys, "cudaMalloc(page keys)");
   ws.keys_used = nkeys;
   ws.stride = launch.max_pages_per_seq;
-  p.keys = ws.keys;
-  p.err = ws.err;
+  p.keys = ws.keys.data();
+  p.err = ws.err.get();
 
   const int chunks = (launch.max_pages_per_seq + p.chunk_pages - 1) / p.chunk_pages;
   require(B <= 65535, unsupported, "q", "batch must be <= 65535");

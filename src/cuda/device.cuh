@@ -1,0 +1,85 @@
+// Host-side CUDA helpers shared by decode.cu and select.cu: error mapping, the SM count, the
+// workspaces' growable device buffer and their device error flag.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstddef>
+
+#include "masskv/error.hpp"
+
+namespace masskv::cuda::detail {
+
+// A CUDA error as masskv::Error(out_of_memory or unsupported, "cuda") naming `what`.
+inline void check_cuda(cudaError_t e, const char* what) {
+  if (e == cudaSuccess) return;
+  fail(e == cudaErrorMemoryAllocation ? ErrorCode::out_of_memory : ErrorCode::unsupported, "cuda",
+       what, ": ", cudaGetErrorString(e));
+}
+
+inline int device_sms() {
+  static const int sms = [] {
+    int dev = 0, n = 0;
+    check_cuda(cudaGetDevice(&dev), "cudaGetDevice");
+    check_cuda(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev), "SM count");
+    return n;
+  }();
+  return sms;
+}
+
+// Device array that only grows: once a step's shapes were seen, later steps allocate nothing
+// (so a step can be captured in a CUDA graph).
+template <class T>
+class GrowBuffer {
+ public:
+  GrowBuffer() = default;
+  GrowBuffer(const GrowBuffer&) = delete;
+  GrowBuffer& operator=(const GrowBuffer&) = delete;
+  ~GrowBuffer() {
+    if (ptr_ != nullptr) cudaFree(ptr_);
+  }
+  void reserve(std::size_t n, const char* what) {
+    if (n <= size_) return;
+    if (ptr_ != nullptr) cudaFree(ptr_);
+    ptr_ = nullptr;
+    size_ = 0;
+    check_cuda(cudaMalloc(&ptr_, n * sizeof(T)), what);
+    size_ = n;
+  }
+  T* data() const noexcept { return ptr_; }
+
+ private:
+  T* ptr_ = nullptr;
+  std::size_t size_ = 0;
+};
+
+// The flag kernels set with atomicOr on bad device data (bits defined by each kernel file).
+class ErrorFlag {
+ public:
+  ErrorFlag() {
+    check_cuda(cudaMalloc(&ptr_, sizeof(unsigned)), "cudaMalloc(error flag)");
+    check_cuda(cudaMemset(ptr_, 0, sizeof(unsigned)), "cudaMemset(error flag)");
+  }
+  ErrorFlag(const ErrorFlag&) = delete;
+  ErrorFlag& operator=(const ErrorFlag&) = delete;
+  ~ErrorFlag() {
+    if (ptr_ != nullptr) cudaFree(ptr_);
+  }
+  unsigned* get() const noexcept { return ptr_; }
+  // Waits for `stream` (errors name `step`) and returns the flag, cleared for the next step.
+  unsigned take(cudaStream_t stream, const char* step) const {
+    unsigned flag = 0;
+    check_cuda(cudaMemcpyAsync(&flag, ptr_, sizeof flag, cudaMemcpyDeviceToHost, stream),
+               "cudaMemcpyAsync(error flag)");
+    check_cuda(cudaStreamSynchronize(stream), step);
+    if (flag == 0) return 0;
+    check_cuda(cudaMemsetAsync(ptr_, 0, sizeof flag, stream), "cudaMemset(error flag)");
+    check_cuda(cudaStreamSynchronize(stream), "cudaMemset(error flag)");
+    return flag;
+  }
+
+ private:
+  unsigned* ptr_ = nullptr;
+};
+
+}  // namespace masskv::cuda::detail
