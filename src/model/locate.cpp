@@ -125,4 +125,11 @@ fs::path find_model(std::string_view name) {
        " to the .gguf file. Searched:", searched);
 }
 
+fs::path resolve_model(std::string_view name_or_path) {
+  for (const KnownModel& m : kModels) {
+    if (m.name == name_or_path) return find_model(name_or_path);
+  }
+  return fs::path(name_or_path);
+}
+
 }  // namespace masskv::model

@@ -27,11 +27,11 @@
 
 #include "commands.hpp"
 #include "masskv/error.hpp"
+#include "masskv/model/locate.hpp"
 #include "masskv/model/model.hpp"
 #include "model_options.hpp"
 #include "parse.hpp"
 #include "plots.hpp"
-#include "progress.hpp"
 
 namespace masskv::cli {
 namespace {
@@ -101,10 +101,6 @@ std::vector<TokenId> random_tokens(std::mt19937_64& rng, int vocab, std::int64_t
   return t;
 }
 
-double seconds_since(Clock::time_point t0) {
-  return std::chrono::duration<double>(Clock::now() - t0).count();
-}
-
 // Our rows for one thread count and depth.
 std::vector<Row> bench_ours(const model::Model& mdl, const BenchOptions& o, int threads,
                             std::int64_t depth, std::int64_t n_prompt, std::int64_t n_gen,
@@ -121,13 +117,7 @@ std::vector<Row> bench_ours(const model::Model& mdl, const BenchOptions& o, int 
   std::vector<float> logits(static_cast<std::size_t>(cfg.n_vocab));
   if (depth > 0) {
     const auto toks = random_tokens(rng, cfg.n_vocab, depth);
-    Progress bar(fmt::format("depth {}", depth), static_cast<long>(depth));
-    std::int64_t shown = 0;
-    base.prefill(toks, logits, nullptr, [&](std::int64_t done, std::int64_t) {
-      bar.advance(static_cast<long>(done - shown));
-      shown = done;
-    });
-    bar.finish();
+    prefill_with_progress(base, toks, logits, fmt::format("depth {}", depth));
   }
   // Bytes one KV row (one token of one kv head of one layer) takes.
   const double row_bytes =
@@ -270,7 +260,7 @@ void run_bench_model(const BenchOptions& o) {
   require(n_prompt + n_gen > 0, ErrorCode::invalid_argument, "-p/-n", "both are 0");
   std::vector<std::int64_t> depths;
   for (const auto& d : o.depth) depths.push_back(d == "0" ? 0 : parse_count(d, "-d"));
-  const std::string path = resolve_model(o.m.model);
+  const std::string path = model::resolve_model(o.m.model).string();
   auto mdl = model::Model::load(path);
   const std::int64_t longest = *std::max_element(depths.begin(), depths.end()) +
                                std::max(n_prompt, n_gen);

@@ -13,10 +13,10 @@
 
 #include "commands.hpp"
 #include "masskv/error.hpp"
+#include "masskv/model/locate.hpp"
 #include "masskv/model/model.hpp"
 #include "model_options.hpp"
 #include "parse.hpp"
-#include "progress.hpp"
 #include "qkv_dump.hpp"
 #include "text.hpp"
 
@@ -37,7 +37,7 @@ void run_dump(const DumpOptions& o) {
   set_threads(o.threads);
   require(o.steps >= 1, ErrorCode::invalid_argument, "--steps", "must be >= 1");
   const std::int64_t depth = parse_count(o.depth, "-d");
-  const std::string path = resolve_model(o.model);
+  const std::string path = model::resolve_model(o.model).string();
   auto mdl = model::Model::load(path);
   const model::ModelConfig& c = mdl->config();
   std::vector<int> layers = o.layers;
@@ -97,15 +97,7 @@ void run_dump(const DumpOptions& o) {
     }
   };
   model::Session session(*mdl, so);
-  {
-    Progress bar("dump", static_cast<long>(total));
-    std::int64_t shown = 0;
-    session.prefill(ids, {}, nullptr, [&](std::int64_t done, std::int64_t) {
-      bar.advance(static_cast<long>(done - shown));
-      shown = done;
-    });
-    bar.finish();
-  }
+  prefill_with_progress(session, ids, {}, "dump");
   std::filesystem::create_directories(o.out_dir);
   for (const auto& [l, d] : dumps) {
     const std::string file = fmt::format("{}/layer{:02d}.mkvd", o.out_dir, l);

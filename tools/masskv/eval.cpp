@@ -480,8 +480,7 @@ void run_eval(EvalOptions o, const std::string& cmdline) {
   const std::vector<MethodRow> rows = method_rows(o.methods, o.budgets);
   for (const std::string& b : o.budgets) (void)budget_tokens(b, 1024);
 
-  const std::string path =
-      (o.model == "smollm2" || o.model == "gemma3") ? model::find_model(o.model).string() : o.model;
+  const std::string path = model::resolve_model(o.model).string();
   const auto mdl = model::Model::load(path);
   const model::ChatTemplate chat = model::ChatTemplate::from_gguf(mdl->file());
   const std::string model_name = fs::path(path).filename().string();

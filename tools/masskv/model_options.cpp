@@ -8,6 +8,7 @@
 #include "masskv/error.hpp"
 #include "masskv/model/locate.hpp"
 #include "parse.hpp"
+#include "progress.hpp"
 
 namespace masskv::cli {
 
@@ -33,11 +34,6 @@ void add_model_options(CLI::App* app, ModelOptions& o, bool with_threads) {
   app->add_option("--page", o.page_size, "KV page size (tokens)")->capture_default_str();
 }
 
-std::string resolve_model(const std::string& name) {
-  if (name == "smollm2" || name == "gemma3") return model::find_model(name).string();
-  return name;
-}
-
 std::optional<select::SelectorConfig> selector_config(const ModelOptions& o, std::int64_t context) {
   if (o.selector == "dense") return std::nullopt;
   select::SelectorConfig c;
@@ -59,6 +55,21 @@ std::optional<select::SelectorConfig> selector_config(const ModelOptions& o, std
     c.budget.p = o.top_p_mass;
   }
   return c;
+}
+
+void prefill_with_progress(model::Session& session, std::span<const model::TokenId> tokens,
+                           std::span<float> logits_last, const std::string& label) {
+  Progress bar(label, static_cast<long>(tokens.size()));
+  std::int64_t shown = 0;
+  session.prefill(tokens, logits_last, nullptr, [&](std::int64_t done, std::int64_t) {
+    bar.advance(static_cast<long>(done - shown));
+    shown = done;
+  });
+  bar.finish();
+}
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
 void set_threads(int threads) {

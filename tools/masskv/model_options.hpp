@@ -3,10 +3,13 @@
 #pragma once
 
 #include <CLI/CLI.hpp>
+#include <chrono>
 #include <cstdint>
 #include <optional>
+#include <span>
 #include <string>
 
+#include "masskv/model/model.hpp"
 #include "masskv/select/selector.hpp"
 
 namespace masskv::cli {
@@ -25,11 +28,14 @@ struct ModelOptions {
 // Registers -m, -t (unless with_threads is false), --selector, --budget, --sink-pages, --window,
 // --top-p-mass, --page.
 void add_model_options(CLI::App* app, ModelOptions& o, bool with_threads = true);
-// "smollm2" / "gemma3" -> the installed file; anything else is a path.
-std::string resolve_model(const std::string& name);
 // nullopt for dense; the budget is relative to `context` when given as a fraction.
 std::optional<select::SelectorConfig> selector_config(const ModelOptions& o, std::int64_t context);
 // OpenMP threads for what follows (0 keeps OpenMP's default).
 void set_threads(int threads);
+// Session::prefill with a progress bar named `label` (long prompts take minutes).
+void prefill_with_progress(model::Session& session, std::span<const model::TokenId> tokens,
+                           std::span<float> logits_last, const std::string& label);
+// Seconds since t0 on the steady clock.
+double seconds_since(std::chrono::steady_clock::time_point t0);
 
 }  // namespace masskv::cli

@@ -29,10 +29,6 @@ namespace {
 using Clock = std::chrono::steady_clock;
 using model::TokenId;
 
-double seconds_since(Clock::time_point t0) {
-  return std::chrono::duration<double>(Clock::now() - t0).count();
-}
-
 // ---- run ------------------------------------------------------------------------------------
 
 struct RunOptions {
@@ -52,7 +48,7 @@ struct RunOptions {
 
 void run_generate(const RunOptions& o) {
   set_threads(o.m.threads);
-  const std::string path = resolve_model(o.m.model);
+  const std::string path = model::resolve_model(o.m.model).string();
   auto mdl = model::Model::load(path);
   const model::Tokenizer& tok = mdl->tokenizer();
   std::string text = o.prompt;
@@ -92,15 +88,7 @@ void run_generate(const RunOptions& o) {
 
   std::vector<float> logits(static_cast<std::size_t>(mdl->config().n_vocab));
   const auto t0 = Clock::now();
-  {
-    Progress bar("prefill", static_cast<long>(prompt.size()));
-    std::int64_t shown = 0;
-    session.prefill(prompt, logits, nullptr, [&](std::int64_t done, std::int64_t) {
-      bar.advance(static_cast<long>(done - shown));
-      shown = done;
-    });
-    bar.finish();
-  }
+  prefill_with_progress(session, prompt, logits, "prefill");
   const double t_prefill = seconds_since(t0);
   if (!o.chat) fmt::print("{}", text);
   std::fflush(stdout);
@@ -165,7 +153,7 @@ double kl_divergence(const std::vector<double>& lp, const std::vector<double>& l
 
 void run_perplexity(const PplOptions& o) {
   set_threads(o.m.threads);
-  const std::string path = resolve_model(o.m.model);
+  const std::string path = model::resolve_model(o.m.model).string();
   auto mdl = model::Model::load(path);
   const model::Tokenizer& tok = mdl->tokenizer();
   std::ifstream in(o.file, std::ios::binary);

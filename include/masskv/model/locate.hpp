@@ -22,6 +22,10 @@ std::filesystem::path find_model(std::string_view name = "smollm2");
 // Like find_model, but an empty path when the model is simply not installed (tests skip then).
 std::filesystem::path find_model_if_installed(std::string_view name = "smollm2");
 
+// A known model's name ("smollm2", "gemma3") through find_model; anything else is taken as the
+// path of a GGUF file (Model::load reports a missing one).
+std::filesystem::path resolve_model(std::string_view name_or_path);
+
 // Every path find_model checks for `name`, in order, the override first when set.
 std::vector<std::filesystem::path> model_search_paths(std::string_view name);
 
