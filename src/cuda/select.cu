@@ -503,15 +503,19 @@ __global__ void __cluster_dims__(kC, 1, 1) __launch_bounds__(kTopkThreads)
   // order: ranks are running ballot counts, so ids come out ascending without a sort.
   const int seg = ((scount + kTopkWarps * 32 - 1) / (kTopkWarps * 32)) * 32;
   const int wbeg = min(shi, slo + warp * seg), wend = min(shi, wbeg + seg);
+  // Candidate j against the threshold: above it (always taken) or equal to it (taken in id
+  // order until need_eq); the counting pass and the emitting pass must agree exactly.
+  const auto classify = [&](int j, bool& gt, bool& eq) {
+    if (j >= wend) return;
+    const std::uint32_t key = key_at(j);
+    gt = take_all || key > T;
+    eq = !take_all && key == T;
+  };
   int eq_w = 0, gt_w = 0;
   for (int j0 = wbeg; j0 < wend; j0 += 32) {
     const int j = j0 + lane;
     bool gt = false, eq = false;
-    if (j < wend) {
-      const std::uint32_t key = key_at(j);
-      gt = take_all || key > T;
-      eq = !take_all && key == T;
-    }
+    classify(j, gt, eq);
     gt_w += __popc(__ballot_sync(0xffffffffu, gt));
     eq_w += __popc(__ballot_sync(0xffffffffu, eq));
   }
@@ -554,11 +558,7 @@ __global__ void __cluster_dims__(kC, 1, 1) __launch_bounds__(kTopkThreads)
   for (int j0 = wbeg; j0 < wend; j0 += 32) {
     const int j = j0 + lane;
     bool gt = false, eq = false;
-    if (j < wend) {
-      const std::uint32_t key = key_at(j);
-      gt = take_all || key > T;
-      eq = !take_all && key == T;
-    }
+    classify(j, gt, eq);
     const unsigned eqb = __ballot_sync(0xffffffffu, eq);
     const bool sel = gt || (eq && eq_r + __popc(eqb & lt_mask) < need_eq);
     const unsigned selb = __ballot_sync(0xffffffffu, sel);
