@@ -110,6 +110,10 @@ struct CaseData {
   std::vector<std::int32_t> indptr, indices, last;
   SelectionStorage sel;
   std::vector<double> ref_dense, lse_dense, ref_sparse, lse_sparse;
+  // Entmax with alpha and score scale (0: 1/sqrt(d)); tau on z = (alpha-1) s.
+  double alpha = 1.5;
+  float ent_scale = 0;
+  std::vector<double> ent_dense, tau_dense, ent_sparse, tau_sparse;
   kv::PagedKVView view;  // host pointers
 };
 
@@ -162,6 +166,14 @@ void build_case(CaseData& cd, std::uint64_t seed) {
   const int hq = c.num_kv_heads * c.group;
   cd.q.resize(static_cast<std::size_t>(c.batch) * hq * c.d);
   for (float& x : cd.q) x = rng.sym(3.f);
+  // Entmax: alpha 1.5 / 2 (exact powers), 1.25 and 1.7 (general power); a small scale in a
+  // fifth of the cases puts every z near 0, so tau <= 0 and the support is wide. In some cases
+  // q head 0 of sequence 0 is zero: all its z are equal (tau = -n^(1-alpha), every token in
+  // the support; long sequences overflow the tau kernel's shared memory).
+  const double alphas[] = {1.5, 2.0, 1.25, 1.7};
+  cd.alpha = alphas[(seed / 3 + seed) % 4];
+  cd.ent_scale = seed % 5 == 2 ? 0.01f : 0.f;
+  if (seed % 7 == 3) std::fill_n(cd.q.begin(), c.d, 0.f);
 
   // Selection: each page with probability 0.3, the last page always; in some cases one
   // (sequence, kv head) gets an empty selection (output 0, lse -inf).
@@ -205,6 +217,16 @@ void build_case(CaseData& cd, std::uint64_t seed) {
   cd.ref_sparse.resize(heads * c.d);
   cd.lse_sparse.resize(heads);
   attn::decode_reference(a, cd.ref_sparse, cd.lse_sparse);
+
+  a.mapping = Mapping::entmax(cd.alpha);
+  a.scale = cd.ent_scale;
+  cd.ent_sparse.resize(heads * c.d);
+  cd.tau_sparse.resize(heads);
+  attn::decode_reference(a, cd.ent_sparse, cd.tau_sparse);
+  a.selection = nullptr;
+  cd.ent_dense.resize(heads * c.d);
+  cd.tau_dense.resize(heads);
+  attn::decode_reference(a, cd.ent_dense, cd.tau_dense);
 }
 
 struct Errors {
@@ -228,6 +250,14 @@ Errors compare(const std::vector<float>& o, const std::vector<float>& lse,
   }
   e.o = den > 0 ? num / den : num;
   for (std::size_t i = 0; i < rl.size(); ++i) {
+    if (std::isnan(rl[i])) {  // entmax over nothing: tau NaN
+      if (!std::isnan(lse[i])) {
+        e.ok = false;
+        e.why = "empty selection must give tau = NaN";
+        return e;
+      }
+      continue;
+    }
     if (std::isinf(rl[i]) && rl[i] < 0) {
       if (!(std::isinf(lse[i]) && lse[i] < 0)) {
         e.ok = false;
@@ -247,7 +277,7 @@ Errors compare(const std::vector<float>& o, const std::vector<float>& lse,
 }
 
 constexpr double kTolO = 1e-3;    // ||o - ref||_inf / ||ref||_inf (bf16/f16 KV, f32 accumulation)
-constexpr double kTolLse = 1e-4;  // |lse - ref| / max(1, |ref|)
+constexpr double kTolLse = 1e-4;  // |lse - ref| / max(1, |ref|); entmax: the same for tau
 
 struct GpuCase {
   DevBuf<std::uint16_t> k, v;
@@ -342,13 +372,19 @@ int run_check() {
   cases.push_back({4097, 16, 128, 1, 16, DType::bf16, kv::Layout::HND});
   cases.push_back({1000, 16, 64, 16, 64, DType::f16, kv::Layout::NHD});
 
-  std::printf("check: %zu cases x {dense auto-split, dense chunk_pages=3, sparse}\n", cases.size());
+  std::printf(
+      "check: %zu cases x {softmax, entmax} x {dense auto-split, dense chunk_pages=3, sparse}\n",
+      cases.size());
   std::printf(
       "tolerances: ||o-ref||inf/||ref||inf <= %.0e, |lse-ref|/max(1,|ref|) <= %.0e "
       "(reference: f64 on the same bf16/f16 KV values)\n",
       kTolO, kTolLse);
   int failures = 0;
   double worst_o[2] = {0, 0}, worst_lse[2] = {0, 0};  // [bf16, f16]
+  struct {
+    double worst_o[2] = {0, 0}, worst_tau[2] = {0, 0};
+    long empty_heads = 0, nonpositive_tau = 0;
+  } ent_stats;
   cuda::DecodeWorkspace ws;
   const std::size_t batch_n = 24;
   const auto t0 = std::chrono::steady_clock::now();
@@ -368,25 +404,54 @@ int run_check() {
       cuda::DecodeLaunch launch;
       launch.workspace = &ws;
       launch.max_pages_per_seq = max_pages(cd);
-      const char* names[3] = {"dense", "dense/cp3", "sparse"};
-      for (int variant = 0; variant < 3; ++variant) {
+      const char* names[6] = {"dense", "dense/cp3", "sparse",
+                              "ent-dense", "ent-dense/cp3", "ent-sparse"};
+      for (int variant = 0; variant < 6; ++variant) {
         attn::DecodeArgs args = g.args;
         cuda::DecodeLaunch l = launch;
-        if (variant == 1) l.chunk_pages = 3;
-        if (variant == 2) args.selection = &g.sel;
-        const bool sparse = variant == 2;
-        const Errors e = run_and_compare(g, args, l, sparse ? cd.ref_sparse : cd.ref_dense,
-                                         sparse ? cd.lse_sparse : cd.lse_dense);
+        if (variant % 3 == 1) l.chunk_pages = 3;
+        const bool sparse = variant % 3 == 2;
+        const bool ent = variant >= 3;
+        if (sparse) args.selection = &g.sel;
+        if (ent) {
+          args.mapping = Mapping::entmax(cd.alpha);
+          args.scale = cd.ent_scale;
+        }
+        const std::vector<double>& ro =
+            ent ? (sparse ? cd.ent_sparse : cd.ent_dense) : (sparse ? cd.ref_sparse : cd.ref_dense);
+        const std::vector<double>& rl =
+            ent ? (sparse ? cd.tau_sparse : cd.tau_dense) : (sparse ? cd.lse_sparse : cd.lse_dense);
+        Errors e = run_and_compare(g, args, l, ro, rl);
+        if (ent && e.ok) {
+          // Deterministic: a rerun gives the same bits (output and tau).
+          const std::vector<float> o1 = g.out.download(), t1 = g.lse.download();
+          cuda::decode(args, l);
+          CK(cudaDeviceSynchronize());
+          const std::vector<float> o2 = g.out.download(), t2 = g.lse.download();
+          if (std::memcmp(o1.data(), o2.data(), o1.size() * 4) != 0 ||
+              std::memcmp(t1.data(), t2.data(), t1.size() * 4) != 0) {
+            e.ok = false;
+            e.why = "rerun differs";
+          }
+          for (std::size_t i = 0; i < rl.size(); ++i) {
+            if (std::isnan(rl[i])) ++ent_stats.empty_heads;
+            else if (rl[i] <= 0) ++ent_stats.nonpositive_tau;
+          }
+        }
         const int t = c.dtype == DType::bf16 ? 0 : 1;
-        worst_o[t] = std::max(worst_o[t], e.o);
-        worst_lse[t] = std::max(worst_lse[t], e.lse);
+        double* wo = ent ? ent_stats.worst_o : worst_o;
+        double* wl = ent ? ent_stats.worst_tau : worst_lse;
+        wo[t] = std::max(wo[t], e.o);
+        wl[t] = std::max(wl[t], e.lse);
         const bool pass = e.ok && e.o <= kTolO && e.lse <= kTolLse;
         if (!pass) {
           ++failures;
-          std::printf("FAIL %-9s len=%d G=%d d=%d B=%d page=%d %s %s: o_err=%.3e lse_err=%.3e %s\n",
-                      names[variant], c.len, c.group, c.d, c.batch, c.page,
-                      std::string(to_string(c.dtype)).c_str(),
-                      c.layout == kv::Layout::HND ? "HND" : "NHD", e.o, e.lse, e.why.c_str());
+          std::printf(
+              "FAIL %-13s len=%d G=%d d=%d B=%d page=%d %s %s alpha=%g scale=%g: o_err=%.3e "
+              "lse/tau_err=%.3e %s\n",
+              names[variant], c.len, c.group, c.d, c.batch, c.page,
+              std::string(to_string(c.dtype)).c_str(), c.layout == kv::Layout::HND ? "HND" : "NHD",
+              ent ? cd.alpha : 1.0, ent ? cd.ent_scale : 0.f, e.o, e.lse, e.why.c_str());
         }
       }
     }
@@ -396,6 +461,15 @@ int run_check() {
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   std::printf("worst errors: bf16 o %.3e lse %.3e | f16 o %.3e lse %.3e (%.1f s)\n", worst_o[0],
               worst_lse[0], worst_o[1], worst_lse[1], secs);
+  std::printf(
+      "entmax worst errors: bf16 o %.3e tau %.3e | f16 o %.3e tau %.3e; heads checked with "
+      "tau <= 0: %ld, empty (tau NaN): %ld; every rerun bit-identical\n",
+      ent_stats.worst_o[0], ent_stats.worst_tau[0], ent_stats.worst_o[1], ent_stats.worst_tau[1],
+      ent_stats.nonpositive_tau, ent_stats.empty_heads);
+  if (ent_stats.nonpositive_tau == 0 || ent_stats.empty_heads == 0) {
+    std::printf("FAIL entmax grid covers no tau <= 0 or no empty head\n");
+    ++failures;
+  }
 
   // Bad ids are reported through the device flag, never read; bad shapes on the host.
   {
@@ -433,11 +507,18 @@ int run_check() {
       a.q.n1 = 3;
       cuda::decode(a, launch);
     });
-    ok &= expect_throw("entmax", "mapping", [&] {
+    ok &= expect_throw("entmax alpha = 2.5", "alpha", [&] {
+      attn::DecodeArgs a = g.args;
+      a.mapping = Mapping::entmax(2.5);
+      cuda::decode(a, launch);
+    });
+    g.indices.upload(bad);
+    ok &= expect_throw("entmax: physical page id == num_pages", "indices", [&] {
       attn::DecodeArgs a = g.args;
       a.mapping = Mapping::entmax(1.5);
       cuda::decode(a, launch);
     });
+    g.indices.upload(cd.indices);
     // After the errors the flag is clear and a good run passes.
     const Errors e = run_and_compare(g, g.args, launch, cd.ref_dense, cd.lse_dense);
     const bool clean = e.ok && e.o <= kTolO && e.lse <= kTolLse;
@@ -1263,6 +1344,8 @@ struct Row {
   double cpu_select_ms = 0;  // CPU Quest selection time of the step (not in us), when known
 };
 
+constexpr double kBenchAlpha = 1.5;  // the entmax rows
+
 int run_bench(const char* json_path) {
   cudaDeviceProp prop{};
   CK(cudaGetDeviceProperties(&prop, 0));
@@ -1429,6 +1512,26 @@ int run_bench(const char* json_path) {
         sh.ctx, sh.batch, rot, cp, us, kv_bytes / us / 1e3, gus);
     rows.push_back({"ours_dense", sh.ctx, sh.batch, 0, us, kv_bytes});
 
+    // 1.5-entmax, dense. Bytes: K only (V is read at the support rows alone, a few per head
+    // with these random scores), so GB/s is a lower bound of what moved.
+    const auto ent_args = [&](int r) {
+      attn::DecodeArgs a = args_for(r);
+      a.mapping = Mapping::entmax(kBenchAlpha);
+      return a;
+    };
+    const double eus = time_us(kWarm, kIters, [&](int i) { cuda::decode(ent_args(i % rot), launch); });
+    ws.check(nullptr);
+    const double egus = time_graph_us(rot, kWarm, kIters, [&](int r, cudaStream_t st) {
+      cuda::DecodeLaunch l = launch;
+      l.stream = st;
+      cuda::decode(ent_args(r), l);
+    });
+    ws.check(nullptr);
+    std::printf("entmax dense ctx=%7d B=%2d: %9.1f us (graph %.1f us), softmax %.1f us: %.2fx\n",
+                sh.ctx, sh.batch, eus, egus, us, eus / us);
+    rows.push_back({"ours_entmax_dense", sh.ctx, sh.batch, 0, eus, kv_bytes / 2});
+    rows.push_back({"ours_entmax_dense_graph", sh.ctx, sh.batch, 0, egus, kv_bytes / 2});
+
     // Sparse, kQRot steps in rotation (query r, table r % rot), per budget:
     //  - CPU Quest selection (f32 summaries) computed and uploaded beforehand: decode only;
     //  - GPU Quest selection (bf16 store) + decode in the step, plain and CUDA-graph captured;
@@ -1489,6 +1592,31 @@ int run_bench(const char* json_path) {
       cpu_row.kind = "ours_sparse_quest_cpu_sel_graph";
       cpu_row.us = sgus;
       rows.push_back(cpu_row);
+
+      // 1.5-entmax on the same selections (decode only; K bytes, as the dense entmax rows).
+      const double esus = time_us(kWarm, kIters, [&](int i) {
+        const int r = i % kQRot;
+        attn::DecodeArgs a = ent_args(r);
+        a.selection = &svs[r];
+        cuda::decode(a, launch);
+      });
+      ws.check(nullptr);
+      const double esgus = time_graph_us(kQRot, kWarm, kIters, [&](int r, cudaStream_t st) {
+        attn::DecodeArgs a = ent_args(r);
+        a.selection = &svs[r];
+        cuda::DecodeLaunch l = launch;
+        l.stream = st;
+        cuda::decode(a, l);
+      });
+      ws.check(nullptr);
+      std::printf(
+          "entmax sparse ctx=%7d B=%2d budget=%5d: %9.1f us (graph %.1f us); softmax %.1f us "
+          "(graph %.1f): %.2fx (graph %.2fx)\n",
+          sh.ctx, sh.batch, budget, esus, esgus, sus, sgus, esus / sus, esgus / sgus);
+      rows.push_back({"ours_entmax_sparse_quest_cpu_sel", sh.ctx, sh.batch, budget, esus,
+                      bytes / 2, sel_ms});
+      rows.push_back({"ours_entmax_sparse_quest_cpu_sel_graph", sh.ctx, sh.batch, budget, esgus,
+                      bytes / 2, sel_ms});
 
       // GPU selection into per-rotation device lists, consumed by the same decode.
       const int cap = cuda::select_capacity(pages, P, pol);
