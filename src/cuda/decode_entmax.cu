@@ -39,6 +39,17 @@ constexpr int kKept = 512;         // support rows staged per round in the accum
 
 constexpr int row_groups(int d) { return kWarps * (32 / (d / 8)); }
 
+// Programmatic dependent launch (sm_90): the tau and accumulate kernels are launched so they
+// may start while their predecessor finishes; each waits (griddepcontrol.wait: the predecessor
+// has completed and its writes are visible) before reading what it produced. A no-op when the
+// kernel was launched without the attribute.
+__device__ __forceinline__ void wait_for_predecessor() {
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+}
+__device__ __forceinline__ void allow_dependents() {
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+}
+
 // p = [t]_+^{1/(alpha-1)} (§2.1) in f32, with the exact powers for alpha = 2 and 1.5.
 __device__ __forceinline__ float weight(float t, int pow_int, float pow_exp) {
   if (!(t > 0.f)) return 0.f;
@@ -179,15 +190,58 @@ __global__ void __launch_bounds__(kThreads, kG <= 4 ? 4 : 2) entmax_score_kernel
     }
   };
   stream_tiles(n_tiles, issue, compute);
+  allow_dependents();  // the tau kernel may start launching: it waits for this grid anyway
 
-  if (lane_in_row == 0) p.cand_n[list] = n_cand;
-  if (lane_in_row < kG) {
-    float mine = -INFINITY;
+  // The running max of a row group is weak early on (short lists keep most of their tokens):
+  // with the chunk's max M, keep only z > M - 1 (rounded down), compacting each list in place.
+  __shared__ float s_rmax[kRowGroups][kG];
+  float rmax = -INFINITY;  // lane g < kG: the row group's max of head g
 #pragma unroll
-    for (int g = 0; g < kG; ++g)
-      if (g == lane_in_row) mine = m[g];
-    p.cand_max[list * kG + lane_in_row] = mine;
+  for (int g = 0; g < kG; ++g)
+    if (g == lane_in_row) rmax = m[g];
+  if (lane_in_row < kG) s_rmax[rg][lane_in_row] = rmax;
+  __syncthreads();  // also makes the lists' global writes visible to the whole CTA
+  float cut[kG];
+#pragma unroll
+  for (int g = 0; g < kG; ++g) {
+    float mx = -INFINITY;
+    for (int r = 0; r < kRowGroups; ++r) mx = fmaxf(mx, s_rmax[r][g]);
+    cut[g] = __fsub_rd(mx, 1.f);
   }
+  int warp_n = n_cand;  // loop bound uniform over the warp (its row groups' lists differ)
+#pragma unroll
+  for (int off = 16; off >= kLanesPerRow; off /= 2)
+    warp_n = max(warp_n, __shfl_xor_sync(0xffffffffu, warp_n, off));
+  const int row_shift = (lane / kLanesPerRow) * kLanesPerRow;
+  const unsigned row_bits = kLanesPerRow == 32 ? 0xffffffffu : (1u << kLanesPerRow) - 1u;
+  int n_out = 0;
+  for (int e0 = 0; e0 < warp_n; e0 += kLanesPerRow) {
+    const int e = e0 + lane_in_row;
+    float zz[kG] = {};
+    int t = 0;
+    bool keep = false;
+    if (e < n_cand) {
+      t = ct[e];
+#pragma unroll
+      for (int g = 0; g < kG; ++g) {
+        zz[g] = cz[e * kG + g];
+        keep = keep || (g < c.heads_here && zz[g] > cut[g]);
+      }
+    }
+    // Every lane has read its entry before any writes (the ballot orders the warp); writes go
+    // to positions <= e.
+    const unsigned bits = (__ballot_sync(0xffffffffu, keep) >> row_shift) & row_bits;
+    if (keep) {
+      const int pos = n_out + __popc(bits & ((1u << lane_in_row) - 1u));
+      ct[pos] = t;
+#pragma unroll
+      for (int g = 0; g < kG; ++g) cz[pos * kG + g] = zz[g];
+    }
+    n_out += __popc(bits);
+  }
+
+  if (lane_in_row == 0) p.cand_n[list] = n_out;
+  if (lane_in_row < kG) p.cand_max[list * kG + lane_in_row] = rmax;
 }
 
 // ---- threshold -------------------------------------------------------------------------------
@@ -236,6 +290,8 @@ __global__ void __launch_bounds__(kTauThreads) entmax_tau_kernel(Params p, int r
   };
   int num_pages, last_len;
   const int units = seq_units(p, b, kvh, num_pages, last_len);
+  allow_dependents();
+  wait_for_predecessor();  // the score kernel's lists (and the previous step's readers of tau)
   if (units == 0) {
     finish(NAN);
     return;
@@ -256,12 +312,16 @@ __global__ void __launch_bounds__(kTauThreads) entmax_tau_kernel(Params p, int r
     return;
   }
 
-  const auto count = [&](int i) { return p.cand_n[list0 + i]; };
+  // tau >= max z - 1 (§2.1): only z above it can be in the support, so a list whose max is
+  // not above it is skipped whole.
+  const double tau0 = static_cast<double>(mx) - 1.0;
+  const auto count = [&](int i) {
+    return static_cast<double>(p.cand_max[(list0 + i) * p.kg + g]) > tau0 ? p.cand_n[list0 + i]
+                                                                          : 0;
+  };
   const auto z_at = [&](int i, int e) {
     return p.cand_z[((list0 + i) * p.per_list + e) * p.kg + g];
   };
-  // tau >= max z - 1 (§2.1): only z above it can be in the support.
-  const double tau0 = static_cast<double>(mx) - 1.0;
   int n = 0;
   walk_lists<kTauThreads>(n_lists, s_scan, s_warp, count, [&](int i, int e, bool valid) {
     const float z = valid ? z_at(i, e) : -INFINITY;
@@ -340,7 +400,8 @@ __global__ void __launch_bounds__(kThreads, kG <= 4 ? 4 : 2) entmax_accum_kernel
   const Chunk c = chunk_of(p);
   const int n_live = live_chunks(p, c.units);
   if (c.chunk >= n_live) return;
-  stage_page_list(p, c, s_phys, s_len);
+  stage_page_list(p, c, s_phys, s_len);  // inputs only: overlaps the tau kernel
+  wait_for_predecessor();                 // tau, and (through it) the score kernel's lists
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int rg = warp * (32 / kLanesPerRow) + lane / kLanesPerRow;
   const int lane_dim = (lane % kLanesPerRow) * 8;
@@ -396,7 +457,13 @@ __global__ void __launch_bounds__(kThreads, kG <= 4 ? 4 : 2) entmax_accum_kernel
   int n_kept = 0;
   __syncthreads();  // page list staged
   walk_lists<kThreads>(
-      kRowGroups, s_scan, s_warp, [&](int i) { return p.cand_n[list0 + i]; },
+      kRowGroups, s_scan, s_warp,
+      [&](int i) {  // a list none of whose z is above tau has no support row
+        bool any = false;
+#pragma unroll
+        for (int g = 0; g < kG; ++g) any = any || p.cand_max[(list0 + i) * kG + g] > tau[g];
+        return any ? p.cand_n[list0 + i] : 0;
+      },
       [&](int i, int e, bool valid) {
         float w[kG];
         bool keep = false;
@@ -587,10 +654,21 @@ void launch_entmax(Params p, const EntmaxShape& s, const DecodeLaunch& launch,
   const dim3 grid(chunks, kh, s.batch);
   k.score<<<grid, kThreads, k.score_smem, stream>>>(p);
   check_cuda(cudaGetLastError(), "entmax score kernel launch");
-  entmax_tau_kernel<<<s.batch * p.num_q_heads, kTauThreads, 0, stream>>>(p, rgroups);
-  check_cuda(cudaGetLastError(), "entmax tau kernel launch");
-  k.accum<<<grid, kThreads, k.accum_smem, stream>>>(p);
-  check_cuda(cudaGetLastError(), "entmax accumulate kernel launch");
+  // The next two may begin before their predecessor ends (they wait for it on the device).
+  cudaLaunchAttribute pdl{};
+  pdl.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  pdl.val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t cfg{};
+  cfg.stream = stream;
+  cfg.attrs = &pdl;
+  cfg.numAttrs = 1;
+  cfg.gridDim = dim3(s.batch * p.num_q_heads);
+  cfg.blockDim = dim3(kTauThreads);
+  check_cuda(cudaLaunchKernelEx(&cfg, entmax_tau_kernel, p, rgroups), "entmax tau kernel launch");
+  cfg.gridDim = grid;
+  cfg.blockDim = dim3(kThreads);
+  cfg.dynamicSmemBytes = k.accum_smem;
+  check_cuda(cudaLaunchKernelEx(&cfg, k.accum, p), "entmax accumulate kernel launch");
 }
 
 }  // namespace masskv::cuda::decode_impl

@@ -3,6 +3,7 @@
 // Plain printf only: the GPU machine has none of the Debian C++ libraries.
 //   masskv_gpu_bench check            grid check: decode, select-selftest, select (exit 1 on any
 //                                     failure)
+//   masskv_gpu_bench decode-check     the decode part of check alone (softmax and entmax)
 //   masskv_gpu_bench select-selftest  GPU Quest selection: ties, edges, errors, graphs, end to end
 //   masskv_gpu_bench select-check     GPU Quest selection vs the CPU selector on ~90 shapes
 //   masskv_gpu_bench bench OUT.json   benchmark (B=1, Hq=32, Hkv=8, d=128, bf16, page 16)
@@ -1735,6 +1736,7 @@ int main(int argc, char** argv) {
                   decode_rc ? "FAILED" : "passed", selftest, select);
       return decode_rc || selftest || select ? 1 : 0;
     }
+    if (mode == "decode-check") return run_check();
     if (mode == "select-selftest") return run_select_selftest() ? 1 : 0;
     if (mode == "select-check") return run_select_check() ? 1 : 0;
     if (mode == "bench") return run_bench(argc > 2 ? argv[2] : "bench_ours.json");
@@ -1742,7 +1744,8 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "masskv::Error: %s\n", e.what());
     return 3;
   }
-  std::fprintf(stderr, "usage: %s check | select-selftest | select-check | bench OUT.json\n",
+  std::fprintf(stderr,
+               "usage: %s check | decode-check | select-selftest | select-check | bench OUT.json\n",
                argv[0]);
   return 2;
 }
