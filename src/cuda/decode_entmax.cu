@@ -531,17 +531,54 @@ __global__ void __launch_bounds__(kThreads, kG <= 4 ? 4 : 2) entmax_accum_kernel
   __syncthreads();
   if (!s_last) return;
   __threadfence();
-  for (int idx = threadIdx.x; idx < kG * kD; idx += kThreads) {
-    const int g = idx / kD, dim = idx % kD;
-    if (g >= c.heads_here) continue;
-    const int hq = c.q_head0 + g;
-    const std::int64_t s0 = slot0 + static_cast<std::int64_t>(hq) * p.num_chunks;
-    float o = 0.f, ps = 0.f;
-    for (int ch = 0; ch < n_live; ++ch) {
-      o += __ldcg(p.part_o + (s0 + ch) * kD + dim);
-      ps += __ldcg(p.part_w + s0 + ch);
+  // Each thread owns kOut outputs; a round loads kStep chunks of all of them at once (the
+  // loads are independent: one L2 round trip per round), then adds them in chunk order.
+  // Thread g < kG sums head g's p the same way.
+  constexpr int kOut = (kG * kD + kThreads - 1) / kThreads;
+  constexpr int kStep = 64 / kOut;
+  __shared__ float s_psum[kG];
+  if (threadIdx.x < kG) {
+    const std::int64_t s0 =
+        slot0 + static_cast<std::int64_t>(c.q_head0 + threadIdx.x) * p.num_chunks;
+    float ps = 0.f;
+    for (int ch0 = 0; ch0 < n_live; ch0 += 16) {
+      float v[16];
+#pragma unroll
+      for (int u = 0; u < 16; ++u)
+        v[u] = threadIdx.x < c.heads_here && ch0 + u < n_live ? __ldcg(p.part_w + s0 + ch0 + u)
+                                                               : 0.f;
+#pragma unroll
+      for (int u = 0; u < 16; ++u) ps += v[u];
     }
-    p.out[c.b * p.o_s0 + hq * p.o_s1 + dim] = ps > 0.f ? o / ps : 0.f;
+    s_psum[threadIdx.x] = ps;
+  }
+  float o[kOut];
+#pragma unroll
+  for (int k = 0; k < kOut; ++k) o[k] = 0.f;
+  for (int ch0 = 0; ch0 < n_live; ch0 += kStep) {
+    float v[kOut][kStep];
+#pragma unroll
+    for (int k = 0; k < kOut; ++k) {
+      const int idx = threadIdx.x + k * kThreads, g = idx / kD, dim = idx % kD;
+      const std::int64_t s0 = slot0 + static_cast<std::int64_t>(c.q_head0 + g) * p.num_chunks;
+#pragma unroll
+      for (int u = 0; u < kStep; ++u) {
+        const bool ok = idx < kG * kD && g < c.heads_here && ch0 + u < n_live;
+        v[k][u] = ok ? __ldcg(p.part_o + (s0 + ch0 + u) * kD + dim) : 0.f;
+      }
+    }
+#pragma unroll
+    for (int k = 0; k < kOut; ++k)
+#pragma unroll
+      for (int u = 0; u < kStep; ++u) o[k] += v[k][u];
+  }
+  __syncthreads();  // s_psum
+#pragma unroll
+  for (int k = 0; k < kOut; ++k) {
+    const int idx = threadIdx.x + k * kThreads, g = idx / kD, dim = idx % kD;
+    if (idx >= kG * kD || g >= c.heads_here) continue;
+    const float ps = s_psum[g];
+    p.out[c.b * p.o_s0 + (c.q_head0 + g) * p.o_s1 + dim] = ps > 0.f ? o[k] / ps : 0.f;
   }
   if (threadIdx.x == 0) p.counter[c.bkh] = 0;
 }

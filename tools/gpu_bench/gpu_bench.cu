@@ -4,6 +4,7 @@
 //   masskv_gpu_bench check            grid check: decode, select-selftest, select (exit 1 on any
 //                                     failure)
 //   masskv_gpu_bench decode-check     the decode part of check alone (softmax and entmax)
+//   masskv_gpu_bench profile          a few decode launches of one shape, for ncu
 //   masskv_gpu_bench select-selftest  GPU Quest selection: ties, edges, errors, graphs, end to end
 //   masskv_gpu_bench select-check     GPU Quest selection vs the CPU selector on ~90 shapes
 //   masskv_gpu_bench bench OUT.json   benchmark (B=1, Hq=32, Hkv=8, d=128, bf16, page 16)
@@ -1722,6 +1723,70 @@ int run_bench(const char* json_path) {
   return 0;
 }
 
+
+// A few launches of softmax and entmax decode on one shape (B=1, Hq=32, Hkv=8, d=128, bf16,
+// page 16, 32K tokens; dense, and sparse with 128 and 512 random pages per kv head), for
+// per-kernel times under a profiler: ncu --clock-control none masskv_gpu_bench profile.
+int run_profile() {
+  const int Hq = 32, Hkv = 8, d = 128, P = 16, pages = 32768 / P;
+  const std::size_t elems = static_cast<std::size_t>(pages) * Hkv * P * d;
+  DevBuf<std::uint16_t> K(elems), V(elems);
+  fill_kernel<<<1024, 256>>>(K.p, elems, 1, 2.f);
+  fill_kernel<<<1024, 256>>>(V.p, elems, 1ull << 40, 1.f);
+  CK(cudaGetLastError());
+  Rng rng(7);
+  std::vector<float> qh(static_cast<std::size_t>(Hq) * d);
+  for (float& x : qh) x = rng.sym(3.f);
+  std::vector<std::int32_t> indices(pages), indptr = {0, pages}, last = {P};
+  std::iota(indices.begin(), indices.end(), 0);
+  DevBuf<float> q = to_device(qh), out(qh.size()), lse(Hq);
+  DevBuf<std::int32_t> d_ind = to_device(indices), d_ptr = to_device(indptr),
+                       d_last = to_device(last);
+  attn::DecodeArgs a;
+  a.q = View3<const float>::contiguous(q.p, 1, Hq, d);
+  a.cache.k = K.p;
+  a.cache.v = V.p;
+  a.cache.dtype = DType::bf16;
+  a.cache.num_pages = pages;
+  a.cache.num_kv_heads = Hkv;
+  a.cache.page_size = P;
+  a.cache.head_dim = d;
+  a.cache.set_layout(kv::Layout::HND);
+  a.cache.table = {{d_ptr.p, d_ptr.n}, {d_ind.p, d_ind.n}, {d_last.p, d_last.n}};
+  a.out = View3<float>::contiguous(out.p, 1, Hq, d);
+  a.lse_or_tau = {lse.p, lse.n};
+  cuda::DecodeWorkspace ws;
+  cuda::DecodeLaunch launch;
+  launch.workspace = &ws;
+  launch.max_pages_per_seq = pages;
+  const auto both = [&](const attn::DecodeArgs& base, const char* what) {
+    for (int m = 0; m < 2; ++m) {
+      attn::DecodeArgs x = base;
+      if (m == 1) x.mapping = Mapping::entmax(kBenchAlpha);
+      const double us = time_us(2, 5, [&](int) { cuda::decode(x, launch); });
+      std::printf("profile %-14s %-7s %8.1f us\n", what, m ? "entmax" : "softmax", us);
+    }
+  };
+  both(a, "dense 32K");
+  for (int budget : {128, 512}) {
+    std::vector<std::int32_t> ids(static_cast<std::size_t>(Hkv) * budget), cnt(Hkv, budget);
+    for (int h = 0; h < Hkv; ++h) {
+      std::vector<std::int32_t> perm(pages);
+      std::iota(perm.begin(), perm.end(), 0);
+      for (int i = 0; i < budget; ++i) std::swap(perm[i], perm[i + rng.below(pages - i)]);
+      std::sort(perm.begin(), perm.begin() + budget);
+      std::copy(perm.begin(), perm.begin() + budget, ids.begin() + h * budget);
+    }
+    DevBuf<std::int32_t> d_ids = to_device(ids), d_cnt = to_device(cnt);
+    const SelectionView sv{SelectionView::Unit::page, 1, Hkv, budget, {d_ids.p, d_ids.n},
+                           {d_cnt.p, d_cnt.n}};
+    attn::DecodeArgs x = a;
+    x.selection = &sv;
+    both(x, budget == 128 ? "sparse 2048" : "sparse 8192");
+  }
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -1737,6 +1802,7 @@ int main(int argc, char** argv) {
       return decode_rc || selftest || select ? 1 : 0;
     }
     if (mode == "decode-check") return run_check();
+    if (mode == "profile") return run_profile();
     if (mode == "select-selftest") return run_select_selftest() ? 1 : 0;
     if (mode == "select-check") return run_select_check() ? 1 : 0;
     if (mode == "bench") return run_bench(argc > 2 ? argv[2] : "bench_ours.json");
@@ -1745,7 +1811,8 @@ int main(int argc, char** argv) {
     return 3;
   }
   std::fprintf(stderr,
-               "usage: %s check | decode-check | select-selftest | select-check | bench OUT.json\n",
+               "usage: %s check | decode-check | select-selftest | select-check | profile | "
+               "bench OUT.json\n",
                argv[0]);
   return 2;
 }
