@@ -98,7 +98,8 @@ __global__ void __launch_bounds__(kThreads, kG <= 4 ? 4 : 2) decode_chunk_kernel
     const uint4* st = s_stage + (tile % kStages) * (kU * 2 * kThreads) + threadIdx.x;
     bool ok[kU];
 #pragma unroll
-    for (int u = 0; u < kU; ++u) ok[u] = token_ok(p, s_len, n_pages, rg + tile * kTileTokens + u * kRowGroups);
+    for (int u = 0; u < kU; ++u)
+      ok[u] = token_ok(p, s_len, n_pages, rg + tile * kTileTokens + u * kRowGroups);
     float s[kU][kG];
     score_rows<kBf16, kG, kU, kLanesPerRow>(st, 2 * kThreads, qf, s);
     // Online softmax update (base 2). Masked tokens score -inf and carry zero V. The running
@@ -292,7 +293,6 @@ Prepared prepare_kernel(DType dtype, int d, int group) {
   }
   return cache[key];
 }
-
 
 bool is_pow2(int x) { return x > 0 && (x & (x - 1)) == 0; }
 

@@ -51,15 +51,15 @@ struct Params {
   int sel_max;
   int max_pages;  // dense: bound the grid was planned for
   int chunk_pages, num_chunks;
-  float q_mult;    // q is multiplied by this: softmax scale*log2(e) (base-2 logits),
-                   // entmax scale*(alpha-1) (scores in z units)
-  float* part_o;   // [B][Hq][num_chunks][D] (num_chunks > 1)
-  float* part_w;   // [B][Hq][num_chunks]: softmax lse (natural log), entmax sum of p
+  float q_mult;   // q is multiplied by this: softmax scale*log2(e) (base-2 logits),
+                  // entmax scale*(alpha-1) (scores in z units)
+  float* part_o;  // [B][Hq][num_chunks][D] (num_chunks > 1)
+  float* part_w;  // [B][Hq][num_chunks]: softmax lse (natural log), entmax sum of p
   unsigned* err;
   // entmax only (decode_entmax.cu)
-  int pow_int;      // 1/(alpha-1) when it is 1 or 2, else 0 (general power)
-  float pow_exp;    // 1/(alpha-1)
-  float* cand_z;    // candidate scores [B*KH][n_cap][kG] (KH = kv heads * head groups)
+  int pow_int;           // 1/(alpha-1) when it is 1 or 2, else 0 (general power)
+  float pow_exp;         // 1/(alpha-1)
+  float* cand_z;         // candidate scores [B*KH][n_cap][kG] (KH = kv heads * head groups)
   std::int32_t* cand_t;  // candidate token (in the chunk) [B*KH][n_cap]
   std::int32_t* cand_n;  // candidates per list [B*KH][num_chunks][row groups]
   float* cand_max;       // max z per list and head [B*KH][num_chunks][row groups][kG]

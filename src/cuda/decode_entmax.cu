@@ -33,9 +33,9 @@ namespace {
 using detail::check_cuda;
 
 constexpr int kTauThreads = 256;
-constexpr int kTauCap = 8192;      // candidates a tau CTA holds in shared memory (else: global)
-constexpr int kMaxNewton = 200;    // far above need: ~log2(sqrt(n)) + 6 for n equal scores
-constexpr int kKept = 512;         // support rows staged per round in the accumulate kernel
+constexpr int kTauCap = 8192;    // candidates a tau CTA holds in shared memory (else: global)
+constexpr int kMaxNewton = 200;  // far above need: ~log2(sqrt(n)) + 6 for n equal scores
+constexpr int kKept = 512;       // support rows staged per round in the accumulate kernel
 
 constexpr int row_groups(int d) { return kWarps * (32 / (d / 8)); }
 
@@ -107,7 +107,10 @@ __device__ void walk_lists(int n_lists, int* s_scan, int* s_warp, Count&& count,
         int lo = 0, hi = nl - 1;
         while (lo < hi) {
           const int mid = (lo + hi + 1) / 2;
-          if (s_scan[mid] <= f) lo = mid; else hi = mid - 1;
+          if (s_scan[mid] <= f)
+            lo = mid;
+          else
+            hi = mid - 1;
         }
         list = lo;
       }
@@ -140,14 +143,14 @@ __global__ void __launch_bounds__(kThreads, kG <= 4 ? 4 : 2) entmax_score_kernel
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int rg = warp * (32 / kLanesPerRow) + lane / kLanesPerRow;
   const int lane_in_row = lane % kLanesPerRow;  // >= kG lanes: d / 8 >= 8
-  float qf[kG][8];  // scores come out in z units
+  float qf[kG][8];                              // scores come out in z units
   load_q<kG>(p, c, lane_in_row * 8, qf);
   __syncthreads();
 
   const std::uint16_t* kb = p.k + c.kvh * p.stride_head + lane_in_row * 8;
   const int n_tiles = ((c.n_pages << p.log2_page) + kTileTokens - 1) / kTileTokens;
-  const std::int64_t list = (static_cast<std::int64_t>(c.bkh) * p.num_chunks + c.chunk) *
-                                kRowGroups + rg;
+  const std::int64_t list =
+      (static_cast<std::int64_t>(c.bkh) * p.num_chunks + c.chunk) * kRowGroups + rg;
   float* cz = p.cand_z + list * p.per_list * kG;
   std::int32_t* ct = p.cand_t + list * p.per_list;
   float m[kG];
@@ -316,8 +319,7 @@ __global__ void __launch_bounds__(kTauThreads) entmax_tau_kernel(Params p, int r
   // not above it is skipped whole.
   const double tau0 = static_cast<double>(mx) - 1.0;
   const auto count = [&](int i) {
-    return static_cast<double>(p.cand_max[(list0 + i) * p.kg + g]) > tau0 ? p.cand_n[list0 + i]
-                                                                          : 0;
+    return static_cast<double>(p.cand_max[(list0 + i) * p.kg + g]) > tau0 ? p.cand_n[list0 + i] : 0;
   };
   const auto z_at = [&](int i, int e) {
     return p.cand_z[((list0 + i) * p.per_list + e) * p.kg + g];
@@ -401,7 +403,7 @@ __global__ void __launch_bounds__(kThreads, kG <= 4 ? 4 : 2) entmax_accum_kernel
   const int n_live = live_chunks(p, c.units);
   if (c.chunk >= n_live) return;
   stage_page_list(p, c, s_phys, s_len);  // inputs only: overlaps the tau kernel
-  wait_for_predecessor();                 // tau, and (through it) the score kernel's lists
+  wait_for_predecessor();                // tau, and (through it) the score kernel's lists
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int rg = warp * (32 / kLanesPerRow) + lane / kLanesPerRow;
   const int lane_dim = (lane % kLanesPerRow) * 8;
@@ -452,8 +454,8 @@ __global__ void __launch_bounds__(kThreads, kG <= 4 ? 4 : 2) entmax_accum_kernel
   };
 
   // Candidates of the chunk (its row groups' lists, in order) with p > 0 for some head.
-  const std::int64_t list0 = (static_cast<std::int64_t>(c.bkh) * p.num_chunks + c.chunk) *
-                             kRowGroups;
+  const std::int64_t list0 =
+      (static_cast<std::int64_t>(c.bkh) * p.num_chunks + c.chunk) * kRowGroups;
   int n_kept = 0;
   __syncthreads();  // page list staged
   walk_lists<kThreads>(
@@ -527,7 +529,8 @@ __global__ void __launch_bounds__(kThreads, kG <= 4 ? 4 : 2) entmax_accum_kernel
   // order (threadFenceReduction pattern), then resets the counter for the next step.
   __threadfence();
   __syncthreads();
-  if (threadIdx.x == 0) s_last = atomicAdd(&p.counter[c.bkh], 1u) == static_cast<unsigned>(n_live - 1);
+  if (threadIdx.x == 0)
+    s_last = atomicAdd(&p.counter[c.bkh], 1u) == static_cast<unsigned>(n_live - 1);
   __syncthreads();
   if (!s_last) return;
   __threadfence();
@@ -545,8 +548,8 @@ __global__ void __launch_bounds__(kThreads, kG <= 4 ? 4 : 2) entmax_accum_kernel
       float v[16];
 #pragma unroll
       for (int u = 0; u < 16; ++u)
-        v[u] = threadIdx.x < c.heads_here && ch0 + u < n_live ? __ldcg(p.part_w + s0 + ch0 + u)
-                                                               : 0.f;
+        v[u] =
+            threadIdx.x < c.heads_here && ch0 + u < n_live ? __ldcg(p.part_w + s0 + ch0 + u) : 0.f;
 #pragma unroll
       for (int u = 0; u < 16; ++u) ps += v[u];
     }
@@ -593,8 +596,12 @@ struct EntmaxKernels {
 
 template <bool kBf16, int kD, int kG, int kU>
 EntmaxKernels entmax_info() {
-  return {entmax_score_kernel<kBf16, kD, kG, kU>, entmax_accum_kernel<kBf16, kD, kG, kU>,
-          ScoreSmem<kD, kU>::kBytes, AccumSmem<kD, kG, kU>::kBytes, kG, 0};
+  return {entmax_score_kernel<kBf16, kD, kG, kU>,
+          entmax_accum_kernel<kBf16, kD, kG, kU>,
+          ScoreSmem<kD, kU>::kBytes,
+          AccumSmem<kD, kG, kU>::kBytes,
+          kG,
+          0};
 }
 
 template <bool kBf16, int kD>
@@ -613,16 +620,23 @@ EntmaxKernels entmax_group(int g) {
 
 template <bool kBf16>
 EntmaxKernels entmax_dim(int d, int g) {
-  return d == 64 ? entmax_group<kBf16, 64>(g)
-                 : d == 128 ? entmax_group<kBf16, 128>(g) : entmax_group<kBf16, 256>(g);
+  return d == 64    ? entmax_group<kBf16, 64>(g)
+         : d == 128 ? entmax_group<kBf16, 128>(g)
+                    : entmax_group<kBf16, 256>(g);
 }
 
 // Kernels for (dtype, d, group) with their shared-memory limits raised once; per_sm: resident
 // score CTAs per SM (plans the chunks). Cached: occupancy queries cost host time per step.
 EntmaxKernels prepare_entmax(DType dtype, int d, int group) {
   const int g = kernel_group(group);
-  const int key = (dtype == DType::bf16 ? 0 : 12) + (d == 64 ? 0 : d == 128 ? 4 : 8) +
-                  (g == 1 ? 0 : g == 2 ? 1 : g == 4 ? 2 : 3);
+  const int key = (dtype == DType::bf16 ? 0 : 12) +
+                  (d == 64    ? 0
+                   : d == 128 ? 4
+                              : 8) +
+                  (g == 1   ? 0
+                   : g == 2 ? 1
+                   : g == 4 ? 2
+                            : 3);
   static std::mutex mu;
   static EntmaxKernels cache[24];
   static bool ready[24] = {};
@@ -635,9 +649,9 @@ EntmaxKernels prepare_entmax(DType dtype, int d, int group) {
     check_cuda(cudaFuncSetAttribute(k.accum, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                     static_cast<int>(k.accum_smem)),
                "cudaFuncSetAttribute(shared memory)");
-    check_cuda(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&k.per_sm, k.score, kThreads,
-                                                             k.score_smem),
-               "occupancy");
+    check_cuda(
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&k.per_sm, k.score, kThreads, k.score_smem),
+        "occupancy");
     cache[key] = k;
     ready[key] = true;
   }

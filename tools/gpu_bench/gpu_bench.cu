@@ -406,7 +406,7 @@ int run_check() {
       cuda::DecodeLaunch launch;
       launch.workspace = &ws;
       launch.max_pages_per_seq = max_pages(cd);
-      const char* names[6] = {"dense", "dense/cp3", "sparse",
+      const char* names[6] = {"dense",     "dense/cp3",     "sparse",
                               "ent-dense", "ent-dense/cp3", "ent-sparse"};
       for (int variant = 0; variant < 6; ++variant) {
         attn::DecodeArgs args = g.args;
@@ -436,8 +436,10 @@ int run_check() {
             e.why = "rerun differs";
           }
           for (std::size_t i = 0; i < rl.size(); ++i) {
-            if (std::isnan(rl[i])) ++ent_stats.empty_heads;
-            else if (rl[i] <= 0) ++ent_stats.nonpositive_tau;
+            if (std::isnan(rl[i]))
+              ++ent_stats.empty_heads;
+            else if (rl[i] <= 0)
+              ++ent_stats.nonpositive_tau;
           }
         }
         const int t = c.dtype == DType::bf16 ? 0 : 1;
@@ -1521,7 +1523,8 @@ int run_bench(const char* json_path) {
       a.mapping = Mapping::entmax(kBenchAlpha);
       return a;
     };
-    const double eus = time_us(kWarm, kIters, [&](int i) { cuda::decode(ent_args(i % rot), launch); });
+    const double eus =
+        time_us(kWarm, kIters, [&](int i) { cuda::decode(ent_args(i % rot), launch); });
     ws.check(nullptr);
     const double egus = time_graph_us(rot, kWarm, kIters, [&](int r, cudaStream_t st) {
       cuda::DecodeLaunch l = launch;
@@ -1615,8 +1618,8 @@ int run_bench(const char* json_path) {
           "entmax sparse ctx=%7d B=%2d budget=%5d: %9.1f us (graph %.1f us); softmax %.1f us "
           "(graph %.1f): %.2fx (graph %.2fx)\n",
           sh.ctx, sh.batch, budget, esus, esgus, sus, sgus, esus / sus, esgus / sgus);
-      rows.push_back({"ours_entmax_sparse_quest_cpu_sel", sh.ctx, sh.batch, budget, esus,
-                      bytes / 2, sel_ms});
+      rows.push_back(
+          {"ours_entmax_sparse_quest_cpu_sel", sh.ctx, sh.batch, budget, esus, bytes / 2, sel_ms});
       rows.push_back({"ours_entmax_sparse_quest_cpu_sel_graph", sh.ctx, sh.batch, budget, esgus,
                       bytes / 2, sel_ms});
 
@@ -1722,7 +1725,6 @@ int run_bench(const char* json_path) {
   std::fclose(f);
   return 0;
 }
-
 
 // A few launches of softmax and entmax decode on one shape (B=1, Hq=32, Hkv=8, d=128, bf16,
 // page 16, 32K tokens; dense, and sparse with 128 and 512 random pages per kv head), for
