@@ -227,36 +227,12 @@ struct KernelInfo {
   std::size_t smem;
 };
 
-template <bool kBf16, int kD, int kG, int kU>
-KernelInfo info() {
-  return {decode_chunk_kernel<kBf16, kD, kG, kU>, ChunkSmem<kD, kG, kU>::kBytes};
-}
-
-template <bool kBf16, int kD>
-KernelInfo pick_group(int g) {
-  switch (g) {
-    case 1:
-      return info<kBf16, kD, 1, 4>();
-    case 2:
-      return info<kBf16, kD, 2, 4>();
-    case 4:
-      return info<kBf16, kD, 4, 4>();
-    default:
-      return info<kBf16, kD, 8, 2>();
+struct MakeKernelInfo {
+  template <bool kBf16, int kD, int kG, int kU>
+  KernelInfo operator()() const {
+    return {decode_chunk_kernel<kBf16, kD, kG, kU>, ChunkSmem<kD, kG, kU>::kBytes};
   }
-}
-
-template <bool kBf16>
-KernelInfo pick_dim(int d, int g) {
-  switch (d) {
-    case 64:
-      return pick_group<kBf16, 64>(g);
-    case 128:
-      return pick_group<kBf16, 128>(g);
-    default:
-      return pick_group<kBf16, 256>(g);
-  }
-}
+};
 
 // The kernel for (dtype, d, group), its shared-memory limit raised once, and its resident
 // CTAs per SM (cached: the occupancy query costs host time on every step otherwise).
@@ -266,22 +242,14 @@ struct Prepared {
 };
 Prepared prepare_kernel(DType dtype, int d, int group) {
   const int g = kernel_group(group);
-  const int key = (dtype == DType::bf16 ? 0 : 1) * 12 +
-                  (d == 64    ? 0
-                   : d == 128 ? 1
-                              : 2) *
-                      4 +
-                  (g == 1   ? 0
-                   : g == 2 ? 1
-                   : g == 4 ? 2
-                            : 3);
+  const int key = variant_key(dtype, d, g);
   static std::mutex mu;
   static Prepared cache[24];
   static bool ready[24] = {};
   std::lock_guard<std::mutex> lock(mu);
   if (!ready[key]) {
     Prepared pr;
-    pr.k = dtype == DType::bf16 ? pick_dim<true>(d, g) : pick_dim<false>(d, g);
+    pr.k = by_variant(dtype, d, g, MakeKernelInfo{});
     check_cuda(cudaFuncSetAttribute(pr.k.fn, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                     static_cast<int>(pr.k.smem)),
                "cudaFuncSetAttribute(shared memory)");

@@ -290,6 +290,44 @@ inline int kernel_group(int group) {
   return g <= 1 ? 1 : g <= 2 ? 2 : g <= 4 ? 4 : 8;
 }
 
+// Host: the compiled kernel variants. make.template operator()<kBf16, kD, kG, kU>() for the
+// variant serving (dtype, head_dim d, kernel group g = kernel_group(...)); kU, tokens per row
+// group per tile, is chosen here for every decode kernel (fewer for 8 heads: registers).
+template <bool kBf16, int kD, class Make>
+auto by_group(int g, Make& make) {
+  switch (g) {
+    case 1:
+      return make.template operator()<kBf16, kD, 1, 4>();
+    case 2:
+      return make.template operator()<kBf16, kD, 2, 4>();
+    case 4:
+      return make.template operator()<kBf16, kD, 4, 4>();
+    default:
+      return make.template operator()<kBf16, kD, 8, 2>();
+  }
+}
+template <bool kBf16, class Make>
+auto by_dim(int d, int g, Make& make) {
+  return d == 64    ? by_group<kBf16, 64>(g, make)
+         : d == 128 ? by_group<kBf16, 128>(g, make)
+                    : by_group<kBf16, 256>(g, make);
+}
+template <class Make>
+auto by_variant(DType dtype, int d, int g, Make make) {
+  return dtype == DType::bf16 ? by_dim<true>(d, g, make) : by_dim<false>(d, g, make);
+}
+// A dense index in [0, 24) of the variant, for per-variant caches.
+inline int variant_key(DType dtype, int d, int g) {
+  return (dtype == DType::bf16 ? 0 : 12) +
+         (d == 64    ? 0
+          : d == 128 ? 4
+                     : 8) +
+         (g == 1   ? 0
+          : g == 2 ? 1
+          : g == 4 ? 2
+                   : 3);
+}
+
 // Host: the split-K chunk (pages) for `units` pages per (sequence, kv head, head group) when
 // `base_ctas` such triples run with `ctas_per_sm` resident CTAs per SM.
 int plan_chunk_pages(int base_ctas, int units, int ctas_per_sm);

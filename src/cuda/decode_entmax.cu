@@ -594,55 +594,29 @@ struct EntmaxKernels {
   int kg, per_sm;
 };
 
-template <bool kBf16, int kD, int kG, int kU>
-EntmaxKernels entmax_info() {
-  return {entmax_score_kernel<kBf16, kD, kG, kU>,
-          entmax_accum_kernel<kBf16, kD, kG, kU>,
-          ScoreSmem<kD, kU>::kBytes,
-          AccumSmem<kD, kG, kU>::kBytes,
-          kG,
-          0};
-}
-
-template <bool kBf16, int kD>
-EntmaxKernels entmax_group(int g) {
-  switch (g) {
-    case 1:
-      return entmax_info<kBf16, kD, 1, 4>();
-    case 2:
-      return entmax_info<kBf16, kD, 2, 4>();
-    case 4:
-      return entmax_info<kBf16, kD, 4, 4>();
-    default:
-      return entmax_info<kBf16, kD, 8, 2>();
+struct MakeEntmaxKernels {
+  template <bool kBf16, int kD, int kG, int kU>
+  EntmaxKernels operator()() const {
+    return {entmax_score_kernel<kBf16, kD, kG, kU>,
+            entmax_accum_kernel<kBf16, kD, kG, kU>,
+            ScoreSmem<kD, kU>::kBytes,
+            AccumSmem<kD, kG, kU>::kBytes,
+            kG,
+            0};
   }
-}
-
-template <bool kBf16>
-EntmaxKernels entmax_dim(int d, int g) {
-  return d == 64    ? entmax_group<kBf16, 64>(g)
-         : d == 128 ? entmax_group<kBf16, 128>(g)
-                    : entmax_group<kBf16, 256>(g);
-}
+};
 
 // Kernels for (dtype, d, group) with their shared-memory limits raised once; per_sm: resident
 // score CTAs per SM (plans the chunks). Cached: occupancy queries cost host time per step.
 EntmaxKernels prepare_entmax(DType dtype, int d, int group) {
   const int g = kernel_group(group);
-  const int key = (dtype == DType::bf16 ? 0 : 12) +
-                  (d == 64    ? 0
-                   : d == 128 ? 4
-                              : 8) +
-                  (g == 1   ? 0
-                   : g == 2 ? 1
-                   : g == 4 ? 2
-                            : 3);
+  const int key = variant_key(dtype, d, g);
   static std::mutex mu;
   static EntmaxKernels cache[24];
   static bool ready[24] = {};
   std::lock_guard<std::mutex> lock(mu);
   if (!ready[key]) {
-    EntmaxKernels k = dtype == DType::bf16 ? entmax_dim<true>(d, g) : entmax_dim<false>(d, g);
+    EntmaxKernels k = by_variant(dtype, d, g, MakeEntmaxKernels{});
     check_cuda(cudaFuncSetAttribute(k.score, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                     static_cast<int>(k.score_smem)),
                "cudaFuncSetAttribute(shared memory)");

@@ -1497,17 +1497,20 @@ int run_bench(const char* json_path) {
     launch.workspace = &ws;
     launch.max_pages_per_seq = pages;
     launch.check_errors = false;
-    const double us = time_us(kWarm, kIters, [&](int i) {
-      const int r = i % rot;
-      cuda::decode(args_for(r), launch);
-    });
-    ws.check(nullptr);
-    const double gus = time_graph_us(rot, kWarm, kIters, [&](int r, cudaStream_t st) {
-      cuda::DecodeLaunch l = launch;
-      l.stream = st;
-      cuda::decode(args_for(r), l);
-    });
-    ws.check(nullptr);
+    // Median µs of decode(args(step % n_rot)): plain launches, and replayed from CUDA graphs.
+    const auto time_decode = [&](int n_rot, const auto& args) {
+      const double plain =
+          time_us(kWarm, kIters, [&](int i) { cuda::decode(args(i % n_rot), launch); });
+      ws.check(nullptr);
+      const double graph = time_graph_us(n_rot, kWarm, kIters, [&](int r, cudaStream_t st) {
+        cuda::DecodeLaunch l = launch;
+        l.stream = st;
+        cuda::decode(args(r), l);
+      });
+      ws.check(nullptr);
+      return std::pair<double, double>{plain, graph};
+    };
+    const auto [us, gus] = time_decode(rot, args_for);
     rows.push_back({"ours_dense_graph", sh.ctx, sh.batch, 0, gus, kv_bytes});
     const int cp = cuda::planned_chunk_pages(DType::bf16, d, sh.batch, Hkv, Hq, pages);
     std::printf(
@@ -1523,15 +1526,7 @@ int run_bench(const char* json_path) {
       a.mapping = Mapping::entmax(kBenchAlpha);
       return a;
     };
-    const double eus =
-        time_us(kWarm, kIters, [&](int i) { cuda::decode(ent_args(i % rot), launch); });
-    ws.check(nullptr);
-    const double egus = time_graph_us(rot, kWarm, kIters, [&](int r, cudaStream_t st) {
-      cuda::DecodeLaunch l = launch;
-      l.stream = st;
-      cuda::decode(ent_args(r), l);
-    });
-    ws.check(nullptr);
+    const auto [eus, egus] = time_decode(rot, ent_args);
     std::printf("entmax dense ctx=%7d B=%2d: %9.1f us (graph %.1f us), softmax %.1f us: %.2fx\n",
                 sh.ctx, sh.batch, eus, egus, us, eus / us);
     rows.push_back({"ours_entmax_dense", sh.ctx, sh.batch, 0, eus, kv_bytes / 2});
@@ -1573,21 +1568,12 @@ int run_bench(const char* json_path) {
                   sels[r].num_kv_heads,      sels[r].max_per_head,
                   {s_ids[r].p, s_ids[r].n},  {s_cnt[r].p, s_cnt[r].n}};
       const double bytes = sel_pages / kQRot * P * d * 2 * 2;
-      const double sus = time_us(kWarm, kIters, [&](int i) {
-        const int r = i % kQRot;
-        attn::DecodeArgs a = args_for(r);
-        a.selection = &svs[r];
-        cuda::decode(a, launch);
-      });
-      ws.check(nullptr);
-      const double sgus = time_graph_us(kQRot, kWarm, kIters, [&](int r, cudaStream_t st) {
-        attn::DecodeArgs a = args_for(r);
-        a.selection = &svs[r];
-        cuda::DecodeLaunch l = launch;
-        l.stream = st;
-        cuda::decode(a, l);
-      });
-      ws.check(nullptr);
+      const auto sparse_args = [&](int r, bool entmax) {
+        attn::DecodeArgs a = entmax ? ent_args(r) : args_for(r);
+        a.selection = &svs[r % kQRot];
+        return a;
+      };
+      const auto [sus, sgus] = time_decode(kQRot, [&](int r) { return sparse_args(r, false); });
       std::printf(
           "sparse ctx=%7d B=%2d budget=%5d: %9.1f us  %7.1f GB/s (graph %.1f us; CPU Quest "
           "select %.2f ms, not in the time)\n",
@@ -1599,21 +1585,7 @@ int run_bench(const char* json_path) {
       rows.push_back(cpu_row);
 
       // 1.5-entmax on the same selections (decode only; K bytes, as the dense entmax rows).
-      const double esus = time_us(kWarm, kIters, [&](int i) {
-        const int r = i % kQRot;
-        attn::DecodeArgs a = ent_args(r);
-        a.selection = &svs[r];
-        cuda::decode(a, launch);
-      });
-      ws.check(nullptr);
-      const double esgus = time_graph_us(kQRot, kWarm, kIters, [&](int r, cudaStream_t st) {
-        attn::DecodeArgs a = ent_args(r);
-        a.selection = &svs[r];
-        cuda::DecodeLaunch l = launch;
-        l.stream = st;
-        cuda::decode(a, l);
-      });
-      ws.check(nullptr);
+      const auto [esus, esgus] = time_decode(kQRot, [&](int r) { return sparse_args(r, true); });
       std::printf(
           "entmax sparse ctx=%7d B=%2d budget=%5d: %9.1f us (graph %.1f us); softmax %.1f us "
           "(graph %.1f): %.2fx (graph %.2fx)\n",
