@@ -192,10 +192,13 @@ TEST(LocalShard, HoldsEachPageOnceWithItsKeysAndSummaries) {
             const std::size_t row = dtype_size(c.dtype) * c.d;
             for (int h = 0; h < c.Hkv; ++h) {
               for (int t = 0; t < len; ++t) {
-                ASSERT_EQ(std::memcmp(static_cast<const char*>(g.k) + g.offset(gp, h, t) * dtype_size(c.dtype),
-                                      static_cast<const char*>(l.k) + l.offset(pl, h, t) * dtype_size(c.dtype), row), 0);
-                ASSERT_EQ(std::memcmp(static_cast<const char*>(g.v) + g.offset(gp, h, t) * dtype_size(c.dtype),
-                                      static_cast<const char*>(l.v) + l.offset(pl, h, t) * dtype_size(c.dtype), row), 0);
+                for (const bool values : {false, true}) {
+                  const auto* gsrc = static_cast<const char*>(values ? g.v : g.k);
+                  const auto* lsrc = static_cast<const char*>(values ? l.v : l.k);
+                  ASSERT_EQ(std::memcmp(gsrc + g.offset(gp, h, t) * dtype_size(c.dtype),
+                                        lsrc + l.offset(pl, h, t) * dtype_size(c.dtype), row),
+                            0);
+                }
               }
               // Quest bounds need the min/max bit for bit.
               ASSERT_EQ(std::memcmp(gs.min + gs.at(gp, h), ls.min + ls.at(pl, h), 4 * c.d), 0);
@@ -266,8 +269,8 @@ TEST(DistSelect, EqualsSingleRankQuestSelectForOneToEightRanks) {
         const SelectionStorage want = single_select(s, policy);
         const SelectionStorage got = dist_select(s, shards, policy);
         ASSERT_EQ(got.max_per_head, want.max_per_head) << describe(c) << " R " << R;
-        ASSERT_EQ(got.ids, want.ids) << describe(c) << " R " << R << " budget "
-                                     << policy.budget_pages;
+        ASSERT_EQ(got.ids, want.ids)
+            << describe(c) << " R " << R << " budget " << policy.budget_pages;
         ASSERT_EQ(got.count, want.count);
         ++compared;
       }
@@ -357,7 +360,7 @@ DecodeRun dist_decode(const SelCase& s, const std::vector<LocalShard>& shards, M
 }
 
 struct Reference {
-  std::vector<double> out, stat;    // f64 reference
+  std::vector<double> out, stat;     // f64 reference
   std::vector<float> single, sstat;  // single-rank attn::decode
 };
 
@@ -418,11 +421,21 @@ void check_against_single(const SelCase& s, const std::vector<LocalShard>& shard
   }
 }
 
+void check_dense_and_sparse(const SelCase& s, const std::vector<LocalShard>& shards,
+                            Mapping mapping, const select::TopkPolicy& policy,
+                            const dist::EntmaxTauConfig& tau, const std::string& what,
+                            Worst& worst) {
+  const std::string m = mapping.is_entmax() ? " alpha " + std::to_string(mapping.alpha) : "";
+  check_against_single(s, shards, mapping, nullptr, tau, what + m + " dense", worst);
+  check_against_single(s, shards, mapping, &policy, tau, what + m + " sparse", worst);
+}
+
 void report(const char* name, const Worst& w) {
-  std::printf("%s: %d runs, worst out rel err %.3g, lse/tau err %.3g, max collectives %lld, "
-              "max tau rounds %d, fallback heads %d\n",
-              name, w.runs, w.out, w.stat, static_cast<long long>(w.max_collectives),
-              w.max_rounds, w.fallback_heads);
+  std::printf(
+      "%s: %d runs, worst out rel err %.3g, lse/tau err %.3g, max collectives %lld, "
+      "max tau rounds %d, fallback heads %d\n",
+      name, w.runs, w.out, w.stat, static_cast<long long>(w.max_collectives), w.max_rounds,
+      w.fallback_heads);
 }
 
 TEST(DistDecode, SoftmaxDenseAndSparseEqualSingleRankInTwoCollectives) {
@@ -434,9 +447,8 @@ TEST(DistDecode, SoftmaxDenseAndSparseEqualSingleRankInTwoCollectives) {
     for (int R = 1; R <= 8; ++R) {
       const std::vector<LocalShard> shards = shard_all(s, R);
       const select::TopkPolicy policy = policy_of(i + R, 1000);
-      const std::string what = describe(c) + " R " + std::to_string(R);
-      check_against_single(s, shards, Mapping::softmax(), nullptr, {}, what + " dense", worst);
-      check_against_single(s, shards, Mapping::softmax(), &policy, {}, what + " sparse", worst);
+      check_dense_and_sparse(s, shards, Mapping::softmax(), policy, {},
+                             describe(c) + " R " + std::to_string(R), worst);
     }
   }
   report("softmax", worst);
@@ -456,12 +468,8 @@ TEST(DistDecode, EntmaxDenseAndSparseEqualSingleRankInThreeCollectives) {
       for (int R = 1; R <= 8; ++R) {
         const std::vector<LocalShard> shards = shard_all(s, R);
         const select::TopkPolicy policy = policy_of(i + 2 * R, 1000);
-        const std::string what =
-            describe(c) + " R " + std::to_string(R) + " alpha " + std::to_string(alpha);
-        check_against_single(s, shards, Mapping::entmax(alpha), nullptr, tau, what + " dense",
-                             worst);
-        check_against_single(s, shards, Mapping::entmax(alpha), &policy, tau, what + " sparse",
-                             worst);
+        check_dense_and_sparse(s, shards, Mapping::entmax(alpha), policy, tau,
+                               describe(c) + " R " + std::to_string(R), worst);
       }
     }
   }
@@ -484,16 +492,13 @@ TEST(DistDecode, EntmaxFallbackRoundsGiveTheSameResult) {
         tau.batch = i % 3 == 0 ? 8 : 32;
         const std::vector<LocalShard> shards = shard_all(s, R);
         const select::TopkPolicy policy = policy_of(i + R, 1000);
-        const std::string what =
-            describe(c) + " R " + std::to_string(R) + " alpha " + std::to_string(alpha);
-        check_against_single(s, shards, Mapping::entmax(alpha), nullptr, tau, what + " dense",
-                             worst);
-        check_against_single(s, shards, Mapping::entmax(alpha), &policy, tau, what + " sparse",
-                             worst);
+        check_dense_and_sparse(s, shards, Mapping::entmax(alpha), policy, tau,
+                               describe(c) + " R " + std::to_string(R), worst);
       }
     }
-    report(alpha == 1.5 ? "entmax 1.5 fallback" : alpha == 2.0 ? "entmax 2 fallback"
-                                                                : "entmax 1.25 fallback",
+    report(alpha == 1.5   ? "entmax 1.5 fallback"
+           : alpha == 2.0 ? "entmax 2 fallback"
+                          : "entmax 1.25 fallback",
            worst);
     EXPECT_GT(worst.fallback_heads, 0);
     EXPECT_LE(worst.max_rounds, 12);
@@ -521,7 +526,8 @@ TEST(DistTau, EqualsTheThresholdOfTheConcatenation) {
           std::vector<std::vector<double>> cand(heads);
           for (int i = 0; i < heads; ++i) {
             std::vector<float> mine;  // a strided share of the scores
-            for (std::size_t t = comm.rank(); t < scores[i].size(); t += R) mine.push_back(scores[i][t]);
+            for (std::size_t t = comm.rank(); t < scores[i].size(); t += R)
+              mine.push_back(scores[i][t]);
             attn::append_local_candidates(mine, alpha, cand[i]);
           }
           got[comm.rank()].resize(heads);
@@ -531,7 +537,8 @@ TEST(DistTau, EqualsTheThresholdOfTheConcatenation) {
         });
         for (int i = 0; i < heads; ++i) {
           // Exact solvers agree to rounding; the bisection fallback of alpha 1.7 to 1e-9.
-          const double tol = (alpha == 1.7 && cap < 1000 ? 2e-9 : 1e-12) * std::max(1.0, std::fabs(want[i]));
+          const double tol =
+              (alpha == 1.7 && cap < 1000 ? 2e-9 : 1e-12) * std::max(1.0, std::fabs(want[i]));
           EXPECT_NEAR(got[0][i], want[i], tol) << "alpha " << alpha << " cap " << cap << " R " << R;
           for (int r = 1; r < R; ++r) EXPECT_EQ(got[r][i], got[0][i]);
         }

@@ -18,8 +18,8 @@ namespace masskv::dist {
 namespace {
 
 void check_gather(std::size_t send, std::size_t recv, int size) {
-  require(recv == send * static_cast<std::size_t>(size), ErrorCode::shape_mismatch, "recv",
-          "has ", recv, " values, expected size() * send = ", size, " * ", send);
+  require(recv == send * static_cast<std::size_t>(size), ErrorCode::shape_mismatch, "recv", "has ",
+          recv, " values, expected size() * send = ", size, " * ", send);
 }
 
 }  // namespace
@@ -148,7 +148,8 @@ void reduce_in_rank_order(const std::vector<const void*>& bufs, std::size_t n, R
   std::memcpy(acc, bufs[0], n * sizeof(T));
   for (std::size_t r = 1; r < bufs.size(); ++r) {
     const T* x = static_cast<const T*>(bufs[r]);
-    for (std::size_t i = 0; i < n; ++i) acc[i] = op == ReduceOp::sum ? acc[i] + x[i] : std::max(acc[i], x[i]);
+    for (std::size_t i = 0; i < n; ++i)
+      acc[i] = op == ReduceOp::sum ? acc[i] + x[i] : std::max(acc[i], x[i]);
   }
 }
 

@@ -16,11 +16,7 @@ namespace {
 
 void check_args(const Communicator& comm, const DecodeArgs& a) {
   using enum ErrorCode;
-  require(a.shard != nullptr, invalid_argument, "shard", "must not be null");
-  const LocalShard& sh = *a.shard;
-  require(sh.sharding().ranks == comm.size() && sh.rank() == comm.rank(), invalid_argument, "comm",
-          "rank ", comm.rank(), " of ", comm.size(), " holds shard ", sh.rank(), " of ",
-          sh.sharding().ranks);
+  const LocalShard& sh = checked_shard(a.shard, comm.rank(), comm.size());
   a.mapping.validate();
   const int B = static_cast<int>(sh.shapes().size()), d = sh.head_dim();
   const auto check_view = [&](const auto& v, const char* name) {
@@ -66,7 +62,8 @@ void local_selection(const LocalShard& sh, const SelectionView& global, Selectio
   for (int lb = 0; lb < LB; ++lb) {
     for (int h = 0; h < H; ++h) {
       int n = 0;
-      for (const std::int32_t j : global.list(sh.local_batch()[lb], h)) n += s.owner(j) == sh.rank();
+      for (const std::int32_t j : global.list(sh.local_batch()[lb], h))
+        n += s.owner(j) == sh.rank();
       most = std::max(most, n);
     }
   }

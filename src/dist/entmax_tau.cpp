@@ -79,7 +79,8 @@ double chord(const Bracket& br) {
 // Points of a round: both ends and K - 2 interior points in the first round (the ends' stats
 // are unknown), K interior points afterwards.
 double point(const Bracket& br, bool first, int k, int K) {
-  return first ? br.lo + (br.hi - br.lo) * k / (K - 1) : br.lo + (br.hi - br.lo) * (k + 1) / (K + 1);
+  return first ? br.lo + (br.hi - br.lo) * k / (K - 1)
+               : br.lo + (br.hi - br.lo) * (k + 1) / (K + 1);
 }
 
 void fallback_rounds(Communicator& comm, std::span<const std::vector<double>> candidates,

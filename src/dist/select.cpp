@@ -15,11 +15,7 @@ using select::detail::TopkSplit;
 
 void check_args(const Communicator& comm, const QuestSelectArgs& a) {
   using enum ErrorCode;
-  require(a.shard != nullptr, invalid_argument, "shard", "must not be null");
-  const LocalShard& sh = *a.shard;
-  require(sh.sharding().ranks == comm.size() && sh.rank() == comm.rank(), invalid_argument, "comm",
-          "rank ", comm.rank(), " of ", comm.size(), " holds shard ", sh.rank(), " of ",
-          sh.sharding().ranks);
+  const LocalShard& sh = checked_shard(a.shard, comm.rank(), comm.size());
   const int B = static_cast<int>(sh.shapes().size());
   require(a.q.data != nullptr, invalid_argument, "q", "null query");
   require(a.q.n0 == B, shape_mismatch, "q", "has ", a.q.n0, " sequences, the shard ", B);

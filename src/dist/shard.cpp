@@ -83,4 +83,12 @@ LocalShard::LocalShard(const kv::PagedKVView& global, int rank, int ranks)
   }
 }
 
+const LocalShard& checked_shard(const LocalShard* shard, int comm_rank, int comm_size) {
+  require(shard != nullptr, ErrorCode::invalid_argument, "shard", "must not be null");
+  require(shard->sharding().ranks == comm_size && shard->rank() == comm_rank,
+          ErrorCode::invalid_argument, "comm", "rank ", comm_rank, " of ", comm_size,
+          " holds shard ", shard->rank(), " of ", shard->sharding().ranks);
+  return *shard;
+}
+
 }  // namespace masskv::dist

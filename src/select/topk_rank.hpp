@@ -70,9 +70,8 @@ inline int write_topk(const TopkSplit& split, int n, std::vector<std::uint64_t>&
   for (int j = 0; j < split.sinks && j < split.window; ++j) out[w++] = j;
   if (split.need > 0) {
     keep_best(keys, static_cast<std::size_t>(split.need));
-    std::sort(keys.begin(), keys.end(), [](std::uint64_t x, std::uint64_t y) {
-      return topk_key_page(x) < topk_key_page(y);
-    });
+    std::sort(keys.begin(), keys.end(),
+              [](std::uint64_t x, std::uint64_t y) { return topk_key_page(x) < topk_key_page(y); });
     for (const std::uint64_t key : keys) out[w++] = topk_key_page(key);
   }
   for (int j = split.window; j < n; ++j) out[w++] = j;

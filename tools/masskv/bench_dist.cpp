@@ -9,8 +9,8 @@
 #include <chrono>
 #include <cmath>
 #include <memory>
-#include <random>
 #include <nlohmann/json.hpp>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -110,8 +110,8 @@ void run_dist(const DistOptions& opt) {
           a.impl = attn::Impl::simd;
           attn::decode(a);
 
-          Row row{context, R, mapping.is_entmax() ? fmt::format("entmax {}", mapping.alpha)
-                                                 : "softmax",
+          Row row{context, R,
+                  mapping.is_entmax() ? fmt::format("entmax {}", mapping.alpha) : "softmax",
                   sparse ? fmt::format("quest {}", opt.budget) : "dense"};
           const auto t0 = std::chrono::steady_clock::now();
           dist::run_in_process(R, [&](dist::Communicator& comm) {
@@ -139,9 +139,9 @@ void run_dist(const DistOptions& opt) {
               row.fallback_heads = ds.fallback_heads;
             }
           });
-          row.step_us = std::chrono::duration<double, std::micro>(
-                            std::chrono::steady_clock::now() - t0)
-                            .count();
+          row.step_us =
+              std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0)
+                  .count();
           row.rel_diff = rel_diff(got, want);
           rows.push_back(row);
         }
@@ -149,8 +149,9 @@ void run_dist(const DistOptions& opt) {
     }
   }
 
-  fmt::print("| context | ranks | attention | mode | collectives | sent B/rank | received B/rank "
-             "| tau rounds | fallback heads | max rel diff vs 1 rank | step µs (threads) |\n");
+  fmt::print(
+      "| context | ranks | attention | mode | collectives | sent B/rank | received B/rank "
+      "| tau rounds | fallback heads | max rel diff vs 1 rank | step µs (threads) |\n");
   fmt::print("| ---: | ---: | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n");
   for (const Row& r : rows) {
     fmt::print("| {} | {} | {} | {} | {} | {} | {} | {} | {} | {:.2g} | {:.0f} |\n", r.context,
@@ -160,11 +161,17 @@ void run_dist(const DistOptions& opt) {
   if (!opt.json_path.empty()) {
     nlohmann::json j = nlohmann::json::array();
     for (const Row& r : rows) {
-      j.push_back({{"context", r.context}, {"ranks", r.ranks}, {"attention", r.attention},
-                   {"mode", r.mode}, {"collectives", r.collectives},
-                   {"bytes_sent", r.bytes_sent}, {"bytes_received", r.bytes_received},
-                   {"tau_rounds", r.tau_rounds}, {"fallback_heads", r.fallback_heads},
-                   {"rel_diff", r.rel_diff}, {"step_us", r.step_us}});
+      j.push_back({{"context", r.context},
+                   {"ranks", r.ranks},
+                   {"attention", r.attention},
+                   {"mode", r.mode},
+                   {"collectives", r.collectives},
+                   {"bytes_sent", r.bytes_sent},
+                   {"bytes_received", r.bytes_received},
+                   {"tau_rounds", r.tau_rounds},
+                   {"fallback_heads", r.fallback_heads},
+                   {"rel_diff", r.rel_diff},
+                   {"step_us", r.step_us}});
     }
     auto f = fmt::output_file(opt.json_path);
     f.print("{}\n", j.dump(2));

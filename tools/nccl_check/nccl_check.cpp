@@ -138,15 +138,17 @@ int main(int argc, char** argv) {
     for (int r = 0; r < R; ++r) {
       const Result& x = nccl[static_cast<std::size_t>(r)];
       const bool sel_ok = x.sel.ids == want_sel.ids && x.sel.count == want_sel.count;
-      const double e = rel_diff(x.out, want), e_in = rel_diff(x.out, inproc[static_cast<std::size_t>(r)].out);
+      const double e = rel_diff(x.out, want),
+                   e_in = rel_diff(x.out, inproc[static_cast<std::size_t>(r)].out);
       const bool ok = sel_ok && e <= 2e-5;
       failures += !ok;
-      std::printf("%s alpha %.2g rank %d/%d: selection %s, out rel diff vs single rank %.3g, vs "
-                  "in-process %.3g, collectives %lld, bytes sent %lld received %lld: %s\n",
-                  mapping.is_entmax() ? "entmax" : "softmax", mapping.alpha, r, R,
-                  sel_ok ? "equal" : "DIFFERS", e, e_in, static_cast<long long>(x.stats.collectives),
-                  static_cast<long long>(x.stats.bytes_sent),
-                  static_cast<long long>(x.stats.bytes_received), ok ? "ok" : "FAIL");
+      std::printf(
+          "%s alpha %.2g rank %d/%d: selection %s, out rel diff vs single rank %.3g, vs "
+          "in-process %.3g, collectives %lld, bytes sent %lld received %lld: %s\n",
+          mapping.is_entmax() ? "entmax" : "softmax", mapping.alpha, r, R,
+          sel_ok ? "equal" : "DIFFERS", e, e_in, static_cast<long long>(x.stats.collectives),
+          static_cast<long long>(x.stats.bytes_sent),
+          static_cast<long long>(x.stats.bytes_received), ok ? "ok" : "FAIL");
     }
   }
   std::printf("%s\n", failures ? "FAIL" : "PASS");

@@ -28,7 +28,7 @@ struct EntmaxTauConfig {
 };
 
 struct DecodeArgs {
-  View3<const float> q;              // [B][Hq][d], the whole batch, identical on every rank
+  View3<const float> q;               // [B][Hq][d], the whole batch, identical on every rank
   const LocalShard* shard = nullptr;  // this rank's pages
   Mapping mapping = Mapping::softmax();
   float scale = 0;  // 0 means 1/sqrt(d)

@@ -12,9 +12,9 @@
 namespace masskv::dist {
 
 struct QuestSelectArgs {
-  View3<const float> q;              // [B][Hq][d], the whole batch, identical on every rank
+  View3<const float> q;               // [B][Hq][d], the whole batch, identical on every rank
   const LocalShard* shard = nullptr;  // this rank's pages
-  float scale = 0;                   // 0 means 1/sqrt(d)
+  float scale = 0;                    // 0 means 1/sqrt(d)
   select::TopkPolicy policy;
 };
 

@@ -77,4 +77,8 @@ class LocalShard {
   std::vector<int> local_batch_, local_of_;
 };
 
+// The shard a rank passes to a collective stage: not null and made for this rank of this
+// many ranks. Throws Error naming "shard" or "comm".
+const LocalShard& checked_shard(const LocalShard* shard, int comm_rank, int comm_size);
+
 }  // namespace masskv::dist
