@@ -9,6 +9,7 @@
 #include <numeric>
 
 #include "masskv/error.hpp"
+#include "masskv/kv/int4_keys.hpp"
 #include "masskv/select/diagnostics.hpp"
 #include "masskv/select/selector.hpp"
 #include "select/gaussian_model.hpp"
@@ -136,6 +137,7 @@ struct Scratch {
   std::vector<std::int32_t> lists;  // [g][depth]
   std::vector<std::size_t> cursor;
   std::vector<double> eps, thr, zeros;
+  std::vector<double> qs, qp;  // quant_keys: token scores and probabilities
   static Scratch& get() {
     thread_local Scratch s;
     return s;
@@ -355,6 +357,31 @@ void bound_masses(const Context& X, const Group& G, const float* U, double* out)
   normalise_log(std::span<double>(out, static_cast<std::size_t>(G.pages)));
 }
 
+// Page masses of one q head from scores on the INT4 selector keys of every token (§2.9):
+// softmax or entmax of the approximate scores, summed per page. The scores are computed on
+// the nibbles (int4::dot_row); no dequantised key is stored.
+void quant_key_masses(const Context& X, const Group& G, int i, Scratch& S, double* w) {
+  const kv::SelectorKeysView& K = X.a.selector_keys;
+  const float* q = qrow(X, G.b, G.h * X.gsize + i);
+  S.qs.clear();
+  for (int j = 0; j < G.pages; ++j) {
+    const int len = X.a.cache.table.page_len(G.b, j, G.page_size);
+    for (int slot = 0; slot < len; ++slot) {
+      S.qs.push_back(static_cast<double>(X.scale) *
+                     kv::int4::dot_row(q, K.row(G.phys[j], G.h, slot),
+                                       K.row_scales(G.phys[j], G.h, slot), X.d));
+    }
+  }
+  S.qp.resize(S.qs.size());
+  if (X.c.mapping.is_entmax()) {
+    entmax(std::span<const double>(S.qs), X.c.mapping.alpha, std::span<double>(S.qp));
+  } else {
+    softmax(std::span<const double>(S.qs), std::span<double>(S.qp));
+  }
+  std::fill(w, w + G.pages, 0.0);
+  for (std::size_t t = 0; t < S.qp.size(); ++t) w[t / static_cast<std::size_t>(G.page_size)] += S.qp[t];
+}
+
 // Everything of one group but the kept items (already in S.in): rankings, masses, rule, fill.
 void select_group(const Context& X, const Group& G, Scratch& S, int& count, int cap,
                   double* estimate, std::uint8_t& certified) {
@@ -419,13 +446,16 @@ void select_group(const Context& X, const Group& G, Scratch& S, int& count, int 
     } else {  // top_p, gaussian_tau: the §2.4 page model
       S.cnt.resize(static_cast<std::size_t>(n));
       for (int j = 0; j < n; ++j) S.cnt[j] = X.a.summaries.count[G.phys[j]];
-      const bool gaussian = c.mass_source == MassSource::page_gaussian;
+      const bool gaussian = c.mass_source != MassSource::page_mean;
+      const bool quant = method == Method::top_p && c.mass_source == MassSource::quant_keys;
       if (method == Method::gaussian_tau) S.eligible.assign(ng, 0);
       for (int i = 0; i < g; ++i) {
-        const double* m = head_row(X.m, X, G, i);
-        const double* v = head_row(X.v, X, G, i);
+        const double* m = quant ? nullptr : head_row(X.m, X, G, i);
+        const double* v = quant ? nullptr : head_row(X.v, X, G, i);
         double* w = need_mass ? mass(i) : nullptr;
-        if (!c.mapping.is_entmax()) {
+        if (quant) {
+          quant_key_masses(X, G, i, S, w);
+        } else if (!c.mapping.is_entmax()) {
           for (int j = 0; j < n; ++j) {
             w[j] = std::log(std::max(S.cnt[j], 1.0)) + m[j] + (gaussian ? 0.5 * v[j] : 0.0);
           }
@@ -608,6 +638,14 @@ void check_args(const SelectArgs& a, const SelectorConfig& c) {
           invalid_argument, "budget", "a fixed budget needs tokens > 0");
   require(!c.oracle_tokens || c.method == Method::oracle, invalid_argument, "oracle_tokens",
           "token granularity is the oracle's only");
+  if (c.method == Method::top_p && c.mass_source == MassSource::quant_keys) {
+    const kv::SelectorKeysView& k = a.selector_keys;
+    require(!k.empty() && k.scales != nullptr, invalid_argument, "selector_keys",
+            "MassSource::quant_keys needs the cache's INT4 selector keys");
+    require(k.num_pages == a.cache.num_pages && k.num_kv_heads == a.cache.num_kv_heads &&
+                k.head_dim == a.cache.head_dim && k.page_size == a.cache.page_size,
+            shape_mismatch, "selector_keys", "shape differs from the cache's");
+  }
 }
 
 }  // namespace
@@ -640,7 +678,8 @@ void run_selector(const SelectArgs& args, const SelectorConfig& config, SelectOu
     X.bounds = bounds.data();
     X.wmax = want_w ? wmax.data() : nullptr;
   }
-  if (method == Method::top_p || method == Method::gaussian_tau) {
+  const bool quant = method == Method::top_p && config.mass_source == MassSource::quant_keys;
+  if ((method == Method::top_p && !quant) || method == Method::gaussian_tau) {
     mom_m.resize(nnz * X.Hq);
     mom_v.resize(nnz * X.Hq);
     detail::all_page_moments(args.summaries, t, args.q, X.scale, mom_m.data(), mom_v.data());
