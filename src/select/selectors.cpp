@@ -4,6 +4,7 @@
 // group's shared selection (GQA rule of selector.hpp). entmax_support has its own loop
 // because its ranking moves with tau(S).
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <limits>
 #include <numeric>
@@ -348,11 +349,22 @@ int grow_support(const Context& X, const Group& G, Scratch& S, int count, int ca
   }
 }
 
+// log(n) of a page count: counts are at most the page size (<= 256) in any cache we make, so
+// a table of std::log's values saves a log per page and head.
+double log_count(double n) {
+  static const std::array<double, 257> table = [] {
+    std::array<double, 257> t{};
+    for (std::size_t i = 0; i < t.size(); ++i) t[i] = std::log(static_cast<double>(i));
+    return t;
+  }();
+  return n >= 0 && n <= 256 && n == std::floor(n) ? table[static_cast<std::size_t>(n)] : std::log(n);
+}
+
 // Normalised bound pseudo-masses n_j e^{U_j} of one head (quest, entmax_support).
 void bound_masses(const Context& X, const Group& G, const float* U, double* out) {
   const std::int32_t* cnt = X.a.summaries.count;
   for (int j = 0; j < G.pages; ++j) {
-    out[j] = std::log(static_cast<double>(cnt[G.phys[j]])) + static_cast<double>(U[j]);
+    out[j] = log_count(static_cast<double>(cnt[G.phys[j]])) + static_cast<double>(U[j]);
   }
   normalise_log(std::span<double>(out, static_cast<std::size_t>(G.pages)));
 }
@@ -457,7 +469,7 @@ void select_group(const Context& X, const Group& G, Scratch& S, int& count, int 
           quant_key_masses(X, G, i, S, w);
         } else if (!c.mapping.is_entmax()) {
           for (int j = 0; j < n; ++j) {
-            w[j] = std::log(std::max(S.cnt[j], 1.0)) + m[j] + (gaussian ? 0.5 * v[j] : 0.0);
+            w[j] = log_count(std::max(S.cnt[j], 1.0)) + m[j] + (gaussian ? 0.5 * v[j] : 0.0);
           }
           normalise_log(std::span<double>(w, static_cast<std::size_t>(n)));
         } else {
