@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <tuple>
 
 #include "core/cpu_features.hpp"
 #include "masskv/error.hpp"
@@ -162,35 +163,29 @@ void GaussianPages::assign(std::span<const double> m, std::span<const double> v,
   cull(lo_);
 }
 
+namespace {
+
+// Keeps, in order, the entries j of every array for which keep(j) holds.
+template <class Keep, class... Arrays>
+void keep_if(Keep keep, Arrays&... arrays) {
+  const std::size_t n = std::get<0>(std::tie(arrays...)).size();
+  std::size_t k = 0;
+  for (std::size_t j = 0; j < n; ++j) {
+    if (keep(j)) {
+      ((arrays[k] = arrays[j]), ...);
+      ++k;
+    }
+  }
+  (arrays.resize(k), ...);
+}
+
+}  // namespace
+
 void GaussianPages::cull(double lo) {
   culled_at_ = lo;
   const double limit = kind_ == 0 ? kQuadratureCull : kClosedCull;
-  std::size_t k = 0;
-  for (std::size_t j = 0; j < a_.size(); ++j) {
-    if (a_[j] - lo >= -limit * b_[j]) {
-      a_[k] = a_[j];
-      b_[k] = b_[j];
-      n_[k] = n_[j];
-      idx_[k] = idx_[j];
-      ++k;
-    }
-  }
-  a_.resize(k);
-  b_.resize(k);
-  n_.resize(k);
-  idx_.resize(k);
-  k = 0;
-  for (std::size_t j = 0; j < pa_.size(); ++j) {
-    if (pa_[j] > lo) {
-      pa_[k] = pa_[j];
-      pn_[k] = pn_[j];
-      pidx_[k] = pidx_[j];
-      ++k;
-    }
-  }
-  pa_.resize(k);
-  pn_.resize(k);
-  pidx_.resize(k);
+  keep_if([&](std::size_t j) { return a_[j] - lo >= -limit * b_[j]; }, a_, b_, n_, idx_);
+  keep_if([&](std::size_t j) { return pa_[j] > lo; }, pa_, pn_, pidx_);
 }
 
 void GaussianPages::evaluate(double tau, double& f, double& df) {

@@ -108,7 +108,8 @@ void exact_scores(const kv::PagedKVView& cache, int b, int kv_head, const float*
 // Gaussian page model (§2.4): the expected entmax mass E[((alpha-1)X - tau)_+^{1/(alpha-1)}]
 // of X ~ N(m, v); closed forms for alpha 2 and 1.5, Gauss–Hermite quadrature otherwise.
 double gaussian_entmax_mass(double m, double v, double alpha, double tau);
-// tau_hat solving sum_j n_j E_j(tau) = 1 by bisection on the §2.1 bracket of the means.
+// tau_hat solving sum_j n_j E_j(tau) = 1: Newton steps on (sum_j n_j E_j)^(alpha-1), kept in
+// the §2.1 bracket of the means (bisection when a step leaves it), to 1e-10 of max(1, |tau|).
 double gaussian_tau_hat(std::span<const double> m, std::span<const double> v,
                         std::span<const double> n, double alpha);
 
