@@ -46,7 +46,10 @@ QuantizeQ8Fn best_quantize_q8() noexcept;
 // Integer dot kernels for the block-quantised types, or nullptr for the float types (f32, f16,
 // bf16 keep f32 activations). The scalar kernels form the same exact integer partial sums as
 // the AVX2 ones (lane l of a block: values 4l..4l+3) and combine them with the same fused
-// multiply-adds in the same order, so the two sets give the same bits.
+// multiply-adds in the same order, so the two sets give the same bits: activation block xb
+// folds into lane l of accumulator xb % kQ8Chains, the accumulators are added lane-wise as
+// (0 + 1) + (2 + 3), then the 8 lanes in simd::hsum's tree.
+inline constexpr std::size_t kQ8Chains = 4;
 Q8DotFn scalar_q8_dot(GgmlType type) noexcept;
 Q8DotFn avx2_q8_dot(GgmlType type) noexcept;  // call only when masskv::cpu::has_avx2()
 Q8DotFn best_q8_dot(GgmlType type) noexcept;

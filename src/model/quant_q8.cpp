@@ -3,8 +3,8 @@
 // The scalar kernels are written to give the AVX2 kernels' bits (quant_q8_avx2.cpp), so a test
 // can hold the two sets to equality: per block of 32 activations they form the same 8 exact
 // integer partial sums (lane l: values 4l..4l+3, times the group scale where the weight type
-// has one), fold each into lane l of an f32 accumulator with one fused multiply-add by
-// (weight scale * activation scale), and reduce the 8 lanes in simd::hsum's tree.
+// has one), fold each into lane l of one of kQ8Chains f32 accumulators with one fused
+// multiply-add by (weight scale * activation scale), and reduce them in the same order.
 #include <cfloat>
 #include <cmath>
 #include <cstring>
@@ -22,26 +22,36 @@ float f16_at(const std::uint8_t* p) {
   return f16_to_f32(f16{bits});
 }
 
-// The 8 lanes of the AVX2 kernels' f32 accumulator.
+// The AVX2 kernels' f32 accumulators: kQ8Chains of 8 lanes, plus one offset chain each.
 struct Lanes {
-  float v[8] = {};
+  float v[kQ8Chains][8] = {};
+  float off[kQ8Chains] = {};
 
-  // Lane l += scale * group_l * sum_{j=4l}^{4l+3} w_j q_j, with group_l = lo for lanes 0-3
-  // (values 0-15) and hi for lanes 4-7 (Q6_K's scales cover 16 values).
-  void add_block(const int* w, const std::int8_t* q, float scale, int lo = 1, int hi = 1) {
+  // Lane l of chain xb % kQ8Chains += scale * group_l * sum_{j=4l}^{4l+3} w_j q_j, with
+  // group_l = lo for lanes 0-3 (values 0-15) and hi for lanes 4-7 (Q6_K's scales cover 16).
+  void add_block(std::size_t xb, const int* w, const std::int8_t* q, float scale, int lo = 1,
+                 int hi = 1) {
+    float* acc = v[xb % kQ8Chains];
     for (int l = 0; l < 8; ++l) {
       int p = 0;
       for (int j = 4 * l; j < 4 * l + 4; ++j) p += w[j] * q[j];
       p *= l < 4 ? lo : hi;
-      v[l] = std::fma(scale, static_cast<float>(p), v[l]);
+      acc[l] = std::fma(scale, static_cast<float>(p), acc[l]);
     }
   }
+  void add_offset(std::size_t xb, float m, float sum_x) {
+    off[xb % kQ8Chains] = std::fma(m, sum_x, off[xb % kQ8Chains]);
+  }
 
-  float sum() const {  // simd::hsum's order
-    const float s4[4] = {v[0] + v[4], v[1] + v[5], v[2] + v[6], v[3] + v[7]};
+  float sum() const {  // (c0 + c1) + (c2 + c3) per lane, then simd::hsum's tree
+    float a[8];
+    for (int l = 0; l < 8; ++l) a[l] = (v[0][l] + v[1][l]) + (v[2][l] + v[3][l]);
+    const float s4[4] = {a[0] + a[4], a[1] + a[5], a[2] + a[6], a[3] + a[7]};
     return (s4[0] + s4[2]) + (s4[1] + s4[3]);
   }
+  float offsets() const { return (off[0] + off[1]) + (off[2] + off[3]); }
 };
+static_assert(kQ8Chains == 4);
 
 // ---- integer values of one weight block, in value order -----------------------------------
 
@@ -99,14 +109,13 @@ template <void (*Unpack)(const std::uint8_t*, Block32&), std::size_t Bytes, bool
 float dot_blocks32(const void* row, Q8View x, std::size_t n) {
   const auto* b = static_cast<const std::uint8_t*>(row);
   Lanes acc;
-  float off = 0.0f;
   Block32 blk;
   for (std::size_t i = 0; i < n / 32; ++i, b += Bytes) {
     Unpack(b, blk);
-    acc.add_block(blk.w, x.q + 32 * i, blk.d * x.d[i]);
-    if constexpr (Offset) off = std::fma(blk.m, x.sum[i], off);
+    acc.add_block(i, blk.w, x.q + 32 * i, blk.d * x.d[i]);
+    if constexpr (Offset) acc.add_offset(i, blk.m, x.sum[i]);
   }
-  if constexpr (Offset) return acc.sum() + off;
+  if constexpr (Offset) return acc.sum() + acc.offsets();
   return acc.sum();
 }
 
@@ -164,7 +173,8 @@ float q8_dot_q8_0_scalar(const void* row, Q8View x, std::size_t n) {
 // their own (lane s), as in the AVX2 kernel.
 float q8_dot_q4_k_scalar(const void* row, Q8View x, std::size_t n) {
   const auto* b = static_cast<const std::uint8_t*>(row);
-  Lanes acc, mins;
+  Lanes acc;
+  float mins[8] = {};
   int w[32];
   for (std::size_t i = 0; i < n / qk_k; ++i, b += q4_k_bytes) {
     const float d = f16_at(b), dmin = f16_at(b + 2);
@@ -174,11 +184,12 @@ float q8_dot_q4_k_scalar(const void* row, Q8View x, std::size_t n) {
       const std::uint8_t* run = b + 16 + 32 * (s / 2);  // sub-block 2c: low nibbles of run c
       for (int l = 0; l < 32; ++l) w[l] = s % 2 == 0 ? run[l] & 0x0F : run[l] >> 4;
       const std::size_t xb = 8 * i + static_cast<std::size_t>(s);
-      acc.add_block(w, x.q + 32 * xb, d * x.d[xb], sc[s], sc[s]);
-      mins.v[s] = std::fma(dmin * static_cast<float>(mn[s]), x.sum[xb], mins.v[s]);
+      acc.add_block(xb, w, x.q + 32 * xb, d * x.d[xb], sc[s], sc[s]);
+      mins[s] = std::fma(dmin * static_cast<float>(mn[s]), x.sum[xb], mins[s]);
     }
   }
-  return acc.sum() - mins.sum();
+  const float m4[4] = {mins[0] + mins[4], mins[1] + mins[5], mins[2] + mins[6], mins[3] + mins[7]};
+  return acc.sum() - ((m4[0] + m4[2]) + (m4[1] + m4[3]));  // simd::hsum's tree
 }
 
 // Q6_K: quarter k of half h (values 128h + 32k + l) takes the low bits from ql (nibble k / 2 of
@@ -201,7 +212,7 @@ float q8_dot_q6_k_scalar(const void* row, Q8View x, std::size_t n) {
           w[l] = (low4 | ((qh[l] >> (2 * k)) & 3) << 4) - 32;
         }
         const std::size_t xb = 8 * i + 4 * static_cast<std::size_t>(h) + static_cast<std::size_t>(k);
-        acc.add_block(w, x.q + 32 * xb, d * x.d[xb], sc[2 * k], sc[2 * k + 1]);
+        acc.add_block(xb, w, x.q + 32 * xb, d * x.d[xb], sc[2 * k], sc[2 * k + 1]);
       }
     }
   }
