@@ -79,53 +79,80 @@ static_assert(kQ8Chains == 4);
 struct Chains {
   __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(),
                    _mm256_setzero_ps()};
-  __m128 off[4] = {_mm_setzero_ps(), _mm_setzero_ps(), _mm_setzero_ps(), _mm_setzero_ps()};
 
   float sum() const {
     return hsum(_mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3])));
   }
-  float offsets() const {
-    return _mm_cvtss_f32(_mm_add_ss(_mm_add_ss(off[0], off[1]), _mm_add_ss(off[2], off[3])));
-  }
 };
 
-// Calls step(i, acc, off) for blocks i < nb of `bytes` each from `row`, with the chain i % 4
-// (constant indices, so the accumulators stay in registers); prefetches per group of 4.
-template <class Step>
-void for_blocks(const std::uint8_t* row, std::size_t bytes, std::size_t nb, Chains& c, Step step) {
-  std::size_t i = 0;
-  for (; i + 4 <= nb; i += 4) {
-    prefetch_ahead(row + i * bytes, 4 * bytes);
-    step(i, c.acc[0], c.off[0]);
-    step(i + 1, c.acc[1], c.off[1]);
-    step(i + 2, c.acc[2], c.off[2]);
-    step(i + 3, c.acc[3], c.off[3]);
+// The f16 values at p + k * stride for k < 4 as 4 floats: gathered in a general register, so
+// the vector units convert 4 scales with one instruction.
+__m128 f16x4(const std::uint8_t* p, std::size_t stride) {
+  std::uint64_t v = 0;
+  for (std::size_t k = 0; k < 4; ++k) {
+    std::uint16_t h;
+    std::memcpy(&h, p + k * stride, 2);
+    v |= static_cast<std::uint64_t>(h) << (16 * k);
   }
-  if (i < nb) step(i, c.acc[0], c.off[0]);
-  if (i + 1 < nb) step(i + 1, c.acc[1], c.off[1]);
-  if (i + 2 < nb) step(i + 2, c.acc[2], c.off[2]);
+  return _mm_cvtph_ps(_mm_cvtsi64_si128(static_cast<long long>(v)));
+}
+
+// Lane k of v in all 8 lanes.
+template <int K>
+__m256 lane(__m128 v) {
+  return _mm256_broadcastss_ps(_mm_shuffle_ps(v, v, _MM_SHUFFLE(K, K, K, K)));
 }
 
 // Types with blocks of 32 (see dot_blocks32 in quant_q8.cpp): Weights(b) gives the block's 32
-// weight bytes, signed or unsigned per Signed; Offset: the type adds m * sum_x per block.
+// weight bytes, signed or unsigned per Signed; Offset: the type adds m * sum_x per block, lane
+// k of `off` being chain k. Blocks go in groups of 4 (one per chain) whose scales and offsets
+// are converted and multiplied 4 at a time; the per-lane roundings are the scalar kernel's.
 template <std::size_t Bytes, bool Signed, bool Offset, class Weights>
 float dot_blocks32(const void* row, Q8View x, std::size_t n, Weights weights) {
   const auto* base = static_cast<const std::uint8_t*>(row);
-  Chains c;
-  for_blocks(base, Bytes, n / 32, c, [&](std::size_t i, __m256& acc, __m128& off) {
-    const std::uint8_t* b = base + i * Bytes;
-    const __m256i w = weights(b);
+  const auto lanes = [&](std::size_t i) {
+    const __m256i w = weights(base + i * Bytes);
     const __m256i xq = load32(x.q + 32 * i);
-    if constexpr (Signed) {
-      acc = fold(acc, f16_at(b) * x.d[i], dot_ss(w, xq, ones16()));
-    } else {
-      acc = fold(acc, f16_at(b) * x.d[i], dot_us(w, xq, ones16()));
-    }
+    if constexpr (Signed) return dot_ss(w, xq, ones16());
+    return dot_us(w, xq, ones16());
+  };
+  Chains c;
+  __m128 off = _mm_setzero_ps();
+  const std::size_t nb = n / 32;
+  std::size_t i = 0;
+  for (; i + 4 <= nb; i += 4) {
+    const std::uint8_t* b = base + i * Bytes;
+    prefetch_ahead(b, 4 * Bytes);
+    const __m128 scale = _mm_mul_ps(f16x4(b, Bytes), _mm_loadu_ps(x.d + i));
+    c.acc[0] = _mm256_fmadd_ps(lane<0>(scale), _mm256_cvtepi32_ps(lanes(i)), c.acc[0]);
+    c.acc[1] = _mm256_fmadd_ps(lane<1>(scale), _mm256_cvtepi32_ps(lanes(i + 1)), c.acc[1]);
+    c.acc[2] = _mm256_fmadd_ps(lane<2>(scale), _mm256_cvtepi32_ps(lanes(i + 2)), c.acc[2]);
+    c.acc[3] = _mm256_fmadd_ps(lane<3>(scale), _mm256_cvtepi32_ps(lanes(i + 3)), c.acc[3]);
+    if constexpr (Offset) off = _mm_fmadd_ps(f16x4(b + 2, Bytes), _mm_loadu_ps(x.sum + i), off);
+  }
+  // The last nb % 4 blocks: chains 0.., offsets only into their own lanes (constant chain
+  // indices keep the accumulators in registers).
+  float m[4] = {}, sx[4] = {};
+  const auto tail = [&](std::size_t k, __m256& acc) {
+    if (i + k >= nb) return;
+    const std::uint8_t* b = base + (i + k) * Bytes;
+    acc = fold(acc, f16_at(b) * x.d[i + k], lanes(i + k));
     if constexpr (Offset) {
-      off = _mm_fmadd_ss(_mm_set_ss(f16_at(b + 2)), _mm_set_ss(x.sum[i]), off);
+      m[k] = f16_at(b + 2);
+      sx[k] = x.sum[i + k];
     }
-  });
-  if constexpr (Offset) return c.sum() + c.offsets();
+  };
+  tail(0, c.acc[0]);
+  tail(1, c.acc[1]);
+  tail(2, c.acc[2]);
+  if constexpr (Offset) {
+    const auto rem = static_cast<int>(nb - i);
+    const __m128 valid = _mm_castsi128_ps(
+        _mm_cmpgt_epi32(_mm_set1_epi32(rem), _mm_setr_epi32(0, 1, 2, 3)));
+    off = _mm_blendv_ps(off, _mm_fmadd_ps(_mm_loadu_ps(m), _mm_loadu_ps(sx), off), valid);
+    const __m128 pairs = _mm_add_ps(off, _mm_movehdup_ps(off));  // lanes 0, 2: o0+o1, o2+o3
+    return c.sum() + _mm_cvtss_f32(_mm_add_ss(pairs, _mm_movehl_ps(pairs, pairs)));
+  }
   return c.sum();
 }
 
