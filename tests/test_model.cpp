@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 #include <random>
 #include <set>
+#include <string_view>
 #include <vector>
 
 #include "core/cpu_features.hpp"
@@ -172,12 +173,15 @@ void expect_q8_decode_near_f32_decode(const char* name) {
   EXPECT_GT(mean, 0.01);
   EXPECT_LE(mean, 0.2);
   EXPECT_LE(worst, 1.5);
-  std::printf("[ q8 decode ] %s: %zu positions, top-1 equal %zu (%zu of %zu decisive), "
-              "|dlogit| mean %.3f max %.3f\n",
-              name, toks.size(), same, decisive_same, decisive, mean, worst);
+  std::printf(
+      "[ q8 decode ] %s: %zu positions, top-1 equal %zu (%zu of %zu decisive), "
+      "|dlogit| mean %.3f max %.3f\n",
+      name, toks.size(), same, decisive_same, decisive, mean, worst);
 }
 
-TEST(ModelForward, SmolLM2Q8DecodeStaysNearF32Decode) { expect_q8_decode_near_f32_decode("smollm2"); }
+TEST(ModelForward, SmolLM2Q8DecodeStaysNearF32Decode) {
+  expect_q8_decode_near_f32_decode("smollm2");
+}
 
 TEST(ModelForward, Gemma3Q8DecodeStaysNearF32Decode) {
   if (kSanitized) GTEST_SKIP() << "too slow under sanitizers; runs in the Release suite";
@@ -434,25 +438,27 @@ TEST(SessionDiagnostics, DeltaBoundsAreZeroWhenDenseAndPositiveWhenSparse) {
 // ---- llama.cpp agreement ------------------------------------------------------------------
 
 // llama.cpp (via llama-cpp-python) logits on the same GGUF. llama.cpp quantises the activations
-// to Q8 before every quantised dot product and uses an f16 GELU table. Our prefill keeps the
-// activations f32; our decode quantises them too, but its roundings are not llama.cpp's (nearly
-// equal inputs can round either way, and one step in a block with a large outlier is a large
-// change), so its noise adds to llama.cpp's instead of cancelling it. Either way our logits
-// differ from llama.cpp's by ~0.13-0.19 on average (logits of magnitude ~20-30) and up to
-// ~0.7; where llama.cpp's own top-2 gap is below that noise the argmax may flip. Checked for
-// the prefill logits and for token-by-token decode (Q8 activations) alike:
+// to Q8 before every quantised dot product and uses an f16 GELU table; our prefill keeps the
+// activations f32, so its logits differ from llama.cpp's by ~0.13-0.18 on average (logits of
+// magnitude ~20-30) and up to ~0.7; where llama.cpp's own top-2 gap is below that noise the
+// argmax may flip. Our decode quantises the activations too, but its roundings are not
+// llama.cpp's (nearly equal inputs round either way, and one step in a block with a large
+// outlier is a large change, so any change of f32 summation order reshuffles them): its noise
+// adds to llama.cpp's instead of cancelling it. Checked:
 //  - tokenizer ids identical;
-//  - top-1 equal at >= 99% of the decisive positions (llama.cpp's top-1/top-2 gap >= kTieGap)
-//    and at >= 95% of all positions;
-//  - our logit of each of llama.cpp's top-5 tokens within kLogitMax, mean within kLogitMean;
-//  - greedy continuations (decode) identical until the first step where the two choices are a
-//    near-tie in our logits (< kGreedyTieGap: a gap is the difference of two noisy logits, and
-//    the decode's Q8 noise and llama.cpp's both enter it); there they may part, and the check
-//    stops.
+//  - prefill logits: top-1 equal at >= 99% of the decisive positions (llama.cpp's top-1/top-2
+//    gap >= kTieGap) and at >= 95% of all positions; our logit of each of llama.cpp's top-5
+//    tokens within kLogitMax, mean within kLogitMean;
+//  - token-by-token decode logits (Q8 activations): the same at the decisive positions, with
+//    the logit bounds of two independent noises (x sqrt 2); the near-ties may go either way;
+//  - greedy continuations (decode with f32 activations, prefill's function) identical until
+//    the first step where the two choices are a near-tie in our logits (< kTieGap); there
+//    they may part, and the check stops. With Q8 activations the gap at such a step moves by
+//    up to ~1 between kernel versions, so the greedy check would only test the noise.
 constexpr double kTieGap = 0.25;
-constexpr double kGreedyTieGap = 0.5;
 constexpr double kLogitMax = 1.0;
 constexpr double kLogitMean = 0.2;
+constexpr double kTwoNoises = 1.4142135623730951;
 
 void expect_agrees_with_llamacpp(const std::string& name) {
   const Model* m = installed(name);
@@ -473,7 +479,7 @@ void expect_agrees_with_llamacpp(const std::string& name) {
   SessionOptions so;
   so.max_tokens = 512;
   const std::size_t V = static_cast<std::size_t>(m->config().n_vocab);
-  std::vector<float> prefilled, decoded;
+  std::vector<float> prefilled, decoded;  // decoded: Q8 activations (the default)
   {
     Session s(*m, so);
     s.prefill(ref_toks, {}, &prefilled);
@@ -505,17 +511,21 @@ void expect_agrees_with_llamacpp(const std::string& name) {
     const double agree_decisive = static_cast<double>(decisive_same) /
                                   static_cast<double>(std::max<std::size_t>(1, decisive));
     const double mean = sum / static_cast<double>(n_diff);
+    const bool q8 = std::string_view(path_name) == "decode";
     EXPECT_GE(agree_decisive, 0.99) << name << " " << path_name;
-    EXPECT_GE(agree, 0.95) << name << " " << path_name;
-    EXPECT_LE(worst, kLogitMax) << name << " " << path_name;
-    EXPECT_LE(mean, kLogitMean) << name << " " << path_name;
+    if (!q8) {
+      EXPECT_GE(agree, 0.95) << name << " " << path_name;
+    }
+    EXPECT_LE(worst, kLogitMax * (q8 ? kTwoNoises : 1.0)) << name << " " << path_name;
+    EXPECT_LE(mean, kLogitMean * (q8 ? kTwoNoises : 1.0)) << name << " " << path_name;
     std::printf(
         "[ llama.cpp ] %s %s: %zu positions, top-1 equal %.1f%% (%.1f%% of %zu decisive), "
         "|dlogit| mean %.3f max %.3f\n",
-        name.c_str(), path_name, ref_toks.size(), 100.0 * agree, 100.0 * agree_decisive,
-        decisive, mean, worst);
+        name.c_str(), path_name, ref_toks.size(), 100.0 * agree, 100.0 * agree_decisive, decisive,
+        mean, worst);
   }
 
+  so.decode_activations = Activations::f32;
   for (const auto& g : j["greedy"]) {
     const auto prompt = g["tokens"].get<std::vector<TokenId>>();
     const auto expect = g["continuation"].get<std::vector<TokenId>>();
@@ -530,14 +540,14 @@ void expect_agrees_with_llamacpp(const std::string& name) {
       if (t != expect[i]) {
         const double gap =
             logits[static_cast<std::size_t>(t)] - logits[static_cast<std::size_t>(expect[i])];
-        EXPECT_LT(gap, kGreedyTieGap) << name << " greedy from '" << g["prompt"].get<std::string>()
+        EXPECT_LT(gap, kTieGap) << name << " greedy from '" << g["prompt"].get<std::string>()
                                 << "' parts from llama.cpp at step " << i << " by " << gap;
         break;
       }
       if (i + 1 < expect.size()) gs.decode(t, logits);
     }
-    std::printf("[ llama.cpp ] %s greedy '%s': identical for %zu of %zu tokens\n", name.c_str(),
-                g["prompt"].get<std::string>().c_str(), i, expect.size());
+    std::printf("[ llama.cpp ] %s greedy (f32 decode) '%s': identical for %zu of %zu tokens\n",
+                name.c_str(), g["prompt"].get<std::string>().c_str(), i, expect.size());
   }
 }
 

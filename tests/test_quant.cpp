@@ -311,7 +311,8 @@ Q8Case random_q8(std::size_t n, std::mt19937& rng) {
   Q8Case c;
   c.x = random_activations(n, rng);
   quantize_q8(c.x.data(), n, c.xq);
-  for (std::size_t i = 0; i < n; ++i) c.xd.push_back(static_cast<double>(c.xq.d[i / 32]) * c.xq.q[i]);
+  for (std::size_t i = 0; i < n; ++i)
+    c.xd.push_back(static_cast<double>(c.xq.d[i / 32]) * c.xq.q[i]);
   return c;
 }
 
@@ -490,7 +491,8 @@ TEST(Matvec, MatchesFp64AndDoesNotDependOnThreadCount) {
         omp_set_num_threads(saved);
         std::vector<float> seen(x);  // the activations the row's dot product multiplies
         if (q8) {
-          for (std::size_t i = 0; i < cols; ++i) seen[i] = xq.d[i / 32] * static_cast<float>(xq.q[i]);
+          for (std::size_t i = 0; i < cols; ++i)
+            seen[i] = xq.d[i / 32] * static_cast<float>(xq.q[i]);
         }
         const std::size_t stride = row_bytes(type, cols);
         for (std::size_t r = 0; r < rows; ++r) {

@@ -342,8 +342,12 @@ static void forward(const Model& model, Session::Impl& s, std::span<const TokenI
       }
     }
     if (s.opt.capture) {
-      s.opt.capture({l, blk.pos0, static_cast<int>(n), {s.q.data(), n * Hq * D},
-                     {s.k.data(), n * Hkv * D}, {s.v.data(), n * Hkv * D}});
+      s.opt.capture({l,
+                     blk.pos0,
+                     static_cast<int>(n),
+                     {s.q.data(), n * Hq * D},
+                     {s.k.data(), n * Hkv * D},
+                     {s.v.data(), n * Hkv * D}});
     }
     (*s.caches)[sz(l)].append(s.seqs[sz(l)], std::span<const float>(s.k.data(), n * Hkv * D),
                               std::span<const float>(s.v.data(), n * Hkv * D), static_cast<int>(n));

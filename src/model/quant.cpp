@@ -272,8 +272,13 @@ struct KernelSet {
 template <void (*Decode)(const std::uint8_t*, float*), std::size_t QK, std::size_t Bytes>
 constexpr KernelSet blocked(GgmlType type, DotFn avx2, DequantFn avx2_dequant, Q8DotFn q8_dot,
                             Q8DotFn q8_avx2) {
-  return {type,         dequant_blocks<Decode, QK, Bytes>, dot_blocks<Decode, QK, Bytes>, avx2,
-          avx2_dequant, q8_dot,                            q8_avx2};
+  return {type,
+          dequant_blocks<Decode, QK, Bytes>,
+          dot_blocks<Decode, QK, Bytes>,
+          avx2,
+          avx2_dequant,
+          q8_dot,
+          q8_avx2};
 }
 
 // f32 has no AVX2 dequantiser: it is a copy.

@@ -211,7 +211,8 @@ float q8_dot_q6_k_scalar(const void* row, Q8View x, std::size_t n) {
           const int low4 = k < 2 ? low & 0x0F : low >> 4;
           w[l] = (low4 | ((qh[l] >> (2 * k)) & 3) << 4) - 32;
         }
-        const std::size_t xb = 8 * i + 4 * static_cast<std::size_t>(h) + static_cast<std::size_t>(k);
+        const std::size_t xb =
+            8 * i + 4 * static_cast<std::size_t>(h) + static_cast<std::size_t>(k);
         acc.add_block(xb, w, x.q + 32 * xb, d * x.d[xb], sc[2 * k], sc[2 * k + 1]);
       }
     }

@@ -64,10 +64,10 @@ __m256i fifth_bits(const std::uint8_t* qh_bytes) {
   std::uint32_t qh;
   std::memcpy(&qh, qh_bytes, 4);
   // Byte j takes byte j / 8 of qh (each 128-bit lane holds all 4), then tests bit j % 8.
-  const __m256i spread = _mm256_shuffle_epi8(
-      _mm256_set1_epi32(static_cast<int>(qh)),
-      _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2, 3,
-                       3, 3, 3, 3, 3, 3, 3));
+  const __m256i spread =
+      _mm256_shuffle_epi8(_mm256_set1_epi32(static_cast<int>(qh)),
+                          _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2,
+                                           2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3));
   const __m256i bit = _mm256_set1_epi64x(0x8040201008040201LL);
   const __m256i set = _mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit);
   return _mm256_and_si256(set, _mm256_set1_epi8(0x10));
@@ -147,8 +147,8 @@ float dot_blocks32(const void* row, Q8View x, std::size_t n, Weights weights) {
   tail(2, c.acc[2]);
   if constexpr (Offset) {
     const auto rem = static_cast<int>(nb - i);
-    const __m128 valid = _mm_castsi128_ps(
-        _mm_cmpgt_epi32(_mm_set1_epi32(rem), _mm_setr_epi32(0, 1, 2, 3)));
+    const __m128 valid =
+        _mm_castsi128_ps(_mm_cmpgt_epi32(_mm_set1_epi32(rem), _mm_setr_epi32(0, 1, 2, 3)));
     off = _mm_blendv_ps(off, _mm_fmadd_ps(_mm_loadu_ps(m), _mm_loadu_ps(sx), off), valid);
     const __m128 pairs = _mm_add_ps(off, _mm_movehdup_ps(off));  // lanes 0, 2: o0+o1, o2+o3
     return c.sum() + _mm_cvtss_f32(_mm_add_ss(pairs, _mm_movehl_ps(pairs, pairs)));
@@ -181,10 +181,11 @@ void quantize_q8_avx2(const float* x, std::size_t n, std::int8_t* q, float* d, f
     const __m256 id = _mm256_set1_ps(1.0f / db);
     __m256i qi[4];
     for (int g = 0; g < 4; ++g) {
-      qi[g] = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(v[g], id),
-                                                 _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+      qi[g] = _mm256_cvtps_epi32(
+          _mm256_round_ps(_mm256_mul_ps(v[g], id), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
     }
-    const __m256i s = _mm256_add_epi32(_mm256_add_epi32(qi[0], qi[1]), _mm256_add_epi32(qi[2], qi[3]));
+    const __m256i s =
+        _mm256_add_epi32(_mm256_add_epi32(qi[0], qi[1]), _mm256_add_epi32(qi[2], qi[3]));
     __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
     s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0x4E));
     s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0xB1));
@@ -206,13 +207,14 @@ float q8_dot_q4_0_avx2(const void* row, Q8View x, std::size_t n) {
 }
 
 float q8_dot_q4_1_avx2(const void* row, Q8View x, std::size_t n) {
-  return dot_blocks32<q4_1_bytes, false, true>(row, x, n,
-                                                                   [](const std::uint8_t* b) { return nibbles(b + 4); });
+  return dot_blocks32<q4_1_bytes, false, true>(
+      row, x, n, [](const std::uint8_t* b) { return nibbles(b + 4); });
 }
 
 float q8_dot_q5_0_avx2(const void* row, Q8View x, std::size_t n) {
   return dot_blocks32<q5_0_bytes, true, false>(row, x, n, [](const std::uint8_t* b) {
-    return _mm256_sub_epi8(_mm256_or_si256(nibbles(b + 6), fifth_bits(b + 2)), _mm256_set1_epi8(16));
+    return _mm256_sub_epi8(_mm256_or_si256(nibbles(b + 6), fifth_bits(b + 2)),
+                           _mm256_set1_epi8(16));
   });
 }
 
@@ -224,7 +226,7 @@ float q8_dot_q5_1_avx2(const void* row, Q8View x, std::size_t n) {
 
 float q8_dot_q8_0_avx2(const void* row, Q8View x, std::size_t n) {
   return dot_blocks32<q8_0_bytes, true, false>(row, x, n,
-                                                                   [](const std::uint8_t* b) { return load32(b + 2); });
+                                               [](const std::uint8_t* b) { return load32(b + 2); });
 }
 
 // Q4_K (see quant_q8.cpp): run c of 32 bytes holds sub-block 2c in its low nibbles and 2c + 1
@@ -287,18 +289,18 @@ float q8_dot_q6_k_avx2(const void* row, Q8View x, std::size_t n) {
         acc = fold(acc, d * x.d[xb], dot_ss(_mm256_sub_epi8(q, bias), load32(x.q + 32 * xb), g));
       };
       // 16-bit shifts move bits across the byte boundary; the masks keep each byte's own.
-      quarter(0,
-              _mm256_or_si256(_mm256_and_si256(a, m4),
-                              _mm256_and_si256(_mm256_slli_epi16(hb, 4), m30)),
-              ch.acc[0]);
-      quarter(1,
-              _mm256_or_si256(_mm256_and_si256(c, m4),
-                              _mm256_and_si256(_mm256_slli_epi16(hb, 2), m30)),
-              ch.acc[1]);
-      quarter(2,
-              _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(a, 4), m4),
-                              _mm256_and_si256(hb, m30)),
-              ch.acc[2]);
+      quarter(
+          0,
+          _mm256_or_si256(_mm256_and_si256(a, m4), _mm256_and_si256(_mm256_slli_epi16(hb, 4), m30)),
+          ch.acc[0]);
+      quarter(
+          1,
+          _mm256_or_si256(_mm256_and_si256(c, m4), _mm256_and_si256(_mm256_slli_epi16(hb, 2), m30)),
+          ch.acc[1]);
+      quarter(
+          2,
+          _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(a, 4), m4), _mm256_and_si256(hb, m30)),
+          ch.acc[2]);
       quarter(3,
               _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(c, 4), m4),
                               _mm256_and_si256(_mm256_srli_epi16(hb, 2), m30)),
