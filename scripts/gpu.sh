@@ -54,8 +54,10 @@ SITE=${SITE:-/tmp/masskv-site}
 { if compgen -G ".whl/*.whl" >/dev/null; then
     python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target "$SITE" .whl/*.whl
   fi
+  # The CUDA build of the module: decode / Quest selection on torch CUDA tensors (test_cuda.py).
   PYTHONPATH="$SITE" CMAKE_BUILD_PARALLEL_LEVEL="$(nproc)" python3 -m pip install -q \
-    --no-build-isolation --no-deps --no-index --target "$SITE" . &&
+    --no-build-isolation --no-deps --no-index --target "$SITE" \
+    -C cmake.define.MASSKV_CUDA=ON -C build-dir=build/py-cuda . &&
   PYTHONPATH="$SITE" PYTHONUNBUFFERED=1 python3 -X faulthandler -m pytest -v -p no:cacheprovider \
     python/tests; } > "$OUT/python.log" 2>&1
 py_rc=$?

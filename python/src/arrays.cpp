@@ -112,11 +112,32 @@ std::string shape_string(const InArray& a) {
   return os.str();
 }
 
-void require_cpu(const InArray& a, const char* name) {
-  if (a.device_type() == nb::device::cpu::value) return;
+Device device_of(const InArray& a, const char* name) {
+  if (a.device_type() == nb::device::cpu::value) return kCpu;
+#if MASSKV_PY_CUDA
+  if (a.device_type() == nb::device::cuda::value) return a.device_id();
+#endif
   std::ostringstream os;
-  os << name << ": array is on " << device_name(a.device_type()) << ":" << a.device_id()
-     << "; this masskv build has CPU kernels only (move it with .cpu(), or use a CUDA build)";
+  os << name << ": array is on " << device_name(a.device_type()) << ":" << a.device_id();
+#if MASSKV_PY_CUDA
+  os << "; masskv's kernels read CPU memory or CUDA device memory";
+#else
+  os << "; this masskv build has CPU kernels only (move it with .cpu(), or use a CUDA build)";
+#endif
+  throw nb::value_error(os.str().c_str());
+}
+
+std::string device_string(Device d) {
+  return d == kCpu ? std::string("the CPU") : "cuda:" + std::to_string(d);
+}
+
+void require_device(const InArray& a, Device device, const char* name) {
+  const Device got = device_of(a, name);
+  if (got == device) return;
+  std::ostringstream os;
+  os << name << ": array is on " << device_string(got) << ", expected " << device_string(device)
+     << (device == kCpu ? " (this function runs on the CPU: move it with .cpu())"
+                        : " (every array of a CUDA call lives on the KV pool's device)");
   throw nb::value_error(os.str().c_str());
 }
 
@@ -159,14 +180,14 @@ int dim_int(const InArray& a, std::size_t i, const char* name) {
   return static_cast<int>(a.shape(i));
 }
 
-void require_flat(const InArray& a, Elem e, const char* name) {
-  require_cpu(a, name);
+void require_flat(const InArray& a, Elem e, const char* name, Device device) {
+  require_device(a, device, name);
   require_dtype(a, e, name);
   require_c_contiguous(a, name);
 }
 
-View3<const float> view3_f32(const InArray& a, const char* name) {
-  require_cpu(a, name);
+View3<const float> view3_f32(const InArray& a, const char* name, Device device) {
+  require_device(a, device, name);
   require_dtype(a, Elem::f32, name);
   require_ndim(a, 3, name);
   View3<const float> v;
@@ -189,6 +210,17 @@ View3<const float> view3_f32(const InArray& a, const char* name) {
   return v;
 }
 
+InArray as_array(nb::handle obj, const char* name) {
+  InArray a;
+  if (!nb::try_cast<InArray>(obj, a, false)) {
+    std::ostringstream os;
+    os << name << ": expected an array (NumPy, PyTorch or another DLPack producer), got "
+       << nb::inst_name(obj).c_str();
+    throw nb::type_error(os.str().c_str());
+  }
+  return a;
+}
+
 OutArray as_output(nb::handle obj, const char* name) {
   if (!nb::isinstance<InArray>(obj)) {
     std::ostringstream os;
@@ -205,16 +237,16 @@ OutArray as_output(nb::handle obj, const char* name) {
   return out;
 }
 
-View3<float> out_view3_f32(nb::handle obj, const char* name, OutArray& keep) {
+View3<float> out_view3_f32(nb::handle obj, const char* name, OutArray& keep, Device device) {
   keep = as_output(obj, name);
-  const View3<const float> v = view3_f32(InArray(keep), name);
+  const View3<const float> v = view3_f32(InArray(keep), name, device);
   return {const_cast<float*>(v.data), v.n0, v.n1, v.n2, v.s0, v.s1};
 }
 
 std::span<float> out_span_f32(nb::handle obj, const char* name, std::size_t expected,
-                              OutArray& keep) {
+                              OutArray& keep, Device device) {
   keep = as_output(obj, name);
-  require_flat(InArray(keep), Elem::f32, name);
+  require_flat(InArray(keep), Elem::f32, name, device);
   if (keep.size() != expected) {
     std::ostringstream os;
     os << name << ": expected " << expected << " elements, got shape "

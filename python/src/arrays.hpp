@@ -35,9 +35,16 @@ const char* elem_name(Elem e);
 std::string dtype_name(nb::dlpack::dtype t);  // "float32", "bfloat16", "int64", ...
 std::string shape_string(const InArray& a);
 
-// Raises ValueError unless `a` lives in CPU memory (a CUDA tensor is rejected: this build has
-// no CUDA kernels).
-void require_cpu(const InArray& a, const char* name);
+// Where an array lives: kCpu, or the CUDA device ordinal (CUDA builds only).
+using Device = int;
+inline constexpr Device kCpu = -1;
+// The device of `a`. Raises ValueError for memory no kernel here can read: CUDA memory in a
+// CPU-only build, pinned / managed / other devices' memory.
+Device device_of(const InArray& a, const char* name);
+std::string device_string(Device d);  // "the CPU", "cuda:1"
+// Raises ValueError unless `a` lives on `device`.
+void require_device(const InArray& a, Device device, const char* name);
+inline void require_cpu(const InArray& a, const char* name) { require_device(a, kCpu, name); }
 // Raises TypeError unless a's dtype is `e`.
 void require_dtype(const InArray& a, Elem e, const char* name);
 // Raises ValueError unless a.ndim() == ndim.
@@ -47,26 +54,29 @@ void require_c_contiguous(const InArray& a, const char* name);
 // Raises ValueError unless shape(i) fits an int.
 int dim_int(const InArray& a, std::size_t i, const char* name);
 
-// CPU, dtype e, C-contiguous: the checks of every flat (span) argument.
-void require_flat(const InArray& a, Elem e, const char* name);
+// On `device`, dtype e, C-contiguous: the checks of every flat (span) argument.
+void require_flat(const InArray& a, Elem e, const char* name, Device device = kCpu);
 
 template <class T>
-std::span<const T> flat_span(const InArray& a, Elem e, const char* name) {
-  require_flat(a, e, name);
+std::span<const T> flat_span(const InArray& a, Elem e, const char* name, Device device = kCpu) {
+  require_flat(a, e, name, device);
   return {static_cast<const T*>(a.data()), a.size()};
 }
 
 // [n0][n1][n2] array with any non-negative row strides and a unit last stride: the shapes
 // View3 expresses. Raises ValueError otherwise.
-View3<const float> view3_f32(const InArray& a, const char* name);
+View3<const float> view3_f32(const InArray& a, const char* name, Device device = kCpu);
 
 // Writable array from a Python object (raises TypeError when it is not an array, ValueError
 // when it is read-only), then the input checks.
 OutArray as_output(nb::handle obj, const char* name);
 inline InArray as_input(const OutArray& a) { return InArray(a); }
-View3<float> out_view3_f32(nb::handle obj, const char* name, OutArray& keep);
+// Read-only array from a Python object (TypeError when it is not an array; no conversion).
+InArray as_array(nb::handle obj, const char* name);
+View3<float> out_view3_f32(nb::handle obj, const char* name, OutArray& keep,
+                           Device device = kCpu);
 std::span<float> out_span_f32(nb::handle obj, const char* name, std::size_t expected,
-                              OutArray& keep);
+                              OutArray& keep, Device device = kCpu);
 
 // Moves a vector into a NumPy array of `shape` (no copy of the elements); the array owns it.
 template <class T>

@@ -6,6 +6,7 @@
 
 #include "arrays.hpp"
 #include "bindings.hpp"
+#include "cuda_calls.hpp"
 #include "kv_objects.hpp"
 #include "masskv/attn/decode.hpp"
 #include "masskv/attn/prefill.hpp"
@@ -27,6 +28,14 @@ SelectionView Selection::view() const {
 
 namespace {
 
+// The CPU kernels and references read the pool from the host.
+void require_cpu_kv(const KV& kv) {
+  if (kv.device == kCpu) return;
+  throw nb::value_error(("kv: the pool is on " + device_string(kv.device) +
+                         "; this function runs on the CPU (CUDA serves decode)")
+                            .c_str());
+}
+
 SelectionView::Unit parse_unit(const std::string& s) {
   if (s == "page") return SelectionView::Unit::page;
   if (s == "token") return SelectionView::Unit::token;
@@ -41,9 +50,13 @@ attn::Impl parse_impl(const std::string& s) {
        "\"");
 }
 
-void selection_init(Selection* self, InArray ids, InArray count, const std::string& unit) {
-  require_flat(ids, Elem::i32, "ids");
-  require_flat(count, Elem::i32, "count");
+void selection_init(Selection* self, nb::handle ids_obj, nb::handle count_obj,
+                    const std::string& unit) {
+  const InArray ids = as_array(ids_obj, "ids");
+  const InArray count = as_array(count_obj, "count");
+  const Device device = device_of(ids, "ids");
+  require_flat(ids, Elem::i32, "ids", device);
+  require_flat(count, Elem::i32, "count", device);
   require_ndim(ids, 3, "ids");
   require_ndim(count, 2, "count");
   if (count.shape(0) != ids.shape(0) || count.shape(1) != ids.shape(1)) {
@@ -58,6 +71,9 @@ void selection_init(Selection* self, InArray ids, InArray count, const std::stri
   self->max_per_head = dim_int(ids, 2, "ids");
   self->ids = ids;
   self->count = count;
+  self->ids_obj = nb::borrow(ids_obj);
+  self->count_obj = nb::borrow(count_obj);
+  self->device = device;
 }
 
 // Everything decode-like calls share: q, kv, mapping, scale, selection, outputs.
@@ -94,6 +110,7 @@ Outputs outputs_for(const View3<const float>& q, nb::handle out, nb::handle lse)
 // The inputs decode and decode_reference share; `sel` must outlive the returned args.
 attn::DecodeArgs decode_args(const InArray& q, const KV& kv, double alpha, float scale,
                              const Selection* selection, SelectionView& sel) {
+  require_cpu_kv(kv);
   attn::DecodeArgs a;
   a.q = view3_f32(q, "q");
   a.cache = kv.checked();
@@ -107,7 +124,22 @@ attn::DecodeArgs decode_args(const InArray& q, const KV& kv, double alpha, float
 }
 
 nb::tuple decode(InArray q, const KV& kv, double alpha, float scale, const Selection* selection,
-                 nb::handle out, nb::handle lse_or_tau, int chunk_pages, const std::string& impl) {
+                 nb::handle out, nb::handle lse_or_tau, int chunk_pages, const std::string& impl,
+                 int max_pages_per_seq, nb::handle stream) {
+#if MASSKV_PY_CUDA
+  if (kv.device != kCpu) {
+    return decode_cuda(q, kv, mapping_of(alpha), scale, selection, out, lse_or_tau,
+                       max_pages_per_seq, stream);
+  }
+#endif
+  if (max_pages_per_seq != 0 || !stream.is_none()) {
+    throw nb::value_error("max_pages_per_seq / stream: CUDA decode only (this KV is on the CPU)");
+  }
+  if (selection != nullptr && selection->device != kCpu) {
+    throw nb::value_error(("selection: lists are on " + device_string(selection->device) +
+                           ", the KV on the CPU")
+                              .c_str());
+  }
   SelectionView sel;
   attn::DecodeArgs a = decode_args(q, kv, alpha, scale, selection, sel);
   Outputs o = outputs_for(a.q, out, lse_or_tau);
@@ -171,6 +203,7 @@ MaskArgs block_mask_of(const std::optional<InArray>& mask, const std::optional<I
 
 attn::PrefillArgs prefill_args(const InArray& q, const InArray& q_indptr, const KV& kv,
                                double alpha, float scale, const MaskArgs& mask) {
+  require_cpu_kv(kv);
   attn::PrefillArgs a;
   a.q = view3_f32(q, "q");
   a.q_indptr = flat_span<std::int32_t>(q_indptr, Elem::i32, "q_indptr");
@@ -215,7 +248,13 @@ constexpr const char* kDecodeDoc =
     "out: float32 (B, Hq, d) written in place when given; lse_or_tau: float32 (B, Hq)\n"
     "C-contiguous. Returns (out, lse_or_tau): softmax log-sum-exp (natural log) or the entmax\n"
     "threshold tau. impl: \"fast\" (SIMD + threads), \"simd\", \"scalar\"; same chunking, so\n"
-    "results do not depend on the thread count.";
+    "results do not depend on the thread count.\n\n"
+    "CUDA build, KV over CUDA tensors (KV.from_arrays): runs the CUDA kernel on the pool's\n"
+    "device; q, out, lse_or_tau and the selection must be on that device; out/lse_or_tau are\n"
+    "allocated with torch when None. max_pages_per_seq bounds the pages of any sequence (0:\n"
+    "the page table's length) to size the split-K grid without reading the device table;\n"
+    "stream: a cudaStream_t as int (None: torch's current stream when torch is loaded, else\n"
+    "the default stream). Waits for the step and raises masskv.Error on a bad page id.";
 
 constexpr const char* kPrefillDoc =
     "Causal prefill over `kv`: the queries of sequence b are rows q_indptr[b]..q_indptr[b+1]\n"
@@ -232,9 +271,13 @@ void bind_attn(nb::module_& m) {
       "Per (sequence, kv head) ascending logical page (or token) ids padded with -1, plus a\n"
       "count (DESIGN.md §3). From a selector, or Selection(ids, count, unit) over caller int32\n"
       "arrays (borrowed, not copied).")
-      .def("__init__", &selection_init, nb::arg("ids").noconvert(), nb::arg("count").noconvert(),
+      .def("__init__", &selection_init, nb::arg("ids"), nb::arg("count"),
            nb::arg("unit") = "page",
-           "ids: int32 (B, H_kv, max_per_head) C-contiguous; count: int32 (B, H_kv).")
+           nb::sig("def __init__(self, ids: numpy.typing.ArrayLike, count: "
+                   "numpy.typing.ArrayLike, unit: str = 'page') -> None"),
+           "ids: int32 (B, H_kv, max_per_head) C-contiguous; count: int32 (B, H_kv); on the CPU,\n"
+           "or (CUDA build) both on the CUDA device of the KV they select from.")
+      .def_prop_ro("device", [](const Selection& s) { return device_string(s.device); })
       .def_prop_ro(
           "unit",
           [](const Selection& s) {
@@ -245,35 +288,41 @@ void bind_attn(nb::module_& m) {
       .def_prop_ro("max_per_head", [](const Selection& s) { return s.view().max_per_head; })
       .def_prop_ro(
           "ids",
-          [](nb::handle self) {
-            const SelectionView v = nb::cast<const Selection&>(self).view();
+          [](nb::handle self) -> nb::object {
+            const Selection& sel = nb::cast<const Selection&>(self);
+            if (sel.ids) return sel.ids_obj;  // borrowed: the caller's own array (any device)
+            const SelectionView v = sel.view();
             return numpy_view(
                 v.ids.data(),
                 {static_cast<std::size_t>(v.batch), static_cast<std::size_t>(v.num_kv_heads),
                  static_cast<std::size_t>(v.max_per_head)},
                 nb::dtype<std::int32_t>(), self);
           },
-          "int32 (B, H_kv, max_per_head), read-only zero-copy view.")
+          "int32 (B, H_kv, max_per_head): a read-only zero-copy view of a selector's lists, or\n"
+          "the caller's own array for Selection(ids, count).")
       .def_prop_ro(
           "count",
-          [](nb::handle self) {
-            const SelectionView v = nb::cast<const Selection&>(self).view();
+          [](nb::handle self) -> nb::object {
+            const Selection& sel = nb::cast<const Selection&>(self);
+            if (sel.count) return sel.count_obj;
+            const SelectionView v = sel.view();
             return numpy_view(
                 v.count.data(),
                 {static_cast<std::size_t>(v.batch), static_cast<std::size_t>(v.num_kv_heads)},
                 nb::dtype<std::int32_t>(), self);
           },
-          "int32 (B, H_kv), read-only zero-copy view.");
+          "int32 (B, H_kv), like ids.");
 
   m.def("decode", &decode, nb::arg("q").noconvert(), nb::arg("kv"), nb::kw_only(),
         nb::arg("alpha") = 1.0, nb::arg("scale") = 0.0f, nb::arg("selection").none() = nb::none(),
         nb::arg("out").none() = nb::none(), nb::arg("lse_or_tau").none() = nb::none(),
-        nb::arg("chunk_pages") = 64, nb::arg("impl") = "fast",
+        nb::arg("chunk_pages") = 64, nb::arg("impl") = "fast", nb::arg("max_pages_per_seq") = 0,
+        nb::arg("stream").none() = nb::none(),
         nb::sig("def decode(q: numpy.typing.ArrayLike, kv: KV, *, alpha: float = 1.0, scale: float "
                 "= 0.0, "
                 "selection: Selection | None = None, out: numpy.typing.ArrayLike | None = None, "
                 "lse_or_tau: numpy.typing.ArrayLike | None = None, chunk_pages: int = 64, impl: "
-                "str = 'fast') "
+                "str = 'fast', max_pages_per_seq: int = 0, stream: int | None = None) "
                 "-> tuple[numpy.typing.ArrayLike, numpy.typing.ArrayLike]"),
         kDecodeDoc);
   m.def("decode_reference", &decode_reference, nb::arg("q").noconvert(), nb::arg("kv"),

@@ -1,4 +1,5 @@
 // PagedKVCache (append / fork / free / page table / summaries / pool views) and the KV view.
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -6,6 +7,7 @@
 #include "bindings.hpp"
 #include "kv_objects.hpp"
 #include "masskv/error.hpp"
+#include "masskv/select/page_bound.hpp"
 
 namespace masskv::py {
 
@@ -99,8 +101,8 @@ KV kv_from_arrays(InArray k, InArray v, InArray indptr, InArray indices, InArray
                   const std::string& layout, std::optional<std::string> dtype) {
   const kv::Layout lay = parse_layout(layout);
   DType dt = DType::f32;
-  require_cpu(k, "k");
-  require_cpu(v, "v");
+  const Device device = device_of(k, "k");
+  require_device(v, device, "v");
   if (dtype) {
     dt = parse_dtype(*dtype, "dtype");
     // bf16 bits may come as uint16 (NumPy has no bfloat16).
@@ -152,10 +154,24 @@ KV kv_from_arrays(InArray k, InArray v, InArray indptr, InArray indices, InArray
   for (std::int64_t s : {w.stride_page, w.stride_head, w.stride_slot}) {
     if (s < 0) throw nb::value_error("k: negative strides are not supported");
   }
-  w.table.indptr = flat_span<std::int32_t>(indptr, Elem::i32, "indptr");
-  w.table.indices = flat_span<std::int32_t>(indices, Elem::i32, "indices");
-  w.table.last_page_len = flat_span<std::int32_t>(last_page_len, Elem::i32, "last_page_len");
-  w.validate();
+  w.table.indptr = flat_span<std::int32_t>(indptr, Elem::i32, "indptr", device);
+  w.table.indices = flat_span<std::int32_t>(indices, Elem::i32, "indices", device);
+  w.table.last_page_len =
+      flat_span<std::int32_t>(last_page_len, Elem::i32, "last_page_len", device);
+  if (device == kCpu) {
+    w.validate();
+  } else {
+    // The host cannot read a device page table: check its shape here; the CUDA kernels check
+    // every id they use and raise instead of reading a bad page.
+    w.validate_geometry();
+    if (w.table.indptr.empty() || w.table.last_page_len.size() + 1 != w.table.indptr.size()) {
+      throw nb::value_error(("last_page_len: " + std::to_string(w.table.last_page_len.size()) +
+                             " entries for indptr of " + std::to_string(w.table.indptr.size()) +
+                             " (expected indptr = B + 1, last_page_len = B)")
+                                .c_str());
+    }
+  }
+  kvv.device = device;
   kvv.k = k;
   kvv.v = v;
   kvv.indptr = indptr;
@@ -277,6 +293,28 @@ void bind_cache(nb::module_& m) {
           "they follow later appends): min, max, mean, m2 (pages, H, d) float32, count (pages,)\n"
           "int32, max_vnorm (pages, H) float32.")
       .def(
+          "bf16_bounds",
+          [](const Cache& c) {
+            const select::BoundStore store(c.cache.summaries());
+            const select::BoundStoreView b = store.view();
+            const std::vector<std::size_t> shape{static_cast<std::size_t>(b.num_pages),
+                                                 static_cast<std::size_t>(b.num_kv_heads),
+                                                 static_cast<std::size_t>(b.head_dim)};
+            const std::size_t n = shape[0] * shape[1] * shape[2];
+            std::uint16_t* lo = nullptr;
+            std::uint16_t* hi = nullptr;
+            nb::object mn = new_numpy<std::uint16_t>(shape, &lo);
+            nb::object mx = new_numpy<std::uint16_t>(shape, &hi);
+            for (std::size_t i = 0; i < n; ++i) {
+              lo[i] = b.min[i].bits;
+              hi[i] = b.max[i].bits;
+            }
+            return nb::make_tuple(mn, mx);
+          },
+          "The page bounds' bf16 store (DESIGN.md §2.3: min/max rounded outward, so the Quest\n"
+          "bound stays an upper bound): (min, max) as uint16 bit arrays (pages, H, d), a copy.\n"
+          "For cuda_quest_select: torch.from_numpy(a).view(torch.bfloat16).cuda().")
+      .def(
           "page_table",
           [](const Cache& c, nb::handle seqs) {
             kv::PageTableStorage t = c.cache.page_table(seq_list(seqs));
@@ -305,16 +343,27 @@ void bind_cache(nb::module_& m) {
                   "Zero-copy view over caller arrays: k, v of shape (pages, H, P, d) (HND) or\n"
                   "(pages, P, H, d) (NHD), float32 / float16 / bfloat16 (or uint16 bits with\n"
                   "dtype=\"bf16\"), any non-negative strides shared by k and v with a contiguous\n"
-                  "last axis; int32 C-contiguous page table. The arrays are held, not copied.")
+                  "last axis; int32 C-contiguous page table. The arrays are held, not copied.\n"
+                  "CUDA build: all five may be CUDA tensors of one device (f16 / bf16 pool);\n"
+                  "the table is then checked by the kernels, which cannot be read here.")
       .def_prop_ro("batch", [](const KV& k) { return k.view.table.batch(); })
       .def_prop_ro("num_kv_heads", [](const KV& k) { return k.view.num_kv_heads; })
       .def_prop_ro("head_dim", [](const KV& k) { return k.view.head_dim; })
       .def_prop_ro("page_size", [](const KV& k) { return k.view.page_size; })
       .def_prop_ro("dtype", [](const KV& k) { return std::string(to_string(k.view.dtype)); })
       .def_prop_ro("has_summaries", [](const KV& k) { return k.cache != nullptr; })
+      .def_prop_ro(
+          "device", [](const KV& k) { return device_string(k.device); },
+          "Where the pool and page table live: \"the CPU\" or \"cuda:N\".")
       .def(
           "lengths",
           [](const KV& k) {
+            if (k.device != kCpu) {
+              throw nb::value_error(
+                  ("lengths: the page table is on " + device_string(k.device) +
+                   "; the host cannot read it")
+                      .c_str());
+            }
             std::vector<std::int64_t> out;
             for (int b = 0; b < k.view.table.batch(); ++b)
               out.push_back(k.view.table.length(b, k.view.page_size));

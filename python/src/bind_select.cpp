@@ -6,6 +6,7 @@
 
 #include "arrays.hpp"
 #include "bindings.hpp"
+#include "cuda_calls.hpp"
 #include "kv_objects.hpp"
 #include "masskv/error.hpp"
 #include "masskv/select/diagnostics.hpp"
@@ -208,6 +209,26 @@ void bind_select(nb::module_& m) {
         "margin, tau_lo, eps, tau_or_lse, delta_bound, error_bound (float64); study=True also\n"
         "reads every key for delta, recall, abs_error, rel_error (NaN otherwise), support, and\n"
         "bounds_held (bool: every bound held).");
+
+#if MASSKV_PY_CUDA
+  m.def("cuda_quest_select", &quest_select_cuda, nb::arg("q").noconvert(), nb::arg("kv"),
+        nb::arg("bounds_min").noconvert(), nb::arg("bounds_max").noconvert(), nb::kw_only(),
+        nb::arg("budget_tokens"), nb::arg("sink_pages") = 1, nb::arg("window_tokens") = 0,
+        nb::arg("scale") = 0.0f, nb::arg("max_pages_per_seq") = 0,
+        nb::arg("ids").none() = nb::none(), nb::arg("count").none() = nb::none(),
+        nb::arg("stream").none() = nb::none(),
+        nb::sig("def cuda_quest_select(q: numpy.typing.ArrayLike, kv: KV, bounds_min: "
+                "numpy.typing.ArrayLike, bounds_max: numpy.typing.ArrayLike, *, budget_tokens: "
+                "int, sink_pages: int = 1, window_tokens: int = 0, scale: float = 0.0, "
+                "max_pages_per_seq: int = 0, ids: numpy.typing.ArrayLike | None = None, count: "
+                "numpy.typing.ArrayLike | None = None, stream: int | None = None) -> Selection"),
+        "Quest page selection on the GPU (cuda::quest_select; no host round trip): the same\n"
+        "pages as select(method=\"quest\", bf16_bounds=True) on the CPU. q: float32 (B, Hq, d)\n"
+        "and kv (KV.from_arrays over CUDA tensors) on one device; bounds_min / bounds_max:\n"
+        "bfloat16 (pages, H_kv, d) on that device (PagedKVCache.bf16_bounds() moved there).\n"
+        "ids / count: int32 outputs (B, H_kv, >= capacity) / (B, H_kv), allocated with torch\n"
+        "when None. Returns a Selection over them, for decode(..., selection=...).");
+#endif
 }
 
 }  // namespace masskv::py

@@ -31,6 +31,10 @@ struct KV {
   std::uint64_t generation = 0;
   // Borrowed arrays (from_arrays): held so their memory outlives the view.
   std::optional<InArray> k, v, indptr, indices, last_page_len;
+  // Where the pool and page table live: kCpu, or a CUDA device (from_arrays over device
+  // tensors in a CUDA build; the page table is then validated by the kernels, which cannot
+  // be read from the host, see cuda::decode).
+  Device device = kCpu;
 
   // The view for a kernel call (page table spans re-pointed at `table`, which moves with this
   // object). Raises ValueError when the cache changed after this view was taken.
@@ -43,6 +47,8 @@ struct KV {
 struct Selection {
   SelectionStorage storage;           // owned lists
   std::optional<InArray> ids, count;  // borrowed lists
+  nb::object ids_obj, count_obj;      // the caller's objects, returned by .ids / .count
+  Device device = kCpu;               // of the borrowed lists
   SelectionView::Unit unit = SelectionView::Unit::page;
   int batch = 0, num_kv_heads = 0, max_per_head = 0;
 

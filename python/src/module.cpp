@@ -54,5 +54,7 @@ NB_MODULE(_masskv, m) {
       "_data_ptr", [](masskv::py::InArray a) { return masskv::py::data_ptr(a); },
       nb::arg("a").noconvert(),
       "The data pointer the bindings receive for `a` (tests use it to check for copies).");
-  m.attr("has_cuda") = false;
+  // True when built with the CUDA kernels (pip install . -C cmake.define.MASSKV_CUDA=ON):
+  // decode then runs on CUDA tensors, and cuda_quest_select exists.
+  m.attr("has_cuda") = MASSKV_PY_CUDA != 0;
 }

@@ -1,5 +1,6 @@
-"""PyTorch tensors through DLPack: CPU tensors zero-copy, CUDA tensors rejected clearly (this
-build has CPU kernels only). Skipped where torch is absent (CI); run on the GPU machine."""
+"""PyTorch tensors through DLPack: CPU tensors zero-copy, CUDA tensors rejected clearly by a
+CPU-only build (a CUDA build runs them: test_cuda.py). Skipped where torch is absent (CI); run
+on the GPU machine."""
 
 import numpy as np
 import pytest
@@ -55,7 +56,8 @@ def test_wrong_torch_dtype_is_a_type_error(rng):
         masskv.decode(torch.zeros(1, 2, 64, dtype=torch.bfloat16), cache.view(seqs))
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+@pytest.mark.skipif(not torch.cuda.is_available() or masskv.has_cuda,
+                    reason="a CPU-only build on a machine with a CUDA device")
 def test_cuda_tensors_are_rejected_clearly(rng):
     cache, seqs = random_cache(rng, [5])
     q = torch.zeros(1, 2, 64, device="cuda")

@@ -23,7 +23,7 @@ void PagedKVView::set_layout(Layout layout) {
 
 namespace {
 
-void validate_geometry(const PagedKVView& v) {
+void check_geometry(const PagedKVView& v) {
   using enum ErrorCode;
   require(v.page_size >= 1 && v.page_size <= 256 && (v.page_size & (v.page_size - 1)) == 0,
           invalid_argument, "page_size", "must be a power of two in [1, 256], got ", v.page_size);
@@ -90,8 +90,10 @@ void validate_table(const PageTable& t, int num_pages, int page_size) {
 
 }  // namespace
 
+void PagedKVView::validate_geometry() const { check_geometry(*this); }
+
 void PagedKVView::validate() const {
-  validate_geometry(*this);
+  check_geometry(*this);
   validate_table(table, num_pages, page_size);
 }
 

@@ -11,6 +11,7 @@
 #include "core/cpu_features.hpp"
 #include "masskv/error.hpp"
 #include "select/quest_kernels.hpp"
+#include "select/topk_rank.hpp"
 
 namespace masskv::select {
 
@@ -230,23 +231,6 @@ void check_bound_args(int num_pages_pool, int num_kv_heads, int head_dim,
   }
 }
 
-// Order-preserving map of a finite-or-infinite float to an unsigned key (-0 counts as +0),
-// so ranking pages is one integer comparison.
-inline std::uint32_t ordered_key(float x) {
-  const std::uint32_t u = std::bit_cast<std::uint32_t>(x + 0.0f);
-  return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
-}
-
-// Pages [0, sinks) and [window, n) are always kept; returns their union's size.
-int kept_pages(int n, std::int64_t length, int page_size, const TopkPolicy& p, int& sinks,
-               int& window) {
-  sinks = std::min(p.sink_pages, n);
-  const std::int64_t first_token = std::max<std::int64_t>(0, length - p.window_tokens);
-  window = p.window_tokens > 0 ? static_cast<int>(first_token / page_size) : n - 1;
-  window = std::min(window, n - 1);
-  return sinks >= window ? n : sinks + (n - window);
-}
-
 void check_policy(const TopkPolicy& p) {
   using enum ErrorCode;
   require(p.budget_pages >= 0, invalid_argument, "budget_pages", "must be >= 0, got ",
@@ -260,37 +244,19 @@ void check_policy(const TopkPolicy& p) {
 int topk_one(const float* bounds, int num_q, int n, std::int64_t length, int page_size,
              const TopkPolicy& policy, std::int32_t* out, int out_size,
              std::vector<std::uint64_t>& keys) {
-  int sinks = 0, window = 0;
-  const int kept = kept_pages(n, length, page_size, policy, sinks, window);
-  const int total = std::min(n, std::max(policy.budget_pages, kept));
-  int need = total - kept;  // > 0 only when sinks < window: candidates are [sinks, window)
-  int w = 0;
-  for (int j = 0; j < sinks && j < window; ++j) out[w++] = j;
-  if (need > 0) {
-    keys.clear();
-    for (int j = sinks; j < window; ++j) {
+  const detail::TopkSplit split = detail::topk_split(n, length, page_size, policy);
+  keys.clear();
+  if (split.need > 0) {
+    for (int j = split.sinks; j < split.window; ++j) {
       float m = bounds[j];
       for (int i = 1; i < num_q; ++i) {
         const float x = bounds[static_cast<std::int64_t>(i) * n + j];
         m = x > m ? x : m;
       }
-      // High bound first; among equal bounds the lower id first (its complement is larger).
-      keys.push_back(static_cast<std::uint64_t>(ordered_key(m)) << 32 |
-                     (0xffffffffu - static_cast<std::uint32_t>(j)));
-    }
-    auto nth = keys.begin() + need;
-    std::nth_element(keys.begin(), nth - 1, keys.end(), std::greater<>());
-    std::sort(keys.begin(), nth, [](std::uint64_t x, std::uint64_t y) {
-      return (x & 0xffffffffu) > (y & 0xffffffffu);  // ascending page id
-    });
-    for (auto it = keys.begin(); it != nth; ++it) {
-      out[w++] = static_cast<std::int32_t>(0xffffffffu - static_cast<std::uint32_t>(*it));
+      keys.push_back(detail::topk_key(m, j));
     }
   }
-  for (int j = window; j < n; ++j) out[w++] = j;
-  need = w;
-  for (; w < out_size; ++w) out[w] = -1;
-  return need;
+  return detail::write_topk(split, n, keys, out, out_size);
 }
 
 void check_bounds_finite(std::span<const float> bounds) {
@@ -392,9 +358,7 @@ int topk_selected_pages(int num_pages, std::int64_t length, int page_size,
                         const TopkPolicy& policy) {
   check_policy(policy);
   if (num_pages <= 0) return 0;
-  int sinks = 0, window = 0;
-  const int kept = kept_pages(num_pages, length, page_size, policy, sinks, window);
-  return std::min(num_pages, std::max(policy.budget_pages, kept));
+  return detail::topk_split(num_pages, length, page_size, policy).total;
 }
 
 int select_topk_pages(std::span<const float> bounds, int num_q, int num_pages, int last_page_len,

@@ -66,6 +66,9 @@ struct PagedKVView {
   // [0, num_pages), every sequence non-empty with last_page_len in [1, page_size].
   // Throws masskv::Error naming the offending argument. O(nnz).
   void validate() const;
+  // The pool's geometry alone (page size, dims, non-overlapping strides): what the host can
+  // check of a pool whose page table lives in device memory.
+  void validate_geometry() const;
 };
 
 // Per page and kv head statistics of the keys (DESIGN.md §3), f32, laid out

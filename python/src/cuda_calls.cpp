@@ -1,0 +1,227 @@
+// CUDA paths of the bindings (see cuda_calls.hpp). Compiled only in CUDA builds.
+#include "cuda_calls.hpp"
+
+#if MASSKV_PY_CUDA
+
+#include <cuda_runtime.h>
+#include <nanobind/stl/pair.h>
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <utility>
+
+#include "masskv/cuda/decode.hpp"
+#include "masskv/cuda/select.hpp"
+#include "masskv/error.hpp"
+
+namespace masskv::py {
+
+namespace {
+
+using namespace nb::literals;
+
+// Makes `device` current for this thread (kernels launch on the current device).
+void set_device(Device device) {
+  const cudaError_t e = cudaSetDevice(device);
+  if (e != cudaSuccess) {
+    fail(ErrorCode::invalid_argument, "kv", "cudaSetDevice(", device,
+         ") failed: ", cudaGetErrorString(e));
+  }
+}
+
+// A new torch tensor on `device`: the CUDA path's default outputs (the C++ side cannot own
+// device memory that Python code then holds).
+nb::object torch_empty(std::initializer_list<std::size_t> shape, const char* dtype, Device device,
+                       const char* name) {
+  nb::object torch;
+  try {
+    torch = nb::module_::import_("torch");
+  } catch (nb::python_error&) {
+    throw nb::value_error((std::string(name) +
+                           ": torch is not importable to allocate the CUDA output; pass " +
+                           name + "= an array on " + device_string(device))
+                              .c_str());
+  }
+  nb::list dims;
+  for (std::size_t s : shape) dims.append(s);
+  return torch.attr("empty")(nb::tuple(dims), "dtype"_a = torch.attr(dtype),
+                             "device"_a = "cuda:" + std::to_string(device));
+}
+
+// The stream a call runs on: the caller's, else torch's current stream on `device` when torch is
+// loaded (so the step orders after the torch work that filled q), else the default stream.
+CUstream_st* resolve_stream(nb::handle stream, Device device) {
+  if (!stream.is_none()) return reinterpret_cast<CUstream_st*>(nb::cast<std::uintptr_t>(stream));
+  nb::dict modules = nb::borrow<nb::dict>(nb::module_::import_("sys").attr("modules"));
+  if (!modules.contains("torch")) return nullptr;
+  nb::object s = modules["torch"].attr("cuda").attr("current_stream")(device);
+  return reinterpret_cast<CUstream_st*>(nb::cast<std::uintptr_t>(s.attr("cuda_stream")));
+}
+
+// One workspace per (device, stream), as the kernels' contract asks; its mutex serialises the
+// Python threads that share it (the GIL is released during the step). Never destroyed: at
+// interpreter exit the CUDA runtime may already be unloaded, and freeing then would fail.
+template <class W>
+struct Slot {
+  std::mutex mutex;
+  W workspace;
+};
+
+template <class W>
+Slot<W>& workspace_for(Device device, CUstream_st* stream) {
+  static std::mutex registry_mutex;
+  static auto* registry = new std::map<std::pair<Device, CUstream_st*>, Slot<W>*>();
+  std::lock_guard lock(registry_mutex);
+  Slot<W>*& slot = (*registry)[{device, stream}];
+  if (slot == nullptr) slot = new Slot<W>();
+  return *slot;
+}
+
+// Host bound on pages per sequence: the caller's, else every page of the table.
+int pages_bound(int max_pages_per_seq, const kv::PagedKVView& v) {
+  if (max_pages_per_seq < 0) {
+    fail(ErrorCode::invalid_argument, "max_pages_per_seq", "must be >= 0, got ",
+         max_pages_per_seq);
+  }
+  if (max_pages_per_seq > 0) return max_pages_per_seq;
+  return std::max<int>(1, static_cast<int>(v.table.indices.size()));
+}
+
+void require_cuda_kv(const KV& kv, const char* what) {
+  if (kv.device != kCpu) return;
+  throw nb::value_error((std::string("kv: the pool is on the CPU; ") + what +
+                         " runs on CUDA tensors (KV.from_arrays over device tensors)")
+                            .c_str());
+}
+
+}  // namespace
+
+nb::tuple decode_cuda(const InArray& q, const KV& kv, Mapping mapping, float scale,
+                      const Selection* selection, nb::handle out, nb::handle lse_or_tau,
+                      int max_pages_per_seq, nb::handle stream) {
+  const Device device = kv.device;
+  attn::DecodeArgs a;
+  a.q = view3_f32(q, "q", device);
+  a.cache = kv.checked();
+  a.mapping = mapping;
+  a.scale = scale;
+  SelectionView sel;
+  if (selection != nullptr) {
+    if (selection->device != device) {
+      throw nb::value_error(("selection: lists are on " + device_string(selection->device) +
+                             ", the KV on " + device_string(device))
+                                .c_str());
+    }
+    sel = selection->view();
+    a.selection = &sel;
+  }
+  const auto B = static_cast<std::size_t>(a.q.n0), Hq = static_cast<std::size_t>(a.q.n1),
+             d = static_cast<std::size_t>(a.q.n2);
+  nb::object out_obj = out.is_none() ? torch_empty({B, Hq, d}, "float32", device, "out")
+                                     : nb::borrow(out);
+  nb::object lse_obj = lse_or_tau.is_none()
+                           ? torch_empty({B, Hq}, "float32", device, "lse_or_tau")
+                           : nb::borrow(lse_or_tau);
+  OutArray out_keep, lse_keep;
+  a.out = out_view3_f32(out_obj, "out", out_keep, device);
+  a.lse_or_tau = out_span_f32(lse_obj, "lse_or_tau", B * Hq, lse_keep, device);
+
+  cuda::DecodeLaunch launch;
+  launch.stream = resolve_stream(stream, device);
+  launch.max_pages_per_seq = pages_bound(max_pages_per_seq, a.cache);
+  launch.check_errors = true;
+  {
+    nb::gil_scoped_release nogil;
+    Slot<cuda::DecodeWorkspace>& slot =
+        workspace_for<cuda::DecodeWorkspace>(device, launch.stream);
+    std::lock_guard lock(slot.mutex);
+    launch.workspace = &slot.workspace;
+    set_device(device);
+    cuda::decode(a, launch);
+  }
+  return nb::make_tuple(out_obj, lse_obj);
+}
+
+nb::object quest_select_cuda(const InArray& q, const KV& kv, const InArray& bounds_min,
+                             const InArray& bounds_max, std::int64_t budget_tokens,
+                             int sink_pages, int window_tokens, float scale,
+                             int max_pages_per_seq, nb::handle ids, nb::handle count,
+                             nb::handle stream) {
+  require_cuda_kv(kv, "cuda_quest_select");
+  const Device device = kv.device;
+  const kv::PagedKVView view = kv.checked();
+  cuda::QuestSelectArgs a;
+  a.q = view3_f32(q, "q", device);
+  a.table = view.table;
+  a.page_size = view.page_size;
+  for (auto [arr, name] : {std::pair{&bounds_min, "bounds_min"}, std::pair{&bounds_max, "bounds_max"}}) {
+    require_flat(*arr, Elem::bf16, name, device);
+    require_ndim(*arr, 3, name);
+    if (arr->shape(0) != static_cast<std::size_t>(view.num_pages) ||
+        arr->shape(1) != static_cast<std::size_t>(view.num_kv_heads) ||
+        arr->shape(2) != static_cast<std::size_t>(view.head_dim)) {
+      throw nb::value_error((std::string(name) + ": expected (num_pages, H_kv, head_dim) = (" +
+                             std::to_string(view.num_pages) + ", " +
+                             std::to_string(view.num_kv_heads) + ", " +
+                             std::to_string(view.head_dim) + "), got " + shape_string(*arr))
+                                .c_str());
+    }
+  }
+  a.bounds.min = static_cast<const bf16*>(bounds_min.data());
+  a.bounds.max = static_cast<const bf16*>(bounds_max.data());
+  a.bounds.num_pages = view.num_pages;
+  a.bounds.num_kv_heads = view.num_kv_heads;
+  a.bounds.head_dim = view.head_dim;
+  a.scale = scale;
+  if (budget_tokens <= 0) {
+    fail(ErrorCode::invalid_argument, "budget_tokens", "must be > 0, got ", budget_tokens);
+  }
+  a.policy.budget_pages =
+      static_cast<int>((budget_tokens + view.page_size - 1) / view.page_size);
+  a.policy.sink_pages = sink_pages;
+  a.policy.window_tokens = window_tokens;
+
+  cuda::SelectLaunch launch;
+  launch.stream = resolve_stream(stream, device);
+  launch.max_pages_per_seq = pages_bound(max_pages_per_seq, view);
+  launch.check_errors = true;
+  a.max_per_head = cuda::select_capacity(launch.max_pages_per_seq, view.page_size, a.policy);
+
+  const auto B = static_cast<std::size_t>(view.table.batch()),
+             H = static_cast<std::size_t>(view.num_kv_heads),
+             K = static_cast<std::size_t>(a.max_per_head);
+  nb::object ids_obj = ids.is_none() ? torch_empty({B, H, K}, "int32", device, "ids")
+                                     : nb::borrow(ids);
+  nb::object count_obj = count.is_none() ? torch_empty({B, H}, "int32", device, "count")
+                                         : nb::borrow(count);
+  OutArray ids_keep = as_output(ids_obj, "ids"), count_keep = as_output(count_obj, "count");
+  require_flat(as_input(ids_keep), Elem::i32, "ids", device);
+  require_flat(as_input(count_keep), Elem::i32, "count", device);
+  if (ids_keep.ndim() != 3 || ids_keep.shape(0) != B || ids_keep.shape(1) != H ||
+      ids_keep.shape(2) < K || count_keep.size() != B * H) {
+    throw nb::value_error(("ids / count: expected int32 (" + std::to_string(B) + ", " +
+                           std::to_string(H) + ", >= " + std::to_string(K) + ") and (" +
+                           std::to_string(B) + ", " + std::to_string(H) + ")")
+                              .c_str());
+  }
+  a.max_per_head = static_cast<int>(ids_keep.shape(2));
+  a.ids = {static_cast<std::int32_t*>(ids_keep.data()), ids_keep.size()};
+  a.count = {static_cast<std::int32_t*>(count_keep.data()), count_keep.size()};
+  {
+    nb::gil_scoped_release nogil;
+    Slot<cuda::SelectWorkspace>& slot =
+        workspace_for<cuda::SelectWorkspace>(device, launch.stream);
+    std::lock_guard lock(slot.mutex);
+    launch.workspace = &slot.workspace;
+    set_device(device);
+    cuda::quest_select(a, launch);
+  }
+  return nb::type<Selection>()(ids_obj, count_obj, "page");
+}
+
+}  // namespace masskv::py
+
+#endif

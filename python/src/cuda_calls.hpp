@@ -1,0 +1,29 @@
+// The CUDA paths of the bindings (CUDA builds only: MASSKV_PY_CUDA): decode over a KV whose
+// pool and page table are CUDA tensors, and Quest selection on the GPU. Arrays stay where they
+// are (DLPack, no copies); outputs the caller does not pass are allocated with torch.
+#pragma once
+
+#if MASSKV_PY_CUDA
+
+#include "arrays.hpp"
+#include "kv_objects.hpp"
+#include "masskv/mapping.hpp"
+
+namespace masskv::py {
+
+// masskv.decode for kv.device >= 0. Returns (out, lse_or_tau) like the CPU path.
+nb::tuple decode_cuda(const InArray& q, const KV& kv, Mapping mapping, float scale,
+                      const Selection* selection, nb::handle out, nb::handle lse_or_tau,
+                      int max_pages_per_seq, nb::handle stream);
+
+// masskv.cuda_quest_select: the GPU Quest selector (cuda::quest_select) over bf16 page bounds
+// already on the device. Returns a Selection borrowing device int32 ids/count.
+nb::object quest_select_cuda(const InArray& q, const KV& kv, const InArray& bounds_min,
+                             const InArray& bounds_max, std::int64_t budget_tokens,
+                             int sink_pages, int window_tokens, float scale,
+                             int max_pages_per_seq, nb::handle ids, nb::handle count,
+                             nb::handle stream);
+
+}  // namespace masskv::py
+
+#endif
