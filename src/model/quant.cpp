@@ -309,57 +309,37 @@ const KernelSet* find_kernels(GgmlType type) noexcept {
   return nullptr;
 }
 
+// The type's kernel in `field`, or nullptr.
+template <class Fn>
+Fn kernel(GgmlType type, Fn KernelSet::*field) noexcept {
+  const KernelSet* k = find_kernels(type);
+  return k != nullptr ? k->*field : nullptr;
+}
+
+// The AVX2 kernel when the CPU has it and it is allowed, else the scalar one.
+template <class Fn>
+Fn best(GgmlType type, Fn KernelSet::*avx2, Fn KernelSet::*scalar) noexcept {
+  if (cpu::has_avx2() && cpu::simd_allowed()) {
+    if (Fn f = kernel(type, avx2)) return f;
+  }
+  return kernel(type, scalar);
+}
+
 }  // namespace
 
-DequantFn scalar_dequant(GgmlType type) noexcept {
-  const KernelSet* k = find_kernels(type);
-  return k != nullptr ? k->dequant : nullptr;
-}
-
-DotFn scalar_dot(GgmlType type) noexcept {
-  const KernelSet* k = find_kernels(type);
-  return k != nullptr ? k->dot : nullptr;
-}
-
-DotFn avx2_dot(GgmlType type) noexcept {
-  const KernelSet* k = find_kernels(type);
-  return k != nullptr ? k->avx2 : nullptr;
-}
-
-DequantFn avx2_dequant(GgmlType type) noexcept {
-  const KernelSet* k = find_kernels(type);
-  return k != nullptr ? k->avx2_dequant : nullptr;
-}
+DequantFn scalar_dequant(GgmlType type) noexcept { return kernel(type, &KernelSet::dequant); }
+DotFn scalar_dot(GgmlType type) noexcept { return kernel(type, &KernelSet::dot); }
+DotFn avx2_dot(GgmlType type) noexcept { return kernel(type, &KernelSet::avx2); }
+DequantFn avx2_dequant(GgmlType type) noexcept { return kernel(type, &KernelSet::avx2_dequant); }
+Q8DotFn scalar_q8_dot(GgmlType type) noexcept { return kernel(type, &KernelSet::q8_dot); }
+Q8DotFn avx2_q8_dot(GgmlType type) noexcept { return kernel(type, &KernelSet::q8_avx2); }
 
 DequantFn best_dequant(GgmlType type) noexcept {
-  if (cpu::has_avx2() && cpu::simd_allowed()) {
-    if (DequantFn f = avx2_dequant(type)) return f;
-  }
-  return scalar_dequant(type);
+  return best(type, &KernelSet::avx2_dequant, &KernelSet::dequant);
 }
-
-DotFn best_dot(GgmlType type) noexcept {
-  if (cpu::has_avx2() && cpu::simd_allowed()) {
-    if (DotFn f = avx2_dot(type)) return f;
-  }
-  return scalar_dot(type);
-}
-
-Q8DotFn scalar_q8_dot(GgmlType type) noexcept {
-  const KernelSet* k = find_kernels(type);
-  return k != nullptr ? k->q8_dot : nullptr;
-}
-
-Q8DotFn avx2_q8_dot(GgmlType type) noexcept {
-  const KernelSet* k = find_kernels(type);
-  return k != nullptr ? k->q8_avx2 : nullptr;
-}
-
+DotFn best_dot(GgmlType type) noexcept { return best(type, &KernelSet::avx2, &KernelSet::dot); }
 Q8DotFn best_q8_dot(GgmlType type) noexcept {
-  if (cpu::has_avx2() && cpu::simd_allowed()) {
-    if (Q8DotFn f = avx2_q8_dot(type)) return f;
-  }
-  return scalar_q8_dot(type);
+  return best(type, &KernelSet::q8_avx2, &KernelSet::q8_dot);
 }
 
 QuantizeQ8Fn best_quantize_q8() noexcept {
