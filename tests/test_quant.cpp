@@ -1,15 +1,19 @@
 // ggml tensor types: dequantize_row vs a plain fp64 reference written from the block layouts
 // (bit-exact: every kernel value is the exact block formula rounded once to f32), dot_row
-// (scalar and AVX2) and matvec vs fp64 dot products (tolerance 1e-5 * sum|w_i x_i|), matvec
-// independent of the thread count, and errors for unsupported types and partial blocks. The
-// prefill matmul: AVX2 dequantisers bit-equal to the scalar ones, scalar and AVX2 panel kernels
-// vs fp64 (same tolerance) on ragged shapes, independence of thread count and token block.
+// (scalar and AVX2) vs fp64 dot products (tolerance 1e-5 * sum|w_i x_i|), and errors for
+// unsupported types and partial blocks. Q8 activations: the quantiser (scalar and AVX2 bit-equal,
+// within half a step), the integer dot kernels against fp64 on the dequantised Q8 activations
+// (a priori f32 bound) and on the original f32 ones (plus the Q8 rounding bound), scalar and
+// AVX2 bit-equal; matvec equal to them and independent of the thread count. The prefill
+// matmul: AVX2 dequantisers bit-equal to the scalar ones, scalar and AVX2 panel kernels vs fp64
+// (same tolerance) on ragged shapes, independence of thread count and token block.
 #include <gtest/gtest.h>
 #include <omp.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <random>
 #include <vector>
 
@@ -258,32 +262,247 @@ TEST(DotRow, ScalarAndAvx2MatchFp64Reference) {
   }
 }
 
+// ---- Q8 activations ----------------------------------------------------------------------
+
+namespace {
+
+constexpr double kU = 0x1p-24;  // unit roundoff of f32
+
+bool q8_type(GgmlType type) { return type_traits(type).block_elems != 1; }
+
+// Activations shaped like a model's: per block of 32 a random power-of-two magnitude (2^-8 to
+// 2^8) and now and then an outlier 100x the rest, so block scales differ widely.
+std::vector<float> random_activations(std::size_t n, std::mt19937& rng) {
+  auto x = random_x(n, rng);
+  for (std::size_t b = 0; b < n; b += 32) {
+    const float scale = std::ldexp(1.0f, static_cast<int>(rng() % 17) - 8);
+    for (std::size_t j = 0; j < 32; ++j) x[b + j] *= scale;
+    if (rng() % 4 == 0) x[b + rng() % 32] *= 100.0f;
+  }
+  return x;
+}
+
+// The offset part of value i (m for Q4_1/Q5_1, -dmin * min for Q4_K, else 0): the Q8 kernels
+// take it against the block's activation sum, so their rounding scales with |d q x| + |m x|.
+double ref_offset(GgmlType type, const std::uint8_t* row, std::size_t i) {
+  const TypeTraits& t = type_traits(type);
+  const std::uint8_t* b = row + (i / t.block_elems) * t.block_bytes;
+  switch (type) {
+    case GgmlType::q4_1:
+    case GgmlType::q5_1:
+      return f16d(b + 2);
+    case GgmlType::q4_k: {
+      std::uint8_t sc[8], mn[8];
+      kernels::q4_k_scales_mins(b + 4, sc, mn);
+      return -f16d(b + 2) * mn[(i % 256) / 32];
+    }
+    default:
+      return 0;
+  }
+}
+
+struct Q8Case {
+  std::vector<float> x;
+  Q8Activations xq;
+  std::vector<double> xd;  // d[i/32] * q[i] in fp64: the values the kernels multiply
+};
+
+Q8Case random_q8(std::size_t n, std::mt19937& rng) {
+  Q8Case c;
+  c.x = random_activations(n, rng);
+  quantize_q8(c.x.data(), n, c.xq);
+  for (std::size_t i = 0; i < n; ++i)
+    c.xd.push_back(static_cast<double>(c.xq.d[i / 32]) * c.xq.q[i]);
+  return c;
+}
+
+kernels::Q8View view(const Q8Activations& a) { return {a.q.data(), a.d.data(), a.sum.data()}; }
+
+}  // namespace
+
+// Both quantisers give the same bits; d = max|x| / 127 and |x - d q| <= d (1/2 + 1e-4) (x is
+// multiplied by 1/d rounded to f32, which can move x/d by a few ulp of 127); sum = d * sum q.
+TEST(QuantizeQ8, Avx2BitEqualsScalarAndWithinHalfAStep) {
+  std::mt19937 rng(21);
+  const bool avx2 = masskv::cpu::has_avx2();
+  for (std::size_t n : {32, 64, 96, 576, 640, 2048}) {
+    for (int trial = 0; trial < 5; ++trial) {
+      const auto x = random_activations(n, rng);
+      std::vector<std::int8_t> q(n, 99);
+      std::vector<float> d(n / 32, -1), sum(n / 32, -1);
+      kernels::quantize_q8_scalar(x.data(), n, q.data(), d.data(), sum.data());
+      for (std::size_t b = 0; b < n / 32; ++b) {
+        float amax = 0;
+        int s = 0;
+        for (std::size_t j = 0; j < 32; ++j) {
+          amax = std::max(amax, std::abs(x[32 * b + j]));
+          s += q[32 * b + j];
+        }
+        ASSERT_EQ(d[b], amax / 127.0f) << "block " << b;
+        EXPECT_EQ(sum[b], d[b] * static_cast<float>(s)) << "block " << b;
+        for (std::size_t j = 0; j < 32; ++j) {
+          const std::size_t i = 32 * b + j;
+          ASSERT_LE(std::abs(q[i]), 127);
+          ASSERT_LE(std::abs(x[i] - static_cast<double>(d[b]) * q[i]), d[b] * (0.5 + 1e-4)) << i;
+        }
+      }
+      if (avx2) {
+        std::vector<std::int8_t> q2(n, 99);
+        std::vector<float> d2(n / 32, -2), sum2(n / 32, -2);
+        kernels::quantize_q8_avx2(x.data(), n, q2.data(), d2.data(), sum2.data());
+        EXPECT_EQ(q, q2) << "n=" << n;
+        EXPECT_EQ(std::memcmp(d.data(), d2.data(), d.size() * 4), 0) << "n=" << n;
+        EXPECT_EQ(std::memcmp(sum.data(), sum2.data(), sum.size() * 4), 0) << "n=" << n;
+      }
+    }
+  }
+}
+
+// Blocks that are all zero or too small for a normal d read as zeros; a block holding an inf or
+// a NaN gets d = sum = NaN, so every dot product that touches it is NaN, not a silent number.
+TEST(QuantizeQ8, ZeroTinyAndNonFiniteBlocks) {
+  std::vector<float> x(5 * 32, 0.5f);
+  std::fill(x.begin(), x.begin() + 32, 0.0f);
+  std::fill(x.begin() + 32, x.begin() + 64, 1e-37f);
+  x[64 + 3] = std::numeric_limits<float>::infinity();
+  x[96 + 31] = std::numeric_limits<float>::quiet_NaN();
+  using Fn = kernels::QuantizeQ8Fn;
+  std::vector<Fn> fns{kernels::quantize_q8_scalar};
+  if (masskv::cpu::has_avx2()) fns.push_back(kernels::quantize_q8_avx2);
+  for (const Fn fn : fns) {
+    std::vector<std::int8_t> q(x.size(), 7);
+    std::vector<float> d(5), sum(5);
+    fn(x.data(), x.size(), q.data(), d.data(), sum.data());
+    EXPECT_EQ(d[0], 0.0f);
+    EXPECT_EQ(d[1], 0.0f);
+    EXPECT_TRUE(std::isnan(d[2]) && std::isnan(sum[2]));
+    EXPECT_TRUE(std::isnan(d[3]) && std::isnan(sum[3]));
+    EXPECT_EQ(d[4], 0.5f / 127.0f);
+    EXPECT_EQ(sum[4], d[4] * 127 * 32);
+    for (std::size_t i = 0; i < 128; ++i) ASSERT_EQ(q[i], 0) << i;
+    for (std::size_t i = 128; i < 160; ++i) ASSERT_EQ(q[i], 127) << i;
+  }
+  Q8Activations xq;
+  quantize_q8(x.data(), x.size(), xq);
+  const auto row = std::vector<std::uint8_t>(5 * q8_0_bytes, 1);
+  EXPECT_TRUE(std::isnan(dot_row_q8(GgmlType::q8_0, row.data(), xq, x.size())));
+  EXPECT_FALSE(std::isnan(dot_row_q8(GgmlType::q8_0, row.data(), xq, 64)));
+}
+
+// Against fp64 on the dequantised Q8 activations x~ = d q: only f32 rounding is left. Each of
+// the 8 lanes sums one exact integer term per block of 32 with an FMA, the scale d_w * d_x is
+// rounded once, the lanes are added in 3 levels (and the Q4_1/Q5_1/Q4_K offset terms likewise),
+// so |error| <= (n/32 + 5) u sum_i (|w_i - o_i| + |o_i|) |x~_i| (o_i: the offset part of w_i).
+// Against fp64 on the original x: that plus the Q8 rounding, sum_b d_b (1/2 + 1e-4) sum |w_i|.
+TEST(DotRowQ8, MatchesFp64OnQuantisedAndOnOriginalActivations) {
+  std::mt19937 rng(17);
+  const bool avx2 = masskv::cpu::has_avx2();
+  for (GgmlType type : kComputeTypes) {
+    if (!q8_type(type)) {
+      EXPECT_FALSE(uses_q8_activations(type)) << to_string(type);
+      continue;
+    }
+    ASSERT_TRUE(uses_q8_activations(type)) << to_string(type);
+    ASSERT_NE(kernels::scalar_q8_dot(type), nullptr);
+    for (std::size_t n : widths(type)) {
+      SCOPED_TRACE(testing::Message() << to_string(type) << " n=" << n);
+      for (int trial = 0; trial < 4; ++trial) {
+        const auto row = random_row(type, n, rng);
+        const Q8Case c = random_q8(n, rng);
+        double want_q = 0, want_x = 0, mag = 0, q8_bound = 0;
+        for (std::size_t i = 0; i < n; ++i) {
+          const double w = ref_value(type, row.data(), i), o = ref_offset(type, row.data(), i);
+          want_q += w * c.xd[i];
+          want_x += w * c.x[i];
+          mag += (std::abs(w - o) + std::abs(o)) * std::abs(c.xd[i]);
+          q8_bound += std::abs(w) * c.xq.d[i / 32] * (0.5 + 1e-4);
+        }
+        const double tight = (static_cast<double>(n) / 32 + 5) * kU * mag;
+        const float got = kernels::scalar_q8_dot(type)(row.data(), view(c.xq), n);
+        EXPECT_NEAR(got, want_q, tight) << "scalar vs fp64 on d q";
+        EXPECT_NEAR(got, want_x, tight + q8_bound) << "scalar vs fp64 on x";
+        const float api = dot_row_q8(type, row.data(), c.xq, n);
+        EXPECT_NEAR(api, want_q, tight) << "dot_row_q8 vs fp64 on d q";
+        if (avx2) {
+          ASSERT_NE(kernels::avx2_q8_dot(type), nullptr);
+          const float v = kernels::avx2_q8_dot(type)(row.data(), view(c.xq), n);
+          EXPECT_EQ(std::memcmp(&v, &got, 4), 0) << "avx2 " << v << " scalar " << got;
+        }
+      }
+    }
+  }
+}
+
+// Hand-built extremes the random rows rarely hit: Q8_0 weights of -128 against +-127
+// activations (the largest maddubs pairs) and Q6_K scales of -128; the kernels must not
+// saturate, so they equal the fp64 product of the dequantised values exactly here (all terms
+// are small integers times powers of two).
+TEST(DotRowQ8, ExtremeIntegersDoNotSaturate) {
+  std::vector<float> x(256);
+  for (std::size_t i = 0; i < x.size(); ++i) x[i] = i % 3 == 0 ? -1.0f : 1.0f;
+  Q8Activations xq;
+  quantize_q8(x.data(), x.size(), xq);  // d = 1/127, q = +-127
+  std::vector<std::uint8_t> q8(8 * q8_0_bytes);
+  for (std::size_t b = 0; b < 8; ++b) {
+    put_f16(q8.data() + b * q8_0_bytes, 1.0f);
+    std::fill_n(q8.data() + b * q8_0_bytes + 2, 32, std::uint8_t{0x80});  // -128
+  }
+  std::vector<std::uint8_t> q6(q6_k_bytes, 0);  // every q = -32
+  put_f16(q6.data() + 208, 1.0f);
+  std::fill_n(q6.data() + 192, 16, std::uint8_t{0x80});  // scales -128
+  for (const auto& [type, row] : {std::pair{GgmlType::q8_0, &q8}, std::pair{GgmlType::q6_k, &q6}}) {
+    double want = 0;
+    for (std::size_t i = 0; i < 256; ++i) {
+      want += ref_value(type, row->data(), i) * static_cast<double>(xq.d[0]) * xq.q[i];
+    }
+    std::vector<kernels::Q8DotFn> fns{kernels::scalar_q8_dot(type)};
+    if (masskv::cpu::has_avx2()) fns.push_back(kernels::avx2_q8_dot(type));
+    for (const auto fn : fns) {
+      EXPECT_NEAR(fn(row->data(), view(xq), 256), want, 1e-6 * std::abs(want)) << to_string(type);
+    }
+  }
+}
+
+// Both activation formats on odd row counts: each y[r] is bit-equal to its row's dot product
+// (dot_row_q8 on the quantised x, or dot_row on x), within 1e-5 * sum|w x| of fp64 on the
+// values that dot product sees, and the same with 1 and 3 threads.
 TEST(Matvec, MatchesFp64AndDoesNotDependOnThreadCount) {
   std::mt19937 rng(3);
   for (GgmlType type : kComputeTypes) {
     const std::size_t cols = type_traits(type).block_elems == 256 ? 512 : 96;
     for (std::size_t rows : {1, 17, 100}) {
-      SCOPED_TRACE(testing::Message() << to_string(type) << " rows=" << rows);
       std::vector<std::uint8_t> w;
       for (std::size_t r = 0; r < rows; ++r) {
         const auto row = random_row(type, cols, rng);
         w.insert(w.end(), row.begin(), row.end());
       }
-      const auto x = random_x(cols, rng);
-      std::vector<float> y1(rows), y2(rows);
-      const int saved = omp_get_max_threads();
-      omp_set_num_threads(1);
-      matvec(type, w.data(), rows, cols, x.data(), y1.data());
-      omp_set_num_threads(3);
-      matvec(type, w.data(), rows, cols, x.data(), y2.data());
-      omp_set_num_threads(saved);
-      const std::size_t stride = row_bytes(type, cols);
-      for (std::size_t r = 0; r < rows; ++r) {
-        EXPECT_EQ(std::memcmp(&y1[r], &y2[r], 4), 0) << r;
-        const float d = dot_row(type, w.data() + r * stride, x.data(), cols);
-        EXPECT_EQ(std::memcmp(&y1[r], &d, 4), 0) << r;
-        const RefDot ref = ref_dot(type, w.data() + r * stride, x.data(), cols);
-        EXPECT_NEAR(y1[r], ref.value, kDotRelTol * ref.magnitude) << r;
+      const auto x = random_activations(cols, rng);
+      Q8Activations xq;
+      quantize_q8(x.data(), cols, xq);
+      for (const Activations act : {Activations::q8, Activations::f32}) {
+        const bool q8 = act == Activations::q8 && uses_q8_activations(type);
+        SCOPED_TRACE(testing::Message() << to_string(type) << " rows=" << rows << " q8=" << q8);
+        std::vector<float> y1(rows), y2(rows);
+        const int saved = omp_get_max_threads();
+        omp_set_num_threads(1);
+        matvec(type, w.data(), rows, cols, x.data(), y1.data(), act);
+        omp_set_num_threads(3);
+        matvec(type, w.data(), rows, cols, x.data(), y2.data(), act);
+        omp_set_num_threads(saved);
+        std::vector<float> seen(x);  // the activations the row's dot product multiplies
+        if (q8) {
+          for (std::size_t i = 0; i < cols; ++i)
+            seen[i] = xq.d[i / 32] * static_cast<float>(xq.q[i]);
+        }
+        const std::size_t stride = row_bytes(type, cols);
+        for (std::size_t r = 0; r < rows; ++r) {
+          EXPECT_EQ(std::memcmp(&y1[r], &y2[r], 4), 0) << r;
+          const std::uint8_t* wr = w.data() + r * stride;
+          const float d = q8 ? dot_row_q8(type, wr, xq, cols) : dot_row(type, wr, x.data(), cols);
+          EXPECT_EQ(std::memcmp(&y1[r], &d, 4), 0) << r;
+          const RefDot ref = ref_dot(type, wr, seen.data(), cols);
+          EXPECT_NEAR(y1[r], ref.value, kDotRelTol * ref.magnitude) << r;
+        }
       }
     }
   }
@@ -312,6 +531,15 @@ TEST(Quant, PartialBlocksAndUnsupportedTypesAreErrors) {
   EXPECT_EQ(row_bytes(GgmlType::q4_k, 1024), 4u * 144);
   EXPECT_EQ(row_bytes(GgmlType::q6_k, 2048), 8u * 210);
   EXPECT_EQ(row_bytes(GgmlType::q5_0, 640), 20u * 22);
+  Q8Activations xq;
+  EXPECT_EQ(code([&] { quantize_q8(y.data(), 48, xq); }), ErrorCode::invalid_argument);
+  quantize_q8(y.data(), 64, xq);
+  EXPECT_EQ(code([&] { (void)dot_row_q8(GgmlType::f16, buf.data(), xq, 64); }),
+            ErrorCode::unsupported);
+  EXPECT_EQ(code([&] { (void)dot_row_q8(GgmlType::q8_0, buf.data(), xq, 96); }),
+            ErrorCode::invalid_argument);  // x holds only 64 values
+  EXPECT_EQ(code([&] { (void)dot_row_q8(GgmlType::q4_k, buf.data(), xq, 64); }),
+            ErrorCode::invalid_argument);  // partial Q4_K block
 }
 
 // ---- prefill matmul ---------------------------------------------------------------------------

@@ -17,13 +17,13 @@ namespace masskv::model {
 
 namespace {
 
-// Y[n][rows] = X[n][cols] W^T: matvec for one token (decode), matmul for a block (prefill);
-// both give the same bits per token.
-void linear(const GgufTensor& w, const float* x, std::size_t n, float* y) {
+// Y[n][rows] = X[n][cols] W^T: matvec for one token (activations as given), matmul (f32) for
+// a block.
+void linear(const GgufTensor& w, const float* x, std::size_t n, float* y, Activations act) {
   const auto rows = static_cast<std::size_t>(w.rows());
   const auto cols = static_cast<std::size_t>(w.row_width());
   if (n == 1) {
-    matvec(w.type, w.data, rows, cols, x, y);
+    matvec(w.type, w.data, rows, cols, x, y, act);
   } else {
     matmul(w.type, w.data, rows, cols, x, n, y);
   }
@@ -299,6 +299,8 @@ static void forward(const Model& model, Session::Impl& s, std::span<const TokenI
   const std::size_t n = tokens.size(), E = sz(c.n_embd), D = sz(c.head_dim);
   const std::size_t Hq = sz(c.n_head), Hkv = sz(c.n_head_kv), F = sz(c.n_ff);
   const auto ln = static_cast<std::int64_t>(n);
+  // Prefill stays f32 even for a one-token block (or its last row's logits), like matmul.
+  const Activations act = blk.decode_path ? s.opt.decode_activations : Activations::f32;
   s.reserve(c, n);
   const GgufTensor& emb = model.token_embd();
   const std::size_t emb_row = row_bytes(emb.type, E);
@@ -321,9 +323,9 @@ static void forward(const Model& model, Session::Impl& s, std::span<const TokenI
     for (std::int64_t t = 0; t < ln; ++t) {
       ops::rms_norm(&s.x[sz(t) * E], w_attn_norm, c.rms_eps, E, &s.xn[sz(t) * E]);
     }
-    linear(*L.wq, s.xn.data(), n, s.q.data());
-    linear(*L.wk, s.xn.data(), n, s.k.data());
-    linear(*L.wv, s.xn.data(), n, s.v.data());
+    linear(*L.wq, s.xn.data(), n, s.q.data(), act);
+    linear(*L.wk, s.xn.data(), n, s.k.data(), act);
+    linear(*L.wv, s.xn.data(), n, s.v.data(), act);
     const float* wqn = c.qk_norm ? model.norm_weights(*L.q_norm) : nullptr;
     const float* wkn = c.qk_norm ? model.norm_weights(*L.k_norm) : nullptr;
 #pragma omp parallel for schedule(static) if (n > 1)
@@ -340,13 +342,17 @@ static void forward(const Model& model, Session::Impl& s, std::span<const TokenI
       }
     }
     if (s.opt.capture) {
-      s.opt.capture({l, blk.pos0, static_cast<int>(n), {s.q.data(), n * Hq * D},
-                     {s.k.data(), n * Hkv * D}, {s.v.data(), n * Hkv * D}});
+      s.opt.capture({l,
+                     blk.pos0,
+                     static_cast<int>(n),
+                     {s.q.data(), n * Hq * D},
+                     {s.k.data(), n * Hkv * D},
+                     {s.v.data(), n * Hkv * D}});
     }
     (*s.caches)[sz(l)].append(s.seqs[sz(l)], std::span<const float>(s.k.data(), n * Hkv * D),
                               std::span<const float>(s.v.data(), n * Hkv * D), static_cast<int>(n));
     attend(model, s, l, blk, stats);
-    linear(*L.wo, s.att.data(), n, s.o.data());
+    linear(*L.wo, s.att.data(), n, s.o.data(), act);
     if (c.post_norms) {
       const float* w = model.norm_weights(*L.post_attn_norm);
       for (std::size_t t = 0; t < n; ++t) ops::rms_norm(&s.o[t * E], w, c.rms_eps, E, &s.o[t * E]);
@@ -358,10 +364,10 @@ static void forward(const Model& model, Session::Impl& s, std::span<const TokenI
     for (std::int64_t t = 0; t < ln; ++t) {
       ops::rms_norm(&s.x[sz(t) * E], w_ffn_norm, c.rms_eps, E, &s.xn[sz(t) * E]);
     }
-    linear(*L.ffn_gate, s.xn.data(), n, s.gate.data());
-    linear(*L.ffn_up, s.xn.data(), n, s.up.data());
+    linear(*L.ffn_gate, s.xn.data(), n, s.gate.data(), act);
+    linear(*L.ffn_up, s.xn.data(), n, s.up.data(), act);
     ops::glu(c.gelu_ffn, s.gate.data(), s.up.data(), n * F);
-    linear(*L.ffn_down, s.gate.data(), n, s.o.data());
+    linear(*L.ffn_down, s.gate.data(), n, s.o.data(), act);
     if (c.post_norms) {
       const float* w = model.norm_weights(*L.post_ffn_norm);
       for (std::size_t t = 0; t < n; ++t) ops::rms_norm(&s.o[t * E], w, c.rms_eps, E, &s.o[t * E]);
@@ -375,7 +381,7 @@ static void forward(const Model& model, Session::Impl& s, std::span<const TokenI
     ops::rms_norm(&s.x[(logits_from + t) * E], w_out_norm, c.rms_eps, E, &s.xn[t * E]);
   }
   const std::size_t V = sz(c.n_vocab);
-  linear(model.output(), s.xn.data(), m, logits);
+  linear(model.output(), s.xn.data(), m, logits, act);
   if (c.final_softcap > 0) {
     for (std::size_t i = 0; i < m * V; ++i) {
       logits[i] = c.final_softcap * std::tanh(logits[i] / c.final_softcap);

@@ -257,19 +257,28 @@ void q4_k_scales_mins(const std::uint8_t* p, std::uint8_t scales[8],
 
 namespace {
 
-// One row per compute type: its scalar dequant/dot and its AVX2 dot/dequant.
+// One row per compute type: its scalar dequant/dot, its AVX2 dot/dequant and, for the
+// block-quantised types, its Q8-activation dots (scalar, AVX2).
 struct KernelSet {
   GgmlType type;
   DequantFn dequant;
   DotFn dot;
   DotFn avx2;
   DequantFn avx2_dequant;
+  Q8DotFn q8_dot = nullptr;
+  Q8DotFn q8_avx2 = nullptr;
 };
 
 template <void (*Decode)(const std::uint8_t*, float*), std::size_t QK, std::size_t Bytes>
-constexpr KernelSet blocked(GgmlType type, DotFn avx2, DequantFn avx2_dequant) {
-  return {type, dequant_blocks<Decode, QK, Bytes>, dot_blocks<Decode, QK, Bytes>, avx2,
-          avx2_dequant};
+constexpr KernelSet blocked(GgmlType type, DotFn avx2, DequantFn avx2_dequant, Q8DotFn q8_dot,
+                            Q8DotFn q8_avx2) {
+  return {type,
+          dequant_blocks<Decode, QK, Bytes>,
+          dot_blocks<Decode, QK, Bytes>,
+          avx2,
+          avx2_dequant,
+          q8_dot,
+          q8_avx2};
 }
 
 // f32 has no AVX2 dequantiser: it is a copy.
@@ -277,13 +286,20 @@ constexpr KernelSet kKernels[] = {
     {GgmlType::f32, dequant_f32, dot_f32, dot_f32_avx2, dequant_f32},
     {GgmlType::f16, dequant_f16, dot_f16, dot_f16_avx2, dequant_f16_avx2},
     {GgmlType::bf16, dequant_bf16, dot_bf16, dot_bf16_avx2, dequant_bf16_avx2},
-    blocked<decode_q4_0, qk4_0, q4_0_bytes>(GgmlType::q4_0, dot_q4_0_avx2, dequant_q4_0_avx2),
-    blocked<decode_q4_1, qk4_1, q4_1_bytes>(GgmlType::q4_1, dot_q4_1_avx2, dequant_q4_1_avx2),
-    blocked<decode_q5_0, qk5_0, q5_0_bytes>(GgmlType::q5_0, dot_q5_0_avx2, dequant_q5_0_avx2),
-    blocked<decode_q5_1, qk5_1, q5_1_bytes>(GgmlType::q5_1, dot_q5_1_avx2, dequant_q5_1_avx2),
-    blocked<decode_q8_0, qk8_0, q8_0_bytes>(GgmlType::q8_0, dot_q8_0_avx2, dequant_q8_0_avx2),
-    blocked<decode_q4_k, qk_k, q4_k_bytes>(GgmlType::q4_k, dot_q4_k_avx2, dequant_q4_k_avx2),
-    blocked<decode_q6_k, qk_k, q6_k_bytes>(GgmlType::q6_k, dot_q6_k_avx2, dequant_q6_k_avx2),
+    blocked<decode_q4_0, qk4_0, q4_0_bytes>(GgmlType::q4_0, dot_q4_0_avx2, dequant_q4_0_avx2,
+                                            q8_dot_q4_0_scalar, q8_dot_q4_0_avx2),
+    blocked<decode_q4_1, qk4_1, q4_1_bytes>(GgmlType::q4_1, dot_q4_1_avx2, dequant_q4_1_avx2,
+                                            q8_dot_q4_1_scalar, q8_dot_q4_1_avx2),
+    blocked<decode_q5_0, qk5_0, q5_0_bytes>(GgmlType::q5_0, dot_q5_0_avx2, dequant_q5_0_avx2,
+                                            q8_dot_q5_0_scalar, q8_dot_q5_0_avx2),
+    blocked<decode_q5_1, qk5_1, q5_1_bytes>(GgmlType::q5_1, dot_q5_1_avx2, dequant_q5_1_avx2,
+                                            q8_dot_q5_1_scalar, q8_dot_q5_1_avx2),
+    blocked<decode_q8_0, qk8_0, q8_0_bytes>(GgmlType::q8_0, dot_q8_0_avx2, dequant_q8_0_avx2,
+                                            q8_dot_q8_0_scalar, q8_dot_q8_0_avx2),
+    blocked<decode_q4_k, qk_k, q4_k_bytes>(GgmlType::q4_k, dot_q4_k_avx2, dequant_q4_k_avx2,
+                                           q8_dot_q4_k_scalar, q8_dot_q4_k_avx2),
+    blocked<decode_q6_k, qk_k, q6_k_bytes>(GgmlType::q6_k, dot_q6_k_avx2, dequant_q6_k_avx2,
+                                           q8_dot_q6_k_scalar, q8_dot_q6_k_avx2),
 };
 
 const KernelSet* find_kernels(GgmlType type) noexcept {
@@ -293,40 +309,41 @@ const KernelSet* find_kernels(GgmlType type) noexcept {
   return nullptr;
 }
 
+// The type's kernel in `field`, or nullptr.
+template <class Fn>
+Fn kernel(GgmlType type, Fn KernelSet::*field) noexcept {
+  const KernelSet* k = find_kernels(type);
+  return k != nullptr ? k->*field : nullptr;
+}
+
+// The AVX2 kernel when the CPU has it and it is allowed, else the scalar one.
+template <class Fn>
+Fn best(GgmlType type, Fn KernelSet::*avx2, Fn KernelSet::*scalar) noexcept {
+  if (cpu::has_avx2() && cpu::simd_allowed()) {
+    if (Fn f = kernel(type, avx2)) return f;
+  }
+  return kernel(type, scalar);
+}
+
 }  // namespace
 
-DequantFn scalar_dequant(GgmlType type) noexcept {
-  const KernelSet* k = find_kernels(type);
-  return k != nullptr ? k->dequant : nullptr;
-}
-
-DotFn scalar_dot(GgmlType type) noexcept {
-  const KernelSet* k = find_kernels(type);
-  return k != nullptr ? k->dot : nullptr;
-}
-
-DotFn avx2_dot(GgmlType type) noexcept {
-  const KernelSet* k = find_kernels(type);
-  return k != nullptr ? k->avx2 : nullptr;
-}
-
-DequantFn avx2_dequant(GgmlType type) noexcept {
-  const KernelSet* k = find_kernels(type);
-  return k != nullptr ? k->avx2_dequant : nullptr;
-}
+DequantFn scalar_dequant(GgmlType type) noexcept { return kernel(type, &KernelSet::dequant); }
+DotFn scalar_dot(GgmlType type) noexcept { return kernel(type, &KernelSet::dot); }
+DotFn avx2_dot(GgmlType type) noexcept { return kernel(type, &KernelSet::avx2); }
+DequantFn avx2_dequant(GgmlType type) noexcept { return kernel(type, &KernelSet::avx2_dequant); }
+Q8DotFn scalar_q8_dot(GgmlType type) noexcept { return kernel(type, &KernelSet::q8_dot); }
+Q8DotFn avx2_q8_dot(GgmlType type) noexcept { return kernel(type, &KernelSet::q8_avx2); }
 
 DequantFn best_dequant(GgmlType type) noexcept {
-  if (cpu::has_avx2() && cpu::simd_allowed()) {
-    if (DequantFn f = avx2_dequant(type)) return f;
-  }
-  return scalar_dequant(type);
+  return best(type, &KernelSet::avx2_dequant, &KernelSet::dequant);
+}
+DotFn best_dot(GgmlType type) noexcept { return best(type, &KernelSet::avx2, &KernelSet::dot); }
+Q8DotFn best_q8_dot(GgmlType type) noexcept {
+  return best(type, &KernelSet::q8_avx2, &KernelSet::q8_dot);
 }
 
-DotFn best_dot(GgmlType type) noexcept {
-  if (cpu::has_avx2() && cpu::simd_allowed()) {
-    if (DotFn f = avx2_dot(type)) return f;
-  }
-  return scalar_dot(type);
+QuantizeQ8Fn best_quantize_q8() noexcept {
+  return cpu::has_avx2() && cpu::simd_allowed() ? quantize_q8_avx2 : quantize_q8_scalar;
 }
 
 }  // namespace kernels
@@ -343,14 +360,48 @@ float dot_row(GgmlType type, const void* row, const float* x, std::size_t n) {
   return kernels::best_dot(type)(row, x, n);
 }
 
+bool uses_q8_activations(GgmlType type) noexcept { return kernels::scalar_q8_dot(type) != nullptr; }
+
+void quantize_q8(const float* x, std::size_t n, Q8Activations& out) {
+  require(n % qk8_act == 0, ErrorCode::invalid_argument, "n", n,
+          " values are not a multiple of the Q8 block size ", qk8_act);
+  out.q.resize(n);
+  out.d.resize(n / qk8_act);
+  out.sum.resize(n / qk8_act);
+  kernels::best_quantize_q8()(x, n, out.q.data(), out.d.data(), out.sum.data());
+}
+
+float dot_row_q8(GgmlType type, const void* row, const Q8Activations& x, std::size_t n) {
+  compute_traits(type, "type");
+  require(uses_q8_activations(type), ErrorCode::unsupported, "type", "tensor type ",
+          to_string(type), " takes f32 activations (dot_row)");
+  row_bytes(type, n, "n");
+  require(x.q.size() >= n && x.d.size() >= n / qk8_act && x.sum.size() >= n / qk8_act,
+          ErrorCode::invalid_argument, "n", "row of ", n, " values but the activations hold ",
+          x.q.size());
+  return kernels::best_q8_dot(type)(row, {x.q.data(), x.d.data(), x.sum.data()}, n);
+}
+
 void matvec(GgmlType type, const void* w, std::size_t rows, std::size_t cols, const float* x,
-            float* y) {
+            float* y, Activations activations) {
   compute_traits(type, "type");
   const std::size_t stride = row_bytes(type, cols, "cols");
-  const kernels::DotFn dot = kernels::best_dot(type);
   const auto* base = static_cast<const std::uint8_t*>(w);
   const auto n = static_cast<std::int64_t>(rows);
-  // Fixed chunks of rows; each y[r] is one dot_row, so the thread count cannot change it.
+  // Fixed chunks of rows; each y[r] is one row's dot product, so the thread count cannot
+  // change it.
+  if (activations == Activations::q8 && uses_q8_activations(type)) {
+    static thread_local Q8Activations xq;  // quantised once, read by every thread
+    quantize_q8(x, cols, xq);
+    const kernels::Q8View v{xq.q.data(), xq.d.data(), xq.sum.data()};
+    const kernels::Q8DotFn dot = kernels::best_q8_dot(type);
+#pragma omp parallel for schedule(static, 16)
+    for (std::int64_t r = 0; r < n; ++r) {
+      y[r] = dot(base + static_cast<std::size_t>(r) * stride, v, cols);
+    }
+    return;
+  }
+  const kernels::DotFn dot = kernels::best_dot(type);
 #pragma omp parallel for schedule(static, 16)
   for (std::int64_t r = 0; r < n; ++r) {
     y[r] = dot(base + static_cast<std::size_t>(r) * stride, x, cols);

@@ -8,22 +8,14 @@
 #include <cstdint>
 #include <cstring>
 
+#include "core/simd_avx2.hpp"
 #include "model/quant_kernels.hpp"
 
 namespace masskv::model::kernels {
 namespace {
 
-float hsum(__m256 v) {
-  const __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  const __m128 s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
-  return _mm_cvtss_f32(_mm_add_ss(s2, _mm_movehdup_ps(s2)));
-}
-
-float f16_at(const std::uint8_t* p) {
-  std::uint16_t bits;
-  std::memcpy(&bits, p, 2);
-  return _cvtsh_ss(bits);
-}
+using simd::f16_at;
+using simd::hsum;
 
 __m128i load8(const std::uint8_t* p) {
   return _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p));

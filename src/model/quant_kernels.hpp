@@ -26,6 +26,50 @@ DequantFn avx2_dequant(GgmlType type) noexcept;
 // The dequantiser dequantize_row and matmul use (AVX2 when present and allowed, else scalar).
 DequantFn best_dequant(GgmlType type) noexcept;
 
+// ---- Q8 activations (quant.hpp's Q8Activations as plain pointers for the kernels) ----------
+// Block b of 32 values: x ~ d[b] * q[32b + j]; sum[b] = d[b] * sum_j q[32b + j].
+struct Q8View {
+  const std::int8_t* q;
+  const float* d;
+  const float* sum;
+};
+using QuantizeQ8Fn = void (*)(const float* x, std::size_t n, std::int8_t* q, float* d, float* sum);
+// sum_i w_i * d[i/32] * q_i over one stored row of n values (n a multiple of the weight block).
+using Q8DotFn = float (*)(const void* row, Q8View x, std::size_t n);
+
+// Both quantisers give the same bits (q = x * (1/d) rounded to nearest-even, d = max|x| / 127;
+// a block with a non-finite value gets d = sum = NaN and q = 0).
+void quantize_q8_scalar(const float* x, std::size_t n, std::int8_t* q, float* d, float* sum);
+void quantize_q8_avx2(const float* x, std::size_t n, std::int8_t* q, float* d, float* sum);
+QuantizeQ8Fn best_quantize_q8() noexcept;
+
+// Integer dot kernels for the block-quantised types, or nullptr for the float types (f32, f16,
+// bf16 keep f32 activations). The scalar kernels form the same exact integer partial sums as
+// the AVX2 ones (lane l of a block: values 4l..4l+3) and combine them with the same fused
+// multiply-adds in the same order, so the two sets give the same bits: activation block xb
+// folds into lane l of accumulator xb % kQ8Chains, the accumulators are added lane-wise as
+// (0 + 1) + (2 + 3), then the 8 lanes in simd::hsum's tree.
+inline constexpr std::size_t kQ8Chains = 4;
+Q8DotFn scalar_q8_dot(GgmlType type) noexcept;
+Q8DotFn avx2_q8_dot(GgmlType type) noexcept;  // call only when masskv::cpu::has_avx2()
+Q8DotFn best_q8_dot(GgmlType type) noexcept;
+
+float q8_dot_q4_0_scalar(const void* row, Q8View x, std::size_t n);
+float q8_dot_q4_1_scalar(const void* row, Q8View x, std::size_t n);
+float q8_dot_q5_0_scalar(const void* row, Q8View x, std::size_t n);
+float q8_dot_q5_1_scalar(const void* row, Q8View x, std::size_t n);
+float q8_dot_q8_0_scalar(const void* row, Q8View x, std::size_t n);
+float q8_dot_q4_k_scalar(const void* row, Q8View x, std::size_t n);
+float q8_dot_q6_k_scalar(const void* row, Q8View x, std::size_t n);
+
+float q8_dot_q4_0_avx2(const void* row, Q8View x, std::size_t n);
+float q8_dot_q4_1_avx2(const void* row, Q8View x, std::size_t n);
+float q8_dot_q5_0_avx2(const void* row, Q8View x, std::size_t n);
+float q8_dot_q5_1_avx2(const void* row, Q8View x, std::size_t n);
+float q8_dot_q8_0_avx2(const void* row, Q8View x, std::size_t n);
+float q8_dot_q4_k_avx2(const void* row, Q8View x, std::size_t n);
+float q8_dot_q6_k_avx2(const void* row, Q8View x, std::size_t n);
+
 // Q4_K packs 8 six-bit scales and 8 six-bit mins into 12 bytes: entries 0-3 in the low 6 bits
 // of bytes 0-3 (scales) and 4-7 (mins); entries 4-7 take their low 4 bits from bytes 8-11
 // (scale low nibble, min high nibble) and their top 2 bits from the spare top bits of 0-7.

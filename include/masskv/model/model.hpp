@@ -137,6 +137,10 @@ struct SessionOptions {
   // partial last page on its first append and then needs pages for what it appends).
   int fork_pages = 0;
   int prefill_block = 64;  // tokens per prefill step (weight rows reused across them)
+  // Activations of decode's mat-vecs (quant.hpp): q8 quantises them per mat-vec and runs
+  // integer dot products (llama.cpp's scheme, the faster decode); f32 keeps them f32 like
+  // prefill's matmul, so decode and prefill compute one function up to f32 rounding.
+  Activations decode_activations = Activations::q8;
   // Sliding window of the local layers: 0 = the model's; > 0 overrides it (tests exercise the
   // window on short sequences this way).
   int sliding_window = 0;

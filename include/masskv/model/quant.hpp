@@ -1,14 +1,18 @@
-// ggml tensor types as stored in GGUF files: block layouts, dequantisation, fused dot
-// products against f32 activations, a threaded matrix-vector product and the prefill matmul.
+// ggml tensor types as stored in GGUF files: block layouts, dequantisation, dot products
+// against f32 or Q8-quantised activations, a threaded matrix-vector product and the prefill
+// matmul.
 //
 // A row of n values of a block-quantised type is n / block_elems consecutive blocks of
-// block_bytes each; scales and mins are little-endian f16. Arithmetic is f32; activations stay
-// f32 (unlike ggml's vec_dot, x is never quantised), so dot_row only adds f32 rounding.
+// block_bytes each; scales and mins are little-endian f16. dot_row and matmul keep x in f32 and
+// only add f32 rounding. matvec (decode), like llama.cpp, by default sees the activations of a
+// block-quantised weight through an 8-bit quantisation (Q8Activations) and runs integer dot
+// products: faster, at the cost of that rounding.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
 #include <string_view>
+#include <vector>
 
 namespace masskv::model {
 
@@ -72,18 +76,50 @@ void dequantize_row(GgmlType type, const void* src, float* dst, std::size_t n);
 // sum_i w_i * x_i over one row of n stored values w, accumulated in f32 in a fixed order.
 float dot_row(GgmlType type, const void* row, const float* x, std::size_t n);
 
-// y[r] = dot_row(W row r, x) for r < rows; W is rows x cols, row-major, rows contiguous.
-// OpenMP over rows with fixed chunks: each y[r] is computed by one thread in a fixed order,
-// so results do not depend on the thread count.
+// ---- Q8 activations ----------------------------------------------------------------------
+// x quantised to 8 bits in blocks of 32 values: x_i ~ d[b] * q[i] for b = i / 32, with
+// d[b] = max_j |x_j| / 127 over the block (f32) and q_i = x_i / d[b] rounded to the nearest
+// integer (ties to even), so |x_i - d q_i| <= d / 2 (plus f32 rounding of x_i / d). sum[b] =
+// d[b] * sum_j q_j is the quantised block's sum, which the weight types with an offset or min
+// (Q4_1, Q5_1, Q4_K) need. A block whose max |x| is below 127 * FLT_MIN (d would be subnormal)
+// is stored as zeros; a block holding an inf or NaN gets d = sum = NaN, so every dot product
+// that reads it is NaN.
+struct Q8Activations {
+  std::vector<std::int8_t> q;
+  std::vector<float> d, sum;
+};
+inline constexpr std::size_t qk8_act = 32;
+
+// out = x[0..n) quantised; throws Error(invalid_argument, "n") when n % 32 != 0.
+void quantize_q8(const float* x, std::size_t n, Q8Activations& out);
+// True for the block-quantised compute types (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q6_K), which
+// have integer dot kernels; f32, f16 and bf16 weights always take f32 activations.
+bool uses_q8_activations(GgmlType type) noexcept;
+// sum_i w_i * d[i/32] q_i over one row of n stored values, from integer block dot products
+// (exact) scaled once per block of 32 in f32. Throws Error(unsupported, "type") when
+// !uses_q8_activations(type), Error(invalid_argument, "n") on a partial block or when x holds
+// fewer than n values.
+float dot_row_q8(GgmlType type, const void* row, const Q8Activations& x, std::size_t n);
+
+enum class Activations {
+  q8,   // quantised once per mat-vec where uses_q8_activations(type), else f32
+  f32,  // always f32 (dot_row)
+};
+
+// y[r] = W row r times x for r < rows; W is rows x cols, row-major, rows contiguous. With
+// Activations::q8 and uses_q8_activations(type), x is quantised once (quantize_q8) and y[r] =
+// dot_row_q8(row r); otherwise y[r] = dot_row(row r, x). OpenMP over rows with fixed chunks:
+// each y[r] is computed by one thread in a fixed order, so results do not depend on the thread
+// count.
 void matvec(GgmlType type, const void* w, std::size_t rows, std::size_t cols, const float* x,
-            float* y);
+            float* y, Activations activations = Activations::q8);
 
 // Y[t][r] = sum_i W[r][i] X[t][i] for t < n tokens: X is [n][cols], Y is [n][rows] (prefill
-// batches). Weight rows are dequantised to f32 once per 8-row panel and block of up to 128
-// tokens, then multiplied by a register-blocked f32 kernel (src/model/gemm*.cpp). Each output
-// is one f32 chain over i in order: within 1e-5 * sum|w x| of the exact product like dot_row,
-// but not bit-equal to matvec; independent of the thread count and of which other tokens share
-// the call. OpenMP over panels.
+// batches), f32 activations. Weight rows are dequantised to f32 once per 8-row panel and block
+// of up to 128 tokens, then multiplied by a register-blocked f32 kernel (src/model/gemm*.cpp).
+// Each output is one f32 chain over i in order: within 1e-5 * sum|w x| of the exact product
+// like dot_row (so like matvec with Activations::f32, not bit-equal); independent of the
+// thread count and of which other tokens share the call. OpenMP over panels.
 void matmul(GgmlType type, const void* w, std::size_t rows, std::size_t cols, const float* x,
             std::size_t n, float* y);
 
