@@ -18,6 +18,9 @@
 // mapping of every layer (prefill and decode) for α-entmax: the models are trained with
 // softmax, so that is "entmax mapping on a softmax-trained model" until a converted model
 // exists (DESIGN.md §2.10); reports must label it so.
+//
+// decode_batch steps several sessions (forks, other selectors, other positions) through one
+// forward pass: the weights are read once per step instead of once per session.
 #pragma once
 
 #include <cstdint>
