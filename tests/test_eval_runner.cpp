@@ -96,14 +96,15 @@ TEST(EvalRunner, SharedPrefillGivesTheOutcomesOfSeparateRuns) {
 // lanes leave the batch at different steps.
 TEST(EvalRunner, LockstepBatchesGiveTheOutcomesOfOneAtATime) {
   REQUIRE_MODEL(m, "smollm2");
-  if (test::kSanitized) GTEST_SKIP() << "three runs of four configurations: too slow under sanitizers";
+  if (test::kSanitized)
+    GTEST_SKIP() << "three runs of four configurations: too slow under sanitizers";
   const model::ChatTemplate chat = model::ChatTemplate::from_gguf(m->file());
   const Sample s = code_word_sample();
   DecodeConfig top_p = quest(12);
   top_p.selector->method = select::Method::top_p;
   top_p.selector->budget.kind = select::Budget::Kind::top_p;
-  const std::vector<DecodeConfig> configs{
-      DecodeConfig{}, quest(8), DecodeConfig{Mapping::entmax(1.5), std::nullopt}, top_p};
+  const std::vector<DecodeConfig> configs{DecodeConfig{}, quest(8),
+                                          DecodeConfig{Mapping::entmax(1.5), std::nullopt}, top_p};
   RunOptions opt = small_pages();
   opt.max_batch = 1;
   const auto ref = run_sample(*m, chat, s, configs, opt);

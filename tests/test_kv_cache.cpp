@@ -361,8 +361,9 @@ TEST_F(CacheFixture, PagesNeededForSeveralSequencesIsWhatTheirAppendsTake) {
     for (int f = 0; f < 4; ++f) {
       const SeqId parent = live[rng() % live.size()];
       live.push_back(c.fork(parent));
-      if (rng() % 3 == 0) append_random(c, live.back(), 1 + static_cast<int>(rng() % 20),
-                                          static_cast<unsigned>(rng()));
+      if (rng() % 3 == 0)
+        append_random(c, live.back(), 1 + static_cast<int>(rng() % 20),
+                      static_cast<unsigned>(rng()));
     }
     std::shuffle(live.begin(), live.end(), rng);
     const std::size_t k = 1 + rng() % 4;

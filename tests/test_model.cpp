@@ -382,8 +382,8 @@ TEST(SessionDiagnostics, DeltaBoundsAreZeroWhenDenseAndPositiveWhenSparse) {
 // Quest, top-p, the oracle, sink + recent), position, pool (forks of one root, a fork of a
 // fork, an unrelated session) and, for Gemma, the sliding window of the local layers (8, cut
 // on every row). Built the same way on every call, so one call's sessions decode as a batch
-// and another's one by one. f32 KV, diagnostics on.
-std::vector<Session> mixed_sessions(const Model& m) {
+// and another's one by one. Diagnostics on.
+std::vector<Session> mixed_sessions(const Model& m, DType kv_dtype) {
   const std::vector<TokenId> text = m.tokenizer().encode(
       "A special magic number is hidden in this text. The grass is green. The sky is blue. "
       "The special magic number for zebra-lamp is 4829301. Here we go. There and back again. "
@@ -392,7 +392,7 @@ std::vector<Session> mixed_sessions(const Model& m) {
   SessionOptions so;
   so.max_tokens = 96;
   so.page_size = 4;
-  so.kv_dtype = DType::f32;
+  so.kv_dtype = kv_dtype;
   so.diagnostics = true;
   so.fork_pages = 64;
   so.sliding_window = m.config().arch == Arch::gemma3 ? 8 : 0;
@@ -414,7 +414,8 @@ std::vector<Session> mixed_sessions(const Model& m) {
   const auto fork_at = [&](Session& from, std::optional<select::SelectorConfig> s, int ahead) {
     Session f = from.fork();
     f.set_selector(std::move(s));
-    for (int i = 0; i < ahead; ++i) f.decode(text[text.size() - 8 + static_cast<std::size_t>(i)], logits);
+    for (int i = 0; i < ahead; ++i)
+      f.decode(text[text.size() - 8 + static_cast<std::size_t>(i)], logits);
     return f;
   };
   std::vector<Session> out;
@@ -432,19 +433,21 @@ std::vector<Session> mixed_sessions(const Model& m) {
 }
 
 // decode_batch against each session's own decode() over two steps. The batch runs the
-// GEMM where decode() runs the mat-vec (both within 1e-5 * sum|w x| of fp64), so logits agree
-// within kBatchTol: the same bound as prefill against decode with an f32 cache, the same
+// GEMM where decode() runs the mat-vec (both within 1e-5 * sum|w x| of fp64). With an f32
+// cache the logits agree within 2e-3 (the bound of prefill against decode), with the same
 // top-1 and the same selections (hence KV read and certificates; δ bounds within 1e-4 of
-// their sum). Rows do not depend on the batch: a second copy decoded in pairs gives the
-// batch's bits.
-constexpr double kBatchTol = 2e-3;
-
-void expect_batch_equals_own_decode(const char* name) {
+// their sum), and rows do not depend on the batch: a second copy decoded in pairs gives the
+// batch's bits. With the f16 cache a last-bit difference in a key can flip its f16 rounding,
+// which moves later logits by up to the f16-vs-f32 cache difference (bound 0.1, as prefill
+// against decode) and may re-rank pages at a near-tie: logits and top-1 up to near-ties only.
+void expect_batch_equals_own_decode(const char* name, DType kv_dtype) {
   const Model* m = installed(name);
   if (m == nullptr) GTEST_SKIP() << name << " not installed";
+  const bool exact = kv_dtype == DType::f32;
+  const double tol = exact ? 2e-3 : 0.1;
   const std::size_t V = static_cast<std::size_t>(m->config().n_vocab);
-  std::vector<Session> batched = mixed_sessions(*m), alone = mixed_sessions(*m),
-                       pairs = mixed_sessions(*m);
+  std::vector<Session> batched = mixed_sessions(*m, kv_dtype), alone = mixed_sessions(*m, kv_dtype),
+                       pairs = exact ? mixed_sessions(*m, kv_dtype) : std::vector<Session>{};
   const std::size_t B = batched.size();
   std::vector<Session*> ptrs, pair_ptrs;
   for (Session& s : batched) ptrs.push_back(&s);
@@ -464,7 +467,11 @@ void expect_batch_equals_own_decode(const char* name) {
       const std::span<const float> row(logits.data() + i * V, V);
       const double d = max_abs_diff(row, own);
       worst = std::max(worst, d);
-      EXPECT_LE(d, kBatchTol);
+      EXPECT_LE(d, tol);
+      // Same top-1, up to near-ties within the tolerance.
+      EXPECT_GE(row[static_cast<std::size_t>(argmax(own))],
+                row[static_cast<std::size_t>(argmax(row))] - tol);
+      if (!exact) continue;
       EXPECT_EQ(argmax(row), argmax(own));
       const DecodeStats& a = batched[i].last_decode_stats();
       const DecodeStats& b = alone[i].last_decode_stats();
@@ -475,7 +482,7 @@ void expect_batch_equals_own_decode(const char* name) {
       EXPECT_NEAR(a.delta_bound_sum, b.delta_bound_sum, 1e-4 * std::max(1.0, b.heads));
       EXPECT_GT(a.attention_seconds, 0.0);
     }
-    for (std::size_t i = 0; i < B; i += 2) {
+    for (std::size_t i = 0; exact && i < B; i += 2) {
       Session* two[2] = {pair_ptrs[i], pair_ptrs[i + 1]};
       decode_batch(two, std::span<const TokenId>(tokens).subspan(i, 2), pair_logits);
       for (std::size_t j = 0; j < 2; ++j) {
@@ -486,8 +493,8 @@ void expect_batch_equals_own_decode(const char* name) {
       }
     }
   }
-  std::printf("[ batch ] %s: %zu sessions x 2 steps, max |dlogit| batch vs own decode %.2e\n",
-              name, B, worst);
+  std::printf("[ batch ] %s, %s KV: %zu sessions x 2 steps, max |dlogit| batch vs own %.2e\n", name,
+              to_string(kv_dtype).data(), B, worst);
   // The selectors did cut: some row read less than dense would.
   double read = 0, total = 0;
   for (const Session& s : batched) {
@@ -498,12 +505,16 @@ void expect_batch_equals_own_decode(const char* name) {
 }
 
 TEST(DecodeBatch, SmolLM2RowsEqualEachSessionsOwnDecode) {
-  expect_batch_equals_own_decode("smollm2");
+  expect_batch_equals_own_decode("smollm2", DType::f32);
+}
+
+TEST(DecodeBatch, SmolLM2RowsEqualOwnDecodeUpToF16CacheRounding) {
+  expect_batch_equals_own_decode("smollm2", DType::f16);
 }
 
 TEST(DecodeBatch, Gemma3RowsEqualEachSessionsOwnDecode) {
   if (kSanitized) GTEST_SKIP() << "too slow under sanitizers; runs in the Release suite";
-  expect_batch_equals_own_decode("gemma3");
+  expect_batch_equals_own_decode("gemma3", DType::f32);
 }
 
 TEST(DecodeBatch, BadBatchesThrowBeforeAnythingIsAppended) {

@@ -146,10 +146,9 @@ std::vector<Outcome> run_sample(const model::Model& model, const model::ChatTemp
       continue;
     }
     root_of[i] = roots.size();
-    const auto users = static_cast<std::size_t>(
-        std::count_if(configs.begin(), configs.end(), [&](const DecodeConfig& c) {
-          return same_mapping(c.mapping, configs[i].mapping);
-        }));
+    const auto users = static_cast<std::size_t>(std::count_if(
+        configs.begin(), configs.end(),
+        [&](const DecodeConfig& c) { return same_mapping(c.mapping, configs[i].mapping); }));
     model::SessionOptions so;
     so.max_tokens = context + forked;
     so.page_size = options.page_size;

@@ -338,7 +338,8 @@ void forward(const Model& model, Scratch& w, const Pass& p) {
   }
   w.positions.clear();
   for (const Segment& seg : p.segments) {
-    for (std::size_t t = 0; t < seg.n; ++t) w.positions.push_back(seg.pos0 + static_cast<std::int64_t>(t));
+    for (std::size_t t = 0; t < seg.n; ++t)
+      w.positions.push_back(seg.pos0 + static_cast<std::int64_t>(t));
   }
   // Every session of a pass runs the same model, hence the same frequencies.
   const Session::Impl& lead = *p.segments.front().s;
@@ -437,8 +438,8 @@ void check_pools(std::span<Session::Impl* const> sessions, std::int64_t n) {
       seqs.clear();
       for (const Session::Impl* s : members) seqs.push_back(s->seqs[l]);
       const std::int64_t need = cache.pages_needed(seqs, n);
-      require(need <= cache.free_pages(), ErrorCode::out_of_memory, "fork_pages", "appending ",
-              n, " tokens to ", members.size(), " session(s) of one pool needs ", need,
+      require(need <= cache.free_pages(), ErrorCode::out_of_memory, "fork_pages", "appending ", n,
+              " tokens to ", members.size(), " session(s) of one pool needs ", need,
               " free pages per layer, ", cache.free_pages(),
               " are free (forks share the pool: raise SessionOptions::fork_pages)");
     }

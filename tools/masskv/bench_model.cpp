@@ -145,8 +145,7 @@ std::vector<Row> bench_ours(const model::Model& mdl, const BenchOptions& o, int 
   }
   for (const int B : n_gen > 0 ? o.batch : std::vector<int>{}) {
     // tgN decodes one fork; tgNxB decodes B forks in lockstep, one forward pass per step.
-    const std::string test =
-        B == 1 ? fmt::format("tg{}", n_gen) : fmt::format("tg{}x{}", n_gen, B);
+    const std::string test = B == 1 ? fmt::format("tg{}", n_gen) : fmt::format("tg{}x{}", n_gen, B);
     Row r = make_row("masskv", attention, test, threads, depth, n_gen * B);
     const auto b = static_cast<std::size_t>(B);
     const auto toks = random_tokens(rng, cfg.n_vocab, n_gen * B);
@@ -332,9 +331,7 @@ void register_bench_model(CLI::App& bench) {
   bench.add_option("-d,--n-depth", o->depth, "Depths: tokens already in the cache (e.g. 0,2048,7K)")
       ->delimiter(',')
       ->capture_default_str();
-  bench.add_option("-b,--batch", o->batch,
-                   "Decode batch sizes: tgNxB decodes B forks of the depth together, one forward "
-                   "pass per step (model::decode_batch); t/s counts the tokens of all B")
+  bench.add_option("-b,--batch", o->batch, "Decode batch sizes: tgNxB decodes B forks together")
       ->delimiter(',')
       ->capture_default_str();
   bench.add_option("-r,--repetitions", o->reps, "Repetitions of each test")->capture_default_str();

@@ -219,8 +219,7 @@ class Session {
   double summary_bytes_per_token() const;
 
  private:
-  friend void decode_batch(std::span<Session* const>, std::span<const TokenId>,
-                           std::span<float>);
+  friend void decode_batch(std::span<Session* const>, std::span<const TokenId>, std::span<float>);
   Session(const Model& model, std::unique_ptr<Impl> impl, std::int64_t position);
   void release() noexcept;  // frees this session's sequences in the shared pools
   const Model* model_;
