@@ -331,7 +331,7 @@ void register_bench_model(CLI::App& bench) {
   bench.add_option("-d,--n-depth", o->depth, "Depths: tokens already in the cache (e.g. 0,2048,7K)")
       ->delimiter(',')
       ->capture_default_str();
-  bench.add_option("-b,--batch", o->batch, "Decode batch sizes: tgNxB decodes B forks together")
+  bench.add_option("-b,--batch", o->batch, "Decode batch sizes (tgNxB: B forks per pass)")
       ->delimiter(',')
       ->capture_default_str();
   bench.add_option("-r,--repetitions", o->reps, "Repetitions of each test")->capture_default_str();
