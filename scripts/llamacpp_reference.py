@@ -1,11 +1,11 @@
 #!/usr/bin/env python3
 """Dumps llama.cpp's logits (via the PyPI package llama-cpp-python) for the masskv model tests.
 
-For each model (smollm2, gemma3): llama.cpp's token ids of a fixed English text, the top-5
-logits at each of the first N positions (one batch, f16 KV cache), and greedy continuations of
-a few prompts. Writes tests/data/llamacpp_<model>.json, read by tests/test_model.cpp.
+For each model (smollm2, gemma3): llama.cpp's token ids of a 512-token passage of the Debian
+Policy Manual, the top-5 logits at each position (one batch, f16 KV cache), and 64-token greedy
+continuations of a few prompts. Writes tests/data/llamacpp_<model>.json, read by tests/test_model.cpp.
 
-  python3 scripts/llamacpp_reference.py [--positions 100] [--continue 32]
+  python3 scripts/llamacpp_reference.py [--positions 512] [--continue 64]
 """
 import argparse
 import glob
@@ -17,20 +17,20 @@ import sys
 import numpy as np
 from llama_cpp import Llama
 
-TEXT = (
-    "The Debian project is an association of individuals who have made common cause to "
-    "create a free operating system. This operating system is called Debian. An operating "
-    "system is the set of basic programs and utilities that make your computer run. At the "
-    "core of an operating system is the kernel. The kernel is the most fundamental program on "
-    "the computer and does all the basic housekeeping and lets you start other programs. "
-    "Debian systems currently use the Linux kernel or the FreeBSD kernel. Linux is a piece of "
-    "software started by Linus Torvalds and supported by thousands of programmers worldwide. "
-    "However, work is in progress to provide Debian for other kernels, primarily for the Hurd. "
-    "The Hurd is a collection of servers that run on top of a microkernel to implement "
-    "different features. Of course, the thing that people want is application software: "
-    "programs to help them get what they want to do done, from editing documents to running a "
-    "business to playing games to writing more software."
-)
+# The 512-token real text of issue 5: a passage of the Debian Policy Manual (debian-policy, the
+# text `masskv perplexity` uses), from a fixed offset; stored in the JSON so the tests need only
+# the JSON.
+POLICY = "/usr/share/doc/debian-policy/policy.txt.gz"
+TEXT_OFFSET, TEXT_CHARS = 30000, 3600
+
+
+def real_text():
+    import gzip
+    with gzip.open(POLICY, "rt", encoding="utf-8") as f:
+        t = f.read()[TEXT_OFFSET:TEXT_OFFSET + TEXT_CHARS]
+    return t[t.index(" ") + 1:t.rindex(" ")]  # whole words only
+
+
 PROMPTS = [
     "The capital of France is",
     "Once upon a time, in a small village by the sea,",
@@ -50,10 +50,14 @@ def model_path(name):
 
 def dump(name, positions, n_continue, out_dir):
     path = model_path(name)
-    llm = Llama(model_path=path, n_ctx=512, n_batch=512, logits_all=True, n_threads=2,
+    llm = Llama(model_path=path, n_ctx=1024, n_batch=1024, logits_all=True, n_threads=2,
                 verbose=False, seed=0)
     add_bos = name == "gemma3"  # tokenizer.ggml.add_bos_token of each file
-    toks = llm.tokenize(TEXT.encode(), add_bos=add_bos, special=False)[:positions]
+    text = real_text()
+    toks = llm.tokenize(text.encode(), add_bos=add_bos, special=False)
+    if len(toks) < positions:
+        sys.exit(f"the passage has {len(toks)} tokens, fewer than {positions}")
+    toks = toks[:positions]
     llm.reset()
     llm.eval(toks)
     scores = np.array(llm.scores[: len(toks)], dtype=np.float64)
@@ -76,7 +80,7 @@ def dump(name, positions, n_continue, out_dir):
         "model": name,
         "gguf": os.path.basename(path),
         "peer": "llama.cpp via llama-cpp-python " + __import__("llama_cpp").__version__,
-        "text": TEXT,
+        "text": text,
         "add_bos": add_bos,
         "tokens": toks,
         "top5": rows,
@@ -90,8 +94,8 @@ def dump(name, positions, n_continue, out_dir):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--positions", type=int, default=100)
-    ap.add_argument("--continue", dest="n_continue", type=int, default=32)
+    ap.add_argument("--positions", type=int, default=512)
+    ap.add_argument("--continue", dest="n_continue", type=int, default=64)
     ap.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "..", "tests", "data"))
     ap.add_argument("models", nargs="*", default=["smollm2", "gemma3"])
     a = ap.parse_args()

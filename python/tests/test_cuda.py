@@ -50,6 +50,29 @@ def test_dense_decode_matches_reference(rng, dtype, head_dim, hq, hkv, lengths):
     np.testing.assert_allclose(lse.cpu().numpy(), ref_lse, atol=1e-4, rtol=1e-5)
 
 
+@pytest.mark.parametrize("alpha", [1.5, 2.0, 1.25])
+def test_entmax_decode_dense_and_sparse_match_reference(rng, alpha):
+    cache, seqs = random_cache(rng, [500, 33], num_kv_heads=2, head_dim=128, page_size=16,
+                               dtype="f16")
+    kv, _ = device_kv(cache, seqs)
+    q = 3.0 * rng.standard_normal((2, 8, 128), dtype=np.float32)
+    qd = torch.from_numpy(q).cuda()
+    out, tau = masskv.decode(qd, kv, alpha=alpha)
+    ref, ref_tau = masskv.decode_reference(q, cache.view(seqs), alpha=alpha)
+    np.testing.assert_allclose(out.cpu().numpy(), ref, atol=ATOL["f16"], rtol=0)
+    np.testing.assert_allclose(tau.cpu().numpy(), ref_tau, atol=1e-4, rtol=1e-5)
+    # Over a GPU Quest selection: the exact entmax of the selected tokens.
+    mn, mx = cache.bf16_bounds()
+    sel = masskv.cuda_quest_select(qd, kv, torch.from_numpy(mn).view(torch.bfloat16).cuda(),
+                                   torch.from_numpy(mx).view(torch.bfloat16).cuda(),
+                                   budget_tokens=128)
+    cpu_sel = masskv.Selection(sel.ids.cpu().numpy(), sel.count.cpu().numpy())
+    out, tau = masskv.decode(qd, kv, alpha=alpha, selection=sel)
+    ref, ref_tau = masskv.decode_reference(q, cache.view(seqs), alpha=alpha, selection=cpu_sel)
+    np.testing.assert_allclose(out.cpu().numpy(), ref, atol=ATOL["f16"], rtol=0)
+    np.testing.assert_allclose(tau.cpu().numpy(), ref_tau, atol=1e-4, rtol=1e-5)
+
+
 def test_outputs_are_written_in_place(rng):
     cache, seqs = random_cache(rng, [200, 50], page_size=16, dtype="f16")
     kv, _ = device_kv(cache, seqs)

@@ -314,21 +314,33 @@ void decode_entmax(const DecodeArgs& args, const Geometry& geo, const RowSource&
     }
   }
 
-  // Exact global tau per (b, q head), on the union of local candidates.
+  // Exact global tau per (b, q head), on the union of local candidates; [B][Hkv][g] is
+  // [B][Hq] (hq = h * g + j).
   std::vector<double> tau(static_cast<std::size_t>(n_heads) * g);
-#pragma omp parallel num_threads(nt)
-  {
-    std::vector<double> all;
-#pragma omp for schedule(dynamic, 1)
+  const auto union_of = [&](int bh, int j, std::vector<double>& all) {
+    all.clear();
+    for (std::int64_t i = plan.first[bh]; i < plan.first[bh + 1]; ++i) {
+      all.insert(all.end(), cand[i * g + j].begin(), cand[i * g + j].end());
+    }
+  };
+  if (args.entmax_exchange != nullptr) {
+    std::vector<std::vector<double>> per_head(tau.size());
     for (int bh = 0; bh < n_heads; ++bh) {
-      for (int j = 0; j < g; ++j) {
-        all.clear();
-        for (std::int64_t i = plan.first[bh]; i < plan.first[bh + 1]; ++i) {
-          all.insert(all.end(), cand[i * g + j].begin(), cand[i * g + j].end());
+      for (int j = 0; j < g; ++j) union_of(bh, j, per_head[static_cast<std::size_t>(bh) * g + j]);
+    }
+    args.entmax_exchange->solve_tau(per_head, tau);
+  } else {
+#pragma omp parallel num_threads(nt)
+    {
+      std::vector<double> all;
+#pragma omp for schedule(dynamic, 1)
+      for (int bh = 0; bh < n_heads; ++bh) {
+        for (int j = 0; j < g; ++j) {
+          union_of(bh, j, all);
+          tau[static_cast<std::size_t>(bh) * g + j] =
+              all.empty() ? std::numeric_limits<double>::quiet_NaN()
+                          : entmax_threshold(std::span<const double>(all), alpha).tau;
         }
-        tau[static_cast<std::size_t>(bh) * g + j] =
-            all.empty() ? std::numeric_limits<double>::quiet_NaN()
-                        : entmax_threshold(std::span<const double>(all), alpha).tau;
       }
     }
   }
@@ -379,12 +391,18 @@ void decode_entmax(const DecodeArgs& args, const Geometry& geo, const RowSource&
     }
   }
 
+  const std::span<double> p_out =
+      args.entmax_exchange ? args.entmax_exchange->p_sum : std::span<double>();
+  std::fill(p_out.begin(), p_out.end(), 0.0);
   merge_heads(args, geo, plan, [&](std::int64_t bh, int j, float* out) {
     std::vector<EntmaxPartialView> parts;
+    double total = 0;
     for (std::int64_t i = plan.first[bh]; i < plan.first[bh + 1]; ++i) {
       parts.push_back({o_sum.data() + (i * g + j) * d, p_sum[i * g + j]});
+      total += p_sum[i * g + j];
     }
     merge_entmax(parts, d, out);
+    if (!p_out.empty()) p_out[static_cast<std::size_t>(bh) * g + j] = total;
     return static_cast<float>(tau[static_cast<std::size_t>(bh) * g + j]);
   });
 }

@@ -107,6 +107,15 @@ Geometry validate(const DecodeArgs& args) {
           ", expected 0 or batch * q heads = ", static_cast<std::int64_t>(batch) * args.q.n1);
   require(args.chunk_pages > 0, ErrorCode::invalid_argument, "chunk_pages", "must be > 0, got ",
           args.chunk_pages);
+  if (const EntmaxExchange* x = args.entmax_exchange) {
+    require(args.mapping.is_entmax(), ErrorCode::invalid_argument, "entmax_exchange",
+            "is for entmax only");
+    require(static_cast<bool>(x->solve_tau), ErrorCode::invalid_argument, "entmax_exchange",
+            "solve_tau is empty");
+    require(x->p_sum.size() == static_cast<std::size_t>(batch) * args.q.n1,
+            ErrorCode::shape_mismatch, "entmax_exchange", "p_sum has ", x->p_sum.size(),
+            " values, expected batch * q heads = ", static_cast<std::size_t>(batch) * args.q.n1);
+  }
   if (args.selection != nullptr) require_selection(*args.selection, args.cache);
   require_finite(args.q, "q");
   return geometry(args.cache, args.q.n1, args.scale);

@@ -1,8 +1,9 @@
 // CUDA decode attention, softmax, dense and sparse (issue 7; DESIGN.md §2.6 split-K merge,
-// §3 layout). One kernel skeleton for both: a CTA owns one chunk of pages of one
-// (sequence, kv head) and all q heads of that kv head (up to 8), so each selected page is read
-// once per kv group. Dense takes the chunk's pages from the CSR page table, sparse from the
-// Selection's logical ids. A second small kernel merges the chunks' (o, lse) partials.
+// §3 layout), and the host entry point for both mappings (entmax: decode_entmax.cu). One kernel
+// skeleton (decode_common.cuh): a CTA owns one chunk of pages of one (sequence, kv head) and all
+// q heads of that kv head (up to 8), so each selected page is read once per kv group. Dense
+// takes the chunk's pages from the CSR page table, sparse from the Selection's logical ids. A
+// second small kernel merges the chunks' (o, lse) partials.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -12,125 +13,20 @@
 #include <cstdint>
 #include <mutex>
 
+#include "decode_common.cuh"
+#include "device.cuh"
 #include "masskv/cuda/decode.hpp"
 #include "masskv/error.hpp"
-#include "device.cuh"
 
 namespace masskv::cuda {
+namespace decode_impl {
 namespace {
 
-constexpr int kWarps = 4;
-constexpr int kThreads = kWarps * 32;
-constexpr int kMaxChunkPages = 1024;  // page list of one chunk lives in shared memory
-constexpr int kMaxChunks = 4096;      // merge weights live in shared memory
-constexpr int kMaxGroup = 8;          // q heads per CTA (registers)
 constexpr float kLn2 = 0.6931471805599453f;
 constexpr float kLog2e = 1.4426950408889634f;
 
-// Device error flag bits (DecodeWorkspace::check turns them into masskv::Error).
-enum ErrBit : unsigned {
-  kBadPhysical = 1u,   // indices[...] outside [0, num_pages)
-  kBadSelection = 2u,  // selected logical page outside the sequence, or count out of range
-  kBadIndptr = 4u,     // decreasing indptr, or more pages than the planned grid covers
-  kBadLastLen = 8u,    // last_page_len outside [1, page_size]
-};
-
 using detail::check_cuda;
 using detail::device_sms;
-
-struct Params {
-  const float* q;
-  std::int64_t q_s0, q_s1;
-  float* out;
-  std::int64_t o_s0, o_s1;
-  float* lse;  // may be null
-  const std::uint16_t* k;
-  const std::uint16_t* v;
-  std::int64_t stride_page, stride_head, stride_slot;
-  int pool_pages, num_kv_heads, num_q_heads, group, head_groups, log2_page;
-  const std::int32_t* indptr;
-  const std::int32_t* indices;
-  const std::int32_t* last_len;
-  int sparse;  // 0: dense (pages from the table), 1: pages from sel_ids
-  const std::int32_t* sel_ids;
-  const std::int32_t* sel_count;
-  int sel_max;
-  int max_pages;  // dense: bound the grid was planned for
-  int chunk_pages, num_chunks;
-  float scale_log2;  // score scale * log2(e): scores are kept in base 2
-  float* part_o;     // [B][Hq][num_chunks][D] (num_chunks > 1)
-  float* part_lse;   // [B][Hq][num_chunks], natural log
-  unsigned* err;
-};
-
-// Pages and units (pages to attend) of (b, kv head), with the ids checked. Returns the number
-// of units; 0 when the sequence's table entry is bad (flagged).
-__device__ int seq_units(const Params& p, int b, int kvh, int& num_pages, int& last_len) {
-  const int begin = p.indptr[b], end = p.indptr[b + 1];
-  num_pages = end - begin;
-  last_len = 0;
-  if (num_pages < 0) {
-    atomicOr(p.err, kBadIndptr);
-    num_pages = 0;
-    return 0;
-  }
-  if (num_pages > 0) {
-    last_len = p.last_len[b];
-    if (last_len < 1 || last_len > (1 << p.log2_page)) {
-      atomicOr(p.err, kBadLastLen);
-      num_pages = 0;
-      return 0;
-    }
-  }
-  if (!p.sparse) {
-    if (num_pages > p.max_pages) {
-      atomicOr(p.err, kBadIndptr);
-      num_pages = 0;
-      return 0;
-    }
-    return num_pages;
-  }
-  const int count = p.sel_count[b * p.num_kv_heads + kvh];
-  if (count < 0 || count > p.sel_max) {
-    atomicOr(p.err, kBadSelection);
-    return 0;
-  }
-  return count;
-}
-
-template <bool kBf16>
-__device__ __forceinline__ void to_float8(const uint4& r, float (&f)[8]) {
-  const unsigned w[4] = {r.x, r.y, r.z, r.w};
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    if constexpr (kBf16) {
-      f[2 * i] = __uint_as_float(w[i] << 16);
-      f[2 * i + 1] = __uint_as_float(w[i] & 0xffff0000u);
-    } else {
-      __half2 h;
-      memcpy(&h, &w[i], 4);
-      const float2 x = __half22float2(h);
-      f[2 * i] = x.x;
-      f[2 * i + 1] = x.y;
-    }
-  }
-}
-
-// 16-byte asynchronous copy global -> shared (L2 only, no L1 allocation: each KV byte is used
-// once); src_bytes 0 writes zeros (masked tokens) without reading.
-__device__ __forceinline__ void cp_async16(void* smem, const void* gmem, int src_bytes) {
-  const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(smem));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(gmem),
-               "r"(src_bytes));
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n"); }
-template <int kPending>
-__device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending));
-}
-
-// Pipeline depth: tiles in flight per thread while one is computed.
-constexpr int kStages = 3;
 
 template <int kD, int kG, int kU>
 struct ChunkSmem {
@@ -141,8 +37,7 @@ struct ChunkSmem {
   static constexpr std::size_t kBytes = kList + (kStage > kMerge ? kStage : kMerge);
 };
 
-// One CTA: chunk blockIdx.x of (sequence blockIdx.z, kv head blockIdx.y / head_groups), q heads
-// of head group blockIdx.y % head_groups. Lanes are split into row groups of D/8 lanes, each
+// One CTA per chunk (decode_common.cuh). Lanes are split into row groups of D/8 lanes, each
 // lane holding 8 dims (16-byte accesses); a row group walks its own tokens with its own online
 // softmax state (no cross-group traffic in the loop), the CTA merges the row groups at the end.
 // Loads: each thread copies its own 16-byte pieces of K and V with cp.async into a private
@@ -161,59 +56,18 @@ __global__ void __launch_bounds__(kThreads, kG <= 4 ? 4 : 2) decode_chunk_kernel
   std::uint16_t* s_len = reinterpret_cast<std::uint16_t*>(s_phys + kMaxChunkPages);
   uint4* s_stage = reinterpret_cast<uint4*>(reinterpret_cast<char*>(smem_raw) + Smem::kList);
 
-  const int chunk = blockIdx.x;
-  const int kvh = blockIdx.y / p.head_groups;
-  const int hg = blockIdx.y % p.head_groups;
-  const int b = blockIdx.z;
-  const int heads_here = min(kMaxGroup, p.group - hg * kMaxGroup);
-  const int q_head0 = kvh * p.group + hg * kMaxGroup;
-
-  int num_pages, last_len;
-  const int units = seq_units(p, b, kvh, num_pages, last_len);
-  const int unit0 = chunk * p.chunk_pages;
-  if (unit0 >= units && !(chunk == 0 && p.num_chunks == 1)) return;  // merge covers empties
-  const int n_pages = max(0, min(p.chunk_pages, units - unit0));
-
-  // Page list of the chunk, every id checked here, so the token loop never sees a bad id.
-  const int page_size = 1 << p.log2_page;
-  const std::int32_t* sel =
-      p.sparse ? p.sel_ids + (static_cast<std::int64_t>(b) * p.num_kv_heads + kvh) * p.sel_max
-               : nullptr;
-  const int seq_begin = num_pages > 0 ? p.indptr[b] : 0;
-  for (int i = threadIdx.x; i < n_pages; i += kThreads) {
-    int logical = unit0 + i, len = 0, phys_ok = 0;
-    if (p.sparse) {
-      logical = sel[unit0 + i];
-      if (logical < 0 || logical >= num_pages) {
-        atomicOr(p.err, kBadSelection);
-        logical = -1;
-      }
-    }
-    if (logical >= 0) {
-      const int phys = p.indices[seq_begin + logical];
-      if (phys < 0 || phys >= p.pool_pages) {
-        atomicOr(p.err, kBadPhysical);
-      } else {
-        len = logical == num_pages - 1 ? last_len : page_size;
-        phys_ok = phys;
-      }
-    }
-    s_phys[i] = phys_ok;
-    s_len[i] = static_cast<std::uint16_t>(len);
-  }
+  const Chunk c = chunk_of(p);
+  if (c.unit0 >= c.units && !(c.chunk == 0 && p.num_chunks == 1)) return;  // merge: empties
+  const int b = c.b, heads_here = c.heads_here, q_head0 = c.q_head0, n_pages = c.n_pages;
+  const int chunk = c.chunk;
+  stage_page_list(p, c, s_phys, s_len);
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int rg = warp * (32 / kLanesPerRow) + lane / kLanesPerRow;
   const int lane_dim = (lane % kLanesPerRow) * 8;
 
-  // q of the CTA's heads, pre-scaled into base-2 logits.
-  float qf[kG][8];
-#pragma unroll
-  for (int g = 0; g < kG; ++g) {
-    const float* qrow = p.q + b * p.q_s0 + (q_head0 + g) * p.q_s1 + lane_dim;
-#pragma unroll
-    for (int j = 0; j < 8; ++j) qf[g][j] = g < heads_here ? qrow[j] * p.scale_log2 : 0.f;
-  }
+  float qf[kG][8];  // base-2 logits
+  load_q<kG>(p, c, lane_dim, qf);
   float m[kG], l[kG], acc[kG][8];
 #pragma unroll
   for (int g = 0; g < kG; ++g) {
@@ -224,62 +78,30 @@ __global__ void __launch_bounds__(kThreads, kG <= 4 ? 4 : 2) decode_chunk_kernel
   }
   __syncthreads();
 
-  const std::int64_t head_off = kvh * p.stride_head + lane_dim;
+  const std::int64_t head_off = c.kvh * p.stride_head + lane_dim;
   const std::uint16_t* kb = p.k + head_off;
   const std::uint16_t* vb = p.v + head_off;
   const int rows = n_pages << p.log2_page;
   const int n_tiles = (rows + kTileTokens - 1) / kTileTokens;
-  const auto token_ok = [&](int t) {
-    return t < rows && static_cast<int>(t & (page_size - 1)) <
-                           static_cast<int>(s_len[min(t >> p.log2_page, n_pages - 1)]);
-  };
   const auto issue = [&](int tile) {
     uint4* st = s_stage + (tile % kStages) * (kU * 2 * kThreads) + threadIdx.x;
 #pragma unroll
     for (int u = 0; u < kU; ++u) {
       const int t = rg + tile * kTileTokens + u * kRowGroups;
-      const bool ok = token_ok(t);
-      std::int64_t off = 0;
-      if (ok) {
-        off = static_cast<std::int64_t>(s_phys[t >> p.log2_page]) * p.stride_page +
-              (t & (page_size - 1)) * p.stride_slot;
-      }
+      const bool ok = token_ok(p, s_len, n_pages, t);
+      const std::int64_t off = ok ? row_offset(p, s_phys, t) : 0;
       cp_async16(st + (2 * u) * kThreads, kb + off, ok ? 16 : 0);
       cp_async16(st + (2 * u + 1) * kThreads, vb + off, ok ? 16 : 0);
     }
   };
-#pragma unroll
-  for (int s = 0; s < kStages - 1; ++s) {
-    if (s < n_tiles) issue(s);
-    cp_async_commit();
-  }
-  for (int tile = 0; tile < n_tiles; ++tile) {
-    if (tile + kStages - 1 < n_tiles) issue(tile + kStages - 1);
-    cp_async_commit();
-    cp_async_wait<kStages - 1>();
+  const auto compute = [&](int tile) {
     const uint4* st = s_stage + (tile % kStages) * (kU * 2 * kThreads) + threadIdx.x;
     bool ok[kU];
+#pragma unroll
+    for (int u = 0; u < kU; ++u)
+      ok[u] = token_ok(p, s_len, n_pages, rg + tile * kTileTokens + u * kRowGroups);
     float s[kU][kG];
-#pragma unroll
-    for (int u = 0; u < kU; ++u) {
-      ok[u] = token_ok(rg + tile * kTileTokens + u * kRowGroups);
-      float kf[8];
-      to_float8<kBf16>(st[(2 * u) * kThreads], kf);
-#pragma unroll
-      for (int g = 0; g < kG; ++g) {
-        float d = 0.f;
-#pragma unroll
-        for (int j = 0; j < 8; ++j) d = fmaf(qf[g][j], kf[j], d);
-        s[u][g] = d;
-      }
-    }
-#pragma unroll
-    for (int off = kLanesPerRow / 2; off > 0; off /= 2) {
-#pragma unroll
-      for (int u = 0; u < kU; ++u)
-#pragma unroll
-        for (int g = 0; g < kG; ++g) s[u][g] += __shfl_xor_sync(0xffffffffu, s[u][g], off);
-    }
+    score_rows<kBf16, kG, kU, kLanesPerRow>(st, 2 * kThreads, qf, s);
     // Online softmax update (base 2). Masked tokens score -inf and carry zero V. The running
     // output is rescaled only when a head's max grows (rare after the first tiles).
     float pw[kU][kG];
@@ -310,10 +132,10 @@ __global__ void __launch_bounds__(kThreads, kG <= 4 ? 4 : 2) decode_chunk_kernel
 #pragma unroll
         for (int j = 0; j < 8; ++j) acc[g][j] = fmaf(pw[u][g], vf[j], acc[g][j]);
     }
-  }
+  };
+  stream_tiles(n_tiles, issue, compute);
 
   // Merge the row groups (fixed order: deterministic). The merge area reuses the stage ring.
-  cp_async_wait<0>();
   __syncthreads();
   float* s_acc = reinterpret_cast<float*>(s_stage);  // [kRowGroups][kG][kD]
   float* s_m = s_acc + kRowGroups * kG * kD;         // [kRowGroups][kG]
@@ -352,7 +174,7 @@ __global__ void __launch_bounds__(kThreads, kG <= 4 ? 4 : 2) decode_chunk_kernel
       const std::int64_t slot =
           (static_cast<std::int64_t>(b) * p.num_q_heads + hq) * p.num_chunks + chunk;
       p.part_o[slot * kD + dim] = o;
-      if (dim == 0) p.part_lse[slot] = lse;
+      if (dim == 0) p.part_w[slot] = lse;
     }
   }
 }
@@ -371,7 +193,7 @@ __global__ void __launch_bounds__(kThreads) merge_kernel(Params p, int d) {
   const std::int64_t slot0 = (static_cast<std::int64_t>(b) * p.num_q_heads + hq) * p.num_chunks;
 
   float mx = -INFINITY;
-  for (int c = threadIdx.x; c < n_chunks; c += kThreads) mx = fmaxf(mx, p.part_lse[slot0 + c]);
+  for (int c = threadIdx.x; c < n_chunks; c += kThreads) mx = fmaxf(mx, p.part_w[slot0 + c]);
   s_red[threadIdx.x] = mx;
   __syncthreads();
   for (int w = kThreads / 2; w > 0; w /= 2) {
@@ -380,7 +202,7 @@ __global__ void __launch_bounds__(kThreads) merge_kernel(Params p, int d) {
   }
   mx = s_red[0];
   for (int c = threadIdx.x; c < n_chunks; c += kThreads)
-    s_w[c] = mx == -INFINITY ? 0.f : expf(p.part_lse[slot0 + c] - mx);
+    s_w[c] = mx == -INFINITY ? 0.f : expf(p.part_w[slot0 + c] - mx);
   __syncthreads();
   float wsum = 0.f;
   for (int c = 0; c < n_chunks; ++c) wsum += s_w[c];
@@ -405,41 +227,12 @@ struct KernelInfo {
   std::size_t smem;
 };
 
-template <bool kBf16, int kD, int kG, int kU>
-KernelInfo info() {
-  return {decode_chunk_kernel<kBf16, kD, kG, kU>, ChunkSmem<kD, kG, kU>::kBytes};
-}
-
-template <bool kBf16, int kD>
-KernelInfo pick_group(int g) {
-  switch (g) {
-    case 1:
-      return info<kBf16, kD, 1, 4>();
-    case 2:
-      return info<kBf16, kD, 2, 4>();
-    case 4:
-      return info<kBf16, kD, 4, 4>();
-    default:
-      return info<kBf16, kD, 8, 2>();
+struct MakeKernelInfo {
+  template <bool kBf16, int kD, int kG, int kU>
+  KernelInfo operator()() const {
+    return {decode_chunk_kernel<kBf16, kD, kG, kU>, ChunkSmem<kD, kG, kU>::kBytes};
   }
-}
-
-template <bool kBf16>
-KernelInfo pick_dim(int d, int g) {
-  switch (d) {
-    case 64:
-      return pick_group<kBf16, 64>(g);
-    case 128:
-      return pick_group<kBf16, 128>(g);
-    default:
-      return pick_group<kBf16, 256>(g);
-  }
-}
-
-int kernel_group(int group) {
-  const int g = std::min(group, kMaxGroup);
-  return g <= 1 ? 1 : g <= 2 ? 2 : g <= 4 ? 4 : 8;
-}
+};
 
 // The kernel for (dtype, d, group), its shared-memory limit raised once, and its resident
 // CTAs per SM (cached: the occupancy query costs host time on every step otherwise).
@@ -449,22 +242,14 @@ struct Prepared {
 };
 Prepared prepare_kernel(DType dtype, int d, int group) {
   const int g = kernel_group(group);
-  const int key = (dtype == DType::bf16 ? 0 : 1) * 12 +
-                  (d == 64    ? 0
-                   : d == 128 ? 1
-                              : 2) *
-                      4 +
-                  (g == 1   ? 0
-                   : g == 2 ? 1
-                   : g == 4 ? 2
-                            : 3);
+  const int key = variant_key(dtype, d, g);
   static std::mutex mu;
   static Prepared cache[24];
   static bool ready[24] = {};
   std::lock_guard<std::mutex> lock(mu);
   if (!ready[key]) {
     Prepared pr;
-    pr.k = dtype == DType::bf16 ? pick_dim<true>(d, g) : pick_dim<false>(d, g);
+    pr.k = by_variant(dtype, d, g, MakeKernelInfo{});
     check_cuda(cudaFuncSetAttribute(pr.k.fn, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                     static_cast<int>(pr.k.smem)),
                "cudaFuncSetAttribute(shared memory)");
@@ -477,6 +262,9 @@ Prepared prepare_kernel(DType dtype, int d, int group) {
   return cache[key];
 }
 
+bool is_pow2(int x) { return x > 0 && (x & (x - 1)) == 0; }
+
+}  // namespace
 
 // One wave of equal chunks: CTAs = SMs * resident CTAs per SM, split evenly over the
 // (sequence, kv head, head group) triples. Small chunks only cost partials (d floats each).
@@ -490,14 +278,9 @@ int plan_chunk_pages(int base_ctas, int units, int ctas_per_sm) {
   return std::min(cp, kMaxChunkPages);
 }
 
-bool is_pow2(int x) { return x > 0 && (x & (x - 1)) == 0; }
+}  // namespace decode_impl
 
-}  // namespace
-
-struct DecodeWorkspace::Impl {
-  detail::GrowBuffer<float> part;  // o partials then lse partials
-  detail::ErrorFlag err;
-};
+using namespace decode_impl;
 
 DecodeWorkspace::DecodeWorkspace() : impl_(std::make_unique<Impl>()) {}
 
@@ -525,11 +308,44 @@ int planned_chunk_pages(DType dtype, int head_dim, int batch, int num_kv_heads, 
                           prepare_kernel(dtype, head_dim, group).per_sm);
 }
 
+namespace {
+
+// The softmax launch: split-K chunk kernel, then the merge when there is more than one chunk.
+void launch_softmax(Params p, DType dtype, int d, int batch, int units_max, float scale,
+                    const DecodeLaunch& launch, DecodeWorkspace::Impl& ws) {
+  const Prepared kernel = prepare_kernel(dtype, d, p.group);
+  const int base = batch * p.num_kv_heads * p.head_groups;
+  const int cp = launch.chunk_pages > 0 ? launch.chunk_pages
+                                        : plan_chunk_pages(base, units_max, kernel.per_sm);
+  const int chunks = std::max(1, (std::max(units_max, 1) + cp - 1) / cp);
+  require(chunks <= kMaxChunks, ErrorCode::invalid_argument, "chunk_pages",
+          "too small for this many pages (more than ", kMaxChunks, " chunks)");
+  p.chunk_pages = cp;
+  p.num_chunks = chunks;
+  p.q_mult = scale * kLog2e;
+  const int Hq = p.num_q_heads;
+  if (chunks > 1) {
+    const std::size_t slots = static_cast<std::size_t>(batch) * Hq * chunks;
+    ws.part.reserve(slots * (d + 1), "cudaMalloc(partials)");
+    p.part_o = ws.part.data();
+    p.part_w = ws.part.data() + slots * d;
+  }
+  cudaStream_t stream = launch.stream;
+  const dim3 grid(chunks, p.num_kv_heads * p.head_groups, batch);
+  kernel.k.fn<<<grid, kThreads, kernel.k.smem, stream>>>(p);
+  check_cuda(cudaGetLastError(), "decode kernel launch");
+  if (chunks > 1) {
+    merge_kernel<<<batch * Hq, kThreads, 0, stream>>>(p, d);
+    check_cuda(cudaGetLastError(), "merge kernel launch");
+  }
+}
+
+}  // namespace
+
 void decode(const attn::DecodeArgs& a, const DecodeLaunch& launch) {
   const kv::PagedKVView& c = a.cache;
   require(launch.workspace != nullptr, ErrorCode::invalid_argument, "workspace", "is required");
-  require(!a.mapping.is_entmax(), ErrorCode::unsupported, "mapping",
-          "the CUDA decode serves softmax only (entmax: not yet)");
+  if (a.mapping.is_entmax()) a.mapping.validate();  // alpha in (1, 2]
   require(c.dtype == DType::bf16 || c.dtype == DType::f16, ErrorCode::unsupported, "dtype",
           "the CUDA decode reads f16 or bf16 KV");
   const int d = c.head_dim;
@@ -584,16 +400,8 @@ void decode(const attn::DecodeArgs& a, const DecodeLaunch& launch) {
 
   const int group = Hq / c.num_kv_heads;
   const int head_groups = (group + kMaxGroup - 1) / kMaxGroup;
-  const Prepared kernel = prepare_kernel(c.dtype, d, group);
-  const int per_sm = kernel.per_sm;
-  const int base = B * c.num_kv_heads * head_groups;
-  int cp = launch.chunk_pages > 0 ? launch.chunk_pages : plan_chunk_pages(base, units_max, per_sm);
-  require(cp <= kMaxChunkPages, ErrorCode::invalid_argument, "chunk_pages", "at most ",
-          kMaxChunkPages);
-  const int chunks = std::max(1, (std::max(units_max, 1) + cp - 1) / cp);
-  require(chunks <= kMaxChunks, ErrorCode::invalid_argument, "chunk_pages",
-          "too small for this many pages (more than ", kMaxChunks, " chunks)");
-
+  require(launch.chunk_pages <= kMaxChunkPages, ErrorCode::invalid_argument, "chunk_pages",
+          "at most ", kMaxChunkPages);
   DecodeWorkspace::Impl& ws = launch.workspace->impl();
   Params p{};
   p.q = a.q.data;
@@ -624,27 +432,15 @@ void decode(const attn::DecodeArgs& a, const DecodeLaunch& launch) {
   p.sel_count = sel ? sel->count.data() : nullptr;
   p.sel_max = sel ? sel->max_per_head : 0;
   p.max_pages = launch.max_pages_per_seq;
-  p.chunk_pages = cp;
-  p.num_chunks = chunks;
-  const float scale = a.scale > 0 ? a.scale : 1.0f / std::sqrt(static_cast<float>(d));
-  p.scale_log2 = scale * kLog2e;
-  if (chunks > 1) {
-    const std::size_t slots = static_cast<std::size_t>(B) * Hq * chunks;
-    ws.part.reserve(slots * (d + 1), "cudaMalloc(partials)");
-    p.part_o = ws.part.data();
-    p.part_lse = ws.part.data() + slots * d;
-  }
   p.err = ws.err.get();
+  const float scale = a.scale > 0 ? a.scale : 1.0f / std::sqrt(static_cast<float>(d));
 
-  cudaStream_t stream = launch.stream;
-  const dim3 grid(chunks, c.num_kv_heads * head_groups, B);
-  kernel.k.fn<<<grid, kThreads, kernel.k.smem, stream>>>(p);
-  check_cuda(cudaGetLastError(), "decode kernel launch");
-  if (chunks > 1) {
-    merge_kernel<<<B * Hq, kThreads, 0, stream>>>(p, d);
-    check_cuda(cudaGetLastError(), "merge kernel launch");
+  if (a.mapping.is_entmax()) {
+    launch_entmax(p, EntmaxShape{c.dtype, d, B, units_max, a.mapping.alpha, scale}, launch, ws);
+  } else {
+    launch_softmax(p, c.dtype, d, B, units_max, scale, launch, ws);
   }
-  if (launch.check_errors) launch.workspace->check(stream);
+  if (launch.check_errors) launch.workspace->check(launch.stream);
 }
 
 }  // namespace masskv::cuda

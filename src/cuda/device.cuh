@@ -38,13 +38,15 @@ class GrowBuffer {
   ~GrowBuffer() {
     if (ptr_ != nullptr) cudaFree(ptr_);
   }
-  void reserve(std::size_t n, const char* what) {
-    if (n <= size_) return;
+  // Returns true when it (re)allocated: the contents are then undefined.
+  bool reserve(std::size_t n, const char* what) {
+    if (n <= size_) return false;
     if (ptr_ != nullptr) cudaFree(ptr_);
     ptr_ = nullptr;
     size_ = 0;
     check_cuda(cudaMalloc(&ptr_, n * sizeof(T)), what);
     size_ = n;
+    return true;
   }
   T* data() const noexcept { return ptr_; }
 

@@ -2,6 +2,7 @@
 // (§2.7) and the diagnostics (§2.5) all need scores of stored keys, not estimates.
 #include <cmath>
 
+#include "core/cpu_features.hpp"
 #include "masskv/error.hpp"
 #include "masskv/select/selector.hpp"
 #include "select/scores.hpp"
@@ -10,25 +11,67 @@ namespace masskv::select {
 
 namespace detail {
 
+namespace {
+
+template <class T>
+void portable_rows(const T* k, std::int64_t row_stride, int n, int d, const float* q, double scale,
+                   double* out) {
+  for (int r = 0; r < n; ++r) {
+    const T* row = k + r * row_stride;
+    double l[8] = {};
+    for (int c = 0; c < d; ++c) {
+      l[c % 8] += static_cast<double>(q[c]) * static_cast<double>(to_f32(row[c]));
+    }
+    out[r] = scale * (((l[0] + l[4]) + (l[2] + l[6])) + ((l[1] + l[5]) + (l[3] + l[7])));
+  }
+}
+
+const std::uint16_t* bits(const f16* p) { return reinterpret_cast<const std::uint16_t*>(p); }
+const std::uint16_t* bits(const bf16* p) { return reinterpret_cast<const std::uint16_t*>(p); }
+
+void score_rows(const float* k, std::int64_t st, int n, int d, const float* q, double scale,
+                double* out, bool simd) {
+  (simd ? score_rows_avx2_f32 : score_rows_portable_f32)(k, st, n, d, q, scale, out);
+}
+void score_rows(const f16* k, std::int64_t st, int n, int d, const float* q, double scale,
+                double* out, bool simd) {
+  (simd ? score_rows_avx2_f16 : score_rows_portable_f16)(bits(k), st, n, d, q, scale, out);
+}
+void score_rows(const bf16* k, std::int64_t st, int n, int d, const float* q, double scale,
+                double* out, bool simd) {
+  (simd ? score_rows_avx2_bf16 : score_rows_portable_bf16)(bits(k), st, n, d, q, scale, out);
+}
+
 template <class T>
 void scores_of(const kv::PagedKVView& c, int b, int h, const float* q, double scale,
                SelectionView::Unit unit, std::span<const std::int32_t> ids,
                std::vector<double>& out) {
   const int d = c.head_dim, P = c.page_size;
-  auto one = [&](int logical, int slot) {
-    const T* k = c.key<T>(c.table.page(b, logical), h, slot);
-    double s = 0;
-    for (int x = 0; x < d; ++x) s += static_cast<double>(q[x]) * static_cast<double>(to_f32(k[x]));
-    out.push_back(scale * s);
-  };
+  const bool simd = d % 8 == 0 && cpu::has_avx2() && cpu::simd_allowed();
   for (std::int32_t id : ids) {
-    if (unit == SelectionView::Unit::page) {
-      const int len = c.table.page_len(b, id, P);
-      for (int slot = 0; slot < len; ++slot) one(id, slot);
-    } else {
-      one(id / P, id % P);
-    }
+    const bool page = unit == SelectionView::Unit::page;
+    const int logical = page ? id : id / P;
+    const int rows = page ? c.table.page_len(b, id, P) : 1;
+    const T* k = c.key<T>(c.table.page(b, logical), h, page ? 0 : id % P);
+    const std::size_t at = out.size();
+    out.resize(at + static_cast<std::size_t>(rows));
+    score_rows(k, c.stride_slot, rows, d, q, scale, out.data() + at, simd);
   }
+}
+
+}  // namespace
+
+void score_rows_portable_f32(const float* k, std::int64_t row_stride, int rows, int d,
+                             const float* q, double scale, double* out) {
+  portable_rows(k, row_stride, rows, d, q, scale, out);
+}
+void score_rows_portable_f16(const std::uint16_t* k, std::int64_t row_stride, int rows, int d,
+                             const float* q, double scale, double* out) {
+  portable_rows(reinterpret_cast<const f16*>(k), row_stride, rows, d, q, scale, out);
+}
+void score_rows_portable_bf16(const std::uint16_t* k, std::int64_t row_stride, int rows, int d,
+                              const float* q, double scale, double* out) {
+  portable_rows(reinterpret_cast<const bf16*>(k), row_stride, rows, d, q, scale, out);
 }
 
 void append_scores(const kv::PagedKVView& c, int b, int h, const float* q, double scale,

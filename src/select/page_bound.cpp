@@ -10,7 +10,9 @@
 
 #include "core/cpu_features.hpp"
 #include "masskv/error.hpp"
+#include "select/page_scan.hpp"
 #include "select/quest_kernels.hpp"
+#include "select/topk_rank.hpp"
 
 namespace masskv::select {
 
@@ -230,23 +232,6 @@ void check_bound_args(int num_pages_pool, int num_kv_heads, int head_dim,
   }
 }
 
-// Order-preserving map of a finite-or-infinite float to an unsigned key (-0 counts as +0),
-// so ranking pages is one integer comparison.
-inline std::uint32_t ordered_key(float x) {
-  const std::uint32_t u = std::bit_cast<std::uint32_t>(x + 0.0f);
-  return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
-}
-
-// Pages [0, sinks) and [window, n) are always kept; returns their union's size.
-int kept_pages(int n, std::int64_t length, int page_size, const TopkPolicy& p, int& sinks,
-               int& window) {
-  sinks = std::min(p.sink_pages, n);
-  const std::int64_t first_token = std::max<std::int64_t>(0, length - p.window_tokens);
-  window = p.window_tokens > 0 ? static_cast<int>(first_token / page_size) : n - 1;
-  window = std::min(window, n - 1);
-  return sinks >= window ? n : sinks + (n - window);
-}
-
 void check_policy(const TopkPolicy& p) {
   using enum ErrorCode;
   require(p.budget_pages >= 0, invalid_argument, "budget_pages", "must be >= 0, got ",
@@ -260,37 +245,19 @@ void check_policy(const TopkPolicy& p) {
 int topk_one(const float* bounds, int num_q, int n, std::int64_t length, int page_size,
              const TopkPolicy& policy, std::int32_t* out, int out_size,
              std::vector<std::uint64_t>& keys) {
-  int sinks = 0, window = 0;
-  const int kept = kept_pages(n, length, page_size, policy, sinks, window);
-  const int total = std::min(n, std::max(policy.budget_pages, kept));
-  int need = total - kept;  // > 0 only when sinks < window: candidates are [sinks, window)
-  int w = 0;
-  for (int j = 0; j < sinks && j < window; ++j) out[w++] = j;
-  if (need > 0) {
-    keys.clear();
-    for (int j = sinks; j < window; ++j) {
+  const detail::TopkSplit split = detail::topk_split(n, length, page_size, policy);
+  keys.clear();
+  if (split.need > 0) {
+    for (int j = split.sinks; j < split.window; ++j) {
       float m = bounds[j];
       for (int i = 1; i < num_q; ++i) {
         const float x = bounds[static_cast<std::int64_t>(i) * n + j];
         m = x > m ? x : m;
       }
-      // High bound first; among equal bounds the lower id first (its complement is larger).
-      keys.push_back(static_cast<std::uint64_t>(ordered_key(m)) << 32 |
-                     (0xffffffffu - static_cast<std::uint32_t>(j)));
-    }
-    auto nth = keys.begin() + need;
-    std::nth_element(keys.begin(), nth - 1, keys.end(), std::greater<>());
-    std::sort(keys.begin(), nth, [](std::uint64_t x, std::uint64_t y) {
-      return (x & 0xffffffffu) > (y & 0xffffffffu);  // ascending page id
-    });
-    for (auto it = keys.begin(); it != nth; ++it) {
-      out[w++] = static_cast<std::int32_t>(0xffffffffu - static_cast<std::uint32_t>(*it));
+      keys.push_back(detail::topk_key(m, j));
     }
   }
-  for (int j = window; j < n; ++j) out[w++] = j;
-  need = w;
-  for (; w < out_size; ++w) out[w] = -1;
-  return need;
+  return detail::write_topk(split, n, keys, out, out_size);
 }
 
 void check_bounds_finite(std::span<const float> bounds) {
@@ -392,9 +359,7 @@ int topk_selected_pages(int num_pages, std::int64_t length, int page_size,
                         const TopkPolicy& policy) {
   check_policy(policy);
   if (num_pages <= 0) return 0;
-  int sinks = 0, window = 0;
-  const int kept = kept_pages(num_pages, length, page_size, policy, sinks, window);
-  return std::min(num_pages, std::max(policy.budget_pages, kept));
+  return detail::topk_split(num_pages, length, page_size, policy).total;
 }
 
 int select_topk_pages(std::span<const float> bounds, int num_q, int num_pages, int last_page_len,
@@ -478,6 +443,74 @@ void select_topk_pages(std::span<const float> bounds, const kv::PageTable& table
   }
 }
 
+namespace detail {
+
+void all_page_bounds(const kv::SummariesView* summaries, const BoundStoreView* bounds_bf16,
+                     const kv::PageTable& table, const View3<const float>& q, float scale,
+                     float* bounds, float* w_out) {
+  const int B = table.batch(), Hq = q.n1;
+  const int Hkv = summaries ? summaries->num_kv_heads : bounds_bf16->num_kv_heads;
+  const int d = summaries ? summaries->head_dim : bounds_bf16->head_dim;
+  const int g = Hq / Hkv;
+  // Pages are scanned in chunks; inside a chunk, page by page and every kv head of a page in
+  // turn: with the [page][head][d] summary layout that reads each array sequentially (a
+  // per-head scan strides H*d apart and ran at a third of the bandwidth).
+  constexpr int kChunk = 32;
+  thread_local std::vector<std::pair<int, int>> chunks;  // (sequence, first logical page)
+  chunks.clear();
+  for (int b = 0; b < B; ++b) {
+    for (int j = 0; j < table.num_pages(b); j += kChunk) chunks.emplace_back(b, j);
+  }
+  const std::vector<std::pair<int, int>>& work = chunks;
+  const int num_chunks = static_cast<int>(work.size());
+  const float f = 2.0f * static_cast<float>(2 * d + 4) * 0x1p-24f;
+#pragma omp parallel if (num_chunks > 1)
+  {
+    thread_local SplitQuery sq;
+    thread_local std::vector<float> sums, w, tmp;
+    sums.resize(static_cast<std::size_t>(Hq) * kChunk);
+    w.resize(static_cast<std::size_t>(Hkv) * kChunk);
+    tmp.resize(static_cast<std::size_t>(g));
+    int split_b = -1;
+#pragma omp for schedule(static)
+    for (int t = 0; t < num_chunks; ++t) {
+      const auto [b, j0] = work[static_cast<std::size_t>(t)];
+      if (b != split_b) {  // q rows of a sequence are [Hq][d] with stride q.s1
+        sq.assign(q.row(b, 0), Hq, q.s1, d);
+        split_b = b;
+      }
+      const int nb = table.num_pages(b);
+      const int n = std::min(kChunk, nb - j0);
+      // Prefetch runs a few pages ahead, into the sequence's next chunk too.
+      const int prefetch_n = std::min(n + kPrefetchPages, nb - j0);
+      const std::int32_t* pages = table.indices.data() + table.indptr[b] + j0;
+      if (summaries) {
+        scan_pages(*summaries, pages, n, prefetch_n, sq, g, sums.data(), w.data(), tmp.data());
+      } else {
+        scan_pages(*bounds_bf16, pages, n, prefetch_n, sq, g, sums.data(), w.data(), tmp.data());
+      }
+      float* seq_bounds = bounds + static_cast<std::size_t>(table.indptr[b]) * Hq;
+      for (int hq = 0; hq < Hq; ++hq) {
+        const float fq = f * sq.norm[static_cast<std::size_t>(hq)];
+        const float* src = sums.data() + static_cast<std::size_t>(hq) * n;
+        const float* wh = w.data() + static_cast<std::size_t>(hq / g) * n;
+        float* row = seq_bounds + static_cast<std::size_t>(hq) * nb + j0;
+        for (int j = 0; j < n; ++j) row[j] = finish_bound(src[j], fq, wh[j], scale);
+      }
+      if (w_out) {
+        for (int h = 0; h < Hkv; ++h) {
+          for (int j = 0; j < n; ++j) {
+            w_out[(static_cast<std::size_t>(table.indptr[b]) + j0 + j) * Hkv + h] =
+                w[static_cast<std::size_t>(h) * n + j];
+          }
+        }
+      }
+    }
+  }
+}
+
+}  // namespace detail
+
 void quest_select(const QuestArgs& args, SelectionStorage& out) {
   using enum ErrorCode;
   require((args.summaries != nullptr) != (args.bounds_bf16 != nullptr), invalid_argument,
@@ -515,54 +548,14 @@ void quest_select(const QuestArgs& args, SelectionStorage& out) {
   const int g = q.n1 / Hkv, Hq = q.n1;
   // Bounds in the batch CSR order of select_topk_pages: [b][q head][logical page].
   std::vector<float> bounds(args.table.indices.size() * Hq);
-  // Pages are scanned in chunks; inside a chunk, page by page and every kv head of a page in
-  // turn: with the [page][head][d] summary layout that reads each array sequentially (a
-  // per-head scan strides H*d apart and ran at a third of the bandwidth).
-  constexpr int kChunk = 32;
-  std::vector<std::pair<int, int>> chunks;  // (sequence, first logical page)
-  for (int b = 0; b < B; ++b) {
-    for (int j = 0; j < args.table.num_pages(b); j += kChunk) chunks.emplace_back(b, j);
-  }
-  const int num_chunks = static_cast<int>(chunks.size());
+  detail::all_page_bounds(args.summaries, args.bounds_bf16, args.table, q, scale, bounds.data(),
+                          nullptr);
   const int tasks = B * Hkv;
   // Everything that can throw ran above: the parallel region only computes. Each output
   // value is computed by one task alone, so results do not depend on the thread count.
-#pragma omp parallel
+#pragma omp parallel if (tasks > 1)
   {
-    SplitQuery sq;
-    int split_b = -1;
-    std::vector<float> sums(static_cast<std::size_t>(Hq) * kChunk);
-    std::vector<float> w(static_cast<std::size_t>(Hkv) * kChunk);
-    std::vector<float> tmp(static_cast<std::size_t>(g));
     std::vector<std::uint64_t> keys;
-    const float f = 2.0f * static_cast<float>(2 * d + 4) * 0x1p-24f;
-#pragma omp for schedule(static)
-    for (int t = 0; t < num_chunks; ++t) {
-      const auto [b, j0] = chunks[t];
-      if (b != split_b) {  // q rows of a sequence are [Hq][d] with stride q.s1
-        sq.assign(q.row(b, 0), Hq, q.s1, d);
-        split_b = b;
-      }
-      const int nb = args.table.num_pages(b);
-      const int n = std::min(kChunk, nb - j0);
-      // Prefetch runs a few pages ahead, into the sequence's next chunk too.
-      const int prefetch_n = std::min(n + kPrefetchPages, nb - j0);
-      const std::int32_t* pages = args.table.indices.data() + args.table.indptr[b] + j0;
-      if (args.summaries) {
-        scan_pages(*args.summaries, pages, n, prefetch_n, sq, g, sums.data(), w.data(), tmp.data());
-      } else {
-        scan_pages(*args.bounds_bf16, pages, n, prefetch_n, sq, g, sums.data(), w.data(),
-                   tmp.data());
-      }
-      float* seq_bounds = bounds.data() + static_cast<std::size_t>(args.table.indptr[b]) * Hq;
-      for (int hq = 0; hq < Hq; ++hq) {
-        const float fq = f * sq.norm[static_cast<std::size_t>(hq)];
-        const float* src = sums.data() + static_cast<std::size_t>(hq) * n;
-        const float* wh = w.data() + static_cast<std::size_t>(hq / g) * n;
-        float* row = seq_bounds + static_cast<std::size_t>(hq) * nb + j0;
-        for (int j = 0; j < n; ++j) row[j] = finish_bound(src[j], fq, wh[j], scale);
-      }
-    }
 #pragma omp for schedule(dynamic, 1)
     for (int task = 0; task < tasks; ++task) {
       const int b = task / Hkv, h = task % Hkv;

@@ -8,6 +8,7 @@
 
 #include "masskv/kv/paged_kv.hpp"
 #include "masskv/select/selection.hpp"
+#include "select/row_kernels.hpp"
 
 namespace masskv::select::detail {
 

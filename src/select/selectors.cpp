@@ -4,14 +4,19 @@
 // group's shared selection (GQA rule of selector.hpp). entmax_support has its own loop
 // because its ranking moves with tau(S).
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <limits>
 #include <numeric>
 
 #include "masskv/error.hpp"
+#include "masskv/kv/int4_keys.hpp"
 #include "masskv/select/diagnostics.hpp"
 #include "masskv/select/selector.hpp"
+#include "select/gaussian_model.hpp"
+#include "select/page_scan.hpp"
 #include "select/scores.hpp"
+#include "select/vec_math.hpp"
 
 namespace masskv::select {
 
@@ -55,21 +60,25 @@ struct Group {
   int pages = 0, page_size = 0;
   std::int64_t length = 0;
   std::span<const std::int32_t> phys;  // physical pages in logical order
+  std::size_t csr = 0;                 // indptr[b]: the group's offset in the CSR page order
 };
 
-// Always-kept items (§3): sink pages, pages covering the last W tokens, the last page.
-// Token items: the same tokens.
-std::vector<std::uint8_t> kept_items(const Group& G, const SelectorConfig& c, bool tokens) {
-  std::vector<std::uint8_t> in(static_cast<std::size_t>(G.n), 0);
+// Always-kept items (§3): sink pages, pages covering the last W tokens, the last page; token
+// items: the same tokens. Two ranges, [0, first_end) and [last_begin, n).
+struct Kept {
+  std::int64_t first_end = 0, last_begin = 0;
+  std::int64_t count(std::int64_t n) const {
+    return first_end >= last_begin ? n : first_end + (n - last_begin);
+  }
+};
+Kept kept_items(const Group& G, const SelectorConfig& c, bool tokens) {
   const std::int64_t P = G.page_size;
-  const std::int64_t sink_end = std::min<std::int64_t>(c.sink_pages, G.pages) * P;
+  const std::int64_t sinks = std::min<std::int64_t>(c.sink_pages, G.pages);
   const std::int64_t last_page_start = (G.pages - 1) * P;
   const std::int64_t win_start =
       std::min(last_page_start, std::max<std::int64_t>(0, G.length - c.window_tokens));
-  for (std::int64_t t = 0; t < G.length; ++t) {
-    if (t < sink_end || t >= win_start) in[static_cast<std::size_t>(tokens ? t : t / P)] = 1;
-  }
-  return in;
+  if (tokens) return {std::min(sinks * P, G.length), win_start};
+  return {sinks, win_start / P};
 }
 
 // Items of a selection: how many the rule may hold.
@@ -81,64 +90,101 @@ int item_cap(const Group& G, const Budget& budget, int kept, bool tokens, bool f
 }
 
 // A ranking of one voter (a q head, or the group's aggregate): candidate items best first,
-// ties to the lower id. Only the first `limit` are needed by a fill of at most `limit`.
-std::vector<std::int32_t> order_by(const double* rank, int n, const std::uint8_t* eligible,
-                                   int limit) {
-  std::vector<std::int32_t> ids;
-  ids.reserve(static_cast<std::size_t>(n));
-  for (int j = 0; j < n; ++j) {
-    if (!eligible || eligible[j]) ids.push_back(j);
-  }
-  auto better = [rank](std::int32_t x, std::int32_t y) {
-    return rank[x] > rank[y] || (rank[x] == rank[y] && x < y);
+// ties to the lower id. Only the first `limit` are needed by a fill of at most `limit`:
+// nth_element finds them in O(n), and only those are sorted. (rank, id) pairs are sorted in
+// place rather than ids through the rank array, which costs a cache miss per comparison.
+template <class R>
+void order_by(const R* rank, int n, const std::uint8_t* eligible, int limit,
+              std::vector<std::int32_t>& ids) {
+  struct Item {
+    double r;
+    std::int32_t id;
   };
-  const std::size_t k = std::min<std::size_t>(ids.size(), static_cast<std::size_t>(limit));
-  std::partial_sort(ids.begin(), ids.begin() + static_cast<std::ptrdiff_t>(k), ids.end(), better);
-  ids.resize(k);
-  return ids;
+  thread_local std::vector<Item> items;
+  items.clear();
+  for (int j = 0; j < n; ++j) {
+    if (!eligible || eligible[j]) items.push_back({static_cast<double>(rank[j]), j});
+  }
+  auto better = [](const Item& x, const Item& y) {
+    return x.r > y.r || (x.r == y.r && x.id < y.id);
+  };
+  const std::size_t k = std::min<std::size_t>(items.size(), static_cast<std::size_t>(limit));
+  if (k < items.size()) {
+    std::nth_element(items.begin(), items.begin() + static_cast<std::ptrdiff_t>(k), items.end(),
+                     better);
+    items.resize(k);
+  }
+  std::sort(items.begin(), items.end(), better);
+  ids.resize(items.size());
+  for (std::size_t i = 0; i < items.size(); ++i) ids[i] = items[i].id;
 }
 
 struct Voter {
   std::vector<std::int32_t> order;
   const double* mass = nullptr;  // normalised estimated mass per item, or none
   double have = 0;
+  std::size_t pos = 0;
+};
+
+// Per-thread scratch, reused across groups and calls (no allocation per call once warm).
+struct Scratch {
+  std::vector<std::uint8_t> in, eligible, agg_elig;
+  std::vector<std::int32_t> kept, picked;
+  std::vector<double> rank, mass, agg_rank, agg_mass, cnt;  // rank/mass: [g][n]
+  std::vector<Voter> voters;
+  detail::GaussianPages gauss;
+  // entmax_support
+  std::vector<std::vector<double>> sc;
+  std::vector<std::int32_t> lists;  // [g][depth]
+  std::vector<std::size_t> cursor;
+  std::vector<double> eps, thr, zeros;
+  std::vector<double> qs, qp;  // quant_keys: token scores and probabilities
+  static Scratch& get() {
+    thread_local Scratch s;
+    return s;
+  }
 };
 
 // The fill loop: voters take turns adding their best unselected item (round robin, which is
 // the union of per-head top lists cut to the budget) until `cap` items are in, every voter
-// with a mass estimate holds >= p of it, or no voter has candidates left.
-int fill(std::vector<Voter>& voters, std::vector<std::uint8_t>& in, int count, int cap, double p) {
-  for (auto& v : voters) {
+// with a mass estimate holds >= p of it, or no voter has candidates left. `kept` lists the
+// items already in, ascending.
+int fill(std::vector<Voter>& voters, std::size_t nv, std::vector<std::uint8_t>& in,
+         std::span<const std::int32_t> kept, int count, int cap, double p) {
+  for (std::size_t i = 0; i < nv; ++i) {
+    Voter& v = voters[i];
     v.have = 0;
+    v.pos = 0;
     if (v.mass) {
-      for (std::size_t j = 0; j < in.size(); ++j) v.have += in[j] ? v.mass[j] : 0.0;
+      for (std::int32_t j : kept) v.have += v.mass[j];
     }
   }
-  std::vector<std::size_t> pos(voters.size(), 0);
   bool progress = true;
   while (count < cap && progress) {
     progress = false;
-    for (std::size_t i = 0; i < voters.size() && count < cap; ++i) {
+    for (std::size_t i = 0; i < nv && count < cap; ++i) {
       Voter& v = voters[i];
       if (v.mass && v.have >= p) continue;
-      while (pos[i] < v.order.size() && in[static_cast<std::size_t>(v.order[pos[i]])]) ++pos[i];
-      if (pos[i] == v.order.size()) continue;
-      const std::int32_t j = v.order[pos[i]++];
+      while (v.pos < v.order.size() && in[static_cast<std::size_t>(v.order[v.pos])]) ++v.pos;
+      if (v.pos == v.order.size()) continue;
+      const std::int32_t j = v.order[v.pos++];
       in[static_cast<std::size_t>(j)] = 1;
       ++count;
       progress = true;
-      for (auto& w : voters) w.have += w.mass ? w.mass[j] : 0.0;
+      for (std::size_t w = 0; w < nv; ++w) voters[w].have += voters[w].mass ? voters[w].mass[j] : 0.0;
     }
   }
   return count;
 }
 
-// Normalises exp(logw) in place to masses summing to 1.
-void normalise_log(std::vector<double>& w) {
+// w <- exp(w - max w) / sum: masses from log-weights.
+void normalise_log(std::span<double> w) {
   double mx = -kInf;
   for (double x : w) mx = std::max(mx, x);
+  for (double& x : w) x -= mx;
+  detail::exp_inplace(w.data(), w.size());
   double s = 0;
-  for (double& x : w) s += (x = std::exp(x - mx));
+  for (double x : w) s += x;
   for (double& x : w) x /= s;
 }
 void normalise(std::span<double> w) {
@@ -146,28 +192,6 @@ void normalise(std::span<double> w) {
   for (double x : w) s += x;
   if (s > 0) {
     for (double& x : w) x /= s;
-  }
-}
-
-// Per group q head: page model (§2.4) m_j = scale q·μ_j, v_j = scale² Σ_c q_c² σ²_jc.
-void page_moments(const kv::SummariesView& s, const Group& G, const float* q, double scale,
-                  std::vector<double>& m, std::vector<double>& v, std::vector<double>& cnt) {
-  const int d = s.head_dim;
-  m.assign(static_cast<std::size_t>(G.pages), 0);
-  v.assign(m.size(), 0);
-  cnt.assign(m.size(), 0);
-  for (int j = 0; j < G.pages; ++j) {
-    const std::int64_t at = s.at(G.phys[j], G.h);
-    const double c = s.count[G.phys[j]];
-    double mm = 0, vv = 0;
-    for (int x = 0; x < d; ++x) {
-      const double qx = q[x];
-      mm += qx * s.mean[at + x];
-      vv += qx * qx * (c > 0 ? std::max(0.0, static_cast<double>(s.m2[at + x])) / c : 0.0);
-    }
-    m[j] = scale * mm;
-    v[j] = scale * scale * vv;
-    cnt[j] = c;
   }
 }
 
@@ -179,23 +203,30 @@ struct Context {
   bool tokens = false;  // token oracle
   // Oracle: true mass per (b, q head) over items, [b] -> [Hq][items].
   std::vector<std::vector<double>> oracle_mass;
+  // Page-major scans (select/page_scan.hpp), CSR order [indptr[b] * Hq + q head * pages + j].
+  const float* bounds = nullptr;
+  const float* wmax = nullptr;  // [indptr[b] + j][Hkv]: W of the f32 summaries
+  const double* m = nullptr;
+  const double* v = nullptr;
 };
 
 const float* qrow(const Context& X, int b, int qh) { return X.a.q.row(b, qh); }
 
-void group_bounds(const Context& X, const Group& G, std::vector<float>& U) {
-  U.resize(static_cast<std::size_t>(G.g) * G.pages);
-  const float* q0 = qrow(X, G.b, G.h * X.gsize);
-  if (X.a.bounds_bf16) {
-    page_upper_bounds(*X.a.bounds_bf16, G.phys, G.h, q0, G.g, X.a.q.s1, X.scale, U);
-  } else {
-    page_upper_bounds(X.a.summaries, G.phys, G.h, q0, G.g, X.a.q.s1, X.scale, U);
-  }
+// Row of q head i of group G in a CSR-ordered scan output.
+template <class T>
+const T* head_row(const T* base, const Context& X, const Group& G, int i) {
+  return base + G.csr * X.Hq + static_cast<std::size_t>(G.h * X.gsize + i) * G.pages;
 }
 
 // Largest |key channel| of the group's pages (for the certificate ε).
 double group_key_max(const Context& X, const Group& G) {
   double w = 0;
+  if (X.wmax) {  // the bound scan's W of the same f32 summaries: the same value
+    for (int j = 0; j < G.pages; ++j) {
+      w = std::max(w, static_cast<double>(X.wmax[(G.csr + j) * X.Hkv + G.h]));
+    }
+    return w;
+  }
   const auto& s = X.a.summaries;
   for (int j = 0; j < G.pages; ++j) {
     const std::int64_t at = s.at(G.phys[j], G.h);
@@ -213,79 +244,165 @@ double q_l1(const float* q, int d) {
   return s;
 }
 
-// entmax_support (§2.2): grow by the largest max_h[(α−1)U_hj − (τ_lo,h(S) − ε_h)] until no
-// unselected page can reach any head's threshold, or the cap is reached.
-int grow_support(const Context& X, const Group& G, std::vector<std::uint8_t>& in, int count,
-                 int cap, double* estimate, std::uint8_t& certified) {
-  const double alpha = X.c.mapping.alpha;
-  std::vector<float> U;
-  group_bounds(X, G, U);
+// Per-head lists of the group's pages by bound, best first (ties: lower id), `depth` deep.
+void bound_lists(const Context& X, const Group& G, int depth, Scratch& S) {
   const int n = G.pages, g = G.g;
-  // Seed: the best pages by max-over-heads bound.
-  std::vector<double> agg(static_cast<std::size_t>(n), -kInf);
+  S.lists.resize(static_cast<std::size_t>(g) * depth);
+  S.cursor.assign(static_cast<std::size_t>(g), 0);
   for (int i = 0; i < g; ++i) {
-    for (int j = 0; j < n; ++j) agg[j] = std::max(agg[j], static_cast<double>(U[i * n + j]));
-  }
-  {
-    std::vector<Voter> seed(1);
-    seed[0].order = order_by(agg.data(), n, nullptr, count + X.c.seed_pages);
-    count = fill(seed, in, count, std::min(cap, count + X.c.seed_pages), kInf);
-  }
-  const double w = group_key_max(X, G);
-  std::vector<std::vector<double>> sc(static_cast<std::size_t>(g));
-  std::vector<double> eps(static_cast<std::size_t>(g)), tau_lo(eps.size());
-  std::vector<std::uint8_t> scored(static_cast<std::size_t>(n), 0);
-  std::vector<std::int32_t> fresh;
-  std::vector<double> viol(static_cast<std::size_t>(n));
-  for (int i = 0; i < g; ++i) {
-    eps[i] = certificate_eps(alpha, X.d, X.scale, q_l1(qrow(X, G.b, G.h * X.gsize + i), X.d), w);
-  }
-  certified = 0;
-  while (true) {
-    fresh.clear();
-    for (int j = 0; j < n; ++j) {
-      if (in[j] && !scored[j]) {
-        fresh.push_back(j);
-        scored[j] = 1;
-      }
-    }
-    for (int i = 0; i < g; ++i) {
-      detail::append_scores(X.a.cache, G.b, G.h, qrow(X, G.b, G.h * X.gsize + i), X.scale,
-                            SelectionView::Unit::page, fresh, sc[i]);
-      const EntmaxThreshold t = entmax_threshold(std::span<const double>(sc[i]), alpha);
-      tau_lo[i] = t.tau_lo;
-      estimate[i] = t.tau;
-    }
-    int violators = 0;
-    for (int j = 0; j < n; ++j) {
-      double v = -kInf;
-      if (!in[j]) {
-        for (int i = 0; i < g; ++i) {
-          v = std::max(v, (alpha - 1.0) * U[i * n + j] - (tau_lo[i] - eps[i]));
-        }
-      }
-      viol[j] = v;
-      violators += v > 0;
-    }
-    if (violators == 0) {
-      certified = 1;
-      return count;
-    }
-    if (count >= cap) return count;
-    const int add = std::min({cap - count, violators, std::max(1, count / 8)});
-    std::vector<Voter> grow(1);
-    grow[0].order = order_by(viol.data(), n, nullptr, add);
-    count = fill(grow, in, count, count + add, kInf);
+    order_by(head_row(X.bounds, X, G, i), n, nullptr, depth, S.picked);
+    std::copy(S.picked.begin(), S.picked.end(), S.lists.begin() + static_cast<std::ptrdiff_t>(i) * depth);
   }
 }
 
-// Everything of one group except entmax_support: rankings, masses, rule, fill.
-void select_group(const Context& X, const Group& G, std::vector<std::uint8_t>& in, int& count,
-                  int cap, double* estimate, std::uint8_t& certified) {
+// Takes, one at a time, the unselected page with the largest max_i (c U_ij - T_i) (ties: the
+// lower id) while fewer than `want` were taken (and, with `positive`, while that value is
+// > 0); marks them in S.in and appends them to `taken`. The per-head lists are sorted by U_ij, so this is their merge: a page's first
+// appearance carries its maximum. Lists `depth` deep suffice while at most depth - 1 pages are
+// selected.
+int take_best(const Context& X, const Group& G, int depth, double c, const double* T, bool positive,
+              int want, Scratch& S, std::vector<std::int32_t>& taken) {
+  const int g = G.g;
+  int took = 0;
+  while (took < want) {
+    int best_i = -1;
+    std::int32_t best_j = 0;
+    double best = 0;
+    for (int i = 0; i < g; ++i) {
+      const std::int32_t* L = S.lists.data() + static_cast<std::size_t>(i) * depth;
+      std::size_t& k = S.cursor[static_cast<std::size_t>(i)];
+      const std::size_t len = std::min<std::size_t>(static_cast<std::size_t>(depth),
+                                                    static_cast<std::size_t>(G.pages));
+      while (k < len && S.in[static_cast<std::size_t>(L[k])]) ++k;
+      if (k == len) continue;
+      const std::int32_t j = L[k];
+      const double val = c * head_row(X.bounds, X, G, i)[j] - T[i];
+      if (best_i < 0 || val > best || (val == best && j < best_j)) {
+        best_i = i;
+        best_j = j;
+        best = val;
+      }
+    }
+    if (best_i < 0 || (positive && !(best > 0))) break;
+    S.in[static_cast<std::size_t>(best_j)] = 1;
+    taken.push_back(best_j);
+    ++took;
+  }
+  return took;
+}
+
+// entmax_support (§2.2): grow by the largest max_h[(α−1)U_hj − (τ_lo,h(S) − ε_h)] until no
+// unselected page can reach any head's threshold, or the cap is reached. Each round adds
+// min(cap - count, violators, max(1, count / 8)) pages.
+int grow_support(const Context& X, const Group& G, Scratch& S, int count, int cap,
+                 double* estimate, std::uint8_t& certified) {
+  const double alpha = X.c.mapping.alpha;
+  const int n = G.pages, g = G.g;
+  const int depth = std::min(n, cap + 1);
+  bound_lists(X, G, depth, S);
+  S.picked.clear();
+  // Seed: the best pages by max-over-heads bound.
+  S.thr.assign(static_cast<std::size_t>(g), 0.0);
+  count += take_best(X, G, depth, 1.0, S.thr.data(), false, std::min(cap - count, X.c.seed_pages),
+                     S, S.picked);
+  const double w = group_key_max(X, G);
+  S.sc.resize(static_cast<std::size_t>(std::max<std::size_t>(S.sc.size(), static_cast<std::size_t>(g))));
+  S.eps.resize(static_cast<std::size_t>(g));
+  for (int i = 0; i < g; ++i) {
+    S.sc[static_cast<std::size_t>(i)].clear();
+    S.eps[static_cast<std::size_t>(i)] =
+        certificate_eps(alpha, X.d, X.scale, q_l1(qrow(X, G.b, G.h * X.gsize + i), X.d), w);
+  }
+  // The first round scores every selected page, ascending; later rounds the pages they took.
+  std::vector<std::int32_t>& fresh = S.kept;
+  fresh.clear();
+  for (int j = 0; j < n; ++j) {
+    if (S.in[static_cast<std::size_t>(j)]) fresh.push_back(j);
+  }
+  std::vector<double>& T = S.thr;
+  certified = 0;
+  while (true) {
+    for (int i = 0; i < g; ++i) {
+      auto& sc = S.sc[static_cast<std::size_t>(i)];
+      detail::append_scores(X.a.cache, G.b, G.h, qrow(X, G.b, G.h * X.gsize + i), X.scale,
+                            SelectionView::Unit::page, fresh, sc);
+      const EntmaxThreshold t = entmax_threshold(std::span<const double>(sc), alpha);
+      estimate[i] = t.tau;
+      T[static_cast<std::size_t>(i)] = t.tau_lo - S.eps[static_cast<std::size_t>(i)];
+    }
+    // Any violator left? Peek at the best value without taking it.
+    S.picked.clear();
+    const int any = take_best(X, G, depth, alpha - 1.0, T.data(), true, 1, S, S.picked);
+    if (any == 0) {
+      certified = 1;
+      return count;
+    }
+    if (count >= cap) {
+      S.in[static_cast<std::size_t>(S.picked[0])] = 0;  // over the cap: not taken
+      return count;
+    }
+    const int want = std::min(cap - count, std::max(1, count / 8));
+    const int more = take_best(X, G, depth, alpha - 1.0, T.data(), true, want - 1, S, S.picked);
+    count += 1 + more;
+    fresh.assign(S.picked.begin(), S.picked.end());
+    std::sort(fresh.begin(), fresh.end());  // the old scan's order: ascending page id
+  }
+}
+
+// log(n) of a page count: counts are at most the page size (<= 256) in any cache we make, so
+// a table of std::log's values saves a log per page and head.
+double log_count(double n) {
+  static const std::array<double, 257> table = [] {
+    std::array<double, 257> t{};
+    for (std::size_t i = 0; i < t.size(); ++i) t[i] = std::log(static_cast<double>(i));
+    return t;
+  }();
+  return n >= 0 && n <= 256 && n == std::floor(n) ? table[static_cast<std::size_t>(n)] : std::log(n);
+}
+
+// Normalised bound pseudo-masses n_j e^{U_j} of one head (quest, entmax_support).
+void bound_masses(const Context& X, const Group& G, const float* U, double* out) {
+  const std::int32_t* cnt = X.a.summaries.count;
+  for (int j = 0; j < G.pages; ++j) {
+    out[j] = log_count(static_cast<double>(cnt[G.phys[j]])) + static_cast<double>(U[j]);
+  }
+  normalise_log(std::span<double>(out, static_cast<std::size_t>(G.pages)));
+}
+
+// Page masses of one q head from scores on the INT4 selector keys of every token (§2.9):
+// softmax or entmax of the approximate scores, summed per page. The scores are computed on
+// the nibbles (int4::dot_row); no dequantised key is stored.
+void quant_key_masses(const Context& X, const Group& G, int i, Scratch& S, double* w) {
+  const kv::SelectorKeysView& K = X.a.selector_keys;
+  const float* q = qrow(X, G.b, G.h * X.gsize + i);
+  S.qs.clear();
+  for (int j = 0; j < G.pages; ++j) {
+    const int len = X.a.cache.table.page_len(G.b, j, G.page_size);
+    for (int slot = 0; slot < len; ++slot) {
+      S.qs.push_back(static_cast<double>(X.scale) *
+                     kv::int4::dot_row(q, K.row(G.phys[j], G.h, slot),
+                                       K.row_scales(G.phys[j], G.h, slot), X.d));
+    }
+  }
+  S.qp.resize(S.qs.size());
+  if (X.c.mapping.is_entmax()) {
+    entmax(std::span<const double>(S.qs), X.c.mapping.alpha, std::span<double>(S.qp));
+  } else {
+    softmax(std::span<const double>(S.qs), std::span<double>(S.qp));
+  }
+  std::fill(w, w + G.pages, 0.0);
+  for (std::size_t t = 0; t < S.qp.size(); ++t) w[t / static_cast<std::size_t>(G.page_size)] += S.qp[t];
+}
+
+// Everything of one group but the kept items (already in S.in): rankings, masses, rule, fill.
+void select_group(const Context& X, const Group& G, Scratch& S, int& count, int cap,
+                  double* estimate, std::uint8_t& certified) {
   const SelectorConfig& c = X.c;
   const Method method = c.method;
   const Budget::Kind kind = c.budget.kind;
   const int n = G.n, g = G.g;
+  const std::size_t ng = static_cast<std::size_t>(g) * n;
+  std::vector<std::uint8_t>& in = S.in;
   certified = 0;
   if (method == Method::dense) {
     std::fill(in.begin(), in.end(), 1);
@@ -293,136 +410,148 @@ void select_group(const Context& X, const Group& G, std::vector<std::uint8_t>& i
     std::fill(estimate, estimate + g, 1.0);
     return;
   }
-  if (method == Method::entmax_support) {
-    if (kind == Budget::Kind::fixed) {  // grow to the budget: the certificate is reported only
-      count = grow_support(X, G, in, count, cap, estimate, certified);
-      // grow_support stops at the certificate; fill the rest of the budget by bound below.
-    } else {
-      count = grow_support(X, G, in, count, cap, estimate, certified);
-      return;
-    }
-  }
-  // rank[i][j], mass[i][j] per q head i of the group.
-  std::vector<std::vector<double>> rank(static_cast<std::size_t>(g)), mass;
-  bool rank_is_mass = false;
-  std::vector<std::uint8_t> eligible;  // per head [g][n], adaptive rules only
-  double p = kind == Budget::Kind::fixed ? kInf : c.budget.p;
-  const double alpha = c.mapping.alpha;
-  std::vector<float> U;
   if (method == Method::sink_recent) {
-    for (auto& r : rank) {
-      r.resize(static_cast<std::size_t>(n));
-      std::iota(r.begin(), r.end(), 0.0);  // the most recent first
+    // Every head ranks the most recent first: the union is the latest pages up to the cap.
+    for (int j = n - 1; j >= 0 && count < cap; --j) {
+      if (!in[static_cast<std::size_t>(j)]) {
+        in[static_cast<std::size_t>(j)] = 1;
+        ++count;
+      }
     }
     std::fill(estimate, estimate + g, std::numeric_limits<double>::quiet_NaN());
-  } else if (method == Method::oracle) {
-    mass.resize(static_cast<std::size_t>(g));
+    return;
+  }
+  if (method == Method::entmax_support) {
+    count = grow_support(X, G, S, count, cap, estimate, certified);
+    // A fixed budget fills the rest by bound below; the other kinds stop at the certificate.
+    if (kind != Budget::Kind::fixed) return;
+  }
+  // rank[i][j], mass[i][j] per q head i of the group.
+  const bool need_mass = kind == Budget::Kind::top_p || method == Method::quest ||
+                         method == Method::top_p || method == Method::oracle;
+  S.rank.resize(ng);
+  S.mass.resize(need_mass ? ng : 0);
+  bool rank_is_mass = false;
+  S.eligible.clear();  // per head [g][n], adaptive rules only
+  double p = kind == Budget::Kind::fixed ? kInf : c.budget.p;
+  const double alpha = c.mapping.alpha;
+  auto rank = [&](int i) { return S.rank.data() + static_cast<std::size_t>(i) * n; };
+  auto mass = [&](int i) { return S.mass.data() + static_cast<std::size_t>(i) * n; };
+  if (method == Method::oracle) {
     const auto& om = X.oracle_mass[static_cast<std::size_t>(G.b)];
     const int first = c.oracle_head_collapsed ? 0 : G.h * X.gsize;
     for (int i = 0; i < g; ++i) {
-      mass[i].assign(om.begin() + static_cast<std::ptrdiff_t>(first + i) * n,
-                     om.begin() + static_cast<std::ptrdiff_t>(first + i + 1) * n);
-      rank[i] = mass[i];
+      std::copy_n(om.begin() + static_cast<std::ptrdiff_t>(first + i) * n, n, mass(i));
+      std::copy_n(mass(i), n, rank(i));
     }
     rank_is_mass = true;
   } else {
-    group_bounds(X, G, U);
-    for (int i = 0; i < g; ++i) rank[i].assign(U.begin() + i * n, U.begin() + (i + 1) * n);
+    for (int i = 0; i < g; ++i) {
+      const float* U = head_row(X.bounds, X, G, i);
+      std::copy_n(U, n, rank(i));
+    }
     if (method == Method::quest || method == Method::entmax_support) {
       // Bound pseudo-mass n_j e^{U_j}: an over-estimate of every page's weight.
-      mass.resize(static_cast<std::size_t>(g));
-      for (int i = 0; i < g; ++i) {
-        mass[i].resize(static_cast<std::size_t>(n));
-        for (int j = 0; j < n; ++j) {
-          mass[i][j] = std::log(static_cast<double>(X.a.summaries.count[G.phys[j]])) + rank[i][j];
-        }
-        normalise_log(mass[i]);
+      if (need_mass) {
+        for (int i = 0; i < g; ++i) bound_masses(X, G, head_row(X.bounds, X, G, i), mass(i));
       }
     } else {  // top_p, gaussian_tau: the §2.4 page model
-      mass.resize(static_cast<std::size_t>(g));
-      std::vector<double> m, v, cnt;
-      const bool gaussian = c.mass_source == MassSource::page_gaussian;
-      if (method == Method::gaussian_tau) eligible.assign(static_cast<std::size_t>(g) * n, 0);
+      S.cnt.resize(static_cast<std::size_t>(n));
+      for (int j = 0; j < n; ++j) S.cnt[j] = X.a.summaries.count[G.phys[j]];
+      const bool gaussian = c.mass_source != MassSource::page_mean;
+      const bool quant = method == Method::top_p && c.mass_source == MassSource::quant_keys;
+      if (method == Method::gaussian_tau) S.eligible.assign(ng, 0);
       for (int i = 0; i < g; ++i) {
-        page_moments(X.a.summaries, G, qrow(X, G.b, G.h * X.gsize + i), X.scale, m, v, cnt);
-        if (!gaussian) std::fill(v.begin(), v.end(), 0.0);
-        auto& w = mass[i];
-        w.resize(static_cast<std::size_t>(n));
-        if (!c.mapping.is_entmax()) {
-          for (int j = 0; j < n; ++j) w[j] = std::log(std::max(cnt[j], 1.0)) + m[j] + 0.5 * v[j];
-          normalise_log(w);
+        const double* m = quant ? nullptr : head_row(X.m, X, G, i);
+        const double* v = quant ? nullptr : head_row(X.v, X, G, i);
+        double* w = need_mass ? mass(i) : nullptr;
+        if (quant) {
+          quant_key_masses(X, G, i, S, w);
+        } else if (!c.mapping.is_entmax()) {
+          for (int j = 0; j < n; ++j) {
+            w[j] = log_count(std::max(S.cnt[j], 1.0)) + m[j] + (gaussian ? 0.5 * v[j] : 0.0);
+          }
+          normalise_log(std::span<double>(w, static_cast<std::size_t>(n)));
         } else {
-          const double tau_hat = gaussian_tau_hat(m, v, cnt, alpha);
-          for (int j = 0; j < n; ++j)
-            w[j] = cnt[j] * gaussian_entmax_mass(m[j], v[j], alpha, tau_hat);
-          normalise(w);
+          std::span<const double> vs(v, static_cast<std::size_t>(n));
+          if (!gaussian) {  // page means only: zero variances
+            S.zeros.assign(static_cast<std::size_t>(n), 0.0);
+            vs = S.zeros;
+          }
+          S.gauss.assign(std::span<const double>(m, static_cast<std::size_t>(n)), vs, S.cnt, alpha);
+          const double tau_hat = S.gauss.solve();
+          if (w) {
+            S.gauss.masses(tau_hat, std::span<double>(w, static_cast<std::size_t>(n)));
+            normalise(std::span<double>(w, static_cast<std::size_t>(n)));
+          }
           if (method == Method::gaussian_tau) {
             estimate[i] = tau_hat;
+            double* r = rank(i);
             for (int j = 0; j < n; ++j) {
-              rank[i][j] = (alpha - 1.0) * rank[i][j] - tau_hat;
-              eligible[static_cast<std::size_t>(i) * n + j] = rank[i][j] > -c.tau_margin;
+              r[j] = (alpha - 1.0) * r[j] - tau_hat;
+              S.eligible[static_cast<std::size_t>(i) * n + j] = r[j] > -c.tau_margin;
             }
           }
         }
         if (method == Method::top_p) {
           if (kind == Budget::Kind::adaptive && c.budget.tokens > 0) {
             // Twilight: candidates are the head's top-cap pages by bound, then by mass.
-            eligible.resize(static_cast<std::size_t>(g) * n, 0);
-            for (std::int32_t j : order_by(rank[i].data(), n, nullptr, cap)) {
-              eligible[static_cast<std::size_t>(i) * n + j] = 1;
-            }
+            S.eligible.resize(ng, 0);
+            order_by(rank(i), n, nullptr, cap, S.picked);
+            for (std::int32_t j : S.picked) S.eligible[static_cast<std::size_t>(i) * n + j] = 1;
           }
-          rank[i] = w;
+          std::copy_n(w, n, rank(i));
         }
       }
       rank_is_mass = method == Method::top_p;
       if (method == Method::gaussian_tau && kind == Budget::Kind::adaptive) p = kInf;
     }
   }
-  if (kind == Budget::Kind::top_p || (kind == Budget::Kind::adaptive && method == Method::top_p)) {
-    require(!mass.empty(), ErrorCode::invalid_argument, "budget",
-            "a top-p budget needs a selector with a mass estimate (not ", to_string(method), ")");
-  }
   if (kind == Budget::Kind::fixed || method != Method::gaussian_tau) {
-    if (!(kind == Budget::Kind::adaptive && method == Method::top_p)) eligible.clear();
+    if (!(kind == Budget::Kind::adaptive && method == Method::top_p)) S.eligible.clear();
   }
 
-  std::vector<Voter> voters;
-  std::vector<double> agg_rank, agg_mass, agg_elig_rank;
-  std::vector<std::uint8_t> agg_elig;
+  // Items already in, ascending: the masses they hold start each voter's count.
+  S.kept.clear();
+  for (int j = 0; j < n; ++j) {
+    if (in[static_cast<std::size_t>(j)]) S.kept.push_back(j);
+  }
   const bool aggregate = c.group == GroupRule::aggregate || c.oracle_head_collapsed;
+  const bool with_mass = need_mass;
+  std::size_t nv = 0;
   if (!aggregate) {
-    voters.resize(static_cast<std::size_t>(g));
+    nv = static_cast<std::size_t>(g);
+    if (S.voters.size() < nv) S.voters.resize(nv);
     for (int i = 0; i < g; ++i) {
-      voters[i].order =
-          order_by(rank[i].data(), n, eligible.empty() ? nullptr : eligible.data() + i * n, cap);
-      voters[i].mass = mass.empty() ? nullptr : mass[i].data();
+      order_by(rank(i), n, S.eligible.empty() ? nullptr : S.eligible.data() + static_cast<std::size_t>(i) * n,
+               cap, S.voters[i].order);
+      S.voters[i].mass = with_mass ? mass(i) : nullptr;
     }
   } else {
-    agg_rank.assign(static_cast<std::size_t>(n), rank_is_mass ? 0.0 : -kInf);
-    if (!mass.empty()) agg_mass.assign(static_cast<std::size_t>(n), 0.0);
-    if (!eligible.empty()) agg_elig.assign(static_cast<std::size_t>(n), 0);
+    S.agg_rank.assign(static_cast<std::size_t>(n), rank_is_mass ? 0.0 : -kInf);
+    if (with_mass) S.agg_mass.assign(static_cast<std::size_t>(n), 0.0);
+    if (!S.eligible.empty()) S.agg_elig.assign(static_cast<std::size_t>(n), 0);
     for (int i = 0; i < g; ++i) {
       for (int j = 0; j < n; ++j) {
         // Mass ranks pool by the mean (the head-averaged mass of §2.7); bound ranks by the
         // max, so a page one head needs is not outvoted (as select_topk_pages does).
-        agg_rank[j] =
-            rank_is_mass ? agg_rank[j] + rank[i][j] / g : std::max(agg_rank[j], rank[i][j]);
-        if (!mass.empty()) agg_mass[j] += mass[i][j] / g;
-        if (!eligible.empty()) agg_elig[j] |= eligible[static_cast<std::size_t>(i) * n + j];
+        S.agg_rank[j] =
+            rank_is_mass ? S.agg_rank[j] + rank(i)[j] / g : std::max(S.agg_rank[j], rank(i)[j]);
+        if (with_mass) S.agg_mass[j] += mass(i)[j] / g;
+        if (!S.eligible.empty()) S.agg_elig[j] |= S.eligible[static_cast<std::size_t>(i) * n + j];
       }
     }
-    voters.resize(1);
-    voters[0].order =
-        order_by(agg_rank.data(), n, agg_elig.empty() ? nullptr : agg_elig.data(), cap);
-    voters[0].mass = agg_mass.empty() ? nullptr : agg_mass.data();
+    nv = 1;
+    if (S.voters.empty()) S.voters.resize(1);
+    order_by(S.agg_rank.data(), n, S.eligible.empty() ? nullptr : S.agg_elig.data(), cap,
+             S.voters[0].order);
+    S.voters[0].mass = with_mass ? S.agg_mass.data() : nullptr;
   }
-  count = fill(voters, in, count, cap, p);
-  if (method != Method::sink_recent && method != Method::gaussian_tau &&
-      method != Method::entmax_support) {
+  count = fill(S.voters, nv, in, S.kept, count, cap, p);
+  if (method != Method::gaussian_tau && method != Method::entmax_support) {
     for (int i = 0; i < g; ++i) {  // the estimated mass of the selection, per head
       double s = 0;
-      for (int j = 0; j < n; ++j) s += in[j] ? mass[i][j] : 0.0;
+      for (int j = 0; j < n; ++j) s += in[static_cast<std::size_t>(j)] ? mass(i)[j] : 0.0;
       estimate[i] = s;
     }
   }
@@ -521,25 +650,60 @@ void check_args(const SelectArgs& a, const SelectorConfig& c) {
           invalid_argument, "budget", "a fixed budget needs tokens > 0");
   require(!c.oracle_tokens || c.method == Method::oracle, invalid_argument, "oracle_tokens",
           "token granularity is the oracle's only");
+  if (c.method == Method::top_p && c.mass_source == MassSource::quant_keys) {
+    const kv::SelectorKeysView& k = a.selector_keys;
+    require(!k.empty() && k.scales != nullptr, invalid_argument, "selector_keys",
+            "MassSource::quant_keys needs the cache's INT4 selector keys");
+    require(k.num_pages == a.cache.num_pages && k.num_kv_heads == a.cache.num_kv_heads &&
+                k.head_dim == a.cache.head_dim && k.page_size == a.cache.page_size,
+            shape_mismatch, "selector_keys", "shape differs from the cache's");
+  }
 }
 
 }  // namespace
 
 void run_selector(const SelectArgs& args, const SelectorConfig& config, SelectOutput& out) {
   check_args(args, config);
-  Context X{args, config, 0, 0, 0, 0, 0.0f, false, {}};
+  Context X{args, config, 0, 0, 0, 0, 0.0f, false, {}, nullptr, nullptr, nullptr, nullptr};
   X.d = args.cache.head_dim;
   X.Hq = args.q.n1;
   X.Hkv = args.cache.num_kv_heads;
   X.gsize = X.Hq / X.Hkv;
   X.scale = args.scale == 0 ? 1.0f / std::sqrt(static_cast<float>(X.d)) : args.scale;
   X.tokens = config.method == Method::oracle && config.oracle_tokens;
-  if (config.method == Method::oracle) oracle_masses(X);
+  const Method method = config.method;
+  if (method == Method::oracle) oracle_masses(X);
 
   const auto& t = args.cache.table;
+  // Page-major scans first (each summary array read once, threads over chunks of pages),
+  // into buffers kept by this thread across calls.
+  thread_local std::vector<float> bounds, wmax;
+  thread_local std::vector<double> mom_m, mom_v;
+  const std::size_t nnz = t.indices.size();
+  if (method == Method::quest || method == Method::top_p || method == Method::entmax_support ||
+      method == Method::gaussian_tau) {
+    bounds.resize(nnz * X.Hq);
+    const bool want_w = method == Method::entmax_support && !args.bounds_bf16;
+    if (want_w) wmax.resize(nnz * X.Hkv);
+    detail::all_page_bounds(args.bounds_bf16 ? nullptr : &args.summaries, args.bounds_bf16, t,
+                            args.q, X.scale, bounds.data(), want_w ? wmax.data() : nullptr);
+    X.bounds = bounds.data();
+    X.wmax = want_w ? wmax.data() : nullptr;
+  }
+  const bool quant = method == Method::top_p && config.mass_source == MassSource::quant_keys;
+  if ((method == Method::top_p && !quant) || method == Method::gaussian_tau) {
+    mom_m.resize(nnz * X.Hq);
+    mom_v.resize(nnz * X.Hq);
+    detail::all_page_moments(args.summaries, t, args.q, X.scale, mom_m.data(), mom_v.data());
+    X.m = mom_m.data();
+    X.v = mom_v.data();
+  }
+
   const int B = t.batch(), P = args.cache.page_size;
-  std::vector<Group> groups;
-  std::vector<int> caps;
+  thread_local std::vector<Group> groups;
+  thread_local std::vector<int> caps;
+  groups.clear();
+  caps.clear();
   int max_cap = 0;
   const bool fill_to_cap = config.budget.kind == Budget::Kind::fixed;
   for (int b = 0; b < B; ++b) {
@@ -554,11 +718,10 @@ void run_selector(const SelectArgs& args, const SelectorConfig& config, SelectOu
       G.n = X.tokens ? static_cast<int>(G.length) : G.pages;
       G.phys = t.indices.subspan(static_cast<std::size_t>(t.indptr[b]),
                                  static_cast<std::size_t>(G.pages));
-      const auto kept = kept_items(G, config, X.tokens);
-      const int k = static_cast<int>(std::count(kept.begin(), kept.end(), 1));
-      const int cap = config.method == Method::dense
-                          ? G.n
-                          : item_cap(G, config.budget, k, X.tokens, fill_to_cap);
+      G.csr = static_cast<std::size_t>(t.indptr[b]);
+      const int k = static_cast<int>(kept_items(G, config, X.tokens).count(G.n));
+      const int cap =
+          method == Method::dense ? G.n : item_cap(G, config.budget, k, X.tokens, fill_to_cap);
       groups.push_back(G);
       caps.push_back(cap);
       max_cap = std::max(max_cap, cap);
@@ -572,24 +735,30 @@ void run_selector(const SelectArgs& args, const SelectorConfig& config, SelectOu
   // The only throw left (a top-p budget without a mass estimate) is decided by the config:
   // check it once, outside the parallel region.
   if (config.budget.kind == Budget::Kind::top_p ||
-      (config.budget.kind == Budget::Kind::adaptive && config.method == Method::top_p)) {
-    require(config.method != Method::dense && config.method != Method::sink_recent,
-            ErrorCode::invalid_argument, "budget", "a top-p budget needs a mass estimate (not ",
-            to_string(config.method), ")");
+      (config.budget.kind == Budget::Kind::adaptive && method == Method::top_p)) {
+    require(method != Method::dense && method != Method::sink_recent, ErrorCode::invalid_argument,
+            "budget", "a top-p budget needs a mass estimate (not ", to_string(method), ")");
   }
+  const std::vector<Group>& work = groups;
+  const std::vector<int>& work_caps = caps;
 #pragma omp parallel for schedule(dynamic, 1) if (tasks > 1)
   for (int task = 0; task < tasks; ++task) {
-    const Group& G = groups[task];
-    std::vector<std::uint8_t> in = kept_items(G, config, X.tokens);
-    int count = static_cast<int>(std::count(in.begin(), in.end(), 1));
+    const Group& G = work[static_cast<std::size_t>(task)];
+    Scratch& S = Scratch::get();
+    const Kept k = kept_items(G, config, X.tokens);
+    S.in.assign(static_cast<std::size_t>(G.n), 0);
+    std::fill(S.in.begin(), S.in.begin() + k.first_end, 1);
+    std::fill(S.in.begin() + k.last_begin, S.in.end(), 1);
+    int count = static_cast<int>(k.count(G.n));
     double* est = out.estimate.data() + static_cast<std::size_t>(G.b) * X.Hq + G.h * X.gsize;
-    select_group(X, G, in, count, caps[task], est, out.certified[task]);
+    select_group(X, G, S, count, work_caps[static_cast<std::size_t>(task)], est,
+                 out.certified[static_cast<std::size_t>(task)]);
     const std::span<std::int32_t> slots = out.selection.slots(G.b, G.h);
     int w = 0;
     for (int j = 0; j < G.n; ++j) {
-      if (in[j]) slots[w++] = j;
+      if (S.in[static_cast<std::size_t>(j)]) slots[w++] = j;
     }
-    out.selection.count[task] = w;
+    out.selection.count[static_cast<std::size_t>(task)] = w;
   }
 }
 

@@ -3,6 +3,8 @@
 // Plain printf only: the GPU machine has none of the Debian C++ libraries.
 //   masskv_gpu_bench check            grid check: decode, select-selftest, select (exit 1 on any
 //                                     failure)
+//   masskv_gpu_bench decode-check     the decode part of check alone (softmax and entmax)
+//   masskv_gpu_bench profile          a few decode launches of one shape, for ncu
 //   masskv_gpu_bench select-selftest  GPU Quest selection: ties, edges, errors, graphs, end to end
 //   masskv_gpu_bench select-check     GPU Quest selection vs the CPU selector on ~90 shapes
 //   masskv_gpu_bench bench OUT.json   benchmark (B=1, Hq=32, Hkv=8, d=128, bf16, page 16)
@@ -110,6 +112,10 @@ struct CaseData {
   std::vector<std::int32_t> indptr, indices, last;
   SelectionStorage sel;
   std::vector<double> ref_dense, lse_dense, ref_sparse, lse_sparse;
+  // Entmax with alpha and score scale (0: 1/sqrt(d)); tau on z = (alpha-1) s.
+  double alpha = 1.5;
+  float ent_scale = 0;
+  std::vector<double> ent_dense, tau_dense, ent_sparse, tau_sparse;
   kv::PagedKVView view;  // host pointers
 };
 
@@ -162,6 +168,14 @@ void build_case(CaseData& cd, std::uint64_t seed) {
   const int hq = c.num_kv_heads * c.group;
   cd.q.resize(static_cast<std::size_t>(c.batch) * hq * c.d);
   for (float& x : cd.q) x = rng.sym(3.f);
+  // Entmax: alpha 1.5 / 2 (exact powers), 1.25 and 1.7 (general power); a small scale in a
+  // fifth of the cases puts every z near 0, so tau <= 0 and the support is wide. In some cases
+  // q head 0 of sequence 0 is zero: all its z are equal (tau = -n^(1-alpha), every token in
+  // the support; long sequences overflow the tau kernel's shared memory).
+  const double alphas[] = {1.5, 2.0, 1.25, 1.7};
+  cd.alpha = alphas[(seed / 3 + seed) % 4];
+  cd.ent_scale = seed % 5 == 2 ? 0.01f : 0.f;
+  if (seed % 7 == 3) std::fill_n(cd.q.begin(), c.d, 0.f);
 
   // Selection: each page with probability 0.3, the last page always; in some cases one
   // (sequence, kv head) gets an empty selection (output 0, lse -inf).
@@ -205,6 +219,16 @@ void build_case(CaseData& cd, std::uint64_t seed) {
   cd.ref_sparse.resize(heads * c.d);
   cd.lse_sparse.resize(heads);
   attn::decode_reference(a, cd.ref_sparse, cd.lse_sparse);
+
+  a.mapping = Mapping::entmax(cd.alpha);
+  a.scale = cd.ent_scale;
+  cd.ent_sparse.resize(heads * c.d);
+  cd.tau_sparse.resize(heads);
+  attn::decode_reference(a, cd.ent_sparse, cd.tau_sparse);
+  a.selection = nullptr;
+  cd.ent_dense.resize(heads * c.d);
+  cd.tau_dense.resize(heads);
+  attn::decode_reference(a, cd.ent_dense, cd.tau_dense);
 }
 
 struct Errors {
@@ -228,6 +252,14 @@ Errors compare(const std::vector<float>& o, const std::vector<float>& lse,
   }
   e.o = den > 0 ? num / den : num;
   for (std::size_t i = 0; i < rl.size(); ++i) {
+    if (std::isnan(rl[i])) {  // entmax over nothing: tau NaN
+      if (!std::isnan(lse[i])) {
+        e.ok = false;
+        e.why = "empty selection must give tau = NaN";
+        return e;
+      }
+      continue;
+    }
     if (std::isinf(rl[i]) && rl[i] < 0) {
       if (!(std::isinf(lse[i]) && lse[i] < 0)) {
         e.ok = false;
@@ -247,7 +279,7 @@ Errors compare(const std::vector<float>& o, const std::vector<float>& lse,
 }
 
 constexpr double kTolO = 1e-3;    // ||o - ref||_inf / ||ref||_inf (bf16/f16 KV, f32 accumulation)
-constexpr double kTolLse = 1e-4;  // |lse - ref| / max(1, |ref|)
+constexpr double kTolLse = 1e-4;  // |lse - ref| / max(1, |ref|); entmax: the same for tau
 
 struct GpuCase {
   DevBuf<std::uint16_t> k, v;
@@ -342,13 +374,19 @@ int run_check() {
   cases.push_back({4097, 16, 128, 1, 16, DType::bf16, kv::Layout::HND});
   cases.push_back({1000, 16, 64, 16, 64, DType::f16, kv::Layout::NHD});
 
-  std::printf("check: %zu cases x {dense auto-split, dense chunk_pages=3, sparse}\n", cases.size());
+  std::printf(
+      "check: %zu cases x {softmax, entmax} x {dense auto-split, dense chunk_pages=3, sparse}\n",
+      cases.size());
   std::printf(
       "tolerances: ||o-ref||inf/||ref||inf <= %.0e, |lse-ref|/max(1,|ref|) <= %.0e "
       "(reference: f64 on the same bf16/f16 KV values)\n",
       kTolO, kTolLse);
   int failures = 0;
   double worst_o[2] = {0, 0}, worst_lse[2] = {0, 0};  // [bf16, f16]
+  struct {
+    double worst_o[2] = {0, 0}, worst_tau[2] = {0, 0};
+    long empty_heads = 0, nonpositive_tau = 0;
+  } ent_stats;
   cuda::DecodeWorkspace ws;
   const std::size_t batch_n = 24;
   const auto t0 = std::chrono::steady_clock::now();
@@ -368,25 +406,56 @@ int run_check() {
       cuda::DecodeLaunch launch;
       launch.workspace = &ws;
       launch.max_pages_per_seq = max_pages(cd);
-      const char* names[3] = {"dense", "dense/cp3", "sparse"};
-      for (int variant = 0; variant < 3; ++variant) {
+      const char* names[6] = {"dense",     "dense/cp3",     "sparse",
+                              "ent-dense", "ent-dense/cp3", "ent-sparse"};
+      for (int variant = 0; variant < 6; ++variant) {
         attn::DecodeArgs args = g.args;
         cuda::DecodeLaunch l = launch;
-        if (variant == 1) l.chunk_pages = 3;
-        if (variant == 2) args.selection = &g.sel;
-        const bool sparse = variant == 2;
-        const Errors e = run_and_compare(g, args, l, sparse ? cd.ref_sparse : cd.ref_dense,
-                                         sparse ? cd.lse_sparse : cd.lse_dense);
+        if (variant % 3 == 1) l.chunk_pages = 3;
+        const bool sparse = variant % 3 == 2;
+        const bool ent = variant >= 3;
+        if (sparse) args.selection = &g.sel;
+        if (ent) {
+          args.mapping = Mapping::entmax(cd.alpha);
+          args.scale = cd.ent_scale;
+        }
+        const std::vector<double>& ro =
+            ent ? (sparse ? cd.ent_sparse : cd.ent_dense) : (sparse ? cd.ref_sparse : cd.ref_dense);
+        const std::vector<double>& rl =
+            ent ? (sparse ? cd.tau_sparse : cd.tau_dense) : (sparse ? cd.lse_sparse : cd.lse_dense);
+        Errors e = run_and_compare(g, args, l, ro, rl);
+        if (ent && e.ok) {
+          // Deterministic: a rerun gives the same bits (output and tau).
+          const std::vector<float> o1 = g.out.download(), t1 = g.lse.download();
+          cuda::decode(args, l);
+          CK(cudaDeviceSynchronize());
+          const std::vector<float> o2 = g.out.download(), t2 = g.lse.download();
+          if (std::memcmp(o1.data(), o2.data(), o1.size() * 4) != 0 ||
+              std::memcmp(t1.data(), t2.data(), t1.size() * 4) != 0) {
+            e.ok = false;
+            e.why = "rerun differs";
+          }
+          for (std::size_t i = 0; i < rl.size(); ++i) {
+            if (std::isnan(rl[i]))
+              ++ent_stats.empty_heads;
+            else if (rl[i] <= 0)
+              ++ent_stats.nonpositive_tau;
+          }
+        }
         const int t = c.dtype == DType::bf16 ? 0 : 1;
-        worst_o[t] = std::max(worst_o[t], e.o);
-        worst_lse[t] = std::max(worst_lse[t], e.lse);
+        double* wo = ent ? ent_stats.worst_o : worst_o;
+        double* wl = ent ? ent_stats.worst_tau : worst_lse;
+        wo[t] = std::max(wo[t], e.o);
+        wl[t] = std::max(wl[t], e.lse);
         const bool pass = e.ok && e.o <= kTolO && e.lse <= kTolLse;
         if (!pass) {
           ++failures;
-          std::printf("FAIL %-9s len=%d G=%d d=%d B=%d page=%d %s %s: o_err=%.3e lse_err=%.3e %s\n",
-                      names[variant], c.len, c.group, c.d, c.batch, c.page,
-                      std::string(to_string(c.dtype)).c_str(),
-                      c.layout == kv::Layout::HND ? "HND" : "NHD", e.o, e.lse, e.why.c_str());
+          std::printf(
+              "FAIL %-13s len=%d G=%d d=%d B=%d page=%d %s %s alpha=%g scale=%g: o_err=%.3e "
+              "lse/tau_err=%.3e %s\n",
+              names[variant], c.len, c.group, c.d, c.batch, c.page,
+              std::string(to_string(c.dtype)).c_str(), c.layout == kv::Layout::HND ? "HND" : "NHD",
+              ent ? cd.alpha : 1.0, ent ? cd.ent_scale : 0.f, e.o, e.lse, e.why.c_str());
         }
       }
     }
@@ -396,6 +465,15 @@ int run_check() {
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   std::printf("worst errors: bf16 o %.3e lse %.3e | f16 o %.3e lse %.3e (%.1f s)\n", worst_o[0],
               worst_lse[0], worst_o[1], worst_lse[1], secs);
+  std::printf(
+      "entmax worst errors: bf16 o %.3e tau %.3e | f16 o %.3e tau %.3e; heads checked with "
+      "tau <= 0: %ld, empty (tau NaN): %ld; every rerun bit-identical\n",
+      ent_stats.worst_o[0], ent_stats.worst_tau[0], ent_stats.worst_o[1], ent_stats.worst_tau[1],
+      ent_stats.nonpositive_tau, ent_stats.empty_heads);
+  if (ent_stats.nonpositive_tau == 0 || ent_stats.empty_heads == 0) {
+    std::printf("FAIL entmax grid covers no tau <= 0 or no empty head\n");
+    ++failures;
+  }
 
   // Bad ids are reported through the device flag, never read; bad shapes on the host.
   {
@@ -433,11 +511,18 @@ int run_check() {
       a.q.n1 = 3;
       cuda::decode(a, launch);
     });
-    ok &= expect_throw("entmax", "mapping", [&] {
+    ok &= expect_throw("entmax alpha = 2.5", "alpha", [&] {
+      attn::DecodeArgs a = g.args;
+      a.mapping = Mapping::entmax(2.5);
+      cuda::decode(a, launch);
+    });
+    g.indices.upload(bad);
+    ok &= expect_throw("entmax: physical page id == num_pages", "indices", [&] {
       attn::DecodeArgs a = g.args;
       a.mapping = Mapping::entmax(1.5);
       cuda::decode(a, launch);
     });
+    g.indices.upload(cd.indices);
     // After the errors the flag is clear and a good run passes.
     const Errors e = run_and_compare(g, g.args, launch, cd.ref_dense, cd.lse_dense);
     const bool clean = e.ok && e.o <= kTolO && e.lse <= kTolLse;
@@ -1263,6 +1348,8 @@ struct Row {
   double cpu_select_ms = 0;  // CPU Quest selection time of the step (not in us), when known
 };
 
+constexpr double kBenchAlpha = 1.5;  // the entmax rows
+
 int run_bench(const char* json_path) {
   cudaDeviceProp prop{};
   CK(cudaGetDeviceProperties(&prop, 0));
@@ -1410,17 +1497,20 @@ int run_bench(const char* json_path) {
     launch.workspace = &ws;
     launch.max_pages_per_seq = pages;
     launch.check_errors = false;
-    const double us = time_us(kWarm, kIters, [&](int i) {
-      const int r = i % rot;
-      cuda::decode(args_for(r), launch);
-    });
-    ws.check(nullptr);
-    const double gus = time_graph_us(rot, kWarm, kIters, [&](int r, cudaStream_t st) {
-      cuda::DecodeLaunch l = launch;
-      l.stream = st;
-      cuda::decode(args_for(r), l);
-    });
-    ws.check(nullptr);
+    // Median µs of decode(args(step % n_rot)): plain launches, and replayed from CUDA graphs.
+    const auto time_decode = [&](int n_rot, const auto& args) {
+      const double plain =
+          time_us(kWarm, kIters, [&](int i) { cuda::decode(args(i % n_rot), launch); });
+      ws.check(nullptr);
+      const double graph = time_graph_us(n_rot, kWarm, kIters, [&](int r, cudaStream_t st) {
+        cuda::DecodeLaunch l = launch;
+        l.stream = st;
+        cuda::decode(args(r), l);
+      });
+      ws.check(nullptr);
+      return std::pair<double, double>{plain, graph};
+    };
+    const auto [us, gus] = time_decode(rot, args_for);
     rows.push_back({"ours_dense_graph", sh.ctx, sh.batch, 0, gus, kv_bytes});
     const int cp = cuda::planned_chunk_pages(DType::bf16, d, sh.batch, Hkv, Hq, pages);
     std::printf(
@@ -1428,6 +1518,19 @@ int run_bench(const char* json_path) {
         "(graph %.1f us)\n",
         sh.ctx, sh.batch, rot, cp, us, kv_bytes / us / 1e3, gus);
     rows.push_back({"ours_dense", sh.ctx, sh.batch, 0, us, kv_bytes});
+
+    // 1.5-entmax, dense. Bytes: K only (V is read at the support rows alone, a few per head
+    // with these random scores), so GB/s is a lower bound of what moved.
+    const auto ent_args = [&](int r) {
+      attn::DecodeArgs a = args_for(r);
+      a.mapping = Mapping::entmax(kBenchAlpha);
+      return a;
+    };
+    const auto [eus, egus] = time_decode(rot, ent_args);
+    std::printf("entmax dense ctx=%7d B=%2d: %9.1f us (graph %.1f us), softmax %.1f us: %.2fx\n",
+                sh.ctx, sh.batch, eus, egus, us, eus / us);
+    rows.push_back({"ours_entmax_dense", sh.ctx, sh.batch, 0, eus, kv_bytes / 2});
+    rows.push_back({"ours_entmax_dense_graph", sh.ctx, sh.batch, 0, egus, kv_bytes / 2});
 
     // Sparse, kQRot steps in rotation (query r, table r % rot), per budget:
     //  - CPU Quest selection (f32 summaries) computed and uploaded beforehand: decode only;
@@ -1465,21 +1568,12 @@ int run_bench(const char* json_path) {
                   sels[r].num_kv_heads,      sels[r].max_per_head,
                   {s_ids[r].p, s_ids[r].n},  {s_cnt[r].p, s_cnt[r].n}};
       const double bytes = sel_pages / kQRot * P * d * 2 * 2;
-      const double sus = time_us(kWarm, kIters, [&](int i) {
-        const int r = i % kQRot;
-        attn::DecodeArgs a = args_for(r);
-        a.selection = &svs[r];
-        cuda::decode(a, launch);
-      });
-      ws.check(nullptr);
-      const double sgus = time_graph_us(kQRot, kWarm, kIters, [&](int r, cudaStream_t st) {
-        attn::DecodeArgs a = args_for(r);
-        a.selection = &svs[r];
-        cuda::DecodeLaunch l = launch;
-        l.stream = st;
-        cuda::decode(a, l);
-      });
-      ws.check(nullptr);
+      const auto sparse_args = [&](int r, bool entmax) {
+        attn::DecodeArgs a = entmax ? ent_args(r) : args_for(r);
+        a.selection = &svs[r % kQRot];
+        return a;
+      };
+      const auto [sus, sgus] = time_decode(kQRot, [&](int r) { return sparse_args(r, false); });
       std::printf(
           "sparse ctx=%7d B=%2d budget=%5d: %9.1f us  %7.1f GB/s (graph %.1f us; CPU Quest "
           "select %.2f ms, not in the time)\n",
@@ -1489,6 +1583,17 @@ int run_bench(const char* json_path) {
       cpu_row.kind = "ours_sparse_quest_cpu_sel_graph";
       cpu_row.us = sgus;
       rows.push_back(cpu_row);
+
+      // 1.5-entmax on the same selections (decode only; K bytes, as the dense entmax rows).
+      const auto [esus, esgus] = time_decode(kQRot, [&](int r) { return sparse_args(r, true); });
+      std::printf(
+          "entmax sparse ctx=%7d B=%2d budget=%5d: %9.1f us (graph %.1f us); softmax %.1f us "
+          "(graph %.1f): %.2fx (graph %.2fx)\n",
+          sh.ctx, sh.batch, budget, esus, esgus, sus, sgus, esus / sus, esgus / sgus);
+      rows.push_back(
+          {"ours_entmax_sparse_quest_cpu_sel", sh.ctx, sh.batch, budget, esus, bytes / 2, sel_ms});
+      rows.push_back({"ours_entmax_sparse_quest_cpu_sel_graph", sh.ctx, sh.batch, budget, esgus,
+                      bytes / 2, sel_ms});
 
       // GPU selection into per-rotation device lists, consumed by the same decode.
       const int cap = cuda::select_capacity(pages, P, pol);
@@ -1593,6 +1698,69 @@ int run_bench(const char* json_path) {
   return 0;
 }
 
+// A few launches of softmax and entmax decode on one shape (B=1, Hq=32, Hkv=8, d=128, bf16,
+// page 16, 32K tokens; dense, and sparse with 128 and 512 random pages per kv head), for
+// per-kernel times under a profiler: ncu --clock-control none masskv_gpu_bench profile.
+int run_profile() {
+  const int Hq = 32, Hkv = 8, d = 128, P = 16, pages = 32768 / P;
+  const std::size_t elems = static_cast<std::size_t>(pages) * Hkv * P * d;
+  DevBuf<std::uint16_t> K(elems), V(elems);
+  fill_kernel<<<1024, 256>>>(K.p, elems, 1, 2.f);
+  fill_kernel<<<1024, 256>>>(V.p, elems, 1ull << 40, 1.f);
+  CK(cudaGetLastError());
+  Rng rng(7);
+  std::vector<float> qh(static_cast<std::size_t>(Hq) * d);
+  for (float& x : qh) x = rng.sym(3.f);
+  std::vector<std::int32_t> indices(pages), indptr = {0, pages}, last = {P};
+  std::iota(indices.begin(), indices.end(), 0);
+  DevBuf<float> q = to_device(qh), out(qh.size()), lse(Hq);
+  DevBuf<std::int32_t> d_ind = to_device(indices), d_ptr = to_device(indptr),
+                       d_last = to_device(last);
+  attn::DecodeArgs a;
+  a.q = View3<const float>::contiguous(q.p, 1, Hq, d);
+  a.cache.k = K.p;
+  a.cache.v = V.p;
+  a.cache.dtype = DType::bf16;
+  a.cache.num_pages = pages;
+  a.cache.num_kv_heads = Hkv;
+  a.cache.page_size = P;
+  a.cache.head_dim = d;
+  a.cache.set_layout(kv::Layout::HND);
+  a.cache.table = {{d_ptr.p, d_ptr.n}, {d_ind.p, d_ind.n}, {d_last.p, d_last.n}};
+  a.out = View3<float>::contiguous(out.p, 1, Hq, d);
+  a.lse_or_tau = {lse.p, lse.n};
+  cuda::DecodeWorkspace ws;
+  cuda::DecodeLaunch launch;
+  launch.workspace = &ws;
+  launch.max_pages_per_seq = pages;
+  const auto both = [&](const attn::DecodeArgs& base, const char* what) {
+    for (int m = 0; m < 2; ++m) {
+      attn::DecodeArgs x = base;
+      if (m == 1) x.mapping = Mapping::entmax(kBenchAlpha);
+      const double us = time_us(2, 5, [&](int) { cuda::decode(x, launch); });
+      std::printf("profile %-14s %-7s %8.1f us\n", what, m ? "entmax" : "softmax", us);
+    }
+  };
+  both(a, "dense 32K");
+  for (int budget : {128, 512}) {
+    std::vector<std::int32_t> ids(static_cast<std::size_t>(Hkv) * budget), cnt(Hkv, budget);
+    for (int h = 0; h < Hkv; ++h) {
+      std::vector<std::int32_t> perm(pages);
+      std::iota(perm.begin(), perm.end(), 0);
+      for (int i = 0; i < budget; ++i) std::swap(perm[i], perm[i + rng.below(pages - i)]);
+      std::sort(perm.begin(), perm.begin() + budget);
+      std::copy(perm.begin(), perm.begin() + budget, ids.begin() + h * budget);
+    }
+    DevBuf<std::int32_t> d_ids = to_device(ids), d_cnt = to_device(cnt);
+    const SelectionView sv{SelectionView::Unit::page, 1, Hkv, budget, {d_ids.p, d_ids.n},
+                           {d_cnt.p, d_cnt.n}};
+    attn::DecodeArgs x = a;
+    x.selection = &sv;
+    both(x, budget == 128 ? "sparse 2048" : "sparse 8192");
+  }
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -1607,6 +1775,8 @@ int main(int argc, char** argv) {
                   decode_rc ? "FAILED" : "passed", selftest, select);
       return decode_rc || selftest || select ? 1 : 0;
     }
+    if (mode == "decode-check") return run_check();
+    if (mode == "profile") return run_profile();
     if (mode == "select-selftest") return run_select_selftest() ? 1 : 0;
     if (mode == "select-check") return run_select_check() ? 1 : 0;
     if (mode == "bench") return run_bench(argc > 2 ? argv[2] : "bench_ours.json");
@@ -1614,7 +1784,9 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "masskv::Error: %s\n", e.what());
     return 3;
   }
-  std::fprintf(stderr, "usage: %s check | select-selftest | select-check | bench OUT.json\n",
+  std::fprintf(stderr,
+               "usage: %s check | decode-check | select-selftest | select-check | profile | "
+               "bench OUT.json\n",
                argv[0]);
   return 2;
 }

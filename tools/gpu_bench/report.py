@@ -42,6 +42,39 @@ def sparse_table(rows):
     return out
 
 
+ENTMAX_PAIRS = [  # (softmax row, entmax row) timing the same step
+    ("ours_dense", "ours_entmax_dense"),
+    ("ours_dense_graph", "ours_entmax_dense_graph"),
+    ("ours_sparse_quest_cpu_sel", "ours_entmax_sparse_quest_cpu_sel"),
+    ("ours_sparse_quest_cpu_sel_graph", "ours_entmax_sparse_quest_cpu_sel_graph"),
+]
+
+
+def entmax_table(rows):
+    """1.5-entmax against softmax on the same step (dense, or sparse on the same CPU Quest
+    selection, decode only). Entmax rows count K bytes only: V is read at the support rows."""
+    by = {}
+    for r in rows:
+        by.setdefault((r["ctx"], r["batch"], r["budget"]), {})[r["kind"]] = r
+    lines = []
+    for (ctx, batch, budget), k in sorted(by.items()):
+        cells = []
+        for soft, ent in ENTMAX_PAIRS:
+            if soft in k and ent in k:
+                cells.append(f"{k[soft]['us']:.1f} | {k[ent]['us']:.1f} | "
+                             f"{k[ent]['us'] / k[soft]['us']:.2f}x")
+        if len(cells) == 2:
+            lines.append(f"| {ctx // 1024}K | {batch} | {budget or 'dense'} | "
+                         + " | ".join(cells) + " |")
+    if not lines:
+        return []
+    return ["", "Entmax (alpha 1.5) vs softmax, same step: dense, or sparse on the same CPU "
+            "selection (decode only).", "",
+            "| context | B | budget | softmax µs | entmax µs | entmax/softmax | softmax graph µs "
+            "| entmax graph µs | entmax/softmax (graph) |",
+            "|---|---|---|---|---|---|---|---|---|"] + lines
+
+
 def main():
     ours = json.load(open(sys.argv[1]))
     peer = json.load(open(sys.argv[2]))
@@ -83,6 +116,7 @@ def main():
             f"{fmt(c, '.1f')} | {fmt(fl, '.1f')} | "
             f"{fmt(row['speedup_vs_cudnn'], '.2f')}{'x' if c else ''} |")
     lines += sparse_table(ours["rows"])
+    lines += entmax_table(ours["rows"])
     open(sys.argv[3], "w").write("\n".join(lines) + "\n")
     json.dump({"ceiling_gbs": ceiling, "ours": ours, "torch": peer, "table": table},
               open(sys.argv[4], "w"), indent=1)

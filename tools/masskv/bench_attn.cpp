@@ -20,11 +20,56 @@
 #include "masskv/error.hpp"
 #include "masskv/kv/cache.hpp"
 #include "masskv/select/page_bound.hpp"
+#include "bench_cache.hpp"
 #include "membw.hpp"
 #include "parse.hpp"
 #include "progress.hpp"
 
 namespace masskv::cli {
+
+std::vector<kv::SeqId> fill_cache(kv::PagedKVCache& cache, int seqs, std::int64_t length,
+                                  std::uint64_t seed, Progress& progress) {
+  const auto& cfg = cache.config();
+  const int row = cfg.num_kv_heads * cfg.head_dim;
+  constexpr int batch = 256;
+  std::mt19937_64 rng(seed);
+  std::vector<float> chan_scale(static_cast<std::size_t>(row)), chan_bias(chan_scale.size());
+  std::normal_distribution<float> gauss(0.0f, 1.0f);
+  for (std::size_t c = 0; c < chan_scale.size(); ++c) {
+    chan_scale[c] = 0.5f + std::fabs(gauss(rng));
+    chan_bias[c] = 0.3f * gauss(rng);
+  }
+  std::vector<float> k(static_cast<std::size_t>(batch) * row), v(k.size());
+  std::vector<kv::SeqId> ids;
+  std::uint64_t x = seed * 0x9E3779B97F4A7C15ull + 1;
+  auto uniform = [&x] {  // xorshift64*: fast enough to fill GiBs
+    x ^= x >> 12;
+    x ^= x << 25;
+    x ^= x >> 27;
+    return static_cast<float>((x * 0x2545F4914F6CDD1Dull) >> 40) * 0x1p-24f * 2.0f - 1.0f;
+  };
+  for (int s = 0; s < seqs; ++s) {
+    const kv::SeqId id = cache.create();
+    ids.push_back(id);
+    for (std::int64_t t = 0; t < length; t += batch) {
+      const int n = static_cast<int>(std::min<std::int64_t>(batch, length - t));
+      for (int i = 0; i < n; ++i) {
+        const float drift = uniform();  // a per-token shift makes some pages score higher
+        for (int c = 0; c < row; ++c) {
+          const std::size_t o = static_cast<std::size_t>(i) * row + c;
+          k[o] = chan_scale[static_cast<std::size_t>(c)] * (uniform() + 0.5f * drift) +
+                 chan_bias[static_cast<std::size_t>(c)];
+          v[o] = uniform();
+        }
+      }
+      cache.append(id, std::span<const float>(k.data(), static_cast<std::size_t>(n) * row),
+                   std::span<const float>(v.data(), static_cast<std::size_t>(n) * row), n);
+      progress.advance(n);
+    }
+  }
+  return ids;
+}
+
 namespace {
 
 struct Options {
@@ -73,50 +118,6 @@ int rotation_count(double cache_bytes) {
   return std::clamp(static_cast<int>(std::ceil(512.0 * (1 << 20) / cache_bytes)), 2, 8);
 }
 
-// Fills `cache` with `seqs` sequences of `length` tokens of random keys/values. Keys get a
-// per-channel scale and offset so page bounds differ between pages, as real keys do.
-std::vector<kv::SeqId> fill_cache(kv::PagedKVCache& cache, int seqs, std::int64_t length,
-                                  std::uint64_t seed, Progress& progress) {
-  const auto& cfg = cache.config();
-  const int row = cfg.num_kv_heads * cfg.head_dim;
-  constexpr int batch = 256;
-  std::mt19937_64 rng(seed);
-  std::vector<float> chan_scale(static_cast<std::size_t>(row)), chan_bias(chan_scale.size());
-  std::normal_distribution<float> gauss(0.0f, 1.0f);
-  for (std::size_t c = 0; c < chan_scale.size(); ++c) {
-    chan_scale[c] = 0.5f + std::fabs(gauss(rng));
-    chan_bias[c] = 0.3f * gauss(rng);
-  }
-  std::vector<float> k(static_cast<std::size_t>(batch) * row), v(k.size());
-  std::vector<kv::SeqId> ids;
-  std::uint64_t x = seed * 0x9E3779B97F4A7C15ull + 1;
-  auto uniform = [&x] {  // xorshift64*: fast enough to fill GiBs
-    x ^= x >> 12;
-    x ^= x << 25;
-    x ^= x >> 27;
-    return static_cast<float>((x * 0x2545F4914F6CDD1Dull) >> 40) * 0x1p-24f * 2.0f - 1.0f;
-  };
-  for (int s = 0; s < seqs; ++s) {
-    const kv::SeqId id = cache.create();
-    ids.push_back(id);
-    for (std::int64_t t = 0; t < length; t += batch) {
-      const int n = static_cast<int>(std::min<std::int64_t>(batch, length - t));
-      for (int i = 0; i < n; ++i) {
-        const float drift = uniform();  // a per-token shift makes some pages score higher
-        for (int c = 0; c < row; ++c) {
-          const std::size_t o = static_cast<std::size_t>(i) * row + c;
-          k[o] = chan_scale[static_cast<std::size_t>(c)] * (uniform() + 0.5f * drift) +
-                 chan_bias[static_cast<std::size_t>(c)];
-          v[o] = uniform();
-        }
-      }
-      cache.append(id, std::span<const float>(k.data(), static_cast<std::size_t>(n) * row),
-                   std::span<const float>(v.data(), static_cast<std::size_t>(n) * row), n);
-      progress.advance(n);
-    }
-  }
-  return ids;
-}
 
 struct DenseRow {
   std::int64_t context;
@@ -345,6 +346,7 @@ void register_bench(CLI::App& app) {
       "asserted");
   bench->require_subcommand(0, 1);
   register_bench_model(*bench);
+  register_bench_dist(*bench);
   auto opt = std::make_shared<Options>();
   auto* attn = bench->add_subcommand(
       "attn",

@@ -8,6 +8,8 @@ namespace masskv::cli {
 
 // `bench` (its subcommands attn and select, and without one the model benchmark).
 void register_bench(CLI::App& app);
+// `bench dist`: context-parallel decode with threads as ranks (bench_dist.cpp).
+void register_bench_dist(CLI::App& bench);
 // The llama-bench-style model benchmark on `bench` itself (bench_model.cpp).
 void register_bench_model(CLI::App& bench);
 // `study`, and `bench select` under the existing `bench` (call after register_bench);

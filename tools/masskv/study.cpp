@@ -23,6 +23,7 @@
 #include "masskv/attn/decode.hpp"
 #include "masskv/error.hpp"
 #include "masskv/kv/cache.hpp"
+#include "masskv/kv/int4_keys.hpp"
 #include "masskv/select/diagnostics.hpp"
 #include "masskv/select/selector.hpp"
 #include "parse.hpp"
@@ -40,7 +41,7 @@ struct StudyOptions {
   std::string context = "8K";
   int hq = 8, hkv = 2, head_dim = 64, page_size = 16, steps = 2;
   std::vector<std::string> generators{"gaussian", "needles", "heavy", "drift", "sinks"};
-  std::vector<std::string> selectors{"sink_recent",  "quest",          "top_p",
+  std::vector<std::string> selectors{"sink_recent",  "quest",          "top_p",       "top_p_q4",
                                      "gaussian_tau", "entmax_support", "oracle"};
   std::vector<std::string> budgets{"1/64", "1/32", "1/16", "1/8", "1/4"};
   std::vector<std::string> mappings{"softmax", "entmax1.5", "entmax2"};
@@ -151,6 +152,21 @@ Mapping parse_mapping(const std::string& s) {
   return m;
 }
 
+// A selector of the study: a method, and for top_p its mass source ("top_p_q4": top_p with
+// the page masses of scores on INT4 selector keys, DESIGN.md §2.9).
+struct SelectorSpec {
+  Method method = Method::quest;
+  select::MassSource source = select::MassSource::page_gaussian;
+  std::string name;
+};
+
+SelectorSpec parse_selector(const std::string& name) {
+  if (name == "top_p_q4") return {Method::top_p, select::MassSource::quant_keys, name};
+  return {select::parse_method(name, "--selectors"), select::MassSource::page_gaussian, name};
+}
+
+bool uses_quant_keys(const SelectorSpec& s) { return s.source == select::MassSource::quant_keys; }
+
 struct Row {
   std::string generator, mapping, selector, budget;
   double budget_frac = 1;
@@ -161,11 +177,15 @@ struct Row {
 };
 
 // Bytes one selector reads per step for one (sequence, kv head), besides the selected KV:
-// the summaries it scans (f32: min/max for bounds, mean/M2 for the page model) or, for the
-// oracle, every key.
-double selector_bytes(Method m, int pages, std::int64_t L, int d) {
+// the summaries it scans (f32: min/max for bounds, mean/M2 for the page model), the INT4
+// selector key of every token (top_p_q4, with the min/max of its bound candidates) or, for
+// the oracle, every key.
+double selector_bytes(const SelectorSpec& s, int pages, std::int64_t L, int d) {
   const double per = 4.0 * d;  // one f32 [d] summary row
-  switch (m) {
+  if (uses_quant_keys(s)) {
+    return pages * 2 * per + static_cast<double>(L) * kv::int4::bytes_per_value() * d;
+  }
+  switch (s.method) {
     case Method::quest:
     case Method::entmax_support:
       return pages * 2 * per;
@@ -291,8 +311,12 @@ void run_study(const StudyOptions& o_in, const std::string& cmdline) {
   require(o.steps >= 1, ErrorCode::invalid_argument, "--steps", "must be >= 1");
   std::vector<Mapping> maps;
   for (const auto& m : o.mappings) maps.push_back(parse_mapping(m));
-  std::vector<Method> methods;
-  for (const auto& s : o.selectors) methods.push_back(select::parse_method(s, "--selectors"));
+  std::vector<SelectorSpec> methods;
+  for (const auto& s : o.selectors) methods.push_back(parse_selector(s));
+  const bool quant_keys = std::any_of(methods.begin(), methods.end(), uses_quant_keys);
+  require(!quant_keys || o.head_dim % kv::int4::kBlock == 0, ErrorCode::invalid_argument,
+          "--selectors", "top_p_q4 needs INT4 selector keys: head_dim ", o.head_dim,
+          " is not a multiple of ", kv::int4::kBlock);
   std::vector<double> fracs;
   for (const auto& b : o.budgets) fracs.push_back(parse_fraction(b, "--budget"));
   for (const auto& gname : o.generators) {
@@ -305,8 +329,9 @@ void run_study(const StudyOptions& o_in, const std::string& cmdline) {
   // Work list: per generator and mapping, dense once, then selectors × budgets.
   long total = 0;
   for (std::size_t mi = 0; mi < maps.size(); ++mi) {
-    for (Method m : methods) {
-      const bool entmax_only = m == Method::entmax_support || m == Method::gaussian_tau;
+    for (const SelectorSpec& m : methods) {
+      const bool entmax_only =
+          m.method == Method::entmax_support || m.method == Method::gaussian_tau;
       if (entmax_only && !maps[mi].is_entmax()) continue;
       total += static_cast<long>(fracs.size());
     }
@@ -326,6 +351,7 @@ void run_study(const StudyOptions& o_in, const std::string& cmdline) {
     cfg.page_size = o.page_size;
     cfg.dtype = DType::f16;
     cfg.capacity_pages = static_cast<int>(o.steps * ((L + o.page_size - 1) / o.page_size));
+    cfg.int4_selector_keys = quant_keys;
     kv::PagedKVCache cache(cfg);
     std::vector<kv::SeqId> seqs;
     for (int b = 0; b < o.steps; ++b) {
@@ -337,15 +363,17 @@ void run_study(const StudyOptions& o_in, const std::string& cmdline) {
     sa.q = View3<const float>::contiguous(in.q.data(), o.steps, o.hq, o.head_dim);
     sa.cache = cache.view(table);
     sa.summaries = cache.summaries();
+    sa.selector_keys = cache.selector_keys();
     const int pages = static_cast<int>((L + o.page_size - 1) / o.page_size);
 
     for (std::size_t mi = 0; mi < maps.size(); ++mi) {
       const Mapping map = maps[mi];
-      auto evaluate = [&](Method m, double frac, const std::string& budget_name) {
-        progress.set_note(
-            fmt::format("{} {} {} {}", gname, o.mappings[mi], select::to_string(m), budget_name));
+      auto evaluate = [&](const SelectorSpec& spec, double frac, const std::string& budget_name) {
+        const Method m = spec.method;
+        progress.set_note(fmt::format("{} {} {} {}", gname, o.mappings[mi], spec.name, budget_name));
         select::SelectorConfig sc;
         sc.method = m;
+        sc.mass_source = spec.source;
         sc.mapping = map;
         sc.sink_pages = o.sink_pages;
         sc.window_tokens = o.window;
@@ -372,7 +400,7 @@ void run_study(const StudyOptions& o_in, const std::string& cmdline) {
         Row r;
         r.generator = gname;
         r.mapping = o.mappings[mi];
-        r.selector = std::string(select::to_string(m));
+        r.selector = spec.name;
         r.budget = budget_name;
         r.budget_frac = frac;
         double sum_delta = 0, sum_bound = 0;
@@ -396,14 +424,16 @@ void run_study(const StudyOptions& o_in, const std::string& cmdline) {
         }
         r.tightness = sum_bound > 0 ? sum_delta / sum_bound : 1.0;
         r.tokens_frac = r.tokens / static_cast<double>(L);
-        r.bytes_frac = (r.tokens * 4.0 * o.head_dim + selector_bytes(m, pages, L, o.head_dim)) /
-                       dense_kv_bytes;
+        r.bytes_frac =
+            (r.tokens * 4.0 * o.head_dim + selector_bytes(spec, pages, L, o.head_dim)) /
+            dense_kv_bytes;
         rows.push_back(r);
         progress.advance();
       };
-      evaluate(Method::dense, 1.0, "1");
-      for (Method m : methods) {
-        const bool entmax_only = m == Method::entmax_support || m == Method::gaussian_tau;
+      evaluate(SelectorSpec{Method::dense, select::MassSource::page_gaussian, "dense"}, 1.0, "1");
+      for (const SelectorSpec& m : methods) {
+        const bool entmax_only =
+            m.method == Method::entmax_support || m.method == Method::gaussian_tau;
         if (entmax_only && !map.is_entmax()) continue;
         for (std::size_t bi = 0; bi < fracs.size(); ++bi) evaluate(m, fracs[bi], o.budgets[bi]);
       }
@@ -603,7 +633,8 @@ void register_study(CLI::App& app, const std::string& cmdline) {
       ->delimiter(',')
       ->capture_default_str();
   s->add_option("-s,--selectors", o->selectors,
-                "sink_recent, quest, top_p, gaussian_tau, entmax_support, oracle (dense always)")
+                "sink_recent, quest, top_p, top_p_q4 (top_p with page masses from scores on INT4 "
+                "selector keys), gaussian_tau, entmax_support, oracle (dense always)")
       ->delimiter(',')
       ->capture_default_str();
   s->add_option("-b,--budget", o->budgets,

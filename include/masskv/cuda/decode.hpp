@@ -14,7 +14,8 @@ struct CUstream_st;
 namespace masskv::cuda {
 
 // Device buffers a decode step needs besides its inputs and outputs: the split-K partials
-// (o and lse per (sequence, q head, chunk)) and the device-side error flag. Grows on demand;
+// (o and lse, or sum p, per (sequence, q head, chunk)), entmax's candidate lists, tau and
+// counters, and the device-side error flag. Grows on demand;
 // one workspace per stream (steps on one stream reuse it in order).
 class DecodeWorkspace {
  public:
@@ -60,14 +61,16 @@ struct DecodeLaunch {
 // cannot read them, so validate the table on the host where it is built
 // (PagedKVView::validate on the host copy) — kernels still check every id they use and set
 // the error flag instead of reading a bad page. selection: nullptr (dense) or a view whose
-// ids/count spans are device memory, unit page. lse_or_tau: device [B][Hq] or empty.
-// Supported: softmax; head_dim 64, 128, 256; any GQA ratio (groups of more than 8 q heads
-// re-read the kv head's pages once per 8 q heads). Throws masskv::Error naming the argument
-// (unsupported for entmax, token selections, other head dims, f32 KV).
+// ids/count spans are device memory, unit page. lse_or_tau: device [B][Hq] or empty (softmax:
+// lse; entmax: tau on z = (alpha-1)*s, NaN for a head without tokens, as attn::decode).
+// Supported: softmax and entmax (any alpha in (1, 2], exact global tau, DESIGN.md §2.6);
+// head_dim 64, 128, 256; any GQA ratio (groups of more than 8 q heads re-read the kv head's
+// pages once per 8 q heads). Throws masskv::Error naming the argument (alpha out of range,
+// token selections, other head dims, f32 KV).
 void decode(const attn::DecodeArgs& args, const DecodeLaunch& launch);
 
-// The split-K chunk (pages) decode plans for `pages_per_head` pages per (sequence, kv head)
-// on this device (for reports).
+// The split-K chunk (pages) softmax decode plans for `pages_per_head` pages per (sequence,
+// kv head) on this device (for reports; entmax plans with its own kernel's occupancy).
 int planned_chunk_pages(DType dtype, int head_dim, int batch, int num_kv_heads, int num_q_heads,
                         int pages_per_head);
 

@@ -50,8 +50,11 @@ enum class GroupRule { union_heads, aggregate };
 
 // Source of a page's estimated mass for top_p (§2.4). `page_mean`: n_j e^{m_j} (biased low);
 // `page_gaussian`: n_j E[e^X] = n_j exp(m_j + v_j/2) for softmax, the Gaussian-model
-// entmax mass at tau_hat for entmax. Quantised selector keys (§2.9) are a later source.
-enum class MassSource { page_mean, page_gaussian };
+// entmax mass at tau_hat for entmax; `quant_keys`: the mapping (softmax or entmax) of scores
+// computed on the INT4 selector keys (§2.9, kv/int4_keys.hpp) of every token, summed per
+// page (SelectArgs::selector_keys must be set). Only top_p reads quant_keys; gaussian_tau
+// takes it as page_gaussian.
+enum class MassSource { page_mean, page_gaussian, quant_keys };
 
 struct SelectorConfig {
   Method method = Method::quest;
@@ -76,6 +79,9 @@ struct SelectArgs {
   kv::SummariesView summaries;
   // Optional: bounds from the outward-rounded bf16 store instead of the f32 min/max.
   const BoundStoreView* bounds_bf16 = nullptr;
+  // INT4 selector keys of the cache's pool (PagedKVCache::selector_keys()), for
+  // MassSource::quant_keys.
+  kv::SelectorKeysView selector_keys;
   float scale = 0;  // 0 means 1/sqrt(d)
 };
 
@@ -102,7 +108,8 @@ void exact_scores(const kv::PagedKVView& cache, int b, int kv_head, const float*
 // Gaussian page model (§2.4): the expected entmax mass E[((alpha-1)X - tau)_+^{1/(alpha-1)}]
 // of X ~ N(m, v); closed forms for alpha 2 and 1.5, Gauss–Hermite quadrature otherwise.
 double gaussian_entmax_mass(double m, double v, double alpha, double tau);
-// tau_hat solving sum_j n_j E_j(tau) = 1 by bisection on the §2.1 bracket of the means.
+// tau_hat solving sum_j n_j E_j(tau) = 1: Newton steps on (sum_j n_j E_j)^(alpha-1), kept in
+// the §2.1 bracket of the means (bisection when a step leaves it), to 1e-10 of max(1, |tau|).
 double gaussian_tau_hat(std::span<const double> m, std::span<const double> v,
                         std::span<const double> n, double alpha);
 

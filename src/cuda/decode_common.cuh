@@ -1,0 +1,346 @@
+// What the CUDA decode kernels share (decode.cu: softmax; decode_entmax.cu: alpha-entmax): the
+// launch parameters, the device error bits, the workspace, and the pieces of the chunk
+// skeleton — a CTA owns one chunk of pages of one (sequence, kv head) and up to 8 q heads of
+// that kv head, stages the chunk's page list in shared memory, and streams 16-byte rows with
+// a per-thread cp.async ring (DESIGN.md §2.6 split-K, §3 layout).
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "device.cuh"
+#include "masskv/cuda/decode.hpp"
+
+namespace masskv::cuda::decode_impl {
+
+constexpr int kWarps = 4;
+constexpr int kThreads = kWarps * 32;
+constexpr int kMaxChunkPages = 1024;  // page list of one chunk lives in shared memory
+constexpr int kMaxChunks = 4096;      // softmax merge weights live in shared memory
+constexpr int kMaxGroup = 8;          // q heads per CTA (registers)
+constexpr int kStages = 3;            // cp.async ring depth: tiles in flight per thread + 1
+
+// Device error flag bits (DecodeWorkspace::check turns them into masskv::Error).
+enum ErrBit : unsigned {
+  kBadPhysical = 1u,   // indices[...] outside [0, num_pages)
+  kBadSelection = 2u,  // selected logical page outside the sequence, or count out of range
+  kBadIndptr = 4u,     // decreasing indptr, or more pages than the planned grid covers
+  kBadLastLen = 8u,    // last_page_len outside [1, page_size]
+};
+
+struct Params {
+  const float* q;
+  std::int64_t q_s0, q_s1;
+  float* out;
+  std::int64_t o_s0, o_s1;
+  float* lse;  // softmax: lse, entmax: tau (z units); may be null
+  const std::uint16_t* k;
+  const std::uint16_t* v;
+  std::int64_t stride_page, stride_head, stride_slot;
+  int pool_pages, num_kv_heads, num_q_heads, group, head_groups, log2_page;
+  const std::int32_t* indptr;
+  const std::int32_t* indices;
+  const std::int32_t* last_len;
+  int sparse;  // 0: dense (pages from the table), 1: pages from sel_ids
+  const std::int32_t* sel_ids;
+  const std::int32_t* sel_count;
+  int sel_max;
+  int max_pages;  // dense: bound the grid was planned for
+  int chunk_pages, num_chunks;
+  float q_mult;   // q is multiplied by this: softmax scale*log2(e) (base-2 logits),
+                  // entmax scale*(alpha-1) (scores in z units)
+  float* part_o;  // [B][Hq][num_chunks][D] (num_chunks > 1)
+  float* part_w;  // [B][Hq][num_chunks]: softmax lse (natural log), entmax sum of p
+  unsigned* err;
+  // entmax only (decode_entmax.cu)
+  int pow_int;           // 1/(alpha-1) when it is 1 or 2, else 0 (general power)
+  float pow_exp;         // 1/(alpha-1)
+  float* cand_z;         // candidate scores [B*KH][n_cap][kG] (KH = kv heads * head groups)
+  std::int32_t* cand_t;  // candidate token (in the chunk) [B*KH][n_cap]
+  std::int32_t* cand_n;  // candidates per list [B*KH][num_chunks][row groups]
+  float* cand_max;       // max z per list and head [B*KH][num_chunks][row groups][kG]
+  std::int64_t n_cap;    // candidate slots per (sequence, kv head, head group)
+  int per_list;          // candidate slots per (chunk, row group) list
+  int kg;                // q heads per CTA of the kernels (the candidate stride)
+  float* tau;            // [B][Hq] threshold of every q head (z units)
+  unsigned* counter;     // [B*KH] chunks done in the accumulate pass (last one merges)
+};
+
+}  // namespace masskv::cuda::decode_impl
+
+namespace masskv::cuda {
+
+struct DecodeWorkspace::Impl {
+  detail::GrowBuffer<float> part;  // o partials then lse (softmax) or sum-p (entmax) partials
+  detail::GrowBuffer<float> cand_z, cand_max, tau;
+  detail::GrowBuffer<std::int32_t> cand_t, cand_n;
+  detail::GrowBuffer<unsigned> counter;  // zero between steps (the last CTA resets it)
+  detail::ErrorFlag err;
+};
+
+}  // namespace masskv::cuda
+
+namespace masskv::cuda::decode_impl {
+
+// Pages and units (pages to attend) of (b, kv head), with the ids checked. Returns the number
+// of units; 0 when the sequence's table entry is bad (flagged).
+__device__ __forceinline__ int seq_units(const Params& p, int b, int kvh, int& num_pages,
+                                         int& last_len) {
+  const int begin = p.indptr[b], end = p.indptr[b + 1];
+  num_pages = end - begin;
+  last_len = 0;
+  if (num_pages < 0) {
+    atomicOr(p.err, kBadIndptr);
+    num_pages = 0;
+    return 0;
+  }
+  if (num_pages > 0) {
+    last_len = p.last_len[b];
+    if (last_len < 1 || last_len > (1 << p.log2_page)) {
+      atomicOr(p.err, kBadLastLen);
+      num_pages = 0;
+      return 0;
+    }
+  }
+  if (!p.sparse) {
+    if (num_pages > p.max_pages) {
+      atomicOr(p.err, kBadIndptr);
+      num_pages = 0;
+      return 0;
+    }
+    return num_pages;
+  }
+  const int count = p.sel_count[b * p.num_kv_heads + kvh];
+  if (count < 0 || count > p.sel_max) {
+    atomicOr(p.err, kBadSelection);
+    return 0;
+  }
+  return count;
+}
+
+// The CTA's place in the grid: chunk blockIdx.x of (sequence blockIdx.z, kv head
+// blockIdx.y / head_groups), q heads of head group blockIdx.y % head_groups.
+struct Chunk {
+  int chunk, b, kvh, hg, heads_here, q_head0;
+  int num_pages, last_len, units, unit0, n_pages;
+  int bkh;  // (b * kv heads + kvh) * head groups + hg
+};
+
+__device__ __forceinline__ Chunk chunk_of(const Params& p) {
+  Chunk c;
+  c.chunk = blockIdx.x;
+  c.kvh = blockIdx.y / p.head_groups;
+  c.hg = blockIdx.y % p.head_groups;
+  c.b = blockIdx.z;
+  c.heads_here = min(kMaxGroup, p.group - c.hg * kMaxGroup);
+  c.q_head0 = c.kvh * p.group + c.hg * kMaxGroup;
+  c.units = seq_units(p, c.b, c.kvh, c.num_pages, c.last_len);
+  c.unit0 = c.chunk * p.chunk_pages;
+  c.n_pages = max(0, min(p.chunk_pages, c.units - c.unit0));
+  c.bkh = (c.b * p.num_kv_heads + c.kvh) * p.head_groups + c.hg;
+  return c;
+}
+
+// Chunks that run for a (sequence, kv head): those holding units, and chunk 0 always (it
+// writes the empty result of a head without units).
+__device__ __forceinline__ int live_chunks(const Params& p, int units) {
+  return max(1, min(p.num_chunks, (units + p.chunk_pages - 1) / p.chunk_pages));
+}
+
+// Page list of the chunk into shared memory, every id checked here, so the token loops never
+// see a bad id: s_phys = physical page (0 for a bad one), s_len = valid tokens (0 if bad).
+__device__ __forceinline__ void stage_page_list(const Params& p, const Chunk& c, int* s_phys,
+                                                std::uint16_t* s_len) {
+  const int page_size = 1 << p.log2_page;
+  const std::int32_t* sel =
+      p.sparse ? p.sel_ids + (static_cast<std::int64_t>(c.b) * p.num_kv_heads + c.kvh) * p.sel_max
+               : nullptr;
+  const int seq_begin = c.num_pages > 0 ? p.indptr[c.b] : 0;
+  for (int i = threadIdx.x; i < c.n_pages; i += blockDim.x) {
+    int logical = c.unit0 + i, len = 0, phys_ok = 0;
+    if (p.sparse) {
+      logical = sel[c.unit0 + i];
+      if (logical < 0 || logical >= c.num_pages) {
+        atomicOr(p.err, kBadSelection);
+        logical = -1;
+      }
+    }
+    if (logical >= 0) {
+      const int phys = p.indices[seq_begin + logical];
+      if (phys < 0 || phys >= p.pool_pages) {
+        atomicOr(p.err, kBadPhysical);
+      } else {
+        len = logical == c.num_pages - 1 ? c.last_len : page_size;
+        phys_ok = phys;
+      }
+    }
+    s_phys[i] = phys_ok;
+    s_len[i] = static_cast<std::uint16_t>(len);
+  }
+}
+
+// Whether token t of a chunk of n_pages pages (rows = n_pages << log2_page) is a valid one.
+__device__ __forceinline__ bool token_ok(const Params& p, const std::uint16_t* s_len, int n_pages,
+                                         int t) {
+  const int rows = n_pages << p.log2_page;
+  return t < rows && (t & ((1 << p.log2_page) - 1)) < s_len[min(t >> p.log2_page, n_pages - 1)];
+}
+
+// Element offset of token t's row of the chunk in the pool (add the kv head's offset).
+__device__ __forceinline__ std::int64_t row_offset(const Params& p, const int* s_phys, int t) {
+  return static_cast<std::int64_t>(s_phys[t >> p.log2_page]) * p.stride_page +
+         (t & ((1 << p.log2_page) - 1)) * p.stride_slot;
+}
+
+// q of the CTA's heads times p.q_mult, the lane's 8 dims; heads past heads_here are zero.
+template <int kG>
+__device__ __forceinline__ void load_q(const Params& p, const Chunk& c, int lane_dim,
+                                       float (&qf)[kG][8]) {
+#pragma unroll
+  for (int g = 0; g < kG; ++g) {
+    const float* qrow = p.q + c.b * p.q_s0 + (c.q_head0 + g) * p.q_s1 + lane_dim;
+#pragma unroll
+    for (int j = 0; j < 8; ++j) qf[g][j] = g < c.heads_here ? qrow[j] * p.q_mult : 0.f;
+  }
+}
+
+template <bool kBf16>
+__device__ __forceinline__ void to_float8(const uint4& r, float (&f)[8]) {
+  const unsigned w[4] = {r.x, r.y, r.z, r.w};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    if constexpr (kBf16) {
+      f[2 * i] = __uint_as_float(w[i] << 16);
+      f[2 * i + 1] = __uint_as_float(w[i] & 0xffff0000u);
+    } else {
+      __half2 h;
+      memcpy(&h, &w[i], 4);
+      const float2 x = __half22float2(h);
+      f[2 * i] = x.x;
+      f[2 * i + 1] = x.y;
+    }
+  }
+}
+
+// Scores of kU staged K rows (16 bytes per lane, row groups of kLanesPerRow lanes) against the
+// kG q heads: every lane of a row group ends with the full dot products s[u][g].
+template <bool kBf16, int kG, int kU, int kLanesPerRow>
+__device__ __forceinline__ void score_rows(const uint4* k_rows, int row_stride,
+                                           const float (&qf)[kG][8], float (&s)[kU][kG]) {
+#pragma unroll
+  for (int u = 0; u < kU; ++u) {
+    float kf[8];
+    to_float8<kBf16>(k_rows[u * row_stride], kf);
+#pragma unroll
+    for (int g = 0; g < kG; ++g) {
+      float d = 0.f;
+#pragma unroll
+      for (int j = 0; j < 8; ++j) d = fmaf(qf[g][j], kf[j], d);
+      s[u][g] = d;
+    }
+  }
+#pragma unroll
+  for (int off = kLanesPerRow / 2; off > 0; off /= 2) {
+#pragma unroll
+    for (int u = 0; u < kU; ++u)
+#pragma unroll
+      for (int g = 0; g < kG; ++g) s[u][g] += __shfl_xor_sync(0xffffffffu, s[u][g], off);
+  }
+}
+
+// 16-byte asynchronous copy global -> shared (L2 only, no L1 allocation: each KV byte is used
+// once); src_bytes 0 writes zeros (masked tokens) without reading.
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem, int src_bytes) {
+  const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(gmem),
+               "r"(src_bytes));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n"); }
+template <int kPending>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending));
+}
+
+// The per-thread ring: issue(tile) copies a tile's rows into ring slot tile % kStages,
+// compute(tile) uses them; kStages - 1 tiles are in flight while one is computed. No barrier:
+// a thread reads only what it copied.
+template <class Issue, class Compute>
+__device__ __forceinline__ void stream_tiles(int n_tiles, Issue&& issue, Compute&& compute) {
+#pragma unroll
+  for (int s = 0; s < kStages - 1; ++s) {
+    if (s < n_tiles) issue(s);
+    cp_async_commit();
+  }
+  for (int tile = 0; tile < n_tiles; ++tile) {
+    if (tile + kStages - 1 < n_tiles) issue(tile + kStages - 1);
+    cp_async_commit();
+    cp_async_wait<kStages - 1>();
+    compute(tile);
+  }
+  cp_async_wait<0>();
+}
+
+// Host: q heads per CTA for a GQA group (1, 2, 4 or 8; larger groups run in head groups of 8).
+inline int kernel_group(int group) {
+  const int g = group < kMaxGroup ? group : kMaxGroup;
+  return g <= 1 ? 1 : g <= 2 ? 2 : g <= 4 ? 4 : 8;
+}
+
+// Host: the compiled kernel variants. make.template operator()<kBf16, kD, kG, kU>() for the
+// variant serving (dtype, head_dim d, kernel group g = kernel_group(...)); kU, tokens per row
+// group per tile, is chosen here for every decode kernel (fewer for 8 heads: registers).
+template <bool kBf16, int kD, class Make>
+auto by_group(int g, Make& make) {
+  switch (g) {
+    case 1:
+      return make.template operator()<kBf16, kD, 1, 4>();
+    case 2:
+      return make.template operator()<kBf16, kD, 2, 4>();
+    case 4:
+      return make.template operator()<kBf16, kD, 4, 4>();
+    default:
+      return make.template operator()<kBf16, kD, 8, 2>();
+  }
+}
+template <bool kBf16, class Make>
+auto by_dim(int d, int g, Make& make) {
+  return d == 64    ? by_group<kBf16, 64>(g, make)
+         : d == 128 ? by_group<kBf16, 128>(g, make)
+                    : by_group<kBf16, 256>(g, make);
+}
+template <class Make>
+auto by_variant(DType dtype, int d, int g, Make make) {
+  return dtype == DType::bf16 ? by_dim<true>(d, g, make) : by_dim<false>(d, g, make);
+}
+// A dense index in [0, 24) of the variant, for per-variant caches.
+inline int variant_key(DType dtype, int d, int g) {
+  return (dtype == DType::bf16 ? 0 : 12) +
+         (d == 64    ? 0
+          : d == 128 ? 4
+                     : 8) +
+         (g == 1   ? 0
+          : g == 2 ? 1
+          : g == 4 ? 2
+                   : 3);
+}
+
+// Host: the split-K chunk (pages) for `units` pages per (sequence, kv head, head group) when
+// `base_ctas` such triples run with `ctas_per_sm` resident CTAs per SM.
+int plan_chunk_pages(int base_ctas, int units, int ctas_per_sm);
+
+struct EntmaxShape {
+  DType dtype;
+  int head_dim, batch, units_max;
+  double alpha;
+  float scale;
+};
+// Host: the entmax decode (decode_entmax.cu), launched by cuda::decode once the arguments are
+// checked and `p` holds what both mappings share.
+void launch_entmax(Params p, const EntmaxShape& shape, const DecodeLaunch& launch,
+                   DecodeWorkspace::Impl& ws);
+
+}  // namespace masskv::cuda::decode_impl

@@ -1,0 +1,214 @@
+// `masskv bench dist`: context-parallel decode on the CPU with threads as ranks
+// (dist::InProcessComm; docs/dist.md). Reports, per step, the collectives and bytes each rank
+// exchanges and the deviation from the single-rank decode. The exchange is the algorithm's,
+// the transport is not: wall times here are threads on one machine, not NCCL on GPUs.
+#include <fmt/core.h>
+#include <fmt/os.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "bench_cache.hpp"
+#include "commands.hpp"
+#include "masskv/attn/decode.hpp"
+#include "masskv/dist/decode.hpp"
+#include "masskv/dist/select.hpp"
+#include "masskv/select/page_bound.hpp"
+#include "parse.hpp"
+#include "progress.hpp"
+
+namespace masskv::cli {
+namespace {
+
+struct DistOptions {
+  std::vector<std::string> depths{"4K", "32K"};
+  std::vector<int> ranks{1, 2, 4, 8};
+  int hq = 32, hkv = 8, head_dim = 128, page_size = 16, batch = 1;
+  std::string kv_dtype = "f16";
+  std::string budget = "1/16";
+  int max_candidates = dist::EntmaxTauConfig{}.max_candidates;
+  std::uint64_t seed = 1;
+  std::string json_path;
+};
+
+struct Row {
+  std::int64_t context = 0;
+  int ranks = 0;
+  std::string attention, mode;
+  std::int64_t collectives = 0, bytes_sent = 0, bytes_received = 0;
+  int tau_rounds = 0, fallback_heads = 0;
+  double rel_diff = 0, step_us = 0;
+};
+
+double rel_diff(const std::vector<float>& a, const std::vector<float>& b) {
+  double diff = 0, norm = 0;
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    diff = std::max(diff, static_cast<double>(std::fabs(a[i] - b[i])));
+    norm = std::max(norm, static_cast<double>(std::fabs(b[i])));
+  }
+  return norm > 0 ? diff / norm : diff;
+}
+
+void run_dist(const DistOptions& opt) {
+  const DType dtype = parse_dtype(opt.kv_dtype, "--kv-dtype");
+  const double fraction = parse_fraction(opt.budget, "--budget");
+  const Mapping mappings[] = {Mapping::softmax(), Mapping::entmax(1.5), Mapping::entmax(2.0)};
+  std::vector<Row> rows;
+  for (const std::string& depth : opt.depths) {
+    const std::int64_t context = parse_count(depth, "--depth");
+    kv::CacheConfig cfg;
+    cfg.num_kv_heads = opt.hkv;
+    cfg.head_dim = opt.head_dim;
+    cfg.page_size = opt.page_size;
+    cfg.dtype = dtype;
+    cfg.capacity_pages =
+        static_cast<int>(opt.batch * ((context + opt.page_size - 1) / opt.page_size));
+    kv::PagedKVCache cache(cfg);
+    std::vector<kv::SeqId> seqs;
+    {
+      Progress fill("fill " + depth, static_cast<long>(context * opt.batch));
+      seqs = fill_cache(cache, opt.batch, context, opt.seed, fill);
+    }
+    const kv::PageTableStorage table = cache.page_table(seqs);
+    const kv::PagedKVView view = cache.view(table);
+    std::vector<float> q(static_cast<std::size_t>(opt.batch) * opt.hq * opt.head_dim);
+    std::mt19937_64 rng(opt.seed + 7);
+    std::normal_distribution<float> gauss(0.0f, 2.0f);
+    for (float& x : q) x = gauss(rng);
+    const View3<const float> qv =
+        View3<const float>::contiguous(q.data(), opt.batch, opt.hq, opt.head_dim);
+    select::TopkPolicy policy;
+    policy.budget_pages = std::max(
+        1, static_cast<int>(std::ceil(fraction * static_cast<double>(context) / opt.page_size)));
+
+    for (const int R : opt.ranks) {
+      std::vector<dist::LocalShard> shards;
+      for (int r = 0; r < R; ++r) shards.emplace_back(view, r, R);
+      for (const Mapping& mapping : mappings) {
+        for (const bool sparse : {false, true}) {
+          // Single rank on the whole cache: the reference for the deviation column.
+          const kv::SummariesView sum = cache.summaries();
+          SelectionStorage want_sel;
+          if (sparse) {
+            select::quest_select({qv, table.table(), opt.page_size, &sum, nullptr, 0, policy},
+                                 want_sel);
+          }
+          const SelectionView want_view = want_sel.view();
+          std::vector<float> want(q.size()), got(q.size());
+          attn::DecodeArgs a;
+          a.q = qv;
+          a.cache = view;
+          a.mapping = mapping;
+          a.selection = sparse ? &want_view : nullptr;
+          a.out = View3<float>::contiguous(want.data(), opt.batch, opt.hq, opt.head_dim);
+          a.impl = attn::Impl::simd;
+          attn::decode(a);
+
+          Row row{context, R,
+                  mapping.is_entmax() ? fmt::format("entmax {}", mapping.alpha) : "softmax",
+                  sparse ? fmt::format("quest {}", opt.budget) : "dense"};
+          const auto t0 = std::chrono::steady_clock::now();
+          dist::run_in_process(R, [&](dist::Communicator& comm) {
+            const dist::LocalShard& sh = shards[static_cast<std::size_t>(comm.rank())];
+            SelectionStorage sel;
+            if (sparse) dist::quest_select(comm, {qv, &sh, 0, policy}, sel);
+            const SelectionView sv = sel.view();
+            std::vector<float> out(q.size());
+            dist::DecodeArgs da;
+            da.q = qv;
+            da.shard = &sh;
+            da.mapping = mapping;
+            da.selection = sparse ? &sv : nullptr;
+            da.out = View3<float>::contiguous(out.data(), opt.batch, opt.hq, opt.head_dim);
+            da.impl = attn::Impl::simd;
+            da.tau.max_candidates = opt.max_candidates;
+            dist::DecodeStats ds;
+            dist::decode(comm, da, &ds);
+            if (comm.rank() == 0) {  // every rank exchanges the same sizes
+              got = out;
+              row.collectives = comm.stats().collectives;
+              row.bytes_sent = comm.stats().bytes_sent;
+              row.bytes_received = comm.stats().bytes_received;
+              row.tau_rounds = ds.tau_rounds;
+              row.fallback_heads = ds.fallback_heads;
+            }
+          });
+          row.step_us =
+              std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0)
+                  .count();
+          row.rel_diff = rel_diff(got, want);
+          rows.push_back(row);
+        }
+      }
+    }
+  }
+
+  fmt::print(
+      "| context | ranks | attention | mode | collectives | sent B/rank | received B/rank "
+      "| tau rounds | fallback heads | max rel diff vs 1 rank | step µs (threads) |\n");
+  fmt::print("| ---: | ---: | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n");
+  for (const Row& r : rows) {
+    fmt::print("| {} | {} | {} | {} | {} | {} | {} | {} | {} | {:.2g} | {:.0f} |\n", r.context,
+               r.ranks, r.attention, r.mode, r.collectives, r.bytes_sent, r.bytes_received,
+               r.tau_rounds, r.fallback_heads, r.rel_diff, r.step_us);
+  }
+  if (!opt.json_path.empty()) {
+    nlohmann::json j = nlohmann::json::array();
+    for (const Row& r : rows) {
+      j.push_back({{"context", r.context},
+                   {"ranks", r.ranks},
+                   {"attention", r.attention},
+                   {"mode", r.mode},
+                   {"collectives", r.collectives},
+                   {"bytes_sent", r.bytes_sent},
+                   {"bytes_received", r.bytes_received},
+                   {"tau_rounds", r.tau_rounds},
+                   {"fallback_heads", r.fallback_heads},
+                   {"rel_diff", r.rel_diff},
+                   {"step_us", r.step_us}});
+    }
+    auto f = fmt::output_file(opt.json_path);
+    f.print("{}\n", j.dump(2));
+  }
+}
+
+}  // namespace
+
+void register_bench_dist(CLI::App& bench) {
+  auto opt = std::make_shared<DistOptions>();
+  auto* cmd = bench.add_subcommand(
+      "dist",
+      "Context-parallel decode with threads as ranks: collectives and bytes exchanged per "
+      "step (per rank) and the deviation from single-rank decode, for softmax and entmax, "
+      "dense and Quest-sparse. Times are threads on this machine, not NCCL");
+  cmd->add_option("-d,--depth", opt->depths, "Context lengths (tokens; K/M suffixes allowed)")
+      ->delimiter(',')
+      ->capture_default_str();
+  cmd->add_option("--ranks", opt->ranks, "Rank counts to run")
+      ->delimiter(',')
+      ->capture_default_str();
+  cmd->add_option("--batch", opt->batch, "Sequences per step")->capture_default_str();
+  cmd->add_option("--hq", opt->hq, "Query heads")->capture_default_str();
+  cmd->add_option("--hkv", opt->hkv, "KV heads")->capture_default_str();
+  cmd->add_option("--head-dim", opt->head_dim, "Head dimension")->capture_default_str();
+  cmd->add_option("--page", opt->page_size, "Page size (tokens)")->capture_default_str();
+  cmd->add_option("--kv-dtype", opt->kv_dtype, "KV storage type: f32, f16, bf16")
+      ->capture_default_str();
+  cmd->add_option("-b,--budget", opt->budget, "Sparse budget as a fraction of the context")
+      ->capture_default_str();
+  cmd->add_option("--max-candidates", opt->max_candidates,
+                  "Entmax: candidate scores per rank and q head in the tau all-gather; heads "
+                  "over it take batched-bisection rounds")
+      ->capture_default_str();
+  cmd->add_option("--seed", opt->seed, "Random seed")->capture_default_str();
+  cmd->add_option("--json", opt->json_path, "Write results as JSON to this file");
+  cmd->callback([opt] { run_dist(*opt); });
+}
+
+}  // namespace masskv::cli
