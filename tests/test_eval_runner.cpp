@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "expect_error.hpp"
 #include "installed_model.hpp"
 #include "masskv/eval/runner.hpp"
 #include "masskv/eval/tasks.hpp"
@@ -70,18 +71,65 @@ TEST(EvalRunner, SharedPrefillGivesTheOutcomesOfSeparateRuns) {
   const Sample s = code_word_sample();
   // Mappings interleaved: one prefill each; the later configurations of a mapping decode from
   // a root that earlier forks have used.
+  // One configuration at a time (every step the mat-vec path), so runs agree to the bit.
   const std::vector<DecodeConfig> configs{DecodeConfig{},
                                           DecodeConfig{Mapping::entmax(1.5), std::nullopt},
                                           quest(8), quest(8, Mapping::entmax(1.5))};
-  const auto together = run_sample(*m, chat, s, configs, small_pages());
+  RunOptions one = small_pages();
+  one.max_batch = 1;
+  const auto together = run_sample(*m, chat, s, configs, one);
   ASSERT_EQ(together.size(), configs.size());
   for (std::size_t i = 2; i < configs.size(); ++i) {
-    const auto alone = run_sample(*m, chat, s, std::span(&configs[i], 1), small_pages());
+    const auto alone = run_sample(*m, chat, s, std::span(&configs[i], 1), one);
     EXPECT_EQ(together[i].output, alone[0].output) << "config " << i;
     EXPECT_EQ(together[i].steps, alone[0].steps) << "config " << i;
     EXPECT_EQ(together[i].kv_read, alone[0].kv_read) << "config " << i;
     EXPECT_EQ(together[i].delta_bound, alone[0].delta_bound) << "config " << i;
   }
+}
+
+// Lockstep decoding (all configurations in one batch; or three at a time, a finished one
+// replaced by the next at another position) against one configuration at a time: the batch
+// runs the GEMM where a lone step runs the mat-vec, so logits differ by ~1e-3 at most
+// (DecodeBatch.*); on this sample that changes no token and no selection: same outputs,
+// steps, KV read and certificates, δ bounds within 1e-6. Different stop points make the
+// lanes leave the batch at different steps.
+TEST(EvalRunner, LockstepBatchesGiveTheOutcomesOfOneAtATime) {
+  REQUIRE_MODEL(m, "smollm2");
+  if (test::kSanitized)
+    GTEST_SKIP() << "three runs of four configurations: too slow under sanitizers";
+  const model::ChatTemplate chat = model::ChatTemplate::from_gguf(m->file());
+  const Sample s = code_word_sample();
+  DecodeConfig top_p = quest(12);
+  top_p.selector->method = select::Method::top_p;
+  top_p.selector->budget.kind = select::Budget::Kind::top_p;
+  const std::vector<DecodeConfig> configs{DecodeConfig{}, quest(8),
+                                          DecodeConfig{Mapping::entmax(1.5), std::nullopt}, top_p};
+  RunOptions opt = small_pages();
+  opt.max_batch = 1;
+  const auto ref = run_sample(*m, chat, s, configs, opt);
+  for (const int batch : {0, 3}) {
+    opt.max_batch = batch;
+    std::int64_t ticks = 0;
+    const auto got = run_sample(*m, chat, s, configs, opt, [&](std::int64_t n) { ticks += n; });
+    std::int64_t steps = 0;
+    for (std::size_t i = 0; i < configs.size(); ++i) {
+      SCOPED_TRACE(testing::Message() << "max_batch " << batch << " config " << i);
+      EXPECT_EQ(got[i].output, ref[i].output);
+      EXPECT_EQ(got[i].steps, ref[i].steps);
+      EXPECT_EQ(got[i].kv_read, ref[i].kv_read);
+      EXPECT_EQ(got[i].certified, ref[i].certified);
+      EXPECT_NEAR(got[i].delta_bound, ref[i].delta_bound, 1e-6);
+      EXPECT_GT(got[i].decode_seconds, 0.0);
+      steps += got[i].steps;
+    }
+    const auto prompt = tokenize_sample(*m, chat, s);
+    EXPECT_EQ(ticks, steps + 2 * static_cast<std::int64_t>(prompt.context.size()));  // 2 prefills
+  }
+  RunOptions bad = small_pages();
+  bad.max_batch = -1;
+  test::expect_error([&] { (void)run_sample(*m, chat, s, configs, bad); },
+                     ErrorCode::invalid_argument, "max_batch");
 }
 
 TEST(EvalRunner, DenseFindsTheAnswerAndSparseRowsReportWhatTheyRead) {

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <array>
 #include <bit>
 #include <cmath>
 #include <cstdint>
@@ -346,6 +347,43 @@ TEST_F(CacheFixture, FreeingEverySequenceReturnsEveryPage) {
   c.free(b);
   c.free(d);
   EXPECT_EQ(c.free_pages(), 12);
+}
+
+// pages_needed over several sequences against what appending to each in turn really takes:
+// random trees of forks at random lengths (shared partial pages with 2-4 holders, some of
+// them outside the set), every subset order of up to 4 sequences, n in {1, 5, 16, 17}.
+TEST_F(CacheFixture, PagesNeededForSeveralSequencesIsWhatTheirAppendsTake) {
+  std::mt19937 rng(21);
+  for (int round = 0; round < 40; ++round) {
+    PagedKVCache c(config(64));
+    std::vector<SeqId> live{c.create()};
+    append_random(c, live[0], 1 + static_cast<int>(rng() % 40), static_cast<unsigned>(rng()));
+    for (int f = 0; f < 4; ++f) {
+      const SeqId parent = live[rng() % live.size()];
+      live.push_back(c.fork(parent));
+      if (rng() % 3 == 0)
+        append_random(c, live.back(), 1 + static_cast<int>(rng() % 20),
+                      static_cast<unsigned>(rng()));
+    }
+    std::shuffle(live.begin(), live.end(), rng);
+    const std::size_t k = 1 + rng() % 4;
+    const std::vector<SeqId> set(live.begin(), live.begin() + static_cast<std::ptrdiff_t>(k));
+    const int n = std::array{1, 5, 16, 17}[rng() % 4];
+    const std::int64_t predicted = c.pages_needed(set, n);
+    std::int64_t separately = 0;  // each alone: an upper bound (it ignores handed-back pages)
+    for (const SeqId s : set) separately += c.pages_needed(s, n);
+    EXPECT_LE(predicted, separately);
+    const int before = c.free_pages();
+    for (const SeqId s : set) append_random(c, s, n, static_cast<unsigned>(rng()));
+    EXPECT_EQ(predicted, before - c.free_pages()) << "round " << round;
+  }
+}
+
+TEST_F(CacheFixture, PagesNeededRejectsARepeatedSequence) {
+  PagedKVCache c(config(4));
+  const SeqId a = c.create(), b = c.create();
+  const std::vector<SeqId> ids{a, b, a};
+  expect_error([&] { (void)c.pages_needed(ids, 1); }, ErrorCode::invalid_argument, "seqs");
 }
 
 TEST_F(CacheFixture, OutOfMemoryAppendsNothing) {

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
@@ -436,12 +437,234 @@ TEST(SessionDiagnostics, DeltaBoundsAreZeroWhenDenseAndPositiveWhenSparse) {
   EXPECT_LT(few.kv_tokens_read, few.kv_tokens_total);
 }
 
+// ---- batched decode ---------------------------------------------------------------------------
+
+// A batch of sessions that differ in everything decode_batch keeps per row: selector (dense,
+// Quest, top-p, the oracle, sink + recent), position, pool (forks of one root, a fork of a
+// fork, an unrelated session) and, for Gemma, the sliding window of the local layers (8, cut
+// on every row). Built the same way on every call, so one call's sessions decode as a batch
+// and another's one by one. Diagnostics on.
+std::vector<Session> mixed_sessions(const Model& m, DType kv_dtype) {
+  const std::vector<TokenId> text = m.tokenizer().encode(
+      "A special magic number is hidden in this text. The grass is green. The sky is blue. "
+      "The special magic number for zebra-lamp is 4829301. Here we go. There and back again. "
+      "The sun is yellow and the night is dark.",
+      m.tokenizer().add_bos_default());
+  SessionOptions so;
+  so.max_tokens = 96;
+  so.page_size = 4;
+  so.kv_dtype = kv_dtype;
+  so.diagnostics = true;
+  so.fork_pages = 64;
+  so.sliding_window = m.config().arch == Arch::gemma3 ? 8 : 0;
+  // A batched step runs the f32 GEMM: compare it with decode() of the same function.
+  so.decode_activations = Activations::f32;
+  const auto sel = [](select::Method method, std::int64_t tokens) {
+    select::SelectorConfig c;
+    c.method = method;
+    c.budget.tokens = tokens;
+    if (method == select::Method::top_p) {
+      c.budget.kind = select::Budget::Kind::top_p;
+      c.budget.p = 0.9;
+    }
+    return std::optional<select::SelectorConfig>(c);
+  };
+  const std::size_t V = static_cast<std::size_t>(m.config().n_vocab);
+  std::vector<float> logits(V);
+  Session root(m, so);
+  root.prefill(std::span<const TokenId>(text).first(text.size() - 8), logits);
+  // Forks of the root, advanced by a few tokens each (own decode) to different positions.
+  const auto fork_at = [&](Session& from, std::optional<select::SelectorConfig> s, int ahead) {
+    Session f = from.fork();
+    f.set_selector(std::move(s));
+    for (int i = 0; i < ahead; ++i)
+      f.decode(text[text.size() - 8 + static_cast<std::size_t>(i)], logits);
+    return f;
+  };
+  std::vector<Session> out;
+  out.push_back(fork_at(root, std::nullopt, 0));
+  out.push_back(fork_at(root, sel(select::Method::quest, 8), 3));
+  out.push_back(fork_at(root, sel(select::Method::top_p, 12), 1));
+  out.push_back(fork_at(root, sel(select::Method::oracle, 8), 5));
+  out.push_back(fork_at(out[1], sel(select::Method::sink_recent, 8), 1));  // a fork's fork
+  SessionOptions own = so;
+  own.selector = sel(select::Method::quest, 12);
+  Session other(m, own);  // its own pool, a shorter context
+  other.prefill(std::span<const TokenId>(text).first(text.size() / 2), logits);
+  out.push_back(std::move(other));
+  return out;
+}
+
+// decode_batch against each session's own decode() over two steps. The batch runs the
+// GEMM where decode() runs the mat-vec (both within 1e-5 * sum|w x| of fp64). With an f32
+// cache the logits agree within 2e-3 (the bound of prefill against decode), with the same
+// top-1 and the same selections (hence KV read and certificates; δ bounds within 1e-4 of
+// their sum), and rows do not depend on the batch: a second copy decoded in pairs gives the
+// batch's bits. With the f16 cache a last-bit difference in a key can flip its f16 rounding,
+// which moves later logits by up to the f16-vs-f32 cache difference (bound 0.1, as prefill
+// against decode) and may re-rank pages at a near-tie: logits and top-1 up to near-ties only.
+void expect_batch_equals_own_decode(const char* name, DType kv_dtype) {
+  const Model* m = installed(name);
+  if (m == nullptr) GTEST_SKIP() << name << " not installed";
+  const bool exact = kv_dtype == DType::f32;
+  const double tol = exact ? 2e-3 : 0.1;
+  const std::size_t V = static_cast<std::size_t>(m->config().n_vocab);
+  std::vector<Session> batched = mixed_sessions(*m, kv_dtype), alone = mixed_sessions(*m, kv_dtype),
+                       pairs = exact ? mixed_sessions(*m, kv_dtype) : std::vector<Session>{};
+  const std::size_t B = batched.size();
+  std::vector<Session*> ptrs, pair_ptrs;
+  for (Session& s : batched) ptrs.push_back(&s);
+  for (Session& s : pairs) pair_ptrs.push_back(&s);
+  std::vector<float> logits(B * V), pair_logits(2 * V), own(V);
+  double worst = 0;
+  for (int step = 0; step < 2; ++step) {
+    std::vector<TokenId> tokens;
+    for (std::size_t i = 0; i < B; ++i) tokens.push_back(static_cast<TokenId>(100 + 37 * i + step));
+    std::vector<std::int64_t> pos;
+    for (const Session& s : batched) pos.push_back(s.position());
+    decode_batch(ptrs, tokens, logits);
+    for (std::size_t i = 0; i < B; ++i) {
+      SCOPED_TRACE(testing::Message() << name << " step " << step << " session " << i);
+      EXPECT_EQ(batched[i].position(), pos[i] + 1);
+      alone[i].decode(tokens[i], own);
+      const std::span<const float> row(logits.data() + i * V, V);
+      const double d = max_abs_diff(row, own);
+      worst = std::max(worst, d);
+      EXPECT_LE(d, tol);
+      // Same top-1, up to near-ties within the tolerance.
+      EXPECT_GE(row[static_cast<std::size_t>(argmax(own))],
+                row[static_cast<std::size_t>(argmax(row))] - tol);
+      if (!exact) continue;
+      EXPECT_EQ(argmax(row), argmax(own));
+      const DecodeStats& a = batched[i].last_decode_stats();
+      const DecodeStats& b = alone[i].last_decode_stats();
+      EXPECT_EQ(a.kv_tokens_read, b.kv_tokens_read);
+      EXPECT_EQ(a.kv_tokens_total, b.kv_tokens_total);
+      EXPECT_EQ(a.heads, b.heads);
+      EXPECT_EQ(a.certified, b.certified);
+      EXPECT_NEAR(a.delta_bound_sum, b.delta_bound_sum, 1e-4 * std::max(1.0, b.heads));
+      EXPECT_GT(a.attention_seconds, 0.0);
+    }
+    for (std::size_t i = 0; exact && i < B; i += 2) {
+      Session* two[2] = {pair_ptrs[i], pair_ptrs[i + 1]};
+      decode_batch(two, std::span<const TokenId>(tokens).subspan(i, 2), pair_logits);
+      for (std::size_t j = 0; j < 2; ++j) {
+        EXPECT_EQ(max_abs_diff(std::span<const float>(pair_logits.data() + j * V, V),
+                               std::span<const float>(logits.data() + (i + j) * V, V)),
+                  0.0)
+            << name << " step " << step << " session " << i + j;
+      }
+    }
+  }
+  std::printf("[ batch ] %s, %s KV: %zu sessions x 2 steps, max |dlogit| batch vs own %.2e\n", name,
+              to_string(kv_dtype).data(), B, worst);
+  // The selectors did cut: some row read less than dense would.
+  double read = 0, total = 0;
+  for (const Session& s : batched) {
+    read += s.last_decode_stats().kv_tokens_read;
+    total += s.last_decode_stats().kv_tokens_total;
+  }
+  EXPECT_LT(read, total);
+}
+
+TEST(DecodeBatch, SmolLM2RowsEqualEachSessionsOwnDecode) {
+  expect_batch_equals_own_decode("smollm2", DType::f32);
+}
+
+TEST(DecodeBatch, SmolLM2RowsEqualOwnDecodeUpToF16CacheRounding) {
+  expect_batch_equals_own_decode("smollm2", DType::f16);
+}
+
+TEST(DecodeBatch, Gemma3RowsEqualEachSessionsOwnDecode) {
+  if (kSanitized) GTEST_SKIP() << "too slow under sanitizers; runs in the Release suite";
+  expect_batch_equals_own_decode("gemma3", DType::f32);
+}
+
+TEST(DecodeBatch, BadBatchesThrowBeforeAnythingIsAppended) {
+  REQUIRE_MODEL(m, "smollm2");
+  const std::size_t V = static_cast<std::size_t>(m->config().n_vocab);
+  SessionOptions so;
+  so.max_tokens = 8;
+  Session a(*m, so), b(*m, so);
+  std::vector<float> logits(2 * V);
+  const std::vector<TokenId> two{1, 2};
+  test::expect_error([&] { decode_batch({}, {}, {}); }, ErrorCode::invalid_argument, "sessions");
+  Session* dup[2] = {&a, &a};
+  test::expect_error([&] { decode_batch(dup, two, logits); }, ErrorCode::invalid_argument,
+                     "sessions");
+  Session* with_null[2] = {&a, nullptr};
+  test::expect_error([&] { decode_batch(with_null, two, logits); }, ErrorCode::invalid_argument,
+                     "sessions");
+  Session* ab[2] = {&a, &b};
+  test::expect_error([&] { decode_batch(ab, std::span(two).first(1), logits); },
+                     ErrorCode::shape_mismatch, "tokens");
+  test::expect_error([&] { decode_batch(ab, two, std::span(logits).first(V)); },
+                     ErrorCode::shape_mismatch, "logits");
+  const std::vector<TokenId> bad{1, 49152};
+  test::expect_error([&] { decode_batch(ab, bad, logits); }, ErrorCode::out_of_range, "tokens");
+  if (const Model* g = installed("gemma3")) {
+    Session other(*g, so);
+    Session* mixed[2] = {&a, &other};
+    test::expect_error([&] { decode_batch(mixed, two, logits); }, ErrorCode::invalid_argument,
+                       "sessions");
+  }
+  // A full session fails the batch: the other session is not advanced either.
+  const std::vector<TokenId> seven{1, 2, 3, 4, 5, 6, 7};
+  std::vector<float> last(V);
+  b.prefill(seven, last);
+  b.decode(8, last);
+  test::expect_error([&] { decode_batch(ab, two, logits); }, ErrorCode::out_of_range, "tokens");
+  EXPECT_EQ(a.position(), 0);
+  EXPECT_EQ(b.position(), 8);
+  Session moved = std::move(a);
+  test::expect_error([&] { decode_batch(ab, two, logits); }, ErrorCode::invalid_argument,
+                     "sessions");
+}
+
+// Forks share a pool: the batch counts their pages together, exactly. Two forks of a parent
+// with one free page both have to copy the shared partial page: the batch is refused and no
+// layer of either fork was appended (a fork then decodes exactly like an untouched twin).
+// A parent and its only fork need one page (the second writer finds the page its own): the
+// batch runs.
+TEST(DecodeBatch, SharedPoolIsCountedTogetherAndAFullOneAppendsNothing) {
+  REQUIRE_MODEL(m, "smollm2");
+  const auto toks = sample_tokens(*m);
+  const std::size_t V = static_cast<std::size_t>(m->config().n_vocab);
+  const auto prompt = std::span<const TokenId>(toks).first(11);
+  SessionOptions so;
+  so.max_tokens = 12;
+  so.page_size = 4;
+  so.fork_pages = 1;  // 4 pages: the 11 tokens take 3, the last one partially; 1 free
+  std::vector<float> logits(2 * V), got(V), want(V);
+  Session parent(*m, so), twin(*m, so);
+  parent.prefill(prompt, got);
+  twin.prefill(prompt, got);
+  const std::vector<TokenId> two{5, 6};
+  {
+    Session c1 = parent.fork(), c2 = parent.fork();
+    Session* batch[2] = {&c1, &c2};
+    test::expect_error([&] { decode_batch(batch, two, logits); }, ErrorCode::out_of_memory,
+                       "fork_pages");
+    EXPECT_EQ(c1.position(), 11);
+    EXPECT_EQ(c2.position(), 11);
+    c1.decode(5, got);  // takes the free page
+    Session t1 = twin.fork(), t2 = twin.fork();
+    t1.decode(5, want);
+    EXPECT_EQ(max_abs_diff(got, want), 0.0);
+  }
+  Session child = parent.fork();
+  Session* batch[2] = {&parent, &child};
+  decode_batch(batch, two, logits);
+  EXPECT_EQ(parent.position(), 12);
+  EXPECT_EQ(child.position(), 12);
+}
+
 // ---- llama.cpp agreement ------------------------------------------------------------------
 
 // llama.cpp (via llama-cpp-python) logits on the same GGUF. llama.cpp quantises the activations
 // to Q8 before every quantised dot product and uses an f16 GELU table; our prefill keeps the
 // activations f32, so its logits differ from llama.cpp's by ~0.13-0.18 on average (logits of
-// magnitude ~20-30) and up to ~0.7; where llama.cpp's own top-2 gap is below that noise the
+// magnitude ~20-30) and up to ~1.1; where llama.cpp's own top-2 gap is below that noise the
 // argmax may flip. Our decode quantises the activations too, but its roundings are not
 // llama.cpp's (nearly equal inputs round either way, and one step in a block with a large
 // outlier is a large change, so any change of f32 summation order reshuffles them): its noise
@@ -457,7 +680,10 @@ TEST(SessionDiagnostics, DeltaBoundsAreZeroWhenDenseAndPositiveWhenSparse) {
 //    they may part, and the check stops. With Q8 activations the gap at such a step moves by
 //    up to ~1 between kernel versions, so the greedy check would only test the noise.
 constexpr double kTieGap = 0.25;
-constexpr double kLogitMax = 1.0;
+// Over the 512 positions of the Policy passage the largest prefill difference measured is
+// 0.96 (SmolLM2) and 1.125 (Gemma 3, whose f16 GELU table llama.cpp rounds further); 0.62
+// on the first 100 positions. The bound covers the tail of that noise, not a fit to one run.
+constexpr double kLogitMax = 1.5;
 constexpr double kLogitMean = 0.2;
 constexpr double kTwoNoises = 1.4142135623730951;
 

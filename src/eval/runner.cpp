@@ -4,6 +4,8 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <memory>
+#include <optional>
 
 #include "masskv/error.hpp"
 
@@ -21,45 +23,70 @@ bool same_mapping(const Mapping& a, const Mapping& b) {
   return a.kind == b.kind && (!a.is_entmax() || a.alpha == b.alpha);
 }
 
-// One configuration decoded from a fork of the prefilled session.
-Outcome decode_config(const model::Session& root, const DecodeConfig& config,
-                      const PromptTokens& prompt, const Sample& sample, const model::Tokenizer& tok,
-                      const std::function<void(std::int64_t)>& tick) {
-  model::Session s = root.fork();
-  s.set_selector(config.selector);
-  std::vector<float> logits(static_cast<std::size_t>(root.model().config().n_vocab));
+// One configuration being decoded: a fork of its mapping's prefilled root.
+struct Lane {
+  Lane(std::size_t c, model::Session s) : config(c), session(std::move(s)) {}
+  std::size_t config;
+  model::Session session;
+  std::size_t fed = 0;       // tokens decoded so far
+  model::TokenId best = -1;  // argmax of the logits after the last step
+  std::vector<model::TokenId> generated;
   Outcome out;
   double read = 0, total = 0, delta = 0, certified = 0, heads = 0;
-  const auto step = [&](model::TokenId t) {
-    s.decode(t, logits);
-    const model::DecodeStats& st = s.last_decode_stats();
+
+  // The token to decode next (the prompt's rest, then greedy), or nullopt when done: at a stop
+  // token, or once max_new tokens are generated (the last one is never decoded).
+  std::optional<model::TokenId> next(const PromptTokens& prompt, int max_new) {
+    if (fed < prompt.rest.size()) return prompt.rest[fed];
+    if (static_cast<int>(generated.size()) >= max_new) return std::nullopt;
+    if (std::find(prompt.stop.begin(), prompt.stop.end(), best) != prompt.stop.end()) {
+      return std::nullopt;
+    }
+    generated.push_back(best);
+    if (static_cast<int>(generated.size()) == max_new) return std::nullopt;
+    return best;
+  }
+
+  void add(const model::DecodeStats& st, double seconds) {
     read += st.kv_tokens_read;
     total += st.kv_tokens_total;
     delta += st.delta_bound_sum;
     certified += st.certified;
     heads += st.heads;
+    out.decode_seconds += seconds;
     ++out.steps;
-    if (tick) tick(1);
-  };
+    ++fed;
+  }
+
+  void finish(const Sample& sample, const model::Tokenizer& tok) {
+    out.output = tok.decode(generated, false);
+    out.score = score(sample, out.output);
+    out.kv_read = total > 0 ? read / total : 1.0;
+    if (heads > 0) {
+      out.delta_bound = delta / heads;
+      out.certified = certified / heads;
+    }
+  }
+};
+
+// One batched step of `lanes` (tokens[i] into lanes[i]). A lane is charged the step's shared
+// time (everything but attention) divided by the rows, plus its own attention time.
+void step(std::span<Lane* const> lanes, std::span<const model::TokenId> tokens,
+          std::vector<float>& logits, std::size_t V) {
+  std::vector<model::Session*> sessions;
+  for (Lane* l : lanes) sessions.push_back(&l->session);
+  logits.resize(lanes.size() * V);
   const auto t0 = Clock::now();
-  for (const model::TokenId t : prompt.rest) step(t);
-  std::vector<model::TokenId> generated;
-  for (int i = 0; i < sample.max_new_tokens; ++i) {
-    const model::TokenId next = model::argmax(logits);
-    if (std::find(prompt.stop.begin(), prompt.stop.end(), next) != prompt.stop.end()) break;
-    generated.push_back(next);
-    if (i + 1 == sample.max_new_tokens) break;
-    step(next);
+  model::decode_batch(sessions, tokens, logits);
+  const double seconds = seconds_since(t0);
+  double attention = 0;
+  for (const model::Session* s : sessions) attention += s->last_decode_stats().attention_seconds;
+  const double shared = std::max(0.0, seconds - attention) / static_cast<double>(lanes.size());
+  for (std::size_t i = 0; i < lanes.size(); ++i) {
+    const model::DecodeStats& st = sessions[i]->last_decode_stats();
+    lanes[i]->add(st, shared + st.attention_seconds);
+    lanes[i]->best = model::argmax(std::span<const float>(logits).subspan(i * V, V));
   }
-  out.decode_seconds = seconds_since(t0);
-  out.output = tok.decode(generated, false);
-  out.score = score(sample, out.output);
-  out.kv_read = total > 0 ? read / total : 1.0;
-  if (heads > 0) {
-    out.delta_bound = delta / heads;
-    out.certified = certified / heads;
-  }
-  return out;
 }
 
 }  // namespace
@@ -97,40 +124,91 @@ std::vector<Outcome> run_sample(const model::Model& model, const model::ChatTemp
                                 const Sample& sample, std::span<const DecodeConfig> configs,
                                 const RunOptions& options,
                                 const std::function<void(std::int64_t)>& progress) {
+  require(options.max_batch >= 0, ErrorCode::invalid_argument, "max_batch", "must be >= 0, got ",
+          options.max_batch);
   const PromptTokens prompt = tokenize_sample(model, chat, sample);
+  const std::size_t V = static_cast<std::size_t>(model.config().n_vocab);
+  const std::size_t lanes_max =
+      options.max_batch > 0 ? static_cast<std::size_t>(options.max_batch) : configs.size();
   const std::int64_t context = static_cast<std::int64_t>(prompt.context.size());
   const std::int64_t forked =
       static_cast<std::int64_t>(prompt.rest.size()) + std::max(0, sample.max_new_tokens);
-  std::vector<Outcome> outcomes(configs.size());
-  std::vector<bool> done(configs.size(), false);
-  // One dense prefill per distinct mapping, shared by the configurations that use it.
-  for (std::size_t first = 0; first < configs.size(); ++first) {
-    if (done[first]) continue;
-    const Mapping mapping = configs[first].mapping;
+
+  // One dense prefill per distinct mapping, shared (copy-on-write) by its configurations.
+  std::vector<std::unique_ptr<model::Session>> roots;
+  std::vector<double> prefill_seconds;
+  std::vector<std::size_t> root_of(configs.size());
+  for (std::size_t i = 0; i < configs.size(); ++i) {
+    std::size_t r = 0;
+    while (r < i && !same_mapping(configs[r].mapping, configs[i].mapping)) ++r;
+    if (r < i) {
+      root_of[i] = root_of[r];
+      continue;
+    }
+    root_of[i] = roots.size();
+    const auto users = static_cast<std::size_t>(std::count_if(
+        configs.begin(), configs.end(),
+        [&](const DecodeConfig& c) { return same_mapping(c.mapping, configs[i].mapping); }));
     model::SessionOptions so;
     so.max_tokens = context + forked;
     so.page_size = options.page_size;
     so.kv_dtype = options.kv_dtype;
     so.prefill_block = options.prefill_block;
-    so.mapping = mapping;
+    so.mapping = configs[i].mapping;
     so.diagnostics = options.diagnostics;
-    // One fork alive at a time: its partial-page copy and its own pages.
-    so.fork_pages = static_cast<int>((forked + options.page_size - 1) / options.page_size) + 2;
-    model::Session root(model, so);
+    // f32 activations: the lockstep batch runs the f32 GEMM, and a configuration left alone
+    // when the others finished must keep computing the same function (model.md).
+    so.decode_activations = model::Activations::f32;
+    // The forks alive at once: each its partial-page copy and its own pages.
+    so.fork_pages = static_cast<int>(std::min(users, lanes_max)) *
+                    (static_cast<int>((forked + options.page_size - 1) / options.page_size) + 2);
+    roots.push_back(std::make_unique<model::Session>(model, so));
     std::vector<float> logits;  // the context's logits are not needed
     const auto t0 = Clock::now();
     std::int64_t shown = 0;
-    root.prefill(prompt.context, logits, nullptr, [&](std::int64_t n, std::int64_t) {
+    roots.back()->prefill(prompt.context, logits, nullptr, [&](std::int64_t n, std::int64_t) {
       if (progress) progress(n - shown);
       shown = n;
     });
-    const double prefill_seconds = seconds_since(t0);
-    for (std::size_t i = first; i < configs.size(); ++i) {
-      if (done[i] || !same_mapping(configs[i].mapping, mapping)) continue;
-      outcomes[i] = decode_config(root, configs[i], prompt, sample, model.tokenizer(), progress);
-      outcomes[i].prefill_seconds = prefill_seconds;
-      done[i] = true;
+    prefill_seconds.push_back(seconds_since(t0));
+  }
+
+  // The configurations step in lockstep, up to lanes_max at a time; a finished one leaves the
+  // batch and the next configuration takes its place.
+  std::vector<Outcome> outcomes(configs.size());
+  std::vector<std::unique_ptr<Lane>> lanes;
+  std::size_t started = 0;
+  std::vector<Lane*> batch;
+  std::vector<model::TokenId> tokens;
+  std::vector<float> logits;
+  for (;;) {
+    while (lanes.size() < lanes_max && started < configs.size()) {
+      auto lane = std::make_unique<Lane>(started, roots[root_of[started]]->fork());
+      lane->session.set_selector(configs[started].selector);
+      lanes.push_back(std::move(lane));
+      ++started;
     }
+    batch.clear();
+    tokens.clear();
+    for (auto it = lanes.begin(); it != lanes.end();) {
+      Lane& l = **it;
+      if (const auto t = l.next(prompt, sample.max_new_tokens)) {
+        batch.push_back(&l);
+        tokens.push_back(*t);
+        ++it;
+      } else {
+        l.finish(sample, model.tokenizer());
+        l.out.prefill_seconds = prefill_seconds[root_of[l.config]];
+        outcomes[l.config] = std::move(l.out);
+        it = lanes.erase(it);  // frees the fork's pages for the next configuration
+      }
+    }
+    if (batch.empty()) {
+      if (started == configs.size()) break;
+      continue;
+    }
+    step(batch, tokens, logits, V);
+    if (progress) progress(static_cast<std::int64_t>(batch.size()));
   }
   return outcomes;
 }

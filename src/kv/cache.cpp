@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <limits>
+#include <map>
 
 #include "masskv/error.hpp"
 #include "masskv/kv/int4_keys.hpp"
@@ -336,8 +337,28 @@ void PagedKVCache::append(SeqId seq, std::span<const float> k, std::span<const f
 std::int64_t PagedKVCache::length(SeqId seq) const { return impl_->seq_at(seq).length; }
 int PagedKVCache::free_pages() const { return static_cast<int>(impl_->free_list.size()); }
 std::int64_t PagedKVCache::pages_needed(SeqId seq, std::int64_t n) const {
+  return pages_needed(std::span<const SeqId>(&seq, 1), n);
+}
+
+std::int64_t PagedKVCache::pages_needed(std::span<const SeqId> seqs, std::int64_t n) const {
   require(n >= 0, ErrorCode::invalid_argument, "n", "must be >= 0, got ", n);
-  return impl_->pages_needed(impl_->seq_at(seq), n);
+  std::vector<SeqId> sorted(seqs.begin(), seqs.end());
+  std::sort(sorted.begin(), sorted.end());
+  const auto twice = std::adjacent_find(sorted.begin(), sorted.end());
+  require(twice == sorted.end(), ErrorCode::invalid_argument, "seqs", "sequence id ",
+          twice == sorted.end() ? 0 : *twice, " appears twice");
+  std::int64_t total = 0;
+  std::map<std::int32_t, std::int64_t> writers;  // shared partial page -> its writers here
+  for (const SeqId id : seqs) {
+    const Impl::Sequence& s = impl_->seq_at(id);
+    const bool shared = impl_->shared_partial(s);
+    total += impl_->pages_needed(s, n) - (shared ? 1 : 0);
+    if (shared) ++writers[s.pages.back()];
+  }
+  for (const auto& [page, k] : writers) {
+    total += std::min<std::int64_t>(k, impl_->refcount[static_cast<std::size_t>(page)] - 1);
+  }
+  return total;
 }
 bool PagedKVCache::alive(SeqId seq) const {
   return seq >= 0 && static_cast<std::size_t>(seq) < impl_->seqs.size() && impl_->seqs[seq].alive;

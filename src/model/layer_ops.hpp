@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <span>
 #include <vector>
 
 namespace masskv::model::ops {
@@ -18,16 +19,17 @@ inline void rms_norm(const float* x, const float* w, float eps, std::size_t n, f
 
 // Rotary position embedding (RoFormer): pair j of a head at position pos rotates by
 // pos * inv_freq[j]. Adjacent pairs (2j, 2j+1) for llama GGUFs (the converter permuted Q/K
-// to that order), NeoX halves (j, j + rope_dims/2) for gemma3. The cos/sin of a block's
-// positions are computed once (in f64, rounded to f32) and shared by every head and layer.
+// to that order), NeoX halves (j, j + rope_dims/2) for gemma3. The cos/sin of a pass's rows
+// are computed once (in f64, rounded to f32) and shared by every head and layer.
 class RopeTable {
  public:
-  // Positions pos0 .. pos0 + n - 1.
-  void fill(const std::vector<double>& inv_freq, std::int64_t pos0, std::size_t n) {
+  // One row per position: a prefill block's consecutive positions, or the positions of the
+  // sessions of a batched decode step.
+  void fill(const std::vector<double>& inv_freq, std::span<const std::int64_t> positions) {
     half_ = inv_freq.size();
-    cs_.resize(2 * n * half_);
-    for (std::size_t t = 0; t < n; ++t) {
-      const auto pos = static_cast<double>(pos0 + static_cast<std::int64_t>(t));
+    cs_.resize(2 * positions.size() * half_);
+    for (std::size_t t = 0; t < positions.size(); ++t) {
+      const auto pos = static_cast<double>(positions[t]);
       float* row = &cs_[2 * t * half_];
       for (std::size_t j = 0; j < half_; ++j) {
         const double angle = pos * inv_freq[j];
@@ -36,7 +38,7 @@ class RopeTable {
       }
     }
   }
-  // Rotates one head of token t (of the filled block) in place.
+  // Rotates one head of row t (of the filled positions) in place.
   void apply(float* x, std::size_t t, bool neox) const {
     const float* c = &cs_[2 * t * half_];
     const float* s = c + half_;

@@ -2,7 +2,9 @@
 #include "masskv/model/model.hpp"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
+#include <map>
 
 #include "layer_ops.hpp"
 #include "masskv/attn/decode.hpp"
@@ -17,8 +19,10 @@ namespace masskv::model {
 
 namespace {
 
-// Y[n][rows] = X[n][cols] W^T: matvec for one token (activations as given), matmul (f32) for
-// a block.
+// Y[n][rows] = X[n][cols] W^T: matvec for one row (a single decode; activations as given,
+// Q8 or f32), the f32 GEMM for more (a prefill block, a batched decode step). They sum in
+// different orders: not bit-equal, both within 1e-5 * sum|w x| of the fp64 product for f32
+// activations (Matmul.EachTokenAndMatvecMatchFp64).
 void linear(const GgufTensor& w, const float* x, std::size_t n, float* y, Activations act) {
   const auto rows = static_cast<std::size_t>(w.rows());
   const auto cols = static_cast<std::size_t>(w.row_width());
@@ -39,18 +43,12 @@ void check_selector(const std::optional<select::SelectorConfig>& selector, const
           "the selector serves a different attention mapping than the session's");
 }
 
-}  // namespace
-
-struct Session::Impl {
-  SessionOptions opt;
-  std::int64_t window = 0;  // local layers' sliding window
-  // One cache (page pool) per layer, shared with forked sessions; `seqs` are this session's.
-  std::shared_ptr<std::vector<kv::PagedKVCache>> caches;
-  std::vector<kv::SeqId> seqs;
-  std::vector<double> inv_freq_global, inv_freq_local;
-  ops::RopeTable rope_global, rope_local;  // cos/sin of the current block's positions
-  // Scratch, sized for one block of tokens.
+// Activations and attention scratch of one forward pass, sized for its rows (a prefill block,
+// or one row per session of a decode step).
+struct Scratch {
   std::vector<float> x, xn, q, k, v, att, o, gate, up, logits_rows;
+  std::vector<std::int64_t> positions;     // of every row
+  ops::RopeTable rope_global, rope_local;  // cos/sin of those positions
   select::SelectOutput sel_out;
   std::vector<select::HeadDiagnostics> diag;
   SelectionStorage window_sel;
@@ -69,6 +67,18 @@ struct Session::Impl {
     gate.resize(n * F);
     up.resize(n * F);
   }
+};
+
+}  // namespace
+
+struct Session::Impl {
+  SessionOptions opt;
+  std::int64_t window = 0;  // local layers' sliding window
+  // One cache (page pool) per layer, shared with forked sessions; `seqs` are this session's.
+  std::shared_ptr<std::vector<kv::PagedKVCache>> caches;
+  std::vector<kv::SeqId> seqs;
+  std::vector<double> inv_freq_global, inv_freq_local;
+  Scratch scratch;  // of the passes this session runs (or leads, in a batch)
 };
 
 Session::Session(const Model& model, SessionOptions options)
@@ -164,47 +174,64 @@ double Session::kv_bytes() const {
 
 namespace {
 
-// The state one block of tokens moves through; all pointers into Session::Impl scratch.
-struct Block {
-  std::size_t n;      // tokens
-  std::int64_t pos0;  // position of the first
-  bool decode_path;   // one token through attn::decode (and the selector)
+// The rows of one forward pass that belong to one session: n consecutive tokens from pos0.
+// A prefill block is one segment; a batched decode step has one segment (n = 1) per session.
+struct Segment {
+  Session::Impl* s;
+  std::int64_t pos0;
+  std::size_t n;
+  DecodeStats* stats;  // the session's counters of this step (decode path)
 };
 
-}  // namespace
+// One forward pass: `tokens` are the rows, segment after segment.
+struct Pass {
+  std::span<const TokenId> tokens;
+  std::span<const Segment> segments;
+  bool decode_path;         // one token per segment through attn::decode (and the selector)
+  std::size_t logits_from;  // rows [logits_from, n) get logits ...
+  float* logits;            // ... here, [n - logits_from][n_vocab]; nullptr: no head
+};
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
 
 // Certified δ bounds of this layer's selection (no unselected key read) into `stats`.
-static void add_diagnostics(Session::Impl& s, const View3<const float>& q,
-                            const kv::PagedKVView& view, const kv::SummariesView& summaries,
-                            const SelectionView& sv, const ModelConfig& c, DecodeStats& stats) {
+void add_diagnostics(Scratch& w, const View3<const float>& q, const kv::PagedKVView& view,
+                     const kv::SummariesView& summaries, const SelectionView& sv,
+                     const Mapping& mapping, const ModelConfig& c, DecodeStats& stats) {
   select::DiagnosticsArgs d;
   d.q = q;
   d.cache = view;
   d.summaries = summaries;
-  d.mapping = s.opt.mapping;
+  d.mapping = mapping;
   d.scale = c.attn_scale;
   d.selection = &sv;
-  select::diagnose(d, s.diag);
-  for (const select::HeadDiagnostics& h : s.diag) {
+  select::diagnose(d, w.diag);
+  for (const select::HeadDiagnostics& h : w.diag) {
     stats.delta_bound_sum += h.delta_bound;
     stats.certified += h.certified ? 1 : 0;
     stats.heads += 1;
   }
 }
 
-// Attention of one layer for the block's queries (already in impl.q, k/v appended).
-static void attend(const Model& model, Session::Impl& s, int layer, const Block& blk,
-                   DecodeStats& stats) {
+// Attention of one layer for one segment's queries (rows row0.. of w.q; its k/v appended),
+// under that segment's session: its cache, window, mapping and selector.
+void attend(const Model& model, Scratch& w, const Segment& seg, std::size_t row0, int layer,
+            bool decode_path) {
   const ModelConfig& c = model.config();
+  const Session::Impl& s = *seg.s;
+  DecodeStats& stats = *seg.stats;
   kv::PagedKVCache& cache = (*s.caches)[sz(layer)];
   const kv::SeqId seq = s.seqs[sz(layer)];
   const int Hq = c.n_head, Hkv = c.n_head_kv, D = c.head_dim;
-  const int n = static_cast<int>(blk.n);
-  const std::int64_t len = blk.pos0 + n;  // tokens in the cache after this block
+  const int n = static_cast<int>(seg.n);
+  const std::int64_t len = seg.pos0 + n;  // tokens in the cache after this segment
   const bool local = c.is_local[sz(layer)] != 0;
   const std::int64_t W = s.window;
-  const View3<const float> qv = View3<float>::contiguous(s.q.data(), n, Hq, D);
-  const View3<float> ov = View3<float>::contiguous(s.att.data(), n, Hq, D);
+  const std::size_t q_off = row0 * sz(Hq) * sz(D);
+  const View3<const float> qv = View3<float>::contiguous(w.q.data() + q_off, n, Hq, D);
+  const View3<float> ov = View3<float>::contiguous(w.att.data() + q_off, n, Hq, D);
   const int ps = cache.config().page_size;
 
   if (local && len > W) {
@@ -212,26 +239,26 @@ static void attend(const Model& model, Session::Impl& s, int layer, const Block&
     // with a token selection of its window. The page table repeats the sequence's pages,
     // cut at the query's position, so causality is exact.
     const kv::PageTableStorage full = cache.page_table(std::span<const kv::SeqId>(&seq, 1));
-    kv::PageTableStorage& rt = s.rows_table;
+    kv::PageTableStorage& rt = w.rows_table;
     rt.indptr.assign(1, 0);
     rt.indices.clear();
     rt.last_page_len.clear();
-    s.window_sel.reset(SelectionView::Unit::token, n, Hkv, static_cast<int>(W));
+    w.window_sel.reset(SelectionView::Unit::token, n, Hkv, static_cast<int>(W));
     for (int t = 0; t < n; ++t) {
-      const std::int64_t p = blk.pos0 + t;
+      const std::int64_t p = seg.pos0 + t;
       const std::int64_t pages = p / ps + 1;
       rt.indices.insert(rt.indices.end(), full.indices.begin(), full.indices.begin() + pages);
       rt.indptr.push_back(static_cast<std::int32_t>(rt.indices.size()));
       rt.last_page_len.push_back(static_cast<std::int32_t>(p % ps + 1));
       const std::int64_t first = std::max<std::int64_t>(0, p - W + 1);
       for (int h = 0; h < Hkv; ++h) {
-        std::span<std::int32_t> slots = s.window_sel.slots(t, h);
+        std::span<std::int32_t> slots = w.window_sel.slots(t, h);
         for (std::int64_t i = first; i <= p; ++i)
           slots[sz(i - first)] = static_cast<std::int32_t>(i);
-        s.window_sel.count[sz(t) * sz(Hkv) + sz(h)] = static_cast<std::int32_t>(p - first + 1);
+        w.window_sel.count[sz(t) * sz(Hkv) + sz(h)] = static_cast<std::int32_t>(p - first + 1);
       }
     }
-    const SelectionView sv = s.window_sel.view();
+    const SelectionView sv = w.window_sel.view();
     attn::DecodeArgs a;
     a.q = qv;
     a.cache = cache.view(rt);
@@ -240,7 +267,7 @@ static void attend(const Model& model, Session::Impl& s, int layer, const Block&
     a.selection = &sv;
     a.out = ov;
     attn::decode(a);
-    if (blk.decode_path) {
+    if (decode_path) {
       stats.kv_tokens_read += static_cast<double>(W) * Hkv;
       stats.kv_tokens_total += static_cast<double>(W) * Hkv;
     }
@@ -249,7 +276,7 @@ static void attend(const Model& model, Session::Impl& s, int layer, const Block&
 
   const kv::PageTableStorage table = cache.page_table(std::span<const kv::SeqId>(&seq, 1));
   const kv::PagedKVView view = cache.view(table);
-  if (!blk.decode_path) {
+  if (!decode_path) {
     const std::int32_t indptr[2] = {0, n};
     attn::PrefillArgs a;
     a.q = qv;
@@ -275,8 +302,8 @@ static void attend(const Model& model, Session::Impl& s, int layer, const Block&
     sa.cache = view;
     sa.summaries = cache.summaries();
     sa.scale = c.attn_scale;
-    select::run_selector(sa, *s.opt.selector, s.sel_out);
-    sv = s.sel_out.selection.view();
+    select::run_selector(sa, *s.opt.selector, w.sel_out);
+    sv = w.sel_out.selection.view();
     a.selection = &sv;
     for (int h = 0; h < Hkv; ++h) {
       for (const std::int32_t id : sv.list(0, h)) {
@@ -284,122 +311,143 @@ static void attend(const Model& model, Session::Impl& s, int layer, const Block&
             sv.unit == SelectionView::Unit::token ? 1 : view.table.page_len(0, id, ps);
       }
     }
-    if (s.opt.diagnostics) add_diagnostics(s, qv, view, cache.summaries(), sv, c, stats);
+    if (s.opt.diagnostics) {
+      add_diagnostics(w, qv, view, cache.summaries(), sv, s.opt.mapping, c, stats);
+    }
   } else {
     stats.kv_tokens_read += static_cast<double>(len) * Hkv;
   }
   attn::decode(a);
 }
 
-// Runs `tokens` (positions pos0..) through every layer; logits of the rows in
-// [logits_from, n) go to `logits` ([n - logits_from][V]).
-static void forward(const Model& model, Session::Impl& s, std::span<const TokenId> tokens,
-                    const Block& blk, std::size_t logits_from, float* logits, DecodeStats& stats) {
+// Runs the pass's rows through every layer. The linear layers and the element-wise steps see
+// all rows at once (matvec for one row, the GEMM for more); each segment then appends its
+// k/v to its own session's caches and attends under that session's settings.
+void forward(const Model& model, Scratch& w, const Pass& p) {
   const ModelConfig& c = model.config();
-  const std::size_t n = tokens.size(), E = sz(c.n_embd), D = sz(c.head_dim);
+  const std::size_t n = p.tokens.size(), E = sz(c.n_embd), D = sz(c.head_dim);
   const std::size_t Hq = sz(c.n_head), Hkv = sz(c.n_head_kv), F = sz(c.n_ff);
   const auto ln = static_cast<std::int64_t>(n);
-  // Prefill stays f32 even for a one-token block (or its last row's logits), like matmul.
-  const Activations act = blk.decode_path ? s.opt.decode_activations : Activations::f32;
-  s.reserve(c, n);
+  // Prefill stays f32 even for a one-token block (or its last row's logits), like matmul; a
+  // one-row decode takes its session's activations (a batched step runs the f32 GEMM).
+  const Activations act =
+      p.decode_path ? p.segments.front().s->opt.decode_activations : Activations::f32;
+  w.reserve(c, n);
   const GgufTensor& emb = model.token_embd();
   const std::size_t emb_row = row_bytes(emb.type, E);
   for (std::size_t t = 0; t < n; ++t) {
-    dequantize_row(emb.type, emb.data + sz(tokens[t]) * emb_row, &s.x[t * E], E);
+    dequantize_row(emb.type, emb.data + sz(p.tokens[t]) * emb_row, &w.x[t * E], E);
     if (c.embd_scale != 1.0f) {
-      for (std::size_t i = 0; i < E; ++i) s.x[t * E + i] *= c.embd_scale;
+      for (std::size_t i = 0; i < E; ++i) w.x[t * E + i] *= c.embd_scale;
     }
   }
-  s.rope_global.fill(s.inv_freq_global, blk.pos0, n);
+  w.positions.clear();
+  for (const Segment& seg : p.segments) {
+    for (std::size_t t = 0; t < seg.n; ++t)
+      w.positions.push_back(seg.pos0 + static_cast<std::int64_t>(t));
+  }
+  // Every session of a pass runs the same model, hence the same frequencies.
+  const Session::Impl& lead = *p.segments.front().s;
+  w.rope_global.fill(lead.inv_freq_global, w.positions);
   if (std::find(c.is_local.begin(), c.is_local.end(), 1) != c.is_local.end()) {
-    s.rope_local.fill(s.inv_freq_local, blk.pos0, n);
+    w.rope_local.fill(lead.inv_freq_local, w.positions);
   }
   for (int l = 0; l < c.n_layer; ++l) {
     const LayerWeights& L = model.layer(l);
     const bool local = c.is_local[sz(l)] != 0;
-    const ops::RopeTable& rope = local ? s.rope_local : s.rope_global;
+    const ops::RopeTable& rope = local ? w.rope_local : w.rope_global;
     const float* w_attn_norm = model.norm_weights(*L.attn_norm);
 #pragma omp parallel for schedule(static) if (n > 1)
     for (std::int64_t t = 0; t < ln; ++t) {
-      ops::rms_norm(&s.x[sz(t) * E], w_attn_norm, c.rms_eps, E, &s.xn[sz(t) * E]);
+      ops::rms_norm(&w.x[sz(t) * E], w_attn_norm, c.rms_eps, E, &w.xn[sz(t) * E]);
     }
-    linear(*L.wq, s.xn.data(), n, s.q.data(), act);
-    linear(*L.wk, s.xn.data(), n, s.k.data(), act);
-    linear(*L.wv, s.xn.data(), n, s.v.data(), act);
+    linear(*L.wq, w.xn.data(), n, w.q.data(), act);
+    linear(*L.wk, w.xn.data(), n, w.k.data(), act);
+    linear(*L.wv, w.xn.data(), n, w.v.data(), act);
     const float* wqn = c.qk_norm ? model.norm_weights(*L.q_norm) : nullptr;
     const float* wkn = c.qk_norm ? model.norm_weights(*L.k_norm) : nullptr;
 #pragma omp parallel for schedule(static) if (n > 1)
     for (std::int64_t t = 0; t < ln; ++t) {
       for (std::size_t h = 0; h < Hq; ++h) {
-        float* qh = &s.q[(sz(t) * Hq + h) * D];
+        float* qh = &w.q[(sz(t) * Hq + h) * D];
         if (wqn != nullptr) ops::rms_norm(qh, wqn, c.rms_eps, D, qh);
         rope.apply(qh, sz(t), c.rope_neox);
       }
       for (std::size_t h = 0; h < Hkv; ++h) {
-        float* kh = &s.k[(sz(t) * Hkv + h) * D];
+        float* kh = &w.k[(sz(t) * Hkv + h) * D];
         if (wkn != nullptr) ops::rms_norm(kh, wkn, c.rms_eps, D, kh);
         rope.apply(kh, sz(t), c.rope_neox);
       }
     }
-    if (s.opt.capture) {
-      s.opt.capture({l,
-                     blk.pos0,
-                     static_cast<int>(n),
-                     {s.q.data(), n * Hq * D},
-                     {s.k.data(), n * Hkv * D},
-                     {s.v.data(), n * Hkv * D}});
+    std::size_t row0 = 0;
+    for (const Segment& seg : p.segments) {
+      Session::Impl& s = *seg.s;
+      const std::span<const float> q(w.q.data() + row0 * Hq * D, seg.n * Hq * D);
+      const std::span<const float> k(w.k.data() + row0 * Hkv * D, seg.n * Hkv * D);
+      const std::span<const float> v(w.v.data() + row0 * Hkv * D, seg.n * Hkv * D);
+      if (s.opt.capture) s.opt.capture({l, seg.pos0, static_cast<int>(seg.n), q, k, v});
+      (*s.caches)[sz(l)].append(s.seqs[sz(l)], k, v, static_cast<int>(seg.n));
+      // Timed per row so a batch can charge each session its own attention (DecodeStats).
+      const auto t0 = std::chrono::steady_clock::now();
+      attend(model, w, seg, row0, l, p.decode_path);
+      if (p.decode_path) seg.stats->attention_seconds += seconds_since(t0);
+      row0 += seg.n;
     }
-    (*s.caches)[sz(l)].append(s.seqs[sz(l)], std::span<const float>(s.k.data(), n * Hkv * D),
-                              std::span<const float>(s.v.data(), n * Hkv * D), static_cast<int>(n));
-    attend(model, s, l, blk, stats);
-    linear(*L.wo, s.att.data(), n, s.o.data(), act);
+    linear(*L.wo, w.att.data(), n, w.o.data(), act);
     if (c.post_norms) {
-      const float* w = model.norm_weights(*L.post_attn_norm);
-      for (std::size_t t = 0; t < n; ++t) ops::rms_norm(&s.o[t * E], w, c.rms_eps, E, &s.o[t * E]);
+      const float* wn = model.norm_weights(*L.post_attn_norm);
+      for (std::size_t t = 0; t < n; ++t) ops::rms_norm(&w.o[t * E], wn, c.rms_eps, E, &w.o[t * E]);
     }
-    for (std::size_t i = 0; i < n * E; ++i) s.x[i] += s.o[i];
+    for (std::size_t i = 0; i < n * E; ++i) w.x[i] += w.o[i];
 
     const float* w_ffn_norm = model.norm_weights(*L.ffn_norm);
 #pragma omp parallel for schedule(static) if (n > 1)
     for (std::int64_t t = 0; t < ln; ++t) {
-      ops::rms_norm(&s.x[sz(t) * E], w_ffn_norm, c.rms_eps, E, &s.xn[sz(t) * E]);
+      ops::rms_norm(&w.x[sz(t) * E], w_ffn_norm, c.rms_eps, E, &w.xn[sz(t) * E]);
     }
-    linear(*L.ffn_gate, s.xn.data(), n, s.gate.data(), act);
-    linear(*L.ffn_up, s.xn.data(), n, s.up.data(), act);
-    ops::glu(c.gelu_ffn, s.gate.data(), s.up.data(), n * F);
-    linear(*L.ffn_down, s.gate.data(), n, s.o.data(), act);
+    linear(*L.ffn_gate, w.xn.data(), n, w.gate.data(), act);
+    linear(*L.ffn_up, w.xn.data(), n, w.up.data(), act);
+    ops::glu(c.gelu_ffn, w.gate.data(), w.up.data(), n * F);
+    linear(*L.ffn_down, w.gate.data(), n, w.o.data(), act);
     if (c.post_norms) {
-      const float* w = model.norm_weights(*L.post_ffn_norm);
-      for (std::size_t t = 0; t < n; ++t) ops::rms_norm(&s.o[t * E], w, c.rms_eps, E, &s.o[t * E]);
+      const float* wn = model.norm_weights(*L.post_ffn_norm);
+      for (std::size_t t = 0; t < n; ++t) ops::rms_norm(&w.o[t * E], wn, c.rms_eps, E, &w.o[t * E]);
     }
-    for (std::size_t i = 0; i < n * E; ++i) s.x[i] += s.o[i];
+    for (std::size_t i = 0; i < n * E; ++i) w.x[i] += w.o[i];
   }
-  if (logits == nullptr || logits_from >= n) return;
-  const std::size_t m = n - logits_from;
+  if (p.logits == nullptr || p.logits_from >= n) return;
+  const std::size_t m = n - p.logits_from;
   const float* w_out_norm = model.norm_weights(model.output_norm());
   for (std::size_t t = 0; t < m; ++t) {
-    ops::rms_norm(&s.x[(logits_from + t) * E], w_out_norm, c.rms_eps, E, &s.xn[t * E]);
+    ops::rms_norm(&w.x[(p.logits_from + t) * E], w_out_norm, c.rms_eps, E, &w.xn[t * E]);
   }
   const std::size_t V = sz(c.n_vocab);
-  linear(model.output(), s.xn.data(), m, logits, act);
+  linear(model.output(), w.xn.data(), m, p.logits, act);
   if (c.final_softcap > 0) {
     for (std::size_t i = 0; i < m * V; ++i) {
-      logits[i] = c.final_softcap * std::tanh(logits[i] / c.final_softcap);
+      p.logits[i] = c.final_softcap * std::tanh(p.logits[i] / c.final_softcap);
     }
   }
 }
 
-namespace {
-
-// Every layer's pool must hold the append before any layer takes it: a failure half-way
-// through the layers would leave the session inconsistent.
-void check_pool(const Session::Impl& s, std::int64_t n) {
-  for (std::size_t l = 0; l < s.seqs.size(); ++l) {
-    const kv::PagedKVCache& cache = (*s.caches)[l];
-    const std::int64_t need = cache.pages_needed(s.seqs[l], n);
-    require(need <= cache.free_pages(), ErrorCode::out_of_memory, "fork_pages", "appending ", n,
-            " tokens needs ", need, " free pages per layer, ", cache.free_pages(),
-            " are free (forks share the pool: raise SessionOptions::fork_pages)");
+// Every layer's pool must hold the appends before any layer takes one: a failure half-way
+// through the layers (or the batch) would leave sessions inconsistent. Sessions forked from
+// one another share a pool, so their needs are counted together.
+void check_pools(std::span<Session::Impl* const> sessions, std::int64_t n) {
+  std::map<const std::vector<kv::PagedKVCache>*, std::vector<const Session::Impl*>> by_pool;
+  for (const Session::Impl* s : sessions) by_pool[s->caches.get()].push_back(s);
+  std::vector<kv::SeqId> seqs;
+  for (const auto& [pool, members] : by_pool) {
+    for (std::size_t l = 0; l < pool->size(); ++l) {
+      const kv::PagedKVCache& cache = (*pool)[l];
+      seqs.clear();
+      for (const Session::Impl* s : members) seqs.push_back(s->seqs[l]);
+      const std::int64_t need = cache.pages_needed(seqs, n);
+      require(need <= cache.free_pages(), ErrorCode::out_of_memory, "fork_pages", "appending ", n,
+              " tokens to ", members.size(), " session(s) of one pool needs ", need,
+              " free pages per layer, ", cache.free_pages(),
+              " are free (forks share the pool: raise SessionOptions::fork_pages)");
+    }
   }
 }
 
@@ -423,29 +471,30 @@ void Session::prefill(std::span<const TokenId> tokens, std::span<float> logits_l
           " tokens exceed the session's max_tokens ", impl_->opt.max_tokens);
   require(logits_last.empty() || logits_last.size() == V, ErrorCode::shape_mismatch, "logits_last",
           "has ", logits_last.size(), " values, the vocabulary ", V);
-  check_pool(*impl_, static_cast<std::int64_t>(tokens.size()));
+  Impl* self = impl_.get();
+  check_pools(std::span<Impl* const>(&self, 1), static_cast<std::int64_t>(tokens.size()));
   if (all_logits != nullptr) all_logits->assign(tokens.size() * V, 0.0f);
+  Scratch& w = impl_->scratch;
   const std::size_t B = sz(impl_->opt.prefill_block);
   DecodeStats unused;
   for (std::size_t start = 0; start < tokens.size(); start += B) {
     const std::size_t n = std::min(B, tokens.size() - start);
     const bool last = start + n == tokens.size();
-    const Block blk{n, position_, false};
-    float* out = nullptr;
-    std::size_t from = n;
+    const Segment seg{self, position_, n, &unused};
+    Pass pass{tokens.subspan(start, n), std::span<const Segment>(&seg, 1), false, n, nullptr};
     if (all_logits != nullptr) {
-      out = all_logits->data() + start * V;
-      from = 0;
+      pass.logits = all_logits->data() + start * V;
+      pass.logits_from = 0;
     } else if (last && !logits_last.empty()) {
-      impl_->logits_rows.resize(V);
-      out = impl_->logits_rows.data();
-      from = n - 1;
+      w.logits_rows.resize(V);
+      pass.logits = w.logits_rows.data();
+      pass.logits_from = n - 1;
     }
-    forward(*model_, *impl_, tokens.subspan(start, n), blk, from, out, unused);
+    forward(*model_, w, pass);
     position_ += static_cast<std::int64_t>(n);
     if (last && !logits_last.empty()) {
       const float* src = all_logits != nullptr ? all_logits->data() + (tokens.size() - 1) * V
-                                               : impl_->logits_rows.data();
+                                               : w.logits_rows.data();
       std::copy(src, src + V, logits_last.begin());
     }
     if (progress) {
@@ -455,17 +504,47 @@ void Session::prefill(std::span<const TokenId> tokens, std::span<float> logits_l
 }
 
 void Session::decode(TokenId token, std::span<float> logits) {
-  const ModelConfig& c = model_->config();
-  check_tokens(std::span<const TokenId>(&token, 1), c.n_vocab);
-  require(position_ + 1 <= impl_->opt.max_tokens, ErrorCode::out_of_range, "tokens",
-          "the session is full (max_tokens ", impl_->opt.max_tokens, ")");
-  require(logits.size() == sz(c.n_vocab), ErrorCode::shape_mismatch, "logits", "has ",
-          logits.size(), " values, the vocabulary ", c.n_vocab);
-  check_pool(*impl_, 1);
-  stats_ = {};
-  const Block blk{1, position_, true};
-  forward(*model_, *impl_, std::span<const TokenId>(&token, 1), blk, 0, logits.data(), stats_);
-  position_ += 1;
+  Session* self = this;
+  decode_batch(std::span<Session* const>(&self, 1), std::span<const TokenId>(&token, 1), logits);
+}
+
+void decode_batch(std::span<Session* const> sessions, std::span<const TokenId> tokens,
+                  std::span<float> logits) {
+  require(!sessions.empty(), ErrorCode::invalid_argument, "sessions", "the batch is empty");
+  const std::size_t B = sessions.size();
+  for (std::size_t i = 0; i < B; ++i) {
+    require(sessions[i] != nullptr && sessions[i]->impl_ != nullptr, ErrorCode::invalid_argument,
+            "sessions", "entry ", i, " is null or a moved-from session");
+  }
+  const Model& model = *sessions[0]->model_;
+  const ModelConfig& c = model.config();
+  std::vector<Session::Impl*> impls(B);
+  for (std::size_t i = 0; i < B; ++i) {
+    const Session& s = *sessions[i];
+    require(s.model_ == &model, ErrorCode::invalid_argument, "sessions", "session ", i,
+            " runs another model than session 0");
+    require(s.position_ + 1 <= s.impl_->opt.max_tokens, ErrorCode::out_of_range, "tokens",
+            "session ", i, " is full (max_tokens ", s.impl_->opt.max_tokens, ")");
+    impls[i] = s.impl_.get();
+  }
+  std::vector<Session*> sorted(sessions.begin(), sessions.end());
+  std::sort(sorted.begin(), sorted.end());
+  require(std::adjacent_find(sorted.begin(), sorted.end()) == sorted.end(),
+          ErrorCode::invalid_argument, "sessions", "a session appears twice in the batch");
+  require(tokens.size() == B, ErrorCode::shape_mismatch, "tokens", "has ", tokens.size(),
+          " ids for ", B, " sessions");
+  check_tokens(tokens, c.n_vocab);
+  require(logits.size() == B * sz(c.n_vocab), ErrorCode::shape_mismatch, "logits", "has ",
+          logits.size(), " values, sessions × the vocabulary = ", B * sz(c.n_vocab));
+  check_pools(impls, 1);
+  std::vector<Segment> segs(B);
+  for (std::size_t i = 0; i < B; ++i) {
+    Session& s = *sessions[i];
+    s.stats_ = {};
+    segs[i] = {impls[i], s.position_, 1, &s.stats_};
+  }
+  forward(model, impls[0]->scratch, {tokens, segs, true, 0, logits.data()});
+  for (Session* s : sessions) s->position_ += 1;
 }
 
 }  // namespace masskv::model

@@ -2,11 +2,12 @@
 // depth: the depth is prefilled once (untimed, random token ids as llama-bench), then every
 // repetition of a test runs on a fork of it (copy-on-write pages), so repetitions start from
 // the same cache: ppN = prefill N tokens, tgN = decode N tokens one by one through the
-// selector. Reported per test: tokens/s (mean ± sd), KV and summary bytes read per decoded
-// token, bytes per token in all (weights + KV + summaries), the dense-over-sparse bytes ratio
-// (the bound on the speed-up of a memory-bound decode) and the process's peak RSS. With
-// --peer llama.cpp the same tests run on llama.cpp (scripts/llamacpp_bench.py) in the same
-// invocation and each row gets the ratio ours / llama.cpp.
+// selector, tgNxB (-b) = B forks decode N tokens each in lockstep, one forward pass per step
+// (model::decode_batch). Reported per test: tokens/s (mean ± sd), KV and summary bytes read
+// per decoded token, bytes per token in all (weights + KV + summaries), the dense-over-sparse
+// bytes ratio (the bound on the speed-up of a memory-bound decode) and the process's peak
+// RSS. With --peer llama.cpp the same tests run on llama.cpp (scripts/llamacpp_bench.py) in
+// the same invocation and each row gets the ratio ours / llama.cpp.
 #include <fmt/core.h>
 #include <sys/resource.h>
 #include <sys/wait.h>
@@ -44,6 +45,7 @@ struct BenchOptions {
   std::vector<int> threads{1};
   std::string prompt = "512", gen = "128";
   std::vector<std::string> depth{"0"};
+  std::vector<int> batch{1};  // decode batch sizes (sessions per forward pass)
   int reps = 3;
   std::string format = "md";  // md, json, csv
   std::string peer;           // "" or llama.cpp
@@ -111,7 +113,9 @@ std::vector<Row> bench_ours(const model::Model& mdl, const BenchOptions& o, int 
   model::SessionOptions so;
   so.max_tokens = depth + longest + 1;
   so.page_size = o.m.page_size;
-  so.fork_pages = static_cast<int>((longest + 16) / o.m.page_size) + 2;
+  // Every fork of the largest batch alive at once.
+  so.fork_pages = *std::max_element(o.batch.begin(), o.batch.end()) *
+                  (static_cast<int>((longest + 16) / o.m.page_size) + 2);
   so.selector = selector_config(o.m, depth + n_gen);
   model::Session base(mdl, so);
   std::vector<float> logits(static_cast<std::size_t>(cfg.n_vocab));
@@ -139,19 +143,27 @@ std::vector<Row> bench_ours(const model::Model& mdl, const BenchOptions& o, int 
     r.peak_rss_mb = peak_rss_mb();
     rows.push_back(r);
   }
-  if (n_gen > 0) {
-    Row r = make_row("masskv", attention, fmt::format("tg{}", n_gen), threads, depth, n_gen);
-    const auto toks = random_tokens(rng, cfg.n_vocab, n_gen);
+  for (const int B : n_gen > 0 ? o.batch : std::vector<int>{}) {
+    // tgN decodes one fork; tgNxB decodes B forks in lockstep, one forward pass per step.
+    const std::string test = B == 1 ? fmt::format("tg{}", n_gen) : fmt::format("tg{}x{}", n_gen, B);
+    Row r = make_row("masskv", attention, test, threads, depth, n_gen * B);
+    const auto b = static_cast<std::size_t>(B);
+    const auto toks = random_tokens(rng, cfg.n_vocab, n_gen * B);
+    std::vector<float> batch_logits(b * static_cast<std::size_t>(cfg.n_vocab));
     double read = 0, total = 0, steps = 0;
     for (int rep = -1; rep < o.reps; ++rep) {
-      model::Session s = base.fork();
-      const std::size_t count = rep < 0 ? 1 : toks.size();
+      std::vector<model::Session> forks;
+      std::vector<model::Session*> batch;
+      for (std::size_t i = 0; i < b; ++i) forks.push_back(base.fork());
+      for (model::Session& f : forks) batch.push_back(&f);
+      const std::size_t count = rep < 0 ? 1 : static_cast<std::size_t>(n_gen);
       const auto t0 = Clock::now();
       for (std::size_t i = 0; i < count; ++i) {
-        s.decode(toks[i], logits);
-        if (rep >= 0) {
-          read += s.last_decode_stats().kv_tokens_read;
-          total += s.last_decode_stats().kv_tokens_total;
+        model::decode_batch(batch, std::span<const TokenId>(toks).subspan(i * b, b), batch_logits);
+        if (rep < 0) continue;
+        for (const model::Session& f : forks) {
+          read += f.last_decode_stats().kv_tokens_read;
+          total += f.last_decode_stats().kv_tokens_total;
           steps += 1;
         }
       }
@@ -161,8 +173,9 @@ std::vector<Row> bench_ours(const model::Model& mdl, const BenchOptions& o, int 
     const double mean_pos = static_cast<double>(depth) + static_cast<double>(n_gen + 1) / 2.0;
     r.kv_bytes = read / steps * row_bytes;
     r.summary_bytes = so.selector ? base.summary_bytes_per_token() * mean_pos : 0.0;
-    r.total_bytes = mdl.weight_bytes_per_token() + r.kv_bytes + r.summary_bytes;
-    r.dense_bytes = mdl.weight_bytes_per_token() + total / steps * row_bytes;
+    const double weights = mdl.weight_bytes_per_token() / B;  // a batch's rows share them
+    r.total_bytes = weights + r.kv_bytes + r.summary_bytes;
+    r.dense_bytes = weights + total / steps * row_bytes;
     r.peak_rss_mb = peak_rss_mb();
     rows.push_back(r);
   }
@@ -255,6 +268,8 @@ void run_bench_model(const BenchOptions& o) {
   require(o.reps >= 1, ErrorCode::invalid_argument, "-r", "must be >= 1");
   require(!o.threads.empty(), ErrorCode::invalid_argument, "-t", "needs at least one value");
   for (int t : o.threads) require(t >= 1, ErrorCode::invalid_argument, "-t", "must be >= 1");
+  require(!o.batch.empty(), ErrorCode::invalid_argument, "-b", "needs at least one value");
+  for (int b : o.batch) require(b >= 1, ErrorCode::invalid_argument, "-b", "must be >= 1");
   const std::int64_t n_prompt = o.prompt == "0" ? 0 : parse_count(o.prompt, "-p");
   const std::int64_t n_gen = o.gen == "0" ? 0 : parse_count(o.gen, "-n");
   require(n_prompt + n_gen > 0, ErrorCode::invalid_argument, "-p/-n", "both are 0");
@@ -314,6 +329,9 @@ void register_bench_model(CLI::App& bench) {
   bench.add_option("-n,--n-gen", o->gen, "Generated tokens of the tgN test (0: skip)")
       ->capture_default_str();
   bench.add_option("-d,--n-depth", o->depth, "Depths: tokens already in the cache (e.g. 0,2048,7K)")
+      ->delimiter(',')
+      ->capture_default_str();
+  bench.add_option("-b,--batch", o->batch, "Decode batch sizes (tgNxB: B forks per pass)")
       ->delimiter(',')
       ->capture_default_str();
   bench.add_option("-r,--repetitions", o->reps, "Repetitions of each test")->capture_default_str();

@@ -46,6 +46,7 @@ struct EvalOptions {
   int samples = 0;                                            // 0: the preset's
   std::uint64_t seed = 1;
   int threads = 0;
+  int batch = 0;  // configurations per decode step (0: all of a sample's)
   std::string out_dir = "out/eval";
   std::string cache;  // default <out_dir>/cache.jsonl
   std::string text;   // default: the Debian Policy Manual
@@ -365,7 +366,9 @@ void write_reports(const EvalOptions& o, const RunInfo& info, const std::vector<
         "= KV rows attention read per decode step / what dense reads (all layers); δ bound = "
         "mean certified upper bound on the dropped attention mass per head and step (no "
         "unselected key read; 0 = nothing dropped); certified = heads whose selection is "
-        "proven exact; tok/s = decode steps per second of one worker thread. Rows marked "
+        "proven exact; tok/s = decode steps per second of one worker thread, a batched step's "
+        "time divided among its rows (attention: each row its own; the rest: equal shares). "
+        "Rows marked "
         "entmax run α-entmax attention on a softmax-trained model (no conversion yet): "
         "compare them with `dense_entmax`, not with `dense`.\n\n");
     md.print(
@@ -472,6 +475,7 @@ void run_eval(EvalOptions o, const std::string& cmdline) {
   if (o.samples == 0) o.samples = preset.samples;
   require(o.samples > 0, ErrorCode::invalid_argument, "--samples", "must be > 0");
   require(o.threads >= 0, ErrorCode::invalid_argument, "--threads", "must be >= 0");
+  require(o.batch >= 0, ErrorCode::invalid_argument, "--batch", "must be >= 0");
   Mapping::entmax(o.entmax_alpha).validate();
   bool needs_text = false;
   for (const std::string& t : o.tasks) needs_text |= eval::find_task(t, "--tasks").needs_text;
@@ -559,6 +563,7 @@ void run_eval(EvalOptions o, const std::string& cmdline) {
           }
           eval::RunOptions ro;
           ro.page_size = o.page_size;
+          ro.max_batch = o.batch;
           const auto outcomes =
               eval::run_sample(*mdl, chat, sample, configs, ro, [&](std::int64_t n) {
                 std::lock_guard<std::mutex> lock(progress_mutex);
@@ -676,6 +681,10 @@ void register_eval(CLI::App& app, const std::string& cmdline) {
   e->add_option("--samples", o->samples, "Samples per task and length (0: the preset's)");
   e->add_option("--seed", o->seed, "Seed of the generated samples")->capture_default_str();
   e->add_option("-t,--threads", o->threads, "Worker threads, one sample each (0: all cores)")
+      ->capture_default_str();
+  e->add_option("--batch", o->batch,
+                "Methods decoded together per step, one forward pass for all (0: all of a "
+                "sample's; 1: one at a time)")
       ->capture_default_str();
   e->add_option("-o,--out-dir", o->out_dir,
                 "Write results.md, results.csv, results.json and PNG plots here")

@@ -3,6 +3,8 @@
 // (shared pages, copy-on-write), decodes the question and the answer prefix token by token
 // through its selector, and generates the answer greedily. Sparsity therefore acts on every
 // token that decides the answer, as it would in a long chat where the history is the cache.
+// The configurations step in lockstep through model::decode_batch (one forward pass per step
+// for all of them, each row under its own selector); one that finishes leaves the batch.
 #pragma once
 
 #include <cstdint>
@@ -35,6 +37,8 @@ struct Outcome {
   // upper bound (§2.5) and the fraction of heads certified exact (§2.2). Dense: 0 and 1.
   double delta_bound = 0;
   double certified = 1;
+  // This configuration's share of the batched steps it took part in: per step, the time
+  // outside attention divided by the rows of the step, plus its own attention time.
   double decode_seconds = 0;
   double prefill_seconds = 0;  // the shared prefill this configuration used (not divided)
 };
@@ -44,6 +48,10 @@ struct RunOptions {
   DType kv_dtype = DType::f16;
   int prefill_block = 64;
   bool diagnostics = true;  // certified δ bounds per step (about one more bound pass per layer)
+  // Configurations decoded together per step (0: all of the sample's; 1: one at a time, each
+  // step a mat-vec pass as Session::decode). Outcomes agree up to f32 rounding (argmax
+  // near-ties may part).
+  int max_batch = 0;
 };
 
 // The prompt split where the work is shared: `context` is the chat template's start and the
@@ -59,7 +67,8 @@ PromptTokens tokenize_sample(const model::Model& model, const model::ChatTemplat
 int template_overhead(const model::Model& model, const model::ChatTemplate& chat);
 
 // Runs `configs` on one sample; outcomes in config order. progress(done, total) counts
-// prefilled tokens and decode steps. Throws masskv::Error from the model or selector.
+// prefilled tokens and decode steps. Throws Error(invalid_argument, "max_batch") for a
+// negative max_batch, and masskv::Error from the model or selector.
 std::vector<Outcome> run_sample(const model::Model& model, const model::ChatTemplate& chat,
                                 const Sample& sample, std::span<const DecodeConfig> configs,
                                 const RunOptions& options,

@@ -60,6 +60,10 @@ class PagedKVCache {
   int free_pages() const;
   // Free pages an append of n tokens to `seq` would take (append fails unless <= free_pages).
   std::int64_t pages_needed(SeqId seq, std::int64_t n) const;
+  // Free pages appending n tokens to each of `seqs` in turn takes, exactly: a partial page
+  // shared by r sequences is copied by each of the first r - 1 that write to it and written in
+  // place by the last. Throws Error(invalid_argument, "seqs") on a repeated id.
+  std::int64_t pages_needed(std::span<const SeqId> seqs, std::int64_t n) const;
   bool alive(SeqId seq) const;
 
   // Page table of the given sequences, in order.

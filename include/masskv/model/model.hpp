@@ -18,6 +18,9 @@
 // mapping of every layer (prefill and decode) for α-entmax: the models are trained with
 // softmax, so that is "entmax mapping on a softmax-trained model" until a converted model
 // exists (DESIGN.md §2.10); reports must label it so.
+//
+// decode_batch steps several sessions (forks, other selectors, other positions) through one
+// forward pass: the weights are read once per step instead of once per session.
 #pragma once
 
 #include <cstdint>
@@ -157,7 +160,29 @@ struct DecodeStats {
   double delta_bound_sum = 0;  // Σ certified δ upper bounds (§2.5)
   double heads = 0;            // heads diagnosed
   double certified = 0;        // heads whose selection is certified exact (§2.2)
+  // Wall time of this session's attention in the step (selection, diagnostics, kernel), all
+  // layers: in a batched step the rest of the time is shared by the rows, this is not.
+  double attention_seconds = 0;
 };
+
+class Session;
+
+// One decode step of several sessions in one forward pass: row i is tokens[i] appended to
+// sessions[i] at that session's own position. The linear layers run once over all B rows (the
+// prefill GEMM instead of B mat-vecs: the weights are read once per step, not B times); RoPE,
+// the K/V append and attention are each row's own, exactly as Session::decode: its caches, its
+// selector and mapping, its diagnostics, its sliding window, its last_decode_stats(). logits
+// gets [B][n_vocab], row-major. Sessions may be forks of one another and sit at different
+// positions; they must run the same Model, be distinct and not run concurrently elsewhere.
+// The logits equal each session's own decode() up to the GEMM's f32 summation order (the same
+// bits for a row whatever B > 1 is; against decode()'s mat-vec see docs/model.md). B = 1 is
+// Session::decode. Throws before anything is appended: Error(invalid_argument, "sessions")
+// for an empty batch, a null, moved-from or repeated session, or another model;
+// Error(shape_mismatch, "tokens"/"logits") for sizes; Error(out_of_range, "tokens") for an id
+// outside the vocabulary or a full session; Error(out_of_memory, "fork_pages") when a shared
+// pool cannot hold the rows of the sessions that use it.
+void decode_batch(std::span<Session* const> sessions, std::span<const TokenId> tokens,
+                  std::span<float> logits);
 
 // One sequence being generated. Not thread-safe; the kernels inside use OpenMP.
 class Session {
@@ -187,6 +212,7 @@ class Session {
                std::vector<float>* all_logits = nullptr,
                const std::function<void(std::int64_t, std::int64_t)>& progress = {});
   // One token through the decode path (selector applied), logits into `logits` (n_vocab).
+  // decode_batch of this session alone.
   void decode(TokenId token, std::span<float> logits);
 
   const DecodeStats& last_decode_stats() const noexcept { return stats_; }
@@ -197,6 +223,7 @@ class Session {
   double summary_bytes_per_token() const;
 
  private:
+  friend void decode_batch(std::span<Session* const>, std::span<const TokenId>, std::span<float>);
   Session(const Model& model, std::unique_ptr<Impl> impl, std::int64_t position);
   void release() noexcept;  // frees this session's sequences in the shared pools
   const Model* model_;
