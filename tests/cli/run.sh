@@ -47,6 +47,8 @@ check bench-model-bad-format 105 'output' -- "$bin" bench -o xml
 check bench-model-tiny 0 '\| quest [0-9]+ \| tg4 @ d48 \|' -- "$bin" bench -p 16 -n 4 -d 0,48 -r 1 \
   --selector quest --budget 1/2
 check bench-model-json 0 '"tps_mean"' -- "$bin" bench -p 8 -n 2 -r 1 --json
+check bench-model-batch 0 '\| tg2x3 \|' -- "$bin" bench -p 0 -n 2 -b 1,3 -r 1
+check bench-model-bad-batch 2 '-b' -- "$bin" bench -p 0 -n 2 -b 0
 check bench-model-csv 0 '^llama,.*,masskv,1,dense,pp8,' -- "$bin" bench -p 8 -n 0 -r 1 --csv
 if python3 -c 'import llama_cpp' 2>/dev/null; then
   check bench-model-peer 0 '\| llama.cpp \| 1 \| dense \| tg2 \|' -- "$bin" bench -p 8 -n 2 -r 1 \
@@ -75,6 +77,7 @@ check eval-bad-length 2 '--lengths' -- "$bin" eval --tasks vt --lengths 1Q
 check eval-bad-method 2 '--methods' -- "$bin" eval --methods quest,magic
 check eval-bad-budget 2 '--budgets' -- "$bin" eval --budgets 3/2
 check eval-too-long 2 'context' -- "$bin" eval --tasks vt --lengths 1M
+check eval-bad-batch 2 '--batch' -- "$bin" eval --batch -1
 ev=(--tasks niah_single_number --lengths 512 --samples 1 --budgets 1/8 -t 1 --no-plots
     -o "$tmp/eval")
 check eval-tiny 0 '\| quest \| 1/8 \| softmax \|' -- "$bin" eval "${ev[@]}" --methods dense,quest
