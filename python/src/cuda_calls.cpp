@@ -80,6 +80,17 @@ Slot<W>& workspace_for(Device device, CUstream_st* stream) {
   return *slot;
 }
 
+// Runs `step(workspace)` on `device` without the GIL, holding the (device, stream) workspace.
+template <class W, class Launch, class Step>
+void run_on_device(Device device, Launch& launch, Step&& step) {
+  nb::gil_scoped_release nogil;
+  Slot<W>& slot = workspace_for<W>(device, launch.stream);
+  std::lock_guard lock(slot.mutex);
+  launch.workspace = &slot.workspace;
+  set_device(device);
+  step();
+}
+
 // Host bound on pages per sequence: the caller's, else every page of the table.
 int pages_bound(int max_pages_per_seq, const kv::PagedKVView& v) {
   if (max_pages_per_seq < 0) {
@@ -133,15 +144,7 @@ nb::tuple decode_cuda(const InArray& q, const KV& kv, Mapping mapping, float sca
   launch.stream = resolve_stream(stream, device);
   launch.max_pages_per_seq = pages_bound(max_pages_per_seq, a.cache);
   launch.check_errors = true;
-  {
-    nb::gil_scoped_release nogil;
-    Slot<cuda::DecodeWorkspace>& slot =
-        workspace_for<cuda::DecodeWorkspace>(device, launch.stream);
-    std::lock_guard lock(slot.mutex);
-    launch.workspace = &slot.workspace;
-    set_device(device);
-    cuda::decode(a, launch);
-  }
+  run_on_device<cuda::DecodeWorkspace>(device, launch, [&] { cuda::decode(a, launch); });
   return nb::make_tuple(out_obj, lse_obj);
 }
 
@@ -210,15 +213,7 @@ nb::object quest_select_cuda(const InArray& q, const KV& kv, const InArray& boun
   a.max_per_head = static_cast<int>(ids_keep.shape(2));
   a.ids = {static_cast<std::int32_t*>(ids_keep.data()), ids_keep.size()};
   a.count = {static_cast<std::int32_t*>(count_keep.data()), count_keep.size()};
-  {
-    nb::gil_scoped_release nogil;
-    Slot<cuda::SelectWorkspace>& slot =
-        workspace_for<cuda::SelectWorkspace>(device, launch.stream);
-    std::lock_guard lock(slot.mutex);
-    launch.workspace = &slot.workspace;
-    set_device(device);
-    cuda::quest_select(a, launch);
-  }
+  run_on_device<cuda::SelectWorkspace>(device, launch, [&] { cuda::quest_select(a, launch); });
   return nb::type<Selection>()(ids_obj, count_obj, "page");
 }
 
