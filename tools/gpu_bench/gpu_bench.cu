@@ -375,7 +375,8 @@ int run_check() {
   cases.push_back({1000, 16, 64, 16, 64, DType::f16, kv::Layout::NHD});
 
   std::printf(
-      "check: %zu cases x {softmax, entmax} x {dense auto-split, dense chunk_pages=3, sparse}\n",
+      "check: %zu cases x {softmax (automatic kernel), softmax (SIMT kernel), entmax} x "
+      "{dense auto-split, dense chunk_pages=3, sparse}\n",
       cases.size());
   std::printf(
       "tolerances: ||o-ref||inf/||ref||inf <= %.0e, |lse-ref|/max(1,|ref|) <= %.0e "
@@ -383,6 +384,7 @@ int run_check() {
       kTolO, kTolLse);
   int failures = 0;
   double worst_o[2] = {0, 0}, worst_lse[2] = {0, 0};  // [bf16, f16]
+  double simt_o[2] = {0, 0}, simt_lse[2] = {0, 0};    // the SIMT softmax kernel
   struct {
     double worst_o[2] = {0, 0}, worst_tau[2] = {0, 0};
     long empty_heads = 0, nonpositive_tau = 0;
@@ -406,14 +408,17 @@ int run_check() {
       cuda::DecodeLaunch launch;
       launch.workspace = &ws;
       launch.max_pages_per_seq = max_pages(cd);
-      const char* names[6] = {"dense",     "dense/cp3",     "sparse",
-                              "ent-dense", "ent-dense/cp3", "ent-sparse"};
-      for (int variant = 0; variant < 6; ++variant) {
+      // Softmax runs the automatic kernel (tensor cores for d 64/128) and the SIMT one.
+      const char* names[9] = {"dense",     "dense/cp3",     "sparse",     "ent-dense",
+                              "ent-dense/cp3", "ent-sparse", "simt-dense", "simt-dense/cp3",
+                              "simt-sparse"};
+      for (int variant = 0; variant < 9; ++variant) {
         attn::DecodeArgs args = g.args;
         cuda::DecodeLaunch l = launch;
         if (variant % 3 == 1) l.chunk_pages = 3;
         const bool sparse = variant % 3 == 2;
-        const bool ent = variant >= 3;
+        const bool ent = variant >= 3 && variant < 6;
+        if (variant >= 6) l.kernel = cuda::DecodeLaunch::Kernel::simt;
         if (sparse) args.selection = &g.sel;
         if (ent) {
           args.mapping = Mapping::entmax(cd.alpha);
@@ -443,8 +448,8 @@ int run_check() {
           }
         }
         const int t = c.dtype == DType::bf16 ? 0 : 1;
-        double* wo = ent ? ent_stats.worst_o : worst_o;
-        double* wl = ent ? ent_stats.worst_tau : worst_lse;
+        double* wo = ent ? ent_stats.worst_o : variant >= 6 ? simt_o : worst_o;
+        double* wl = ent ? ent_stats.worst_tau : variant >= 6 ? simt_lse : worst_lse;
         wo[t] = std::max(wo[t], e.o);
         wl[t] = std::max(wl[t], e.lse);
         const bool pass = e.ok && e.o <= kTolO && e.lse <= kTolLse;
@@ -465,6 +470,8 @@ int run_check() {
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   std::printf("worst errors: bf16 o %.3e lse %.3e | f16 o %.3e lse %.3e (%.1f s)\n", worst_o[0],
               worst_lse[0], worst_o[1], worst_lse[1], secs);
+  std::printf("SIMT softmax kernel worst errors: bf16 o %.3e lse %.3e | f16 o %.3e lse %.3e\n",
+              simt_o[0], simt_lse[0], simt_o[1], simt_lse[1]);
   std::printf(
       "entmax worst errors: bf16 o %.3e tau %.3e | f16 o %.3e tau %.3e; heads checked with "
       "tau <= 0: %ld, empty (tau NaN): %ld; every rerun bit-identical\n",
@@ -1518,6 +1525,15 @@ int run_bench(const char* json_path) {
         "(graph %.1f us)\n",
         sh.ctx, sh.batch, rot, cp, us, kv_bytes / us / 1e3, gus);
     rows.push_back({"ours_dense", sh.ctx, sh.batch, 0, us, kv_bytes});
+    {  // The SIMT softmax kernel side by side (the automatic choice is the tensor-core one).
+      launch.kernel = cuda::DecodeLaunch::Kernel::simt;
+      const auto [sus, sgus] = time_decode(rot, args_for);
+      launch.kernel = cuda::DecodeLaunch::Kernel::automatic;
+      std::printf("dense SIMT kernel ctx=%7d B=%2d: %9.1f us  %7.1f GB/s (graph %.1f us)\n",
+                  sh.ctx, sh.batch, sus, kv_bytes / sus / 1e3, sgus);
+      rows.push_back({"ours_dense_simt", sh.ctx, sh.batch, 0, sus, kv_bytes});
+      rows.push_back({"ours_dense_simt_graph", sh.ctx, sh.batch, 0, sgus, kv_bytes});
+    }
 
     // 1.5-entmax, dense. Bytes: K only (V is read at the support rows alone, a few per head
     // with these random scores), so GB/s is a lower bound of what moved.
