@@ -326,6 +326,76 @@ __device__ __forceinline__ void write_chunk_softmax(const Params& p, const Chunk
   }
 }
 
+// The §2.6 merge of a (sequence, kv head, head group)'s chunk partials, done by the last of its
+// live chunks to finish (threadFenceReduction pattern; the first launch's partials are read
+// through L2 with __ldcg), so a split step is one launch. Same arithmetic and order as
+// decode.cu's merge_kernel (max, e^(lse_c - max), the weight sum and the output sums in chunk
+// order), so both give the same bits. `scratch` holds >= scratch_floats floats of shared
+// memory the CTA no longer uses. Every thread of the CTA calls it after writing its partials.
+template <int kD>
+__device__ __forceinline__ void merge_softmax_last(const Params& p, const Chunk& c,
+                                                   float* scratch, int scratch_floats) {
+  __shared__ int s_last;
+  __shared__ float s_mx[kMaxGroup], s_sum[kMaxGroup];
+  const int n_live = live_chunks(p, c.units);
+  __threadfence();
+  __syncthreads();
+  if (threadIdx.x == 0)
+    s_last = atomicAdd(&p.counter[c.bkh], 1u) == static_cast<unsigned>(n_live - 1);
+  __syncthreads();
+  if (!s_last) return;
+  __threadfence();
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int hb = max(1, min(c.heads_here, scratch_floats / n_live));  // heads per round
+  for (int g0 = 0; g0 < c.heads_here; g0 += hb) {
+    const int nh = min(hb, c.heads_here - g0);
+    for (int h = warp; h < nh; h += blockDim.x / 32) {
+      const std::int64_t slot0 =
+          (static_cast<std::int64_t>(c.b) * p.num_q_heads + c.q_head0 + g0 + h) * p.num_chunks;
+      float mx = -INFINITY;
+      for (int ch = lane; ch < n_live; ch += 32) mx = fmaxf(mx, __ldcg(p.part_w + slot0 + ch));
+#pragma unroll
+      for (int off = 16; off > 0; off /= 2) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
+      for (int ch = lane; ch < n_live; ch += 32)
+        scratch[h * n_live + ch] =
+            mx == -INFINITY ? 0.f : expf(__ldcg(p.part_w + slot0 + ch) - mx);
+      if (lane == 0) s_mx[h] = mx;
+    }
+    __syncthreads();
+    if (threadIdx.x < nh) {
+      float wsum = 0.f;
+      for (int ch = 0; ch < n_live; ++ch) wsum += scratch[threadIdx.x * n_live + ch];
+      s_sum[threadIdx.x] = wsum;
+    }
+    __syncthreads();
+    for (int idx = threadIdx.x; idx < nh * kD; idx += blockDim.x) {
+      const int h = idx / kD, dim = idx % kD, hq = c.q_head0 + g0 + h;
+      const std::int64_t slot0 = (static_cast<std::int64_t>(c.b) * p.num_q_heads + hq) * p.num_chunks;
+      const float* w = scratch + h * n_live;
+      const float wsum = s_sum[h];
+      float o = 0.f;
+      if (wsum > 0.f) {
+        // Loads of 8 chunks issued together (one L2 round trip per 8), added in chunk order.
+        for (int c0 = 0; c0 < n_live; c0 += 8) {
+          float part[8];
+#pragma unroll
+          for (int u = 0; u < 8; ++u)
+            part[u] = c0 + u < n_live ? __ldcg(p.part_o + (slot0 + c0 + u) * kD + dim) : 0.f;
+#pragma unroll
+          for (int u = 0; u < 8; ++u)
+            if (c0 + u < n_live && w[c0 + u] != 0.f) o = fmaf(w[c0 + u], part[u], o);
+        }
+        o /= wsum;
+      }
+      p.out[c.b * p.o_s0 + hq * p.o_s1 + dim] = o;
+      if (p.lse && dim == 0)
+        p.lse[c.b * p.num_q_heads + hq] = wsum > 0.f ? s_mx[h] + logf(wsum) : -INFINITY;
+    }
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) p.counter[c.bkh] = 0;
+}
+
 // Host: q heads per CTA for a GQA group (1, 2, 4 or 8; larger groups run in head groups of 8).
 inline int kernel_group(int group) {
   const int g = group < kMaxGroup ? group : kMaxGroup;
