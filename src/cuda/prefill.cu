@@ -98,6 +98,12 @@ __device__ __forceinline__ void mma16816(float (&c)[4], const unsigned (&a)[4], 
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
   }
 }
+// 2^x on the SFU, flushing subnormal results to 0 (they weigh nothing next to the row max's 1).
+__device__ __forceinline__ float exp2_approx(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
 // Two f32 as one register of the input type (low half = first), rounded to nearest.
 template <bool kBf16>
 __device__ __forceinline__ unsigned pack2(float lo, float hi) {
@@ -252,43 +258,53 @@ __global__ void __launch_bounds__(kHeads * 128, kHeads == 1 ? 2 : 1) prefill_ker
         mma16816<kBf16>(s[2 * np + 1], a, bk[2], bk[3]);
       }
     }
-    // Base-2 logits; -inf where the key is after the row's query or past the sequence.
+    // Masked scores (-inf where the key is after the row's query or past the sequence); the
+    // row max over raw scores (scale > 0 keeps the order), then base-2 logits s·scale_log2 − m
+    // in one FMA.
     const bool need_mask = kpos0 + kTile - 1 > qpos0 || kpos0 + kTile > g.length;
     float mx[2] = {-INFINITY, -INFINITY};
 #pragma unroll
     for (int n = 0; n < 8; ++n)
 #pragma unroll
       for (int c = 0; c < 4; ++c) {
-        float x = s[n][c] * p.scale_log2;
         if (need_mask) {
           const int kp = kpos0 + n * 8 + 2 * tq + (c & 1);
           const int qp = qpos0 + gq + 8 * (c >> 1);
-          if (kp > qp || kp >= g.length) x = -INFINITY;
+          if (kp > qp || kp >= g.length) s[n][c] = -INFINITY;
         }
-        s[n][c] = x;
-        mx[c >> 1] = fmaxf(mx[c >> 1], x);
+        mx[c >> 1] = fmaxf(mx[c >> 1], s[n][c]);
       }
     float m_use[2];
+    bool grew = false;
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
       mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
-      const float m_new = fmaxf(m[r], mx[r]);
+      const float m_new = fmaxf(m[r], mx[r] * p.scale_log2);
       m_use[r] = m_new == -INFINITY ? 0.f : m_new;  // a row with no key yet: p = 0, no NaN
-      const float corr = exp2f(m[r] - m_use[r]);
-      m[r] = m_new;
-      l[r] *= corr;
+      grew |= m_new > m[r];
+      l[r] *= exp2_approx(m[r] - m_use[r]);
+    }
+    // Rescale the running output only when some row's max grew (rare after the first tiles of
+    // a row); the test is warp-uniform, so the branch does not diverge.
+    if (__any_sync(0xffffffffu, grew)) {
 #pragma unroll
-      for (int n = 0; n < kD / 8; ++n) {
-        o[n][2 * r] *= corr;
-        o[n][2 * r + 1] *= corr;
+      for (int r = 0; r < 2; ++r) {
+        const float corr = exp2_approx(m[r] - m_use[r]);
+#pragma unroll
+        for (int n = 0; n < kD / 8; ++n) {
+          o[n][2 * r] *= corr;
+          o[n][2 * r + 1] *= corr;
+        }
       }
     }
+#pragma unroll
+    for (int r = 0; r < 2; ++r) m[r] = fmaxf(m[r], mx[r] * p.scale_log2);
 #pragma unroll
     for (int n = 0; n < 8; ++n)
 #pragma unroll
       for (int c = 0; c < 4; ++c) {
-        s[n][c] = exp2f(s[n][c] - m_use[c >> 1]);
+        s[n][c] = exp2_approx(fmaf(s[n][c], p.scale_log2, -m_use[c >> 1]));
         l[c >> 1] += s[n][c];
       }
     // O += P V: P's accumulator layout is the A layout of the next mma (keys 16kk .. 16kk+15
