@@ -13,8 +13,8 @@
 #include <cuda_runtime.h>
 
 #include <cmath>
-#include <cstdlib>
 #include <cstdint>
+#include <cstdlib>
 #include <mutex>
 
 #include "decode_common.cuh"  // cp.async helpers
@@ -128,8 +128,7 @@ struct TileList {
   __device__ bool usable(int item) const {
     if (!ids) return true;
     const int id = ids[item / sub];
-    return id >= 0 && id < num_kblocks &&
-           (id * sub + item % sub) * kTile <= kmax;
+    return id >= 0 && id < num_kblocks && (id * sub + item % sub) * kTile <= kmax;
   }
   __device__ int next(int item) const {
     while (item < items && !usable(item)) ++item;
@@ -154,8 +153,8 @@ __device__ TileList tile_list(const Params& p, const SeqGeo& g, int b, int kvh, 
     if (lead) atomicOr(p.err, kBadSelection);
     return tl;
   }
-  const std::int64_t slot = static_cast<std::int64_t>(row) * p.sel_heads +
-                            (p.sel_heads == 1 ? 0 : kvh);
+  const std::int64_t slot =
+      static_cast<std::int64_t>(row) * p.sel_heads + (p.sel_heads == 1 ? 0 : kvh);
   const int count = p.sel_count[slot];
   if (count < 0 || count > p.sel_max) {
     if (lead) atomicOr(p.err, kBadSelection);
@@ -179,12 +178,12 @@ template <bool kBf16, int kD, int kHeads>
 __global__ void __launch_bounds__(kHeads * 128, kHeads == 1 ? 2 : 1) prefill_kernel(Params p) {
   constexpr int kThreads = kHeads * 128;
   constexpr int kRow = row_elems<kD>();
-  constexpr int kPieces = kD / 8;            // 16-byte pieces per row
+  constexpr int kPieces = kD / 8;  // 16-byte pieces per row
   constexpr int kRowsPerPass = kThreads / kPieces;
   extern __shared__ uint4 smem_raw[];
   std::uint16_t* sQ = reinterpret_cast<std::uint16_t*>(smem_raw);  // [kHeads * 64][kRow]
-  std::uint16_t* sK = sQ + kHeads * kTile * kRow;                   // [2][64][kRow]
-  std::uint16_t* sV = sK + 2 * kTile * kRow;                        // [2][64][kRow]
+  std::uint16_t* sK = sQ + kHeads * kTile * kRow;                  // [2][64][kRow]
+  std::uint16_t* sV = sK + 2 * kTile * kRow;                       // [2][64][kRow]
 
   const int b = blockIdx.z;
   const int kvh = blockIdx.y / p.head_groups, hg = blockIdx.y % p.head_groups;
@@ -222,7 +221,7 @@ __global__ void __launch_bounds__(kHeads * 128, kHeads == 1 ? 2 : 1) prefill_ker
 
   // The warp's 16 query rows: head slot hs, tokens t0 .. t0 + 15 of the tile.
   const int hs = warp / 4, t0 = (warp % 4) * 16;
-  const int gq = lane / 4, tq = lane % 4;  // mma fragment row group and column pair
+  const int gq = lane / 4, tq = lane % 4;            // mma fragment row group and column pair
   const int qpos0 = g.first_q + qtile * kTile + t0;  // position of the warp's row 0
   const bool warp_live = qtile * kTile + t0 < g.nq;
   const std::uint16_t* qbase = sQ + (hs * kTile + t0) * kRow;
@@ -244,7 +243,7 @@ __global__ void __launch_bounds__(kHeads * 128, kHeads == 1 ? 2 : 1) prefill_ker
     for (int n = 0; n < 8; ++n)
 #pragma unroll
       for (int c = 0; c < 4; ++c) s[n][c] = 0.f;
-    // S = Q Kᵀ: A from the Q rows, B from K rows (key = column of S).
+        // S = Q Kᵀ: A from the Q rows, B from K rows (key = column of S).
 #pragma unroll
     for (int kk = 0; kk < kD / 16; ++kk) {
       unsigned a[4];
@@ -307,8 +306,8 @@ __global__ void __launch_bounds__(kHeads * 128, kHeads == 1 ? 2 : 1) prefill_ker
         s[n][c] = exp2_approx(fmaf(s[n][c], p.scale_log2, -m_use[c >> 1]));
         l[c >> 1] += s[n][c];
       }
-    // O += P V: P's accumulator layout is the A layout of the next mma (keys 16kk .. 16kk+15
-    // are S's n-tiles 2kk and 2kk+1); V rows through ldmatrix.trans.
+      // O += P V: P's accumulator layout is the A layout of the next mma (keys 16kk .. 16kk+15
+      // are S's n-tiles 2kk and 2kk+1); V rows through ldmatrix.trans.
 #pragma unroll
     for (int kk = 0; kk < 4; ++kk) {
       const unsigned a[4] = {pack2<kBf16>(s[2 * kk][0], s[2 * kk][1]),
@@ -358,7 +357,8 @@ __global__ void __launch_bounds__(kHeads * 128, kHeads == 1 ? 2 : 1) prefill_ker
       float* dst = static_cast<float*>(p.out) + at;
 #pragma unroll
       for (int n = 0; n < kD / 8; ++n)
-        *reinterpret_cast<float2*>(dst + n * 8) = make_float2(o[n][2 * r] * inv, o[n][2 * r + 1] * inv);
+        *reinterpret_cast<float2*>(dst + n * 8) =
+            make_float2(o[n][2 * r] * inv, o[n][2 * r + 1] * inv);
     } else {
       std::uint16_t* dst = static_cast<std::uint16_t*>(p.out) + at;
 #pragma unroll
@@ -384,15 +384,17 @@ KernelInfo info() {
 }
 template <bool kBf16, int kD>
 KernelInfo info_by_heads(int heads) {
-  return heads == 4 ? info<kBf16, kD, 4>() : heads == 2 ? info<kBf16, kD, 2>() : info<kBf16, kD, 1>();
+  return heads == 4   ? info<kBf16, kD, 4>()
+         : heads == 2 ? info<kBf16, kD, 2>()
+                      : info<kBf16, kD, 1>();
 }
 
 // The kernel for (dtype, d, q heads per CTA), its shared-memory limit raised once.
 KernelInfo prepare(DType dtype, int d, int heads) {
   const bool bf = dtype == DType::bf16;
-  const KernelInfo k = bf ? (d == 64 ? info_by_heads<true, 64>(heads) : info_by_heads<true, 128>(heads))
-                          : (d == 64 ? info_by_heads<false, 64>(heads)
-                                     : info_by_heads<false, 128>(heads));
+  const KernelInfo k =
+      bf ? (d == 64 ? info_by_heads<true, 64>(heads) : info_by_heads<true, 128>(heads))
+         : (d == 64 ? info_by_heads<false, 64>(heads) : info_by_heads<false, 128>(heads));
   const int key = (bf ? 0 : 6) + (d == 64 ? 0 : 3) + (heads == 4 ? 2 : heads == 2 ? 1 : 0);
   static std::mutex mu;
   static bool ready[12] = {};
@@ -525,9 +527,9 @@ void prefill(const PrefillArgs& a, const PrefillLaunch& launch) {
   Params p{};
   const PrefillBlockSelection* sel = a.selection;
   if (sel) {
-    require((sel->q_block == 64 || sel->q_block == 128) &&
-                (sel->k_block == 64 || sel->k_block == 128),
-            ErrorCode::unsupported, "block_selection", "q_block and k_block must be 64 or 128");
+    require(
+        (sel->q_block == 64 || sel->q_block == 128) && (sel->k_block == 64 || sel->k_block == 128),
+        ErrorCode::unsupported, "block_selection", "q_block and k_block must be 64 or 128");
     require(sel->num_heads == 1 || sel->num_heads == Hkv, ErrorCode::shape_mismatch,
             "block_selection", "num_heads must be 1 or the kv heads");
     require(sel->max_per_row >= 0 && sel->q_block_indptr.size() == static_cast<std::size_t>(B) + 1,

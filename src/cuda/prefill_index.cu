@@ -30,8 +30,8 @@ using detail::check_cuda;
 constexpr int kMeanThreads = 128;
 constexpr int kTopkThreads = 256;
 constexpr int kTopkWarps = kTopkThreads / 32;
-constexpr int kMaxRows = 4;            // query blocks per top-k CTA
-constexpr int kMaxKeyBlocks = 16384;   // candidates a top-k CTA sorts in shared memory
+constexpr int kMaxRows = 4;           // query blocks per top-k CTA
+constexpr int kMaxKeyBlocks = 16384;  // candidates a top-k CTA sorts in shared memory
 
 struct IndexParams {
   SeqTables t;
@@ -191,7 +191,8 @@ __global__ void __launch_bounds__(kTopkThreads) block_topk_kernel(IndexParams p)
 
   // Scores: a warp per candidate key block, every lane kD/32 channels, all rows at once.
   constexpr int kE = kD / 32;
-  const float* km = p.kmean + (static_cast<std::int64_t>(b) * p.num_kv_heads + kvh) * p.nkb_max * kD;
+  const float* km =
+      p.kmean + (static_cast<std::int64_t>(b) * p.num_kv_heads + kvh) * p.nkb_max * kD;
   const int n_last = cands(rows_here - 1);
   for (int j = warp; j < n_last; j += kTopkWarps) {
     float kv[kE];
@@ -293,11 +294,11 @@ void prefill_index(const PrefillIndexArgs& a, const PrefillLaunch& launch) {
   require(a.k_block >= 1, ErrorCode::invalid_argument, "k_block", "must be >= 1");
   require(a.budget_blocks >= 1, ErrorCode::invalid_argument, "budget_blocks", "must be >= 1");
   require(a.sink_blocks >= 0, ErrorCode::invalid_argument, "sink_blocks", "must be >= 0");
-  require(a.max_kv_len >= 1 && a.max_kv_len >= launch.max_q_per_seq &&
-              (static_cast<std::int64_t>(a.max_kv_len) + a.k_block - 1) / a.k_block <=
-                  kMaxKeyBlocks,
-          ErrorCode::invalid_argument, "max_kv_len",
-          "must be >= max_q_per_seq and at most ", kMaxKeyBlocks, " key blocks");
+  require(
+      a.max_kv_len >= 1 && a.max_kv_len >= launch.max_q_per_seq &&
+          (static_cast<std::int64_t>(a.max_kv_len) + a.k_block - 1) / a.k_block <= kMaxKeyBlocks,
+      ErrorCode::invalid_argument, "max_kv_len", "must be >= max_q_per_seq and at most ",
+      kMaxKeyBlocks, " key blocks");
   require(a.q_block_indptr.size() == static_cast<std::size_t>(B) + 1, ErrorCode::shape_mismatch,
           "q_block_indptr", "needs batch + 1 entries");
   require(a.max_per_row >= 1, ErrorCode::invalid_argument, "max_per_row", "must be >= 1");
@@ -321,7 +322,8 @@ void prefill_index(const PrefillIndexArgs& a, const PrefillLaunch& launch) {
   p.budget = a.budget_blocks;
   p.sinks = a.sink_blocks;
   p.max_len = a.max_kv_len;
-  p.nkb_max = static_cast<int>((static_cast<std::int64_t>(a.max_kv_len) + a.k_block - 1) / a.k_block);
+  p.nkb_max =
+      static_cast<int>((static_cast<std::int64_t>(a.max_kv_len) + a.k_block - 1) / a.k_block);
   p.nqb_max = (launch.max_q_per_seq + a.q_block - 1) / a.q_block;
   p.qb_indptr = a.q_block_indptr.data();
   p.sel_rows = static_cast<int>(rows);
@@ -348,9 +350,9 @@ void prefill_index(const PrefillIndexArgs& a, const PrefillLaunch& launch) {
   const std::size_t smem = sizeof(unsigned long long) * p.rows_per_cta * p.sort_cap +
                            sizeof(float) * p.rows_per_cta * d + p.sort_cap;
   const auto fn = d == 64 ? block_topk_kernel<64> : block_topk_kernel<128>;
-  check_cuda(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                  static_cast<int>(smem)),
-             "cudaFuncSetAttribute(shared memory)");
+  check_cuda(
+      cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)),
+      "cudaFuncSetAttribute(shared memory)");
   const dim3 grid((p.nqb_max + p.rows_per_cta - 1) / p.rows_per_cta, Hkv, B);
   fn<<<grid, kTopkThreads, smem, st>>>(p);
   check_cuda(cudaGetLastError(), "block top-k launch");

@@ -26,16 +26,15 @@
 #include <string>
 #include <vector>
 
+#include "bench_util.cuh"
 #include "masskv/attn/decode.hpp"
 #include "masskv/cuda/decode.hpp"
 #include "masskv/cuda/select.hpp"
 #include "masskv/error.hpp"
 #include "masskv/select/page_bound.hpp"
-#include "bench_util.cuh"
 #include "prefill_bench.hpp"
 
 using namespace masskv;
-
 
 namespace {
 
@@ -1216,7 +1215,6 @@ __global__ void summaries_kernel(const std::uint16_t* k, int heads, int page, in
   mn[o] = lo;
   mx[o] = hi;
 }
-
 
 // The same steps replayed from CUDA graphs (one graph per rotation, captured after warm-up so
 // the workspace and kernel attributes exist): shows what launch overhead costs the step.

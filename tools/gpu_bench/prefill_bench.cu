@@ -154,7 +154,11 @@ void build_reference(PData& pd) {
     view.table = {pd.indptr, pd.indices, pd.last};
     attn::PrefillArgs a;
     a.q = View3<const float>{pd.qf.data() + static_cast<std::size_t>(h) * c.group * c.d,
-                             pd.total_q, c.group, c.d, static_cast<std::int64_t>(hq) * c.d, c.d};
+                             pd.total_q,
+                             c.group,
+                             c.d,
+                             static_cast<std::int64_t>(hq) * c.d,
+                             c.d};
     a.q_indptr = pd.q_indptr;
     a.cache = view;
     a.out = View3<float>::contiguous(dummy.data(), pd.total_q, c.group, c.d);
@@ -241,8 +245,8 @@ int run_indexer(PData& pd, PGpu& g, cuda::PrefillWorkspace& ws) {
   const PCase& c = pd.c;
   const int hq = c.hkv * c.group, rows = pd.qb_indptr.back();
   const int sinks = 1;
-  pd.max_per_row = cuda::prefill_index_capacity(pd.max_len, c.q_block, c.k_block,
-                                                c.budget_blocks, sinks);
+  pd.max_per_row =
+      cuda::prefill_index_capacity(pd.max_len, c.q_block, c.k_block, c.budget_blocks, sinks);
   g.ids = DevBuf<std::int32_t>(static_cast<std::size_t>(rows) * c.hkv * pd.max_per_row);
   g.count = DevBuf<std::int32_t>(static_cast<std::size_t>(rows) * c.hkv);
   cuda::PrefillIndexArgs ia;
@@ -279,7 +283,8 @@ int run_indexer(PData& pd, PGpu& g, cuda::PrefillWorkspace& ws) {
         const int page = pd.indices[pd.indptr[b] + pos / c.page];
         const std::uint16_t* row = pd.k.data() + view.offset(page, h, pos % c.page);
         for (int ch = 0; ch < d; ++ch)
-          km[static_cast<std::size_t>(pos / c.k_block) * d + ch] += from_half_bits(c.dtype, row[ch]);
+          km[static_cast<std::size_t>(pos / c.k_block) * d + ch] +=
+              from_half_bits(c.dtype, row[ch]);
       }
       for (int j = 0; j < nkb; ++j) {
         const int n = std::min(len, (j + 1) * c.k_block) - j * c.k_block;
@@ -291,7 +296,9 @@ int run_indexer(PData& pd, PGpu& g, cuda::PrefillWorkspace& ws) {
         for (int t = i * c.q_block; t < t1; ++t)
           for (int j = 0; j < c.group; ++j)
             for (int ch = 0; ch < d; ++ch)
-              qm[ch] += pd.qf[(static_cast<std::size_t>(pd.q_indptr[b] + t) * hq + h * c.group + j) * d + ch];
+              qm[ch] +=
+                  pd.qf[(static_cast<std::size_t>(pd.q_indptr[b] + t) * hq + h * c.group + j) * d +
+                        ch];
         for (double& x : qm) x /= (t1 - i * c.q_block) * c.group;
         const int n = (first_q + t1 - 1) / c.k_block + 1;
         const int d0 = (first_q + i * c.q_block) / c.k_block;
@@ -318,22 +325,30 @@ int run_indexer(PData& pd, PGpu& g, cuda::PrefillWorkspace& ws) {
           }
           eps = std::max(eps, 1e-4 * mag);
           if (is_kept) continue;
-          if (in[j]) lo_sel = std::min(lo_sel, s);
-          else hi_out = std::max(hi_out, s);
+          if (in[j])
+            lo_sel = std::min(lo_sel, s);
+          else
+            hi_out = std::max(hi_out, s);
         }
         if (ok && hi_out > lo_sel + eps) ok = false;
         if (!ok) {
-          std::printf("  indexer FAIL b=%d kv head %d query block %d: count %d (want %d), best "
-                      "unselected %.6g vs worst selected %.6g\n",
-                      b, h, i, pd.count[slot], want, hi_out, lo_sel);
+          std::printf(
+              "  indexer FAIL b=%d kv head %d query block %d: count %d (want %d), best "
+              "unselected %.6g vs worst selected %.6g\n",
+              b, h, i, pd.count[slot], want, hi_out, lo_sel);
           ++bad;
           break;
         }
       }
     }
   }
-  g.sel = {c.q_block, c.k_block, c.hkv, pd.max_per_row, {g.qb_indptr.p, g.qb_indptr.n},
-           {g.ids.p, g.ids.n}, {g.count.p, g.count.n}};
+  g.sel = {c.q_block,
+           c.k_block,
+           c.hkv,
+           pd.max_per_row,
+           {g.qb_indptr.p, g.qb_indptr.n},
+           {g.ids.p, g.ids.n},
+           {g.count.p, g.count.n}};
   g.args.selection = &g.sel;
   return bad;
 }
@@ -372,7 +387,8 @@ PErr compare(const PData& pd, const std::vector<float>& o, const std::vector<flo
       e.why = "non-finite lse";
       return e;
     }
-    e.lse = std::max(e.lse, std::fabs(lse[i] - pd.ref_lse[i]) / std::max(1.0, std::fabs(pd.ref_lse[i])));
+    e.lse = std::max(e.lse,
+                     std::fabs(lse[i] - pd.ref_lse[i]) / std::max(1.0, std::fabs(pd.ref_lse[i])));
   }
   return e;
 }
@@ -452,8 +468,8 @@ std::vector<PCase> prefill_cases() {
   // Odd groups: 2 and 3 q heads per kv head (2 and 1 heads per CTA).
   cs.push_back({300, 300, 2, 128, 2, 1, 16, DType::bf16, kv::Layout::HND, Mode::lists});
   cs.push_back({300, 250, 3, 64, 2, 2, 16, DType::f16, kv::Layout::NHD, Mode::dense});
-  cs.push_back({2000, 2000, 4, 128, 1, 1, 16, DType::bf16, kv::Layout::HND, Mode::indexer, 64,
-                64, 1, 8});
+  cs.push_back(
+      {2000, 2000, 4, 128, 1, 1, 16, DType::bf16, kv::Layout::HND, Mode::indexer, 64, 64, 1, 8});
   return cs;
 }
 
@@ -467,8 +483,8 @@ bool expect_throw(const char* name, const char* argument, const std::function<vo
     f();
   } catch (const Error& e) {
     const bool ok = e.argument() == argument;
-    std::printf("  error case %-36s -> Error(%s) \"%s\" %s\n", name, e.argument().c_str(),
-                e.what(), ok ? "ok" : "WRONG ARGUMENT");
+    std::printf("  error case %-36s -> Error(%s) \"%s\" %s\n", name, e.argument().c_str(), e.what(),
+                ok ? "ok" : "WRONG ARGUMENT");
     return ok;
   }
   std::printf("  error case %-36s -> no exception: FAIL\n", name);
@@ -566,10 +582,11 @@ int run_prefill_check() {
   const std::vector<PCase> cases = prefill_cases();
   std::printf("prefill check: %zu cases (dense causal, random block lists, GPU indexer lists)\n",
               cases.size());
-  std::printf("tolerances: ||o-ref||inf/||ref||inf <= 1e-2 (bf16) / 2e-3 (f16) (+4e-3 / 5e-4 "
-              "with 16-bit output), |lse-ref|/max(1,|ref|) <= %.0e; reference: f64 on the same "
-              "bf16/f16 values (attn::prefill_reference); reruns bit-identical\n",
-              kTolLse);
+  std::printf(
+      "tolerances: ||o-ref||inf/||ref||inf <= 1e-2 (bf16) / 2e-3 (f16) (+4e-3 / 5e-4 "
+      "with 16-bit output), |lse-ref|/max(1,|ref|) <= %.0e; reference: f64 on the same "
+      "bf16/f16 values (attn::prefill_reference); reruns bit-identical\n",
+      kTolLse);
   cuda::PrefillWorkspace ws;
   int failures = 0;
   double worst_o[2] = {0, 0}, worst_lse = 0;
@@ -611,24 +628,24 @@ int run_prefill_check() {
       worst_lse = std::max(worst_lse, e.lse);
       empty_rows += e.empty;
       if (!ok) ++failures;
-      std::printf("  %-7s len=%5d nq=%5d B=%d G=%d Hkv=%d d=%3d %s %s page=%2d qb=%3d kb=%3d "
-                  "heads=%d budget=%d out=%s: o_err=%.2e lse_err=%.2e empty=%ld %s%s\n",
-                  mode_name(c.mode), c.len, c.nq, c.batch, c.group, c.hkv, c.d,
-                  c.dtype == DType::bf16 ? "bf16" : "f16 ",
-                  c.layout == kv::Layout::HND ? "HND" : "NHD", c.page, c.q_block, c.k_block,
-                  c.mode == Mode::lists ? c.sel_heads : c.hkv, c.budget_blocks,
-                  c.out_f32 ? "f32" : "16b", e.o, e.lse, e.empty, ok ? "ok" : "FAIL ",
-                  index_bad[i - start] ? "(indexer lists wrong)" : e.why.c_str());
+      std::printf(
+          "  %-7s len=%5d nq=%5d B=%d G=%d Hkv=%d d=%3d %s %s page=%2d qb=%3d kb=%3d "
+          "heads=%d budget=%d out=%s: o_err=%.2e lse_err=%.2e empty=%ld %s%s\n",
+          mode_name(c.mode), c.len, c.nq, c.batch, c.group, c.hkv, c.d,
+          c.dtype == DType::bf16 ? "bf16" : "f16 ", c.layout == kv::Layout::HND ? "HND" : "NHD",
+          c.page, c.q_block, c.k_block, c.mode == Mode::lists ? c.sel_heads : c.hkv,
+          c.budget_blocks, c.out_f32 ? "f32" : "16b", e.o, e.lse, e.empty, ok ? "ok" : "FAIL ",
+          index_bad[i - start] ? "(indexer lists wrong)" : e.why.c_str());
     }
   }
   std::printf("prefill errors:\n");
   failures += error_cases(ws);
-  const double secs =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  std::printf("PREFILL CHECK %s: %d failure(s); worst o (f32 out) bf16 %.2e, f16 %.2e; worst lse "
-              "%.2e; %ld empty query rows checked; %.1f s\n",
-              failures ? "FAILED" : "PASSED", failures, worst_o[0], worst_o[1], worst_lse,
-              empty_rows, secs);
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  std::printf(
+      "PREFILL CHECK %s: %d failure(s); worst o (f32 out) bf16 %.2e, f16 %.2e; worst lse "
+      "%.2e; %ld empty query rows checked; %.1f s\n",
+      failures ? "FAILED" : "PASSED", failures, worst_o[0], worst_o[1], worst_lse, empty_rows,
+      secs);
   return failures;
 }
 
@@ -703,8 +720,8 @@ int run_prefill_bench(const char* json_path) {
                   ids.begin() + static_cast<std::size_t>(i) * tiles + i + 1, 0);
       }
       DevBuf<std::int32_t> d_ids = to_device(ids), d_cnt = to_device(cnt);
-      const cuda::PrefillBlockSelection all{64, 64, 1, tiles, {d_qbind.p, d_qbind.n},
-                                            {d_ids.p, d_ids.n}, {d_cnt.p, d_cnt.n}};
+      const cuda::PrefillBlockSelection all{
+          64, 64, 1, tiles, {d_qbind.p, d_qbind.n}, {d_ids.p, d_ids.n}, {d_cnt.p, d_cnt.n}};
       cuda::PrefillArgs x = a;
       x.selection = &all;
       const double us = time_us(warm, iters, [&](int) { cuda::prefill(x, launch); });
@@ -729,8 +746,8 @@ int run_prefill_bench(const char* json_path) {
     ia.max_per_row = cap;
     ia.ids = {s_ids.p, s_ids.n};
     ia.count = {s_cnt.p, s_cnt.n};
-    const cuda::PrefillBlockSelection sel{64, 64, Hkv, cap, {d_qbind.p, d_qbind.n},
-                                          {s_ids.p, s_ids.n}, {s_cnt.p, s_cnt.n}};
+    const cuda::PrefillBlockSelection sel{
+        64, 64, Hkv, cap, {d_qbind.p, d_qbind.n}, {s_ids.p, s_ids.n}, {s_cnt.p, s_cnt.n}};
     cuda::PrefillArgs sa = a;
     sa.selection = &sel;
     const double index_us = time_us(warm, iters, [&](int) { cuda::prefill_index(ia, launch); });
@@ -746,12 +763,12 @@ int run_prefill_bench(const char* json_path) {
     rows.push_back({"prefill_gpu_index", L, budget, index_us, 0});
     rows.push_back({"prefill_ours_sparse", L, budget, sparse_us, listed * tile_flops});
     rows.push_back({"prefill_ours_sparse_with_index", L, budget, both_us, listed * tile_flops});
-    std::printf("prefill L=%6d: dense %10.1f us (%.0f TFLOP/s); sparse budget %d: index %.1f us, "
-                "attention %.1f us (%.0f TFLOP/s, %.1f%% of dense tiles), index+attention %.1f "
-                "us\n",
-                L, dense_us, dense_tiles * tile_flops / dense_us / 1e6, budget, index_us,
-                sparse_us, listed * tile_flops / sparse_us / 1e6, 100.0 * listed / dense_tiles,
-                both_us);
+    std::printf(
+        "prefill L=%6d: dense %10.1f us (%.0f TFLOP/s); sparse budget %d: index %.1f us, "
+        "attention %.1f us (%.0f TFLOP/s, %.1f%% of dense tiles), index+attention %.1f "
+        "us\n",
+        L, dense_us, dense_tiles * tile_flops / dense_us / 1e6, budget, index_us, sparse_us,
+        listed * tile_flops / sparse_us / 1e6, 100.0 * listed / dense_tiles, both_us);
   }
   FILE* f = std::fopen(json_path, "w");
   if (!f) {

@@ -35,7 +35,8 @@ def main():
             if r["ctx"] != ctx:
                 continue
             tf = r["flops"] / r["us"] / 1e6 if r["flops"] else None
-            sp = c / r["us"] if c else None
+            # Speedups beside attention rows only (the indexer alone is not attention).
+            sp = c / r["us"] if c and r["kind"].startswith("prefill_ours") else None
             table.append(dict(r, tflops=tf, cudnn_us=c, flash_us=f, speedup_vs_cudnn=sp))
             fmt = lambda x, spec: format(x, spec) if x else "-"
             lines.append(f"| {r['kind']} | {ctx // 1024}K | {r['budget'] or '-'} | {r['us']:.1f} | "

@@ -81,10 +81,10 @@ struct PrefillArgs {
   // q_indptr[b+1], the *last* n_b tokens of the sequence in the cache (already appended), so
   // query i of b sits at position length(b) - n_b + i. Elements in cache.dtype (bf16 or f16),
   // 16-byte aligned rows (strides multiples of 8 elements).
-  View3<const std::uint16_t> q;            // [total_q][Hq][d]
-  std::span<const std::int32_t> q_indptr;  // [B + 1]
-  kv::PagedKVView cache;                   // bf16 or f16; page size a power of two
-  float scale = 0;                         // 0 means 1/sqrt(d)
+  View3<const std::uint16_t> q;                      // [total_q][Hq][d]
+  std::span<const std::int32_t> q_indptr;            // [B + 1]
+  kv::PagedKVView cache;                             // bf16 or f16; page size a power of two
+  float scale = 0;                                   // 0 means 1/sqrt(d)
   const PrefillBlockSelection* selection = nullptr;  // nullptr: dense causal
   PrefillOut out;
   std::span<float> lse;  // [total_q][Hq] natural-log LSE, or empty; -inf for a query without keys
@@ -96,7 +96,8 @@ struct PrefillArgs {
 // Validates what the host can see (throws masskv::Error naming the argument: "workspace",
 // "dtype", "head_dim", "q", "q_indptr", "cache", "stride", "page_size", "out", "lse",
 // "scale", "max_q_per_seq", "block_selection"). Served: head_dim 64 and 128, any GQA ratio
-// (q heads a multiple of kv heads; groups of 4·k share each key tile over 4 q heads).
+// (q heads a multiple of kv heads; a CTA serves 4 q heads of a group when the group size is
+// a multiple of 4, else 2 or 1, and reads each key tile once for them).
 void prefill(const PrefillArgs& args, const PrefillLaunch& launch);
 
 // The mean-pooled block indexer (DESIGN.md §4 "indexer scores query blocks × key blocks"): the
