@@ -205,7 +205,6 @@ struct MakeKernelInfo {
 struct Prepared {
   KernelInfo k;
   int per_sm;
-  bool fused_merge;  // the tensor-core kernel merges split-K partials itself
 };
 Prepared prepare_kernel(DType dtype, int d, int group, DecodeLaunch::Kernel kind) {
   const int g = kernel_group(group);
@@ -221,7 +220,6 @@ Prepared prepare_kernel(DType dtype, int d, int group, DecodeLaunch::Kernel kind
   if (!ready[key]) {
     Prepared pr;
     pr.k = use_tensor ? tensor : by_variant(dtype, d, g, MakeKernelInfo{});
-    pr.fused_merge = use_tensor;
     check_cuda(cudaFuncSetAttribute(pr.k.fn, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                     static_cast<int>(pr.k.smem)),
                "cudaFuncSetAttribute(shared memory)");
@@ -303,18 +301,10 @@ void launch_softmax(Params p, DType dtype, int d, int batch, int units_max, floa
     p.part_w = ws.part.data() + slots * d;
   }
   cudaStream_t stream = launch.stream;
-  if (kernel.fused_merge && chunks > 1) {
-    const std::size_t n = static_cast<std::size_t>(batch) * p.num_kv_heads * p.head_groups;
-    if (ws.counter.reserve(n, "cudaMalloc(decode counters)")) {
-      check_cuda(cudaMemsetAsync(ws.counter.data(), 0, n * sizeof(unsigned), stream),
-                 "cudaMemset(decode counters)");
-    }
-    p.counter = ws.counter.data();
-  }
   const dim3 grid(chunks, p.num_kv_heads * p.head_groups, batch);
   kernel.k.fn<<<grid, kThreads, kernel.k.smem, stream>>>(p);
   check_cuda(cudaGetLastError(), "decode kernel launch");
-  if (chunks > 1 && !kernel.fused_merge) {
+  if (chunks > 1) {
     merge_kernel<<<batch * Hq, kThreads, 0, stream>>>(p, d);
     check_cuda(cudaGetLastError(), "merge kernel launch");
   }
