@@ -11,6 +11,8 @@
 //   masskv_gpu_bench prefill-check    CUDA prefill (dense, block lists, GPU indexer) vs the f64
 //                                     reference (also part of check)
 //   masskv_gpu_bench prefill-bench OUT.json  prefill at 8K/32K/128K (B=1, Hq=32, Hkv=8, d=128)
+//   masskv_gpu_bench append-check     cuda::append vs the CPU cache + bound store, bit for bit
+//                                     (also part of check), and its time per step
 #include <cuda_runtime.h>
 #include <omp.h>
 
@@ -32,6 +34,7 @@
 #include "masskv/cuda/select.hpp"
 #include "masskv/error.hpp"
 #include "masskv/select/page_bound.hpp"
+#include "append_check.hpp"
 #include "prefill_bench.hpp"
 
 using namespace masskv;
@@ -1696,10 +1699,13 @@ int main(int argc, char** argv) {
       const int selftest = run_select_selftest();
       const int select = run_select_check();
       const int prefill = run_prefill_check();
-      const bool bad = decode_rc || selftest || select || prefill;
+      const int append = run_append_check();
+      const bool bad = decode_rc || selftest || select || prefill || append;
       std::printf(
-          "ALL CHECKS %s (decode %s, select-selftest %d, select %d, prefill %d failure(s))\n",
-          bad ? "FAILED" : "PASSED", decode_rc ? "FAILED" : "passed", selftest, select, prefill);
+          "ALL CHECKS %s (decode %s, select-selftest %d, select %d, prefill %d, append %d "
+          "failure(s))\n",
+          bad ? "FAILED" : "PASSED", decode_rc ? "FAILED" : "passed", selftest, select, prefill,
+          append);
       return bad ? 1 : 0;
     }
     if (mode == "decode-check") return run_check();
@@ -1708,6 +1714,7 @@ int main(int argc, char** argv) {
     if (mode == "select-check") return run_select_check() ? 1 : 0;
     if (mode == "bench") return run_bench(argc > 2 ? argv[2] : "bench_ours.json");
     if (mode == "prefill-check") return run_prefill_check() ? 1 : 0;
+    if (mode == "append-check") return run_append_check() ? 1 : 0;
     if (mode == "prefill-bench")
       return run_prefill_bench(argc > 2 ? argv[2] : "bench_prefill.json");
   } catch (const Error& e) {
@@ -1716,7 +1723,7 @@ int main(int argc, char** argv) {
   }
   std::fprintf(stderr,
                "usage: %s check | decode-check | select-selftest | select-check | profile | "
-               "bench OUT.json | prefill-check | prefill-bench OUT.json\n",
+               "bench OUT.json | prefill-check | prefill-bench OUT.json | append-check\n",
                argv[0]);
   return 2;
 }
