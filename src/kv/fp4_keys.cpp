@@ -154,6 +154,21 @@ const float* const kE4M3Value = kE4M3Table.data();
 const float* const kE8M0Value = kE8M0Table.data();
 extern const signed char kE2M1Twice[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
 
+namespace {
+
+// sum_i q_i 2 v_i over the n E2M1 values packed in n / 2 bytes (the table holds 2 v, exact
+// small integers; the callers halve the block scale).
+float dot_e2m1_twice(const float* q, const std::uint8_t* codes, int n) {
+  float acc = 0;
+  for (int i = 0; i < n; i += 2) {
+    acc += q[i] * static_cast<float>(kE2M1Twice[codes[i / 2] & 0x0f]);
+    acc += q[i + 1] * static_cast<float>(kE2M1Twice[codes[i / 2] >> 4]);
+  }
+  return acc;
+}
+
+}  // namespace
+
 void quantize_mxfp4(const float* x, int d, std::uint8_t* codes, std::uint8_t* scales) {
   for (int b0 = 0; b0 < d; b0 += 32) {
     const float a = max_abs(x + b0, 32);
@@ -195,13 +210,7 @@ float dot_mxfp4_portable(const float* q, const std::uint8_t* codes, const std::u
                          int d) {
   float total = 0;
   for (int b0 = 0; b0 < d; b0 += 32) {
-    float acc = 0;
-    for (int i = 0; i < 32; i += 2) {
-      const std::uint8_t c = codes[(b0 + i) / 2];
-      acc += q[b0 + i] * static_cast<float>(kE2M1Twice[c & 0x0f]);
-      acc += q[b0 + i + 1] * static_cast<float>(kE2M1Twice[c >> 4]);
-    }
-    total += acc * (0.5f * kE8M0Table[scales[b0 / 32]]);  // the table holds 2 v
+    total += dot_e2m1_twice(q + b0, codes + b0 / 2, 32) * (0.5f * kE8M0Table[scales[b0 / 32]]);
   }
   return total;
 }
@@ -210,13 +219,7 @@ float dot_nvfp4_portable(const float* q, const std::uint8_t* codes, const std::u
                          int d) {
   float total = 0;
   for (int b0 = 0; b0 < d; b0 += 16) {
-    float acc = 0;
-    for (int i = 0; i < 16; i += 2) {
-      const std::uint8_t c = codes[(b0 + i) / 2];
-      acc += q[b0 + i] * static_cast<float>(kE2M1Twice[c & 0x0f]);
-      acc += q[b0 + i + 1] * static_cast<float>(kE2M1Twice[c >> 4]);
-    }
-    total += acc * kE4M3Table[scales[b0 / 16]];
+    total += dot_e2m1_twice(q + b0, codes + b0 / 2, 16) * kE4M3Table[scales[b0 / 16]];
   }
   return total * (0.5f * load_f32(scales + d / 16));
 }
