@@ -50,7 +50,8 @@
 //   block  : s_b = E4M3 RNE of f32(max_b |x| / (6 g)) (<= 448, so never saturating);
 //            S = g s_b, 1 byte per block.
 //   bound  : |x| - 6S <= 0.41 S for a normal s_b (E4M3 rounds relatively by <= 2^-4), and
-//            <= 6 g 2^-10 for a subnormal or zero s_b (blocks below 2^-6 of the row scale).
+//            <= 6 g 2^-10 (1 + 2^-20) for a subnormal or zero s_b (a block whose max is
+//            below about 2^-15 of the row's).
 //   range  : rows with max |x| > 2^127 have no encoding.  4.5 + 32 / d bits per value
 //            (5 at d = 64, 4.75 at d = 128).
 #pragma once
