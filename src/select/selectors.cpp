@@ -10,7 +10,6 @@
 #include <numeric>
 
 #include "masskv/error.hpp"
-#include "masskv/kv/int4_keys.hpp"
 #include "masskv/select/diagnostics.hpp"
 #include "masskv/select/selector.hpp"
 #include "select/gaussian_model.hpp"
@@ -369,21 +368,13 @@ void bound_masses(const Context& X, const Group& G, const float* U, double* out)
   normalise_log(std::span<double>(out, static_cast<std::size_t>(G.pages)));
 }
 
-// Page masses of one q head from scores on the INT4 selector keys of every token (§2.9):
+// Page masses of one q head from scores on the selector keys of every token (§2.9):
 // softmax or entmax of the approximate scores, summed per page. The scores are computed on
-// the nibbles (int4::dot_row); no dequantised key is stored.
+// the codes (kv::dot_row_kernel); no dequantised key is stored.
 void quant_key_masses(const Context& X, const Group& G, int i, Scratch& S, double* w) {
-  const kv::SelectorKeysView& K = X.a.selector_keys;
-  const float* q = qrow(X, G.b, G.h * X.gsize + i);
   S.qs.clear();
-  for (int j = 0; j < G.pages; ++j) {
-    const int len = X.a.cache.table.page_len(G.b, j, G.page_size);
-    for (int slot = 0; slot < len; ++slot) {
-      S.qs.push_back(static_cast<double>(X.scale) *
-                     kv::int4::dot_row(q, K.row(G.phys[j], G.h, slot),
-                                       K.row_scales(G.phys[j], G.h, slot), X.d));
-    }
-  }
+  detail::append_selector_key_scores(X.a.selector_keys, X.a.cache.table, G.b, G.h,
+                                     qrow(X, G.b, G.h * X.gsize + i), X.scale, S.qs);
   S.qp.resize(S.qs.size());
   if (X.c.mapping.is_entmax()) {
     entmax(std::span<const double>(S.qs), X.c.mapping.alpha, std::span<double>(S.qp));
@@ -652,8 +643,11 @@ void check_args(const SelectArgs& a, const SelectorConfig& c) {
           "token granularity is the oracle's only");
   if (c.method == Method::top_p && c.mass_source == MassSource::quant_keys) {
     const kv::SelectorKeysView& k = a.selector_keys;
-    require(!k.empty() && k.scales != nullptr, invalid_argument, "selector_keys",
-            "MassSource::quant_keys needs the cache's INT4 selector keys");
+    require(!k.empty(), invalid_argument, "selector_keys",
+            "MassSource::quant_keys needs the cache's selector keys");
+    require(k.format == kv::KeyFormat::bf16 || k.scales != nullptr, invalid_argument,
+            "selector_keys", "the ", kv::to_string(k.format), " selector keys have no scales");
+    kv::check_key_dim(k.format, k.head_dim, "selector_keys");
     require(k.num_pages == a.cache.num_pages && k.num_kv_heads == a.cache.num_kv_heads &&
                 k.head_dim == a.cache.head_dim && k.page_size == a.cache.page_size,
             shape_mismatch, "selector_keys", "shape differs from the cache's");

@@ -69,6 +69,12 @@ check study-dump-truncated 2 'truncated' -- "$bin" study --generators "dump:$tmp
   -b 1/4 -m softmax -s quest --no-plots
 check study-dump-not-a-dump 2 'not a masskv q/k/v dump' -- "$bin" study \
   --generators "dump:$tmp/b.json" --no-plots
+# bench keys: selector key formats on the dumped keys.
+check bench-keys-help 0 '--formats' -- "$bin" bench keys --help
+check bench-keys-bad-format 2 '--formats' -- "$bin" bench keys -i "$tmp/dump/layer02.mkvd" -f fp4
+check bench-keys-tiny 0 '\| nvfp4 \| 5 \| 4.75 \| 40 \| 76 \|' -- "$bin" bench keys \
+  -i "$tmp/dump/layer02.mkvd" -b 1/2 --json "$tmp/keys.json"
+check bench-keys-json 0 '"mass_recall"' -- cat "$tmp/keys.json"
 
 # eval: options checked before any work; a tiny run, its cache resumed, then widened.
 check eval-help 0 '--budgets' -- "$bin" eval --help

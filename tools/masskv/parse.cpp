@@ -2,6 +2,7 @@
 
 #include <charconv>
 #include <cmath>
+#include <cstdlib>
 #include <string>
 
 #include "masskv/error.hpp"
@@ -22,8 +23,8 @@ std::int64_t parse_count(std::string_view text, std::string_view option) {
   const auto [end, ec] = std::from_chars(digits.data(), digits.data() + digits.size(), v);
   require(ec == std::errc() && end == digits.data() + digits.size() && v > 0 &&
               v <= (std::int64_t{1} << 40) / mult,
-          ErrorCode::invalid_argument, option, "expected a positive count like 4096, 32K or 1M, got '",
-          text, "'");
+          ErrorCode::invalid_argument, option,
+          "expected a positive count like 4096, 32K or 1M, got '", text, "'");
   return v * mult;
 }
 
@@ -51,6 +52,15 @@ double parse_fraction(std::string_view text, std::string_view option) {
   require(std::isfinite(v) && v > 0 && v <= 1, ErrorCode::invalid_argument, option,
           "fraction must be in (0, 1], got '", text, "'");
   return v;
+}
+
+Mapping parse_mapping(const std::string& text, std::string_view option) {
+  if (text == "softmax") return Mapping::softmax();
+  require(text.rfind("entmax", 0) == 0 && text.size() > 6, ErrorCode::invalid_argument, option,
+          "expected softmax or entmax<alpha> (entmax1.5), got '", text, "'");
+  Mapping m = Mapping::entmax(std::strtod(text.c_str() + 6, nullptr));
+  m.validate();
+  return m;
 }
 
 }  // namespace masskv::cli

@@ -2,7 +2,10 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 #include <string_view>
+
+#include "masskv/mapping.hpp"
 
 namespace masskv::cli {
 
@@ -10,5 +13,7 @@ namespace masskv::cli {
 std::int64_t parse_count(std::string_view text, std::string_view option);
 // "1/32", "0.125" -> fraction in (0, 1].
 double parse_fraction(std::string_view text, std::string_view option);
+// "softmax" or "entmax<alpha>" ("entmax1.5", "entmax2") -> a validated mapping.
+Mapping parse_mapping(const std::string& text, std::string_view option);
 
 }  // namespace masskv::cli

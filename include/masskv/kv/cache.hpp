@@ -20,9 +20,15 @@ struct CacheConfig {
   DType dtype = DType::f16;
   int capacity_pages = 0;  // size of the pool; > 0
   Layout layout = Layout::HND;
-  // Also keep every key in the INT4 selector key format (kv/int4_keys.hpp, DESIGN.md §2.9),
-  // quantised from the stored key on append. Needs head_dim % 32 == 0.
+  // Also keep every key in a selector key format (kv/key_formats.hpp, DESIGN.md §2.9),
+  // quantised from the stored (converted) key on append. Needs head_dim % key_block(format)
+  // == 0 (32 for int4 and mxfp4, 16 for nvfp4).
+  bool selector_keys = false;
+  KeyFormat selector_key_format = KeyFormat::int4;
+  // The store's earlier switch, kept for its callers: true turns it on in the int4 format
+  // (selector_key_format must then stay int4).
   bool int4_selector_keys = false;
+  bool has_selector_keys() const { return selector_keys || int4_selector_keys; }
   void validate() const;
 };
 
@@ -50,10 +56,10 @@ class PagedKVCache {
 
   // Appends n tokens: k, v are [n][num_kv_heads][head_dim] f32, converted to the cache dtype
   // (round to nearest even). Summaries are updated in O(d) per token from the stored
-  // (converted) keys, and so are the INT4 selector keys when configured. Throws
+  // (converted) keys, and so are the selector keys when configured. Throws
   // Error(out_of_memory) when the pool runs out (nothing is appended then),
   // Error(non_finite, "k"/"v") on NaN/inf input, Error(out_of_range, "k") when a key is
-  // beyond the INT4 selector key range (|k| / 7 > 65504).
+  // beyond the selector key format's range (kv::key_encodable; int4: |k| / 7 > 65504).
   void append(SeqId seq, std::span<const float> k, std::span<const float> v, int n = 1);
 
   std::int64_t length(SeqId seq) const;
@@ -71,13 +77,14 @@ class PagedKVCache {
   // View for kernels; `table` must outlive the view's use.
   PagedKVView view(const PageTableStorage& table) const;
   SummariesView summaries() const;
-  // Empty (null) unless config().int4_selector_keys.
+  // Empty (null) unless config().has_selector_keys().
   SelectorKeysView selector_keys() const;
 
   // Bytes held per stored token: KV and (separately) summaries, for reports.
   double kv_bytes_per_token() const;
   double summary_bytes_per_token() const;
-  // INT4 selector keys: head_dim / 2 + head_dim / 16 bytes per kv head (0 when off).
+  // Selector keys: num_kv_heads * row_bytes(format, head_dim) (int4: head_dim / 2 +
+  // head_dim / 16 per kv head; 0 when off).
   double selector_key_bytes_per_token() const;
 
  private:

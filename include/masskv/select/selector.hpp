@@ -51,8 +51,8 @@ enum class GroupRule { union_heads, aggregate };
 // Source of a page's estimated mass for top_p (§2.4). `page_mean`: n_j e^{m_j} (biased low);
 // `page_gaussian`: n_j E[e^X] = n_j exp(m_j + v_j/2) for softmax, the Gaussian-model
 // entmax mass at tau_hat for entmax; `quant_keys`: the mapping (softmax or entmax) of scores
-// computed on the INT4 selector keys (§2.9, kv/int4_keys.hpp) of every token, summed per
-// page (SelectArgs::selector_keys must be set). Only top_p reads quant_keys; gaussian_tau
+// computed on the selector keys (§2.9, kv/key_formats.hpp; any of its formats) of every
+// token, summed per page (SelectArgs::selector_keys must be set). Only top_p reads quant_keys; gaussian_tau
 // takes it as page_gaussian.
 enum class MassSource { page_mean, page_gaussian, quant_keys };
 
@@ -79,7 +79,7 @@ struct SelectArgs {
   kv::SummariesView summaries;
   // Optional: bounds from the outward-rounded bf16 store instead of the f32 min/max.
   const BoundStoreView* bounds_bf16 = nullptr;
-  // INT4 selector keys of the cache's pool (PagedKVCache::selector_keys()), for
+  // Selector keys of the cache's pool (PagedKVCache::selector_keys(), any format), for
   // MassSource::quant_keys.
   kv::SelectorKeysView selector_keys;
   float scale = 0;  // 0 means 1/sqrt(d)
@@ -104,6 +104,12 @@ void run_selector(const SelectArgs& args, const SelectorConfig& config, SelectOu
 void exact_scores(const kv::PagedKVView& cache, int b, int kv_head, const float* q, float scale,
                   SelectionView::Unit unit, std::span<const std::int32_t> ids,
                   std::vector<double>& out);
+
+// f64 scores scale * q·k̂ of every token of sequence b, kv head h, from the selector keys
+// (computed on the codes, kv::dot_row; the scores MassSource::quant_keys maps), in token
+// order. `table` is the cache's page table (the selector keys share its pages).
+void selector_key_scores(const kv::SelectorKeysView& keys, const kv::PageTable& table, int b,
+                         int kv_head, const float* q, float scale, std::vector<double>& out);
 
 // Gaussian page model (§2.4): the expected entmax mass E[((alpha-1)X - tau)_+^{1/(alpha-1)}]
 // of X ~ N(m, v); closed forms for alpha 2 and 1.5, Gauss–Hermite quadrature otherwise.
