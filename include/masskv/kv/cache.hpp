@@ -7,6 +7,7 @@
 #include <span>
 #include <vector>
 
+#include "masskv/kv/key_rows.hpp"
 #include "masskv/kv/paged_kv.hpp"
 
 namespace masskv::kv {
@@ -23,6 +24,12 @@ struct CacheConfig {
   // Also keep every key in the INT4 selector key format (kv/int4_keys.hpp, DESIGN.md §2.9),
   // quantised from the stored key on append. Needs head_dim % 32 == 0.
   bool int4_selector_keys = false;
+  // A learned selector's key cache (kv/key_rows.hpp, DESIGN.md §2.8): per token
+  // key_row_groups rows of key_row_dim projected values, in the KV's pages (shared by forks,
+  // copied with a shared partial page). 0 groups: none; otherwise append takes the rows.
+  int key_row_groups = 0;
+  int key_row_dim = 0;
+  RowFormat key_row_format = RowFormat::f32;
   void validate() const;
 };
 
@@ -53,8 +60,11 @@ class PagedKVCache {
   // (converted) keys, and so are the INT4 selector keys when configured. Throws
   // Error(out_of_memory) when the pool runs out (nothing is appended then),
   // Error(non_finite, "k"/"v") on NaN/inf input, Error(out_of_range, "k") when a key is
-  // beyond the INT4 selector key range (|k| / 7 > 65504).
-  void append(SeqId seq, std::span<const float> k, std::span<const float> v, int n = 1);
+  // beyond the INT4 selector key range (|k| / 7 > 65504). With key rows configured,
+  // `key_rows` is [n][key_row_groups][key_row_dim] (Error(shape_mismatch / non_finite,
+  // "key_rows") otherwise); without, it must be empty.
+  void append(SeqId seq, std::span<const float> k, std::span<const float> v, int n = 1,
+              std::span<const float> key_rows = {});
 
   std::int64_t length(SeqId seq) const;
   int free_pages() const;
@@ -73,12 +83,16 @@ class PagedKVCache {
   SummariesView summaries() const;
   // Empty (null) unless config().int4_selector_keys.
   SelectorKeysView selector_keys() const;
+  // Empty (null) unless config().key_row_groups > 0.
+  KeyRowsView key_rows() const;
 
   // Bytes held per stored token: KV and (separately) summaries, for reports.
   double kv_bytes_per_token() const;
   double summary_bytes_per_token() const;
   // INT4 selector keys: head_dim / 2 + head_dim / 16 bytes per kv head (0 when off).
   double selector_key_bytes_per_token() const;
+  // Learned selector key rows: groups * row_bytes(format, dim) (0 when off).
+  double key_row_bytes_per_token() const;
 
  private:
   struct Impl;
