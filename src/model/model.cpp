@@ -352,6 +352,7 @@ void attend(const Model& model, Scratch& w, const Segment& seg, std::size_t row0
     select::run_selector(sa, *s.opt.selector, w.sel_out);
     sv = w.sel_out.selection.view();
     a.selection = &sv;
+    if (s.opt.on_selection) s.opt.on_selection(layer, sv);
     for (int h = 0; h < Hkv; ++h) {
       for (const std::int32_t id : sv.list(0, h)) {
         stats.kv_tokens_read +=

@@ -164,6 +164,9 @@ struct SessionOptions {
   // Called for every layer of every prefill block and decode step, before attention (for
   // `masskv dump`: real q/k/v for `masskv study`). Empty: nothing called.
   std::function<void(const LayerCapture&)> capture;
+  // Called at every decode step for every layer that ran the selector, with the selection
+  // attention used (tests and studies: which pages a selector chose). Empty: nothing called.
+  std::function<void(int layer, const SelectionView&)> on_selection;
 };
 
 // Per-step counters for reports (bench, run --verbose).
