@@ -71,6 +71,11 @@ void CacheConfig::validate() const {
     check_key_dim(KeyFormat::int4, head_dim, "int4_selector_keys");
   }
   if (selector_keys) check_key_dim(selector_key_format, head_dim, "selector_key_format");
+  require(key_row_groups >= 0 && key_row_dim >= 0 && (key_row_groups > 0) == (key_row_dim > 0),
+          invalid_argument, "key_row_groups", "key rows need groups > 0 and dim > 0 (or both 0), got ",
+          key_row_groups, " x ", key_row_dim);
+  require(key_row_format == RowFormat::f32 || key_row_format == RowFormat::bf16, invalid_argument,
+          "key_row_format", "unknown format ", static_cast<int>(key_row_format));
 }
 
 struct PagedKVCache::Impl {
@@ -89,6 +94,8 @@ struct PagedKVCache::Impl {
   std::vector<std::uint8_t> sk;                       // selector key codes [page][head][slot][.]
   std::vector<std::uint8_t> sk_scales;                // and their scales [page][head][slot][.]
   int sk_code_bytes = 0, sk_scale_bytes = 0;          // per row
+  std::vector<std::byte> krows;                       // key rows [page][group][slot][row]
+  std::size_t rows_per_page = 0;                      // bytes of one page of key rows
   std::vector<float> key_row;                         // scratch: one stored key in f32
   std::vector<std::int32_t> free_list;                // stack of free page ids
   std::vector<Sequence> seqs;                         // indexed by SeqId; ids are never reused
@@ -124,6 +131,11 @@ struct PagedKVCache::Impl {
       sk.assign(rows * static_cast<std::size_t>(sk_code_bytes), 0);
       sk_scales.assign(rows * static_cast<std::size_t>(sk_scale_bytes), 0);
       key_row.resize(static_cast<std::size_t>(d));
+    }
+    if (cfg.key_row_groups > 0) {
+      rows_per_page = static_cast<std::size_t>(cfg.key_row_groups) * static_cast<std::size_t>(P) *
+                      row_bytes(cfg.key_row_format, cfg.key_row_dim);
+      krows.assign(rows_per_page * static_cast<std::size_t>(pages), std::byte{0});
     }
     refcount.assign(static_cast<std::size_t>(pages), 0);
     free_list.reserve(static_cast<std::size_t>(pages));
@@ -161,6 +173,8 @@ struct PagedKVCache::Impl {
     std::fill_n(sm2.begin() + sum_at(p, 0), n, 0.0f);
     std::fill_n(svnorm.begin() + static_cast<std::size_t>(p) * cfg.num_kv_heads, cfg.num_kv_heads,
                 0.0f);
+    std::fill_n(krows.begin() + static_cast<std::ptrdiff_t>(static_cast<std::size_t>(p) * rows_per_page), rows_per_page,
+                std::byte{0});
     return p;
   }
 
@@ -190,6 +204,8 @@ struct PagedKVCache::Impl {
       std::copy_n(sk.begin() + old * nb, nb, sk.begin() + p * nb);
       std::copy_n(sk_scales.begin() + old * ns, ns, sk_scales.begin() + p * ns);
     }
+    std::copy_n(krows.begin() + static_cast<std::ptrdiff_t>(static_cast<std::size_t>(old) * rows_per_page), rows_per_page,
+                krows.begin() + static_cast<std::ptrdiff_t>(static_cast<std::size_t>(p) * rows_per_page));
     release_page(old);
     s.pages.back() = p;
   }
@@ -272,8 +288,30 @@ struct PagedKVCache::Impl {
     return fresh + (shared_partial(s) ? 1 : 0);
   }
 
+  // The key rows of one token into `slot` of `page`, group after group.
+  void write_rows(std::int32_t page, int slot, const float* x) {
+    const int G = cfg.key_row_groups, dim = cfg.key_row_dim;
+    const std::size_t rb = row_bytes(cfg.key_row_format, dim);
+    for (int g = 0; g < G; ++g) {
+      // The layout of KeyRowsView::row.
+      const std::size_t r = (static_cast<std::size_t>(page) * static_cast<std::size_t>(G) +
+                             static_cast<std::size_t>(g)) *
+                                static_cast<std::size_t>(cfg.page_size) +
+                            static_cast<std::size_t>(slot);
+      encode_row(cfg.key_row_format, x + static_cast<std::size_t>(g) * static_cast<std::size_t>(dim),
+                 dim, krows.data() + r * rb);
+    }
+  }
+
+  KeyRowsView key_rows_view() const {
+    if (cfg.key_row_groups == 0) return {};
+    return {krows.data(), cfg.key_row_format, cfg.capacity_pages, cfg.key_row_groups,
+            cfg.page_size, cfg.key_row_dim};
+  }
+
   template <class T>
-  void append(SeqId id, std::span<const float> kin, std::span<const float> vin, int n) {
+  void append(SeqId id, std::span<const float> kin, std::span<const float> vin, int n,
+              std::span<const float> rin) {
     Sequence& s = seq_at(id);
     require(n >= 0, ErrorCode::invalid_argument, "n", "must be >= 0, got ", n);
     const std::size_t tok = static_cast<std::size_t>(cfg.num_kv_heads) * cfg.head_dim;
@@ -282,9 +320,18 @@ struct PagedKVCache::Impl {
             " values, expected n * num_kv_heads * head_dim = ", want);
     require(vin.size() == want, ErrorCode::shape_mismatch, "v", "has ", vin.size(),
             " values, expected n * num_kv_heads * head_dim = ", want);
+    const std::size_t row_tok =
+        static_cast<std::size_t>(cfg.key_row_groups) * static_cast<std::size_t>(cfg.key_row_dim);
+    require(rin.size() == static_cast<std::size_t>(n) * row_tok, ErrorCode::shape_mismatch,
+            "key_rows", "has ", rin.size(), " values, expected n * key_row_groups * key_row_dim = ",
+            static_cast<std::size_t>(n) * row_tok);
     if (n == 0) return;
     check_input<T>(kin, "k");
     check_input<T>(vin, "v");
+    for (std::size_t i = 0; i < rin.size(); ++i) {
+      require(std::isfinite(rin[i]), ErrorCode::non_finite, "key_rows", "key_rows[", i, "] = ",
+              rin[i], " is not finite");
+    }
 
     // All-or-nothing: count every page this append takes before touching anything.
     const int P = cfg.page_size;
@@ -299,6 +346,7 @@ struct PagedKVCache::Impl {
       const int slot = static_cast<int>(s.length % P);
       if (slot == 0) s.pages.push_back(take_page());
       write_token<T>(s.pages.back(), slot, kin.data() + t * tok, vin.data() + t * tok);
+      if (row_tok > 0) write_rows(s.pages.back(), slot, rin.data() + static_cast<std::size_t>(t) * row_tok);
       ++s.length;
     }
   }
@@ -337,10 +385,11 @@ void PagedKVCache::free(SeqId seq) {
   s.alive = false;
 }
 
-void PagedKVCache::append(SeqId seq, std::span<const float> k, std::span<const float> v, int n) {
+void PagedKVCache::append(SeqId seq, std::span<const float> k, std::span<const float> v, int n,
+                          std::span<const float> key_rows) {
   visit_dtype(impl_->cfg.dtype, [&](auto tag) {
     using T = decltype(tag);
-    impl_->append<T>(seq, k, v, n);
+    impl_->append<T>(seq, k, v, n, key_rows);
   });
 }
 
@@ -415,6 +464,13 @@ SelectorKeysView PagedKVCache::selector_keys() const {
           m.cfg.num_kv_heads,
           m.cfg.page_size,
           m.cfg.head_dim};
+}
+
+KeyRowsView PagedKVCache::key_rows() const { return impl_->key_rows_view(); }
+
+double PagedKVCache::key_row_bytes_per_token() const {
+  const CacheConfig& c = impl_->cfg;
+  return c.key_row_groups * static_cast<double>(row_bytes(c.key_row_format, c.key_row_dim));
 }
 
 double PagedKVCache::selector_key_bytes_per_token() const {

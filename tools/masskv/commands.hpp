@@ -23,5 +23,7 @@ void register_model_commands(CLI::App& app);
 void register_dump(CLI::App& app);
 // `eval`: long-context tasks, dense against every selector (eval.cpp).
 void register_eval(CLI::App& app, const std::string& cmdline);
+// `selector init`: learned-selector files made without training (selector_init.cpp).
+void register_selector(CLI::App& app);
 
 }  // namespace masskv::cli

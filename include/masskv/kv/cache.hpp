@@ -7,6 +7,7 @@
 #include <span>
 #include <vector>
 
+#include "masskv/kv/key_rows.hpp"
 #include "masskv/kv/paged_kv.hpp"
 
 namespace masskv::kv {
@@ -29,6 +30,12 @@ struct CacheConfig {
   // (selector_key_format must then stay int4).
   bool int4_selector_keys = false;
   bool has_selector_keys() const { return selector_keys || int4_selector_keys; }
+  // A learned selector's key cache (kv/key_rows.hpp, DESIGN.md §2.8): per token
+  // key_row_groups rows of key_row_dim projected values, in the KV's pages (shared by forks,
+  // copied with a shared partial page). 0 groups: none; otherwise append takes the rows.
+  int key_row_groups = 0;
+  int key_row_dim = 0;
+  RowFormat key_row_format = RowFormat::f32;
   void validate() const;
 };
 
@@ -59,8 +66,12 @@ class PagedKVCache {
   // (converted) keys, and so are the selector keys when configured. Throws
   // Error(out_of_memory) when the pool runs out (nothing is appended then),
   // Error(non_finite, "k"/"v") on NaN/inf input, Error(out_of_range, "k") when a key is
-  // beyond the selector key format's range (kv::key_encodable; int4: |k| / 7 > 65504).
-  void append(SeqId seq, std::span<const float> k, std::span<const float> v, int n = 1);
+  // beyond the selector key format's range (kv::key_encodable; int4: |k| / 7 > 65504). With
+  // key rows configured,
+  // `key_rows` is [n][key_row_groups][key_row_dim] (Error(shape_mismatch / non_finite,
+  // "key_rows") otherwise); without, it must be empty.
+  void append(SeqId seq, std::span<const float> k, std::span<const float> v, int n = 1,
+              std::span<const float> key_rows = {});
 
   std::int64_t length(SeqId seq) const;
   int free_pages() const;
@@ -79,6 +90,8 @@ class PagedKVCache {
   SummariesView summaries() const;
   // Empty (null) unless config().has_selector_keys().
   SelectorKeysView selector_keys() const;
+  // Empty (null) unless config().key_row_groups > 0.
+  KeyRowsView key_rows() const;
 
   // Bytes held per stored token: KV and (separately) summaries, for reports.
   double kv_bytes_per_token() const;
@@ -86,6 +99,8 @@ class PagedKVCache {
   // Selector keys: num_kv_heads * row_bytes(format, head_dim) (int4: head_dim / 2 +
   // head_dim / 16 per kv head; 0 when off).
   double selector_key_bytes_per_token() const;
+  // Learned selector key rows: groups * row_bytes(format, dim) (0 when off).
+  double key_row_bytes_per_token() const;
 
  private:
   struct Impl;

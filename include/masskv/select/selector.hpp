@@ -7,6 +7,7 @@
 #include <string_view>
 #include <vector>
 
+#include "masskv/kv/key_rows.hpp"
 #include "masskv/kv/paged_kv.hpp"
 #include "masskv/mapping.hpp"
 #include "masskv/select/page_bound.hpp"
@@ -23,6 +24,8 @@ enum class Method {
   entmax_support,  // grown by bound until the §2.2 certificate holds (EntmaxKV)
   gaussian_tau,    // pages whose bound reaches the Gaussian-model tau_hat (EntmaxKV, §2.4)
   oracle,          // true attention mass (§2.7): a reference, it reads every key
+  learned,         // pages by the mass of softmax(ŝ) of a learned selector (§2.8): the scores
+                   // of SelectArgs::learned_q against the key rows SelectArgs::learned_keys
 };
 std::string_view to_string(Method m);
 // Parses the names above ("sink_recent", "top_p", ...). Throws Error naming `argument`.
@@ -33,12 +36,14 @@ Method parse_method(std::string_view name, std::string_view argument);
 struct Budget {
   enum class Kind {
     fixed,     // exactly ceil(tokens / page_size) pages (kept pages count; never fewer)
-    top_p,     // the smallest set whose *estimated* mass >= p, at most `tokens` (0: no cap)
+    top_p,     // the smallest set whose *estimated* mass >= p, at most `tokens` (0: no cap),
+               // at least `min_tokens`: §2.8's top-K ∧ top-p clamped to [K_min, K_max]
     adaptive,  // the selector's own stopping rule (certificate, tau_hat reach), capped likewise
   };
   Kind kind = Kind::fixed;
   std::int64_t tokens = 0;  // fixed: the budget; otherwise the cap (0 = none)
   double p = 0.9;           // top_p target mass in (0, 1]
+  std::int64_t min_tokens = 0;  // top_p only: pages for at least this many tokens (K_min)
 };
 
 // GQA: one selection per kv group (DESIGN.md §3). `union_heads` interleaves the q heads'
@@ -83,6 +88,12 @@ struct SelectArgs {
   // MassSource::quant_keys.
   kv::SelectorKeysView selector_keys;
   float scale = 0;  // 0 means 1/sqrt(d)
+  // Method::learned: the step's projected queries [B][groups][d_s] and the pool's key rows
+  // (PagedKVCache::key_rows(), groups x d_s per token). groups == 1 is head-collapsed (one
+  // page list for every kv head); groups == the cache's kv heads: kv head h uses group h.
+  // ŝ_t = q_g · k_{g,t} as stored (the selector carries its own scale).
+  View3<const float> learned_q;
+  kv::KeyRowsView learned_keys;
 };
 
 // Per (b, q head) estimate, [B][Hq]: tau_hat (gaussian_tau), the exact tau(S) on the
