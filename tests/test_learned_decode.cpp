@@ -24,6 +24,7 @@
 #include "expect_error.hpp"
 #include "installed_model.hpp"
 #include "masskv/kv/cache.hpp"
+#include "masskv/kv/key_formats.hpp"
 #include "masskv/learn/construct.hpp"
 #include "masskv/learn/project.hpp"
 #include "masskv/model/model.hpp"
@@ -120,6 +121,55 @@ TEST(KeyRows, BadRowsAndConfigsThrow) {
                "key_row_groups");
   expect_error([] { (void)kv::parse_row_format("int3", "--selector-key-format"); },
                ErrorCode::invalid_argument, "--selector-key-format");
+}
+
+// The 4-bit row formats (§2.9) in the key cache: a stored row decodes to what
+// kv::quantize_row / dequantize_row give, forks share it, and score_rows on the codes equals
+// the f64 dot with the decoded values within (dim + 4) 2^-24 Σ|q x̂| (f32 sums per block).
+TEST(KeyRows, FourBitFormatsStoreQuantisedRowsAndScoreThem) {
+  for (const kv::RowFormat f : {kv::RowFormat::int4, kv::RowFormat::mxfp4, kv::RowFormat::nvfp4}) {
+    SCOPED_TRACE(to_string(f));
+    const kv::KeyFormat kf = f == kv::RowFormat::int4    ? kv::KeyFormat::int4
+                             : f == kv::RowFormat::mxfp4 ? kv::KeyFormat::mxfp4
+                                                         : kv::KeyFormat::nvfp4;
+    std::mt19937 rng(11);
+    const int G = 2, dim = 64, tok = 2 * 8, n = 9;
+    kv::PagedKVCache cache(rows_config(f, G, dim));
+    const kv::SeqId a = cache.create();
+    const auto k = randn(n * tok, rng), v = randn(n * tok, rng), r = randn(n * G * dim, rng);
+    cache.append(a, k, v, n, r);
+    const kv::SeqId b = cache.fork(a);
+    const kv::KeyRowsView view = cache.key_rows();
+    EXPECT_EQ(view.row_bytes(), static_cast<std::size_t>(kv::row_bytes(kf, dim)));
+    EXPECT_EQ(cache.key_row_bytes_per_token(), G * static_cast<double>(kv::row_bytes(kf, dim)));
+    const auto t = cache.page_table(std::span<const kv::SeqId>(&b, 1));
+    const auto q = randn(dim, rng);
+    std::vector<std::uint8_t> codes(static_cast<std::size_t>(kv::code_bytes(kf, dim)));
+    std::vector<std::uint8_t> scales(static_cast<std::size_t>(kv::scale_bytes(kf, dim)) + 1);
+    std::vector<float> want(static_cast<std::size_t>(dim));
+    for (int tokn = 0; tokn < n; ++tokn) {
+      for (int g = 0; g < G; ++g) {
+        const float* x = r.data() + (tokn * G + g) * dim;
+        kv::quantize_row(kf, x, dim, codes.data(), scales.data());
+        kv::dequantize_row(kf, codes.data(), scales.data(), dim, want.data());
+        const std::int32_t page = t.indices[static_cast<std::size_t>(tokn / 4)];
+        EXPECT_EQ(stored_row(view, page, g, tokn % 4), want) << "token " << tokn;
+        double exact = 0, mag = 0;
+        for (int c = 0; c < dim; ++c) {
+          exact += static_cast<double>(q[c]) * want[c];
+          mag += std::fabs(static_cast<double>(q[c]) * want[c]);
+        }
+        double got = 0;
+        kv::score_rows(f, q.data(), view.row(page, g, tokn % 4), 0, 1, dim, &got);
+        EXPECT_NEAR(got, exact, (dim + 4) * 0x1p-24 * mag + 1e-30) << "token " << tokn;
+      }
+    }
+  }
+  expect_error([] { rows_config(kv::RowFormat::int4, 1, 48).validate(); },
+               ErrorCode::invalid_argument, "key_row_dim");
+  expect_error([] { rows_config(kv::RowFormat::nvfp4, 1, 24).validate(); },
+               ErrorCode::invalid_argument, "key_row_dim");
+  EXPECT_EQ(kv::parse_row_format("mxfp4", "x"), kv::RowFormat::mxfp4);
 }
 
 // ---- projections ----------------------------------------------------------------------------

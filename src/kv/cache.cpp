@@ -74,8 +74,9 @@ void CacheConfig::validate() const {
   require(key_row_groups >= 0 && key_row_dim >= 0 && (key_row_groups > 0) == (key_row_dim > 0),
           invalid_argument, "key_row_groups", "key rows need groups > 0 and dim > 0 (or both 0), got ",
           key_row_groups, " x ", key_row_dim);
-  require(key_row_format == RowFormat::f32 || key_row_format == RowFormat::bf16, invalid_argument,
-          "key_row_format", "unknown format ", static_cast<int>(key_row_format));
+  require(key_row_format <= RowFormat::nvfp4, invalid_argument, "key_row_format",
+          "unknown format ", static_cast<int>(key_row_format));
+  if (key_row_groups > 0) check_row_dim(key_row_format, key_row_dim, "key_row_dim");
 }
 
 struct PagedKVCache::Impl {

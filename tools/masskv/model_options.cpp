@@ -41,7 +41,8 @@ void add_model_options(CLI::App* app, ModelOptions& o, bool with_threads) {
                   "--selector learned: the learned selector (GGUF from masskv distill or "
                   "masskv selector init)");
   app->add_option("--selector-key-format", o.selector_key_format,
-                  "--selector learned: storage of its key cache, f32 or bf16")
+                  "--selector learned: storage of its key cache, f32, bf16, int4, mxfp4 or "
+                  "nvfp4 (the 4-bit ones need d_s % 32 == 0, nvfp4 % 16)")
       ->capture_default_str();
   app->add_option("--sink-pages", o.sink_pages, "Pages at the start always kept")
       ->capture_default_str();
