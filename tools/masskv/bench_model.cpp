@@ -116,7 +116,8 @@ std::vector<Row> bench_ours(const model::Model& mdl, const BenchOptions& o, int 
   // Every fork of the largest batch alive at once.
   so.fork_pages = *std::max_element(o.batch.begin(), o.batch.end()) *
                   (static_cast<int>((longest + 16) / o.m.page_size) + 2);
-  so.selector = selector_config(o.m, depth + n_gen);
+  set_attention(o.m, mdl, so);
+  so.selector = selector_config(o.m, depth + n_gen, so.mapping);
   model::Session base(mdl, so);
   std::vector<float> logits(static_cast<std::size_t>(cfg.n_vocab));
   if (depth > 0) {
@@ -126,8 +127,9 @@ std::vector<Row> bench_ours(const model::Model& mdl, const BenchOptions& o, int 
   // Bytes one KV row (one token of one kv head of one layer) takes.
   const double row_bytes =
       base.kv_bytes_per_token() / (static_cast<double>(cfg.n_layer) * cfg.n_head_kv);
-  const std::string attention =
+  std::string attention =
       so.selector ? fmt::format("{} {}", o.m.selector, so.selector->budget.tokens) : "dense";
+  if (so.mapping.is_entmax()) attention += fmt::format(" (converted entmax{:g})", so.mapping.alpha);
   std::vector<Row> rows;
   if (n_prompt > 0) {
     Row r = make_row("masskv", "dense", fmt::format("pp{}", n_prompt), threads, depth, n_prompt);

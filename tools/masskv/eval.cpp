@@ -26,6 +26,7 @@
 #include "masskv/error.hpp"
 #include "masskv/eval/runner.hpp"
 #include "masskv/eval/tasks.hpp"
+#include "masskv/learn/conversion.hpp"
 #include "masskv/model/locate.hpp"
 #include "parse.hpp"
 #include "plots.hpp"
@@ -55,6 +56,11 @@ struct EvalOptions {
   int window = 0;
   double top_p_mass = 0.95;
   double entmax_alpha = 1.5;
+  bool alpha_given = false;
+  // --entmax-conversion: the entmax rows run the converted model (its α and temperatures).
+  std::string entmax_conversion;
+  std::vector<float> temperature;  // loaded from it; empty: no conversion
+  std::uint64_t conversion_hash = 0;
   bool plots = true;
 };
 
@@ -93,7 +99,7 @@ Preset full_preset(const std::string& model) {
 // A row of the report: a decode method at a budget. Dense rows have budget "-".
 struct MethodRow {
   std::string method, budget;
-  bool entmax = false;  // entmax mapping on a softmax-trained model
+  bool entmax = false;  // entmax attention: converted with --entmax-conversion, else plain
 };
 
 bool is_dense(const std::string& m) { return m == "dense" || m == "dense_entmax"; }
@@ -127,6 +133,7 @@ std::int64_t budget_tokens(const std::string& budget, std::int64_t length) {
 eval::DecodeConfig decode_config(const MethodRow& row, std::int64_t length, const EvalOptions& o) {
   eval::DecodeConfig c;
   c.mapping = row.entmax ? Mapping::entmax(o.entmax_alpha) : Mapping::softmax();
+  if (row.entmax) c.score_multipliers = o.temperature;
   if (is_dense(row.method)) return c;
   select::SelectorConfig s;
   s.method = select::parse_method(row.method, "--methods");
@@ -150,8 +157,11 @@ eval::DecodeConfig decode_config(const MethodRow& row, std::int64_t length, cons
   return c;
 }
 
-std::string attention_label(const MethodRow& row, double alpha) {
-  return row.entmax ? fmt::format("entmax{:g} on a softmax-trained model", alpha) : "softmax";
+std::string attention_label(const MethodRow& row, const EvalOptions& o) {
+  if (!row.entmax) return "softmax";
+  return o.temperature.empty()
+             ? fmt::format("entmax{:g} on a softmax-trained model", o.entmax_alpha)
+             : fmt::format("converted entmax{:g}", o.entmax_alpha);
 }
 
 // ---- the cache ------------------------------------------------------------------------------
@@ -229,8 +239,11 @@ void from_json(const json& j, Record& r) {
 // Everything that changes a result is in the key: the page size, the kept pages and the
 // selector parameters too, so a run with other settings never reads stale entries.
 std::string settings_tag(const EvalOptions& o) {
-  return fmt::format("p{}s{}w{}tp{:g}a{:g}", o.page_size, o.sink_pages, o.window, o.top_p_mass,
-                     o.entmax_alpha);
+  std::string tag = fmt::format("p{}s{}w{}tp{:g}a{:g}", o.page_size, o.sink_pages, o.window,
+                                o.top_p_mass, o.entmax_alpha);
+  // The conversion file's hash: another fit never reads these entmax results.
+  if (!o.temperature.empty()) tag += fmt::format("c{:016x}", o.conversion_hash);
+  return tag;
 }
 
 std::string record_key(const std::string& model, const SampleId& s, const MethodRow& m,
@@ -368,9 +381,15 @@ void write_reports(const EvalOptions& o, const RunInfo& info, const std::vector<
         "unselected key read; 0 = nothing dropped); certified = heads whose selection is "
         "proven exact; tok/s = decode steps per second of one worker thread, a batched step's "
         "time divided among its rows (attention: each row its own; the rest: equal shares). "
-        "Rows marked "
-        "entmax run α-entmax attention on a softmax-trained model (no conversion yet): "
-        "compare them with `dense_entmax`, not with `dense`.\n\n");
+        "{}\n\n",
+        o.temperature.empty()
+            ? "Rows marked entmax run α-entmax attention on a softmax-trained model (no "
+              "conversion): compare them with `dense_entmax`, not with `dense`."
+            : fmt::format("Rows marked converted entmax run the entmax conversion `{}` "
+                          "(`masskv convert`, per-head temperatures; file hash {:016x}): "
+                          "`dense_entmax` is the converted model itself, its selectors are "
+                          "exact against it where certified.",
+                          o.entmax_conversion, o.conversion_hash));
     md.print(
         "| task | length | method | budget | attention | n | accuracy % (95% CI) | KV read % | "
         "δ bound | certified % | tok/s |\n");
@@ -432,14 +451,15 @@ void write_reports(const EvalOptions& o, const RunInfo& info, const std::vector<
 
 // The console summary: methods × lengths, accuracy averaged over the tasks.
 void print_summary(const std::vector<Cell>& cells, const std::vector<MethodRow>& rows,
-                   const std::vector<std::int64_t>& lengths) {
+                   const std::vector<std::int64_t>& lengths, bool converted) {
   fmt::print("\n| method | budget | attention |");
   for (const std::int64_t L : lengths) fmt::print(" {} acc % | KV read % |", L);
   fmt::print(" δ bound |\n| --- | --- | --- |");
   for (std::size_t i = 0; i < lengths.size(); ++i) fmt::print(" ---: | ---: |");
   fmt::print(" ---: |\n");
   for (const MethodRow& r : rows) {
-    fmt::print("| {} | {} | {} |", r.method, r.budget, r.entmax ? "entmax" : "softmax");
+    fmt::print("| {} | {} | {} |", r.method, r.budget,
+               !r.entmax ? "softmax" : converted ? "converted entmax" : "entmax");
     double delta = 0, n = 0;
     for (const std::int64_t L : lengths) {
       double acc = 0, kv = 0, k = 0;
@@ -488,6 +508,21 @@ void run_eval(EvalOptions o, const std::string& cmdline) {
   const auto mdl = model::Model::load(path);
   const model::ChatTemplate chat = model::ChatTemplate::from_gguf(mdl->file());
   const std::string model_name = fs::path(path).filename().string();
+  if (!o.entmax_conversion.empty()) {
+    learn::EntmaxConversion conv;
+    try {
+      conv = learn::load_conversion(o.entmax_conversion);
+    } catch (const Error& e) {
+      fail(e.code(), "--entmax-conversion", e.what());
+    }
+    conv.check_model(*mdl, "--entmax-conversion");
+    require(!o.alpha_given || o.entmax_alpha == conv.alpha, ErrorCode::invalid_argument, "--alpha",
+            o.entmax_alpha, " differs from the conversion's α ", conv.alpha,
+            " (--entmax-conversion sets it)");
+    o.entmax_alpha = conv.alpha;
+    o.temperature = conv.temperature;
+    o.conversion_hash = conv.file_hash;
+  }
   for (const std::int64_t L : lengths) {
     require(L <= mdl->config().n_ctx_train, ErrorCode::invalid_argument, "--lengths", L,
             " tokens exceed the model's context of ", mdl->config().n_ctx_train);
@@ -613,7 +648,7 @@ void run_eval(EvalOptions o, const std::string& cmdline) {
   for (const std::string& task : o.tasks) {
     for (const std::int64_t L : lengths) {
       for (const MethodRow& row : rows) {
-        Cell c{task, row.method, row.budget, attention_label(row, o.entmax_alpha), L};
+        Cell c{task, row.method, row.budget, attention_label(row, o), L};
         for (int i = 0; i < o.samples; ++i) {
           const SampleId id{task, L, i, sample_seed(o.seed, task, L, i)};
           if (const Record* r = cache.find(record_key(model_name, id, row, tag))) {
@@ -637,7 +672,7 @@ void run_eval(EvalOptions o, const std::string& cmdline) {
   info.wall_seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
   write_reports(o, info, cells, records);
-  print_summary(cells, rows, lengths);
+  print_summary(cells, rows, lengths, !o.temperature.empty());
   fmt::print("\nfull table: {}/results.md (also results.csv, results.json)\n", o.out_dir);
   if (o.plots) {
     run_plot_script("eval", "plot_eval.py", {o.out_dir + "/results.csv", o.out_dir});
@@ -672,7 +707,8 @@ void register_eval(CLI::App& app, const std::string& cmdline) {
       ->delimiter(',');
   e->add_option("--methods", o->methods,
                 "dense, sink_recent, quest, top_p, oracle, dense_entmax, entmax_support, "
-                "gaussian_tau (the last three run entmax attention on the softmax model)")
+                "gaussian_tau (the last three run entmax attention: on the softmax model, or "
+                "converted with --entmax-conversion)")
       ->delimiter(',');
   e->add_option("--budgets", o->budgets,
                 "KV budgets: fractions of the length (1/16) or tokens (256); caps for top_p, "
@@ -699,7 +735,12 @@ void register_eval(CLI::App& app, const std::string& cmdline) {
       ->capture_default_str();
   e->add_option("--top-p-mass", o->top_p_mass, "Target estimated mass of top_p")
       ->capture_default_str();
-  e->add_option("--alpha", o->entmax_alpha, "α of the entmax rows")->capture_default_str();
+  e->add_option("--alpha", o->entmax_alpha, "α of the entmax rows")
+      ->capture_default_str()
+      ->each([o](const std::string&) { o->alpha_given = true; });
+  e->add_option("--entmax-conversion", o->entmax_conversion,
+                "Entmax rows run the converted entmax model of this `masskv convert` file (its "
+                "α and per-head temperatures) instead of plain entmax on the softmax model");
   e->add_flag("!--no-plots", o->plots, "Skip the PNG plots");
   e->callback([o, cmdline] { run_eval(*o, cmdline); });
 }

@@ -6,6 +6,7 @@
 #include <cmath>
 
 #include "masskv/error.hpp"
+#include "masskv/learn/conversion.hpp"
 #include "masskv/model/locate.hpp"
 #include "parse.hpp"
 #include "progress.hpp"
@@ -32,15 +33,34 @@ void add_model_options(CLI::App* app, ModelOptions& o, bool with_threads) {
   app->add_option("--top-p-mass", o.top_p_mass, "Target mass of the top_p selector")
       ->capture_default_str();
   app->add_option("--page", o.page_size, "KV page size (tokens)")->capture_default_str();
+  app->add_option("--entmax-conversion", o.entmax_conversion,
+                  "Run the converted entmax model: a `masskv convert` file (α and per-head "
+                  "temperatures fitted to this model); enables --selector entmax_support");
 }
 
-std::optional<select::SelectorConfig> selector_config(const ModelOptions& o, std::int64_t context) {
+void set_attention(const ModelOptions& o, const model::Model& model, model::SessionOptions& so) {
+  so.mapping = Mapping::softmax();
+  so.score_multipliers.clear();
+  if (o.entmax_conversion.empty()) return;
+  learn::EntmaxConversion conv;
+  try {
+    conv = learn::load_conversion(o.entmax_conversion);
+  } catch (const Error& e) {
+    fail(e.code(), "--entmax-conversion", e.what());
+  }
+  conv.check_model(model, "--entmax-conversion");
+  conv.apply(so);
+}
+
+std::optional<select::SelectorConfig> selector_config(const ModelOptions& o, std::int64_t context,
+                                                      const Mapping& mapping) {
   if (o.selector == "dense") return std::nullopt;
   select::SelectorConfig c;
   c.method = select::parse_method(o.selector, "--selector");
-  require(c.method != select::Method::entmax_support, ErrorCode::unsupported, "--selector",
-          "entmax_support needs entmax attention; the models use softmax");
-  c.mapping = Mapping::softmax();
+  require(c.method != select::Method::entmax_support || mapping.is_entmax(),
+          ErrorCode::unsupported, "--selector",
+          "entmax_support needs entmax attention: pass --entmax-conversion FILE");
+  c.mapping = mapping;
   c.sink_pages = o.sink_pages;
   c.window_tokens = o.window;
   if (o.budget.find('/') != std::string::npos || o.budget.find('.') != std::string::npos) {
@@ -53,6 +73,10 @@ std::optional<select::SelectorConfig> selector_config(const ModelOptions& o, std
   if (c.method == select::Method::top_p) {
     c.budget.kind = select::Budget::Kind::top_p;
     c.budget.p = o.top_p_mass;
+  }
+  if (mapping.is_entmax() &&
+      (c.method == select::Method::entmax_support || c.method == select::Method::gaussian_tau)) {
+    c.budget.kind = select::Budget::Kind::adaptive;
   }
   return c;
 }

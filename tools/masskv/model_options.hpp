@@ -23,13 +23,21 @@ struct ModelOptions {
   int window = 64;
   double top_p_mass = 0.95;
   int page_size = 16;
+  std::string entmax_conversion;  // a `masskv convert` file: run the converted entmax model
 };
 
 // Registers -m, -t (unless with_threads is false), --selector, --budget, --sink-pages, --window,
-// --top-p-mass, --page.
+// --top-p-mass, --page, --entmax-conversion.
 void add_model_options(CLI::App* app, ModelOptions& o, bool with_threads = true);
-// nullopt for dense; the budget is relative to `context` when given as a fraction.
-std::optional<select::SelectorConfig> selector_config(const ModelOptions& o, std::int64_t context);
+// The attention of the sessions: softmax (the model as trained), or with --entmax-conversion
+// the converted entmax model (mapping entmax(α) + the per-head temperatures), the file checked
+// against `model` (errors name --entmax-conversion).
+void set_attention(const ModelOptions& o, const model::Model& model, model::SessionOptions& so);
+// nullopt for dense; the budget is relative to `context` when given as a fraction. The
+// selector serves `mapping` (the session's); entmax_support needs entmax, and under entmax
+// entmax_support and gaussian_tau stop by their own rule with the budget as a cap (as the eval).
+std::optional<select::SelectorConfig> selector_config(const ModelOptions& o, std::int64_t context,
+                                                      const Mapping& mapping);
 // OpenMP threads for what follows (0 keeps OpenMP's default).
 void set_threads(int threads);
 // Session::prefill with a progress bar named `label` (long prompts take minutes).
