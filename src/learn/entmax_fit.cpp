@@ -307,6 +307,21 @@ double mean_proxy(const ScoreRows& rows, Proxy proxy, double alpha, double t) {
   return HeadObjective(rows, proxy, alpha)(t);
 }
 
+double support_fraction(const ScoreRows& rows, double alpha, double t) {
+  check_alpha(alpha);
+  std::vector<double> theta, p;
+  double sum = 0;
+  for (std::size_t r = 0; r < rows.rows(); ++r) {
+    const std::span<const float> s = rows.row(r);
+    theta.resize(s.size());
+    p.resize(s.size());
+    for (std::size_t i = 0; i < s.size(); ++i) theta[i] = t * static_cast<double>(s[i]);
+    const EntmaxThreshold th = entmax(std::span<const double>(theta), alpha, std::span<double>(p));
+    sum += static_cast<double>(th.support) / static_cast<double>(s.size());
+  }
+  return rows.rows() > 0 ? sum / static_cast<double>(rows.rows()) : 0.0;
+}
+
 std::vector<float> fit_temperatures(const CalibrationScores& scores, double alpha, Proxy proxy,
                                     const FitProgress& progress) {
   check_alpha(alpha);
@@ -317,9 +332,9 @@ std::vector<float> fit_temperatures(const CalibrationScores& scores, double alph
 #pragma omp parallel for schedule(dynamic)
   for (std::int64_t i = 0; i < n; ++i) {
     HeadObjective objective(scores.heads[sz(i)], proxy, alpha);
-    // log t on [log 2^-4, log 2^8], grid step 0.35 (a factor 1.4), then golden section.
+    // log t on [log 2^-8, log 2^8], grid step 0.35 (a factor 1.4), then golden section.
     const Minimum m = minimize_1d([&](double x) { return objective(std::exp(x)); },
-                                  -4 * std::log(2.0), 8 * std::log(2.0), 25, 1e-4);
+                                  -8 * std::log(2.0), 8 * std::log(2.0), 33, 1e-4);
     t[sz(i)] = static_cast<float>(std::exp(m.x));
 #pragma omp critical(masskv_fit_progress)
     report(progress, phase, ++done, n);
@@ -445,6 +460,15 @@ ConvertResult convert(const model::Model& model, std::span<const std::vector<mod
   conv.calibration_kl = best_kl;
   conv.validate();
   result.unconverted_kl = evaluate(conv.alpha, std::vector<float>(conv.temperature.size(), 1.0f));
+  std::vector<double> support(scores.heads.size()), plain(scores.heads.size());
+#pragma omp parallel for schedule(dynamic)
+  for (std::int64_t i = 0; i < static_cast<std::int64_t>(support.size()); ++i) {
+    support[sz(i)] = support_fraction(scores.heads[sz(i)], conv.alpha, conv.temperature[sz(i)]);
+    plain[sz(i)] = support_fraction(scores.heads[sz(i)], conv.alpha, 1.0);
+  }
+  const auto n_heads = static_cast<double>(support.size());
+  result.support = std::accumulate(support.begin(), support.end(), 0.0) / n_heads;
+  result.unconverted_support = std::accumulate(plain.begin(), plain.end(), 0.0) / n_heads;
   return result;
 }
 

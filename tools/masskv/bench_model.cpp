@@ -116,7 +116,7 @@ std::vector<Row> bench_ours(const model::Model& mdl, const BenchOptions& o, int 
   // Every fork of the largest batch alive at once.
   so.fork_pages = *std::max_element(o.batch.begin(), o.batch.end()) *
                   (static_cast<int>((longest + 16) / o.m.page_size) + 2);
-  set_attention(o.m, mdl, so);
+  const std::string mapping_label = set_attention(o.m, mdl, so);
   so.selector = selector_config(o.m, depth + n_gen, so.mapping);
   model::Session base(mdl, so);
   std::vector<float> logits(static_cast<std::size_t>(cfg.n_vocab));
@@ -129,7 +129,7 @@ std::vector<Row> bench_ours(const model::Model& mdl, const BenchOptions& o, int 
       base.kv_bytes_per_token() / (static_cast<double>(cfg.n_layer) * cfg.n_head_kv);
   std::string attention =
       so.selector ? fmt::format("{} {}", o.m.selector, so.selector->budget.tokens) : "dense";
-  if (so.mapping.is_entmax()) attention += fmt::format(" (converted entmax{:g})", so.mapping.alpha);
+  if (so.mapping.is_entmax()) attention += " (" + mapping_label + ")";
   std::vector<Row> rows;
   if (n_prompt > 0) {
     Row r = make_row("masskv", "dense", fmt::format("pp{}", n_prompt), threads, depth, n_prompt);

@@ -34,8 +34,29 @@ struct ConvertCliOptions {
   std::string proxy = "both";
   std::vector<double> scales = {0.7, 0.85, 1.2, 1.4};
   int threads = 0;
+  bool identity = false;
   std::string out;
 };
+
+// t = 1 on every head at one α: plain entmax on the softmax-trained model, as a file, so the
+// commands that take --entmax-conversion can run the unconverted reference too.
+void write_identity(const model::Model& m, double alpha, const std::string& out) {
+  learn::EntmaxConversion c;
+  const model::ModelConfig& cfg = m.config();
+  c.alpha = alpha;
+  c.architecture = m.file().get_or<std::string>("general.architecture", "");
+  c.model_name = m.file().get_or<std::string>("general.name", "");
+  c.n_layer = cfg.n_layer;
+  c.n_embd = cfg.n_embd;
+  c.n_head = cfg.n_head;
+  c.n_head_kv = cfg.n_head_kv;
+  c.head_dim = cfg.head_dim;
+  c.temperature.assign(static_cast<std::size_t>(cfg.n_layer) * static_cast<std::size_t>(cfg.n_head),
+                       1.0f);
+  c.proxy = "identity";
+  save(c, out);
+  fmt::print(stderr, "masskv convert: wrote {} (identity: t = 1, α {:g}, not fitted)\n", out, alpha);
+}
 
 // The calibration chunks: `tokens` tokens from the middle of the text on (the first half stays
 // held out: `masskv perplexity -f` scores the text's first chunks), ctx tokens each, bos first
@@ -88,6 +109,12 @@ void run_convert(const ConvertCliOptions& o) {
   const std::int64_t ctx = parse_count(o.ctx, "-c");
   const std::string path = model::resolve_model(o.model).string();
   auto mdl = model::Model::load(path);
+  if (o.identity) {
+    require(co.alphas.size() == 1, ErrorCode::invalid_argument, "--alpha",
+            "--identity takes one α, got ", co.alphas.size());
+    write_identity(*mdl, co.alphas.front(), o.out);
+    return;
+  }
   const auto chunks = calibration_chunks(*mdl, load_text(o.text, "-f"), tokens, ctx);
 
   std::map<std::string, std::unique_ptr<Progress>, std::less<>> bars;
@@ -114,10 +141,11 @@ void run_convert(const ConvertCliOptions& o) {
   std::sort(t.begin(), t.end());
   fmt::print(
       "\nchosen: α {:g}, proxy {}, multiplier {:g}: KL {:.4f} nats (unconverted entmax, t = 1: "
-      "{:.4f}); t over {} heads: min {:.3g}, median {:.3g}, max {:.3g}\n",
+      "{:.4f}); t over {} heads: min {:.3g}, median {:.3g}, max {:.3g}; mean support {:.1f}% of "
+      "the keys on the calibration rows ({:.1f}% at t = 1)\n",
       r.conversion.alpha, r.conversion.proxy, r.conversion.global_scale,
       r.conversion.calibration_kl, r.unconverted_kl, t.size(), t.front(), t[t.size() / 2],
-      t.back());
+      t.back(), 100 * r.support, 100 * r.unconverted_support);
   fmt::print(stderr, "masskv convert: {} calibration tokens ({} chunks of {}), {:.0f} s, wrote {}\n",
              r.conversion.calibration_tokens, chunks.size(), ctx, seconds_since(t0), o.out);
 }
@@ -159,6 +187,9 @@ void register_convert(CLI::App& app) {
   cmd->add_option("-f,--text", o->text,
                   "Calibration text (default: the Debian Policy Manual, debian-policy)");
   cmd->add_option("-t,--threads", o->threads, "Threads (0: all cores)")->capture_default_str();
+  cmd->add_flag("--identity", o->identity,
+                "Fit nothing: write t = 1 on every head (plain α-entmax on the softmax-trained "
+                "model, the unconverted reference for perplexity and eval)");
   cmd->callback([o] { run_convert(*o); });
 }
 

@@ -61,6 +61,7 @@ struct EvalOptions {
   std::string entmax_conversion;
   std::vector<float> temperature;  // loaded from it; empty: no conversion
   std::uint64_t conversion_hash = 0;
+  bool conversion_identity = false;  // a `convert --identity` file: t = 1, not converted
   bool plots = true;
 };
 
@@ -161,7 +162,8 @@ std::string attention_label(const MethodRow& row, const EvalOptions& o) {
   if (!row.entmax) return "softmax";
   return o.temperature.empty()
              ? fmt::format("entmax{:g} on a softmax-trained model", o.entmax_alpha)
-             : fmt::format("converted entmax{:g}", o.entmax_alpha);
+         : o.conversion_identity ? fmt::format("entmax{:g}, t = 1 (unconverted)", o.entmax_alpha)
+                                 : fmt::format("converted entmax{:g}", o.entmax_alpha);
 }
 
 // ---- the cache ------------------------------------------------------------------------------
@@ -522,6 +524,7 @@ void run_eval(EvalOptions o, const std::string& cmdline) {
     o.entmax_alpha = conv.alpha;
     o.temperature = conv.temperature;
     o.conversion_hash = conv.file_hash;
+    o.conversion_identity = conv.proxy == "identity";
   }
   for (const std::int64_t L : lengths) {
     require(L <= mdl->config().n_ctx_train, ErrorCode::invalid_argument, "--lengths", L,

@@ -1,5 +1,6 @@
 #include "model_options.hpp"
 
+#include <fmt/core.h>
 #include <omp.h>
 
 #include <algorithm>
@@ -38,10 +39,11 @@ void add_model_options(CLI::App* app, ModelOptions& o, bool with_threads) {
                   "temperatures fitted to this model); enables --selector entmax_support");
 }
 
-void set_attention(const ModelOptions& o, const model::Model& model, model::SessionOptions& so) {
+std::string set_attention(const ModelOptions& o, const model::Model& model,
+                          model::SessionOptions& so) {
   so.mapping = Mapping::softmax();
   so.score_multipliers.clear();
-  if (o.entmax_conversion.empty()) return;
+  if (o.entmax_conversion.empty()) return "softmax";
   learn::EntmaxConversion conv;
   try {
     conv = learn::load_conversion(o.entmax_conversion);
@@ -50,6 +52,8 @@ void set_attention(const ModelOptions& o, const model::Model& model, model::Sess
   }
   conv.check_model(model, "--entmax-conversion");
   conv.apply(so);
+  return conv.proxy == "identity" ? fmt::format("entmax{:g}, t = 1 (unconverted)", conv.alpha)
+                                  : fmt::format("converted entmax{:g}", conv.alpha);
 }
 
 std::optional<select::SelectorConfig> selector_config(const ModelOptions& o, std::int64_t context,

@@ -31,8 +31,11 @@ struct ModelOptions {
 void add_model_options(CLI::App* app, ModelOptions& o, bool with_threads = true);
 // The attention of the sessions: softmax (the model as trained), or with --entmax-conversion
 // the converted entmax model (mapping entmax(α) + the per-head temperatures), the file checked
-// against `model` (errors name --entmax-conversion).
-void set_attention(const ModelOptions& o, const model::Model& model, model::SessionOptions& so);
+// against `model` (errors name --entmax-conversion). Returns the label of that attention for
+// tables: "softmax", "converted entmax1.5", or "entmax1.5, t = 1 (unconverted)" for a
+// `masskv convert --identity` file.
+std::string set_attention(const ModelOptions& o, const model::Model& model,
+                          model::SessionOptions& so);
 // nullopt for dense; the budget is relative to `context` when given as a fraction. The
 // selector serves `mapping` (the session's); entmax_support needs entmax, and under entmax
 // entmax_support and gaussian_tau stop by their own rule with the budget as a cap (as the eval).

@@ -82,7 +82,7 @@ void run_generate(const RunOptions& o) {
   model::SessionOptions so;
   so.max_tokens = ctx;
   so.page_size = o.m.page_size;
-  set_attention(o.m, *mdl, so);
+  const std::string attention = set_attention(o.m, *mdl, so);
   so.selector = selector_config(o.m, ctx, so.mapping);
   model::Session session(*mdl, so);
   const TokenId stop_id = stop_text.empty() ? -1 : tok.find_token(stop_text);
@@ -118,6 +118,7 @@ void run_generate(const RunOptions& o) {
              static_cast<double>(prompt.size()) / t_prefill, out.size(),
              decoded > 0 ? decoded / t_decode : 0.0);
   if (kv_total > 0) fmt::print(stderr, ", KV read {:.1f}% of dense", 100.0 * kv_read / kv_total);
+  if (so.mapping.is_entmax()) fmt::print(stderr, ", attention {}", attention);
   fmt::print(stderr, "\n");
 }
 
@@ -152,12 +153,6 @@ double kl_divergence(const std::vector<double>& lp, const std::vector<double>& l
   return std::max(0.0, kl);
 }
 
-// The attention of the compared session, for the table.
-std::string attention_name(const model::SessionOptions& so) {
-  return so.mapping.is_entmax() ? fmt::format("converted entmax{:g}", so.mapping.alpha)
-                                : std::string("softmax");
-}
-
 void run_perplexity(const PplOptions& o) {
   set_threads(o.m.threads);
   const std::string path = model::resolve_model(o.m.model).string();
@@ -180,7 +175,7 @@ void run_perplexity(const PplOptions& o) {
   ref_so.max_tokens = o.ctx;
   ref_so.page_size = o.m.page_size;
   model::SessionOptions cmp_so = ref_so;
-  set_attention(o.m, *mdl, cmp_so);
+  const std::string attention = set_attention(o.m, *mdl, cmp_so);
   cmp_so.selector = selector_config(o.m, o.ctx, cmp_so.mapping);
   cmp_so.diagnostics = cmp_so.selector.has_value();
   const bool sparse = cmp_so.selector.has_value();
@@ -239,7 +234,6 @@ void run_perplexity(const PplOptions& o) {
   const double secs = seconds_since(t0);
   const double ppl_dense = std::exp(nll_dense / static_cast<double>(scored));
   const double ppl_cmp = compare ? std::exp(nll_cmp / static_cast<double>(scored)) : NAN;
-  const std::string attention = attention_name(cmp_so);
   fmt::print(
       "| model | ctx | chunks | scored | attention | selector | budget | ppl dense softmax | "
       "ppl | Δppl % | mean KL | max KL | top-1 same | KV read | certified | δ bound |\n");

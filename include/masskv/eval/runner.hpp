@@ -25,10 +25,10 @@ namespace masskv::eval {
 
 struct DecodeConfig {
   Mapping mapping = Mapping::softmax();            // attention of every layer, prefill included
+  std::optional<select::SelectorConfig> selector;  // nullopt: dense decode
   // Per-head score multipliers (an entmax conversion, SessionOptions::score_multipliers);
   // empty: none. Configurations with the same mapping and multipliers share one prefill.
   std::vector<float> score_multipliers;
-  std::optional<select::SelectorConfig> selector;  // nullopt: dense decode
 };
 
 struct Outcome {

@@ -111,7 +111,10 @@ CalibrationScores collect_scores(const model::Model& model,
 
 // Mean proxy of one head's rows at temperature t (sum in row order).
 double mean_proxy(const ScoreRows& rows, Proxy proxy, double alpha, double t);
-// Per head, the t in [2^-4, 2^8] minimising mean_proxy (minimize_1d over log t); [n_layer][n_head].
+// Mean over rows of the fraction of scores in entmax_α(t·s)'s support (the converted head's
+// sparsity on the calibration rows).
+double support_fraction(const ScoreRows& rows, double alpha, double t);
+// Per head, the t in [2^-8, 2^8] minimising mean_proxy (minimize_1d over log t); [n_layer][n_head].
 std::vector<float> fit_temperatures(const CalibrationScores& scores, double alpha, Proxy proxy,
                                     const FitProgress& progress = {});
 
@@ -155,6 +158,8 @@ struct ConvertResult {
   EntmaxConversion conversion;     // the trial with the lowest KL
   std::vector<ConvertTrial> trials;  // every trial, in the order run
   double unconverted_kl = 0;       // t = 1 at the chosen α, for reference
+  // Mean over heads of support_fraction on the calibration rows: converted and at t = 1.
+  double support = 0, unconverted_support = 0;
 };
 // Throws Error(invalid_argument, "chunks") when there are none or one has < 16 tokens,
 // Error(invalid_argument, "alpha") for α outside (1, 2], Error(invalid_argument,
