@@ -347,13 +347,8 @@ std::vector<model::TokenId> text_tokens(const model::Model& m, int copies) {
 }
 
 EntmaxConversion conversion_for(const model::Model& m, std::vector<float> t, double alpha) {
-  const model::ModelConfig& c = m.config();
-  EntmaxConversion conv;
-  conv.alpha = alpha;
-  conv.architecture = m.file().get<std::string>("general.architecture");
-  conv.model_name = m.file().get_or<std::string>("general.name", "");
-  conv.n_layer = c.n_layer, conv.n_embd = c.n_embd, conv.n_head = c.n_head;
-  conv.n_head_kv = c.n_head_kv, conv.head_dim = c.head_dim;
+  EntmaxConversion conv = EntmaxConversion::identity(m, alpha);
+  EXPECT_EQ(conv.temperature, std::vector<float>(t.size(), 1.0f));
   conv.temperature = std::move(t);
   return conv;
 }

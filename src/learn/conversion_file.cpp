@@ -29,6 +29,22 @@ std::size_t heads_total(const EntmaxConversion& c) {
 
 }  // namespace
 
+EntmaxConversion EntmaxConversion::identity(const model::Model& model, double alpha) {
+  const model::ModelConfig& cfg = model.config();
+  EntmaxConversion c;
+  c.alpha = alpha;
+  c.architecture = model.file().get_or<std::string>("general.architecture", "");
+  c.model_name = model.file().get_or<std::string>("general.name", "");
+  c.n_layer = cfg.n_layer;
+  c.n_embd = cfg.n_embd;
+  c.n_head = cfg.n_head;
+  c.n_head_kv = cfg.n_head_kv;
+  c.head_dim = cfg.head_dim;
+  c.temperature.assign(heads_total(c), 1.0f);
+  c.proxy = "identity";
+  return c;
+}
+
 void EntmaxConversion::validate() const {
   const auto bad = [](auto... parts) { fail(ErrorCode::invalid_argument, "conversion", parts...); };
   if (!(std::isfinite(alpha) && alpha > 1.0 && alpha <= 2.0)) bad("alpha ", alpha, " not in (1, 2]");

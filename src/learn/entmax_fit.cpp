@@ -404,7 +404,6 @@ ConvertResult convert(const model::Model& model, std::span<const std::vector<mod
     require(std::isfinite(g) && g > 0, ErrorCode::invalid_argument, "global_scales",
             "multiplier ", g, " is not finite and > 0");
   }
-  const model::ModelConfig& c = model.config();
   const CalibrationScores scores = collect_scores(model, chunks, options.queries_per_chunk, progress);
   const NextTokenKl kl(model, {chunks.begin(), chunks.end()}, options.kl_max_bytes, progress);
   const auto evaluate = [&](double alpha, const std::vector<float>& t) {
@@ -447,13 +446,12 @@ ConvertResult convert(const model::Model& model, std::span<const std::vector<mod
     }
   }
   EntmaxConversion& conv = result.conversion;
-  conv.architecture = model.file().get_or<std::string>("general.architecture", "");
-  conv.model_name = model.file().get_or<std::string>("general.name", "");
-  conv.n_layer = c.n_layer;
-  conv.n_embd = c.n_embd;
-  conv.n_head = c.n_head;
-  conv.n_head_kv = c.n_head_kv;
-  conv.head_dim = c.head_dim;
+  {
+    EntmaxConversion chosen = EntmaxConversion::identity(model, conv.alpha);
+    chosen.proxy = conv.proxy;
+    chosen.global_scale = conv.global_scale;
+    conv = std::move(chosen);
+  }
   conv.temperature = std::move(best_t);
   conv.calibration_tokens = 0;
   for (const auto& ch : chunks) conv.calibration_tokens += static_cast<std::int64_t>(ch.size());

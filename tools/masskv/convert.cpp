@@ -41,20 +41,7 @@ struct ConvertCliOptions {
 // t = 1 on every head at one α: plain entmax on the softmax-trained model, as a file, so the
 // commands that take --entmax-conversion can run the unconverted reference too.
 void write_identity(const model::Model& m, double alpha, const std::string& out) {
-  learn::EntmaxConversion c;
-  const model::ModelConfig& cfg = m.config();
-  c.alpha = alpha;
-  c.architecture = m.file().get_or<std::string>("general.architecture", "");
-  c.model_name = m.file().get_or<std::string>("general.name", "");
-  c.n_layer = cfg.n_layer;
-  c.n_embd = cfg.n_embd;
-  c.n_head = cfg.n_head;
-  c.n_head_kv = cfg.n_head_kv;
-  c.head_dim = cfg.head_dim;
-  c.temperature.assign(static_cast<std::size_t>(cfg.n_layer) * static_cast<std::size_t>(cfg.n_head),
-                       1.0f);
-  c.proxy = "identity";
-  save(c, out);
+  save(learn::EntmaxConversion::identity(m, alpha), out);
   fmt::print(stderr, "masskv convert: wrote {} (identity: t = 1, α {:g}, not fitted)\n", out, alpha);
 }
 

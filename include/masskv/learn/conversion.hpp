@@ -45,6 +45,9 @@ struct EntmaxConversion {
   // in result caches (the eval's key).
   std::uint64_t file_hash = 0;
 
+  // The model's identity fields and t = 1 on every head, proxy "identity": plain α-entmax on
+  // the softmax-trained model (the unconverted reference), and the start of every fit.
+  static EntmaxConversion identity(const model::Model& model, double alpha);
   // Shapes agree, α in (1, 2], every t finite and > 0; throws Error(invalid_argument, "conversion").
   void validate() const;
   // Throws Error(invalid_argument, option) when `model` is not the model it was fitted on.
