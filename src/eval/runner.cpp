@@ -19,8 +19,10 @@ double seconds_since(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
 }
 
-bool same_mapping(const Mapping& a, const Mapping& b) {
-  return a.kind == b.kind && (!a.is_entmax() || a.alpha == b.alpha);
+bool same_attention(const DecodeConfig& a, const DecodeConfig& b) {
+  return a.mapping.kind == b.mapping.kind &&
+         (!a.mapping.is_entmax() || a.mapping.alpha == b.mapping.alpha) &&
+         a.score_multipliers == b.score_multipliers;
 }
 
 // One configuration being decoded: a fork of its mapping's prefilled root.
@@ -134,13 +136,13 @@ std::vector<Outcome> run_sample(const model::Model& model, const model::ChatTemp
   const std::int64_t forked =
       static_cast<std::int64_t>(prompt.rest.size()) + std::max(0, sample.max_new_tokens);
 
-  // One dense prefill per distinct mapping, shared (copy-on-write) by its configurations.
+  // One dense prefill per distinct attention, shared (copy-on-write) by its configurations.
   std::vector<std::unique_ptr<model::Session>> roots;
   std::vector<double> prefill_seconds;
   std::vector<std::size_t> root_of(configs.size());
   for (std::size_t i = 0; i < configs.size(); ++i) {
     std::size_t r = 0;
-    while (r < i && !same_mapping(configs[r].mapping, configs[i].mapping)) ++r;
+    while (r < i && !same_attention(configs[r], configs[i])) ++r;
     if (r < i) {
       root_of[i] = root_of[r];
       continue;
@@ -148,13 +150,14 @@ std::vector<Outcome> run_sample(const model::Model& model, const model::ChatTemp
     root_of[i] = roots.size();
     const auto users = static_cast<std::size_t>(std::count_if(
         configs.begin(), configs.end(),
-        [&](const DecodeConfig& c) { return same_mapping(c.mapping, configs[i].mapping); }));
+        [&](const DecodeConfig& c) { return same_attention(c, configs[i]); }));
     model::SessionOptions so;
     so.max_tokens = context + forked;
     so.page_size = options.page_size;
     so.kv_dtype = options.kv_dtype;
     so.prefill_block = options.prefill_block;
     so.mapping = configs[i].mapping;
+    so.score_multipliers = configs[i].score_multipliers;
     so.diagnostics = options.diagnostics;
     // f32 activations: the lockstep batch runs the f32 GEMM, and a configuration left alone
     // when the others finished must keep computing the same function (model.md).

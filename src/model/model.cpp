@@ -49,6 +49,29 @@ void check_selector(const std::optional<select::SelectorConfig>& selector, const
           "the first token)");
 }
 
+void check_score_multipliers(std::span<const float> t, const ModelConfig& c) {
+  if (t.empty()) return;
+  require(t.size() == sz(c.n_layer) * sz(c.n_head), ErrorCode::shape_mismatch, "score_multipliers",
+          "has ", t.size(), " values, n_layer × n_head = ", c.n_layer, " × ", c.n_head);
+  for (std::size_t i = 0; i < t.size(); ++i) {
+    require(std::isfinite(t[i]) && t[i] > 0, ErrorCode::invalid_argument, "score_multipliers",
+            "entry ", i, " (layer ", i / sz(c.n_head), ", head ", i % sz(c.n_head), ") is ", t[i],
+            ", not a finite positive multiplier");
+  }
+}
+
+// Scales each q head of n rows by its layer's multiplier: t·q·k is the converted score, and
+// every reader of q (selectors, certificates, kernels) then sees it without knowing of t.
+void scale_queries(float* q, std::size_t n, std::size_t Hq, std::size_t D,
+                   const float* multipliers) {
+  for (std::size_t t = 0; t < n; ++t) {
+    for (std::size_t h = 0; h < Hq; ++h) {
+      float* qh = q + (t * Hq + h) * D;
+      for (std::size_t i = 0; i < D; ++i) qh[i] *= multipliers[h];
+    }
+  }
+}
+
 // Activations and attention scratch of one forward pass, sized for its rows (a prefill block,
 // or one row per session of a decode step).
 struct Scratch {
@@ -103,6 +126,7 @@ Session::Session(const Model& model, SessionOptions options)
   options.mapping.validate();
   if (options.learned_selector) learn::check_model(*options.learned_selector, c);
   check_selector(options.selector, options.mapping, options.learned_selector);
+  check_score_multipliers(options.score_multipliers, c);
   require(options.fork_pages >= 0, ErrorCode::invalid_argument, "fork_pages", "must be >= 0, got ",
           options.fork_pages);
   kv::CacheConfig cc;
@@ -430,6 +454,10 @@ void forward(const Model& model, Scratch& w, const Pass& p) {
     std::size_t row0 = 0;
     for (const Segment& seg : p.segments) {
       Session::Impl& s = *seg.s;
+      if (!s.opt.score_multipliers.empty()) {
+        scale_queries(w.q.data() + row0 * Hq * D, seg.n, Hq, D,
+                      s.opt.score_multipliers.data() + sz(l) * Hq);
+      }
       const std::span<const float> q(w.q.data() + row0 * Hq * D, seg.n * Hq * D);
       const std::span<const float> k(w.k.data() + row0 * Hkv * D, seg.n * Hkv * D);
       const std::span<const float> v(w.v.data() + row0 * Hkv * D, seg.n * Hkv * D);

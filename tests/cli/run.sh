@@ -134,6 +134,35 @@ check eval-learned-rows 0 '2 results cached, 0 samples' -- "$bin" eval "${ev[@]}
   --methods learned --budgets 1/8,p0.9 --selector-file "$tmp/mean.gguf"
 check eval-learned-new-file 0 '0 results cached, 1 samples' -- "$bin" eval "${ev[@]}" \
   --methods learned --budgets 1/8,p0.9 --selector-file "$tmp/rand.gguf"
+# convert: entmax conversion files; --entmax-conversion checks them against the model.
+for i in $(seq 40); do echo "Every package must specify the dependency information it needs."; done \
+  > "$tmp/text.txt"
+check convert-help 0 '--entmax-conversion|--alpha' -- "$bin" convert --help
+check convert-bad-alpha 2 '--alpha' -- "$bin" convert --alpha 2.5 -o "$tmp/c.gguf"
+check convert-bad-proxy 2 '--proxy' -- "$bin" convert --proxy magic -o "$tmp/c.gguf"
+check convert-bad-scale 2 '--scales' -- "$bin" convert --scales 0 -o "$tmp/c.gguf"
+check convert-too-many-tokens 2 '--tokens' -- "$bin" convert -f "$tmp/text.txt" --tokens 4K \
+  -o "$tmp/c.gguf"
+check convert-identity 0 'identity' -- "$bin" convert --identity --alpha 2 -o "$tmp/id.gguf"
+check convert-tiny 0 'chosen: α 1.5' -- "$bin" convert -f "$tmp/text.txt" --tokens 128 -c 64 \
+  --queries 4 --scales 1.1 -t 1 -o "$tmp/conv.gguf"
+check conv-missing 2 '^masskv: error.*--entmax-conversion' -- "$bin" run -n 1 \
+  --entmax-conversion "$tmp/none.gguf"
+check conv-not-a-conversion 2 '^masskv: error.*--entmax-conversion' -- "$bin" run -n 1 \
+  --entmax-conversion "$tmp/text.txt"
+check ppl-entmax-support-needs-conversion 2 'entmax-conversion' -- "$bin" perplexity \
+  -f "$tmp/text.txt" -c 64 --chunks 1 --selector entmax_support
+check ppl-converted-tiny 0 '\| entmax2, t = 1 \(unconverted\) \| entmax_support \|' -- "$bin" \
+  perplexity -f "$tmp/text.txt" -c 64 --chunks 1 -t 1 --kl --window 0 \
+  --entmax-conversion "$tmp/id.gguf" --selector entmax_support --budget 1/2
+check run-converted-tiny 0 'attention converted entmax1.5' -- "$bin" run -n 3 -t 1 \
+  --entmax-conversion "$tmp/conv.gguf"
+check eval-conversion-alpha 2 '--alpha' -- "$bin" eval --tasks niah_single_number --lengths 512 \
+  --entmax-conversion "$tmp/id.gguf" --alpha 1.5 -o "$tmp/eval-conv"
+if "$bin" run -m gemma3 -n 1 -p hi >/dev/null 2>&1; then
+  check conv-other-model 2 'not on this model' -- "$bin" run -m gemma3 -n 1 \
+    --entmax-conversion "$tmp/id.gguf"
+fi
 
 echo "$pass passed, $fail failed"
 [[ $fail -eq 0 ]]

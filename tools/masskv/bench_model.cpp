@@ -116,6 +116,7 @@ std::vector<Row> bench_ours(const model::Model& mdl, const BenchOptions& o, int 
   // Every fork of the largest batch alive at once.
   so.fork_pages = *std::max_element(o.batch.begin(), o.batch.end()) *
                   (static_cast<int>((longest + 16) / o.m.page_size) + 2);
+  const std::string mapping_label = set_attention(o.m, mdl, so);
   apply_selector(o.m, depth + n_gen, so);
   model::Session base(mdl, so);
   std::vector<float> logits(static_cast<std::size_t>(cfg.n_vocab));
@@ -126,7 +127,8 @@ std::vector<Row> bench_ours(const model::Model& mdl, const BenchOptions& o, int 
   // Bytes one KV row (one token of one kv head of one layer) takes.
   const double row_bytes =
       base.kv_bytes_per_token() / (static_cast<double>(cfg.n_layer) * cfg.n_head_kv);
-  const std::string attention = selector_label(o.m, so.selector);
+  std::string attention = selector_label(o.m, so.selector);
+  if (so.mapping.is_entmax()) attention += " (" + mapping_label + ")";
   std::vector<Row> rows;
   if (n_prompt > 0) {
     Row r = make_row("masskv", "dense", fmt::format("pp{}", n_prompt), threads, depth, n_prompt);

@@ -21,6 +21,8 @@ void register_study(CLI::App& app, const std::string& cmdline);
 void register_model_commands(CLI::App& app);
 // `dump`: a model's real q/k/v for `study` (dump.cpp).
 void register_dump(CLI::App& app);
+// `convert`: fits an entmax conversion of a model (convert.cpp).
+void register_convert(CLI::App& app);
 // `eval`: long-context tasks, dense against every selector (eval.cpp).
 void register_eval(CLI::App& app, const std::string& cmdline);
 // `selector init`: learned-selector files made without training (selector_init.cpp).

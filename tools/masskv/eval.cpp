@@ -26,6 +26,7 @@
 #include "masskv/error.hpp"
 #include "masskv/eval/runner.hpp"
 #include "masskv/eval/tasks.hpp"
+#include "masskv/learn/conversion.hpp"
 #include "masskv/learn/project.hpp"
 #include "masskv/model/locate.hpp"
 #include "parse.hpp"
@@ -58,6 +59,12 @@ struct EvalOptions {
   double entmax_alpha = 1.5;
   std::string selector_file;  // the `learned` method's selector
   std::string selector_key_format = "f32";
+  bool alpha_given = false;
+  // --entmax-conversion: the entmax rows run the converted model (its α and temperatures).
+  std::string entmax_conversion;
+  std::vector<float> temperature;  // loaded from it; empty: no conversion
+  std::uint64_t conversion_hash = 0;
+  bool conversion_identity = false;  // a `convert --identity` file: t = 1, not converted
   bool plots = true;
 };
 
@@ -96,7 +103,7 @@ Preset full_preset(const std::string& model) {
 // A row of the report: a decode method at a budget. Dense rows have budget "-".
 struct MethodRow {
   std::string method, budget;
-  bool entmax = false;  // entmax mapping on a softmax-trained model
+  bool entmax = false;  // entmax attention: converted with --entmax-conversion, else plain
 };
 
 bool is_dense(const std::string& m) { return m == "dense" || m == "dense_entmax"; }
@@ -128,6 +135,7 @@ std::vector<MethodRow> method_rows(const std::vector<std::string>& methods,
 eval::DecodeConfig decode_config(const MethodRow& row, std::int64_t length, const EvalOptions& o) {
   eval::DecodeConfig c;
   c.mapping = row.entmax ? Mapping::entmax(o.entmax_alpha) : Mapping::softmax();
+  if (row.entmax) c.score_multipliers = o.temperature;
   if (is_dense(row.method)) return c;
   select::SelectorConfig s;
   s.method = select::parse_method(row.method, "--methods");
@@ -154,8 +162,12 @@ eval::DecodeConfig decode_config(const MethodRow& row, std::int64_t length, cons
   return c;
 }
 
-std::string attention_label(const MethodRow& row, double alpha) {
-  return row.entmax ? fmt::format("entmax{:g} on a softmax-trained model", alpha) : "softmax";
+std::string attention_label(const MethodRow& row, const EvalOptions& o) {
+  if (!row.entmax) return "softmax";
+  return o.temperature.empty()
+             ? fmt::format("entmax{:g} on a softmax-trained model", o.entmax_alpha)
+         : o.conversion_identity ? fmt::format("entmax{:g}, t = 1 (unconverted)", o.entmax_alpha)
+                                 : fmt::format("converted entmax{:g}", o.entmax_alpha);
 }
 
 // ---- the cache ------------------------------------------------------------------------------
@@ -233,8 +245,11 @@ void from_json(const json& j, Record& r) {
 // Everything that changes a result is in the key: the page size, the kept pages and the
 // selector parameters too, so a run with other settings never reads stale entries.
 std::string settings_tag(const EvalOptions& o) {
-  return fmt::format("p{}s{}w{}tp{:g}a{:g}", o.page_size, o.sink_pages, o.window, o.top_p_mass,
-                     o.entmax_alpha);
+  std::string tag = fmt::format("p{}s{}w{}tp{:g}a{:g}", o.page_size, o.sink_pages, o.window,
+                                o.top_p_mass, o.entmax_alpha);
+  // The conversion file's hash: another fit never reads these entmax results.
+  if (!o.temperature.empty()) tag += fmt::format("c{:016x}", o.conversion_hash);
+  return tag;
 }
 
 // FNV-1a 64 of a file's bytes: the learned rows' key names the selector they ran, so a new
@@ -392,9 +407,15 @@ void write_reports(const EvalOptions& o, const RunInfo& info, const std::vector<
         "unselected key read; 0 = nothing dropped); certified = heads whose selection is "
         "proven exact; tok/s = decode steps per second of one worker thread, a batched step's "
         "time divided among its rows (attention: each row its own; the rest: equal shares). "
-        "Rows marked "
-        "entmax run α-entmax attention on a softmax-trained model (no conversion yet): "
-        "compare them with `dense_entmax`, not with `dense`.\n\n");
+        "{}\n\n",
+        o.temperature.empty()
+            ? "Rows marked entmax run α-entmax attention on a softmax-trained model (no "
+              "conversion): compare them with `dense_entmax`, not with `dense`."
+            : fmt::format("Rows marked converted entmax run the entmax conversion `{}` "
+                          "(`masskv convert`, per-head temperatures; file hash {:016x}): "
+                          "`dense_entmax` is the converted model itself, its selectors are "
+                          "exact against it where certified.",
+                          o.entmax_conversion, o.conversion_hash));
     md.print(
         "| task | length | method | budget | attention | n | accuracy % (95% CI) | KV read % | "
         "δ bound | certified % | tok/s |\n");
@@ -456,14 +477,15 @@ void write_reports(const EvalOptions& o, const RunInfo& info, const std::vector<
 
 // The console summary: methods × lengths, accuracy averaged over the tasks.
 void print_summary(const std::vector<Cell>& cells, const std::vector<MethodRow>& rows,
-                   const std::vector<std::int64_t>& lengths) {
+                   const std::vector<std::int64_t>& lengths, bool converted) {
   fmt::print("\n| method | budget | attention |");
   for (const std::int64_t L : lengths) fmt::print(" {} acc % | KV read % |", L);
   fmt::print(" δ bound |\n| --- | --- | --- |");
   for (std::size_t i = 0; i < lengths.size(); ++i) fmt::print(" ---: | ---: |");
   fmt::print(" ---: |\n");
   for (const MethodRow& r : rows) {
-    fmt::print("| {} | {} | {} |", r.method, r.budget, r.entmax ? "entmax" : "softmax");
+    fmt::print("| {} | {} | {} |", r.method, r.budget,
+               !r.entmax ? "softmax" : converted ? "converted entmax" : "entmax");
     double delta = 0, n = 0;
     for (const std::int64_t L : lengths) {
       double acc = 0, kv = 0, k = 0;
@@ -521,6 +543,22 @@ void run_eval(EvalOptions o, const std::string& cmdline) {
   const auto mdl = model::Model::load(path);
   const model::ChatTemplate chat = model::ChatTemplate::from_gguf(mdl->file());
   const std::string model_name = fs::path(path).filename().string();
+  if (!o.entmax_conversion.empty()) {
+    learn::EntmaxConversion conv;
+    try {
+      conv = learn::load_conversion(o.entmax_conversion);
+    } catch (const Error& e) {
+      fail(e.code(), "--entmax-conversion", e.what());
+    }
+    conv.check_model(*mdl, "--entmax-conversion");
+    require(!o.alpha_given || o.entmax_alpha == conv.alpha, ErrorCode::invalid_argument, "--alpha",
+            o.entmax_alpha, " differs from the conversion's α ", conv.alpha,
+            " (--entmax-conversion sets it)");
+    o.entmax_alpha = conv.alpha;
+    o.temperature = conv.temperature;
+    o.conversion_hash = conv.file_hash;
+    o.conversion_identity = conv.proxy == "identity";
+  }
   for (const std::int64_t L : lengths) {
     require(L <= mdl->config().n_ctx_train, ErrorCode::invalid_argument, "--lengths", L,
             " tokens exceed the model's context of ", mdl->config().n_ctx_train);
@@ -654,7 +692,7 @@ void run_eval(EvalOptions o, const std::string& cmdline) {
   for (const std::string& task : o.tasks) {
     for (const std::int64_t L : lengths) {
       for (const MethodRow& row : rows) {
-        Cell c{task, row.method, row.budget, attention_label(row, o.entmax_alpha), L};
+        Cell c{task, row.method, row.budget, attention_label(row, o), L};
         for (int i = 0; i < o.samples; ++i) {
           const SampleId id{task, L, i, sample_seed(o.seed, task, L, i)};
           if (const Record* r =
@@ -679,7 +717,7 @@ void run_eval(EvalOptions o, const std::string& cmdline) {
   info.wall_seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
   write_reports(o, info, cells, records);
-  print_summary(cells, rows, lengths);
+  print_summary(cells, rows, lengths, !o.temperature.empty());
   fmt::print("\nfull table: {}/results.md (also results.csv, results.json)\n", o.out_dir);
   if (o.plots) {
     run_plot_script("eval", "plot_eval.py", {o.out_dir + "/results.csv", o.out_dir});
@@ -715,7 +753,7 @@ void register_eval(CLI::App& app, const std::string& cmdline) {
   e->add_option("--methods", o->methods,
                 "dense, sink_recent, quest, top_p, oracle, learned (with --selector-file), "
                 "dense_entmax, entmax_support, gaussian_tau (the last three run entmax "
-                "attention on the softmax model)")
+                "attention: on the softmax model, or converted with --entmax-conversion)")
       ->delimiter(',');
   e->add_option("--budgets", o->budgets,
                 "KV budgets: fractions of the length (1/16) or tokens (256); caps for top_p, "
@@ -744,7 +782,12 @@ void register_eval(CLI::App& app, const std::string& cmdline) {
       ->capture_default_str();
   e->add_option("--top-p-mass", o->top_p_mass, "Target estimated mass of top_p")
       ->capture_default_str();
-  e->add_option("--alpha", o->entmax_alpha, "α of the entmax rows")->capture_default_str();
+  e->add_option("--alpha", o->entmax_alpha, "α of the entmax rows")
+      ->capture_default_str()
+      ->each([o](const std::string&) { o->alpha_given = true; });
+  e->add_option("--entmax-conversion", o->entmax_conversion,
+                "Entmax rows run the converted entmax model of this `masskv convert` file (its "
+                "α and per-head temperatures) instead of plain entmax on the softmax model");
   e->add_option("--selector-file", o->selector_file,
                 "The learned selector of the `learned` method (its hash keys the cache)");
   e->add_option("--selector-key-format", o->selector_key_format,

@@ -12,6 +12,7 @@
 #include <mutex>
 
 #include "masskv/error.hpp"
+#include "masskv/learn/conversion.hpp"
 #include "masskv/learn/selector.hpp"
 #include "masskv/model/locate.hpp"
 #include "parse.hpp"
@@ -50,15 +51,37 @@ void add_model_options(CLI::App* app, ModelOptions& o, bool with_threads) {
   app->add_option("--top-p-mass", o.top_p_mass, "Target mass of the top_p selector")
       ->capture_default_str();
   app->add_option("--page", o.page_size, "KV page size (tokens)")->capture_default_str();
+  app->add_option("--entmax-conversion", o.entmax_conversion,
+                  "Run the converted entmax model: a `masskv convert` file (α and per-head "
+                  "temperatures fitted to this model); enables --selector entmax_support");
 }
 
-std::optional<select::SelectorConfig> selector_config(const ModelOptions& o, std::int64_t context) {
+std::string set_attention(const ModelOptions& o, const model::Model& model,
+                          model::SessionOptions& so) {
+  so.mapping = Mapping::softmax();
+  so.score_multipliers.clear();
+  if (o.entmax_conversion.empty()) return "softmax";
+  learn::EntmaxConversion conv;
+  try {
+    conv = learn::load_conversion(o.entmax_conversion);
+  } catch (const Error& e) {
+    fail(e.code(), "--entmax-conversion", e.what());
+  }
+  conv.check_model(model, "--entmax-conversion");
+  conv.apply(so);
+  return conv.proxy == "identity" ? fmt::format("entmax{:g}, t = 1 (unconverted)", conv.alpha)
+                                  : fmt::format("converted entmax{:g}", conv.alpha);
+}
+
+std::optional<select::SelectorConfig> selector_config(const ModelOptions& o, std::int64_t context,
+                                                      const Mapping& mapping) {
   if (o.selector == "dense") return std::nullopt;
   select::SelectorConfig c;
   c.method = select::parse_method(o.selector, "--selector");
-  require(c.method != select::Method::entmax_support, ErrorCode::unsupported, "--selector",
-          "entmax_support needs entmax attention; the models use softmax");
-  c.mapping = Mapping::softmax();
+  require(c.method != select::Method::entmax_support || mapping.is_entmax(),
+          ErrorCode::unsupported, "--selector",
+          "entmax_support needs entmax attention: pass --entmax-conversion FILE");
+  c.mapping = mapping;
   c.sink_pages = o.sink_pages;
   c.window_tokens = o.window;
   c.budget = parse_budget(o.budget, context, "--budget");
@@ -83,6 +106,12 @@ std::optional<select::SelectorConfig> selector_config(const ModelOptions& o, std
   }
   require(c.method == select::Method::learned || o.selector_file.empty(),
           ErrorCode::invalid_argument, "--selector-file", "is for --selector learned");
+  // Under entmax the support-aware selectors stop by their own rule, the budget a cap (as the
+  // eval's entmax rows).
+  if (mapping.is_entmax() &&
+      (c.method == select::Method::entmax_support || c.method == select::Method::gaussian_tau)) {
+    c.budget.kind = select::Budget::Kind::adaptive;
+  }
   return c;
 }
 
@@ -101,7 +130,7 @@ std::shared_ptr<const learn::Selector> load_selector(const std::string& path) {
 }  // namespace
 
 void apply_selector(const ModelOptions& o, std::int64_t context, model::SessionOptions& so) {
-  so.selector = selector_config(o, context);
+  so.selector = selector_config(o, context, so.mapping);
   so.learned_key_format = kv::parse_row_format(o.selector_key_format, "--selector-key-format");
   if (!so.selector || so.selector->method != select::Method::learned) return;
   require(!o.selector_file.empty(), ErrorCode::invalid_argument, "--selector-file",

@@ -26,14 +26,26 @@ struct ModelOptions {
   int window = 64;
   double top_p_mass = 0.95;
   int page_size = 16;
+  std::string entmax_conversion;  // a `masskv convert` file: run the converted entmax model
 };
 
 // Registers -m, -t (unless with_threads is false), --selector, --budget, --budget-min,
-// --selector-file, --selector-key-format, --sink-pages, --window, --top-p-mass, --page.
+// --selector-file, --selector-key-format, --sink-pages, --window, --top-p-mass, --page,
+// --entmax-conversion.
 void add_model_options(CLI::App* app, ModelOptions& o, bool with_threads = true);
-// nullopt for dense; the budget is relative to `context` when given as a fraction.
-std::optional<select::SelectorConfig> selector_config(const ModelOptions& o, std::int64_t context);
-// The selector of --selector / --budget into `so`, and for --selector learned the selector of
+// The attention of the sessions: softmax (the model as trained), or with --entmax-conversion
+// the converted entmax model (mapping entmax(α) + the per-head temperatures), the file checked
+// against `model` (errors name --entmax-conversion). Returns the label of that attention for
+// tables: "softmax", "converted entmax1.5", or "entmax1.5, t = 1 (unconverted)" for a
+// `masskv convert --identity` file. Call it before apply_selector.
+std::string set_attention(const ModelOptions& o, const model::Model& model,
+                          model::SessionOptions& so);
+// nullopt for dense; the budget is relative to `context` when given as a fraction. The
+// selector serves `mapping` (the session's); entmax_support needs entmax, and under entmax
+// entmax_support and gaussian_tau stop by their own rule with the budget as a cap (as the eval).
+std::optional<select::SelectorConfig> selector_config(const ModelOptions& o, std::int64_t context,
+                                                      const Mapping& mapping);
+// The selector of --selector / --budget (serving so.mapping) into `so`, and for --selector learned the selector of
 // --selector-file (loaded once, checked against the model when the session is made) and the
 // format of its key cache. Throws Error naming the option.
 void apply_selector(const ModelOptions& o, std::int64_t context, model::SessionOptions& so);

@@ -82,6 +82,7 @@ void run_generate(const RunOptions& o) {
   model::SessionOptions so;
   so.max_tokens = ctx;
   so.page_size = o.m.page_size;
+  const std::string attention = set_attention(o.m, *mdl, so);
   apply_selector(o.m, ctx, so);
   model::Session session(*mdl, so);
   const TokenId stop_id = stop_text.empty() ? -1 : tok.find_token(stop_text);
@@ -117,6 +118,7 @@ void run_generate(const RunOptions& o) {
              static_cast<double>(prompt.size()) / t_prefill, out.size(),
              decoded > 0 ? decoded / t_decode : 0.0);
   if (kv_total > 0) fmt::print(stderr, ", KV read {:.1f}% of dense", 100.0 * kv_read / kv_total);
+  if (so.mapping.is_entmax()) fmt::print(stderr, ", attention {}", attention);
   fmt::print(stderr, "\n");
 }
 
@@ -167,13 +169,23 @@ void run_perplexity(const PplOptions& o) {
           " tokens, fewer than one context of ", o.ctx);
   const std::int64_t n_chunks =
       o.chunks > 0 ? std::min<std::int64_t>(o.chunks, n_chunks_avail) : n_chunks_avail;
-  const auto sel = selector_config(o.m, o.ctx);
-  const bool sparse = sel.has_value();
+  // The reference is the model as trained (dense softmax); the compared session runs the
+  // selector and/or the converted entmax attention.
+  model::SessionOptions ref_so;
+  ref_so.max_tokens = o.ctx;
+  ref_so.page_size = o.m.page_size;
+  model::SessionOptions cmp_so = ref_so;
+  const std::string attention = set_attention(o.m, *mdl, cmp_so);
+  apply_selector(o.m, o.ctx, cmp_so);
+  cmp_so.diagnostics = cmp_so.selector.has_value();
+  const bool sparse = cmp_so.selector.has_value();
+  const bool compare = sparse || cmp_so.mapping.is_entmax();
   const auto V = static_cast<std::size_t>(mdl->config().n_vocab);
   // As llama.cpp's perplexity: each chunk of ctx tokens is evaluated alone (bos first when the
   // model adds one) and the second half is scored, so every scored token sees >= ctx/2 context.
   const std::int64_t first = o.ctx / 2;
-  double nll_dense = 0, nll_sparse = 0, kl_sum = 0, kl_max = 0, kv_read = 0, kv_total = 0;
+  double nll_dense = 0, nll_cmp = 0, kl_sum = 0, kl_max = 0, kv_read = 0, kv_total = 0;
+  double delta_sum = 0, heads = 0, certified = 0;
   std::int64_t scored = 0, top1_same = 0;
   Progress bar("perplexity", static_cast<long>(n_chunks * (o.ctx - first)));
   const auto t0 = Clock::now();
@@ -183,23 +195,19 @@ void run_perplexity(const PplOptions& o) {
     std::vector<TokenId> chunk(all.begin() + c * o.ctx, all.begin() + (c + 1) * o.ctx);
     if (tok.add_bos_default()) chunk[0] = tok.bos();
     const std::span<const TokenId> head(chunk.data(), static_cast<std::size_t>(first));
-    model::SessionOptions so;
-    so.max_tokens = o.ctx;
-    so.page_size = o.m.page_size;
-    model::Session dense(*mdl, so);
+    model::Session dense(*mdl, ref_so);
     dense.prefill(head, ld);
-    std::unique_ptr<model::Session> sp;
-    if (sparse) {
-      apply_selector(o.m, o.ctx, so);
-      sp = std::make_unique<model::Session>(*mdl, so);
-      sp->prefill(head, ls);
+    std::unique_ptr<model::Session> cmp;
+    if (compare) {
+      cmp = std::make_unique<model::Session>(*mdl, cmp_so);
+      cmp->prefill(head, ls);
     }
     for (std::int64_t i = first; i < o.ctx; ++i) {
       const TokenId target = chunk[static_cast<std::size_t>(i)];
-      const bool need_dist = sparse && o.kl;
+      const bool need_dist = compare && o.kl;
       nll_dense += log_softmax_at(ld.data(), V, target, need_dist ? &lpd : nullptr);
-      if (sparse) {
-        nll_sparse += log_softmax_at(ls.data(), V, target, need_dist ? &lps : nullptr);
+      if (compare) {
+        nll_cmp += log_softmax_at(ls.data(), V, target, need_dist ? &lps : nullptr);
         if (need_dist) {
           const double kl = kl_divergence(lpd, lps);
           kl_sum += kl;
@@ -211,52 +219,65 @@ void run_perplexity(const PplOptions& o) {
       bar.advance();
       if (i + 1 == o.ctx) break;
       dense.decode(target, ld);
-      if (sparse) {
-        sp->decode(target, ls);
-        kv_read += sp->last_decode_stats().kv_tokens_read;
-        kv_total += sp->last_decode_stats().kv_tokens_total;
+      if (compare) {
+        cmp->decode(target, ls);
+        const model::DecodeStats& st = cmp->last_decode_stats();
+        kv_read += st.kv_tokens_read;
+        kv_total += st.kv_tokens_total;
+        delta_sum += st.delta_bound_sum;
+        heads += st.heads;
+        certified += st.certified;
       }
     }
   }
   bar.finish();
   const double secs = seconds_since(t0);
   const double ppl_dense = std::exp(nll_dense / static_cast<double>(scored));
-  const double ppl_sparse = sparse ? std::exp(nll_sparse / static_cast<double>(scored)) : NAN;
+  const double ppl_cmp = compare ? std::exp(nll_cmp / static_cast<double>(scored)) : NAN;
   fmt::print(
-      "| model | ctx | chunks | scored | selector | budget | ppl dense | ppl sparse | "
-      "Δppl % | mean KL | max KL | top-1 same | KV read |\n");
+      "| model | ctx | chunks | scored | attention | selector | budget | ppl dense softmax | "
+      "ppl | Δppl % | mean KL | max KL | top-1 same | KV read | certified | δ bound |\n");
   fmt::print(
-      "| --- | ---: | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: "
-      "| ---: |\n");
+      "| --- | ---: | ---: | ---: | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: "
+      "| ---: | ---: | ---: |\n");
   const std::string name = model::to_string(mdl->config().arch).data();
-  if (!sparse) {
-    fmt::print("| {} | {} | {} | {} | dense | - | {:.4f} | - | - | - | - | - | 100% |\n", name,
-               o.ctx, n_chunks, scored, ppl_dense);
+  if (!compare) {
+    fmt::print("| {} | {} | {} | {} | softmax | dense | - | {:.4f} | {:.4f} | - | - | - | - | 100% "
+               "| - | - |\n",
+               name, o.ctx, n_chunks, scored, ppl_dense, ppl_dense);
   } else {
     fmt::print(
-        "| {} | {} | {} | {} | {} | {} | {:.4f} | {:.4f} | {:+.3f} | {} | {} | {:.2f}% "
-        "| {:.1f}% |\n",
-        name, o.ctx, n_chunks, scored, o.m.selector, sel->budget.tokens, ppl_dense, ppl_sparse,
-        100.0 * (ppl_sparse / ppl_dense - 1.0),
+        "| {} | {} | {} | {} | {} | {} | {} | {:.4f} | {:.4f} | {:+.3f} | {} | {} | {:.2f}% "
+        "| {:.1f}% | {} | {} |\n",
+        name, o.ctx, n_chunks, scored, attention, sparse ? o.m.selector : "dense",
+        sparse ? std::to_string(cmp_so.selector->budget.tokens) : "-", ppl_dense, ppl_cmp,
+        100.0 * (ppl_cmp / ppl_dense - 1.0),
         o.kl ? fmt::format("{:.3e}", kl_sum / static_cast<double>(scored)) : "-",
         o.kl ? fmt::format("{:.3e}", kl_max) : "-",
         100.0 * static_cast<double>(top1_same) / static_cast<double>(scored),
-        100.0 * kv_read / kv_total);
+        100.0 * kv_read / kv_total,
+        heads > 0 ? fmt::format("{:.1f}%", 100.0 * certified / heads) : "-",
+        heads > 0 ? fmt::format("{:.3g}", delta_sum / heads) : "-");
   }
   fmt::print(stderr, "masskv perplexity: {} tokens scored in {:.1f} s\n", scored, secs);
   if (!o.json_path.empty()) {
     nlohmann::json j{{"model", path},         {"arch", name},     {"ctx", o.ctx},
                      {"chunks", n_chunks},    {"scored", scored}, {"selector", o.m.selector},
-                     {"ppl_dense", ppl_dense}};
-    if (sparse) {
-      j["budget_tokens"] = sel->budget.tokens;
-      j["ppl_sparse"] = ppl_sparse;
+                     {"attention", attention}, {"ppl_dense", ppl_dense}};
+    if (!o.m.entmax_conversion.empty()) j["entmax_conversion"] = o.m.entmax_conversion;
+    if (compare) {
+      j["ppl"] = ppl_cmp;
       j["top1_same"] = static_cast<double>(top1_same) / static_cast<double>(scored);
       j["kv_read_fraction"] = kv_read / kv_total;
       if (o.kl) {
         j["kl_mean"] = kl_sum / static_cast<double>(scored);
         j["kl_max"] = kl_max;
       }
+    }
+    if (sparse) {
+      j["budget_tokens"] = cmp_so.selector->budget.tokens;
+      j["certified_fraction"] = heads > 0 ? certified / heads : 0.0;
+      j["delta_bound_mean"] = heads > 0 ? delta_sum / heads : 0.0;
     }
     auto f = fmt::output_file(o.json_path);
     f.print("{}\n", j.dump(2));
@@ -284,14 +305,18 @@ void register_model_commands(CLI::App& app) {
 
   auto po = std::make_shared<PplOptions>();
   CLI::App* ppl = app.add_subcommand(
-      "perplexity", "Perplexity of a text file; with --selector also sparse vs dense logits");
+      "perplexity",
+      "Perplexity of a text file; with --selector and/or --entmax-conversion also against "
+      "dense softmax (KL, top-1, KV read, certified heads, δ bound)");
   add_model_options(ppl, po->m);
   ppl->add_option("-f,--file", po->file, "Text file (e.g. the Debian Policy Manual, see README)")
       ->required();
   ppl->add_option("-c,--ctx-size", po->ctx, "Context per chunk; the second half is scored")
       ->capture_default_str();
   ppl->add_option("--chunks", po->chunks, "Chunks to evaluate (0: all)")->capture_default_str();
-  ppl->add_flag("--kl", po->kl, "KL divergence of sparse against dense logits (with --selector)");
+  ppl->add_flag("--kl", po->kl,
+                "KL divergence of the compared logits (--selector and/or --entmax-conversion) "
+                "against dense softmax");
   ppl->add_option("--json", po->json_path, "Write the results as JSON to this file");
   ppl->callback([po] { run_perplexity(*po); });
 }

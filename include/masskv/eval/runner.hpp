@@ -1,5 +1,5 @@
 // The eval loop of one sample (DESIGN.md §6's data flow, issue 6): the context is prefilled
-// densely once per attention mapping; every decode configuration then forks that session
+// densely once per attention (mapping and score multipliers); every decode configuration then forks that session
 // (shared pages, copy-on-write), decodes the question and the answer prefix token by token
 // through its selector, and generates the answer greedily. Sparsity therefore acts on every
 // token that decides the answer, as it would in a long chat where the history is the cache.
@@ -27,6 +27,9 @@ namespace masskv::eval {
 struct DecodeConfig {
   Mapping mapping = Mapping::softmax();            // attention of every layer, prefill included
   std::optional<select::SelectorConfig> selector;  // nullopt: dense decode
+  // Per-head score multipliers (an entmax conversion, SessionOptions::score_multipliers);
+  // empty: none. Configurations with the same mapping and multipliers share one prefill.
+  std::vector<float> score_multipliers;
 };
 
 struct Outcome {

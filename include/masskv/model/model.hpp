@@ -16,8 +16,9 @@
 // select::run_selector on the step's queries and attends over the selection only. Prefill is
 // always dense (causal; windowed on local layers). SessionOptions::mapping swaps the attention
 // mapping of every layer (prefill and decode) for α-entmax: the models are trained with
-// softmax, so that is "entmax mapping on a softmax-trained model" until a converted model
-// exists (DESIGN.md §2.10); reports must label it so.
+// softmax, so alone that is "entmax mapping on a softmax-trained model"; with the per-head
+// temperatures of an entmax conversion (SessionOptions::score_multipliers, learn/conversion.hpp,
+// DESIGN.md §2.10) it is the "converted entmax" model. Reports must label which.
 //
 // A learned selector (SessionOptions::learned_selector, DESIGN.md §2.8) adds a selector key
 // cache: for every layer it lists (gemma3's local layers excepted: they keep their window),
@@ -125,8 +126,9 @@ class Model {
 };
 
 // What SessionOptions::capture sees of one layer for a block of n tokens at positions
-// pos0 .. pos0+n-1: q [n][n_head][head_dim] and k [n][n_head_kv][head_dim] after QK-norm and
-// RoPE (what attention scores: q·k × ModelConfig::attn_scale), v [n][n_head_kv][head_dim].
+// pos0 .. pos0+n-1: q [n][n_head][head_dim] and k [n][n_head_kv][head_dim] after QK-norm,
+// RoPE and the score multipliers (what attention scores: q·k × ModelConfig::attn_scale),
+// v [n][n_head_kv][head_dim].
 struct LayerCapture {
   int layer = 0;
   std::int64_t pos0 = 0;
@@ -147,6 +149,12 @@ struct SessionOptions {
   std::shared_ptr<const learn::Selector> learned_selector;
   kv::RowFormat learned_key_format = kv::RowFormat::f32;  // row format of that key cache
   Mapping mapping = Mapping::softmax();  // attention mapping of every layer
+  // Per (layer, q head) score multiplier t, [n_layer][n_head] row-major (an entmax conversion's
+  // temperatures, DESIGN.md §2.10): head h of layer l scores t·q·k × attn_scale. Applied by
+  // scaling the head's q before anything reads it, so the selectors, kernels, certificates,
+  // δ bounds, forks and decode_batch all see the converted scores. Empty: every t = 1 (the
+  // same bits as before). Each t must be finite and > 0.
+  std::vector<float> score_multipliers;
   // Per decode step, the certified δ bound of every selected head (select::diagnose, no
   // unselected key read) into DecodeStats; costs about one more bound pass per layer.
   bool diagnostics = false;

@@ -1,0 +1,183 @@
+// `masskv convert`: fits an entmax conversion of a softmax-trained model (DESIGN.md §2.10,
+// include/masskv/learn/conversion.hpp) on calibration text and writes it as a small GGUF that
+// `run`, `perplexity`, `bench` and `eval` load with --entmax-conversion.
+#include <fmt/core.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "commands.hpp"
+#include "masskv/error.hpp"
+#include "masskv/learn/conversion.hpp"
+#include "masskv/model/locate.hpp"
+#include "masskv/model/model.hpp"
+#include "model_options.hpp"
+#include "parse.hpp"
+#include "progress.hpp"
+#include "text.hpp"
+
+namespace masskv::cli {
+namespace {
+
+struct ConvertCliOptions {
+  std::string model = "smollm2";
+  std::string text;  // default: the Debian Policy Manual
+  std::vector<double> alphas = {1.5};
+  std::string tokens = "4096";
+  std::string ctx = "1024";
+  int queries = 64;
+  std::string proxy = "both";
+  std::vector<double> scales = {0.7, 0.85, 1.2, 1.4};
+  int threads = 0;
+  bool identity = false;
+  std::string out;
+};
+
+// t = 1 on every head at one α: plain entmax on the softmax-trained model, as a file, so the
+// commands that take --entmax-conversion can run the unconverted reference too.
+void write_identity(const model::Model& m, double alpha, const std::string& out) {
+  save(learn::EntmaxConversion::identity(m, alpha), out);
+  fmt::print(stderr, "masskv convert: wrote {} (identity: t = 1, α {:g}, not fitted)\n", out, alpha);
+}
+
+// The calibration chunks: `tokens` tokens from the middle of the text on (the first half stays
+// held out: `masskv perplexity -f` scores the text's first chunks), ctx tokens each, bos first
+// when the model adds one (as perplexity's chunks).
+std::vector<std::vector<model::TokenId>> calibration_chunks(const model::Model& m,
+                                                            const std::string& text,
+                                                            std::int64_t tokens, std::int64_t ctx) {
+  const model::Tokenizer& tok = m.tokenizer();
+  const std::vector<model::TokenId> all = tok.encode(text, tok.add_bos_default(), false);
+  const auto start = static_cast<std::int64_t>(all.size()) / 2;
+  require(ctx >= 16 && ctx <= tokens, ErrorCode::invalid_argument, "-c",
+          "the chunk length must be in [16, --tokens], got ", ctx);
+  require(start + tokens <= static_cast<std::int64_t>(all.size()), ErrorCode::invalid_argument,
+          "--tokens", tokens, " calibration tokens from the middle of the text need ",
+          start + tokens, " tokens, the text has ", all.size());
+  std::vector<std::vector<model::TokenId>> chunks;
+  for (std::int64_t c = 0; (c + 1) * ctx <= tokens; ++c) {
+    auto b = all.begin() + start + c * ctx;
+    chunks.emplace_back(b, b + ctx);
+    if (tok.add_bos_default()) chunks.back()[0] = tok.bos();
+  }
+  return chunks;
+}
+
+void run_convert(const ConvertCliOptions& o) {
+  set_threads(o.threads);
+  require(!o.out.empty(), ErrorCode::invalid_argument, "-o", "an output file is required");
+  learn::ConvertOptions co;
+  co.alphas = o.alphas;
+  for (const double a : co.alphas) {
+    require(std::isfinite(a) && a > 1.0 && a <= 2.0, ErrorCode::invalid_argument, "--alpha",
+            "entmax needs α in (1, 2], got ", a);
+  }
+  if (o.proxy == "kl") {
+    co.proxies = {learn::Proxy::kl};
+  } else if (o.proxy == "fenchel_young") {
+    co.proxies = {learn::Proxy::fenchel_young};
+  } else {
+    require(o.proxy == "both", ErrorCode::invalid_argument, "--proxy",
+            "must be kl, fenchel_young or both, got '", o.proxy, "'");
+  }
+  for (const double g : o.scales) {
+    require(std::isfinite(g) && g > 0, ErrorCode::invalid_argument, "--scales",
+            "multiplier ", g, " is not finite and > 0");
+  }
+  co.global_scales = o.scales;
+  require(o.queries >= 1, ErrorCode::invalid_argument, "--queries", "must be >= 1");
+  co.queries_per_chunk = o.queries;
+  const std::int64_t tokens = parse_count(o.tokens, "--tokens");
+  const std::int64_t ctx = parse_count(o.ctx, "-c");
+  const std::string path = model::resolve_model(o.model).string();
+  auto mdl = model::Model::load(path);
+  if (o.identity) {
+    require(co.alphas.size() == 1, ErrorCode::invalid_argument, "--alpha",
+            "--identity takes one α, got ", co.alphas.size());
+    write_identity(*mdl, co.alphas.front(), o.out);
+    return;
+  }
+  const auto chunks = calibration_chunks(*mdl, load_text(o.text, "-f"), tokens, ctx);
+
+  std::map<std::string, std::unique_ptr<Progress>, std::less<>> bars;
+  const auto progress = [&](std::string_view phase, std::int64_t done, std::int64_t total) {
+    auto it = bars.find(phase);
+    if (it == bars.end() || done == 1) {
+      bars[std::string(phase)] = std::make_unique<Progress>(std::string(phase), static_cast<long>(total));
+      it = bars.find(phase);
+    }
+    it->second->advance();
+    if (done == total) it->second->finish();
+  };
+  const auto t0 = std::chrono::steady_clock::now();
+  const learn::ConvertResult r = learn::convert(*mdl, chunks, co, progress);
+  save(r.conversion, o.out);
+
+  fmt::print("| α | proxy | global multiplier | next-token KL (calibration) |\n");
+  fmt::print("| ---: | --- | ---: | ---: |\n");
+  for (const learn::ConvertTrial& t : r.trials) {
+    fmt::print("| {:g} | {} | {:g} | {:.4f} |\n", t.alpha, learn::to_string(t.proxy),
+               t.global_scale, t.kl);
+  }
+  std::vector<float> t = r.conversion.temperature;
+  std::sort(t.begin(), t.end());
+  fmt::print(
+      "\nchosen: α {:g}, proxy {}, multiplier {:g}: KL {:.4f} nats (unconverted entmax, t = 1: "
+      "{:.4f}); t over {} heads: min {:.3g}, median {:.3g}, max {:.3g}; mean support {:.1f}% of "
+      "the keys on the calibration rows ({:.1f}% at t = 1)\n",
+      r.conversion.alpha, r.conversion.proxy, r.conversion.global_scale,
+      r.conversion.calibration_kl, r.unconverted_kl, t.size(), t.front(), t[t.size() / 2],
+      t.back(), 100 * r.support, 100 * r.unconverted_support);
+  fmt::print(stderr, "masskv convert: {} calibration tokens ({} chunks of {}), {:.0f} s, wrote {}\n",
+             r.conversion.calibration_tokens, chunks.size(), ctx, seconds_since(t0), o.out);
+}
+
+}  // namespace
+
+void register_convert(CLI::App& app) {
+  auto o = std::make_shared<ConvertCliOptions>();
+  CLI::App* cmd = app.add_subcommand(
+      "convert",
+      "Fit an entmax conversion of a softmax-trained model (per-head temperatures, "
+      "DESIGN.md §2.10) on calibration text; use it with --entmax-conversion");
+  cmd->add_option("-m,--model", o->model,
+                  "Model: smollm2, gemma3 or a GGUF path")
+      ->capture_default_str();
+  cmd->add_option("-o,--output", o->out, "Output file (GGUF, general.architecture masskv-entmax)")
+      ->required();
+  cmd->add_option("--alpha", o->alphas,
+                  "Entmax α in (1, 2]; a list (1.25,1.5,2) fits each and keeps the lowest KL")
+      ->delimiter(',')
+      ->capture_default_str();
+  cmd->add_option("--tokens", o->tokens,
+                  "Calibration tokens, taken from the middle of the text on (the first half "
+                  "stays held out for perplexity)")
+      ->capture_default_str();
+  cmd->add_option("-c,--ctx-size", o->ctx, "Calibration chunk length (each chunk runs alone)")
+      ->capture_default_str();
+  cmd->add_option("--queries", o->queries,
+                  "Query positions per chunk whose attention rows the per-head fit uses")
+      ->capture_default_str();
+  cmd->add_option("--proxy", o->proxy,
+                  "Per-head proxy: kl (KL(entmax ‖ softmax)), fenchel_young, or both (the "
+                  "next-token KL picks)")
+      ->capture_default_str();
+  cmd->add_option("--scales", o->scales,
+                  "Global multipliers on every t tried against the next-token KL (besides 1)")
+      ->delimiter(',')
+      ->capture_default_str();
+  cmd->add_option("-f,--text", o->text,
+                  "Calibration text (default: the Debian Policy Manual, debian-policy)");
+  cmd->add_option("-t,--threads", o->threads, "Threads (0: all cores)")->capture_default_str();
+  cmd->add_flag("--identity", o->identity,
+                "Fit nothing: write t = 1 on every head (plain α-entmax on the softmax-trained "
+                "model, the unconverted reference for perplexity and eval)");
+  cmd->callback([o] { run_convert(*o); });
+}
+
+}  // namespace masskv::cli
