@@ -19,6 +19,8 @@ void register_study(CLI::App& app, const std::string& cmdline);
 void register_model_commands(CLI::App& app);
 // `dump`: a model's real q/k/v for `study` (dump.cpp).
 void register_dump(CLI::App& app);
+// `distill`: learned selectors from a model's dense attention (distill.cpp).
+void register_distill(CLI::App& app);
 // `eval`: long-context tasks, dense against every selector (eval.cpp).
 void register_eval(CLI::App& app, const std::string& cmdline);
 
