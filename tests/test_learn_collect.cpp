@@ -178,12 +178,15 @@ TEST(LearnActivations, TargetsAreTheDenseAttentionOfTheCapturedQK) {
   REQUIRE_MODEL(m, "smollm2");
   REQUIRE_TEXT();
   const model::ModelConfig& c = m->config();
-  const auto seqs = learn::text_sequences(m->tokenizer(), masskv::test::policy_text(), 2, 150);
+  const auto seqs = learn::text_sequences(m->tokenizer(), masskv::test::policy_text(), 2, 100);
   const std::vector<int> layers = {1, 7};
+  std::vector<std::map<int, Captured>> captured;
+  for (const auto& s : seqs) captured.push_back(capture(*m, s, layers));
   const fs::path dir = temp_dir("collect");
   const int D = c.head_dim, Hq = c.n_head, Hkv = c.n_head_kv, hpg = Hq / Hkv;
-  for (const auto input : {learn::Input::qk, learn::Input::hidden}) {
-    for (const int groups : {1, Hkv}) {
+  // Both input kinds and both target granularities.
+  for (const auto& [input, groups] : {std::pair{learn::Input::qk, Hkv}, std::pair{learn::Input::hidden, 1}}) {
+    {
       learn::CollectConfig cc;
       cc.layers = layers;
       cc.input = input;
@@ -196,7 +199,7 @@ TEST(LearnActivations, TargetsAreTheDenseAttentionOfTheCapturedQK) {
         ASSERT_EQ(a.sequences.size(), 2u);
         ASSERT_EQ(a.queries.size(), 10u);
         for (int si = 0; si < 2; ++si) {
-          const Captured cap = capture(*m, seqs[static_cast<std::size_t>(si)], {l}).at(l);
+          const Captured& cap = captured[static_cast<std::size_t>(si)].at(l);
           EXPECT_EQ(a.sequences[static_cast<std::size_t>(si)].keys,
                     input == learn::Input::qk ? cap.k : cap.x);
           for (const auto& q : a.queries) {
@@ -259,24 +262,31 @@ TEST(LearnActivations, DistilledSelectorBeatsRandomOnRealText) {
   REQUIRE_MODEL(m, "smollm2");
   REQUIRE_TEXT();
   if (masskv::test::kSanitized) GTEST_SKIP() << "too slow under sanitizers";
-  const auto seqs = learn::text_sequences(m->tokenizer(), masskv::test::policy_text(), 3, 512);
+  const auto seqs = learn::text_sequences(m->tokenizer(), masskv::test::policy_text(), 3, 320);
   const fs::path dir = temp_dir("distill");
   learn::CollectConfig cc;
   cc.layers = {9};
-  cc.queries = 64;
+  cc.queries = 48;
   learn::collect_activations(*m, seqs, cc, dir.string());
   const auto a = learn::read_activations(learn::activation_path(dir.string(), 9));
   learn::TrainConfig cfg;
   cfg.dim = 16;
-  cfg.steps = 150;
+  cfg.steps = 100;
   cfg.batch = 16;
   cfg.eval_every = 50;
   learn::LayerReport r;
   learn::train_layer(a, m->config(), cfg, r);
   EXPECT_LT(r.trained.kl, r.init.kl);
   EXPECT_LT(r.trained.kl, r.random.kl);
-  EXPECT_GT(r.trained.recall, r.random.recall + 0.05)
+  // At 1/16 of ~300 tokens (two pages) even the oracle covers little: the distilled selector
+  // must close most of the gap between a random one and the oracle.
+  ASSERT_GT(r.trained.oracle, r.random.recall + 0.03);
+  EXPECT_GT(r.trained.recall, r.random.recall + 0.5 * (r.trained.oracle - r.random.recall))
       << "trained " << r.trained.recall << " random " << r.random.recall;
   EXPECT_LE(r.trained.recall, r.trained.oracle + 1e-6);
+  std::printf("layer 9, 2 x 320 tokens: held-out KL %.3f (pca init %.3f, random init %.3f), "
+              "recall at 1/16 %.3f (random init %.3f, Quest %.3f, oracle %.3f)\n",
+              r.trained.kl, r.init.kl, r.random.kl, r.trained.recall, r.random.recall,
+              r.trained.quest, r.trained.oracle);
   fs::remove_all(dir);
 }

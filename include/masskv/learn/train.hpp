@@ -33,8 +33,8 @@ enum class Init { pca, random };
 struct TrainConfig {
   int dim = 32;  // d_s
   bool rope = false;  // hidden input only (selector.hpp)
-  int steps = 400;
-  double lr = 1e-2;         // Adam step size at the start
+  int steps = 300;
+  double lr = 1e-3;         // Adam step size at the start (docs/learned.md: 3e-4..1e-3 fit best)
   double lr_final = 0.1;    // cosine decay to lr × lr_final at the last step
   int batch = 32;           // query positions per step
   Init init = Init::pca;
