@@ -27,7 +27,7 @@ def main(path, out):
         ax = axes[i // cols][i % cols]
         pts = sorted(curves[layer])
         steps = [p[0] for p in pts]
-        ax.plot(steps[1:], [p[1] for p in pts][1:], ls="--", lw=1, label="train (minibatch)")
+        ax.plot(steps[1:], [p[1] for p in pts][1:], ls="--", lw=1, marker=".", ms=3, label="train (minibatch)")
         ax.plot(steps, [p[2] for p in pts], lw=1.5, label="held-out")
         ax.set_title(f"layer {layer}", fontsize=8)
         ax.tick_params(labelsize=7)
