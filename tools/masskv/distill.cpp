@@ -41,8 +41,8 @@ struct DistillOptions {
   std::string init;  // empty: pca for qk, random for hidden
   learn::TrainConfig train;
   std::string tokens = "4K";
-  int sequences = 5;
-  int queries = 128;
+  int sequences = 6;
+  int queries = 160;
   int threads = 0;
   std::string output = "out/distill/selector.gguf";
   std::string cache_dir;
