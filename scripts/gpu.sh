@@ -1,21 +1,24 @@
 #!/usr/bin/env bash
 # On the GPU machine: build the CUDA library + masskv_gpu_bench, run the CUDA-vs-f64-reference
 # check, the benchmark, the torch SDPA peers, and write the joined report under $OUT
-# (7 files: build.log check.log bench.log bench_ours.json bench_torch.json report.md report.json),
+# (build.log check.log bench.log bench_ours.json bench_prefill.json bench_torch.json report.md
+# report.json prefill.md prefill.json),
 # then the Python tests CI cannot run (PyTorch tensors, the transformers integration) with the
 # module built there (python.log). Wheels the machine lacks (nanobind, scikit-build-core) travel
 # in .whl/ (see docs/python.md). Exit status: the check's, or pytest's when the check passed.
-#   scripts/gpu.sh [--no-check] [--no-bench] [--no-python]   (stages to skip: the device allows
-#   10 minutes per call, so a long session splits the stages over calls on the warm machine)
+#   scripts/gpu.sh [--no-check] [--no-bench] [--no-python] [--prefill-only]   (stages to skip: the
+#   device allows 10 minutes per call, so a long session splits the stages over calls on the warm
+#   machine; --prefill-only: check and bench the prefill kernels alone, no Python)
 set -uo pipefail
 cd "$(dirname "$0")/.."
-do_check=1; do_bench=1; do_python=1
+do_check=1; do_bench=1; do_python=1; prefill_only=0
 for a in "$@"; do
   case "$a" in
     --no-check) do_check=0 ;;
     --no-bench) do_bench=0 ;;
     --no-python) do_python=0 ;;
-    -h|--help) sed -n '2,10p' "$0"; exit 0 ;;
+    --prefill-only) prefill_only=1; do_python=0 ;;
+    -h|--help) sed -n '2,11p' "$0"; exit 0 ;;
     *) echo "gpu.sh: unknown option $a" >&2; exit 2 ;;
   esac
 done
@@ -24,11 +27,21 @@ mkdir -p "$OUT"
 BUILD=${BUILD:-build-gpu}
 { date -u +%Y-%m-%dT%H:%M:%SZ; nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem \
   --format=csv; nvcc --version | tail -1; } 2>&1 | tee "$OUT/check.log"
-{ cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DMASSKV_TOOLS=OFF -DMASSKV_CUDA=ON \
-  && ninja -C "$BUILD" -j"$(nproc)" masskv_gpu_bench; } > "$OUT/build.log" 2>&1 \
-  || { tail -40 "$OUT/build.log"; exit 2; }
+# GPU_BENCH=path: a masskv_gpu_bench built elsewhere (same sources) instead of building here.
+if [[ -n "${GPU_BENCH:-}" ]]; then
+  mkdir -p "$BUILD" && cp "$GPU_BENCH" "$BUILD/masskv_gpu_bench" && echo "prebuilt $GPU_BENCH" \
+    > "$OUT/build.log"
+else
+  { cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DMASSKV_TOOLS=OFF -DMASSKV_CUDA=ON \
+    && ninja -C "$BUILD" -j"$(nproc)" masskv_gpu_bench; } > "$OUT/build.log" 2>&1 \
+    || { tail -40 "$OUT/build.log"; exit 2; }
+fi
 check_rc=0
-if [[ $do_check -eq 1 ]]; then
+if [[ $do_check -eq 1 && $prefill_only -eq 1 ]]; then
+  "$BUILD/masskv_gpu_bench" prefill-check 2>&1 | tee -a "$OUT/check.log"
+  check_rc=${PIPESTATUS[0]}
+  echo "check exit status: $check_rc"
+elif [[ $do_check -eq 1 ]]; then
   "$BUILD/masskv_gpu_bench" check 2>&1 | tee -a "$OUT/check.log"
   check_rc=${PIPESTATUS[0]}
   # The top-k's cluster size follows the sequence length; check every size on every case.
@@ -41,11 +54,16 @@ if [[ $do_check -eq 1 ]]; then
   echo "check exit status: $check_rc"
 fi
 if [[ $do_bench -eq 1 ]]; then
-  "$BUILD/masskv_gpu_bench" bench "$OUT/bench_ours.json" 2>&1 | tee "$OUT/bench.log"
-  PYTHONUNBUFFERED=1 python3 tools/gpu_bench/torch_peer.py "$OUT/bench_torch.json" 2>&1 \
+  : > "$OUT/bench.log"
+  [[ $prefill_only -eq 0 ]] && "$BUILD/masskv_gpu_bench" bench "$OUT/bench_ours.json" 2>&1 \
     | tee -a "$OUT/bench.log"
-  python3 tools/gpu_bench/report.py "$OUT/bench_ours.json" "$OUT/bench_torch.json" \
-    "$OUT/report.md" "$OUT/report.json"
+  "$BUILD/masskv_gpu_bench" prefill-bench "$OUT/bench_prefill.json" 2>&1 | tee -a "$OUT/bench.log"
+  PYTHONUNBUFFERED=1 python3 tools/gpu_bench/torch_peer.py "$OUT/bench_torch.json" \
+    $([[ $prefill_only -eq 1 ]] && echo --prefill) 2>&1 | tee -a "$OUT/bench.log"
+  [[ $prefill_only -eq 0 ]] && python3 tools/gpu_bench/report.py "$OUT/bench_ours.json" \
+    "$OUT/bench_torch.json" "$OUT/report.md" "$OUT/report.json"
+  python3 tools/gpu_bench/prefill_report.py "$OUT/bench_prefill.json" "$OUT/bench_torch.json" \
+    "$OUT/prefill.md" "$OUT/prefill.json"
 fi
 [[ $do_python -eq 0 ]] && exit "$check_rc"
 

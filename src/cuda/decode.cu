@@ -22,7 +22,6 @@ namespace masskv::cuda {
 namespace decode_impl {
 namespace {
 
-constexpr float kLn2 = 0.6931471805599453f;
 constexpr float kLog2e = 1.4426950408889634f;
 
 using detail::check_cuda;
@@ -58,8 +57,7 @@ __global__ void __launch_bounds__(kThreads, kG <= 4 ? 4 : 2) decode_chunk_kernel
 
   const Chunk c = chunk_of(p);
   if (c.unit0 >= c.units && !(c.chunk == 0 && p.num_chunks == 1)) return;  // merge: empties
-  const int b = c.b, heads_here = c.heads_here, q_head0 = c.q_head0, n_pages = c.n_pages;
-  const int chunk = c.chunk;
+  const int n_pages = c.n_pages;
   stage_page_list(p, c, s_phys, s_len);
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -150,33 +148,7 @@ __global__ void __launch_bounds__(kThreads, kG <= 4 ? 4 : 2) decode_chunk_kernel
     }
   }
   __syncthreads();
-  for (int idx = threadIdx.x; idx < kG * kD; idx += kThreads) {
-    const int g = idx / kD, dim = idx % kD;
-    if (g >= heads_here) continue;
-    float mx = -INFINITY;
-    for (int r = 0; r < kRowGroups; ++r) mx = fmaxf(mx, s_m[r * kG + g]);
-    float o = 0.f, lse = -INFINITY;
-    if (mx != -INFINITY) {
-      float lsum = 0.f, osum = 0.f;
-      for (int r = 0; r < kRowGroups; ++r) {
-        const float w = exp2f(s_m[r * kG + g] - mx);
-        lsum += s_l[r * kG + g] * w;
-        osum += s_acc[(r * kG + g) * kD + dim] * w;
-      }
-      o = osum / lsum;
-      lse = (mx + log2f(lsum)) * kLn2;
-    }
-    const int hq = q_head0 + g;
-    if (p.num_chunks == 1) {
-      p.out[b * p.o_s0 + hq * p.o_s1 + dim] = o;
-      if (p.lse && dim == 0) p.lse[b * p.num_q_heads + hq] = lse;
-    } else {
-      const std::int64_t slot =
-          (static_cast<std::int64_t>(b) * p.num_q_heads + hq) * p.num_chunks + chunk;
-      p.part_o[slot * kD + dim] = o;
-      if (dim == 0) p.part_w[slot] = lse;
-    }
-  }
+  write_chunk_softmax<kG, kD>(p, c, kRowGroups, s_acc, s_m, s_l);
 }
 
 // Merge of the chunks of one (sequence, q head), §2.6: lse = logsumexp_c lse_c,
@@ -221,12 +193,6 @@ __global__ void __launch_bounds__(kThreads) merge_kernel(Params p, int d) {
   }
 }
 
-using KernelFn = void (*)(Params);
-struct KernelInfo {
-  KernelFn fn;
-  std::size_t smem;
-};
-
 struct MakeKernelInfo {
   template <bool kBf16, int kD, int kG, int kU>
   KernelInfo operator()() const {
@@ -234,22 +200,26 @@ struct MakeKernelInfo {
   }
 };
 
-// The kernel for (dtype, d, group), its shared-memory limit raised once, and its resident
-// CTAs per SM (cached: the occupancy query costs host time on every step otherwise).
+// The softmax kernel for (dtype, d, group, kind), its shared-memory limit raised once, and its
+// resident CTAs per SM (cached: the occupancy query costs host time on every step otherwise).
 struct Prepared {
   KernelInfo k;
   int per_sm;
 };
-Prepared prepare_kernel(DType dtype, int d, int group) {
+Prepared prepare_kernel(DType dtype, int d, int group, DecodeLaunch::Kernel kind) {
   const int g = kernel_group(group);
-  const int key = variant_key(dtype, d, g);
+  KernelInfo tensor = tensor_softmax_kernel(dtype, d, g);
+  require(kind != DecodeLaunch::Kernel::tensor || tensor.fn != nullptr, ErrorCode::unsupported,
+          "kernel", "the tensor-core decode serves head_dim 64 and 128; got ", d);
+  const bool use_tensor = tensor.fn != nullptr && kind != DecodeLaunch::Kernel::simt;
+  const int key = variant_key(dtype, d, g) + (use_tensor ? 24 : 0);
   static std::mutex mu;
-  static Prepared cache[24];
-  static bool ready[24] = {};
+  static Prepared cache[48];
+  static bool ready[48] = {};
   std::lock_guard<std::mutex> lock(mu);
   if (!ready[key]) {
     Prepared pr;
-    pr.k = by_variant(dtype, d, g, MakeKernelInfo{});
+    pr.k = use_tensor ? tensor : by_variant(dtype, d, g, MakeKernelInfo{});
     check_cuda(cudaFuncSetAttribute(pr.k.fn, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                     static_cast<int>(pr.k.smem)),
                "cudaFuncSetAttribute(shared memory)");
@@ -301,11 +271,11 @@ void DecodeWorkspace::check(CUstream_st* stream) const {
 }
 
 int planned_chunk_pages(DType dtype, int head_dim, int batch, int num_kv_heads, int num_q_heads,
-                        int pages_per_head) {
+                        int pages_per_head, DecodeLaunch::Kernel kernel) {
   const int group = num_q_heads / num_kv_heads;
   const int head_groups = (group + kMaxGroup - 1) / kMaxGroup;
   return plan_chunk_pages(batch * num_kv_heads * head_groups, pages_per_head,
-                          prepare_kernel(dtype, head_dim, group).per_sm);
+                          prepare_kernel(dtype, head_dim, group, kernel).per_sm);
 }
 
 namespace {
@@ -313,7 +283,7 @@ namespace {
 // The softmax launch: split-K chunk kernel, then the merge when there is more than one chunk.
 void launch_softmax(Params p, DType dtype, int d, int batch, int units_max, float scale,
                     const DecodeLaunch& launch, DecodeWorkspace::Impl& ws) {
-  const Prepared kernel = prepare_kernel(dtype, d, p.group);
+  const Prepared kernel = prepare_kernel(dtype, d, p.group, launch.kernel);
   const int base = batch * p.num_kv_heads * p.head_groups;
   const int cp = launch.chunk_pages > 0 ? launch.chunk_pages
                                         : plan_chunk_pages(base, units_max, kernel.per_sm);

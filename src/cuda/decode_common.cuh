@@ -265,23 +265,65 @@ __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending));
 }
 
-// The per-thread ring: issue(tile) copies a tile's rows into ring slot tile % kStages,
-// compute(tile) uses them; kStages - 1 tiles are in flight while one is computed. No barrier:
-// a thread reads only what it copied.
-template <class Issue, class Compute>
+// The ring: issue(tile) copies a tile's rows into ring slot tile % kRing, compute(tile) uses
+// them; kRing - 1 tiles are in flight while one is computed. kWarpShared = false: a thread
+// reads only what it copied, no barrier. kWarpShared = true: the lanes of a warp read each
+// other's copies (tensor-core fragments), so a __syncwarp follows the wait (visibility) and
+// the compute (the slot is refilled next).
+template <int kRing = kStages, bool kWarpShared = false, class Issue, class Compute>
 __device__ __forceinline__ void stream_tiles(int n_tiles, Issue&& issue, Compute&& compute) {
 #pragma unroll
-  for (int s = 0; s < kStages - 1; ++s) {
+  for (int s = 0; s < kRing - 1; ++s) {
     if (s < n_tiles) issue(s);
     cp_async_commit();
   }
   for (int tile = 0; tile < n_tiles; ++tile) {
-    if (tile + kStages - 1 < n_tiles) issue(tile + kStages - 1);
+    if (tile + kRing - 1 < n_tiles) issue(tile + kRing - 1);
     cp_async_commit();
-    cp_async_wait<kStages - 1>();
+    cp_async_wait<kRing - 1>();
+    if constexpr (kWarpShared) __syncwarp();
     compute(tile);
+    if constexpr (kWarpShared) __syncwarp();
   }
   cp_async_wait<0>();
+}
+
+// The end of a softmax chunk: n_groups partial states (running max m in base 2, sum l, and
+// unnormalised output acc, [n_groups][kG][kD] in shared memory) merged in a fixed order
+// (deterministic), then the chunk's (o, lse) written to the output (one chunk) or to the
+// split-K partials. Called by every thread of the CTA after a __syncthreads.
+template <int kG, int kD>
+__device__ __forceinline__ void write_chunk_softmax(const Params& p, const Chunk& c, int n_groups,
+                                                    const float* s_acc, const float* s_m,
+                                                    const float* s_l) {
+  constexpr float kLn2 = 0.6931471805599453f;
+  for (int idx = threadIdx.x; idx < kG * kD; idx += blockDim.x) {
+    const int g = idx / kD, dim = idx % kD;
+    if (g >= c.heads_here) continue;
+    float mx = -INFINITY;
+    for (int r = 0; r < n_groups; ++r) mx = fmaxf(mx, s_m[r * kG + g]);
+    float o = 0.f, lse = -INFINITY;
+    if (mx != -INFINITY) {
+      float lsum = 0.f, osum = 0.f;
+      for (int r = 0; r < n_groups; ++r) {
+        const float w = exp2f(s_m[r * kG + g] - mx);
+        lsum += s_l[r * kG + g] * w;
+        osum += s_acc[(r * kG + g) * kD + dim] * w;
+      }
+      o = osum / lsum;
+      lse = (mx + log2f(lsum)) * kLn2;
+    }
+    const int hq = c.q_head0 + g;
+    if (p.num_chunks == 1) {
+      p.out[c.b * p.o_s0 + hq * p.o_s1 + dim] = o;
+      if (p.lse && dim == 0) p.lse[c.b * p.num_q_heads + hq] = lse;
+    } else {
+      const std::int64_t slot =
+          (static_cast<std::int64_t>(c.b) * p.num_q_heads + hq) * p.num_chunks + c.chunk;
+      p.part_o[slot * kD + dim] = o;
+      if (dim == 0) p.part_w[slot] = lse;
+    }
+  }
 }
 
 // Host: q heads per CTA for a GQA group (1, 2, 4 or 8; larger groups run in head groups of 8).
@@ -331,6 +373,16 @@ inline int variant_key(DType dtype, int d, int g) {
 // Host: the split-K chunk (pages) for `units` pages per (sequence, kv head, head group) when
 // `base_ctas` such triples run with `ctas_per_sm` resident CTAs per SM.
 int plan_chunk_pages(int base_ctas, int units, int ctas_per_sm);
+
+// Host: a chunk kernel and its dynamic shared memory.
+using KernelFn = void (*)(Params);
+struct KernelInfo {
+  KernelFn fn;
+  std::size_t smem;
+};
+// Host: the tensor-core softmax chunk kernel (decode_mma.cu) for (dtype, head_dim d, kernel
+// group g = kernel_group(...)); fn is null where it has no variant (head_dim 256).
+KernelInfo tensor_softmax_kernel(DType dtype, int d, int g);
 
 struct EntmaxShape {
   DType dtype;

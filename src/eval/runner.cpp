@@ -159,6 +159,15 @@ std::vector<Outcome> run_sample(const model::Model& model, const model::ChatTemp
     // f32 activations: the lockstep batch runs the f32 GEMM, and a configuration left alone
     // when the others finished must keep computing the same function (model.md).
     so.decode_activations = model::Activations::f32;
+    const bool learned = std::any_of(configs.begin(), configs.end(), [](const DecodeConfig& c) {
+      return c.selector && c.selector->method == select::Method::learned;
+    });
+    if (learned) {
+      require(options.learned_selector != nullptr, ErrorCode::invalid_argument, "learned_selector",
+              "a configuration uses select::Method::learned");
+      so.learned_selector = options.learned_selector;
+      so.learned_key_format = options.learned_key_format;
+    }
     // The forks alive at once: each its partial-page copy and its own pages.
     so.fork_pages = static_cast<int>(std::min(users, lanes_max)) *
                     (static_cast<int>((forked + options.page_size - 1) / options.page_size) + 2);

@@ -11,7 +11,7 @@
 #include <map>
 
 #include "masskv/error.hpp"
-#include "masskv/kv/int4_keys.hpp"
+#include "masskv/kv/key_formats.hpp"
 
 namespace masskv::kv {
 
@@ -62,9 +62,21 @@ void CacheConfig::validate() const {
           "dtype", "unknown dtype ", static_cast<int>(dtype));
   require(layout == Layout::HND || layout == Layout::NHD, invalid_argument, "layout",
           "unknown layout ", static_cast<int>(layout));
-  require(!int4_selector_keys || head_dim % int4::kBlock == 0, invalid_argument,
-          "int4_selector_keys", "needs head_dim % ", int4::kBlock, " == 0, got head_dim ",
-          head_dim);
+  require(selector_key_format <= KeyFormat::nvfp4, invalid_argument, "selector_key_format",
+          "unknown selector key format ", static_cast<int>(selector_key_format));
+  if (int4_selector_keys) {
+    require(selector_key_format == KeyFormat::int4, invalid_argument, "int4_selector_keys",
+            "asks for int4 selector keys, but selector_key_format is ",
+            to_string(selector_key_format), " (set selector_keys instead)");
+    check_key_dim(KeyFormat::int4, head_dim, "int4_selector_keys");
+  }
+  if (selector_keys) check_key_dim(selector_key_format, head_dim, "selector_key_format");
+  require(key_row_groups >= 0 && key_row_dim >= 0 && (key_row_groups > 0) == (key_row_dim > 0),
+          invalid_argument, "key_row_groups", "key rows need groups > 0 and dim > 0 (or both 0), got ",
+          key_row_groups, " x ", key_row_dim);
+  require(key_row_format <= RowFormat::nvfp4, invalid_argument, "key_row_format",
+          "unknown format ", static_cast<int>(key_row_format));
+  if (key_row_groups > 0) check_row_dim(key_row_format, key_row_dim, "key_row_dim");
 }
 
 struct PagedKVCache::Impl {
@@ -80,8 +92,11 @@ struct PagedKVCache::Impl {
   PoolBuffer k, v;
   std::vector<float> smin, smax, smean, sm2, svnorm;  // [page][head][d], svnorm [page][head]
   std::vector<std::int32_t> count, refcount;          // [page]
-  std::vector<std::uint8_t> sk;                       // INT4 selector keys [page][head][slot][d/2]
-  std::vector<f16> sk_scales;                         // [page][head][slot][d/32]
+  std::vector<std::uint8_t> sk;                       // selector key codes [page][head][slot][.]
+  std::vector<std::uint8_t> sk_scales;                // and their scales [page][head][slot][.]
+  int sk_code_bytes = 0, sk_scale_bytes = 0;          // per row
+  std::vector<std::byte> krows;                       // key rows [page][group][slot][row]
+  std::size_t rows_per_page = 0;                      // bytes of one page of key rows
   std::vector<float> key_row;                         // scratch: one stored key in f32
   std::vector<std::int32_t> free_list;                // stack of free page ids
   std::vector<Sequence> seqs;                         // indexed by SeqId; ids are never reused
@@ -110,11 +125,18 @@ struct PagedKVCache::Impl {
     sm2.assign(sum_elems, 0.0f);
     svnorm.assign(static_cast<std::size_t>(pages) * H, 0.0f);
     count.assign(static_cast<std::size_t>(pages), 0);
-    if (cfg.int4_selector_keys) {
+    if (cfg.has_selector_keys()) {
       const std::size_t rows = static_cast<std::size_t>(pages) * H * P;
-      sk.assign(rows * int4::row_bytes(d), 0);
-      sk_scales.assign(rows * int4::row_scales(d), f16{0});
+      sk_code_bytes = code_bytes(cfg.selector_key_format, d);
+      sk_scale_bytes = scale_bytes(cfg.selector_key_format, d);
+      sk.assign(rows * static_cast<std::size_t>(sk_code_bytes), 0);
+      sk_scales.assign(rows * static_cast<std::size_t>(sk_scale_bytes), 0);
       key_row.resize(static_cast<std::size_t>(d));
+    }
+    if (cfg.key_row_groups > 0) {
+      rows_per_page = static_cast<std::size_t>(cfg.key_row_groups) * static_cast<std::size_t>(P) *
+                      row_bytes(cfg.key_row_format, cfg.key_row_dim);
+      krows.assign(rows_per_page * static_cast<std::size_t>(pages), std::byte{0});
     }
     refcount.assign(static_cast<std::size_t>(pages), 0);
     free_list.reserve(static_cast<std::size_t>(pages));
@@ -152,6 +174,8 @@ struct PagedKVCache::Impl {
     std::fill_n(sm2.begin() + sum_at(p, 0), n, 0.0f);
     std::fill_n(svnorm.begin() + static_cast<std::size_t>(p) * cfg.num_kv_heads, cfg.num_kv_heads,
                 0.0f);
+    std::fill_n(krows.begin() + static_cast<std::ptrdiff_t>(static_cast<std::size_t>(p) * rows_per_page), rows_per_page,
+                std::byte{0});
     return p;
   }
 
@@ -174,13 +198,15 @@ struct PagedKVCache::Impl {
     const std::size_t H = static_cast<std::size_t>(cfg.num_kv_heads);
     std::copy_n(svnorm.begin() + old * H, H, svnorm.begin() + p * H);
     count[p] = count[old];
-    if (cfg.int4_selector_keys) {
+    if (cfg.has_selector_keys()) {
       const std::size_t rows = static_cast<std::size_t>(cfg.num_kv_heads) * cfg.page_size;
-      const std::size_t nb = rows * int4::row_bytes(cfg.head_dim);
-      const std::size_t ns = rows * int4::row_scales(cfg.head_dim);
+      const std::size_t nb = rows * static_cast<std::size_t>(sk_code_bytes);
+      const std::size_t ns = rows * static_cast<std::size_t>(sk_scale_bytes);
       std::copy_n(sk.begin() + old * nb, nb, sk.begin() + p * nb);
       std::copy_n(sk_scales.begin() + old * ns, ns, sk_scales.begin() + p * ns);
     }
+    std::copy_n(krows.begin() + static_cast<std::ptrdiff_t>(static_cast<std::size_t>(old) * rows_per_page), rows_per_page,
+                krows.begin() + static_cast<std::ptrdiff_t>(static_cast<std::size_t>(p) * rows_per_page));
     release_page(old);
     s.pages.back() = p;
   }
@@ -194,11 +220,11 @@ struct PagedKVCache::Impl {
       require(std::isfinite(to_f32(from_f32<T>(x[i]))), ErrorCode::non_finite, name, name, "[", i,
               "] = ", x[i], " overflows ", to_string(cfg.dtype));
     }
-    if (cfg.int4_selector_keys && name[0] == 'k') {  // the scale max|k| / 7 must fit f16
+    if (cfg.has_selector_keys() && name[0] == 'k') {  // int4: f16(max|k| / 7) must be finite
+      const KeyFormat f = cfg.selector_key_format;
       for (std::size_t i = 0; i < x.size(); ++i) {
-        const float a = std::fabs(to_f32(from_f32<T>(x[i])));
-        require(std::isfinite(f16_to_f32(f32_to_f16(a / 7.0f))), ErrorCode::out_of_range, name,
-                name, "[", i, "] = ", x[i], " exceeds the INT4 selector key range (7 * 65504)");
+        require(key_encodable(f, to_f32(from_f32<T>(x[i]))), ErrorCode::out_of_range, name, name,
+                "[", i, "] = ", x[i], " exceeds the ", to_string(f), " selector key range");
       }
     }
   }
@@ -238,12 +264,13 @@ struct PagedKVCache::Impl {
       }
       float& vmax = svnorm[static_cast<std::size_t>(page) * H + h];
       vmax = std::max(vmax, round_up_to_f32(std::sqrt(vnorm2)));
-      if (cfg.int4_selector_keys) {
+      if (cfg.has_selector_keys()) {
         for (int c = 0; c < d; ++c) key_row[c] = to_f32(ks[c]);
-        const std::size_t r =
-            (static_cast<std::size_t>(page) * H + h) * cfg.page_size + static_cast<std::size_t>(slot);
-        int4::quantize_row(key_row.data(), d, sk.data() + r * int4::row_bytes(d),
-                           sk_scales.data() + r * int4::row_scales(d));
+        const std::size_t r = (static_cast<std::size_t>(page) * H + h) * cfg.page_size +
+                              static_cast<std::size_t>(slot);
+        quantize_row(cfg.selector_key_format, key_row.data(), d,
+                     sk.data() + r * static_cast<std::size_t>(sk_code_bytes),
+                     sk_scales.data() + r * static_cast<std::size_t>(sk_scale_bytes));
       }
     }
     ++count[page];
@@ -262,8 +289,30 @@ struct PagedKVCache::Impl {
     return fresh + (shared_partial(s) ? 1 : 0);
   }
 
+  // The key rows of one token into `slot` of `page`, group after group.
+  void write_rows(std::int32_t page, int slot, const float* x) {
+    const int G = cfg.key_row_groups, dim = cfg.key_row_dim;
+    const std::size_t rb = row_bytes(cfg.key_row_format, dim);
+    for (int g = 0; g < G; ++g) {
+      // The layout of KeyRowsView::row.
+      const std::size_t r = (static_cast<std::size_t>(page) * static_cast<std::size_t>(G) +
+                             static_cast<std::size_t>(g)) *
+                                static_cast<std::size_t>(cfg.page_size) +
+                            static_cast<std::size_t>(slot);
+      encode_row(cfg.key_row_format, x + static_cast<std::size_t>(g) * static_cast<std::size_t>(dim),
+                 dim, krows.data() + r * rb);
+    }
+  }
+
+  KeyRowsView key_rows_view() const {
+    if (cfg.key_row_groups == 0) return {};
+    return {krows.data(), cfg.key_row_format, cfg.capacity_pages, cfg.key_row_groups,
+            cfg.page_size, cfg.key_row_dim};
+  }
+
   template <class T>
-  void append(SeqId id, std::span<const float> kin, std::span<const float> vin, int n) {
+  void append(SeqId id, std::span<const float> kin, std::span<const float> vin, int n,
+              std::span<const float> rin) {
     Sequence& s = seq_at(id);
     require(n >= 0, ErrorCode::invalid_argument, "n", "must be >= 0, got ", n);
     const std::size_t tok = static_cast<std::size_t>(cfg.num_kv_heads) * cfg.head_dim;
@@ -272,9 +321,18 @@ struct PagedKVCache::Impl {
             " values, expected n * num_kv_heads * head_dim = ", want);
     require(vin.size() == want, ErrorCode::shape_mismatch, "v", "has ", vin.size(),
             " values, expected n * num_kv_heads * head_dim = ", want);
+    const std::size_t row_tok =
+        static_cast<std::size_t>(cfg.key_row_groups) * static_cast<std::size_t>(cfg.key_row_dim);
+    require(rin.size() == static_cast<std::size_t>(n) * row_tok, ErrorCode::shape_mismatch,
+            "key_rows", "has ", rin.size(), " values, expected n * key_row_groups * key_row_dim = ",
+            static_cast<std::size_t>(n) * row_tok);
     if (n == 0) return;
     check_input<T>(kin, "k");
     check_input<T>(vin, "v");
+    for (std::size_t i = 0; i < rin.size(); ++i) {
+      require(std::isfinite(rin[i]), ErrorCode::non_finite, "key_rows", "key_rows[", i, "] = ",
+              rin[i], " is not finite");
+    }
 
     // All-or-nothing: count every page this append takes before touching anything.
     const int P = cfg.page_size;
@@ -289,6 +347,7 @@ struct PagedKVCache::Impl {
       const int slot = static_cast<int>(s.length % P);
       if (slot == 0) s.pages.push_back(take_page());
       write_token<T>(s.pages.back(), slot, kin.data() + t * tok, vin.data() + t * tok);
+      if (row_tok > 0) write_rows(s.pages.back(), slot, rin.data() + static_cast<std::size_t>(t) * row_tok);
       ++s.length;
     }
   }
@@ -327,10 +386,11 @@ void PagedKVCache::free(SeqId seq) {
   s.alive = false;
 }
 
-void PagedKVCache::append(SeqId seq, std::span<const float> k, std::span<const float> v, int n) {
+void PagedKVCache::append(SeqId seq, std::span<const float> k, std::span<const float> v, int n,
+                          std::span<const float> key_rows) {
   visit_dtype(impl_->cfg.dtype, [&](auto tag) {
     using T = decltype(tag);
-    impl_->append<T>(seq, k, v, n);
+    impl_->append<T>(seq, k, v, n, key_rows);
   });
 }
 
@@ -397,14 +457,28 @@ SummariesView PagedKVCache::summaries() const {
 
 SelectorKeysView PagedKVCache::selector_keys() const {
   const Impl& m = *impl_;
-  if (!m.cfg.int4_selector_keys) return {};
-  return {m.sk.data(),         m.sk_scales.data(), m.cfg.capacity_pages, m.cfg.num_kv_heads,
-          m.cfg.page_size,     m.cfg.head_dim};
+  if (!m.cfg.has_selector_keys()) return {};
+  return {m.cfg.selector_key_format,
+          m.sk.data(),
+          m.sk_scale_bytes > 0 ? m.sk_scales.data() : nullptr,
+          m.cfg.capacity_pages,
+          m.cfg.num_kv_heads,
+          m.cfg.page_size,
+          m.cfg.head_dim};
+}
+
+KeyRowsView PagedKVCache::key_rows() const { return impl_->key_rows_view(); }
+
+double PagedKVCache::key_row_bytes_per_token() const {
+  const CacheConfig& c = impl_->cfg;
+  return c.key_row_groups * static_cast<double>(row_bytes(c.key_row_format, c.key_row_dim));
 }
 
 double PagedKVCache::selector_key_bytes_per_token() const {
   const CacheConfig& c = impl_->cfg;
-  return c.int4_selector_keys ? c.num_kv_heads * int4::bytes_per_value() * c.head_dim : 0.0;
+  return c.has_selector_keys()
+             ? static_cast<double>(c.num_kv_heads) * row_bytes(c.selector_key_format, c.head_dim)
+             : 0.0;
 }
 
 double PagedKVCache::kv_bytes_per_token() const {

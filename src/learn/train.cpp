@@ -8,9 +8,9 @@
 #include "eval/rng.hpp"
 #include "learn/kl_pass.hpp"
 #include "masskv/error.hpp"
+#include "masskv/learn/project.hpp"
 #include "masskv/learn/recall.hpp"
 #include "masskv/learn/train.hpp"
-#include "model/layer_ops.hpp"
 
 namespace masskv::learn {
 namespace {
@@ -63,12 +63,6 @@ void TrainConfig::validate(Input input) const {
   require(eval_every >= 1, invalid_argument, "eval_every", "must be >= 1, got ", eval_every);
 }
 
-std::vector<double> selector_inv_freq(const model::ModelConfig& c, int layer, int dim) {
-  const bool local = sz(layer) < c.is_local.size() && c.is_local[sz(layer)] != 0;
-  return model::ops::rope_inv_freq(local ? c.rope_base_local : c.rope_base, dim,
-                                   local ? 1.0 : c.rope_freq_scale);
-}
-
 Geometry make_geometry(const LayerActivations& data, const model::ModelConfig& c, int dim,
                        bool rope) {
   const ActivationHeader& h = data.header;
@@ -93,7 +87,7 @@ Geometry make_geometry(const LayerActivations& data, const model::ModelConfig& c
   g.heads_per_kv = c.n_head / c.n_head_kv;
   g.head_dim = c.head_dim;
   if (rope) {
-    g.inv_freq = selector_inv_freq(c, h.layer, dim);
+    g.inv_freq = rope_inv_freq(c, h.layer, dim);
     std::int64_t longest = 0;
     for (const ActivationSequence& s : data.sequences) longest = std::max(longest, s.length);
     const std::size_t half = g.inv_freq.size();

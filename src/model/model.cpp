@@ -11,6 +11,7 @@
 #include "masskv/attn/prefill.hpp"
 #include "masskv/error.hpp"
 #include "masskv/kv/cache.hpp"
+#include "masskv/learn/project.hpp"
 #include "masskv/model/quant.hpp"
 #include "masskv/select/diagnostics.hpp"
 #include "model/activations.hpp"
@@ -35,18 +36,24 @@ void linear(const GgufTensor& w, const float* x, std::size_t n, float* y, Activa
 
 std::size_t sz(std::int64_t v) { return static_cast<std::size_t>(v); }
 
-void check_selector(const std::optional<select::SelectorConfig>& selector, const Mapping& mapping) {
+void check_selector(const std::optional<select::SelectorConfig>& selector, const Mapping& mapping,
+                    const std::shared_ptr<const learn::Selector>& learned) {
   if (!selector) return;
   const Mapping& m = selector->mapping;
   require(m.kind == mapping.kind && (!m.is_entmax() || m.alpha == mapping.alpha),
           ErrorCode::invalid_argument, "selector",
           "the selector serves a different attention mapping than the session's");
+  require(selector->method != select::Method::learned || learned != nullptr,
+          ErrorCode::invalid_argument, "selector",
+          "Method::learned needs SessionOptions::learned_selector (its key cache is kept from "
+          "the first token)");
 }
 
 // Activations and attention scratch of one forward pass, sized for its rows (a prefill block,
 // or one row per session of a decode step).
 struct Scratch {
   std::vector<float> x, xn, q, k, v, att, o, gate, up, logits_rows;
+  std::vector<float> sel_rows, sel_q, sel_scratch;  // learned selector projections
   std::vector<std::int64_t> positions;     // of every row
   ops::RopeTable rope_global, rope_local;  // cos/sin of those positions
   select::SelectOutput sel_out;
@@ -78,6 +85,10 @@ struct Session::Impl {
   std::shared_ptr<std::vector<kv::PagedKVCache>> caches;
   std::vector<kv::SeqId> seqs;
   std::vector<double> inv_freq_global, inv_freq_local;
+  // Learned selector: per layer the selector's entry (nullptr: not listed, or a local layer)
+  // and the RoPE frequencies of its d_s projections.
+  std::vector<const learn::LayerSelector*> learned_layers;
+  std::vector<std::vector<double>> learned_rope;
   Scratch scratch;  // of the passes this session runs (or leads, in a batch)
 };
 
@@ -90,7 +101,8 @@ Session::Session(const Model& model, SessionOptions options)
   require(options.prefill_block > 0, ErrorCode::invalid_argument, "prefill_block",
           "must be > 0, got ", options.prefill_block);
   options.mapping.validate();
-  check_selector(options.selector, options.mapping);
+  if (options.learned_selector) learn::check_model(*options.learned_selector, c);
+  check_selector(options.selector, options.mapping, options.learned_selector);
   require(options.fork_pages >= 0, ErrorCode::invalid_argument, "fork_pages", "must be >= 0, got ",
           options.fork_pages);
   kv::CacheConfig cc;
@@ -107,8 +119,20 @@ Session::Session(const Model& model, SessionOptions options)
   impl_->window = options.sliding_window > 0 ? options.sliding_window : c.sliding_window;
   impl_->opt = std::move(options);
   impl_->caches = std::make_shared<std::vector<kv::PagedKVCache>>();
+  impl_->learned_layers.assign(sz(c.n_layer), nullptr);
+  impl_->learned_rope.resize(sz(c.n_layer));
   for (int l = 0; l < c.n_layer; ++l) {
-    impl_->caches->emplace_back(cc);
+    kv::CacheConfig layer_cc = cc;
+    const learn::Selector* sel = impl_->opt.learned_selector.get();
+    const learn::LayerSelector* ls = sel != nullptr ? sel->find(l) : nullptr;
+    if (ls != nullptr && c.is_local[sz(l)] == 0) {
+      impl_->learned_layers[sz(l)] = ls;
+      if (ls->rope) impl_->learned_rope[sz(l)] = learn::rope_inv_freq(c, l, ls->dim);
+      layer_cc.key_row_groups = ls->groups;
+      layer_cc.key_row_dim = ls->dim;
+      layer_cc.key_row_format = impl_->opt.learned_key_format;
+    }
+    impl_->caches->emplace_back(layer_cc);
     impl_->seqs.push_back(impl_->caches->back().create());
   }
   impl_->inv_freq_global = ops::rope_inv_freq(c.rope_base, c.rope_dims, c.rope_freq_scale);
@@ -145,6 +169,8 @@ Session Session::fork() const {
   child->caches = impl_->caches;
   child->inv_freq_global = impl_->inv_freq_global;
   child->inv_freq_local = impl_->inv_freq_local;
+  child->learned_layers = impl_->learned_layers;  // point into opt.learned_selector (shared)
+  child->learned_rope = impl_->learned_rope;
   for (std::size_t l = 0; l < impl_->seqs.size(); ++l) {
     child->seqs.push_back((*impl_->caches)[l].fork(impl_->seqs[l]));
   }
@@ -152,7 +178,7 @@ Session Session::fork() const {
 }
 
 void Session::set_selector(std::optional<select::SelectorConfig> selector) {
-  check_selector(selector, impl_->opt.mapping);
+  check_selector(selector, impl_->opt.mapping, impl_->opt.learned_selector);
   impl_->opt.selector = std::move(selector);
 }
 
@@ -168,8 +194,15 @@ double Session::summary_bytes_per_token() const {
   return b;
 }
 
+double Session::learned_key_bytes_per_token() const {
+  double b = 0;
+  for (const auto& cache : *impl_->caches) b += cache.key_row_bytes_per_token();
+  return b;
+}
+
 double Session::kv_bytes() const {
-  return (kv_bytes_per_token() + summary_bytes_per_token()) * static_cast<double>(position_);
+  return (kv_bytes_per_token() + summary_bytes_per_token() + learned_key_bytes_per_token()) *
+         static_cast<double>(position_);
 }
 
 namespace {
@@ -296,15 +329,30 @@ void attend(const Model& model, Scratch& w, const Segment& seg, std::size_t row0
   a.out = ov;
   stats.kv_tokens_total += static_cast<double>(len) * Hkv;
   SelectionView sv;
-  if (s.opt.selector && !local) {
+  // A learned selector runs on the layers it lists; the others decode densely.
+  const bool learned = s.opt.selector && s.opt.selector->method == select::Method::learned;
+  const learn::LayerSelector* ls = learned ? s.learned_layers[sz(layer)] : nullptr;
+  if (s.opt.selector && !local && (!learned || ls != nullptr)) {
     select::SelectArgs sa;
     sa.q = qv;
     sa.cache = view;
     sa.summaries = cache.summaries();
     sa.scale = c.attn_scale;
+    if (ls != nullptr) {
+      const learn::Selector& sel = *s.opt.learned_selector;
+      const float* x = sel.input == learn::Input::qk ? w.q.data() + q_off
+                                                     : w.xn.data() + row0 * sz(c.n_embd);
+      w.sel_q.resize(sz(ls->groups) * sz(ls->dim));
+      learn::project(sel, *ls, learn::Side::query, x, 1,
+                     std::span<const std::int64_t>(w.positions).subspan(row0, 1),
+                     s.learned_rope[sz(layer)], w.sel_q.data(), w.sel_scratch);
+      sa.learned_q = View3<float>::contiguous(w.sel_q.data(), 1, ls->groups, ls->dim);
+      sa.learned_keys = cache.key_rows();
+    }
     select::run_selector(sa, *s.opt.selector, w.sel_out);
     sv = w.sel_out.selection.view();
     a.selection = &sv;
+    if (s.opt.on_selection) s.opt.on_selection(layer, sv);
     for (int h = 0; h < Hkv; ++h) {
       for (const std::int32_t id : sv.list(0, h)) {
         stats.kv_tokens_read +=
@@ -389,7 +437,18 @@ void forward(const Model& model, Scratch& w, const Pass& p) {
         const std::span<const float> x(w.xn.data() + row0 * E, seg.n * E);
         s.opt.capture({l, seg.pos0, static_cast<int>(seg.n), q, k, v, x});
       }
-      (*s.caches)[sz(l)].append(s.seqs[sz(l)], k, v, static_cast<int>(seg.n));
+      std::span<const float> key_rows;
+      if (const learn::LayerSelector* ls = s.learned_layers[sz(l)]) {
+        // The selector key cache: this segment's projected keys, appended with its KV.
+        const learn::Selector& sel = *s.opt.learned_selector;
+        const float* x = sel.input == learn::Input::qk ? k.data() : w.xn.data() + row0 * E;
+        w.sel_rows.resize(seg.n * sz(ls->groups) * sz(ls->dim));
+        learn::project(sel, *ls, learn::Side::key, x, seg.n,
+                       std::span<const std::int64_t>(w.positions).subspan(row0, seg.n),
+                       s.learned_rope[sz(l)], w.sel_rows.data(), w.sel_scratch);
+        key_rows = w.sel_rows;
+      }
+      (*s.caches)[sz(l)].append(s.seqs[sz(l)], k, v, static_cast<int>(seg.n), key_rows);
       // Timed per row so a batch can charge each session its own attention (DecodeStats).
       const auto t0 = std::chrono::steady_clock::now();
       attend(model, w, seg, row0, l, p.decode_path);

@@ -1,5 +1,6 @@
 // f64 scores of listed keys: the exact tau(S) of entmax_support (DESIGN.md §2.2), the oracle
-// (§2.7) and the diagnostics (§2.5) all need scores of stored keys, not estimates.
+// (§2.7) and the diagnostics (§2.5) all need scores of stored keys, not estimates. Also the
+// estimates of the selector keys (§2.9), the scores MassSource::quant_keys maps.
 #include <cmath>
 
 #include "core/cpu_features.hpp"
@@ -87,6 +88,21 @@ void append_scores(const kv::PagedKVView& c, int b, int h, const float* q, doubl
   }
 }
 
+void append_selector_key_scores(const kv::SelectorKeysView& keys, const kv::PageTable& table, int b,
+                                int h, const float* q, double scale, std::vector<double>& out) {
+  const kv::DotRowFn dot = kv::dot_row_kernel(keys.format);
+  const int n = table.num_pages(b);
+  for (int j = 0; j < n; ++j) {
+    const std::int32_t page = table.page(b, j);
+    const int len = table.page_len(b, j, keys.page_size);
+    for (int slot = 0; slot < len; ++slot) {
+      out.push_back(scale *
+                    static_cast<double>(dot(q, keys.row(page, h, slot),
+                                            keys.row_scales(page, h, slot), keys.head_dim)));
+    }
+  }
+}
+
 }  // namespace detail
 
 void exact_scores(const kv::PagedKVView& cache, int b, int kv_head, const float* q, float scale,
@@ -104,6 +120,26 @@ void exact_scores(const kv::PagedKVView& cache, int b, int kv_head, const float*
   }
   out.clear();
   detail::append_scores(cache, b, kv_head, q, scale, unit, ids, out);
+}
+
+}  // namespace masskv::select
+
+namespace masskv::select {
+
+void selector_key_scores(const kv::SelectorKeysView& keys, const kv::PageTable& table, int b,
+                         int kv_head, const float* q, float scale, std::vector<double>& out) {
+  using enum ErrorCode;
+  require(!keys.empty(), invalid_argument, "keys", "no selector keys (the cache keeps none)");
+  kv::check_key_dim(keys.format, keys.head_dim, "keys");
+  require(b >= 0 && b < table.batch(), out_of_range, "b", b, " is outside the batch");
+  require(kv_head >= 0 && kv_head < keys.num_kv_heads, out_of_range, "kv_head", kv_head,
+          " is outside [0, ", keys.num_kv_heads, ")");
+  for (int j = 0; j < table.num_pages(b); ++j) {
+    require(table.page(b, j) >= 0 && table.page(b, j) < keys.num_pages, out_of_range, "table",
+            "page ", table.page(b, j), " is outside the selector keys' pool");
+  }
+  out.clear();
+  detail::append_selector_key_scores(keys, table, b, kv_head, q, scale, out);
 }
 
 }  // namespace masskv::select

@@ -17,4 +17,9 @@ void append_scores(const kv::PagedKVView& c, int b, int h, const float* q, doubl
                    SelectionView::Unit unit, std::span<const std::int32_t> ids,
                    std::vector<double>& out);
 
+// Appends scale·q·k̂ (f64) of every token of (b, kv head h) from the selector keys, computed
+// on their codes (kv::dot_row_kernel of their format), in token order.
+void append_selector_key_scores(const kv::SelectorKeysView& keys, const kv::PageTable& table, int b,
+                                int h, const float* q, double scale, std::vector<double>& out);
+
 }  // namespace masskv::select::detail

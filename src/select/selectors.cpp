@@ -10,10 +10,10 @@
 #include <numeric>
 
 #include "masskv/error.hpp"
-#include "masskv/kv/int4_keys.hpp"
 #include "masskv/select/diagnostics.hpp"
 #include "masskv/select/selector.hpp"
 #include "select/gaussian_model.hpp"
+#include "select/learned.hpp"
 #include "select/page_scan.hpp"
 #include "select/scores.hpp"
 #include "select/vec_math.hpp"
@@ -36,17 +36,19 @@ std::string_view to_string(Method m) {
       return "gaussian_tau";
     case Method::oracle:
       return "oracle";
+    case Method::learned:
+      return "learned";
   }
   return "?";
 }
 
 Method parse_method(std::string_view name, std::string_view argument) {
   for (Method m : {Method::dense, Method::sink_recent, Method::quest, Method::top_p,
-                   Method::entmax_support, Method::gaussian_tau, Method::oracle}) {
+                   Method::entmax_support, Method::gaussian_tau, Method::oracle, Method::learned}) {
     if (name == to_string(m)) return m;
   }
   fail(ErrorCode::invalid_argument, argument, "unknown selector '", name,
-       "' (dense, sink_recent, quest, top_p, entmax_support, gaussian_tau, oracle)");
+       "' (dense, sink_recent, quest, top_p, entmax_support, gaussian_tau, oracle, learned)");
 }
 
 namespace {
@@ -87,6 +89,14 @@ int item_cap(const Group& G, const Budget& budget, int kept, bool tokens, bool f
   const std::int64_t want =
       tokens ? budget.tokens : (budget.tokens + G.page_size - 1) / G.page_size;
   return static_cast<int>(std::min<std::int64_t>(G.n, std::max<std::int64_t>(kept, want)));
+}
+
+// Items a top-p selection holds at least (K_min of §2.8), within [kept, cap].
+int item_floor(const Group& G, const Budget& budget, int kept, int cap, bool tokens) {
+  if (budget.kind != Budget::Kind::top_p || budget.min_tokens <= 0) return kept;
+  const std::int64_t want =
+      tokens ? budget.min_tokens : (budget.min_tokens + G.page_size - 1) / G.page_size;
+  return static_cast<int>(std::min<std::int64_t>(cap, std::max<std::int64_t>(kept, want)));
 }
 
 // A ranking of one voter (a q head, or the group's aggregate): candidate items best first,
@@ -147,10 +157,10 @@ struct Scratch {
 
 // The fill loop: voters take turns adding their best unselected item (round robin, which is
 // the union of per-head top lists cut to the budget) until `cap` items are in, every voter
-// with a mass estimate holds >= p of it, or no voter has candidates left. `kept` lists the
-// items already in, ascending.
+// with a mass estimate holds >= p of it (once `floor` items are in), or no voter has
+// candidates left. `kept` lists the items already in, ascending.
 int fill(std::vector<Voter>& voters, std::size_t nv, std::vector<std::uint8_t>& in,
-         std::span<const std::int32_t> kept, int count, int cap, double p) {
+         std::span<const std::int32_t> kept, int count, int cap, double p, int floor) {
   for (std::size_t i = 0; i < nv; ++i) {
     Voter& v = voters[i];
     v.have = 0;
@@ -164,7 +174,7 @@ int fill(std::vector<Voter>& voters, std::size_t nv, std::vector<std::uint8_t>& 
     progress = false;
     for (std::size_t i = 0; i < nv && count < cap; ++i) {
       Voter& v = voters[i];
-      if (v.mass && v.have >= p) continue;
+      if (v.mass && v.have >= p && count >= floor) continue;
       while (v.pos < v.order.size() && in[static_cast<std::size_t>(v.order[v.pos])]) ++v.pos;
       if (v.pos == v.order.size()) continue;
       const std::int32_t j = v.order[v.pos++];
@@ -203,6 +213,8 @@ struct Context {
   bool tokens = false;  // token oracle
   // Oracle: true mass per (b, q head) over items, [b] -> [Hq][items].
   std::vector<std::vector<double>> oracle_mass;
+  // Learned: page masses per (b, selector group), [b] -> [groups][pages].
+  std::vector<std::vector<double>> learned_mass;
   // Page-major scans (select/page_scan.hpp), CSR order [indptr[b] * Hq + q head * pages + j].
   const float* bounds = nullptr;
   const float* wmax = nullptr;  // [indptr[b] + j][Hkv]: W of the f32 summaries
@@ -369,21 +381,13 @@ void bound_masses(const Context& X, const Group& G, const float* U, double* out)
   normalise_log(std::span<double>(out, static_cast<std::size_t>(G.pages)));
 }
 
-// Page masses of one q head from scores on the INT4 selector keys of every token (§2.9):
+// Page masses of one q head from scores on the selector keys of every token (§2.9):
 // softmax or entmax of the approximate scores, summed per page. The scores are computed on
-// the nibbles (int4::dot_row); no dequantised key is stored.
+// the codes (kv::dot_row_kernel); no dequantised key is stored.
 void quant_key_masses(const Context& X, const Group& G, int i, Scratch& S, double* w) {
-  const kv::SelectorKeysView& K = X.a.selector_keys;
-  const float* q = qrow(X, G.b, G.h * X.gsize + i);
   S.qs.clear();
-  for (int j = 0; j < G.pages; ++j) {
-    const int len = X.a.cache.table.page_len(G.b, j, G.page_size);
-    for (int slot = 0; slot < len; ++slot) {
-      S.qs.push_back(static_cast<double>(X.scale) *
-                     kv::int4::dot_row(q, K.row(G.phys[j], G.h, slot),
-                                       K.row_scales(G.phys[j], G.h, slot), X.d));
-    }
-  }
+  detail::append_selector_key_scores(X.a.selector_keys, X.a.cache.table, G.b, G.h,
+                                     qrow(X, G.b, G.h * X.gsize + i), X.scale, S.qs);
   S.qp.resize(S.qs.size());
   if (X.c.mapping.is_entmax()) {
     entmax(std::span<const double>(S.qs), X.c.mapping.alpha, std::span<double>(S.qp));
@@ -395,7 +399,7 @@ void quant_key_masses(const Context& X, const Group& G, int i, Scratch& S, doubl
 }
 
 // Everything of one group but the kept items (already in S.in): rankings, masses, rule, fill.
-void select_group(const Context& X, const Group& G, Scratch& S, int& count, int cap,
+void select_group(const Context& X, const Group& G, Scratch& S, int& count, int cap, int floor,
                   double* estimate, std::uint8_t& certified) {
   const SelectorConfig& c = X.c;
   const Method method = c.method;
@@ -419,6 +423,26 @@ void select_group(const Context& X, const Group& G, Scratch& S, int& count, int 
       }
     }
     std::fill(estimate, estimate + g, std::numeric_limits<double>::quiet_NaN());
+    return;
+  }
+  if (method == Method::learned) {
+    // One voter: the group's softmax(ŝ) page masses (head-collapsed: group 0 for every kv
+    // head), ranked by mass; the prefix stops at mass >= p (fixed budgets: at the cap).
+    const int groups = X.a.learned_keys.groups;
+    const double* m = X.learned_mass[static_cast<std::size_t>(G.b)].data() +
+                      static_cast<std::size_t>(groups == 1 ? 0 : G.h) * static_cast<std::size_t>(n);
+    S.kept.clear();
+    for (int j = 0; j < n; ++j) {
+      if (in[static_cast<std::size_t>(j)]) S.kept.push_back(j);
+    }
+    if (S.voters.empty()) S.voters.resize(1);
+    order_by(m, n, nullptr, cap, S.voters[0].order);
+    S.voters[0].mass = m;
+    count = fill(S.voters, 1, in, S.kept, count, cap, kind == Budget::Kind::fixed ? kInf : c.budget.p,
+                 floor);
+    double held = 0;
+    for (int j = 0; j < n; ++j) held += in[static_cast<std::size_t>(j)] ? m[j] : 0.0;
+    std::fill(estimate, estimate + g, held);
     return;
   }
   if (method == Method::entmax_support) {
@@ -547,7 +571,7 @@ void select_group(const Context& X, const Group& G, Scratch& S, int& count, int 
              S.voters[0].order);
     S.voters[0].mass = with_mass ? S.agg_mass.data() : nullptr;
   }
-  count = fill(S.voters, nv, in, S.kept, count, cap, p);
+  count = fill(S.voters, nv, in, S.kept, count, cap, p, floor);
   if (method != Method::gaussian_tau && method != Method::entmax_support) {
     for (int i = 0; i < g; ++i) {  // the estimated mass of the selection, per head
       double s = 0;
@@ -605,6 +629,60 @@ void oracle_masses(Context& X) {
   }
 }
 
+// Learned page masses (§2.8) of every (sequence, selector group): one task each, sequential
+// inside, so the result does not depend on the thread count.
+void learned_masses(Context& X) {
+  const auto& t = X.a.cache.table;
+  const kv::KeyRowsView& keys = X.a.learned_keys;
+  const int B = t.batch(), G = keys.groups;
+  X.learned_mass.resize(static_cast<std::size_t>(B));
+  for (int b = 0; b < B; ++b) {
+    X.learned_mass[static_cast<std::size_t>(b)].assign(
+        static_cast<std::size_t>(G) * static_cast<std::size_t>(t.num_pages(b)), 0.0);
+  }
+  const int tasks = B * G;
+#pragma omp parallel if (tasks > 1)
+  {
+    std::vector<double> scores;
+#pragma omp for schedule(dynamic, 1)
+    for (int task = 0; task < tasks; ++task) {
+      const int b = task / G, g = task % G;
+      const auto pages = static_cast<std::size_t>(t.num_pages(b));
+      std::span<double> out(X.learned_mass[static_cast<std::size_t>(b)].data() +
+                                static_cast<std::size_t>(g) * pages,
+                            pages);
+      detail::learned_page_masses(keys, t, b, g, X.a.learned_q.row(b, g), scores, out);
+    }
+  }
+}
+
+void check_learned(const SelectArgs& a, const SelectorConfig& c) {
+  using enum ErrorCode;
+  const kv::KeyRowsView& k = a.learned_keys;
+  require(!k.empty() && k.groups > 0 && k.dim > 0, invalid_argument, "learned_keys",
+          "Method::learned needs the selector key rows of the cache's pool");
+  require(k.num_pages == a.cache.num_pages && k.page_size == a.cache.page_size, shape_mismatch,
+          "learned_keys", "pool geometry (", k.num_pages, " pages of ", k.page_size,
+          ") differs from the cache's (", a.cache.num_pages, " of ", a.cache.page_size, ")");
+  require(k.groups == 1 || k.groups == a.cache.num_kv_heads, shape_mismatch, "learned_keys",
+          k.groups, " groups: neither 1 (head-collapsed) nor the cache's ", a.cache.num_kv_heads,
+          " kv heads");
+  const View3<const float>& q = a.learned_q;
+  require(q.data != nullptr && q.n0 == a.cache.table.batch() && q.n1 == k.groups && q.n2 == k.dim,
+          shape_mismatch, "learned_q", "expected [", a.cache.table.batch(), "][", k.groups, "][",
+          k.dim, "], got [", q.n0, "][", q.n1, "][", q.n2, "]");
+  for (int b = 0; b < q.n0; ++b) {
+    for (int g = 0; g < q.n1; ++g) {
+      for (int x = 0; x < q.n2; ++x) {
+        require(std::isfinite(q.row(b, g)[x]), non_finite, "learned_q", "learned_q[", b, "][", g,
+                "][", x, "] is not finite");
+      }
+    }
+  }
+  require(c.budget.kind != Budget::Kind::adaptive, invalid_argument, "budget",
+          "learned takes a fixed or a top-p budget, not adaptive");
+}
+
 void check_args(const SelectArgs& a, const SelectorConfig& c) {
   using enum ErrorCode;
   c.mapping.validate();
@@ -650,10 +728,20 @@ void check_args(const SelectArgs& a, const SelectorConfig& c) {
           invalid_argument, "budget", "a fixed budget needs tokens > 0");
   require(!c.oracle_tokens || c.method == Method::oracle, invalid_argument, "oracle_tokens",
           "token granularity is the oracle's only");
+  require(c.budget.min_tokens >= 0, invalid_argument, "budget", "min_tokens must be >= 0, got ",
+          c.budget.min_tokens);
+  require(c.budget.min_tokens == 0 || c.budget.kind == Budget::Kind::top_p, invalid_argument,
+          "budget", "min_tokens (K_min) applies to top-p budgets only");
+  require(c.budget.tokens == 0 || c.budget.min_tokens <= c.budget.tokens, invalid_argument,
+          "budget", "min_tokens ", c.budget.min_tokens, " exceeds the cap ", c.budget.tokens);
+  if (c.method == Method::learned) check_learned(a, c);
   if (c.method == Method::top_p && c.mass_source == MassSource::quant_keys) {
     const kv::SelectorKeysView& k = a.selector_keys;
-    require(!k.empty() && k.scales != nullptr, invalid_argument, "selector_keys",
-            "MassSource::quant_keys needs the cache's INT4 selector keys");
+    require(!k.empty(), invalid_argument, "selector_keys",
+            "MassSource::quant_keys needs the cache's selector keys");
+    require(k.format == kv::KeyFormat::bf16 || k.scales != nullptr, invalid_argument,
+            "selector_keys", "the ", kv::to_string(k.format), " selector keys have no scales");
+    kv::check_key_dim(k.format, k.head_dim, "selector_keys");
     require(k.num_pages == a.cache.num_pages && k.num_kv_heads == a.cache.num_kv_heads &&
                 k.head_dim == a.cache.head_dim && k.page_size == a.cache.page_size,
             shape_mismatch, "selector_keys", "shape differs from the cache's");
@@ -664,7 +752,7 @@ void check_args(const SelectArgs& a, const SelectorConfig& c) {
 
 void run_selector(const SelectArgs& args, const SelectorConfig& config, SelectOutput& out) {
   check_args(args, config);
-  Context X{args, config, 0, 0, 0, 0, 0.0f, false, {}, nullptr, nullptr, nullptr, nullptr};
+  Context X{args, config, 0, 0, 0, 0, 0.0f, false, {}, {}, nullptr, nullptr, nullptr, nullptr};
   X.d = args.cache.head_dim;
   X.Hq = args.q.n1;
   X.Hkv = args.cache.num_kv_heads;
@@ -673,6 +761,7 @@ void run_selector(const SelectArgs& args, const SelectorConfig& config, SelectOu
   X.tokens = config.method == Method::oracle && config.oracle_tokens;
   const Method method = config.method;
   if (method == Method::oracle) oracle_masses(X);
+  if (method == Method::learned) learned_masses(X);
 
   const auto& t = args.cache.table;
   // Page-major scans first (each summary array read once, threads over chunks of pages),
@@ -701,9 +790,10 @@ void run_selector(const SelectArgs& args, const SelectorConfig& config, SelectOu
 
   const int B = t.batch(), P = args.cache.page_size;
   thread_local std::vector<Group> groups;
-  thread_local std::vector<int> caps;
+  thread_local std::vector<int> caps, floors;
   groups.clear();
   caps.clear();
+  floors.clear();
   int max_cap = 0;
   const bool fill_to_cap = config.budget.kind == Budget::Kind::fixed;
   for (int b = 0; b < B; ++b) {
@@ -724,6 +814,7 @@ void run_selector(const SelectArgs& args, const SelectorConfig& config, SelectOu
           method == Method::dense ? G.n : item_cap(G, config.budget, k, X.tokens, fill_to_cap);
       groups.push_back(G);
       caps.push_back(cap);
+      floors.push_back(item_floor(G, config.budget, k, cap, X.tokens));
       max_cap = std::max(max_cap, cap);
     }
   }
@@ -741,6 +832,7 @@ void run_selector(const SelectArgs& args, const SelectorConfig& config, SelectOu
   }
   const std::vector<Group>& work = groups;
   const std::vector<int>& work_caps = caps;
+  const std::vector<int>& work_floors = floors;
 #pragma omp parallel for schedule(dynamic, 1) if (tasks > 1)
   for (int task = 0; task < tasks; ++task) {
     const Group& G = work[static_cast<std::size_t>(task)];
@@ -751,7 +843,8 @@ void run_selector(const SelectArgs& args, const SelectorConfig& config, SelectOu
     std::fill(S.in.begin() + k.last_begin, S.in.end(), 1);
     int count = static_cast<int>(k.count(G.n));
     double* est = out.estimate.data() + static_cast<std::size_t>(G.b) * X.Hq + G.h * X.gsize;
-    select_group(X, G, S, count, work_caps[static_cast<std::size_t>(task)], est,
+    select_group(X, G, S, count, work_caps[static_cast<std::size_t>(task)],
+                 work_floors[static_cast<std::size_t>(task)], est,
                  out.certified[static_cast<std::size_t>(task)]);
     const std::span<std::int32_t> slots = out.selection.slots(G.b, G.h);
     int w = 0;

@@ -69,6 +69,12 @@ check study-dump-truncated 2 'truncated' -- "$bin" study --generators "dump:$tmp
   -b 1/4 -m softmax -s quest --no-plots
 check study-dump-not-a-dump 2 'not a masskv q/k/v dump' -- "$bin" study \
   --generators "dump:$tmp/b.json" --no-plots
+# bench keys: selector key formats on the dumped keys.
+check bench-keys-help 0 '--formats' -- "$bin" bench keys --help
+check bench-keys-bad-format 2 '--formats' -- "$bin" bench keys -i "$tmp/dump/layer02.mkvd" -f fp4
+check bench-keys-tiny 0 '\| nvfp4 \| 5 \| 4.75 \| 40 \| 76 \|' -- "$bin" bench keys \
+  -i "$tmp/dump/layer02.mkvd" -b 1/2 --json "$tmp/keys.json"
+check bench-keys-json 0 '"mass_recall"' -- cat "$tmp/keys.json"
 
 # distill: options checked before any work; a tiny run writes the selector, curves and summary.
 check distill-help 0 '--groups' -- "$bin" distill --help
@@ -99,6 +105,47 @@ check eval-resumes 0 '2 results cached, 0 samples to run' -- \
 check eval-widens 0 '2 results cached, 1 samples to run' -- \
   "$bin" eval "${ev[@]}" --methods dense,quest,sink_recent
 check eval-cache-lines 0 '^3$' -- bash -c "wc -l < '$tmp/eval/cache.jsonl'"
+
+# learned selector: a file made without training, then run / bench / perplexity / eval with it.
+check selector-help 0 '--kind' -- "$bin" selector init --help
+check selector-bad-kind 2 '--kind' -- "$bin" selector init --kind magic -o "$tmp/x.gguf"
+check selector-bad-groups 2 '--groups' -- "$bin" selector init --groups 2 -o "$tmp/x.gguf"
+check selector-init 0 'mean_score selector, input qk, 30 layer' -- "$bin" selector init \
+  --kind mean_score -o "$tmp/mean.gguf"
+check selector-init-random 0 'random selector, input hidden, 2 layer.*rope' -- "$bin" selector \
+  init --kind random --input hidden --dim 16 --rope -l 3,7 -o "$tmp/rand.gguf"
+check run-help-learned 0 '--selector-file' -- "$bin" run --help
+check run-learned-no-file 2 '--selector-file' -- "$bin" run -p hi -n 1 --selector learned
+check run-learned-missing 2 'missing.gguf' -- "$bin" run -p hi -n 1 --selector learned \
+  --selector-file "$tmp/missing.gguf"
+check run-file-not-learned 2 '--selector-file' -- "$bin" run -p hi -n 1 --selector quest \
+  --selector-file "$tmp/mean.gguf"
+check run-bad-top-p 2 '--budget' -- "$bin" run -p hi -n 1 --selector learned \
+  --selector-file "$tmp/mean.gguf" --budget p1.5
+check run-top-p-sink 2 '--budget' -- "$bin" run -p hi -n 1 --selector sink_recent --budget p0.9
+check run-bad-budget-min 2 '--budget-min' -- "$bin" run -p hi -n 1 --selector learned \
+  --selector-file "$tmp/mean.gguf" --budget 64 --budget-min 16
+check run-bad-key-format 2 '--selector-key-format' -- "$bin" run -p hi -n 1 --selector learned \
+  --selector-file "$tmp/mean.gguf" --selector-key-format int3
+check run-learned-tiny 0 'KV read' -- "$bin" run -p "The capital of France is" -n 4 -t 1 \
+  --selector learned --selector-file "$tmp/rand.gguf" --budget p0.9:32 --budget-min 16 \
+  --page 4 --window 0
+check bench-learned-tiny 0 '\| learned p0.9:[0-9]+ \| tg2 @ d64 \|' -- "$bin" bench -p 0 -n 2 \
+  -d 64 -r 1 --selector learned --selector-file "$tmp/mean.gguf" --budget p0.9:1/2 \
+  --selector-key-format bf16
+yes "The grass is green and the sky is blue. Here we go, there and back again." | head -40 \
+  > "$tmp/text.txt"
+check ppl-learned-tiny 0 '\| learned \|' -- "$bin" perplexity -f "$tmp/text.txt" -c 64 \
+  --chunks 1 -t 1 --selector learned --selector-file "$tmp/mean.gguf" --budget 1/4
+check eval-learned-no-file 2 '--selector-file' -- "$bin" eval --methods learned
+check eval-bad-top-p 2 '--budgets' -- "$bin" eval --budgets p0
+ev=(--tasks niah_single_number --lengths 512 --samples 1 -t 1 --no-plots -o "$tmp/eval")
+check eval-learned-tiny 0 '\| learned \| p0.9 \| softmax \|' -- "$bin" eval "${ev[@]}" \
+  --methods dense,learned,sink_recent --budgets 1/8,p0.9 --selector-file "$tmp/mean.gguf"
+check eval-learned-rows 0 '2 results cached, 0 samples' -- "$bin" eval "${ev[@]}" \
+  --methods learned --budgets 1/8,p0.9 --selector-file "$tmp/mean.gguf"
+check eval-learned-new-file 0 '0 results cached, 1 samples' -- "$bin" eval "${ev[@]}" \
+  --methods learned --budgets 1/8,p0.9 --selector-file "$tmp/rand.gguf"
 
 echo "$pass passed, $fail failed"
 [[ $fail -eq 0 ]]

@@ -8,6 +8,11 @@
 //   masskv_gpu_bench select-selftest  GPU Quest selection: ties, edges, errors, graphs, end to end
 //   masskv_gpu_bench select-check     GPU Quest selection vs the CPU selector on ~90 shapes
 //   masskv_gpu_bench bench OUT.json   benchmark (B=1, Hq=32, Hkv=8, d=128, bf16, page 16)
+//   masskv_gpu_bench prefill-check    CUDA prefill (dense, block lists, GPU indexer) vs the f64
+//                                     reference (also part of check)
+//   masskv_gpu_bench prefill-bench OUT.json  prefill at 8K/32K/128K (B=1, Hq=32, Hkv=8, d=128)
+//   masskv_gpu_bench append-check     cuda::append vs the CPU cache + bound store, bit for bit
+//                                     (also part of check), and its time per step
 #include <cuda_runtime.h>
 #include <omp.h>
 
@@ -23,77 +28,18 @@
 #include <string>
 #include <vector>
 
+#include "bench_util.cuh"
 #include "masskv/attn/decode.hpp"
 #include "masskv/cuda/decode.hpp"
 #include "masskv/cuda/select.hpp"
 #include "masskv/error.hpp"
 #include "masskv/select/page_bound.hpp"
+#include "append_check.hpp"
+#include "prefill_bench.hpp"
 
 using namespace masskv;
 
-#define CK(x)                                                                                \
-  do {                                                                                       \
-    cudaError_t e_ = (x);                                                                    \
-    if (e_ != cudaSuccess) {                                                                 \
-      std::fprintf(stderr, "CUDA error %s at %s:%d: %s\n", cudaGetErrorString(e_), __FILE__, \
-                   __LINE__, #x);                                                            \
-      std::exit(2);                                                                          \
-    }                                                                                        \
-  } while (0)
-
 namespace {
-
-// ---- small host utilities -----------------------------------------------------------------
-struct Rng {
-  std::uint64_t s;
-  explicit Rng(std::uint64_t seed) : s(seed * 0x9E3779B97F4A7C15ull + 1) {}
-  std::uint64_t next() {
-    std::uint64_t z = (s += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-  }
-  double uniform() { return (next() >> 11) * (1.0 / 9007199254740992.0); }
-  float sym(float a) { return static_cast<float>((2 * uniform() - 1) * a); }
-  int below(int n) { return static_cast<int>(next() % static_cast<std::uint64_t>(n)); }
-};
-
-template <class T>
-struct DevBuf {
-  T* p = nullptr;
-  std::size_t n = 0;
-  DevBuf() = default;
-  explicit DevBuf(std::size_t count) : n(count) {
-    CK(cudaMalloc(&p, std::max<std::size_t>(count, 1) * sizeof(T)));
-  }
-  DevBuf(const DevBuf&) = delete;
-  DevBuf& operator=(const DevBuf&) = delete;
-  DevBuf(DevBuf&& o) noexcept : p(o.p), n(o.n) { o.p = nullptr; }
-  DevBuf& operator=(DevBuf&& o) noexcept {
-    std::swap(p, o.p);
-    std::swap(n, o.n);
-    return *this;
-  }
-  ~DevBuf() {
-    if (p) cudaFree(p);
-  }
-  void upload(const T* h, std::size_t count) {
-    CK(cudaMemcpy(p, h, count * sizeof(T), cudaMemcpyHostToDevice));
-  }
-  void upload(const std::vector<T>& h) { upload(h.data(), h.size()); }
-  std::vector<T> download() const {
-    std::vector<T> h(n);
-    CK(cudaMemcpy(h.data(), p, n * sizeof(T), cudaMemcpyDeviceToHost));
-    return h;
-  }
-};
-
-template <class T>
-DevBuf<T> to_device(const std::vector<T>& h) {
-  DevBuf<T> d(h.size());
-  if (!h.empty()) d.upload(h);
-  return d;
-}
 
 // ---- check ---------------------------------------------------------------------------------
 struct Case {
@@ -375,7 +321,8 @@ int run_check() {
   cases.push_back({1000, 16, 64, 16, 64, DType::f16, kv::Layout::NHD});
 
   std::printf(
-      "check: %zu cases x {softmax, entmax} x {dense auto-split, dense chunk_pages=3, sparse}\n",
+      "check: %zu cases x {softmax (automatic kernel), softmax (SIMT kernel), entmax} x "
+      "{dense auto-split, dense chunk_pages=3, sparse}\n",
       cases.size());
   std::printf(
       "tolerances: ||o-ref||inf/||ref||inf <= %.0e, |lse-ref|/max(1,|ref|) <= %.0e "
@@ -383,6 +330,7 @@ int run_check() {
       kTolO, kTolLse);
   int failures = 0;
   double worst_o[2] = {0, 0}, worst_lse[2] = {0, 0};  // [bf16, f16]
+  double simt_o[2] = {0, 0}, simt_lse[2] = {0, 0};    // the SIMT softmax kernel
   struct {
     double worst_o[2] = {0, 0}, worst_tau[2] = {0, 0};
     long empty_heads = 0, nonpositive_tau = 0;
@@ -406,14 +354,17 @@ int run_check() {
       cuda::DecodeLaunch launch;
       launch.workspace = &ws;
       launch.max_pages_per_seq = max_pages(cd);
-      const char* names[6] = {"dense",     "dense/cp3",     "sparse",
-                              "ent-dense", "ent-dense/cp3", "ent-sparse"};
-      for (int variant = 0; variant < 6; ++variant) {
+      // Softmax runs the automatic kernel (tensor cores for d 64/128) and the SIMT one.
+      const char* names[9] = {"dense",     "dense/cp3",     "sparse",     "ent-dense",
+                              "ent-dense/cp3", "ent-sparse", "simt-dense", "simt-dense/cp3",
+                              "simt-sparse"};
+      for (int variant = 0; variant < 9; ++variant) {
         attn::DecodeArgs args = g.args;
         cuda::DecodeLaunch l = launch;
         if (variant % 3 == 1) l.chunk_pages = 3;
         const bool sparse = variant % 3 == 2;
-        const bool ent = variant >= 3;
+        const bool ent = variant >= 3 && variant < 6;
+        if (variant >= 6) l.kernel = cuda::DecodeLaunch::Kernel::simt;
         if (sparse) args.selection = &g.sel;
         if (ent) {
           args.mapping = Mapping::entmax(cd.alpha);
@@ -443,8 +394,8 @@ int run_check() {
           }
         }
         const int t = c.dtype == DType::bf16 ? 0 : 1;
-        double* wo = ent ? ent_stats.worst_o : worst_o;
-        double* wl = ent ? ent_stats.worst_tau : worst_lse;
+        double* wo = ent ? ent_stats.worst_o : variant >= 6 ? simt_o : worst_o;
+        double* wl = ent ? ent_stats.worst_tau : variant >= 6 ? simt_lse : worst_lse;
         wo[t] = std::max(wo[t], e.o);
         wl[t] = std::max(wl[t], e.lse);
         const bool pass = e.ok && e.o <= kTolO && e.lse <= kTolLse;
@@ -465,6 +416,8 @@ int run_check() {
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   std::printf("worst errors: bf16 o %.3e lse %.3e | f16 o %.3e lse %.3e (%.1f s)\n", worst_o[0],
               worst_lse[0], worst_o[1], worst_lse[1], secs);
+  std::printf("SIMT softmax kernel worst errors: bf16 o %.3e lse %.3e | f16 o %.3e lse %.3e\n",
+              simt_o[0], simt_lse[0], simt_o[1], simt_lse[1]);
   std::printf(
       "entmax worst errors: bf16 o %.3e tau %.3e | f16 o %.3e tau %.3e; heads checked with "
       "tau <= 0: %ld, empty (tau NaN): %ld; every rerun bit-identical\n",
@@ -1238,17 +1191,6 @@ int run_select_selftest() {
 }
 
 // ---- benchmark -----------------------------------------------------------------------------
-__global__ void fill_kernel(std::uint16_t* p, std::size_t n, std::uint64_t seed, float amp) {
-  for (std::size_t i = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x; i < n;
-       i += static_cast<std::size_t>(gridDim.x) * blockDim.x) {
-    std::uint64_t z = (i + seed) * 0x9E3779B97F4A7C15ull;
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    z ^= z >> 31;
-    const float u = ((z >> 40) * (1.0f / 16777216.0f) * 2.f - 1.f) * amp;
-    p[i] = static_cast<std::uint16_t>(__float_as_uint(u) >> 16);  // bf16 (truncated)
-  }
-}
 
 // Read-only ceiling: every byte read once with 16-byte loads, four in flight per thread.
 __global__ void read_kernel(const uint4* p, std::size_t n, unsigned* sink) {
@@ -1282,29 +1224,6 @@ __global__ void summaries_kernel(const std::uint16_t* k, int heads, int page, in
   const std::size_t o = (static_cast<std::size_t>(pg) * heads + h) * d + c;
   mn[o] = lo;
   mx[o] = hi;
-}
-
-double median(std::vector<float> v) {
-  std::sort(v.begin(), v.end());
-  return v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
-}
-
-// Times fn(iteration) with one event pair per launch; median in microseconds.
-template <class F>
-double time_us(int warmup, int iters, F&& fn) {
-  for (int i = 0; i < warmup; ++i) fn(i);
-  std::vector<cudaEvent_t> ev(2 * iters);
-  for (auto& e : ev) CK(cudaEventCreate(&e));
-  for (int i = 0; i < iters; ++i) {
-    CK(cudaEventRecord(ev[2 * i]));
-    fn(warmup + i);
-    CK(cudaEventRecord(ev[2 * i + 1]));
-  }
-  CK(cudaDeviceSynchronize());
-  std::vector<float> ms(iters);
-  for (int i = 0; i < iters; ++i) CK(cudaEventElapsedTime(&ms[i], ev[2 * i], ev[2 * i + 1]));
-  for (auto& e : ev) CK(cudaEventDestroy(e));
-  return median(ms) * 1000.0;
 }
 
 // The same steps replayed from CUDA graphs (one graph per rotation, captured after warm-up so
@@ -1518,6 +1437,15 @@ int run_bench(const char* json_path) {
         "(graph %.1f us)\n",
         sh.ctx, sh.batch, rot, cp, us, kv_bytes / us / 1e3, gus);
     rows.push_back({"ours_dense", sh.ctx, sh.batch, 0, us, kv_bytes});
+    {  // The SIMT softmax kernel side by side (the automatic choice is the tensor-core one).
+      launch.kernel = cuda::DecodeLaunch::Kernel::simt;
+      const auto [sus, sgus] = time_decode(rot, args_for);
+      launch.kernel = cuda::DecodeLaunch::Kernel::automatic;
+      std::printf("dense SIMT kernel ctx=%7d B=%2d: %9.1f us  %7.1f GB/s (graph %.1f us)\n",
+                  sh.ctx, sh.batch, sus, kv_bytes / sus / 1e3, sgus);
+      rows.push_back({"ours_dense_simt", sh.ctx, sh.batch, 0, sus, kv_bytes});
+      rows.push_back({"ours_dense_simt_graph", sh.ctx, sh.batch, 0, sgus, kv_bytes});
+    }
 
     // 1.5-entmax, dense. Bytes: K only (V is read at the support rows alone, a few per head
     // with these random scores), so GB/s is a lower bound of what moved.
@@ -1770,23 +1698,32 @@ int main(int argc, char** argv) {
       const int decode_rc = run_check();
       const int selftest = run_select_selftest();
       const int select = run_select_check();
-      std::printf("ALL CHECKS %s (decode %s, select-selftest %d, select %d failure(s))\n",
-                  decode_rc || selftest || select ? "FAILED" : "PASSED",
-                  decode_rc ? "FAILED" : "passed", selftest, select);
-      return decode_rc || selftest || select ? 1 : 0;
+      const int prefill = run_prefill_check();
+      const int append = run_append_check();
+      const bool bad = decode_rc || selftest || select || prefill || append;
+      std::printf(
+          "ALL CHECKS %s (decode %s, select-selftest %d, select %d, prefill %d, append %d "
+          "failure(s))\n",
+          bad ? "FAILED" : "PASSED", decode_rc ? "FAILED" : "passed", selftest, select, prefill,
+          append);
+      return bad ? 1 : 0;
     }
     if (mode == "decode-check") return run_check();
     if (mode == "profile") return run_profile();
     if (mode == "select-selftest") return run_select_selftest() ? 1 : 0;
     if (mode == "select-check") return run_select_check() ? 1 : 0;
     if (mode == "bench") return run_bench(argc > 2 ? argv[2] : "bench_ours.json");
+    if (mode == "prefill-check") return run_prefill_check() ? 1 : 0;
+    if (mode == "append-check") return run_append_check() ? 1 : 0;
+    if (mode == "prefill-bench")
+      return run_prefill_bench(argc > 2 ? argv[2] : "bench_prefill.json");
   } catch (const Error& e) {
     std::fprintf(stderr, "masskv::Error: %s\n", e.what());
     return 3;
   }
   std::fprintf(stderr,
                "usage: %s check | decode-check | select-selftest | select-check | profile | "
-               "bench OUT.json\n",
+               "bench OUT.json | prefill-check | prefill-bench OUT.json | append-check\n",
                argv[0]);
   return 2;
 }

@@ -6,7 +6,11 @@ Two spellings of GQA decode, each timed for each backend (the report takes the f
 "gqa": q [B, Hq, 1, d], k, v [B, Hkv, L, d], enable_gqa=True;
 "rows": q [B, Hkv, G, d] against k, v [B, Hkv, L, d]: the G query heads of a kv group become
 G query rows (no mask), the same arithmetic, each kv head read once.
-Usage: python3 torch_peer.py OUT.json
+Prefill (--prefill: prefill shapes only; the default runs both): causal SDPA at L = 8K, 32K,
+128K, B = 1, q [1, Hq, L, d], k, v [1, Hkv, L, d], bf16, is_causal=True, spelled "gqa"
+(enable_gqa=True) and "expand" (k, v repeated to Hq heads beforehand, not timed); FLOPs
+4·d·Hq·L²/2. Median of 5 (10 at 8K) after 2 warm-ups.
+Usage: python3 torch_peer.py OUT.json [--prefill]
 """
 import json
 import statistics
@@ -19,6 +23,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 HQ, HKV, D = 32, 8, 128
 SHAPES = [(1024, 1), (32768, 1), (131072, 1), (524288, 1), (1048576, 1), (32768, 16)]
 BACKENDS = [("cudnn", SDPBackend.CUDNN_ATTENTION), ("flash", SDPBackend.FLASH_ATTENTION)]
+PREFILL_LENS = [8192, 32768, 131072]
 
 
 def time_us(fn, warm=10, iters=100):
@@ -34,13 +39,44 @@ def time_us(fn, warm=10, iters=100):
     return statistics.median(a.elapsed_time(b) for a, b in ev) * 1000.0
 
 
+def prefill_rows(rows):
+    for ctx in PREFILL_LENS:
+        q = torch.randn(1, HQ, ctx, D, device="cuda", dtype=torch.bfloat16)
+        k = torch.randn(1, HKV, ctx, D, device="cuda", dtype=torch.bfloat16)
+        v = torch.randn(1, HKV, ctx, D, device="cuda", dtype=torch.bfloat16)
+        ke = k.repeat_interleave(HQ // HKV, dim=1)
+        ve = v.repeat_interleave(HQ // HKV, dim=1)
+        flops = 4.0 * D * HQ * ctx * ctx / 2
+        iters = 10 if ctx <= 8192 else 5
+        for name, backend in BACKENDS:
+            for form, kk, vv, kw in (("gqa", k, v, {"enable_gqa": True}), ("expand", ke, ve, {})):
+                kind = f"torch_prefill_{name}_{form}"
+                try:
+                    with sdpa_kernel([backend]):
+                        us = time_us(lambda i: F.scaled_dot_product_attention(
+                            q, kk, vv, is_causal=True, **kw), warm=2, iters=iters)
+                    rows.append({"kind": kind, "ctx": ctx, "batch": 1, "us": us, "flops": flops})
+                    print(f"prefill {name:6s} {form:6s} L={ctx:7d}: {us:11.1f} us "
+                          f"{flops / us / 1e6:6.1f} TFLOP/s", flush=True)
+                except Exception as e:  # a backend may refuse a shape: record it, go on
+                    rows.append({"kind": kind, "ctx": ctx, "batch": 1, "us": None,
+                                 "error": str(e)[:200]})
+                    print(f"prefill {name:6s} {form:6s} L={ctx:7d}: failed: {str(e)[:200]}",
+                          flush=True)
+        del q, k, v, ke, ve
+        torch.cuda.empty_cache()
+
+
 def main():
-    out = sys.argv[1] if len(sys.argv) > 1 else "bench_torch.json"
+    out = sys.argv[1] if len(sys.argv) > 1 and not sys.argv[1].startswith("--") \
+        else "bench_torch.json"
+    prefill_only = "--prefill" in sys.argv
     rows = []
     torch.manual_seed(0)
     print(f"torch {torch.__version__}, {torch.cuda.get_device_name()}, "
           f"cuDNN {torch.backends.cudnn.version()}")
-    for ctx, batch in SHAPES:
+    prefill_rows(rows)
+    for ctx, batch in ([] if prefill_only else SHAPES):
         kv_bytes = batch * ctx * HKV * D * 2 * 2
         rot = 8 if kv_bytes < 400e6 else 1
         ks = [torch.randn(batch, HKV, ctx, D, device="cuda", dtype=torch.bfloat16) for _ in range(rot)]

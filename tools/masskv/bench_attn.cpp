@@ -347,6 +347,7 @@ void register_bench(CLI::App& app) {
   bench->require_subcommand(0, 1);
   register_bench_model(*bench);
   register_bench_dist(*bench);
+  register_bench_keys(*bench);
   auto opt = std::make_shared<Options>();
   auto* attn = bench->add_subcommand(
       "attn",

@@ -116,7 +116,7 @@ std::vector<Row> bench_ours(const model::Model& mdl, const BenchOptions& o, int 
   // Every fork of the largest batch alive at once.
   so.fork_pages = *std::max_element(o.batch.begin(), o.batch.end()) *
                   (static_cast<int>((longest + 16) / o.m.page_size) + 2);
-  so.selector = selector_config(o.m, depth + n_gen);
+  apply_selector(o.m, depth + n_gen, so);
   model::Session base(mdl, so);
   std::vector<float> logits(static_cast<std::size_t>(cfg.n_vocab));
   if (depth > 0) {
@@ -126,8 +126,7 @@ std::vector<Row> bench_ours(const model::Model& mdl, const BenchOptions& o, int 
   // Bytes one KV row (one token of one kv head of one layer) takes.
   const double row_bytes =
       base.kv_bytes_per_token() / (static_cast<double>(cfg.n_layer) * cfg.n_head_kv);
-  const std::string attention =
-      so.selector ? fmt::format("{} {}", o.m.selector, so.selector->budget.tokens) : "dense";
+  const std::string attention = selector_label(o.m, so.selector);
   std::vector<Row> rows;
   if (n_prompt > 0) {
     Row r = make_row("masskv", "dense", fmt::format("pp{}", n_prompt), threads, depth, n_prompt);
@@ -169,10 +168,14 @@ std::vector<Row> bench_ours(const model::Model& mdl, const BenchOptions& o, int 
       }
       if (rep >= 0) r.seconds.push_back(seconds_since(t0));
     }
-    // Summaries are read by the selector over the whole context of every step (sparse only).
+    // The selector reads over the whole context of every step (sparse only): the page
+    // summaries, or a learned selector's key cache (its listed layers).
     const double mean_pos = static_cast<double>(depth) + static_cast<double>(n_gen + 1) / 2.0;
     r.kv_bytes = read / steps * row_bytes;
-    r.summary_bytes = so.selector ? base.summary_bytes_per_token() * mean_pos : 0.0;
+    const bool learned = so.selector && so.selector->method == select::Method::learned;
+    r.summary_bytes = !so.selector ? 0.0
+                      : learned    ? base.learned_key_bytes_per_token() * mean_pos
+                                   : base.summary_bytes_per_token() * mean_pos;
     const double weights = mdl.weight_bytes_per_token() / B;  // a batch's rows share them
     r.total_bytes = weights + r.kv_bytes + r.summary_bytes;
     r.dense_bytes = weights + total / steps * row_bytes;

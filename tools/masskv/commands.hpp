@@ -10,6 +10,8 @@ namespace masskv::cli {
 void register_bench(CLI::App& app);
 // `bench dist`: context-parallel decode with threads as ranks (bench_dist.cpp).
 void register_bench_dist(CLI::App& bench);
+// `bench keys`: selector key formats on real keys, bytes and page recall (bench_keys.cpp).
+void register_bench_keys(CLI::App& bench);
 // The llama-bench-style model benchmark on `bench` itself (bench_model.cpp).
 void register_bench_model(CLI::App& bench);
 // `study`, and `bench select` under the existing `bench` (call after register_bench);
@@ -23,5 +25,7 @@ void register_dump(CLI::App& app);
 void register_distill(CLI::App& app);
 // `eval`: long-context tasks, dense against every selector (eval.cpp).
 void register_eval(CLI::App& app, const std::string& cmdline);
+// `selector init`: learned-selector files made without training (selector_init.cpp).
+void register_selector(CLI::App& app);
 
 }  // namespace masskv::cli

@@ -26,6 +26,7 @@
 #include "masskv/error.hpp"
 #include "masskv/eval/runner.hpp"
 #include "masskv/eval/tasks.hpp"
+#include "masskv/learn/project.hpp"
 #include "masskv/model/locate.hpp"
 #include "parse.hpp"
 #include "plots.hpp"
@@ -55,6 +56,8 @@ struct EvalOptions {
   int window = 0;
   double top_p_mass = 0.95;
   double entmax_alpha = 1.5;
+  std::string selector_file;  // the `learned` method's selector
+  std::string selector_key_format = "f32";
   bool plots = true;
 };
 
@@ -97,6 +100,10 @@ struct MethodRow {
 };
 
 bool is_dense(const std::string& m) { return m == "dense" || m == "dense_entmax"; }
+// Methods a top-p budget ("p0.9") applies to: those with a page mass estimate.
+bool takes_top_p(const std::string& m) {
+  return m == "learned" || m == "top_p" || m == "oracle" || m == "quest";
+}
 bool needs_entmax(const std::string& m) {
   return m == "dense_entmax" || m == "entmax_support" || m == "gaussian_tau";
 }
@@ -110,18 +117,12 @@ std::vector<MethodRow> method_rows(const std::vector<std::string>& methods,
       rows.push_back({m, "-", needs_entmax(m)});
       continue;
     }
-    for (const std::string& b : budgets) rows.push_back({m, b, needs_entmax(m)});
+    for (const std::string& b : budgets) {
+      if (is_top_p_budget(b) && !takes_top_p(m)) continue;  // no mass estimate to stop on
+      rows.push_back({m, b, needs_entmax(m)});
+    }
   }
   return rows;
-}
-
-// Budget tokens: a fraction of the sample's length ("1/16", "0.0625") or a count ("256", "1K").
-std::int64_t budget_tokens(const std::string& budget, std::int64_t length) {
-  if (budget.find('/') != std::string::npos || budget.find('.') != std::string::npos) {
-    return std::max<std::int64_t>(
-        1, std::llround(parse_fraction(budget, "--budgets") * static_cast<double>(length)));
-  }
-  return parse_count(budget, "--budgets");
 }
 
 eval::DecodeConfig decode_config(const MethodRow& row, std::int64_t length, const EvalOptions& o) {
@@ -133,11 +134,14 @@ eval::DecodeConfig decode_config(const MethodRow& row, std::int64_t length, cons
   s.mapping = c.mapping;
   s.sink_pages = o.sink_pages;
   s.window_tokens = o.window;
-  s.budget.tokens = budget_tokens(row.budget, length);
+  s.budget = parse_budget(row.budget, length, "--budgets");
+  const bool fixed = s.budget.kind == select::Budget::Kind::fixed;
   switch (s.method) {
     case select::Method::top_p:
-      s.budget.kind = select::Budget::Kind::top_p;
-      s.budget.p = o.top_p_mass;
+      if (fixed) {  // the budget is the cap of --top-p-mass
+        s.budget.kind = select::Budget::Kind::top_p;
+        s.budget.p = o.top_p_mass;
+      }
       break;
     case select::Method::entmax_support:
     case select::Method::gaussian_tau:
@@ -233,6 +237,27 @@ std::string settings_tag(const EvalOptions& o) {
                      o.entmax_alpha);
 }
 
+// FNV-1a 64 of a file's bytes: the learned rows' key names the selector they ran, so a new
+// selector file never reuses old results.
+std::string file_hash(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  require(in.good(), ErrorCode::io, "--selector-file", "cannot read ", path);
+  std::uint64_t h = 0xcbf29ce484222325ULL;
+  char buf[1 << 16];
+  while (in.read(buf, sizeof buf) || in.gcount() > 0) {
+    for (std::streamsize i = 0; i < in.gcount(); ++i) {
+      h = (h ^ static_cast<unsigned char>(buf[i])) * 0x100000001b3ULL;
+    }
+  }
+  return fmt::format("{:016x}", h);
+}
+
+// The settings a row's results depend on: the run's tag, and for learned rows the selector
+// file's hash and its key cache format.
+std::string row_tag(const MethodRow& m, const std::string& tag, const std::string& selector_tag) {
+  return m.method == "learned" ? tag + selector_tag : tag;
+}
+
 std::string record_key(const std::string& model, const SampleId& s, const MethodRow& m,
                        const std::string& tag) {
   return fmt::format("{}|{}|{}|{}|{}|{}|{}|{}", model, s.task, s.length, s.seed, s.index, m.method,
@@ -241,7 +266,7 @@ std::string record_key(const std::string& model, const SampleId& s, const Method
 
 class ResultCache {
  public:
-  ResultCache(fs::path path, std::string tag) : path_(std::move(path)), tag_(std::move(tag)) {
+  explicit ResultCache(fs::path path) : path_(std::move(path)) {
     std::ifstream in(path_);
     std::string line;
     int lineno = 0;
@@ -268,15 +293,15 @@ class ResultCache {
     return it == entries_.end() ? nullptr : &it->second;
   }
 
-  void add(Record r) {
+  void add(Record r, const std::string& settings) {
     std::lock_guard<std::mutex> lock(mutex_);
     json j = r;
-    j["settings"] = tag_;
+    j["settings"] = settings;
     // Model outputs may end inside a UTF-8 character (generation stops at a token boundary):
     // such bytes are written as U+FFFD rather than failing the run.
     out_ << j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << '\n';
     out_.flush();
-    entries_[key_of(r, tag_)] = std::move(r);
+    entries_[key_of(r, settings)] = std::move(r);
   }
 
   std::size_t size() const { return entries_.size(); }
@@ -287,7 +312,6 @@ class ResultCache {
                       tag);
   }
   fs::path path_;
-  std::string tag_;
   std::map<std::string, Record> entries_;
   std::ofstream out_;
   std::mutex mutex_;
@@ -482,7 +506,16 @@ void run_eval(EvalOptions o, const std::string& cmdline) {
   std::vector<std::int64_t> lengths;
   for (const std::string& l : o.lengths) lengths.push_back(parse_count(l, "--lengths"));
   const std::vector<MethodRow> rows = method_rows(o.methods, o.budgets);
-  for (const std::string& b : o.budgets) (void)budget_tokens(b, 1024);
+  for (const std::string& b : o.budgets) (void)parse_budget(b, 1024, "--budgets");
+  const bool learned = std::any_of(rows.begin(), rows.end(),
+                                   [](const MethodRow& r) { return r.method == "learned"; });
+  require(!learned || !o.selector_file.empty(), ErrorCode::invalid_argument, "--selector-file",
+          "--methods learned needs a selector file");
+  const kv::RowFormat key_format =
+      kv::parse_row_format(o.selector_key_format, "--selector-key-format");
+  const std::string selector_tag =
+      learned ? fmt::format("|sel{}k{}", file_hash(o.selector_file), kv::to_string(key_format))
+              : std::string();
 
   const std::string path = model::resolve_model(o.model).string();
   const auto mdl = model::Model::load(path);
@@ -495,7 +528,12 @@ void run_eval(EvalOptions o, const std::string& cmdline) {
   const std::string text = needs_text ? load_text(o.text, "--text") : std::string();
   const int reserve = eval::template_overhead(*mdl, chat) + 2;
   const std::string tag = settings_tag(o);
-  ResultCache cache(o.cache.empty() ? fs::path(o.out_dir) / "cache.jsonl" : fs::path(o.cache), tag);
+  std::shared_ptr<const learn::Selector> selector;
+  if (learned) {
+    selector = std::make_shared<const learn::Selector>(learn::load(o.selector_file));
+    learn::check_model(*selector, mdl->config());
+  }
+  ResultCache cache(o.cache.empty() ? fs::path(o.out_dir) / "cache.jsonl" : fs::path(o.cache));
 
   // Plan: every (task, length, sample) with the rows it still lacks.
   std::vector<Job> jobs;
@@ -507,7 +545,8 @@ void run_eval(EvalOptions o, const std::string& cmdline) {
         Job job{{task, L, i, sample_seed(o.seed, task, L, i)}, {}};
         bool soft = false, ent = false;
         for (std::size_t r = 0; r < rows.size(); ++r) {
-          if (cache.find(record_key(model_name, job.id, rows[r], tag)) != nullptr) {
+          if (cache.find(record_key(model_name, job.id, rows[r],
+                                    row_tag(rows[r], tag, selector_tag))) != nullptr) {
             ++reused;
             continue;
           }
@@ -564,6 +603,8 @@ void run_eval(EvalOptions o, const std::string& cmdline) {
           eval::RunOptions ro;
           ro.page_size = o.page_size;
           ro.max_batch = o.batch;
+          ro.learned_selector = selector;
+          ro.learned_key_format = key_format;
           const auto outcomes =
               eval::run_sample(*mdl, chat, sample, configs, ro, [&](std::int64_t n) {
                 std::lock_guard<std::mutex> lock(progress_mutex);
@@ -589,7 +630,7 @@ void run_eval(EvalOptions o, const std::string& cmdline) {
             rec.certified = oc.certified;
             rec.decode_seconds = oc.decode_seconds;
             rec.prefill_seconds = oc.prefill_seconds;
-            cache.add(std::move(rec));
+            cache.add(std::move(rec), row_tag(row, tag, selector_tag));
           }
           std::lock_guard<std::mutex> lock(progress_mutex);
           computed += outcomes.size();
@@ -616,7 +657,8 @@ void run_eval(EvalOptions o, const std::string& cmdline) {
         Cell c{task, row.method, row.budget, attention_label(row, o.entmax_alpha), L};
         for (int i = 0; i < o.samples; ++i) {
           const SampleId id{task, L, i, sample_seed(o.seed, task, L, i)};
-          if (const Record* r = cache.find(record_key(model_name, id, row, tag))) {
+          if (const Record* r =
+                  cache.find(record_key(model_name, id, row, row_tag(row, tag, selector_tag)))) {
             c.add(*r);
             records.push_back(*r);
           }
@@ -671,12 +713,15 @@ void register_eval(CLI::App& app, const std::string& cmdline) {
   e->add_option("--lengths", o->lengths, "Prompt lengths in tokens (K suffix), e.g. 1K,4K")
       ->delimiter(',');
   e->add_option("--methods", o->methods,
-                "dense, sink_recent, quest, top_p, oracle, dense_entmax, entmax_support, "
-                "gaussian_tau (the last three run entmax attention on the softmax model)")
+                "dense, sink_recent, quest, top_p, oracle, learned (with --selector-file), "
+                "dense_entmax, entmax_support, gaussian_tau (the last three run entmax "
+                "attention on the softmax model)")
       ->delimiter(',');
   e->add_option("--budgets", o->budgets,
                 "KV budgets: fractions of the length (1/16) or tokens (256); caps for top_p, "
-                "entmax_support and gaussian_tau")
+                "entmax_support and gaussian_tau. Top-p budgets pMASS[:CAP] (p0.9, p0.9:1/8): "
+                "the smallest page set with estimated mass >= MASS, for learned, top_p, quest "
+                "and oracle (other methods skip them)")
       ->delimiter(',');
   e->add_option("--samples", o->samples, "Samples per task and length (0: the preset's)");
   e->add_option("--seed", o->seed, "Seed of the generated samples")->capture_default_str();
@@ -700,6 +745,12 @@ void register_eval(CLI::App& app, const std::string& cmdline) {
   e->add_option("--top-p-mass", o->top_p_mass, "Target estimated mass of top_p")
       ->capture_default_str();
   e->add_option("--alpha", o->entmax_alpha, "α of the entmax rows")->capture_default_str();
+  e->add_option("--selector-file", o->selector_file,
+                "The learned selector of the `learned` method (its hash keys the cache)");
+  e->add_option("--selector-key-format", o->selector_key_format,
+                "Storage of the learned selector's key cache: f32, bf16, int4, mxfp4 or nvfp4 "
+                "(DESIGN.md §2.9; the 4-bit ones need d_s % 32 == 0, nvfp4 % 16)")
+      ->capture_default_str();
   e->add_flag("!--no-plots", o->plots, "Skip the PNG plots");
   e->callback([o, cmdline] { run_eval(*o, cmdline); });
 }

@@ -22,6 +22,7 @@ int main(int argc, char** argv) {
   masskv::cli::register_dump(app);
   masskv::cli::register_distill(app);
   masskv::cli::register_eval(app, cmdline);
+  masskv::cli::register_selector(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

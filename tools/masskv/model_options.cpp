@@ -5,7 +5,14 @@
 #include <algorithm>
 #include <cmath>
 
+#include <fmt/core.h>
+
+#include <map>
+#include <memory>
+#include <mutex>
+
 #include "masskv/error.hpp"
+#include "masskv/learn/selector.hpp"
 #include "masskv/model/locate.hpp"
 #include "parse.hpp"
 #include "progress.hpp"
@@ -20,11 +27,22 @@ void add_model_options(CLI::App* app, ModelOptions& o, bool with_threads) {
     app->add_option("-t,--threads", o.threads, "Threads (0: all cores)")->capture_default_str();
   }
   app->add_option("--selector", o.selector,
-                  "Decode attention: dense, sink_recent, quest, top_p, gaussian_tau, oracle "
-                  "(gemma3: global layers only)")
+                  "Decode attention: dense, sink_recent, quest, top_p, gaussian_tau, oracle, "
+                  "learned (with --selector-file) (gemma3: global layers only)")
       ->capture_default_str();
   app->add_option("--budget", o.budget,
-                  "Selector budget: tokens (e.g. 1024, 2K) or a fraction of the context (1/8)")
+                  "Selector budget: tokens (e.g. 1024, 2K) or a fraction of the context (1/8); "
+                  "or top-p: pMASS[:CAP], e.g. p0.9 (smallest page set with estimated mass >= "
+                  "0.9) or p0.9:1/8 (at most 1/8 of the context)")
+      ->capture_default_str();
+  app->add_option("--budget-min", o.budget_min,
+                  "Top-p budgets: at least this many tokens (K_min; tokens or a fraction)");
+  app->add_option("--selector-file", o.selector_file,
+                  "--selector learned: the learned selector (GGUF from masskv distill or "
+                  "masskv selector init)");
+  app->add_option("--selector-key-format", o.selector_key_format,
+                  "--selector learned: storage of its key cache, f32, bf16, int4, mxfp4 or "
+                  "nvfp4 (the 4-bit ones need d_s % 32 == 0, nvfp4 % 16)")
       ->capture_default_str();
   app->add_option("--sink-pages", o.sink_pages, "Pages at the start always kept")
       ->capture_default_str();
@@ -43,18 +61,61 @@ std::optional<select::SelectorConfig> selector_config(const ModelOptions& o, std
   c.mapping = Mapping::softmax();
   c.sink_pages = o.sink_pages;
   c.window_tokens = o.window;
-  if (o.budget.find('/') != std::string::npos || o.budget.find('.') != std::string::npos) {
-    c.budget.tokens = std::max<std::int64_t>(
-        1, static_cast<std::int64_t>(
-               std::llround(parse_fraction(o.budget, "--budget") * static_cast<double>(context))));
-  } else {
-    c.budget.tokens = parse_count(o.budget, "--budget");
-  }
-  if (c.method == select::Method::top_p) {
-    c.budget.kind = select::Budget::Kind::top_p;
+  c.budget = parse_budget(o.budget, context, "--budget");
+  if (c.method == select::Method::top_p && c.budget.kind == select::Budget::Kind::fixed) {
+    c.budget.kind = select::Budget::Kind::top_p;  // --budget is then the cap
     c.budget.p = o.top_p_mass;
   }
+  require(c.budget.kind == select::Budget::Kind::fixed || c.method == select::Method::top_p ||
+              c.method == select::Method::oracle || c.method == select::Method::learned ||
+              c.method == select::Method::quest,
+          ErrorCode::invalid_argument, "--budget", "a top-p budget needs a selector with a mass "
+          "estimate (top_p, quest, oracle, learned), not ", o.selector);
+  if (!o.budget_min.empty()) {
+    require(c.budget.kind == select::Budget::Kind::top_p, ErrorCode::invalid_argument,
+            "--budget-min", "applies to top-p budgets (--budget pMASS[:CAP]) only");
+    require(!is_top_p_budget(o.budget_min), ErrorCode::invalid_argument, "--budget-min",
+            "must be tokens or a fraction, got '", o.budget_min, "'");
+    c.budget.min_tokens = parse_budget(o.budget_min, context, "--budget-min").tokens;
+    require(c.budget.tokens == 0 || c.budget.min_tokens <= c.budget.tokens,
+            ErrorCode::invalid_argument, "--budget-min", c.budget.min_tokens,
+            " tokens exceed the cap of ", c.budget.tokens);
+  }
+  require(c.method == select::Method::learned || o.selector_file.empty(),
+          ErrorCode::invalid_argument, "--selector-file", "is for --selector learned");
   return c;
+}
+
+namespace {
+
+// One load per file for the process (bench and perplexity make many sessions).
+std::shared_ptr<const learn::Selector> load_selector(const std::string& path) {
+  static std::mutex mutex;
+  static std::map<std::string, std::shared_ptr<const learn::Selector>> loaded;
+  std::lock_guard<std::mutex> lock(mutex);
+  auto& s = loaded[path];
+  if (!s) s = std::make_shared<const learn::Selector>(learn::load(path));
+  return s;
+}
+
+}  // namespace
+
+void apply_selector(const ModelOptions& o, std::int64_t context, model::SessionOptions& so) {
+  so.selector = selector_config(o, context);
+  so.learned_key_format = kv::parse_row_format(o.selector_key_format, "--selector-key-format");
+  if (!so.selector || so.selector->method != select::Method::learned) return;
+  require(!o.selector_file.empty(), ErrorCode::invalid_argument, "--selector-file",
+          "--selector learned needs a selector file");
+  so.learned_selector = load_selector(o.selector_file);
+}
+
+std::string selector_label(const ModelOptions& o, const std::optional<select::SelectorConfig>& c) {
+  if (!c) return "dense";
+  if (c->budget.kind == select::Budget::Kind::top_p && o.selector != "top_p") {
+    return c->budget.tokens > 0 ? fmt::format("{} p{:g}:{}", o.selector, c->budget.p, c->budget.tokens)
+                                : fmt::format("{} p{:g}", o.selector, c->budget.p);
+  }
+  return fmt::format("{} {}", o.selector, c->budget.tokens);
 }
 
 void prefill_with_progress(model::Session& session, std::span<const model::TokenId> tokens,

@@ -1,7 +1,10 @@
 #include "parse.hpp"
 
+#include <algorithm>
 #include <charconv>
 #include <cmath>
+#include <cstdlib>
+#include <stdexcept>
 #include <string>
 
 #include "masskv/error.hpp"
@@ -22,8 +25,8 @@ std::int64_t parse_count(std::string_view text, std::string_view option) {
   const auto [end, ec] = std::from_chars(digits.data(), digits.data() + digits.size(), v);
   require(ec == std::errc() && end == digits.data() + digits.size() && v > 0 &&
               v <= (std::int64_t{1} << 40) / mult,
-          ErrorCode::invalid_argument, option, "expected a positive count like 4096, 32K or 1M, got '",
-          text, "'");
+          ErrorCode::invalid_argument, option,
+          "expected a positive count like 4096, 32K or 1M, got '", text, "'");
   return v * mult;
 }
 
@@ -51,6 +54,56 @@ double parse_fraction(std::string_view text, std::string_view option) {
   require(std::isfinite(v) && v > 0 && v <= 1, ErrorCode::invalid_argument, option,
           "fraction must be in (0, 1], got '", text, "'");
   return v;
+}
+
+Mapping parse_mapping(const std::string& text, std::string_view option) {
+  if (text == "softmax") return Mapping::softmax();
+  require(text.rfind("entmax", 0) == 0 && text.size() > 6, ErrorCode::invalid_argument, option,
+          "expected softmax or entmax<alpha> (entmax1.5), got '", text, "'");
+  Mapping m = Mapping::entmax(std::strtod(text.c_str() + 6, nullptr));
+  m.validate();
+  return m;
+}
+
+namespace {
+
+// Tokens of a fraction of `context` ("1/16", "0.0625") or a count ("256", "2K").
+std::int64_t budget_tokens(std::string_view text, std::int64_t context, std::string_view option) {
+  if (text.find('/') != std::string_view::npos || text.find('.') != std::string_view::npos) {
+    return std::max<std::int64_t>(
+        1, std::llround(parse_fraction(text, option) * static_cast<double>(context)));
+  }
+  return parse_count(text, option);
+}
+
+}  // namespace
+
+bool is_top_p_budget(std::string_view text) { return !text.empty() && text.front() == 'p'; }
+
+select::Budget parse_budget(std::string_view text, std::int64_t context, std::string_view option) {
+  select::Budget b;
+  if (!is_top_p_budget(text)) {
+    b.tokens = budget_tokens(text, context, option);
+    return b;
+  }
+  b.kind = select::Budget::Kind::top_p;
+  std::string_view mass = text.substr(1);
+  if (const auto colon = mass.find(':'); colon != std::string_view::npos) {
+    b.tokens = budget_tokens(mass.substr(colon + 1), context, option);
+    mass = mass.substr(0, colon);
+  }
+  const std::string m(mass);
+  std::size_t used = 0;
+  double p = NAN;
+  try {
+    p = std::stod(m, &used);
+  } catch (const std::logic_error&) {
+    used = 0;
+  }
+  require(used == m.size() && !m.empty() && p > 0 && p <= 1, ErrorCode::invalid_argument, option,
+          "a top-p budget is p<mass in (0, 1]>[:cap], e.g. p0.9 or p0.9:1/8, got '", text, "'");
+  b.p = p;
+  return b;
 }
 
 }  // namespace masskv::cli

@@ -82,7 +82,7 @@ void run_generate(const RunOptions& o) {
   model::SessionOptions so;
   so.max_tokens = ctx;
   so.page_size = o.m.page_size;
-  so.selector = selector_config(o.m, ctx);
+  apply_selector(o.m, ctx, so);
   model::Session session(*mdl, so);
   const TokenId stop_id = stop_text.empty() ? -1 : tok.find_token(stop_text);
 
@@ -190,7 +190,7 @@ void run_perplexity(const PplOptions& o) {
     dense.prefill(head, ld);
     std::unique_ptr<model::Session> sp;
     if (sparse) {
-      so.selector = sel;
+      apply_selector(o.m, o.ctx, so);
       sp = std::make_unique<model::Session>(*mdl, so);
       sp->prefill(head, ls);
     }

@@ -143,15 +143,6 @@ Inputs generate(const std::string& name, const StudyOptions& o, std::int64_t L,
   return in;
 }
 
-Mapping parse_mapping(const std::string& s) {
-  if (s == "softmax") return Mapping::softmax();
-  require(s.rfind("entmax", 0) == 0 && s.size() > 6, ErrorCode::invalid_argument, "--mapping",
-          "expected softmax or entmax<alpha> (entmax1.5), got '", s, "'");
-  Mapping m = Mapping::entmax(std::strtod(s.c_str() + 6, nullptr));
-  m.validate();
-  return m;
-}
-
 // A selector of the study: a method, and for top_p its mass source ("top_p_q4": top_p with
 // the page masses of scores on INT4 selector keys, DESIGN.md §2.9).
 struct SelectorSpec {
@@ -310,7 +301,7 @@ void run_study(const StudyOptions& o_in, const std::string& cmdline) {
           "must be a positive multiple of --hkv");
   require(o.steps >= 1, ErrorCode::invalid_argument, "--steps", "must be >= 1");
   std::vector<Mapping> maps;
-  for (const auto& m : o.mappings) maps.push_back(parse_mapping(m));
+  for (const auto& m : o.mappings) maps.push_back(parse_mapping(m, "--mapping"));
   std::vector<SelectorSpec> methods;
   for (const auto& s : o.selectors) methods.push_back(parse_selector(s));
   const bool quant_keys = std::any_of(methods.begin(), methods.end(), uses_quant_keys);

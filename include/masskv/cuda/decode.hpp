@@ -53,6 +53,12 @@ struct DecodeLaunch {
   // true: wait for the step and check the error flag (throws). false: the caller calls
   // workspace->check(stream) when it wants (benchmarks, CUDA graphs).
   bool check_errors = true;
+  // The softmax kernel: automatic = the tensor-core one (mma.sync, decode_mma.cu) where it has
+  // a variant (head_dim 64, 128), the SIMT one otherwise; simt / tensor force one (tensor with
+  // head_dim 256 throws Error(unsupported, "kernel")). Both meet the same tolerance against
+  // the f64 reference (docs/gpu.md). Entmax ignores it (its own kernels).
+  enum class Kernel { automatic, simt, tensor };
+  Kernel kernel = Kernel::automatic;
 };
 
 // Decode on the GPU. args: q/out device [B][Hq][d] f32 (unit stride on d); cache.k/v device
@@ -72,6 +78,7 @@ void decode(const attn::DecodeArgs& args, const DecodeLaunch& launch);
 // The split-K chunk (pages) softmax decode plans for `pages_per_head` pages per (sequence,
 // kv head) on this device (for reports; entmax plans with its own kernel's occupancy).
 int planned_chunk_pages(DType dtype, int head_dim, int batch, int num_kv_heads, int num_q_heads,
-                        int pages_per_head);
+                        int pages_per_head,
+                        DecodeLaunch::Kernel kernel = DecodeLaunch::Kernel::automatic);
 
 }  // namespace masskv::cuda

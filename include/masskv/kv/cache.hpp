@@ -7,6 +7,7 @@
 #include <span>
 #include <vector>
 
+#include "masskv/kv/key_rows.hpp"
 #include "masskv/kv/paged_kv.hpp"
 
 namespace masskv::kv {
@@ -20,9 +21,21 @@ struct CacheConfig {
   DType dtype = DType::f16;
   int capacity_pages = 0;  // size of the pool; > 0
   Layout layout = Layout::HND;
-  // Also keep every key in the INT4 selector key format (kv/int4_keys.hpp, DESIGN.md §2.9),
-  // quantised from the stored key on append. Needs head_dim % 32 == 0.
+  // Also keep every key in a selector key format (kv/key_formats.hpp, DESIGN.md §2.9),
+  // quantised from the stored (converted) key on append. Needs head_dim % key_block(format)
+  // == 0 (32 for int4 and mxfp4, 16 for nvfp4).
+  bool selector_keys = false;
+  KeyFormat selector_key_format = KeyFormat::int4;
+  // The store's earlier switch, kept for its callers: true turns it on in the int4 format
+  // (selector_key_format must then stay int4).
   bool int4_selector_keys = false;
+  bool has_selector_keys() const { return selector_keys || int4_selector_keys; }
+  // A learned selector's key cache (kv/key_rows.hpp, DESIGN.md §2.8): per token
+  // key_row_groups rows of key_row_dim projected values, in the KV's pages (shared by forks,
+  // copied with a shared partial page). 0 groups: none; otherwise append takes the rows.
+  int key_row_groups = 0;
+  int key_row_dim = 0;
+  RowFormat key_row_format = RowFormat::f32;
   void validate() const;
 };
 
@@ -50,11 +63,15 @@ class PagedKVCache {
 
   // Appends n tokens: k, v are [n][num_kv_heads][head_dim] f32, converted to the cache dtype
   // (round to nearest even). Summaries are updated in O(d) per token from the stored
-  // (converted) keys, and so are the INT4 selector keys when configured. Throws
+  // (converted) keys, and so are the selector keys when configured. Throws
   // Error(out_of_memory) when the pool runs out (nothing is appended then),
   // Error(non_finite, "k"/"v") on NaN/inf input, Error(out_of_range, "k") when a key is
-  // beyond the INT4 selector key range (|k| / 7 > 65504).
-  void append(SeqId seq, std::span<const float> k, std::span<const float> v, int n = 1);
+  // beyond the selector key format's range (kv::key_encodable; int4: |k| / 7 > 65504). With
+  // key rows configured,
+  // `key_rows` is [n][key_row_groups][key_row_dim] (Error(shape_mismatch / non_finite,
+  // "key_rows") otherwise); without, it must be empty.
+  void append(SeqId seq, std::span<const float> k, std::span<const float> v, int n = 1,
+              std::span<const float> key_rows = {});
 
   std::int64_t length(SeqId seq) const;
   int free_pages() const;
@@ -71,14 +88,19 @@ class PagedKVCache {
   // View for kernels; `table` must outlive the view's use.
   PagedKVView view(const PageTableStorage& table) const;
   SummariesView summaries() const;
-  // Empty (null) unless config().int4_selector_keys.
+  // Empty (null) unless config().has_selector_keys().
   SelectorKeysView selector_keys() const;
+  // Empty (null) unless config().key_row_groups > 0.
+  KeyRowsView key_rows() const;
 
   // Bytes held per stored token: KV and (separately) summaries, for reports.
   double kv_bytes_per_token() const;
   double summary_bytes_per_token() const;
-  // INT4 selector keys: head_dim / 2 + head_dim / 16 bytes per kv head (0 when off).
+  // Selector keys: num_kv_heads * row_bytes(format, head_dim) (int4: head_dim / 2 +
+  // head_dim / 16 per kv head; 0 when off).
   double selector_key_bytes_per_token() const;
+  // Learned selector key rows: groups * row_bytes(format, dim) (0 when off).
+  double key_row_bytes_per_token() const;
 
  private:
   struct Impl;

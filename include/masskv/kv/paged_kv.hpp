@@ -7,6 +7,7 @@
 #include <span>
 
 #include "masskv/dtype.hpp"
+#include "masskv/kv/key_formats.hpp"
 
 namespace masskv::kv {
 
@@ -88,22 +89,25 @@ struct SummariesView {
   }
 };
 
-// Per-token selector keys in the INT4 format of kv/int4_keys.hpp (DESIGN.md §2.9), kept beside
-// the paged KV: row (page, kv head, slot) of packed nibbles and of f16 block scales.
+// Per-token selector keys in one of the formats of kv/key_formats.hpp (DESIGN.md §2.9), kept
+// beside the paged KV: row (page, kv head, slot) of codes and of block scales.
 struct SelectorKeysView {
-  const std::uint8_t* packed = nullptr;  // [page][kv_head][slot][head_dim / 2]
-  const f16* scales = nullptr;           // [page][kv_head][slot][head_dim / 32]
+  KeyFormat format = KeyFormat::int4;
+  const std::uint8_t* codes = nullptr;   // [page][kv_head][slot][code_bytes(format, head_dim)]
+  const std::uint8_t* scales = nullptr;  // [page][kv_head][slot][scale_bytes(format, head_dim)]
   int num_pages = 0, num_kv_heads = 0, page_size = 0, head_dim = 0;
 
-  bool empty() const { return packed == nullptr; }
+  bool empty() const { return codes == nullptr; }
   std::int64_t row_index(std::int32_t page, int head, int slot) const {
     return (static_cast<std::int64_t>(page) * num_kv_heads + head) * page_size + slot;
   }
   const std::uint8_t* row(std::int32_t page, int head, int slot) const {
-    return packed + row_index(page, head, slot) * (head_dim / 2);
+    return codes + row_index(page, head, slot) * code_bytes(format, head_dim);
   }
-  const f16* row_scales(std::int32_t page, int head, int slot) const {
-    return scales + row_index(page, head, slot) * (head_dim / 32);
+  // Null for bf16 (no scales).
+  const std::uint8_t* row_scales(std::int32_t page, int head, int slot) const {
+    return scales == nullptr ? nullptr
+                             : scales + row_index(page, head, slot) * scale_bytes(format, head_dim);
   }
 };
 

@@ -56,7 +56,7 @@ struct Geometry {
   double attn_scale = 1;   // the model's score scale (pca init)
   int heads_per_kv = 1;    // the model's n_head / n_head_kv (pca init)
   int head_dim = 0;
-  std::vector<double> inv_freq;  // [dim / 2] when rope
+  std::vector<double> inv_freq;  // [dim / 2] when rope: learn::rope_inv_freq (project.hpp)
   std::vector<double> rope_cs;   // [position][dim / 2][cos, sin] up to the longest sequence
 
   const double* rope_table(std::int64_t pos) const;  // the row of `pos` in rope_cs
@@ -65,12 +65,6 @@ struct Geometry {
   std::size_t q_offset(int g) const;
   std::size_t k_offset(int g) const;
 };
-
-// The selector RoPE of `layer`: pair i (dims 2i, 2i+1) of a projection at position t rotates by
-// t · inv_freq[i], inv_freq[i] = s · base^(−2i/dim), base and s the layer's (rope_base and
-// rope_freq_scale; gemma3 local layers rope_base_local and 1) — the model's RoPE applied to dim
-// instead of head_dim. The decode side must use the same (docs/learned.md).
-std::vector<double> selector_inv_freq(const model::ModelConfig& config, int layer, int dim);
 
 // Throws Error(invalid_argument, "dim"/"rope") for a dim < 1, odd with rope, or rope on qk
 // input; Error(invalid_argument, "data") when the file is not of this model.

@@ -19,6 +19,13 @@
 // softmax, so that is "entmax mapping on a softmax-trained model" until a converted model
 // exists (DESIGN.md §2.10); reports must label it so.
 //
+// A learned selector (SessionOptions::learned_selector, DESIGN.md §2.8) adds a selector key
+// cache: for every layer it lists (gemma3's local layers excepted: they keep their window),
+// the projected keys W_k x_k,t of every token, appended with the KV at prefill and decode (in
+// the KV's pages: forks share them copy-on-write). A decode step under Method::learned projects
+// its query, scores every cached token, and selects pages by softmax(ŝ) mass (select::
+// run_selector); layers the selector does not list decode densely (counted as dense reads).
+//
 // decode_batch steps several sessions (forks, other selectors, other positions) through one
 // forward pass: the weights are read once per step instead of once per session.
 #pragma once
@@ -32,6 +39,8 @@
 #include <vector>
 
 #include "masskv/dtype.hpp"
+#include "masskv/kv/key_rows.hpp"
+#include "masskv/learn/selector.hpp"
 #include "masskv/model/gguf.hpp"
 #include "masskv/model/tokenizer.hpp"
 #include "masskv/select/selector.hpp"
@@ -136,6 +145,11 @@ struct SessionOptions {
   // Decode selection on the layers that allow it (see the file comment); nullopt = dense.
   // Its mapping must equal `mapping`.
   std::optional<select::SelectorConfig> selector;
+  // The learned selector whose key cache the session keeps from its first token (so forks can
+  // decode with Method::learned; set_selector may switch to it later). Checked against the
+  // model: Error(invalid_argument, "selector"). Null: no key cache, Method::learned refused.
+  std::shared_ptr<const learn::Selector> learned_selector;
+  kv::RowFormat learned_key_format = kv::RowFormat::f32;  // row format of that key cache
   Mapping mapping = Mapping::softmax();  // attention mapping of every layer
   // Per decode step, the certified δ bound of every selected head (select::diagnose, no
   // unselected key read) into DecodeStats; costs about one more bound pass per layer.
@@ -154,6 +168,9 @@ struct SessionOptions {
   // Called for every layer of every prefill block and decode step, before attention (for
   // `masskv dump`: real q/k/v for `masskv study`). Empty: nothing called.
   std::function<void(const LayerCapture&)> capture;
+  // Called at every decode step for every layer that ran the selector, with the selection
+  // attention used (tests and studies: which pages a selector chose). Empty: nothing called.
+  std::function<void(int layer, const SelectionView&)> on_selection;
 };
 
 // Per-step counters for reports (bench, run --verbose).
@@ -221,10 +238,11 @@ class Session {
 
   const DecodeStats& last_decode_stats() const noexcept { return stats_; }
   struct Impl;  // opaque: caches and scratch (model.cpp)
-  // KV + summary bytes currently held, all layers.
+  // KV + summary (+ learned selector key) bytes currently held, all layers.
   double kv_bytes() const;
   double kv_bytes_per_token() const;  // KV bytes per stored token, all layers
   double summary_bytes_per_token() const;
+  double learned_key_bytes_per_token() const;  // the learned selector's key cache, all layers
 
  private:
   friend void decode_batch(std::span<Session* const>, std::span<const TokenId>, std::span<float>);

@@ -7,6 +7,7 @@
 #include <string_view>
 #include <vector>
 
+#include "masskv/kv/key_rows.hpp"
 #include "masskv/kv/paged_kv.hpp"
 #include "masskv/mapping.hpp"
 #include "masskv/select/page_bound.hpp"
@@ -23,6 +24,8 @@ enum class Method {
   entmax_support,  // grown by bound until the §2.2 certificate holds (EntmaxKV)
   gaussian_tau,    // pages whose bound reaches the Gaussian-model tau_hat (EntmaxKV, §2.4)
   oracle,          // true attention mass (§2.7): a reference, it reads every key
+  learned,         // pages by the mass of softmax(ŝ) of a learned selector (§2.8): the scores
+                   // of SelectArgs::learned_q against the key rows SelectArgs::learned_keys
 };
 std::string_view to_string(Method m);
 // Parses the names above ("sink_recent", "top_p", ...). Throws Error naming `argument`.
@@ -33,12 +36,14 @@ Method parse_method(std::string_view name, std::string_view argument);
 struct Budget {
   enum class Kind {
     fixed,     // exactly ceil(tokens / page_size) pages (kept pages count; never fewer)
-    top_p,     // the smallest set whose *estimated* mass >= p, at most `tokens` (0: no cap)
+    top_p,     // the smallest set whose *estimated* mass >= p, at most `tokens` (0: no cap),
+               // at least `min_tokens`: §2.8's top-K ∧ top-p clamped to [K_min, K_max]
     adaptive,  // the selector's own stopping rule (certificate, tau_hat reach), capped likewise
   };
   Kind kind = Kind::fixed;
   std::int64_t tokens = 0;  // fixed: the budget; otherwise the cap (0 = none)
   double p = 0.9;           // top_p target mass in (0, 1]
+  std::int64_t min_tokens = 0;  // top_p only: pages for at least this many tokens (K_min)
 };
 
 // GQA: one selection per kv group (DESIGN.md §3). `union_heads` interleaves the q heads'
@@ -51,8 +56,8 @@ enum class GroupRule { union_heads, aggregate };
 // Source of a page's estimated mass for top_p (§2.4). `page_mean`: n_j e^{m_j} (biased low);
 // `page_gaussian`: n_j E[e^X] = n_j exp(m_j + v_j/2) for softmax, the Gaussian-model
 // entmax mass at tau_hat for entmax; `quant_keys`: the mapping (softmax or entmax) of scores
-// computed on the INT4 selector keys (§2.9, kv/int4_keys.hpp) of every token, summed per
-// page (SelectArgs::selector_keys must be set). Only top_p reads quant_keys; gaussian_tau
+// computed on the selector keys (§2.9, kv/key_formats.hpp; any of its formats) of every
+// token, summed per page (SelectArgs::selector_keys must be set). Only top_p reads quant_keys; gaussian_tau
 // takes it as page_gaussian.
 enum class MassSource { page_mean, page_gaussian, quant_keys };
 
@@ -79,10 +84,16 @@ struct SelectArgs {
   kv::SummariesView summaries;
   // Optional: bounds from the outward-rounded bf16 store instead of the f32 min/max.
   const BoundStoreView* bounds_bf16 = nullptr;
-  // INT4 selector keys of the cache's pool (PagedKVCache::selector_keys()), for
+  // Selector keys of the cache's pool (PagedKVCache::selector_keys(), any format), for
   // MassSource::quant_keys.
   kv::SelectorKeysView selector_keys;
   float scale = 0;  // 0 means 1/sqrt(d)
+  // Method::learned: the step's projected queries [B][groups][d_s] and the pool's key rows
+  // (PagedKVCache::key_rows(), groups x d_s per token). groups == 1 is head-collapsed (one
+  // page list for every kv head); groups == the cache's kv heads: kv head h uses group h.
+  // ŝ_t = q_g · k_{g,t} as stored (the selector carries its own scale).
+  View3<const float> learned_q;
+  kv::KeyRowsView learned_keys;
 };
 
 // Per (b, q head) estimate, [B][Hq]: tau_hat (gaussian_tau), the exact tau(S) on the
@@ -104,6 +115,12 @@ void run_selector(const SelectArgs& args, const SelectorConfig& config, SelectOu
 void exact_scores(const kv::PagedKVView& cache, int b, int kv_head, const float* q, float scale,
                   SelectionView::Unit unit, std::span<const std::int32_t> ids,
                   std::vector<double>& out);
+
+// f64 scores scale * q·k̂ of every token of sequence b, kv head h, from the selector keys
+// (computed on the codes, kv::dot_row; the scores MassSource::quant_keys maps), in token
+// order. `table` is the cache's page table (the selector keys share its pages).
+void selector_key_scores(const kv::SelectorKeysView& keys, const kv::PageTable& table, int b,
+                         int kv_head, const float* q, float scale, std::vector<double>& out);
 
 // Gaussian page model (§2.4): the expected entmax mass E[((alpha-1)X - tau)_+^{1/(alpha-1)}]
 // of X ~ N(m, v); closed forms for alpha 2 and 1.5, Gauss–Hermite quadrature otherwise.

@@ -1,0 +1,76 @@
+// Decode-step append on the GPU (issue 7 item 4; DESIGN.md §3, §4): each sequence's new token
+// k, v is written into its page slot of the paged pool and folded into that page's summaries —
+// f32 min/max (exact), Welford mean/M2 (f64 from the f32 state), max ‖v‖ (rounded up), count —
+// and, when given, into the outward-rounded bf16 bound store the GPU selector scans
+// (select::BoundStoreView: min/max rounded toward −inf/+inf, W per (page, kv head)). Every
+// value has the bits kv::PagedKVCache::append and select::BoundStore give on the CPU for the
+// same stored key (the f64 arithmetic is written with explicit _rn intrinsics so nvcc cannot
+// contract it into FMAs the CPU does not do). So append, selection and attention of a step run
+// on the device with no host round trip, and can be captured in one CUDA graph.
+//
+// Page allocation stays on the host (free list, copy-on-write of shared pages): the caller
+// passes the physical page and the slot of each sequence's token. Slot 0 starts a page: its
+// summaries are reset first (the CPU's take_page), other slots continue them. Pages of one call
+// must be distinct. Unwritten slots are not zeroed (kernels mask them, §3).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+
+#include "masskv/dtype.hpp"
+#include "masskv/tensor.hpp"
+
+struct CUstream_st;
+
+namespace masskv::cuda {
+
+// Device-side error flag of the append kernel.
+class AppendWorkspace {
+ public:
+  AppendWorkspace();
+  ~AppendWorkspace();
+  AppendWorkspace(const AppendWorkspace&) = delete;
+  AppendWorkspace& operator=(const AppendWorkspace&) = delete;
+  // Waits for `stream`, reads and clears the flag; throws Error(out_of_range, "page" / "slot")
+  // for an id outside the pool or the page, Error(non_finite, "k" / "v") for a NaN or inf
+  // input or one that overflows the cache dtype. Tokens with bad ids or values were not written.
+  void check(CUstream_st* stream) const;
+
+  struct Impl;
+  Impl& impl() const { return *impl_; }
+
+ private:
+  std::unique_ptr<Impl> impl_;
+};
+
+struct AppendArgs {
+  View3<const float> k, v;               // [B][Hkv][d] f32, unit stride on d (device)
+  std::span<const std::int32_t> page;    // [B] physical page of each token (device)
+  std::span<const std::int32_t> slot;    // [B] its slot in the page (device)
+  // The pool (device), f16 or bf16, strides in elements as kv::PagedKVView.
+  void* k_pool = nullptr;
+  void* v_pool = nullptr;
+  DType dtype = DType::bf16;
+  std::int64_t stride_page = 0, stride_head = 0, stride_slot = 0;
+  int num_pages = 0, num_kv_heads = 0, page_size = 0, head_dim = 0;
+  // Summaries (device), kv::SummariesView's layout: [page][kv head][d], [page], [page][kv head].
+  float* min = nullptr;
+  float* max = nullptr;
+  float* mean = nullptr;
+  float* m2 = nullptr;
+  std::int32_t* count = nullptr;
+  float* max_vnorm = nullptr;
+  // Optional bf16 bound store (device), select::BoundStoreView's layout; null: not kept.
+  bf16* bound_min = nullptr;
+  bf16* bound_max = nullptr;
+  float* bound_wmax = nullptr;  // [page][kv head]; required with the store
+};
+
+// Validates shapes on the host (Error(shape_mismatch / invalid_argument / unsupported) naming
+// the argument) and launches one kernel on `stream`. With check_errors, waits and calls
+// workspace.check(stream).
+void append(const AppendArgs& args, AppendWorkspace& workspace, CUstream_st* stream = nullptr,
+            bool check_errors = true);
+
+}  // namespace masskv::cuda

@@ -1,0 +1,245 @@
+// Decode-step append on the GPU (include/masskv/cuda/append.hpp): one CTA per (sequence, kv
+// head), one thread per channel. The arithmetic mirrors src/kv/cache.cpp (write_token) and
+// src/select/page_bound.cpp (BoundStore::round_page) operation by operation, so the results
+// are bit-equal to the CPU's: f64 Welford with explicit _rn intrinsics (no FMA contraction),
+// the ‖v‖² sum in channel order by one thread, the same rounding helpers.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "device.cuh"
+#include "masskv/cuda/append.hpp"
+#include "masskv/error.hpp"
+
+namespace masskv::cuda {
+namespace {
+
+using detail::check_cuda;
+
+enum AppendErr : unsigned { kBadPage = 1u, kBadSlot = 2u, kBadK = 4u, kBadV = 8u };
+constexpr int kMaxDim = 256;
+
+struct Params {
+  const float* k;
+  const float* v;
+  std::int64_t k_s0, k_s1, v_s0, v_s1;
+  const std::int32_t* page;
+  const std::int32_t* slot;
+  void* k_pool;
+  void* v_pool;
+  std::int64_t stride_page, stride_head, stride_slot;
+  int num_pages, num_kv_heads, page_size, head_dim;
+  float *mn, *mx, *mean, *m2, *vnorm;
+  std::int32_t* count;
+  std::uint16_t *bmin, *bmax;
+  float* wmax;
+  unsigned* err;
+};
+
+// Stored value of x in the cache dtype (round to nearest even, as kv::from_f32) and back.
+template <bool kBf16>
+__device__ __forceinline__ std::uint16_t store_bits(float x) {
+  if constexpr (kBf16) {
+    const __nv_bfloat16 h = __float2bfloat16_rn(x);
+    return __bfloat16_as_ushort(h);
+  } else {
+    return __half_as_ushort(__float2half_rn(x));
+  }
+}
+template <bool kBf16>
+__device__ __forceinline__ float stored_value(std::uint16_t b) {
+  if constexpr (kBf16) {
+    return __uint_as_float(static_cast<unsigned>(b) << 16);
+  } else {
+    return __half2float(__ushort_as_half(b));
+  }
+}
+
+// dtype.cpp's f32_to_bf16_down: round to nearest, then one ulp toward -inf if that went up.
+__device__ __forceinline__ std::uint16_t bf16_down(float f) {
+  const std::uint16_t r = __bfloat16_as_ushort(__float2bfloat16_rn(f));
+  if (isnan(f) || __uint_as_float(static_cast<unsigned>(r) << 16) <= f) return r;
+  if (r == 0) return 0x8001u;
+  if (r & 0x8000u) return static_cast<std::uint16_t>(r + 1);
+  return static_cast<std::uint16_t>(r - 1);
+}
+__device__ __forceinline__ std::uint16_t bf16_up(float f) {
+  return static_cast<std::uint16_t>(bf16_down(-f) ^ 0x8000u);
+}
+
+// cache.cpp's round_up_to_f32.
+__device__ __forceinline__ float round_up_to_f32(double x) {
+  float f = __double2float_rn(x);
+  if (static_cast<double>(f) < x) f = nextafterf(f, INFINITY);
+  return f;
+}
+
+template <bool kBf16>
+__global__ void __launch_bounds__(kMaxDim) append_kernel(Params p) {
+  __shared__ double s_v2[kMaxDim];
+  __shared__ float s_w[kMaxDim];
+  __shared__ int s_ok;
+  const int b = blockIdx.x / p.num_kv_heads, h = blockIdx.x % p.num_kv_heads;
+  const int c = threadIdx.x, d = p.head_dim;
+  const std::int32_t page = p.page[b], slot = p.slot[b];
+  if (page < 0 || page >= p.num_pages || slot < 0 || slot >= p.page_size) {
+    if (c == 0) atomicOr(p.err, (page < 0 || page >= p.num_pages) ? kBadPage : kBadSlot);
+    return;
+  }
+  // Inputs: finite, and finite once stored, on every head of the sequence's token (each CTA
+  // checks them all: a token with a bad value is not written at all, like the CPU's append).
+  if (c == 0) s_ok = 1;
+  __syncthreads();
+  unsigned bad = 0;
+  for (int i = c; i < p.num_kv_heads * d; i += blockDim.x) {
+    const int hh = i / d, cc = i % d;
+    const float kv = p.k[b * p.k_s0 + hh * p.k_s1 + cc];
+    const float vv = p.v[b * p.v_s0 + hh * p.v_s1 + cc];
+    if (!isfinite(kv) || !isfinite(stored_value<kBf16>(store_bits<kBf16>(kv)))) bad |= kBadK;
+    if (!isfinite(vv) || !isfinite(stored_value<kBf16>(store_bits<kBf16>(vv)))) bad |= kBadV;
+  }
+  if (bad != 0) {
+    if (h == 0) atomicOr(p.err, bad);
+    s_ok = 0;
+  }
+  __syncthreads();
+  if (!s_ok) return;
+  const float kin = c < d ? p.k[b * p.k_s0 + h * p.k_s1 + c] : 0.f;
+  const float vin = c < d ? p.v[b * p.v_s0 + h * p.v_s1 + c] : 0.f;
+  const std::uint16_t kb = store_bits<kBf16>(kin), vb = store_bits<kBf16>(vin);
+  const float x = stored_value<kBf16>(kb), y = stored_value<kBf16>(vb);
+
+  const std::int64_t kv_off = page * p.stride_page + h * p.stride_head + slot * p.stride_slot;
+  const std::int64_t sum_off = (static_cast<std::int64_t>(page) * p.num_kv_heads + h) * d;
+  const bool fresh = slot == 0;  // the CPU's take_page reset, then the first token
+  const double n = static_cast<double>(slot) + 1.0;
+  if (c < d) {
+    static_cast<std::uint16_t*>(p.k_pool)[kv_off + c] = kb;
+    static_cast<std::uint16_t*>(p.v_pool)[kv_off + c] = vb;
+    const float mn0 = fresh ? INFINITY : p.mn[sum_off + c];
+    const float mx0 = fresh ? -INFINITY : p.mx[sum_off + c];
+    const float mean0 = fresh ? 0.f : p.mean[sum_off + c];
+    const float m20 = fresh ? 0.f : p.m2[sum_off + c];
+    const float mn = x < mn0 ? x : mn0;
+    const float mx = x > mx0 ? x : mx0;
+    // delta = x - mean; new_mean = mean + delta / n; m2 += delta * (x - new_mean).
+    const double delta = __dsub_rn(static_cast<double>(x), static_cast<double>(mean0));
+    const double new_mean = __dadd_rn(static_cast<double>(mean0), __ddiv_rn(delta, n));
+    const double m2 =
+        __dadd_rn(static_cast<double>(m20),
+                  __dmul_rn(delta, __dsub_rn(static_cast<double>(x), new_mean)));
+    p.mn[sum_off + c] = mn;
+    p.mx[sum_off + c] = mx;
+    p.mean[sum_off + c] = __double2float_rn(new_mean);
+    p.m2[sum_off + c] = __double2float_rn(m2);
+    s_v2[c] = __dmul_rn(static_cast<double>(y), static_cast<double>(y));
+    if (p.bmin != nullptr) {
+      const std::uint16_t lo = bf16_down(mn), hi = bf16_up(mx);
+      p.bmin[sum_off + c] = lo;
+      p.bmax[sum_off + c] = hi;
+      const float a = fabsf(__uint_as_float(static_cast<unsigned>(lo) << 16));
+      const float bb = fabsf(__uint_as_float(static_cast<unsigned>(hi) << 16));
+      s_w[c] = a > bb ? a : bb;
+    }
+  }
+  __syncthreads();
+  if (c == 0) {
+    double v2 = 0;  // in channel order, as the CPU sums
+    for (int i = 0; i < d; ++i) v2 = __dadd_rn(v2, s_v2[i]);
+    float& vmax = p.vnorm[static_cast<std::int64_t>(page) * p.num_kv_heads + h];
+    const float r = round_up_to_f32(__dsqrt_rn(v2));
+    const float old = fresh ? 0.f : vmax;
+    vmax = old > r ? old : r;  // std::max(old, r)
+    if (p.bmin != nullptr) {
+      float w = 0;
+      for (int i = 0; i < d; ++i) w = s_w[i] > w ? s_w[i] : w;
+      p.wmax[static_cast<std::int64_t>(page) * p.num_kv_heads + h] = w;
+    }
+    if (h == 0) p.count[page] = slot + 1;
+  }
+}
+
+}  // namespace
+
+struct AppendWorkspace::Impl {
+  detail::ErrorFlag err;
+};
+
+AppendWorkspace::AppendWorkspace() : impl_(std::make_unique<Impl>()) {}
+AppendWorkspace::~AppendWorkspace() = default;
+
+void AppendWorkspace::check(CUstream_st* stream) const {
+  const unsigned flag = impl_->err.take(stream, "append step");
+  if (flag == 0) return;
+  if (flag & kBadPage)
+    fail(ErrorCode::out_of_range, "page", "a page id outside [0, num_pages) was met on the GPU");
+  if (flag & kBadSlot)
+    fail(ErrorCode::out_of_range, "slot", "a slot outside [0, page_size) was met on the GPU");
+  fail(ErrorCode::non_finite, flag & kBadK ? "k" : "v",
+       "NaN or inf, or a value that overflows the cache dtype (the token was not appended)");
+}
+
+void append(const AppendArgs& a, AppendWorkspace& ws, CUstream_st* stream, bool check_errors) {
+  using enum ErrorCode;
+  require(a.dtype == DType::bf16 || a.dtype == DType::f16, unsupported, "dtype",
+          "the GPU append writes f16 or bf16 pools");
+  const int B = a.k.n0, H = a.num_kv_heads, d = a.head_dim;
+  require(d > 0 && d <= kMaxDim, unsupported, "head_dim", "must be in [1, ", kMaxDim, "], got ", d);
+  require(H > 0 && a.num_pages > 0 && a.page_size > 0, invalid_argument, "cache",
+          "needs kv heads, pages and a page size");
+  require(a.k_pool && a.v_pool && a.min && a.max && a.mean && a.m2 && a.count && a.max_vnorm,
+          invalid_argument, "cache", "pool and summary pointers are required");
+  require((a.bound_min == nullptr) == (a.bound_max == nullptr) &&
+              (a.bound_min == nullptr) == (a.bound_wmax == nullptr),
+          invalid_argument, "bound_min", "the bf16 store needs min, max and wmax together");
+  require(a.k.n1 == H && a.k.n2 == d && a.k.data, shape_mismatch, "k", "must be [B][kv heads][d]");
+  require(a.v.n0 == B && a.v.n1 == H && a.v.n2 == d && a.v.data, shape_mismatch, "v",
+          "must be k's shape");
+  require(a.page.size() == static_cast<std::size_t>(B), shape_mismatch, "page",
+          "needs one entry per sequence");
+  require(a.slot.size() == static_cast<std::size_t>(B), shape_mismatch, "slot",
+          "needs one entry per sequence");
+  require(a.stride_slot >= d && a.stride_page > 0 && a.stride_head > 0, invalid_argument,
+          "stride", "pool strides must be positive, stride_slot >= head_dim");
+  if (B == 0) return;
+  Params p{};
+  p.k = a.k.data;
+  p.v = a.v.data;
+  p.k_s0 = a.k.s0;
+  p.k_s1 = a.k.s1;
+  p.v_s0 = a.v.s0;
+  p.v_s1 = a.v.s1;
+  p.page = a.page.data();
+  p.slot = a.slot.data();
+  p.k_pool = a.k_pool;
+  p.v_pool = a.v_pool;
+  p.stride_page = a.stride_page;
+  p.stride_head = a.stride_head;
+  p.stride_slot = a.stride_slot;
+  p.num_pages = a.num_pages;
+  p.num_kv_heads = H;
+  p.page_size = a.page_size;
+  p.head_dim = d;
+  p.mn = a.min;
+  p.mx = a.max;
+  p.mean = a.mean;
+  p.m2 = a.m2;
+  p.vnorm = a.max_vnorm;
+  p.count = a.count;
+  p.bmin = reinterpret_cast<std::uint16_t*>(a.bound_min);
+  p.bmax = reinterpret_cast<std::uint16_t*>(a.bound_max);
+  p.wmax = a.bound_wmax;
+  p.err = ws.impl().err.get();
+  const int threads = (d + 31) / 32 * 32;
+  if (a.dtype == DType::bf16) {
+    append_kernel<true><<<B * H, threads, 0, stream>>>(p);
+  } else {
+    append_kernel<false><<<B * H, threads, 0, stream>>>(p);
+  }
+  check_cuda(cudaGetLastError(), "append kernel launch");
+  if (check_errors) ws.check(stream);
+}
+
+}  // namespace masskv::cuda

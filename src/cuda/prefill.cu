@@ -1,0 +1,585 @@
+// CUDA causal prefill attention, softmax, dense or block-sparse (issue 10; DESIGN.md §3
+// Selection at prefill granularity, §4). One kernel: a CTA owns a 64-token query tile of one
+// sequence and kHeads q heads of one kv group (4 warps per head, 16 query rows per warp), and
+// walks the key tiles (64 keys) it may attend — every causal tile (dense) or the causal tiles
+// of its query block's listed key blocks (sparse) — so each key tile is read once for the
+// kHeads heads. Per tile: K and V land in shared memory through cp.async, double-buffered
+// (the next tile is in flight while this one is computed); S = Q·Kᵀ and O += P·V run on the
+// tensor cores (mma.sync m16n8k16, bf16/f16 in, f32 accumulate; ldmatrix from padded rows, no
+// bank conflicts); the online softmax (base 2, DESIGN.md §2.6's (o, lse) state) lives in
+// registers. Only tiles crossing the diagonal or the sequence end are masked element-wise.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstdlib>
+#include <mutex>
+
+#include "decode_common.cuh"  // cp.async helpers
+#include "device.cuh"
+#include "masskv/cuda/prefill.hpp"
+#include "masskv/error.hpp"
+#include "prefill_common.cuh"
+
+namespace masskv::cuda {
+namespace prefill_impl {
+namespace {
+
+using decode_impl::cp_async16;
+using decode_impl::cp_async_commit;
+using decode_impl::cp_async_wait;
+using detail::check_cuda;
+
+constexpr int kTile = 64;  // query tokens per CTA and keys per key tile
+constexpr float kLn2 = 0.6931471805599453f;
+constexpr float kLog2e = 1.4426950408889634f;
+
+struct Params {
+  SeqTables t;
+  const std::uint16_t* q;
+  std::int64_t q_s0, q_s1;
+  const std::uint16_t* k;
+  const std::uint16_t* v;
+  void* out;
+  int out_f32;  // 1: f32 output, 0: the input dtype
+  std::int64_t o_s0, o_s1;
+  float* lse;
+  int num_kv_heads, num_q_heads, group, head_groups;
+  float scale_log2;  // softmax scale * log2(e): base-2 logits
+  // Block selection (sparse = 1).
+  int sparse, q_block, k_block, sel_heads, sel_max, sel_rows;
+  const std::int32_t* qb_indptr;
+  const std::int32_t* sel_ids;
+  const std::int32_t* sel_count;
+  unsigned* err;
+};
+
+// Shared-memory rows are padded by 16 bytes: the 8 rows an ldmatrix phase reads then start
+// 4 banks apart, so the 16-byte pieces of a column of 8 rows hit 32 distinct banks.
+template <int kD>
+constexpr int row_elems() {
+  return kD + 8;
+}
+template <int kD, int kHeads>
+constexpr std::size_t smem_bytes() {
+  return sizeof(std::uint16_t) * row_elems<kD>() * (kHeads * kTile + 4 * kTile);
+}
+
+__device__ __forceinline__ unsigned smem_addr(const void* p) {
+  return static_cast<unsigned>(__cvta_generic_to_shared(p));
+}
+__device__ __forceinline__ void ldsm_x4(unsigned (&r)[4], const void* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_addr(p))
+               : "memory");
+}
+__device__ __forceinline__ void ldsm_x4_trans(unsigned (&r)[4], const void* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_addr(p))
+               : "memory");
+}
+// c += a · b, m16n8k16, A row-major (4 registers), B column-major (2), f32 accumulators.
+template <bool kBf16>
+__device__ __forceinline__ void mma16816(float (&c)[4], const unsigned (&a)[4], unsigned b0,
+                                         unsigned b1) {
+  if constexpr (kBf16) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, "
+        "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  } else {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, "
+        "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  }
+}
+// 2^x on the SFU, flushing subnormal results to 0 (they weigh nothing next to the row max's 1).
+__device__ __forceinline__ float exp2_approx(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+// Two f32 as one register of the input type (low half = first), rounded to nearest.
+template <bool kBf16>
+__device__ __forceinline__ unsigned pack2(float lo, float hi) {
+  if constexpr (kBf16) {
+    const __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<const unsigned*>(&h);
+  } else {
+    const __half2 h = __floats2half2_rn(lo, hi);
+    return *reinterpret_cast<const unsigned*>(&h);
+  }
+}
+
+// The key tiles a CTA attends, in ascending order: dense, tiles 0 .. n - 1; sparse, the
+// listed blocks (k_block / 64 tiles each) minus tiles past the tile's last query or the
+// sequence (skipped before any load) and bad ids (flagged when the list is validated).
+struct TileList {
+  const std::int32_t* ids = nullptr;  // sparse: the row's list
+  int items = 0, sub = 1, num_kblocks = 0;
+  int kmax = -1;  // last key position any query of the tile may attend
+
+  __device__ int tile(int item) const { return ids ? ids[item / sub] * sub + item % sub : item; }
+  __device__ bool usable(int item) const {
+    if (!ids) return true;
+    const int id = ids[item / sub];
+    return id >= 0 && id < num_kblocks && (id * sub + item % sub) * kTile <= kmax;
+  }
+  __device__ int next(int item) const {
+    while (item < items && !usable(item)) ++item;
+    return item;
+  }
+};
+
+// The CTA's list: checks count, ids (range, strictly ascending) and q_block_indptr, raising
+// the flag once per bad entry found; a bad row attends nothing.
+__device__ TileList tile_list(const Params& p, const SeqGeo& g, int b, int kvh, int qtile) {
+  TileList tl;
+  const int q0 = qtile * kTile;
+  tl.kmax = g.first_q + min(q0 + kTile, g.nq) - 1;
+  if (!p.sparse) {
+    tl.items = tl.kmax / kTile + 1;
+    return tl;
+  }
+  const bool lead = threadIdx.x == 0;
+  const int row0 = p.qb_indptr[b], rows = p.qb_indptr[b + 1] - row0;
+  const int row = row0 + q0 / p.q_block;
+  if (rows != (g.nq + p.q_block - 1) / p.q_block || row0 < 0 || row >= p.sel_rows) {
+    if (lead) atomicOr(p.err, kBadSelection);
+    return tl;
+  }
+  const std::int64_t slot =
+      static_cast<std::int64_t>(row) * p.sel_heads + (p.sel_heads == 1 ? 0 : kvh);
+  const int count = p.sel_count[slot];
+  if (count < 0 || count > p.sel_max) {
+    if (lead) atomicOr(p.err, kBadSelection);
+    return tl;
+  }
+  tl.ids = p.sel_ids + slot * p.sel_max;
+  tl.sub = p.k_block / kTile;
+  tl.num_kblocks = (g.length + p.k_block - 1) / p.k_block;
+  tl.items = count * tl.sub;
+  for (int i = threadIdx.x; i < count; i += blockDim.x) {
+    const int id = tl.ids[i];
+    if (id < 0 || id >= tl.num_kblocks || (i > 0 && id <= tl.ids[i - 1]))
+      atomicOr(p.err, kBadSelection);
+  }
+  return tl;
+}
+
+// Register budget: 4 heads (16 warps) run one CTA per SM at 128 registers a thread; 2 heads
+// (8 warps) one CTA with up to 255 (no spills; 8 warps per SM); 1 head (4 warps) two CTAs.
+template <bool kBf16, int kD, int kHeads>
+__global__ void __launch_bounds__(kHeads * 128, kHeads == 1 ? 2 : 1) prefill_kernel(Params p) {
+  constexpr int kThreads = kHeads * 128;
+  constexpr int kRow = row_elems<kD>();
+  constexpr int kPieces = kD / 8;  // 16-byte pieces per row
+  constexpr int kRowsPerPass = kThreads / kPieces;
+  extern __shared__ uint4 smem_raw[];
+  std::uint16_t* sQ = reinterpret_cast<std::uint16_t*>(smem_raw);  // [kHeads * 64][kRow]
+  std::uint16_t* sK = sQ + kHeads * kTile * kRow;                  // [2][64][kRow]
+  std::uint16_t* sV = sK + 2 * kTile * kRow;                       // [2][64][kRow]
+
+  const int b = blockIdx.z;
+  const int kvh = blockIdx.y / p.head_groups, hg = blockIdx.y % p.head_groups;
+  const int q_head0 = kvh * p.group + hg * kHeads;
+  const SeqGeo g = seq_geo(p.t, b, p.err, threadIdx.x == 0);
+  // Heavier (later) query tiles first: causal work grows with the tile index.
+  const int qtile = static_cast<int>(gridDim.x) - 1 - static_cast<int>(blockIdx.x);
+  if (!g.ok || qtile * kTile >= g.nq) return;
+  const TileList tl = tile_list(p, g, b, kvh, qtile);
+
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+  const int piece = tid % kPieces;
+  // Q tile: row hs * 64 + token, zeros past the sequence's queries.
+  for (int r = tid / kPieces; r < kHeads * kTile; r += kRowsPerPass) {
+    const int hs = r / kTile, i = qtile * kTile + r % kTile;
+    const bool ok = i < g.nq;
+    const std::uint16_t* src =
+        p.q + (ok ? (g.q_begin + i) * p.q_s0 + (q_head0 + hs) * p.q_s1 + piece * 8 : 0);
+    cp_async16(sQ + r * kRow + piece * 8, src, ok ? 16 : 0);
+  }
+  cp_async_commit();
+
+  const auto issue = [&](int tile, int stage) {
+#pragma unroll
+    for (int j = 0; j < kTile / kRowsPerPass; ++j) {
+      const int r = tid / kPieces + j * kRowsPerPass;
+      const int pos = tile * kTile + r;
+      const std::int64_t row = pos < g.length ? key_row(p.t, g, kvh, pos, p.err) : -1;
+      const std::int64_t off = row < 0 ? 0 : row + piece * 8;
+      const int bytes = row < 0 ? 0 : 16;
+      cp_async16(sK + (stage * kTile + r) * kRow + piece * 8, p.k + off, bytes);
+      cp_async16(sV + (stage * kTile + r) * kRow + piece * 8, p.v + off, bytes);
+    }
+  };
+
+  // The warp's 16 query rows: head slot hs, tokens t0 .. t0 + 15 of the tile.
+  const int hs = warp / 4, t0 = (warp % 4) * 16;
+  const int gq = lane / 4, tq = lane % 4;            // mma fragment row group and column pair
+  const int qpos0 = g.first_q + qtile * kTile + t0;  // position of the warp's row 0
+  const bool warp_live = qtile * kTile + t0 < g.nq;
+  const std::uint16_t* qbase = sQ + (hs * kTile + t0) * kRow;
+
+  float o[kD / 8][4];
+#pragma unroll
+  for (int n = 0; n < kD / 8; ++n)
+#pragma unroll
+    for (int c = 0; c < 4; ++c) o[n][c] = 0.f;
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
+
+  const auto compute = [&](int tile, int stage) {
+    const int kpos0 = tile * kTile;
+    if (!warp_live || kpos0 > qpos0 + 15) return;  // every key after every row's query
+    const std::uint16_t* kb = sK + stage * kTile * kRow;
+    const std::uint16_t* vb = sV + stage * kTile * kRow;
+    float s[8][4];
+#pragma unroll
+    for (int n = 0; n < 8; ++n)
+#pragma unroll
+      for (int c = 0; c < 4; ++c) s[n][c] = 0.f;
+        // S = Q Kᵀ: A from the Q rows, B from K rows (key = column of S).
+#pragma unroll
+    for (int kk = 0; kk < kD / 16; ++kk) {
+      unsigned a[4];
+      ldsm_x4(a, qbase + (lane % 16) * kRow + kk * 16 + (lane / 16) * 8);
+#pragma unroll
+      for (int np = 0; np < 4; ++np) {
+        unsigned bk[4];
+        ldsm_x4(bk, kb + (np * 16 + lane % 8 + (lane / 16) * 8) * kRow + kk * 16 +
+                        ((lane / 8) % 2) * 8);
+        mma16816<kBf16>(s[2 * np], a, bk[0], bk[1]);
+        mma16816<kBf16>(s[2 * np + 1], a, bk[2], bk[3]);
+      }
+    }
+    // Masked scores (-inf where the key is after the row's query or past the sequence); the
+    // row max over raw scores (scale > 0 keeps the order), then base-2 logits s·scale_log2 − m
+    // in one FMA.
+    const bool need_mask = kpos0 + kTile - 1 > qpos0 || kpos0 + kTile > g.length;
+    float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+    for (int n = 0; n < 8; ++n)
+#pragma unroll
+      for (int c = 0; c < 4; ++c) {
+        if (need_mask) {
+          const int kp = kpos0 + n * 8 + 2 * tq + (c & 1);
+          const int qp = qpos0 + gq + 8 * (c >> 1);
+          if (kp > qp || kp >= g.length) s[n][c] = -INFINITY;
+        }
+        mx[c >> 1] = fmaxf(mx[c >> 1], s[n][c]);
+      }
+    float m_use[2];
+    bool grew = false;
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
+      mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
+      const float m_new = fmaxf(m[r], mx[r] * p.scale_log2);
+      m_use[r] = m_new == -INFINITY ? 0.f : m_new;  // a row with no key yet: p = 0, no NaN
+      grew |= m_new > m[r];
+      l[r] *= exp2_approx(m[r] - m_use[r]);
+    }
+    // Rescale the running output only when some row's max grew (rare after the first tiles of
+    // a row); the test is warp-uniform, so the branch does not diverge.
+    if (__any_sync(0xffffffffu, grew)) {
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const float corr = exp2_approx(m[r] - m_use[r]);
+#pragma unroll
+        for (int n = 0; n < kD / 8; ++n) {
+          o[n][2 * r] *= corr;
+          o[n][2 * r + 1] *= corr;
+        }
+      }
+    }
+#pragma unroll
+    for (int r = 0; r < 2; ++r) m[r] = fmaxf(m[r], mx[r] * p.scale_log2);
+#pragma unroll
+    for (int n = 0; n < 8; ++n)
+#pragma unroll
+      for (int c = 0; c < 4; ++c) {
+        s[n][c] = exp2_approx(fmaf(s[n][c], p.scale_log2, -m_use[c >> 1]));
+        l[c >> 1] += s[n][c];
+      }
+      // O += P V: P's accumulator layout is the A layout of the next mma (keys 16kk .. 16kk+15
+      // are S's n-tiles 2kk and 2kk+1); V rows through ldmatrix.trans.
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk) {
+      const unsigned a[4] = {pack2<kBf16>(s[2 * kk][0], s[2 * kk][1]),
+                             pack2<kBf16>(s[2 * kk][2], s[2 * kk][3]),
+                             pack2<kBf16>(s[2 * kk + 1][0], s[2 * kk + 1][1]),
+                             pack2<kBf16>(s[2 * kk + 1][2], s[2 * kk + 1][3])};
+#pragma unroll
+      for (int dp = 0; dp < kD / 16; ++dp) {
+        unsigned bv[4];
+        ldsm_x4_trans(bv, vb + (kk * 16 + lane % 8 + ((lane / 8) % 2) * 8) * kRow + dp * 16 +
+                              (lane / 16) * 8);
+        mma16816<kBf16>(o[2 * dp], a, bv[0], bv[1]);
+        mma16816<kBf16>(o[2 * dp + 1], a, bv[2], bv[3]);
+      }
+    }
+  };
+
+  // Double-buffered walk: tile `cur` is computed while tile `nxt` is in flight.
+  int cur = tl.next(0), stage = 0;
+  if (cur < tl.items) issue(tl.tile(cur), 0);
+  cp_async_commit();
+  while (cur < tl.items) {
+    const int nxt = tl.next(cur + 1);
+    if (nxt < tl.items) issue(tl.tile(nxt), stage ^ 1);
+    cp_async_commit();
+    cp_async_wait<1>();
+    __syncthreads();
+    compute(tl.tile(cur), stage);
+    __syncthreads();
+    cur = nxt;
+    stage ^= 1;
+  }
+  cp_async_wait<0>();
+
+  // Epilogue: the quad's partial sums, o / l, lse = (m + log2 l) ln 2.
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
+    l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
+    const int i = qtile * kTile + t0 + gq + 8 * r;
+    if (i >= g.nq) continue;
+    const float inv = l[r] > 0.f ? 1.f / l[r] : 0.f;
+    const std::int64_t qrow = g.q_begin + i;
+    const int hq = q_head0 + hs;
+    const std::int64_t at = qrow * p.o_s0 + hq * p.o_s1 + 2 * tq;
+    if (p.out_f32) {
+      float* dst = static_cast<float*>(p.out) + at;
+#pragma unroll
+      for (int n = 0; n < kD / 8; ++n)
+        *reinterpret_cast<float2*>(dst + n * 8) =
+            make_float2(o[n][2 * r] * inv, o[n][2 * r + 1] * inv);
+    } else {
+      std::uint16_t* dst = static_cast<std::uint16_t*>(p.out) + at;
+#pragma unroll
+      for (int n = 0; n < kD / 8; ++n)
+        *reinterpret_cast<unsigned*>(dst + n * 8) =
+            pack2<kBf16>(o[n][2 * r] * inv, o[n][2 * r + 1] * inv);
+    }
+    if (p.lse && tq == 0)
+      p.lse[qrow * p.num_q_heads + hq] = l[r] > 0.f ? (m[r] + log2f(l[r])) * kLn2 : -INFINITY;
+  }
+}
+
+using KernelFn = void (*)(Params);
+struct KernelInfo {
+  KernelFn fn;
+  std::size_t smem;
+  int threads;
+};
+
+template <bool kBf16, int kD, int kHeads>
+KernelInfo info() {
+  return {prefill_kernel<kBf16, kD, kHeads>, smem_bytes<kD, kHeads>(), kHeads * 128};
+}
+template <bool kBf16, int kD>
+KernelInfo info_by_heads(int heads) {
+  return heads == 4   ? info<kBf16, kD, 4>()
+         : heads == 2 ? info<kBf16, kD, 2>()
+                      : info<kBf16, kD, 1>();
+}
+
+// The kernel for (dtype, d, q heads per CTA), its shared-memory limit raised once.
+KernelInfo prepare(DType dtype, int d, int heads) {
+  const bool bf = dtype == DType::bf16;
+  const KernelInfo k =
+      bf ? (d == 64 ? info_by_heads<true, 64>(heads) : info_by_heads<true, 128>(heads))
+         : (d == 64 ? info_by_heads<false, 64>(heads) : info_by_heads<false, 128>(heads));
+  const int key = (bf ? 0 : 6) + (d == 64 ? 0 : 3) + (heads == 4 ? 2 : heads == 2 ? 1 : 0);
+  static std::mutex mu;
+  static bool ready[12] = {};
+  std::lock_guard<std::mutex> lock(mu);
+  if (!ready[key]) {
+    check_cuda(cudaFuncSetAttribute(k.fn, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    static_cast<int>(k.smem)),
+               "cudaFuncSetAttribute(shared memory)");
+    ready[key] = true;
+  }
+  return k;
+}
+
+bool is_pow2(int x) { return x > 0 && (x & (x - 1)) == 0; }
+
+// q heads per CTA: 4 when the group allows (each key tile read once per 4 heads), else 2 or 1.
+// MASSKV_PREFILL_HEADS (1, 2, 4) caps it, for comparing the variants on a device.
+int heads_per_cta(int group) {
+  static const int cap = [] {
+    const char* e = std::getenv("MASSKV_PREFILL_HEADS");
+    const int v = e ? std::atoi(e) : 4;
+    return v == 1 || v == 2 ? v : 4;
+  }();
+  for (int h = cap; h > 1; h /= 2)
+    if (group % h == 0) return h;
+  return 1;
+}
+bool aligned16(const void* ptr) { return reinterpret_cast<std::uintptr_t>(ptr) % 16 == 0; }
+
+}  // namespace
+
+SeqTables seq_tables(const kv::PagedKVView& c, std::span<const std::int32_t> q_indptr, int total_q,
+                     int max_q) {
+  SeqTables t{};
+  t.indptr = c.table.indptr.data();
+  t.indices = c.table.indices.data();
+  t.last_len = c.table.last_page_len.data();
+  t.q_indptr = q_indptr.data();
+  t.pool_pages = c.num_pages;
+  int lg = 0;
+  while ((1 << lg) < c.page_size) ++lg;
+  t.log2_page = lg;
+  t.max_q = max_q;
+  t.total_q = total_q;
+  t.stride_page = c.stride_page;
+  t.stride_head = c.stride_head;
+  t.stride_slot = c.stride_slot;
+  return t;
+}
+
+int validate_common(const View3<const std::uint16_t>& q, std::span<const std::int32_t> q_indptr,
+                    const kv::PagedKVView& c, const PrefillLaunch& launch) {
+  require(launch.workspace != nullptr, ErrorCode::invalid_argument, "workspace", "is required");
+  require(c.dtype == DType::bf16 || c.dtype == DType::f16, ErrorCode::unsupported, "dtype",
+          "the CUDA prefill reads f16 or bf16 Q, K and V");
+  const int d = c.head_dim;
+  require(d == 64 || d == 128, ErrorCode::unsupported, "head_dim",
+          "the CUDA prefill serves head_dim 64 and 128; got ", d);
+  require(c.num_kv_heads > 0, ErrorCode::invalid_argument, "num_kv_heads", "must be > 0");
+  require(is_pow2(c.page_size) && c.page_size <= 256, ErrorCode::invalid_argument, "page_size",
+          "must be a power of two in [1, 256]");
+  require(c.num_pages > 0 && c.k && c.v && aligned16(c.k) && aligned16(c.v),
+          ErrorCode::invalid_argument, "cache", "empty pool, or K/V null or not 16-byte aligned");
+  require(c.stride_page % 8 == 0 && c.stride_head % 8 == 0 && c.stride_slot % 8 == 0 &&
+              c.stride_slot >= d,
+          ErrorCode::invalid_argument, "stride",
+          "strides must be multiples of 8 elements (16-byte rows), stride_slot >= head_dim");
+  const std::size_t B1 = c.table.indptr.size();
+  require(B1 >= 1 && c.table.last_page_len.size() == B1 - 1, ErrorCode::shape_mismatch,
+          "last_page_len", "needs batch entries (batch = indptr entries - 1)");
+  require(q_indptr.size() == B1, ErrorCode::shape_mismatch, "q_indptr",
+          "needs batch + 1 entries (as the cache's indptr)");
+  require(q.data != nullptr && q.n2 == d && q.n0 >= 0 && q.n1 > 0 && q.n1 % c.num_kv_heads == 0,
+          ErrorCode::shape_mismatch, "q",
+          "must be [total_q][q heads][head_dim], q heads a multiple of the kv heads");
+  require(aligned16(q.data) && q.s0 % 8 == 0 && q.s1 % 8 == 0 && q.s1 >= d,
+          ErrorCode::invalid_argument, "q",
+          "rows must be 16-byte aligned (strides multiples of 8 elements, s1 >= head_dim)");
+  require(launch.max_q_per_seq > 0, ErrorCode::invalid_argument, "max_q_per_seq",
+          "the host's bound on new tokens per sequence is required");
+  require(B1 - 1 <= 65535 && q.n1 <= 65535 * 4, ErrorCode::invalid_argument, "q",
+          "at most 65535 sequences");
+  return static_cast<int>(B1 - 1);
+}
+
+}  // namespace prefill_impl
+
+using namespace prefill_impl;
+
+PrefillWorkspace::PrefillWorkspace() : impl_(std::make_unique<Impl>()) {}
+PrefillWorkspace::~PrefillWorkspace() = default;
+
+void PrefillWorkspace::check(CUstream_st* stream) const {
+  const unsigned flag = impl_->err.take(stream, "prefill step");
+  if (flag == 0) return;
+  if (flag & kBadPhysical)
+    fail(ErrorCode::out_of_range, "indices", "a page id outside [0, num_pages) was met on the GPU");
+  if (flag & kBadLastLen)
+    fail(ErrorCode::out_of_range, "last_page_len", "a value outside [1, page_size] on the GPU");
+  if (flag & kBadIndptr) fail(ErrorCode::out_of_range, "indptr", "decreasing (met on the GPU)");
+  if (flag & kBadQIndptr)
+    fail(ErrorCode::out_of_range, "q_indptr",
+         "decreasing, past the queries, or a sequence with more new tokens than its length or "
+         "PrefillLaunch::max_q_per_seq");
+  if (flag & kBadCapacity)
+    fail(ErrorCode::shape_mismatch, "max_per_row",
+         "a selected list is longer than max_per_row (size it with prefill_index_capacity)");
+  fail(ErrorCode::out_of_range, "block_selection",
+       "a count outside [0, max_per_row], a key-block id outside the sequence or not strictly "
+       "ascending, or q_block_indptr not matching the query blocks");
+}
+
+void prefill(const PrefillArgs& a, const PrefillLaunch& launch) {
+  const kv::PagedKVView& c = a.cache;
+  const int B = validate_common(a.q, a.q_indptr, c, launch);
+  const int d = c.head_dim, Hq = a.q.n1, Hkv = c.num_kv_heads, total_q = a.q.n0;
+  const PrefillOut& out = a.out;
+  require(out.data != nullptr && (out.dtype == DType::f32 || out.dtype == c.dtype),
+          ErrorCode::unsupported, "out", "f32 or the input dtype");
+  const bool out_f32 = out.dtype == DType::f32;
+  require(out.s1 >= d && out.s0 >= out.s1 * (Hq - 1) + d && out.s0 % 2 == 0 && out.s1 % 2 == 0 &&
+              reinterpret_cast<std::uintptr_t>(out.data) % (out_f32 ? 8 : 4) == 0,
+          ErrorCode::invalid_argument, "out",
+          "[total_q][q heads][head_dim] with even strides and 2-element aligned rows");
+  require(a.lse.empty() || a.lse.size() == static_cast<std::size_t>(total_q) * Hq,
+          ErrorCode::shape_mismatch, "lse", "needs 0 or total_q * q heads entries");
+  require(a.scale >= 0 && std::isfinite(a.scale), ErrorCode::invalid_argument, "scale",
+          "must be finite and >= 0 (0: 1/sqrt(d))");
+
+  Params p{};
+  const PrefillBlockSelection* sel = a.selection;
+  if (sel) {
+    require(
+        (sel->q_block == 64 || sel->q_block == 128) && (sel->k_block == 64 || sel->k_block == 128),
+        ErrorCode::unsupported, "block_selection", "q_block and k_block must be 64 or 128");
+    require(sel->num_heads == 1 || sel->num_heads == Hkv, ErrorCode::shape_mismatch,
+            "block_selection", "num_heads must be 1 or the kv heads");
+    require(sel->max_per_row >= 0 && sel->q_block_indptr.size() == static_cast<std::size_t>(B) + 1,
+            ErrorCode::shape_mismatch, "block_selection",
+            "max_per_row >= 0 and q_block_indptr of batch + 1 entries");
+    const std::size_t rows = sel->count.size() / sel->num_heads;
+    require(sel->count.size() % sel->num_heads == 0 &&
+                sel->ids.size() == rows * sel->num_heads * sel->max_per_row && rows <= INT32_MAX,
+            ErrorCode::shape_mismatch, "block_selection",
+            "ids must be [rows][num_heads][max_per_row] and count [rows][num_heads]");
+    p.sparse = 1;
+    p.q_block = sel->q_block;
+    p.k_block = sel->k_block;
+    p.sel_heads = sel->num_heads;
+    p.sel_max = sel->max_per_row;
+    p.sel_rows = static_cast<int>(rows);
+    p.qb_indptr = sel->q_block_indptr.data();
+    p.sel_ids = sel->ids.data();
+    p.sel_count = sel->count.data();
+  }
+  if (B == 0 || total_q == 0) return;
+
+  const int group = Hq / Hkv;
+  const int heads = heads_per_cta(group);
+  p.t = seq_tables(c, a.q_indptr, total_q, launch.max_q_per_seq);
+  p.q = a.q.data;
+  p.q_s0 = a.q.s0;
+  p.q_s1 = a.q.s1;
+  p.k = static_cast<const std::uint16_t*>(c.k);
+  p.v = static_cast<const std::uint16_t*>(c.v);
+  p.out = out.data;
+  p.out_f32 = out_f32 ? 1 : 0;
+  p.o_s0 = out.s0;
+  p.o_s1 = out.s1;
+  p.lse = a.lse.empty() ? nullptr : a.lse.data();
+  p.num_kv_heads = Hkv;
+  p.num_q_heads = Hq;
+  p.group = group;
+  p.head_groups = group / heads;
+  const float scale = a.scale > 0 ? a.scale : 1.0f / std::sqrt(static_cast<float>(d));
+  p.scale_log2 = scale * kLog2e;
+  PrefillWorkspace::Impl& ws = launch.workspace->impl();
+  p.err = ws.err.get();
+
+  const KernelInfo k = prepare(c.dtype, d, heads);
+  const dim3 grid((launch.max_q_per_seq + kTile - 1) / kTile, Hkv * p.head_groups, B);
+  require(grid.y <= 65535, ErrorCode::invalid_argument, "q", "too many q head groups");
+  k.fn<<<grid, k.threads, k.smem, launch.stream>>>(p);
+  check_cuda(cudaGetLastError(), "prefill kernel launch");
+  if (launch.check_errors) launch.workspace->check(launch.stream);
+}
+
+}  // namespace masskv::cuda

@@ -1,0 +1,65 @@
+#include "masskv/learn/project.hpp"
+
+#include <algorithm>
+
+#include "masskv/error.hpp"
+#include "masskv/model/quant.hpp"
+#include "model/layer_ops.hpp"
+
+namespace masskv::learn {
+
+void check_model(const Selector& s, const model::ModelConfig& c) {
+  s.validate();
+  const std::string_view arch = model::to_string(c.arch);
+  require(s.architecture == arch && s.n_layer == c.n_layer && s.n_embd == c.n_embd &&
+              s.n_head == c.n_head && s.n_head_kv == c.n_head_kv && s.head_dim == c.head_dim,
+          ErrorCode::invalid_argument, "selector", "distilled on ", s.architecture, " (layers ",
+          s.n_layer, ", embd ", s.n_embd, ", heads ", s.n_head, "/", s.n_head_kv, ", head_dim ",
+          s.head_dim, "), the model is ", arch, " (layers ", c.n_layer, ", embd ", c.n_embd,
+          ", heads ", c.n_head, "/", c.n_head_kv, ", head_dim ", c.head_dim, ")");
+}
+
+std::vector<double> rope_inv_freq(const model::ModelConfig& c, int layer, int dim) {
+  const bool local = !c.is_local.empty() && c.is_local[static_cast<std::size_t>(layer)] != 0;
+  const double base = local ? c.rope_base_local : c.rope_base;
+  const double scale = local ? 1.0 : c.rope_freq_scale;
+  return model::ops::rope_inv_freq(base, dim, scale);
+}
+
+void project(const Selector& s, const LayerSelector& l, Side side, const float* x, std::size_t n,
+             std::span<const std::int64_t> positions, const std::vector<double>& inv_freq,
+             float* out, std::vector<float>& scratch) {
+  const bool query = side == Side::query;
+  const auto width = static_cast<std::size_t>(query ? l.q_in : l.k_in);
+  const auto dim = static_cast<std::size_t>(l.dim), G = static_cast<std::size_t>(l.groups);
+  // qk: group g reads its slice of the heads row; hidden: every group reads the whole row.
+  const bool sliced = s.input == Input::qk;
+  const std::size_t stride = sliced ? G * width : width;
+  const std::vector<float>& w = query ? l.wq : l.wk;
+  scratch.resize(n * (width + dim));
+  float* xs = scratch.data();
+  float* ys = scratch.data() + n * width;
+  thread_local model::ops::RopeTable rope;  // the model's RoPE: cos/sin per row in f64 -> f32
+  if (l.rope) rope.fill(inv_freq, positions.first(n));
+  for (std::size_t g = 0; g < G; ++g) {
+    const float* wg = w.data() + g * dim * width;
+    const float* xg = x + (sliced ? g * width : 0);
+    if (n == 1) {
+      model::matvec(model::GgmlType::f32, wg, dim, width, xg, ys, model::Activations::f32);
+    } else {
+      const float* in = xg;
+      if (stride != width) {  // the GEMM takes contiguous rows
+        for (std::size_t t = 0; t < n; ++t) std::copy_n(xg + t * stride, width, xs + t * width);
+        in = xs;
+      }
+      model::matmul(model::GgmlType::f32, wg, dim, width, in, n, ys);
+    }
+    for (std::size_t t = 0; t < n; ++t) {
+      float* o = out + (t * G + g) * dim;
+      std::copy_n(ys + t * dim, dim, o);
+      if (l.rope) rope.apply(o, t, /*neox=*/false);
+    }
+  }
+}
+
+}  // namespace masskv::learn

@@ -1,0 +1,327 @@
+// masskv_gpu_bench's append part: cuda::append against kv::PagedKVCache::append (the pool, the
+// f32 summaries, the count, max ‖v‖) and select::BoundStore (the bf16 bound store and W), bit
+// for bit, over a grid of shapes with tokens crossing pages; the error flag on bad ids and
+// non-finite inputs; and the append's time at the benchmark shape.
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <vector>
+
+#include "append_check.hpp"
+#include "bench_util.cuh"
+#include "masskv/cuda/append.hpp"
+#include "masskv/error.hpp"
+#include "masskv/kv/cache.hpp"
+#include "masskv/select/page_bound.hpp"
+
+using namespace masskv;
+
+namespace {
+
+struct AppendCase {
+  DType dtype;
+  int heads, d, page, batch, steps;
+  kv::Layout layout;
+};
+
+// Random token values: mostly N(0,1)-ish, some large, some exact zeros and negative zeros, so
+// min/max ties, signed zeros and Welford's cancellation all occur.
+float token_value(Rng& rng) {
+  const int r = rng.below(20);
+  if (r == 0) return 0.0f;
+  if (r == 1) return -0.0f;
+  if (r == 2) return rng.sym(300.0f);
+  return rng.sym(2.0f);
+}
+
+template <class T>
+bool same_bits(const T* a, const T* b, std::size_t n) {
+  return std::memcmp(a, b, n * sizeof(T)) == 0;
+}
+
+// One case: the CPU cache and the GPU arrays take the same tokens; returns a failure reason or
+// an empty string.
+std::string run_case(const AppendCase& c, std::uint64_t seed) {
+  kv::CacheConfig cfg;
+  cfg.num_kv_heads = c.heads;
+  cfg.head_dim = c.d;
+  cfg.page_size = c.page;
+  cfg.dtype = c.dtype;
+  cfg.layout = c.layout;
+  cfg.capacity_pages = c.batch * ((c.steps + c.page - 1) / c.page) + 3;
+  kv::PagedKVCache cache(cfg);
+  std::vector<kv::SeqId> seqs;
+  for (int b = 0; b < c.batch; ++b) seqs.push_back(cache.create());
+
+  const std::size_t slots = static_cast<std::size_t>(cfg.capacity_pages) * c.heads * c.page * c.d;
+  const std::size_t sums = static_cast<std::size_t>(cfg.capacity_pages) * c.heads * c.d;
+  const std::size_t ph = static_cast<std::size_t>(cfg.capacity_pages) * c.heads;
+  DevBuf<std::uint16_t> gk(slots), gv(slots), gbmin(sums), gbmax(sums);
+  DevBuf<float> gmin(sums), gmax(sums), gmean(sums), gm2(sums), gvn(ph), gw(ph);
+  DevBuf<std::int32_t> gcount(cfg.capacity_pages);
+  // Garbage everywhere first: a fresh page must be reset by the kernel, not found clean.
+  for (void* p : {static_cast<void*>(gmin.p), static_cast<void*>(gmax.p),
+                  static_cast<void*>(gmean.p), static_cast<void*>(gm2.p)})
+    CK(cudaMemset(p, 0x5a, sums * sizeof(float)));
+  CK(cudaMemset(gvn.p, 0x7f, ph * sizeof(float)));
+  CK(cudaMemset(gcount.p, 0x33, cfg.capacity_pages * sizeof(std::int32_t)));
+
+  kv::PagedKVView geometry;  // the pool's strides (the cache's own layout rule)
+  geometry.num_kv_heads = c.heads;
+  geometry.page_size = c.page;
+  geometry.head_dim = c.d;
+  geometry.set_layout(c.layout);
+  cuda::AppendArgs a;
+  a.k_pool = gk.p;
+  a.v_pool = gv.p;
+  a.dtype = c.dtype;
+  a.stride_page = geometry.stride_page;
+  a.stride_head = geometry.stride_head;
+  a.stride_slot = geometry.stride_slot;
+  a.num_pages = cfg.capacity_pages;
+  a.num_kv_heads = c.heads;
+  a.page_size = c.page;
+  a.head_dim = c.d;
+  a.min = gmin.p;
+  a.max = gmax.p;
+  a.mean = gmean.p;
+  a.m2 = gm2.p;
+  a.count = gcount.p;
+  a.max_vnorm = gvn.p;
+  a.bound_min = reinterpret_cast<bf16*>(gbmin.p);
+  a.bound_max = reinterpret_cast<bf16*>(gbmax.p);
+  a.bound_wmax = gw.p;
+
+  Rng rng(seed);
+  cuda::AppendWorkspace ws;
+  const std::size_t tok = static_cast<std::size_t>(c.batch) * c.heads * c.d;
+  DevBuf<float> dk(tok), dv(tok);
+  DevBuf<std::int32_t> dpage(c.batch), dslot(c.batch);
+  for (int t = 0; t < c.steps; ++t) {
+    std::vector<float> hk(tok), hv(tok);
+    for (float& x : hk) x = token_value(rng);
+    for (float& x : hv) x = token_value(rng);
+    std::vector<std::int32_t> page(c.batch), slot(c.batch);
+    for (int b = 0; b < c.batch; ++b) {
+      const std::size_t off = static_cast<std::size_t>(b) * c.heads * c.d;
+      cache.append(seqs[b], {hk.data() + off, static_cast<std::size_t>(c.heads) * c.d},
+                   {hv.data() + off, static_cast<std::size_t>(c.heads) * c.d}, 1);
+      const kv::PageTableStorage one = cache.page_table({&seqs[b], 1});
+      page[b] = one.indices.back();
+      slot[b] = one.last_page_len[0] - 1;
+    }
+    dk.upload(hk);
+    dv.upload(hv);
+    dpage.upload(page);
+    dslot.upload(slot);
+    a.k = View3<const float>::contiguous(dk.p, c.batch, c.heads, c.d);
+    a.v = View3<const float>::contiguous(dv.p, c.batch, c.heads, c.d);
+    a.page = {dpage.p, static_cast<std::size_t>(c.batch)};
+    a.slot = {dslot.p, static_cast<std::size_t>(c.batch)};
+    cuda::append(a, ws, nullptr, t + 1 == c.steps);  // the flag is checked once, at the end
+  }
+  CK(cudaDeviceSynchronize());
+
+  const kv::PageTableStorage table = cache.page_table(seqs);
+  const kv::PagedKVView cv = cache.view(table);
+  const kv::SummariesView cs = cache.summaries();
+  const select::BoundStore store(cs);
+  const select::BoundStoreView bs = store.view();
+  const std::vector<std::uint16_t> k_pool = gk.download(), v_pool = gv.download();
+  const std::vector<float> mn = gmin.download(), mx = gmax.download(), mean = gmean.download(),
+                           m2 = gm2.download(), vn = gvn.download(), w = gw.download();
+  const std::vector<std::int32_t> count = gcount.download();
+  const std::vector<std::uint16_t> bmin = gbmin.download(), bmax = gbmax.download();
+  const auto* ck = static_cast<const std::uint16_t*>(cv.k);
+  const auto* cvv = static_cast<const std::uint16_t*>(cv.v);
+  for (int b = 0; b < c.batch; ++b) {
+    for (int lp = 0; lp < table.table().num_pages(b); ++lp) {
+      const std::int32_t pg = table.table().page(b, lp);
+      if (count[pg] != cs.count[pg]) return "count differs";
+      for (int h = 0; h < c.heads; ++h) {
+        const std::int64_t s = cs.at(pg, h);
+        if (!same_bits(&mn[s], cs.min + s, c.d) || !same_bits(&mx[s], cs.max + s, c.d))
+          return "min/max differ";
+        if (!same_bits(&mean[s], cs.mean + s, c.d)) return "mean differs";
+        if (!same_bits(&m2[s], cs.m2 + s, c.d)) return "M2 differs";
+        const std::size_t ph_i = static_cast<std::size_t>(pg) * c.heads + h;
+        if (!same_bits(&vn[ph_i], cs.max_vnorm + ph_i, 1)) return "max |v| differs";
+        if (!same_bits(&bmin[s], reinterpret_cast<const std::uint16_t*>(bs.min) + s, c.d) ||
+            !same_bits(&bmax[s], reinterpret_cast<const std::uint16_t*>(bs.max) + s, c.d))
+          return "bf16 bound store differs";
+        if (!same_bits(&w[ph_i], bs.wmax + ph_i, 1)) return "bound W differs";
+        for (int sl = 0; sl < cs.count[pg]; ++sl) {
+          const std::int64_t o = cv.offset(pg, h, sl);
+          if (!same_bits(&k_pool[o], ck + o, c.d) || !same_bits(&v_pool[o], cvv + o, c.d))
+            return "pool K/V differ";
+        }
+      }
+    }
+  }
+  return {};
+}
+
+// The flag: bad page / slot ids and non-finite values are reported and not written.
+int error_cases() {
+  int failures = 0;
+  const int H = 2, d = 64, P = 16, pages = 4;
+  const std::size_t sums = static_cast<std::size_t>(pages) * H * d;
+  DevBuf<std::uint16_t> gk(sums * P), gv(sums * P);
+  DevBuf<float> gmin(sums), gmax(sums), gmean(sums), gm2(sums), gvn(pages * H);
+  DevBuf<std::int32_t> gcount(pages);
+  CK(cudaMemset(gk.p, 0, sums * P * 2));
+  DevBuf<float> dk(H * d), dv(H * d);
+  std::vector<float> ones(H * d, 1.0f);
+  dk.upload(ones);
+  dv.upload(ones);
+  DevBuf<std::int32_t> dpage(1), dslot(1);
+  cuda::AppendArgs a;
+  a.k = View3<const float>::contiguous(dk.p, 1, H, d);
+  a.v = View3<const float>::contiguous(dv.p, 1, H, d);
+  a.page = {dpage.p, 1};
+  a.slot = {dslot.p, 1};
+  a.k_pool = gk.p;
+  a.v_pool = gv.p;
+  a.dtype = DType::bf16;
+  a.num_pages = pages;
+  a.num_kv_heads = H;
+  a.page_size = P;
+  a.head_dim = d;
+  a.stride_page = static_cast<std::int64_t>(H) * P * d;
+  a.stride_head = static_cast<std::int64_t>(P) * d;
+  a.stride_slot = d;
+  a.min = gmin.p;
+  a.max = gmax.p;
+  a.mean = gmean.p;
+  a.m2 = gm2.p;
+  a.count = gcount.p;
+  a.max_vnorm = gvn.p;
+  cuda::AppendWorkspace ws;
+  const auto expect = [&](int page, int slot, int head, float kval, ErrorCode code,
+                          const char* arg) {
+    dpage.upload(&page, 1);
+    dslot.upload(&slot, 1);
+    std::vector<float> k(H * d, 1.0f);
+    k[head * d + 5] = kval;
+    dk.upload(k);
+    try {
+      cuda::append(a, ws);
+      std::printf("FAIL append error case page=%d slot=%d k=%g: no error\n", page, slot, kval);
+      ++failures;
+    } catch (const Error& e) {
+      if (e.code() != code || e.argument() != arg) {
+        std::printf("FAIL append error case: got %s\n", e.what());
+        ++failures;
+      }
+    }
+  };
+  expect(pages, 0, 0, 1.0f, ErrorCode::out_of_range, "page");
+  expect(-1, 0, 0, 1.0f, ErrorCode::out_of_range, "page");
+  expect(0, P, 0, 1.0f, ErrorCode::out_of_range, "slot");
+  expect(0, 0, 0, NAN, ErrorCode::non_finite, "k");
+  expect(0, 0, 1, INFINITY, ErrorCode::non_finite, "k");  // a bad value on another head
+  expect(0, 0, 1, 3.5e38f, ErrorCode::non_finite, "k");   // finite f32 that overflows bf16
+  // Every call above was rejected: the pool is untouched (it was zeroed).
+  for (std::uint16_t x : gk.download()) {
+    if (x != 0) {
+      std::printf("FAIL append: a rejected token was written\n");
+      ++failures;
+      break;
+    }
+  }
+  // Host-side shape errors.
+  try {
+    cuda::AppendArgs bad = a;
+    bad.head_dim = 512;
+    cuda::append(bad, ws);
+    std::printf("FAIL append: head_dim 512 accepted\n");
+    ++failures;
+  } catch (const Error& e) {
+    if (e.argument() != "head_dim") {
+      std::printf("FAIL append: head_dim 512 gave %s\n", e.what());
+      ++failures;
+    }
+  }
+  return failures;
+}
+
+// The append's time at the decode benchmark's shape (Hkv 8, d 128, bf16, page 16), with the
+// bound store: one launch per step, so it is mostly launch latency.
+void append_timing() {
+  for (int B : {1, 16}) {
+    const int H = 8, d = 128, P = 16, pages = 64 * B;
+    const std::size_t sums = static_cast<std::size_t>(pages) * H * d;
+    DevBuf<std::uint16_t> gk(sums * P), gv(sums * P), bmin(sums), bmax(sums);
+    DevBuf<float> gmin(sums), gmax(sums), gmean(sums), gm2(sums), gvn(pages * H), gw(pages * H);
+    DevBuf<std::int32_t> gcount(pages), dpage(B), dslot(B);
+    DevBuf<float> dk(static_cast<std::size_t>(B) * H * d), dv(static_cast<std::size_t>(B) * H * d);
+    CK(cudaMemset(dk.p, 0, dk.n * sizeof(float)));
+    CK(cudaMemset(dv.p, 0, dv.n * sizeof(float)));
+    std::vector<std::int32_t> page(B);
+    for (int b = 0; b < B; ++b) page[b] = b * 64;
+    dpage.upload(page);
+    cuda::AppendArgs a;
+    a.k = View3<const float>::contiguous(dk.p, B, H, d);
+    a.v = View3<const float>::contiguous(dv.p, B, H, d);
+    a.page = {dpage.p, static_cast<std::size_t>(B)};
+    a.slot = {dslot.p, static_cast<std::size_t>(B)};
+    a.k_pool = gk.p;
+    a.v_pool = gv.p;
+    a.dtype = DType::bf16;
+    a.stride_page = static_cast<std::int64_t>(H) * P * d;
+    a.stride_head = static_cast<std::int64_t>(P) * d;
+    a.stride_slot = d;
+    a.num_pages = pages;
+    a.num_kv_heads = H;
+    a.page_size = P;
+    a.head_dim = d;
+    a.min = gmin.p;
+    a.max = gmax.p;
+    a.mean = gmean.p;
+    a.m2 = gm2.p;
+    a.count = gcount.p;
+    a.max_vnorm = gvn.p;
+    a.bound_min = reinterpret_cast<bf16*>(bmin.p);
+    a.bound_max = reinterpret_cast<bf16*>(bmax.p);
+    a.bound_wmax = gw.p;
+    cuda::AppendWorkspace ws;
+    std::vector<std::int32_t> slot(B, 0);
+    dslot.upload(slot);
+    const double us = time_us(20, 200, [&](int) { cuda::append(a, ws, nullptr, false); });
+    ws.check(nullptr);
+    std::printf("append B=%2d Hkv=8 d=128 bf16 (+ bf16 bound store): %.1f us per step\n", B, us);
+  }
+}
+
+}  // namespace
+
+int run_append_check() {
+  std::vector<AppendCase> cases;
+  for (DType dt : {DType::bf16, DType::f16})
+    for (int h : {1, 3, 8})
+      for (int d : {64, 100, 128, 256})
+        for (int page : {16, 64})
+          for (kv::Layout lay : {kv::Layout::HND, kv::Layout::NHD})
+            cases.push_back({dt, h, d, page, h == 3 ? 5 : 2, page + 37, lay});
+  std::printf("append check: %zu cases (bf16/f16, kv heads 1/3/8, d 64/100/128/256, pages 16/64, "
+              "HND/NHD, 2-5 sequences, tokens crossing pages) vs PagedKVCache::append + "
+              "BoundStore, bit for bit\n",
+              cases.size());
+  int failures = 0;
+  for (std::size_t i = 0; i < cases.size(); ++i) {
+    const AppendCase& c = cases[i];
+    const std::string why = run_case(c, 77 + i);
+    if (!why.empty()) {
+      ++failures;
+      std::printf("FAIL append %s H=%d d=%d page=%d B=%d %s: %s\n",
+                  std::string(to_string(c.dtype)).c_str(), c.heads, c.d, c.page, c.batch,
+                  c.layout == kv::Layout::HND ? "HND" : "NHD", why.c_str());
+    }
+  }
+  failures += error_cases();
+  std::printf("append check: %d failure(s)\n", failures);
+  append_timing();
+  return failures;
+}
