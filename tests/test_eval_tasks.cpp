@@ -30,6 +30,7 @@
 #include "masskv/eval/tasks.hpp"
 #include "masskv/model/locate.hpp"
 #include "masskv/model/model.hpp"
+#include "policy_text.hpp"
 
 namespace masskv::eval {
 namespace {
@@ -39,30 +40,7 @@ using masskv::test::expect_error;
 using test::installed;
 using test::kSanitized;
 
-constexpr const char* kPolicyPath = "/usr/share/doc/debian-policy/policy.txt.gz";
-
-// The real text, read once; empty when the package is not installed.
-const std::string& policy_text() {
-  static const std::string text = [] {
-    std::string out;
-    if (FILE* probe = std::fopen(kPolicyPath, "rb")) {
-      std::fclose(probe);
-    } else {
-      return out;
-    }
-    FILE* pipe = popen((std::string("gzip -dc ") + kPolicyPath).c_str(), "r");
-    if (pipe == nullptr) return out;
-    char buf[1 << 16];
-    std::size_t n;
-    while ((n = std::fread(buf, 1, sizeof buf, pipe)) > 0) out.append(buf, n);
-    pclose(pipe);
-    return out;
-  }();
-  return text;
-}
-
-#define REQUIRE_TEXT() \
-  if (policy_text().empty()) GTEST_SKIP() << kPolicyPath << " absent (apt install debian-policy)"
+using test::policy_text;
 
 std::int64_t prompt_tokens(const model::Tokenizer& tok, const Sample& s) {
   return static_cast<std::int64_t>(tok.encode(s.context, false).size() +

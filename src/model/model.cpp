@@ -461,7 +461,10 @@ void forward(const Model& model, Scratch& w, const Pass& p) {
       const std::span<const float> q(w.q.data() + row0 * Hq * D, seg.n * Hq * D);
       const std::span<const float> k(w.k.data() + row0 * Hkv * D, seg.n * Hkv * D);
       const std::span<const float> v(w.v.data() + row0 * Hkv * D, seg.n * Hkv * D);
-      if (s.opt.capture) s.opt.capture({l, seg.pos0, static_cast<int>(seg.n), q, k, v});
+      if (s.opt.capture) {
+        const std::span<const float> x(w.xn.data() + row0 * E, seg.n * E);
+        s.opt.capture({l, seg.pos0, static_cast<int>(seg.n), q, k, v, x});
+      }
       std::span<const float> key_rows;
       if (const learn::LayerSelector* ls = s.learned_layers[sz(l)]) {
         // The selector key cache: this segment's projected keys, appended with its KV.

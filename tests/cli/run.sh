@@ -76,6 +76,18 @@ check bench-keys-tiny 0 '\| nvfp4 \| 5 \| 4.75 \| 40 \| 76 \|' -- "$bin" bench k
   -i "$tmp/dump/layer02.mkvd" -b 1/2 --json "$tmp/keys.json"
 check bench-keys-json 0 '"mass_recall"' -- cat "$tmp/keys.json"
 
+# distill: options checked before any work; a tiny run writes the selector, curves and summary.
+check distill-help 0 '--groups' -- "$bin" distill --help
+check distill-bad-layers 2 '--layers' -- "$bin" distill --layers 3-1
+check distill-layer-range 2 'outside the model' -- "$bin" distill --layers 0-99
+check distill-bad-dim 2 'dim' -- "$bin" distill --dim 0
+check distill-bad-input 2 '--input' -- "$bin" distill --input values
+check distill-bad-groups 2 '--groups' -- "$bin" distill --groups heads
+check distill-rope-qk 2 'rope' -- "$bin" distill --rope
+check distill-tiny 0 '^\| 2 \| [0-9.]+ \| [0-9.]+ \|' -- "$bin" distill --layers 2 --tokens 96 \
+  --sequences 2 --queries 8 --steps 4 --dim 8 -t 1 -o "$tmp/distill/s.gguf" --cache-dir "$tmp/acts"
+check distill-outputs 0 's_curves.csv' -- ls "$tmp/distill"
+
 # eval: options checked before any work; a tiny run, its cache resumed, then widened.
 check eval-help 0 '--budgets' -- "$bin" eval --help
 check eval-bad-task 2 '--tasks' -- "$bin" eval --tasks needle_in_a_sack

@@ -23,6 +23,8 @@ void register_model_commands(CLI::App& app);
 void register_dump(CLI::App& app);
 // `convert`: fits an entmax conversion of a model (convert.cpp).
 void register_convert(CLI::App& app);
+// `distill`: learned selectors from a model's dense attention (distill.cpp).
+void register_distill(CLI::App& app);
 // `eval`: long-context tasks, dense against every selector (eval.cpp).
 void register_eval(CLI::App& app, const std::string& cmdline);
 // `selector init`: learned-selector files made without training (selector_init.cpp).

@@ -21,6 +21,7 @@ int main(int argc, char** argv) {
   masskv::cli::register_model_commands(app);
   masskv::cli::register_dump(app);
   masskv::cli::register_convert(app);
+  masskv::cli::register_distill(app);
   masskv::cli::register_eval(app, cmdline);
   masskv::cli::register_selector(app);
   try {

@@ -128,12 +128,16 @@ class Model {
 // What SessionOptions::capture sees of one layer for a block of n tokens at positions
 // pos0 .. pos0+n-1: q [n][n_head][head_dim] and k [n][n_head_kv][head_dim] after QK-norm,
 // RoPE and the score multipliers (what attention scores: q·k × ModelConfig::attn_scale),
-// v [n][n_head_kv][head_dim].
+// v [n][n_head_kv][head_dim], and x [n][n_embd], the layer's attention input after the
+// attention norm (what the q/k/v projections read; the input of a `hidden` learned selector,
+// learn/selector.hpp). All are views of the pass's own buffers, valid during the call:
+// capturing copies nothing it is not asked to.
 struct LayerCapture {
   int layer = 0;
   std::int64_t pos0 = 0;
   int n = 0;
   std::span<const float> q, k, v;
+  std::span<const float> x;
 };
 
 struct SessionOptions {
