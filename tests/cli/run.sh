@@ -61,7 +61,7 @@ fi
 check dump-help 0 '--layers' -- "$bin" dump --help
 check dump-bad-layer 2 'layer 99 out of range' -- "$bin" dump -l 99 -d 64 -o "$tmp/dump"
 check dump-too-deep 2 'exceeds' -- "$bin" dump -d 9000 -o "$tmp/dump"
-check dump-tiny 0 'layer02.mkvd' -- "$bin" dump -d 96 -l 2 --steps 2 -t 1 -o "$tmp/dump"
+check dump-tiny 0 'layer03.mkvd' -- "$bin" dump -d 96 -l 2,3 --steps 2 -t 1 -o "$tmp/dump"
 check study-dump 0 '\| dump:.*layer02.mkvd \| softmax \| quest \| 1/4 \|' -- "$bin" study \
   --generators "dump:$tmp/dump/layer02.mkvd" -b 1/4 -m softmax -s quest --no-plots
 head -c 1000 "$tmp/dump/layer02.mkvd" > "$tmp/cut.mkvd"
@@ -85,8 +85,13 @@ check distill-bad-input 2 '--input' -- "$bin" distill --input values
 check distill-bad-groups 2 '--groups' -- "$bin" distill --groups heads
 check distill-rope-qk 2 'rope' -- "$bin" distill --rope
 check distill-tiny 0 '^\| 2 \| [0-9.]+ \| [0-9.]+ \|' -- "$bin" distill --layers 2 --tokens 96 \
-  --sequences 2 --queries 8 --steps 4 --dim 8 -t 1 -o "$tmp/distill/s.gguf" --cache-dir "$tmp/acts"
+  --sequences 2 --queries 8 --steps 4 --dim 32 -t 1 -o "$tmp/distill/s.gguf" --cache-dir "$tmp/acts"
 check distill-outputs 0 's_curves.csv' -- ls "$tmp/distill"
+# bench keys on the distilled selector's projections: d_s = 32 rows, layer 2 only.
+check bench-keys-selector 0 '\| int4 \| 4.5 \| 4.5 \| 18 \| 36 \|' -- "$bin" bench keys \
+  -i "$tmp/dump/layer02.mkvd" -b 1/2 --selector-file "$tmp/distill/s.gguf"
+check bench-keys-selector-layer 2 'no layer 3' -- "$bin" bench keys \
+  -i "$tmp/dump/layer03.mkvd" --selector-file "$tmp/distill/s.gguf"
 
 # eval: options checked before any work; a tiny run, its cache resumed, then widened.
 check eval-help 0 '--budgets' -- "$bin" eval --help

@@ -14,6 +14,7 @@
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <numeric>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -21,6 +22,8 @@
 #include "masskv/error.hpp"
 #include "masskv/kv/cache.hpp"
 #include "masskv/kv/key_formats.hpp"
+#include "masskv/learn/project.hpp"
+#include "masskv/learn/selector.hpp"
 #include "masskv/select/selector.hpp"
 #include "parse.hpp"
 #include "progress.hpp"
@@ -38,8 +41,54 @@ struct KeysOptions {
   std::string budget = "1/16";
   double top_p = 0.9;
   std::string mapping = "softmax";
+  std::string selector_file;
   std::string json_path;
 };
+
+// The dump's layer in the selector, checked against the dump's model; throws
+// Error(invalid_argument, "--selector-file") for what bench keys cannot project.
+const learn::LayerSelector& selector_layer(const learn::Selector& s, const QkvDump& h,
+                                           const std::string& path) {
+  require(s.architecture == h.arch && s.n_head == h.hq && s.n_head_kv == h.hkv &&
+              s.head_dim == h.head_dim,
+          ErrorCode::invalid_argument, "--selector-file", "the selector was distilled on ",
+          s.architecture, " (", s.n_head, " q heads, ", s.n_head_kv, " kv heads, head_dim ",
+          s.head_dim, "), ", path, " is ", h.arch, " (", h.hq, ", ", h.hkv, ", ", h.head_dim, ")");
+  require(s.input == learn::Input::qk, ErrorCode::invalid_argument, "--selector-file",
+          "a hidden-input selector reads the layer input, which dump files do not hold");
+  const learn::LayerSelector* l = s.find(h.layer);
+  require(l != nullptr, ErrorCode::invalid_argument, "--selector-file",
+          "the selector has no layer ", h.layer, " (", path, ")");
+  require(!l->rope, ErrorCode::invalid_argument, "--selector-file",
+          "a qk selector with its own RoPE is not supported here");
+  require(h.q_multiplier > 0, ErrorCode::invalid_argument, "--selector-file", path,
+          " predates the q_multiplier header field; write it again with masskv dump");
+  return *l;
+}
+
+// The selector's view of a dump (recall of the 4-bit selector key cache against bf16,
+// DESIGN.md §2.9): q and k replaced by their d_s projections, one "head" per selector group,
+// so that the scores below are ŝ = q_s·k_s (scale 1).
+void project_dump(const learn::Selector& s, const learn::LayerSelector& l, QkvDump& d) {
+  const std::vector<float> qmodel = [&] {
+    std::vector<float> q(d.q);
+    for (float& x : q) x = static_cast<float>(x / d.q_multiplier);  // the model's own q
+    return q;
+  }();
+  std::vector<float> scratch;
+  const auto G = static_cast<std::size_t>(l.groups), D = static_cast<std::size_t>(l.dim);
+  const std::vector<double> no_rope;
+  d.q.assign(static_cast<std::size_t>(d.steps) * G * D, 0.f);
+  learn::project(s, l, learn::Side::query, qmodel.data(), static_cast<std::size_t>(d.steps),
+                 d.positions, no_rope, d.q.data(), scratch);
+  const std::vector<float> kmodel = std::move(d.k);
+  const auto n = static_cast<std::size_t>(d.context);
+  d.k.assign(n * G * D, 0.f);
+  learn::project(s, l, learn::Side::key, kmodel.data(), n, {}, no_rope, d.k.data(), scratch);
+  d.v.assign(d.k.size(), 0.f);  // the cache needs values; recall reads only keys
+  d.hq = d.hkv = l.groups;
+  d.head_dim = l.dim;
+}
 
 // Page masses of one q head: the mapping of its token scores, summed per page.
 void page_masses(const std::vector<double>& scores, int page_size, const Mapping& map,
@@ -119,18 +168,22 @@ void run_keys(const KeysOptions& o) {
     const KeyFormat f = kv::parse_key_format(name, "--formats");
     if (f != KeyFormat::bf16) formats.push_back(f);
   }
+  std::optional<learn::Selector> selector;
+  if (!o.selector_file.empty()) selector = learn::load(o.selector_file);
   for (const auto& path : o.dumps) {
     const QkvDump h = read_qkv_dump_header(path);
-    for (KeyFormat f : formats) kv::check_key_dim(f, h.head_dim, "--formats");
+    const int dim = selector ? selector_layer(*selector, h, path).dim : h.head_dim;
+    for (KeyFormat f : formats) kv::check_key_dim(f, dim, "--formats");
   }
 
   std::vector<Cell> cells;
   Progress progress("bench keys", static_cast<long>(o.dumps.size() * formats.size()));
   for (const auto& path : o.dumps) {
-    const QkvDump d = read_qkv_dump(path);
+    QkvDump d = read_qkv_dump(path);
+    if (selector) project_dump(*selector, selector_layer(*selector, d, path), d);
     const int P = o.page_size, pages = static_cast<int>((d.context + P - 1) / P);
     const int k = std::max(1, static_cast<int>(std::ceil(frac * pages)));
-    const float scale = 1.0f / std::sqrt(static_cast<float>(d.head_dim));
+    const float scale = selector ? 1.0f : 1.0f / std::sqrt(static_cast<float>(d.head_dim));
     const int g = d.hq / d.hkv;
     std::vector<std::vector<double>> ref_mass;  // [step * hq + head]
     std::vector<double> scores, probs, mass;
@@ -192,14 +245,24 @@ void run_keys(const KeysOptions& o) {
       "heads, d = {}), page {}, {}; k = {} of the pages, top-p {}\n\n",
       o.dumps.size(), h.model, h.context, h.steps, h.hq, h.hkv, h.head_dim, o.page_size, o.mapping,
       o.budget, o.top_p);
+  // The row widths whose sizes are printed: the selector's d_s (and twice it), else the
+  // models' head dims.
+  const int d1 = selector ? selector_layer(*selector, h, o.dumps.front()).dim : 64, d2 = 2 * d1;
+  if (selector) {
+    fmt::print(
+        "Keys and queries: the d_s = {} projections of learned selector {} (scores q_s·k_s, one "
+        "head per selector group).\n\n",
+        d1, o.selector_file);
+  }
   fmt::print(
       "Bytes per token and kv head; recall against the bf16 keys' selection (mean over dumps, "
       "queries and q heads; min in parentheses); score ns/token: selector_key_scores on this "
       "CPU (the dot products on the codes, no mapping).\n\n");
   fmt::print(
-      "| format | bits/value d=64 | d=128 | bytes/token d=64 | d=128 | bf16 / format d=64 | d=128 "
-      "| recall@k | mass@k | mass recall | score ns/token |\n"
-      "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+      "| format | bits/value d={0} | d={1} | bytes/token d={0} | d={1} | bf16 / format d={0} | "
+      "d={1} | recall@k | mass@k | mass recall | score ns/token |\n"
+      "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n",
+      d1, d2);
   nlohmann::json j;
   for (KeyFormat f : formats) {
     double rk = 0, rk_min = 1, mk = 0, mr = 0, mr_min = 1, ns = 0;
@@ -233,11 +296,11 @@ void run_keys(const KeysOptions& o) {
     fmt::print(
         "| {} | {:.3g} | {:.3g} | {} | {} | {:.2f}× | {:.2f}× | {:.4f} ({:.3f}) | {:.4f} | {:.4f} "
         "({:.3f}) | {:.1f} |\n",
-        kv::to_string(f), 8 * kv::bytes_per_value(f, 64), 8 * kv::bytes_per_value(f, 128),
-        bytes(64), bytes(128), ratio(64), ratio(128), rk, rk_min, mk, mr, mr_min, ns);
+        kv::to_string(f), 8 * kv::bytes_per_value(f, d1), 8 * kv::bytes_per_value(f, d2), bytes(d1),
+        bytes(d2), ratio(d1), ratio(d2), rk, rk_min, mk, mr, mr_min, ns);
     j["formats"].push_back({{"format", kv::to_string(f)},
-                            {"bytes_per_token_d64", bytes(64)},
-                            {"bytes_per_token_d128", bytes(128)},
+                            {fmt::format("bytes_per_token_d{}", d1), bytes(d1)},
+                            {fmt::format("bytes_per_token_d{}", d2), bytes(d2)},
                             {"recall_at_k", rk},
                             {"recall_at_k_min", rk_min},
                             {"mass_at_k", mk},
@@ -250,6 +313,7 @@ void run_keys(const KeysOptions& o) {
                    {"budget", o.budget},
                    {"top_p", o.top_p},
                    {"mapping", o.mapping},
+                   {"selector_file", o.selector_file},
                    {"dumps", o.dumps}};
     auto out = fmt::output_file(o.json_path);
     out.print("{}\n", j.dump(1));
@@ -279,6 +343,9 @@ void register_bench_keys(CLI::App& bench) {
       ->capture_default_str();
   s->add_option("-m,--mapping", o->mapping, "Scores to masses: softmax or entmax<alpha>")
       ->capture_default_str();
+  s->add_option("--selector-file", o->selector_file,
+                "Compare the formats on a learned selector's key cache instead (a qk-input "
+                "selector from masskv distill: its projections of the dumps' q and k)");
   s->add_option("--json", o->json_path, "Write results as JSON to this file");
   s->callback([o] { run_keys(*o); });
 }

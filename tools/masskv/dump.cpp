@@ -52,8 +52,8 @@ void run_dump(const DumpOptions& o) {
   require(total <= c.n_ctx_train, ErrorCode::invalid_argument, "-d", "depth + steps = ", total,
           " exceeds the model's context ", c.n_ctx_train);
   const model::Tokenizer& tok = mdl->tokenizer();
-  std::vector<model::TokenId> ids = tok.encode(load_text(o.text, "-f"), tok.add_bos_default(),
-                                               false);
+  std::vector<model::TokenId> ids =
+      tok.encode(load_text(o.text, "-f"), tok.add_bos_default(), false);
   require(static_cast<std::int64_t>(ids.size()) >= total, ErrorCode::invalid_argument, "-f",
           "the text has ", ids.size(), " tokens, fewer than depth + steps = ", total);
   ids.resize(static_cast<std::size_t>(total));
@@ -74,6 +74,7 @@ void run_dump(const DumpOptions& o) {
     d.hq = c.n_head;
     d.hkv = c.n_head_kv;
     d.head_dim = c.head_dim;
+    d.q_multiplier = qmul;
     for (int s = 0; s < o.steps; ++s) d.positions.push_back(depth + s);
     d.q.reserve(static_cast<std::size_t>(o.steps) * qrow);
     d.k.reserve(static_cast<std::size_t>(depth) * kvrow);
@@ -127,8 +128,7 @@ void register_dump(CLI::App& app) {
       ->delimiter(',');
   d->add_option("--steps", o->steps, "Query tokens after the context")->capture_default_str();
   d->add_option("-t,--threads", o->threads, "Threads (0: all cores)")->capture_default_str();
-  d->add_option("-o,--out-dir", o->out_dir, "Write layerNN.mkvd files here")
-      ->capture_default_str();
+  d->add_option("-o,--out-dir", o->out_dir, "Write layerNN.mkvd files here")->capture_default_str();
   d->callback([o] { run_dump(*o); });
 }
 

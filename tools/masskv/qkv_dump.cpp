@@ -33,8 +33,8 @@ QkvDump parse_header(std::ifstream& f, const std::string& path) {
   std::uint64_t len = 0;
   f.read(magic, 8);
   f.read(reinterpret_cast<char*>(&len), 8);
-  require(f.good() && std::memcmp(magic, kMagic, 8) == 0, ErrorCode::invalid_argument, "dump",
-          path, ": not a masskv q/k/v dump (written by `masskv dump`)");
+  require(f.good() && std::memcmp(magic, kMagic, 8) == 0, ErrorCode::invalid_argument, "dump", path,
+          ": not a masskv q/k/v dump (written by `masskv dump`)");
   require(len > 0 && len < (1u << 20), ErrorCode::invalid_argument, "dump", path,
           ": header length ", len, " out of range");
   std::string text(len, '\0');
@@ -54,6 +54,7 @@ QkvDump parse_header(std::ifstream& f, const std::string& path) {
     d.hkv = j.at("hkv").get<int>();
     d.head_dim = j.at("head_dim").get<int>();
     d.positions = j.at("positions").get<std::vector<std::int64_t>>();
+    d.q_multiplier = j.value("q_multiplier", 0.0);
   } catch (const nlohmann::json::exception& e) {
     throw Error(ErrorCode::invalid_argument, "dump", path + ": header: " + e.what());
   }
@@ -66,10 +67,17 @@ QkvDump parse_header(std::ifstream& f, const std::string& path) {
 }  // namespace
 
 void write_qkv_dump(const std::string& path, const QkvDump& d) {
-  const nlohmann::json j{{"format", 1},          {"model", d.model},     {"arch", d.arch},
-                         {"layer", d.layer},     {"context", d.context}, {"steps", d.steps},
-                         {"hq", d.hq},           {"hkv", d.hkv},         {"head_dim", d.head_dim},
+  const nlohmann::json j{{"format", 1},
+                         {"model", d.model},
+                         {"arch", d.arch},
+                         {"layer", d.layer},
+                         {"context", d.context},
+                         {"steps", d.steps},
+                         {"hq", d.hq},
+                         {"hkv", d.hkv},
+                         {"head_dim", d.head_dim},
                          {"positions", d.positions},
+                         {"q_multiplier", d.q_multiplier},
                          {"scores", "q·k/sqrt(head_dim)"}};
   const std::string text = j.dump();
   std::ofstream f(path, std::ios::binary);
@@ -96,8 +104,7 @@ QkvDump read_qkv_dump(const std::string& path) {
   read_floats(f, d.k, count(d.context, d.hkv, d.head_dim), path);
   read_floats(f, d.v, count(d.context, d.hkv, d.head_dim), path);
   f.peek();
-  require(f.eof(), ErrorCode::invalid_argument, "dump", path,
-          ": trailing bytes after the arrays");
+  require(f.eof(), ErrorCode::invalid_argument, "dump", path, ": trailing bytes after the arrays");
   return d;
 }
 
