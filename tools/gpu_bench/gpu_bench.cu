@@ -1265,6 +1265,7 @@ struct Row {
   int ctx, batch, budget;
   double us, bytes;
   double cpu_select_ms = 0;  // CPU Quest selection time of the step (not in us), when known
+  int hq = 32;               // q heads (Hkv = 8, d = 128 throughout)
 };
 
 constexpr double kBenchAlpha = 1.5;  // the entmax rows
@@ -1274,7 +1275,7 @@ int run_bench(const char* json_path) {
   CK(cudaGetDeviceProperties(&prop, 0));
   std::printf("device: %s, %d SMs, L2 %.0f MB\n", prop.name, prop.multiProcessorCount,
               prop.l2CacheSize / 1e6);
-  const int Hq = 32, Hkv = 8, d = 128, P = 16;
+  const int Hkv = 8, d = 128, P = 16;  // Hq per shape: 32, and 64 (group 8) at two contexts
   const int kIters = 100, kWarm = 10;
   const int pool_pages = (1 << 20) / P;  // 1M tokens
   const std::size_t elems = static_cast<std::size_t>(pool_pages) * Hkv * P * d;
@@ -1340,11 +1341,14 @@ int run_bench(const char* json_path) {
   cuda::DecodeWorkspace ws;
   Rng rng(42);
   struct Shape {
-    int ctx, batch;
+    int ctx, batch, hq = 32;
   };
-  const Shape shapes[] = {{1024, 1},   {32768, 1},   {131072, 1},
-                          {524288, 1}, {1048576, 1}, {32768, 16}};
+  const Shape shapes[] = {{1024, 1},   {32768, 1},       {131072, 1},     {524288, 1},
+                          {1048576, 1}, {32768, 16},     {131072, 1, 64}, {1048576, 1, 64}};
   for (const Shape& sh : shapes) {
+    const int Hq = sh.hq;
+    const std::size_t first_row = rows.size();  // this shape's rows get hq below
+    std::printf("-- ctx=%d B=%d Hq=%d Hkv=%d d=%d\n", sh.ctx, sh.batch, Hq, Hkv, d);
     const int pages = sh.ctx / P;
     const double kv_bytes = static_cast<double>(sh.batch) * sh.ctx * Hkv * d * 2 * 2;
     const int rot = kv_bytes < 400e6 ? 8 : 1;  // rotate layer-sized caches past the L2
@@ -1604,6 +1608,7 @@ int run_bench(const char* json_path) {
       rows.push_back({"gpu_quest_select", sh.ctx, sh.batch, budget, gsel_us, summary_bytes});
       rows.push_back({"gpu_quest_score", sh.ctx, sh.batch, budget, gscore_us, summary_bytes});
     }
+    for (std::size_t i = first_row; i < rows.size(); ++i) rows[i].hq = Hq;
   }
 
   FILE* f = std::fopen(json_path, "w");
@@ -1617,8 +1622,8 @@ int run_bench(const char* json_path) {
     const Row& r = rows[i];
     std::fprintf(f,
                  "  {\"kind\": \"%s\", \"ctx\": %d, \"batch\": %d, \"budget\": %d, "
-                 "\"us\": %.3f, \"bytes\": %.0f, \"cpu_select_ms\": %.4f}%s\n",
-                 r.kind.c_str(), r.ctx, r.batch, r.budget, r.us, r.bytes, r.cpu_select_ms,
+                 "\"us\": %.3f, \"bytes\": %.0f, \"cpu_select_ms\": %.4f, \"hq\": %d}%s\n",
+                 r.kind.c_str(), r.ctx, r.batch, r.budget, r.us, r.bytes, r.cpu_select_ms, r.hq,
                  i + 1 < rows.size() ? "," : "");
   }
   std::fprintf(f, "]}\n");

@@ -21,15 +21,15 @@ def sparse_table(rows):
     by = {}
     for r in rows:
         if r["budget"]:
-            by.setdefault((r["ctx"], r["batch"], r["budget"]), {})[r["kind"]] = r
+            by.setdefault((r["ctx"], r["batch"], r.get("hq", 32), r["budget"]), {})[r["kind"]] = r
     if not by:
         return []
     out = ["", "Sparse decode (Quest, sink page 1, budget in tokens): CPU selection (computed "
            "beforehand, not in the decode µs) vs GPU selection (in the step).", "",
-           "| context | B | budget | CPU select ms | "
+           "| context | B | Hq | budget | CPU select ms | "
            + " | ".join(name for _, name in SPARSE_COLS) + " | GPU step vs CPU select + decode |",
-           "|---|---|---|---|" + "---|" * len(SPARSE_COLS) + "---|"]
-    for (ctx, batch, budget), k in sorted(by.items()):
+           "|---|---|---|---|---|" + "---|" * len(SPARSE_COLS) + "---|"]
+    for (ctx, batch, hq, budget), k in sorted(by.items()):
         cells = [f"{k[kind]['us']:.1f}" if kind in k else "-" for kind, _ in SPARSE_COLS]
         cpu = k.get("ours_sparse_quest_cpu_sel")
         gpu = k.get("ours_sparse_quest_gpu_sel_graph") or k.get("ours_sparse_quest_gpu_sel")
@@ -37,7 +37,7 @@ def sparse_table(rows):
         ratio = "-"
         if cpu and gpu and ms:
             ratio = f"{(cpu['us'] + 1e3 * ms) / gpu['us']:.1f}x"
-        out.append(f"| {ctx // 1024}K | {batch} | {budget} | {ms:.2f} | " + " | ".join(cells)
+        out.append(f"| {ctx // 1024}K | {batch} | {hq} | {budget} | {ms:.2f} | " + " | ".join(cells)
                    + f" | {ratio} |")
     return out
 
@@ -55,23 +55,54 @@ def entmax_table(rows):
     selection, decode only). Entmax rows count K bytes only: V is read at the support rows."""
     by = {}
     for r in rows:
-        by.setdefault((r["ctx"], r["batch"], r["budget"]), {})[r["kind"]] = r
+        by.setdefault((r["ctx"], r["batch"], r.get("hq", 32), r["budget"]), {})[r["kind"]] = r
     lines = []
-    for (ctx, batch, budget), k in sorted(by.items()):
+    for (ctx, batch, hq, budget), k in sorted(by.items()):
         cells = []
         for soft, ent in ENTMAX_PAIRS:
             if soft in k and ent in k:
                 cells.append(f"{k[soft]['us']:.1f} | {k[ent]['us']:.1f} | "
                              f"{k[ent]['us'] / k[soft]['us']:.2f}x")
         if len(cells) == 2:
-            lines.append(f"| {ctx // 1024}K | {batch} | {budget or 'dense'} | "
+            lines.append(f"| {ctx // 1024}K | {batch} | {hq} | {budget or 'dense'} | "
                          + " | ".join(cells) + " |")
     if not lines:
         return []
     return ["", "Entmax (alpha 1.5) vs softmax, same step: dense, or sparse on the same CPU "
             "selection (decode only).", "",
-            "| context | B | budget | softmax µs | entmax µs | entmax/softmax | softmax graph µs "
+            "| context | B | Hq | budget | softmax µs | entmax µs | entmax/softmax | softmax graph µs "
             "| entmax graph µs | entmax/softmax (graph) |",
+            "|---|---|---|---|---|---|---|---|---|---|"] + lines
+
+
+def flex_table(ours_rows, peer_rows, cudnn):
+    """FlexAttention with a block mask of the same bytes (random 128-token blocks per kv head)
+    against our sparse decode on a given selection (decode only) and with the GPU selection
+    in the step, all beside cuDNN's dense decode of the same context."""
+    ours = {(r["ctx"], r["batch"], r["budget"], r["kind"]): r["us"] for r in ours_rows
+            if r.get("hq", 32) == 32}
+    lines = []
+    for r in peer_rows:
+        if r["kind"] != "torch_flex_sparse":
+            continue
+        key = (r["ctx"], r["batch"], r["budget"])
+        flex = r.get("us")
+        mine = ours.get(key + ("ours_sparse_quest_cpu_sel_graph",))
+        step = ours.get(key + ("ours_sparse_quest_gpu_sel_graph",))
+        dense = cudnn.get((r["ctx"], r["batch"], 32))
+        f = lambda x: f"{x:.1f}" if x else "-"
+        ratio = lambda a, b: f"{a / b:.2f}x" if a and b else "-"
+        lines.append(f"| {r['ctx'] // 1024}K | {r['budget']} | {f(flex)} | {f(mine)} | "
+                     f"{ratio(flex, mine)} | {f(step)} | {ratio(flex, step)} | {f(dense)} | "
+                     f"{ratio(dense, flex)} |"
+                     + (f" failed: {r['error'][:80]} |" if r.get("error") else ""))
+    if not lines:
+        return []
+    return ["", "FlexAttention (torch.compile, block mask of 128-token blocks, same bytes per kv "
+            "head) vs ours (sparse decode on a given selection, CUDA graph; and the whole step "
+            "with GPU Quest selection). Ratios > 1: ours faster.", "",
+            "| context | budget | flex µs | ours decode µs | flex/ours | ours GPU-sel step µs "
+            "| flex/step | cuDNN dense µs | flex speedup vs cuDNN |",
             "|---|---|---|---|---|---|---|---|---|"] + lines
 
 
@@ -84,7 +115,7 @@ def main():
         out = {}
         for r in peer["rows"]:
             if r["kind"].startswith(prefix) and r.get("us"):
-                key = (r["ctx"], r["batch"])
+                key = (r["ctx"], r["batch"], r.get("hq", 32))
                 out[key] = min(out.get(key, r["us"]), r["us"])
         return out
     cudnn = best("torch_cudnn")
@@ -93,14 +124,14 @@ def main():
              f"Read ceiling (read-only kernel, 16-byte loads): {ceiling:.0f} GB/s "
              + ", ".join(f"{r['kind']} {r['bytes'] / 1e9:.2f} GB in {r['us']:.1f} us"
                          for r in ceil_rows) + ".", "",
-             "| row | context | B | budget (tokens) | bytes read | µs | GB/s | % of ceiling "
+             "| row | context | B | Hq | budget (tokens) | bytes read | µs | GB/s | % of ceiling "
              "| cuDNN µs | flash µs | speedup vs cuDNN |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     table = []
     for r in ours["rows"]:
         if r["kind"].startswith("ceiling"):
             continue
-        key = (r["ctx"], r["batch"])
+        key = (r["ctx"], r["batch"], r.get("hq", 32))
         gbs = r["bytes"] / r["us"] / 1e3
         # Peers only beside attention rows (selection-only rows are not attention).
         c = cudnn.get(key) if r["kind"].startswith("ours_") else None
@@ -111,12 +142,13 @@ def main():
         ctx = f"{r['ctx'] // 1024}K"
         fmt = lambda x, spec: format(x, spec) if x else "-"
         lines.append(
-            f"| {r['kind']} | {ctx} | {r['batch']} | {r['budget'] or '-'} | "
+            f"| {r['kind']} | {ctx} | {r['batch']} | {r.get('hq', 32)} | {r['budget'] or '-'} | "
             f"{r['bytes'] / 1e6:.1f} MB | {r['us']:.1f} | {gbs:.0f} | {row['pct_ceiling']:.1f}% | "
             f"{fmt(c, '.1f')} | {fmt(fl, '.1f')} | "
             f"{fmt(row['speedup_vs_cudnn'], '.2f')}{'x' if c else ''} |")
     lines += sparse_table(ours["rows"])
     lines += entmax_table(ours["rows"])
+    lines += flex_table(ours["rows"], peer["rows"], cudnn)
     open(sys.argv[3], "w").write("\n".join(lines) + "\n")
     json.dump({"ceiling_gbs": ceiling, "ours": ours, "torch": peer, "table": table},
               open(sys.argv[4], "w"), indent=1)
