@@ -15,6 +15,8 @@
 #include "arrays.hpp"
 #include "bindings.hpp"
 #include "masskv/error.hpp"
+#include "masskv/kv/key_rows.hpp"
+#include "masskv/learn/selector.hpp"
 #include "masskv/model/chat_template.hpp"
 #include "masskv/model/locate.hpp"
 #include "masskv/model/model.hpp"
@@ -45,7 +47,8 @@ std::unique_ptr<PySession> new_session(const PyModel& pm, std::int64_t max_token
                                        const std::string& method, std::int64_t budget_tokens,
                                        const std::string& budget, double top_p, int sink_pages,
                                        int window_tokens, double alpha, bool diagnostics,
-                                       int fork_pages) {
+                                       int fork_pages, const std::string& selector_file,
+                                       const std::string& selector_key_format) {
   model::SessionOptions o;
   o.fork_pages = fork_pages;
   o.max_tokens = max_tokens;
@@ -56,6 +59,13 @@ std::unique_ptr<PySession> new_session(const PyModel& pm, std::int64_t max_token
         selector_config(method, alpha, budget, budget_tokens, top_p, sink_pages, window_tokens);
   }
   o.diagnostics = diagnostics;
+  // A learned selector keeps its key cache from the first token (method "learned" then uses it).
+  o.learned_key_format = kv::parse_row_format(selector_key_format, "selector_key_format");
+  require(method != "learned" || !selector_file.empty(), ErrorCode::invalid_argument,
+          "selector_file", "method 'learned' needs a selector file (masskv distill)");
+  if (!selector_file.empty()) {
+    o.learned_selector = std::make_shared<const learn::Selector>(learn::load(selector_file));
+  }
   auto out = std::make_unique<PySession>();
   out->s = std::make_unique<model::Session>(*pm.m, o);
   out->logits.resize(static_cast<std::size_t>(pm.m->config().n_vocab));
@@ -113,7 +123,7 @@ std::string generate(const PyModel& pm, const std::string& prompt, int n_predict
   const std::vector<TokenId> ids = tok.encode(text, tok.add_bos_default(), chat);
   require(!ids.empty(), ErrorCode::invalid_argument, "prompt", "has no tokens");
   auto s = new_session(pm, static_cast<std::int64_t>(ids.size()) + n_predict + 1, 16, method,
-                       budget_tokens, "fixed", 0.95, 1, 64, 1.0, false, 0);
+                       budget_tokens, "fixed", 0.95, 1, 64, 1.0, false, 0, "", "f32");
   std::vector<TokenId> out;
   {
     nb::gil_scoped_release nogil;
@@ -186,21 +196,28 @@ void bind_model(nb::module_& m) {
           "session",
           [](const PyModel& p, std::int64_t max_tokens, int page_size, const std::string& method,
              std::int64_t budget_tokens, const std::string& budget, double top_p,
-             int sink_pages, int window_tokens, double alpha, bool diagnostics, int fork_pages) {
+             int sink_pages, int window_tokens, double alpha, bool diagnostics, int fork_pages,
+             const std::string& selector_file, const std::string& selector_key_format) {
+            nb::gil_scoped_release nogil;  // the session allocates its caches
             return new_session(p, max_tokens, page_size, method, budget_tokens, budget, top_p,
-                               sink_pages, window_tokens, alpha, diagnostics, fork_pages);
+                               sink_pages, window_tokens, alpha, diagnostics, fork_pages,
+                               selector_file, selector_key_format);
           },
           nb::arg("max_tokens") = 4096, nb::kw_only(), nb::arg("page_size") = 16,
           nb::arg("method") = "dense", nb::arg("budget_tokens") = 1024,
           nb::arg("budget") = "fixed", nb::arg("top_p") = 0.95, nb::arg("sink_pages") = 1,
           nb::arg("window_tokens") = 64, nb::arg("alpha") = 1.0,
-          nb::arg("diagnostics") = false, nb::arg("fork_pages") = 0, nb::keep_alive<0, 1>(),
+          nb::arg("diagnostics") = false, nb::arg("fork_pages") = 0,
+          nb::arg("selector_file") = "", nb::arg("selector_key_format") = "f32",
+          nb::keep_alive<0, 1>(),
           "A new Session of up to max_tokens tokens. method: dense or a selector name\n"
           "(masskv.METHODS) applied at decode; budget / budget_tokens / top_p / sink_pages /\n"
           "window_tokens as in masskv.select; alpha: 1 = softmax, (1, 2] = entmax attention\n"
           "(on a softmax-trained model: an experiment, not the model's own attention);\n"
           "diagnostics: certified delta bounds per step in last_stats; fork_pages: spare pages\n"
-          "per layer for sessions forked from this one.")
+          "per layer for sessions forked from this one; selector_file: a learned selector\n"
+          "(masskv distill) whose key cache the session keeps, in selector_key_format (f32,\n"
+          "bf16, int4, mxfp4, nvfp4), for method='learned'.")
       .def("generate", &generate, nb::arg("prompt"), nb::arg("n_predict") = 64, nb::kw_only(),
            nb::arg("chat") = false, nb::arg("method") = "dense", nb::arg("budget_tokens") = 1024,
            nb::arg("temperature") = 0.0f, nb::arg("top_k") = 40, nb::arg("top_p") = 0.95f,

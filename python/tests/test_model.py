@@ -85,3 +85,30 @@ def test_errors_name_the_argument(model):
     assert e.value.code == "out_of_range"
     with pytest.raises(masskv.Error):
         masskv.Model("/nonexistent.gguf")
+
+
+SELECTOR = (__import__("pathlib").Path(__file__).resolve().parents[2]
+            / "docs/results/learned-smollm2/selector.gguf")
+
+
+@pytest.mark.parametrize("key_format", ["f32", "int4"])
+def test_learned_selector_session(model, key_format):
+    # The committed distilled selector (f32 and 4-bit key rows): a sparse session through it
+    # reads fewer KV rows and stays finite.
+    ids = model.tokenize("word " * 120)
+    s = model.session(len(ids) + 2, method="learned", budget_tokens=32, window_tokens=0,
+                      selector_file=str(SELECTOR), selector_key_format=key_format)
+    t = int(np.argmax(s.prefill(ids)))
+    logits = s.decode(t)
+    st = s.last_stats
+    assert np.isfinite(logits).all()
+    assert 0 < st["kv_tokens_read"] < 0.5 * st["kv_tokens_total"]
+
+
+def test_learned_selector_errors(model):
+    with pytest.raises(masskv.Error, match="selector_file"):
+        model.session(64, method="learned")
+    with pytest.raises(masskv.Error, match="selector_key_format"):
+        model.session(64, selector_file=str(SELECTOR), selector_key_format="fp3")
+    with pytest.raises(masskv.Error):
+        model.session(64, method="learned", selector_file="/nonexistent/selector.gguf")
