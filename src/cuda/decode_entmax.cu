@@ -33,9 +33,10 @@ namespace {
 using detail::check_cuda;
 
 constexpr int kTauThreads = 256;
-constexpr int kTauCap = 8192;    // candidates a tau CTA holds in shared memory (else: global)
-constexpr int kMaxNewton = 200;  // far above need: ~log2(sqrt(n)) + 6 for n equal scores
-constexpr int kKept = 512;       // support rows staged per round in the accumulate kernel
+constexpr int kTauCap = 8192;      // candidates a tau CTA holds in shared memory (else: global)
+constexpr int kOneWarpMax = 1024;  // candidates up to which one warp solves for tau
+constexpr int kMaxNewton = 200;    // far above need: ~log2(sqrt(n)) + 6 for n equal scores
+constexpr int kKept = 512;         // support rows staged per round in the accumulate kernel
 
 constexpr int row_groups(int d) { return kWarps * (32 / (d / 8)); }
 
@@ -272,6 +273,18 @@ __device__ __forceinline__ void block_sum2(double& a, double& b, double* s_red, 
   }
 }
 
+// Sums of a and b over the warp, lane 0's in every lane: the Newton step's decisions (break,
+// step) are then the same in all lanes, whatever order the butterfly added in.
+__device__ __forceinline__ void warp_sum2(double& a, double& b) {
+#pragma unroll
+  for (int off = 16; off > 0; off /= 2) {
+    a += __shfl_xor_sync(0xffffffffu, a, off);
+    b += __shfl_xor_sync(0xffffffffu, b, off);
+  }
+  a = __shfl_sync(0xffffffffu, a, 0);
+  b = __shfl_sync(0xffffffffu, b, 0);
+}
+
 // One CTA per (sequence, q head): tau on z = (alpha-1) s over every (selected) token, into
 // p.tau and p.lse (when given). NaN for a head without tokens (as the CPU).
 __global__ void __launch_bounds__(kTauThreads) entmax_tau_kernel(Params p, int rgroups) {
@@ -335,6 +348,11 @@ __global__ void __launch_bounds__(kTauThreads) entmax_tau_kernel(Params p, int r
   });
   __syncthreads();
   const bool in_smem = n <= kTauCap;
+  // Few candidates (the usual case: a few dozen): warp 0 alone runs Newton, reducing with
+  // shuffles. The block-wide reduction costs two barriers per step, which made this kernel
+  // ~10 µs, most of a sparse entmax step's excess over softmax.
+  const bool one_warp = in_smem && n <= kOneWarpMax;
+  if (one_warp && threadIdx.x >= 32) return;
 
   const double pe = p.pow_exp;
   double tau = tau0;
@@ -355,14 +373,19 @@ __global__ void __launch_bounds__(kTauThreads) entmax_tau_kernel(Params p, int r
         df += pe * tp;
       }
     };
-    if (in_smem) {
-      for (int i = threadIdx.x; i < n; i += kTauThreads) add(s_z[i]);
+    if (one_warp) {
+      for (int i = threadIdx.x; i < n; i += 32) add(s_z[i]);
+      warp_sum2(f, df);
     } else {
-      walk_lists<kTauThreads>(n_lists, s_scan, s_warp, count, [&](int i, int e, bool valid) {
-        if (valid) add(z_at(i, e));
-      });
+      if (in_smem) {
+        for (int i = threadIdx.x; i < n; i += kTauThreads) add(s_z[i]);
+      } else {
+        walk_lists<kTauThreads>(n_lists, s_scan, s_warp, count, [&](int i, int e, bool valid) {
+          if (valid) add(z_at(i, e));
+        });
+      }
+      block_sum2(f, df, s_red, it & 1);
     }
-    block_sum2(f, df, s_red, it & 1);
     if (!(f > 1.0)) break;  // at the root (rounding may land a hair past it)
     const double step = (f - 1.0) / df;
     tau += step;

@@ -18,6 +18,51 @@
 
 using namespace masskv;
 
+AppendTarget::AppendTarget(int pages_, int heads_, int d_, bool bound_store)
+    : pages(pages_), heads(heads_), d(d_) {
+  const std::size_t sums = static_cast<std::size_t>(pages) * heads * d;
+  const std::size_t ph = static_cast<std::size_t>(pages) * heads;
+  min = DevBuf<float>(sums);
+  max = DevBuf<float>(sums);
+  mean = DevBuf<float>(sums);
+  m2 = DevBuf<float>(sums);
+  vnorm = DevBuf<float>(ph);
+  count = DevBuf<std::int32_t>(pages);
+  if (bound_store) {
+    bmin = DevBuf<std::uint16_t>(sums);
+    bmax = DevBuf<std::uint16_t>(sums);
+    wmax = DevBuf<float>(ph);
+  }
+}
+
+cuda::AppendArgs AppendTarget::args(void* k_pool, void* v_pool, DType dtype, int page_size,
+                                    std::int64_t stride_page, std::int64_t stride_head,
+                                    std::int64_t stride_slot) {
+  cuda::AppendArgs a;
+  a.k_pool = k_pool;
+  a.v_pool = v_pool;
+  a.dtype = dtype;
+  a.stride_page = stride_page;
+  a.stride_head = stride_head;
+  a.stride_slot = stride_slot;
+  a.num_pages = pages;
+  a.num_kv_heads = heads;
+  a.page_size = page_size;
+  a.head_dim = d;
+  a.min = min.p;
+  a.max = max.p;
+  a.mean = mean.p;
+  a.m2 = m2.p;
+  a.count = count.p;
+  a.max_vnorm = vnorm.p;
+  if (bmin.p != nullptr) {
+    a.bound_min = reinterpret_cast<bf16*>(bmin.p);
+    a.bound_max = reinterpret_cast<bf16*>(bmax.p);
+    a.bound_wmax = wmax.p;
+  }
+  return a;
+}
+
 namespace {
 
 struct AppendCase {
@@ -58,41 +103,22 @@ std::string run_case(const AppendCase& c, std::uint64_t seed) {
   const std::size_t slots = static_cast<std::size_t>(cfg.capacity_pages) * c.heads * c.page * c.d;
   const std::size_t sums = static_cast<std::size_t>(cfg.capacity_pages) * c.heads * c.d;
   const std::size_t ph = static_cast<std::size_t>(cfg.capacity_pages) * c.heads;
-  DevBuf<std::uint16_t> gk(slots), gv(slots), gbmin(sums), gbmax(sums);
-  DevBuf<float> gmin(sums), gmax(sums), gmean(sums), gm2(sums), gvn(ph), gw(ph);
-  DevBuf<std::int32_t> gcount(cfg.capacity_pages);
+  DevBuf<std::uint16_t> gk(slots), gv(slots);
+  AppendTarget g(cfg.capacity_pages, c.heads, c.d, true);
   // Garbage everywhere first: a fresh page must be reset by the kernel, not found clean.
-  for (void* p : {static_cast<void*>(gmin.p), static_cast<void*>(gmax.p),
-                  static_cast<void*>(gmean.p), static_cast<void*>(gm2.p)})
+  for (void* p : {static_cast<void*>(g.min.p), static_cast<void*>(g.max.p),
+                  static_cast<void*>(g.mean.p), static_cast<void*>(g.m2.p)})
     CK(cudaMemset(p, 0x5a, sums * sizeof(float)));
-  CK(cudaMemset(gvn.p, 0x7f, ph * sizeof(float)));
-  CK(cudaMemset(gcount.p, 0x33, cfg.capacity_pages * sizeof(std::int32_t)));
+  CK(cudaMemset(g.vnorm.p, 0x7f, ph * sizeof(float)));
+  CK(cudaMemset(g.count.p, 0x33, cfg.capacity_pages * sizeof(std::int32_t)));
 
   kv::PagedKVView geometry;  // the pool's strides (the cache's own layout rule)
   geometry.num_kv_heads = c.heads;
   geometry.page_size = c.page;
   geometry.head_dim = c.d;
   geometry.set_layout(c.layout);
-  cuda::AppendArgs a;
-  a.k_pool = gk.p;
-  a.v_pool = gv.p;
-  a.dtype = c.dtype;
-  a.stride_page = geometry.stride_page;
-  a.stride_head = geometry.stride_head;
-  a.stride_slot = geometry.stride_slot;
-  a.num_pages = cfg.capacity_pages;
-  a.num_kv_heads = c.heads;
-  a.page_size = c.page;
-  a.head_dim = c.d;
-  a.min = gmin.p;
-  a.max = gmax.p;
-  a.mean = gmean.p;
-  a.m2 = gm2.p;
-  a.count = gcount.p;
-  a.max_vnorm = gvn.p;
-  a.bound_min = reinterpret_cast<bf16*>(gbmin.p);
-  a.bound_max = reinterpret_cast<bf16*>(gbmax.p);
-  a.bound_wmax = gw.p;
+  cuda::AppendArgs a = g.args(gk.p, gv.p, c.dtype, c.page, geometry.stride_page,
+                              geometry.stride_head, geometry.stride_slot);
 
   Rng rng(seed);
   cuda::AppendWorkspace ws;
@@ -130,10 +156,10 @@ std::string run_case(const AppendCase& c, std::uint64_t seed) {
   const select::BoundStore store(cs);
   const select::BoundStoreView bs = store.view();
   const std::vector<std::uint16_t> k_pool = gk.download(), v_pool = gv.download();
-  const std::vector<float> mn = gmin.download(), mx = gmax.download(), mean = gmean.download(),
-                           m2 = gm2.download(), vn = gvn.download(), w = gw.download();
-  const std::vector<std::int32_t> count = gcount.download();
-  const std::vector<std::uint16_t> bmin = gbmin.download(), bmax = gbmax.download();
+  const std::vector<float> mn = g.min.download(), mx = g.max.download(), mean = g.mean.download(),
+                           m2 = g.m2.download(), vn = g.vnorm.download(), w = g.wmax.download();
+  const std::vector<std::int32_t> count = g.count.download();
+  const std::vector<std::uint16_t> bmin = g.bmin.download(), bmax = g.bmax.download();
   const auto* ck = static_cast<const std::uint16_t*>(cv.k);
   const auto* cvv = static_cast<const std::uint16_t*>(cv.v);
   for (int b = 0; b < c.batch; ++b) {
@@ -169,35 +195,19 @@ int error_cases() {
   const int H = 2, d = 64, P = 16, pages = 4;
   const std::size_t sums = static_cast<std::size_t>(pages) * H * d;
   DevBuf<std::uint16_t> gk(sums * P), gv(sums * P);
-  DevBuf<float> gmin(sums), gmax(sums), gmean(sums), gm2(sums), gvn(pages * H);
-  DevBuf<std::int32_t> gcount(pages);
+  AppendTarget g(pages, H, d, false);
   CK(cudaMemset(gk.p, 0, sums * P * 2));
   DevBuf<float> dk(H * d), dv(H * d);
   std::vector<float> ones(H * d, 1.0f);
   dk.upload(ones);
   dv.upload(ones);
   DevBuf<std::int32_t> dpage(1), dslot(1);
-  cuda::AppendArgs a;
+  cuda::AppendArgs a = g.args(gk.p, gv.p, DType::bf16, P, static_cast<std::int64_t>(H) * P * d,
+                              static_cast<std::int64_t>(P) * d, d);
   a.k = View3<const float>::contiguous(dk.p, 1, H, d);
   a.v = View3<const float>::contiguous(dv.p, 1, H, d);
   a.page = {dpage.p, 1};
   a.slot = {dslot.p, 1};
-  a.k_pool = gk.p;
-  a.v_pool = gv.p;
-  a.dtype = DType::bf16;
-  a.num_pages = pages;
-  a.num_kv_heads = H;
-  a.page_size = P;
-  a.head_dim = d;
-  a.stride_page = static_cast<std::int64_t>(H) * P * d;
-  a.stride_head = static_cast<std::int64_t>(P) * d;
-  a.stride_slot = d;
-  a.min = gmin.p;
-  a.max = gmax.p;
-  a.mean = gmean.p;
-  a.m2 = gm2.p;
-  a.count = gcount.p;
-  a.max_vnorm = gvn.p;
   cuda::AppendWorkspace ws;
   const auto expect = [&](int page, int slot, int head, float kval, ErrorCode code,
                           const char* arg) {
@@ -253,39 +263,21 @@ void append_timing() {
   for (int B : {1, 16}) {
     const int H = 8, d = 128, P = 16, pages = 64 * B;
     const std::size_t sums = static_cast<std::size_t>(pages) * H * d;
-    DevBuf<std::uint16_t> gk(sums * P), gv(sums * P), bmin(sums), bmax(sums);
-    DevBuf<float> gmin(sums), gmax(sums), gmean(sums), gm2(sums), gvn(pages * H), gw(pages * H);
-    DevBuf<std::int32_t> gcount(pages), dpage(B), dslot(B);
+    DevBuf<std::uint16_t> gk(sums * P), gv(sums * P);
+    AppendTarget g(pages, H, d, true);
+    DevBuf<std::int32_t> dpage(B), dslot(B);
     DevBuf<float> dk(static_cast<std::size_t>(B) * H * d), dv(static_cast<std::size_t>(B) * H * d);
     CK(cudaMemset(dk.p, 0, dk.n * sizeof(float)));
     CK(cudaMemset(dv.p, 0, dv.n * sizeof(float)));
     std::vector<std::int32_t> page(B);
     for (int b = 0; b < B; ++b) page[b] = b * 64;
     dpage.upload(page);
-    cuda::AppendArgs a;
+    cuda::AppendArgs a = g.args(gk.p, gv.p, DType::bf16, P, static_cast<std::int64_t>(H) * P * d,
+                                static_cast<std::int64_t>(P) * d, d);
     a.k = View3<const float>::contiguous(dk.p, B, H, d);
     a.v = View3<const float>::contiguous(dv.p, B, H, d);
     a.page = {dpage.p, static_cast<std::size_t>(B)};
     a.slot = {dslot.p, static_cast<std::size_t>(B)};
-    a.k_pool = gk.p;
-    a.v_pool = gv.p;
-    a.dtype = DType::bf16;
-    a.stride_page = static_cast<std::int64_t>(H) * P * d;
-    a.stride_head = static_cast<std::int64_t>(P) * d;
-    a.stride_slot = d;
-    a.num_pages = pages;
-    a.num_kv_heads = H;
-    a.page_size = P;
-    a.head_dim = d;
-    a.min = gmin.p;
-    a.max = gmax.p;
-    a.mean = gmean.p;
-    a.m2 = gm2.p;
-    a.count = gcount.p;
-    a.max_vnorm = gvn.p;
-    a.bound_min = reinterpret_cast<bf16*>(bmin.p);
-    a.bound_max = reinterpret_cast<bf16*>(bmax.p);
-    a.bound_wmax = gw.p;
     cuda::AppendWorkspace ws;
     std::vector<std::int32_t> slot(B, 0);
     dslot.upload(slot);
@@ -305,10 +297,11 @@ int run_append_check() {
         for (int page : {16, 64})
           for (kv::Layout lay : {kv::Layout::HND, kv::Layout::NHD})
             cases.push_back({dt, h, d, page, h == 3 ? 5 : 2, page + 37, lay});
-  std::printf("append check: %zu cases (bf16/f16, kv heads 1/3/8, d 64/100/128/256, pages 16/64, "
-              "HND/NHD, 2-5 sequences, tokens crossing pages) vs PagedKVCache::append + "
-              "BoundStore, bit for bit\n",
-              cases.size());
+  std::printf(
+      "append check: %zu cases (bf16/f16, kv heads 1/3/8, d 64/100/128/256, pages 16/64, "
+      "HND/NHD, 2-5 sequences, tokens crossing pages) vs PagedKVCache::append + "
+      "BoundStore, bit for bit\n",
+      cases.size());
   int failures = 0;
   for (std::size_t i = 0; i < cases.size(); ++i) {
     const AppendCase& c = cases[i];

@@ -28,13 +28,13 @@
 #include <string>
 #include <vector>
 
+#include "append_check.hpp"
 #include "bench_util.cuh"
 #include "masskv/attn/decode.hpp"
 #include "masskv/cuda/decode.hpp"
 #include "masskv/cuda/select.hpp"
 #include "masskv/error.hpp"
 #include "masskv/select/page_bound.hpp"
-#include "append_check.hpp"
 #include "prefill_bench.hpp"
 
 using namespace masskv;
@@ -355,9 +355,9 @@ int run_check() {
       launch.workspace = &ws;
       launch.max_pages_per_seq = max_pages(cd);
       // Softmax runs the automatic kernel (tensor cores for d 64/128) and the SIMT one.
-      const char* names[9] = {"dense",     "dense/cp3",     "sparse",     "ent-dense",
-                              "ent-dense/cp3", "ent-sparse", "simt-dense", "simt-dense/cp3",
-                              "simt-sparse"};
+      const char* names[9] = {"dense",      "dense/cp3",      "sparse",
+                              "ent-dense",  "ent-dense/cp3",  "ent-sparse",
+                              "simt-dense", "simt-dense/cp3", "simt-sparse"};
       for (int variant = 0; variant < 9; ++variant) {
         attn::DecodeArgs args = g.args;
         cuda::DecodeLaunch l = launch;
@@ -1337,14 +1337,24 @@ int run_bench(const char* json_path) {
     dstore.wmax = nullptr;
   }
   cuda::SelectWorkspace sws;
+  // The whole-step rows' append: the step's token goes into its sequence's last page, its
+  // summaries and a scratch bf16 bound store (the selector keeps reading `dstore`, equal to
+  // the CPU's summaries, so the selection the other rows compare is unchanged).
+  AppendTarget app(pool_pages, Hkv, d, true);
+  cuda::AppendWorkspace aws;
+  constexpr int kMaxBatch = 16;
+  DevBuf<float> app_k(static_cast<std::size_t>(kMaxBatch) * Hkv * d), app_v(app_k.n);
+  CK(cudaMemset(app_k.p, 0, app_k.n * sizeof(float)));
+  CK(cudaMemset(app_v.p, 0, app_v.n * sizeof(float)));
+  const std::int64_t pool_stride_page = static_cast<std::int64_t>(Hkv) * P * d;
 
   cuda::DecodeWorkspace ws;
   Rng rng(42);
   struct Shape {
     int ctx, batch, hq = 32;
   };
-  const Shape shapes[] = {{1024, 1},   {32768, 1},       {131072, 1},     {524288, 1},
-                          {1048576, 1}, {32768, 16},     {131072, 1, 64}, {1048576, 1, 64}};
+  const Shape shapes[] = {{1024, 1},    {32768, 1},  {131072, 1},     {524288, 1},
+                          {1048576, 1}, {32768, 16}, {131072, 1, 64}, {1048576, 1, 64}};
   for (const Shape& sh : shapes) {
     const int Hq = sh.hq;
     const std::size_t first_row = rows.size();  // this shape's rows get hq below
@@ -1395,6 +1405,23 @@ int run_bench(const char* json_path) {
       d_indptr.push_back(to_device(indptr[r]));
       d_last.push_back(to_device(last[r]));
     }
+    // The step's token slot per table: each sequence's last page, its last slot.
+    std::vector<DevBuf<std::int32_t>> d_app_page;
+    DevBuf<std::int32_t> d_app_slot = to_device(std::vector<std::int32_t>(sh.batch, P - 1));
+    for (int r = 0; r < rot; ++r) {
+      std::vector<std::int32_t> lastp(sh.batch);
+      for (int b = 0; b < sh.batch; ++b) lastp[b] = indices[r][(b + 1) * pages - 1];
+      d_app_page.push_back(to_device(lastp));
+    }
+    const auto append_args = [&](int r) {
+      cuda::AppendArgs aa =
+          app.args(K.p, V.p, DType::bf16, P, pool_stride_page, static_cast<std::int64_t>(P) * d, d);
+      aa.k = View3<const float>::contiguous(app_k.p, sh.batch, Hkv, d);
+      aa.v = View3<const float>::contiguous(app_v.p, sh.batch, Hkv, d);
+      aa.page = {d_app_page[r % rot].p, static_cast<std::size_t>(sh.batch)};
+      aa.slot = {d_app_slot.p, static_cast<std::size_t>(sh.batch)};
+      return aa;
+    };
     // Step r: page table r % rot, query r % kQRot.
     auto args_for = [&](int r) {
       const int t = r % rot;
@@ -1445,8 +1472,8 @@ int run_bench(const char* json_path) {
       launch.kernel = cuda::DecodeLaunch::Kernel::simt;
       const auto [sus, sgus] = time_decode(rot, args_for);
       launch.kernel = cuda::DecodeLaunch::Kernel::automatic;
-      std::printf("dense SIMT kernel ctx=%7d B=%2d: %9.1f us  %7.1f GB/s (graph %.1f us)\n",
-                  sh.ctx, sh.batch, sus, kv_bytes / sus / 1e3, sgus);
+      std::printf("dense SIMT kernel ctx=%7d B=%2d: %9.1f us  %7.1f GB/s (graph %.1f us)\n", sh.ctx,
+                  sh.batch, sus, kv_bytes / sus / 1e3, sgus);
       rows.push_back({"ours_dense_simt", sh.ctx, sh.batch, 0, sus, kv_bytes});
       rows.push_back({"ours_dense_simt_graph", sh.ctx, sh.batch, 0, sgus, kv_bytes});
     }
@@ -1515,6 +1542,16 @@ int run_bench(const char* json_path) {
       cpu_row.kind = "ours_sparse_quest_cpu_sel_graph";
       cpu_row.us = sgus;
       rows.push_back(cpu_row);
+      {  // Chunks of 4 pages instead of the planner's minimum of 8: a wave of smaller CTAs.
+        launch.chunk_pages = 4;
+        const auto [s4, s4g] = time_decode(kQRot, [&](int r) { return sparse_args(r, false); });
+        launch.chunk_pages = 0;
+        std::printf("sparse chunk_pages=4 ctx=%7d B=%2d budget=%5d: %9.1f us (graph %.1f us)\n",
+                    sh.ctx, sh.batch, budget, s4, s4g);
+        cpu_row.kind = "ours_sparse_quest_cpu_sel_cp4_graph";
+        cpu_row.us = s4g;
+        rows.push_back(cpu_row);
+      }
 
       // 1.5-entmax on the same selections (decode only; K bytes, as the dense entmax rows).
       const auto [esus, esgus] = time_decode(kQRot, [&](int r) { return sparse_args(r, true); });
@@ -1597,6 +1634,25 @@ int run_bench(const char* json_path) {
       });
       sws.check(nullptr);
       ws.check(nullptr);
+      // The whole decode step of issue 7 item 4 in one graph: append, select, attend.
+      const double step_graph = time_graph_us(kQRot, kWarm, kIters, [&](int r, cudaStream_t st) {
+        cuda::append(append_args(r), aws, st, false);
+        cuda::SelectLaunch l2 = sl;
+        l2.stream = st;
+        cuda::quest_select(sel_args(r), l2);
+        attn::DecodeArgs a = args_for(r);
+        a.selection = &gsv[r];
+        cuda::DecodeLaunch l = launch;
+        l.stream = st;
+        cuda::decode(a, l);
+      });
+      aws.check(nullptr);
+      sws.check(nullptr);
+      ws.check(nullptr);
+      std::printf("  step ctx=%7d B=%2d budget=%5d: append+select+decode graph %.1f us\n", sh.ctx,
+                  sh.batch, budget, step_graph);
+      rows.push_back({"ours_step_append_select_decode_graph", sh.ctx, sh.batch, budget, step_graph,
+                      bytes + summary_bytes});
       std::printf(
           "  gpu-sel ctx=%7d B=%2d budget=%5d: select+decode %9.1f us (graph %.1f us); select "
           "%.1f us, score %.1f us; GPU selection == CPU selection in %d/%d steps\n",

@@ -9,6 +9,7 @@ SPARSE_COLS = [
     ("ours_sparse_quest_cpu_sel_graph", "graph µs"),
     ("ours_sparse_quest_gpu_sel", "GPU sel + decode µs"),
     ("ours_sparse_quest_gpu_sel_graph", "graph µs"),
+    ("ours_step_append_select_decode_graph", "append + select + decode graph µs"),
     ("gpu_quest_select", "GPU select µs"),
     ("gpu_quest_score", "GPU score µs"),
 ]
