@@ -55,6 +55,7 @@ __global__ void __launch_bounds__(kThreads, kG <= 4 ? 4 : 2) decode_chunk_kernel
   std::uint16_t* s_len = reinterpret_cast<std::uint16_t*>(s_phys + kMaxChunkPages);
   uint4* s_stage = reinterpret_cast<uint4*>(reinterpret_cast<char*>(smem_raw) + Smem::kList);
 
+  allow_dependents();  // the merge may be scheduled now: it waits for this grid to finish
   const Chunk c = chunk_of(p);
   if (c.unit0 >= c.units && !(c.chunk == 0 && p.num_chunks == 1)) return;  // merge: empties
   const int n_pages = c.n_pages;
@@ -163,6 +164,7 @@ __global__ void __launch_bounds__(kThreads) merge_kernel(Params p, int d) {
   const int units = seq_units(p, b, kvh, num_pages, last_len);
   const int n_chunks = min(p.num_chunks, (units + p.chunk_pages - 1) / p.chunk_pages);
   const std::int64_t slot0 = (static_cast<std::int64_t>(b) * p.num_q_heads + hq) * p.num_chunks;
+  wait_for_predecessor();  // the chunk kernel's partials
 
   float mx = -INFINITY;
   for (int c = threadIdx.x; c < n_chunks; c += kThreads) mx = fmaxf(mx, p.part_w[slot0 + c]);
@@ -312,8 +314,18 @@ void launch_softmax(Params p, DType dtype, int d, int batch, int units_max, floa
   kernel.k.fn<<<grid, kThreads, kernel.k.smem, stream>>>(p);
   check_cuda(cudaGetLastError(), "decode kernel launch");
   if (chunks > 1) {
-    merge_kernel<<<batch * Hq, kThreads, 0, stream>>>(p, d);
-    check_cuda(cudaGetLastError(), "merge kernel launch");
+    // Launched while the chunk kernel runs (programmatic dependent launch): its launch
+    // latency overlaps the chunks' tail instead of following it.
+    cudaLaunchAttribute pdl{};
+    pdl.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    pdl.val.programmaticStreamSerializationAllowed = 1;
+    cudaLaunchConfig_t cfg{};
+    cfg.stream = stream;
+    cfg.attrs = &pdl;
+    cfg.numAttrs = 1;
+    cfg.gridDim = dim3(batch * Hq);
+    cfg.blockDim = dim3(kThreads);
+    check_cuda(cudaLaunchKernelEx(&cfg, merge_kernel, p, d), "merge kernel launch");
   }
 }
 

@@ -86,11 +86,26 @@ struct DecodeWorkspace::Impl {
 
 namespace masskv::cuda::decode_impl {
 
+// Programmatic dependent launch (sm_90): the merge, tau and accumulate kernels are launched so
+// they may start while their predecessor finishes; each waits (griddepcontrol.wait: the
+// predecessor has completed and its writes are visible) before reading what it produced. A
+// no-op when the kernel was launched without the attribute.
+__device__ __forceinline__ void wait_for_predecessor() {
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+}
+__device__ __forceinline__ void allow_dependents() {
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+}
+
 // Pages and units (pages to attend) of (b, kv head), with the ids checked. Returns the number
 // of units; 0 when the sequence's table entry is bad (flagged).
 __device__ __forceinline__ int seq_units(const Params& p, int b, int kvh, int& num_pages,
                                          int& last_len) {
+  // All four loads first (their addresses are valid whatever the values): one round trip to
+  // memory instead of three dependent ones before a chunk can fetch its first page.
   const int begin = p.indptr[b], end = p.indptr[b + 1];
+  const int len_b = p.last_len[b];
+  const int count = p.sparse ? p.sel_count[b * p.num_kv_heads + kvh] : 0;
   num_pages = end - begin;
   last_len = 0;
   if (num_pages < 0) {
@@ -99,7 +114,7 @@ __device__ __forceinline__ int seq_units(const Params& p, int b, int kvh, int& n
     return 0;
   }
   if (num_pages > 0) {
-    last_len = p.last_len[b];
+    last_len = len_b;
     if (last_len < 1 || last_len > (1 << p.log2_page)) {
       atomicOr(p.err, kBadLastLen);
       num_pages = 0;
@@ -114,7 +129,6 @@ __device__ __forceinline__ int seq_units(const Params& p, int b, int kvh, int& n
     }
     return num_pages;
   }
-  const int count = p.sel_count[b * p.num_kv_heads + kvh];
   if (count < 0 || count > p.sel_max) {
     atomicOr(p.err, kBadSelection);
     return 0;

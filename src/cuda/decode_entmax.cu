@@ -40,17 +40,6 @@ constexpr int kKept = 512;         // support rows staged per round in the accum
 
 constexpr int row_groups(int d) { return kWarps * (32 / (d / 8)); }
 
-// Programmatic dependent launch (sm_90): the tau and accumulate kernels are launched so they
-// may start while their predecessor finishes; each waits (griddepcontrol.wait: the predecessor
-// has completed and its writes are visible) before reading what it produced. A no-op when the
-// kernel was launched without the attribute.
-__device__ __forceinline__ void wait_for_predecessor() {
-  asm volatile("griddepcontrol.wait;\n" ::: "memory");
-}
-__device__ __forceinline__ void allow_dependents() {
-  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
-}
-
 // p = [t]_+^{1/(alpha-1)} (§2.1) in f32, with the exact powers for alpha = 2 and 1.5.
 __device__ __forceinline__ float weight(float t, int pow_int, float pow_exp) {
   if (!(t > 0.f)) return 0.f;

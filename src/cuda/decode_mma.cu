@@ -101,13 +101,14 @@ __device__ __forceinline__ int swz(int row, int ch) {
 template <bool kBf16, int kD, int kG>
 __global__ void __launch_bounds__(kThreads, 2) decode_mma_kernel(Params p) {
   using Smem = MmaSmem<kD>;
-  constexpr int kCh = kD / 8;     // 16-byte chunks per row
-  constexpr int kKs = kD / 16;    // k-steps of Q Kᵀ
-  constexpr int kNd = kD / 8;     // n-blocks of P V
+  constexpr int kCh = kD / 8;   // 16-byte chunks per row
+  constexpr int kKs = kD / 16;  // k-steps of Q Kᵀ
+  constexpr int kNd = kD / 8;   // n-blocks of P V
   extern __shared__ uint4 smem_raw[];
   int* s_phys = reinterpret_cast<int*>(smem_raw);
   std::uint16_t* s_len = reinterpret_cast<std::uint16_t*>(s_phys + kMaxChunkPages);
   char* s_ring = reinterpret_cast<char*>(smem_raw) + Smem::kList;
+  allow_dependents();  // the merge may be scheduled now: it waits for this grid to finish
 
   const Chunk c = chunk_of(p);
   if (c.unit0 >= c.units && !(c.chunk == 0 && p.num_chunks == 1)) return;  // merge: empties
@@ -196,7 +197,7 @@ __global__ void __launch_bounds__(kThreads, 2) decode_mma_kernel(Params p) {
       }
     mt = fmaxf(mt, __shfl_xor_sync(0xffffffffu, mt, 1));
     mt = fmaxf(mt, __shfl_xor_sync(0xffffffffu, mt, 2));
-    if (mt > m) {  // same decision on the 4 threads of the row
+    if (mt > m) {                        // same decision on the 4 threads of the row
       const float corr = exp2f(m - mt);  // m = -inf: 0, nothing accumulated yet
       l *= corr;
 #pragma unroll

@@ -1542,16 +1542,6 @@ int run_bench(const char* json_path) {
       cpu_row.kind = "ours_sparse_quest_cpu_sel_graph";
       cpu_row.us = sgus;
       rows.push_back(cpu_row);
-      {  // Chunks of 4 pages instead of the planner's minimum of 8: a wave of smaller CTAs.
-        launch.chunk_pages = 4;
-        const auto [s4, s4g] = time_decode(kQRot, [&](int r) { return sparse_args(r, false); });
-        launch.chunk_pages = 0;
-        std::printf("sparse chunk_pages=4 ctx=%7d B=%2d budget=%5d: %9.1f us (graph %.1f us)\n",
-                    sh.ctx, sh.batch, budget, s4, s4g);
-        cpu_row.kind = "ours_sparse_quest_cpu_sel_cp4_graph";
-        cpu_row.us = s4g;
-        rows.push_back(cpu_row);
-      }
 
       // 1.5-entmax on the same selections (decode only; K bytes, as the dense entmax rows).
       const auto [esus, esgus] = time_decode(kQRot, [&](int r) { return sparse_args(r, true); });
