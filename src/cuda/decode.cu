@@ -316,16 +316,8 @@ void launch_softmax(Params p, DType dtype, int d, int batch, int units_max, floa
   if (chunks > 1) {
     // Launched while the chunk kernel runs (programmatic dependent launch): its launch
     // latency overlaps the chunks' tail instead of following it.
-    cudaLaunchAttribute pdl{};
-    pdl.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    pdl.val.programmaticStreamSerializationAllowed = 1;
-    cudaLaunchConfig_t cfg{};
-    cfg.stream = stream;
-    cfg.attrs = &pdl;
-    cfg.numAttrs = 1;
-    cfg.gridDim = dim3(batch * Hq);
-    cfg.blockDim = dim3(kThreads);
-    check_cuda(cudaLaunchKernelEx(&cfg, merge_kernel, p, d), "merge kernel launch");
+    PdlLaunch merge(stream, dim3(batch * Hq), dim3(kThreads));
+    check_cuda(cudaLaunchKernelEx(&merge.cfg, merge_kernel, p, d), "merge kernel launch");
   }
 }
 

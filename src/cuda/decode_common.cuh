@@ -97,6 +97,25 @@ __device__ __forceinline__ void allow_dependents() {
   asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
 }
 
+// Host: the launch configuration of such a kernel (cudaLaunchKernelEx(&l.cfg, kernel, ...)).
+// Not copyable: cfg points at attr.
+struct PdlLaunch {
+  cudaLaunchAttribute attr{};
+  cudaLaunchConfig_t cfg{};
+  PdlLaunch(cudaStream_t stream, dim3 grid, dim3 block, std::size_t smem = 0) {
+    attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr.val.programmaticStreamSerializationAllowed = 1;
+    cfg.stream = stream;
+    cfg.gridDim = grid;
+    cfg.blockDim = block;
+    cfg.dynamicSmemBytes = smem;
+    cfg.attrs = &attr;
+    cfg.numAttrs = 1;
+  }
+  PdlLaunch(const PdlLaunch&) = delete;
+  PdlLaunch& operator=(const PdlLaunch&) = delete;
+};
+
 // Pages and units (pages to attend) of (b, kv head), with the ids checked. Returns the number
 // of units; 0 when the sequence's table entry is bad (flagged).
 __device__ __forceinline__ int seq_units(const Params& p, int b, int kvh, int& num_pages,

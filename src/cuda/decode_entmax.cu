@@ -692,20 +692,11 @@ void launch_entmax(Params p, const EntmaxShape& s, const DecodeLaunch& launch,
   k.score<<<grid, kThreads, k.score_smem, stream>>>(p);
   check_cuda(cudaGetLastError(), "entmax score kernel launch");
   // The next two may begin before their predecessor ends (they wait for it on the device).
-  cudaLaunchAttribute pdl{};
-  pdl.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  pdl.val.programmaticStreamSerializationAllowed = 1;
-  cudaLaunchConfig_t cfg{};
-  cfg.stream = stream;
-  cfg.attrs = &pdl;
-  cfg.numAttrs = 1;
-  cfg.gridDim = dim3(s.batch * p.num_q_heads);
-  cfg.blockDim = dim3(kTauThreads);
-  check_cuda(cudaLaunchKernelEx(&cfg, entmax_tau_kernel, p, rgroups), "entmax tau kernel launch");
-  cfg.gridDim = grid;
-  cfg.blockDim = dim3(kThreads);
-  cfg.dynamicSmemBytes = k.accum_smem;
-  check_cuda(cudaLaunchKernelEx(&cfg, k.accum, p), "entmax accumulate kernel launch");
+  PdlLaunch tau(stream, dim3(s.batch * p.num_q_heads), dim3(kTauThreads));
+  check_cuda(cudaLaunchKernelEx(&tau.cfg, entmax_tau_kernel, p, rgroups),
+             "entmax tau kernel launch");
+  PdlLaunch accum(stream, grid, dim3(kThreads), k.accum_smem);
+  check_cuda(cudaLaunchKernelEx(&accum.cfg, k.accum, p), "entmax accumulate kernel launch");
 }
 
 }  // namespace masskv::cuda::decode_impl

@@ -1612,7 +1612,7 @@ int run_bench(const char* json_path) {
       });
       sws.check(nullptr);
       ws.check(nullptr);
-      const double gus_graph = time_graph_us(kQRot, kWarm, kIters, [&](int r, cudaStream_t st) {
+      const auto select_decode = [&](int r, cudaStream_t st) {
         cuda::SelectLaunch l2 = sl;
         l2.stream = st;
         cuda::quest_select(sel_args(r), l2);
@@ -1621,20 +1621,14 @@ int run_bench(const char* json_path) {
         cuda::DecodeLaunch l = launch;
         l.stream = st;
         cuda::decode(a, l);
-      });
+      };
+      const double gus_graph = time_graph_us(kQRot, kWarm, kIters, select_decode);
       sws.check(nullptr);
       ws.check(nullptr);
       // The whole decode step of issue 7 item 4 in one graph: append, select, attend.
       const double step_graph = time_graph_us(kQRot, kWarm, kIters, [&](int r, cudaStream_t st) {
         cuda::append(append_args(r), aws, st, false);
-        cuda::SelectLaunch l2 = sl;
-        l2.stream = st;
-        cuda::quest_select(sel_args(r), l2);
-        attn::DecodeArgs a = args_for(r);
-        a.selection = &gsv[r];
-        cuda::DecodeLaunch l = launch;
-        l.stream = st;
-        cuda::decode(a, l);
+        select_decode(r, st);
       });
       aws.check(nullptr);
       sws.check(nullptr);
