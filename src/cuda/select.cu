@@ -16,6 +16,10 @@
 //     takes every candidate above it and the lowest-id candidates equal to it (ties to the lower
 //     page id, as the CPU), and writes the ids ascending with two ballot passes (no sort; the
 //     lower slices' counts as bases), -1 padded, and the count.
+//  2'. quest_topk_block_kernel (the default; the cluster kernel with MASSKV_TOPK=cluster or
+//     MASSKV_TOPK_CLUSTER): one CTA per (sequence, kv head), launched with programmatic
+//     dependent launch; radix passes of 2048 equal-width bins over the window of key values
+//     still holding the threshold (min..max at first: at most 3 passes), same result.
 // Both are deterministic (integer atomics only count; no order depends on timing).
 #include <cooperative_groups.h>
 #include <cuda_runtime.h>
@@ -26,6 +30,7 @@
 #include <cmath>
 #include <cstdint>
 #include <mutex>
+#include <string_view>
 
 #include "masskv/cuda/select.hpp"
 #include "masskv/error.hpp"
@@ -75,6 +80,7 @@ struct SelParams {
   int key_cache;  // keys the top-k kernel's dynamic shared memory holds
   std::int32_t* out_ids;
   std::int32_t* out_count;
+  std::uint8_t* out_mask;  // optional [B][Hkv][max_pages]: 1 where selected (block top-k only)
   unsigned* err;
 };
 
@@ -568,6 +574,239 @@ __global__ void __cluster_dims__(kC, 1, 1) __launch_bounds__(kTopkThreads)
   }
 }
 
+// ---- top-k, one CTA per (sequence, kv head) ----------------------------------------------------
+
+// Programmatic dependent launch (sm_90): the block top-k is launched so that its launch and
+// prologue (kept pages, padding, count) overlap the scoring kernel's tail; it waits here
+// (griddepcontrol.wait: the scoring grid has completed and its keys are visible) before reading
+// a key. A no-op when launched without the attribute.
+__device__ __forceinline__ void wait_for_scores() {
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+}
+
+constexpr int kBlkBinsLog = 11;
+constexpr int kBlkBins = 1 << kBlkBinsLog;  // 2 per thread
+
+// The selection of one (sequence, kv head) by one CTA of kTopkThreads threads, grid (1, kv
+// heads, batch): the same result as quest_topk_kernel (and the CPU's topk_one), found with
+// fewer, cheaper passes and no cluster barriers.
+//  - The candidates' keys are cached in shared memory (up to key_cache; the rest is read from
+//    L2 on every pass) while their min and max are reduced (redux.sync).
+//  - A window [wlo, whi] of key values always holds the threshold: at first [min, max]. A
+//    pass bins the candidates in the window by (key - wlo) >> shift into 2048 bins (shift so
+//    that the window fits: equal-width bins over the values the keys actually take, not over
+//    the key bits, so the first pass already splits keys that share their top bits — bounds
+//    of one binade share the top 9), finds the bin of the k_rem-th largest key by a suffix scan
+//    of the histogram, and narrows the window to that bin. Windows shrink by 2^11 per pass:
+//    at most 3 passes; fewer when min == max, or when the bin holds exactly the keys still
+//    needed (then every key of the window is taken).
+//  - Selected: every key above the window, and the first k_rem keys inside it in id order
+//    (inside a window of one value: ties to the lower page id, as the CPU; a window whose keys
+//    are all taken: order irrelevant). Ids are written ascending without a sort by two ballot
+//    passes over warp-contiguous id ranges (counts, then positions).
+// Shared-memory atomics only count; nothing depends on timing (deterministic).
+// out_mask (optional): 1 for every selected logical page of [0, n), 0 for the others.
+__global__ void __launch_bounds__(kTopkThreads) quest_topk_block_kernel(SelParams p) {
+  extern __shared__ std::uint32_t s_keys[];
+  __shared__ int s_hist[kBlkBins];
+  __shared__ int s_wsum[kTopkWarps];
+  __shared__ std::uint32_t s_wmin[kTopkWarps], s_wmax[kTopkWarps];
+  __shared__ int s_warp_a[kTopkWarps], s_warp_b[kTopkWarps];
+  __shared__ int s_base_eq[kTopkWarps], s_base_sel[kTopkWarps];
+  __shared__ int s_bin, s_above, s_cnt;
+
+  const int h = blockIdx.y, b = blockIdx.z;
+  const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+  const unsigned lt_mask = (1u << lane) - 1u;
+  std::int32_t* out =
+      p.out_ids + (static_cast<std::int64_t>(b) * p.num_kv_heads + h) * p.max_per_head;
+  std::int32_t* out_count = p.out_count + b * p.num_kv_heads + h;
+  std::uint8_t* mask = p.out_mask != nullptr
+                           ? p.out_mask + (static_cast<std::int64_t>(b) * p.num_kv_heads + h) *
+                                              p.max_pages
+                           : nullptr;
+
+  const int n = seq_pages(p, b);
+  int last = 0;
+  bool bad = n < 0;
+  if (!bad && n > 0) {
+    last = p.last_len[b];
+    if (last < 1 || last > p.page_size) {
+      if (tid == 0) atomicOr(p.err, kBadLastLen);
+      bad = true;
+    }
+  }
+  int sinks = 0, window = 0, kept = 0, total = 0;
+  if (!bad && n > 0) {
+    const std::int64_t length = static_cast<std::int64_t>(n - 1) * p.page_size + last;
+    sinks = min(p.sinks, n);
+    const std::int64_t first_token =
+        length - p.window_tokens > 0 ? length - p.window_tokens : std::int64_t{0};
+    window = p.window_tokens > 0 ? static_cast<int>(first_token / p.page_size) : n - 1;
+    window = min(window, n - 1);
+    kept = sinks >= window ? n : sinks + (n - window);
+    total = min(n, max(p.budget, kept));
+    if (total > p.max_per_head) {
+      if (tid == 0) atomicOr(p.err, kBadCapacity);
+      bad = true;
+    }
+  }
+  if (bad || n == 0) {
+    for (int i = tid; i < p.max_per_head; i += kTopkThreads) out[i] = -1;
+    if (tid == 0) *out_count = 0;
+    if (mask != nullptr && n > 0)
+      for (int j = tid; j < n; j += kTopkThreads) mask[j] = 0;
+    return;
+  }
+  const int need = total - kept;
+  const int s0 = min(sinks, window);
+  const int nsel = max(need, 0);
+  for (int j = tid; j < s0; j += kTopkThreads) out[j] = j;
+  for (int j = window + tid; j < n; j += kTopkThreads) out[s0 + nsel + (j - window)] = j;
+  for (int i = total + tid; i < p.max_per_head; i += kTopkThreads) out[i] = -1;
+  if (tid == 0) *out_count = total;
+  if (mask != nullptr) {
+    for (int j = tid; j < s0; j += kTopkThreads) mask[j] = 1;
+    for (int j = max(window, s0) + tid; j < n; j += kTopkThreads) mask[j] = 1;
+    if (nsel == 0)
+      for (int j = s0 + tid; j < window; j += kTopkThreads) mask[j] = 0;
+  }
+  if (nsel == 0) return;
+
+  wait_for_scores();
+  const std::uint32_t* keys =
+      p.keys + (static_cast<std::int64_t>(b) * p.num_kv_heads + h) * p.max_pages;
+  const int lo = sinks, hi = window, cand = hi - lo;
+  const bool take_all = nsel >= cand;
+  const int cached = take_all ? 0 : min(cand, p.key_cache);
+  const auto key_at = [&](int j) {
+    const int i = j - lo;
+    return i < cached ? s_keys[i] : __ldg(keys + j);
+  };
+  std::uint32_t wlo = 0, whi = 0xffffffffu;
+  int k_rem = nsel;
+  if (!take_all) {
+    std::uint32_t kmin = 0xffffffffu, kmax = 0;
+    for (int i = tid; i < cand; i += kTopkThreads) {
+      const std::uint32_t key = __ldg(keys + lo + i);
+      if (i < cached) s_keys[i] = key;
+      kmin = min(kmin, key);
+      kmax = max(kmax, key);
+    }
+    kmin = __reduce_min_sync(0xffffffffu, kmin);
+    kmax = __reduce_max_sync(0xffffffffu, kmax);
+    if (lane == 0) {
+      s_wmin[warp] = kmin;
+      s_wmax[warp] = kmax;
+    }
+    __syncthreads();  // also publishes s_keys
+    wlo = __reduce_min_sync(0xffffffffu, s_wmin[lane]);
+    whi = __reduce_max_sync(0xffffffffu, s_wmax[lane]);
+    // Invariant: every key above whi is taken (nsel - k_rem of them), and the window holds at
+    // least k_rem keys.
+    while (wlo != whi) {
+      const std::uint32_t range = whi - wlo;
+      const int shift = max(0, 32 - __clz(static_cast<int>(range)) - kBlkBinsLog);
+      s_hist[2 * tid] = 0;
+      s_hist[2 * tid + 1] = 0;
+      __syncthreads();
+      for (int j = lo + tid; j < hi; j += kTopkThreads) {
+        const std::uint32_t key = key_at(j);
+        if (key >= wlo && key <= whi) atomicAdd(&s_hist[(key - wlo) >> shift], 1);
+      }
+      __syncthreads();
+      // Suffix sums over the bins from the top: thread t owns bins 2t (lower) and 2t + 1.
+      const int c_lo = s_hist[2 * tid], c_hi = s_hist[2 * tid + 1];
+      const int v = c_lo + c_hi;
+      int suf = v;  // over the lanes >= lane of this warp
+#pragma unroll
+      for (int off = 1; off < 32; off *= 2) {
+        const int o = __shfl_down_sync(0xffffffffu, suf, off);
+        if (lane + off < 32) suf += o;
+      }
+      if (lane == 0) s_wsum[warp] = suf;
+      __syncthreads();
+      // Keys in the warps above this one: every warp scans the 32 warp sums itself.
+      int ws = s_wsum[lane];
+#pragma unroll
+      for (int off = 1; off < 32; off *= 2) {
+        const int o = __shfl_down_sync(0xffffffffu, ws, off);
+        if (lane + off < 32) ws += o;
+      }
+      const int warps_above = __shfl_sync(0xffffffffu, ws, (warp + 1) & 31);
+      const int incl = suf + (warp + 1 < kTopkWarps ? warps_above : 0);  // bins >= 2t
+      const int above = incl - v;                                          // bins > 2t + 1
+      if (above < k_rem && incl >= k_rem) {  // exactly one thread
+        if (above + c_hi >= k_rem) {
+          s_bin = 2 * tid + 1;
+          s_above = above;
+          s_cnt = c_hi;
+        } else {
+          s_bin = 2 * tid;
+          s_above = above + c_hi;
+          s_cnt = c_lo;
+        }
+      }
+      __syncthreads();
+      const std::uint32_t bin_lo = wlo + (static_cast<std::uint32_t>(s_bin) << shift);
+      const std::uint64_t bin_hi = static_cast<std::uint64_t>(bin_lo) + ((1ull << shift) - 1);
+      k_rem -= s_above;
+      const bool whole = s_cnt == k_rem;
+      wlo = bin_lo;
+      whi = static_cast<std::uint32_t>(min(static_cast<std::uint64_t>(whi), bin_hi));
+      __syncthreads();  // s_bin, s_above, s_cnt and s_hist are rewritten by the next pass
+      if (whole) break;
+    }
+  }
+  const int need_eq = k_rem;
+
+  // Warp w owns the candidate ids [lo + w * seg, lo + (w + 1) * seg), walked 32 at a time in
+  // id order. The counting pass and the emitting pass classify alike.
+  const int seg = ((cand + kTopkWarps * 32 - 1) / (kTopkWarps * 32)) * 32;
+  const int wbeg = min(hi, lo + warp * seg), wend = min(hi, wbeg + seg);
+  const auto classify = [&](int j, bool& gt, bool& eq) {
+    if (j >= wend) return;
+    const std::uint32_t key = key_at(j);
+    gt = take_all || key > whi;
+    eq = !take_all && key >= wlo && key <= whi;
+  };
+  int eq_w = 0, gt_w = 0;
+  for (int j0 = wbeg; j0 < wend; j0 += 32) {
+    bool gt = false, eq = false;
+    classify(j0 + lane, gt, eq);
+    gt_w += __popc(__ballot_sync(0xffffffffu, gt));
+    eq_w += __popc(__ballot_sync(0xffffffffu, eq));
+  }
+  if (lane == 0) {
+    s_warp_a[warp] = eq_w;
+    s_warp_b[warp] = gt_w;
+  }
+  __syncthreads();
+  if (tid == 0) {
+    int eq_base = 0, sel_base = 0;
+    for (int w = 0; w < kTopkWarps; ++w) {
+      s_base_eq[w] = eq_base;
+      s_base_sel[w] = sel_base;
+      sel_base += s_warp_b[w] + min(max(need_eq - eq_base, 0), s_warp_a[w]);
+      eq_base += s_warp_a[w];
+    }
+  }
+  __syncthreads();
+  int eq_r = s_base_eq[warp], sel_r = s_base_sel[warp];
+  for (int j0 = wbeg; j0 < wend; j0 += 32) {
+    const int j = j0 + lane;
+    bool gt = false, eq = false;
+    classify(j, gt, eq);
+    const unsigned eqb = __ballot_sync(0xffffffffu, eq);
+    const bool sel = gt || (eq && eq_r + __popc(eqb & lt_mask) < need_eq);
+    const unsigned selb = __ballot_sync(0xffffffffu, sel);
+    if (sel) out[s0 + sel_r + __popc(selb & lt_mask)] = j;
+    if (mask != nullptr && j < wend) mask[j] = sel ? 1 : 0;
+    eq_r += __popc(eqb);
+    sel_r += __popc(selb);
+  }
+}
+
 // ---- host -----------------------------------------------------------------------------------
 
 
@@ -672,6 +911,29 @@ int plan_topk_cluster(int pairs, int max_pages) {
   return c;
 }
 
+// The block top-k kernel (one CTA per pair, no cluster), its shared-memory limit raised once.
+TopkFn block_topk_kernel() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    check_cuda(cudaFuncSetAttribute(quest_topk_block_kernel,
+                                    cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    static_cast<int>(sizeof(std::uint32_t) * kKeyCache)),
+               "cudaFuncSetAttribute(block top-k shared memory)");
+  });
+  return quest_topk_block_kernel;
+}
+
+// Which top-k runs: the block kernel (default), or the cluster kernel when
+// MASSKV_TOPK=cluster or MASSKV_TOPK_CLUSTER forces a cluster size (the GPU check runs both).
+bool use_cluster_topk() {
+  static const bool cluster = [] {
+    const char* e = std::getenv("MASSKV_TOPK");
+    const char* c = std::getenv("MASSKV_TOPK_CLUSTER");
+    return (e != nullptr && std::string_view(e) == "cluster") || (c != nullptr && *c != 0);
+  }();
+  return cluster;
+}
+
 // One wave: the (sequence, kv head) pairs split into as many chunks as resident CTA slots
 // allow (each CTA's warps then stream many tiles through their pipelines); chunks of whole
 // kChunkAlign pages. With more pairs than slots, one chunk per pair.
@@ -688,6 +950,7 @@ struct Prepared {
   dim3 score_grid, topk_grid;
   ScoreFn score = nullptr;
   void (*topk)(SelParams) = nullptr;
+  bool block_topk = false;  // the block kernel: launched with programmatic dependent launch
   int score_threads = 0;
   std::size_t smem = 0, topk_smem = 0;
 };
@@ -841,9 +1104,10 @@ Prepared prepare(const QuestSelectArgs& a, const SelectLaunch& launch, bool outp
   require(B <= 65535, unsupported, "q", "batch must be <= 65535");
   require(Hkv <= 65535, unsupported, "bounds", "num_kv_heads must be <= 65535");
   pr.score_grid = dim3(chunks, Hkv, B);
-  const int tc = plan_topk_cluster(B * Hkv, launch.max_pages_per_seq);
+  pr.block_topk = !use_cluster_topk();
+  const int tc = pr.block_topk ? 1 : plan_topk_cluster(B * Hkv, launch.max_pages_per_seq);
   pr.topk_grid = dim3(tc, Hkv, B);
-  pr.topk = topk_kernel(tc);
+  pr.topk = pr.block_topk ? block_topk_kernel() : topk_kernel(tc);
   pr.score = splan.fn;
   pr.score_threads = splan.warps * 32;
   pr.smem = splan.smem;
@@ -852,6 +1116,27 @@ Prepared prepare(const QuestSelectArgs& a, const SelectLaunch& launch, bool outp
   p.key_cache = std::min(slice, kKeyCache);
   pr.topk_smem = sizeof(std::uint32_t) * static_cast<std::size_t>(p.key_cache);
   return pr;
+}
+
+// The top-k launch: the block kernel may start while the scoring kernel finishes (it waits
+// for the keys on the device), the cluster kernel after it.
+void launch_topk(const Prepared& pr, cudaStream_t stream) {
+  if (!pr.block_topk) {
+    pr.topk<<<pr.topk_grid, kTopkThreads, pr.topk_smem, stream>>>(pr.p);
+    check_cuda(cudaGetLastError(), "quest top-k kernel launch");
+    return;
+  }
+  cudaLaunchAttribute pdl{};
+  pdl.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  pdl.val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = pr.topk_grid;
+  cfg.blockDim = dim3(kTopkThreads);
+  cfg.dynamicSmemBytes = pr.topk_smem;
+  cfg.stream = stream;
+  cfg.attrs = &pdl;
+  cfg.numAttrs = 1;
+  check_cuda(cudaLaunchKernelEx(&cfg, pr.topk, pr.p), "quest top-k kernel launch");
 }
 
 }  // namespace
@@ -871,8 +1156,7 @@ void quest_select(const QuestSelectArgs& a, const SelectLaunch& launch) {
   cudaStream_t stream = launch.stream;
   pr.score<<<pr.score_grid, pr.score_threads, pr.smem, stream>>>(pr.p);
   check_cuda(cudaGetLastError(), "quest score kernel launch");
-  pr.topk<<<pr.topk_grid, kTopkThreads, pr.topk_smem, stream>>>(pr.p);
-  check_cuda(cudaGetLastError(), "quest top-k kernel launch");
+  launch_topk(pr, stream);
   if (launch.check_errors) launch.workspace->check(stream);
 }
 
