@@ -29,6 +29,7 @@
 #include <cfloat>
 #include <cmath>
 #include <cstdint>
+#include <limits>
 #include <mutex>
 #include <string_view>
 
@@ -64,8 +65,13 @@ using detail::device_sms;
 struct SelParams {
   const float* q;
   std::int64_t q_s0, q_s1;
-  const std::uint16_t* mn;  // bf16 bits [page][kv][d]
+  const std::uint16_t* mn;  // bf16 bits [page][kv][d] (8-bit store: codes, as bytes)
   const std::uint16_t* mx;
+  const float* grid;         // 8-bit store: [page][kv][2] (lo, step); null for bf16
+  // Hierarchical page pass: [B][Hkv][mask_stride] group flags (group = page / kWarpPages);
+  // pages of a group flagged 0 get key 0 and are not read. Null: every page is scored.
+  const std::uint8_t* tile_mask;
+  int mask_stride;
   int pool_pages, num_kv_heads, group, page_size;
   int nnz;  // entries of indices: indptr must stay inside
   const std::int32_t* indptr;
@@ -135,16 +141,21 @@ __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commi
 constexpr int kWarpPages = 16;  // pages per warp tile: 32 rows, one per lane
 // Pipeline stages per warp: 2 (one tile in flight while one is scored); 3 at d = 64, where a
 // tile is half as many bytes.
-template <int kD>
-constexpr int kScoreStages = kD == 64 ? 3 : 2;
+// kU8: the 8-bit store (one byte per channel, a tile half the bytes).
+template <int kD, bool kU8>
+constexpr int kRowData = kU8 ? kD : 2 * kD;  // bytes of one staged min or max row
+template <int kD, bool kU8>
+constexpr int kScoreStages = kRowData<kD, kU8> <= 128 ? 3 : 2;
 constexpr int kScoreMaxWarps = 12;
 constexpr int kHeadBatch = 4;  // q heads per pass over a row (8 accumulators each)
 
-template <int kD>
+template <int kD, bool kU8 = false>
 struct ScoreSmem {
-  static constexpr int kRowBytes = 2 * kD + 16;  // 16 bytes of padding: lane L reads row L
-  static constexpr int kStageBytes = 2 * kWarpPages * kRowBytes;
-  static constexpr int kStages = kScoreStages<kD>;
+  static constexpr int kRowBytes = kRowData<kD, kU8> + 16;  // 16 bytes of padding: lane L reads row L
+  // 8-bit: the tile's (lo, step) per page after its rows.
+  static constexpr int kGridOffset = 2 * kWarpPages * kRowBytes;
+  static constexpr int kStageBytes = kGridOffset + (kU8 ? kWarpPages * 8 : 0);
+  static constexpr int kStages = kScoreStages<kD, kU8>;
   static constexpr int kWarpBytes = kStages * kStageBytes;
   // q+ [group][kD], 4 floats of padding (q- in other banks than q+), q- [group][kD], f||q||_1.
   static std::size_t q_bytes(int group) {
@@ -194,14 +205,81 @@ __device__ __forceinline__ void score_rows(const uint4* row, const float* qa, in
   }
 }
 
+// The 8-bit form of score_rows: 16 codes per 16-byte piece, each dequantised once per row as
+// fma(code, step, lo) (the CPU's dequant8), channel 16k + l into chain l, then 16k + 8 + l
+// into chain l (ascending channels per chain, as the CPU reference).
+__device__ __forceinline__ float code_at(unsigned word, int i) {
+  // 0x4B0000bb is 2^23 + bb exactly; minus 2^23 gives the code as a float.
+  return __fsub_rn(__uint_as_float(__byte_perm(word, 0x4B000000u, 0x7440u | i)), 8388608.0f);
+}
+template <int kD, int kNB, bool kW>
+__device__ __forceinline__ void score_rows8(const uint4* row, const float* qa, int i0, float lo,
+                                            float step, float& w,
+                                            float (&acc)[kHeadBatch][8]) {
+#pragma unroll
+  for (int i = 0; i < kNB; ++i)
+#pragma unroll
+    for (int l = 0; l < 8; ++l) acc[i][l] = 0.f;
+#pragma unroll
+  for (int k = 0; k < kD / 16; ++k) {
+    const uint4 r = row[k];
+    const unsigned words[4] = {r.x, r.y, r.z, r.w};
+    float x[16];
+#pragma unroll
+    for (int e = 0; e < 16; ++e) x[e] = fmaf(code_at(words[e / 4], e % 4), step, lo);
+    if constexpr (kW) {
+#pragma unroll
+      for (int e = 0; e < 16; ++e) w = fmaxf(w, fabsf(x[e]));
+    }
+#pragma unroll
+    for (int i = 0; i < kNB; ++i) {
+      const float4* qv = reinterpret_cast<const float4*>(qa + (i0 + i) * kD + 16 * k);
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const float4 a = qv[2 * half], c = qv[2 * half + 1];
+        const float* xs = x + 8 * half;
+        acc[i][0] = fmaf(a.x, xs[0], acc[i][0]);
+        acc[i][1] = fmaf(a.y, xs[1], acc[i][1]);
+        acc[i][2] = fmaf(a.z, xs[2], acc[i][2]);
+        acc[i][3] = fmaf(a.w, xs[3], acc[i][3]);
+        acc[i][4] = fmaf(c.x, xs[4], acc[i][4]);
+        acc[i][5] = fmaf(c.y, xs[5], acc[i][5]);
+        acc[i][6] = fmaf(c.z, xs[6], acc[i][6]);
+        acc[i][7] = fmaf(c.w, xs[7], acc[i][7]);
+      }
+    }
+  }
+}
+
+// Both stores: the chains of kNB q heads over this lane's row.
+template <int kD, bool kU8, int kNB, bool kW>
+__device__ __forceinline__ void score_any(const uint4* row, const float* qa, int i0, float lo,
+                                          float step, float& w, float (&acc)[kHeadBatch][8]) {
+  if constexpr (kU8) {
+    score_rows8<kD, kNB, kW>(row, qa, i0, lo, step, w, acc);
+  } else {
+    score_rows<kD, kNB, kW>(row, qa, i0, w, acc);
+  }
+}
+
+// cp.async of 8 bytes (the 8-bit store's (lo, step) of a page); src_bytes 0 writes zeros.
+__device__ __forceinline__ void cp_async8(void* smem, const void* gmem, int src_bytes) {
+  const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;\n" ::"r"(dst), "l"(gmem),
+               "r"(src_bytes));
+}
+
+constexpr int kSkipTile = -2;  // load_id's id for a page of a group the mask leaves out
+
 // grid (chunks, kv heads, batch), blockDim = 32 * warps (warps <= kScoreMaxWarps, planned on the
 // host from the shared memory that fits).
-template <int kD>
+template <int kD, bool kU8>
 __global__ void __launch_bounds__(kScoreMaxWarps * 32) quest_score_kernel(SelParams p) {
-  using Smem = ScoreSmem<kD>;
+  using Smem = ScoreSmem<kD, kU8>;
   constexpr int kRowBytes = Smem::kRowBytes;
   constexpr int kStages = Smem::kStages;
-  constexpr int kPieces = kD / 8;             // 16-byte pieces per row
+  constexpr int kElem = kU8 ? 1 : 2;               // bytes per channel
+  constexpr int kPieces = kRowData<kD, kU8> / 16;  // 16-byte pieces per row
   constexpr int kRowsPerCopy = 32 / kPieces;  // rows one warp-wide copy covers (4, 2, 1)
   constexpr int kCopies = 2 * kWarpPages / kRowsPerCopy;
   constexpr unsigned kAll = 0xffffffffu;
@@ -225,14 +303,26 @@ __global__ void __launch_bounds__(kScoreMaxWarps * 32) quest_score_kernel(SelPar
   const int my_tiles = warp < tiles ? (tiles - warp + warps - 1) / warps : 0;
   const auto tile_page0 = [&](int t) { return j0 + (warp + t * warps) * kWarpPages; };
 
-  const std::int64_t page_stride = static_cast<std::int64_t>(p.num_kv_heads) * kD;
-  const std::uint16_t* mn = p.mn + static_cast<std::int64_t>(h) * kD;
-  const std::uint16_t* mx = p.mx + static_cast<std::int64_t>(h) * kD;
+  const std::int64_t page_stride = static_cast<std::int64_t>(p.num_kv_heads) * kD * kElem;
+  const unsigned char* mn =
+      reinterpret_cast<const unsigned char*>(p.mn) + static_cast<std::int64_t>(h) * kD * kElem;
+  const unsigned char* mx =
+      reinterpret_cast<const unsigned char*>(p.mx) + static_cast<std::int64_t>(h) * kD * kElem;
+  const std::uint8_t* tmask =
+      p.tile_mask != nullptr
+          ? p.tile_mask + (static_cast<std::int64_t>(b) * p.num_kv_heads + h) * p.mask_stride
+          : nullptr;
+  // Whether tile t's pages are left out by the mask (tiles start at multiples of kWarpPages:
+  // chunks are multiples of kChunkAlign).
+  const auto skipped = [&](int t) {
+    return tmask != nullptr && tmask[tile_page0(t) / kWarpPages] == 0;
+  };
   // The page id of page L % 16 of this warp's tile t for lane L (0 past the chunk). Loaded one
   // tile before the copies that use it, so the load's latency is not exposed.
   const auto load_id = [&](int t) {
     const int pg = tile_page0(t) + lane % kWarpPages;
-    return t < my_tiles && pg < j1 ? p.indices[seq_begin + pg] : 0;
+    if (t >= my_tiles || pg >= j1) return 0;
+    return skipped(t) ? kSkipTile : p.indices[seq_begin + pg];
   };
   // Copies this warp's tile t into stage st: lane L holds the page id of page L % 16 of the
   // tile (`id`; flags a bad one); copy `it` moves rows [it * kRowsPerCopy, +kRowsPerCopy) of
@@ -245,7 +335,7 @@ __global__ void __launch_bounds__(kScoreMaxWarps * 32) quest_score_kernel(SelPar
     if (mine < tn) {
       if (id >= 0 && id < p.pool_pages) {
         phys = id;
-      } else if (lane < kWarpPages) {
+      } else if (id != kSkipTile && lane < kWarpPages) {
         atomicOr(p.err, kBadPhysical);
       }
     }
@@ -255,9 +345,17 @@ __global__ void __launch_bounds__(kScoreMaxWarps * 32) quest_score_kernel(SelPar
     for (int it = 0; it < kCopies; ++it) {
       const int r = it * kRowsPerCopy + lane / kPieces;
       const int ph = __shfl_sync(kAll, phys, r >> 1);
-      const std::uint16_t* src =
-          ph >= 0 ? ((r & 1) ? mx : mn) + ph * page_stride + piece * 8 : p.mn;  // 0 bytes if < 0
+      const unsigned char* src = ph >= 0 ? ((r & 1) ? mx : mn) + ph * page_stride + piece * 16
+                                         : mn;  // 0 bytes read if < 0
       cp_async16(stage + r * kRowBytes + piece * 16, src, ph >= 0 ? 16 : 0);
+    }
+    if constexpr (kU8) {
+      if (lane < kWarpPages) {
+        const float* src =
+            phys >= 0 ? p.grid + 2 * (static_cast<std::int64_t>(phys) * p.num_kv_heads + h)
+                      : p.grid;
+        cp_async8(stage + Smem::kGridOffset + lane * 8, src, phys >= 0 ? 8 : 0);
+      }
     }
   };
 #pragma unroll
@@ -299,13 +397,24 @@ __global__ void __launch_bounds__(kScoreMaxWarps * 32) quest_score_kernel(SelPar
     __syncwarp();            // and every lane's
     const int pg = tile_page0(t) + lane / 2;
     const bool in = pg < j1;
+    if (skipped(t)) {  // warp-uniform: a group the mask leaves out
+      if ((lane & 1) == 0 && in) keys[pg] = 0u;
+      __syncwarp();
+      continue;
+    }
     bool ok = false;
     if (in) {
       const int id = p.indices[seq_begin + pg];
       ok = id >= 0 && id < p.pool_pages;
     }
-    const uint4* row = reinterpret_cast<const uint4*>(wbuf + (t % kStages) * Smem::kStageBytes +
-                                                      lane * kRowBytes);
+    const unsigned char* stage = wbuf + (t % kStages) * Smem::kStageBytes;
+    const uint4* row = reinterpret_cast<const uint4*>(stage + lane * kRowBytes);
+    float glo = 0.f, gstep = 0.f;  // the 8-bit grid of this lane's page
+    if constexpr (kU8) {
+      const float2 gs = *reinterpret_cast<const float2*>(stage + Smem::kGridOffset + (lane / 2) * 8);
+      glo = gs.x;
+      gstep = gs.y;
+    }
     // W = max_c max(|m_c|, |M_c|): each lane's row, then the pair's (exact in any order).
     float w = 0.f, best = -INFINITY;
     float acc[kHeadBatch][8];
@@ -313,18 +422,18 @@ __global__ void __launch_bounds__(kScoreMaxWarps * 32) quest_score_kernel(SelPar
       const int nb = min(kHeadBatch, g - i0);
       if (i0 == 0) {
         switch (nb) {
-          case 1: score_rows<kD, 1, true>(row, qa, i0, w, acc); break;
-          case 2: score_rows<kD, 2, true>(row, qa, i0, w, acc); break;
-          case 3: score_rows<kD, 3, true>(row, qa, i0, w, acc); break;
-          default: score_rows<kD, 4, true>(row, qa, i0, w, acc); break;
+          case 1: score_any<kD, kU8, 1, true>(row, qa, i0, glo, gstep, w, acc); break;
+          case 2: score_any<kD, kU8, 2, true>(row, qa, i0, glo, gstep, w, acc); break;
+          case 3: score_any<kD, kU8, 3, true>(row, qa, i0, glo, gstep, w, acc); break;
+          default: score_any<kD, kU8, 4, true>(row, qa, i0, glo, gstep, w, acc); break;
         }
         w = fmaxf(w, __shfl_xor_sync(kAll, w, 1));
       } else {
         switch (nb) {
-          case 1: score_rows<kD, 1, false>(row, qa, i0, w, acc); break;
-          case 2: score_rows<kD, 2, false>(row, qa, i0, w, acc); break;
-          case 3: score_rows<kD, 3, false>(row, qa, i0, w, acc); break;
-          default: score_rows<kD, 4, false>(row, qa, i0, w, acc); break;
+          case 1: score_any<kD, kU8, 1, false>(row, qa, i0, glo, gstep, w, acc); break;
+          case 2: score_any<kD, kU8, 2, false>(row, qa, i0, glo, gstep, w, acc); break;
+          case 3: score_any<kD, kU8, 3, false>(row, qa, i0, glo, gstep, w, acc); break;
+          default: score_any<kD, kU8, 4, false>(row, qa, i0, glo, gstep, w, acc); break;
         }
       }
 #pragma unroll
@@ -830,46 +939,49 @@ struct ScorePlan {
   int ctas_per_sm = 1;
 };
 
-template <int kD>
-std::size_t score_warp_bytes() {
-  return ScoreSmem<kD>::kWarpBytes;
-}
-
-ScorePlan score_plan(int d, int group) {
+ScorePlan score_plan(int d, int group, bool u8) {
   static std::mutex mu;
-  static bool ready[3] = {};
-  static ScorePlan cache[3][kMaxGroupDims / 64 + 1];  // group <= kMaxGroupDims / head_dim
+  static bool ready[2][3] = {};
+  static ScorePlan cache[2][3][kMaxGroupDims / 64 + 1];  // group <= kMaxGroupDims / head_dim
   const int idx = d == 64 ? 0 : d == 128 ? 1 : 2;
-  const ScoreFn fns[3] = {quest_score_kernel<64>, quest_score_kernel<128>, quest_score_kernel<256>};
+  const int e = u8 ? 1 : 0;
+  const ScoreFn fns[2][3] = {
+      {quest_score_kernel<64, false>, quest_score_kernel<128, false>,
+       quest_score_kernel<256, false>},
+      {quest_score_kernel<64, true>, quest_score_kernel<128, true>, quest_score_kernel<256, true>}};
+  // The q staging does not depend on the store; the warps' stages do.
+  const std::size_t warp_bytes[2][3] = {
+      {ScoreSmem<64>::kWarpBytes, ScoreSmem<128>::kWarpBytes, ScoreSmem<256>::kWarpBytes},
+      {ScoreSmem<64, true>::kWarpBytes, ScoreSmem<128, true>::kWarpBytes,
+       ScoreSmem<256, true>::kWarpBytes}};
   std::lock_guard<std::mutex> lock(mu);
   static const int optin =
       device_attr(cudaDevAttrMaxSharedMemoryPerBlockOptin, "shared memory per block");
-  if (!ready[idx]) {
-    check_cuda(cudaFuncSetAttribute(fns[idx], cudaFuncAttributeMaxDynamicSharedMemorySize, optin),
-               "cudaFuncSetAttribute(shared memory)");
-    ready[idx] = true;
+  if (!ready[e][idx]) {
+    check_cuda(
+        cudaFuncSetAttribute(fns[e][idx], cudaFuncAttributeMaxDynamicSharedMemorySize, optin),
+        "cudaFuncSetAttribute(shared memory)");
+    ready[e][idx] = true;
   }
-  if (cache[idx][group].fn != nullptr) return cache[idx][group];
+  if (cache[e][idx][group].fn != nullptr) return cache[e][idx][group];
   const std::size_t q_bytes = idx == 0   ? ScoreSmem<64>::q_bytes(group)
                               : idx == 1 ? ScoreSmem<128>::q_bytes(group)
                                          : ScoreSmem<256>::q_bytes(group);
-  const std::size_t warp_bytes = idx == 0   ? score_warp_bytes<64>()
-                                 : idx == 1 ? score_warp_bytes<128>()
-                                            : score_warp_bytes<256>();
   const std::size_t room = static_cast<std::size_t>(optin) > q_bytes ? optin - q_bytes : 0;
   ScorePlan plan;
-  plan.fn = fns[idx];
-  plan.warps = static_cast<int>(std::min<std::size_t>(kScoreMaxWarps, room / warp_bytes));
+  plan.fn = fns[e][idx];
+  plan.warps =
+      static_cast<int>(std::min<std::size_t>(kScoreMaxWarps, room / warp_bytes[e][idx]));
   require(plan.warps >= 1, ErrorCode::unsupported, "q",
           "the scoring kernel's shared memory does not fit this device for group ", group,
           " and head_dim ", d);
-  plan.smem = static_cast<std::size_t>(plan.warps) * warp_bytes + q_bytes;
+  plan.smem = static_cast<std::size_t>(plan.warps) * warp_bytes[e][idx] + q_bytes;
   int ctas = 0;
   check_cuda(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&ctas, plan.fn, plan.warps * 32,
                                                            plan.smem),
              "cudaOccupancyMaxActiveBlocksPerMultiprocessor(score)");
   plan.ctas_per_sm = std::max(1, ctas);
-  cache[idx][group] = plan;
+  cache[e][idx][group] = plan;
   return plan;
 }
 
@@ -971,6 +1083,14 @@ struct SelectWorkspace::Impl {
   detail::GrowBuffer<std::uint32_t> keys;
   std::size_t keys_used = 0;
   int stride = 0;
+  // Hierarchical selection: group keys, group lists and counts, the group mask.
+  detail::GrowBuffer<std::uint32_t> gkeys;
+  std::size_t gkeys_used = 0;
+  int gstride = 0;
+  detail::GrowBuffer<std::int32_t> gids, gcount;
+  std::size_t gids_used = 0, gcount_used = 0;
+  int glist_stride = 0;
+  detail::GrowBuffer<std::uint8_t> gmask;
   detail::ErrorFlag err;
 };
 
@@ -982,6 +1102,17 @@ std::span<const std::uint32_t> SelectWorkspace::page_keys() const {
   return {impl_->keys.data(), impl_->keys_used};
 }
 int SelectWorkspace::keys_stride() const { return impl_->stride; }
+std::span<const std::uint32_t> SelectWorkspace::group_keys() const {
+  return {impl_->gkeys.data(), impl_->gkeys_used};
+}
+int SelectWorkspace::group_keys_stride() const { return impl_->gstride; }
+std::span<const std::int32_t> SelectWorkspace::group_ids() const {
+  return {impl_->gids.data(), impl_->gids_used};
+}
+std::span<const std::int32_t> SelectWorkspace::group_counts() const {
+  return {impl_->gcount.data(), impl_->gcount_used};
+}
+int SelectWorkspace::group_list_stride() const { return impl_->glist_stride; }
 
 void SelectWorkspace::check(CUstream_st* stream) const {
   const unsigned flag = impl_->err.take(stream, "select step");
@@ -1017,10 +1148,22 @@ int select_capacity(int max_pages_per_seq, int page_size, const select::TopkPoli
 
 namespace {
 
-Prepared prepare(const QuestSelectArgs& a, const SelectLaunch& launch, bool outputs) {
+// Which key buffer a launch writes: the page keys, or the group keys of hier_select.
+enum class KeyLevel { pages, groups };
+
+Prepared prepare(const QuestSelectArgs& a, const SelectLaunch& launch, bool outputs,
+                 KeyLevel level = KeyLevel::pages) {
   using enum ErrorCode;
   require(launch.workspace != nullptr, invalid_argument, "workspace", "is required");
-  const select::BoundStoreView& s = a.bounds;
+  const bool u8 = a.bounds8.min != nullptr;
+  // The store's shape and pointers, whichever it is.
+  struct {
+    const void *min, *max;
+    int num_pages, num_kv_heads, head_dim;
+  } s = u8 ? decltype(s){a.bounds8.min, a.bounds8.max, a.bounds8.num_pages,
+                         a.bounds8.num_kv_heads, a.bounds8.head_dim}
+           : decltype(s){a.bounds.min, a.bounds.max, a.bounds.num_pages, a.bounds.num_kv_heads,
+                         a.bounds.head_dim};
   const int d = s.head_dim;
   require(d == 64 || d == 128 || d == 256, unsupported, "head_dim",
           "the CUDA selector serves head_dim 64, 128, 256; got ", d);
@@ -1031,6 +1174,9 @@ Prepared prepare(const QuestSelectArgs& a, const SelectLaunch& launch, bool outp
   };
   require(aligned16(s.min) && aligned16(s.max), invalid_argument, "bounds",
           "min and max must be 16-byte aligned");
+  require(!u8 || (a.bounds8.grid != nullptr &&
+                  reinterpret_cast<std::uintptr_t>(a.bounds8.grid) % 8 == 0),
+          invalid_argument, "bounds", "the 8-bit store needs its grid, 8-byte aligned");
   const int B = a.q.n0, Hq = a.q.n1, Hkv = s.num_kv_heads;
   require(a.q.data != nullptr && a.q.n2 == d && B >= 0, shape_mismatch, "q",
           "must be [batch][q heads][head_dim] with the store's head_dim");
@@ -1061,7 +1207,7 @@ Prepared prepare(const QuestSelectArgs& a, const SelectLaunch& launch, bool outp
   require(std::isfinite(scale) && scale > 0, invalid_argument, "scale",
           "must be finite and > 0, got ", a.scale);
 
-  const ScorePlan splan = score_plan(d, group);
+  const ScorePlan splan = score_plan(d, group, u8);
   Prepared pr;
   SelParams& p = pr.p;
   p.q = a.q.data;
@@ -1069,6 +1215,7 @@ Prepared prepare(const QuestSelectArgs& a, const SelectLaunch& launch, bool outp
   p.q_s1 = a.q.s1;
   p.mn = reinterpret_cast<const std::uint16_t*>(s.min);
   p.mx = reinterpret_cast<const std::uint16_t*>(s.max);
+  p.grid = u8 ? a.bounds8.grid : nullptr;
   p.pool_pages = s.num_pages;
   p.num_kv_heads = Hkv;
   p.group = group;
@@ -1094,10 +1241,17 @@ Prepared prepare(const QuestSelectArgs& a, const SelectLaunch& launch, bool outp
 
   SelectWorkspace::Impl& ws = launch.workspace->impl();
   const std::size_t nkeys = static_cast<std::size_t>(B) * Hkv * launch.max_pages_per_seq;
-  ws.keys.reserve(nkeys, "cudaMalloc(page keys)");
-  ws.keys_used = nkeys;
-  ws.stride = launch.max_pages_per_seq;
-  p.keys = ws.keys.data();
+  if (level == KeyLevel::pages) {
+    ws.keys.reserve(nkeys, "cudaMalloc(page keys)");
+    ws.keys_used = nkeys;
+    ws.stride = launch.max_pages_per_seq;
+    p.keys = ws.keys.data();
+  } else {
+    ws.gkeys.reserve(nkeys, "cudaMalloc(group keys)");
+    ws.gkeys_used = nkeys;
+    ws.gstride = launch.max_pages_per_seq;
+    p.keys = ws.gkeys.data();
+  }
   p.err = ws.err.get();
 
   const int chunks = (launch.max_pages_per_seq + p.chunk_pages - 1) / p.chunk_pages;
@@ -1147,6 +1301,78 @@ void quest_score(const QuestSelectArgs& a, const SelectLaunch& launch) {
   cudaStream_t stream = launch.stream;
   pr.score<<<pr.score_grid, pr.score_threads, pr.smem, stream>>>(pr.p);
   check_cuda(cudaGetLastError(), "quest score kernel launch");
+  if (launch.check_errors) launch.workspace->check(stream);
+}
+
+void quest_topk(const QuestSelectArgs& a, const SelectLaunch& launch) {
+  const Prepared pr = prepare(a, launch, true);
+  if (a.q.n0 == 0) return;
+  launch_topk(pr, launch.stream);
+  if (launch.check_errors) launch.workspace->check(launch.stream);
+}
+
+void hier_select(const HierSelectArgs& h, const SelectLaunch& launch) {
+  using enum ErrorCode;
+  require(h.group_pages == kWarpPages, unsupported, "group_pages",
+          "the CUDA hierarchical selector serves groups of ", kWarpPages, " pages, got ",
+          h.group_pages);
+  require(h.pages.bounds8.min == nullptr, unsupported, "bounds",
+          "the hierarchical selector reads the bf16 page store");
+  require(launch.workspace != nullptr, invalid_argument, "workspace", "is required");
+  const QuestSelectArgs& a = h.pages;
+  const int B = a.q.n0;
+  require(h.group_indptr.size() == static_cast<std::size_t>(B) + 1, shape_mismatch,
+          "group_indptr", "needs batch + 1 entries");
+  require(launch.max_pages_per_seq > 0, invalid_argument, "max_pages_per_seq",
+          "the host's bound on pages per sequence is required");
+  const int max_groups = (launch.max_pages_per_seq + kWarpPages - 1) / kWarpPages;
+  // The group level: the group store over the group table, the last group kept (window 0),
+  // the best m - 1 others (m = hier_groups without the per-sequence clamp, which the kernel's
+  // min(n, budget) applies).
+  QuestSelectArgs ga = a;
+  ga.bounds = h.groups;
+  ga.bounds8 = {};
+  ga.table.indptr = h.group_indptr;
+  ga.table.indices = h.group_indices;
+  ga.policy.budget_pages =
+      select::hier_groups(std::numeric_limits<int>::max(), kWarpPages, a.policy.budget_pages,
+                          h.cover);
+  ga.policy.sink_pages = 0;
+  ga.policy.window_tokens = 0;
+  SelectWorkspace::Impl& ws = launch.workspace->impl();
+  const int gcap = std::min(max_groups, ga.policy.budget_pages);
+  const std::size_t nlists = static_cast<std::size_t>(B) * a.bounds.num_kv_heads;
+  ws.gids.reserve(nlists * gcap, "cudaMalloc(group lists)");
+  ws.gcount.reserve(nlists, "cudaMalloc(group counts)");
+  ws.gmask.reserve(nlists * max_groups, "cudaMalloc(group mask)");
+  ws.gids_used = nlists * gcap;
+  ws.gcount_used = nlists;
+  ws.glist_stride = gcap;
+  ga.max_per_head = gcap;
+  ga.ids = {ws.gids.data(), nlists * gcap};
+  ga.count = {ws.gcount.data(), nlists};
+  SelectLaunch gl = launch;
+  gl.max_pages_per_seq = max_groups;
+  gl.chunk_pages = 0;
+  Prepared gp = prepare(ga, gl, true, KeyLevel::groups);
+  gp.p.out_mask = ws.gmask.data();
+  gp.block_topk = true;  // the mask comes from the block kernel
+  gp.topk = block_topk_kernel();
+  gp.topk_grid = dim3(1, a.bounds.num_kv_heads, B);
+  gp.p.key_cache = std::min((max_groups + 31) / 32 * 32, kKeyCache);
+  gp.topk_smem = sizeof(std::uint32_t) * static_cast<std::size_t>(gp.p.key_cache);
+  // The page level, restricted to the chosen groups' pages.
+  Prepared pp = prepare(a, launch, true);
+  pp.p.tile_mask = ws.gmask.data();
+  pp.p.mask_stride = max_groups;
+  if (B == 0) return;
+  cudaStream_t stream = launch.stream;
+  gp.score<<<gp.score_grid, gp.score_threads, gp.smem, stream>>>(gp.p);
+  check_cuda(cudaGetLastError(), "quest score kernel launch (groups)");
+  launch_topk(gp, stream);
+  pp.score<<<pp.score_grid, pp.score_threads, pp.smem, stream>>>(pp.p);
+  check_cuda(cudaGetLastError(), "quest score kernel launch (pages)");
+  launch_topk(pp, stream);
   if (launch.check_errors) launch.workspace->check(stream);
 }
 

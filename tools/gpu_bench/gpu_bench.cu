@@ -7,6 +7,8 @@
 //   masskv_gpu_bench profile          a few decode launches of one shape, for ncu
 //   masskv_gpu_bench select-selftest  GPU Quest selection: ties, edges, errors, graphs, end to end
 //   masskv_gpu_bench select-check     GPU Quest selection vs the CPU selector on ~90 shapes
+//   masskv_gpu_bench select-compact-check  8-bit and hierarchical GPU selection vs their CPU
+//                                     references, bit for bit (also part of check)
 //   masskv_gpu_bench bench OUT.json   benchmark (B=1, Hq=32, Hkv=8, d=128, bf16, page 16)
 //   masskv_gpu_bench prefill-check    CUDA prefill (dense, block lists, GPU indexer) vs the f64
 //                                     reference (also part of check)
@@ -33,6 +35,7 @@
 #include "masskv/cuda/decode.hpp"
 #include "masskv/cuda/select.hpp"
 #include "masskv/error.hpp"
+#include "masskv/select/compact_bounds.hpp"
 #include "masskv/select/page_bound.hpp"
 #include "append_check.hpp"
 #include "prefill_bench.hpp"
@@ -872,6 +875,221 @@ int run_select_check() {
 // Self-test: properties that do not lean on the CPU selector (ties, budget edges,
 // determinism, errors through the flag and on the host, graph capture), then an end-to-end
 // sparse decode on the GPU's own selection against the f64 reference on the CPU's.
+// ---- 8-bit and hierarchical selection: check against the CPU references ----------------------
+// select::quest_select8 and select::hier_select evaluate every bound in the GPU kernel's order
+// (compact_bounds.hpp, std::fma where the GPU fuses), on any host: keys and lists must be
+// identical, no tolerance.
+
+// Device copies of a host 8-bit store and of a group store (with its group table).
+struct Store8Gpu {
+  DevBuf<std::uint8_t> mn, mx;
+  DevBuf<float> grid;
+  select::BoundStore8View view;  // device pointers
+};
+Store8Gpu upload_store8(const select::BoundStore8View& hv) {
+  Store8Gpu g;
+  const std::size_t n = static_cast<std::size_t>(hv.num_pages) * hv.num_kv_heads * hv.head_dim;
+  g.mn = DevBuf<std::uint8_t>(n);
+  g.mx = DevBuf<std::uint8_t>(n);
+  g.grid = DevBuf<float>(2 * static_cast<std::size_t>(hv.num_pages) * hv.num_kv_heads);
+  g.mn.upload(hv.min, n);
+  g.mx.upload(hv.max, n);
+  g.grid.upload(hv.grid, g.grid.n);
+  g.view = hv;
+  g.view.min = g.mn.p;
+  g.view.max = g.mx.p;
+  g.view.grid = g.grid.p;
+  return g;
+}
+struct GroupGpu {
+  DevBuf<std::uint16_t> mn, mx;
+  DevBuf<std::int32_t> indptr, indices;
+  select::BoundStoreView view;  // device pointers
+};
+GroupGpu upload_groups(const select::GroupStore& gs) {
+  GroupGpu g;
+  const select::BoundStoreView hv = gs.view();
+  const std::size_t n = static_cast<std::size_t>(hv.num_pages) * hv.num_kv_heads * hv.head_dim;
+  g.mn = DevBuf<std::uint16_t>(n);
+  g.mx = DevBuf<std::uint16_t>(n);
+  g.mn.upload(reinterpret_cast<const std::uint16_t*>(hv.min), n);
+  g.mx.upload(reinterpret_cast<const std::uint16_t*>(hv.max), n);
+  g.indptr = to_device(std::vector<std::int32_t>(gs.indptr().begin(), gs.indptr().end()));
+  g.indices = to_device(std::vector<std::int32_t>(gs.indices().begin(), gs.indices().end()));
+  g.view = hv;
+  g.view.min = reinterpret_cast<const bf16*>(g.mn.p);
+  g.view.max = reinterpret_cast<const bf16*>(g.mx.p);
+  g.view.wmax = nullptr;
+  return g;
+}
+cuda::HierSelectArgs hier_args(const cuda::QuestSelectArgs& pages, const GroupGpu& gg,
+                               double cover) {
+  cuda::HierSelectArgs h;
+  h.pages = pages;
+  h.groups = gg.view;
+  h.group_indptr = {gg.indptr.p, gg.indptr.n};
+  h.group_indices = {gg.indices.p, gg.indices.n};
+  h.group_pages = 16;
+  h.cover = cover;
+  return h;
+}
+
+struct ExactStats {
+  long lists = 0, identical = 0, keys = 0, keys_equal = 0;
+};
+
+// Keys (CPU stride = GPU stride = max_pages) and lists must be identical.
+int compare_exact(const SelData& sd, const SelectionStorage& cpu,
+                  const std::vector<std::uint32_t>& ckeys, const std::vector<std::int32_t>& gids,
+                  const std::vector<std::int32_t>& gcnt, int gmax,
+                  const std::vector<std::uint32_t>& gkeys, int stride, const char* tag,
+                  ExactStats& st) {
+  const SelCase& c = sd.c;
+  int failures = 0;
+  for (int b = 0; b < c.batch; ++b) {
+    const int n = sd.indptr[b + 1] - sd.indptr[b];
+    for (int h = 0; h < c.hkv; ++h) {
+      ++st.lists;
+      const std::size_t base = (static_cast<std::size_t>(b) * c.hkv + h) * stride;
+      int bad_key = -1;
+      for (int j = 0; j < n; ++j) {
+        ++st.keys;
+        if (ckeys[base + j] == gkeys[base + j]) {
+          ++st.keys_equal;
+        } else if (bad_key < 0) {
+          bad_key = j;
+        }
+      }
+      const std::span<const std::int32_t> cl = cpu.view().list(b, h);
+      const std::int32_t* gl = gids.data() + (static_cast<std::size_t>(b) * c.hkv + h) * gmax;
+      const int gc = gcnt[b * c.hkv + h];
+      bool same = gc == static_cast<int>(cl.size()) && std::equal(cl.begin(), cl.end(), gl);
+      for (int i = gc; same && i < gmax; ++i) same = gl[i] == -1;
+      st.identical += same;
+      if ((bad_key >= 0 || !same) && failures++ < 5) {
+        std::printf(
+            "FAIL %s B=%d Hq=%d Hkv=%d d=%d page=%d len=%d budget=%d sinks=%d window=%d tie=%d: "
+            "b=%d h=%d: ",
+            tag, c.batch, c.hq, c.hkv, c.d, c.page, c.len, c.pol.budget_pages, c.pol.sink_pages,
+            c.pol.window_tokens, c.tie_mode, b, h);
+        if (bad_key >= 0)
+          std::printf("key of page %d gpu %08x cpu %08x; ", bad_key, gkeys[base + bad_key],
+                      ckeys[base + bad_key]);
+        std::printf("lists %s (count gpu %d cpu %zu)\n", same ? "equal" : "differ", gc,
+                    cl.size());
+      }
+    }
+  }
+  return failures;
+}
+
+// Downloads the selection and page keys of the last GPU selection into the vectors.
+void download_selection(const SelGpu& g, const cuda::SelectWorkspace& ws,
+                        std::vector<std::int32_t>& ids, std::vector<std::int32_t>& cnt,
+                        std::vector<std::uint32_t>& keys) {
+  ids = g.ids.download();
+  cnt = g.count.download();
+  const auto k = ws.page_keys();
+  keys.resize(k.size());
+  CK(cudaMemcpy(keys.data(), k.data(), k.size() * sizeof(std::uint32_t), cudaMemcpyDeviceToHost));
+}
+
+int run_compact_check() {
+  std::vector<SelCase> cases;
+  for (const SelCase& c : select_cases()) {
+    // The CPU references are scalar: keep every case's store under ~2e7 values.
+    const double values = static_cast<double>(c.batch) * ((c.len + c.page - 1) / c.page) *
+                          c.hkv * c.d;
+    if (values <= 2e7) cases.push_back(c);
+  }
+  std::printf(
+      "select-compact check: %zu cases, GPU 8-bit Quest vs select::quest_select8 and GPU "
+      "hierarchical Quest (groups of 16 pages, cover 0.5/1/2/8) vs select::hier_select; keys and "
+      "lists must be identical\n",
+      cases.size());
+  cuda::SelectWorkspace ws;
+  ExactStats s8, sh;
+  int failures = 0;
+  const double covers[] = {2.0, 1.0, 0.5, 8.0};
+  const auto t0 = std::chrono::steady_clock::now();
+  for (std::size_t i = 0; i < cases.size(); ++i) {
+    int f = 0;
+    try {
+      SelData sd;
+      sd.c = cases[i];
+      build_sel_case(sd, 7000 + i);
+      const SelCase& c = sd.c;
+      SelGpu g;
+      setup_sel_gpu(sd, g);
+      const kv::PageTable table{sd.indptr, sd.indices, sd.last};
+      const auto qv = View3<const float>::contiguous(sd.q.data(), c.batch, c.hq, c.d);
+      cuda::SelectLaunch l;
+      l.workspace = &ws;
+      l.max_pages_per_seq = sd.max_pages;
+      l.chunk_pages = i % 2 ? 64 : 0;
+      std::vector<std::int32_t> ids, cnt;
+      std::vector<std::uint32_t> keys, ckeys;
+      // 8-bit.
+      kv::SummariesView sv;
+      sv.min = sd.smin.data();
+      sv.max = sd.smax.data();
+      sv.num_pages = sd.pool_pages;
+      sv.num_kv_heads = c.hkv;
+      sv.head_dim = c.d;
+      const select::BoundStore8 store8(sv);
+      SelectionStorage cpu8;
+      select::quest_select8(qv, table, c.page, store8.view(), c.scale, c.pol, cpu8, &ckeys,
+                            sd.max_pages);
+      const Store8Gpu g8 = upload_store8(store8.view());
+      cuda::QuestSelectArgs a8 = g.args;
+      a8.bounds8 = g8.view;
+      CK(cudaMemset(g.ids.p, 0x7f, g.ids.n * sizeof(std::int32_t)));
+      cuda::quest_select(a8, l);
+      download_selection(g, ws, ids, cnt, keys);
+      f += compare_exact(sd, cpu8, ckeys, ids, cnt, g.max_per_head, keys, ws.keys_stride(),
+                         "select8", s8);
+      // Hierarchical.
+      const select::BoundStoreView hv = sd.store.view();
+      const select::GroupStore groups(hv, table, 16);
+      const double cover = covers[i % 4];
+      select::HierSelectArgs ha;
+      ha.q = qv;
+      ha.table = table;
+      ha.page_size = c.page;
+      ha.pages = &hv;
+      ha.groups = &groups;
+      ha.scale = c.scale;
+      ha.policy = c.pol;
+      ha.cover = cover;
+      SelectionStorage cpuh;
+      select::hier_select(ha, cpuh, &ckeys, sd.max_pages);
+      const GroupGpu gg = upload_groups(groups);
+      CK(cudaMemset(g.ids.p, 0x7f, g.ids.n * sizeof(std::int32_t)));
+      cuda::hier_select(hier_args(g.args, gg, cover), l);
+      download_selection(g, ws, ids, cnt, keys);
+      f += compare_exact(sd, cpuh, ckeys, ids, cnt, g.max_per_head, keys, ws.keys_stride(),
+                         "hier", sh);
+    } catch (const Error& e) {
+      std::printf("FAIL select-compact case %zu threw: %s\n", i, e.what());
+      f += 1;
+    }
+    failures += f;
+    if (i % 16 == 15 || i + 1 == cases.size()) {
+      std::printf("  select-compact cases ..%zu done (%d failures so far)\n", i, failures);
+      std::fflush(stdout);
+    }
+  }
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  std::printf(
+      "select8: %ld/%ld lists identical, keys %ld/%ld identical; hier: %ld/%ld lists identical, "
+      "keys %ld/%ld identical (%.1f s)\n",
+      s8.identical, s8.lists, s8.keys_equal, s8.keys, sh.identical, sh.lists, sh.keys_equal,
+      sh.keys, secs);
+  std::printf("SELECT-COMPACT CHECK %s: %d failure(s)\n", failures ? "FAILED" : "PASSED",
+              failures);
+  return failures;
+}
+
 int run_select_selftest() {
   std::printf("select-selftest\n");
   int failures = 0;
@@ -1698,20 +1916,22 @@ int main(int argc, char** argv) {
       const int decode_rc = run_check();
       const int selftest = run_select_selftest();
       const int select = run_select_check();
+      const int compact = run_compact_check();
       const int prefill = run_prefill_check();
       const int append = run_append_check();
-      const bool bad = decode_rc || selftest || select || prefill || append;
+      const bool bad = decode_rc || selftest || select || compact || prefill || append;
       std::printf(
-          "ALL CHECKS %s (decode %s, select-selftest %d, select %d, prefill %d, append %d "
-          "failure(s))\n",
-          bad ? "FAILED" : "PASSED", decode_rc ? "FAILED" : "passed", selftest, select, prefill,
-          append);
+          "ALL CHECKS %s (decode %s, select-selftest %d, select %d, select-compact %d, prefill "
+          "%d, append %d failure(s))\n",
+          bad ? "FAILED" : "PASSED", decode_rc ? "FAILED" : "passed", selftest, select, compact,
+          prefill, append);
       return bad ? 1 : 0;
     }
     if (mode == "decode-check") return run_check();
     if (mode == "profile") return run_profile();
     if (mode == "select-selftest") return run_select_selftest() ? 1 : 0;
     if (mode == "select-check") return run_select_check() ? 1 : 0;
+    if (mode == "select-compact-check") return run_compact_check() ? 1 : 0;
     if (mode == "bench") return run_bench(argc > 2 ? argv[2] : "bench_ours.json");
     if (mode == "prefill-check") return run_prefill_check() ? 1 : 0;
     if (mode == "append-check") return run_append_check() ? 1 : 0;
@@ -1722,7 +1942,8 @@ int main(int argc, char** argv) {
     return 3;
   }
   std::fprintf(stderr,
-               "usage: %s check | decode-check | select-selftest | select-check | profile | "
+               "usage: %s check | decode-check | select-selftest | select-check | "
+               "select-compact-check | profile | "
                "bench OUT.json | prefill-check | prefill-bench OUT.json | append-check\n",
                argv[0]);
   return 2;
