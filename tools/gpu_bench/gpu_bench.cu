@@ -1483,6 +1483,9 @@ struct Row {
   int ctx, batch, budget;
   double us, bytes;
   double cpu_select_ms = 0;  // CPU Quest selection time of the step (not in us), when known
+  // Selection rows of the 8-bit and hierarchical selectors: recall of the flat bf16 GPU
+  // selection's pages and the fraction of identical lists (-1: not a selection row).
+  double recall = -1, identical = -1;
 };
 
 constexpr double kBenchAlpha = 1.5;  // the entmax rows
@@ -1540,8 +1543,8 @@ int run_bench(const char* json_path) {
   // bf16 values, so the rounding is exact here and CPU and GPU rank the same bounds).
   select::BoundStoreView dstore;
   DevBuf<std::uint16_t> store_min, store_max;
+  const select::BoundStore store(summ);  // kept: the group stores are built from it
   {
-    const select::BoundStore store(summ);
     const select::BoundStoreView hv = store.view();
     const std::size_t n = static_cast<std::size_t>(pool_pages) * Hkv * d;
     store_min = DevBuf<std::uint16_t>(n);
@@ -1553,6 +1556,8 @@ int run_bench(const char* json_path) {
     dstore.max = reinterpret_cast<const bf16*>(store_max.p);
     dstore.wmax = nullptr;
   }
+  // The 8-bit store of the same summaries.
+  const Store8Gpu store8 = upload_store8(select::BoundStore8(summ).view());
   cuda::SelectWorkspace sws;
 
   cuda::DecodeWorkspace ws;
@@ -1821,6 +1826,114 @@ int run_bench(const char* json_path) {
                       bytes + summary_bytes});
       rows.push_back({"gpu_quest_select", sh.ctx, sh.batch, budget, gsel_us, summary_bytes});
       rows.push_back({"gpu_quest_score", sh.ctx, sh.batch, budget, gscore_us, summary_bytes});
+      if (budget != 4096) continue;
+
+      // Top-k alone (on the keys the last scoring left), the 8-bit store, the hierarchical
+      // selector: selection alone and the whole step (select + decode) in one CUDA graph,
+      // bytes each reads, and the recall of the flat bf16 selection (GPU lists) per rotation.
+      const double key_bytes = static_cast<double>(sh.batch) * Hkv * pages * 4;
+      cuda::quest_score(sel_args(0), sl);
+      const double topk_us =
+          time_us(kWarm, kIters, [&](int i) { cuda::quest_topk(sel_args(i), sl); });
+      rows.push_back({"gpu_quest_topk", sh.ctx, sh.batch, budget, topk_us, key_bytes});
+      const auto sel8_args = [&](int r) {
+        cuda::QuestSelectArgs a = sel_args(r);
+        a.bounds8 = store8.view;
+        return a;
+      };
+      std::vector<GroupGpu> groups;
+      for (int t = 0; t < rot; ++t)
+        groups.push_back(upload_groups(
+            select::GroupStore(store.view(), {indptr[t], indices[t], last[t]}, 16)));
+      constexpr double kCover = 2.0;
+      const auto hsel_args = [&](int r) {
+        return hier_args(sel_args(r), groups[static_cast<std::size_t>(r % rot)], kCover);
+      };
+      // Flat lists of every rotation, then each selector's agreement with them.
+      std::vector<std::vector<std::int32_t>> flat_ids(kQRot), flat_cnt(kQRot);
+      for (int r = 0; r < kQRot; ++r) {
+        cuda::quest_select(sel_args(r), sl);
+        flat_ids[r] = g_ids[r].download();
+        flat_cnt[r] = g_cnt[r].download();
+      }
+      sws.check(nullptr);
+      const auto agreement = [&](const auto& select_fn) {
+        long lists = 0, identical = 0;
+        double hit = 0, total = 0;
+        for (int r = 0; r < kQRot; ++r) {
+          select_fn(r);
+          sws.check(nullptr);
+          const auto ids = g_ids[r].download();
+          const auto cnt = g_cnt[r].download();
+          const SelectionView ref{SelectionView::Unit::page, sh.batch, Hkv, cap, flat_ids[r],
+                                  flat_cnt[r]};
+          const SelectionView got{SelectionView::Unit::page, sh.batch, Hkv, cap, ids, cnt};
+          const select::SelectionAgreement a = select::compare_selections(ref, got);
+          lists += a.lists;
+          identical += a.identical;
+          long ref_pages = 0;
+          for (int c : flat_cnt[r]) ref_pages += c;
+          hit += a.recall * static_cast<double>(ref_pages);
+          total += static_cast<double>(ref_pages);
+        }
+        return std::pair<double, double>{total ? hit / total : 1.0,
+                                         lists ? static_cast<double>(identical) / lists : 1.0};
+      };
+      const auto step_graph = [&](const auto& select_fn) {
+        const double us = time_graph_us(kQRot, kWarm, kIters, [&](int r, cudaStream_t st) {
+          select_fn(r, st);
+          attn::DecodeArgs a = args_for(r);
+          a.selection = &gsv[r];
+          cuda::DecodeLaunch l = launch;
+          l.stream = st;
+          cuda::decode(a, l);
+        });
+        sws.check(nullptr);
+        ws.check(nullptr);
+        return us;
+      };
+      // 8-bit.
+      const double bytes8 = static_cast<double>(sh.batch) * pages * Hkv * (2.0 * d + 8);
+      const double score8_us =
+          time_us(kWarm, kIters, [&](int i) { cuda::quest_score(sel8_args(i), sl); });
+      const double sel8_us =
+          time_us(kWarm, kIters, [&](int i) { cuda::quest_select(sel8_args(i), sl); });
+      sws.check(nullptr);
+      const auto [rec8, same8] = agreement([&](int r) { cuda::quest_select(sel8_args(r), sl); });
+      const double step8_us = step_graph([&](int r, cudaStream_t st) {
+        cuda::SelectLaunch l2 = sl;
+        l2.stream = st;
+        cuda::quest_select(sel8_args(r), l2);
+      });
+      // Hierarchical: group summaries of every group, and the pages of the chosen groups
+      // (at most m per (sequence, kv head)).
+      const int ngroups = (pages + 15) / 16;
+      const int m = select::hier_groups(ngroups, 16, pol.budget_pages, kCover);
+      const double hbytes = static_cast<double>(sh.batch) * Hkv * d * 4.0 * (ngroups + m * 16.0);
+      const double hsel_us =
+          time_us(kWarm, kIters, [&](int i) { cuda::hier_select(hsel_args(i), sl); });
+      sws.check(nullptr);
+      const auto [rech, sameh] = agreement([&](int r) { cuda::hier_select(hsel_args(r), sl); });
+      const double steph_us = step_graph([&](int r, cudaStream_t st) {
+        cuda::SelectLaunch l2 = sl;
+        l2.stream = st;
+        cuda::hier_select(hsel_args(r), l2);
+      });
+      std::printf(
+          "  compact ctx=%7d B=%2d budget=%5d: top-k %.1f us | 8-bit score %.1f us, select %.1f "
+          "us, step (graph) %.1f us, recall %.4f, identical %.3f | hier (cover %.0f, %d groups) "
+          "select %.1f us, step (graph) %.1f us, recall %.4f, identical %.3f\n",
+          sh.ctx, sh.batch, budget, topk_us, score8_us, sel8_us, step8_us, rec8, same8, kCover, m,
+          hsel_us, steph_us, rech, sameh);
+      rows.push_back({"gpu_quest8_score", sh.ctx, sh.batch, budget, score8_us, bytes8});
+      rows.push_back({"gpu_quest8_select", sh.ctx, sh.batch, budget, sel8_us, bytes8, 0, rec8,
+                      same8});
+      rows.push_back({"ours_sparse_quest8_gpu_sel_graph", sh.ctx, sh.batch, budget, step8_us,
+                      bytes + bytes8, 0, rec8, same8});
+      rows.push_back({"gpu_hier_select", sh.ctx, sh.batch, budget, hsel_us, hbytes, 0, rech,
+                      sameh});
+      rows.push_back({"ours_sparse_hier_gpu_sel_graph", sh.ctx, sh.batch, budget, steph_us,
+                      bytes + hbytes, 0, rech, sameh});
     }
   }
 
@@ -1835,9 +1948,10 @@ int run_bench(const char* json_path) {
     const Row& r = rows[i];
     std::fprintf(f,
                  "  {\"kind\": \"%s\", \"ctx\": %d, \"batch\": %d, \"budget\": %d, "
-                 "\"us\": %.3f, \"bytes\": %.0f, \"cpu_select_ms\": %.4f}%s\n",
+                 "\"us\": %.3f, \"bytes\": %.0f, \"cpu_select_ms\": %.4f, \"recall\": %.5f, "
+                 "\"identical\": %.5f}%s\n",
                  r.kind.c_str(), r.ctx, r.batch, r.budget, r.us, r.bytes, r.cpu_select_ms,
-                 i + 1 < rows.size() ? "," : "");
+                 r.recall, r.identical, i + 1 < rows.size() ? "," : "");
   }
   std::fprintf(f, "]}\n");
   std::fclose(f);
