@@ -819,9 +819,20 @@ __global__ void __launch_bounds__(kTopkThreads) quest_topk_block_kernel(SelParam
       s_hist[2 * tid] = 0;
       s_hist[2 * tid + 1] = 0;
       __syncthreads();
-      for (int j = lo + tid; j < hi; j += kTopkThreads) {
-        const std::uint32_t key = key_at(j);
-        if (key >= wlo && key <= whi) atomicAdd(&s_hist[(key - wlo) >> shift], 1);
+      // Uniform trip count (whole warps vote). The lanes whose bin is lane 0's add with one
+      // atomic: runs of equal keys — the unscored pages (key 0) of the hierarchical selector,
+      // ties — would otherwise serialise on one shared-memory address.
+      for (int j0 = lo; j0 < hi; j0 += kTopkThreads) {
+        const int j = j0 + tid;
+        unsigned bin = 0xffffffffu;
+        if (j < hi) {
+          const std::uint32_t key = key_at(j);
+          if (key >= wlo && key <= whi) bin = (key - wlo) >> shift;
+        }
+        const unsigned bin0 = __shfl_sync(0xffffffffu, bin, 0);
+        const unsigned same = __ballot_sync(0xffffffffu, bin == bin0);
+        if (bin0 != 0xffffffffu && lane == 0) atomicAdd(&s_hist[bin0], __popc(same));
+        if (bin != 0xffffffffu && bin != bin0) atomicAdd(&s_hist[bin], 1);
       }
       __syncthreads();
       // Suffix sums over the bins from the top: thread t owns bins 2t (lower) and 2t + 1.
