@@ -765,6 +765,9 @@ __global__ void __launch_bounds__(kTopkThreads) quest_topk_block_kernel(SelParam
     if (tid == 0) *out_count = 0;
     if (mask != nullptr && n > 0)
       for (int j = tid; j < n; j += kTopkThreads) mask[j] = 0;
+    // Every exit waits for the scoring grid, so this grid never completes before it (a later
+    // launch in the stream then finds both done).
+    wait_for_scores();
     return;
   }
   const int need = total - kept;
@@ -780,9 +783,9 @@ __global__ void __launch_bounds__(kTopkThreads) quest_topk_block_kernel(SelParam
     if (nsel == 0)
       for (int j = s0 + tid; j < window; j += kTopkThreads) mask[j] = 0;
   }
+  wait_for_scores();
   if (nsel == 0) return;
 
-  wait_for_scores();
   const std::uint32_t* keys =
       p.keys + (static_cast<std::int64_t>(b) * p.num_kv_heads + h) * p.max_pages;
   const int lo = sinks, hi = window, cand = hi - lo;
