@@ -1490,6 +1490,30 @@ struct Row {
 
 constexpr double kBenchAlpha = 1.5;  // the entmax rows
 
+// Writes the rows measured so far (the bench rewrites the file after every shape, so a crash
+// keeps what was measured before it).
+bool write_rows(const char* json_path, const cudaDeviceProp& prop, const std::vector<Row>& rows) {
+  FILE* f = std::fopen(json_path, "w");
+  if (!f) {
+    std::perror(json_path);
+    return false;
+  }
+  std::fprintf(f, "{\"device\": \"%s\", \"sms\": %d, \"rows\": [\n", prop.name,
+               prop.multiProcessorCount);
+  for (std::size_t i = 0; i < rows.size(); ++i) {
+    const Row& r = rows[i];
+    std::fprintf(f,
+                 "  {\"kind\": \"%s\", \"ctx\": %d, \"batch\": %d, \"budget\": %d, "
+                 "\"us\": %.3f, \"bytes\": %.0f, \"cpu_select_ms\": %.4f, \"recall\": %.5f, "
+                 "\"identical\": %.5f}%s\n",
+                 r.kind.c_str(), r.ctx, r.batch, r.budget, r.us, r.bytes, r.cpu_select_ms,
+                 r.recall, r.identical, i + 1 < rows.size() ? "," : "");
+  }
+  std::fprintf(f, "]}\n");
+  std::fclose(f);
+  return true;
+}
+
 int run_bench(const char* json_path) {
   cudaDeviceProp prop{};
   CK(cudaGetDeviceProperties(&prop, 0));
@@ -1826,7 +1850,12 @@ int run_bench(const char* json_path) {
                       bytes + summary_bytes});
       rows.push_back({"gpu_quest_select", sh.ctx, sh.batch, budget, gsel_us, summary_bytes});
       rows.push_back({"gpu_quest_score", sh.ctx, sh.batch, budget, gscore_us, summary_bytes});
-      if (budget != 4096) continue;
+      // MASSKV_BENCH_COMPACT=0 leaves out the rows below (8-bit, hierarchical, top-k alone).
+      static const bool compact_rows = [] {
+        const char* e = std::getenv("MASSKV_BENCH_COMPACT");
+        return e == nullptr || std::string(e) != "0";
+      }();
+      if (budget != 4096 || !compact_rows) continue;
 
       // Top-k alone (on the keys the last scoring left), the 8-bit store, the hierarchical
       // selector: selection alone and the whole step (select + decode) in one CUDA graph,
@@ -1941,27 +1970,10 @@ int run_bench(const char* json_path) {
                         steph_us, bytes + hbytes, 0, rech, sameh});
       }
     }
+    if (!write_rows(json_path, prop, rows)) return 2;
   }
 
-  FILE* f = std::fopen(json_path, "w");
-  if (!f) {
-    std::perror(json_path);
-    return 2;
-  }
-  std::fprintf(f, "{\"device\": \"%s\", \"sms\": %d, \"rows\": [\n", prop.name,
-               prop.multiProcessorCount);
-  for (std::size_t i = 0; i < rows.size(); ++i) {
-    const Row& r = rows[i];
-    std::fprintf(f,
-                 "  {\"kind\": \"%s\", \"ctx\": %d, \"batch\": %d, \"budget\": %d, "
-                 "\"us\": %.3f, \"bytes\": %.0f, \"cpu_select_ms\": %.4f, \"recall\": %.5f, "
-                 "\"identical\": %.5f}%s\n",
-                 r.kind.c_str(), r.ctx, r.batch, r.budget, r.us, r.bytes, r.cpu_select_ms,
-                 r.recall, r.identical, i + 1 < rows.size() ? "," : "");
-  }
-  std::fprintf(f, "]}\n");
-  std::fclose(f);
-  return 0;
+  return write_rows(json_path, prop, rows) ? 0 : 2;
 }
 
 // A few launches of softmax and entmax decode on one shape (B=1, Hq=32, Hkv=8, d=128, bf16,
@@ -2036,9 +2048,10 @@ int main(int argc, char** argv) {
       const int decode_rc = run_check();
       const int selftest = run_select_selftest();
       const int select = run_select_check();
-      const int compact = run_compact_check();
       const int prefill = run_prefill_check();
       const int append = run_append_check();
+      // Last: the newest kernels (a sticky CUDA error would fail every later section).
+      const int compact = run_compact_check();
       const bool bad = decode_rc || selftest || select || compact || prefill || append;
       std::printf(
           "ALL CHECKS %s (decode %s, select-selftest %d, select %d, select-compact %d, prefill "
