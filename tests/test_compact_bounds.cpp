@@ -13,42 +13,13 @@
 #include "masskv/kv/cache.hpp"
 #include "masskv/select/compact_bounds.hpp"
 #include "masskv/select/page_bound.hpp"
+#include "selector_fixture.hpp"
 
 namespace masskv::select {
 namespace {
 
-using kv::CacheConfig;
-using kv::Layout;
-using kv::PagedKVCache;
-using kv::PageTableStorage;
-using kv::SeqId;
-
-std::vector<float> random_vec(std::mt19937& rng, std::size_t n, float outlier_scale = 20.0f) {
-  std::normal_distribution<float> normal(0.0f, 1.0f);
-  std::uniform_int_distribution<int> pick(0, 9);
-  std::vector<float> x(n);
-  for (float& v : x) v = normal(rng) * (pick(rng) == 0 ? outlier_scale : 1.0f);
-  return x;
-}
-
-// A cache of `lengths.size()` sequences of random tokens, and their page table.
-struct Filled {
-  PagedKVCache cache;
-  std::vector<SeqId> seqs;
-  PageTableStorage table;
-};
-Filled fill(const CacheConfig& cfg, const std::vector<int>& lengths, std::mt19937& rng) {
-  PagedKVCache cache(cfg);
-  std::vector<SeqId> seqs;
-  for (int len : lengths) {
-    const SeqId s = cache.create();
-    const std::size_t n = static_cast<std::size_t>(len) * cfg.num_kv_heads * cfg.head_dim;
-    cache.append(s, random_vec(rng, n), random_vec(rng, n), len);
-    seqs.push_back(s);
-  }
-  PageTableStorage t = cache.page_table(seqs);
-  return {std::move(cache), std::move(seqs), std::move(t)};
-}
+using test::random_case;
+using test::SelCase;
 
 // max over the stored keys of logical pages [j0, j1) of sequence b: scale * q·k in f64.
 double exact_max(const kv::PagedKVView& v, int b, int j0, int j1, int head, const float* q,
@@ -68,12 +39,12 @@ double exact_max(const kv::PagedKVView& v, int b, int j0, int j1, int head, cons
 TEST(BoundStore8, CodesAreTheTightestOutwardOnes) {
   std::mt19937 rng(3);
   for (int d : {16, 64, 128}) {
-    const CacheConfig cfg{2, d, 16, DType::bf16, 64, Layout::HND};
-    Filled f = fill(cfg, {300, 17}, rng);
-    const kv::SummariesView s = f.cache.summaries();
+    const SelCase sc = random_case(rng, {300, 17}, 2, 2, d, 16, DType::bf16, 2.0f, 0.5f,
+                                   d == 64 ? 8.0f : 0.7f);
+    const kv::SummariesView s = sc.cache.summaries();
     const BoundStore8 store(s);
     const BoundStore8View v = store.view();
-    for (std::int32_t p : f.table.indices) {
+    for (std::int32_t p : sc.table.indices) {
       for (int h = 0; h < 2; ++h) {
         const float lo = v.grid[2 * (p * 2 + h)], step = v.grid[2 * (p * 2 + h) + 1];
         for (int c = 0; c < d; ++c) {
@@ -101,16 +72,18 @@ TEST(BoundStore8, BoundsAreAboveEveryScore) {
   int checked = 0;
   for (int d : {8, 64, 128}) {
     for (int P : {1, 16}) {
-      const CacheConfig cfg{2, d, P, DType::bf16, 128, Layout::HND};
-      Filled f = fill(cfg, {P == 1 ? 70 : 700}, rng);
-      const kv::PagedKVView v = f.cache.view(f.table);
-      const kv::SummariesView s = f.cache.summaries();
+      const SelCase c = random_case(rng, {P == 1 ? 70 : 700}, 3, 2, d, P, DType::bf16, 2.0f,
+                                    0.5f, P == 1 ? 0.7f : 6.0f);
+      const kv::PagedKVView v = c.view();
+      const kv::SummariesView s = c.cache.summaries();
       const BoundStore store(s);
       const BoundStore8 store8(s);
       const kv::PageTable& t = v.table;
       const GroupStore groups(store.view(), t, 4);
       const int n = t.num_pages(0), g = 3, ng = (n + 3) / 4;
-      const std::vector<float> q = random_vec(rng, static_cast<std::size_t>(g) * d, 5.0f);
+      std::vector<float> q(static_cast<std::size_t>(g) * d);
+      std::normal_distribution<float> normal(0.0f, 5.0f);
+      for (float& x : q) x = normal(rng);
       const float scale = 1.0f / std::sqrt(float(d));
       for (int h = 0; h < 2; ++h) {
         std::vector<float> u8(static_cast<std::size_t>(g) * n), ub(u8.size()), ua(u8.size());
@@ -143,21 +116,38 @@ TEST(BoundStore8, BoundsAreAboveEveryScore) {
   EXPECT_GT(checked, 1000);
 }
 
-struct SelCase {
-  Filled f;
+// Two kv heads, four q heads each, d 64, page 16, bf16 keys with per-page shifts; the stores.
+struct Stores {
+  SelCase c;
   BoundStore store;
   BoundStore8 store8;
-  std::vector<float> q;
-  int hq = 8, hkv = 2, d = 64;
 };
+Stores make_stores(std::mt19937& rng, const std::vector<int>& lengths) {
+  Stores s{random_case(rng, lengths, 8, 2, 64, 16, DType::bf16), {}, {}};
+  s.store = BoundStore(s.c.cache.summaries());
+  s.store8 = BoundStore8(s.c.cache.summaries());
+  return s;
+}
 
-SelCase make_case(std::mt19937& rng, const std::vector<int>& lengths) {
-  const CacheConfig cfg{2, 64, 16, DType::bf16, 1024, Layout::HND};
-  SelCase c{fill(cfg, lengths, rng), {}, {}, {}, 8, 2, 64};
-  c.store = BoundStore(c.f.cache.summaries());
-  c.store8 = BoundStore8(c.f.cache.summaries());
-  c.q = random_vec(rng, lengths.size() * c.hq * c.d, 3.0f);
-  return c;
+// Hierarchical and flat bf16 Quest on the same inputs.
+void hier_and_flat(const Stores& s, const GroupStore& groups, const TopkPolicy& pol, double cover,
+                   SelectionStorage& hier, SelectionStorage& flat,
+                   std::vector<std::uint32_t>* keys = nullptr) {
+  const BoundStoreView sv = s.store.view();
+  HierSelectArgs a;
+  a.q = s.c.qview();
+  a.table = s.c.table.table();
+  a.pages = &sv;
+  a.groups = &groups;
+  a.policy = pol;
+  a.cover = cover;
+  hier_select(a, hier, keys);
+  QuestArgs qa;
+  qa.q = a.q;
+  qa.table = a.table;
+  qa.bounds_bf16 = &sv;
+  qa.policy = pol;
+  quest_select(qa, flat);
 }
 
 // Valid selections: ascending ids inside the sequence, counts as the flat selector's.
@@ -180,28 +170,13 @@ void expect_same_shape(const SelectionView& ref, const SelectionView& got,
 
 TEST(HierSelect, EqualsFlatQuestWhenEveryGroupIsScored) {
   std::mt19937 rng(11);
-  const SelCase c = make_case(rng, {5000, 1200, 33});
-  const BoundStoreView sv = c.store.view();
-  const kv::PageTable t = c.f.table.table();
+  const Stores s = make_stores(rng, {5000, 1200, 33});
+  const kv::PageTable t = s.c.table.table();
   for (int G : {1, 4, 16}) {
-    const GroupStore groups(sv, t, G);
+    const GroupStore groups(s.store.view(), t, G);
     for (int budget : {0, 8, 40}) {
-      TopkPolicy pol{budget, 1, 64};
-      HierSelectArgs a;
-      a.q = View3<const float>::contiguous(c.q.data(), 3, c.hq, c.d);
-      a.table = t;
-      a.pages = &sv;
-      a.groups = &groups;
-      a.policy = pol;
-      a.cover = 1e6;  // every group
       SelectionStorage hier, flat;
-      hier_select(a, hier);
-      QuestArgs qa;
-      qa.q = a.q;
-      qa.table = t;
-      qa.bounds_bf16 = &sv;
-      qa.policy = pol;
-      quest_select(qa, flat);
+      hier_and_flat(s, groups, {budget, 1, 64}, 1e6, hier, flat);  // every group
       expect_same_shape(flat.view(), hier.view(), t);
       const SelectionAgreement ag = compare_selections(flat.view(), hier.view());
       if (cpu::has_avx2() && cpu::simd_allowed()) {  // same bound bits: same lists
@@ -217,27 +192,12 @@ TEST(HierSelect, EqualsFlatQuestWhenEveryGroupIsScored) {
 // recall of flat Quest is measured (not asserted beyond sanity: random keys have no structure).
 TEST(HierSelect, FewGroupsGiveAValidSelection) {
   std::mt19937 rng(13);
-  const SelCase c = make_case(rng, {8000, 3000});
-  const BoundStoreView sv = c.store.view();
-  const kv::PageTable t = c.f.table.table();
-  const GroupStore groups(sv, t, 16);
-  TopkPolicy pol{32, 1, 64};
-  HierSelectArgs a;
-  a.q = View3<const float>::contiguous(c.q.data(), 2, c.hq, c.d);
-  a.table = t;
-  a.pages = &sv;
-  a.groups = &groups;
-  a.policy = pol;
-  a.cover = 1.0;
+  const Stores s = make_stores(rng, {8000, 3000});
+  const kv::PageTable t = s.c.table.table();
+  const GroupStore groups(s.store.view(), t, 16);
   SelectionStorage hier, flat;
   std::vector<std::uint32_t> keys;
-  hier_select(a, hier, &keys);
-  QuestArgs qa;
-  qa.q = a.q;
-  qa.table = t;
-  qa.bounds_bf16 = &sv;
-  qa.policy = pol;
-  quest_select(qa, flat);
+  hier_and_flat(s, groups, {32, 1, 64}, 1.0, hier, flat, &keys);
   expect_same_shape(flat.view(), hier.view(), t);
   const int stride = t.num_pages(0);
   for (int b = 0; b < 2; ++b)
@@ -260,19 +220,19 @@ TEST(HierSelect, FewGroupsGiveAValidSelection) {
 // page_upper_bounds(BoundStore8View) by a full sort.
 TEST(QuestSelect8, IsTheFlatRuleOnTheEightBitBounds) {
   std::mt19937 rng(17);
-  const SelCase c = make_case(rng, {4000, 900});
-  const kv::PageTable t = c.f.table.table();
+  const Stores s = make_stores(rng, {4000, 900});
+  const kv::PageTable t = s.c.table.table();
   const TopkPolicy pol{20, 2, 32};
   SelectionStorage sel;
-  const auto qv = View3<const float>::contiguous(c.q.data(), 2, c.hq, c.d);
-  quest_select8(qv, t, 16, c.store8.view(), 0, pol, sel);
-  const int g = c.hq / c.hkv;
+  const auto qv = s.c.qview();
+  quest_select8(qv, t, 16, s.store8.view(), 0, pol, sel);
+  const int g = 4;
   for (int b = 0; b < 2; ++b)
-    for (int h = 0; h < c.hkv; ++h) {
+    for (int h = 0; h < 2; ++h) {
       const int n = t.num_pages(b);
       const std::span<const std::int32_t> phys = t.indices.subspan(t.indptr[b], n);
       std::vector<float> U(static_cast<std::size_t>(g) * n);
-      page_upper_bounds(c.store8.view(), phys, h, qv.row(b, h * g), g, c.d,
+      page_upper_bounds(s.store8.view(), phys, h, qv.row(b, h * g), g, 64,
                         1.0f / std::sqrt(64.0f), U);
       std::vector<std::int32_t> want(static_cast<std::size_t>(sel.max_per_head));
       const int cnt = select_topk_pages(U, g, n, t.last_page_len[b], 16, pol, want);

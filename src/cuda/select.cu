@@ -461,6 +461,77 @@ __global__ void __launch_bounds__(kScoreMaxWarps * 32) quest_score_kernel(SelPar
 }
 // ---- top-k ----------------------------------------------------------------------------------
 
+// The split of one (sequence, kv head)'s pages, as topk_split (topk_rank.hpp): sinks
+// [0, sinks) and [window, n) kept (`kept` pages), `total` selected. bad: a bad indptr,
+// last_page_len or a selection longer than the lists (flagged by `flag`'s thread).
+struct TopkSplit {
+  int n, sinks, window, kept, total;
+  bool bad;
+};
+__device__ TopkSplit topk_split_of(const SelParams& p, int b, bool flag) {
+  TopkSplit s{seq_pages(p, b), 0, 0, 0, 0, false};
+  const int n = s.n;
+  int last = 0;
+  s.bad = n < 0;
+  if (!s.bad && n > 0) {
+    last = p.last_len[b];
+    if (last < 1 || last > p.page_size) {
+      if (flag) atomicOr(p.err, kBadLastLen);
+      s.bad = true;
+    }
+  }
+  if (!s.bad && n > 0) {
+    const std::int64_t length = static_cast<std::int64_t>(n - 1) * p.page_size + last;
+    s.sinks = min(p.sinks, n);
+    const std::int64_t first_token =
+        length - p.window_tokens > 0 ? length - p.window_tokens : std::int64_t{0};
+    s.window = p.window_tokens > 0 ? static_cast<int>(first_token / p.page_size) : n - 1;
+    s.window = min(s.window, n - 1);
+    s.kept = s.sinks >= s.window ? n : s.sinks + (n - s.window);
+    s.total = min(n, max(p.budget, s.kept));
+    if (s.total > p.max_per_head) {
+      if (flag) atomicOr(p.err, kBadCapacity);
+      s.bad = true;
+    }
+  }
+  return s;
+}
+
+// The two passes of the ordered compaction (both top-k kernels). Warp-contiguous ids
+// [wbeg, wend), walked 32 at a time in id order; classify(j, gt, eq) puts candidate j above
+// the threshold (always taken) or on it (taken in id order until need_eq). The counting pass
+// and the emitting pass must classify alike.
+template <class Classify>
+__device__ void warp_counts(int wbeg, int wend, int lane, const Classify& classify, int& eq_w,
+                            int& gt_w) {
+  eq_w = gt_w = 0;
+  for (int j0 = wbeg; j0 < wend; j0 += 32) {
+    bool gt = false, eq = false;
+    classify(j0 + lane, gt, eq);
+    gt_w += __popc(__ballot_sync(0xffffffffu, gt));
+    eq_w += __popc(__ballot_sync(0xffffffffu, eq));
+  }
+}
+// Writes the selected ids at out[sel_r + rank]; eq_r, sel_r: the ties and the selected ids
+// before this warp's range. mask (optional): 1/0 per id of the range.
+template <class Classify>
+__device__ void warp_emit(int wbeg, int wend, int lane, const Classify& classify, int need_eq,
+                          int eq_r, int sel_r, std::int32_t* out, std::uint8_t* mask) {
+  const unsigned lt_mask = (1u << lane) - 1u;
+  for (int j0 = wbeg; j0 < wend; j0 += 32) {
+    const int j = j0 + lane;
+    bool gt = false, eq = false;
+    classify(j, gt, eq);
+    const unsigned eqb = __ballot_sync(0xffffffffu, eq);
+    const bool sel = gt || (eq && eq_r + __popc(eqb & lt_mask) < need_eq);
+    const unsigned selb = __ballot_sync(0xffffffffu, sel);
+    if (sel) out[sel_r + __popc(selb & lt_mask)] = j;
+    if (mask != nullptr && j < wend) mask[j] = sel ? 1 : 0;
+    eq_r += __popc(eqb);
+    sel_r += __popc(selb);
+  }
+}
+
 // Selection of one (sequence, kv head) by a cluster of kC CTAs (thread-block cluster,
 // distributed shared memory). grid (kC, kv heads, batch), kTopkThreads threads.
 // CTA r of the cluster owns the r-th contiguous slice of the candidates [sinks, window): it
@@ -484,38 +555,14 @@ __global__ void __cluster_dims__(kC, 1, 1) __launch_bounds__(kTopkThreads)
   const int rank = static_cast<int>(cluster.block_rank());
   const int h = blockIdx.y, b = blockIdx.z;
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
-  const unsigned lt_mask = (1u << lane) - 1u;
   std::int32_t* out =
       p.out_ids + (static_cast<std::int64_t>(b) * p.num_kv_heads + h) * p.max_per_head;
   std::int32_t* out_count = p.out_count + b * p.num_kv_heads + h;
   const bool leader = rank == 0;  // writes the kept pages, the -1 padding and the count
 
-  const int n = seq_pages(p, b);
-  int last = 0;
-  bool bad = n < 0;
-  if (!bad && n > 0) {
-    last = p.last_len[b];
-    if (last < 1 || last > p.page_size) {
-      if (tid == 0) atomicOr(p.err, kBadLastLen);
-      bad = true;
-    }
-  }
-  // Kept pages and the total, as kept_pages / topk_one (page_bound.cpp).
-  int sinks = 0, window = 0, kept = 0, total = 0;
-  if (!bad && n > 0) {
-    const std::int64_t length = static_cast<std::int64_t>(n - 1) * p.page_size + last;
-    sinks = min(p.sinks, n);
-    const std::int64_t first_token =
-        length - p.window_tokens > 0 ? length - p.window_tokens : std::int64_t{0};
-    window = p.window_tokens > 0 ? static_cast<int>(first_token / p.page_size) : n - 1;
-    window = min(window, n - 1);
-    kept = sinks >= window ? n : sinks + (n - window);
-    total = min(n, max(p.budget, kept));
-    if (total > p.max_per_head) {
-      if (tid == 0) atomicOr(p.err, kBadCapacity);
-      bad = true;
-    }
-  }
+  const TopkSplit sp = topk_split_of(p, b, tid == 0);
+  const int n = sp.n, sinks = sp.sinks, window = sp.window, kept = sp.kept, total = sp.total;
+  const bool bad = sp.bad;
   if (bad || n == 0) {
     if (leader) {
       for (int i = tid; i < p.max_per_head; i += kTopkThreads) out[i] = -1;
@@ -626,14 +673,8 @@ __global__ void __cluster_dims__(kC, 1, 1) __launch_bounds__(kTopkThreads)
     gt = take_all || key > T;
     eq = !take_all && key == T;
   };
-  int eq_w = 0, gt_w = 0;
-  for (int j0 = wbeg; j0 < wend; j0 += 32) {
-    const int j = j0 + lane;
-    bool gt = false, eq = false;
-    classify(j, gt, eq);
-    gt_w += __popc(__ballot_sync(0xffffffffu, gt));
-    eq_w += __popc(__ballot_sync(0xffffffffu, eq));
-  }
+  int eq_w, gt_w;
+  warp_counts(wbeg, wend, lane, classify, eq_w, gt_w);
   if (lane == 0) {
     s_warp_a[warp] = eq_w;
     s_warp_b[warp] = gt_w;
@@ -669,18 +710,8 @@ __global__ void __cluster_dims__(kC, 1, 1) __launch_bounds__(kTopkThreads)
   // No CTA leaves (or reuses) its shared memory while another may still read it; also orders
   // s_base_* for this CTA's threads.
   cluster.sync();
-  int eq_r = s_base_eq[warp], sel_r = s_base_sel[warp];
-  for (int j0 = wbeg; j0 < wend; j0 += 32) {
-    const int j = j0 + lane;
-    bool gt = false, eq = false;
-    classify(j, gt, eq);
-    const unsigned eqb = __ballot_sync(0xffffffffu, eq);
-    const bool sel = gt || (eq && eq_r + __popc(eqb & lt_mask) < need_eq);
-    const unsigned selb = __ballot_sync(0xffffffffu, sel);
-    if (sel) out[s0 + sel_r + __popc(selb & lt_mask)] = j;
-    eq_r += __popc(eqb);
-    sel_r += __popc(selb);
-  }
+  warp_emit(wbeg, wend, lane, classify, need_eq, s_base_eq[warp], s_base_sel[warp], out + s0,
+            nullptr);
 }
 
 // ---- top-k, one CTA per (sequence, kv head) ----------------------------------------------------
@@ -726,7 +757,6 @@ __global__ void __launch_bounds__(kTopkThreads) quest_topk_block_kernel(SelParam
 
   const int h = blockIdx.y, b = blockIdx.z;
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
-  const unsigned lt_mask = (1u << lane) - 1u;
   std::int32_t* out =
       p.out_ids + (static_cast<std::int64_t>(b) * p.num_kv_heads + h) * p.max_per_head;
   std::int32_t* out_count = p.out_count + b * p.num_kv_heads + h;
@@ -735,31 +765,9 @@ __global__ void __launch_bounds__(kTopkThreads) quest_topk_block_kernel(SelParam
                                               p.max_pages
                            : nullptr;
 
-  const int n = seq_pages(p, b);
-  int last = 0;
-  bool bad = n < 0;
-  if (!bad && n > 0) {
-    last = p.last_len[b];
-    if (last < 1 || last > p.page_size) {
-      if (tid == 0) atomicOr(p.err, kBadLastLen);
-      bad = true;
-    }
-  }
-  int sinks = 0, window = 0, kept = 0, total = 0;
-  if (!bad && n > 0) {
-    const std::int64_t length = static_cast<std::int64_t>(n - 1) * p.page_size + last;
-    sinks = min(p.sinks, n);
-    const std::int64_t first_token =
-        length - p.window_tokens > 0 ? length - p.window_tokens : std::int64_t{0};
-    window = p.window_tokens > 0 ? static_cast<int>(first_token / p.page_size) : n - 1;
-    window = min(window, n - 1);
-    kept = sinks >= window ? n : sinks + (n - window);
-    total = min(n, max(p.budget, kept));
-    if (total > p.max_per_head) {
-      if (tid == 0) atomicOr(p.err, kBadCapacity);
-      bad = true;
-    }
-  }
+  const TopkSplit sp = topk_split_of(p, b, tid == 0);
+  const int n = sp.n, sinks = sp.sinks, window = sp.window, kept = sp.kept, total = sp.total;
+  const bool bad = sp.bad;
   if (bad || n == 0) {
     for (int i = tid; i < p.max_per_head; i += kTopkThreads) out[i] = -1;
     if (tid == 0) *out_count = 0;
@@ -893,13 +901,8 @@ __global__ void __launch_bounds__(kTopkThreads) quest_topk_block_kernel(SelParam
     gt = take_all || key > whi;
     eq = !take_all && key >= wlo && key <= whi;
   };
-  int eq_w = 0, gt_w = 0;
-  for (int j0 = wbeg; j0 < wend; j0 += 32) {
-    bool gt = false, eq = false;
-    classify(j0 + lane, gt, eq);
-    gt_w += __popc(__ballot_sync(0xffffffffu, gt));
-    eq_w += __popc(__ballot_sync(0xffffffffu, eq));
-  }
+  int eq_w, gt_w;
+  warp_counts(wbeg, wend, lane, classify, eq_w, gt_w);
   if (lane == 0) {
     s_warp_a[warp] = eq_w;
     s_warp_b[warp] = gt_w;
@@ -915,19 +918,8 @@ __global__ void __launch_bounds__(kTopkThreads) quest_topk_block_kernel(SelParam
     }
   }
   __syncthreads();
-  int eq_r = s_base_eq[warp], sel_r = s_base_sel[warp];
-  for (int j0 = wbeg; j0 < wend; j0 += 32) {
-    const int j = j0 + lane;
-    bool gt = false, eq = false;
-    classify(j, gt, eq);
-    const unsigned eqb = __ballot_sync(0xffffffffu, eq);
-    const bool sel = gt || (eq && eq_r + __popc(eqb & lt_mask) < need_eq);
-    const unsigned selb = __ballot_sync(0xffffffffu, sel);
-    if (sel) out[s0 + sel_r + __popc(selb & lt_mask)] = j;
-    if (mask != nullptr && j < wend) mask[j] = sel ? 1 : 0;
-    eq_r += __popc(eqb);
-    sel_r += __popc(selb);
-  }
+  warp_emit(wbeg, wend, lane, classify, need_eq, s_base_eq[warp], s_base_sel[warp], out + s0,
+            mask);
 }
 
 // ---- host -----------------------------------------------------------------------------------
