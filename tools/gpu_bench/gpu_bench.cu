@@ -1069,6 +1069,42 @@ int run_compact_check() {
       download_selection(g, ws, ids, cnt, keys);
       f += compare_exact(sd, cpuh, ckeys, ids, cnt, g.max_per_head, keys, ws.keys_stride(),
                          "hier", sh);
+      if (i == 0) {  // a CUDA graph of each (warmed up above) replays to the same lists
+        for (int which = 0; which < 2; ++which) {
+          cudaStream_t st;
+          CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+          cuda::SelectLaunch lg = l;
+          lg.stream = st;
+          lg.check_errors = false;
+          const auto step = [&] {
+            if (which == 0) {
+              cuda::quest_select(a8, lg);
+            } else {
+              cuda::hier_select(hier_args(g.args, gg, cover), lg);
+            }
+          };
+          step();
+          CK(cudaStreamSynchronize(st));
+          const auto want_ids = g.ids.download();
+          const auto want_cnt = g.count.download();
+          CK(cudaMemsetAsync(g.ids.p, 0x7f, g.ids.n * sizeof(std::int32_t), st));
+          cudaGraph_t graph;
+          cudaGraphExec_t exec;
+          CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
+          step();
+          CK(cudaStreamEndCapture(st, &graph));
+          CK(cudaGraphInstantiate(&exec, graph, 0));
+          CK(cudaGraphLaunch(exec, st));
+          ws.check(st);
+          CK(cudaGraphExecDestroy(exec));
+          CK(cudaGraphDestroy(graph));
+          CK(cudaStreamDestroy(st));
+          if (g.ids.download() != want_ids || g.count.download() != want_cnt) {
+            std::printf("FAIL %s: CUDA graph replay differs\n", which ? "hier" : "select8");
+            ++f;
+          }
+        }
+      }
     } catch (const Error& e) {
       std::printf("FAIL select-compact case %zu threw: %s\n", i, e.what());
       f += 1;
