@@ -922,6 +922,67 @@ __global__ void __launch_bounds__(kTopkThreads) quest_topk_block_kernel(SelParam
             mask);
 }
 
+// ---- group summaries --------------------------------------------------------------------------
+
+struct GroupParams {
+  const std::int32_t *indptr, *indices, *gindptr, *gindices;
+  const std::uint16_t *mn, *mx;  // page store, bf16 bits
+  std::uint16_t *gmn, *gmx;      // group store
+  int pool_pages, slots, num_kv_heads, head_dim, group_pages, nnz, gnnz;
+  bool last_only;
+  unsigned* err;
+};
+
+__device__ __forceinline__ float bf16_bits_to_float(std::uint16_t x) {
+  return __uint_as_float(static_cast<unsigned>(x) << 16);
+}
+
+// grid (groups or 1, kv heads, batch), blockDim = head_dim (<= 256): thread c reduces channel
+// c over the group's pages. Min and max of bf16 values are bf16 values: the bits are copied.
+__global__ void group_update_kernel(GroupParams p) {
+  const int h = blockIdx.y, b = blockIdx.z, c = threadIdx.x;
+  const int begin = p.indptr[b], end = p.indptr[b + 1];
+  const int gbegin = p.gindptr[b], gend = p.gindptr[b + 1];
+  const int n = end - begin;
+  const int ng = (n + p.group_pages - 1) / p.group_pages;
+  if (n < 0 || begin < 0 || end > p.nnz || gbegin < 0 || gend > p.gnnz || gend - gbegin != ng) {
+    if (c == 0 && blockIdx.x == 0) atomicOr(p.err, kBadIndptr);
+    return;
+  }
+  const int gi = p.last_only ? ng - 1 : static_cast<int>(blockIdx.x);
+  if (gi < 0 || gi >= ng) return;
+  const int slot = p.gindices[gbegin + gi];
+  if (slot < 0 || slot >= p.slots) {
+    if (c == 0) atomicOr(p.err, kBadPhysical);
+    return;
+  }
+  float lo = INFINITY, hi = -INFINITY;
+  std::uint16_t lo_bits = 0x7f80u, hi_bits = 0xff80u;  // +inf, -inf
+  const int j1 = min(n, (gi + 1) * p.group_pages);
+  for (int j = gi * p.group_pages; j < j1; ++j) {
+    const int phys = p.indices[begin + j];
+    if (phys < 0 || phys >= p.pool_pages) {
+      if (c == 0) atomicOr(p.err, kBadPhysical);
+      return;
+    }
+    const std::int64_t o = (static_cast<std::int64_t>(phys) * p.num_kv_heads + h) * p.head_dim + c;
+    const std::uint16_t a = p.mn[o], z = p.mx[o];
+    const float fa = bf16_bits_to_float(a), fz = bf16_bits_to_float(z);
+    // std::min / std::max order: the first of equal values stays (-0 vs +0 as the CPU).
+    if (fa < lo) {
+      lo = fa;
+      lo_bits = a;
+    }
+    if (hi < fz) {
+      hi = fz;
+      hi_bits = z;
+    }
+  }
+  const std::int64_t go = (static_cast<std::int64_t>(slot) * p.num_kv_heads + h) * p.head_dim + c;
+  p.gmn[go] = lo_bits;
+  p.gmx[go] = hi_bits;
+}
+
 // ---- host -----------------------------------------------------------------------------------
 
 
@@ -1380,6 +1441,48 @@ void hier_select(const HierSelectArgs& h, const SelectLaunch& launch) {
   check_cuda(cudaGetLastError(), "quest score kernel launch (pages)");
   launch_topk(pp, stream);
   if (launch.check_errors) launch.workspace->check(stream);
+}
+
+void update_groups(const GroupUpdateArgs& g, const SelectLaunch& launch) {
+  using enum ErrorCode;
+  require(launch.workspace != nullptr, invalid_argument, "workspace", "is required");
+  const select::BoundStoreView& s = g.pages;
+  require(s.min != nullptr && s.max != nullptr && s.head_dim >= 1 && s.head_dim <= 256 &&
+              s.num_kv_heads >= 1 && s.num_kv_heads <= 65535,
+          invalid_argument, "pages", "null store, or head_dim outside [1, 256]");
+  require(g.group_min != nullptr && g.group_max != nullptr && g.group_slots > 0,
+          invalid_argument, "group_min", "null group store");
+  require(g.group_pages >= 1, invalid_argument, "group_pages", "must be >= 1");
+  require(!g.table.indptr.empty() && g.group_indptr.size() == g.table.indptr.size(),
+          shape_mismatch, "group_indptr", "needs batch + 1 entries, as indptr");
+  require(launch.max_pages_per_seq > 0, invalid_argument, "max_pages_per_seq",
+          "the host's bound on pages per sequence is required");
+  const int B = static_cast<int>(g.table.indptr.size()) - 1;
+  require(B <= 65535, unsupported, "indptr", "batch must be <= 65535");
+  GroupParams p{};
+  p.indptr = g.table.indptr.data();
+  p.indices = g.table.indices.data();
+  p.gindptr = g.group_indptr.data();
+  p.gindices = g.group_indices.data();
+  p.mn = reinterpret_cast<const std::uint16_t*>(s.min);
+  p.mx = reinterpret_cast<const std::uint16_t*>(s.max);
+  p.gmn = reinterpret_cast<std::uint16_t*>(g.group_min);
+  p.gmx = reinterpret_cast<std::uint16_t*>(g.group_max);
+  p.pool_pages = s.num_pages;
+  p.slots = g.group_slots;
+  p.num_kv_heads = s.num_kv_heads;
+  p.head_dim = s.head_dim;
+  p.group_pages = g.group_pages;
+  p.nnz = static_cast<int>(g.table.indices.size());
+  p.gnnz = static_cast<int>(g.group_indices.size());
+  p.last_only = g.last_only;
+  p.err = launch.workspace->impl().err.get();
+  if (B == 0) return;
+  const int groups =
+      g.last_only ? 1 : (launch.max_pages_per_seq + g.group_pages - 1) / g.group_pages;
+  group_update_kernel<<<dim3(groups, s.num_kv_heads, B), s.head_dim, 0, launch.stream>>>(p);
+  check_cuda(cudaGetLastError(), "group update kernel launch");
+  if (launch.check_errors) launch.workspace->check(launch.stream);
 }
 
 void quest_select(const QuestSelectArgs& a, const SelectLaunch& launch) {

@@ -994,6 +994,54 @@ void download_selection(const SelGpu& g, const cuda::SelectWorkspace& ws,
   CK(cudaMemcpy(keys.data(), k.data(), k.size() * sizeof(std::uint32_t), cudaMemcpyDeviceToHost));
 }
 
+// cuda::update_groups against the host GroupStore, bit for bit: every group rebuilt into a
+// poisoned store, then only the last groups (the others must stay poisoned).
+int check_group_update(const SelData& sd, const SelGpu& g, const select::GroupStore& groups,
+                       const cuda::SelectLaunch& l) {
+  const select::BoundStoreView hv = groups.view();
+  const std::size_t row = static_cast<std::size_t>(hv.num_kv_heads) * hv.head_dim;
+  const std::size_t n = static_cast<std::size_t>(hv.num_pages) * row;
+  const auto* want_mn = reinterpret_cast<const std::uint16_t*>(hv.min);
+  const auto* want_mx = reinterpret_cast<const std::uint16_t*>(hv.max);
+  DevBuf<std::uint16_t> mn(n), mx(n);
+  DevBuf<std::int32_t> gptr =
+      to_device(std::vector<std::int32_t>(groups.indptr().begin(), groups.indptr().end()));
+  DevBuf<std::int32_t> gind =
+      to_device(std::vector<std::int32_t>(groups.indices().begin(), groups.indices().end()));
+  int failures = 0;
+  for (int last_only = 0; last_only < 2; ++last_only) {
+    CK(cudaMemset(mn.p, 0x7f, n * sizeof(std::uint16_t)));
+    CK(cudaMemset(mx.p, 0x7f, n * sizeof(std::uint16_t)));
+    cuda::GroupUpdateArgs u;
+    u.table = g.args.table;
+    u.pages = g.args.bounds;
+    u.group_indptr = {gptr.p, gptr.n};
+    u.group_indices = {gind.p, gind.n};
+    u.group_min = reinterpret_cast<bf16*>(mn.p);
+    u.group_max = reinterpret_cast<bf16*>(mx.p);
+    u.group_slots = hv.num_pages;
+    u.group_pages = groups.group_pages();
+    u.last_only = last_only == 1;
+    cuda::update_groups(u, l);
+    const auto got_mn = mn.download(), got_mx = mx.download();
+    std::vector<std::uint8_t> is_last(static_cast<std::size_t>(hv.num_pages), 0);
+    for (int b = 0; b + 1 < static_cast<int>(groups.indptr().size()); ++b)
+      if (groups.indptr()[b + 1] > groups.indptr()[b]) is_last[groups.indptr()[b + 1] - 1] = 1;
+    long bad = 0;
+    for (std::size_t i = 0; i < n; ++i) {
+      const bool updated = !last_only || is_last[i / row];
+      const std::uint16_t a = updated ? want_mn[i] : 0x7f7fu, z = updated ? want_mx[i] : 0x7f7fu;
+      bad += got_mn[i] != a || got_mx[i] != z;
+    }
+    if (bad) {
+      std::printf("FAIL update_groups (%s) B=%d len=%d d=%d: %ld values differ\n",
+                  last_only ? "last groups" : "all groups", sd.c.batch, sd.c.len, sd.c.d, bad);
+      ++failures;
+    }
+  }
+  return failures;
+}
+
 int run_compact_check() {
   std::vector<SelCase> cases;
   for (const SelCase& c : select_cases()) {
@@ -1064,6 +1112,7 @@ int run_compact_check() {
       SelectionStorage cpuh;
       select::hier_select(ha, cpuh, &ckeys, sd.max_pages);
       const GroupGpu gg = upload_groups(groups);
+      f += check_group_update(sd, g, groups, l);
       CK(cudaMemset(g.ids.p, 0x7f, g.ids.n * sizeof(std::int32_t)));
       cuda::hier_select(hier_args(g.args, gg, cover), l);
       download_selection(g, ws, ids, cnt, keys);

@@ -123,6 +123,25 @@ struct HierSelectArgs {
 // launch.max_pages_per_seq bounds the pages per sequence (groups: ceil(/ 16)).
 void hier_select(const HierSelectArgs& args, const SelectLaunch& launch);
 
+// Recomputes group summaries on the device from the bf16 page store (select::GroupStore's
+// values, bit for bit: elementwise min of the members' mins, max of their maxes): every group
+// of every sequence, or only each sequence's last group (the one an append changes). The group
+// table maps sequence b's group i to slot group_indices[group_indptr[b] + i]; the caller
+// allocates slots (a new group when a sequence crosses a multiple of group_pages pages).
+struct GroupUpdateArgs {
+  kv::PageTable table;           // device page table of the sequences
+  select::BoundStoreView pages;  // device bf16 page store
+  std::span<const std::int32_t> group_indptr, group_indices;  // device group table
+  bf16* group_min = nullptr;     // device group store [slot][kv_head][head_dim]
+  bf16* group_max = nullptr;
+  int group_slots = 0;           // slots in the group store
+  int group_pages = 16;
+  bool last_only = false;
+};
+// Errors (bad page or slot ids, a group table that does not match the page counts) set the
+// workspace's device flag (checked as quest_select's: "indices", "indptr").
+void update_groups(const GroupUpdateArgs& args, const SelectLaunch& launch);
+
 // An upper bound, computable on the host, of the selected pages of any sequence with at most
 // max_pages_per_seq pages (size max_per_head with it): min(max_pages, max(budget, kept)),
 // kept <= sinks + the pages covering the window + the last page.
