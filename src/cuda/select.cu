@@ -329,6 +329,7 @@ __global__ void __launch_bounds__(kScoreMaxWarps * 32) quest_score_kernel(SelPar
   // the stage (row r = 2 * page + (0: min, 1: max)), kPieces consecutive lanes per row; missing
   // or bad pages are zero-filled without reading.
   const auto issue = [&](int t, int st, int id) {
+    if (skipped(t)) return;  // warp-uniform: never read (the tile's keys are written as 0)
     const int tn = min(kWarpPages, j1 - tile_page0(t));
     const int mine = lane % kWarpPages;
     int phys = -1;
