@@ -188,6 +188,33 @@ TEST(HierSelect, EqualsFlatQuestWhenEveryGroupIsScored) {
   }
 }
 
+// With 8-bit pages and every group scored: the 8-bit flat selector's lists and keys (both
+// evaluate the bounds in the GPU order, on any host).
+TEST(HierSelect, EightBitPagesEqualQuestSelect8WhenEveryGroupIsScored) {
+  std::mt19937 rng(19);
+  const Stores s = make_stores(rng, {3000, 700});
+  const kv::PageTable t = s.c.table.table();
+  const BoundStoreView sv = s.store.view();
+  const BoundStore8View s8 = s.store8.view();
+  const GroupStore groups(sv, t, 16);
+  const TopkPolicy pol{24, 1, 64};
+  HierSelectArgs a;
+  a.q = s.c.qview();
+  a.table = t;
+  a.pages = &sv;
+  a.pages8 = &s8;
+  a.groups = &groups;
+  a.policy = pol;
+  a.cover = 1e6;
+  SelectionStorage hier, flat;
+  std::vector<std::uint32_t> hk, fk;
+  hier_select(a, hier, &hk);
+  quest_select8(a.q, t, 16, s8, 0, pol, flat, &fk);
+  EXPECT_EQ(hk, fk);
+  EXPECT_EQ(hier.ids, flat.ids);
+  EXPECT_EQ(hier.count, flat.count);
+}
+
 // A few groups only: still the flat count, kept pages in, ids valid; the approximation's
 // recall of flat Quest is measured (not asserted beyond sanity: random keys have no structure).
 TEST(HierSelect, FewGroupsGiveAValidSelection) {

@@ -1384,8 +1384,6 @@ void hier_select(const HierSelectArgs& h, const SelectLaunch& launch) {
   require(h.group_pages == kWarpPages, unsupported, "group_pages",
           "the CUDA hierarchical selector serves groups of ", kWarpPages, " pages, got ",
           h.group_pages);
-  require(h.pages.bounds8.min == nullptr, unsupported, "bounds",
-          "the hierarchical selector reads the bf16 page store");
   require(launch.workspace != nullptr, invalid_argument, "workspace", "is required");
   const QuestSelectArgs& a = h.pages;
   const int B = a.q.n0;
@@ -1399,7 +1397,7 @@ void hier_select(const HierSelectArgs& h, const SelectLaunch& launch) {
   // min(n, budget) applies).
   QuestSelectArgs ga = a;
   ga.bounds = h.groups;
-  ga.bounds8 = {};
+  ga.bounds8 = {};  // groups are bf16
   ga.table.indptr = h.group_indptr;
   ga.table.indices = h.group_indices;
   ga.policy.budget_pages =
@@ -1409,7 +1407,7 @@ void hier_select(const HierSelectArgs& h, const SelectLaunch& launch) {
   ga.policy.window_tokens = 0;
   SelectWorkspace::Impl& ws = launch.workspace->impl();
   const int gcap = std::min(max_groups, ga.policy.budget_pages);
-  const std::size_t nlists = static_cast<std::size_t>(B) * a.bounds.num_kv_heads;
+  const std::size_t nlists = static_cast<std::size_t>(B) * h.groups.num_kv_heads;
   ws.gids.reserve(nlists * gcap, "cudaMalloc(group lists)");
   ws.gcount.reserve(nlists, "cudaMalloc(group counts)");
   ws.gmask.reserve(nlists * max_groups, "cudaMalloc(group mask)");
@@ -1426,7 +1424,7 @@ void hier_select(const HierSelectArgs& h, const SelectLaunch& launch) {
   gp.p.out_mask = ws.gmask.data();
   gp.block_topk = true;  // the mask comes from the block kernel
   gp.topk = block_topk_kernel();
-  gp.topk_grid = dim3(1, a.bounds.num_kv_heads, B);
+  gp.topk_grid = dim3(1, h.groups.num_kv_heads, B);
   gp.p.key_cache = std::min((max_groups + 31) / 32 * 32, kKeyCache);
   gp.topk_smem = sizeof(std::uint32_t) * static_cast<std::size_t>(gp.p.key_cache);
   // The page level, restricted to the chosen groups' pages.

@@ -343,6 +343,11 @@ void hier_select(const HierSelectArgs& a, SelectionStorage& out,
   check_q(a.q, a.table, d, Hkv);
   require(static_cast<int>(a.groups->indptr().size()) == B + 1, shape_mismatch, "groups",
           "was built for another table");
+  require(a.pages8 == nullptr ||
+              (a.pages8->min && a.pages8->max && a.pages8->grid &&
+               a.pages8->num_pages == ps.num_pages && a.pages8->num_kv_heads == Hkv &&
+               a.pages8->head_dim == d),
+          shape_mismatch, "pages8", "must be the 8-bit store of the same pages");
   const int G = a.groups->group_pages();
   const int g = a.q.n1 / Hkv;
   const float scale = a.scale == 0 ? 1.0f / std::sqrt(static_cast<float>(d)) : a.scale;
@@ -389,7 +394,11 @@ void hier_select(const HierSelectArgs& a, SelectionStorage& out,
           sub_j.push_back(j);
         }
       pb.resize(static_cast<std::size_t>(g) * sub.size());
-      bounds_gpu_order(ps, sub, h, gq, g, scale, pb.data());
+      if (a.pages8 != nullptr) {
+        bounds_gpu_order(*a.pages8, sub, h, gq, g, scale, pb.data());
+      } else {
+        bounds_gpu_order(ps, sub, h, gq, g, scale, pb.data());
+      }
       keys.assign(static_cast<std::size_t>(n), 0u);
       for (std::size_t x = 0; x < sub.size(); ++x)
         keys[static_cast<std::size_t>(sub_j[x])] =

@@ -1056,7 +1056,7 @@ int run_compact_check() {
       "lists must be identical\n",
       cases.size());
   cuda::SelectWorkspace ws;
-  ExactStats s8, sh;
+  ExactStats s8, sh, sh8;
   int failures = 0;
   const double covers[] = {2.0, 1.0, 0.5, 8.0};
   const auto t0 = std::chrono::steady_clock::now();
@@ -1118,6 +1118,16 @@ int run_compact_check() {
       download_selection(g, ws, ids, cnt, keys);
       f += compare_exact(sd, cpuh, ckeys, ids, cnt, g.max_per_head, keys, ws.keys_stride(),
                          "hier", sh);
+      // Hierarchical with 8-bit pages (bf16 groups).
+      const select::BoundStore8View h8v = store8.view();
+      ha.pages8 = &h8v;
+      SelectionStorage cpuh8;
+      select::hier_select(ha, cpuh8, &ckeys, sd.max_pages);
+      CK(cudaMemset(g.ids.p, 0x7f, g.ids.n * sizeof(std::int32_t)));
+      cuda::hier_select(hier_args(a8, gg, cover), l);
+      download_selection(g, ws, ids, cnt, keys);
+      f += compare_exact(sd, cpuh8, ckeys, ids, cnt, g.max_per_head, keys, ws.keys_stride(),
+                         "hier8", sh8);
       if (i == 0) {  // a CUDA graph of each (warmed up above) replays to the same lists
         for (int which = 0; which < 2; ++which) {
           cudaStream_t st;
@@ -1167,9 +1177,9 @@ int run_compact_check() {
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   std::printf(
       "select8: %ld/%ld lists identical, keys %ld/%ld identical; hier: %ld/%ld lists identical, "
-      "keys %ld/%ld identical (%.1f s)\n",
+      "keys %ld/%ld identical; hier8: %ld/%ld lists identical, keys %ld/%ld identical (%.1f s)\n",
       s8.identical, s8.lists, s8.keys_equal, s8.keys, sh.identical, sh.lists, sh.keys_equal,
-      sh.keys, secs);
+      sh.keys, sh8.identical, sh8.lists, sh8.keys_equal, sh8.keys, secs);
   std::printf("SELECT-COMPACT CHECK %s: %d failure(s)\n", failures ? "FAILED" : "PASSED",
               failures);
   return failures;
@@ -2053,6 +2063,31 @@ int run_bench(const char* json_path) {
                         rech, sameh});
         rows.push_back({"ours_sparse_" + tag + "_gpu_sel_graph", sh.ctx, sh.batch, budget,
                         steph_us, bytes + hbytes, 0, rech, sameh});
+        if (cover != 4.0) continue;
+        // The same with 8-bit pages (bf16 groups).
+        const auto h8_args = [&](int r) {
+          return hier_args(sel8_args(r), groups[static_cast<std::size_t>(r % rot)], cover);
+        };
+        const double h8bytes = static_cast<double>(sh.batch) * Hkv *
+                               (4.0 * d * ngroups + (2.0 * d + 8) * m * 16.0);
+        const double h8sel_us =
+            time_us(kWarm, kIters, [&](int i) { cuda::hier_select(h8_args(i), sl); });
+        sws.check(nullptr);
+        const auto [rech8, sameh8] =
+            agreement([&](int r) { cuda::hier_select(h8_args(r), sl); });
+        const double steph8_us = step_graph([&](int r, cudaStream_t st) {
+          cuda::SelectLaunch l2 = sl;
+          l2.stream = st;
+          cuda::hier_select(h8_args(r), l2);
+        });
+        std::printf(
+            "  compact ctx=%7d B=%2d budget=%5d: hier 8-bit pages (cover %.0f) select %.1f us, "
+            "step (graph) %.1f us, recall %.4f, identical %.3f\n",
+            sh.ctx, sh.batch, budget, cover, h8sel_us, steph8_us, rech8, sameh8);
+        rows.push_back({"gpu_hier8_c4_select", sh.ctx, sh.batch, budget, h8sel_us, h8bytes, 0,
+                        rech8, sameh8});
+        rows.push_back({"ours_sparse_hier8_c4_gpu_sel_graph", sh.ctx, sh.batch, budget,
+                        steph8_us, bytes + h8bytes, 0, rech8, sameh8});
       }
     }
     if (!write_rows(json_path, prop, rows)) return 2;

@@ -88,6 +88,7 @@ COMPACT_COLS = [  # (row, header, what to print)
     ("gpu_hier_select", "hier identical lists", "identical"),
     ("ours_sparse_hier_c4_gpu_sel_graph", "hier cover 4 step µs", "us"),
     ("gpu_hier_c4_select", "hier cover 4 recall", "recall"),
+    ("ours_sparse_hier8_c4_gpu_sel_graph", "hier cover 4, 8-bit pages step µs", "us"),
 ]
 
 
@@ -114,19 +115,20 @@ def compact_table(rows, cudnn):
         lines.append(
             f"| {ctx // 1024}K | {batch} | {budget} | " + " | ".join(cells)
             + f" | {mb('gpu_quest_score')} / {mb('gpu_quest8_score')} / {mb('gpu_hier_select')}"
-            + f" / {mb('gpu_hier_c4_select')}"
+            + f" / {mb('gpu_hier_c4_select')} / {mb('gpu_hier8_c4_select')}"
             + f" | {speed('ours_sparse_quest_gpu_sel_graph')} / "
             + f"{speed('ours_sparse_quest8_gpu_sel_graph')} / "
             + f"{speed('ours_sparse_hier_gpu_sel_graph')} / "
-            + f"{speed('ours_sparse_hier_c4_gpu_sel_graph')} |")
+            + f"{speed('ours_sparse_hier_c4_gpu_sel_graph')} / "
+            + f"{speed('ours_sparse_hier8_c4_gpu_sel_graph')} |")
     if not lines:
         return []
     return ["", "GPU selection by summary level (step = select + sparse decode, one CUDA graph; "
             "recall of the flat bf16 selection's pages; hier: groups of 16 pages, cover 2 "
             "unless marked c4).", "",
             "| context | B | budget | " + " | ".join(h for _, h, _ in COMPACT_COLS)
-            + " | summary MB bf16 / 8-bit / hier / hier c4 | step vs cuDNN bf16 / 8-bit / hier /"
-            " hier c4 |",
+            + " | summary MB bf16 / 8-bit / hier / hier c4 / hier8 c4 | step vs cuDNN bf16 / "
+            "8-bit / hier / hier c4 / hier8 c4 |",
             "|---|---|---|" + "---|" * len(COMPACT_COLS) + "---|---|"] + lines
 
 

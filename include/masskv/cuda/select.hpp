@@ -112,7 +112,9 @@ void quest_topk(const QuestSelectArgs& args, const SelectLaunch& launch);
 // kv head), then only the pages of those groups are read and scored (every other page key is
 // 0), and the page top-k selects as flat Quest does. Four kernels, no host round trip.
 struct HierSelectArgs {
-  QuestSelectArgs pages;  // the page store (bf16), table, q, policy, outputs
+  // The page store (bf16, or 8-bit when pages.bounds8 is set: select::HierSelectArgs::pages8),
+  // table, q, policy, outputs.
+  QuestSelectArgs pages;
   // Device group store (select::GroupStore's arrays: [slot][kv_head][head_dim] bf16) and its
   // table: indptr [B+1] of groups, indices = the slots (GroupStore::indices()).
   select::BoundStoreView groups;
