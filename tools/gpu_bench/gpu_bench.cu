@@ -2012,82 +2012,53 @@ int run_bench(const char* json_path) {
         ws.check(nullptr);
         return us;
       };
-      // 8-bit.
+      // One GPU selector, select_fn(step, stream): alone, its agreement with the flat lists,
+      // and in the graph step; two rows (selection, step), `sel_bytes` the summaries it reads.
+      const auto measure = [&](const std::string& tag, double sel_bytes, const auto& select_fn) {
+        const double sel_us = time_us(kWarm, kIters, [&](int i) { select_fn(i, nullptr); });
+        sws.check(nullptr);
+        const auto [rec, same] = agreement([&](int r) { select_fn(r, nullptr); });
+        const double step_us = step_graph(select_fn);
+        std::printf(
+            "  compact ctx=%7d B=%2d budget=%5d: %-8s select %6.1f us, step (graph) %6.1f us, "
+            "%.1f MB, recall %.4f, identical lists %.3f\n",
+            sh.ctx, sh.batch, budget, tag.c_str(), sel_us, step_us, sel_bytes / 1e6, rec, same);
+        rows.push_back({"gpu_" + tag + "_select", sh.ctx, sh.batch, budget, sel_us, sel_bytes, 0,
+                        rec, same});
+        rows.push_back({"ours_sparse_" + tag + "_gpu_sel_graph", sh.ctx, sh.batch, budget, step_us,
+                        bytes + sel_bytes, 0, rec, same});
+      };
+      const auto on = [&](cudaStream_t st) {
+        cuda::SelectLaunch l2 = sl;
+        l2.stream = st;
+        return l2;
+      };
+      // 8-bit: the scoring kernel alone too.
       const double bytes8 = static_cast<double>(sh.batch) * pages * Hkv * (2.0 * d + 8);
       const double score8_us =
           time_us(kWarm, kIters, [&](int i) { cuda::quest_score(sel8_args(i), sl); });
-      const double sel8_us =
-          time_us(kWarm, kIters, [&](int i) { cuda::quest_select(sel8_args(i), sl); });
-      sws.check(nullptr);
-      const auto [rec8, same8] = agreement([&](int r) { cuda::quest_select(sel8_args(r), sl); });
-      const double step8_us = step_graph([&](int r, cudaStream_t st) {
-        cuda::SelectLaunch l2 = sl;
-        l2.stream = st;
-        cuda::quest_select(sel8_args(r), l2);
-      });
       rows.push_back({"gpu_quest8_score", sh.ctx, sh.batch, budget, score8_us, bytes8});
-      rows.push_back({"gpu_quest8_select", sh.ctx, sh.batch, budget, sel8_us, bytes8, 0, rec8,
-                      same8});
-      rows.push_back({"ours_sparse_quest8_gpu_sel_graph", sh.ctx, sh.batch, budget, step8_us,
-                      bytes + bytes8, 0, rec8, same8});
-      std::printf(
-          "  compact ctx=%7d B=%2d budget=%5d: top-k %.1f us | 8-bit score %.1f us, select %.1f "
-          "us, step (graph) %.1f us, recall %.4f, identical %.3f\n",
-          sh.ctx, sh.batch, budget, topk_us, score8_us, sel8_us, step8_us, rec8, same8);
-      // Hierarchical, cover 2 and 4: group summaries of every group, and the pages of the
-      // chosen groups (at most m per (sequence, kv head)).
+      std::printf("  compact ctx=%7d B=%2d budget=%5d: top-k %.1f us, 8-bit score %.1f us\n",
+                  sh.ctx, sh.batch, budget, topk_us, score8_us);
+      measure("quest8", bytes8,
+              [&](int r, cudaStream_t st) { cuda::quest_select(sel8_args(r), on(st)); });
+      // Hierarchical (groups of 16 pages): every group's bf16 summaries, and the pages of the
+      // chosen groups (at most m per (sequence, kv head)); cover 2 and 4, and cover 4 over
+      // 8-bit pages.
+      const int ngroups = (pages + 15) / 16;
       for (const double cover : {2.0, 4.0}) {
-        const auto hsel_args = [&](int r) {
-          return hier_args(sel_args(r), groups[static_cast<std::size_t>(r % rot)], cover);
-        };
-        const int ngroups = (pages + 15) / 16;
         const int m = select::hier_groups(ngroups, 16, pol.budget_pages, cover);
-        const double hbytes =
-            static_cast<double>(sh.batch) * Hkv * d * 4.0 * (ngroups + m * 16.0);
-        const double hsel_us =
-            time_us(kWarm, kIters, [&](int i) { cuda::hier_select(hsel_args(i), sl); });
-        sws.check(nullptr);
-        const auto [rech, sameh] =
-            agreement([&](int r) { cuda::hier_select(hsel_args(r), sl); });
-        const double steph_us = step_graph([&](int r, cudaStream_t st) {
-          cuda::SelectLaunch l2 = sl;
-          l2.stream = st;
-          cuda::hier_select(hsel_args(r), l2);
-        });
-        std::printf(
-            "  compact ctx=%7d B=%2d budget=%5d: hier (cover %.0f, %d groups) select %.1f us, "
-            "step (graph) %.1f us, recall %.4f, identical %.3f\n",
-            sh.ctx, sh.batch, budget, cover, m, hsel_us, steph_us, rech, sameh);
-        const std::string tag = cover == 2.0 ? "hier" : "hier_c4";
-        rows.push_back({"gpu_" + tag + "_select", sh.ctx, sh.batch, budget, hsel_us, hbytes, 0,
-                        rech, sameh});
-        rows.push_back({"ours_sparse_" + tag + "_gpu_sel_graph", sh.ctx, sh.batch, budget,
-                        steph_us, bytes + hbytes, 0, rech, sameh});
-        if (cover != 4.0) continue;
-        // The same with 8-bit pages (bf16 groups).
-        const auto h8_args = [&](int r) {
-          return hier_args(sel8_args(r), groups[static_cast<std::size_t>(r % rot)], cover);
-        };
-        const double h8bytes = static_cast<double>(sh.batch) * Hkv *
-                               (4.0 * d * ngroups + (2.0 * d + 8) * m * 16.0);
-        const double h8sel_us =
-            time_us(kWarm, kIters, [&](int i) { cuda::hier_select(h8_args(i), sl); });
-        sws.check(nullptr);
-        const auto [rech8, sameh8] =
-            agreement([&](int r) { cuda::hier_select(h8_args(r), sl); });
-        const double steph8_us = step_graph([&](int r, cudaStream_t st) {
-          cuda::SelectLaunch l2 = sl;
-          l2.stream = st;
-          cuda::hier_select(h8_args(r), l2);
-        });
-        std::printf(
-            "  compact ctx=%7d B=%2d budget=%5d: hier 8-bit pages (cover %.0f) select %.1f us, "
-            "step (graph) %.1f us, recall %.4f, identical %.3f\n",
-            sh.ctx, sh.batch, budget, cover, h8sel_us, steph8_us, rech8, sameh8);
-        rows.push_back({"gpu_hier8_c4_select", sh.ctx, sh.batch, budget, h8sel_us, h8bytes, 0,
-                        rech8, sameh8});
-        rows.push_back({"ours_sparse_hier8_c4_gpu_sel_graph", sh.ctx, sh.batch, budget,
-                        steph8_us, bytes + h8bytes, 0, rech8, sameh8});
+        const double group_bytes = static_cast<double>(sh.batch) * Hkv * 4.0 * d * ngroups;
+        const double chosen = static_cast<double>(sh.batch) * Hkv * m * 16.0;
+        const GroupGpu* gr = groups.data();
+        measure(cover == 2.0 ? "hier" : "hier_c4", group_bytes + chosen * 4.0 * d,
+                [&](int r, cudaStream_t st) {
+                  cuda::hier_select(hier_args(sel_args(r), gr[r % rot], cover), on(st));
+                });
+        if (cover == 4.0)
+          measure("hier8_c4", group_bytes + chosen * (2.0 * d + 8), [&](int r, cudaStream_t st) {
+            cuda::hier_select(hier_args(sel8_args(r), gr[r % rot], cover), on(st));
+          });
       }
     }
     if (!write_rows(json_path, prop, rows)) return 2;
