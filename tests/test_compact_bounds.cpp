@@ -39,8 +39,8 @@ double exact_max(const kv::PagedKVView& v, int b, int j0, int j1, int head, cons
 TEST(BoundStore8, CodesAreTheTightestOutwardOnes) {
   std::mt19937 rng(3);
   for (int d : {16, 64, 128}) {
-    const SelCase sc = random_case(rng, {300, 17}, 2, 2, d, 16, DType::bf16, 2.0f, 0.5f,
-                                   d == 64 ? 8.0f : 0.7f);
+    const SelCase sc =
+        random_case(rng, {300, 17}, 2, 2, d, 16, DType::bf16, 2.0f, 0.5f, d == 64 ? 8.0f : 0.7f);
     const kv::SummariesView s = sc.cache.summaries();
     const BoundStore8 store(s);
     const BoundStore8View v = store.view();
@@ -72,8 +72,8 @@ TEST(BoundStore8, BoundsAreAboveEveryScore) {
   int checked = 0;
   for (int d : {8, 64, 128}) {
     for (int P : {1, 16}) {
-      const SelCase c = random_case(rng, {P == 1 ? 70 : 700}, 3, 2, d, P, DType::bf16, 2.0f,
-                                    0.5f, P == 1 ? 0.7f : 6.0f);
+      const SelCase c = random_case(rng, {P == 1 ? 70 : 700}, 3, 2, d, P, DType::bf16, 2.0f, 0.5f,
+                                    P == 1 ? 0.7f : 6.0f);
       const kv::PagedKVView v = c.view();
       const kv::SummariesView s = c.cache.summaries();
       const BoundStore store(s);
@@ -91,8 +91,7 @@ TEST(BoundStore8, BoundsAreAboveEveryScore) {
         page_upper_bounds(store8.view(), t.indices, h, q.data(), g, d, scale, u8);
         page_upper_bounds_gpu_order(store.view(), t.indices, h, q.data(), g, d, scale, ub);
         page_upper_bounds(store.view(), t.indices, h, q.data(), g, d, scale, ua);
-        page_upper_bounds_gpu_order(groups.view(), groups.indices(), h, q.data(), g, d, scale,
-                                    ug);
+        page_upper_bounds_gpu_order(groups.view(), groups.indices(), h, q.data(), g, d, scale, ug);
         const bool same_order = d % 8 == 0 && cpu::has_avx2() && cpu::simd_allowed();
         for (int i = 0; i < g; ++i) {
           const float* qi = q.data() + i * d;
@@ -151,8 +150,7 @@ void hier_and_flat(const Stores& s, const GroupStore& groups, const TopkPolicy& 
 }
 
 // Valid selections: ascending ids inside the sequence, counts as the flat selector's.
-void expect_same_shape(const SelectionView& ref, const SelectionView& got,
-                       const kv::PageTable& t) {
+void expect_same_shape(const SelectionView& ref, const SelectionView& got, const kv::PageTable& t) {
   ASSERT_EQ(ref.batch, got.batch);
   for (int b = 0; b < ref.batch; ++b)
     for (int h = 0; h < ref.num_kv_heads; ++h) {
@@ -230,8 +228,8 @@ TEST(HierSelect, FewGroupsGiveAValidSelection) {
   for (int b = 0; b < 2; ++b)
     for (int h = 0; h < 2; ++h) {
       const auto l = hier.view().list(b, h);
-      EXPECT_EQ(l.front(), 0);                    // the sink
-      EXPECT_EQ(l.back(), t.num_pages(b) - 1);    // the last page
+      EXPECT_EQ(l.front(), 0);                  // the sink
+      EXPECT_EQ(l.back(), t.num_pages(b) - 1);  // the last page
       // Scored pages: those of 1 + ceil(32 / 16) = 3 groups at most.
       int scored = 0;
       for (int j = 0; j < t.num_pages(b); ++j) scored += keys[(b * 2 + h) * stride + j] != 0;
@@ -259,8 +257,8 @@ TEST(QuestSelect8, IsTheFlatRuleOnTheEightBitBounds) {
       const int n = t.num_pages(b);
       const std::span<const std::int32_t> phys = t.indices.subspan(t.indptr[b], n);
       std::vector<float> U(static_cast<std::size_t>(g) * n);
-      page_upper_bounds(s.store8.view(), phys, h, qv.row(b, h * g), g, 64,
-                        1.0f / std::sqrt(64.0f), U);
+      page_upper_bounds(s.store8.view(), phys, h, qv.row(b, h * g), g, 64, 1.0f / std::sqrt(64.0f),
+                        U);
       std::vector<std::int32_t> want(static_cast<std::size_t>(sel.max_per_head));
       const int cnt = select_topk_pages(U, g, n, t.last_page_len[b], 16, pol, want);
       const auto got = sel.view().list(b, h);

@@ -25,17 +25,17 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
-#include <cstdlib>
 #include <cfloat>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <limits>
 #include <mutex>
 #include <string_view>
 
+#include "device.cuh"
 #include "masskv/cuda/select.hpp"
 #include "masskv/error.hpp"
-#include "device.cuh"
 
 namespace masskv::cuda {
 namespace {
@@ -67,7 +67,7 @@ struct SelParams {
   std::int64_t q_s0, q_s1;
   const std::uint16_t* mn;  // bf16 bits [page][kv][d] (8-bit store: codes, as bytes)
   const std::uint16_t* mx;
-  const float* grid;         // 8-bit store: [page][kv][2] (lo, step); null for bf16
+  const float* grid;  // 8-bit store: [page][kv][2] (lo, step); null for bf16
   // Hierarchical page pass: [B][Hkv][mask_stride] group flags (group = page / kWarpPages);
   // pages of a group flagged 0 get key 0 and are not read. Null: every page is scored.
   const std::uint8_t* tile_mask;
@@ -151,7 +151,8 @@ constexpr int kHeadBatch = 4;  // q heads per pass over a row (8 accumulators ea
 
 template <int kD, bool kU8 = false>
 struct ScoreSmem {
-  static constexpr int kRowBytes = kRowData<kD, kU8> + 16;  // 16 bytes of padding: lane L reads row L
+  static constexpr int kRowBytes =
+      kRowData<kD, kU8> + 16;  // 16 bytes of padding: lane L reads row L
   // 8-bit: the tile's (lo, step) per page after its rows.
   static constexpr int kGridOffset = 2 * kWarpPages * kRowBytes;
   static constexpr int kStageBytes = kGridOffset + (kU8 ? kWarpPages * 8 : 0);
@@ -214,8 +215,7 @@ __device__ __forceinline__ float code_at(unsigned word, int i) {
 }
 template <int kD, int kNB, bool kW>
 __device__ __forceinline__ void score_rows8(const uint4* row, const float* qa, int i0, float lo,
-                                            float step, float& w,
-                                            float (&acc)[kHeadBatch][8]) {
+                                            float step, float& w, float (&acc)[kHeadBatch][8]) {
 #pragma unroll
   for (int i = 0; i < kNB; ++i)
 #pragma unroll
@@ -352,9 +352,9 @@ __global__ void __launch_bounds__(kScoreMaxWarps * 32) quest_score_kernel(SelPar
     }
     if constexpr (kU8) {
       if (lane < kWarpPages) {
-        const float* src =
-            phys >= 0 ? p.grid + 2 * (static_cast<std::int64_t>(phys) * p.num_kv_heads + h)
-                      : p.grid;
+        const float* src = phys >= 0
+                               ? p.grid + 2 * (static_cast<std::int64_t>(phys) * p.num_kv_heads + h)
+                               : p.grid;
         cp_async8(stage + Smem::kGridOffset + lane * 8, src, phys >= 0 ? 8 : 0);
       }
     }
@@ -412,7 +412,8 @@ __global__ void __launch_bounds__(kScoreMaxWarps * 32) quest_score_kernel(SelPar
     const uint4* row = reinterpret_cast<const uint4*>(stage + lane * kRowBytes);
     float glo = 0.f, gstep = 0.f;  // the 8-bit grid of this lane's page
     if constexpr (kU8) {
-      const float2 gs = *reinterpret_cast<const float2*>(stage + Smem::kGridOffset + (lane / 2) * 8);
+      const float2 gs =
+          *reinterpret_cast<const float2*>(stage + Smem::kGridOffset + (lane / 2) * 8);
       glo = gs.x;
       gstep = gs.y;
     }
@@ -423,18 +424,34 @@ __global__ void __launch_bounds__(kScoreMaxWarps * 32) quest_score_kernel(SelPar
       const int nb = min(kHeadBatch, g - i0);
       if (i0 == 0) {
         switch (nb) {
-          case 1: score_any<kD, kU8, 1, true>(row, qa, i0, glo, gstep, w, acc); break;
-          case 2: score_any<kD, kU8, 2, true>(row, qa, i0, glo, gstep, w, acc); break;
-          case 3: score_any<kD, kU8, 3, true>(row, qa, i0, glo, gstep, w, acc); break;
-          default: score_any<kD, kU8, 4, true>(row, qa, i0, glo, gstep, w, acc); break;
+          case 1:
+            score_any<kD, kU8, 1, true>(row, qa, i0, glo, gstep, w, acc);
+            break;
+          case 2:
+            score_any<kD, kU8, 2, true>(row, qa, i0, glo, gstep, w, acc);
+            break;
+          case 3:
+            score_any<kD, kU8, 3, true>(row, qa, i0, glo, gstep, w, acc);
+            break;
+          default:
+            score_any<kD, kU8, 4, true>(row, qa, i0, glo, gstep, w, acc);
+            break;
         }
         w = fmaxf(w, __shfl_xor_sync(kAll, w, 1));
       } else {
         switch (nb) {
-          case 1: score_any<kD, kU8, 1, false>(row, qa, i0, glo, gstep, w, acc); break;
-          case 2: score_any<kD, kU8, 2, false>(row, qa, i0, glo, gstep, w, acc); break;
-          case 3: score_any<kD, kU8, 3, false>(row, qa, i0, glo, gstep, w, acc); break;
-          default: score_any<kD, kU8, 4, false>(row, qa, i0, glo, gstep, w, acc); break;
+          case 1:
+            score_any<kD, kU8, 1, false>(row, qa, i0, glo, gstep, w, acc);
+            break;
+          case 2:
+            score_any<kD, kU8, 2, false>(row, qa, i0, glo, gstep, w, acc);
+            break;
+          case 3:
+            score_any<kD, kU8, 3, false>(row, qa, i0, glo, gstep, w, acc);
+            break;
+          default:
+            score_any<kD, kU8, 4, false>(row, qa, i0, glo, gstep, w, acc);
+            break;
         }
       }
 #pragma unroll
@@ -761,10 +778,10 @@ __global__ void __launch_bounds__(kTopkThreads) quest_topk_block_kernel(SelParam
   std::int32_t* out =
       p.out_ids + (static_cast<std::int64_t>(b) * p.num_kv_heads + h) * p.max_per_head;
   std::int32_t* out_count = p.out_count + b * p.num_kv_heads + h;
-  std::uint8_t* mask = p.out_mask != nullptr
-                           ? p.out_mask + (static_cast<std::int64_t>(b) * p.num_kv_heads + h) *
-                                              p.max_pages
-                           : nullptr;
+  std::uint8_t* mask =
+      p.out_mask != nullptr
+          ? p.out_mask + (static_cast<std::int64_t>(b) * p.num_kv_heads + h) * p.max_pages
+          : nullptr;
 
   const TopkSplit sp = topk_split_of(p, b, tid == 0);
   const int n = sp.n, sinks = sp.sinks, window = sp.window, kept = sp.kept, total = sp.total;
@@ -867,8 +884,8 @@ __global__ void __launch_bounds__(kTopkThreads) quest_topk_block_kernel(SelParam
       }
       const int warps_above = __shfl_sync(0xffffffffu, ws, (warp + 1) & 31);
       const int incl = suf + (warp + 1 < kTopkWarps ? warps_above : 0);  // bins >= 2t
-      const int above = incl - v;                                          // bins > 2t + 1
-      if (above < k_rem && incl >= k_rem) {  // exactly one thread
+      const int above = incl - v;                                        // bins > 2t + 1
+      if (above < k_rem && incl >= k_rem) {                              // exactly one thread
         if (above + c_hi >= k_rem) {
           s_bin = 2 * tid + 1;
           s_above = above;
@@ -919,8 +936,7 @@ __global__ void __launch_bounds__(kTopkThreads) quest_topk_block_kernel(SelParam
     }
   }
   __syncthreads();
-  warp_emit(wbeg, wend, lane, classify, need_eq, s_base_eq[warp], s_base_sel[warp], out + s0,
-            mask);
+  warp_emit(wbeg, wend, lane, classify, need_eq, s_base_eq[warp], s_base_sel[warp], out + s0, mask);
 }
 
 // ---- group summaries --------------------------------------------------------------------------
@@ -1038,8 +1054,7 @@ ScorePlan score_plan(int d, int group, bool u8) {
   const std::size_t room = static_cast<std::size_t>(optin) > q_bytes ? optin - q_bytes : 0;
   ScorePlan plan;
   plan.fn = fns[e][idx];
-  plan.warps =
-      static_cast<int>(std::min<std::size_t>(kScoreMaxWarps, room / warp_bytes[e][idx]));
+  plan.warps = static_cast<int>(std::min<std::size_t>(kScoreMaxWarps, room / warp_bytes[e][idx]));
   require(plan.warps >= 1, ErrorCode::unsupported, "q",
           "the scoring kernel's shared memory does not fit this device for group ", group,
           " and head_dim ", d);
@@ -1095,10 +1110,10 @@ int plan_topk_cluster(int pairs, int max_pages) {
 TopkFn block_topk_kernel() {
   static std::once_flag once;
   std::call_once(once, [] {
-    check_cuda(cudaFuncSetAttribute(quest_topk_block_kernel,
-                                    cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                    static_cast<int>(sizeof(std::uint32_t) * kKeyCache)),
-               "cudaFuncSetAttribute(block top-k shared memory)");
+    check_cuda(
+        cudaFuncSetAttribute(quest_topk_block_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             static_cast<int>(sizeof(std::uint32_t) * kKeyCache)),
+        "cudaFuncSetAttribute(block top-k shared memory)");
   });
   return quest_topk_block_kernel;
 }
@@ -1228,8 +1243,8 @@ Prepared prepare(const QuestSelectArgs& a, const SelectLaunch& launch, bool outp
   struct {
     const void *min, *max;
     int num_pages, num_kv_heads, head_dim;
-  } s = u8 ? decltype(s){a.bounds8.min, a.bounds8.max, a.bounds8.num_pages,
-                         a.bounds8.num_kv_heads, a.bounds8.head_dim}
+  } s = u8 ? decltype(s){a.bounds8.min, a.bounds8.max, a.bounds8.num_pages, a.bounds8.num_kv_heads,
+                         a.bounds8.head_dim}
            : decltype(s){a.bounds.min, a.bounds.max, a.bounds.num_pages, a.bounds.num_kv_heads,
                          a.bounds.head_dim};
   const int d = s.head_dim;
@@ -1387,8 +1402,8 @@ void hier_select(const HierSelectArgs& h, const SelectLaunch& launch) {
   require(launch.workspace != nullptr, invalid_argument, "workspace", "is required");
   const QuestSelectArgs& a = h.pages;
   const int B = a.q.n0;
-  require(h.group_indptr.size() == static_cast<std::size_t>(B) + 1, shape_mismatch,
-          "group_indptr", "needs batch + 1 entries");
+  require(h.group_indptr.size() == static_cast<std::size_t>(B) + 1, shape_mismatch, "group_indptr",
+          "needs batch + 1 entries");
   require(launch.max_pages_per_seq > 0, invalid_argument, "max_pages_per_seq",
           "the host's bound on pages per sequence is required");
   const int max_groups = (launch.max_pages_per_seq + kWarpPages - 1) / kWarpPages;
@@ -1400,9 +1415,8 @@ void hier_select(const HierSelectArgs& h, const SelectLaunch& launch) {
   ga.bounds8 = {};  // groups are bf16
   ga.table.indptr = h.group_indptr;
   ga.table.indices = h.group_indices;
-  ga.policy.budget_pages =
-      select::hier_groups(std::numeric_limits<int>::max(), kWarpPages, a.policy.budget_pages,
-                          h.cover);
+  ga.policy.budget_pages = select::hier_groups(std::numeric_limits<int>::max(), kWarpPages,
+                                               a.policy.budget_pages, h.cover);
   ga.policy.sink_pages = 0;
   ga.policy.window_tokens = 0;
   SelectWorkspace::Impl& ws = launch.workspace->impl();
@@ -1449,11 +1463,11 @@ void update_groups(const GroupUpdateArgs& g, const SelectLaunch& launch) {
   require(s.min != nullptr && s.max != nullptr && s.head_dim >= 1 && s.head_dim <= 256 &&
               s.num_kv_heads >= 1 && s.num_kv_heads <= 65535,
           invalid_argument, "pages", "null store, or head_dim outside [1, 256]");
-  require(g.group_min != nullptr && g.group_max != nullptr && g.group_slots > 0,
-          invalid_argument, "group_min", "null group store");
+  require(g.group_min != nullptr && g.group_max != nullptr && g.group_slots > 0, invalid_argument,
+          "group_min", "null group store");
   require(g.group_pages >= 1, invalid_argument, "group_pages", "must be >= 1");
-  require(!g.table.indptr.empty() && g.group_indptr.size() == g.table.indptr.size(),
-          shape_mismatch, "group_indptr", "needs batch + 1 entries, as indptr");
+  require(!g.table.indptr.empty() && g.group_indptr.size() == g.table.indptr.size(), shape_mismatch,
+          "group_indptr", "needs batch + 1 entries, as indptr");
   require(launch.max_pages_per_seq > 0, invalid_argument, "max_pages_per_seq",
           "the host's bound on pages per sequence is required");
   const int B = static_cast<int>(g.table.indptr.size()) - 1;

@@ -133,9 +133,9 @@ void upper_bounds_impl(const Store& s, std::span<const std::int32_t> pages, int 
 // head order as topk_one.
 std::uint32_t group_key(const float* rows, int g, int n, int j) {
   float m = rows[j];
-  for (int i = 1; i < g; ++i) m = rows[static_cast<std::size_t>(i) * n + j] > m
-                                      ? rows[static_cast<std::size_t>(i) * n + j]
-                                      : m;
+  for (int i = 1; i < g; ++i)
+    m = rows[static_cast<std::size_t>(i) * n + j] > m ? rows[static_cast<std::size_t>(i) * n + j]
+                                                      : m;
   return detail::ordered_key(m);
 }
 
@@ -343,10 +343,9 @@ void hier_select(const HierSelectArgs& a, SelectionStorage& out,
   check_q(a.q, a.table, d, Hkv);
   require(static_cast<int>(a.groups->indptr().size()) == B + 1, shape_mismatch, "groups",
           "was built for another table");
-  require(a.pages8 == nullptr ||
-              (a.pages8->min && a.pages8->max && a.pages8->grid &&
-               a.pages8->num_pages == ps.num_pages && a.pages8->num_kv_heads == Hkv &&
-               a.pages8->head_dim == d),
+  require(a.pages8 == nullptr || (a.pages8->min && a.pages8->max && a.pages8->grid &&
+                                  a.pages8->num_pages == ps.num_pages &&
+                                  a.pages8->num_kv_heads == Hkv && a.pages8->head_dim == d),
           shape_mismatch, "pages8", "must be the 8-bit store of the same pages");
   const int G = a.groups->group_pages();
   const int g = a.q.n1 / Hkv;
@@ -369,9 +368,8 @@ void hier_select(const HierSelectArgs& a, SelectionStorage& out,
     const int ng = (n + G - 1) / G;
     const std::span<const std::int32_t> slots = a.groups->indices().subspan(
         static_cast<std::size_t>(a.groups->indptr()[b]), static_cast<std::size_t>(ng));
-    const std::span<const std::int32_t> phys =
-        a.table.indices.subspan(static_cast<std::size_t>(a.table.indptr[b]),
-                                static_cast<std::size_t>(n));
+    const std::span<const std::int32_t> phys = a.table.indices.subspan(
+        static_cast<std::size_t>(a.table.indptr[b]), static_cast<std::size_t>(n));
     const int m = hier_groups(ng, G, a.policy.budget_pages, a.cover);
     for (int h = 0; h < Hkv; ++h) {
       gq.assign(a.q.row(b, h * g), g, a.q.s1, d);
@@ -404,9 +402,9 @@ void hier_select(const HierSelectArgs& a, SelectionStorage& out,
         keys[static_cast<std::size_t>(sub_j[x])] =
             group_key(pb.data(), g, static_cast<int>(sub.size()), static_cast<int>(x));
       const std::span<std::int32_t> sl = out.slots(b, h);
-      out.count[b * Hkv + h] = select_by_keys(keys.data(), n, a.table.length(b, a.page_size),
-                                              a.page_size, a.policy, sl.data(),
-                                              static_cast<int>(sl.size()));
+      out.count[b * Hkv + h] =
+          select_by_keys(keys.data(), n, a.table.length(b, a.page_size), a.page_size, a.policy,
+                         sl.data(), static_cast<int>(sl.size()));
       if (page_keys)
         std::copy(keys.begin(), keys.end(),
                   page_keys->begin() + (static_cast<std::ptrdiff_t>(b) * Hkv + h) * keys_stride);
@@ -416,8 +414,7 @@ void hier_select(const HierSelectArgs& a, SelectionStorage& out,
 
 void quest_select8(const View3<const float>& q, const kv::PageTable& table, int page_size,
                    const BoundStore8View& store, float scale_arg, const TopkPolicy& policy,
-                   SelectionStorage& out, std::vector<std::uint32_t>* page_keys,
-                   int keys_stride) {
+                   SelectionStorage& out, std::vector<std::uint32_t>* page_keys, int keys_stride) {
   const int Hkv = store.num_kv_heads, d = store.head_dim, B = table.batch();
   check_q(q, table, d, Hkv);
   const int g = q.n1 / Hkv;
@@ -445,9 +442,8 @@ void quest_select8(const View3<const float>& q, const kv::PageTable& table, int 
       keys.resize(static_cast<std::size_t>(n));
       for (int j = 0; j < n; ++j) keys[static_cast<std::size_t>(j)] = group_key(pb.data(), g, n, j);
       const std::span<std::int32_t> sl = out.slots(b, h);
-      out.count[b * Hkv + h] = select_by_keys(keys.data(), n, table.length(b, page_size),
-                                              page_size, policy, sl.data(),
-                                              static_cast<int>(sl.size()));
+      out.count[b * Hkv + h] = select_by_keys(keys.data(), n, table.length(b, page_size), page_size,
+                                              policy, sl.data(), static_cast<int>(sl.size()));
       if (page_keys)
         std::copy(keys.begin(), keys.end(),
                   page_keys->begin() + (static_cast<std::ptrdiff_t>(b) * Hkv + h) * keys_stride);
@@ -456,8 +452,8 @@ void quest_select8(const View3<const float>& q, const kv::PageTable& table, int 
 }
 
 SelectionAgreement compare_selections(const SelectionView& ref, const SelectionView& got) {
-  require(ref.batch == got.batch && ref.num_kv_heads == got.num_kv_heads,
-          ErrorCode::shape_mismatch, "got", "differs in shape from ref");
+  require(ref.batch == got.batch && ref.num_kv_heads == got.num_kv_heads, ErrorCode::shape_mismatch,
+          "got", "differs in shape from ref");
   SelectionAgreement r;
   long hit = 0, total = 0;
   for (int b = 0; b < ref.batch; ++b)

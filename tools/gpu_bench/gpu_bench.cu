@@ -30,6 +30,7 @@
 #include <string>
 #include <vector>
 
+#include "append_check.hpp"
 #include "bench_util.cuh"
 #include "masskv/attn/decode.hpp"
 #include "masskv/cuda/decode.hpp"
@@ -37,7 +38,6 @@
 #include "masskv/error.hpp"
 #include "masskv/select/compact_bounds.hpp"
 #include "masskv/select/page_bound.hpp"
-#include "append_check.hpp"
 #include "prefill_bench.hpp"
 
 using namespace masskv;
@@ -822,6 +822,26 @@ std::vector<SelCase> select_cases() {
   return cases;
 }
 
+// Runs body(i) (returns its failures) for cases 0..n-1; a case that throws (host or device) is
+// one failure and the others still run; a progress line every 16 cases.
+template <class F>
+int run_cases(const char* what, std::size_t n, F&& body) {
+  int failures = 0;
+  for (std::size_t i = 0; i < n; ++i) {
+    try {
+      failures += body(i);
+    } catch (const Error& e) {
+      std::printf("FAIL %s case %zu threw: %s\n", what, i, e.what());
+      failures += 1;
+    }
+    if (i % 16 == 15 || i + 1 == n) {
+      std::printf("  %s cases ..%zu done (%d failures so far)\n", what, i, failures);
+      std::fflush(stdout);
+    }
+  }
+  return failures;
+}
+
 int run_select_check() {
   const std::vector<SelCase> cases = select_cases();
   std::printf(
@@ -833,35 +853,23 @@ int run_select_check() {
       "pages with a bound within eps of the threshold may differ (see gpu_bench.cu)\n");
   cuda::SelectWorkspace ws;
   SelStats st;
-  int failures = 0;
   const auto t0 = std::chrono::steady_clock::now();
-  for (std::size_t i = 0; i < cases.size(); ++i) {
-    int f = 0;
-    try {  // a case that throws (host or device) is one failure; the others still run
-      SelData sd;
-      sd.c = cases[i];
-      build_sel_case(sd, 5000 + i);
-      const select::BoundStoreView hv = sd.store.view();
-      SelectionStorage cpu;
-      select::quest_select(cpu_args(sd, hv), cpu);
-      SelGpu g;
-      setup_sel_gpu(sd, g);
-      std::vector<std::int32_t> ids, cnt;
-      std::vector<std::uint32_t> keys;
-      // Alternate the planned chunk and a small explicit one (many CTAs per sequence).
-      run_gpu_select(g, sd, ws, ids, cnt, keys, i % 2 ? 64 : 0);
-      f = compare_selection(sd, cpu, ids, cnt, g.max_per_head, keys, ws.keys_stride(), st,
-                            i % 2 ? "cp64" : "auto");
-    } catch (const Error& e) {
-      std::printf("FAIL select case %zu threw: %s\n", i, e.what());
-      f = 1;
-    }
-    failures += f;
-    if (i % 16 == 15 || i + 1 == cases.size()) {
-      std::printf("  select cases ..%zu done (%d failures so far)\n", i, failures);
-      std::fflush(stdout);
-    }
-  }
+  const int failures = run_cases("select", cases.size(), [&](std::size_t i) {
+    SelData sd;
+    sd.c = cases[i];
+    build_sel_case(sd, 5000 + i);
+    const select::BoundStoreView hv = sd.store.view();
+    SelectionStorage cpu;
+    select::quest_select(cpu_args(sd, hv), cpu);
+    SelGpu g;
+    setup_sel_gpu(sd, g);
+    std::vector<std::int32_t> ids, cnt;
+    std::vector<std::uint32_t> keys;
+    // Alternate the planned chunk and a small explicit one (many CTAs per sequence).
+    run_gpu_select(g, sd, ws, ids, cnt, keys, i % 2 ? 64 : 0);
+    return compare_selection(sd, cpu, ids, cnt, g.max_per_head, keys, ws.keys_stride(), st,
+                             i % 2 ? "cp64" : "auto");
+  });
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   std::printf(
       "select: %ld lists: %ld identical, %ld near-tie only; bounds bit-identical %ld/%ld "
@@ -975,8 +983,7 @@ int compare_exact(const SelData& sd, const SelectionStorage& cpu,
         if (bad_key >= 0)
           std::printf("key of page %d gpu %08x cpu %08x; ", bad_key, gkeys[base + bad_key],
                       ckeys[base + bad_key]);
-        std::printf("lists %s (count gpu %d cpu %zu)\n", same ? "equal" : "differ", gc,
-                    cl.size());
+        std::printf("lists %s (count gpu %d cpu %zu)\n", same ? "equal" : "differ", gc, cl.size());
       }
     }
   }
@@ -1046,8 +1053,8 @@ int run_compact_check() {
   std::vector<SelCase> cases;
   for (const SelCase& c : select_cases()) {
     // The CPU references are scalar: keep every case's store under ~2e7 values.
-    const double values = static_cast<double>(c.batch) * ((c.len + c.page - 1) / c.page) *
-                          c.hkv * c.d;
+    const double values =
+        static_cast<double>(c.batch) * ((c.len + c.page - 1) / c.page) * c.hkv * c.d;
     if (values <= 2e7) cases.push_back(c);
   }
   std::printf(
@@ -1057,131 +1064,120 @@ int run_compact_check() {
       cases.size());
   cuda::SelectWorkspace ws;
   ExactStats s8, sh, sh8;
-  int failures = 0;
   const double covers[] = {2.0, 1.0, 0.5, 8.0};
   const auto t0 = std::chrono::steady_clock::now();
-  for (std::size_t i = 0; i < cases.size(); ++i) {
+  const int failures = run_cases("select-compact", cases.size(), [&](std::size_t i) {
     int f = 0;
-    try {
-      SelData sd;
-      sd.c = cases[i];
-      build_sel_case(sd, 7000 + i);
-      const SelCase& c = sd.c;
-      SelGpu g;
-      setup_sel_gpu(sd, g);
-      const kv::PageTable table{sd.indptr, sd.indices, sd.last};
-      const auto qv = View3<const float>::contiguous(sd.q.data(), c.batch, c.hq, c.d);
-      cuda::SelectLaunch l;
-      l.workspace = &ws;
-      l.max_pages_per_seq = sd.max_pages;
-      l.chunk_pages = i % 2 ? 64 : 0;
-      std::vector<std::int32_t> ids, cnt;
-      std::vector<std::uint32_t> keys, ckeys;
-      // 8-bit.
-      kv::SummariesView sv;
-      sv.min = sd.smin.data();
-      sv.max = sd.smax.data();
-      sv.num_pages = sd.pool_pages;
-      sv.num_kv_heads = c.hkv;
-      sv.head_dim = c.d;
-      const select::BoundStore8 store8(sv);
-      SelectionStorage cpu8;
-      select::quest_select8(qv, table, c.page, store8.view(), c.scale, c.pol, cpu8, &ckeys,
-                            sd.max_pages);
-      const Store8Gpu g8 = upload_store8(store8.view());
-      cuda::QuestSelectArgs a8 = g.args;
-      a8.bounds8 = g8.view;
-      CK(cudaMemset(g.ids.p, 0x7f, g.ids.n * sizeof(std::int32_t)));
-      cuda::quest_select(a8, l);
-      download_selection(g, ws, ids, cnt, keys);
-      f += compare_exact(sd, cpu8, ckeys, ids, cnt, g.max_per_head, keys, ws.keys_stride(),
-                         "select8", s8);
-      // Hierarchical.
-      const select::BoundStoreView hv = sd.store.view();
-      const select::GroupStore groups(hv, table, 16);
-      const double cover = covers[i % 4];
-      select::HierSelectArgs ha;
-      ha.q = qv;
-      ha.table = table;
-      ha.page_size = c.page;
-      ha.pages = &hv;
-      ha.groups = &groups;
-      ha.scale = c.scale;
-      ha.policy = c.pol;
-      ha.cover = cover;
-      SelectionStorage cpuh;
-      select::hier_select(ha, cpuh, &ckeys, sd.max_pages);
-      const GroupGpu gg = upload_groups(groups);
-      f += check_group_update(sd, g, groups, l);
-      CK(cudaMemset(g.ids.p, 0x7f, g.ids.n * sizeof(std::int32_t)));
-      cuda::hier_select(hier_args(g.args, gg, cover), l);
-      download_selection(g, ws, ids, cnt, keys);
-      f += compare_exact(sd, cpuh, ckeys, ids, cnt, g.max_per_head, keys, ws.keys_stride(),
-                         "hier", sh);
-      // Hierarchical with 8-bit pages (bf16 groups).
-      const select::BoundStore8View h8v = store8.view();
-      ha.pages8 = &h8v;
-      SelectionStorage cpuh8;
-      select::hier_select(ha, cpuh8, &ckeys, sd.max_pages);
-      CK(cudaMemset(g.ids.p, 0x7f, g.ids.n * sizeof(std::int32_t)));
-      cuda::hier_select(hier_args(a8, gg, cover), l);
-      download_selection(g, ws, ids, cnt, keys);
-      f += compare_exact(sd, cpuh8, ckeys, ids, cnt, g.max_per_head, keys, ws.keys_stride(),
-                         "hier8", sh8);
-      if (i == 0) {  // a CUDA graph of each (warmed up above) replays to the same lists
-        for (int which = 0; which < 2; ++which) {
-          cudaStream_t st;
-          CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
-          cuda::SelectLaunch lg = l;
-          lg.stream = st;
-          lg.check_errors = false;
-          const auto step = [&] {
-            if (which == 0) {
-              cuda::quest_select(a8, lg);
-            } else {
-              cuda::hier_select(hier_args(g.args, gg, cover), lg);
-            }
-          };
-          step();
-          CK(cudaStreamSynchronize(st));
-          const auto want_ids = g.ids.download();
-          const auto want_cnt = g.count.download();
-          CK(cudaMemsetAsync(g.ids.p, 0x7f, g.ids.n * sizeof(std::int32_t), st));
-          cudaGraph_t graph;
-          cudaGraphExec_t exec;
-          CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
-          step();
-          CK(cudaStreamEndCapture(st, &graph));
-          CK(cudaGraphInstantiate(&exec, graph, 0));
-          CK(cudaGraphLaunch(exec, st));
-          ws.check(st);
-          CK(cudaGraphExecDestroy(exec));
-          CK(cudaGraphDestroy(graph));
-          CK(cudaStreamDestroy(st));
-          if (g.ids.download() != want_ids || g.count.download() != want_cnt) {
-            std::printf("FAIL %s: CUDA graph replay differs\n", which ? "hier" : "select8");
-            ++f;
+    SelData sd;
+    sd.c = cases[i];
+    build_sel_case(sd, 7000 + i);
+    const SelCase& c = sd.c;
+    SelGpu g;
+    setup_sel_gpu(sd, g);
+    const kv::PageTable table{sd.indptr, sd.indices, sd.last};
+    const auto qv = View3<const float>::contiguous(sd.q.data(), c.batch, c.hq, c.d);
+    cuda::SelectLaunch l;
+    l.workspace = &ws;
+    l.max_pages_per_seq = sd.max_pages;
+    l.chunk_pages = i % 2 ? 64 : 0;
+    std::vector<std::int32_t> ids, cnt;
+    std::vector<std::uint32_t> keys, ckeys;
+    // 8-bit.
+    kv::SummariesView sv;
+    sv.min = sd.smin.data();
+    sv.max = sd.smax.data();
+    sv.num_pages = sd.pool_pages;
+    sv.num_kv_heads = c.hkv;
+    sv.head_dim = c.d;
+    const select::BoundStore8 store8(sv);
+    SelectionStorage cpu8;
+    select::quest_select8(qv, table, c.page, store8.view(), c.scale, c.pol, cpu8, &ckeys,
+                          sd.max_pages);
+    const Store8Gpu g8 = upload_store8(store8.view());
+    cuda::QuestSelectArgs a8 = g.args;
+    a8.bounds8 = g8.view;
+    CK(cudaMemset(g.ids.p, 0x7f, g.ids.n * sizeof(std::int32_t)));
+    cuda::quest_select(a8, l);
+    download_selection(g, ws, ids, cnt, keys);
+    f += compare_exact(sd, cpu8, ckeys, ids, cnt, g.max_per_head, keys, ws.keys_stride(), "select8",
+                       s8);
+    // Hierarchical.
+    const select::BoundStoreView hv = sd.store.view();
+    const select::GroupStore groups(hv, table, 16);
+    const double cover = covers[i % 4];
+    select::HierSelectArgs ha;
+    ha.q = qv;
+    ha.table = table;
+    ha.page_size = c.page;
+    ha.pages = &hv;
+    ha.groups = &groups;
+    ha.scale = c.scale;
+    ha.policy = c.pol;
+    ha.cover = cover;
+    SelectionStorage cpuh;
+    select::hier_select(ha, cpuh, &ckeys, sd.max_pages);
+    const GroupGpu gg = upload_groups(groups);
+    f += check_group_update(sd, g, groups, l);
+    CK(cudaMemset(g.ids.p, 0x7f, g.ids.n * sizeof(std::int32_t)));
+    cuda::hier_select(hier_args(g.args, gg, cover), l);
+    download_selection(g, ws, ids, cnt, keys);
+    f += compare_exact(sd, cpuh, ckeys, ids, cnt, g.max_per_head, keys, ws.keys_stride(), "hier",
+                       sh);
+    // Hierarchical with 8-bit pages (bf16 groups).
+    const select::BoundStore8View h8v = store8.view();
+    ha.pages8 = &h8v;
+    SelectionStorage cpuh8;
+    select::hier_select(ha, cpuh8, &ckeys, sd.max_pages);
+    CK(cudaMemset(g.ids.p, 0x7f, g.ids.n * sizeof(std::int32_t)));
+    cuda::hier_select(hier_args(a8, gg, cover), l);
+    download_selection(g, ws, ids, cnt, keys);
+    f += compare_exact(sd, cpuh8, ckeys, ids, cnt, g.max_per_head, keys, ws.keys_stride(), "hier8",
+                       sh8);
+    if (i == 0) {  // a CUDA graph of each (warmed up above) replays to the same lists
+      for (int which = 0; which < 2; ++which) {
+        cudaStream_t st;
+        CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+        cuda::SelectLaunch lg = l;
+        lg.stream = st;
+        lg.check_errors = false;
+        const auto step = [&] {
+          if (which == 0) {
+            cuda::quest_select(a8, lg);
+          } else {
+            cuda::hier_select(hier_args(g.args, gg, cover), lg);
           }
+        };
+        step();
+        CK(cudaStreamSynchronize(st));
+        const auto want_ids = g.ids.download();
+        const auto want_cnt = g.count.download();
+        CK(cudaMemsetAsync(g.ids.p, 0x7f, g.ids.n * sizeof(std::int32_t), st));
+        cudaGraph_t graph;
+        cudaGraphExec_t exec;
+        CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
+        step();
+        CK(cudaStreamEndCapture(st, &graph));
+        CK(cudaGraphInstantiate(&exec, graph, 0));
+        CK(cudaGraphLaunch(exec, st));
+        ws.check(st);
+        CK(cudaGraphExecDestroy(exec));
+        CK(cudaGraphDestroy(graph));
+        CK(cudaStreamDestroy(st));
+        if (g.ids.download() != want_ids || g.count.download() != want_cnt) {
+          std::printf("FAIL %s: CUDA graph replay differs\n", which ? "hier" : "select8");
+          ++f;
         }
       }
-    } catch (const Error& e) {
-      std::printf("FAIL select-compact case %zu threw: %s\n", i, e.what());
-      f += 1;
     }
-    failures += f;
-    if (i % 16 == 15 || i + 1 == cases.size()) {
-      std::printf("  select-compact cases ..%zu done (%d failures so far)\n", i, failures);
-      std::fflush(stdout);
-    }
-  }
+    return f;
+  });
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   std::printf(
       "select8: %ld/%ld lists identical, keys %ld/%ld identical; hier: %ld/%ld lists identical, "
       "keys %ld/%ld identical; hier8: %ld/%ld lists identical, keys %ld/%ld identical (%.1f s)\n",
       s8.identical, s8.lists, s8.keys_equal, s8.keys, sh.identical, sh.lists, sh.keys_equal,
       sh.keys, sh8.identical, sh8.lists, sh8.keys_equal, sh8.keys, secs);
-  std::printf("SELECT-COMPACT CHECK %s: %d failure(s)\n", failures ? "FAILED" : "PASSED",
-              failures);
+  std::printf("SELECT-COMPACT CHECK %s: %d failure(s)\n", failures ? "FAILED" : "PASSED", failures);
   return failures;
 }
 
@@ -1601,8 +1597,8 @@ bool write_rows(const char* json_path, const cudaDeviceProp& prop, const std::ve
                  "  {\"kind\": \"%s\", \"ctx\": %d, \"batch\": %d, \"budget\": %d, "
                  "\"us\": %.3f, \"bytes\": %.0f, \"cpu_select_ms\": %.4f, \"recall\": %.5f, "
                  "\"identical\": %.5f}%s\n",
-                 r.kind.c_str(), r.ctx, r.batch, r.budget, r.us, r.bytes, r.cpu_select_ms,
-                 r.recall, r.identical, i + 1 < rows.size() ? "," : "");
+                 r.kind.c_str(), r.ctx, r.batch, r.budget, r.us, r.bytes, r.cpu_select_ms, r.recall,
+                 r.identical, i + 1 < rows.size() ? "," : "");
   }
   std::fprintf(f, "]}\n");
   std::fclose(f);
@@ -1967,8 +1963,8 @@ int run_bench(const char* json_path) {
       };
       std::vector<GroupGpu> groups;
       for (int t = 0; t < rot; ++t)
-        groups.push_back(upload_groups(
-            select::GroupStore(store.view(), {indptr[t], indices[t], last[t]}, 16)));
+        groups.push_back(
+            upload_groups(select::GroupStore(store.view(), {indptr[t], indices[t], last[t]}, 16)));
       // Flat lists of every rotation, then each selector's agreement with them.
       std::vector<std::vector<std::int32_t>> flat_ids(kQRot), flat_cnt(kQRot);
       for (int r = 0; r < kQRot; ++r) {
@@ -1985,8 +1981,8 @@ int run_bench(const char* json_path) {
           sws.check(nullptr);
           const auto ids = g_ids[r].download();
           const auto cnt = g_cnt[r].download();
-          const SelectionView ref{SelectionView::Unit::page, sh.batch, Hkv, cap, flat_ids[r],
-                                  flat_cnt[r]};
+          const SelectionView ref{
+              SelectionView::Unit::page, sh.batch, Hkv, cap, flat_ids[r], flat_cnt[r]};
           const SelectionView got{SelectionView::Unit::page, sh.batch, Hkv, cap, ids, cnt};
           const select::SelectionAgreement a = select::compare_selections(ref, got);
           lists += a.lists;
@@ -2023,8 +2019,8 @@ int run_bench(const char* json_path) {
             "  compact ctx=%7d B=%2d budget=%5d: %-8s select %6.1f us, step (graph) %6.1f us, "
             "%.1f MB, recall %.4f, identical lists %.3f\n",
             sh.ctx, sh.batch, budget, tag.c_str(), sel_us, step_us, sel_bytes / 1e6, rec, same);
-        rows.push_back({"gpu_" + tag + "_select", sh.ctx, sh.batch, budget, sel_us, sel_bytes, 0,
-                        rec, same});
+        rows.push_back(
+            {"gpu_" + tag + "_select", sh.ctx, sh.batch, budget, sel_us, sel_bytes, 0, rec, same});
         rows.push_back({"ours_sparse_" + tag + "_gpu_sel_graph", sh.ctx, sh.batch, budget, step_us,
                         bytes + sel_bytes, 0, rec, same});
       };

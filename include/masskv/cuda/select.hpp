@@ -131,12 +131,12 @@ void hier_select(const HierSelectArgs& args, const SelectLaunch& launch);
 // table maps sequence b's group i to slot group_indices[group_indptr[b] + i]; the caller
 // allocates slots (a new group when a sequence crosses a multiple of group_pages pages).
 struct GroupUpdateArgs {
-  kv::PageTable table;           // device page table of the sequences
-  select::BoundStoreView pages;  // device bf16 page store
+  kv::PageTable table;                                        // device page table of the sequences
+  select::BoundStoreView pages;                               // device bf16 page store
   std::span<const std::int32_t> group_indptr, group_indices;  // device group table
-  bf16* group_min = nullptr;     // device group store [slot][kv_head][head_dim]
+  bf16* group_min = nullptr;  // device group store [slot][kv_head][head_dim]
   bf16* group_max = nullptr;
-  int group_slots = 0;           // slots in the group store
+  int group_slots = 0;  // slots in the group store
   int group_pages = 16;
   bool last_only = false;
 };

@@ -118,7 +118,7 @@ struct HierSelectArgs {
   // Optional: score the chosen groups' pages from this 8-bit store (of the same summaries)
   // instead of `pages`.
   const BoundStore8View* pages8 = nullptr;
-  float scale = 0;                        // 0 means 1/sqrt(d)
+  float scale = 0;  // 0 means 1/sqrt(d)
   TopkPolicy policy;
   double cover = 2.0;  // groups scored: enough for cover × budget pages (hier_groups)
 };
