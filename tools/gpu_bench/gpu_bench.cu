@@ -1919,18 +1919,26 @@ int run_bench(const char* json_path) {
       });
       sws.check(nullptr);
       ws.check(nullptr);
-      const double gus_graph = time_graph_us(kQRot, kWarm, kIters, [&](int r, cudaStream_t st) {
+      // A step in one CUDA graph per rotation: select_fn(r, stream) then the sparse decode on
+      // its lists.
+      const auto step_graph = [&](const auto& select_fn) {
+        const double us = time_graph_us(kQRot, kWarm, kIters, [&](int r, cudaStream_t st) {
+          select_fn(r, st);
+          attn::DecodeArgs a = args_for(r);
+          a.selection = &gsv[r];
+          cuda::DecodeLaunch l = launch;
+          l.stream = st;
+          cuda::decode(a, l);
+        });
+        sws.check(nullptr);
+        ws.check(nullptr);
+        return us;
+      };
+      const double gus_graph = step_graph([&](int r, cudaStream_t st) {
         cuda::SelectLaunch l2 = sl;
         l2.stream = st;
         cuda::quest_select(sel_args(r), l2);
-        attn::DecodeArgs a = args_for(r);
-        a.selection = &gsv[r];
-        cuda::DecodeLaunch l = launch;
-        l.stream = st;
-        cuda::decode(a, l);
       });
-      sws.check(nullptr);
-      ws.check(nullptr);
       std::printf(
           "  gpu-sel ctx=%7d B=%2d budget=%5d: select+decode %9.1f us (graph %.1f us); select "
           "%.1f us, score %.1f us; GPU selection == CPU selection in %d/%d steps\n",
@@ -1994,19 +2002,6 @@ int run_bench(const char* json_path) {
         }
         return std::pair<double, double>{total ? hit / total : 1.0,
                                          lists ? static_cast<double>(identical) / lists : 1.0};
-      };
-      const auto step_graph = [&](const auto& select_fn) {
-        const double us = time_graph_us(kQRot, kWarm, kIters, [&](int r, cudaStream_t st) {
-          select_fn(r, st);
-          attn::DecodeArgs a = args_for(r);
-          a.selection = &gsv[r];
-          cuda::DecodeLaunch l = launch;
-          l.stream = st;
-          cuda::decode(a, l);
-        });
-        sws.check(nullptr);
-        ws.check(nullptr);
-        return us;
       };
       // One GPU selector, select_fn(step, stream): alone, its agreement with the flat lists,
       // and in the graph step; two rows (selection, step), `sel_bytes` the summaries it reads.
