@@ -20,7 +20,12 @@
 //     MASSKV_TOPK_CLUSTER): one CTA per (sequence, kv head), launched with programmatic
 //     dependent launch; radix passes of 2048 equal-width bins over the window of key values
 //     still holding the threshold (min..max at first: at most 3 passes), same result.
-// Both are deterministic (integer atomics only count; no order depends on timing).
+// The scoring kernel also reads the 8-bit store (select::BoundStore8: codes dequantised as
+// fma(code, step, lo), then the same chains; quest_select8's bits) and takes a group mask
+// (hier_select: tiles of unchosen groups are not read, their keys are 0). hier_select chains
+// four launches: score groups, block top-k of groups (writes the mask), score pages, top-k.
+// group_update_kernel rebuilds group summaries (GroupStore's bits).
+// All are deterministic (integer atomics only count; no order depends on timing).
 #include <cooperative_groups.h>
 #include <cuda_runtime.h>
 
