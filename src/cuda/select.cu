@@ -822,16 +822,18 @@ __global__ void __launch_bounds__(kTopkThreads) quest_topk_block_kernel(SelParam
   const int lo = sinks, hi = window, cand = hi - lo;
   const bool take_all = nsel >= cand;
   const int cached = take_all ? 0 : min(cand, p.key_cache);
+  // Plain loads, not __ldg: the scoring grid wrote the keys while this grid was already
+  // resident (programmatic dependent launch), so they are not read-only for its lifetime.
   const auto key_at = [&](int j) {
     const int i = j - lo;
-    return i < cached ? s_keys[i] : __ldg(keys + j);
+    return i < cached ? s_keys[i] : keys[j];
   };
   std::uint32_t wlo = 0, whi = 0xffffffffu;
   int k_rem = nsel;
   if (!take_all) {
     std::uint32_t kmin = 0xffffffffu, kmax = 0;
     for (int i = tid; i < cand; i += kTopkThreads) {
-      const std::uint32_t key = __ldg(keys + lo + i);
+      const std::uint32_t key = keys[lo + i];
       if (i < cached) s_keys[i] = key;
       kmin = min(kmin, key);
       kmax = max(kmax, key);
