@@ -16,20 +16,31 @@
 //     takes every candidate above it and the lowest-id candidates equal to it (ties to the lower
 //     page id, as the CPU), and writes the ids ascending with two ballot passes (no sort; the
 //     lower slices' counts as bases), -1 padded, and the count.
-// Both are deterministic (integer atomics only count; no order depends on timing).
+//  2'. quest_topk_block_kernel (the default; the cluster kernel with MASSKV_TOPK=cluster or
+//     MASSKV_TOPK_CLUSTER): one CTA per (sequence, kv head), launched with programmatic
+//     dependent launch; radix passes of 2048 equal-width bins over the window of key values
+//     still holding the threshold (min..max at first: at most 3 passes), same result.
+// The scoring kernel also reads the 8-bit store (select::BoundStore8: codes dequantised as
+// fma(code, step, lo), then the same chains; quest_select8's bits) and takes a group mask
+// (hier_select: tiles of unchosen groups are not read, their keys are 0). hier_select chains
+// four launches: score groups, block top-k of groups (writes the mask), score pages, top-k.
+// group_update_kernel rebuilds group summaries (GroupStore's bits).
+// All are deterministic (integer atomics only count; no order depends on timing).
 #include <cooperative_groups.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
-#include <cstdlib>
 #include <cfloat>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
+#include <limits>
 #include <mutex>
+#include <string_view>
 
+#include "device.cuh"
 #include "masskv/cuda/select.hpp"
 #include "masskv/error.hpp"
-#include "device.cuh"
 
 namespace masskv::cuda {
 namespace {
@@ -59,8 +70,13 @@ using detail::device_sms;
 struct SelParams {
   const float* q;
   std::int64_t q_s0, q_s1;
-  const std::uint16_t* mn;  // bf16 bits [page][kv][d]
+  const std::uint16_t* mn;  // bf16 bits [page][kv][d] (8-bit store: codes, as bytes)
   const std::uint16_t* mx;
+  const float* grid;  // 8-bit store: [page][kv][2] (lo, step); null for bf16
+  // Hierarchical page pass: [B][Hkv][mask_stride] group flags (group = page / kWarpPages);
+  // pages of a group flagged 0 get key 0 and are not read. Null: every page is scored.
+  const std::uint8_t* tile_mask;
+  int mask_stride;
   int pool_pages, num_kv_heads, group, page_size;
   int nnz;  // entries of indices: indptr must stay inside
   const std::int32_t* indptr;
@@ -75,6 +91,7 @@ struct SelParams {
   int key_cache;  // keys the top-k kernel's dynamic shared memory holds
   std::int32_t* out_ids;
   std::int32_t* out_count;
+  std::uint8_t* out_mask;  // optional [B][Hkv][max_pages]: 1 where selected (block top-k only)
   unsigned* err;
 };
 
@@ -129,16 +146,22 @@ __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commi
 constexpr int kWarpPages = 16;  // pages per warp tile: 32 rows, one per lane
 // Pipeline stages per warp: 2 (one tile in flight while one is scored); 3 at d = 64, where a
 // tile is half as many bytes.
-template <int kD>
-constexpr int kScoreStages = kD == 64 ? 3 : 2;
+// kU8: the 8-bit store (one byte per channel, a tile half the bytes).
+template <int kD, bool kU8>
+constexpr int kRowData = kU8 ? kD : 2 * kD;  // bytes of one staged min or max row
+template <int kD, bool kU8>
+constexpr int kScoreStages = kRowData<kD, kU8> <= 128 ? 3 : 2;
 constexpr int kScoreMaxWarps = 12;
 constexpr int kHeadBatch = 4;  // q heads per pass over a row (8 accumulators each)
 
-template <int kD>
+template <int kD, bool kU8 = false>
 struct ScoreSmem {
-  static constexpr int kRowBytes = 2 * kD + 16;  // 16 bytes of padding: lane L reads row L
-  static constexpr int kStageBytes = 2 * kWarpPages * kRowBytes;
-  static constexpr int kStages = kScoreStages<kD>;
+  static constexpr int kRowBytes =
+      kRowData<kD, kU8> + 16;  // 16 bytes of padding: lane L reads row L
+  // 8-bit: the tile's (lo, step) per page after its rows.
+  static constexpr int kGridOffset = 2 * kWarpPages * kRowBytes;
+  static constexpr int kStageBytes = kGridOffset + (kU8 ? kWarpPages * 8 : 0);
+  static constexpr int kStages = kScoreStages<kD, kU8>;
   static constexpr int kWarpBytes = kStages * kStageBytes;
   // q+ [group][kD], 4 floats of padding (q- in other banks than q+), q- [group][kD], f||q||_1.
   static std::size_t q_bytes(int group) {
@@ -188,14 +211,80 @@ __device__ __forceinline__ void score_rows(const uint4* row, const float* qa, in
   }
 }
 
+// The 8-bit form of score_rows: 16 codes per 16-byte piece, each dequantised once per row as
+// fma(code, step, lo) (the CPU's dequant8), channel 16k + l into chain l, then 16k + 8 + l
+// into chain l (ascending channels per chain, as the CPU reference).
+__device__ __forceinline__ float code_at(unsigned word, int i) {
+  // 0x4B0000bb is 2^23 + bb exactly; minus 2^23 gives the code as a float.
+  return __fsub_rn(__uint_as_float(__byte_perm(word, 0x4B000000u, 0x7440u | i)), 8388608.0f);
+}
+template <int kD, int kNB, bool kW>
+__device__ __forceinline__ void score_rows8(const uint4* row, const float* qa, int i0, float lo,
+                                            float step, float& w, float (&acc)[kHeadBatch][8]) {
+#pragma unroll
+  for (int i = 0; i < kNB; ++i)
+#pragma unroll
+    for (int l = 0; l < 8; ++l) acc[i][l] = 0.f;
+#pragma unroll
+  for (int k = 0; k < kD / 16; ++k) {
+    const uint4 r = row[k];
+    const unsigned words[4] = {r.x, r.y, r.z, r.w};
+    float x[16];
+#pragma unroll
+    for (int e = 0; e < 16; ++e) x[e] = fmaf(code_at(words[e / 4], e % 4), step, lo);
+    if constexpr (kW) {
+#pragma unroll
+      for (int e = 0; e < 16; ++e) w = fmaxf(w, fabsf(x[e]));
+    }
+#pragma unroll
+    for (int i = 0; i < kNB; ++i) {
+      const float4* qv = reinterpret_cast<const float4*>(qa + (i0 + i) * kD + 16 * k);
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const float4 a = qv[2 * half], c = qv[2 * half + 1];
+        const float* xs = x + 8 * half;
+        acc[i][0] = fmaf(a.x, xs[0], acc[i][0]);
+        acc[i][1] = fmaf(a.y, xs[1], acc[i][1]);
+        acc[i][2] = fmaf(a.z, xs[2], acc[i][2]);
+        acc[i][3] = fmaf(a.w, xs[3], acc[i][3]);
+        acc[i][4] = fmaf(c.x, xs[4], acc[i][4]);
+        acc[i][5] = fmaf(c.y, xs[5], acc[i][5]);
+        acc[i][6] = fmaf(c.z, xs[6], acc[i][6]);
+        acc[i][7] = fmaf(c.w, xs[7], acc[i][7]);
+      }
+    }
+  }
+}
+
+// Both stores: the chains of kNB q heads over this lane's row.
+template <int kD, bool kU8, int kNB, bool kW>
+__device__ __forceinline__ void score_any(const uint4* row, const float* qa, int i0, float lo,
+                                          float step, float& w, float (&acc)[kHeadBatch][8]) {
+  if constexpr (kU8) {
+    score_rows8<kD, kNB, kW>(row, qa, i0, lo, step, w, acc);
+  } else {
+    score_rows<kD, kNB, kW>(row, qa, i0, w, acc);
+  }
+}
+
+// cp.async of 8 bytes (the 8-bit store's (lo, step) of a page); src_bytes 0 writes zeros.
+__device__ __forceinline__ void cp_async8(void* smem, const void* gmem, int src_bytes) {
+  const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;\n" ::"r"(dst), "l"(gmem),
+               "r"(src_bytes));
+}
+
+constexpr int kSkipTile = -2;  // load_id's id for a page of a group the mask leaves out
+
 // grid (chunks, kv heads, batch), blockDim = 32 * warps (warps <= kScoreMaxWarps, planned on the
 // host from the shared memory that fits).
-template <int kD>
+template <int kD, bool kU8>
 __global__ void __launch_bounds__(kScoreMaxWarps * 32) quest_score_kernel(SelParams p) {
-  using Smem = ScoreSmem<kD>;
+  using Smem = ScoreSmem<kD, kU8>;
   constexpr int kRowBytes = Smem::kRowBytes;
   constexpr int kStages = Smem::kStages;
-  constexpr int kPieces = kD / 8;             // 16-byte pieces per row
+  constexpr int kElem = kU8 ? 1 : 2;               // bytes per channel
+  constexpr int kPieces = kRowData<kD, kU8> / 16;  // 16-byte pieces per row
   constexpr int kRowsPerCopy = 32 / kPieces;  // rows one warp-wide copy covers (4, 2, 1)
   constexpr int kCopies = 2 * kWarpPages / kRowsPerCopy;
   constexpr unsigned kAll = 0xffffffffu;
@@ -219,27 +308,40 @@ __global__ void __launch_bounds__(kScoreMaxWarps * 32) quest_score_kernel(SelPar
   const int my_tiles = warp < tiles ? (tiles - warp + warps - 1) / warps : 0;
   const auto tile_page0 = [&](int t) { return j0 + (warp + t * warps) * kWarpPages; };
 
-  const std::int64_t page_stride = static_cast<std::int64_t>(p.num_kv_heads) * kD;
-  const std::uint16_t* mn = p.mn + static_cast<std::int64_t>(h) * kD;
-  const std::uint16_t* mx = p.mx + static_cast<std::int64_t>(h) * kD;
+  const std::int64_t page_stride = static_cast<std::int64_t>(p.num_kv_heads) * kD * kElem;
+  const unsigned char* mn =
+      reinterpret_cast<const unsigned char*>(p.mn) + static_cast<std::int64_t>(h) * kD * kElem;
+  const unsigned char* mx =
+      reinterpret_cast<const unsigned char*>(p.mx) + static_cast<std::int64_t>(h) * kD * kElem;
+  const std::uint8_t* tmask =
+      p.tile_mask != nullptr
+          ? p.tile_mask + (static_cast<std::int64_t>(b) * p.num_kv_heads + h) * p.mask_stride
+          : nullptr;
+  // Whether tile t's pages are left out by the mask (tiles start at multiples of kWarpPages:
+  // chunks are multiples of kChunkAlign).
+  const auto skipped = [&](int t) {
+    return tmask != nullptr && tmask[tile_page0(t) / kWarpPages] == 0;
+  };
   // The page id of page L % 16 of this warp's tile t for lane L (0 past the chunk). Loaded one
   // tile before the copies that use it, so the load's latency is not exposed.
   const auto load_id = [&](int t) {
     const int pg = tile_page0(t) + lane % kWarpPages;
-    return t < my_tiles && pg < j1 ? p.indices[seq_begin + pg] : 0;
+    if (t >= my_tiles || pg >= j1) return 0;
+    return skipped(t) ? kSkipTile : p.indices[seq_begin + pg];
   };
   // Copies this warp's tile t into stage st: lane L holds the page id of page L % 16 of the
   // tile (`id`; flags a bad one); copy `it` moves rows [it * kRowsPerCopy, +kRowsPerCopy) of
   // the stage (row r = 2 * page + (0: min, 1: max)), kPieces consecutive lanes per row; missing
   // or bad pages are zero-filled without reading.
   const auto issue = [&](int t, int st, int id) {
+    if (skipped(t)) return;  // warp-uniform: never read (the tile's keys are written as 0)
     const int tn = min(kWarpPages, j1 - tile_page0(t));
     const int mine = lane % kWarpPages;
     int phys = -1;
     if (mine < tn) {
       if (id >= 0 && id < p.pool_pages) {
         phys = id;
-      } else if (lane < kWarpPages) {
+      } else if (id != kSkipTile && lane < kWarpPages) {
         atomicOr(p.err, kBadPhysical);
       }
     }
@@ -249,9 +351,17 @@ __global__ void __launch_bounds__(kScoreMaxWarps * 32) quest_score_kernel(SelPar
     for (int it = 0; it < kCopies; ++it) {
       const int r = it * kRowsPerCopy + lane / kPieces;
       const int ph = __shfl_sync(kAll, phys, r >> 1);
-      const std::uint16_t* src =
-          ph >= 0 ? ((r & 1) ? mx : mn) + ph * page_stride + piece * 8 : p.mn;  // 0 bytes if < 0
+      const unsigned char* src = ph >= 0 ? ((r & 1) ? mx : mn) + ph * page_stride + piece * 16
+                                         : mn;  // 0 bytes read if < 0
       cp_async16(stage + r * kRowBytes + piece * 16, src, ph >= 0 ? 16 : 0);
+    }
+    if constexpr (kU8) {
+      if (lane < kWarpPages) {
+        const float* src = phys >= 0
+                               ? p.grid + 2 * (static_cast<std::int64_t>(phys) * p.num_kv_heads + h)
+                               : p.grid;
+        cp_async8(stage + Smem::kGridOffset + lane * 8, src, phys >= 0 ? 8 : 0);
+      }
     }
   };
 #pragma unroll
@@ -293,13 +403,25 @@ __global__ void __launch_bounds__(kScoreMaxWarps * 32) quest_score_kernel(SelPar
     __syncwarp();            // and every lane's
     const int pg = tile_page0(t) + lane / 2;
     const bool in = pg < j1;
+    if (skipped(t)) {  // warp-uniform: a group the mask leaves out
+      if ((lane & 1) == 0 && in) keys[pg] = 0u;
+      __syncwarp();
+      continue;
+    }
     bool ok = false;
     if (in) {
       const int id = p.indices[seq_begin + pg];
       ok = id >= 0 && id < p.pool_pages;
     }
-    const uint4* row = reinterpret_cast<const uint4*>(wbuf + (t % kStages) * Smem::kStageBytes +
-                                                      lane * kRowBytes);
+    const unsigned char* stage = wbuf + (t % kStages) * Smem::kStageBytes;
+    const uint4* row = reinterpret_cast<const uint4*>(stage + lane * kRowBytes);
+    float glo = 0.f, gstep = 0.f;  // the 8-bit grid of this lane's page
+    if constexpr (kU8) {
+      const float2 gs =
+          *reinterpret_cast<const float2*>(stage + Smem::kGridOffset + (lane / 2) * 8);
+      glo = gs.x;
+      gstep = gs.y;
+    }
     // W = max_c max(|m_c|, |M_c|): each lane's row, then the pair's (exact in any order).
     float w = 0.f, best = -INFINITY;
     float acc[kHeadBatch][8];
@@ -307,18 +429,34 @@ __global__ void __launch_bounds__(kScoreMaxWarps * 32) quest_score_kernel(SelPar
       const int nb = min(kHeadBatch, g - i0);
       if (i0 == 0) {
         switch (nb) {
-          case 1: score_rows<kD, 1, true>(row, qa, i0, w, acc); break;
-          case 2: score_rows<kD, 2, true>(row, qa, i0, w, acc); break;
-          case 3: score_rows<kD, 3, true>(row, qa, i0, w, acc); break;
-          default: score_rows<kD, 4, true>(row, qa, i0, w, acc); break;
+          case 1:
+            score_any<kD, kU8, 1, true>(row, qa, i0, glo, gstep, w, acc);
+            break;
+          case 2:
+            score_any<kD, kU8, 2, true>(row, qa, i0, glo, gstep, w, acc);
+            break;
+          case 3:
+            score_any<kD, kU8, 3, true>(row, qa, i0, glo, gstep, w, acc);
+            break;
+          default:
+            score_any<kD, kU8, 4, true>(row, qa, i0, glo, gstep, w, acc);
+            break;
         }
         w = fmaxf(w, __shfl_xor_sync(kAll, w, 1));
       } else {
         switch (nb) {
-          case 1: score_rows<kD, 1, false>(row, qa, i0, w, acc); break;
-          case 2: score_rows<kD, 2, false>(row, qa, i0, w, acc); break;
-          case 3: score_rows<kD, 3, false>(row, qa, i0, w, acc); break;
-          default: score_rows<kD, 4, false>(row, qa, i0, w, acc); break;
+          case 1:
+            score_any<kD, kU8, 1, false>(row, qa, i0, glo, gstep, w, acc);
+            break;
+          case 2:
+            score_any<kD, kU8, 2, false>(row, qa, i0, glo, gstep, w, acc);
+            break;
+          case 3:
+            score_any<kD, kU8, 3, false>(row, qa, i0, glo, gstep, w, acc);
+            break;
+          default:
+            score_any<kD, kU8, 4, false>(row, qa, i0, glo, gstep, w, acc);
+            break;
         }
       }
 #pragma unroll
@@ -346,6 +484,77 @@ __global__ void __launch_bounds__(kScoreMaxWarps * 32) quest_score_kernel(SelPar
 }
 // ---- top-k ----------------------------------------------------------------------------------
 
+// The split of one (sequence, kv head)'s pages, as topk_split (topk_rank.hpp): sinks
+// [0, sinks) and [window, n) kept (`kept` pages), `total` selected. bad: a bad indptr,
+// last_page_len or a selection longer than the lists (flagged by `flag`'s thread).
+struct TopkSplit {
+  int n, sinks, window, kept, total;
+  bool bad;
+};
+__device__ TopkSplit topk_split_of(const SelParams& p, int b, bool flag) {
+  TopkSplit s{seq_pages(p, b), 0, 0, 0, 0, false};
+  const int n = s.n;
+  int last = 0;
+  s.bad = n < 0;
+  if (!s.bad && n > 0) {
+    last = p.last_len[b];
+    if (last < 1 || last > p.page_size) {
+      if (flag) atomicOr(p.err, kBadLastLen);
+      s.bad = true;
+    }
+  }
+  if (!s.bad && n > 0) {
+    const std::int64_t length = static_cast<std::int64_t>(n - 1) * p.page_size + last;
+    s.sinks = min(p.sinks, n);
+    const std::int64_t first_token =
+        length - p.window_tokens > 0 ? length - p.window_tokens : std::int64_t{0};
+    s.window = p.window_tokens > 0 ? static_cast<int>(first_token / p.page_size) : n - 1;
+    s.window = min(s.window, n - 1);
+    s.kept = s.sinks >= s.window ? n : s.sinks + (n - s.window);
+    s.total = min(n, max(p.budget, s.kept));
+    if (s.total > p.max_per_head) {
+      if (flag) atomicOr(p.err, kBadCapacity);
+      s.bad = true;
+    }
+  }
+  return s;
+}
+
+// The two passes of the ordered compaction (both top-k kernels). Warp-contiguous ids
+// [wbeg, wend), walked 32 at a time in id order; classify(j, gt, eq) puts candidate j above
+// the threshold (always taken) or on it (taken in id order until need_eq). The counting pass
+// and the emitting pass must classify alike.
+template <class Classify>
+__device__ void warp_counts(int wbeg, int wend, int lane, const Classify& classify, int& eq_w,
+                            int& gt_w) {
+  eq_w = gt_w = 0;
+  for (int j0 = wbeg; j0 < wend; j0 += 32) {
+    bool gt = false, eq = false;
+    classify(j0 + lane, gt, eq);
+    gt_w += __popc(__ballot_sync(0xffffffffu, gt));
+    eq_w += __popc(__ballot_sync(0xffffffffu, eq));
+  }
+}
+// Writes the selected ids at out[sel_r + rank]; eq_r, sel_r: the ties and the selected ids
+// before this warp's range. mask (optional): 1/0 per id of the range.
+template <class Classify>
+__device__ void warp_emit(int wbeg, int wend, int lane, const Classify& classify, int need_eq,
+                          int eq_r, int sel_r, std::int32_t* out, std::uint8_t* mask) {
+  const unsigned lt_mask = (1u << lane) - 1u;
+  for (int j0 = wbeg; j0 < wend; j0 += 32) {
+    const int j = j0 + lane;
+    bool gt = false, eq = false;
+    classify(j, gt, eq);
+    const unsigned eqb = __ballot_sync(0xffffffffu, eq);
+    const bool sel = gt || (eq && eq_r + __popc(eqb & lt_mask) < need_eq);
+    const unsigned selb = __ballot_sync(0xffffffffu, sel);
+    if (sel) out[sel_r + __popc(selb & lt_mask)] = j;
+    if (mask != nullptr && j < wend) mask[j] = sel ? 1 : 0;
+    eq_r += __popc(eqb);
+    sel_r += __popc(selb);
+  }
+}
+
 // Selection of one (sequence, kv head) by a cluster of kC CTAs (thread-block cluster,
 // distributed shared memory). grid (kC, kv heads, batch), kTopkThreads threads.
 // CTA r of the cluster owns the r-th contiguous slice of the candidates [sinks, window): it
@@ -369,38 +578,14 @@ __global__ void __cluster_dims__(kC, 1, 1) __launch_bounds__(kTopkThreads)
   const int rank = static_cast<int>(cluster.block_rank());
   const int h = blockIdx.y, b = blockIdx.z;
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
-  const unsigned lt_mask = (1u << lane) - 1u;
   std::int32_t* out =
       p.out_ids + (static_cast<std::int64_t>(b) * p.num_kv_heads + h) * p.max_per_head;
   std::int32_t* out_count = p.out_count + b * p.num_kv_heads + h;
   const bool leader = rank == 0;  // writes the kept pages, the -1 padding and the count
 
-  const int n = seq_pages(p, b);
-  int last = 0;
-  bool bad = n < 0;
-  if (!bad && n > 0) {
-    last = p.last_len[b];
-    if (last < 1 || last > p.page_size) {
-      if (tid == 0) atomicOr(p.err, kBadLastLen);
-      bad = true;
-    }
-  }
-  // Kept pages and the total, as kept_pages / topk_one (page_bound.cpp).
-  int sinks = 0, window = 0, kept = 0, total = 0;
-  if (!bad && n > 0) {
-    const std::int64_t length = static_cast<std::int64_t>(n - 1) * p.page_size + last;
-    sinks = min(p.sinks, n);
-    const std::int64_t first_token =
-        length - p.window_tokens > 0 ? length - p.window_tokens : std::int64_t{0};
-    window = p.window_tokens > 0 ? static_cast<int>(first_token / p.page_size) : n - 1;
-    window = min(window, n - 1);
-    kept = sinks >= window ? n : sinks + (n - window);
-    total = min(n, max(p.budget, kept));
-    if (total > p.max_per_head) {
-      if (tid == 0) atomicOr(p.err, kBadCapacity);
-      bad = true;
-    }
-  }
+  const TopkSplit sp = topk_split_of(p, b, tid == 0);
+  const int n = sp.n, sinks = sp.sinks, window = sp.window, kept = sp.kept, total = sp.total;
+  const bool bad = sp.bad;
   if (bad || n == 0) {
     if (leader) {
       for (int i = tid; i < p.max_per_head; i += kTopkThreads) out[i] = -1;
@@ -511,14 +696,8 @@ __global__ void __cluster_dims__(kC, 1, 1) __launch_bounds__(kTopkThreads)
     gt = take_all || key > T;
     eq = !take_all && key == T;
   };
-  int eq_w = 0, gt_w = 0;
-  for (int j0 = wbeg; j0 < wend; j0 += 32) {
-    const int j = j0 + lane;
-    bool gt = false, eq = false;
-    classify(j, gt, eq);
-    gt_w += __popc(__ballot_sync(0xffffffffu, gt));
-    eq_w += __popc(__ballot_sync(0xffffffffu, eq));
-  }
+  int eq_w, gt_w;
+  warp_counts(wbeg, wend, lane, classify, eq_w, gt_w);
   if (lane == 0) {
     s_warp_a[warp] = eq_w;
     s_warp_b[warp] = gt_w;
@@ -554,18 +733,278 @@ __global__ void __cluster_dims__(kC, 1, 1) __launch_bounds__(kTopkThreads)
   // No CTA leaves (or reuses) its shared memory while another may still read it; also orders
   // s_base_* for this CTA's threads.
   cluster.sync();
-  int eq_r = s_base_eq[warp], sel_r = s_base_sel[warp];
-  for (int j0 = wbeg; j0 < wend; j0 += 32) {
-    const int j = j0 + lane;
-    bool gt = false, eq = false;
-    classify(j, gt, eq);
-    const unsigned eqb = __ballot_sync(0xffffffffu, eq);
-    const bool sel = gt || (eq && eq_r + __popc(eqb & lt_mask) < need_eq);
-    const unsigned selb = __ballot_sync(0xffffffffu, sel);
-    if (sel) out[s0 + sel_r + __popc(selb & lt_mask)] = j;
-    eq_r += __popc(eqb);
-    sel_r += __popc(selb);
+  warp_emit(wbeg, wend, lane, classify, need_eq, s_base_eq[warp], s_base_sel[warp], out + s0,
+            nullptr);
+}
+
+// ---- top-k, one CTA per (sequence, kv head) ----------------------------------------------------
+
+// Programmatic dependent launch (sm_90): the block top-k is launched so that its launch and
+// prologue (kept pages, padding, count) overlap the scoring kernel's tail; it waits here
+// (griddepcontrol.wait: the scoring grid has completed and its keys are visible) before reading
+// a key. A no-op when launched without the attribute.
+__device__ __forceinline__ void wait_for_scores() {
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+}
+
+constexpr int kBlkBinsLog = 11;
+constexpr int kBlkBins = 1 << kBlkBinsLog;  // 2 per thread
+
+// The selection of one (sequence, kv head) by one CTA of kTopkThreads threads, grid (1, kv
+// heads, batch): the same result as quest_topk_kernel (and the CPU's topk_one), found with
+// fewer, cheaper passes and no cluster barriers.
+//  - The candidates' keys are cached in shared memory (up to key_cache; the rest is read from
+//    L2 on every pass) while their min and max are reduced (redux.sync).
+//  - A window [wlo, whi] of key values always holds the threshold: at first [min, max]. A
+//    pass bins the candidates in the window by (key - wlo) >> shift into 2048 bins (shift so
+//    that the window fits: equal-width bins over the values the keys actually take, not over
+//    the key bits, so the first pass already splits keys that share their top bits — bounds
+//    of one binade share the top 9), finds the bin of the k_rem-th largest key by a suffix scan
+//    of the histogram, and narrows the window to that bin. Windows shrink by 2^11 per pass:
+//    at most 3 passes; fewer when min == max, or when the bin holds exactly the keys still
+//    needed (then every key of the window is taken).
+//  - Selected: every key above the window, and the first k_rem keys inside it in id order
+//    (inside a window of one value: ties to the lower page id, as the CPU; a window whose keys
+//    are all taken: order irrelevant). Ids are written ascending without a sort by two ballot
+//    passes over warp-contiguous id ranges (counts, then positions).
+// Shared-memory atomics only count; nothing depends on timing (deterministic).
+// out_mask (optional): 1 for every selected logical page of [0, n), 0 for the others.
+__global__ void __launch_bounds__(kTopkThreads) quest_topk_block_kernel(SelParams p) {
+  extern __shared__ std::uint32_t s_keys[];
+  __shared__ int s_hist[kBlkBins];
+  __shared__ int s_wsum[kTopkWarps];
+  __shared__ std::uint32_t s_wmin[kTopkWarps], s_wmax[kTopkWarps];
+  __shared__ int s_warp_a[kTopkWarps], s_warp_b[kTopkWarps];
+  __shared__ int s_base_eq[kTopkWarps], s_base_sel[kTopkWarps];
+  __shared__ int s_bin, s_above, s_cnt;
+
+  const int h = blockIdx.y, b = blockIdx.z;
+  const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+  std::int32_t* out =
+      p.out_ids + (static_cast<std::int64_t>(b) * p.num_kv_heads + h) * p.max_per_head;
+  std::int32_t* out_count = p.out_count + b * p.num_kv_heads + h;
+  std::uint8_t* mask =
+      p.out_mask != nullptr
+          ? p.out_mask + (static_cast<std::int64_t>(b) * p.num_kv_heads + h) * p.max_pages
+          : nullptr;
+
+  const TopkSplit sp = topk_split_of(p, b, tid == 0);
+  const int n = sp.n, sinks = sp.sinks, window = sp.window, kept = sp.kept, total = sp.total;
+  const bool bad = sp.bad;
+  if (bad || n == 0) {
+    for (int i = tid; i < p.max_per_head; i += kTopkThreads) out[i] = -1;
+    if (tid == 0) *out_count = 0;
+    if (mask != nullptr && n > 0)
+      for (int j = tid; j < n; j += kTopkThreads) mask[j] = 0;
+    // Every exit waits for the scoring grid, so this grid never completes before it (a later
+    // launch in the stream then finds both done).
+    wait_for_scores();
+    return;
   }
+  const int need = total - kept;
+  const int s0 = min(sinks, window);
+  const int nsel = max(need, 0);
+  for (int j = tid; j < s0; j += kTopkThreads) out[j] = j;
+  for (int j = window + tid; j < n; j += kTopkThreads) out[s0 + nsel + (j - window)] = j;
+  for (int i = total + tid; i < p.max_per_head; i += kTopkThreads) out[i] = -1;
+  if (tid == 0) *out_count = total;
+  if (mask != nullptr) {
+    for (int j = tid; j < s0; j += kTopkThreads) mask[j] = 1;
+    for (int j = max(window, s0) + tid; j < n; j += kTopkThreads) mask[j] = 1;
+    if (nsel == 0)
+      for (int j = s0 + tid; j < window; j += kTopkThreads) mask[j] = 0;
+  }
+  wait_for_scores();
+  if (nsel == 0) return;
+
+  const std::uint32_t* keys =
+      p.keys + (static_cast<std::int64_t>(b) * p.num_kv_heads + h) * p.max_pages;
+  const int lo = sinks, hi = window, cand = hi - lo;
+  const bool take_all = nsel >= cand;
+  const int cached = take_all ? 0 : min(cand, p.key_cache);
+  // Plain loads, not __ldg: the scoring grid wrote the keys while this grid was already
+  // resident (programmatic dependent launch), so they are not read-only for its lifetime.
+  const auto key_at = [&](int j) {
+    const int i = j - lo;
+    return i < cached ? s_keys[i] : keys[j];
+  };
+  std::uint32_t wlo = 0, whi = 0xffffffffu;
+  int k_rem = nsel;
+  if (!take_all) {
+    std::uint32_t kmin = 0xffffffffu, kmax = 0;
+    for (int i = tid; i < cand; i += kTopkThreads) {
+      const std::uint32_t key = keys[lo + i];
+      if (i < cached) s_keys[i] = key;
+      kmin = min(kmin, key);
+      kmax = max(kmax, key);
+    }
+    kmin = __reduce_min_sync(0xffffffffu, kmin);
+    kmax = __reduce_max_sync(0xffffffffu, kmax);
+    if (lane == 0) {
+      s_wmin[warp] = kmin;
+      s_wmax[warp] = kmax;
+    }
+    __syncthreads();  // also publishes s_keys
+    wlo = __reduce_min_sync(0xffffffffu, s_wmin[lane]);
+    whi = __reduce_max_sync(0xffffffffu, s_wmax[lane]);
+    // Invariant: every key above whi is taken (nsel - k_rem of them), and the window holds at
+    // least k_rem keys.
+    while (wlo != whi) {
+      const std::uint32_t range = whi - wlo;
+      const int shift = max(0, 32 - __clz(static_cast<int>(range)) - kBlkBinsLog);
+      s_hist[2 * tid] = 0;
+      s_hist[2 * tid + 1] = 0;
+      __syncthreads();
+      // Uniform trip count (whole warps vote). The lanes whose bin is lane 0's add with one
+      // atomic: runs of equal keys — the unscored pages (key 0) of the hierarchical selector,
+      // ties — would otherwise serialise on one shared-memory address.
+      for (int j0 = lo; j0 < hi; j0 += kTopkThreads) {
+        const int j = j0 + tid;
+        unsigned bin = 0xffffffffu;
+        if (j < hi) {
+          const std::uint32_t key = key_at(j);
+          if (key >= wlo && key <= whi) bin = (key - wlo) >> shift;
+        }
+        const unsigned bin0 = __shfl_sync(0xffffffffu, bin, 0);
+        const unsigned same = __ballot_sync(0xffffffffu, bin == bin0);
+        if (bin0 != 0xffffffffu && lane == 0) atomicAdd(&s_hist[bin0], __popc(same));
+        if (bin != 0xffffffffu && bin != bin0) atomicAdd(&s_hist[bin], 1);
+      }
+      __syncthreads();
+      // Suffix sums over the bins from the top: thread t owns bins 2t (lower) and 2t + 1.
+      const int c_lo = s_hist[2 * tid], c_hi = s_hist[2 * tid + 1];
+      const int v = c_lo + c_hi;
+      int suf = v;  // over the lanes >= lane of this warp
+#pragma unroll
+      for (int off = 1; off < 32; off *= 2) {
+        const int o = __shfl_down_sync(0xffffffffu, suf, off);
+        if (lane + off < 32) suf += o;
+      }
+      if (lane == 0) s_wsum[warp] = suf;
+      __syncthreads();
+      // Keys in the warps above this one: every warp scans the 32 warp sums itself.
+      int ws = s_wsum[lane];
+#pragma unroll
+      for (int off = 1; off < 32; off *= 2) {
+        const int o = __shfl_down_sync(0xffffffffu, ws, off);
+        if (lane + off < 32) ws += o;
+      }
+      const int warps_above = __shfl_sync(0xffffffffu, ws, (warp + 1) & 31);
+      const int incl = suf + (warp + 1 < kTopkWarps ? warps_above : 0);  // bins >= 2t
+      const int above = incl - v;                                        // bins > 2t + 1
+      if (above < k_rem && incl >= k_rem) {                              // exactly one thread
+        if (above + c_hi >= k_rem) {
+          s_bin = 2 * tid + 1;
+          s_above = above;
+          s_cnt = c_hi;
+        } else {
+          s_bin = 2 * tid;
+          s_above = above + c_hi;
+          s_cnt = c_lo;
+        }
+      }
+      __syncthreads();
+      const std::uint32_t bin_lo = wlo + (static_cast<std::uint32_t>(s_bin) << shift);
+      const std::uint64_t bin_hi = static_cast<std::uint64_t>(bin_lo) + ((1ull << shift) - 1);
+      k_rem -= s_above;
+      const bool whole = s_cnt == k_rem;
+      wlo = bin_lo;
+      whi = static_cast<std::uint32_t>(min(static_cast<std::uint64_t>(whi), bin_hi));
+      __syncthreads();  // s_bin, s_above, s_cnt and s_hist are rewritten by the next pass
+      if (whole) break;
+    }
+  }
+  const int need_eq = k_rem;
+
+  // Warp w owns the candidate ids [lo + w * seg, lo + (w + 1) * seg), walked 32 at a time in
+  // id order. The counting pass and the emitting pass classify alike.
+  const int seg = ((cand + kTopkWarps * 32 - 1) / (kTopkWarps * 32)) * 32;
+  const int wbeg = min(hi, lo + warp * seg), wend = min(hi, wbeg + seg);
+  const auto classify = [&](int j, bool& gt, bool& eq) {
+    if (j >= wend) return;
+    const std::uint32_t key = key_at(j);
+    gt = take_all || key > whi;
+    eq = !take_all && key >= wlo && key <= whi;
+  };
+  int eq_w, gt_w;
+  warp_counts(wbeg, wend, lane, classify, eq_w, gt_w);
+  if (lane == 0) {
+    s_warp_a[warp] = eq_w;
+    s_warp_b[warp] = gt_w;
+  }
+  __syncthreads();
+  if (tid == 0) {
+    int eq_base = 0, sel_base = 0;
+    for (int w = 0; w < kTopkWarps; ++w) {
+      s_base_eq[w] = eq_base;
+      s_base_sel[w] = sel_base;
+      sel_base += s_warp_b[w] + min(max(need_eq - eq_base, 0), s_warp_a[w]);
+      eq_base += s_warp_a[w];
+    }
+  }
+  __syncthreads();
+  warp_emit(wbeg, wend, lane, classify, need_eq, s_base_eq[warp], s_base_sel[warp], out + s0, mask);
+}
+
+// ---- group summaries --------------------------------------------------------------------------
+
+struct GroupParams {
+  const std::int32_t *indptr, *indices, *gindptr, *gindices;
+  const std::uint16_t *mn, *mx;  // page store, bf16 bits
+  std::uint16_t *gmn, *gmx;      // group store
+  int pool_pages, slots, num_kv_heads, head_dim, group_pages, nnz, gnnz;
+  bool last_only;
+  unsigned* err;
+};
+
+__device__ __forceinline__ float bf16_bits_to_float(std::uint16_t x) {
+  return __uint_as_float(static_cast<unsigned>(x) << 16);
+}
+
+// grid (groups or 1, kv heads, batch), blockDim = head_dim (<= 256): thread c reduces channel
+// c over the group's pages. Min and max of bf16 values are bf16 values: the bits are copied.
+__global__ void group_update_kernel(GroupParams p) {
+  const int h = blockIdx.y, b = blockIdx.z, c = threadIdx.x;
+  const int begin = p.indptr[b], end = p.indptr[b + 1];
+  const int gbegin = p.gindptr[b], gend = p.gindptr[b + 1];
+  const int n = end - begin;
+  const int ng = (n + p.group_pages - 1) / p.group_pages;
+  if (n < 0 || begin < 0 || end > p.nnz || gbegin < 0 || gend > p.gnnz || gend - gbegin != ng) {
+    if (c == 0 && blockIdx.x == 0) atomicOr(p.err, kBadIndptr);
+    return;
+  }
+  const int gi = p.last_only ? ng - 1 : static_cast<int>(blockIdx.x);
+  if (gi < 0 || gi >= ng) return;
+  const int slot = p.gindices[gbegin + gi];
+  if (slot < 0 || slot >= p.slots) {
+    if (c == 0) atomicOr(p.err, kBadPhysical);
+    return;
+  }
+  float lo = INFINITY, hi = -INFINITY;
+  std::uint16_t lo_bits = 0x7f80u, hi_bits = 0xff80u;  // +inf, -inf
+  const int j1 = min(n, (gi + 1) * p.group_pages);
+  for (int j = gi * p.group_pages; j < j1; ++j) {
+    const int phys = p.indices[begin + j];
+    if (phys < 0 || phys >= p.pool_pages) {
+      if (c == 0) atomicOr(p.err, kBadPhysical);
+      return;
+    }
+    const std::int64_t o = (static_cast<std::int64_t>(phys) * p.num_kv_heads + h) * p.head_dim + c;
+    const std::uint16_t a = p.mn[o], z = p.mx[o];
+    const float fa = bf16_bits_to_float(a), fz = bf16_bits_to_float(z);
+    // std::min / std::max order: the first of equal values stays (-0 vs +0 as the CPU).
+    if (fa < lo) {
+      lo = fa;
+      lo_bits = a;
+    }
+    if (hi < fz) {
+      hi = fz;
+      hi_bits = z;
+    }
+  }
+  const std::int64_t go = (static_cast<std::int64_t>(slot) * p.num_kv_heads + h) * p.head_dim + c;
+  p.gmn[go] = lo_bits;
+  p.gmx[go] = hi_bits;
 }
 
 // ---- host -----------------------------------------------------------------------------------
@@ -591,46 +1030,48 @@ struct ScorePlan {
   int ctas_per_sm = 1;
 };
 
-template <int kD>
-std::size_t score_warp_bytes() {
-  return ScoreSmem<kD>::kWarpBytes;
-}
-
-ScorePlan score_plan(int d, int group) {
+ScorePlan score_plan(int d, int group, bool u8) {
   static std::mutex mu;
-  static bool ready[3] = {};
-  static ScorePlan cache[3][kMaxGroupDims / 64 + 1];  // group <= kMaxGroupDims / head_dim
+  static bool ready[2][3] = {};
+  static ScorePlan cache[2][3][kMaxGroupDims / 64 + 1];  // group <= kMaxGroupDims / head_dim
   const int idx = d == 64 ? 0 : d == 128 ? 1 : 2;
-  const ScoreFn fns[3] = {quest_score_kernel<64>, quest_score_kernel<128>, quest_score_kernel<256>};
+  const int e = u8 ? 1 : 0;
+  const ScoreFn fns[2][3] = {
+      {quest_score_kernel<64, false>, quest_score_kernel<128, false>,
+       quest_score_kernel<256, false>},
+      {quest_score_kernel<64, true>, quest_score_kernel<128, true>, quest_score_kernel<256, true>}};
+  // The q staging does not depend on the store; the warps' stages do.
+  const std::size_t warp_bytes[2][3] = {
+      {ScoreSmem<64>::kWarpBytes, ScoreSmem<128>::kWarpBytes, ScoreSmem<256>::kWarpBytes},
+      {ScoreSmem<64, true>::kWarpBytes, ScoreSmem<128, true>::kWarpBytes,
+       ScoreSmem<256, true>::kWarpBytes}};
   std::lock_guard<std::mutex> lock(mu);
   static const int optin =
       device_attr(cudaDevAttrMaxSharedMemoryPerBlockOptin, "shared memory per block");
-  if (!ready[idx]) {
-    check_cuda(cudaFuncSetAttribute(fns[idx], cudaFuncAttributeMaxDynamicSharedMemorySize, optin),
-               "cudaFuncSetAttribute(shared memory)");
-    ready[idx] = true;
+  if (!ready[e][idx]) {
+    check_cuda(
+        cudaFuncSetAttribute(fns[e][idx], cudaFuncAttributeMaxDynamicSharedMemorySize, optin),
+        "cudaFuncSetAttribute(shared memory)");
+    ready[e][idx] = true;
   }
-  if (cache[idx][group].fn != nullptr) return cache[idx][group];
+  if (cache[e][idx][group].fn != nullptr) return cache[e][idx][group];
   const std::size_t q_bytes = idx == 0   ? ScoreSmem<64>::q_bytes(group)
                               : idx == 1 ? ScoreSmem<128>::q_bytes(group)
                                          : ScoreSmem<256>::q_bytes(group);
-  const std::size_t warp_bytes = idx == 0   ? score_warp_bytes<64>()
-                                 : idx == 1 ? score_warp_bytes<128>()
-                                            : score_warp_bytes<256>();
   const std::size_t room = static_cast<std::size_t>(optin) > q_bytes ? optin - q_bytes : 0;
   ScorePlan plan;
-  plan.fn = fns[idx];
-  plan.warps = static_cast<int>(std::min<std::size_t>(kScoreMaxWarps, room / warp_bytes));
+  plan.fn = fns[e][idx];
+  plan.warps = static_cast<int>(std::min<std::size_t>(kScoreMaxWarps, room / warp_bytes[e][idx]));
   require(plan.warps >= 1, ErrorCode::unsupported, "q",
           "the scoring kernel's shared memory does not fit this device for group ", group,
           " and head_dim ", d);
-  plan.smem = static_cast<std::size_t>(plan.warps) * warp_bytes + q_bytes;
+  plan.smem = static_cast<std::size_t>(plan.warps) * warp_bytes[e][idx] + q_bytes;
   int ctas = 0;
   check_cuda(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&ctas, plan.fn, plan.warps * 32,
                                                            plan.smem),
              "cudaOccupancyMaxActiveBlocksPerMultiprocessor(score)");
   plan.ctas_per_sm = std::max(1, ctas);
-  cache[idx][group] = plan;
+  cache[e][idx][group] = plan;
   return plan;
 }
 
@@ -672,6 +1113,29 @@ int plan_topk_cluster(int pairs, int max_pages) {
   return c;
 }
 
+// The block top-k kernel (one CTA per pair, no cluster), its shared-memory limit raised once.
+TopkFn block_topk_kernel() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    check_cuda(
+        cudaFuncSetAttribute(quest_topk_block_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             static_cast<int>(sizeof(std::uint32_t) * kKeyCache)),
+        "cudaFuncSetAttribute(block top-k shared memory)");
+  });
+  return quest_topk_block_kernel;
+}
+
+// Which top-k runs: the block kernel (default), or the cluster kernel when
+// MASSKV_TOPK=cluster or MASSKV_TOPK_CLUSTER forces a cluster size (the GPU check runs both).
+bool use_cluster_topk() {
+  static const bool cluster = [] {
+    const char* e = std::getenv("MASSKV_TOPK");
+    const char* c = std::getenv("MASSKV_TOPK_CLUSTER");
+    return (e != nullptr && std::string_view(e) == "cluster") || (c != nullptr && *c != 0);
+  }();
+  return cluster;
+}
+
 // One wave: the (sequence, kv head) pairs split into as many chunks as resident CTA slots
 // allow (each CTA's warps then stream many tiles through their pipelines); chunks of whole
 // kChunkAlign pages. With more pairs than slots, one chunk per pair.
@@ -688,6 +1152,7 @@ struct Prepared {
   dim3 score_grid, topk_grid;
   ScoreFn score = nullptr;
   void (*topk)(SelParams) = nullptr;
+  bool block_topk = false;  // the block kernel: launched with programmatic dependent launch
   int score_threads = 0;
   std::size_t smem = 0, topk_smem = 0;
 };
@@ -708,6 +1173,14 @@ struct SelectWorkspace::Impl {
   detail::GrowBuffer<std::uint32_t> keys;
   std::size_t keys_used = 0;
   int stride = 0;
+  // Hierarchical selection: group keys, group lists and counts, the group mask.
+  detail::GrowBuffer<std::uint32_t> gkeys;
+  std::size_t gkeys_used = 0;
+  int gstride = 0;
+  detail::GrowBuffer<std::int32_t> gids, gcount;
+  std::size_t gids_used = 0, gcount_used = 0;
+  int glist_stride = 0;
+  detail::GrowBuffer<std::uint8_t> gmask;
   detail::ErrorFlag err;
 };
 
@@ -719,6 +1192,17 @@ std::span<const std::uint32_t> SelectWorkspace::page_keys() const {
   return {impl_->keys.data(), impl_->keys_used};
 }
 int SelectWorkspace::keys_stride() const { return impl_->stride; }
+std::span<const std::uint32_t> SelectWorkspace::group_keys() const {
+  return {impl_->gkeys.data(), impl_->gkeys_used};
+}
+int SelectWorkspace::group_keys_stride() const { return impl_->gstride; }
+std::span<const std::int32_t> SelectWorkspace::group_ids() const {
+  return {impl_->gids.data(), impl_->gids_used};
+}
+std::span<const std::int32_t> SelectWorkspace::group_counts() const {
+  return {impl_->gcount.data(), impl_->gcount_used};
+}
+int SelectWorkspace::group_list_stride() const { return impl_->glist_stride; }
 
 void SelectWorkspace::check(CUstream_st* stream) const {
   const unsigned flag = impl_->err.take(stream, "select step");
@@ -754,10 +1238,22 @@ int select_capacity(int max_pages_per_seq, int page_size, const select::TopkPoli
 
 namespace {
 
-Prepared prepare(const QuestSelectArgs& a, const SelectLaunch& launch, bool outputs) {
+// Which key buffer a launch writes: the page keys, or the group keys of hier_select.
+enum class KeyLevel { pages, groups };
+
+Prepared prepare(const QuestSelectArgs& a, const SelectLaunch& launch, bool outputs,
+                 KeyLevel level = KeyLevel::pages) {
   using enum ErrorCode;
   require(launch.workspace != nullptr, invalid_argument, "workspace", "is required");
-  const select::BoundStoreView& s = a.bounds;
+  const bool u8 = a.bounds8.min != nullptr;
+  // The store's shape and pointers, whichever it is.
+  struct {
+    const void *min, *max;
+    int num_pages, num_kv_heads, head_dim;
+  } s = u8 ? decltype(s){a.bounds8.min, a.bounds8.max, a.bounds8.num_pages, a.bounds8.num_kv_heads,
+                         a.bounds8.head_dim}
+           : decltype(s){a.bounds.min, a.bounds.max, a.bounds.num_pages, a.bounds.num_kv_heads,
+                         a.bounds.head_dim};
   const int d = s.head_dim;
   require(d == 64 || d == 128 || d == 256, unsupported, "head_dim",
           "the CUDA selector serves head_dim 64, 128, 256; got ", d);
@@ -768,6 +1264,9 @@ Prepared prepare(const QuestSelectArgs& a, const SelectLaunch& launch, bool outp
   };
   require(aligned16(s.min) && aligned16(s.max), invalid_argument, "bounds",
           "min and max must be 16-byte aligned");
+  require(!u8 || (a.bounds8.grid != nullptr &&
+                  reinterpret_cast<std::uintptr_t>(a.bounds8.grid) % 8 == 0),
+          invalid_argument, "bounds", "the 8-bit store needs its grid, 8-byte aligned");
   const int B = a.q.n0, Hq = a.q.n1, Hkv = s.num_kv_heads;
   require(a.q.data != nullptr && a.q.n2 == d && B >= 0, shape_mismatch, "q",
           "must be [batch][q heads][head_dim] with the store's head_dim");
@@ -798,7 +1297,7 @@ Prepared prepare(const QuestSelectArgs& a, const SelectLaunch& launch, bool outp
   require(std::isfinite(scale) && scale > 0, invalid_argument, "scale",
           "must be finite and > 0, got ", a.scale);
 
-  const ScorePlan splan = score_plan(d, group);
+  const ScorePlan splan = score_plan(d, group, u8);
   Prepared pr;
   SelParams& p = pr.p;
   p.q = a.q.data;
@@ -806,6 +1305,7 @@ Prepared prepare(const QuestSelectArgs& a, const SelectLaunch& launch, bool outp
   p.q_s1 = a.q.s1;
   p.mn = reinterpret_cast<const std::uint16_t*>(s.min);
   p.mx = reinterpret_cast<const std::uint16_t*>(s.max);
+  p.grid = u8 ? a.bounds8.grid : nullptr;
   p.pool_pages = s.num_pages;
   p.num_kv_heads = Hkv;
   p.group = group;
@@ -831,19 +1331,27 @@ Prepared prepare(const QuestSelectArgs& a, const SelectLaunch& launch, bool outp
 
   SelectWorkspace::Impl& ws = launch.workspace->impl();
   const std::size_t nkeys = static_cast<std::size_t>(B) * Hkv * launch.max_pages_per_seq;
-  ws.keys.reserve(nkeys, "cudaMalloc(page keys)");
-  ws.keys_used = nkeys;
-  ws.stride = launch.max_pages_per_seq;
-  p.keys = ws.keys.data();
+  if (level == KeyLevel::pages) {
+    ws.keys.reserve(nkeys, "cudaMalloc(page keys)");
+    ws.keys_used = nkeys;
+    ws.stride = launch.max_pages_per_seq;
+    p.keys = ws.keys.data();
+  } else {
+    ws.gkeys.reserve(nkeys, "cudaMalloc(group keys)");
+    ws.gkeys_used = nkeys;
+    ws.gstride = launch.max_pages_per_seq;
+    p.keys = ws.gkeys.data();
+  }
   p.err = ws.err.get();
 
   const int chunks = (launch.max_pages_per_seq + p.chunk_pages - 1) / p.chunk_pages;
   require(B <= 65535, unsupported, "q", "batch must be <= 65535");
   require(Hkv <= 65535, unsupported, "bounds", "num_kv_heads must be <= 65535");
   pr.score_grid = dim3(chunks, Hkv, B);
-  const int tc = plan_topk_cluster(B * Hkv, launch.max_pages_per_seq);
+  pr.block_topk = !use_cluster_topk();
+  const int tc = pr.block_topk ? 1 : plan_topk_cluster(B * Hkv, launch.max_pages_per_seq);
   pr.topk_grid = dim3(tc, Hkv, B);
-  pr.topk = topk_kernel(tc);
+  pr.topk = pr.block_topk ? block_topk_kernel() : topk_kernel(tc);
   pr.score = splan.fn;
   pr.score_threads = splan.warps * 32;
   pr.smem = splan.smem;
@@ -852,6 +1360,27 @@ Prepared prepare(const QuestSelectArgs& a, const SelectLaunch& launch, bool outp
   p.key_cache = std::min(slice, kKeyCache);
   pr.topk_smem = sizeof(std::uint32_t) * static_cast<std::size_t>(p.key_cache);
   return pr;
+}
+
+// The top-k launch: the block kernel may start while the scoring kernel finishes (it waits
+// for the keys on the device), the cluster kernel after it.
+void launch_topk(const Prepared& pr, cudaStream_t stream) {
+  if (!pr.block_topk) {
+    pr.topk<<<pr.topk_grid, kTopkThreads, pr.topk_smem, stream>>>(pr.p);
+    check_cuda(cudaGetLastError(), "quest top-k kernel launch");
+    return;
+  }
+  cudaLaunchAttribute pdl{};
+  pdl.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  pdl.val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = pr.topk_grid;
+  cfg.blockDim = dim3(kTopkThreads);
+  cfg.dynamicSmemBytes = pr.topk_smem;
+  cfg.stream = stream;
+  cfg.attrs = &pdl;
+  cfg.numAttrs = 1;
+  check_cuda(cudaLaunchKernelEx(&cfg, pr.topk, pr.p), "quest top-k kernel launch");
 }
 
 }  // namespace
@@ -865,14 +1394,124 @@ void quest_score(const QuestSelectArgs& a, const SelectLaunch& launch) {
   if (launch.check_errors) launch.workspace->check(stream);
 }
 
+void quest_topk(const QuestSelectArgs& a, const SelectLaunch& launch) {
+  const Prepared pr = prepare(a, launch, true);
+  if (a.q.n0 == 0) return;
+  launch_topk(pr, launch.stream);
+  if (launch.check_errors) launch.workspace->check(launch.stream);
+}
+
+void hier_select(const HierSelectArgs& h, const SelectLaunch& launch) {
+  using enum ErrorCode;
+  require(h.group_pages == kWarpPages, unsupported, "group_pages",
+          "the CUDA hierarchical selector serves groups of ", kWarpPages, " pages, got ",
+          h.group_pages);
+  require(launch.workspace != nullptr, invalid_argument, "workspace", "is required");
+  const QuestSelectArgs& a = h.pages;
+  const int B = a.q.n0;
+  require(h.group_indptr.size() == static_cast<std::size_t>(B) + 1, shape_mismatch, "group_indptr",
+          "needs batch + 1 entries");
+  require(launch.max_pages_per_seq > 0, invalid_argument, "max_pages_per_seq",
+          "the host's bound on pages per sequence is required");
+  const int max_groups = (launch.max_pages_per_seq + kWarpPages - 1) / kWarpPages;
+  // The group level: the group store over the group table, the last group kept (window 0),
+  // the best m - 1 others (m = hier_groups without the per-sequence clamp, which the kernel's
+  // min(n, budget) applies).
+  QuestSelectArgs ga = a;
+  ga.bounds = h.groups;
+  ga.bounds8 = {};  // groups are bf16
+  ga.table.indptr = h.group_indptr;
+  ga.table.indices = h.group_indices;
+  ga.policy.budget_pages = select::hier_groups(std::numeric_limits<int>::max(), kWarpPages,
+                                               a.policy.budget_pages, h.cover);
+  ga.policy.sink_pages = 0;
+  ga.policy.window_tokens = 0;
+  SelectWorkspace::Impl& ws = launch.workspace->impl();
+  const int gcap = std::min(max_groups, ga.policy.budget_pages);
+  const std::size_t nlists = static_cast<std::size_t>(B) * h.groups.num_kv_heads;
+  ws.gids.reserve(nlists * gcap, "cudaMalloc(group lists)");
+  ws.gcount.reserve(nlists, "cudaMalloc(group counts)");
+  ws.gmask.reserve(nlists * max_groups, "cudaMalloc(group mask)");
+  ws.gids_used = nlists * gcap;
+  ws.gcount_used = nlists;
+  ws.glist_stride = gcap;
+  ga.max_per_head = gcap;
+  ga.ids = {ws.gids.data(), nlists * gcap};
+  ga.count = {ws.gcount.data(), nlists};
+  SelectLaunch gl = launch;
+  gl.max_pages_per_seq = max_groups;
+  gl.chunk_pages = 0;
+  Prepared gp = prepare(ga, gl, true, KeyLevel::groups);
+  gp.p.out_mask = ws.gmask.data();
+  gp.block_topk = true;  // the mask comes from the block kernel
+  gp.topk = block_topk_kernel();
+  gp.topk_grid = dim3(1, h.groups.num_kv_heads, B);
+  gp.p.key_cache = std::min((max_groups + 31) / 32 * 32, kKeyCache);
+  gp.topk_smem = sizeof(std::uint32_t) * static_cast<std::size_t>(gp.p.key_cache);
+  // The page level, restricted to the chosen groups' pages.
+  Prepared pp = prepare(a, launch, true);
+  pp.p.tile_mask = ws.gmask.data();
+  pp.p.mask_stride = max_groups;
+  if (B == 0) return;
+  cudaStream_t stream = launch.stream;
+  gp.score<<<gp.score_grid, gp.score_threads, gp.smem, stream>>>(gp.p);
+  check_cuda(cudaGetLastError(), "quest score kernel launch (groups)");
+  launch_topk(gp, stream);
+  pp.score<<<pp.score_grid, pp.score_threads, pp.smem, stream>>>(pp.p);
+  check_cuda(cudaGetLastError(), "quest score kernel launch (pages)");
+  launch_topk(pp, stream);
+  if (launch.check_errors) launch.workspace->check(stream);
+}
+
+void update_groups(const GroupUpdateArgs& g, const SelectLaunch& launch) {
+  using enum ErrorCode;
+  require(launch.workspace != nullptr, invalid_argument, "workspace", "is required");
+  const select::BoundStoreView& s = g.pages;
+  require(s.min != nullptr && s.max != nullptr && s.head_dim >= 1 && s.head_dim <= 256 &&
+              s.num_kv_heads >= 1 && s.num_kv_heads <= 65535,
+          invalid_argument, "pages", "null store, or head_dim outside [1, 256]");
+  require(g.group_min != nullptr && g.group_max != nullptr && g.group_slots > 0, invalid_argument,
+          "group_min", "null group store");
+  require(g.group_pages >= 1, invalid_argument, "group_pages", "must be >= 1");
+  require(!g.table.indptr.empty() && g.group_indptr.size() == g.table.indptr.size(), shape_mismatch,
+          "group_indptr", "needs batch + 1 entries, as indptr");
+  require(launch.max_pages_per_seq > 0, invalid_argument, "max_pages_per_seq",
+          "the host's bound on pages per sequence is required");
+  const int B = static_cast<int>(g.table.indptr.size()) - 1;
+  require(B <= 65535, unsupported, "indptr", "batch must be <= 65535");
+  GroupParams p{};
+  p.indptr = g.table.indptr.data();
+  p.indices = g.table.indices.data();
+  p.gindptr = g.group_indptr.data();
+  p.gindices = g.group_indices.data();
+  p.mn = reinterpret_cast<const std::uint16_t*>(s.min);
+  p.mx = reinterpret_cast<const std::uint16_t*>(s.max);
+  p.gmn = reinterpret_cast<std::uint16_t*>(g.group_min);
+  p.gmx = reinterpret_cast<std::uint16_t*>(g.group_max);
+  p.pool_pages = s.num_pages;
+  p.slots = g.group_slots;
+  p.num_kv_heads = s.num_kv_heads;
+  p.head_dim = s.head_dim;
+  p.group_pages = g.group_pages;
+  p.nnz = static_cast<int>(g.table.indices.size());
+  p.gnnz = static_cast<int>(g.group_indices.size());
+  p.last_only = g.last_only;
+  p.err = launch.workspace->impl().err.get();
+  if (B == 0) return;
+  const int groups =
+      g.last_only ? 1 : (launch.max_pages_per_seq + g.group_pages - 1) / g.group_pages;
+  group_update_kernel<<<dim3(groups, s.num_kv_heads, B), s.head_dim, 0, launch.stream>>>(p);
+  check_cuda(cudaGetLastError(), "group update kernel launch");
+  if (launch.check_errors) launch.workspace->check(launch.stream);
+}
+
 void quest_select(const QuestSelectArgs& a, const SelectLaunch& launch) {
   const Prepared pr = prepare(a, launch, true);
   if (a.q.n0 == 0) return;
   cudaStream_t stream = launch.stream;
   pr.score<<<pr.score_grid, pr.score_threads, pr.smem, stream>>>(pr.p);
   check_cuda(cudaGetLastError(), "quest score kernel launch");
-  pr.topk<<<pr.topk_grid, kTopkThreads, pr.topk_smem, stream>>>(pr.p);
-  check_cuda(cudaGetLastError(), "quest top-k kernel launch");
+  launch_topk(pr, stream);
   if (launch.check_errors) launch.workspace->check(stream);
 }
 

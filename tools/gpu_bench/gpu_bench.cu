@@ -7,6 +7,8 @@
 //   masskv_gpu_bench profile          a few decode launches of one shape, for ncu
 //   masskv_gpu_bench select-selftest  GPU Quest selection: ties, edges, errors, graphs, end to end
 //   masskv_gpu_bench select-check     GPU Quest selection vs the CPU selector on ~90 shapes
+//   masskv_gpu_bench select-compact-check  8-bit and hierarchical GPU selection vs their CPU
+//                                     references, bit for bit (also part of check)
 //   masskv_gpu_bench bench OUT.json   benchmark (B=1, Hq=32, Hkv=8, d=128, bf16, page 16)
 //   masskv_gpu_bench prefill-check    CUDA prefill (dense, block lists, GPU indexer) vs the f64
 //                                     reference (also part of check)
@@ -34,6 +36,7 @@
 #include "masskv/cuda/decode.hpp"
 #include "masskv/cuda/select.hpp"
 #include "masskv/error.hpp"
+#include "masskv/select/compact_bounds.hpp"
 #include "masskv/select/page_bound.hpp"
 #include "prefill_bench.hpp"
 
@@ -819,6 +822,26 @@ std::vector<SelCase> select_cases() {
   return cases;
 }
 
+// Runs body(i) (returns its failures) for cases 0..n-1; a case that throws (host or device) is
+// one failure and the others still run; a progress line every 16 cases.
+template <class F>
+int run_cases(const char* what, std::size_t n, F&& body) {
+  int failures = 0;
+  for (std::size_t i = 0; i < n; ++i) {
+    try {
+      failures += body(i);
+    } catch (const Error& e) {
+      std::printf("FAIL %s case %zu threw: %s\n", what, i, e.what());
+      failures += 1;
+    }
+    if (i % 16 == 15 || i + 1 == n) {
+      std::printf("  %s cases ..%zu done (%d failures so far)\n", what, i, failures);
+      std::fflush(stdout);
+    }
+  }
+  return failures;
+}
+
 int run_select_check() {
   const std::vector<SelCase> cases = select_cases();
   std::printf(
@@ -830,35 +853,23 @@ int run_select_check() {
       "pages with a bound within eps of the threshold may differ (see gpu_bench.cu)\n");
   cuda::SelectWorkspace ws;
   SelStats st;
-  int failures = 0;
   const auto t0 = std::chrono::steady_clock::now();
-  for (std::size_t i = 0; i < cases.size(); ++i) {
-    int f = 0;
-    try {  // a case that throws (host or device) is one failure; the others still run
-      SelData sd;
-      sd.c = cases[i];
-      build_sel_case(sd, 5000 + i);
-      const select::BoundStoreView hv = sd.store.view();
-      SelectionStorage cpu;
-      select::quest_select(cpu_args(sd, hv), cpu);
-      SelGpu g;
-      setup_sel_gpu(sd, g);
-      std::vector<std::int32_t> ids, cnt;
-      std::vector<std::uint32_t> keys;
-      // Alternate the planned chunk and a small explicit one (many CTAs per sequence).
-      run_gpu_select(g, sd, ws, ids, cnt, keys, i % 2 ? 64 : 0);
-      f = compare_selection(sd, cpu, ids, cnt, g.max_per_head, keys, ws.keys_stride(), st,
-                            i % 2 ? "cp64" : "auto");
-    } catch (const Error& e) {
-      std::printf("FAIL select case %zu threw: %s\n", i, e.what());
-      f = 1;
-    }
-    failures += f;
-    if (i % 16 == 15 || i + 1 == cases.size()) {
-      std::printf("  select cases ..%zu done (%d failures so far)\n", i, failures);
-      std::fflush(stdout);
-    }
-  }
+  const int failures = run_cases("select", cases.size(), [&](std::size_t i) {
+    SelData sd;
+    sd.c = cases[i];
+    build_sel_case(sd, 5000 + i);
+    const select::BoundStoreView hv = sd.store.view();
+    SelectionStorage cpu;
+    select::quest_select(cpu_args(sd, hv), cpu);
+    SelGpu g;
+    setup_sel_gpu(sd, g);
+    std::vector<std::int32_t> ids, cnt;
+    std::vector<std::uint32_t> keys;
+    // Alternate the planned chunk and a small explicit one (many CTAs per sequence).
+    run_gpu_select(g, sd, ws, ids, cnt, keys, i % 2 ? 64 : 0);
+    return compare_selection(sd, cpu, ids, cnt, g.max_per_head, keys, ws.keys_stride(), st,
+                             i % 2 ? "cp64" : "auto");
+  });
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   std::printf(
       "select: %ld lists: %ld identical, %ld near-tie only; bounds bit-identical %ld/%ld "
@@ -872,6 +883,304 @@ int run_select_check() {
 // Self-test: properties that do not lean on the CPU selector (ties, budget edges,
 // determinism, errors through the flag and on the host, graph capture), then an end-to-end
 // sparse decode on the GPU's own selection against the f64 reference on the CPU's.
+// ---- 8-bit and hierarchical selection: check against the CPU references ----------------------
+// select::quest_select8 and select::hier_select evaluate every bound in the GPU kernel's order
+// (compact_bounds.hpp, std::fma where the GPU fuses), on any host: keys and lists must be
+// identical, no tolerance.
+
+// Device copies of a host 8-bit store and of a group store (with its group table).
+struct Store8Gpu {
+  DevBuf<std::uint8_t> mn, mx;
+  DevBuf<float> grid;
+  select::BoundStore8View view;  // device pointers
+};
+Store8Gpu upload_store8(const select::BoundStore8View& hv) {
+  Store8Gpu g;
+  const std::size_t n = static_cast<std::size_t>(hv.num_pages) * hv.num_kv_heads * hv.head_dim;
+  g.mn = DevBuf<std::uint8_t>(n);
+  g.mx = DevBuf<std::uint8_t>(n);
+  g.grid = DevBuf<float>(2 * static_cast<std::size_t>(hv.num_pages) * hv.num_kv_heads);
+  g.mn.upload(hv.min, n);
+  g.mx.upload(hv.max, n);
+  g.grid.upload(hv.grid, g.grid.n);
+  g.view = hv;
+  g.view.min = g.mn.p;
+  g.view.max = g.mx.p;
+  g.view.grid = g.grid.p;
+  return g;
+}
+struct GroupGpu {
+  DevBuf<std::uint16_t> mn, mx;
+  DevBuf<std::int32_t> indptr, indices;
+  select::BoundStoreView view;  // device pointers
+};
+GroupGpu upload_groups(const select::GroupStore& gs) {
+  GroupGpu g;
+  const select::BoundStoreView hv = gs.view();
+  const std::size_t n = static_cast<std::size_t>(hv.num_pages) * hv.num_kv_heads * hv.head_dim;
+  g.mn = DevBuf<std::uint16_t>(n);
+  g.mx = DevBuf<std::uint16_t>(n);
+  g.mn.upload(reinterpret_cast<const std::uint16_t*>(hv.min), n);
+  g.mx.upload(reinterpret_cast<const std::uint16_t*>(hv.max), n);
+  g.indptr = to_device(std::vector<std::int32_t>(gs.indptr().begin(), gs.indptr().end()));
+  g.indices = to_device(std::vector<std::int32_t>(gs.indices().begin(), gs.indices().end()));
+  g.view = hv;
+  g.view.min = reinterpret_cast<const bf16*>(g.mn.p);
+  g.view.max = reinterpret_cast<const bf16*>(g.mx.p);
+  g.view.wmax = nullptr;
+  return g;
+}
+cuda::HierSelectArgs hier_args(const cuda::QuestSelectArgs& pages, const GroupGpu& gg,
+                               double cover) {
+  cuda::HierSelectArgs h;
+  h.pages = pages;
+  h.groups = gg.view;
+  h.group_indptr = {gg.indptr.p, gg.indptr.n};
+  h.group_indices = {gg.indices.p, gg.indices.n};
+  h.group_pages = 16;
+  h.cover = cover;
+  return h;
+}
+
+struct ExactStats {
+  long lists = 0, identical = 0, keys = 0, keys_equal = 0;
+};
+
+// Keys (CPU stride = GPU stride = max_pages) and lists must be identical.
+int compare_exact(const SelData& sd, const SelectionStorage& cpu,
+                  const std::vector<std::uint32_t>& ckeys, const std::vector<std::int32_t>& gids,
+                  const std::vector<std::int32_t>& gcnt, int gmax,
+                  const std::vector<std::uint32_t>& gkeys, int stride, const char* tag,
+                  ExactStats& st) {
+  const SelCase& c = sd.c;
+  int failures = 0;
+  for (int b = 0; b < c.batch; ++b) {
+    const int n = sd.indptr[b + 1] - sd.indptr[b];
+    for (int h = 0; h < c.hkv; ++h) {
+      ++st.lists;
+      const std::size_t base = (static_cast<std::size_t>(b) * c.hkv + h) * stride;
+      int bad_key = -1;
+      for (int j = 0; j < n; ++j) {
+        ++st.keys;
+        if (ckeys[base + j] == gkeys[base + j]) {
+          ++st.keys_equal;
+        } else if (bad_key < 0) {
+          bad_key = j;
+        }
+      }
+      const std::span<const std::int32_t> cl = cpu.view().list(b, h);
+      const std::int32_t* gl = gids.data() + (static_cast<std::size_t>(b) * c.hkv + h) * gmax;
+      const int gc = gcnt[b * c.hkv + h];
+      bool same = gc == static_cast<int>(cl.size()) && std::equal(cl.begin(), cl.end(), gl);
+      for (int i = gc; same && i < gmax; ++i) same = gl[i] == -1;
+      st.identical += same;
+      if ((bad_key >= 0 || !same) && failures++ < 5) {
+        std::printf(
+            "FAIL %s B=%d Hq=%d Hkv=%d d=%d page=%d len=%d budget=%d sinks=%d window=%d tie=%d: "
+            "b=%d h=%d: ",
+            tag, c.batch, c.hq, c.hkv, c.d, c.page, c.len, c.pol.budget_pages, c.pol.sink_pages,
+            c.pol.window_tokens, c.tie_mode, b, h);
+        if (bad_key >= 0)
+          std::printf("key of page %d gpu %08x cpu %08x; ", bad_key, gkeys[base + bad_key],
+                      ckeys[base + bad_key]);
+        std::printf("lists %s (count gpu %d cpu %zu)\n", same ? "equal" : "differ", gc, cl.size());
+      }
+    }
+  }
+  return failures;
+}
+
+// Downloads the selection and page keys of the last GPU selection into the vectors.
+void download_selection(const SelGpu& g, const cuda::SelectWorkspace& ws,
+                        std::vector<std::int32_t>& ids, std::vector<std::int32_t>& cnt,
+                        std::vector<std::uint32_t>& keys) {
+  ids = g.ids.download();
+  cnt = g.count.download();
+  const auto k = ws.page_keys();
+  keys.resize(k.size());
+  CK(cudaMemcpy(keys.data(), k.data(), k.size() * sizeof(std::uint32_t), cudaMemcpyDeviceToHost));
+}
+
+// cuda::update_groups against the host GroupStore, bit for bit: every group rebuilt into a
+// poisoned store, then only the last groups (the others must stay poisoned).
+int check_group_update(const SelData& sd, const SelGpu& g, const select::GroupStore& groups,
+                       const cuda::SelectLaunch& l) {
+  const select::BoundStoreView hv = groups.view();
+  const std::size_t row = static_cast<std::size_t>(hv.num_kv_heads) * hv.head_dim;
+  const std::size_t n = static_cast<std::size_t>(hv.num_pages) * row;
+  const auto* want_mn = reinterpret_cast<const std::uint16_t*>(hv.min);
+  const auto* want_mx = reinterpret_cast<const std::uint16_t*>(hv.max);
+  DevBuf<std::uint16_t> mn(n), mx(n);
+  DevBuf<std::int32_t> gptr =
+      to_device(std::vector<std::int32_t>(groups.indptr().begin(), groups.indptr().end()));
+  DevBuf<std::int32_t> gind =
+      to_device(std::vector<std::int32_t>(groups.indices().begin(), groups.indices().end()));
+  int failures = 0;
+  for (int last_only = 0; last_only < 2; ++last_only) {
+    CK(cudaMemset(mn.p, 0x7f, n * sizeof(std::uint16_t)));
+    CK(cudaMemset(mx.p, 0x7f, n * sizeof(std::uint16_t)));
+    cuda::GroupUpdateArgs u;
+    u.table = g.args.table;
+    u.pages = g.args.bounds;
+    u.group_indptr = {gptr.p, gptr.n};
+    u.group_indices = {gind.p, gind.n};
+    u.group_min = reinterpret_cast<bf16*>(mn.p);
+    u.group_max = reinterpret_cast<bf16*>(mx.p);
+    u.group_slots = hv.num_pages;
+    u.group_pages = groups.group_pages();
+    u.last_only = last_only == 1;
+    cuda::update_groups(u, l);
+    const auto got_mn = mn.download(), got_mx = mx.download();
+    std::vector<std::uint8_t> is_last(static_cast<std::size_t>(hv.num_pages), 0);
+    for (int b = 0; b + 1 < static_cast<int>(groups.indptr().size()); ++b)
+      if (groups.indptr()[b + 1] > groups.indptr()[b]) is_last[groups.indptr()[b + 1] - 1] = 1;
+    long bad = 0;
+    for (std::size_t i = 0; i < n; ++i) {
+      const bool updated = !last_only || is_last[i / row];
+      const std::uint16_t a = updated ? want_mn[i] : 0x7f7fu, z = updated ? want_mx[i] : 0x7f7fu;
+      bad += got_mn[i] != a || got_mx[i] != z;
+    }
+    if (bad) {
+      std::printf("FAIL update_groups (%s) B=%d len=%d d=%d: %ld values differ\n",
+                  last_only ? "last groups" : "all groups", sd.c.batch, sd.c.len, sd.c.d, bad);
+      ++failures;
+    }
+  }
+  return failures;
+}
+
+int run_compact_check() {
+  std::vector<SelCase> cases;
+  for (const SelCase& c : select_cases()) {
+    // The CPU references are scalar: keep every case's store under ~2e7 values.
+    const double values =
+        static_cast<double>(c.batch) * ((c.len + c.page - 1) / c.page) * c.hkv * c.d;
+    if (values <= 2e7) cases.push_back(c);
+  }
+  std::printf(
+      "select-compact check: %zu cases, GPU 8-bit Quest vs select::quest_select8 and GPU "
+      "hierarchical Quest (groups of 16 pages, cover 0.5/1/2/8) vs select::hier_select; keys and "
+      "lists must be identical\n",
+      cases.size());
+  cuda::SelectWorkspace ws;
+  ExactStats s8, sh, sh8;
+  const double covers[] = {2.0, 1.0, 0.5, 8.0};
+  const auto t0 = std::chrono::steady_clock::now();
+  const int failures = run_cases("select-compact", cases.size(), [&](std::size_t i) {
+    int f = 0;
+    SelData sd;
+    sd.c = cases[i];
+    build_sel_case(sd, 7000 + i);
+    const SelCase& c = sd.c;
+    SelGpu g;
+    setup_sel_gpu(sd, g);
+    const kv::PageTable table{sd.indptr, sd.indices, sd.last};
+    const auto qv = View3<const float>::contiguous(sd.q.data(), c.batch, c.hq, c.d);
+    cuda::SelectLaunch l;
+    l.workspace = &ws;
+    l.max_pages_per_seq = sd.max_pages;
+    l.chunk_pages = i % 2 ? 64 : 0;
+    std::vector<std::int32_t> ids, cnt;
+    std::vector<std::uint32_t> keys, ckeys;
+    // 8-bit.
+    kv::SummariesView sv;
+    sv.min = sd.smin.data();
+    sv.max = sd.smax.data();
+    sv.num_pages = sd.pool_pages;
+    sv.num_kv_heads = c.hkv;
+    sv.head_dim = c.d;
+    const select::BoundStore8 store8(sv);
+    SelectionStorage cpu8;
+    select::quest_select8(qv, table, c.page, store8.view(), c.scale, c.pol, cpu8, &ckeys,
+                          sd.max_pages);
+    const Store8Gpu g8 = upload_store8(store8.view());
+    cuda::QuestSelectArgs a8 = g.args;
+    a8.bounds8 = g8.view;
+    CK(cudaMemset(g.ids.p, 0x7f, g.ids.n * sizeof(std::int32_t)));
+    cuda::quest_select(a8, l);
+    download_selection(g, ws, ids, cnt, keys);
+    f += compare_exact(sd, cpu8, ckeys, ids, cnt, g.max_per_head, keys, ws.keys_stride(), "select8",
+                       s8);
+    // Hierarchical.
+    const select::BoundStoreView hv = sd.store.view();
+    const select::GroupStore groups(hv, table, 16);
+    const double cover = covers[i % 4];
+    select::HierSelectArgs ha;
+    ha.q = qv;
+    ha.table = table;
+    ha.page_size = c.page;
+    ha.pages = &hv;
+    ha.groups = &groups;
+    ha.scale = c.scale;
+    ha.policy = c.pol;
+    ha.cover = cover;
+    SelectionStorage cpuh;
+    select::hier_select(ha, cpuh, &ckeys, sd.max_pages);
+    const GroupGpu gg = upload_groups(groups);
+    f += check_group_update(sd, g, groups, l);
+    CK(cudaMemset(g.ids.p, 0x7f, g.ids.n * sizeof(std::int32_t)));
+    cuda::hier_select(hier_args(g.args, gg, cover), l);
+    download_selection(g, ws, ids, cnt, keys);
+    f += compare_exact(sd, cpuh, ckeys, ids, cnt, g.max_per_head, keys, ws.keys_stride(), "hier",
+                       sh);
+    // Hierarchical with 8-bit pages (bf16 groups).
+    const select::BoundStore8View h8v = store8.view();
+    ha.pages8 = &h8v;
+    SelectionStorage cpuh8;
+    select::hier_select(ha, cpuh8, &ckeys, sd.max_pages);
+    CK(cudaMemset(g.ids.p, 0x7f, g.ids.n * sizeof(std::int32_t)));
+    cuda::hier_select(hier_args(a8, gg, cover), l);
+    download_selection(g, ws, ids, cnt, keys);
+    f += compare_exact(sd, cpuh8, ckeys, ids, cnt, g.max_per_head, keys, ws.keys_stride(), "hier8",
+                       sh8);
+    if (i == 0) {  // a CUDA graph of each (warmed up above) replays to the same lists
+      for (int which = 0; which < 2; ++which) {
+        cudaStream_t st;
+        CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+        cuda::SelectLaunch lg = l;
+        lg.stream = st;
+        lg.check_errors = false;
+        const auto step = [&] {
+          if (which == 0) {
+            cuda::quest_select(a8, lg);
+          } else {
+            cuda::hier_select(hier_args(g.args, gg, cover), lg);
+          }
+        };
+        step();
+        CK(cudaStreamSynchronize(st));
+        const auto want_ids = g.ids.download();
+        const auto want_cnt = g.count.download();
+        CK(cudaMemsetAsync(g.ids.p, 0x7f, g.ids.n * sizeof(std::int32_t), st));
+        cudaGraph_t graph;
+        cudaGraphExec_t exec;
+        CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
+        step();
+        CK(cudaStreamEndCapture(st, &graph));
+        CK(cudaGraphInstantiate(&exec, graph, 0));
+        CK(cudaGraphLaunch(exec, st));
+        ws.check(st);
+        CK(cudaGraphExecDestroy(exec));
+        CK(cudaGraphDestroy(graph));
+        CK(cudaStreamDestroy(st));
+        if (g.ids.download() != want_ids || g.count.download() != want_cnt) {
+          std::printf("FAIL %s: CUDA graph replay differs\n", which ? "hier" : "select8");
+          ++f;
+        }
+      }
+    }
+    return f;
+  });
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  std::printf(
+      "select8: %ld/%ld lists identical, keys %ld/%ld identical; hier: %ld/%ld lists identical, "
+      "keys %ld/%ld identical; hier8: %ld/%ld lists identical, keys %ld/%ld identical (%.1f s)\n",
+      s8.identical, s8.lists, s8.keys_equal, s8.keys, sh.identical, sh.lists, sh.keys_equal,
+      sh.keys, sh8.identical, sh8.lists, sh8.keys_equal, sh8.keys, secs);
+  std::printf("SELECT-COMPACT CHECK %s: %d failure(s)\n", failures ? "FAILED" : "PASSED", failures);
+  return failures;
+}
+
 int run_select_selftest() {
   std::printf("select-selftest\n");
   int failures = 0;
@@ -1265,10 +1574,37 @@ struct Row {
   int ctx, batch, budget;
   double us, bytes;
   double cpu_select_ms = 0;  // CPU Quest selection time of the step (not in us), when known
-  int hq = 32;               // q heads (Hkv = 8, d = 128 throughout)
+  // Selection rows of the 8-bit and hierarchical selectors: recall of the flat bf16 GPU
+  // selection's pages and the fraction of identical lists (-1: not a selection row).
+  double recall = -1, identical = -1;
+  int hq = 32;  // q heads (Hkv = 8, d = 128 throughout)
 };
 
 constexpr double kBenchAlpha = 1.5;  // the entmax rows
+
+// Writes the rows measured so far (the bench rewrites the file after every shape, so a crash
+// keeps what was measured before it).
+bool write_rows(const char* json_path, const cudaDeviceProp& prop, const std::vector<Row>& rows) {
+  FILE* f = std::fopen(json_path, "w");
+  if (!f) {
+    std::perror(json_path);
+    return false;
+  }
+  std::fprintf(f, "{\"device\": \"%s\", \"sms\": %d, \"rows\": [\n", prop.name,
+               prop.multiProcessorCount);
+  for (std::size_t i = 0; i < rows.size(); ++i) {
+    const Row& r = rows[i];
+    std::fprintf(f,
+                 "  {\"kind\": \"%s\", \"ctx\": %d, \"batch\": %d, \"budget\": %d, "
+                 "\"us\": %.3f, \"bytes\": %.0f, \"cpu_select_ms\": %.4f, \"recall\": %.5f, "
+                 "\"identical\": %.5f, \"hq\": %d}%s\n",
+                 r.kind.c_str(), r.ctx, r.batch, r.budget, r.us, r.bytes, r.cpu_select_ms, r.recall,
+                 r.identical, r.hq, i + 1 < rows.size() ? "," : "");
+  }
+  std::fprintf(f, "]}\n");
+  std::fclose(f);
+  return true;
+}
 
 int run_bench(const char* json_path) {
   cudaDeviceProp prop{};
@@ -1323,8 +1659,8 @@ int run_bench(const char* json_path) {
   // bf16 values, so the rounding is exact here and CPU and GPU rank the same bounds).
   select::BoundStoreView dstore;
   DevBuf<std::uint16_t> store_min, store_max;
+  const select::BoundStore store(summ);  // kept: the group stores are built from it
   {
-    const select::BoundStore store(summ);
     const select::BoundStoreView hv = store.view();
     const std::size_t n = static_cast<std::size_t>(pool_pages) * Hkv * d;
     store_min = DevBuf<std::uint16_t>(n);
@@ -1336,6 +1672,8 @@ int run_bench(const char* json_path) {
     dstore.max = reinterpret_cast<const bf16*>(store_max.p);
     dstore.wmax = nullptr;
   }
+  // The 8-bit store of the same summaries.
+  const Store8Gpu store8 = upload_store8(select::BoundStore8(summ).view());
   cuda::SelectWorkspace sws;
   // The whole-step rows' append: the step's token goes into its sequence's last page, its
   // summaries and a scratch bf16 bound store (the selector keeps reading `dstore`, equal to
@@ -1612,30 +1950,36 @@ int run_bench(const char* json_path) {
       });
       sws.check(nullptr);
       ws.check(nullptr);
-      const auto select_decode = [&](int r, cudaStream_t st) {
+      // A step in one CUDA graph per rotation: select_fn(r, stream) then the sparse decode on
+      // its lists.
+      const auto step_graph = [&](const auto& select_fn) {
+        const double us = time_graph_us(kQRot, kWarm, kIters, [&](int r, cudaStream_t st) {
+          select_fn(r, st);
+          attn::DecodeArgs a = args_for(r);
+          a.selection = &gsv[r];
+          cuda::DecodeLaunch l = launch;
+          l.stream = st;
+          cuda::decode(a, l);
+        });
+        sws.check(nullptr);
+        ws.check(nullptr);
+        return us;
+      };
+      const auto quest = [&](int r, cudaStream_t st) {
         cuda::SelectLaunch l2 = sl;
         l2.stream = st;
         cuda::quest_select(sel_args(r), l2);
-        attn::DecodeArgs a = args_for(r);
-        a.selection = &gsv[r];
-        cuda::DecodeLaunch l = launch;
-        l.stream = st;
-        cuda::decode(a, l);
       };
-      const double gus_graph = time_graph_us(kQRot, kWarm, kIters, select_decode);
-      sws.check(nullptr);
-      ws.check(nullptr);
+      const double gus_graph = step_graph(quest);
       // The whole decode step of issue 7 item 4 in one graph: append, select, attend.
-      const double step_graph = time_graph_us(kQRot, kWarm, kIters, [&](int r, cudaStream_t st) {
+      const double append_step = step_graph([&](int r, cudaStream_t st) {
         cuda::append(append_args(r), aws, st, false);
-        select_decode(r, st);
+        quest(r, st);
       });
       aws.check(nullptr);
-      sws.check(nullptr);
-      ws.check(nullptr);
       std::printf("  step ctx=%7d B=%2d budget=%5d: append+select+decode graph %.1f us\n", sh.ctx,
-                  sh.batch, budget, step_graph);
-      rows.push_back({"ours_step_append_select_decode_graph", sh.ctx, sh.batch, budget, step_graph,
+                  sh.batch, budget, append_step);
+      rows.push_back({"ours_step_append_select_decode_graph", sh.ctx, sh.batch, budget, append_step,
                       bytes + summary_bytes});
       std::printf(
           "  gpu-sel ctx=%7d B=%2d budget=%5d: select+decode %9.1f us (graph %.1f us); select "
@@ -1647,28 +1991,114 @@ int run_bench(const char* json_path) {
                       bytes + summary_bytes});
       rows.push_back({"gpu_quest_select", sh.ctx, sh.batch, budget, gsel_us, summary_bytes});
       rows.push_back({"gpu_quest_score", sh.ctx, sh.batch, budget, gscore_us, summary_bytes});
+      // MASSKV_BENCH_COMPACT=0 leaves out the rows below (8-bit, hierarchical, top-k alone).
+      static const bool compact_rows = [] {
+        const char* e = std::getenv("MASSKV_BENCH_COMPACT");
+        return e == nullptr || std::string(e) != "0";
+      }();
+      if (budget != 4096 || !compact_rows) continue;
+
+      // Top-k alone (on the keys the last scoring left), the 8-bit store, the hierarchical
+      // selector: selection alone and the whole step (select + decode) in one CUDA graph,
+      // bytes each reads, and the recall of the flat bf16 selection (GPU lists) per rotation.
+      const double key_bytes = static_cast<double>(sh.batch) * Hkv * pages * 4;
+      cuda::quest_score(sel_args(0), sl);
+      const double topk_us =
+          time_us(kWarm, kIters, [&](int i) { cuda::quest_topk(sel_args(i), sl); });
+      rows.push_back({"gpu_quest_topk", sh.ctx, sh.batch, budget, topk_us, key_bytes});
+      const auto sel8_args = [&](int r) {
+        cuda::QuestSelectArgs a = sel_args(r);
+        a.bounds8 = store8.view;
+        return a;
+      };
+      std::vector<GroupGpu> groups;
+      for (int t = 0; t < rot; ++t)
+        groups.push_back(
+            upload_groups(select::GroupStore(store.view(), {indptr[t], indices[t], last[t]}, 16)));
+      // Flat lists of every rotation, then each selector's agreement with them.
+      std::vector<std::vector<std::int32_t>> flat_ids(kQRot), flat_cnt(kQRot);
+      for (int r = 0; r < kQRot; ++r) {
+        cuda::quest_select(sel_args(r), sl);
+        flat_ids[r] = g_ids[r].download();
+        flat_cnt[r] = g_cnt[r].download();
+      }
+      sws.check(nullptr);
+      const auto agreement = [&](const auto& select_fn) {
+        long lists = 0, identical = 0;
+        double hit = 0, total = 0;
+        for (int r = 0; r < kQRot; ++r) {
+          select_fn(r);
+          sws.check(nullptr);
+          const auto ids = g_ids[r].download();
+          const auto cnt = g_cnt[r].download();
+          const SelectionView ref{
+              SelectionView::Unit::page, sh.batch, Hkv, cap, flat_ids[r], flat_cnt[r]};
+          const SelectionView got{SelectionView::Unit::page, sh.batch, Hkv, cap, ids, cnt};
+          const select::SelectionAgreement a = select::compare_selections(ref, got);
+          lists += a.lists;
+          identical += a.identical;
+          long ref_pages = 0;
+          for (int c : flat_cnt[r]) ref_pages += c;
+          hit += a.recall * static_cast<double>(ref_pages);
+          total += static_cast<double>(ref_pages);
+        }
+        return std::pair<double, double>{total ? hit / total : 1.0,
+                                         lists ? static_cast<double>(identical) / lists : 1.0};
+      };
+      // One GPU selector, select_fn(step, stream): alone, its agreement with the flat lists,
+      // and in the graph step; two rows (selection, step), `sel_bytes` the summaries it reads.
+      const auto measure = [&](const std::string& tag, double sel_bytes, const auto& select_fn) {
+        const double sel_us = time_us(kWarm, kIters, [&](int i) { select_fn(i, nullptr); });
+        sws.check(nullptr);
+        const auto [rec, same] = agreement([&](int r) { select_fn(r, nullptr); });
+        const double step_us = step_graph(select_fn);
+        std::printf(
+            "  compact ctx=%7d B=%2d budget=%5d: %-8s select %6.1f us, step (graph) %6.1f us, "
+            "%.1f MB, recall %.4f, identical lists %.3f\n",
+            sh.ctx, sh.batch, budget, tag.c_str(), sel_us, step_us, sel_bytes / 1e6, rec, same);
+        rows.push_back(
+            {"gpu_" + tag + "_select", sh.ctx, sh.batch, budget, sel_us, sel_bytes, 0, rec, same});
+        rows.push_back({"ours_sparse_" + tag + "_gpu_sel_graph", sh.ctx, sh.batch, budget, step_us,
+                        bytes + sel_bytes, 0, rec, same});
+      };
+      const auto on = [&](cudaStream_t st) {
+        cuda::SelectLaunch l2 = sl;
+        l2.stream = st;
+        return l2;
+      };
+      // 8-bit: the scoring kernel alone too.
+      const double bytes8 = static_cast<double>(sh.batch) * pages * Hkv * (2.0 * d + 8);
+      const double score8_us =
+          time_us(kWarm, kIters, [&](int i) { cuda::quest_score(sel8_args(i), sl); });
+      rows.push_back({"gpu_quest8_score", sh.ctx, sh.batch, budget, score8_us, bytes8});
+      std::printf("  compact ctx=%7d B=%2d budget=%5d: top-k %.1f us, 8-bit score %.1f us\n",
+                  sh.ctx, sh.batch, budget, topk_us, score8_us);
+      measure("quest8", bytes8,
+              [&](int r, cudaStream_t st) { cuda::quest_select(sel8_args(r), on(st)); });
+      // Hierarchical (groups of 16 pages): every group's bf16 summaries, and the pages of the
+      // chosen groups (at most m per (sequence, kv head)); cover 2 and 4, and cover 4 over
+      // 8-bit pages.
+      const int ngroups = (pages + 15) / 16;
+      for (const double cover : {2.0, 4.0}) {
+        const int m = select::hier_groups(ngroups, 16, pol.budget_pages, cover);
+        const double group_bytes = static_cast<double>(sh.batch) * Hkv * 4.0 * d * ngroups;
+        const double chosen = static_cast<double>(sh.batch) * Hkv * m * 16.0;
+        const GroupGpu* gr = groups.data();
+        measure(cover == 2.0 ? "hier" : "hier_c4", group_bytes + chosen * 4.0 * d,
+                [&](int r, cudaStream_t st) {
+                  cuda::hier_select(hier_args(sel_args(r), gr[r % rot], cover), on(st));
+                });
+        if (cover == 4.0)
+          measure("hier8_c4", group_bytes + chosen * (2.0 * d + 8), [&](int r, cudaStream_t st) {
+            cuda::hier_select(hier_args(sel8_args(r), gr[r % rot], cover), on(st));
+          });
+      }
     }
     for (std::size_t i = first_row; i < rows.size(); ++i) rows[i].hq = Hq;
+    if (!write_rows(json_path, prop, rows)) return 2;
   }
 
-  FILE* f = std::fopen(json_path, "w");
-  if (!f) {
-    std::perror(json_path);
-    return 2;
-  }
-  std::fprintf(f, "{\"device\": \"%s\", \"sms\": %d, \"rows\": [\n", prop.name,
-               prop.multiProcessorCount);
-  for (std::size_t i = 0; i < rows.size(); ++i) {
-    const Row& r = rows[i];
-    std::fprintf(f,
-                 "  {\"kind\": \"%s\", \"ctx\": %d, \"batch\": %d, \"budget\": %d, "
-                 "\"us\": %.3f, \"bytes\": %.0f, \"cpu_select_ms\": %.4f, \"hq\": %d}%s\n",
-                 r.kind.c_str(), r.ctx, r.batch, r.budget, r.us, r.bytes, r.cpu_select_ms, r.hq,
-                 i + 1 < rows.size() ? "," : "");
-  }
-  std::fprintf(f, "]}\n");
-  std::fclose(f);
-  return 0;
+  return write_rows(json_path, prop, rows) ? 0 : 2;
 }
 
 // A few launches of softmax and entmax decode on one shape (B=1, Hq=32, Hkv=8, d=128, bf16,
@@ -1745,18 +2175,21 @@ int main(int argc, char** argv) {
       const int select = run_select_check();
       const int prefill = run_prefill_check();
       const int append = run_append_check();
-      const bool bad = decode_rc || selftest || select || prefill || append;
+      // Last: the newest kernels (a sticky CUDA error would fail every later section).
+      const int compact = run_compact_check();
+      const bool bad = decode_rc || selftest || select || compact || prefill || append;
       std::printf(
-          "ALL CHECKS %s (decode %s, select-selftest %d, select %d, prefill %d, append %d "
-          "failure(s))\n",
-          bad ? "FAILED" : "PASSED", decode_rc ? "FAILED" : "passed", selftest, select, prefill,
-          append);
+          "ALL CHECKS %s (decode %s, select-selftest %d, select %d, select-compact %d, prefill "
+          "%d, append %d failure(s))\n",
+          bad ? "FAILED" : "PASSED", decode_rc ? "FAILED" : "passed", selftest, select, compact,
+          prefill, append);
       return bad ? 1 : 0;
     }
     if (mode == "decode-check") return run_check();
     if (mode == "profile") return run_profile();
     if (mode == "select-selftest") return run_select_selftest() ? 1 : 0;
     if (mode == "select-check") return run_select_check() ? 1 : 0;
+    if (mode == "select-compact-check") return run_compact_check() ? 1 : 0;
     if (mode == "bench") return run_bench(argc > 2 ? argv[2] : "bench_ours.json");
     if (mode == "prefill-check") return run_prefill_check() ? 1 : 0;
     if (mode == "append-check") return run_append_check() ? 1 : 0;
@@ -1767,7 +2200,8 @@ int main(int argc, char** argv) {
     return 3;
   }
   std::fprintf(stderr,
-               "usage: %s check | decode-check | select-selftest | select-check | profile | "
+               "usage: %s check | decode-check | select-selftest | select-check | "
+               "select-compact-check | profile | "
                "bench OUT.json | prefill-check | prefill-bench OUT.json | append-check\n",
                argv[0]);
   return 2;

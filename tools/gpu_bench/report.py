@@ -107,6 +107,63 @@ def flex_table(ours_rows, peer_rows, cudnn):
             "|---|---|---|---|---|---|---|---|---|"] + lines
 
 
+COMPACT_COLS = [  # (row, header, what to print)
+    ("gpu_quest_score", "bf16 score µs", "us"),
+    ("gpu_quest_topk", "top-k µs", "us"),
+    ("ours_sparse_quest_gpu_sel_graph", "bf16 step µs", "us"),
+    ("gpu_quest8_score", "8-bit score µs", "us"),
+    ("ours_sparse_quest8_gpu_sel_graph", "8-bit step µs", "us"),
+    ("gpu_quest8_select", "8-bit recall", "recall"),
+    ("gpu_hier_select", "hier select µs", "us"),
+    ("ours_sparse_hier_gpu_sel_graph", "hier step µs", "us"),
+    ("gpu_hier_select", "hier recall", "recall"),
+    ("gpu_hier_select", "hier identical lists", "identical"),
+    ("ours_sparse_hier_c4_gpu_sel_graph", "hier cover 4 step µs", "us"),
+    ("gpu_hier_c4_select", "hier cover 4 recall", "recall"),
+    ("ours_sparse_hier8_c4_gpu_sel_graph", "hier cover 4, 8-bit pages step µs", "us"),
+]
+
+
+def compact_table(rows, cudnn):
+    """Selection by summary level (bf16 pages, 8-bit pages, bf16 groups of 16 then pages):
+    selection and whole-step µs (CUDA graph), bytes each scan reads, recall of the flat bf16
+    selection, and the step's speedup against cuDNN dense decode."""
+    by = {}
+    for r in rows:
+        if r["budget"]:
+            by.setdefault((r["ctx"], r["batch"], r.get("hq", 32), r["budget"]), {})[r["kind"]] = r
+    lines = []
+    for (ctx, batch, hq, budget), k in sorted(by.items()):
+        if "gpu_hier_select" not in k:
+            continue
+        cells = []
+        for kind, _, field in COMPACT_COLS:
+            v = k.get(kind, {}).get(field)
+            cells.append("-" if v is None or v < 0 else
+                         (f"{v:.1f}" if field == "us" else f"{v:.4f}"))
+        mb = lambda kind: f"{k[kind]['bytes'] / 1e6:.1f}" if kind in k else "-"
+        c = cudnn.get((ctx, batch, hq))
+        speed = lambda kind: (f"{c / k[kind]['us']:.1f}x" if c and kind in k else "-")
+        lines.append(
+            f"| {ctx // 1024}K | {batch} | {hq} | {budget} | " + " | ".join(cells)
+            + f" | {mb('gpu_quest_score')} / {mb('gpu_quest8_score')} / {mb('gpu_hier_select')}"
+            + f" / {mb('gpu_hier_c4_select')} / {mb('gpu_hier8_c4_select')}"
+            + f" | {speed('ours_sparse_quest_gpu_sel_graph')} / "
+            + f"{speed('ours_sparse_quest8_gpu_sel_graph')} / "
+            + f"{speed('ours_sparse_hier_gpu_sel_graph')} / "
+            + f"{speed('ours_sparse_hier_c4_gpu_sel_graph')} / "
+            + f"{speed('ours_sparse_hier8_c4_gpu_sel_graph')} |")
+    if not lines:
+        return []
+    return ["", "GPU selection by summary level (step = select + sparse decode, one CUDA graph; "
+            "recall of the flat bf16 selection's pages; hier: groups of 16 pages, cover 2 "
+            "unless marked c4).", "",
+            "| context | B | Hq | budget | " + " | ".join(h for _, h, _ in COMPACT_COLS)
+            + " | summary MB bf16 / 8-bit / hier / hier c4 / hier8 c4 | step vs cuDNN bf16 / "
+            "8-bit / hier / hier c4 / hier8 c4 |",
+            "|---|---|---|---|" + "---|" * len(COMPACT_COLS) + "---|---|"] + lines
+
+
 def main():
     ours = json.load(open(sys.argv[1]))
     peer = json.load(open(sys.argv[2]))
@@ -149,6 +206,7 @@ def main():
             f"{fmt(row['speedup_vs_cudnn'], '.2f')}{'x' if c else ''} |")
     lines += sparse_table(ours["rows"])
     lines += entmax_table(ours["rows"])
+    lines += compact_table(ours["rows"], cudnn)
     lines += flex_table(ours["rows"], peer["rows"], cudnn)
     open(sys.argv[3], "w").write("\n".join(lines) + "\n")
     json.dump({"ceiling_gbs": ceiling, "ours": ours, "torch": peer, "table": table},

@@ -12,6 +12,7 @@
 #include <span>
 
 #include "masskv/kv/paged_kv.hpp"
+#include "masskv/select/compact_bounds.hpp"
 #include "masskv/select/page_bound.hpp"
 #include "masskv/tensor.hpp"
 
@@ -45,6 +46,13 @@ class SelectWorkspace {
   // key_to_bound. Keys of pages whose physical id was bad are 0.
   std::span<const std::uint32_t> page_keys() const;
   int keys_stride() const;
+  // The group keys and group lists of the last hier_select (same layout, stride
+  // group_keys_stride(); lists [B][Hkv][group_list_stride()], counts [B][Hkv]).
+  std::span<const std::uint32_t> group_keys() const;
+  int group_keys_stride() const;
+  std::span<const std::int32_t> group_ids() const;
+  std::span<const std::int32_t> group_counts() const;
+  int group_list_stride() const;
 
   struct Impl;
   Impl& impl() const { return *impl_; }
@@ -61,6 +69,10 @@ struct QuestSelectArgs {
   // select::BoundStore's arrays copied to the device). wmax is not used (the kernel
   // recomputes W = max_c max(|m_c|, |M_c|), exact, from the same bf16 values).
   select::BoundStoreView bounds;
+  // Device 8-bit store (select::BoundStore8's arrays; codes 16-byte aligned, grid 8-byte
+  // aligned). When bounds8.min is set it is scanned instead of `bounds` (then unused): the
+  // result is select::quest_select8's (same bounds, bit for bit).
+  select::BoundStore8View bounds8;
   float scale = 0;  // 0 means 1/sqrt(d), as the CPU selector
   select::TopkPolicy policy;
   // Output, device: ids [B][Hkv][max_per_head] (ascending logical page ids, -1 padded) and
@@ -91,6 +103,46 @@ void quest_select(const QuestSelectArgs& args, const SelectLaunch& launch);
 
 // The scoring kernel alone (keys into the workspace; ids/count not written, may be empty).
 void quest_score(const QuestSelectArgs& args, const SelectLaunch& launch);
+
+// The top-k alone, on the keys the last quest_score left in the workspace (same args).
+void quest_topk(const QuestSelectArgs& args, const SelectLaunch& launch);
+
+// Hierarchical Quest (select::hier_select's result): the group summaries are scanned first,
+// the group top-k keeps the last group and the best hier_groups(...) - 1 others per (sequence,
+// kv head), then only the pages of those groups are read and scored (every other page key is
+// 0), and the page top-k selects as flat Quest does. Four kernels, no host round trip.
+struct HierSelectArgs {
+  // The page store (bf16, or 8-bit when pages.bounds8 is set: select::HierSelectArgs::pages8),
+  // table, q, policy, outputs.
+  QuestSelectArgs pages;
+  // Device group store (select::GroupStore's arrays: [slot][kv_head][head_dim] bf16) and its
+  // table: indptr [B+1] of groups, indices = the slots (GroupStore::indices()).
+  select::BoundStoreView groups;
+  std::span<const std::int32_t> group_indptr, group_indices;
+  int group_pages = 16;  // the GPU serves 16 (a scoring warp tile)
+  double cover = 2.0;
+};
+// launch.max_pages_per_seq bounds the pages per sequence (groups: ceil(/ 16)).
+void hier_select(const HierSelectArgs& args, const SelectLaunch& launch);
+
+// Recomputes group summaries on the device from the bf16 page store (select::GroupStore's
+// values, bit for bit: elementwise min of the members' mins, max of their maxes): every group
+// of every sequence, or only each sequence's last group (the one an append changes). The group
+// table maps sequence b's group i to slot group_indices[group_indptr[b] + i]; the caller
+// allocates slots (a new group when a sequence crosses a multiple of group_pages pages).
+struct GroupUpdateArgs {
+  kv::PageTable table;                                        // device page table of the sequences
+  select::BoundStoreView pages;                               // device bf16 page store
+  std::span<const std::int32_t> group_indptr, group_indices;  // device group table
+  bf16* group_min = nullptr;  // device group store [slot][kv_head][head_dim]
+  bf16* group_max = nullptr;
+  int group_slots = 0;  // slots in the group store
+  int group_pages = 16;
+  bool last_only = false;
+};
+// Errors (bad page or slot ids, a group table that does not match the page counts) set the
+// workspace's device flag (checked as quest_select's: "indices", "indptr").
+void update_groups(const GroupUpdateArgs& args, const SelectLaunch& launch);
 
 // An upper bound, computable on the host, of the selected pages of any sequence with at most
 // max_pages_per_seq pages (size max_per_head with it): min(max_pages, max(budget, kept)),

@@ -1,0 +1,285 @@
+// 8-bit and hierarchical page summaries (compact_bounds.hpp): the bounds stay above every
+// exact score (f64), the codes are the tightest outward ones, the hierarchical selector equals
+// flat Quest when it scores every group, and stays a valid selection when it does not.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <random>
+#include <vector>
+
+#include "core/cpu_features.hpp"
+#include "masskv/kv/cache.hpp"
+#include "masskv/select/compact_bounds.hpp"
+#include "masskv/select/page_bound.hpp"
+#include "selector_fixture.hpp"
+
+namespace masskv::select {
+namespace {
+
+using test::random_case;
+using test::SelCase;
+
+// max over the stored keys of logical pages [j0, j1) of sequence b: scale * q·k in f64.
+double exact_max(const kv::PagedKVView& v, int b, int j0, int j1, int head, const float* q,
+                 double scale) {
+  double best = -INFINITY;
+  for (int j = j0; j < j1; ++j) {
+    for (int slot = 0; slot < v.table.page_len(b, j, v.page_size); ++slot) {
+      const bf16* k = v.key<bf16>(v.table.page(b, j), head, slot);
+      double dot = 0;
+      for (int c = 0; c < v.head_dim; ++c) dot += double(q[c]) * bf16_to_f32(k[c]);
+      best = std::max(best, scale * dot);
+    }
+  }
+  return best;
+}
+
+TEST(BoundStore8, CodesAreTheTightestOutwardOnes) {
+  std::mt19937 rng(3);
+  for (int d : {16, 64, 128}) {
+    const SelCase sc =
+        random_case(rng, {300, 17}, 2, 2, d, 16, DType::bf16, 2.0f, 0.5f, d == 64 ? 8.0f : 0.7f);
+    const kv::SummariesView s = sc.cache.summaries();
+    const BoundStore8 store(s);
+    const BoundStore8View v = store.view();
+    for (std::int32_t p : sc.table.indices) {
+      for (int h = 0; h < 2; ++h) {
+        const float lo = v.grid[2 * (p * 2 + h)], step = v.grid[2 * (p * 2 + h) + 1];
+        for (int c = 0; c < d; ++c) {
+          const std::int64_t o = v.at(p, h) + c;
+          const float m = s.min[o], M = s.max[o];
+          ASSERT_LE(dequant8(v.min[o], lo, step), m);
+          ASSERT_GE(dequant8(v.max[o], lo, step), M);
+          if (v.min[o] < 255) {
+            EXPECT_GT(dequant8(static_cast<std::uint8_t>(v.min[o] + 1), lo, step), m);
+          }
+          if (v.max[o] > 0) {
+            EXPECT_LT(dequant8(static_cast<std::uint8_t>(v.max[o] - 1), lo, step), M);
+          }
+        }
+      }
+    }
+    EXPECT_DOUBLE_EQ(store.bytes_per_token(16), (2.0 * 2 * d + 16) / 16);
+  }
+}
+
+// The 8-bit bound, the bf16 bound in the GPU order and the group bound are above every exact
+// score (f64) of their pages; the bf16 GPU-order bound matches the AVX2 kernel's bits.
+TEST(BoundStore8, BoundsAreAboveEveryScore) {
+  std::mt19937 rng(5);
+  int checked = 0;
+  for (int d : {8, 64, 128}) {
+    for (int P : {1, 16}) {
+      const SelCase c = random_case(rng, {P == 1 ? 70 : 700}, 3, 2, d, P, DType::bf16, 2.0f, 0.5f,
+                                    P == 1 ? 0.7f : 6.0f);
+      const kv::PagedKVView v = c.view();
+      const kv::SummariesView s = c.cache.summaries();
+      const BoundStore store(s);
+      const BoundStore8 store8(s);
+      const kv::PageTable& t = v.table;
+      const GroupStore groups(store.view(), t, 4);
+      const int n = t.num_pages(0), g = 3, ng = (n + 3) / 4;
+      std::vector<float> q(static_cast<std::size_t>(g) * d);
+      std::normal_distribution<float> normal(0.0f, 5.0f);
+      for (float& x : q) x = normal(rng);
+      const float scale = 1.0f / std::sqrt(float(d));
+      for (int h = 0; h < 2; ++h) {
+        std::vector<float> u8(static_cast<std::size_t>(g) * n), ub(u8.size()), ua(u8.size());
+        std::vector<float> ug(static_cast<std::size_t>(g) * ng);
+        page_upper_bounds(store8.view(), t.indices, h, q.data(), g, d, scale, u8);
+        page_upper_bounds_gpu_order(store.view(), t.indices, h, q.data(), g, d, scale, ub);
+        page_upper_bounds(store.view(), t.indices, h, q.data(), g, d, scale, ua);
+        page_upper_bounds_gpu_order(groups.view(), groups.indices(), h, q.data(), g, d, scale, ug);
+        const bool same_order = d % 8 == 0 && cpu::has_avx2() && cpu::simd_allowed();
+        for (int i = 0; i < g; ++i) {
+          const float* qi = q.data() + i * d;
+          for (int j = 0; j < n; ++j) {
+            const double ex = exact_max(v, 0, j, j + 1, h, qi, scale);
+            ASSERT_GE(u8[i * n + j], ex) << "8-bit, d " << d << " page " << j;
+            ASSERT_GE(ub[i * n + j], ex) << "bf16 GPU order, d " << d << " page " << j;
+            if (same_order) {
+              EXPECT_EQ(ub[i * n + j], ua[i * n + j]) << "page " << j;
+            }
+            ++checked;
+          }
+          for (int gi = 0; gi < ng; ++gi) {
+            const double ex = exact_max(v, 0, gi * 4, std::min(n, gi * 4 + 4), h, qi, scale);
+            ASSERT_GE(ug[i * ng + gi], ex) << "group " << gi;
+          }
+        }
+      }
+    }
+  }
+  EXPECT_GT(checked, 1000);
+}
+
+// Two kv heads, four q heads each, d 64, page 16, bf16 keys with per-page shifts; the stores.
+struct Stores {
+  SelCase c;
+  BoundStore store;
+  BoundStore8 store8;
+};
+Stores make_stores(std::mt19937& rng, const std::vector<int>& lengths) {
+  Stores s{random_case(rng, lengths, 8, 2, 64, 16, DType::bf16), {}, {}};
+  s.store = BoundStore(s.c.cache.summaries());
+  s.store8 = BoundStore8(s.c.cache.summaries());
+  return s;
+}
+
+// Hierarchical and flat bf16 Quest on the same inputs.
+void hier_and_flat(const Stores& s, const GroupStore& groups, const TopkPolicy& pol, double cover,
+                   SelectionStorage& hier, SelectionStorage& flat,
+                   std::vector<std::uint32_t>* keys = nullptr) {
+  const BoundStoreView sv = s.store.view();
+  HierSelectArgs a;
+  a.q = s.c.qview();
+  a.table = s.c.table.table();
+  a.pages = &sv;
+  a.groups = &groups;
+  a.policy = pol;
+  a.cover = cover;
+  hier_select(a, hier, keys);
+  QuestArgs qa;
+  qa.q = a.q;
+  qa.table = a.table;
+  qa.bounds_bf16 = &sv;
+  qa.policy = pol;
+  quest_select(qa, flat);
+}
+
+// Valid selections: ascending ids inside the sequence, counts as the flat selector's.
+void expect_same_shape(const SelectionView& ref, const SelectionView& got, const kv::PageTable& t) {
+  ASSERT_EQ(ref.batch, got.batch);
+  for (int b = 0; b < ref.batch; ++b)
+    for (int h = 0; h < ref.num_kv_heads; ++h) {
+      const auto l = got.list(b, h);
+      EXPECT_EQ(l.size(), ref.list(b, h).size());
+      for (std::size_t i = 0; i < l.size(); ++i) {
+        EXPECT_GE(l[i], 0);
+        EXPECT_LT(l[i], t.num_pages(b));
+        if (i) {
+          EXPECT_LT(l[i - 1], l[i]);
+        }
+      }
+    }
+}
+
+TEST(HierSelect, EqualsFlatQuestWhenEveryGroupIsScored) {
+  std::mt19937 rng(11);
+  const Stores s = make_stores(rng, {5000, 1200, 33});
+  const kv::PageTable t = s.c.table.table();
+  for (int G : {1, 4, 16}) {
+    const GroupStore groups(s.store.view(), t, G);
+    for (int budget : {0, 8, 40}) {
+      SelectionStorage hier, flat;
+      hier_and_flat(s, groups, {budget, 1, 64}, 1e6, hier, flat);  // every group
+      expect_same_shape(flat.view(), hier.view(), t);
+      const SelectionAgreement ag = compare_selections(flat.view(), hier.view());
+      if (cpu::has_avx2() && cpu::simd_allowed()) {  // same bound bits: same lists
+        EXPECT_EQ(ag.identical, ag.lists) << "G " << G << " budget " << budget;
+      } else {
+        EXPECT_GT(ag.recall, 0.99);
+      }
+    }
+  }
+}
+
+// With 8-bit pages and every group scored: the 8-bit flat selector's lists and keys (both
+// evaluate the bounds in the GPU order, on any host).
+TEST(HierSelect, EightBitPagesEqualQuestSelect8WhenEveryGroupIsScored) {
+  std::mt19937 rng(19);
+  const Stores s = make_stores(rng, {3000, 700});
+  const kv::PageTable t = s.c.table.table();
+  const BoundStoreView sv = s.store.view();
+  const BoundStore8View s8 = s.store8.view();
+  const GroupStore groups(sv, t, 16);
+  const TopkPolicy pol{24, 1, 64};
+  HierSelectArgs a;
+  a.q = s.c.qview();
+  a.table = t;
+  a.pages = &sv;
+  a.pages8 = &s8;
+  a.groups = &groups;
+  a.policy = pol;
+  a.cover = 1e6;
+  SelectionStorage hier, flat;
+  std::vector<std::uint32_t> hk, fk;
+  hier_select(a, hier, &hk);
+  quest_select8(a.q, t, 16, s8, 0, pol, flat, &fk);
+  EXPECT_EQ(hk, fk);
+  EXPECT_EQ(hier.ids, flat.ids);
+  EXPECT_EQ(hier.count, flat.count);
+}
+
+// A few groups only: still the flat count, kept pages in, ids valid; the approximation's
+// recall of flat Quest is measured (not asserted beyond sanity: random keys have no structure).
+TEST(HierSelect, FewGroupsGiveAValidSelection) {
+  std::mt19937 rng(13);
+  const Stores s = make_stores(rng, {8000, 3000});
+  const kv::PageTable t = s.c.table.table();
+  const GroupStore groups(s.store.view(), t, 16);
+  SelectionStorage hier, flat;
+  std::vector<std::uint32_t> keys;
+  hier_and_flat(s, groups, {32, 1, 64}, 1.0, hier, flat, &keys);
+  expect_same_shape(flat.view(), hier.view(), t);
+  const int stride = t.num_pages(0);
+  for (int b = 0; b < 2; ++b)
+    for (int h = 0; h < 2; ++h) {
+      const auto l = hier.view().list(b, h);
+      EXPECT_EQ(l.front(), 0);                  // the sink
+      EXPECT_EQ(l.back(), t.num_pages(b) - 1);  // the last page
+      // Scored pages: those of 1 + ceil(32 / 16) = 3 groups at most.
+      int scored = 0;
+      for (int j = 0; j < t.num_pages(b); ++j) scored += keys[(b * 2 + h) * stride + j] != 0;
+      EXPECT_LE(scored, 3 * 16);
+      EXPECT_GE(scored, 16);
+    }
+  const SelectionAgreement ag = compare_selections(flat.view(), hier.view());
+  EXPECT_GT(ag.recall, 0.0);
+  EXPECT_LE(ag.recall, 1.0);
+}
+
+// The 8-bit selector is the flat rule on its own bounds: the same as ranking
+// page_upper_bounds(BoundStore8View) by a full sort.
+TEST(QuestSelect8, IsTheFlatRuleOnTheEightBitBounds) {
+  std::mt19937 rng(17);
+  const Stores s = make_stores(rng, {4000, 900});
+  const kv::PageTable t = s.c.table.table();
+  const TopkPolicy pol{20, 2, 32};
+  SelectionStorage sel;
+  const auto qv = s.c.qview();
+  quest_select8(qv, t, 16, s.store8.view(), 0, pol, sel);
+  const int g = 4;
+  for (int b = 0; b < 2; ++b)
+    for (int h = 0; h < 2; ++h) {
+      const int n = t.num_pages(b);
+      const std::span<const std::int32_t> phys = t.indices.subspan(t.indptr[b], n);
+      std::vector<float> U(static_cast<std::size_t>(g) * n);
+      page_upper_bounds(s.store8.view(), phys, h, qv.row(b, h * g), g, 64, 1.0f / std::sqrt(64.0f),
+                        U);
+      std::vector<std::int32_t> want(static_cast<std::size_t>(sel.max_per_head));
+      const int cnt = select_topk_pages(U, g, n, t.last_page_len[b], 16, pol, want);
+      const auto got = sel.view().list(b, h);
+      ASSERT_EQ(static_cast<int>(got.size()), cnt);
+      EXPECT_TRUE(std::equal(got.begin(), got.end(), want.begin()));
+    }
+}
+
+TEST(CompareSelections, CountsCommonIds) {
+  SelectionStorage a, b;
+  a.reset(SelectionView::Unit::page, 1, 2, 3);
+  b.reset(SelectionView::Unit::page, 1, 2, 3);
+  a.ids = {0, 2, 5, 1, -1, -1};
+  a.count = {3, 1};
+  b.ids = {0, 3, 5, 1, -1, -1};
+  b.count = {3, 1};
+  const SelectionAgreement r = compare_selections(a.view(), b.view());
+  EXPECT_EQ(r.lists, 2);
+  EXPECT_EQ(r.identical, 1);
+  EXPECT_DOUBLE_EQ(r.recall, 3.0 / 4.0);
+}
+
+}  // namespace
+}  // namespace masskv::select
