@@ -16,7 +16,8 @@
 //     takes every candidate above it and the lowest-id candidates equal to it (ties to the lower
 //     page id, as the CPU), and writes the ids ascending with two ballot passes (no sort; the
 //     lower slices' counts as bases), -1 padded, and the count.
-//  2'. quest_topk_block_kernel (the default; the cluster kernel with MASSKV_TOPK=cluster or
+//  2'. quest_topk_block_kernel (the default where the plan gives one CTA per pair, i.e. up to
+//     ~16K pages per sequence; the cluster kernel beyond, or with MASSKV_TOPK=cluster or
 //     MASSKV_TOPK_CLUSTER): one CTA per (sequence, kv head), launched with programmatic
 //     dependent launch; radix passes of 2048 equal-width bins over the window of key values
 //     still holding the threshold (min..max at first: at most 3 passes), same result.
@@ -1348,8 +1349,13 @@ Prepared prepare(const QuestSelectArgs& a, const SelectLaunch& launch, bool outp
   require(B <= 65535, unsupported, "q", "batch must be <= 65535");
   require(Hkv <= 65535, unsupported, "bounds", "num_kv_heads must be <= 65535");
   pr.score_grid = dim3(chunks, Hkv, B);
-  pr.block_topk = !use_cluster_topk();
-  const int tc = pr.block_topk ? 1 : plan_topk_cluster(B * Hkv, launch.max_pages_per_seq);
+  // The block kernel where one CTA per pair is the plan; clusters where the plan splits a
+  // pair's pages (long sequences). Measured on the H200 (2026-12-03, B = 1, Hkv 8): block
+  // 15.4 us vs 22 for the one-CTA cluster kernel at 128K tokens; at 512K and 1M the clusters
+  // of 4 and 8 (~29 and ~43 us) beat the block kernel (36 and 78 us).
+  const int planned = plan_topk_cluster(B * Hkv, launch.max_pages_per_seq);
+  pr.block_topk = !use_cluster_topk() && planned == 1;
+  const int tc = pr.block_topk ? 1 : planned;
   pr.topk_grid = dim3(tc, Hkv, B);
   pr.topk = pr.block_topk ? block_topk_kernel() : topk_kernel(tc);
   pr.score = splan.fn;
