@@ -45,6 +45,7 @@ struct PrefillBudget {
   std::int64_t min_keys = 0;
   std::int64_t tokens = 0;
   std::int64_t keys(std::int64_t visible) const;
+  bool operator==(const PrefillBudget&) const = default;
 };
 
 struct PrefillSelectConfig {
@@ -58,6 +59,7 @@ struct PrefillSelectConfig {
   bool head_collapsed = true;
   // Throws Error(invalid_argument, "sparse_prefill") for a bad block size, sinks or budget.
   void validate() const;
+  bool operator==(const PrefillSelectConfig&) const = default;
 };
 
 // One prefill step of one sequence: q of its last n tokens, the cache holding them (batch 1).
