@@ -111,6 +111,7 @@ check eval-prefill-bad-method 2 '--methods' -- "$bin" eval --methods prefill_sha
 check eval-prefill-bad-kind 2 '--methods' -- "$bin" eval --methods prefill_magic64
 check eval-prefill-tiny 0 '\| prefill_shared16 \| 1/8 \| softmax \|' -- "$bin" eval "${ev[@]}" \
   --methods dense,prefill_shared16,prefill_token
+check eval-prefill-kv-read 0 '"prefill_kv_read":0\.' -- cat "$tmp/eval/cache.jsonl"
 check eval-prefill-cached 0 '4 results cached, 1 samples to run' -- "$bin" eval "${ev[@]}" \
   --methods dense,quest,prefill_shared16,prefill_token,prefill_index16
 check bench-prefill-bad-method 2 '--sparse-prefill' -- "$bin" bench -p 64 -n 0 \

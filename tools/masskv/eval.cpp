@@ -696,6 +696,7 @@ void run_eval(EvalOptions o, const std::string& cmdline) {
             rec.certified = oc.certified;
             rec.decode_seconds = oc.decode_seconds;
             rec.prefill_seconds = oc.prefill_seconds;
+            rec.prefill_kv_read = oc.prefill_kv_read;
             cache.add(std::move(rec), row_tag(row, tag, selector_tag));
           }
           std::lock_guard<std::mutex> lock(progress_mutex);
