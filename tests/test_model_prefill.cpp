@@ -132,3 +132,30 @@ TEST(SparsePrefill, BadOptionsThrowTypedErrors) {
 
 }  // namespace
 }  // namespace masskv::model
+
+namespace masskv::model {
+namespace {
+
+// The indexer's key-block sums run across prefill steps (KeyBlockSums): steps of 16 and of 48
+// tokens see the same query blocks (q_block 16) and budgets, so they must choose the same
+// blocks and give the same logits; a step that missed or re-added keys would not.
+TEST(SparsePrefill, IndexerRunningSumsDoNotDependOnTheStepSize) {
+  REQUIRE_MODEL(m, "smollm2");
+  const auto toks = long_tokens(*m);
+  const auto run = [&](int step) {
+    SessionOptions so = sparse(PrefillMethod::index, 0.0, 32);
+    so.max_tokens = 256;
+    so.kv_dtype = DType::f32;
+    so.prefill_block = step;
+    Session s(*m, so);
+    std::vector<float> all;
+    s.prefill(toks, {}, &all);
+    return std::make_pair(all, s.last_prefill_stats().keys_attended);
+  };
+  const auto a = run(16), b = run(48);
+  EXPECT_EQ(a.second, b.second);
+  EXPECT_LE(max_abs_diff(a.first, b.first), 2e-3);
+}
+
+}  // namespace
+}  // namespace masskv::model

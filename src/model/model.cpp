@@ -119,6 +119,8 @@ struct Session::Impl {
   std::vector<std::vector<double>> learned_rope;
   Scratch scratch;             // of the passes this session runs (or leads, in a batch)
   PrefillStats prefill_stats;  // of the last prefill call
+  // Per layer the indexer's running key-block sums of this session's sequence.
+  std::vector<select::KeyBlockSums> key_block_sums;
 };
 
 Session::Session(const Model& model, SessionOptions options)
@@ -155,6 +157,7 @@ Session::Session(const Model& model, SessionOptions options)
   impl_->opt = std::move(options);
   impl_->caches = std::make_shared<std::vector<kv::PagedKVCache>>();
   impl_->learned_layers.assign(sz(c.n_layer), nullptr);
+  impl_->key_block_sums.resize(sz(c.n_layer));
   impl_->learned_rope.resize(sz(c.n_layer));
   for (int l = 0; l < c.n_layer; ++l) {
     kv::CacheConfig layer_cc = cc;
@@ -206,6 +209,7 @@ Session Session::fork() const {
   child->inv_freq_local = impl_->inv_freq_local;
   child->learned_layers = impl_->learned_layers;  // point into opt.learned_selector (shared)
   child->learned_rope = impl_->learned_rope;
+  child->key_block_sums = impl_->key_block_sums;  // the same prefix
   for (std::size_t l = 0; l < impl_->seqs.size(); ++l) {
     child->seqs.push_back((*impl_->caches)[l].fork(impl_->seqs[l]));
   }
@@ -288,7 +292,7 @@ void add_diagnostics(Scratch& w, const View3<const float>& q, const kv::PagedKVV
 // keys and selection time into the session's PrefillStats (forward() times the whole).
 void prefill_attend(Scratch& w, Session::Impl& s, const View3<const float>& qv,
                     const View3<float>& ov, const kv::PagedKVView& view, bool local, float scale,
-                    std::int64_t len) {
+                    std::int64_t len, int layer) {
   const auto t0 = std::chrono::steady_clock::now();
   const select::PrefillSelectConfig& sp = s.opt.sparse_prefill;
   const int n = qv.n0;
@@ -312,7 +316,7 @@ void prefill_attend(Scratch& w, Session::Impl& s, const View3<const float>& qv,
   const select::PrefillSelectArgs sa{qv, view, scale};
   const int Hq = qv.n1, Hkv = view.num_kv_heads;
   if (sp.method == select::PrefillMethod::index) {
-    select::index_block_mask(sa, sp, w.pf_mask);
+    select::index_block_mask(sa, sp, w.pf_mask, &s.key_block_sums[sz(layer)]);
   } else {
     select::prefill_probabilities(sa, w.pf_p);
     select::prefill_token_mass(w.pf_p, Hq, Hkv, n, len, sp.head_collapsed, w.pf_mass);
@@ -404,7 +408,7 @@ void attend(const Model& model, Scratch& w, const Segment& seg, std::size_t row0
   const kv::PageTableStorage table = cache.page_table(std::span<const kv::SeqId>(&seq, 1));
   const kv::PagedKVView view = cache.view(table);
   if (!decode_path) {
-    prefill_attend(w, *seg.s, qv, ov, view, local, c.attn_scale, len);
+    prefill_attend(w, *seg.s, qv, ov, view, local, c.attn_scale, len, layer);
     return;
   }
   attn::DecodeArgs a;

@@ -318,29 +318,49 @@ void shared_block_mask(std::span<const double> mass, int n, std::int64_t length,
 }
 
 void index_block_mask(const PrefillSelectArgs& args, const PrefillSelectConfig& config,
-                      BlockMaskStorage& out) {
+                      BlockMaskStorage& out, KeyBlockSums* sums) {
   config.validate();
   const Shape s = check(args);
   const std::int64_t L = s.length;
   const std::int64_t rows = (s.n + config.q_block - 1) / config.q_block;
   const std::int64_t cols = (L + config.k_block - 1) / config.k_block;
+  KeyBlockSums local;
+  KeyBlockSums& ks = sums != nullptr ? *sums : local;
+  if (ks.k_block != config.k_block || ks.tokens > L) ks = {config.k_block, 0, 0, {}};
+  if (ks.blocks < cols) {  // grow [h][blocks][d], keeping the sums
+    std::vector<double> grown(sz(s.hkv) * sz(cols) * sz(s.d), 0.0);
+    for (int h = 0; h < s.hkv; ++h) {
+      std::copy_n(ks.sums.begin() + sz(h) * sz(ks.blocks) * sz(s.d), sz(ks.blocks) * sz(s.d),
+                  grown.begin() + sz(h) * sz(cols) * sz(s.d));
+    }
+    ks.sums = std::move(grown);
+    ks.blocks = cols;
+  }
   const attn::detail::RowSource src(args.cache, nullptr);
-  const int pages = args.cache.table.num_pages(0);
-  std::vector<const void*> k(sz(pages) * sz(args.cache.page_size)), v(k.size());
+  const int P = args.cache.page_size;
+  const int p0 = static_cast<int>(ks.tokens / P), pages = args.cache.table.num_pages(0);
+  std::vector<const void*> k(sz(pages - p0) * sz(P)), v(k.size());
+  std::vector<std::int64_t> pos(k.size());
   std::vector<float> row(sz(s.d));
-  // Mean k of every key block per kv head: kmean[(h * cols + c) * d + x] (f64 sums).
-  std::vector<double> kmean(sz(s.hkv) * sz(cols) * sz(s.d), 0.0);
   for (int h = 0; h < s.hkv; ++h) {
-    const int nk = src.gather(0, h, 0, pages, k.data(), v.data(), nullptr);
+    const int nk = src.gather(0, h, p0, pages, k.data(), v.data(), pos.data());
     for (int r = 0; r < nk; ++r) {
+      if (pos[sz(r)] < ks.tokens) continue;  // summed by an earlier step
       key_to_f32(args.cache.dtype, k[sz(r)], row.data(), s.d);
-      double* m = kmean.data() + (sz(h) * sz(cols) + sz(r / config.k_block)) * sz(s.d);
+      double* m =
+          ks.sums.data() + (sz(h) * sz(ks.blocks) + sz(pos[sz(r)] / config.k_block)) * sz(s.d);
       for (int x = 0; x < s.d; ++x) m[x] += row[sz(x)];
     }
+  }
+  ks.tokens = L;
+  // Mean k of every key block per kv head: kmean[(h * cols + c) * d + x].
+  std::vector<double> kmean(sz(s.hkv) * sz(cols) * sz(s.d));
+  for (int h = 0; h < s.hkv; ++h) {
     for (std::int64_t c = 0; c < cols; ++c) {
       const double cnt = double(std::min<std::int64_t>(config.k_block, L - c * config.k_block));
+      const double* in = ks.sums.data() + (sz(h) * sz(ks.blocks) + sz(c)) * sz(s.d);
       double* m = kmean.data() + (sz(h) * sz(cols) + sz(c)) * sz(s.d);
-      for (int x = 0; x < s.d; ++x) m[x] /= cnt;
+      for (int x = 0; x < s.d; ++x) m[x] = in[x] / cnt;
     }
   }
   // Score of key block c for query block r: the mean over the q heads of q̄_h · k̄_{c, kv(h)}

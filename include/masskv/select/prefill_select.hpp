@@ -106,9 +106,19 @@ struct BlockMaskStorage {
 void shared_block_mask(std::span<const double> mass, int n, std::int64_t length,
                        const PrefillSelectConfig& config, BlockMaskStorage& out);
 
-// The mean-pooled indexer's mask (no dense pass).
+// Running f64 sums of the keys of every key block per kv head, for the indexer: a prefill
+// step adds only the tokens appended since the last one (earlier keys never change).
+// sums[(h * blocks + c) * d + x]; `tokens` summed so far. Empty: nothing summed yet.
+struct KeyBlockSums {
+  int k_block = 0;
+  std::int64_t tokens = 0, blocks = 0;
+  std::vector<double> sums;
+};
+
+// The mean-pooled indexer's mask (no dense pass). With `sums` (one per layer and sequence),
+// only the new keys are read; null: every key, every call.
 void index_block_mask(const PrefillSelectArgs& args, const PrefillSelectConfig& config,
-                      BlockMaskStorage& out);
+                      BlockMaskStorage& out, KeyBlockSums* sums = nullptr);
 
 // Attention recomputed on a per-query support from the dense probabilities:
 // out[i][h] = Σ_{j kept} p_hij v_j / Σ_{j kept} p_hij (0 for an empty support).
