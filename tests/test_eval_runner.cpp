@@ -73,7 +73,7 @@ TEST(EvalRunner, SharedPrefillGivesTheOutcomesOfSeparateRuns) {
   // a root that earlier forks have used.
   // One configuration at a time (every step the mat-vec path), so runs agree to the bit.
   const std::vector<DecodeConfig> configs{DecodeConfig{},
-                                          DecodeConfig{Mapping::entmax(1.5), std::nullopt, {}},
+                                          DecodeConfig{Mapping::entmax(1.5), std::nullopt, {}, {}},
                                           quest(8), quest(8, Mapping::entmax(1.5))};
   RunOptions one = small_pages();
   one.max_batch = 1;
@@ -103,8 +103,8 @@ TEST(EvalRunner, LockstepBatchesGiveTheOutcomesOfOneAtATime) {
   DecodeConfig top_p = quest(12);
   top_p.selector->method = select::Method::top_p;
   top_p.selector->budget.kind = select::Budget::Kind::top_p;
-  const std::vector<DecodeConfig> configs{DecodeConfig{}, quest(8),
-                                          DecodeConfig{Mapping::entmax(1.5), std::nullopt, {}}, top_p};
+  const std::vector<DecodeConfig> configs{
+      DecodeConfig{}, quest(8), DecodeConfig{Mapping::entmax(1.5), std::nullopt, {}, {}}, top_p};
   RunOptions opt = small_pages();
   opt.max_batch = 1;
   const auto ref = run_sample(*m, chat, s, configs, opt);

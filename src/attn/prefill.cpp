@@ -72,7 +72,7 @@ struct Scratch {
   std::vector<std::int64_t> pos;
   std::vector<float> q, s, acc, row;
   std::vector<double> p_sum;
-  std::vector<std::uint8_t> used;
+  std::vector<std::uint8_t> used, blocks;
   std::vector<int> keep;
 };
 
@@ -96,12 +96,12 @@ void run_item(const PrefillArgs& args, const Geometry& geo, const detail::RowSou
   t.kk.clear();
   t.vv.clear();
   std::vector<std::int64_t> kpos;
+  mask.blocks_of(it.q0, it.q1, t.blocks);
+  const std::int64_t kb = mask.k_block();
   for (int r = 0; r < all && t.pos[r] <= last; ++r) {
-    bool any = false;
-    for (std::int64_t i = it.q0; i < it.q1 && !any; i += args.block_mask ? 1 : tq) {
-      any = mask.block_selected(i, t.pos[r]);
+    if (args.block_mask != nullptr && t.blocks[static_cast<std::size_t>(t.pos[r] / kb)] == 0) {
+      continue;
     }
-    if (!any) continue;
     t.kk.push_back(t.k[r]);
     t.vv.push_back(t.v[r]);
     kpos.push_back(t.pos[r]);

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 #include "masskv/attn/prefill.hpp"
 
@@ -27,6 +28,17 @@ class PrefillMask {
   bool allowed(std::int64_t i, std::int64_t key) const {
     return key <= position(i) && block_selected(i, key);
   }
+  // Per key block, whether some query in [i0, i1) selects it (the OR of their mask rows):
+  // one pass over the rows instead of a test per (query, key). All 1 without a mask.
+  void blocks_of(std::int64_t i0, std::int64_t i1, std::vector<std::uint8_t>& out) const {
+    if (mask_ == nullptr) return;
+    out.assign(static_cast<std::size_t>(cols_), 0);
+    for (std::int64_t r = i0 / mask_->q_block; r <= (i1 - 1) / mask_->q_block; ++r) {
+      const std::uint8_t* row = row0_ + r * cols_;
+      for (std::int64_t c = 0; c < cols_; ++c) out[static_cast<std::size_t>(c)] |= row[c];
+    }
+  }
+  int k_block() const { return mask_ != nullptr ? mask_->k_block : 1; }
 
  private:
   const BlockMask* mask_;

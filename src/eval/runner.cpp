@@ -22,7 +22,7 @@ double seconds_since(Clock::time_point t0) {
 bool same_attention(const DecodeConfig& a, const DecodeConfig& b) {
   return a.mapping.kind == b.mapping.kind &&
          (!a.mapping.is_entmax() || a.mapping.alpha == b.mapping.alpha) &&
-         a.score_multipliers == b.score_multipliers;
+         a.score_multipliers == b.score_multipliers && a.prefill == b.prefill;
 }
 
 // One configuration being decoded: a fork of its mapping's prefilled root.
@@ -138,7 +138,7 @@ std::vector<Outcome> run_sample(const model::Model& model, const model::ChatTemp
 
   // One dense prefill per distinct attention, shared (copy-on-write) by its configurations.
   std::vector<std::unique_ptr<model::Session>> roots;
-  std::vector<double> prefill_seconds;
+  std::vector<double> prefill_seconds, prefill_kv_read;
   std::vector<std::size_t> root_of(configs.size());
   for (std::size_t i = 0; i < configs.size(); ++i) {
     std::size_t r = 0;
@@ -148,9 +148,9 @@ std::vector<Outcome> run_sample(const model::Model& model, const model::ChatTemp
       continue;
     }
     root_of[i] = roots.size();
-    const auto users = static_cast<std::size_t>(std::count_if(
-        configs.begin(), configs.end(),
-        [&](const DecodeConfig& c) { return same_attention(c, configs[i]); }));
+    const auto users = static_cast<std::size_t>(
+        std::count_if(configs.begin(), configs.end(),
+                      [&](const DecodeConfig& c) { return same_attention(c, configs[i]); }));
     model::SessionOptions so;
     so.max_tokens = context + forked;
     so.page_size = options.page_size;
@@ -158,6 +158,7 @@ std::vector<Outcome> run_sample(const model::Model& model, const model::ChatTemp
     so.prefill_block = options.prefill_block;
     so.mapping = configs[i].mapping;
     so.score_multipliers = configs[i].score_multipliers;
+    so.sparse_prefill = configs[i].prefill;
     so.diagnostics = options.diagnostics;
     // f32 activations: the lockstep batch runs the f32 GEMM, and a configuration left alone
     // when the others finished must keep computing the same function (model.md).
@@ -183,6 +184,8 @@ std::vector<Outcome> run_sample(const model::Model& model, const model::ChatTemp
       shown = n;
     });
     prefill_seconds.push_back(seconds_since(t0));
+    const model::PrefillStats& ps = roots.back()->last_prefill_stats();
+    prefill_kv_read.push_back(ps.keys_dense > 0 ? ps.keys_attended / ps.keys_dense : 1.0);
   }
 
   // The configurations step in lockstep, up to lanes_max at a time; a finished one leaves the
@@ -211,6 +214,7 @@ std::vector<Outcome> run_sample(const model::Model& model, const model::ChatTemp
       } else {
         l.finish(sample, model.tokenizer());
         l.out.prefill_seconds = prefill_seconds[root_of[l.config]];
+        l.out.prefill_kv_read = prefill_kv_read[root_of[l.config]];
         outcomes[l.config] = std::move(l.out);
         it = lanes.erase(it);  // frees the fork's pages for the next configuration
       }

@@ -77,12 +77,17 @@ void scale_queries(float* q, std::size_t n, std::size_t Hq, std::size_t D,
 struct Scratch {
   std::vector<float> x, xn, q, k, v, att, o, gate, up, logits_rows;
   std::vector<float> sel_rows, sel_q, sel_scratch;  // learned selector projections
-  std::vector<std::int64_t> positions;     // of every row
-  ops::RopeTable rope_global, rope_local;  // cos/sin of those positions
+  std::vector<std::int64_t> positions;              // of every row
+  ops::RopeTable rope_global, rope_local;           // cos/sin of those positions
   select::SelectOutput sel_out;
   std::vector<select::HeadDiagnostics> diag;
   SelectionStorage window_sel;
   kv::PageTableStorage rows_table;
+  // Sparse prefill: dense probabilities, masses, per-query supports, block mask.
+  std::vector<float> pf_p;
+  std::vector<double> pf_mass;
+  std::vector<std::uint8_t> pf_keep;
+  select::BlockMaskStorage pf_mask;
 
   void reserve(const ModelConfig& c, std::size_t n) {
     const std::size_t E = sz(c.n_embd), Dq = sz(c.n_head) * sz(c.head_dim);
@@ -112,7 +117,10 @@ struct Session::Impl {
   // and the RoPE frequencies of its d_s projections.
   std::vector<const learn::LayerSelector*> learned_layers;
   std::vector<std::vector<double>> learned_rope;
-  Scratch scratch;  // of the passes this session runs (or leads, in a batch)
+  Scratch scratch;             // of the passes this session runs (or leads, in a batch)
+  PrefillStats prefill_stats;  // of the last prefill call
+  // Per layer the indexer's running key-block sums of this session's sequence.
+  std::vector<select::KeyBlockSums> key_block_sums;
 };
 
 Session::Session(const Model& model, SessionOptions options)
@@ -124,6 +132,11 @@ Session::Session(const Model& model, SessionOptions options)
   require(options.prefill_block > 0, ErrorCode::invalid_argument, "prefill_block",
           "must be > 0, got ", options.prefill_block);
   options.mapping.validate();
+  options.sparse_prefill.validate();
+  require(
+      options.sparse_prefill.method == select::PrefillMethod::dense || !options.mapping.is_entmax(),
+      ErrorCode::invalid_argument, "sparse_prefill",
+      "sparse prefill selects by softmax mass: the session's mapping must be softmax");
   if (options.learned_selector) learn::check_model(*options.learned_selector, c);
   check_selector(options.selector, options.mapping, options.learned_selector);
   check_score_multipliers(options.score_multipliers, c);
@@ -144,6 +157,7 @@ Session::Session(const Model& model, SessionOptions options)
   impl_->opt = std::move(options);
   impl_->caches = std::make_shared<std::vector<kv::PagedKVCache>>();
   impl_->learned_layers.assign(sz(c.n_layer), nullptr);
+  impl_->key_block_sums.resize(sz(c.n_layer));
   impl_->learned_rope.resize(sz(c.n_layer));
   for (int l = 0; l < c.n_layer; ++l) {
     kv::CacheConfig layer_cc = cc;
@@ -195,6 +209,7 @@ Session Session::fork() const {
   child->inv_freq_local = impl_->inv_freq_local;
   child->learned_layers = impl_->learned_layers;  // point into opt.learned_selector (shared)
   child->learned_rope = impl_->learned_rope;
+  child->key_block_sums = impl_->key_block_sums;  // the same prefix
   for (std::size_t l = 0; l < impl_->seqs.size(); ++l) {
     child->seqs.push_back((*impl_->caches)[l].fork(impl_->seqs[l]));
   }
@@ -272,6 +287,60 @@ void add_diagnostics(Scratch& w, const View3<const float>& q, const kv::PagedKVV
   }
 }
 
+// Prefill attention of one layer for a step's n queries (the last n of `len` tokens): dense
+// causal, or sparse under SessionOptions::sparse_prefill on the layers that allow it. Counts
+// keys and selection time into the session's PrefillStats (forward() times the whole).
+void prefill_attend(Scratch& w, Session::Impl& s, const View3<const float>& qv,
+                    const View3<float>& ov, const kv::PagedKVView& view, bool local, float scale,
+                    std::int64_t len, int layer) {
+  const auto t0 = std::chrono::steady_clock::now();
+  const select::PrefillSelectConfig& sp = s.opt.sparse_prefill;
+  const int n = qv.n0;
+  const std::int64_t first = len - n;
+  PrefillStats& st = s.prefill_stats;
+  const double dense_keys = double(n) * double(first) + double(n) * (n + 1) / 2.0;
+  st.keys_dense += dense_keys;
+  const std::int32_t indptr[2] = {0, n};
+  attn::PrefillArgs a;
+  a.q = qv;
+  a.q_indptr = indptr;
+  a.cache = view;
+  a.scale = scale;
+  a.mapping = s.opt.mapping;
+  a.out = ov;
+  if (sp.method == select::PrefillMethod::dense || local) {
+    st.keys_attended += dense_keys;
+    attn::prefill(a);
+    return;
+  }
+  const select::PrefillSelectArgs sa{qv, view, scale};
+  const int Hq = qv.n1, Hkv = view.num_kv_heads;
+  if (sp.method == select::PrefillMethod::index) {
+    select::index_block_mask(sa, sp, w.pf_mask, &s.key_block_sums[sz(layer)]);
+  } else {
+    select::prefill_probabilities(sa, w.pf_p);
+    select::prefill_token_mass(w.pf_p, Hq, Hkv, n, len, sp.head_collapsed, w.pf_mass);
+  }
+  if (sp.method == select::PrefillMethod::shared) {
+    select::shared_block_mask(w.pf_mass, n, len, sp, w.pf_mask);
+  }
+  if (sp.method == select::PrefillMethod::token || sp.method == select::PrefillMethod::block) {
+    const int groups = sp.head_collapsed ? 1 : Hkv;
+    select::per_query_support(w.pf_mass, groups, n, len, sp, w.pf_keep);
+    st.select_seconds += seconds_since(t0);
+    select::support_attention(sa, w.pf_p, w.pf_keep, groups, ov);
+    double kept = 0;
+    for (const std::uint8_t k : w.pf_keep) kept += k;
+    st.keys_attended += kept / groups;
+    return;
+  }
+  st.select_seconds += seconds_since(t0);
+  const attn::BlockMask mask = w.pf_mask.view();
+  a.block_mask = &mask;
+  attn::prefill(a);
+  st.keys_attended += double(w.pf_mask.keys_attended(n, len));
+}
+
 // Attention of one layer for one segment's queries (rows row0.. of w.q; its k/v appended),
 // under that segment's session: its cache, window, mapping and selector.
 void attend(const Model& model, Scratch& w, const Segment& seg, std::size_t row0, int layer,
@@ -327,6 +396,11 @@ void attend(const Model& model, Scratch& w, const Segment& seg, std::size_t row0
     if (decode_path) {
       stats.kv_tokens_read += static_cast<double>(W) * Hkv;
       stats.kv_tokens_total += static_cast<double>(W) * Hkv;
+    } else {
+      double keys = 0;
+      for (int t = 0; t < n; ++t) keys += double(std::min(W, seg.pos0 + t + 1));
+      seg.s->prefill_stats.keys_attended += keys;
+      seg.s->prefill_stats.keys_dense += keys;
     }
     return;
   }
@@ -334,15 +408,7 @@ void attend(const Model& model, Scratch& w, const Segment& seg, std::size_t row0
   const kv::PageTableStorage table = cache.page_table(std::span<const kv::SeqId>(&seq, 1));
   const kv::PagedKVView view = cache.view(table);
   if (!decode_path) {
-    const std::int32_t indptr[2] = {0, n};
-    attn::PrefillArgs a;
-    a.q = qv;
-    a.q_indptr = indptr;
-    a.cache = view;
-    a.scale = c.attn_scale;
-    a.mapping = s.opt.mapping;
-    a.out = ov;
-    attn::prefill(a);
+    prefill_attend(w, *seg.s, qv, ov, view, local, c.attn_scale, len, layer);
     return;
   }
   attn::DecodeArgs a;
@@ -364,8 +430,8 @@ void attend(const Model& model, Scratch& w, const Segment& seg, std::size_t row0
     sa.scale = c.attn_scale;
     if (ls != nullptr) {
       const learn::Selector& sel = *s.opt.learned_selector;
-      const float* x = sel.input == learn::Input::qk ? w.q.data() + q_off
-                                                     : w.xn.data() + row0 * sz(c.n_embd);
+      const float* x =
+          sel.input == learn::Input::qk ? w.q.data() + q_off : w.xn.data() + row0 * sz(c.n_embd);
       w.sel_q.resize(sz(ls->groups) * sz(ls->dim));
       learn::project(sel, *ls, learn::Side::query, x, 1,
                      std::span<const std::int64_t>(w.positions).subspan(row0, 1),
@@ -480,7 +546,8 @@ void forward(const Model& model, Scratch& w, const Pass& p) {
       // Timed per row so a batch can charge each session its own attention (DecodeStats).
       const auto t0 = std::chrono::steady_clock::now();
       attend(model, w, seg, row0, l, p.decode_path);
-      if (p.decode_path) seg.stats->attention_seconds += seconds_since(t0);
+      (p.decode_path ? seg.stats->attention_seconds : s.prefill_stats.attention_seconds) +=
+          seconds_since(t0);
       row0 += seg.n;
     }
     linear(*L.wo, w.att.data(), n, w.o.data(), act);
@@ -567,6 +634,8 @@ void Session::prefill(std::span<const TokenId> tokens, std::span<float> logits_l
   Scratch& w = impl_->scratch;
   const std::size_t B = sz(impl_->opt.prefill_block);
   DecodeStats unused;
+  impl_->prefill_stats = {};
+  const auto t_start = std::chrono::steady_clock::now();
   for (std::size_t start = 0; start < tokens.size(); start += B) {
     const std::size_t n = std::min(B, tokens.size() - start);
     const bool last = start + n == tokens.size();
@@ -591,7 +660,10 @@ void Session::prefill(std::span<const TokenId> tokens, std::span<float> logits_l
       progress(static_cast<std::int64_t>(start + n), static_cast<std::int64_t>(tokens.size()));
     }
   }
+  impl_->prefill_stats.seconds = seconds_since(t_start);
 }
+
+const PrefillStats& Session::last_prefill_stats() const noexcept { return impl_->prefill_stats; }
 
 void Session::decode(TokenId token, std::span<float> logits) {
   Session* self = this;

@@ -111,6 +111,26 @@ check eval-widens 0 '2 results cached, 1 samples to run' -- \
   "$bin" eval "${ev[@]}" --methods dense,quest,sink_recent
 check eval-cache-lines 0 '^3$' -- bash -c "wc -l < '$tmp/eval/cache.jsonl'"
 
+# sparse prefill (docs/prefill.md): eval rows and the bench's TTFT table; bad values named.
+check eval-prefill-bad-method 2 '--methods' -- "$bin" eval --methods prefill_shared32
+check eval-prefill-bad-kind 2 '--methods' -- "$bin" eval --methods prefill_magic64
+check eval-prefill-tiny 0 '\| prefill_shared16 \| 1/8 \| softmax \|' -- "$bin" eval "${ev[@]}" \
+  --methods dense,prefill_shared16,prefill_token
+check eval-prefill-kv-read 0 '"prefill_kv_read":0\.' -- cat "$tmp/eval/cache.jsonl"
+check eval-prefill-cached 0 '4 results cached, 1 samples to run' -- "$bin" eval "${ev[@]}" \
+  --methods dense,quest,prefill_shared16,prefill_token,prefill_index16
+check bench-prefill-bad-method 2 '--sparse-prefill' -- "$bin" bench -p 64 -n 0 \
+  --sparse-prefill magic
+check bench-prefill-bad-budget 2 '--prefill-budget' -- "$bin" bench -p 64 -n 0 \
+  --sparse-prefill shared --prefill-budget 3/2
+check bench-prefill-bad-block 2 '--prefill-k-block' -- "$bin" bench -p 64 -n 0 \
+  --sparse-prefill index --prefill-k-block 32
+check bench-prefill-dense 2 '--sparse-prefill' -- "$bin" bench -p 64 -n 0 --sparse-prefill dense
+check bench-prefill-ttft 0 '\| pp200 \| sparse prefill index16 1/4 \| .*× \|' -- "$bin" bench \
+  -p 200 -n 0 -r 1 --sparse-prefill index --prefill-k-block 16 --prefill-budget 1/4
+check bench-prefill-json 0 '"attended_fraction"' -- "$bin" bench -p 64 -n 0 -r 1 \
+  --sparse-prefill token --json
+
 # learned selector: a file made without training, then run / bench / perplexity / eval with it.
 check selector-help 0 '--kind' -- "$bin" selector init --help
 check selector-bad-kind 2 '--kind' -- "$bin" selector init --kind magic -o "$tmp/x.gguf"

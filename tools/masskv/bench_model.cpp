@@ -8,6 +8,11 @@
 // bytes ratio (the bound on the speed-up of a memory-bound decode) and the process's peak
 // RSS. With --peer llama.cpp the same tests run on llama.cpp (scripts/llamacpp_bench.py) in
 // the same invocation and each row gets the ratio ours / llama.cpp.
+// With --sparse-prefill the ppN test also runs under that sparse prefill (docs/prefill.md) and
+// a time-to-first-token table puts dense and sparse side by side with the attainable bound:
+// dense TTFT / (dense time outside attention + dense attention time × the attended fraction),
+// the speed-up if sparse attention cost exactly its share of dense attention and nothing else
+// changed.
 #include <fmt/core.h>
 #include <sys/resource.h>
 #include <sys/wait.h>
@@ -50,6 +55,10 @@ struct BenchOptions {
   std::string format = "md";  // md, json, csv
   std::string peer;           // "" or llama.cpp
   std::uint64_t seed = 1;
+  // Sparse prefill of the ppN test (empty: dense only).
+  std::string sparse_prefill, prefill_budget = "1/16";
+  int prefill_k_block = 64;
+  std::int64_t prefill_min_keys = 0;
 };
 
 // One test result (ours or the peer's).
@@ -61,6 +70,9 @@ struct Row {
   double kv_bytes = NAN, summary_bytes = NAN, total_bytes = NAN, dense_bytes = NAN;
   double peak_rss_mb = NAN;
   double ratio_vs_peer = NAN;
+  // Prefill rows: attention seconds (selection included), selection seconds and the attended
+  // fraction of (query, key) pairs, means over the repetitions.
+  double attn_seconds = NAN, select_seconds = NAN, attended = NAN;
 
   double tps_mean() const {
     double s = 0;
@@ -73,9 +85,7 @@ struct Row {
     for (double x : seconds) s += std::pow(static_cast<double>(tokens) / x - m, 2);
     return seconds.size() > 1 ? std::sqrt(s / static_cast<double>(seconds.size() - 1)) : 0.0;
   }
-  std::string name() const {
-    return depth > 0 ? fmt::format("{} @ d{}", test, depth) : test;
-  }
+  std::string name() const { return depth > 0 ? fmt::format("{} @ d{}", test, depth) : test; }
 };
 
 Row make_row(std::string backend, std::string attention, std::string test, int threads,
@@ -103,6 +113,28 @@ std::vector<TokenId> random_tokens(std::mt19937_64& rng, int vocab, std::int64_t
   return t;
 }
 
+select::PrefillSelectConfig sparse_prefill_config(const BenchOptions& o) {
+  select::PrefillSelectConfig c;
+  c.method = select::parse_prefill_method(o.sparse_prefill, "--sparse-prefill");
+  c.k_block = o.prefill_k_block;
+  c.budget = parse_prefill_budget(o.prefill_budget, "--prefill-budget");
+  c.budget.min_keys = o.prefill_min_keys;
+  require(c.method != select::PrefillMethod::dense, ErrorCode::invalid_argument, "--sparse-prefill",
+          "dense is the row every run has: name a sparse method");
+  require(c.k_block == 16 || c.k_block == 64 || c.k_block == 128, ErrorCode::invalid_argument,
+          "--prefill-k-block", "must be 16, 64 or 128, got ", c.k_block);
+  require(c.budget.min_keys >= 0, ErrorCode::invalid_argument, "--prefill-min-keys",
+          "must be >= 0, got ", c.budget.min_keys);
+  return c;
+}
+
+std::string sparse_label(const BenchOptions& o) {
+  return fmt::format("sparse prefill {}{} {}{}", o.sparse_prefill,
+                     o.sparse_prefill == "token" ? "" : std::to_string(o.prefill_k_block),
+                     o.prefill_budget,
+                     o.prefill_min_keys > 0 ? fmt::format(" (>= {})", o.prefill_min_keys) : "");
+}
+
 // Our rows for one thread count and depth.
 std::vector<Row> bench_ours(const model::Model& mdl, const BenchOptions& o, int threads,
                             std::int64_t depth, std::int64_t n_prompt, std::int64_t n_gen,
@@ -120,10 +152,8 @@ std::vector<Row> bench_ours(const model::Model& mdl, const BenchOptions& o, int 
   apply_selector(o.m, depth + n_gen, so);
   model::Session base(mdl, so);
   std::vector<float> logits(static_cast<std::size_t>(cfg.n_vocab));
-  if (depth > 0) {
-    const auto toks = random_tokens(rng, cfg.n_vocab, depth);
-    prefill_with_progress(base, toks, logits, fmt::format("depth {}", depth));
-  }
+  const auto depth_tokens = random_tokens(rng, cfg.n_vocab, depth);
+  if (depth > 0) prefill_with_progress(base, depth_tokens, logits, fmt::format("depth {}", depth));
   // Bytes one KV row (one token of one kv head of one layer) takes.
   const double row_bytes =
       base.kv_bytes_per_token() / (static_cast<double>(cfg.n_layer) * cfg.n_head_kv);
@@ -131,18 +161,41 @@ std::vector<Row> bench_ours(const model::Model& mdl, const BenchOptions& o, int 
   if (so.mapping.is_entmax()) attention += " (" + mapping_label + ")";
   std::vector<Row> rows;
   if (n_prompt > 0) {
-    Row r = make_row("masskv", "dense", fmt::format("pp{}", n_prompt), threads, depth, n_prompt);
     const auto toks = random_tokens(rng, cfg.n_vocab, n_prompt);
-    for (int rep = -1; rep < o.reps; ++rep) {  // rep -1: warm-up, not timed
-      model::Session s = base.fork();
-      const auto t0 = Clock::now();
-      s.prefill(rep < 0 ? std::span<const TokenId>(toks).first(std::min<std::size_t>(16, toks.size()))
-                        : std::span<const TokenId>(toks),
-                logits);
-      if (rep >= 0) r.seconds.push_back(seconds_since(t0));
+    // The ppN test on forks of `root` (dense, or a sparse prefill's base).
+    const auto pp = [&](model::Session& root, const std::string& label) {
+      Row r = make_row("masskv", label, fmt::format("pp{}", n_prompt), threads, depth, n_prompt);
+      double attn = 0, sel = 0, att = 0;
+      for (int rep = -1; rep < o.reps; ++rep) {  // rep -1: warm-up, not timed
+        model::Session s = root.fork();
+        const auto t0 = Clock::now();
+        s.prefill(rep < 0
+                      ? std::span<const TokenId>(toks).first(std::min<std::size_t>(16, toks.size()))
+                      : std::span<const TokenId>(toks),
+                  logits);
+        if (rep < 0) continue;
+        r.seconds.push_back(seconds_since(t0));
+        const model::PrefillStats& st = s.last_prefill_stats();
+        attn += st.attention_seconds;
+        sel += st.select_seconds;
+        att += st.keys_attended / st.keys_dense;
+      }
+      r.attn_seconds = attn / o.reps;
+      r.select_seconds = sel / o.reps;
+      r.attended = att / o.reps;
+      r.peak_rss_mb = peak_rss_mb();
+      rows.push_back(r);
+    };
+    pp(base, "dense");
+    if (!o.sparse_prefill.empty()) {
+      model::SessionOptions sso = so;
+      sso.sparse_prefill = sparse_prefill_config(o);
+      model::Session sparse_base(mdl, sso);
+      if (depth > 0) {  // the same depth tokens, sparse too (untimed)
+        prefill_with_progress(sparse_base, depth_tokens, logits, fmt::format("depth {}", depth));
+      }
+      pp(sparse_base, sparse_label(o));
     }
-    r.peak_rss_mb = peak_rss_mb();
-    rows.push_back(r);
   }
   for (const int B : n_gen > 0 ? o.batch : std::vector<int>{}) {
     // tgN decodes one fork; tgNxB decodes B forks in lockstep, one forward pass per step.
@@ -198,10 +251,9 @@ std::vector<Row> bench_peer(const std::string& path, const BenchOptions& o,
     for (const auto& x : v) s += (s.empty() ? "" : ",") + fmt::format("{}", x);
     return s;
   };
-  const std::string cmd =
-      fmt::format("python3 {} {} -p {} -n {} -d {} -t {} -r {} --seed {}",
-                  shell_quote(script.string()), shell_quote(path), n_prompt, n_gen, join(depths),
-                  join(o.threads), o.reps, o.seed);
+  const std::string cmd = fmt::format("python3 {} {} -p {} -n {} -d {} -t {} -r {} --seed {}",
+                                      shell_quote(script.string()), shell_quote(path), n_prompt,
+                                      n_gen, join(depths), join(o.threads), o.reps, o.seed);
   fmt::print(stderr, "peer: {}\n", cmd);
   FILE* pipe = popen(cmd.c_str(), "r");
   require(pipe != nullptr, ErrorCode::io, "--peer", "cannot run python3");
@@ -230,12 +282,10 @@ void print_rows(const std::vector<Row>& rows, const std::string& model_name, dou
   if (format == "json") {
     nlohmann::json all = nlohmann::json::array();
     for (const Row& r : rows) {
-      nlohmann::json j{{"model", model_name},      {"size_mb", size_mb},
-                       {"backend", r.backend},     {"attention", r.attention},
-                       {"threads", r.threads},     {"test", r.test},
-                       {"depth", r.depth},         {"tokens", r.tokens},
-                       {"seconds", r.seconds},     {"tps_mean", r.tps_mean()},
-                       {"tps_sd", r.tps_sd()}};
+      nlohmann::json j{{"model", model_name},      {"size_mb", size_mb},   {"backend", r.backend},
+                       {"attention", r.attention}, {"threads", r.threads}, {"test", r.test},
+                       {"depth", r.depth},         {"tokens", r.tokens},   {"seconds", r.seconds},
+                       {"tps_mean", r.tps_mean()}, {"tps_sd", r.tps_sd()}};
       auto put = [&](const char* k, double v) {
         if (!std::isnan(v)) j[k] = v;
       };
@@ -245,6 +295,9 @@ void print_rows(const std::vector<Row>& rows, const std::string& model_name, dou
       put("dense_bytes_per_token", r.dense_bytes);
       put("peak_rss_mb", r.peak_rss_mb);
       put("ratio_vs_peer", r.ratio_vs_peer);
+      put("attention_seconds", r.attn_seconds);
+      put("select_seconds", r.select_seconds);
+      put("attended_fraction", r.attended);
       all.push_back(j);
     }
     fmt::print("{}\n", all.dump(2));
@@ -259,7 +312,9 @@ void print_rows(const std::vector<Row>& rows, const std::string& model_name, dou
   };
   line({"model", "size MiB", "backend", "threads", "attention", "test", "t/s", "KV MB/tok",
         "bytes MB/tok", "dense/ours bytes", "vs llama.cpp", "peak RSS MiB"});
-  if (!csv) fmt::print("| --- | ---: | --- | ---: | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |\n");
+  if (!csv)
+    fmt::print(
+        "| --- | ---: | --- | ---: | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |\n");
   for (const Row& r : rows) {
     line({model_name, fmt::format("{:.1f}", size_mb), r.backend, fmt::format("{}", r.threads),
           r.attention, r.name(), fmt::format("{:.2f} ± {:.2f}", r.tps_mean(), r.tps_sd()),
@@ -269,7 +324,45 @@ void print_rows(const std::vector<Row>& rows, const std::string& model_name, dou
   }
 }
 
+double mean_seconds(const Row& r) {
+  double s = 0;
+  for (const double x : r.seconds) s += x;
+  return s / static_cast<double>(r.seconds.size());
+}
+
+// Time to first token, dense against sparse prefill, each sparse ppN row next to the dense
+// row of its threads and depth: bound = dense / (dense outside attention + dense attention ×
+// attended fraction).
+void print_ttft(const std::vector<Row>& rows) {
+  bool header = false;
+  for (const Row& sp : rows) {
+    if (sp.backend != "masskv" || sp.test.rfind("pp", 0) != 0 || sp.attention == "dense") continue;
+    for (const Row& d : rows) {
+      if (d.backend != sp.backend || d.test != sp.test || d.attention != "dense" ||
+          d.threads != sp.threads || d.depth != sp.depth) {
+        continue;
+      }
+      if (!header) {
+        fmt::print(
+            "\n| threads | test | sparse prefill | dense TTFT s | attention s (of dense) | "
+            "sparse TTFT s | attention s (of sparse) | selection s | attended % | speed-up | "
+            "bound | achieved / bound |\n| ---: | --- | --- | ---: | ---: | ---: | ---: | ---: "
+            "| ---: | ---: | ---: | ---: |\n");
+        header = true;
+      }
+      const double td = mean_seconds(d), ts = mean_seconds(sp);
+      const double bound = td / ((td - d.attn_seconds) + d.attn_seconds * sp.attended);
+      fmt::print(
+          "| {} | {} | {} | {:.2f} | {:.2f} | {:.2f} | {:.2f} | {:.2f} | {:.1f} | {:.2f}× | "
+          "{:.2f}× | {:.2f} |\n",
+          sp.threads, sp.name(), sp.attention, td, d.attn_seconds, ts, sp.attn_seconds,
+          sp.select_seconds, 100 * sp.attended, td / ts, bound, td / ts / bound);
+    }
+  }
+}
+
 void run_bench_model(const BenchOptions& o) {
+  if (!o.sparse_prefill.empty()) (void)sparse_prefill_config(o);  // bad options fail first
   require(o.reps >= 1, ErrorCode::invalid_argument, "-r", "must be >= 1");
   require(!o.threads.empty(), ErrorCode::invalid_argument, "-t", "needs at least one value");
   for (int t : o.threads) require(t >= 1, ErrorCode::invalid_argument, "-t", "must be >= 1");
@@ -282,8 +375,8 @@ void run_bench_model(const BenchOptions& o) {
   for (const auto& d : o.depth) depths.push_back(d == "0" ? 0 : parse_count(d, "-d"));
   const std::string path = model::resolve_model(o.m.model).string();
   auto mdl = model::Model::load(path);
-  const std::int64_t longest = *std::max_element(depths.begin(), depths.end()) +
-                               std::max(n_prompt, n_gen);
+  const std::int64_t longest =
+      *std::max_element(depths.begin(), depths.end()) + std::max(n_prompt, n_gen);
   require(longest <= mdl->config().n_ctx_train, ErrorCode::invalid_argument, "-d",
           "depth + max(-p, -n) = ", longest, " exceeds the model's context ",
           mdl->config().n_ctx_train);
@@ -311,9 +404,9 @@ void run_bench_model(const BenchOptions& o) {
     }
     rows.insert(rows.end(), peer.begin(), peer.end());
   }
-  const double size_mb =
-      static_cast<double>(std::filesystem::file_size(path)) / (1024.0 * 1024.0);
+  const double size_mb = static_cast<double>(std::filesystem::file_size(path)) / (1024.0 * 1024.0);
   print_rows(rows, std::string(model::to_string(mdl->config().arch)), size_mb, o.format);
+  if (o.format == "md") print_ttft(rows);
   const double w = mdl->weight_bytes_per_token();
   fmt::print(stderr,
              "weights read per decoded token: {:.2f} MB; dense/ours bytes is the bound on the "
@@ -333,7 +426,8 @@ void register_bench_model(CLI::App& bench) {
       ->capture_default_str();
   bench.add_option("-n,--n-gen", o->gen, "Generated tokens of the tgN test (0: skip)")
       ->capture_default_str();
-  bench.add_option("-d,--n-depth", o->depth, "Depths: tokens already in the cache (e.g. 0,2048,7K)")
+  bench
+      .add_option("-d,--n-depth", o->depth, "Depths: tokens already in the cache (e.g. 0,2048,7K)")
       ->delimiter(',')
       ->capture_default_str();
   bench.add_option("-b,--batch", o->batch, "Decode batch sizes (tgNxB: B forks per pass)")
@@ -343,11 +437,30 @@ void register_bench_model(CLI::App& bench) {
   bench.add_option("-o,--output", o->format, "Output format: md, json, csv")
       ->check(CLI::IsMember({"md", "json", "csv"}))
       ->capture_default_str();
-  bench.add_flag_callback("--json", [o] { o->format = "json"; }, "Same as -o json");
-  bench.add_flag_callback("--csv", [o] { o->format = "csv"; }, "Same as -o csv");
+  bench.add_flag_callback(
+      "--json", [o] { o->format = "json"; }, "Same as -o json");
+  bench.add_flag_callback(
+      "--csv", [o] { o->format = "csv"; }, "Same as -o csv");
   bench.add_option("--peer", o->peer, "Also run llama.cpp (llama-cpp-python) in the same run")
       ->check(CLI::IsMember({"llama.cpp"}));
   bench.add_option("-s,--seed", o->seed, "Seed of the random token ids")->capture_default_str();
+  bench.add_option("--sparse-prefill", o->sparse_prefill,
+                   "Also run the ppN test with this sparse prefill (docs/prefill.md): token, "
+                   "block, shared (oracles: need the dense pass) or index (mean-pooled key "
+                   "blocks); prints time to first token dense vs sparse and the attainable bound");
+  bench
+      .add_option("--prefill-budget", o->prefill_budget,
+                  "Keys each query block attends, sinks and diagonal included: a fraction of "
+                  "the keys before it (1/16) or tokens (2048)")
+      ->capture_default_str();
+  bench
+      .add_option("--prefill-k-block", o->prefill_k_block,
+                  "Key block of the sparse prefill: 16, 64 or 128")
+      ->capture_default_str();
+  bench
+      .add_option("--prefill-min-keys", o->prefill_min_keys,
+                  "Floor of a fractional prefill budget, in keys")
+      ->capture_default_str();
   bench.callback([&bench, o] {
     if (bench.get_subcommands().empty()) run_bench_model(*o);
   });

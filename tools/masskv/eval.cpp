@@ -31,8 +31,8 @@
 #include "masskv/model/locate.hpp"
 #include "parse.hpp"
 #include "plots.hpp"
-#include "text.hpp"
 #include "progress.hpp"
+#include "text.hpp"
 
 namespace masskv::cli {
 namespace {
@@ -107,6 +107,8 @@ struct MethodRow {
 };
 
 bool is_dense(const std::string& m) { return m == "dense" || m == "dense_entmax"; }
+// Sparse prefill rows (docs/prefill.md): the context prefilled sparsely, decode dense.
+bool is_prefill(const std::string& m) { return m.rfind("prefill_", 0) == 0; }
 // Methods a top-p budget ("p0.9") applies to: those with a page mass estimate.
 bool takes_top_p(const std::string& m) {
   return m == "learned" || m == "top_p" || m == "oracle" || m == "quest";
@@ -119,13 +121,18 @@ std::vector<MethodRow> method_rows(const std::vector<std::string>& methods,
                                    const std::vector<std::string>& budgets) {
   std::vector<MethodRow> rows;
   for (const std::string& m : methods) {
-    if (!is_dense(m)) (void)select::parse_method(m, "--methods");
+    if (is_prefill(m)) {
+      (void)parse_prefill_row(m, "--methods");
+    } else if (!is_dense(m)) {
+      (void)select::parse_method(m, "--methods");
+    }
     if (is_dense(m)) {
       rows.push_back({m, "-", needs_entmax(m)});
       continue;
     }
     for (const std::string& b : budgets) {
       if (is_top_p_budget(b) && !takes_top_p(m)) continue;  // no mass estimate to stop on
+      if (is_top_p_budget(b) && is_prefill(m)) continue;
       rows.push_back({m, b, needs_entmax(m)});
     }
   }
@@ -137,6 +144,11 @@ eval::DecodeConfig decode_config(const MethodRow& row, std::int64_t length, cons
   c.mapping = row.entmax ? Mapping::entmax(o.entmax_alpha) : Mapping::softmax();
   if (row.entmax) c.score_multipliers = o.temperature;
   if (is_dense(row.method)) return c;
+  if (const auto pf = parse_prefill_row(row.method, "--methods")) {
+    c.prefill = *pf;
+    c.prefill.budget = parse_prefill_budget(row.budget, "--budgets");
+    return c;
+  }
   select::SelectorConfig s;
   s.method = select::parse_method(row.method, "--methods");
   s.mapping = c.mapping;
@@ -200,7 +212,7 @@ struct Record {
   int index = 0, steps = 0;
   std::uint64_t seed = 0;
   double score = 0, kv_read = 1, delta_bound = 0, certified = 1, decode_seconds = 0,
-         prefill_seconds = 0;
+         prefill_seconds = 0, prefill_kv_read = 1;
   std::vector<std::string> answers;
 };
 
@@ -220,7 +232,8 @@ void to_json(json& j, const Record& r) {
            {"delta_bound", r.delta_bound},
            {"certified", r.certified},
            {"decode_seconds", r.decode_seconds},
-           {"prefill_seconds", r.prefill_seconds}};
+           {"prefill_seconds", r.prefill_seconds},
+           {"prefill_kv_read", r.prefill_kv_read}};
 }
 
 void from_json(const json& j, Record& r) {
@@ -240,6 +253,7 @@ void from_json(const json& j, Record& r) {
   j.at("certified").get_to(r.certified);
   j.at("decode_seconds").get_to(r.decode_seconds);
   j.at("prefill_seconds").get_to(r.prefill_seconds);
+  r.prefill_kv_read = j.value("prefill_kv_read", 1.0);  // older caches: dense prefill
 }
 
 // Everything that changes a result is in the key: the page size, the kept pages and the
@@ -269,7 +283,12 @@ std::string file_hash(const std::string& path) {
 
 // The settings a row's results depend on: the run's tag, and for learned rows the selector
 // file's hash and its key cache format.
+// Sparse prefill rows add their fixed settings (query block, sink blocks, budget floor).
 std::string row_tag(const MethodRow& m, const std::string& tag, const std::string& selector_tag) {
+  if (is_prefill(m.method)) {
+    const select::PrefillSelectConfig c;
+    return fmt::format("{}|pfq{}s{}m{}", tag, c.q_block, c.sink_blocks, c.budget.min_keys);
+  }
   return m.method == "learned" ? tag + selector_tag : tag;
 }
 
@@ -351,7 +370,8 @@ struct Cell {
   void add(const Record& r) {
     n += 1;
     score += r.score;
-    kv_read += r.kv_read;
+    // Sparse prefill rows decode densely: their KV read is the prefill's.
+    kv_read += is_prefill(r.method) ? r.prefill_kv_read : r.kv_read;
     delta_bound += r.delta_bound;
     certified += r.certified;
     steps += r.steps;
@@ -402,7 +422,9 @@ void write_reports(const EvalOptions& o, const RunInfo& info, const std::vector<
              info.model_path, info.wall_seconds, info.computed, info.reused);
     md.print(
         "Accuracy = mean task score in % with its 95% Wilson interval over n samples; KV read "
-        "= KV rows attention read per decode step / what dense reads (all layers); δ bound = "
+        "= KV rows attention read per decode step / what dense reads (all layers; for the "
+        "prefill_* rows, which decode densely: the (query, key) pairs the sparse prefill "
+        "attended / what dense prefill attends, docs/prefill.md); δ bound = "
         "mean certified upper bound on the dropped attention mass per head and step (no "
         "unselected key read; 0 = nothing dropped); certified = heads whose selection is "
         "proven exact; tok/s = decode steps per second of one worker thread, a batched step's "
@@ -485,7 +507,9 @@ void print_summary(const std::vector<Cell>& cells, const std::vector<MethodRow>&
   fmt::print(" ---: |\n");
   for (const MethodRow& r : rows) {
     fmt::print("| {} | {} | {} |", r.method, r.budget,
-               !r.entmax ? "softmax" : converted ? "converted entmax" : "entmax");
+               !r.entmax   ? "softmax"
+               : converted ? "converted entmax"
+                           : "entmax");
     double delta = 0, n = 0;
     for (const std::int64_t L : lengths) {
       double acc = 0, kv = 0, k = 0;
@@ -589,7 +613,11 @@ void run_eval(EvalOptions o, const std::string& cmdline) {
             continue;
           }
           job.rows.push_back(r);
-          (rows[r].entmax ? ent : soft) = true;
+          if (is_prefill(rows[r].method)) {
+            work += static_cast<long>(L);  // its own prefill
+          } else {
+            (rows[r].entmax ? ent : soft) = true;
+          }
           work += 48;
         }
         work += static_cast<long>(L) * ((soft ? 1 : 0) + (ent ? 1 : 0));
@@ -668,6 +696,7 @@ void run_eval(EvalOptions o, const std::string& cmdline) {
             rec.certified = oc.certified;
             rec.decode_seconds = oc.decode_seconds;
             rec.prefill_seconds = oc.prefill_seconds;
+            rec.prefill_kv_read = oc.prefill_kv_read;
             cache.add(std::move(rec), row_tag(row, tag, selector_tag));
           }
           std::lock_guard<std::mutex> lock(progress_mutex);
@@ -753,7 +782,10 @@ void register_eval(CLI::App& app, const std::string& cmdline) {
   e->add_option("--methods", o->methods,
                 "dense, sink_recent, quest, top_p, oracle, learned (with --selector-file), "
                 "dense_entmax, entmax_support, gaussian_tau (the last three run entmax "
-                "attention: on the softmax model, or converted with --entmax-conversion)")
+                "attention: on the softmax model, or converted with --entmax-conversion); "
+                "sparse prefill with dense decode (docs/prefill.md): prefill_token, "
+                "prefill_block<K>, prefill_shared<K>, prefill_index<K> for key blocks K = 16, "
+                "64, 128 (the budget: of the keys before each query block)")
       ->delimiter(',');
   e->add_option("--budgets", o->budgets,
                 "KV budgets: fractions of the length (1/16) or tokens (256); caps for top_p, "

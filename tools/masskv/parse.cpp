@@ -80,6 +80,44 @@ std::int64_t budget_tokens(std::string_view text, std::int64_t context, std::str
 
 bool is_top_p_budget(std::string_view text) { return !text.empty() && text.front() == 'p'; }
 
+select::PrefillBudget parse_prefill_budget(std::string_view text, std::string_view option) {
+  select::PrefillBudget b;
+  if (text.find('/') != std::string_view::npos || text.find('.') != std::string_view::npos) {
+    b.fraction = parse_fraction(text, option);
+  } else {
+    b.tokens = parse_count(text, option);
+  }
+  return b;
+}
+
+std::optional<select::PrefillSelectConfig> parse_prefill_row(std::string_view method,
+                                                             std::string_view option) {
+  constexpr std::string_view prefix = "prefill_";
+  if (method.substr(0, prefix.size()) != prefix) return std::nullopt;
+  const std::string_view rest = method.substr(prefix.size());
+  select::PrefillSelectConfig c;
+  if (rest == "token") {
+    c.method = select::PrefillMethod::token;
+    return c;
+  }
+  for (const select::PrefillMethod m : {select::PrefillMethod::block, select::PrefillMethod::shared,
+                                        select::PrefillMethod::index}) {
+    const std::string_view name = select::to_string(m);
+    if (rest.substr(0, name.size()) != name) continue;
+    const std::string_view size = rest.substr(name.size());
+    for (const int k : {16, 64, 128}) {
+      if (size == std::to_string(k)) {
+        c.method = m;
+        c.k_block = k;
+        return c;
+      }
+    }
+  }
+  fail(ErrorCode::invalid_argument, option, "unknown sparse prefill method '", method,
+       "' (prefill_token, or prefill_block / prefill_shared / prefill_index with a key block of "
+       "16, 64 or 128: prefill_shared64)");
+}
+
 select::Budget parse_budget(std::string_view text, std::int64_t context, std::string_view option) {
   select::Budget b;
   if (!is_top_p_budget(text)) {

@@ -1,10 +1,11 @@
 // The eval loop of one sample (DESIGN.md §6's data flow, issue 6): the context is prefilled
-// densely once per attention (mapping and score multipliers); every decode configuration then forks that session
-// (shared pages, copy-on-write), decodes the question and the answer prefix token by token
-// through its selector, and generates the answer greedily. Sparsity therefore acts on every
-// token that decides the answer, as it would in a long chat where the history is the cache.
-// The configurations step in lockstep through model::decode_batch (one forward pass per step
-// for all of them, each row under its own selector); one that finishes leaves the batch.
+// once per attention (mapping, score multipliers and sparse prefill; dense by default); every
+// decode configuration then forks that session (shared pages, copy-on-write), decodes the question
+// and the answer prefix token by token through its selector, and generates the answer greedily.
+// Sparsity therefore acts on every token that decides the answer, as it would in a long chat where
+// the history is the cache. The configurations step in lockstep through model::decode_batch (one
+// forward pass per step for all of them, each row under its own selector); one that finishes leaves
+// the batch.
 #pragma once
 
 #include <cstdint>
@@ -30,6 +31,10 @@ struct DecodeConfig {
   // Per-head score multipliers (an entmax conversion, SessionOptions::score_multipliers);
   // empty: none. Configurations with the same mapping and multipliers share one prefill.
   std::vector<float> score_multipliers;
+  // Sparse prefill of the context (SessionOptions::sparse_prefill; method dense: dense).
+  // Decode stays dense unless `selector` is set. Configurations share a prefill only when
+  // this matches too.
+  select::PrefillSelectConfig prefill;
 };
 
 struct Outcome {
@@ -45,6 +50,8 @@ struct Outcome {
   // outside attention divided by the rows of the step, plus its own attention time.
   double decode_seconds = 0;
   double prefill_seconds = 0;  // the shared prefill this configuration used (not divided)
+  // (query, key) pairs that prefill attended / what dense prefill attends (all layers).
+  double prefill_kv_read = 1;
 };
 
 struct RunOptions {

@@ -14,11 +14,14 @@
 // Sparse attention is pluggable at decode: with SessionOptions::selector set, every layer that
 // may use it (all llama layers; gemma3's global layers, local layers keep their window) runs
 // select::run_selector on the step's queries and attends over the selection only. Prefill is
-// always dense (causal; windowed on local layers). SessionOptions::mapping swaps the attention
-// mapping of every layer (prefill and decode) for α-entmax: the models are trained with
-// softmax, so alone that is "entmax mapping on a softmax-trained model"; with the per-head
-// temperatures of an entmax conversion (SessionOptions::score_multipliers, learn/conversion.hpp,
-// DESIGN.md §2.10) it is the "converted entmax" model. Reports must label which.
+// dense (causal; windowed on local layers) unless SessionOptions::sparse_prefill picks keys
+// per query block (select/prefill_select.hpp, docs/prefill.md) on the layers that may use it
+// (all llama layers; gemma3's global layers, local layers keep their window).
+// SessionOptions::mapping swaps the attention mapping of every layer (prefill and decode) for
+// α-entmax: the models are trained with softmax, so alone that is "entmax mapping on a
+// softmax-trained model"; with the per-head temperatures of an entmax conversion
+// (SessionOptions::score_multipliers, learn/conversion.hpp, DESIGN.md §2.10) it is the "converted
+// entmax" model. Reports must label which.
 //
 // A learned selector (SessionOptions::learned_selector, DESIGN.md §2.8) adds a selector key
 // cache: for every layer it lists (gemma3's local layers excepted: they keep their window),
@@ -44,6 +47,7 @@
 #include "masskv/learn/selector.hpp"
 #include "masskv/model/gguf.hpp"
 #include "masskv/model/tokenizer.hpp"
+#include "masskv/select/prefill_select.hpp"
 #include "masskv/select/selector.hpp"
 
 namespace masskv::model {
@@ -152,7 +156,7 @@ struct SessionOptions {
   // model: Error(invalid_argument, "selector"). Null: no key cache, Method::learned refused.
   std::shared_ptr<const learn::Selector> learned_selector;
   kv::RowFormat learned_key_format = kv::RowFormat::f32;  // row format of that key cache
-  Mapping mapping = Mapping::softmax();  // attention mapping of every layer
+  Mapping mapping = Mapping::softmax();                   // attention mapping of every layer
   // Per (layer, q head) score multiplier t, [n_layer][n_head] row-major (an entmax conversion's
   // temperatures, DESIGN.md §2.10): head h of layer l scores t·q·k × attn_scale. Applied by
   // scaling the head's q before anything reads it, so the selectors, kernels, certificates,
@@ -166,6 +170,10 @@ struct SessionOptions {
   // partial last page on its first append and then needs pages for what it appends).
   int fork_pages = 0;
   int prefill_block = 64;  // tokens per prefill step (weight rows reused across them)
+  // Sparse prefill (select/prefill_select.hpp): per prefill step and layer the keys each query
+  // block attends (oracles: token, block, shared; the mean-pooled indexer: index). method
+  // dense = off. Softmax only. Decode is not affected (forks keep the setting, unused).
+  select::PrefillSelectConfig sparse_prefill;
   // Activations of decode's mat-vecs (quant.hpp): q8 quantises them per mat-vec and runs
   // integer dot products (llama.cpp's scheme, the faster decode); f32 keeps them f32 like
   // prefill's matmul, so decode and prefill compute one function up to f32 rounding.
@@ -192,6 +200,15 @@ struct DecodeStats {
   // Wall time of this session's attention in the step (selection, diagnostics, kernel), all
   // layers: in a batched step the rest of the time is shared by the rows, this is not.
   double attention_seconds = 0;
+};
+
+// Counters of the last Session::prefill call (bench, eval): attention over all layers.
+struct PrefillStats {
+  double keys_attended = 0;      // (query, key) pairs attended, all layers, mean over kv heads
+  double keys_dense = 0;         // what dense (windowed on local layers) attention attends
+  double attention_seconds = 0;  // attention of all layers, selection included
+  double select_seconds = 0;     // of which: selection (dense probabilities, choices, indexer)
+  double seconds = 0;            // the whole call
 };
 
 class Session;
@@ -245,6 +262,7 @@ class Session {
   void decode(TokenId token, std::span<float> logits);
 
   const DecodeStats& last_decode_stats() const noexcept { return stats_; }
+  const PrefillStats& last_prefill_stats() const noexcept;
   struct Impl;  // opaque: caches and scratch (model.cpp)
   // KV + summary (+ learned selector key) bytes currently held, all layers.
   double kv_bytes() const;
