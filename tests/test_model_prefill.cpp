@@ -13,6 +13,7 @@
 
 #include "installed_model.hpp"
 #include "masskv/error.hpp"
+#include "masskv/learn/selector.hpp"
 #include "masskv/model/model.hpp"
 
 namespace masskv::model {
@@ -116,6 +117,27 @@ TEST(SparsePrefill, DecodeAfterSparsePrefillIsDenseAndPerGroupRuns) {
   s.decode(toks[1], logits);
   EXPECT_EQ(s.last_decode_stats().kv_tokens_read, s.last_decode_stats().kv_tokens_total);
   EXPECT_LT(s.last_prefill_stats().keys_attended, 0.6 * s.last_prefill_stats().keys_dense);
+}
+
+// The learned indexer with the committed distilled selector (docs/results/learned-smollm2):
+// whole budget = dense; a small budget applies on the layers the selector lists.
+TEST(SparsePrefill, SmolLM2LearnedIndexer) {
+  REQUIRE_MODEL(m, "smollm2");
+  const auto sel = std::make_shared<const learn::Selector>(learn::load(
+      std::string(MASSKV_TEST_DATA) + "/../../docs/results/learned-smollm2/selector.gguf"));
+  const auto toks = long_tokens(*m);
+  const masskv::model::Run dense = prefill(*m, toks, {});
+  SessionOptions all = sparse(PrefillMethod::learned, 1.0);
+  all.learned_selector = sel;
+  const masskv::model::Run whole = prefill(*m, toks, all);
+  EXPECT_LE(max_abs_diff(whole.logits, dense.logits), 2e-3);
+  EXPECT_EQ(whole.stats.keys_attended, dense.stats.keys_attended);
+  SessionOptions few = sparse(PrefillMethod::learned, 0.0, 32);
+  few.learned_selector = sel;
+  const masskv::model::Run small = prefill(*m, toks, few);
+  EXPECT_LT(small.stats.keys_attended, 0.8 * dense.stats.keys_dense);
+  EXPECT_GT(max_abs_diff(small.logits, dense.logits), 0.05);
+  EXPECT_THROW(Session(*m, sparse(PrefillMethod::learned, 1.0 / 16)), Error);  // no selector
 }
 
 TEST(SparsePrefill, BadOptionsThrowTypedErrors) {

@@ -11,10 +11,12 @@
 #include <algorithm>
 #include <cmath>
 #include <numeric>
+#include <random>
 #include <vector>
 
 #include "harness.hpp"
 #include "masskv/error.hpp"
+#include "masskv/kv/cache.hpp"
 #include "masskv/select/prefill_select.hpp"
 
 namespace masskv::test {
@@ -387,6 +389,113 @@ TEST(PrefillSelect, WholeBudgetEqualsDensePrefill) {
   }
 }
 
+// The learned indexer: random selector key rows (f32, several groups) and projected queries;
+// per query block, the f64 block scores Σ_i Σ_g softmax(q_s,ig · k_s,jg over j <= pos_i) / G
+// summed per key block. The mask must keep the sinks and the diagonal, hold the budget's number
+// of blocks, and prefer higher scores: every chosen other block scores at least every unchosen
+// one (to 1e-9: f32 dot products against the f64 reference decide only near-ties).
+TEST(PrefillSelect, LearnedMaskFollowsF64BlockScores) {
+  struct LShape {
+    int length, n, groups, dim, page;
+  };
+  for (const LShape ls :
+       {LShape{300, 70, 1, 32, 16}, LShape{777, 129, 2, 16, 32}, LShape{130, 130, 3, 8, 16}}) {
+    kv::CacheConfig cc;
+    cc.num_kv_heads = 1;
+    cc.head_dim = 8;
+    cc.page_size = ls.page;
+    cc.dtype = DType::f32;
+    cc.capacity_pages = ls.length / ls.page + 2;
+    cc.key_row_groups = ls.groups;
+    cc.key_row_dim = ls.dim;
+    kv::PagedKVCache cache(cc);
+    const kv::SeqId seq = cache.create();
+    std::mt19937 rng(static_cast<std::uint32_t>(ls.length));
+    const auto uniform = [&](float a, float b) {
+      return std::uniform_real_distribution<float>(a, b)(rng);
+    };
+    std::vector<float> k(static_cast<std::size_t>(ls.length) * 8), v(k.size()),
+        rows(static_cast<std::size_t>(ls.length) * ls.groups * ls.dim),
+        q(static_cast<std::size_t>(ls.n) * ls.groups * ls.dim);
+    for (float& x : k) x = uniform(-1.f, 1.f);
+    for (float& x : v) x = uniform(-1.f, 1.f);
+    for (float& x : rows) x = uniform(-1.f, 1.f);
+    for (float& x : q) x = uniform(-1.5f, 1.5f);
+    cache.append(seq, k, v, ls.length, rows);
+    const kv::PageTableStorage table = cache.page_table(std::span<const kv::SeqId>(&seq, 1));
+    const std::int64_t L = ls.length, first = L - ls.n;
+    for (const int kb : {16, 64}) {
+      PrefillSelectConfig cfg = config(PrefillMethod::learned, kb, 1.0 / 8, 1);
+      select::BlockMaskStorage got;
+      select::learned_block_mask(q, cache.key_rows(), table.table(), ls.n, cfg, got);
+      const std::int64_t cols = (L + kb - 1) / kb;
+      ASSERT_EQ(got.cols, cols);
+      for (std::int64_t r = 0; r < got.rows; ++r) {
+        const int i0 = static_cast<int>(r * cfg.q_block);
+        const int i1 = std::min(ls.n, i0 + cfg.q_block);
+        std::vector<double> score(static_cast<std::size_t>(cols), 0.0);
+        for (int i = i0; i < i1; ++i) {
+          const std::int64_t visible = first + i + 1;
+          for (int g = 0; g < ls.groups; ++g) {
+            std::vector<double> s(static_cast<std::size_t>(visible));
+            for (std::int64_t t = 0; t < visible; ++t) {
+              double dot = 0;
+              for (int x = 0; x < ls.dim; ++x)
+                dot += double(q[(std::size_t(i) * ls.groups + g) * ls.dim + x]) *
+                       rows[(std::size_t(t) * ls.groups + g) * ls.dim + x];
+              s[t] = dot;
+            }
+            const double m = *std::max_element(s.begin(), s.end());
+            double z = 0;
+            for (double& x : s) z += (x = std::exp(x - m));
+            for (std::int64_t t = 0; t < visible; ++t) score[t / kb] += s[t] / z / ls.groups;
+          }
+        }
+        const std::int64_t last = first + i1 - 1, items = (last + 1 + kb - 1) / kb;
+        const std::int64_t budget = (cfg.budget.keys(last + 1) + kb - 1) / kb;
+        double min_chosen = INFINITY, max_other = -INFINITY;
+        std::int64_t chosen = 0;
+        for (std::int64_t b = 0; b < cols; ++b) {
+          const bool on = got.mask[r * cols + b] != 0;
+          const bool forced = b < cfg.sink_blocks || (b + 1) * kb > first + i0;
+          ASSERT_FALSE(b >= items && on) << "block past the query block's last key";
+          if (b >= items) continue;
+          if (forced) {
+            ASSERT_TRUE(on) << "sink or diagonal block " << b << " dropped, row " << r;
+          } else if (on) {
+            min_chosen = std::min(min_chosen, score[b]);
+          } else {
+            max_other = std::max(max_other, score[b]);
+          }
+          chosen += on;
+        }
+        EXPECT_GE(chosen, std::min(items, budget)) << "row " << r;
+        EXPECT_GE(min_chosen, max_other - 1e-9) << "row " << r << " k_block " << kb;
+      }
+    }
+  }
+  // Shapes that do not agree are errors, not reads past the arrays.
+  kv::CacheConfig cc;
+  cc.num_kv_heads = 1;
+  cc.head_dim = 8;
+  cc.dtype = DType::f32;
+  cc.capacity_pages = 4;
+  cc.key_row_groups = 1;
+  cc.key_row_dim = 8;
+  kv::PagedKVCache cache(cc);
+  const kv::SeqId seq = cache.create();
+  std::vector<float> kv8(8 * 20, 0.5f), rows(8 * 20, 0.25f), q(8 * 3, 1.0f);
+  cache.append(seq, kv8, kv8, 20, rows);
+  const kv::PageTableStorage table = cache.page_table(std::span<const kv::SeqId>(&seq, 1));
+  select::BlockMaskStorage out;
+  EXPECT_THROW(select::learned_block_mask(q, cache.key_rows(), table.table(), 4,
+                                          config(PrefillMethod::learned, 16, 0.5, 1), out),
+               masskv::Error);
+  EXPECT_THROW(select::learned_block_mask(q, cache.key_rows(), table.table(), 30,
+                                          config(PrefillMethod::learned, 16, 0.5, 1), out),
+               masskv::Error);
+}
+
 TEST(PrefillSelect, BudgetRuleAndBadConfigs) {
   select::PrefillBudget b;
   b.fraction = 1.0 / 16;
@@ -409,6 +518,7 @@ TEST(PrefillSelect, BudgetRuleAndBadConfigs) {
   EXPECT_THROW(c.validate(), masskv::Error);
   EXPECT_THROW(select::parse_prefill_method("blocks", "--sparse-prefill"), masskv::Error);
   EXPECT_EQ(select::parse_prefill_method("index", "x"), PrefillMethod::index);
+  EXPECT_EQ(select::parse_prefill_method("learned", "x"), PrefillMethod::learned);
 }
 
 }  // namespace

@@ -164,11 +164,12 @@ std::vector<Outcome> run_sample(const model::Model& model, const model::ChatTemp
     // when the others finished must keep computing the same function (model.md).
     so.decode_activations = model::Activations::f32;
     const bool learned = std::any_of(configs.begin(), configs.end(), [](const DecodeConfig& c) {
-      return c.selector && c.selector->method == select::Method::learned;
+      return (c.selector && c.selector->method == select::Method::learned) ||
+             c.prefill.method == select::PrefillMethod::learned;
     });
     if (learned) {
       require(options.learned_selector != nullptr, ErrorCode::invalid_argument, "learned_selector",
-              "a configuration uses select::Method::learned");
+              "a configuration uses a learned selector (decode or prefill)");
       so.learned_selector = options.learned_selector;
       so.learned_key_format = options.learned_key_format;
     }

@@ -137,6 +137,10 @@ Session::Session(const Model& model, SessionOptions options)
       options.sparse_prefill.method == select::PrefillMethod::dense || !options.mapping.is_entmax(),
       ErrorCode::invalid_argument, "sparse_prefill",
       "sparse prefill selects by softmax mass: the session's mapping must be softmax");
+  require(options.sparse_prefill.method != select::PrefillMethod::learned ||
+              options.learned_selector != nullptr,
+          ErrorCode::invalid_argument, "sparse_prefill",
+          "the learned prefill indexer needs SessionOptions::learned_selector");
   if (options.learned_selector) learn::check_model(*options.learned_selector, c);
   check_selector(options.selector, options.mapping, options.learned_selector);
   check_score_multipliers(options.score_multipliers, c);
@@ -290,9 +294,12 @@ void add_diagnostics(Scratch& w, const View3<const float>& q, const kv::PagedKVV
 // Prefill attention of one layer for a step's n queries (the last n of `len` tokens): dense
 // causal, or sparse under SessionOptions::sparse_prefill on the layers that allow it. Counts
 // keys and selection time into the session's PrefillStats (forward() times the whole).
+// `dense` (local layers, and the layers a learned indexer does not list) attends densely;
+// q_sel and keys serve the learned indexer.
 void prefill_attend(Scratch& w, Session::Impl& s, const View3<const float>& qv,
-                    const View3<float>& ov, const kv::PagedKVView& view, bool local, float scale,
-                    std::int64_t len, int layer) {
+                    const View3<float>& ov, const kv::PagedKVView& view, bool dense, float scale,
+                    std::int64_t len, int layer, std::span<const float> q_sel,
+                    const kv::KeyRowsView& keys) {
   const auto t0 = std::chrono::steady_clock::now();
   const select::PrefillSelectConfig& sp = s.opt.sparse_prefill;
   const int n = qv.n0;
@@ -308,7 +315,7 @@ void prefill_attend(Scratch& w, Session::Impl& s, const View3<const float>& qv,
   a.scale = scale;
   a.mapping = s.opt.mapping;
   a.out = ov;
-  if (sp.method == select::PrefillMethod::dense || local) {
+  if (sp.method == select::PrefillMethod::dense || dense) {
     st.keys_attended += dense_keys;
     attn::prefill(a);
     return;
@@ -317,6 +324,8 @@ void prefill_attend(Scratch& w, Session::Impl& s, const View3<const float>& qv,
   const int Hq = qv.n1, Hkv = view.num_kv_heads;
   if (sp.method == select::PrefillMethod::index) {
     select::index_block_mask(sa, sp, w.pf_mask, &s.key_block_sums[sz(layer)]);
+  } else if (sp.method == select::PrefillMethod::learned) {
+    select::learned_block_mask(q_sel, keys, view.table, n, sp, w.pf_mask);
   } else {
     select::prefill_probabilities(sa, w.pf_p);
     select::prefill_token_mass(w.pf_p, Hq, Hkv, n, len, sp.head_collapsed, w.pf_mass);
@@ -408,7 +417,22 @@ void attend(const Model& model, Scratch& w, const Segment& seg, std::size_t row0
   const kv::PageTableStorage table = cache.page_table(std::span<const kv::SeqId>(&seq, 1));
   const kv::PagedKVView view = cache.view(table);
   if (!decode_path) {
-    prefill_attend(w, *seg.s, qv, ov, view, local, c.attn_scale, len, layer);
+    // The learned prefill indexer: the step's queries through the layer's selector.
+    std::span<const float> q_sel;
+    const learn::LayerSelector* pls = s.learned_layers[sz(layer)];
+    const bool learned_prefill = s.opt.sparse_prefill.method == select::PrefillMethod::learned;
+    if (learned_prefill && pls != nullptr && !local) {
+      const learn::Selector& sel = *s.opt.learned_selector;
+      const float* x =
+          sel.input == learn::Input::qk ? w.q.data() + q_off : w.xn.data() + row0 * sz(c.n_embd);
+      w.sel_q.resize(sz(n) * sz(pls->groups) * sz(pls->dim));
+      learn::project(sel, *pls, learn::Side::query, x, sz(n),
+                     std::span<const std::int64_t>(w.positions).subspan(row0, sz(n)),
+                     s.learned_rope[sz(layer)], w.sel_q.data(), w.sel_scratch);
+      q_sel = w.sel_q;
+    }
+    prefill_attend(w, *seg.s, qv, ov, view, local || (learned_prefill && pls == nullptr),
+                   c.attn_scale, len, layer, q_sel, cache.key_rows());
     return;
   }
   attn::DecodeArgs a;

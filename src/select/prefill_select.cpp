@@ -24,7 +24,7 @@ std::size_t sz(std::int64_t v) { return static_cast<std::size_t>(v); }
 
 constexpr PrefillMethod kMethods[] = {PrefillMethod::dense, PrefillMethod::token,
                                       PrefillMethod::block, PrefillMethod::shared,
-                                      PrefillMethod::index};
+                                      PrefillMethod::index, PrefillMethod::learned};
 
 struct Shape {
   int n = 0, hq = 0, hkv = 0, group = 0, d = 0;
@@ -101,6 +101,8 @@ std::string_view to_string(PrefillMethod m) noexcept {
       return "shared";
     case PrefillMethod::index:
       return "index";
+    case PrefillMethod::learned:
+      return "learned";
   }
   return "?";
 }
@@ -110,7 +112,7 @@ PrefillMethod parse_prefill_method(std::string_view name, std::string_view what)
     if (name == to_string(m)) return m;
   }
   fail(ErrorCode::invalid_argument, what, "unknown sparse prefill method '", name,
-       "' (dense, token, block, shared, index)");
+       "' (dense, token, block, shared, index, learned)");
 }
 
 std::int64_t PrefillBudget::keys(std::int64_t visible) const {
@@ -385,6 +387,55 @@ void index_block_mask(const PrefillSelectArgs& args, const PrefillSelectConfig& 
     }
   }
   fill_mask(scores, s.n, L, config, out);
+}
+
+void learned_block_mask(std::span<const float> q_sel, const kv::KeyRowsView& keys,
+                        const kv::PageTable& table, int n, const PrefillSelectConfig& config,
+                        BlockMaskStorage& out) {
+  config.validate();
+  require(table.batch() == 1, ErrorCode::invalid_argument, "table",
+          "sparse prefill selection takes one sequence, got ", table.batch());
+  const int P = keys.page_size, G = keys.groups, D = keys.dim;
+  const std::int64_t L = table.length(0, P);
+  require(!keys.empty() && n > 0 && n <= L, ErrorCode::shape_mismatch, "q_sel", n,
+          " queries for a sequence of ", L, " tokens with ", keys.empty() ? "no" : "its",
+          " selector key rows");
+  require(q_sel.size() == sz(n) * sz(G) * sz(D), ErrorCode::shape_mismatch, "q_sel", "has ",
+          q_sel.size(), " values, not [", n, "][", G, "][", D, "]");
+  const std::int64_t rows = (n + config.q_block - 1) / config.q_block;
+  const std::int64_t cols = (L + config.k_block - 1) / config.k_block;
+  const std::int64_t first = L - n;
+  const auto stride = static_cast<std::int64_t>(keys.row_bytes());
+  std::vector<double> scores(sz(rows) * sz(cols), 0.0);
+  // Query blocks own their score rows: threads split over them, each sum in query order.
+#pragma omp parallel if (rows > 1)
+  {
+    std::vector<double> s(sz(L));
+#pragma omp for schedule(dynamic, 1)
+    for (std::int64_t r = 0; r < rows; ++r) {
+      double* row = scores.data() + sz(r) * sz(cols);
+      const int i1 = static_cast<int>(std::min<std::int64_t>(n, (r + 1) * config.q_block));
+      for (int i = static_cast<int>(r * config.q_block); i < i1; ++i) {
+        const std::int64_t visible = first + i + 1;  // causal: keys 0 .. the query itself
+        for (int g = 0; g < G; ++g) {
+          const float* q = q_sel.data() + (sz(i) * sz(G) + sz(g)) * sz(D);
+          for (int j = 0; j * std::int64_t{P} < visible; ++j) {
+            const int len = static_cast<int>(
+                std::min<std::int64_t>(table.page_len(0, j, P), visible - std::int64_t{j} * P));
+            kv::score_rows(keys.format, q, keys.row(table.page(0, j), g, 0), stride, len, D,
+                           s.data() + sz(j) * sz(P));
+          }
+          double mx = -std::numeric_limits<double>::infinity();
+          for (std::int64_t t = 0; t < visible; ++t) mx = std::max(mx, s[sz(t)]);
+          double total = 0;
+          for (std::int64_t t = 0; t < visible; ++t) total += (s[sz(t)] = std::exp(s[sz(t)] - mx));
+          const double w = 1.0 / (total * G);
+          for (std::int64_t t = 0; t < visible; ++t) row[t / config.k_block] += s[sz(t)] * w;
+        }
+      }
+    }
+  }
+  fill_mask(scores, n, L, config, out);
 }
 
 void support_attention(const PrefillSelectArgs& args, std::span<const float> p,

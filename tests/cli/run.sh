@@ -8,6 +8,7 @@ bin=${1:?usage: run.sh path/to/masskv}
 pass=0
 fail=0
 tmp=$(mktemp -d)
+root=$(cd "$(dirname "$0")/../.." && pwd)  # the repository (committed selector files)
 trap 'rm -rf "$tmp"' EXIT
 
 check() {  # check NAME EXPECTED_RC GREP_PATTERN -- command...
@@ -130,6 +131,12 @@ check bench-prefill-ttft 0 '\| pp200 \| sparse prefill index16 1/4 \| .*× \|' -
   -p 200 -n 0 -r 1 --sparse-prefill index --prefill-k-block 16 --prefill-budget 1/4
 check bench-prefill-json 0 '"attended_fraction"' -- "$bin" bench -p 64 -n 0 -r 1 \
   --sparse-prefill token --json
+check bench-prefill-learned-no-file 2 '--selector-file' -- "$bin" bench -p 64 -n 0 \
+  --sparse-prefill learned
+check bench-prefill-learned 0 '\| pp200 \| sparse prefill learned16 1/4 \| .*× \|' -- "$bin" \
+  bench -p 200 -n 0 -r 1 --sparse-prefill learned --prefill-k-block 16 --prefill-budget 1/4 \
+  --selector-file "$root/docs/results/learned-smollm2/selector.gguf"
+check eval-prefill-learned-no-file 2 '--selector-file' -- "$bin" eval --methods prefill_learned64
 
 # learned selector: a file made without training, then run / bench / perplexity / eval with it.
 check selector-help 0 '--kind' -- "$bin" selector init --help

@@ -125,6 +125,9 @@ select::PrefillSelectConfig sparse_prefill_config(const BenchOptions& o) {
           "--prefill-k-block", "must be 16, 64 or 128, got ", c.k_block);
   require(c.budget.min_keys >= 0, ErrorCode::invalid_argument, "--prefill-min-keys",
           "must be >= 0, got ", c.budget.min_keys);
+  require(c.method != select::PrefillMethod::learned || !o.m.selector_file.empty(),
+          ErrorCode::invalid_argument, "--selector-file",
+          "--sparse-prefill learned needs a selector file (masskv distill)");
   return c;
 }
 
@@ -190,6 +193,9 @@ std::vector<Row> bench_ours(const model::Model& mdl, const BenchOptions& o, int 
     if (!o.sparse_prefill.empty()) {
       model::SessionOptions sso = so;
       sso.sparse_prefill = sparse_prefill_config(o);
+      if (sso.sparse_prefill.method == select::PrefillMethod::learned) {
+        sso.learned_selector = load_selector(o.m.selector_file);
+      }
       model::Session sparse_base(mdl, sso);
       if (depth > 0) {  // the same depth tokens, sparse too (untimed)
         prefill_with_progress(sparse_base, depth_tokens, logits, fmt::format("depth {}", depth));
@@ -446,8 +452,9 @@ void register_bench_model(CLI::App& bench) {
   bench.add_option("-s,--seed", o->seed, "Seed of the random token ids")->capture_default_str();
   bench.add_option("--sparse-prefill", o->sparse_prefill,
                    "Also run the ppN test with this sparse prefill (docs/prefill.md): token, "
-                   "block, shared (oracles: need the dense pass) or index (mean-pooled key "
-                   "blocks); prints time to first token dense vs sparse and the attainable bound");
+                   "block, shared (oracles: need the dense pass), index (mean-pooled key blocks) "
+                   "or learned (the --selector-file selector's block masses); prints time to "
+                   "first token dense vs sparse and the attainable bound");
   bench
       .add_option("--prefill-budget", o->prefill_budget,
                   "Keys each query block attends, sinks and diagonal included: a fraction of "

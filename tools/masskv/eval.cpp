@@ -287,7 +287,9 @@ std::string file_hash(const std::string& path) {
 std::string row_tag(const MethodRow& m, const std::string& tag, const std::string& selector_tag) {
   if (is_prefill(m.method)) {
     const select::PrefillSelectConfig c;
-    return fmt::format("{}|pfq{}s{}m{}", tag, c.q_block, c.sink_blocks, c.budget.min_keys);
+    const std::string pf =
+        fmt::format("{}|pfq{}s{}m{}", tag, c.q_block, c.sink_blocks, c.budget.min_keys);
+    return m.method.rfind("prefill_learned", 0) == 0 ? pf + selector_tag : pf;
   }
   return m.method == "learned" ? tag + selector_tag : tag;
 }
@@ -553,10 +555,11 @@ void run_eval(EvalOptions o, const std::string& cmdline) {
   for (const std::string& l : o.lengths) lengths.push_back(parse_count(l, "--lengths"));
   const std::vector<MethodRow> rows = method_rows(o.methods, o.budgets);
   for (const std::string& b : o.budgets) (void)parse_budget(b, 1024, "--budgets");
-  const bool learned = std::any_of(rows.begin(), rows.end(),
-                                   [](const MethodRow& r) { return r.method == "learned"; });
+  const bool learned = std::any_of(rows.begin(), rows.end(), [](const MethodRow& r) {
+    return r.method == "learned" || r.method.rfind("prefill_learned", 0) == 0;
+  });
   require(!learned || !o.selector_file.empty(), ErrorCode::invalid_argument, "--selector-file",
-          "--methods learned needs a selector file");
+          "--methods learned and prefill_learned<K> need a selector file");
   const kv::RowFormat key_format =
       kv::parse_row_format(o.selector_key_format, "--selector-key-format");
   const std::string selector_tag =
@@ -784,7 +787,8 @@ void register_eval(CLI::App& app, const std::string& cmdline) {
                 "dense_entmax, entmax_support, gaussian_tau (the last three run entmax "
                 "attention: on the softmax model, or converted with --entmax-conversion); "
                 "sparse prefill with dense decode (docs/prefill.md): prefill_token, "
-                "prefill_block<K>, prefill_shared<K>, prefill_index<K> for key blocks K = 16, "
+                "prefill_block<K>, prefill_shared<K>, prefill_index<K>, prefill_learned<K> (with "
+                "--selector-file) for key blocks K = 16, "
                 "64, 128 (the budget: of the keys before each query block)")
       ->delimiter(',');
   e->add_option("--budgets", o->budgets,

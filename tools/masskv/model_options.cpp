@@ -1,12 +1,10 @@
 #include "model_options.hpp"
 
+#include <fmt/core.h>
 #include <omp.h>
 
 #include <algorithm>
 #include <cmath>
-
-#include <fmt/core.h>
-
 #include <map>
 #include <memory>
 #include <mutex>
@@ -78,9 +76,8 @@ std::optional<select::SelectorConfig> selector_config(const ModelOptions& o, std
   if (o.selector == "dense") return std::nullopt;
   select::SelectorConfig c;
   c.method = select::parse_method(o.selector, "--selector");
-  require(c.method != select::Method::entmax_support || mapping.is_entmax(),
-          ErrorCode::unsupported, "--selector",
-          "entmax_support needs entmax attention: pass --entmax-conversion FILE");
+  require(c.method != select::Method::entmax_support || mapping.is_entmax(), ErrorCode::unsupported,
+          "--selector", "entmax_support needs entmax attention: pass --entmax-conversion FILE");
   c.mapping = mapping;
   c.sink_pages = o.sink_pages;
   c.window_tokens = o.window;
@@ -92,8 +89,10 @@ std::optional<select::SelectorConfig> selector_config(const ModelOptions& o, std
   require(c.budget.kind == select::Budget::Kind::fixed || c.method == select::Method::top_p ||
               c.method == select::Method::oracle || c.method == select::Method::learned ||
               c.method == select::Method::quest,
-          ErrorCode::invalid_argument, "--budget", "a top-p budget needs a selector with a mass "
-          "estimate (top_p, quest, oracle, learned), not ", o.selector);
+          ErrorCode::invalid_argument, "--budget",
+          "a top-p budget needs a selector with a mass "
+          "estimate (top_p, quest, oracle, learned), not ",
+          o.selector);
   if (!o.budget_min.empty()) {
     require(c.budget.kind == select::Budget::Kind::top_p, ErrorCode::invalid_argument,
             "--budget-min", "applies to top-p budgets (--budget pMASS[:CAP]) only");
@@ -115,8 +114,6 @@ std::optional<select::SelectorConfig> selector_config(const ModelOptions& o, std
   return c;
 }
 
-namespace {
-
 // One load per file for the process (bench and perplexity make many sessions).
 std::shared_ptr<const learn::Selector> load_selector(const std::string& path) {
   static std::mutex mutex;
@@ -126,8 +123,6 @@ std::shared_ptr<const learn::Selector> load_selector(const std::string& path) {
   if (!s) s = std::make_shared<const learn::Selector>(learn::load(path));
   return s;
 }
-
-}  // namespace
 
 void apply_selector(const ModelOptions& o, std::int64_t context, model::SessionOptions& so) {
   so.selector = selector_config(o, context, so.mapping);
@@ -141,8 +136,9 @@ void apply_selector(const ModelOptions& o, std::int64_t context, model::SessionO
 std::string selector_label(const ModelOptions& o, const std::optional<select::SelectorConfig>& c) {
   if (!c) return "dense";
   if (c->budget.kind == select::Budget::Kind::top_p && o.selector != "top_p") {
-    return c->budget.tokens > 0 ? fmt::format("{} p{:g}:{}", o.selector, c->budget.p, c->budget.tokens)
-                                : fmt::format("{} p{:g}", o.selector, c->budget.p);
+    return c->budget.tokens > 0
+               ? fmt::format("{} p{:g}:{}", o.selector, c->budget.p, c->budget.tokens)
+               : fmt::format("{} p{:g}", o.selector, c->budget.p);
   }
   return fmt::format("{} {}", o.selector, c->budget.tokens);
 }

@@ -5,10 +5,12 @@
 #include <CLI/CLI.hpp>
 #include <chrono>
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <span>
 #include <string>
 
+#include "masskv/learn/selector.hpp"
 #include "masskv/model/model.hpp"
 #include "masskv/select/selector.hpp"
 
@@ -45,10 +47,13 @@ std::string set_attention(const ModelOptions& o, const model::Model& model,
 // entmax_support and gaussian_tau stop by their own rule with the budget as a cap (as the eval).
 std::optional<select::SelectorConfig> selector_config(const ModelOptions& o, std::int64_t context,
                                                       const Mapping& mapping);
-// The selector of --selector / --budget (serving so.mapping) into `so`, and for --selector learned the selector of
+// The selector of --selector / --budget (serving so.mapping) into `so`, and for --selector learned
+// the selector of
 // --selector-file (loaded once, checked against the model when the session is made) and the
 // format of its key cache. Throws Error naming the option.
 void apply_selector(const ModelOptions& o, std::int64_t context, model::SessionOptions& so);
+// The selector of a `masskv distill` file, loaded once per path for the process.
+std::shared_ptr<const learn::Selector> load_selector(const std::string& path);
 // Label of the selector and budget for tables: "dense", "quest 512", "learned p0.9:512".
 std::string selector_label(const ModelOptions& o, const std::optional<select::SelectorConfig>& c);
 // OpenMP threads for what follows (0 keeps OpenMP's default).

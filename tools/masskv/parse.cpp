@@ -100,8 +100,9 @@ std::optional<select::PrefillSelectConfig> parse_prefill_row(std::string_view me
     c.method = select::PrefillMethod::token;
     return c;
   }
-  for (const select::PrefillMethod m : {select::PrefillMethod::block, select::PrefillMethod::shared,
-                                        select::PrefillMethod::index}) {
+  for (const select::PrefillMethod m :
+       {select::PrefillMethod::block, select::PrefillMethod::shared, select::PrefillMethod::index,
+        select::PrefillMethod::learned}) {
     const std::string_view name = select::to_string(m);
     if (rest.substr(0, name.size()) != name) continue;
     const std::string_view size = rest.substr(name.size());
@@ -114,7 +115,8 @@ std::optional<select::PrefillSelectConfig> parse_prefill_row(std::string_view me
     }
   }
   fail(ErrorCode::invalid_argument, option, "unknown sparse prefill method '", method,
-       "' (prefill_token, or prefill_block / prefill_shared / prefill_index with a key block of "
+       "' (prefill_token, or prefill_block / prefill_shared / prefill_index / prefill_learned with "
+       "a key block of "
        "16, 64 or 128: prefill_shared64)");
 }
 

@@ -13,6 +13,12 @@
 //           key block (per kv head) scored by the query block's mean q, averaged over the heads
 //           (head-collapsed; the CUDA indexer, src/cuda/prefill_index.cu, ranks per kv group).
 //           It needs no dense pass.
+//   learned per query block, key blocks ranked by a learned selector (DESIGN.md §2.8): the sum
+//           over the block's queries of softmax(ŝ) over the keys each query sees, ŝ_ij =
+//           q_s,i · k_s,j on the selector key rows, summed per key block (averaged over the
+//           selector's groups). The selector is a `masskv distill` one: its training target, a
+//           query's dense head-averaged attention over the tokens before it, is the prefill
+//           query's. No dense pass.
 // Every method keeps the sink blocks (the first sink_blocks key blocks) and the diagonal (the
 // keys of the query's own query block up to itself); the budget counts them. The oracles
 // (token, block, shared) need the dense probabilities; token and block recompute attention on
@@ -27,12 +33,13 @@
 #include <vector>
 
 #include "masskv/attn/prefill.hpp"
+#include "masskv/kv/key_rows.hpp"
 #include "masskv/kv/paged_kv.hpp"
 #include "masskv/tensor.hpp"
 
 namespace masskv::select {
 
-enum class PrefillMethod { dense, token, block, shared, index };
+enum class PrefillMethod { dense, token, block, shared, index, learned };
 std::string_view to_string(PrefillMethod m) noexcept;
 // Throws Error(invalid_argument, what) naming the methods.
 PrefillMethod parse_prefill_method(std::string_view name, std::string_view what);
@@ -119,6 +126,13 @@ struct KeyBlockSums {
 // only the new keys are read; null: every key, every call.
 void index_block_mask(const PrefillSelectArgs& args, const PrefillSelectConfig& config,
                       BlockMaskStorage& out, KeyBlockSums* sums = nullptr);
+
+// The learned indexer's mask: q_sel [n][keys.groups][keys.dim], the step's queries projected
+// by the selector (learn::project); keys the sequence's selector key rows (table: batch 1,
+// `length` tokens, the step's n queries last). Throws Error(shape_mismatch, "q_sel").
+void learned_block_mask(std::span<const float> q_sel, const kv::KeyRowsView& keys,
+                        const kv::PageTable& table, int n, const PrefillSelectConfig& config,
+                        BlockMaskStorage& out);
 
 // Attention recomputed on a per-query support from the dense probabilities:
 // out[i][h] = Σ_{j kept} p_hij v_j / Σ_{j kept} p_hij (0 for an empty support).
