@@ -14,6 +14,7 @@
 
 #include "attn/microkernels.hpp"
 #include "attn/rows.hpp"
+#include "select/vec_math.hpp"
 #include "masskv/error.hpp"
 
 namespace masskv::select {
@@ -427,8 +428,11 @@ void learned_block_mask(std::span<const float> q_sel, const kv::KeyRowsView& key
           }
           double mx = -std::numeric_limits<double>::infinity();
           for (std::int64_t t = 0; t < visible; ++t) mx = std::max(mx, s[sz(t)]);
+          for (std::int64_t t = 0; t < visible; ++t) s[sz(t)] -= mx;
+          detail::exp_inplace(s.data(), sz(visible));  // vectorised where AVX2 is (the decode
+                                                       // selector's softmax)
           double total = 0;
-          for (std::int64_t t = 0; t < visible; ++t) total += (s[sz(t)] = std::exp(s[sz(t)] - mx));
+          for (std::int64_t t = 0; t < visible; ++t) total += s[sz(t)];
           const double w = 1.0 / (total * G);
           for (std::int64_t t = 0; t < visible; ++t) row[t / config.k_block] += s[sz(t)] * w;
         }
