@@ -393,7 +393,7 @@ TEST(PrefillSelect, WholeBudgetEqualsDensePrefill) {
 // per query block, the f64 block scores Σ_i Σ_g softmax(q_s,ig · k_s,jg over j <= pos_i) / G
 // summed per key block. The mask must keep the sinks and the diagonal, hold the budget's number
 // of blocks, and prefer higher scores: every chosen other block scores at least every unchosen
-// one (to 1e-9: f32 dot products against the f64 reference decide only near-ties).
+// one (to 1e-5: the f32 GEMM's scores, within 1e-5 relative of f64, decide only near-ties).
 TEST(PrefillSelect, LearnedMaskFollowsF64BlockScores) {
   struct LShape {
     int length, n, groups, dim, page;
@@ -470,7 +470,7 @@ TEST(PrefillSelect, LearnedMaskFollowsF64BlockScores) {
           chosen += on;
         }
         EXPECT_GE(chosen, std::min(items, budget)) << "row " << r;
-        EXPECT_GE(min_chosen, max_other - 1e-9) << "row " << r << " k_block " << kb;
+        EXPECT_GE(min_chosen, max_other - 1e-5) << "row " << r << " k_block " << kb;
       }
     }
   }

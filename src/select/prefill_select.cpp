@@ -14,6 +14,7 @@
 
 #include "attn/microkernels.hpp"
 #include "attn/rows.hpp"
+#include "masskv/model/quant.hpp"
 #include "select/vec_math.hpp"
 #include "masskv/error.hpp"
 
@@ -406,36 +407,44 @@ void learned_block_mask(std::span<const float> q_sel, const kv::KeyRowsView& key
   const std::int64_t rows = (n + config.q_block - 1) / config.q_block;
   const std::int64_t cols = (L + config.k_block - 1) / config.k_block;
   const std::int64_t first = L - n;
-  const auto stride = static_cast<std::int64_t>(keys.row_bytes());
-  std::vector<double> scores(sz(rows) * sz(cols), 0.0);
-  // Query blocks own their score rows: threads split over them, each sum in query order.
-#pragma omp parallel if (rows > 1)
-  {
-    std::vector<double> s(sz(L));
-#pragma omp for schedule(dynamic, 1)
-    for (std::int64_t r = 0; r < rows; ++r) {
-      double* row = scores.data() + sz(r) * sz(cols);
-      const int i1 = static_cast<int>(std::min<std::int64_t>(n, (r + 1) * config.q_block));
-      for (int i = static_cast<int>(r * config.q_block); i < i1; ++i) {
+  // The selector keys as f32 rows per group, kf[(g * L + t) * D], decoded once: every query
+  // block multiplies against them with the model's f32 GEMM (OpenMP over key rows), one
+  // query block at a time, so the scores keep one fixed order whatever the thread count.
+  std::vector<float> kf(sz(G) * sz(L) * sz(D));
+  for (int j = 0; j < table.num_pages(0); ++j) {
+    const int len = table.page_len(0, j, P);
+    for (int g = 0; g < G; ++g) {
+      for (int t = 0; t < len; ++t) {
+        kv::decode_row(keys.format, keys.row(table.page(0, j), g, t), D,
+                       kf.data() + (sz(g) * sz(L) + sz(std::int64_t{j} * P + t)) * sz(D));
+      }
+    }
+  }
+  std::vector<double> scores(sz(rows) * sz(cols), 0.0), e(sz(L));
+  std::vector<float> qb(sz(config.q_block) * sz(D)), y(sz(config.q_block) * sz(L));
+  for (std::int64_t r = 0; r < rows; ++r) {
+    double* row = scores.data() + sz(r) * sz(cols);
+    const int i0 = static_cast<int>(r * config.q_block);
+    const int i1 = static_cast<int>(std::min<std::int64_t>(n, (r + 1) * config.q_block));
+    const std::int64_t keys_last = first + i1;  // keys the block's last query sees
+    for (int g = 0; g < G; ++g) {
+      for (int i = i0; i < i1; ++i) {
+        std::copy_n(q_sel.data() + (sz(i) * sz(G) + sz(g)) * sz(D), D,
+                    qb.data() + sz(i - i0) * sz(D));
+      }
+      model::matmul(model::GgmlType::f32, kf.data() + sz(g) * sz(L) * sz(D), sz(keys_last),
+                    sz(D), qb.data(), sz(i1 - i0), y.data());
+      for (int i = i0; i < i1; ++i) {
         const std::int64_t visible = first + i + 1;  // causal: keys 0 .. the query itself
-        for (int g = 0; g < G; ++g) {
-          const float* q = q_sel.data() + (sz(i) * sz(G) + sz(g)) * sz(D);
-          for (int j = 0; j * std::int64_t{P} < visible; ++j) {
-            const int len = static_cast<int>(
-                std::min<std::int64_t>(table.page_len(0, j, P), visible - std::int64_t{j} * P));
-            kv::score_rows(keys.format, q, keys.row(table.page(0, j), g, 0), stride, len, D,
-                           s.data() + sz(j) * sz(P));
-          }
-          double mx = -std::numeric_limits<double>::infinity();
-          for (std::int64_t t = 0; t < visible; ++t) mx = std::max(mx, s[sz(t)]);
-          for (std::int64_t t = 0; t < visible; ++t) s[sz(t)] -= mx;
-          detail::exp_inplace(s.data(), sz(visible));  // vectorised where AVX2 is (the decode
-                                                       // selector's softmax)
-          double total = 0;
-          for (std::int64_t t = 0; t < visible; ++t) total += s[sz(t)];
-          const double w = 1.0 / (total * G);
-          for (std::int64_t t = 0; t < visible; ++t) row[t / config.k_block] += s[sz(t)] * w;
-        }
+        const float* yi = y.data() + sz(i - i0) * sz(keys_last);
+        double mx = -std::numeric_limits<double>::infinity();
+        for (std::int64_t t = 0; t < visible; ++t) mx = std::max(mx, double(yi[t]));
+        for (std::int64_t t = 0; t < visible; ++t) e[sz(t)] = double(yi[t]) - mx;
+        detail::exp_inplace(e.data(), sz(visible));  // vectorised where AVX2 is
+        double total = 0;
+        for (std::int64_t t = 0; t < visible; ++t) total += e[sz(t)];
+        const double w = 1.0 / (total * G);
+        for (std::int64_t t = 0; t < visible; ++t) row[t / config.k_block] += e[sz(t)] * w;
       }
     }
   }
