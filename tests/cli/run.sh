@@ -111,6 +111,20 @@ check eval-resumes 0 '2 results cached, 0 samples to run' -- \
 check eval-widens 0 '2 results cached, 1 samples to run' -- \
   "$bin" eval "${ev[@]}" --methods dense,quest,sink_recent
 check eval-cache-lines 0 '^3$' -- bash -c "wc -l < '$tmp/eval/cache.jsonl'"
+# One sample on 2 kernel threads: the same records as on one thread (timings aside).
+evw=(--tasks niah_single_number --lengths 512 --samples 1 --budgets 1/8 --no-plots
+     --methods dense,quest,sink_recent)
+check eval-one-thread 0 '1 worker\(s\) × 1 thread\(s\)' -- "$bin" eval "${evw[@]}" -t 1 \
+  -o "$tmp/eval-1"
+check eval-workers 0 '1 worker\(s\) × 2 thread\(s\)' -- "$bin" eval "${evw[@]}" -t 2 \
+  --workers 1 -o "$tmp/eval-2"
+check eval-workers-same 0 '^same$' -- python3 -c "
+import json
+strip = lambda f: sorted(json.dumps({k: v for k, v in json.loads(l).items() if 'seconds' not in k},
+                                    sort_keys=True) for l in open(f))
+a, b = strip('$tmp/eval-1/cache.jsonl'), strip('$tmp/eval-2/cache.jsonl')
+print('same' if a == b and len(a) == 3 else 'differ')"
+check eval-bad-workers 2 '--workers' -- "$bin" eval --workers -1
 
 # sparse prefill (docs/prefill.md): eval rows and the bench's TTFT table; bad values named.
 check eval-prefill-bad-method 2 '--methods' -- "$bin" eval --methods prefill_shared32

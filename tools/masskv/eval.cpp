@@ -48,6 +48,7 @@ struct EvalOptions {
   int samples = 0;                                            // 0: the preset's
   std::uint64_t seed = 1;
   int threads = 0;
+  int workers = 0;  // samples at once (0: one per thread)
   int batch = 0;  // configurations per decode step (0: all of a sample's)
   std::string out_dir = "out/eval";
   std::string cache;  // default <out_dir>/cache.jsonl
@@ -405,7 +406,7 @@ std::string utc_now() {
 
 struct RunInfo {
   std::string cmdline, model_path, model_name, date, machine;
-  int threads = 0;
+  int threads = 0, kernel_threads = 1;
   double wall_seconds = 0;
   std::size_t computed = 0, reused = 0;
 };
@@ -418,8 +419,8 @@ void write_reports(const EvalOptions& o, const RunInfo& info, const std::vector<
   {
     auto md = fmt::output_file((dir / "results.md").string());
     md.print("# masskv eval — {}\n\n", info.model_name);
-    md.print("- command: `{}`\n- date: {}\n- machine: {} ({} worker threads)\n", info.cmdline,
-             info.date, info.machine, info.threads);
+    md.print("- command: `{}`\n- date: {}\n- machine: {} ({} worker(s) × {} thread(s))\n",
+             info.cmdline, info.date, info.machine, info.threads, info.kernel_threads);
     md.print("- model: `{}`\n- wall time: {:.0f} s ({} results computed, {} from the cache)\n\n",
              info.model_path, info.wall_seconds, info.computed, info.reused);
     md.print(
@@ -475,6 +476,7 @@ void write_reports(const EvalOptions& o, const RunInfo& info, const std::vector<
     j["date"] = info.date;
     j["machine"] = info.machine;
     j["threads"] = info.threads;
+    j["kernel_threads"] = info.kernel_threads;
     j["model"] = info.model_path;
     j["wall_seconds"] = info.wall_seconds;
     for (const Cell& c : cells) {
@@ -547,6 +549,7 @@ void run_eval(EvalOptions o, const std::string& cmdline) {
   if (o.samples == 0) o.samples = preset.samples;
   require(o.samples > 0, ErrorCode::invalid_argument, "--samples", "must be > 0");
   require(o.threads >= 0, ErrorCode::invalid_argument, "--threads", "must be >= 0");
+  require(o.workers >= 0, ErrorCode::invalid_argument, "--workers", "must be >= 0");
   require(o.batch >= 0, ErrorCode::invalid_argument, "--batch", "must be >= 0");
   Mapping::entmax(o.entmax_alpha).validate();
   bool needs_text = false;
@@ -628,16 +631,21 @@ void run_eval(EvalOptions o, const std::string& cmdline) {
       }
     }
   }
-  const int workers_max = o.threads > 0 ? o.threads : omp_get_num_procs();
-  const int workers = std::max(1, std::min<int>(workers_max, static_cast<int>(jobs.size())));
+  const int threads = o.threads > 0 ? o.threads : omp_get_num_procs();
+  const int workers = std::max(
+      1, std::min<int>(o.workers > 0 ? std::min(o.workers, threads) : threads,
+                       static_cast<int>(jobs.size())));
+  // The threads not running a sample of their own go to the kernels inside the samples.
+  const int kernel_threads = std::max(1, threads / workers);
   fmt::print(stderr,
              "masskv eval: {} on {} tasks × {} lengths × {} samples × {} methods: {} results "
-             "cached, {} samples to run on {} worker thread(s)\n",
+             "cached, {} samples to run on {} worker(s) × {} thread(s)\n",
              model_name, o.tasks.size(), lengths.size(), o.samples, rows.size(), reused,
-             jobs.size(), workers);
+             jobs.size(), workers, kernel_threads);
 
-  // Samples run in parallel, one OpenMP thread each (no barriers across cores); a single
-  // worker lets the kernels use every thread instead.
+  // Samples run in parallel, each on threads / workers OpenMP threads: on 2 cores one thread
+  // per sample (no barriers across cores) beats two inside every step of one sample; on many
+  // cores and few long samples the kernels take the rest.
   std::atomic<std::size_t> next{0};
   std::mutex progress_mutex;
   std::exception_ptr failure;
@@ -646,7 +654,7 @@ void run_eval(EvalOptions o, const std::string& cmdline) {
   {
     Progress bar("eval", std::max(1L, work));
     const auto worker = [&] {
-      omp_set_num_threads(workers > 1 ? 1 : workers_max);
+      omp_set_num_threads(kernel_threads);
       try {
         for (std::size_t j = next++; j < jobs.size(); j = next++) {
           {
@@ -744,6 +752,7 @@ void run_eval(EvalOptions o, const std::string& cmdline) {
   info.date = utc_now();
   info.machine = machine_name();
   info.threads = workers;
+  info.kernel_threads = kernel_threads;
   info.computed = computed;
   info.reused = reused;
   info.wall_seconds =
@@ -799,7 +808,11 @@ void register_eval(CLI::App& app, const std::string& cmdline) {
       ->delimiter(',');
   e->add_option("--samples", o->samples, "Samples per task and length (0: the preset's)");
   e->add_option("--seed", o->seed, "Seed of the generated samples")->capture_default_str();
-  e->add_option("-t,--threads", o->threads, "Worker threads, one sample each (0: all cores)")
+  e->add_option("-t,--threads", o->threads, "Threads in all (0: all cores)")
+      ->capture_default_str();
+  e->add_option("--workers", o->workers,
+                "Samples run at once, each on threads / workers kernel threads (0: one sample "
+                "per thread; fewer, for long samples on many cores)")
       ->capture_default_str();
   e->add_option("--batch", o->batch,
                 "Methods decoded together per step, one forward pass for all (0: all of a "
