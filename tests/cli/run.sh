@@ -217,6 +217,15 @@ check run-converted-tiny 0 'attention converted entmax1.5' -- "$bin" run -n 3 -t
   --entmax-conversion "$tmp/conv.gguf"
 check eval-conversion-alpha 2 '--alpha' -- "$bin" eval --tasks niah_single_number --lengths 512 \
   --entmax-conversion "$tmp/id.gguf" --alpha 1.5 -o "$tmp/eval-conv"
+# The conversion keys the entmax rows only: softmax rows of a run without it are reused (at
+# the same α: α is in every row's key), and its entmax rows are not mixed with plain ones.
+evc=(--tasks niah_single_number --lengths 512 --samples 1 --budgets 1/8 --no-plots -t 1
+     --methods dense,dense_entmax --cache "$tmp/eval-1/cache.jsonl" -o "$tmp/eval-conv")
+check eval-conv-reuses-softmax 0 '1 results cached, 1 samples to run' -- "$bin" eval \
+  "${evc[@]}" --entmax-conversion "$tmp/conv.gguf"
+check eval-conv-cached 0 '2 results cached, 0 samples to run' -- "$bin" eval "${evc[@]}" \
+  --entmax-conversion "$tmp/conv.gguf"
+check eval-plain-entmax-apart 0 '1 results cached, 1 samples to run' -- "$bin" eval "${evc[@]}"
 if "$bin" run -m gemma3 -n 1 -p hi >/dev/null 2>&1; then
   check conv-other-model 2 'not on this model' -- "$bin" run -m gemma3 -n 1 \
     --entmax-conversion "$tmp/id.gguf"

@@ -260,11 +260,14 @@ void from_json(const json& j, Record& r) {
 // Everything that changes a result is in the key: the page size, the kept pages and the
 // selector parameters too, so a run with other settings never reads stale entries.
 std::string settings_tag(const EvalOptions& o) {
-  std::string tag = fmt::format("p{}s{}w{}tp{:g}a{:g}", o.page_size, o.sink_pages, o.window,
-                                o.top_p_mass, o.entmax_alpha);
-  // The conversion file's hash: another fit never reads these entmax results.
-  if (!o.temperature.empty()) tag += fmt::format("c{:016x}", o.conversion_hash);
-  return tag;
+  return fmt::format("p{}s{}w{}tp{:g}a{:g}", o.page_size, o.sink_pages, o.window, o.top_p_mass,
+                     o.entmax_alpha);
+}
+
+// The conversion file's hash, in the entmax rows' keys only: another fit never reads their
+// results, and the softmax rows of a run with a conversion reuse those of a run without.
+std::string conversion_tag(const EvalOptions& o) {
+  return o.temperature.empty() ? std::string() : fmt::format("c{:016x}", o.conversion_hash);
 }
 
 // FNV-1a 64 of a file's bytes: the learned rows' key names the selector they ran, so a new
@@ -282,10 +285,17 @@ std::string file_hash(const std::string& path) {
   return fmt::format("{:016x}", h);
 }
 
-// The settings a row's results depend on: the run's tag, and for learned rows the selector
-// file's hash and its key cache format.
+// The settings a row's results depend on: the run's tag; for entmax rows the conversion file's
+// hash, for learned rows the selector file's hash and its key cache format.
 // Sparse prefill rows add their fixed settings (query block, sink blocks, budget floor).
-std::string row_tag(const MethodRow& m, const std::string& tag, const std::string& selector_tag) {
+struct RowTags {
+  std::string settings, selector, conversion;
+};
+
+std::string row_tag(const MethodRow& m, const RowTags& t) {
+  const std::string& tag = t.settings;
+  const std::string& selector_tag = t.selector;
+  if (m.entmax) return tag + t.conversion;
   if (is_prefill(m.method)) {
     const select::PrefillSelectConfig c;
     const std::string pf =
@@ -595,7 +605,7 @@ void run_eval(EvalOptions o, const std::string& cmdline) {
   }
   const std::string text = needs_text ? load_text(o.text, "--text") : std::string();
   const int reserve = eval::template_overhead(*mdl, chat) + 2;
-  const std::string tag = settings_tag(o);
+  const RowTags tags{settings_tag(o), selector_tag, conversion_tag(o)};
   std::shared_ptr<const learn::Selector> selector;
   if (learned) {
     selector = std::make_shared<const learn::Selector>(learn::load(o.selector_file));
@@ -614,7 +624,7 @@ void run_eval(EvalOptions o, const std::string& cmdline) {
         bool soft = false, ent = false;
         for (std::size_t r = 0; r < rows.size(); ++r) {
           if (cache.find(record_key(model_name, job.id, rows[r],
-                                    row_tag(rows[r], tag, selector_tag))) != nullptr) {
+                                    row_tag(rows[r], tags))) != nullptr) {
             ++reused;
             continue;
           }
@@ -708,7 +718,7 @@ void run_eval(EvalOptions o, const std::string& cmdline) {
             rec.decode_seconds = oc.decode_seconds;
             rec.prefill_seconds = oc.prefill_seconds;
             rec.prefill_kv_read = oc.prefill_kv_read;
-            cache.add(std::move(rec), row_tag(row, tag, selector_tag));
+            cache.add(std::move(rec), row_tag(row, tags));
           }
           std::lock_guard<std::mutex> lock(progress_mutex);
           computed += outcomes.size();
@@ -736,7 +746,7 @@ void run_eval(EvalOptions o, const std::string& cmdline) {
         for (int i = 0; i < o.samples; ++i) {
           const SampleId id{task, L, i, sample_seed(o.seed, task, L, i)};
           if (const Record* r =
-                  cache.find(record_key(model_name, id, row, row_tag(row, tag, selector_tag)))) {
+                  cache.find(record_key(model_name, id, row, row_tag(row, tags)))) {
             c.add(*r);
             records.push_back(*r);
           }
