@@ -124,6 +124,11 @@ strip = lambda f: sorted(json.dumps({k: v for k, v in json.loads(l).items() if '
                                     sort_keys=True) for l in open(f))
 a, b = strip('$tmp/eval-1/cache.jsonl'), strip('$tmp/eval-2/cache.jsonl')
 print('same' if a == b and len(a) == 3 else 'differ')"
+check eval-report-only 0 '2 results missing, not computed' -- "$bin" eval --tasks \
+  niah_single_number --lengths 512 --samples 1 --budgets 1/8 --no-plots -t 1 \
+  --methods dense,quest,oracle,top_p --report-only -o "$tmp/eval-1"
+check eval-report-only-table 0 'incomplete.*2 of the 4' -- cat "$tmp/eval-1/results.md"
+check eval-report-only-wrote-nothing 0 '^3$' -- bash -c "wc -l < '$tmp/eval-1/cache.jsonl'"
 check eval-bad-workers 2 '--workers' -- "$bin" eval --workers -1
 
 # sparse prefill (docs/prefill.md): eval rows and the bench's TTFT table; bad values named.

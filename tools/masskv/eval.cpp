@@ -67,6 +67,7 @@ struct EvalOptions {
   std::uint64_t conversion_hash = 0;
   bool conversion_identity = false;  // a `convert --identity` file: t = 1, not converted
   bool plots = true;
+  bool report_only = false;  // tables from the cache alone; missing results stay missing
 };
 
 // --quick (default) and --full. The quick suite is sized to finish in minutes on 2 cores; its
@@ -418,7 +419,7 @@ struct RunInfo {
   std::string cmdline, model_path, model_name, date, machine;
   int threads = 0, kernel_threads = 1;
   double wall_seconds = 0;
-  std::size_t computed = 0, reused = 0;
+  std::size_t computed = 0, reused = 0, missing = 0;
 };
 
 void write_reports(const EvalOptions& o, const RunInfo& info, const std::vector<Cell>& cells,
@@ -433,6 +434,11 @@ void write_reports(const EvalOptions& o, const RunInfo& info, const std::vector<
              info.cmdline, info.date, info.machine, info.threads, info.kernel_threads);
     md.print("- model: `{}`\n- wall time: {:.0f} s ({} results computed, {} from the cache)\n\n",
              info.model_path, info.wall_seconds, info.computed, info.reused);
+    if (info.missing > 0) {
+      md.print("- **incomplete** (`--report-only`): {} of the {} results asked for are not in the "
+               "cache; n counts the samples each cell has\n\n",
+               info.missing, info.missing + info.reused);
+    }
     md.print(
         "Accuracy = mean task score in % with its 95% Wilson interval over n samples; KV read "
         "= KV rows attention read per decode step / what dense reads (all layers; for the "
@@ -486,6 +492,7 @@ void write_reports(const EvalOptions& o, const RunInfo& info, const std::vector<
     j["date"] = info.date;
     j["machine"] = info.machine;
     j["threads"] = info.threads;
+    j["missing"] = info.missing;
     j["kernel_threads"] = info.kernel_threads;
     j["model"] = info.model_path;
     j["wall_seconds"] = info.wall_seconds;
@@ -652,6 +659,14 @@ void run_eval(EvalOptions o, const std::string& cmdline) {
              "cached, {} samples to run on {} worker(s) × {} thread(s)\n",
              model_name, o.tasks.size(), lengths.size(), o.samples, rows.size(), reused,
              jobs.size(), workers, kernel_threads);
+  std::size_t missing = 0;
+  for (const Job& j : jobs) missing += j.rows.size();
+  if (o.report_only) {
+    fmt::print(stderr, "masskv eval: --report-only: {} results missing, not computed\n", missing);
+    jobs.clear();
+  } else {
+    missing = 0;
+  }
 
   // Samples run in parallel, each on threads / workers OpenMP threads: on 2 cores one thread
   // per sample (no barriers across cores) beats two inside every step of one sample; on many
@@ -765,6 +780,7 @@ void run_eval(EvalOptions o, const std::string& cmdline) {
   info.kernel_threads = kernel_threads;
   info.computed = computed;
   info.reused = reused;
+  info.missing = missing;
   info.wall_seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
   write_reports(o, info, cells, records);
@@ -854,6 +870,9 @@ void register_eval(CLI::App& app, const std::string& cmdline) {
                 "(DESIGN.md §2.9; the 4-bit ones need d_s % 32 == 0, nvfp4 % 16)")
       ->capture_default_str();
   e->add_flag("!--no-plots", o->plots, "Skip the PNG plots");
+  e->add_flag("--report-only", o->report_only,
+              "Write the tables from the cache alone (a long run's state): missing results are "
+              "not computed, each cell's n says how many samples it has");
   e->callback([o, cmdline] { run_eval(*o, cmdline); });
 }
 
