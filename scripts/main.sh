@@ -4,8 +4,19 @@
 # every selector at a matched KV budget; the table is printed and written to out/eval/
 # (results.md / .csv / .json, PNG plots). Extra arguments go to `masskv eval` (e.g. --full,
 # -m gemma3; see `build/masskv eval --help`). Results are cached in out/eval/cache.jsonl: a
-# stopped run resumes.
+# stopped run resumes. The entmax rows use SmolLM2's committed entmax conversion.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh --build-dir build --default-model
-exec build/masskv eval -o out/eval "$@"
+# The entmax rows run the committed entmax conversion of SmolLM2 (docs/results/
+# entmax-conversion-smollm2), not plain entmax on the softmax-trained model, unless another
+# model or conversion is named.
+conversion=(--entmax-conversion docs/results/entmax-conversion-smollm2/smollm2-entmax1.5.gguf)
+out=(-o out/eval)
+for a in "$@"; do
+  case "$a" in
+    -m | --model | --model=* | --entmax-conversion | --entmax-conversion=*) conversion=() ;;
+    -o | --out-dir | --out-dir=*) out=() ;;
+  esac
+done
+exec build/masskv eval "${out[@]}" "${conversion[@]}" "$@"
