@@ -294,16 +294,14 @@ struct RowTags {
 };
 
 std::string row_tag(const MethodRow& m, const RowTags& t) {
-  const std::string& tag = t.settings;
-  const std::string& selector_tag = t.selector;
-  if (m.entmax) return tag + t.conversion;
+  if (m.entmax) return t.settings + t.conversion;
   if (is_prefill(m.method)) {
     const select::PrefillSelectConfig c;
     const std::string pf =
-        fmt::format("{}|pfq{}s{}m{}", tag, c.q_block, c.sink_blocks, c.budget.min_keys);
-    return m.method.rfind("prefill_learned", 0) == 0 ? pf + selector_tag : pf;
+        fmt::format("{}|pfq{}s{}m{}", t.settings, c.q_block, c.sink_blocks, c.budget.min_keys);
+    return m.method.rfind("prefill_learned", 0) == 0 ? pf + t.selector : pf;
   }
-  return m.method == "learned" ? tag + selector_tag : tag;
+  return m.method == "learned" ? t.settings + t.selector : t.settings;
 }
 
 std::string record_key(const std::string& model, const SampleId& s, const MethodRow& m,
@@ -417,7 +415,7 @@ std::string utc_now() {
 
 struct RunInfo {
   std::string cmdline, model_path, model_name, date, machine;
-  int threads = 0, kernel_threads = 1;
+  int workers = 0, kernel_threads = 1;
   double wall_seconds = 0;
   std::size_t computed = 0, reused = 0, missing = 0;
 };
@@ -431,7 +429,7 @@ void write_reports(const EvalOptions& o, const RunInfo& info, const std::vector<
     auto md = fmt::output_file((dir / "results.md").string());
     md.print("# masskv eval — {}\n\n", info.model_name);
     md.print("- command: `{}`\n- date: {}\n- machine: {} ({} worker(s) × {} thread(s))\n",
-             info.cmdline, info.date, info.machine, info.threads, info.kernel_threads);
+             info.cmdline, info.date, info.machine, info.workers, info.kernel_threads);
     md.print("- model: `{}`\n- wall time: {:.0f} s ({} results computed, {} from the cache)\n\n",
              info.model_path, info.wall_seconds, info.computed, info.reused);
     if (info.missing > 0) {
@@ -491,7 +489,7 @@ void write_reports(const EvalOptions& o, const RunInfo& info, const std::vector<
     j["command"] = info.cmdline;
     j["date"] = info.date;
     j["machine"] = info.machine;
-    j["threads"] = info.threads;
+    j["threads"] = info.workers;  // the key older results.json files use
     j["missing"] = info.missing;
     j["kernel_threads"] = info.kernel_threads;
     j["model"] = info.model_path;
@@ -659,13 +657,11 @@ void run_eval(EvalOptions o, const std::string& cmdline) {
              "cached, {} samples to run on {} worker(s) × {} thread(s)\n",
              model_name, o.tasks.size(), lengths.size(), o.samples, rows.size(), reused,
              jobs.size(), workers, kernel_threads);
-  std::size_t missing = 0;
-  for (const Job& j : jobs) missing += j.rows.size();
+  std::size_t missing = 0;  // only --report-only leaves results uncomputed
   if (o.report_only) {
+    for (const Job& j : jobs) missing += j.rows.size();
     fmt::print(stderr, "masskv eval: --report-only: {} results missing, not computed\n", missing);
     jobs.clear();
-  } else {
-    missing = 0;
   }
 
   // Samples run in parallel, each on threads / workers OpenMP threads: on 2 cores one thread
@@ -776,7 +772,7 @@ void run_eval(EvalOptions o, const std::string& cmdline) {
   info.model_name = model_name;
   info.date = utc_now();
   info.machine = machine_name();
-  info.threads = workers;
+  info.workers = workers;
   info.kernel_threads = kernel_threads;
   info.computed = computed;
   info.reused = reused;
