@@ -5,6 +5,7 @@
 //                                     failure)
 //   masskv_gpu_bench decode-check     the decode part of check alone (softmax and entmax)
 //   masskv_gpu_bench profile          a few decode launches of one shape, for ncu
+//   masskv_gpu_bench profile-select   Quest scoring and top-k alone at 128K and 1M, for ncu
 //   masskv_gpu_bench select-selftest  GPU Quest selection: ties, edges, errors, graphs, end to end
 //   masskv_gpu_bench select-check     GPU Quest selection vs the CPU selector on ~90 shapes
 //   masskv_gpu_bench select-compact-check  8-bit and hierarchical GPU selection vs their CPU
@@ -2164,6 +2165,79 @@ int run_profile() {
   return 0;
 }
 
+// Quest scoring and top-k alone at 128K and 1M tokens (B=1, Hq=32, Hkv=8, d=128, page 16,
+// 4096-token budget), on shuffled and on sequential page tables, rotated over the 1M-token
+// pool so L2 does not serve 128K: for ncu (ncu --clock-control none -k regex:quest_score
+// masskv_gpu_bench profile-select) and for comparing scoring variants (MASSKV_SCORE_STAGES).
+int run_profile_select() {
+  const int Hq = 32, Hkv = 8, d = 128, P = 16, pool_pages = (1 << 20) / P;
+  const std::size_t n = static_cast<std::size_t>(pool_pages) * Hkv * d;
+  DevBuf<std::uint16_t> mn(n), mx(n);
+  fill_kernel<<<4096, 256>>>(mn.p, n, 3, 1.f);
+  fill_kernel<<<4096, 256>>>(mx.p, n, 1ull << 41, 1.f);
+  CK(cudaGetLastError());
+  select::BoundStoreView store;
+  store.min = reinterpret_cast<const bf16*>(mn.p);
+  store.max = reinterpret_cast<const bf16*>(mx.p);
+  store.num_pages = pool_pages;
+  store.num_kv_heads = Hkv;
+  store.head_dim = d;
+  Rng rng(11);
+  cuda::SelectWorkspace sws;
+  for (const int ctx : {131072, 1048576}) {
+    const int pages = ctx / P, rot = pool_pages / pages;
+    for (const bool shuffled : {true, false}) {
+      std::vector<DevBuf<std::int32_t>> d_ind, d_ptr, d_last;
+      std::vector<DevBuf<float>> d_q;
+      for (int r = 0; r < rot; ++r) {
+        std::vector<std::int32_t> ind(pages);
+        std::iota(ind.begin(), ind.end(), r * pages);
+        if (shuffled)
+          for (int i = pages - 1; i > 0; --i) std::swap(ind[i], ind[rng.below(i + 1)]);
+        d_ind.push_back(to_device(ind));
+        d_ptr.push_back(to_device(std::vector<std::int32_t>{0, pages}));
+        d_last.push_back(to_device(std::vector<std::int32_t>{P}));
+        std::vector<float> q(static_cast<std::size_t>(Hq) * d);
+        for (float& x : q) x = rng.sym(3.f);
+        d_q.push_back(to_device(q));
+      }
+      select::TopkPolicy pol;
+      pol.budget_pages = 4096 / P;
+      pol.sink_pages = 1;
+      pol.window_tokens = 64;
+      const int cap = cuda::select_capacity(pages, P, pol);
+      DevBuf<std::int32_t> ids(static_cast<std::size_t>(Hkv) * cap), cnt(Hkv);
+      const auto args = [&](int i) {
+        const int r = i % rot;
+        cuda::QuestSelectArgs a;
+        a.q = View3<const float>::contiguous(d_q[r].p, 1, Hq, d);
+        a.table = {{d_ptr[r].p, d_ptr[r].n}, {d_ind[r].p, d_ind[r].n}, {d_last[r].p, d_last[r].n}};
+        a.page_size = P;
+        a.bounds = store;
+        a.policy = pol;
+        a.max_per_head = cap;
+        a.ids = {ids.p, ids.n};
+        a.count = {cnt.p, cnt.n};
+        return a;
+      };
+      cuda::SelectLaunch sl;
+      sl.workspace = &sws;
+      sl.max_pages_per_seq = pages;
+      sl.check_errors = false;
+      const double score = time_us(10, 50, [&](int i) { cuda::quest_score(args(i), sl); });
+      const double topk = time_us(10, 50, [&](int i) { cuda::quest_topk(args(i), sl); });
+      const double sel = time_us(10, 50, [&](int i) { cuda::quest_select(args(i), sl); });
+      sws.check(nullptr);
+      const double mb = static_cast<double>(pages) * Hkv * d * 2 * 2 / 1e6;
+      std::printf(
+          "profile-select ctx=%7d table=%-10s score %7.1f us (%6.1f MB, %5.0f GB/s)  top-k %6.1f "
+          "us  select %7.1f us\n",
+          ctx, shuffled ? "shuffled" : "sequential", score, mb, mb * 1e3 / score, topk, sel);
+    }
+  }
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -2187,6 +2261,7 @@ int main(int argc, char** argv) {
     }
     if (mode == "decode-check") return run_check();
     if (mode == "profile") return run_profile();
+    if (mode == "profile-select") return run_profile_select();
     if (mode == "select-selftest") return run_select_selftest() ? 1 : 0;
     if (mode == "select-check") return run_select_check() ? 1 : 0;
     if (mode == "select-compact-check") return run_compact_check() ? 1 : 0;
@@ -2201,7 +2276,7 @@ int main(int argc, char** argv) {
   }
   std::fprintf(stderr,
                "usage: %s check | decode-check | select-selftest | select-check | "
-               "select-compact-check | profile | "
+               "select-compact-check | profile | profile-select | "
                "bench OUT.json | prefill-check | prefill-bench OUT.json | append-check\n",
                argv[0]);
   return 2;
