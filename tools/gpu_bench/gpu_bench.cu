@@ -2168,7 +2168,7 @@ int run_profile() {
 // Quest scoring and top-k alone at 128K and 1M tokens (B=1, Hq=32, Hkv=8, d=128, page 16,
 // 4096-token budget), on shuffled and on sequential page tables, rotated over the 1M-token
 // pool so L2 does not serve 128K: for ncu (ncu --clock-control none -k regex:quest_score
-// masskv_gpu_bench profile-select) and for comparing scoring variants (MASSKV_SCORE_STAGES).
+// masskv_gpu_bench profile-select) and for timing scoring variants side by side.
 int run_profile_select() {
   const int Hq = 32, Hkv = 8, d = 128, P = 16, pool_pages = (1 << 20) / P;
   const std::size_t n = static_cast<std::size_t>(pool_pages) * Hkv * d;
