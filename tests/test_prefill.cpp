@@ -3,11 +3,14 @@
 #include <gtest/gtest.h>
 #include <omp.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <random>
 #include <vector>
 
+#include "attn/microkernels.hpp"
 #include "harness.hpp"
 
 namespace masskv::test {
@@ -147,3 +150,24 @@ TEST(Prefill, EmptyMaskRowGivesZeroOutput) {
 
 }  // namespace
 }  // namespace masskv::test
+
+// The max micro-kernel (softmax rows of prefill): equal to std::max_element on every length
+// around the vector widths, with -inf entries (masked keys) and the maximum in every slot.
+TEST(Prefill, MaxKernelMatchesMaxElement) {
+  std::mt19937 rng(7);
+  std::uniform_real_distribution<float> u(-50.f, 50.f);
+  for (const bool simd : {false, true}) {
+    const masskv::attn::mk::Kernels& k = masskv::attn::mk::kernels(simd);
+    for (int n = 1; n <= 70; ++n) {
+      std::vector<float> x(static_cast<std::size_t>(n));
+      for (int at = 0; at < n; ++at) {
+        for (float& v : x) v = u(rng) < 0 ? -INFINITY : u(rng);
+        x[static_cast<std::size_t>(at)] = 60.f + static_cast<float>(at);
+        EXPECT_EQ(k.max(x.data(), n), *std::max_element(x.begin(), x.end()))
+            << k.name << " n " << n << " at " << at;
+      }
+      std::fill(x.begin(), x.end(), -INFINITY);
+      EXPECT_EQ(k.max(x.data(), n), -INFINITY) << k.name << " n " << n;
+    }
+  }
+}

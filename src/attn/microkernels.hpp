@@ -25,11 +25,14 @@ using AccumulateFn = void (*)(int dtype, const float* w, std::int64_t lw, int g,
                               int npf);
 // x[i] = exp(x[i] - m) (0 for x[i] = -inf); returns the sum of the new x.
 using ExpSumFn = float (*)(float* x, int n, float m);
+// max of x[0..n), n > 0 (x holds no NaN).
+using MaxFn = float (*)(const float* x, int n);
 
 struct Kernels {
   ScoresFn scores;
   AccumulateFn accumulate;
   ExpSumFn exp_sum;
+  MaxFn max;
   const char* name;
 };
 
@@ -46,6 +49,7 @@ void scores_scalar(int dtype, const float* q, int g, int d, const void* const* r
 void accumulate_scalar(int dtype, const float* w, std::int64_t lw, int g, int d,
                        const void* const* rows, int n, float* acc, const void* const* pf, int npf);
 float exp_sum_scalar(float* x, int n, float m);
+float max_scalar(const float* x, int n);
 
 // AVX2 versions (microkernels_avx2.cpp): call only after cpu::has_avx2().
 void scores_avx2(int dtype, const float* q, int g, int d, const void* const* rows, int n,
@@ -53,5 +57,6 @@ void scores_avx2(int dtype, const float* q, int g, int d, const void* const* row
 void accumulate_avx2(int dtype, const float* w, std::int64_t lw, int g, int d,
                      const void* const* rows, int n, float* acc, const void* const* pf, int npf);
 float exp_sum_avx2(float* x, int n, float m);
+float max_avx2(const float* x, int n);
 
 }  // namespace masskv::attn::mk

@@ -396,4 +396,24 @@ float exp_sum_avx2(float* x, int n, float m) {
   return sum;
 }
 
+// Four independent vector maxima (max is exact, so their order does not matter).
+float max_avx2(const float* x, int n) {
+  const float first = x[0];
+  __m256 m0 = _mm256_set1_ps(first), m1 = m0, m2 = m0, m3 = m0;
+  int i = 0;
+  for (; i + 32 <= n; i += 32) {
+    m0 = _mm256_max_ps(m0, _mm256_loadu_ps(x + i));
+    m1 = _mm256_max_ps(m1, _mm256_loadu_ps(x + i + 8));
+    m2 = _mm256_max_ps(m2, _mm256_loadu_ps(x + i + 16));
+    m3 = _mm256_max_ps(m3, _mm256_loadu_ps(x + i + 24));
+  }
+  for (; i + 8 <= n; i += 8) m0 = _mm256_max_ps(m0, _mm256_loadu_ps(x + i));
+  alignas(32) float lanes[8];
+  _mm256_store_ps(lanes, _mm256_max_ps(_mm256_max_ps(m0, m1), _mm256_max_ps(m2, m3)));
+  float m = lanes[0];
+  for (int j = 1; j < 8; ++j) m = lanes[j] > m ? lanes[j] : m;
+  for (; i < n; ++i) m = x[i] > m ? x[i] : m;
+  return m;
+}
+
 }  // namespace masskv::attn::mk

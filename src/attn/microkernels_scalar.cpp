@@ -1,4 +1,5 @@
 // Scalar micro-kernels: the portable fallback and the `Impl::scalar` path of the harness.
+#include <algorithm>
 #include <cmath>
 
 #include "attn/microkernels.hpp"
@@ -72,9 +73,12 @@ float exp_sum_scalar(float* x, int n, float m) {
   return sum;
 }
 
+float max_scalar(const float* x, int n) { return *std::max_element(x, x + n); }
+
 const Kernels& kernels(bool simd) {
-  static const Kernels scalar{scores_scalar, accumulate_scalar, exp_sum_scalar, "scalar"};
-  static const Kernels avx2{scores_avx2, accumulate_avx2, exp_sum_avx2, "avx2"};
+  static const Kernels scalar{scores_scalar, accumulate_scalar, exp_sum_scalar, max_scalar,
+                              "scalar"};
+  static const Kernels avx2{scores_avx2, accumulate_avx2, exp_sum_avx2, max_avx2, "avx2"};
   if (simd && cpu::has_avx2() && cpu::simd_allowed()) return avx2;
   return scalar;
 }

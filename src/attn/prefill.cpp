@@ -40,36 +40,17 @@ std::int64_t tile_queries(const Geometry& geo, std::int64_t length) {
   return std::clamp<std::int64_t>(kMaxScores / per_query, 1, 32);
 }
 
-// Max of s[0..n) (n > 0) with 8 independent partial maxima, so the compiler can use vector
-// max instead of one serial chain; max is exact, so the order does not change the result.
-float max_of(const float* s, int n) {
-  float m[8];
-  for (int j = 0; j < 8; ++j) m[j] = s[0];
-  int r = 0;
-  for (; r + 8 <= n; r += 8) {
-    for (int j = 0; j < 8; ++j) m[j] = s[r + j] > m[j] ? s[r + j] : m[j];
-  }
-  for (; r < n; ++r) m[0] = s[r] > m[0] ? s[r] : m[0];
-  for (int j = 1; j < 8; ++j) m[0] = m[j] > m[0] ? m[j] : m[0];
-  return m[0];
-}
-
-// Causal mask without a block mask, branch-free (a select per key, which the compiler
-// vectorises): keys after position p become -inf. Returns the visible count.
+// Causal mask without a block mask: keys after position p become -inf. kpos is ascending
+// (gathered in position order), so the visible keys are a prefix. Returns its length.
 int causal_mask_row(float* s, const std::int64_t* kpos, int n, std::int64_t p) {
-  constexpr float kNegInf = -std::numeric_limits<float>::infinity();
-  int visible = 0;
-  for (int r = 0; r < n; ++r) {
-    const bool ok = kpos[r] <= p;
-    visible += ok ? 1 : 0;
-    s[r] = ok ? s[r] : kNegInf;
-  }
+  const int visible = static_cast<int>(std::upper_bound(kpos, kpos + n, p) - kpos);
+  std::fill(s + visible, s + n, -std::numeric_limits<float>::infinity());
   return visible;
 }
 
 struct Scratch {
   std::vector<const void*> k, v, kk, vv;
-  std::vector<std::int64_t> pos;
+  std::vector<std::int64_t> pos, kpos;
   std::vector<float> q, s, acc, row;
   std::vector<double> p_sum;
   std::vector<std::uint8_t> used, blocks;
@@ -87,24 +68,49 @@ void run_item(const PrefillArgs& args, const Geometry& geo, const detail::RowSou
   const int rows_q = tq * g;  // packed query vectors: (query i, head j) -> i * g + j
 
   // Keys some query of the tile may see: causal up to the last query, and in a selected block.
+  // Only the pages that hold selected blocks are gathered (a sparse tile's cost follows its
+  // selection, not the sequence length).
   const std::int64_t last = mask.position(it.q1 - 1);
-  const int pages = static_cast<int>(last / args.cache.page_size) + 1;
-  t.k.resize(static_cast<std::size_t>(pages) * args.cache.page_size);
+  const int P = args.cache.page_size;
+  const int pages = static_cast<int>(last / P) + 1;
+  t.k.resize(static_cast<std::size_t>(pages) * P);
   t.v.resize(t.k.size());
   t.pos.resize(t.k.size());
-  const int all = src.gather(it.b, it.h, 0, pages, t.k.data(), t.v.data(), t.pos.data());
   t.kk.clear();
   t.vv.clear();
-  std::vector<std::int64_t> kpos;
-  mask.blocks_of(it.q0, it.q1, t.blocks);
-  const std::int64_t kb = mask.k_block();
-  for (int r = 0; r < all && t.pos[r] <= last; ++r) {
-    if (args.block_mask != nullptr && t.blocks[static_cast<std::size_t>(t.pos[r] / kb)] == 0) {
-      continue;
+  t.kpos.clear();
+  const auto take = [&](int p0, int p1, const std::uint8_t* blocks, std::int64_t kb) {
+    const int got = src.gather(it.b, it.h, p0, p1, t.k.data(), t.v.data(), t.pos.data());
+    for (int r = 0; r < got && t.pos[r] <= last; ++r) {
+      if (blocks != nullptr && blocks[t.pos[r] / kb] == 0) continue;
+      t.kk.push_back(t.k[r]);
+      t.vv.push_back(t.v[r]);
+      t.kpos.push_back(t.pos[r]);
     }
-    t.kk.push_back(t.k[r]);
-    t.vv.push_back(t.v[r]);
-    kpos.push_back(t.pos[r]);
+  };
+  if (args.block_mask == nullptr) {
+    take(0, pages, nullptr, 1);
+  } else {
+    mask.blocks_of(it.q0, it.q1, t.blocks);
+    const std::int64_t kb = mask.k_block();
+    const std::int64_t cols = std::min<std::int64_t>(static_cast<std::int64_t>(t.blocks.size()),
+                                                     last / kb + 1);
+    // Runs of selected blocks -> page ranges; a page shared by two runs is gathered by the
+    // first only (its rows of the second run's block are kept there: the block test is per row).
+    int next_page = 0;
+    for (std::int64_t c = 0; c < cols;) {
+      if (t.blocks[static_cast<std::size_t>(c)] == 0) {
+        ++c;
+        continue;
+      }
+      std::int64_t e = c;
+      while (e < cols && t.blocks[static_cast<std::size_t>(e)] != 0) ++e;
+      const int p0 = std::max(next_page, static_cast<int>(c * kb / P));
+      const int p1 = std::min(pages, static_cast<int>((e * kb + P - 1) / P));
+      if (p0 < p1) take(p0, p1, t.blocks.data(), kb);
+      next_page = std::max(next_page, p1);
+      c = e;
+    }
   }
   const int n = static_cast<int>(t.kk.size());
   t.keep.resize(static_cast<std::size_t>(n));
@@ -121,7 +127,10 @@ void run_item(const PrefillArgs& args, const Geometry& geo, const detail::RowSou
   if (n > 0)
     kern.scores(dt, t.q.data(), rows_q, d, t.kk.data(), n, geo.scale, t.s.data(), n, nullptr, 0);
 
-  // Map each packed row to weights in place; stat = lse or tau.
+  // Map each packed row to weights in place; stat = lse or tau. When the tile's queries share
+  // one mask row, the gathered keys are exactly that row's blocks, so only causality is left
+  // to test per key (no per-(query, key) block lookup).
+  const bool one_row = mask.one_row(it.q0, it.q1);
   constexpr float kNegInf = -std::numeric_limits<float>::infinity();
   std::vector<float> stat(rows_q);
   t.p_sum.assign(rows_q, 0.0);
@@ -129,11 +138,11 @@ void run_item(const PrefillArgs& args, const Geometry& geo, const detail::RowSou
     for (int j = 0; j < g; ++j) {
       float* s = t.s.data() + (static_cast<std::size_t>(i) * g + j) * n;
       int visible = 0;
-      if (args.block_mask == nullptr) {
-        visible = causal_mask_row(s, kpos.data(), n, mask.position(it.q0 + i));
+      if (one_row) {
+        visible = causal_mask_row(s, t.kpos.data(), n, mask.position(it.q0 + i));
       } else {
         for (int r = 0; r < n; ++r) {
-          if (mask.allowed(it.q0 + i, kpos[r])) {
+          if (mask.allowed(it.q0 + i, t.kpos[r])) {
             ++visible;
           } else {
             s[r] = kNegInf;
@@ -147,7 +156,7 @@ void run_item(const PrefillArgs& args, const Geometry& geo, const detail::RowSou
         continue;
       }
       if (!args.mapping.is_entmax()) {
-        const float m = max_of(s, n);
+        const float m = kern.max(s, n);
         const float l = kern.exp_sum(s, n, m);
         t.p_sum[row] = l;
         stat[row] = m + std::log(l);
@@ -175,16 +184,19 @@ void run_item(const PrefillArgs& args, const Geometry& geo, const detail::RowSou
 
   // One weighted pass over V, skipping rows that no packed query weights. Which rows are
   // weighted is found row by row (contiguous); the columns move only when some row is
-  // skipped (softmax under a plain causal mask weights every row: the tile's last query sees
-  // them all).
-  t.used.assign(static_cast<std::size_t>(n), 0);
-  for (int row = 0; row < rows_q; ++row) {
-    const float* s = t.s.data() + static_cast<std::size_t>(row) * n;
-    for (int r = 0; r < n; ++r) t.used[r] |= s[r] != 0 ? 1 : 0;
-  }
-  int m = 0;
-  for (int r = 0; r < n; ++r) {
-    if (t.used[r] != 0) t.keep[m++] = r;
+  // skipped. Softmax on a one-row tile weights every gathered key (the tile's last query
+  // sees them all), so there is nothing to find.
+  int m = n;
+  if (args.mapping.is_entmax() || !one_row) {
+    t.used.assign(static_cast<std::size_t>(n), 0);
+    for (int row = 0; row < rows_q; ++row) {
+      const float* s = t.s.data() + static_cast<std::size_t>(row) * n;
+      for (int r = 0; r < n; ++r) t.used[r] |= s[r] != 0 ? 1 : 0;
+    }
+    m = 0;
+    for (int r = 0; r < n; ++r) {
+      if (t.used[r] != 0) t.keep[m++] = r;
+    }
   }
   if (m < n) {
     for (int row = 0; row < rows_q; ++row) {

@@ -38,6 +38,10 @@ class PrefillMask {
       for (std::int64_t c = 0; c < cols_; ++c) out[static_cast<std::size_t>(c)] |= row[c];
     }
   }
+  // Whether queries [i0, i1) all read the same mask row (always, without a mask).
+  bool one_row(std::int64_t i0, std::int64_t i1) const {
+    return mask_ == nullptr || i0 / mask_->q_block == (i1 - 1) / mask_->q_block;
+  }
   int k_block() const { return mask_ != nullptr ? mask_->k_block : 1; }
 
  private:
