@@ -1,5 +1,5 @@
 // CUDA causal prefill attention, softmax, dense or block-sparse (issue 10; DESIGN.md §3
-// Selection at prefill granularity, §4). One kernel: a CTA owns a 64-token query tile of one
+// Selection at prefill granularity, §4). A CTA owns a 64-token query tile of one
 // sequence and kHeads q heads of one kv group (4 warps per head, 16 query rows per warp), and
 // walks the key tiles (64 keys) it may attend — every causal tile (dense) or the causal tiles
 // of its query block's listed key blocks (sparse) — so each key tile is read once for the
@@ -8,20 +8,25 @@
 // tensor cores (mma.sync m16n8k16, bf16/f16 in, f32 accumulate; ldmatrix from padded rows, no
 // bank conflicts); the online softmax (base 2, DESIGN.md §2.6's (o, lse) state) lives in
 // registers. Only tiles crossing the diagonal or the sequence end are masked element-wise.
+// Two kernels of that structure: prefill_kernel (mma.sync m16n8k16; d = 64, and d = 128 on
+// request) and prefill_wgmma_kernel (sm_90a warpgroup MMA, d = 128; wgmma.cuh).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
 #include <mutex>
+#include <string_view>
 
 #include "decode_common.cuh"  // cp.async helpers
 #include "device.cuh"
 #include "masskv/cuda/prefill.hpp"
 #include "masskv/error.hpp"
 #include "prefill_common.cuh"
+#include "wgmma.cuh"
 
 namespace masskv::cuda {
 namespace prefill_impl {
@@ -371,6 +376,204 @@ __global__ void __launch_bounds__(kHeads * 128, kHeads == 1 ? 2 : 1) prefill_ker
   }
 }
 
+// The wgmma (sm_90a) version of prefill_kernel for d = 128: a CTA owns the 64-token query
+// tile and kHeads q heads of one kv group, one warpgroup (4 warps, 128 threads) per head; each
+// warpgroup's S = Q·Kᵀ and O += P·V are warpgroup MMAs reading Q, K and V from shared memory in
+// the core-matrix layout of wgmma.cuh (P from registers). Same tile walk, same cp.async double
+// buffer, same online softmax and epilogue as prefill_kernel; a warpgroup always computes all
+// 64 rows (wgmma is warpgroup-wide), masked rows simply weigh nothing.
+// Registers: 4 heads (512 threads) and 2 heads (two CTAs per SM) run at 128 (8 and 80 bytes of
+// spills), 1 head at 182 (two CTAs per SM by shared memory).
+template <bool kBf16, int kHeads>
+__global__ void __launch_bounds__(kHeads * 128, kHeads == 2 ? 2 : 1)
+    prefill_wgmma_kernel(Params p) {
+  constexpr int kD = 128;
+  constexpr int kStages = 2;  // 3 measured no faster (2026-12-04)
+  constexpr int kThreads = kHeads * 128;
+  constexpr int kTileElems = kTile * kD;
+  constexpr int kPiecesPerTile = kTile * (kD / 8);
+  extern __shared__ uint4 smem_raw[];
+  std::uint16_t* sQ = reinterpret_cast<std::uint16_t*>(smem_raw);  // [kHeads][64 × 128]
+  std::uint16_t* sK = sQ + kHeads * kTileElems;                    // [kStages][64 × 128]
+  std::uint16_t* sV = sK + kStages * kTileElems;                   // [kStages][64 × 128]
+
+  const int b = blockIdx.z;
+  const int kvh = blockIdx.y / p.head_groups, hg = blockIdx.y % p.head_groups;
+  const int q_head0 = kvh * p.group + hg * kHeads;
+  const SeqGeo g = seq_geo(p.t, b, p.err, threadIdx.x == 0);
+  const int qtile = static_cast<int>(gridDim.x) - 1 - static_cast<int>(blockIdx.x);
+  if (!g.ok || qtile * kTile >= g.nq) return;
+  const TileList tl = tile_list(p, g, b, kvh, qtile);
+
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+  // Piece idx of a tile: row idx % 8 + 8 (idx / 128), 16-byte piece (idx / 8) % 16, so the 32
+  // lanes of a warp fill 4 whole core matrices (512 contiguous bytes: no bank conflict).
+  const auto piece_row = [](int idx) { return (idx % 8) + 8 * (idx / 128); };
+  const auto piece_col = [](int idx) { return (idx / 8) % 16; };
+  for (int idx = tid; idx < kHeads * kPiecesPerTile; idx += kThreads) {
+    const int hs = idx / kPiecesPerTile, r = piece_row(idx % kPiecesPerTile),
+              c = piece_col(idx % kPiecesPerTile);
+    const int i = qtile * kTile + r;
+    const bool ok = i < g.nq;
+    const std::uint16_t* src =
+        p.q + (ok ? (g.q_begin + i) * p.q_s0 + (q_head0 + hs) * p.q_s1 + c * 8 : 0);
+    cp_async16(sQ + hs * kTileElems + wgmma::tile_offset(r, c), src, ok ? 16 : 0);
+  }
+  cp_async_commit();
+
+  const auto issue = [&](int tile, int stage) {
+#pragma unroll
+    for (int j = 0; j < kPiecesPerTile / kThreads; ++j) {
+      const int idx = tid + j * kThreads;
+      const int r = piece_row(idx), c = piece_col(idx);
+      const int pos = tile * kTile + r;
+      const std::int64_t row = pos < g.length ? key_row(p.t, g, kvh, pos, p.err) : -1;
+      const std::int64_t off = row < 0 ? 0 : row + c * 8;
+      const int bytes = row < 0 ? 0 : 16;
+      const int at = stage * kTileElems + wgmma::tile_offset(r, c);
+      cp_async16(sK + at, p.k + off, bytes);
+      cp_async16(sV + at, p.v + off, bytes);
+    }
+  };
+
+  const int hs = warp / 4, t0 = (warp % 4) * 16;
+  const int gq = lane / 4, tq = lane % 4;
+  const int qpos0 = g.first_q + qtile * kTile + t0;
+
+  float o[kD / 8][4];
+#pragma unroll
+  for (int n = 0; n < kD / 8; ++n)
+#pragma unroll
+    for (int c = 0; c < 4; ++c) o[n][c] = 0.f;
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
+  const std::uint64_t dq = wgmma::desc_k_major(sQ + hs * kTileElems);
+
+  const auto compute = [&](int tile, int stage) {
+    const int kpos0 = tile * kTile;
+    float s[8][4];
+    wgmma::qk<kBf16>(s, dq, wgmma::desc_k_major(sK + stage * kTileElems));
+    const bool need_mask = kpos0 + kTile - 1 > qpos0 || kpos0 + kTile > g.length;
+    float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+    for (int n = 0; n < 8; ++n)
+#pragma unroll
+      for (int c = 0; c < 4; ++c) {
+        if (need_mask) {
+          const int kp = kpos0 + n * 8 + 2 * tq + (c & 1);
+          const int qp = qpos0 + gq + 8 * (c >> 1);
+          if (kp > qp || kp >= g.length) s[n][c] = -INFINITY;
+        }
+        mx[c >> 1] = fmaxf(mx[c >> 1], s[n][c]);
+      }
+    float m_use[2];
+    bool grew = false;
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
+      mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
+      const float m_new = fmaxf(m[r], mx[r] * p.scale_log2);
+      m_use[r] = m_new == -INFINITY ? 0.f : m_new;
+      grew |= m_new > m[r];
+      l[r] *= exp2_approx(m[r] - m_use[r]);
+    }
+    if (__any_sync(0xffffffffu, grew)) {
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const float corr = exp2_approx(m[r] - m_use[r]);
+#pragma unroll
+        for (int n = 0; n < kD / 8; ++n) {
+          o[n][2 * r] *= corr;
+          o[n][2 * r + 1] *= corr;
+        }
+      }
+    }
+#pragma unroll
+    for (int r = 0; r < 2; ++r) m[r] = fmaxf(m[r], mx[r] * p.scale_log2);
+    // P·V in two halves of 32 keys (P's registers for one half at a time: the 4-head kernel's
+    // 128 registers spilled with the whole tile's P).
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      unsigned pa[2][4];
+#pragma unroll
+      for (int k2 = 0; k2 < 2; ++k2) {
+        const int kk = 2 * half + k2;
+        float e[2][4];
+#pragma unroll
+        for (int h = 0; h < 2; ++h)
+#pragma unroll
+          for (int c = 0; c < 4; ++c) {
+            e[h][c] = exp2_approx(fmaf(s[2 * kk + h][c], p.scale_log2, -m_use[c >> 1]));
+            l[c >> 1] += e[h][c];
+          }
+        pa[k2][0] = pack2<kBf16>(e[0][0], e[0][1]);
+        pa[k2][1] = pack2<kBf16>(e[0][2], e[0][3]);
+        pa[k2][2] = pack2<kBf16>(e[1][0], e[1][1]);
+        pa[k2][3] = pack2<kBf16>(e[1][2], e[1][3]);
+      }
+      const std::uint64_t dv =
+          wgmma::desc_mn_major(sV + stage * kTileElems + half * 4 * wgmma::kRowGroupElems);
+      // The first half's MMAs run while the second half's exps are computed.
+      if (half == 0) {
+        wgmma::pv<kBf16, false>(o, pa, dv);
+      } else {
+        wgmma::pv<kBf16, true>(o, pa, dv);
+      }
+    }
+  };
+
+  // kStages-deep ring: kStages - 1 tiles in flight while one is computed. The slot refilled
+  // after the barrier is the one computed in the previous round (every thread is past it).
+  int cur = tl.next(0), ahead = cur;
+#pragma unroll
+  for (int st = 0; st < kStages - 1; ++st) {
+    if (ahead < tl.items) {
+      issue(tl.tile(ahead), st);
+      ahead = tl.next(ahead + 1);
+    }
+    cp_async_commit();
+  }
+  for (int stage = 0; cur < tl.items; stage = stage + 1 == kStages ? 0 : stage + 1) {
+    cp_async_wait<kStages - 2>();
+    wgmma::fence_proxy_async();
+    __syncthreads();
+    if (ahead < tl.items) {
+      issue(tl.tile(ahead), stage == 0 ? kStages - 1 : stage - 1);
+      ahead = tl.next(ahead + 1);
+    }
+    cp_async_commit();
+    compute(tl.tile(cur), stage);
+    cur = tl.next(cur + 1);
+  }
+  cp_async_wait<0>();
+
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
+    l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
+    const int i = qtile * kTile + t0 + gq + 8 * r;
+    if (i >= g.nq) continue;
+    const float inv = l[r] > 0.f ? 1.f / l[r] : 0.f;
+    const std::int64_t qrow = g.q_begin + i;
+    const int hq = q_head0 + hs;
+    const std::int64_t at = qrow * p.o_s0 + hq * p.o_s1 + 2 * tq;
+    if (p.out_f32) {
+      float* dst = static_cast<float*>(p.out) + at;
+#pragma unroll
+      for (int n = 0; n < kD / 8; ++n)
+        *reinterpret_cast<float2*>(dst + n * 8) =
+            make_float2(o[n][2 * r] * inv, o[n][2 * r + 1] * inv);
+    } else {
+      std::uint16_t* dst = static_cast<std::uint16_t*>(p.out) + at;
+#pragma unroll
+      for (int n = 0; n < kD / 8; ++n)
+        *reinterpret_cast<unsigned*>(dst + n * 8) =
+            pack2<kBf16>(o[n][2 * r] * inv, o[n][2 * r + 1] * inv);
+    }
+    if (p.lse && tq == 0)
+      p.lse[qrow * p.num_q_heads + hq] = l[r] > 0.f ? (m[r] + log2f(l[r])) * kLn2 : -INFINITY;
+  }
+}
+
 using KernelFn = void (*)(Params);
 struct KernelInfo {
   KernelFn fn;
@@ -389,15 +592,33 @@ KernelInfo info_by_heads(int heads) {
                       : info<kBf16, kD, 1>();
 }
 
-// The kernel for (dtype, d, q heads per CTA), its shared-memory limit raised once.
-KernelInfo prepare(DType dtype, int d, int heads) {
+template <bool kBf16, int kHeads>
+KernelInfo wgmma_info() {
+  return {prefill_wgmma_kernel<kBf16, kHeads>, sizeof(std::uint16_t) * (kHeads + 4) * kTile * 128,
+          kHeads * 128};
+}
+
+// The kernel for (dtype, d, q heads per CTA, wgmma or mma.sync), its shared-memory limit
+// raised once.
+KernelInfo prepare(DType dtype, int d, int heads, bool use_wgmma) {
   const bool bf = dtype == DType::bf16;
-  const KernelInfo k =
-      bf ? (d == 64 ? info_by_heads<true, 64>(heads) : info_by_heads<true, 128>(heads))
-         : (d == 64 ? info_by_heads<false, 64>(heads) : info_by_heads<false, 128>(heads));
-  const int key = (bf ? 0 : 6) + (d == 64 ? 0 : 3) + (heads == 4 ? 2 : heads == 2 ? 1 : 0);
+  KernelInfo k;
+  int key;
+  if (use_wgmma) {
+    k = bf ? (heads == 4   ? wgmma_info<true, 4>()
+              : heads == 2 ? wgmma_info<true, 2>()
+                           : wgmma_info<true, 1>())
+           : (heads == 4   ? wgmma_info<false, 4>()
+              : heads == 2 ? wgmma_info<false, 2>()
+                           : wgmma_info<false, 1>());
+    key = 12 + (bf ? 0 : 3) + (heads == 4 ? 2 : heads == 2 ? 1 : 0);
+  } else {
+    k = bf ? (d == 64 ? info_by_heads<true, 64>(heads) : info_by_heads<true, 128>(heads))
+           : (d == 64 ? info_by_heads<false, 64>(heads) : info_by_heads<false, 128>(heads));
+    key = (bf ? 0 : 6) + (d == 64 ? 0 : 3) + (heads == 4 ? 2 : heads == 2 ? 1 : 0);
+  }
   static std::mutex mu;
-  static bool ready[12] = {};
+  static bool ready[18] = {};
   std::lock_guard<std::mutex> lock(mu);
   if (!ready[key]) {
     check_cuda(cudaFuncSetAttribute(k.fn, cudaFuncAttributeMaxDynamicSharedMemorySize,
@@ -421,6 +642,18 @@ int heads_per_cta(int group) {
   for (int h = cap; h > 1; h /= 2)
     if (group % h == 0) return h;
   return 1;
+}
+// d = 128 runs the wgmma kernel with heads_per_cta's q heads per CTA (one warpgroup each):
+// 4 (16 warps, 128 registers) when the group allows, else 2 (two CTAs per SM) or 1. Measured
+// dense at 128K (2026-12-04, B 1, Hq 32, Hkv 8): 4 heads 311 TFLOP/s, 2 heads 259, 1 head 157:
+// the more heads share a loaded key tile, the faster. MASSKV_PREFILL_KERNEL=mma selects the
+// mma.sync kernel instead (240 TFLOP/s there), for comparing them.
+bool wgmma_enabled(int d) {
+  static const bool off = [] {
+    const char* e = std::getenv("MASSKV_PREFILL_KERNEL");
+    return e != nullptr && std::string_view(e) == "mma";
+  }();
+  return d == 128 && !off;
 }
 bool aligned16(const void* ptr) { return reinterpret_cast<std::uintptr_t>(ptr) % 16 == 0; }
 
@@ -553,6 +786,7 @@ void prefill(const PrefillArgs& a, const PrefillLaunch& launch) {
   if (B == 0 || total_q == 0) return;
 
   const int group = Hq / Hkv;
+  const bool use_wgmma = wgmma_enabled(d);
   const int heads = heads_per_cta(group);
   p.t = seq_tables(c, a.q_indptr, total_q, launch.max_q_per_seq);
   p.q = a.q.data;
@@ -574,7 +808,7 @@ void prefill(const PrefillArgs& a, const PrefillLaunch& launch) {
   PrefillWorkspace::Impl& ws = launch.workspace->impl();
   p.err = ws.err.get();
 
-  const KernelInfo k = prepare(c.dtype, d, heads);
+  const KernelInfo k = prepare(c.dtype, d, heads, use_wgmma);
   const dim3 grid((launch.max_q_per_seq + kTile - 1) / kTile, Hkv * p.head_groups, B);
   require(grid.y <= 65535, ErrorCode::invalid_argument, "q", "too many q head groups");
   k.fn<<<grid, k.threads, k.smem, launch.stream>>>(p);
