@@ -126,14 +126,18 @@ __device__ __forceinline__ unsigned pack2(float lo, float hi) {
 // sequence (skipped before any load) and bad ids (flagged when the list is validated).
 struct TileList {
   const std::int32_t* ids = nullptr;  // sparse: the row's list
-  int items = 0, sub = 1, num_kblocks = 0;
+  int items = 0, sub_log2 = 0, num_kblocks = 0;  // k_block / 64 = 1 << sub_log2 tiles a block
   int kmax = -1;  // last key position any query of the tile may attend
 
-  __device__ int tile(int item) const { return ids ? ids[item / sub] * sub + item % sub : item; }
+  // Shifts, not divisions: the SASS of a runtime division was ~20 instructions per call, on
+  // the path between a tile's barrier and its first MMA.
+  __device__ int tile(int item) const {
+    return ids ? (ids[item >> sub_log2] << sub_log2) + (item & ((1 << sub_log2) - 1)) : item;
+  }
   __device__ bool usable(int item) const {
     if (!ids) return true;
-    const int id = ids[item / sub];
-    return id >= 0 && id < num_kblocks && (id * sub + item % sub) * kTile <= kmax;
+    const int id = ids[item >> sub_log2];
+    return id >= 0 && id < num_kblocks && tile(item) * kTile <= kmax;
   }
   __device__ int next(int item) const {
     while (item < items && !usable(item)) ++item;
@@ -166,9 +170,9 @@ __device__ TileList tile_list(const Params& p, const SeqGeo& g, int b, int kvh, 
     return tl;
   }
   tl.ids = p.sel_ids + slot * p.sel_max;
-  tl.sub = p.k_block / kTile;
+  tl.sub_log2 = p.k_block == 2 * kTile ? 1 : 0;
   tl.num_kblocks = (g.length + p.k_block - 1) / p.k_block;
-  tl.items = count * tl.sub;
+  tl.items = count << tl.sub_log2;
   for (int i = threadIdx.x; i < count; i += blockDim.x) {
     const int id = tl.ids[i];
     if (id < 0 || id >= tl.num_kblocks || (i > 0 && id <= tl.ids[i - 1]))
@@ -421,9 +425,10 @@ __global__ void __launch_bounds__(kHeads * 128, kHeads == 2 ? 2 : 1)
   }
   cp_async_commit();
 
+  constexpr int kRowsPerThread = kPiecesPerTile / kThreads;
   const auto issue = [&](int tile, int stage) {
 #pragma unroll
-    for (int j = 0; j < kPiecesPerTile / kThreads; ++j) {
+    for (int j = 0; j < kRowsPerThread; ++j) {
       const int idx = tid + j * kThreads;
       const int r = piece_row(idx), c = piece_col(idx);
       const int pos = tile * kTile + r;
@@ -448,9 +453,12 @@ __global__ void __launch_bounds__(kHeads * 128, kHeads == 2 ? 2 : 1)
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
   const std::uint64_t dq = wgmma::desc_k_major(sQ + hs * kTileElems);
 
-  const auto compute = [&](int tile, int stage) {
+  // before_s: the next tile's loads, issued just before S. Written inside this lambda, ptxas
+  // gives the 4-head kernel 8 bytes of spills, against 16 when the loads precede the call.
+  const auto compute = [&](int tile, int stage, auto&& before_s) {
     const int kpos0 = tile * kTile;
     float s[8][4];
+    before_s();
     wgmma::qk<kBf16>(s, dq, wgmma::desc_k_major(sK + stage * kTileElems));
     const bool need_mask = kpos0 + kTile - 1 > qpos0 || kpos0 + kTile > g.length;
     float mx[2] = {-INFINITY, -INFINITY};
@@ -536,12 +544,13 @@ __global__ void __launch_bounds__(kHeads * 128, kHeads == 2 ? 2 : 1)
     cp_async_wait<kStages - 2>();
     wgmma::fence_proxy_async();
     __syncthreads();
-    if (ahead < tl.items) {
-      issue(tl.tile(ahead), stage == 0 ? kStages - 1 : stage - 1);
-      ahead = tl.next(ahead + 1);
-    }
-    cp_async_commit();
-    compute(tl.tile(cur), stage);
+    compute(tl.tile(cur), stage, [&] {
+      if (ahead < tl.items) {
+        issue(tl.tile(ahead), stage == 0 ? kStages - 1 : stage - 1);
+        ahead = tl.next(ahead + 1);
+      }
+      cp_async_commit();
+    });
     cur = tl.next(cur + 1);
   }
   cp_async_wait<0>();

@@ -64,7 +64,8 @@ __device__ __forceinline__ void fence_proxy_async() {
 // both operands: +16 in the descriptors' address field). s[n][c] is the m16n8 accumulator
 // layout of the warp's 16 rows (n-th 8-key column block).
 // Measured (2026-12-04): issuing S without the wait, the next tile's loads in its shadow,
-// made the 4-head kernel spill (60 bytes) and no faster (292 against 311 TFLOP/s dense).
+// made the 4-head kernel spill (52-60 bytes) and no faster; so did reading the next tile's
+// page ids a tile ahead.
 template <bool kBf16>
 __device__ __forceinline__ void qk(float (&s)[8][4], std::uint64_t da, std::uint64_t db) {
 #define MASSKV_WG_QK(T)                                                                      \
