@@ -121,6 +121,89 @@ __device__ __forceinline__ unsigned pack2(float lo, float hi) {
   }
 }
 
+// One 64-key tile of the online softmax (base 2, DESIGN.md §2.6's (o, lse) state) for a warp's
+// 16 rows in the m16n8 accumulator layout (s[n][c]: keys 8n + 2·tq + (c & 1), row gq + 8·(c >> 1)):
+// masks keys after a row's query or past the sequence (-inf), takes the row max over raw scores
+// (scale > 0 keeps the order), folds the old max into l and, when some row's max grew, into o.
+// m_use is the max to subtract from the base-2 logits s·scale_log2.
+template <int kD>
+__device__ __forceinline__ void softmax_tile(float (&s)[8][4], float (&o)[kD / 8][4],
+                                             float (&m)[2], float (&l)[2], float (&m_use)[2],
+                                             int kpos0, int qpos0, int length, int gq, int tq,
+                                             float scale_log2) {
+  const bool need_mask = kpos0 + kTile - 1 > qpos0 || kpos0 + kTile > length;
+  float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+  for (int n = 0; n < 8; ++n)
+#pragma unroll
+    for (int c = 0; c < 4; ++c) {
+      if (need_mask) {
+        const int kp = kpos0 + n * 8 + 2 * tq + (c & 1);
+        const int qp = qpos0 + gq + 8 * (c >> 1);
+        if (kp > qp || kp >= length) s[n][c] = -INFINITY;
+      }
+      mx[c >> 1] = fmaxf(mx[c >> 1], s[n][c]);
+    }
+  bool grew = false;
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
+    mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
+    const float m_new = fmaxf(m[r], mx[r] * scale_log2);
+    m_use[r] = m_new == -INFINITY ? 0.f : m_new;  // a row with no key yet: p = 0, no NaN
+    grew |= m_new > m[r];
+    l[r] *= exp2_approx(m[r] - m_use[r]);
+  }
+  // Rescale the running output only when some row's max grew (rare after the first tiles of
+  // a row); the test is warp-uniform, so the branch does not diverge.
+  if (__any_sync(0xffffffffu, grew)) {
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const float corr = exp2_approx(m[r] - m_use[r]);
+#pragma unroll
+      for (int n = 0; n < kD / 8; ++n) {
+        o[n][2 * r] *= corr;
+        o[n][2 * r + 1] *= corr;
+      }
+    }
+  }
+#pragma unroll
+  for (int r = 0; r < 2; ++r) m[r] = fmaxf(m[r], mx[r] * scale_log2);
+}
+
+// Epilogue of a warp's 16 rows (row0 .. row0 + 15 of the sequence's new tokens, q head hq):
+// the quad's partial sums, o / l in the output dtype, lse = (m + log2 l) ln 2.
+template <bool kBf16, int kD>
+__device__ __forceinline__ void store_rows(const Params& p, const SeqGeo& g, int row0, int hq,
+                                           int gq, int tq, const float (&o)[kD / 8][4],
+                                           const float (&m)[2], float (&l)[2]) {
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
+    l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
+    const int i = row0 + gq + 8 * r;
+    if (i >= g.nq) continue;
+    const float inv = l[r] > 0.f ? 1.f / l[r] : 0.f;
+    const std::int64_t qrow = g.q_begin + i;
+    const std::int64_t at = qrow * p.o_s0 + hq * p.o_s1 + 2 * tq;
+    if (p.out_f32) {
+      float* dst = static_cast<float*>(p.out) + at;
+#pragma unroll
+      for (int n = 0; n < kD / 8; ++n)
+        *reinterpret_cast<float2*>(dst + n * 8) =
+            make_float2(o[n][2 * r] * inv, o[n][2 * r + 1] * inv);
+    } else {
+      std::uint16_t* dst = static_cast<std::uint16_t*>(p.out) + at;
+#pragma unroll
+      for (int n = 0; n < kD / 8; ++n)
+        *reinterpret_cast<unsigned*>(dst + n * 8) =
+            pack2<kBf16>(o[n][2 * r] * inv, o[n][2 * r + 1] * inv);
+    }
+    if (p.lse && tq == 0)
+      p.lse[qrow * p.num_q_heads + hq] = l[r] > 0.f ? (m[r] + log2f(l[r])) * kLn2 : -INFINITY;
+  }
+}
+
 // The key tiles a CTA attends, in ascending order: dense, tiles 0 .. n - 1; sparse, the
 // listed blocks (k_block / 64 tiles each) minus tiles past the tile's last query or the
 // sequence (skipped before any load) and bad ids (flagged when the list is validated).
@@ -181,6 +264,27 @@ __device__ TileList tile_list(const Params& p, const SeqGeo& g, int b, int kvh, 
   return tl;
 }
 
+// What a CTA of either kernel works on: sequence blockIdx.z, kv head and its q heads from
+// blockIdx.y, the query tile from blockIdx.x, heavier (later) tiles first since causal work
+// grows with the tile index. live = false: nothing to do (bad tables, flagged; or no queries).
+struct Cta {
+  int b, kvh, q_head0, qtile;
+  SeqGeo g;
+  TileList tl;  // its key tiles (read and checked only when live)
+  bool live;
+};
+__device__ __forceinline__ Cta cta_of(const Params& p, int heads) {
+  Cta c;
+  c.b = blockIdx.z;
+  c.kvh = blockIdx.y / p.head_groups;
+  c.q_head0 = c.kvh * p.group + (blockIdx.y % p.head_groups) * heads;
+  c.g = seq_geo(p.t, c.b, p.err, threadIdx.x == 0);
+  c.qtile = static_cast<int>(gridDim.x) - 1 - static_cast<int>(blockIdx.x);
+  c.live = c.g.ok && c.qtile * kTile < c.g.nq;
+  if (c.live) c.tl = tile_list(p, c.g, c.b, c.kvh, c.qtile);
+  return c;
+}
+
 // Register budget: 4 heads (16 warps) run one CTA per SM at 128 registers a thread; 2 heads
 // (8 warps) one CTA with up to 255 (no spills; 8 warps per SM); 1 head (4 warps) two CTAs.
 template <bool kBf16, int kD, int kHeads>
@@ -194,14 +298,11 @@ __global__ void __launch_bounds__(kHeads * 128, kHeads == 1 ? 2 : 1) prefill_ker
   std::uint16_t* sK = sQ + kHeads * kTile * kRow;                  // [2][64][kRow]
   std::uint16_t* sV = sK + 2 * kTile * kRow;                       // [2][64][kRow]
 
-  const int b = blockIdx.z;
-  const int kvh = blockIdx.y / p.head_groups, hg = blockIdx.y % p.head_groups;
-  const int q_head0 = kvh * p.group + hg * kHeads;
-  const SeqGeo g = seq_geo(p.t, b, p.err, threadIdx.x == 0);
-  // Heavier (later) query tiles first: causal work grows with the tile index.
-  const int qtile = static_cast<int>(gridDim.x) - 1 - static_cast<int>(blockIdx.x);
-  if (!g.ok || qtile * kTile >= g.nq) return;
-  const TileList tl = tile_list(p, g, b, kvh, qtile);
+  const Cta cta = cta_of(p, kHeads);
+  if (!cta.live) return;
+  const SeqGeo& g = cta.g;
+  const TileList& tl = cta.tl;
+  const int kvh = cta.kvh, q_head0 = cta.q_head0, qtile = cta.qtile;
 
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   const int piece = tid % kPieces;
@@ -266,48 +367,8 @@ __global__ void __launch_bounds__(kHeads * 128, kHeads == 1 ? 2 : 1) prefill_ker
         mma16816<kBf16>(s[2 * np + 1], a, bk[2], bk[3]);
       }
     }
-    // Masked scores (-inf where the key is after the row's query or past the sequence); the
-    // row max over raw scores (scale > 0 keeps the order), then base-2 logits s·scale_log2 − m
-    // in one FMA.
-    const bool need_mask = kpos0 + kTile - 1 > qpos0 || kpos0 + kTile > g.length;
-    float mx[2] = {-INFINITY, -INFINITY};
-#pragma unroll
-    for (int n = 0; n < 8; ++n)
-#pragma unroll
-      for (int c = 0; c < 4; ++c) {
-        if (need_mask) {
-          const int kp = kpos0 + n * 8 + 2 * tq + (c & 1);
-          const int qp = qpos0 + gq + 8 * (c >> 1);
-          if (kp > qp || kp >= g.length) s[n][c] = -INFINITY;
-        }
-        mx[c >> 1] = fmaxf(mx[c >> 1], s[n][c]);
-      }
     float m_use[2];
-    bool grew = false;
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
-      mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
-      const float m_new = fmaxf(m[r], mx[r] * p.scale_log2);
-      m_use[r] = m_new == -INFINITY ? 0.f : m_new;  // a row with no key yet: p = 0, no NaN
-      grew |= m_new > m[r];
-      l[r] *= exp2_approx(m[r] - m_use[r]);
-    }
-    // Rescale the running output only when some row's max grew (rare after the first tiles of
-    // a row); the test is warp-uniform, so the branch does not diverge.
-    if (__any_sync(0xffffffffu, grew)) {
-#pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        const float corr = exp2_approx(m[r] - m_use[r]);
-#pragma unroll
-        for (int n = 0; n < kD / 8; ++n) {
-          o[n][2 * r] *= corr;
-          o[n][2 * r + 1] *= corr;
-        }
-      }
-    }
-#pragma unroll
-    for (int r = 0; r < 2; ++r) m[r] = fmaxf(m[r], mx[r] * p.scale_log2);
+    softmax_tile<kD>(s, o, m, l, m_use, kpos0, qpos0, g.length, gq, tq, p.scale_log2);
 #pragma unroll
     for (int n = 0; n < 8; ++n)
 #pragma unroll
@@ -351,33 +412,7 @@ __global__ void __launch_bounds__(kHeads * 128, kHeads == 1 ? 2 : 1) prefill_ker
   }
   cp_async_wait<0>();
 
-  // Epilogue: the quad's partial sums, o / l, lse = (m + log2 l) ln 2.
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
-    l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
-    const int i = qtile * kTile + t0 + gq + 8 * r;
-    if (i >= g.nq) continue;
-    const float inv = l[r] > 0.f ? 1.f / l[r] : 0.f;
-    const std::int64_t qrow = g.q_begin + i;
-    const int hq = q_head0 + hs;
-    const std::int64_t at = qrow * p.o_s0 + hq * p.o_s1 + 2 * tq;
-    if (p.out_f32) {
-      float* dst = static_cast<float*>(p.out) + at;
-#pragma unroll
-      for (int n = 0; n < kD / 8; ++n)
-        *reinterpret_cast<float2*>(dst + n * 8) =
-            make_float2(o[n][2 * r] * inv, o[n][2 * r + 1] * inv);
-    } else {
-      std::uint16_t* dst = static_cast<std::uint16_t*>(p.out) + at;
-#pragma unroll
-      for (int n = 0; n < kD / 8; ++n)
-        *reinterpret_cast<unsigned*>(dst + n * 8) =
-            pack2<kBf16>(o[n][2 * r] * inv, o[n][2 * r + 1] * inv);
-    }
-    if (p.lse && tq == 0)
-      p.lse[qrow * p.num_q_heads + hq] = l[r] > 0.f ? (m[r] + log2f(l[r])) * kLn2 : -INFINITY;
-  }
+  store_rows<kBf16, kD>(p, g, qtile * kTile + t0, q_head0 + hs, gq, tq, o, m, l);
 }
 
 // The wgmma (sm_90a) version of prefill_kernel for d = 128: a CTA owns the 64-token query
@@ -386,8 +421,8 @@ __global__ void __launch_bounds__(kHeads * 128, kHeads == 1 ? 2 : 1) prefill_ker
 // the core-matrix layout of wgmma.cuh (P from registers). Same tile walk, same cp.async double
 // buffer, same online softmax and epilogue as prefill_kernel; a warpgroup always computes all
 // 64 rows (wgmma is warpgroup-wide), masked rows simply weigh nothing.
-// Registers: 4 heads (512 threads) and 2 heads (two CTAs per SM) run at 128 (8 and 80 bytes of
-// spills), 1 head at 182 (two CTAs per SM by shared memory).
+// Registers: 4 heads (512 threads) and 2 heads (two CTAs per SM) run at 128 (16 and 32 bytes of
+// spills), 1 head at 184 (two CTAs per SM by shared memory).
 template <bool kBf16, int kHeads>
 __global__ void __launch_bounds__(kHeads * 128, kHeads == 2 ? 2 : 1)
     prefill_wgmma_kernel(Params p) {
@@ -401,13 +436,11 @@ __global__ void __launch_bounds__(kHeads * 128, kHeads == 2 ? 2 : 1)
   std::uint16_t* sK = sQ + kHeads * kTileElems;                    // [kStages][64 × 128]
   std::uint16_t* sV = sK + kStages * kTileElems;                   // [kStages][64 × 128]
 
-  const int b = blockIdx.z;
-  const int kvh = blockIdx.y / p.head_groups, hg = blockIdx.y % p.head_groups;
-  const int q_head0 = kvh * p.group + hg * kHeads;
-  const SeqGeo g = seq_geo(p.t, b, p.err, threadIdx.x == 0);
-  const int qtile = static_cast<int>(gridDim.x) - 1 - static_cast<int>(blockIdx.x);
-  if (!g.ok || qtile * kTile >= g.nq) return;
-  const TileList tl = tile_list(p, g, b, kvh, qtile);
+  const Cta cta = cta_of(p, kHeads);
+  if (!cta.live) return;
+  const SeqGeo& g = cta.g;
+  const TileList& tl = cta.tl;
+  const int kvh = cta.kvh, q_head0 = cta.q_head0, qtile = cta.qtile;
 
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   // Piece idx of a tile: row idx % 8 + 8 (idx / 128), 16-byte piece (idx / 8) % 16, so the 32
@@ -453,50 +486,16 @@ __global__ void __launch_bounds__(kHeads * 128, kHeads == 2 ? 2 : 1)
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
   const std::uint64_t dq = wgmma::desc_k_major(sQ + hs * kTileElems);
 
-  // before_s: the next tile's loads, issued just before S. Written inside this lambda, ptxas
-  // gives the 4-head kernel 8 bytes of spills, against 16 when the loads precede the call.
+  // before_s: the next tile's loads, issued just before S (ptxas gave this form fewer spills
+  // than the loads written before the call: 8 against 16 bytes, before softmax_tile was shared;
+  // 16 now, measured at the same speed, 307 TFLOP/s dense at 128K).
   const auto compute = [&](int tile, int stage, auto&& before_s) {
     const int kpos0 = tile * kTile;
     float s[8][4];
     before_s();
     wgmma::qk<kBf16>(s, dq, wgmma::desc_k_major(sK + stage * kTileElems));
-    const bool need_mask = kpos0 + kTile - 1 > qpos0 || kpos0 + kTile > g.length;
-    float mx[2] = {-INFINITY, -INFINITY};
-#pragma unroll
-    for (int n = 0; n < 8; ++n)
-#pragma unroll
-      for (int c = 0; c < 4; ++c) {
-        if (need_mask) {
-          const int kp = kpos0 + n * 8 + 2 * tq + (c & 1);
-          const int qp = qpos0 + gq + 8 * (c >> 1);
-          if (kp > qp || kp >= g.length) s[n][c] = -INFINITY;
-        }
-        mx[c >> 1] = fmaxf(mx[c >> 1], s[n][c]);
-      }
     float m_use[2];
-    bool grew = false;
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
-      mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
-      const float m_new = fmaxf(m[r], mx[r] * p.scale_log2);
-      m_use[r] = m_new == -INFINITY ? 0.f : m_new;
-      grew |= m_new > m[r];
-      l[r] *= exp2_approx(m[r] - m_use[r]);
-    }
-    if (__any_sync(0xffffffffu, grew)) {
-#pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        const float corr = exp2_approx(m[r] - m_use[r]);
-#pragma unroll
-        for (int n = 0; n < kD / 8; ++n) {
-          o[n][2 * r] *= corr;
-          o[n][2 * r + 1] *= corr;
-        }
-      }
-    }
-#pragma unroll
-    for (int r = 0; r < 2; ++r) m[r] = fmaxf(m[r], mx[r] * p.scale_log2);
+    softmax_tile<kD>(s, o, m, l, m_use, kpos0, qpos0, g.length, gq, tq, p.scale_log2);
     // P·V in two halves of 32 keys (P's registers for one half at a time: the 4-head kernel's
     // 128 registers spilled with the whole tile's P).
 #pragma unroll
@@ -554,33 +553,7 @@ __global__ void __launch_bounds__(kHeads * 128, kHeads == 2 ? 2 : 1)
     cur = tl.next(cur + 1);
   }
   cp_async_wait<0>();
-
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
-    l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
-    const int i = qtile * kTile + t0 + gq + 8 * r;
-    if (i >= g.nq) continue;
-    const float inv = l[r] > 0.f ? 1.f / l[r] : 0.f;
-    const std::int64_t qrow = g.q_begin + i;
-    const int hq = q_head0 + hs;
-    const std::int64_t at = qrow * p.o_s0 + hq * p.o_s1 + 2 * tq;
-    if (p.out_f32) {
-      float* dst = static_cast<float*>(p.out) + at;
-#pragma unroll
-      for (int n = 0; n < kD / 8; ++n)
-        *reinterpret_cast<float2*>(dst + n * 8) =
-            make_float2(o[n][2 * r] * inv, o[n][2 * r + 1] * inv);
-    } else {
-      std::uint16_t* dst = static_cast<std::uint16_t*>(p.out) + at;
-#pragma unroll
-      for (int n = 0; n < kD / 8; ++n)
-        *reinterpret_cast<unsigned*>(dst + n * 8) =
-            pack2<kBf16>(o[n][2 * r] * inv, o[n][2 * r + 1] * inv);
-    }
-    if (p.lse && tq == 0)
-      p.lse[qrow * p.num_q_heads + hq] = l[r] > 0.f ? (m[r] + log2f(l[r])) * kLn2 : -INFINITY;
-  }
+  store_rows<kBf16, kD>(p, g, qtile * kTile + t0, q_head0 + hs, gq, tq, o, m, l);
 }
 
 using KernelFn = void (*)(Params);

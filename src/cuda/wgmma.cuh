@@ -68,46 +68,35 @@ __device__ __forceinline__ void fence_proxy_async() {
 // page ids a tile ahead.
 template <bool kBf16>
 __device__ __forceinline__ void qk(float (&s)[8][4], std::uint64_t da, std::uint64_t db) {
-#define MASSKV_WG_QK(T)                                                                      \
-  asm volatile(                                                                              \
-      "{\n.reg .pred pz, po;\n.reg .b64 a, b;\n"                                             \
-      "setp.ne.b32 pz, %34, 0;\nsetp.eq.b32 po, %34, 0;\n"                                   \
-      "mov.b64 a, %32;\nmov.b64 b, %33;\n"                                                   \
-      "wgmma.fence.sync.aligned;\n"                                                          \
-      "wgmma.mma_async.sync.aligned.m64n64k16.f32." T "." T " " MASSKV_WG_D32() ", a, b, pz, " \
-      "1, 1, 0, 0;\n"                                                                        \
-      "add.s64 a, a, 16;\nadd.s64 b, b, 16;\n"                                               \
-      "wgmma.mma_async.sync.aligned.m64n64k16.f32." T "." T " " MASSKV_WG_D32() ", a, b, po, " \
-      "1, 1, 0, 0;\n"                                                                        \
-      "add.s64 a, a, 16;\nadd.s64 b, b, 16;\n"                                               \
-      "wgmma.mma_async.sync.aligned.m64n64k16.f32." T "." T " " MASSKV_WG_D32() ", a, b, po, " \
-      "1, 1, 0, 0;\n"                                                                        \
-      "add.s64 a, a, 16;\nadd.s64 b, b, 16;\n"                                               \
-      "wgmma.mma_async.sync.aligned.m64n64k16.f32." T "." T " " MASSKV_WG_D32() ", a, b, po, " \
-      "1, 1, 0, 0;\n"                                                                        \
-      "add.s64 a, a, 16;\nadd.s64 b, b, 16;\n"                                               \
-      "wgmma.mma_async.sync.aligned.m64n64k16.f32." T "." T " " MASSKV_WG_D32() ", a, b, po, " \
-      "1, 1, 0, 0;\n"                                                                        \
-      "add.s64 a, a, 16;\nadd.s64 b, b, 16;\n"                                               \
-      "wgmma.mma_async.sync.aligned.m64n64k16.f32." T "." T " " MASSKV_WG_D32() ", a, b, po, " \
-      "1, 1, 0, 0;\n"                                                                        \
-      "add.s64 a, a, 16;\nadd.s64 b, b, 16;\n"                                               \
-      "wgmma.mma_async.sync.aligned.m64n64k16.f32." T "." T " " MASSKV_WG_D32() ", a, b, po, " \
-      "1, 1, 0, 0;\n"                                                                        \
-      "add.s64 a, a, 16;\nadd.s64 b, b, 16;\n"                                               \
-      "wgmma.mma_async.sync.aligned.m64n64k16.f32." T "." T " " MASSKV_WG_D32() ", a, b, po, " \
-      "1, 1, 0, 0;\n"                                                                        \
-      "wgmma.commit_group.sync.aligned;\n"                                                   \
-      "wgmma.wait_group.sync.aligned 0;\n}\n"                                                \
-      : MASSKV_WG_S32(s)                                                                     \
-      : "l"(da), "l"(db), "r"(0)                                                             \
-      : "memory")
+#define MASSKV_WG_QK_STEP(T, P)                                                                \
+  "wgmma.mma_async.sync.aligned.m64n64k16.f32." T "." T " " MASSKV_WG_D32() ", a, b, " P         \
+  ", 1, 1, 0, 0;\n"
+#define MASSKV_WG_QK_NEXT "add.s64 a, a, 16;\nadd.s64 b, b, 16;\n"
+#define MASSKV_WG_QK(T)                                                                        \
+  asm volatile("{\n.reg .pred pz, po;\n.reg .b64 a, b;\n"                                       \
+               "setp.ne.b32 pz, %34, 0;\nsetp.eq.b32 po, %34, 0;\n"                             \
+               "mov.b64 a, %32;\nmov.b64 b, %33;\n"                                             \
+               "wgmma.fence.sync.aligned;\n" MASSKV_WG_QK_STEP(T, "pz")                         \
+               MASSKV_WG_QK_NEXT MASSKV_WG_QK_STEP(T, "po")                                      \
+               MASSKV_WG_QK_NEXT MASSKV_WG_QK_STEP(T, "po")                                      \
+               MASSKV_WG_QK_NEXT MASSKV_WG_QK_STEP(T, "po")                                      \
+               MASSKV_WG_QK_NEXT MASSKV_WG_QK_STEP(T, "po")                                      \
+               MASSKV_WG_QK_NEXT MASSKV_WG_QK_STEP(T, "po")                                      \
+               MASSKV_WG_QK_NEXT MASSKV_WG_QK_STEP(T, "po")                                      \
+               MASSKV_WG_QK_NEXT MASSKV_WG_QK_STEP(T, "po")                                      \
+               "wgmma.commit_group.sync.aligned;\n"                                              \
+               "wgmma.wait_group.sync.aligned 0;\n}\n"                                          \
+               : MASSKV_WG_S32(s)                                                                \
+               : "l"(da), "l"(db), "r"(0)                                                        \
+               : "memory")
   if constexpr (kBf16) {
     MASSKV_WG_QK("bf16");
   } else {
     MASSKV_WG_QK("f16");
   }
 #undef MASSKV_WG_QK
+#undef MASSKV_WG_QK_NEXT
+#undef MASSKV_WG_QK_STEP
 }
 
 #define MASSKV_WG_O64(x)                                                                       \
