@@ -88,24 +88,6 @@ __device__ __forceinline__ std::int64_t key_row(const SeqTables& t, const SeqGeo
          (pos & ((1 << t.log2_page) - 1)) * t.stride_slot;
 }
 
-// 8 bf16 or f16 values (one 16-byte piece of a row) to f32.
-template <bool kBf16>
-__device__ __forceinline__ void half8_to_float(const uint4& r, float (&f)[8]) {
-  const unsigned w[4] = {r.x, r.y, r.z, r.w};
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    if constexpr (kBf16) {
-      f[2 * i] = __uint_as_float(w[i] << 16);
-      f[2 * i + 1] = __uint_as_float(w[i] & 0xffff0000u);
-    } else {
-      const unsigned short lo = static_cast<unsigned short>(w[i] & 0xffffu);
-      const unsigned short hi = static_cast<unsigned short>(w[i] >> 16);
-      f[2 * i] = __half2float(__ushort_as_half(lo));
-      f[2 * i + 1] = __half2float(__ushort_as_half(hi));
-    }
-  }
-}
-
 // Host: the tables of a cache and queries (shared by both entry points' validation).
 SeqTables seq_tables(const kv::PagedKVView& cache, std::span<const std::int32_t> q_indptr,
                      int total_q, int max_q);

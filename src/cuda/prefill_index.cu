@@ -16,6 +16,7 @@
 #include <cmath>
 #include <cstdint>
 
+#include "decode_common.cuh"  // to_float8
 #include "device.cuh"
 #include "masskv/cuda/prefill.hpp"
 #include "masskv/error.hpp"
@@ -25,6 +26,7 @@ namespace masskv::cuda {
 namespace prefill_impl {
 namespace {
 
+using decode_impl::to_float8;
 using detail::check_cuda;
 
 constexpr int kMeanThreads = 128;
@@ -72,7 +74,7 @@ __global__ void __launch_bounds__(kMeanThreads) block_mean_kernel(IndexParams p)
   int rows = 0;
   const auto add = [&](const std::uint16_t* src) {
     float f[8];
-    half8_to_float<kBf16>(*reinterpret_cast<const uint4*>(src), f);
+    to_float8<kBf16>(*reinterpret_cast<const uint4*>(src), f);
 #pragma unroll
     for (int e = 0; e < 8; ++e) acc[e] += f[e];
   };

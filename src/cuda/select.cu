@@ -291,6 +291,27 @@ __device__ __forceinline__ void score_any(const uint4* row, const float* qa, int
   }
 }
 
+// score_any for a run-time batch size nb (1 .. kHeadBatch).
+template <int kD, bool kU8, bool kW>
+__device__ __forceinline__ void score_batch(int nb, const uint4* row, const float* qa, int i0,
+                                            float lo, float step, float& w,
+                                            float (&acc)[kHeadBatch][8]) {
+  switch (nb) {
+    case 1:
+      score_any<kD, kU8, 1, kW>(row, qa, i0, lo, step, w, acc);
+      break;
+    case 2:
+      score_any<kD, kU8, 2, kW>(row, qa, i0, lo, step, w, acc);
+      break;
+    case 3:
+      score_any<kD, kU8, 3, kW>(row, qa, i0, lo, step, w, acc);
+      break;
+    default:
+      score_any<kD, kU8, 4, kW>(row, qa, i0, lo, step, w, acc);
+      break;
+  }
+}
+
 // cp.async of 8 bytes (the 8-bit store's (lo, step) of a page); src_bytes 0 writes zeros.
 __device__ __forceinline__ void cp_async8(void* smem, const void* gmem, int src_bytes) {
   const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(smem));
@@ -452,36 +473,10 @@ __global__ void __launch_bounds__(kScoreMaxWarps * 32) quest_score_kernel(SelPar
     for (int i0 = 0; i0 < g; i0 += kHeadBatch) {
       const int nb = min(kHeadBatch, g - i0);
       if (i0 == 0) {
-        switch (nb) {
-          case 1:
-            score_any<kD, kU8, 1, true>(row, qa, i0, glo, gstep, w, acc);
-            break;
-          case 2:
-            score_any<kD, kU8, 2, true>(row, qa, i0, glo, gstep, w, acc);
-            break;
-          case 3:
-            score_any<kD, kU8, 3, true>(row, qa, i0, glo, gstep, w, acc);
-            break;
-          default:
-            score_any<kD, kU8, 4, true>(row, qa, i0, glo, gstep, w, acc);
-            break;
-        }
+        score_batch<kD, kU8, true>(nb, row, qa, i0, glo, gstep, w, acc);
         w = fmaxf(w, __shfl_xor_sync(kAll, w, 1));
       } else {
-        switch (nb) {
-          case 1:
-            score_any<kD, kU8, 1, false>(row, qa, i0, glo, gstep, w, acc);
-            break;
-          case 2:
-            score_any<kD, kU8, 2, false>(row, qa, i0, glo, gstep, w, acc);
-            break;
-          case 3:
-            score_any<kD, kU8, 3, false>(row, qa, i0, glo, gstep, w, acc);
-            break;
-          default:
-            score_any<kD, kU8, 4, false>(row, qa, i0, glo, gstep, w, acc);
-            break;
-        }
+        score_batch<kD, kU8, false>(nb, row, qa, i0, glo, gstep, w, acc);
       }
 #pragma unroll
       for (int i = 0; i < kHeadBatch; ++i) {
