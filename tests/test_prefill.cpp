@@ -44,7 +44,7 @@ PrefillCase grid_case(int i) {
   c.kv.value_offset = 0.5f;
   c.mapping = maps[(i / 4) % 4];
   c.block_sparse = i % 2 == 1;
-  c.q_block = i % 4 == 1 ? 16 : 8;
+  c.q_block = i % 4 == 1 ? 16 : i % 4 == 3 ? 64 : 8;  // 64: tiles inside one mask row
   c.k_block = i % 3 == 0 ? 16 : 32;
   c.keep = 0.4;
   c.q_sd = c.mapping.is_entmax() ? 3.0f : 1.5f;
