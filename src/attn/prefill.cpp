@@ -40,8 +40,9 @@ std::int64_t tile_queries(const Geometry& geo, std::int64_t length) {
   return std::clamp<std::int64_t>(kMaxScores / per_query, 1, 32);
 }
 
-// Causal mask without a block mask: keys after position p become -inf. kpos is ascending
-// (gathered in position order), so the visible keys are a prefix. Returns its length.
+// Causal mask of one query row over keys already restricted to its blocks: keys after
+// position p become -inf. kpos is ascending (gathered in position order), so the visible keys
+// are a prefix. Returns its length.
 int causal_mask_row(float* s, const std::int64_t* kpos, int n, std::int64_t p) {
   const int visible = static_cast<int>(std::upper_bound(kpos, kpos + n, p) - kpos);
   std::fill(s + visible, s + n, -std::numeric_limits<float>::infinity());
@@ -57,20 +58,12 @@ struct Scratch {
   std::vector<int> keep;
 };
 
-void run_item(const PrefillArgs& args, const Geometry& geo, const detail::RowSource& src,
-              const mk::Kernels& kern, const Item& it, Scratch& t) {
-  const int g = geo.group, d = geo.head_dim;
-  const int dt = static_cast<int>(args.cache.dtype);
-  const std::int64_t length = args.cache.table.length(it.b, args.cache.page_size);
-  const std::int64_t nq = args.q_indptr[it.b + 1] - args.q_indptr[it.b];
-  const detail::PrefillMask mask(args.block_mask, it.b, length, nq);
-  const int tq = static_cast<int>(it.q1 - it.q0);
-  const int rows_q = tq * g;  // packed query vectors: (query i, head j) -> i * g + j
-
-  // Keys some query of the tile may see: causal up to the last query, and in a selected block.
-  // Only the pages that hold selected blocks are gathered (a sparse tile's cost follows its
-  // selection, not the sequence length).
-  const std::int64_t last = mask.position(it.q1 - 1);
+// The keys some query of tile `it` may see (causal up to its last query at position `last`,
+// and in a block the mask selects for one of its query blocks) into t.kk / t.vv / t.kpos, in
+// position order. Only the pages that hold selected blocks are gathered, so a sparse tile's
+// cost follows its selection, not the sequence length.
+void tile_keys(const PrefillArgs& args, const detail::RowSource& src,
+               const detail::PrefillMask& mask, const Item& it, std::int64_t last, Scratch& t) {
   const int P = args.cache.page_size;
   const int pages = static_cast<int>(last / P) + 1;
   t.k.resize(static_cast<std::size_t>(pages) * P);
@@ -90,28 +83,42 @@ void run_item(const PrefillArgs& args, const Geometry& geo, const detail::RowSou
   };
   if (args.block_mask == nullptr) {
     take(0, pages, nullptr, 1);
-  } else {
-    mask.blocks_of(it.q0, it.q1, t.blocks);
-    const std::int64_t kb = mask.k_block();
-    const std::int64_t cols = std::min<std::int64_t>(static_cast<std::int64_t>(t.blocks.size()),
-                                                     last / kb + 1);
-    // Runs of selected blocks -> page ranges; a page shared by two runs is gathered by the
-    // first only (its rows of the second run's block are kept there: the block test is per row).
-    int next_page = 0;
-    for (std::int64_t c = 0; c < cols;) {
-      if (t.blocks[static_cast<std::size_t>(c)] == 0) {
-        ++c;
-        continue;
-      }
-      std::int64_t e = c;
-      while (e < cols && t.blocks[static_cast<std::size_t>(e)] != 0) ++e;
-      const int p0 = std::max(next_page, static_cast<int>(c * kb / P));
-      const int p1 = std::min(pages, static_cast<int>((e * kb + P - 1) / P));
-      if (p0 < p1) take(p0, p1, t.blocks.data(), kb);
-      next_page = std::max(next_page, p1);
-      c = e;
-    }
+    return;
   }
+  mask.blocks_of(it.q0, it.q1, t.blocks);
+  const std::int64_t kb = mask.k_block();
+  const std::int64_t cols =
+      std::min<std::int64_t>(static_cast<std::int64_t>(t.blocks.size()), last / kb + 1);
+  // Runs of selected blocks -> page ranges; a page shared by two runs is gathered by the
+  // first only (its rows of the second run's block are kept there: the block test is per row).
+  int next_page = 0;
+  for (std::int64_t c = 0; c < cols;) {
+    if (t.blocks[static_cast<std::size_t>(c)] == 0) {
+      ++c;
+      continue;
+    }
+    std::int64_t e = c;
+    while (e < cols && t.blocks[static_cast<std::size_t>(e)] != 0) ++e;
+    const int p0 = std::max(next_page, static_cast<int>(c * kb / P));
+    const int p1 = std::min(pages, static_cast<int>((e * kb + P - 1) / P));
+    if (p0 < p1) take(p0, p1, t.blocks.data(), kb);
+    next_page = std::max(next_page, p1);
+    c = e;
+  }
+}
+
+void run_item(const PrefillArgs& args, const Geometry& geo, const detail::RowSource& src,
+              const mk::Kernels& kern, const Item& it, Scratch& t) {
+  const int g = geo.group, d = geo.head_dim;
+  const int dt = static_cast<int>(args.cache.dtype);
+  const std::int64_t length = args.cache.table.length(it.b, args.cache.page_size);
+  const std::int64_t nq = args.q_indptr[it.b + 1] - args.q_indptr[it.b];
+  const detail::PrefillMask mask(args.block_mask, it.b, length, nq);
+  const int tq = static_cast<int>(it.q1 - it.q0);
+  const int rows_q = tq * g;  // packed query vectors: (query i, head j) -> i * g + j
+
+  const std::int64_t last = mask.position(it.q1 - 1);
+  tile_keys(args, src, mask, it, last, t);
   const int n = static_cast<int>(t.kk.size());
   t.keep.resize(static_cast<std::size_t>(n));
 
