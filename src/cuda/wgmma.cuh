@@ -1,8 +1,9 @@
 // Hopper warpgroup MMA (wgmma, sm_90a) for the prefill kernel: shared-memory matrix
 // descriptors over the unswizzled "core matrix" layout, and the two products of an attention
-// tile, S = Q·Kᵀ (64 × 64 × 128) and O += P·V (64 × 128 × 64), each issued, committed and
-// waited for in asm statements that list the accumulators (the compiler then never reads an
-// accumulator register between the asynchronous write and the wait).
+// tile, S = Q·Kᵀ (64 × 64 × 128) and O += P·V (64 × 128 × 64, in two halves of 32 keys), issued,
+// committed and waited for in asm statements that list the accumulators (the compiler then never
+// reads an accumulator register between the asynchronous write and the wait; the first P·V half
+// is waited for by the second).
 //
 // Layout of a [rows][128] 16-bit tile in shared memory (Q, K and V alike): core matrices of
 // 8 rows × 16 bytes stored as 128 contiguous bytes; along a row the 16 core matrices of a
@@ -53,11 +54,9 @@ __device__ __forceinline__ void fence_proxy_async() {
       "+f"(x[6][0]), "+f"(x[6][1]), "+f"(x[6][2]), "+f"(x[6][3]), "+f"(x[7][0]), "+f"(x[7][1]), \
       "+f"(x[7][2]), "+f"(x[7][3])
 
-#define MASSKV_WG_D32(o)                                                                     \
-  "{%" #o "0, %" #o "1, %" #o "2, %" #o "3, %" #o "4, %" #o "5, %" #o "6, %" #o "7, %" #o \
-  "8, %" #o "9, %" #o "10, %" #o "11, %" #o "12, %" #o "13, %" #o "14, %" #o "15, %" #o      \
-  "16, %" #o "17, %" #o "18, %" #o "19, %" #o "20, %" #o "21, %" #o "22, %" #o "23, %" #o    \
-  "24, %" #o "25, %" #o "26, %" #o "27, %" #o "28, %" #o "29, %" #o "30, %" #o "31}"
+#define MASSKV_WG_D32                                                                          \
+  "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, " \
+  "%20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}"
 
 // S = Q·Kᵀ for one warpgroup: 64 query rows (A, K-major in shared memory) × 64 keys (B,
 // K-major), d = 128 as 8 steps of k16 (each step 2 core matrices = 256 bytes further along
@@ -69,7 +68,7 @@ __device__ __forceinline__ void fence_proxy_async() {
 template <bool kBf16>
 __device__ __forceinline__ void qk(float (&s)[8][4], std::uint64_t da, std::uint64_t db) {
 #define MASSKV_WG_QK_STEP(T, P)                                                                \
-  "wgmma.mma_async.sync.aligned.m64n64k16.f32." T "." T " " MASSKV_WG_D32() ", a, b, " P         \
+  "wgmma.mma_async.sync.aligned.m64n64k16.f32." T "." T " " MASSKV_WG_D32 ", a, b, " P         \
   ", 1, 1, 0, 0;\n"
 #define MASSKV_WG_QK_NEXT "add.s64 a, a, 16;\nadd.s64 b, b, 16;\n"
 #define MASSKV_WG_QK(T)                                                                        \
