@@ -20,12 +20,14 @@
 #include <cstdlib>
 #include <mutex>
 #include <string_view>
+#include <type_traits>
 
 #include "decode_common.cuh"  // cp.async helpers
 #include "device.cuh"
 #include "masskv/cuda/prefill.hpp"
 #include "masskv/error.hpp"
 #include "prefill_common.cuh"
+#include "pipeline.cuh"
 #include "wgmma.cuh"
 
 namespace masskv::cuda {
@@ -122,15 +124,16 @@ __device__ __forceinline__ unsigned pack2(float lo, float hi) {
 }
 
 // One 64-key tile of the online softmax (base 2, DESIGN.md §2.6's (o, lse) state) for a warp's
-// 16 rows in the m16n8 accumulator layout (s[n][c]: keys 8n + 2·tq + (c & 1), row gq + 8·(c >> 1)):
-// masks keys after a row's query or past the sequence (-inf), takes the row max over raw scores
-// (scale > 0 keeps the order), folds the old max into l and, when some row's max grew, into o.
-// m_use is the max to subtract from the base-2 logits s·scale_log2.
-template <int kD>
-__device__ __forceinline__ void softmax_tile(float (&s)[8][4], float (&o)[kD / 8][4],
-                                             float (&m)[2], float (&l)[2], float (&m_use)[2],
-                                             int kpos0, int qpos0, int length, int gq, int tq,
-                                             float scale_log2) {
+// 16 rows in the m16n8 accumulator layout (s[n][c]: keys 8n + 2·tq + (c & 1), row gq + 8·(c >> 1)),
+// in two steps so a kernel can put work between them:
+// tile_max masks keys after a row's query or past the sequence (-inf), takes the row max over
+// raw scores (scale > 0 keeps the order), folds the old max into l, and returns whether some
+// row's max grew (warp-uniform), with corr, the factor o must then be scaled by; m_use is the
+// max to subtract from the base-2 logits s·scale_log2. rescale_o applies corr.
+__device__ __forceinline__ bool tile_max(float (&s)[8][4], float (&m)[2], float (&l)[2],
+                                         float (&m_use)[2], float (&corr)[2], int kpos0,
+                                         int qpos0, int length, int gq, int tq,
+                                         float scale_log2) {
   const bool need_mask = kpos0 + kTile - 1 > qpos0 || kpos0 + kTile > length;
   float mx[2] = {-INFINITY, -INFINITY};
 #pragma unroll
@@ -152,23 +155,32 @@ __device__ __forceinline__ void softmax_tile(float (&s)[8][4], float (&o)[kD / 8
     const float m_new = fmaxf(m[r], mx[r] * scale_log2);
     m_use[r] = m_new == -INFINITY ? 0.f : m_new;  // a row with no key yet: p = 0, no NaN
     grew |= m_new > m[r];
-    l[r] *= exp2_approx(m[r] - m_use[r]);
+    corr[r] = exp2_approx(m[r] - m_use[r]);
+    l[r] *= corr[r];
+    m[r] = m_new;
   }
-  // Rescale the running output only when some row's max grew (rare after the first tiles of
-  // a row); the test is warp-uniform, so the branch does not diverge.
-  if (__any_sync(0xffffffffu, grew)) {
+  // Rescaling the running output is needed only when some row's max grew (rare after the
+  // first tiles of a row); the test is warp-uniform, so the caller's branch does not diverge.
+  return __any_sync(0xffffffffu, grew);
+}
+template <int kD>
+__device__ __forceinline__ void rescale_o(float (&o)[kD / 8][4], const float (&corr)[2]) {
 #pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      const float corr = exp2_approx(m[r] - m_use[r]);
+  for (int r = 0; r < 2; ++r)
 #pragma unroll
-      for (int n = 0; n < kD / 8; ++n) {
-        o[n][2 * r] *= corr;
-        o[n][2 * r + 1] *= corr;
-      }
+    for (int n = 0; n < kD / 8; ++n) {
+      o[n][2 * r] *= corr[r];
+      o[n][2 * r + 1] *= corr[r];
     }
-  }
-#pragma unroll
-  for (int r = 0; r < 2; ++r) m[r] = fmaxf(m[r], mx[r] * scale_log2);
+}
+template <int kD>
+__device__ __forceinline__ void softmax_tile(float (&s)[8][4], float (&o)[kD / 8][4],
+                                             float (&m)[2], float (&l)[2], float (&m_use)[2],
+                                             int kpos0, int qpos0, int length, int gq, int tq,
+                                             float scale_log2) {
+  float corr[2];
+  if (tile_max(s, m, l, m_use, corr, kpos0, qpos0, length, gq, tq, scale_log2))
+    rescale_o<kD>(o, corr);
 }
 
 // Epilogue of a warp's 16 rows (row0 .. row0 + 15 of the sequence's new tokens, q head hq):
@@ -415,6 +427,28 @@ __global__ void __launch_bounds__(kHeads * 128, kHeads == 1 ? 2 : 1) prefill_ker
   store_rows<kBf16, kD>(p, g, qtile * kTile + t0, q_head0 + hs, gq, tq, o, m, l);
 }
 
+// Copies the CTA's Q tiles (kHeads q heads from q_head0, 64 tokens each, zeros past the
+// sequence's queries) into shared memory in the core-matrix layout, with cp.async (committed,
+// not waited for). Piece idx of a tile: row idx % 8 + 8 (idx / 128), 16-byte piece
+// (idx / 8) % 16, so the 32 lanes of a warp fill 4 whole core matrices (512 contiguous bytes:
+// no bank conflict); the K/V copies use the same order.
+__device__ __forceinline__ int piece_row(int idx) { return (idx % 8) + 8 * (idx / 128); }
+__device__ __forceinline__ int piece_col(int idx) { return (idx / 8) % 16; }
+template <int kHeads, int kThreads>
+__device__ __forceinline__ void load_q_tiles(const Params& p, const Cta& cta, std::uint16_t* sQ) {
+  constexpr int kPiecesPerTile = kTile * 16;
+  for (int idx = threadIdx.x; idx < kHeads * kPiecesPerTile; idx += kThreads) {
+    const int hs = idx / kPiecesPerTile, r = piece_row(idx % kPiecesPerTile),
+              c = piece_col(idx % kPiecesPerTile);
+    const int i = cta.qtile * kTile + r;
+    const bool ok = i < cta.g.nq;
+    const std::uint16_t* src =
+        p.q + (ok ? (cta.g.q_begin + i) * p.q_s0 + (cta.q_head0 + hs) * p.q_s1 + c * 8 : 0);
+    cp_async16(sQ + hs * kTile * 128 + wgmma::tile_offset(r, c), src, ok ? 16 : 0);
+  }
+  cp_async_commit();
+}
+
 // The wgmma (sm_90a) version of prefill_kernel for d = 128: a CTA owns the 64-token query
 // tile and kHeads q heads of one kv group, one warpgroup (4 warps, 128 threads) per head; each
 // warpgroup's S = Q·Kᵀ and O += P·V are warpgroup MMAs reading Q, K and V from shared memory in
@@ -443,20 +477,7 @@ __global__ void __launch_bounds__(kHeads * 128, kHeads == 2 ? 2 : 1)
   const int kvh = cta.kvh, q_head0 = cta.q_head0, qtile = cta.qtile;
 
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
-  // Piece idx of a tile: row idx % 8 + 8 (idx / 128), 16-byte piece (idx / 8) % 16, so the 32
-  // lanes of a warp fill 4 whole core matrices (512 contiguous bytes: no bank conflict).
-  const auto piece_row = [](int idx) { return (idx % 8) + 8 * (idx / 128); };
-  const auto piece_col = [](int idx) { return (idx / 8) % 16; };
-  for (int idx = tid; idx < kHeads * kPiecesPerTile; idx += kThreads) {
-    const int hs = idx / kPiecesPerTile, r = piece_row(idx % kPiecesPerTile),
-              c = piece_col(idx % kPiecesPerTile);
-    const int i = qtile * kTile + r;
-    const bool ok = i < g.nq;
-    const std::uint16_t* src =
-        p.q + (ok ? (g.q_begin + i) * p.q_s0 + (q_head0 + hs) * p.q_s1 + c * 8 : 0);
-    cp_async16(sQ + hs * kTileElems + wgmma::tile_offset(r, c), src, ok ? 16 : 0);
-  }
-  cp_async_commit();
+  load_q_tiles<kHeads, kThreads>(p, cta, sQ);
 
   constexpr int kRowsPerThread = kPiecesPerTile / kThreads;
   const auto issue = [&](int tile, int stage) {
@@ -556,6 +577,180 @@ __global__ void __launch_bounds__(kHeads * 128, kHeads == 2 ? 2 : 1)
   store_rows<kBf16, kD>(p, g, qtile * kTile + t0, q_head0 + hs, gq, tq, o, m, l);
 }
 
+// The warp-specialised wgmma kernel (d = 128, sm_90a): FlashAttention-3's structure over the
+// paged cache. A CTA owns the 64-token query tile and 4 q heads of one kv group (each key tile
+// read once for 4 heads: measured, 2 heads a tile made the copies the limit), with three
+// warpgroups:
+// - the producer (warpgroup 0, most of its registers given to the others) copies each key
+//   tile's K and V rows with cp.async into a kWsStages-deep ring; it waits for its own copies
+//   kWsLag tiles behind, fences them for wgmma (the async proxy) and arrives on the stage's
+//   "full" mbarrier, and refills a stage once the consumers arrived on its "empty" one;
+// - two consumers, 2 q heads each. A consumer's work is a chain of half-steps (tile j, head h):
+//   issue S = Q_h·K_jᵀ together with the previous half-step's O += P·V, wait for both, then the
+//   softmax of S (P kept in registers for the next half-step). The consumers take turns
+//   issuing (two named barriers, "ping-pong"), so one's softmax runs under the other's MMAs.
+// No block-wide barrier after the start: each role waits only on what it consumes.
+// Ring depth and copy lag, measured (2026-12-04, dense / sparse 128K, TFLOP/s): stages 4 lag 1
+// 409 / 373, 5 and 2 403 / 370, 4 and 2 370 / 350, 3 and 1 368 / 348, 5 and 3 366 / 346: the
+// consumers should see a tile as soon as its copies land, with room to run ahead.
+constexpr int kWsStages = 4, kWsLag = 1;
+constexpr int kWsThreads = 3 * 128;
+constexpr std::size_t ws_smem() {
+  return sizeof(std::uint16_t) * (4 + 2 * kWsStages) * kTile * 128 +
+         2 * kWsStages * sizeof(std::uint64_t);
+}
+
+template <bool kBf16>
+__global__ void __launch_bounds__(kWsThreads, 1) prefill_ws_kernel(Params p) {
+  constexpr int kD = 128;
+  constexpr int kTileElems = kTile * kD;
+  extern __shared__ uint4 smem_raw[];
+  std::uint16_t* sQ = reinterpret_cast<std::uint16_t*>(smem_raw);  // [4][64 × 128]
+  std::uint16_t* sK = sQ + 4 * kTileElems;                          // [kWsStages][64 × 128]
+  std::uint16_t* sV = sK + kWsStages * kTileElems;                  // [kWsStages][64 × 128]
+  std::uint64_t* full = reinterpret_cast<std::uint64_t*>(sV + kWsStages * kTileElems);
+  std::uint64_t* empty = full + kWsStages;
+
+  const Cta cta = cta_of(p, 4);
+  if (!cta.live) return;
+  const SeqGeo& g = cta.g;
+  const TileList& tl = cta.tl;
+  const int tid = threadIdx.x;
+  // The warpgroup index through a shuffle: ptxas then knows it is warp-uniform, and does not
+  // serialise the wgmma of a role split it would otherwise take for divergent.
+  const int wg = __shfl_sync(0xffffffffu, tid / 128, 0);
+  if (tid == 0) {
+    for (int st = 0; st < kWsStages; ++st) {
+      pipeline::mbar_init(&full[st], 128);   // every producer thread, after its own copies
+      pipeline::mbar_init(&empty[st], 256);  // every consumer thread, after the tile's P·V
+    }
+  }
+  load_q_tiles<4, kWsThreads>(p, cta, sQ);
+  cp_async_wait<0>();
+  wgmma::fence_proxy_async();
+  __syncthreads();
+
+  if (wg == 0) {
+    // 56 + 2 × 224 (per thread, × 128 threads) fits the 64K registers of the SM; at 40 the
+    // producer's address arithmetic spilled.
+    pipeline::regs_decrease<56>();
+    constexpr int kPieces = kTile * (kD / 8) / 128;  // 16-byte pieces of K (and of V) a thread
+    int n = 0;
+    for (int item = tl.next(0); item < tl.items; item = tl.next(item + 1), ++n) {
+      const int st = n % kWsStages;
+      if (n >= kWsStages) pipeline::mbar_wait(&empty[st], (n / kWsStages - 1) & 1);
+      const int kpos0 = tl.tile(item) * kTile;
+#pragma unroll
+      for (int j = 0; j < kPieces; ++j) {
+        const int idx = tid + j * 128;
+        const int r = piece_row(idx), c = piece_col(idx);
+        const int pos = kpos0 + r;
+        const std::int64_t row = pos < g.length ? key_row(p.t, g, cta.kvh, pos, p.err) : -1;
+        const std::int64_t off = row < 0 ? 0 : row + c * 8;
+        const int bytes = row < 0 ? 0 : 16;
+        const int at = st * kTileElems + wgmma::tile_offset(r, c);
+        cp_async16(sK + at, p.k + off, bytes);
+        cp_async16(sV + at, p.v + off, bytes);
+      }
+      cp_async_commit();
+      if (n >= kWsLag) {
+        cp_async_wait<kWsLag>();
+        wgmma::fence_proxy_async();
+        pipeline::mbar_arrive(&full[(n - kWsLag) % kWsStages]);
+      }
+    }
+    cp_async_wait<0>();
+    wgmma::fence_proxy_async();
+    for (int k = n > kWsLag ? n - kWsLag : 0; k < n; ++k)
+      pipeline::mbar_arrive(&full[k % kWsStages]);
+    return;
+  }
+
+  pipeline::regs_increase<224>();
+  const int cw = wg - 1;  // consumer 0 or 1: head slots 2cw, 2cw + 1
+  const int warp = (tid / 32) % 4, lane = tid % 32;
+  const int t0 = warp * 16, gq = lane / 4, tq = lane % 4;
+  const int qrow0 = cta.qtile * kTile + t0;  // the warp's first row among the new tokens
+  const int qpos0 = g.first_q + qrow0;
+  const std::uint64_t dq[2] = {wgmma::desc_k_major(sQ + (2 * cw) * kTileElems),
+                               wgmma::desc_k_major(sQ + (2 * cw + 1) * kTileElems)};
+
+  float o[2][kD / 8][4];
+#pragma unroll
+  for (int h = 0; h < 2; ++h)
+#pragma unroll
+    for (int n = 0; n < kD / 8; ++n)
+#pragma unroll
+      for (int c = 0; c < 4; ++c) o[h][n][c] = 0.f;
+  float m[2][2] = {{-INFINITY, -INFINITY}, {-INFINITY, -INFINITY}};
+  float l[2][2] = {{0.f, 0.f}, {0.f, 0.f}};
+  unsigned pa[4][4];
+
+  // Turns: consumer c issues after bar_sync(1 + c) and hands the turn over with
+  // bar_arrive(2 - c); consumer 1 hands consumer 0 the first turn.
+  constexpr int kPair = 256;
+  if (cw == 1) pipeline::bar_arrive(1, kPair);
+  // Half-step (tile at stage st, head kH): S of this head issued with the previous half-step's
+  // P·V (head 1 - kH, V of stage pv_st) when kPv; both waited for; then the softmax into pa.
+  // Template flags keep every wgmma issue and wait unconditional (ptxas serialises wgmma
+  // around accumulators it cannot prove idle) and o[kH] in registers.
+  const auto half = [&](int item, int st, int pv_st, auto head, auto pv_flag) {
+    constexpr int kH = decltype(head)::value;
+    constexpr bool kPv = decltype(pv_flag)::value;
+    float s[8][4];
+    pipeline::bar_sync(1 + cw, kPair);
+    wgmma::qk<kBf16, false>(s, dq[kH], wgmma::desc_k_major(sK + st * kTileElems));
+    if constexpr (kPv)
+      wgmma::pv_issue<kBf16>(o[1 - kH], pa, wgmma::desc_mn_major(sV + pv_st * kTileElems));
+    pipeline::bar_arrive(2 - cw, kPair);
+    wgmma::wait_s<0>(s);
+    if constexpr (kPv) wgmma::wait_o<0>(o[1 - kH]);
+    // Head 0's half-step completes the previous tile's second P·V: its stage is free.
+    if constexpr (kPv && kH == 0) pipeline::mbar_arrive(&empty[pv_st]);
+    float m_use[2], corr[2];
+    if (tile_max(s, m[kH], l[kH], m_use, corr, tl.tile(item) * kTile, qpos0, g.length, gq, tq,
+                 p.scale_log2))
+      rescale_o<kD>(o[kH], corr);
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk) {
+      float e[2][4];
+#pragma unroll
+      for (int h = 0; h < 2; ++h)
+#pragma unroll
+        for (int c = 0; c < 4; ++c) {
+          e[h][c] = exp2_approx(fmaf(s[2 * kk + h][c], p.scale_log2, -m_use[c >> 1]));
+          l[kH][c >> 1] += e[h][c];
+        }
+      pa[kk][0] = pack2<kBf16>(e[0][0], e[0][1]);
+      pa[kk][1] = pack2<kBf16>(e[0][2], e[0][3]);
+      pa[kk][2] = pack2<kBf16>(e[1][0], e[1][1]);
+      pa[kk][3] = pack2<kBf16>(e[1][2], e[1][3]);
+    }
+  };
+  using Zero = std::integral_constant<int, 0>;
+  using One = std::integral_constant<int, 1>;
+  int prev_st = 0, n = 0;
+  int item = tl.next(0);
+  if (item < tl.items) {
+    pipeline::mbar_wait(&full[0], 0);
+    half(item, 0, 0, Zero{}, std::false_type{});
+    half(item, 0, 0, One{}, std::true_type{});
+    for (item = tl.next(item + 1), n = 1; item < tl.items; item = tl.next(item + 1), ++n) {
+      const int st = n % kWsStages;
+      pipeline::mbar_wait(&full[st], (n / kWsStages) & 1);
+      half(item, st, prev_st, Zero{}, std::true_type{});
+      half(item, st, st, One{}, std::true_type{});
+      prev_st = st;
+    }
+    wgmma::pv_issue<kBf16>(o[1], pa, wgmma::desc_mn_major(sV + prev_st * kTileElems));
+    wgmma::wait_o<0>(o[1]);
+  }
+  if (cw == 0) pipeline::bar_sync(1, kPair);  // consumer 1's opening hand-over
+#pragma unroll
+  for (int h = 0; h < 2; ++h)
+    store_rows<kBf16, kD>(p, g, qrow0, cta.q_head0 + 2 * cw + h, gq, tq, o[h], m[h], l[h]);
+}
+
 using KernelFn = void (*)(Params);
 struct KernelInfo {
   KernelFn fn;
@@ -580,13 +775,18 @@ KernelInfo wgmma_info() {
           kHeads * 128};
 }
 
-// The kernel for (dtype, d, q heads per CTA, wgmma or mma.sync), its shared-memory limit
-// raised once.
-KernelInfo prepare(DType dtype, int d, int heads, bool use_wgmma) {
+// Which kernel runs a launch (see kernel_kind).
+enum class Kind { mma, wgmma, ws };
+
+// The kernel for (dtype, d, q heads per CTA, kind), its shared-memory limit raised once.
+KernelInfo prepare(DType dtype, int d, int heads, Kind kind) {
   const bool bf = dtype == DType::bf16;
   KernelInfo k;
   int key;
-  if (use_wgmma) {
+  if (kind == Kind::ws) {
+    k = {bf ? prefill_ws_kernel<true> : prefill_ws_kernel<false>, ws_smem(), kWsThreads};
+    key = 18 + (bf ? 0 : 1);
+  } else if (kind == Kind::wgmma) {
     k = bf ? (heads == 4   ? wgmma_info<true, 4>()
               : heads == 2 ? wgmma_info<true, 2>()
                            : wgmma_info<true, 1>())
@@ -600,7 +800,7 @@ KernelInfo prepare(DType dtype, int d, int heads, bool use_wgmma) {
     key = (bf ? 0 : 6) + (d == 64 ? 0 : 3) + (heads == 4 ? 2 : heads == 2 ? 1 : 0);
   }
   static std::mutex mu;
-  static bool ready[18] = {};
+  static bool ready[20] = {};
   std::lock_guard<std::mutex> lock(mu);
   if (!ready[key]) {
     check_cuda(cudaFuncSetAttribute(k.fn, cudaFuncAttributeMaxDynamicSharedMemorySize,
@@ -625,17 +825,22 @@ int heads_per_cta(int group) {
     if (group % h == 0) return h;
   return 1;
 }
-// d = 128 runs the wgmma kernel with heads_per_cta's q heads per CTA (one warpgroup each):
-// 4 (16 warps, 128 registers) when the group allows, else 2 (two CTAs per SM) or 1. Measured
-// dense at 128K (2026-12-04, B 1, Hq 32, Hkv 8): 4 heads 311 TFLOP/s, 2 heads 259, 1 head 157:
-// the more heads share a loaded key tile, the faster. MASSKV_PREFILL_KERNEL=mma selects the
-// mma.sync kernel instead (240 TFLOP/s there), for comparing them.
-bool wgmma_enabled(int d) {
-  static const bool off = [] {
+// d = 128 runs the warp-specialised kernel (4 q heads per CTA) when 4 divides the group, else
+// the wgmma kernel with heads_per_cta's q heads per CTA (one warpgroup each: 4 when the group
+// allows, else 2 or 1); d = 64 the mma.sync kernel. MASSKV_PREFILL_KERNEL=wgmma or =mma selects
+// the older kernels for d = 128, for comparing them on a device. Measured dense at 128K
+// (2026-12-04, B 1, Hq 32, Hkv 8): wgmma 4 heads 311 TFLOP/s, 2 heads 259, 1 head 157;
+// mma.sync 240.
+Kind kernel_kind(int d, int group) {
+  static const int forced = [] {
     const char* e = std::getenv("MASSKV_PREFILL_KERNEL");
-    return e != nullptr && std::string_view(e) == "mma";
+    if (e == nullptr) return 0;
+    const std::string_view v(e);
+    return v == "mma" ? 1 : v == "wgmma" ? 2 : 0;
   }();
-  return d == 128 && !off;
+  if (d != 128 || forced == 1) return Kind::mma;
+  if (forced == 2 || group % 4 != 0) return Kind::wgmma;
+  return Kind::ws;
 }
 bool aligned16(const void* ptr) { return reinterpret_cast<std::uintptr_t>(ptr) % 16 == 0; }
 
@@ -768,8 +973,8 @@ void prefill(const PrefillArgs& a, const PrefillLaunch& launch) {
   if (B == 0 || total_q == 0) return;
 
   const int group = Hq / Hkv;
-  const bool use_wgmma = wgmma_enabled(d);
-  const int heads = heads_per_cta(group);
+  const Kind kind = kernel_kind(d, group);
+  const int heads = kind == Kind::ws ? 4 : heads_per_cta(group);
   p.t = seq_tables(c, a.q_indptr, total_q, launch.max_q_per_seq);
   p.q = a.q.data;
   p.q_s0 = a.q.s0;
@@ -790,7 +995,7 @@ void prefill(const PrefillArgs& a, const PrefillLaunch& launch) {
   PrefillWorkspace::Impl& ws = launch.workspace->impl();
   p.err = ws.err.get();
 
-  const KernelInfo k = prepare(c.dtype, d, heads, use_wgmma);
+  const KernelInfo k = prepare(c.dtype, d, heads, kind);
   const dim3 grid((launch.max_q_per_seq + kTile - 1) / kTile, Hkv * p.head_groups, B);
   require(grid.y <= 65535, ErrorCode::invalid_argument, "q", "too many q head groups");
   k.fn<<<grid, k.threads, k.smem, launch.stream>>>(p);

@@ -65,13 +65,14 @@ __device__ __forceinline__ void fence_proxy_async() {
 // Measured (2026-12-04): issuing S without the wait, the next tile's loads in its shadow,
 // made the 4-head kernel spill (52-60 bytes) and no faster; so did reading the next tile's
 // page ids a tile ahead.
-template <bool kBf16>
+// kWait = false returns with the MMAs committed, not waited for (wait_s waits).
+template <bool kBf16, bool kWait = true>
 __device__ __forceinline__ void qk(float (&s)[8][4], std::uint64_t da, std::uint64_t db) {
 #define MASSKV_WG_QK_STEP(T, P)                                                                \
   "wgmma.mma_async.sync.aligned.m64n64k16.f32." T "." T " " MASSKV_WG_D32 ", a, b, " P         \
   ", 1, 1, 0, 0;\n"
 #define MASSKV_WG_QK_NEXT "add.s64 a, a, 16;\nadd.s64 b, b, 16;\n"
-#define MASSKV_WG_QK(T)                                                                        \
+#define MASSKV_WG_QK(T, WAIT)                                                                  \
   asm volatile("{\n.reg .pred pz, po;\n.reg .b64 a, b;\n"                                       \
                "setp.ne.b32 pz, %34, 0;\nsetp.eq.b32 po, %34, 0;\n"                             \
                "mov.b64 a, %32;\nmov.b64 b, %33;\n"                                             \
@@ -83,16 +84,21 @@ __device__ __forceinline__ void qk(float (&s)[8][4], std::uint64_t da, std::uint
                MASSKV_WG_QK_NEXT MASSKV_WG_QK_STEP(T, "po")                                      \
                MASSKV_WG_QK_NEXT MASSKV_WG_QK_STEP(T, "po")                                      \
                MASSKV_WG_QK_NEXT MASSKV_WG_QK_STEP(T, "po")                                      \
-               "wgmma.commit_group.sync.aligned;\n"                                              \
-               "wgmma.wait_group.sync.aligned 0;\n}\n"                                          \
+               "wgmma.commit_group.sync.aligned;\n" WAIT "}\n"                                 \
                : MASSKV_WG_S32(s)                                                                \
                : "l"(da), "l"(db), "r"(0)                                                        \
                : "memory")
-  if constexpr (kBf16) {
-    MASSKV_WG_QK("bf16");
+#define MASSKV_WG_QK_WAIT "wgmma.wait_group.sync.aligned 0;\n"
+  if constexpr (kBf16 && kWait) {
+    MASSKV_WG_QK("bf16", MASSKV_WG_QK_WAIT);
+  } else if constexpr (kBf16) {
+    MASSKV_WG_QK("bf16", "");
+  } else if constexpr (kWait) {
+    MASSKV_WG_QK("f16", MASSKV_WG_QK_WAIT);
   } else {
-    MASSKV_WG_QK("f16");
+    MASSKV_WG_QK("f16", "");
   }
+#undef MASSKV_WG_QK_WAIT
 #undef MASSKV_WG_QK
 #undef MASSKV_WG_QK_NEXT
 #undef MASSKV_WG_QK_STEP
@@ -148,6 +154,49 @@ __device__ __forceinline__ void pv(float (&o)[16][4], const unsigned (&p)[2][4],
 #undef MASSKV_WG_WAIT
 #undef MASSKV_WG_PV
 #undef MASSKV_WG_PV_STEP
+}
+
+// The warp-specialised kernel's P·V: issued and committed, not waited for (wait_o below
+// waits, listing the accumulators, so nothing reads them before).
+// O += P·V over a whole 64-key tile: pa[kk] the A fragment of keys 16kk .. 16kk + 15, V
+// MN-major (4 steps, +256 each: 2 row groups).
+template <bool kBf16>
+__device__ __forceinline__ void pv_issue(float (&o)[16][4], const unsigned (&pa)[4][4],
+                                         std::uint64_t dv) {
+#define MASSKV_WG_PVT_STEP(T, A)                                                                \
+  "wgmma.mma_async.sync.aligned.m64n128k16.f32." T "." T " " MASSKV_WG_D64 ", " A             \
+  ", b, po, 1, 1, 1;\n"
+#define MASSKV_WG_PVT(T)                                                                       \
+  asm volatile("{\n.reg .b64 b;\n.reg .pred po;\nsetp.eq.b32 po, %81, 0;\nmov.b64 b, %80;\n"  \
+               "wgmma.fence.sync.aligned;\n" MASSKV_WG_PVT_STEP(T, "{%64, %65, %66, %67}")    \
+               "add.s64 b, b, 256;\n" MASSKV_WG_PVT_STEP(T, "{%68, %69, %70, %71}")           \
+               "add.s64 b, b, 256;\n" MASSKV_WG_PVT_STEP(T, "{%72, %73, %74, %75}")           \
+               "add.s64 b, b, 256;\n" MASSKV_WG_PVT_STEP(T, "{%76, %77, %78, %79}")           \
+               "wgmma.commit_group.sync.aligned;\n}\n"                                         \
+               : MASSKV_WG_O64(o)                                                              \
+               : "r"(pa[0][0]), "r"(pa[0][1]), "r"(pa[0][2]), "r"(pa[0][3]), "r"(pa[1][0]),    \
+                 "r"(pa[1][1]), "r"(pa[1][2]), "r"(pa[1][3]), "r"(pa[2][0]), "r"(pa[2][1]),    \
+                 "r"(pa[2][2]), "r"(pa[2][3]), "r"(pa[3][0]), "r"(pa[3][1]), "r"(pa[3][2]),    \
+                 "r"(pa[3][3]), "l"(dv), "r"(0)                                                \
+               : "memory")
+  if constexpr (kBf16) {
+    MASSKV_WG_PVT("bf16");
+  } else {
+    MASSKV_WG_PVT("f16");
+  }
+#undef MASSKV_WG_PVT
+#undef MASSKV_WG_PVT_STEP
+}
+
+// Wait until at most kPending committed groups are in flight (groups complete in order),
+// listing the accumulators the caller reads next.
+template <int kPending>
+__device__ __forceinline__ void wait_s(float (&s)[8][4]) {
+  asm volatile("wgmma.wait_group.sync.aligned %32;\n" : MASSKV_WG_S32(s) : "n"(kPending) : "memory");
+}
+template <int kPending>
+__device__ __forceinline__ void wait_o(float (&o)[16][4]) {
+  asm volatile("wgmma.wait_group.sync.aligned %64;\n" : MASSKV_WG_O64(o) : "n"(kPending) : "memory");
 }
 
 #undef MASSKV_WG_S32
