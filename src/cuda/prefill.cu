@@ -183,6 +183,27 @@ __device__ __forceinline__ void softmax_tile(float (&s)[8][4], float (&o)[kD / 8
     rescale_o<kD>(o, corr);
 }
 
+// The P fragment of keys 16kk .. 16kk + 15 (the m16n8k16 A layout: S's n-blocks 2kk and
+// 2kk + 1) from the S accumulators: p = 2^(s·scale_log2 − m_use), rounded to the input type;
+// the rows' sums of p are added to l.
+template <bool kBf16>
+__device__ __forceinline__ void p_fragment(const float (&s)[8][4], int kk, float scale_log2,
+                                           const float (&m_use)[2], float (&l)[2],
+                                           unsigned (&a)[4]) {
+  float e[2][4];
+#pragma unroll
+  for (int h = 0; h < 2; ++h)
+#pragma unroll
+    for (int c = 0; c < 4; ++c) {
+      e[h][c] = exp2_approx(fmaf(s[2 * kk + h][c], scale_log2, -m_use[c >> 1]));
+      l[c >> 1] += e[h][c];
+    }
+  a[0] = pack2<kBf16>(e[0][0], e[0][1]);
+  a[1] = pack2<kBf16>(e[0][2], e[0][3]);
+  a[2] = pack2<kBf16>(e[1][0], e[1][1]);
+  a[3] = pack2<kBf16>(e[1][2], e[1][3]);
+}
+
 // Epilogue of a warp's 16 rows (row0 .. row0 + 15 of the sequence's new tokens, q head hq):
 // the quad's partial sums, o / l in the output dtype, lse = (m + log2 l) ln 2.
 template <bool kBf16, int kD>
@@ -523,21 +544,8 @@ __global__ void __launch_bounds__(kHeads * 128, kHeads == 2 ? 2 : 1)
     for (int half = 0; half < 2; ++half) {
       unsigned pa[2][4];
 #pragma unroll
-      for (int k2 = 0; k2 < 2; ++k2) {
-        const int kk = 2 * half + k2;
-        float e[2][4];
-#pragma unroll
-        for (int h = 0; h < 2; ++h)
-#pragma unroll
-          for (int c = 0; c < 4; ++c) {
-            e[h][c] = exp2_approx(fmaf(s[2 * kk + h][c], p.scale_log2, -m_use[c >> 1]));
-            l[c >> 1] += e[h][c];
-          }
-        pa[k2][0] = pack2<kBf16>(e[0][0], e[0][1]);
-        pa[k2][1] = pack2<kBf16>(e[0][2], e[0][3]);
-        pa[k2][2] = pack2<kBf16>(e[1][0], e[1][1]);
-        pa[k2][3] = pack2<kBf16>(e[1][2], e[1][3]);
-      }
+      for (int k2 = 0; k2 < 2; ++k2)
+        p_fragment<kBf16>(s, 2 * half + k2, p.scale_log2, m_use, l, pa[k2]);
       const std::uint64_t dv =
           wgmma::desc_mn_major(sV + stage * kTileElems + half * 4 * wgmma::kRowGroupElems);
       // The first half's MMAs run while the second half's exps are computed.
@@ -712,20 +720,7 @@ __global__ void __launch_bounds__(kWsThreads, 1) prefill_ws_kernel(Params p) {
                  p.scale_log2))
       rescale_o<kD>(o[kH], corr);
 #pragma unroll
-    for (int kk = 0; kk < 4; ++kk) {
-      float e[2][4];
-#pragma unroll
-      for (int h = 0; h < 2; ++h)
-#pragma unroll
-        for (int c = 0; c < 4; ++c) {
-          e[h][c] = exp2_approx(fmaf(s[2 * kk + h][c], p.scale_log2, -m_use[c >> 1]));
-          l[kH][c >> 1] += e[h][c];
-        }
-      pa[kk][0] = pack2<kBf16>(e[0][0], e[0][1]);
-      pa[kk][1] = pack2<kBf16>(e[0][2], e[0][3]);
-      pa[kk][2] = pack2<kBf16>(e[1][0], e[1][1]);
-      pa[kk][3] = pack2<kBf16>(e[1][2], e[1][3]);
-    }
+    for (int kk = 0; kk < 4; ++kk) p_fragment<kBf16>(s, kk, p.scale_log2, m_use, l[kH], pa[kk]);
   };
   using Zero = std::integral_constant<int, 0>;
   using One = std::integral_constant<int, 1>;
