@@ -1,18 +1,20 @@
 #!/usr/bin/env python3
 """Summary tables of the sparse-prefill eval from its cache (README.md of this folder).
 
-Per length: the mean over the 9 tasks of each row's accuracy (5 samples per task) and the
-attended fraction of the prefill's (query, key) pairs; then the same means restricted to the
-cells where dense scores at least 20%. A cell with fewer than 5 samples is reported as
-missing, not averaged.
+Per length: the mean over the 9 tasks of each row's accuracy and the attended fraction of the
+prefill's (query, key) pairs; the same means restricted to the cells where dense scores at
+least 20%; and, per task, the smallest budget at which the token oracle scores at least
+dense's accuracy (the attention a task needs). A length's sample count is the number of dense
+samples every task has there; a row with fewer samples in some task is reported as missing,
+not averaged.
     python3 docs/results/eval-prefill-smollm2/summarize.py
 """
 import json
 import pathlib
 
 CACHE = pathlib.Path(__file__).with_name("cache.jsonl")
-SAMPLES = 5
-ROWS = [("dense", "-")] + [(m, b) for b in ("1/16", "1/8", "1/4")
+BUDGETS = ("1/16", "1/8", "1/4")
+ROWS = [("dense", "-")] + [(m, b) for b in BUDGETS
                            for m in ("prefill_token", "prefill_shared64", "prefill_learned64")]
 
 
@@ -20,8 +22,7 @@ def load():
     recs = {}
     for line in CACHE.open():
         r = json.loads(line)
-        if r["index"] < SAMPLES:
-            recs[(r["task"], r["length"], r["method"], r["budget"], r["index"])] = r
+        recs[(r["task"], r["length"], r["method"], r["budget"], r["index"])] = r
     return recs
 
 
@@ -34,14 +35,28 @@ def main():
     tasks = sorted({k[0] for k in recs})
     lengths = sorted({k[1] for k in recs})
 
+    def count(t, length, m, b):
+        n = 0
+        while (t, length, m, b, n) in recs:
+            n += 1
+        return n
+
+    samples = {L: min(count(t, L, "dense", "-") for t in tasks) for L in lengths}
+
     def cell(t, length, m, b):
-        return [recs[(t, length, m, b, i)] for i in range(SAMPLES) if (t, length, m, b, i) in recs]
+        return [recs[(t, length, m, b, i)] for i in range(samples[length])
+                if (t, length, m, b, i) in recs]
 
     def complete(length, m, b):
-        return all(len(cell(t, length, m, b)) == SAMPLES for t in tasks)
+        return all(len(cell(t, length, m, b)) == samples[length] for t in tasks)
+
+    def acc(t, length, m, b):
+        return mean([r["score"] for r in cell(t, length, m, b)])
 
     rows = [(m, b) for m, b in ROWS if any(cell(t, L, m, b) for t in tasks for L in lengths)]
     names = [f"{L // 1024}K" for L in lengths]
+    print("Samples per task: " + ", ".join(f"{n} {samples[L]}" for n, L in zip(names, lengths)))
+    print()
     print("| method | budget | " + " | ".join(f"{n} acc % | {n} attended %" for n in names) + " |")
     print("| --- | --- |" + " ---: |" * (2 * len(lengths)))
     for m, b in rows:
@@ -50,24 +65,48 @@ def main():
             if not complete(L, m, b):
                 out += ["–", "–"]
                 continue
-            acc = mean([mean([r["score"] for r in cell(t, L, m, b)]) for t in tasks])
+            a = mean([acc(t, L, m, b) for t in tasks])
             att = mean([r.get("prefill_kv_read", r["kv_read"]) for t in tasks
                         for r in cell(t, L, m, b)])
-            out += [f"{100 * acc:.1f}", f"{100 * att:.1f}"]
+            out += [f"{100 * a:.1f}", f"{100 * att:.1f}"]
         print(f"| {m} | {b} | " + " | ".join(out) + " |")
     print()
     print("| length | cells with dense ≥ 20% | " + " | ".join(f"{m} {b}" for m, b in rows) + " |")
     print("| --- | ---: |" + " ---: |" * len(rows))
     for L in lengths:
-        cells = [t for t in tasks if len(cell(t, L, "dense", "-")) == SAMPLES
-                 and mean([r["score"] for r in cell(t, L, "dense", "-")]) >= 0.2]
+        cells = [t for t in tasks if acc(t, L, "dense", "-") >= 0.2]
         out = []
         for m, b in rows:
             if not cells or not complete(L, m, b):
                 out.append("–")
                 continue
-            out.append(f"{100 * mean([mean([r['score'] for r in cell(t, L, m, b)]) for t in cells]):.1f}")
+            out.append(f"{100 * mean([acc(t, L, m, b) for t in cells]):.1f}")
         print(f"| {L // 1024}K | {len(cells)} | " + " | ".join(out) + " |")
+    print()
+    print("Attention each task needs: per cell where dense scores ≥ 20%, the token oracle's "
+          "accuracy % at each budget run, and the smallest budget that scores at least dense's "
+          "accuracy ('> b': none of the budgets run, up to b). One sample moves a cell by "
+          f"100/n points (n: {', '.join(str(samples[L]) for L in lengths)}), so this is coarse.")
+    print()
+    print("| task | length | dense | " + " | ".join(f"token {b}" for b in BUDGETS) + " | needs |")
+    print("| --- | --- | ---: |" + " ---: |" * len(BUDGETS) + " --- |")
+    for t in tasks:
+        for L in lengths:
+            d = acc(t, L, "dense", "-")
+            if d < 0.2:
+                continue
+            out, need = [], None
+            for b in BUDGETS:
+                if len(cell(t, L, "prefill_token", b)) != samples[L]:
+                    out.append("–")
+                    continue
+                a = acc(t, L, "prefill_token", b)
+                out.append(f"{100 * a:.0f}")
+                if need is None and a >= d - 1e-9:
+                    need = b
+            ran = [b for b in BUDGETS if len(cell(t, L, "prefill_token", b)) == samples[L]]
+            need = need or (f"> {ran[-1]}" if ran else "–")
+            print(f"| {t} | {L // 1024}K | {100 * d:.0f} | " + " | ".join(out) + f" | {need} |")
 
 
 if __name__ == "__main__":
