@@ -241,6 +241,13 @@ __device__ __forceinline__ void load_q(const Params& p, const Chunk& c, int lane
   }
 }
 
+// α-entmax weight p = [t]_+^{1/(α-1)} (§2.1) in f32, with the exact powers for α = 2 and 1.5
+// (pow_int 1 or 2; 0: powf with pow_exp). Shared by the entmax decode and prefill kernels.
+__device__ __forceinline__ float weight(float t, int pow_int, float pow_exp) {
+  if (!(t > 0.f)) return 0.f;
+  return pow_int == 1 ? t : pow_int == 2 ? t * t : powf(t, pow_exp);
+}
+
 template <bool kBf16>
 __device__ __forceinline__ void to_float8(const uint4& r, float (&f)[8]) {
   const unsigned w[4] = {r.x, r.y, r.z, r.w};

@@ -40,12 +40,6 @@ constexpr int kKept = 512;         // support rows staged per round in the accum
 
 constexpr int row_groups(int d) { return kWarps * (32 / (d / 8)); }
 
-// p = [t]_+^{1/(alpha-1)} (§2.1) in f32, with the exact powers for alpha = 2 and 1.5.
-__device__ __forceinline__ float weight(float t, int pow_int, float pow_exp) {
-  if (!(t > 0.f)) return 0.f;
-  return pow_int == 1 ? t : pow_int == 2 ? t * t : powf(t, pow_exp);
-}
-
 // Position of this thread's item among the block's kept items, in thread order; `total` gets
 // their number (the same in every thread). Every thread of the block must call it.
 template <int kBlockWarps>

@@ -37,6 +37,7 @@ namespace {
 using decode_impl::cp_async16;
 using decode_impl::cp_async_commit;
 using decode_impl::cp_async_wait;
+using decode_impl::weight;
 using detail::check_cuda;
 
 constexpr int kTile = 64;  // query tokens per CTA and keys per key tile
@@ -61,7 +62,17 @@ struct Params {
   const std::int32_t* sel_ids;
   const std::int32_t* sel_count;
   unsigned* err;
+  // Entmax passes: z = ent_za · s (ent_za = (α-1)·scale); p = [z - τ]_+^{1/(α-1)} with
+  // ent_pow_int 1 (α = 2), 2 (α = 1.5) or 0 (powf with ent_pow_exp); τ per (query, q head) in
+  // tau between passes; a Newton pass sets *newton while some step was not yet negligible.
+  float ent_za, ent_pow_exp;
+  int ent_pow_int;
+  float* tau;
+  unsigned* newton;
 };
+
+// What a prefill_kernel launch computes: softmax attention, or one pass of entmax's.
+enum Pass : int { kSoftmax = 0, kEntmaxMax = 1, kEntmaxNewton = 2, kEntmaxOut = 3 };
 
 // Shared-memory rows are padded by 16 bytes: the 8 rows an ldmatrix phase reads then start
 // 4 banks apart, so the 16-byte pieces of a column of 8 rows hit 32 distinct banks.
@@ -123,6 +134,21 @@ __device__ __forceinline__ unsigned pack2(float lo, float hi) {
   }
 }
 
+// Sets to -inf the scores of keys after their row's query or past the sequence (only tiles
+// crossing the diagonal or the end have any).
+__device__ __forceinline__ void mask_tile(float (&s)[8][4], int kpos0, int qpos0, int length,
+                                          int gq, int tq) {
+  if (kpos0 + kTile - 1 <= qpos0 && kpos0 + kTile <= length) return;
+#pragma unroll
+  for (int n = 0; n < 8; ++n)
+#pragma unroll
+    for (int c = 0; c < 4; ++c) {
+      const int kp = kpos0 + n * 8 + 2 * tq + (c & 1);
+      const int qp = qpos0 + gq + 8 * (c >> 1);
+      if (kp > qp || kp >= length) s[n][c] = -INFINITY;
+    }
+}
+
 // One 64-key tile of the online softmax (base 2, DESIGN.md §2.6's (o, lse) state) for a warp's
 // 16 rows in the m16n8 accumulator layout (s[n][c]: keys 8n + 2·tq + (c & 1), row gq + 8·(c >> 1)),
 // in two steps so a kernel can put work between them:
@@ -134,19 +160,12 @@ __device__ __forceinline__ bool tile_max(float (&s)[8][4], float (&m)[2], float 
                                          float (&m_use)[2], float (&corr)[2], int kpos0,
                                          int qpos0, int length, int gq, int tq,
                                          float scale_log2) {
-  const bool need_mask = kpos0 + kTile - 1 > qpos0 || kpos0 + kTile > length;
+  mask_tile(s, kpos0, qpos0, length, gq, tq);
   float mx[2] = {-INFINITY, -INFINITY};
 #pragma unroll
   for (int n = 0; n < 8; ++n)
 #pragma unroll
-    for (int c = 0; c < 4; ++c) {
-      if (need_mask) {
-        const int kp = kpos0 + n * 8 + 2 * tq + (c & 1);
-        const int qp = qpos0 + gq + 8 * (c >> 1);
-        if (kp > qp || kp >= length) s[n][c] = -INFINITY;
-      }
-      mx[c >> 1] = fmaxf(mx[c >> 1], s[n][c]);
-    }
+    for (int c = 0; c < 4; ++c) mx[c >> 1] = fmaxf(mx[c >> 1], s[n][c]);
   bool grew = false;
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
@@ -206,7 +225,8 @@ __device__ __forceinline__ void p_fragment(const float (&s)[8][4], int kk, float
 
 // Epilogue of a warp's 16 rows (row0 .. row0 + 15 of the sequence's new tokens, q head hq):
 // the quad's partial sums, o / l in the output dtype, lse = (m + log2 l) ln 2.
-template <bool kBf16, int kD>
+// kTau (entmax): m holds the rows' τ, written as is (NaN for a row without keys).
+template <bool kBf16, int kD, bool kTau = false>
 __device__ __forceinline__ void store_rows(const Params& p, const SeqGeo& g, int row0, int hq,
                                            int gq, int tq, const float (&o)[kD / 8][4],
                                            const float (&m)[2], float (&l)[2]) {
@@ -232,8 +252,12 @@ __device__ __forceinline__ void store_rows(const Params& p, const SeqGeo& g, int
         *reinterpret_cast<unsigned*>(dst + n * 8) =
             pack2<kBf16>(o[n][2 * r] * inv, o[n][2 * r + 1] * inv);
     }
-    if (p.lse && tq == 0)
-      p.lse[qrow * p.num_q_heads + hq] = l[r] > 0.f ? (m[r] + log2f(l[r])) * kLn2 : -INFINITY;
+    if (p.lse && tq == 0) {
+      if constexpr (kTau)
+        p.lse[qrow * p.num_q_heads + hq] = l[r] > 0.f ? m[r] : NAN;
+      else
+        p.lse[qrow * p.num_q_heads + hq] = l[r] > 0.f ? (m[r] + log2f(l[r])) * kLn2 : -INFINITY;
+    }
   }
 }
 
@@ -320,8 +344,41 @@ __device__ __forceinline__ Cta cta_of(const Params& p, int heads) {
 
 // Register budget: 4 heads (16 warps) run one CTA per SM at 128 registers a thread; 2 heads
 // (8 warps) one CTA with up to 255 (no spills; 8 warps per SM); 1 head (4 warps) two CTAs.
-template <bool kBf16, int kD, int kHeads>
+// The end of an entmax max or Newton pass for a warp's rows (row0 and row0 + 8, quads of 4
+// threads each holding part of a row): the max pass writes τ0 = max z - 1 (NaN: no key); the
+// Newton pass sums f(τ) - 1 and -f'(τ) over the quad and steps τ when f > 1 (from below the
+// iterates rise to the root of the convex, decreasing f), raising *newton while a step is
+// above 1e-5·max(1, |τ|) (f32 sums: finer steps are rounding).
+template <int kPass>
+__device__ __forceinline__ void entmax_rows_done(const Params& p, const SeqGeo& g, int row0,
+                                                 int hq, int tq, float (&m)[2], float (&f)[2],
+                                                 float (&df)[2], const float (&tau)[2]) {
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+#pragma unroll
+    for (int o = 1; o <= 2; o *= 2) {
+      m[r] = fmaxf(m[r], __shfl_xor_sync(0xffffffffu, m[r], o));
+      f[r] += __shfl_xor_sync(0xffffffffu, f[r], o);
+      df[r] += __shfl_xor_sync(0xffffffffu, df[r], o);
+    }
+    const int row = row0 + 8 * r;
+    if (tq != 0 || row >= g.nq) continue;
+    float* t = p.tau + (g.q_begin + row) * p.num_q_heads + hq;
+    if constexpr (kPass == kEntmaxMax) {
+      *t = m[r] == -INFINITY ? NAN : fmaf(m[r], p.ent_za, -1.f);
+    } else if (tau[r] == tau[r] && f[r] > 1.f && df[r] > 0.f) {
+      const float step = (f[r] - 1.f) / df[r];
+      *t = tau[r] + step;
+      if (step > 1e-5f * fmaxf(1.f, fabsf(tau[r]))) atomicOr(p.newton, 1u);
+    }
+  }
+}
+
+// kPass: softmax, or one of entmax's passes (kHeads 1): the rows' max z (into p.tau, as
+// τ0 = max z - 1), a Newton step on τ (p.tau updated in place), or the output.
+template <bool kBf16, int kD, int kHeads, int kPass = kSoftmax>
 __global__ void __launch_bounds__(kHeads * 128, kHeads == 1 ? 2 : 1) prefill_kernel(Params p) {
+  constexpr bool kReadV = kPass == kSoftmax || kPass == kEntmaxOut;
   constexpr int kThreads = kHeads * 128;
   constexpr int kRow = row_elems<kD>();
   constexpr int kPieces = kD / 8;  // 16-byte pieces per row
@@ -358,7 +415,7 @@ __global__ void __launch_bounds__(kHeads * 128, kHeads == 1 ? 2 : 1) prefill_ker
       const std::int64_t off = row < 0 ? 0 : row + piece * 8;
       const int bytes = row < 0 ? 0 : 16;
       cp_async16(sK + (stage * kTile + r) * kRow + piece * 8, p.k + off, bytes);
-      cp_async16(sV + (stage * kTile + r) * kRow + piece * 8, p.v + off, bytes);
+      if constexpr (kReadV) cp_async16(sV + (stage * kTile + r) * kRow + piece * 8, p.v + off, bytes);
     }
   };
 
@@ -375,6 +432,15 @@ __global__ void __launch_bounds__(kHeads * 128, kHeads == 1 ? 2 : 1) prefill_ker
 #pragma unroll
     for (int c = 0; c < 4; ++c) o[n][c] = 0.f;
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
+  // Entmax: the rows' τ (Newton and output passes), f(τ) and -f'(τ) (Newton).
+  const int hq = q_head0 + hs;
+  const auto row_of = [&](int r) { return qtile * kTile + t0 + gq + 8 * r; };
+  float tau[2] = {NAN, NAN}, f[2] = {0.f, 0.f}, df[2] = {0.f, 0.f};
+  if constexpr (kPass == kEntmaxNewton || kPass == kEntmaxOut) {
+#pragma unroll
+    for (int r = 0; r < 2; ++r)
+      if (row_of(r) < g.nq) tau[r] = p.tau[(g.q_begin + row_of(r)) * p.num_q_heads + hq];
+  }
 
   const auto compute = [&](int tile, int stage) {
     const int kpos0 = tile * kTile;
@@ -400,30 +466,59 @@ __global__ void __launch_bounds__(kHeads * 128, kHeads == 1 ? 2 : 1) prefill_ker
         mma16816<kBf16>(s[2 * np + 1], a, bk[2], bk[3]);
       }
     }
-    float m_use[2];
-    softmax_tile<kD>(s, o, m, l, m_use, kpos0, qpos0, g.length, gq, tq, p.scale_log2);
+    if constexpr (kPass == kSoftmax) {
+      float m_use[2];
+      softmax_tile<kD>(s, o, m, l, m_use, kpos0, qpos0, g.length, gq, tq, p.scale_log2);
 #pragma unroll
-    for (int n = 0; n < 8; ++n)
+      for (int n = 0; n < 8; ++n)
 #pragma unroll
-      for (int c = 0; c < 4; ++c) {
-        s[n][c] = exp2_approx(fmaf(s[n][c], p.scale_log2, -m_use[c >> 1]));
-        l[c >> 1] += s[n][c];
-      }
-      // O += P V: P's accumulator layout is the A layout of the next mma (keys 16kk .. 16kk+15
-      // are S's n-tiles 2kk and 2kk+1); V rows through ldmatrix.trans.
+        for (int c = 0; c < 4; ++c) {
+          s[n][c] = exp2_approx(fmaf(s[n][c], p.scale_log2, -m_use[c >> 1]));
+          l[c >> 1] += s[n][c];
+        }
+    } else if constexpr (kPass == kEntmaxMax) {
+      mask_tile(s, kpos0, qpos0, g.length, gq, tq);
 #pragma unroll
-    for (int kk = 0; kk < 4; ++kk) {
-      const unsigned a[4] = {pack2<kBf16>(s[2 * kk][0], s[2 * kk][1]),
-                             pack2<kBf16>(s[2 * kk][2], s[2 * kk][3]),
-                             pack2<kBf16>(s[2 * kk + 1][0], s[2 * kk + 1][1]),
-                             pack2<kBf16>(s[2 * kk + 1][2], s[2 * kk + 1][3])};
+      for (int n = 0; n < 8; ++n)
 #pragma unroll
-      for (int dp = 0; dp < kD / 16; ++dp) {
-        unsigned bv[4];
-        ldsm_x4_trans(bv, vb + (kk * 16 + lane % 8 + ((lane / 8) % 2) * 8) * kRow + dp * 16 +
-                              (lane / 16) * 8);
-        mma16816<kBf16>(o[2 * dp], a, bv[0], bv[1]);
-        mma16816<kBf16>(o[2 * dp + 1], a, bv[2], bv[3]);
+        for (int c = 0; c < 4; ++c) m[c >> 1] = fmaxf(m[c >> 1], s[n][c]);
+    } else {
+      mask_tile(s, kpos0, qpos0, g.length, gq, tq);
+#pragma unroll
+      for (int n = 0; n < 8; ++n)
+#pragma unroll
+        for (int c = 0; c < 4; ++c) {
+          const float t = fmaf(s[n][c], p.ent_za, -tau[c >> 1]);  // -inf - τ: no weight
+          if constexpr (kPass == kEntmaxNewton) {
+            if (t > 0.f) {
+              f[c >> 1] += weight(t, p.ent_pow_int, p.ent_pow_exp);
+              df[c >> 1] += p.ent_pow_int == 1   ? 1.f
+                            : p.ent_pow_int == 2 ? 2.f * t
+                                                 : p.ent_pow_exp * powf(t, p.ent_pow_exp - 1.f);
+            }
+          } else {
+            s[n][c] = weight(t, p.ent_pow_int, p.ent_pow_exp);
+            l[c >> 1] += s[n][c];
+          }
+        }
+    }
+    if constexpr (kReadV) {
+      // O += P V: P's accumulator layout is the A layout of the next mma (keys 16kk ..
+      // 16kk+15 are S's n-tiles 2kk and 2kk+1); V rows through ldmatrix.trans.
+#pragma unroll
+      for (int kk = 0; kk < 4; ++kk) {
+        const unsigned a[4] = {pack2<kBf16>(s[2 * kk][0], s[2 * kk][1]),
+                               pack2<kBf16>(s[2 * kk][2], s[2 * kk][3]),
+                               pack2<kBf16>(s[2 * kk + 1][0], s[2 * kk + 1][1]),
+                               pack2<kBf16>(s[2 * kk + 1][2], s[2 * kk + 1][3])};
+#pragma unroll
+        for (int dp = 0; dp < kD / 16; ++dp) {
+          unsigned bv[4];
+          ldsm_x4_trans(bv, vb + (kk * 16 + lane % 8 + ((lane / 8) % 2) * 8) * kRow + dp * 16 +
+                                (lane / 16) * 8);
+          mma16816<kBf16>(o[2 * dp], a, bv[0], bv[1]);
+          mma16816<kBf16>(o[2 * dp + 1], a, bv[2], bv[3]);
+        }
       }
     }
   };
@@ -445,7 +540,13 @@ __global__ void __launch_bounds__(kHeads * 128, kHeads == 1 ? 2 : 1) prefill_ker
   }
   cp_async_wait<0>();
 
-  store_rows<kBf16, kD>(p, g, qtile * kTile + t0, q_head0 + hs, gq, tq, o, m, l);
+  if constexpr (kPass == kSoftmax) {
+    store_rows<kBf16, kD>(p, g, qtile * kTile + t0, hq, gq, tq, o, m, l);
+  } else if constexpr (kPass == kEntmaxOut) {
+    store_rows<kBf16, kD, true>(p, g, qtile * kTile + t0, hq, gq, tq, o, tau, l);
+  } else {
+    entmax_rows_done<kPass>(p, g, row_of(0), hq, tq, m, f, df, tau);
+  }
 }
 
 // Copies the CTA's Q tiles (kHeads q heads from q_head0, 64 tokens each, zeros past the
@@ -753,9 +854,15 @@ struct KernelInfo {
   int threads;
 };
 
-template <bool kBf16, int kD, int kHeads>
+template <bool kBf16, int kD, int kHeads, int kPass = kSoftmax>
 KernelInfo info() {
-  return {prefill_kernel<kBf16, kD, kHeads>, smem_bytes<kD, kHeads>(), kHeads * 128};
+  return {prefill_kernel<kBf16, kD, kHeads, kPass>, smem_bytes<kD, kHeads>(), kHeads * 128};
+}
+// An entmax pass (one q head per CTA).
+template <int kPass>
+KernelInfo entmax_info(bool bf, int d) {
+  return bf ? (d == 64 ? info<true, 64, 1, kPass>() : info<true, 128, 1, kPass>())
+            : (d == 64 ? info<false, 64, 1, kPass>() : info<false, 128, 1, kPass>());
 }
 template <bool kBf16, int kD>
 KernelInfo info_by_heads(int heads) {
@@ -773,12 +880,18 @@ KernelInfo wgmma_info() {
 // Which kernel runs a launch (see kernel_kind).
 enum class Kind { mma, wgmma, ws };
 
-// The kernel for (dtype, d, q heads per CTA, kind), its shared-memory limit raised once.
-KernelInfo prepare(DType dtype, int d, int heads, Kind kind) {
+// The kernel for (dtype, d, q heads per CTA, kind) or for an entmax pass (pass != kSoftmax:
+// the mma.sync kernel, one head per CTA), its shared-memory limit raised once.
+KernelInfo prepare(DType dtype, int d, int heads, Kind kind, int pass = kSoftmax) {
   const bool bf = dtype == DType::bf16;
   KernelInfo k;
   int key;
-  if (kind == Kind::ws) {
+  if (pass != kSoftmax) {
+    k = pass == kEntmaxMax      ? entmax_info<kEntmaxMax>(bf, d)
+        : pass == kEntmaxNewton ? entmax_info<kEntmaxNewton>(bf, d)
+                                : entmax_info<kEntmaxOut>(bf, d);
+    key = 20 + (pass - 1) * 4 + (bf ? 0 : 2) + (d == 64 ? 0 : 1);
+  } else if (kind == Kind::ws) {
     k = {bf ? prefill_ws_kernel<true> : prefill_ws_kernel<false>, ws_smem(), kWsThreads};
     key = 18 + (bf ? 0 : 1);
   } else if (kind == Kind::wgmma) {
@@ -795,7 +908,7 @@ KernelInfo prepare(DType dtype, int d, int heads, Kind kind) {
     key = (bf ? 0 : 6) + (d == 64 ? 0 : 3) + (heads == 4 ? 2 : heads == 2 ? 1 : 0);
   }
   static std::mutex mu;
-  static bool ready[20] = {};
+  static bool ready[32] = {};
   std::lock_guard<std::mutex> lock(mu);
   if (!ready[key]) {
     check_cuda(cudaFuncSetAttribute(k.fn, cudaFuncAttributeMaxDynamicSharedMemorySize,
@@ -938,6 +1051,7 @@ void prefill(const PrefillArgs& a, const PrefillLaunch& launch) {
           ErrorCode::shape_mismatch, "lse", "needs 0 or total_q * q heads entries");
   require(a.scale >= 0 && std::isfinite(a.scale), ErrorCode::invalid_argument, "scale",
           "must be finite and >= 0 (0: 1/sqrt(d))");
+  if (a.mapping.is_entmax()) a.mapping.validate();  // throws naming "alpha"
 
   Params p{};
   const PrefillBlockSelection* sel = a.selection;
@@ -967,9 +1081,10 @@ void prefill(const PrefillArgs& a, const PrefillLaunch& launch) {
   }
   if (B == 0 || total_q == 0) return;
 
+  const bool entmax = a.mapping.is_entmax();
   const int group = Hq / Hkv;
-  const Kind kind = kernel_kind(d, group);
-  const int heads = kind == Kind::ws ? 4 : heads_per_cta(group);
+  const Kind kind = entmax ? Kind::mma : kernel_kind(d, group);
+  const int heads = entmax ? 1 : kind == Kind::ws ? 4 : heads_per_cta(group);
   p.t = seq_tables(c, a.q_indptr, total_q, launch.max_q_per_seq);
   p.q = a.q.data;
   p.q_s0 = a.q.s0;
@@ -990,11 +1105,33 @@ void prefill(const PrefillArgs& a, const PrefillLaunch& launch) {
   PrefillWorkspace::Impl& ws = launch.workspace->impl();
   p.err = ws.err.get();
 
-  const KernelInfo k = prepare(c.dtype, d, heads, kind);
   const dim3 grid((launch.max_q_per_seq + kTile - 1) / kTile, Hkv * p.head_groups, B);
   require(grid.y <= 65535, ErrorCode::invalid_argument, "q", "too many q head groups");
-  k.fn<<<grid, k.threads, k.smem, launch.stream>>>(p);
-  check_cuda(cudaGetLastError(), "prefill kernel launch");
+  const auto run = [&](int pass) {
+    const KernelInfo k = prepare(c.dtype, d, heads, kind, pass);
+    k.fn<<<grid, k.threads, k.smem, launch.stream>>>(p);
+    check_cuda(cudaGetLastError(), "prefill kernel launch");
+  };
+  if (entmax) {
+    const double alpha = a.mapping.alpha, e = 1.0 / (alpha - 1.0);
+    p.ent_za = static_cast<float>((alpha - 1.0) * scale);
+    p.ent_pow_exp = static_cast<float>(e);
+    p.ent_pow_int = e == 1.0 ? 1 : e == 2.0 ? 2 : 0;
+    ws.tau.reserve(static_cast<std::size_t>(total_q) * Hq, "cudaMalloc(prefill tau)");
+    p.tau = ws.tau.data();
+    p.newton = ws.newton.get();
+    run(kEntmaxMax);
+    // Newton from below converges in a handful of steps (quadratically near the root); the
+    // cap only guards against a flag that never clears.
+    constexpr int kMaxNewton = 100;
+    for (int it = 0; it < kMaxNewton; ++it) {
+      run(kEntmaxNewton);
+      if (ws.newton.take(launch.stream, "prefill entmax step") == 0) break;
+    }
+    run(kEntmaxOut);
+  } else {
+    run(kSoftmax);
+  }
   if (launch.check_errors) launch.workspace->check(launch.stream);
 }
 

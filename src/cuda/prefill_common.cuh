@@ -102,7 +102,9 @@ namespace masskv::cuda {
 
 struct PrefillWorkspace::Impl {
   detail::GrowBuffer<float> kmean, qmean;  // the indexer's pooled means
+  detail::GrowBuffer<float> tau;           // entmax: τ per (query, q head) between passes
   detail::ErrorFlag err;
+  detail::ErrorFlag newton;  // entmax: set by a Newton pass whose step was not yet negligible
 };
 
 }  // namespace masskv::cuda

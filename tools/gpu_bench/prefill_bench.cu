@@ -37,7 +37,13 @@ struct PCase {
   int sel_heads = 1;      // lists: 1 (shared) or hkv; the indexer writes hkv
   int budget_blocks = 4;  // indexer
   bool out_f32 = true;
+  double alpha = 0;    // > 0: α-entmax (lse holds τ)
+  float q_amp = 3.f;   // q ~ U(-q_amp, q_amp); small: every z near 0, wide entmax supports
 };
+
+Mapping mapping_of(const PCase& c) {
+  return c.alpha > 0 ? Mapping::entmax(c.alpha) : Mapping::softmax();
+}
 
 // Host inputs of a case, its selection (cuda::PrefillBlockSelection layout) and the reference.
 struct PData {
@@ -112,7 +118,7 @@ void build_inputs(PData& pd, std::uint64_t seed) {
   pd.q.resize(static_cast<std::size_t>(pd.total_q) * hq * c.d);
   pd.qf.resize(pd.q.size());
   for (std::size_t i = 0; i < pd.q.size(); ++i) {
-    pd.q[i] = to_half_bits(c.dtype, rng.sym(3.f));
+    pd.q[i] = to_half_bits(c.dtype, rng.sym(c.q_amp));
     pd.qf[i] = from_half_bits(c.dtype, pd.q[i]);
   }
   if (c.mode != Mode::lists) return;
@@ -161,6 +167,7 @@ void build_reference(PData& pd) {
                              c.d};
     a.q_indptr = pd.q_indptr;
     a.cache = view;
+    a.mapping = mapping_of(c);
     a.out = View3<float>::contiguous(dummy.data(), pd.total_q, c.group, c.d);
     std::vector<std::uint8_t> mask;
     std::vector<std::int64_t> offset;
@@ -222,6 +229,7 @@ void setup_gpu(const PData& pd, PGpu& g) {
   a.cache.table = {{g.indptr.p, g.indptr.n}, {g.indices.p, g.indices.n}, {g.last.p, g.last.n}};
   a.out = {g.out.p, c.out_f32 ? DType::f32 : c.dtype, static_cast<std::int64_t>(hq) * c.d, c.d};
   a.lse = {g.lse.p, g.lse.n};
+  a.mapping = mapping_of(c);
 }
 
 void upload_selection(const PData& pd, PGpu& g) {
@@ -373,12 +381,12 @@ PErr compare(const PData& pd, const std::vector<float>& o, const std::vector<flo
   e.o = den > 0 ? num / den : num;
   const int d = pd.c.d;
   for (std::size_t i = 0; i < pd.ref_lse.size(); ++i) {
-    if (std::isinf(pd.ref_lse[i])) {
+    if (!std::isfinite(pd.ref_lse[i])) {  // no keys: lse -inf (softmax), τ NaN (entmax)
       ++e.empty;
-      bool zero = std::isinf(lse[i]) && lse[i] < 0;
+      bool zero = pd.c.alpha > 0 ? std::isnan(lse[i]) : std::isinf(lse[i]) && lse[i] < 0;
       for (int c = 0; c < d; ++c) zero &= o[i * d + c] == 0.f;
       if (!zero) {
-        e.why = "a query without keys must give o = 0, lse = -inf";
+        e.why = "a query without keys must give o = 0, lse = -inf / tau = NaN";
         return e;
       }
       continue;
@@ -470,6 +478,24 @@ std::vector<PCase> prefill_cases() {
   cs.push_back({300, 250, 3, 64, 2, 2, 16, DType::f16, kv::Layout::NHD, Mode::dense});
   cs.push_back(
       {2000, 2000, 4, 128, 1, 1, 16, DType::bf16, kv::Layout::HND, Mode::indexer, 64, 64, 1, 8});
+  // α-entmax (the exact multi-pass path): α 1.5, 2, 1.25, 1.7; dense, lists and indexer
+  // lists; some with small q (every z near 0: τ <= 0, every key in the support).
+  const double alphas[] = {1.5, 2.0, 1.25, 1.7};
+  int e = 0;
+  for (const auto& sz : {std::pair{17, 17}, {200, 131}, {777, 777}, {1100, 300}})
+    for (int d : {64, 128})
+      for (Mode mode : {Mode::dense, Mode::lists, Mode::indexer}) {
+        PCase c{sz.first, sz.second, e % 2 ? 4 : 2, d, 2, sz.first < 100 ? 3 : 1,
+                e % 2 ? 16 : 64, e % 3 == 2 ? DType::f16 : DType::bf16,
+                e % 4 == 3 ? kv::Layout::NHD : kv::Layout::HND, mode};
+        c.sel_heads = e % 2 ? 2 : 1;
+        c.budget_blocks = 2 + e % 4;
+        c.out_f32 = e % 5 != 4;
+        c.alpha = alphas[e % 4];
+        c.q_amp = e % 6 == 5 ? 0.01f : 3.f;
+        cs.push_back(c);
+        ++e;
+      }
   return cs;
 }
 
@@ -541,6 +567,11 @@ int error_cases(cuda::PrefillWorkspace& ws) {
     a.selection = &s;
     cuda::prefill(a, launch);
   });
+  ok &= expect_throw("entmax alpha 2.5", "alpha", [&] {
+    cuda::PrefillArgs a = g.args;
+    a.mapping = Mapping::entmax(2.5);
+    cuda::prefill(a, launch);
+  });
   ok &= expect_throw("lse of the wrong size", "lse", [&] {
     cuda::PrefillArgs a = g.args;
     a.lse = a.lse.subspan(1);
@@ -580,12 +611,14 @@ int error_cases(cuda::PrefillWorkspace& ws) {
 
 int run_prefill_check() {
   const std::vector<PCase> cases = prefill_cases();
-  std::printf("prefill check: %zu cases (dense causal, random block lists, GPU indexer lists)\n",
+  std::printf(
+      "prefill check: %zu cases (dense causal, random block lists, GPU indexer lists; softmax "
+      "and entmax)\n",
               cases.size());
   std::printf(
       "tolerances: ||o-ref||inf/||ref||inf <= 1e-2 (bf16) / 2e-3 (f16) (+4e-3 / 5e-4 "
-      "with 16-bit output), |lse-ref|/max(1,|ref|) <= %.0e; reference: f64 on the same "
-      "bf16/f16 values (attn::prefill_reference); reruns bit-identical\n",
+      "with 16-bit output), |lse-ref|/max(1,|ref|) (entmax: tau) <= %.0e; reference: f64 on "
+      "the same bf16/f16 values (attn::prefill_reference); reruns bit-identical\n",
       kTolLse);
   cuda::PrefillWorkspace ws;
   int failures = 0;
@@ -628,13 +661,16 @@ int run_prefill_check() {
       worst_lse = std::max(worst_lse, e.lse);
       empty_rows += e.empty;
       if (!ok) ++failures;
+      char map_name[24];
+      std::snprintf(map_name, sizeof map_name, c.alpha > 0 ? "entmax %.2f" : "softmax", c.alpha);
       std::printf(
           "  %-7s len=%5d nq=%5d B=%d G=%d Hkv=%d d=%3d %s %s page=%2d qb=%3d kb=%3d "
-          "heads=%d budget=%d out=%s: o_err=%.2e lse_err=%.2e empty=%ld %s%s\n",
+          "heads=%d budget=%d out=%s %s: o_err=%.2e lse_err=%.2e empty=%ld %s%s\n",
           mode_name(c.mode), c.len, c.nq, c.batch, c.group, c.hkv, c.d,
           c.dtype == DType::bf16 ? "bf16" : "f16 ", c.layout == kv::Layout::HND ? "HND" : "NHD",
           c.page, c.q_block, c.k_block, c.mode == Mode::lists ? c.sel_heads : c.hkv,
-          c.budget_blocks, c.out_f32 ? "f32" : "16b", e.o, e.lse, e.empty, ok ? "ok" : "FAIL ",
+          c.budget_blocks, c.out_f32 ? "f32" : "16b", map_name, e.o, e.lse, e.empty,
+          ok ? "ok" : "FAIL ",
           index_bad[i - start] ? "(indexer lists wrong)" : e.why.c_str());
     }
   }
@@ -769,6 +805,20 @@ int run_prefill_bench(const char* json_path) {
         "us\n",
         L, dense_us, dense_tiles * tile_flops / dense_us / 1e6, budget, index_us, sparse_us,
         listed * tile_flops / sparse_us / 1e6, 100.0 * listed / dense_tiles, both_us);
+    // α-entmax (1.5), the exact multi-pass path (max, Newton passes, output): dense and on the
+    // indexer's selection, up to 32K. FLOPs counted as one softmax pass (an "effective" rate).
+    if (L <= 32768) {
+      cuda::PrefillArgs ea = a, es = sa;
+      ea.mapping = es.mapping = Mapping::entmax(1.5);
+      const double ed_us = time_us(1, 3, [&](int) { cuda::prefill(ea, launch); });
+      const double es_us = time_us(1, 3, [&](int) { cuda::prefill(es, launch); });
+      ws.check(nullptr);
+      rows.push_back({"prefill_ours_entmax_dense", L, 0, ed_us, dense_tiles * tile_flops});
+      rows.push_back({"prefill_ours_entmax_sparse", L, budget, es_us, listed * tile_flops});
+      std::printf("prefill L=%6d: entmax 1.5 dense %.1f us (%.2fx softmax), sparse %.1f us "
+                  "(%.2fx softmax sparse)\n",
+                  L, ed_us, ed_us / dense_us, es_us, es_us / sparse_us);
+    }
   }
   FILE* f = std::fopen(json_path, "w");
   if (!f) {

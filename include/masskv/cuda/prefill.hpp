@@ -8,6 +8,7 @@
 #include <span>
 
 #include "masskv/kv/paged_kv.hpp"
+#include "masskv/mapping.hpp"
 #include "masskv/tensor.hpp"
 
 struct CUstream_st;
@@ -86,16 +87,26 @@ struct PrefillArgs {
   kv::PagedKVView cache;                             // bf16 or f16; page size a power of two
   float scale = 0;                                   // 0 means 1/sqrt(d)
   const PrefillBlockSelection* selection = nullptr;  // nullptr: dense causal
+  // softmax, or α-entmax (α in (1, 2]) on z = (α-1)·scale·q·k as attn::prefill does.
+  Mapping mapping = Mapping::softmax();
   PrefillOut out;
-  std::span<float> lse;  // [total_q][Hq] natural-log LSE, or empty; -inf for a query without keys
+  // [total_q][Hq], or empty. Softmax: the natural-log LSE, -inf for a query without keys.
+  // Entmax: τ (p = [z - τ]_+^{1/(α-1)}), NaN for a query without keys.
+  std::span<float> lse;
 };
 
-// Causal prefill on the GPU, softmax (DESIGN.md §2.6's (o, lse) state, base e). Dense: every
-// key up to the query. Sparse: the causal keys of the listed blocks only (the work is
-// proportional to the listed blocks). A query that attends no key gets o = 0, lse = -inf.
+// Causal prefill on the GPU, softmax (DESIGN.md §2.6's (o, lse) state, base e) or α-entmax.
+// Dense: every key up to the query. Sparse: the causal keys of the listed blocks only (the
+// work is proportional to the listed blocks). A query that attends no key gets o = 0,
+// lse = -inf (softmax) / τ = NaN (entmax).
+// Entmax is exact and slow (for completeness; the tensor-core kernels serve softmax): a pass
+// for each row's max z, Newton passes on f(τ) = Σ [z - τ]_+^{1/(α-1)} = 1 from τ = max z - 1
+// (f convex and decreasing: the iterates rise to the root; the host reads a flag after each
+// pass, so an entmax call is not graph-capturable), then the output pass. Each pass is a
+// Q·Kᵀ sweep on the mma.sync kernel with one q head per CTA.
 // Validates what the host can see (throws masskv::Error naming the argument: "workspace",
 // "dtype", "head_dim", "q", "q_indptr", "cache", "stride", "page_size", "out", "lse",
-// "scale", "max_q_per_seq", "block_selection"). Served: head_dim 64 and 128, any GQA ratio
+// "scale", "max_q_per_seq", "block_selection", "alpha"). Served: head_dim 64 and 128, any GQA ratio
 // (q heads a multiple of kv heads; a CTA serves 4 q heads of a group when the group size is
 // a multiple of 4, else 2 or 1, and reads each key tile once for them).
 void prefill(const PrefillArgs& args, const PrefillLaunch& launch);
