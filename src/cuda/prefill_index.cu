@@ -20,6 +20,7 @@
 #include "device.cuh"
 #include "masskv/cuda/prefill.hpp"
 #include "masskv/error.hpp"
+#include "block_select.cuh"
 #include "prefill_common.cuh"
 
 namespace masskv::cuda {
@@ -120,87 +121,6 @@ __device__ __forceinline__ unsigned long long cand_key(bool kept, float score, i
   return (static_cast<unsigned long long>(hi) << 32) | static_cast<unsigned>(~id);
 }
 
-// The need-th largest of n distinct keys (1 <= need <= n), by most-significant-digit radix
-// selection, 8 bits a pass: the keys >= the result are exactly the top `need`. A pass counts
-// the next digit of the keys that share the digits chosen so far, and picks the digit where the
-// count from the top reaches `need`; it stops as soon as that digit's bin holds exactly the keys
-// still needed (usually after 2-3 passes: the scores' high bits differ). Replaced a bitonic sort
-// of every candidate (measured 2026-12-04: the indexer at 128K took 4.1 ms, most of it sorting).
-__device__ unsigned long long radix_threshold(const unsigned long long* keys, int n, int need,
-                                              int* hist, int* pick) {
-  const int tid = threadIdx.x, lane = tid % 32;
-  unsigned long long prefix = 0, mask = 0;
-  for (int shift = 56; shift >= 0; shift -= 8) {
-    for (int i = tid; i < 256; i += kTopkThreads) hist[i] = 0;
-    __syncthreads();
-    // Warp-aggregated counts: the first passes put most keys in one or two bins (the scores
-    // share their exponent), where one shared atomic per key would serialise.
-    for (int i = tid; i < n; i += kTopkThreads) {
-      const unsigned long long k = keys[i];
-      const int bin = (k & mask) == prefix ? static_cast<int>((k >> shift) & 255) : -1;
-      const unsigned peers = __match_any_sync(__activemask(), bin);
-      if (bin >= 0 && lane == __ffs(peers) - 1) atomicAdd(&hist[bin], __popc(peers));
-    }
-    __syncthreads();
-    if (tid < 32) {  // lane l owns the bins 255 - 8l down to 248 - 8l
-      int c[8], sum = 0;
-#pragma unroll
-      for (int e = 0; e < 8; ++e) {
-        c[e] = hist[255 - 8 * lane - e];
-        sum += c[e];
-      }
-      int incl = sum;
-#pragma unroll
-      for (int o = 1; o < 32; o <<= 1) {
-        const int y = __shfl_up_sync(0xffffffffu, incl, o);
-        if (lane >= o) incl += y;
-      }
-      const int first = __ffs(__ballot_sync(0xffffffffu, incl >= need)) - 1;
-      if (lane == first) {
-        int above = incl - sum;
-        for (int e = 0; e < 8; ++e) {
-          if (above + c[e] >= need) {
-            pick[0] = 255 - 8 * lane - e;
-            pick[1] = need - above;
-            pick[2] = c[e];
-            break;
-          }
-          above += c[e];
-        }
-      }
-    }
-    __syncthreads();
-    prefix |= static_cast<unsigned long long>(pick[0]) << shift;
-    mask |= 0xffull << shift;
-    need = pick[1];
-    const bool whole_bin = pick[2] == need;
-    __syncthreads();  // pick is rewritten by the next pass
-    if (whole_bin) break;
-  }
-  return prefix;
-}
-
-// Exclusive prefix sum over the CTA of one int per thread; `total` gets the sum.
-__device__ int block_exclusive_scan(int v, int* s_warp, int& total) {
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  int x = v;
-#pragma unroll
-  for (int o = 1; o < 32; o <<= 1) {
-    const int y = __shfl_up_sync(0xffffffffu, x, o);
-    if (lane >= o) x += y;
-  }
-  if (lane == 31) s_warp[warp] = x;
-  __syncthreads();
-  int base = 0;
-  total = 0;
-  for (int w = 0; w < kTopkWarps; ++w) {
-    if (w < warp) base += s_warp[w];
-    total += s_warp[w];
-  }
-  __syncthreads();
-  return base + x - v;
-}
-
 template <int kD>
 __global__ void __launch_bounds__(kTopkThreads) block_topk_kernel(IndexParams p) {
   extern __shared__ unsigned long long s_keys[];  // [rows_per_cta][sort_cap]
@@ -283,7 +203,9 @@ __global__ void __launch_bounds__(kTopkThreads) block_topk_kernel(IndexParams p)
       for (int i = tid; i < p.max_per_row; i += kTopkThreads) out[i] = i < n ? i : -1;
     } else {
       const unsigned long long* keys = s_keys + r * p.sort_cap;
-      const unsigned long long thr = radix_threshold(keys, n, total, s_hist, s_pick);
+      // Radix selection over (key, ~id) (it replaced a bitonic sort of every candidate).
+      const unsigned long long thr =
+          block_select::radix_threshold<kTopkThreads>(keys, n, total, s_hist, s_pick);
       for (int i = tid; i < n; i += kTopkThreads) s_flag[i] = keys[i] >= thr;
       __syncthreads();
       // Ascending ids: thread t owns the flags [t*seg, (t+1)*seg).
@@ -292,7 +214,7 @@ __global__ void __launch_bounds__(kTopkThreads) block_topk_kernel(IndexParams p)
       int mine = 0;
       for (int i = lo; i < hi; ++i) mine += s_flag[i];
       int all = 0;
-      int at = block_exclusive_scan(mine, s_warp, all);
+      int at = block_select::exclusive_scan<kTopkThreads>(mine, s_warp, all);
       for (int i = lo; i < hi; ++i)
         if (s_flag[i]) out[at++] = i;
       for (int i = total + tid; i < p.max_per_row; i += kTopkThreads) out[i] = -1;

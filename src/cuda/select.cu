@@ -24,7 +24,9 @@
 // The scoring kernel also reads the 8-bit store (select::BoundStore8: codes dequantised as
 // fma(code, step, lo), then the same chains; quest_select8's bits) and takes a group mask
 // (hier_select: tiles of unchosen groups are not read, their keys are 0). hier_select chains
-// four launches: score groups, block top-k of groups (writes the mask), score pages, top-k.
+// four launches: score groups, block top-k of groups (writes the mask), score pages, and
+// hier_page_topk_kernel, which ranks only the chosen groups' pages (the flat top-k kernels
+// when the groups' pages exceed kHierCand).
 // group_update_kernel rebuilds group summaries (GroupStore's bits).
 // All are deterministic (integer atomics only count; no order depends on timing).
 #include <cooperative_groups.h>
@@ -39,6 +41,7 @@
 #include <mutex>
 #include <string_view>
 
+#include "block_select.cuh"
 #include "device.cuh"
 #include "masskv/cuda/select.hpp"
 #include "masskv/error.hpp"
@@ -1133,6 +1136,85 @@ int plan_topk_cluster(int pairs, int max_pages) {
 }
 
 // The block top-k kernel (one CTA per pair, no cluster), its shared-memory limit raised once.
+// ---- hierarchical page top-k: only the chosen groups' pages -------------------------------------
+
+constexpr int kHierThreads = 256;
+constexpr int kHierCand = 8192;  // candidate pages (chosen groups × 16) a CTA holds
+
+// The page-level selection of hier_select for one (sequence, kv head), grid (1, kv heads,
+// batch): the flat rule (kept pages, then the best keys, ties to the lower id) over keys that
+// are 0 outside the chosen groups, found from those groups' pages alone. The flat top-k
+// kernels rank every page of the sequence (65536 at 1M tokens, 40 µs), although at most
+// groups × 16 can have a key.
+//  - Candidates: the pages of the chosen groups (the group top-k's ascending list) inside
+//    [sinks, window), as 64-bit (key, ~id) in id order; valid keys are > 0 (ordered_key).
+//  - Enough keyed candidates: the top nsel by radix selection, written ascending by a scan.
+//  - Fewer (a small cover): every keyed page, then the lowest-id pages of key 0, as the flat
+//    rule; thread 0 merges them in id order (a walk over [sinks, window): rare).
+__global__ void __launch_bounds__(kHierThreads) hier_page_topk_kernel(SelParams p,
+                                                                      const std::int32_t* gids,
+                                                                      const std::int32_t* gcount,
+                                                                      int gstride) {
+  extern __shared__ unsigned long long s_cand[];  // [gstride * kWarpPages]
+  __shared__ int s_hist[256], s_pick[3], s_warp[kHierThreads / 32];
+  const int h = blockIdx.y, b = blockIdx.z, tid = threadIdx.x;
+  const std::int64_t slot = static_cast<std::int64_t>(b) * p.num_kv_heads + h;
+  std::int32_t* out = p.out_ids + slot * p.max_per_head;
+  std::int32_t* out_count = p.out_count + slot;
+  wait_for_scores();
+  const TopkSplit sp = topk_split_of(p, b, tid == 0);
+  const int n = sp.n, sinks = sp.sinks, window = sp.window;
+  if (sp.bad || n == 0) {
+    for (int i = tid; i < p.max_per_head; i += kHierThreads) out[i] = -1;
+    if (tid == 0) *out_count = 0;
+    return;
+  }
+  const int s0 = min(sinks, window), nsel = max(sp.total - sp.kept, 0);
+  for (int j = tid; j < s0; j += kHierThreads) out[j] = j;
+  for (int j = window + tid; j < n; j += kHierThreads) out[s0 + nsel + (j - window)] = j;
+  for (int i = sp.total + tid; i < p.max_per_head; i += kHierThreads) out[i] = -1;
+  if (tid == 0) *out_count = sp.total;
+  if (nsel == 0) return;
+
+  const std::uint32_t* keys = p.keys + slot * p.max_pages;
+  const int m = min(gcount[slot], gstride) * kWarpPages;
+  int keyed = 0;
+  for (int i = tid; i < m; i += kHierThreads) {
+    const int j = gids[slot * gstride + i / kWarpPages] * kWarpPages + i % kWarpPages;
+    const std::uint32_t key = j >= sinks && j < window ? keys[j] : 0u;
+    s_cand[i] = key != 0u ? (static_cast<unsigned long long>(key) << 32) |
+                                static_cast<std::uint32_t>(~j)
+                          : 0ull;
+    keyed += key != 0u;
+  }
+  int all_keyed = 0;
+  block_select::exclusive_scan<kHierThreads>(keyed, s_warp, all_keyed);  // also a barrier
+  std::int32_t* dst = out + s0;
+  if (all_keyed >= nsel) {
+    const unsigned long long thr =
+        block_select::radix_threshold<kHierThreads>(s_cand, m, nsel, s_hist, s_pick);
+    // Candidates are in id order: thread t owns [t·seg, (t + 1)·seg).
+    const int seg = (m + kHierThreads - 1) / kHierThreads;
+    const int lo = min(m, tid * seg), hi = min(m, lo + seg);
+    int mine = 0;
+    for (int i = lo; i < hi; ++i) mine += s_cand[i] >= thr;
+    int all = 0;
+    int at = block_select::exclusive_scan<kHierThreads>(mine, s_warp, all);
+    for (int i = lo; i < hi; ++i)
+      if (s_cand[i] >= thr) dst[at++] = static_cast<std::int32_t>(~static_cast<std::uint32_t>(s_cand[i]));
+  } else if (tid == 0) {
+    int w = 0, zeros = nsel - all_keyed;
+    for (int j = sinks; j < window && w < nsel; ++j) {
+      if (keys[j] != 0u) {
+        dst[w++] = j;
+      } else if (zeros > 0) {
+        dst[w++] = j;
+        --zeros;
+      }
+    }
+  }
+}
+
 TopkFn block_topk_kernel() {
   static std::once_flag once;
   std::call_once(once, [] {
@@ -1407,6 +1489,33 @@ void launch_topk(const Prepared& pr, cudaStream_t stream) {
   check_cuda(cudaLaunchKernelEx(&cfg, pr.topk, pr.p), "quest top-k kernel launch");
 }
 
+// hier_select's page top-k over the chosen groups' pages (programmatic dependent launch, as
+// the block top-k: its prologue overlaps the page scoring's tail).
+void launch_hier_page_topk(const SelParams& p, const std::int32_t* gids,
+                           const std::int32_t* gcount, int gstride, dim3 grid,
+                           cudaStream_t stream) {
+  const std::size_t smem = sizeof(unsigned long long) * gstride * kWarpPages;
+  static std::once_flag once;
+  std::call_once(once, [] {
+    check_cuda(cudaFuncSetAttribute(hier_page_topk_kernel,
+                                    cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    static_cast<int>(sizeof(unsigned long long) * kHierCand)),
+               "cudaFuncSetAttribute(hier page top-k)");
+  });
+  cudaLaunchAttribute pdl{};
+  pdl.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  pdl.val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = grid;
+  cfg.blockDim = dim3(kHierThreads);
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = stream;
+  cfg.attrs = &pdl;
+  cfg.numAttrs = 1;
+  check_cuda(cudaLaunchKernelEx(&cfg, hier_page_topk_kernel, p, gids, gcount, gstride),
+             "hier page top-k kernel launch");
+}
+
 }  // namespace
 
 void quest_score(const QuestSelectArgs& a, const SelectLaunch& launch) {
@@ -1483,7 +1592,12 @@ void hier_select(const HierSelectArgs& h, const SelectLaunch& launch) {
   launch_topk(gp, stream);
   pp.score<<<pp.score_grid, pp.score_threads, pp.smem, stream>>>(pp.p);
   check_cuda(cudaGetLastError(), "quest score kernel launch (pages)");
-  launch_topk(pp, stream);
+  if (gcap * kWarpPages <= kHierCand) {
+    launch_hier_page_topk(pp.p, ws.gids.data(), ws.gcount.data(), gcap,
+                          dim3(1, h.groups.num_kv_heads, B), stream);
+  } else {
+    launch_topk(pp, stream);
+  }
   if (launch.check_errors) launch.workspace->check(stream);
 }
 
