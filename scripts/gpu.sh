@@ -51,6 +51,14 @@ elif [[ $do_check -eq 1 ]]; then
       | tee -a "$OUT/check.log"
     [[ ${PIPESTATUS[0]} -ne 0 ]] && check_rc=1
   done
+  # The hierarchical page pass has two scans (a mask over every tile, or the group list) chosen
+  # by the sequence length; check each on every case.
+  for m in mask list; do
+    echo "select-compact check with MASSKV_HIER_SCAN=$m" | tee -a "$OUT/check.log"
+    MASSKV_HIER_SCAN=$m "$BUILD/masskv_gpu_bench" select-compact-check 2>&1 | tail -2 \
+      | tee -a "$OUT/check.log"
+    [[ ${PIPESTATUS[0]} -ne 0 ]] && check_rc=1
+  done
   echo "check exit status: $check_rc"
 fi
 if [[ $do_bench -eq 1 ]]; then
