@@ -23,7 +23,8 @@
 //     still holding the threshold (min..max at first: at most 3 passes), same result.
 // The scoring kernel also reads the 8-bit store (select::BoundStore8: codes dequantised as
 // fma(code, step, lo), then the same chains; quest_select8's bits) and takes a group mask
-// (hier_select: tiles of unchosen groups are not read, their keys are 0). hier_select chains
+// (hier_select: tiles of unchosen groups are not read, their keys are 0) or a group list
+// (hier_select on long sequences: only the listed groups' tiles are visited). hier_select chains
 // four launches: score groups, block top-k of groups (writes the mask), score pages, and
 // hier_page_topk_kernel, which ranks only the chosen groups' pages (the flat top-k kernels
 // when the groups' pages exceed kHierCand).
