@@ -7,7 +7,8 @@
 
 namespace masskv::cuda::block_select {
 
-// The need-th largest of n distinct keys (1 <= need <= n), by most-significant-digit radix
+// The need-th largest of n keys (1 <= need <= n; keys equal to others only below the need-th
+// largest, e.g. zeros for "no key", else distinct), by most-significant-digit radix
 // selection, 8 bits a pass: the keys >= the result are exactly the top `need`. A pass counts
 // the next digit of the keys that share the digits chosen so far (warp-aggregated: the first
 // passes put most keys in one or two bins, where one shared atomic per key would serialise),

@@ -342,8 +342,6 @@ __device__ __forceinline__ Cta cta_of(const Params& p, int heads) {
   return c;
 }
 
-// Register budget: 4 heads (16 warps) run one CTA per SM at 128 registers a thread; 2 heads
-// (8 warps) one CTA with up to 255 (no spills; 8 warps per SM); 1 head (4 warps) two CTAs.
 // The end of an entmax max or Newton pass for a warp's rows (row0 and row0 + 8, quads of 4
 // threads each holding part of a row): the max pass writes τ0 = max z - 1 (NaN: no key); the
 // Newton pass sums f(τ) - 1 and -f'(τ) over the quad and steps τ when f > 1 (from below the
@@ -363,7 +361,7 @@ __device__ __forceinline__ void entmax_rows_done(const Params& p, const SeqGeo& 
     }
     const int row = row0 + 8 * r;
     if (tq != 0 || row >= g.nq) continue;
-    float* t = p.tau + (g.q_begin + row) * p.num_q_heads + hq;
+    float* t = p.tau + (static_cast<std::int64_t>(g.q_begin) + row) * p.num_q_heads + hq;
     if constexpr (kPass == kEntmaxMax) {
       *t = m[r] == -INFINITY ? NAN : fmaf(m[r], p.ent_za, -1.f);
     } else if (tau[r] == tau[r] && f[r] > 1.f && df[r] > 0.f) {
@@ -376,6 +374,8 @@ __device__ __forceinline__ void entmax_rows_done(const Params& p, const SeqGeo& 
 
 // kPass: softmax, or one of entmax's passes (kHeads 1): the rows' max z (into p.tau, as
 // τ0 = max z - 1), a Newton step on τ (p.tau updated in place), or the output.
+// Register budget: 4 heads (16 warps) run one CTA per SM at 128 registers a thread; 2 heads
+// (8 warps) one CTA with up to 255 (no spills; 8 warps per SM); 1 head (4 warps) two CTAs.
 template <bool kBf16, int kD, int kHeads, int kPass = kSoftmax>
 __global__ void __launch_bounds__(kHeads * 128, kHeads == 1 ? 2 : 1) prefill_kernel(Params p) {
   constexpr bool kReadV = kPass == kSoftmax || kPass == kEntmaxOut;
@@ -439,7 +439,8 @@ __global__ void __launch_bounds__(kHeads * 128, kHeads == 1 ? 2 : 1) prefill_ker
   if constexpr (kPass == kEntmaxNewton || kPass == kEntmaxOut) {
 #pragma unroll
     for (int r = 0; r < 2; ++r)
-      if (row_of(r) < g.nq) tau[r] = p.tau[(g.q_begin + row_of(r)) * p.num_q_heads + hq];
+      if (row_of(r) < g.nq)
+        tau[r] = p.tau[(static_cast<std::int64_t>(g.q_begin) + row_of(r)) * p.num_q_heads + hq];
   }
 
   const auto compute = [&](int tile, int stage) {
@@ -703,6 +704,9 @@ __global__ void __launch_bounds__(kHeads * 128, kHeads == 2 ? 2 : 1)
 // 409 / 373, 5 and 2 403 / 370, 4 and 2 370 / 350, 3 and 1 368 / 348, 5 and 3 366 / 346: the
 // consumers should see a tile as soon as its copies land, with room to run ahead.
 constexpr int kWsStages = 4, kWsLag = 1;
+// A stage is released only after the next tile's full barrier, which the producer arrives on
+// kWsLag tiles later, before it waits for that stage: a deeper lag would deadlock.
+static_assert(kWsLag <= kWsStages - 2, "the copy lag must leave the producer a free stage");
 constexpr int kWsThreads = 3 * 128;
 constexpr std::size_t ws_smem() {
   return sizeof(std::uint16_t) * (4 + 2 * kWsStages) * kTile * 128 +
@@ -921,8 +925,10 @@ KernelInfo prepare(DType dtype, int d, int heads, Kind kind, int pass = kSoftmax
 
 bool is_pow2(int x) { return x > 0 && (x & (x - 1)) == 0; }
 
-// q heads per CTA: 4 when the group allows (each key tile read once per 4 heads), else 2 or 1.
-// MASSKV_PREFILL_HEADS (1, 2, 4) caps it, for comparing the variants on a device.
+// q heads per CTA of the mma.sync and wgmma kernels: 4 when the group allows (each key tile read
+// once per 4 heads), else 2 or 1. MASSKV_PREFILL_HEADS (1, 2, 4) caps it, for comparing the
+// variants on a device (the warp-specialised kernel always takes 4: with it, set
+// MASSKV_PREFILL_KERNEL=wgmma too).
 int heads_per_cta(int group) {
   static const int cap = [] {
     const char* e = std::getenv("MASSKV_PREFILL_HEADS");
@@ -1124,10 +1130,13 @@ void prefill(const PrefillArgs& a, const PrefillLaunch& launch) {
     // Newton from below converges in a handful of steps (quadratically near the root); the
     // cap only guards against a flag that never clears.
     constexpr int kMaxNewton = 100;
-    for (int it = 0; it < kMaxNewton; ++it) {
+    bool converged = false;
+    for (int it = 0; it < kMaxNewton && !converged; ++it) {
       run(kEntmaxNewton);
-      if (ws.newton.take(launch.stream, "prefill entmax step") == 0) break;
+      converged = ws.newton.take(launch.stream, "prefill entmax step") == 0;
     }
+    require(converged, ErrorCode::non_finite, "q",
+            "the entmax threshold did not converge in 100 Newton steps (scores out of range?)");
     run(kEntmaxOut);
   } else {
     run(kSoftmax);

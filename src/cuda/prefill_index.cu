@@ -123,7 +123,7 @@ __device__ __forceinline__ unsigned long long cand_key(bool kept, float score, i
 
 template <int kD>
 __global__ void __launch_bounds__(kTopkThreads) block_topk_kernel(IndexParams p) {
-  extern __shared__ unsigned long long s_keys[];  // [rows_per_cta][sort_cap]
+  extern __shared__ __align__(16) unsigned long long s_keys[];  // [rows_per_cta][sort_cap]
   float* s_q = reinterpret_cast<float*>(s_keys + p.rows_per_cta * p.sort_cap);  // [kMaxRows][kD]
   unsigned char* s_flag = reinterpret_cast<unsigned char*>(s_q + kMaxRows * kD);
   __shared__ int s_warp[kTopkWarps];

@@ -1568,6 +1568,10 @@ void quest_topk(const QuestSelectArgs& a, const SelectLaunch& launch) {
 
 void hier_select(const HierSelectArgs& h, const SelectLaunch& launch) {
   using enum ErrorCode;
+  require(h.groups.num_kv_heads == (h.pages.bounds8.min != nullptr
+                                        ? h.pages.bounds8.num_kv_heads
+                                        : h.pages.bounds.num_kv_heads),
+          shape_mismatch, "groups", "the group store needs the page store's kv heads");
   require(h.group_pages == kWarpPages, unsupported, "group_pages",
           "the CUDA hierarchical selector serves groups of ", kWarpPages, " pages, got ",
           h.group_pages);
