@@ -7,8 +7,9 @@ least 20%; and, per task, the smallest budget at which the token oracle scores a
 dense's accuracy (the attention a task needs). A length's sample count is the number of dense
 samples every task has there; a row with fewer samples in some task is reported as missing,
 not averaged.
-    python3 docs/results/eval-prefill-smollm2/summarize.py
+    python3 docs/results/eval-prefill-smollm2/summarize.py [--plot accuracy_vs_length.png]
 """
+import argparse
 import json
 import pathlib
 
@@ -30,7 +31,40 @@ def mean(v):
     return sum(v) / len(v)
 
 
+def plot(path, lengths, tasks, acc, complete):
+    """Accuracy against context length at budget 1/16: all tasks, and the dense-scoring cells."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    rows = [("dense", "-", "dense"), ("prefill_token", "1/16", "token oracle"),
+            ("prefill_shared64", "1/16", "shared-support oracle (64)"),
+            ("prefill_learned64", "1/16", "learned indexer (64)")]
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4), sharex=True)
+    for ax, scoring in zip(axes, (False, True)):
+        for m, b, label in rows:
+            xs, ys = [], []
+            for L in lengths:
+                cells = [t for t in tasks if not scoring or acc(t, L, "dense", "-") >= 0.2]
+                if cells and complete(L, m, b):
+                    xs.append(L)
+                    ys.append(100 * mean([acc(t, L, m, b) for t in cells]))
+            ax.plot(xs, ys, marker="o", label=label)
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(lengths, [f"{L // 1024}K" for L in lengths])
+        ax.set_xlabel("context length")
+        ax.set_title("cells where dense scores >= 20%" if scoring else "all 9 tasks")
+        ax.grid(alpha=0.3)
+    axes[0].set_ylabel("accuracy % (budget 1/16)")
+    axes[1].legend(fontsize=8)
+    fig.suptitle("SmolLM2, sparse prefill at 1/16 of the keys (dense decode)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
 def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--plot", help="also write accuracy against length to this PNG")
+    args = ap.parse_args()
     recs = load()
     tasks = sorted({k[0] for k in recs})
     lengths = sorted({k[1] for k in recs})
@@ -107,6 +141,8 @@ def main():
             ran = [b for b in BUDGETS if len(cell(t, L, "prefill_token", b)) == samples[L]]
             need = need or (f"> {ran[-1]}" if ran else "–")
             print(f"| {t} | {L // 1024}K | {100 * d:.0f} | " + " | ".join(out) + f" | {need} |")
+    if args.plot:
+        plot(args.plot, lengths, tasks, acc, complete)
 
 
 if __name__ == "__main__":
