@@ -4,9 +4,9 @@
 Per length: the mean over the 9 tasks of each row's accuracy and the attended fraction of the
 prefill's (query, key) pairs; the same means restricted to the cells where dense scores at
 least 20%; and, per task, the smallest budget at which the token oracle scores at least
-dense's accuracy (the attention a task needs). A length's sample count is the number of dense
-samples every task has there; a row with fewer samples in some task is reported as missing,
-not averaged.
+dense's accuracy (the attention a task needs). A (task, length) counts 10 samples where dense
+and every 1/16 row have ten, else 5; a row with fewer samples in some task is reported as
+missing, not averaged.
     python3 docs/results/eval-prefill-smollm2/summarize.py [--plot accuracy_vs_length.png]
 """
 import argparse
@@ -75,21 +75,33 @@ def main():
             n += 1
         return n
 
-    samples = {L: min(count(t, L, "dense", "-") for t in tasks) for L in lengths}
+    # Samples of a (task, length): 10 where dense and every 1/16 row have ten, else 5 (the
+    # second five were run for some cells only).
+    def samples_of(t, length):
+        rows16 = [m for m in ("dense", "prefill_token", "prefill_shared64", "prefill_learned64")
+                  if count(t, length, m, "-" if m == "dense" else "1/16") > 0]
+        full = all(count(t, length, m, "-" if m == "dense" else "1/16") >= 10 for m in rows16)
+        return 10 if full else 5
 
     def cell(t, length, m, b):
-        return [recs[(t, length, m, b, i)] for i in range(samples[length])
-                if (t, length, m, b, i) in recs]
+        n = samples_of(t, length)
+        return [recs[(t, length, m, b, i)] for i in range(n) if (t, length, m, b, i) in recs]
 
     def complete(length, m, b):
-        return all(len(cell(t, length, m, b)) == samples[length] for t in tasks)
+        return all(len(cell(t, length, m, b)) == samples_of(t, length) for t in tasks)
 
     def acc(t, length, m, b):
         return mean([r["score"] for r in cell(t, length, m, b)])
 
     rows = [(m, b) for m, b in ROWS if any(cell(t, L, m, b) for t in tasks for L in lengths)]
     names = [f"{L // 1024}K" for L in lengths]
-    print("Samples per task: " + ", ".join(f"{n} {samples[L]}" for n, L in zip(names, lengths)))
+    def samples_note(L):
+        tens = [t for t in tasks if samples_of(t, L) == 10]
+        if len(tens) in (0, len(tasks)):
+            return f"all {10 if tens else 5}"
+        return ", ".join(tens) + " 10, the others 5"
+
+    print("Samples per task: " + "; ".join(f"{n}: {samples_note(L)}" for n, L in zip(names, lengths)))
     print()
     print("| method | budget | " + " | ".join(f"{n} acc % | {n} attended %" for n in names) + " |")
     print("| --- | --- |" + " ---: |" * (2 * len(lengths)))
@@ -120,7 +132,7 @@ def main():
     print("Attention each task needs: per cell where dense scores ≥ 20%, the token oracle's "
           "accuracy % at each budget run, and the smallest budget that scores at least dense's "
           "accuracy ('> b': none of the budgets run, up to b). One sample moves a cell by "
-          f"100/n points (n: {', '.join(str(samples[L]) for L in lengths)}), so this is coarse.")
+          "100/n points (n: 5 or 10 samples), so this is coarse.")
     print()
     print("| task | length | dense | " + " | ".join(f"token {b}" for b in BUDGETS) + " | needs |")
     print("| --- | --- | ---: |" + " ---: |" * len(BUDGETS) + " --- |")
@@ -131,14 +143,14 @@ def main():
                 continue
             out, need = [], None
             for b in BUDGETS:
-                if len(cell(t, L, "prefill_token", b)) != samples[L]:
+                if len(cell(t, L, "prefill_token", b)) != samples_of(t, L):
                     out.append("–")
                     continue
                 a = acc(t, L, "prefill_token", b)
                 out.append(f"{100 * a:.0f}")
                 if need is None and a >= d - 1e-9:
                     need = b
-            ran = [b for b in BUDGETS if len(cell(t, L, "prefill_token", b)) == samples[L]]
+            ran = [b for b in BUDGETS if len(cell(t, L, "prefill_token", b)) == samples_of(t, L)]
             need = need or (f"> {ran[-1]}" if ran else "–")
             print(f"| {t} | {L // 1024}K | {100 * d:.0f} | " + " | ".join(out) + f" | {need} |")
     if args.plot:
