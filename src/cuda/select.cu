@@ -1166,8 +1166,8 @@ constexpr int kHierCand = 8192;  // candidate pages (chosen groups × 16) a CTA 
 //  - Candidates: the pages of the chosen groups (the group top-k's ascending list) inside
 //    [sinks, window), as 64-bit (key, ~id) in id order; valid keys are > 0 (ordered_key).
 //  - Enough keyed candidates: the top nsel by radix selection, written ascending by a scan.
-//  - Fewer (a small cover): every keyed page, then the lowest-id pages of key 0, as the flat
-//    rule; thread 0 merges them in id order (a walk over [sinks, window): rare).
+//  - Fewer (a cover below 1): every keyed page and the lowest-id pages of key 0, as the flat
+//    rule, merged in id order by block scans over [sinks, window).
 __global__ void __launch_bounds__(kHierThreads) hier_page_topk_kernel(SelParams p,
                                                                       const std::int32_t* gids,
                                                                       const std::int32_t* gcount,
@@ -1219,15 +1219,26 @@ __global__ void __launch_bounds__(kHierThreads) hier_page_topk_kernel(SelParams 
     int at = block_select::exclusive_scan<kHierThreads>(mine, s_warp, all);
     for (int i = lo; i < hi; ++i)
       if (s_cand[i] >= thr) dst[at++] = static_cast<std::int32_t>(~static_cast<std::uint32_t>(s_cand[i]));
-  } else if (tid == 0) {
-    int w = 0, zeros = nsel - all_keyed;
-    for (int j = sinks; j < window && w < nsel; ++j) {
-      if (keys[j] != 0u) {
-        dst[w++] = j;
-      } else if (zeros > 0) {
-        dst[w++] = j;
-        --zeros;
-      }
+  } else {
+    // Every keyed page plus the first `zeros` pages of key 0, in id order: kHierThreads pages
+    // a round, each page's rank among the key-0 pages and among the taken ones by block scans.
+    const int zeros = nsel - all_keyed;
+    int zeros_before = 0, taken_before = 0;
+    for (int j0 = sinks; j0 < window && taken_before < nsel; j0 += kHierThreads) {
+      const int j = j0 + tid;
+      const bool live = j < window;
+      const bool keyed_j = live && keys[j] != 0u;
+      const bool zero_j = live && !keyed_j;
+      int round_zeros = 0;
+      const int zrank = zeros_before + block_select::exclusive_scan<kHierThreads>(
+                                           zero_j ? 1 : 0, s_warp, round_zeros);
+      const bool take = keyed_j || (zero_j && zrank < zeros);
+      int round_taken = 0;
+      const int at = taken_before + block_select::exclusive_scan<kHierThreads>(
+                                        take ? 1 : 0, s_warp, round_taken);
+      if (take) dst[at] = j;
+      zeros_before += round_zeros;
+      taken_before += round_taken;
     }
   }
 }
