@@ -572,6 +572,29 @@ __device__ __forceinline__ void load_q_tiles(const Params& p, const Cta& cta, st
   cp_async_commit();
 }
 
+// Copies key tile `tile`'s K and V rows (d = 128) into the stage at element `stage0` of sK and
+// sV, in the core-matrix layout, its 16-byte pieces split over kThreads threads (this one: t),
+// in load_q_tiles' order. Rows past the sequence, or on a page id outside the pool (flagged),
+// are zero-filled without a read. Not committed.
+template <int kThreads>
+__device__ __forceinline__ void copy_kv_tile(const Params& p, const SeqGeo& g, int kvh, int tile,
+                                             int t, std::uint16_t* sK, std::uint16_t* sV,
+                                             int stage0) {
+  constexpr int kPieces = kTile * 16 / kThreads;  // pieces of K (and of V) a thread
+#pragma unroll
+  for (int j = 0; j < kPieces; ++j) {
+    const int idx = t + j * kThreads;
+    const int r = piece_row(idx), c = piece_col(idx);
+    const int pos = tile * kTile + r;
+    const std::int64_t row = pos < g.length ? key_row(p.t, g, kvh, pos, p.err) : -1;
+    const std::int64_t off = row < 0 ? 0 : row + c * 8;
+    const int bytes = row < 0 ? 0 : 16;
+    const int at = stage0 + wgmma::tile_offset(r, c);
+    cp_async16(sK + at, p.k + off, bytes);
+    cp_async16(sV + at, p.v + off, bytes);
+  }
+}
+
 // The wgmma (sm_90a) version of prefill_kernel for d = 128: a CTA owns the 64-token query
 // tile and kHeads q heads of one kv group, one warpgroup (4 warps, 128 threads) per head; each
 // warpgroup's S = Q·Kᵀ and O += P·V are warpgroup MMAs reading Q, K and V from shared memory in
@@ -587,7 +610,6 @@ __global__ void __launch_bounds__(kHeads * 128, kHeads == 2 ? 2 : 1)
   constexpr int kStages = 2;  // 3 measured no faster (2026-12-04)
   constexpr int kThreads = kHeads * 128;
   constexpr int kTileElems = kTile * kD;
-  constexpr int kPiecesPerTile = kTile * (kD / 8);
   extern __shared__ uint4 smem_raw[];
   std::uint16_t* sQ = reinterpret_cast<std::uint16_t*>(smem_raw);  // [kHeads][64 × 128]
   std::uint16_t* sK = sQ + kHeads * kTileElems;                    // [kStages][64 × 128]
@@ -602,20 +624,8 @@ __global__ void __launch_bounds__(kHeads * 128, kHeads == 2 ? 2 : 1)
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   load_q_tiles<kHeads, kThreads>(p, cta, sQ);
 
-  constexpr int kRowsPerThread = kPiecesPerTile / kThreads;
   const auto issue = [&](int tile, int stage) {
-#pragma unroll
-    for (int j = 0; j < kRowsPerThread; ++j) {
-      const int idx = tid + j * kThreads;
-      const int r = piece_row(idx), c = piece_col(idx);
-      const int pos = tile * kTile + r;
-      const std::int64_t row = pos < g.length ? key_row(p.t, g, kvh, pos, p.err) : -1;
-      const std::int64_t off = row < 0 ? 0 : row + c * 8;
-      const int bytes = row < 0 ? 0 : 16;
-      const int at = stage * kTileElems + wgmma::tile_offset(r, c);
-      cp_async16(sK + at, p.k + off, bytes);
-      cp_async16(sV + at, p.v + off, bytes);
-    }
+    copy_kv_tile<kThreads>(p, g, kvh, tile, tid, sK, sV, stage * kTileElems);
   };
 
   const int hs = warp / 4, t0 = (warp % 4) * 16;
@@ -747,24 +757,11 @@ __global__ void __launch_bounds__(kWsThreads, 1) prefill_ws_kernel(Params p) {
     // 56 + 2 × 224 (per thread, × 128 threads) fits the 64K registers of the SM; at 40 the
     // producer's address arithmetic spilled.
     pipeline::regs_decrease<56>();
-    constexpr int kPieces = kTile * (kD / 8) / 128;  // 16-byte pieces of K (and of V) a thread
     int n = 0;
     for (int item = tl.next(0); item < tl.items; item = tl.next(item + 1), ++n) {
       const int st = n % kWsStages;
       if (n >= kWsStages) pipeline::mbar_wait(&empty[st], (n / kWsStages - 1) & 1);
-      const int kpos0 = tl.tile(item) * kTile;
-#pragma unroll
-      for (int j = 0; j < kPieces; ++j) {
-        const int idx = tid + j * 128;
-        const int r = piece_row(idx), c = piece_col(idx);
-        const int pos = kpos0 + r;
-        const std::int64_t row = pos < g.length ? key_row(p.t, g, cta.kvh, pos, p.err) : -1;
-        const std::int64_t off = row < 0 ? 0 : row + c * 8;
-        const int bytes = row < 0 ? 0 : 16;
-        const int at = st * kTileElems + wgmma::tile_offset(r, c);
-        cp_async16(sK + at, p.k + off, bytes);
-        cp_async16(sV + at, p.v + off, bytes);
-      }
+      copy_kv_tile<128>(p, g, cta.kvh, tl.tile(item), tid, sK, sV, st * kTileElems);
       cp_async_commit();
       if (n >= kWsLag) {
         cp_async_wait<kWsLag>();
