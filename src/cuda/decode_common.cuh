@@ -86,35 +86,11 @@ struct DecodeWorkspace::Impl {
 
 namespace masskv::cuda::decode_impl {
 
-// Programmatic dependent launch (sm_90): the merge, tau and accumulate kernels are launched so
-// they may start while their predecessor finishes; each waits (griddepcontrol.wait: the
-// predecessor has completed and its writes are visible) before reading what it produced. A
-// no-op when the kernel was launched without the attribute.
-__device__ __forceinline__ void wait_for_predecessor() {
-  asm volatile("griddepcontrol.wait;\n" ::: "memory");
-}
-__device__ __forceinline__ void allow_dependents() {
-  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
-}
-
-// Host: the launch configuration of such a kernel (cudaLaunchKernelEx(&l.cfg, kernel, ...)).
-// Not copyable: cfg points at attr.
-struct PdlLaunch {
-  cudaLaunchAttribute attr{};
-  cudaLaunchConfig_t cfg{};
-  PdlLaunch(cudaStream_t stream, dim3 grid, dim3 block, std::size_t smem = 0) {
-    attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr.val.programmaticStreamSerializationAllowed = 1;
-    cfg.stream = stream;
-    cfg.gridDim = grid;
-    cfg.blockDim = block;
-    cfg.dynamicSmemBytes = smem;
-    cfg.attrs = &attr;
-    cfg.numAttrs = 1;
-  }
-  PdlLaunch(const PdlLaunch&) = delete;
-  PdlLaunch& operator=(const PdlLaunch&) = delete;
-};
+// Programmatic dependent launch (device.cuh): the merge, tau and accumulate kernels may start
+// while their predecessor finishes, and wait for it before reading what it produced.
+using detail::allow_dependents;
+using detail::PdlLaunch;
+using detail::wait_for_predecessor;
 
 // Pages and units (pages to attend) of (b, kv head), with the ids checked. Returns the number
 // of units; 0 when the sequence's table entry is bad (flagged).

@@ -1,5 +1,5 @@
-// Host-side CUDA helpers shared by decode.cu and select.cu: error mapping, the SM count, the
-// workspaces' growable device buffer and their device error flag.
+// CUDA helpers shared by decode.cu and select.cu: error mapping, the SM count, programmatic
+// dependent launch, the workspaces' growable device buffer and their device error flag.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -26,6 +26,37 @@ inline int device_sms() {
   }();
   return sms;
 }
+
+// Programmatic dependent launch (sm_90): a kernel launched with PdlLaunch may start while its
+// predecessor in the stream finishes (its launch and prologue overlap the predecessor's tail);
+// it calls wait_for_predecessor (griddepcontrol.wait: the predecessor has completed and its
+// writes are visible) before reading what the predecessor produced. Both device calls are
+// no-ops in a kernel launched without the attribute.
+__device__ __forceinline__ void wait_for_predecessor() {
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+}
+__device__ __forceinline__ void allow_dependents() {
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+}
+
+// Host: the launch configuration of such a kernel (cudaLaunchKernelEx(&l.cfg, kernel, ...)).
+// Not copyable: cfg points at attr.
+struct PdlLaunch {
+  cudaLaunchAttribute attr{};
+  cudaLaunchConfig_t cfg{};
+  PdlLaunch(cudaStream_t stream, dim3 grid, dim3 block, std::size_t smem = 0) {
+    attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr.val.programmaticStreamSerializationAllowed = 1;
+    cfg.stream = stream;
+    cfg.gridDim = grid;
+    cfg.blockDim = block;
+    cfg.dynamicSmemBytes = smem;
+    cfg.attrs = &attr;
+    cfg.numAttrs = 1;
+  }
+  PdlLaunch(const PdlLaunch&) = delete;
+  PdlLaunch& operator=(const PdlLaunch&) = delete;
+};
 
 // Device array that only grows: once a step's shapes were seen, later steps allocate nothing
 // (so a step can be captured in a CUDA graph).

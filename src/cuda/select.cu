@@ -778,13 +778,9 @@ __global__ void __cluster_dims__(kC, 1, 1) __launch_bounds__(kTopkThreads)
 
 // ---- top-k, one CTA per (sequence, kv head) ----------------------------------------------------
 
-// Programmatic dependent launch (sm_90): the block top-k is launched so that its launch and
-// prologue (kept pages, padding, count) overlap the scoring kernel's tail; it waits here
-// (griddepcontrol.wait: the scoring grid has completed and its keys are visible) before reading
-// a key. A no-op when launched without the attribute.
-__device__ __forceinline__ void wait_for_scores() {
-  asm volatile("griddepcontrol.wait;\n" ::: "memory");
-}
+// The block top-k is launched with programmatic dependent launch (device.cuh) so that its
+// launch and prologue (kept pages, padding, count) overlap the scoring kernel's tail; it waits
+// for the scoring grid (wait_for_predecessor) before reading a key.
 
 constexpr int kBlkBinsLog = 11;
 constexpr int kBlkBins = 1 << kBlkBinsLog;  // 2 per thread
@@ -837,7 +833,7 @@ __global__ void __launch_bounds__(kTopkThreads) quest_topk_block_kernel(SelParam
       for (int j = tid; j < n; j += kTopkThreads) mask[j] = 0;
     // Every exit waits for the scoring grid, so this grid never completes before it (a later
     // launch in the stream then finds both done).
-    wait_for_scores();
+    detail::wait_for_predecessor();
     return;
   }
   const int need = total - kept;
@@ -853,7 +849,7 @@ __global__ void __launch_bounds__(kTopkThreads) quest_topk_block_kernel(SelParam
     if (nsel == 0)
       for (int j = s0 + tid; j < window; j += kTopkThreads) mask[j] = 0;
   }
-  wait_for_scores();
+  detail::wait_for_predecessor();
   if (nsel == 0) return;
 
   const std::uint32_t* keys =
@@ -1152,7 +1148,6 @@ int plan_topk_cluster(int pairs, int max_pages) {
   return c;
 }
 
-// The block top-k kernel (one CTA per pair, no cluster), its shared-memory limit raised once.
 // ---- hierarchical page top-k: only the chosen groups' pages -------------------------------------
 
 constexpr int kHierThreads = 256;
@@ -1178,7 +1173,7 @@ __global__ void __launch_bounds__(kHierThreads) hier_page_topk_kernel(SelParams 
   const std::int64_t slot = static_cast<std::int64_t>(b) * p.num_kv_heads + h;
   std::int32_t* out = p.out_ids + slot * p.max_per_head;
   std::int32_t* out_count = p.out_count + slot;
-  wait_for_scores();
+  detail::wait_for_predecessor();
   const TopkSplit sp = topk_split_of(p, b, tid == 0);
   const int n = sp.n, sinks = sp.sinks, window = sp.window;
   if (sp.bad || n == 0) {
@@ -1243,6 +1238,7 @@ __global__ void __launch_bounds__(kHierThreads) hier_page_topk_kernel(SelParams 
   }
 }
 
+// The block top-k kernel (one CTA per pair, no cluster), its shared-memory limit raised once.
 TopkFn block_topk_kernel() {
   static std::once_flag once;
   std::call_once(once, [] {
@@ -1519,17 +1515,8 @@ void launch_topk(const Prepared& pr, cudaStream_t stream) {
     check_cuda(cudaGetLastError(), "quest top-k kernel launch");
     return;
   }
-  cudaLaunchAttribute pdl{};
-  pdl.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  pdl.val.programmaticStreamSerializationAllowed = 1;
-  cudaLaunchConfig_t cfg{};
-  cfg.gridDim = pr.topk_grid;
-  cfg.blockDim = dim3(kTopkThreads);
-  cfg.dynamicSmemBytes = pr.topk_smem;
-  cfg.stream = stream;
-  cfg.attrs = &pdl;
-  cfg.numAttrs = 1;
-  check_cuda(cudaLaunchKernelEx(&cfg, pr.topk, pr.p), "quest top-k kernel launch");
+  detail::PdlLaunch l(stream, pr.topk_grid, dim3(kTopkThreads), pr.topk_smem);
+  check_cuda(cudaLaunchKernelEx(&l.cfg, pr.topk, pr.p), "quest top-k kernel launch");
 }
 
 // hier_select's page top-k over the chosen groups' pages (programmatic dependent launch, as
@@ -1545,17 +1532,8 @@ void launch_hier_page_topk(const SelParams& p, const std::int32_t* gids,
                                     static_cast<int>(sizeof(unsigned long long) * kHierCand)),
                "cudaFuncSetAttribute(hier page top-k)");
   });
-  cudaLaunchAttribute pdl{};
-  pdl.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  pdl.val.programmaticStreamSerializationAllowed = 1;
-  cudaLaunchConfig_t cfg{};
-  cfg.gridDim = grid;
-  cfg.blockDim = dim3(kHierThreads);
-  cfg.dynamicSmemBytes = smem;
-  cfg.stream = stream;
-  cfg.attrs = &pdl;
-  cfg.numAttrs = 1;
-  check_cuda(cudaLaunchKernelEx(&cfg, hier_page_topk_kernel, p, gids, gcount, gstride),
+  detail::PdlLaunch l(stream, grid, dim3(kHierThreads), smem);
+  check_cuda(cudaLaunchKernelEx(&l.cfg, hier_page_topk_kernel, p, gids, gcount, gstride),
              "hier page top-k kernel launch");
 }
 
