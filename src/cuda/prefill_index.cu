@@ -5,7 +5,7 @@
 //     group's q heads — by linearity, mean_h(q̄_h)·k̄ is the mean over the group of the
 //     per-head pooled scores, so one vector per (query block, kv head) ranks for the group;
 //  3. block_topk_kernel: a CTA owns up to 4 consecutive query blocks of one (sequence, kv head);
-//     a warp per candidate key block computes its scores against them (one read of the key
+//     a thread per candidate key block computes its scores against them (one read of the key
 //     means per 4 rows), then per row the kept blocks (sinks, diagonal) get the top key and a
 //     radix selection over (key, ~id) picks the best others (ties to the lower id); the chosen ids
 //     are written ascending by a flag array and a block scan, -1 padded, with the count.
@@ -49,7 +49,7 @@ struct IndexParams {
   int sel_rows, max_per_row;
   std::int32_t* ids;
   std::int32_t* count;
-  int rows_per_cta, sort_cap;  // sort_cap: a power of two >= nkb_max
+  int rows_per_cta, key_stride;  // key_stride: nkb_max rounded up to even
   unsigned* err;
 };
 
@@ -123,8 +123,8 @@ __device__ __forceinline__ unsigned long long cand_key(bool kept, float score, i
 
 template <int kD>
 __global__ void __launch_bounds__(kTopkThreads) block_topk_kernel(IndexParams p) {
-  extern __shared__ __align__(16) unsigned long long s_keys[];  // [rows_per_cta][sort_cap]
-  float* s_q = reinterpret_cast<float*>(s_keys + p.rows_per_cta * p.sort_cap);  // [kMaxRows][kD]
+  extern __shared__ __align__(16) unsigned long long s_keys[];  // [rows_per_cta][key_stride]
+  float* s_q = reinterpret_cast<float*>(s_keys + p.rows_per_cta * p.key_stride);  // [kMaxRows][kD]
   unsigned char* s_flag = reinterpret_cast<unsigned char*>(s_q + kMaxRows * kD);
   __shared__ int s_warp[kTopkWarps];
   __shared__ int s_hist[256], s_pick[3];
@@ -178,7 +178,7 @@ __global__ void __launch_bounds__(kTopkThreads) block_topk_kernel(IndexParams p)
     for (int r = 0; r < kMaxRows; ++r) {
       if (r < rows_here && j < cands(r)) {
         const bool kept = j < p.sinks || j >= diag0(r);
-        s_keys[r * p.sort_cap + j] = cand_key(kept, dot[r], j);
+        s_keys[r * p.key_stride + j] = cand_key(kept, dot[r], j);
       }
     }
   }
@@ -202,7 +202,7 @@ __global__ void __launch_bounds__(kTopkThreads) block_topk_kernel(IndexParams p)
     if (total == n) {
       for (int i = tid; i < p.max_per_row; i += kTopkThreads) out[i] = i < n ? i : -1;
     } else {
-      const unsigned long long* keys = s_keys + r * p.sort_cap;
+      const unsigned long long* keys = s_keys + r * p.key_stride;
       // Radix selection over (key, ~id) (it replaced a bitonic sort of every candidate).
       const unsigned long long thr =
           block_select::radix_threshold<kTopkThreads>(keys, n, total, s_hist, s_pick);
@@ -291,9 +291,9 @@ void prefill_index(const PrefillIndexArgs& a, const PrefillLaunch& launch) {
   p.max_per_row = a.max_per_row;
   p.ids = a.ids.data();
   p.count = a.count.data();
-  p.sort_cap = 2;
-  while (p.sort_cap < p.nkb_max) p.sort_cap <<= 1;
-  p.rows_per_cta = p.sort_cap <= 2048 ? kMaxRows : 1;  // 4 rows: up to 64 KiB of sort keys
+  // Even, so the query means after the keys start 16-byte aligned (float4 reads).
+  p.key_stride = (p.nkb_max + 1) & ~1;
+  p.rows_per_cta = p.key_stride <= 2048 ? kMaxRows : 1;  // 4 rows: up to 64 KiB of keys
   PrefillWorkspace::Impl& ws = launch.workspace->impl();
   ws.kmean.reserve(static_cast<std::size_t>(B) * Hkv * p.nkb_max * d, "cudaMalloc(key means)");
   ws.qmean.reserve(static_cast<std::size_t>(B) * Hkv * p.nqb_max * d, "cudaMalloc(query means)");
@@ -308,8 +308,8 @@ void prefill_index(const PrefillIndexArgs& a, const PrefillLaunch& launch) {
   } else {
     bf ? launch_means<true, 128>(p, B, st) : launch_means<false, 128>(p, B, st);
   }
-  const std::size_t smem = sizeof(unsigned long long) * p.rows_per_cta * p.sort_cap +
-                           sizeof(float) * kMaxRows * d + p.sort_cap;
+  const std::size_t smem = sizeof(unsigned long long) * p.rows_per_cta * p.key_stride +
+                           sizeof(float) * kMaxRows * d + p.key_stride;
   const auto fn = d == 64 ? block_topk_kernel<64> : block_topk_kernel<128>;
   check_cuda(
       cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)),
