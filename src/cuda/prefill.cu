@@ -85,19 +85,16 @@ constexpr std::size_t smem_bytes() {
   return sizeof(std::uint16_t) * row_elems<kD>() * (kHeads * kTile + 4 * kTile);
 }
 
-__device__ __forceinline__ unsigned smem_addr(const void* p) {
-  return static_cast<unsigned>(__cvta_generic_to_shared(p));
-}
 __device__ __forceinline__ void ldsm_x4(unsigned (&r)[4], const void* p) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(smem_addr(p))
+               : "r"(pipeline::shared_addr(p))
                : "memory");
 }
 __device__ __forceinline__ void ldsm_x4_trans(unsigned (&r)[4], const void* p) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(smem_addr(p))
+               : "r"(pipeline::shared_addr(p))
                : "memory");
 }
 // c += a · b, m16n8k16, A row-major (4 registers), B column-major (2), f32 accumulators.

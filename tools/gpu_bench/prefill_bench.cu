@@ -37,13 +37,9 @@ struct PCase {
   int sel_heads = 1;      // lists: 1 (shared) or hkv; the indexer writes hkv
   int budget_blocks = 4;  // indexer
   bool out_f32 = true;
-  double alpha = 0;    // > 0: α-entmax (lse holds τ)
-  float q_amp = 3.f;   // q ~ U(-q_amp, q_amp); small: every z near 0, wide entmax supports
+  Mapping mapping = Mapping::softmax();  // entmax: lse holds τ
+  float q_amp = 3.f;  // q ~ U(-q_amp, q_amp); small: every z near 0, wide entmax supports
 };
-
-Mapping mapping_of(const PCase& c) {
-  return c.alpha > 0 ? Mapping::entmax(c.alpha) : Mapping::softmax();
-}
 
 // Host inputs of a case, its selection (cuda::PrefillBlockSelection layout) and the reference.
 struct PData {
@@ -167,7 +163,7 @@ void build_reference(PData& pd) {
                              c.d};
     a.q_indptr = pd.q_indptr;
     a.cache = view;
-    a.mapping = mapping_of(c);
+    a.mapping = c.mapping;
     a.out = View3<float>::contiguous(dummy.data(), pd.total_q, c.group, c.d);
     std::vector<std::uint8_t> mask;
     std::vector<std::int64_t> offset;
@@ -229,7 +225,7 @@ void setup_gpu(const PData& pd, PGpu& g) {
   a.cache.table = {{g.indptr.p, g.indptr.n}, {g.indices.p, g.indices.n}, {g.last.p, g.last.n}};
   a.out = {g.out.p, c.out_f32 ? DType::f32 : c.dtype, static_cast<std::int64_t>(hq) * c.d, c.d};
   a.lse = {g.lse.p, g.lse.n};
-  a.mapping = mapping_of(c);
+  a.mapping = c.mapping;
 }
 
 void upload_selection(const PData& pd, PGpu& g) {
@@ -383,7 +379,7 @@ PErr compare(const PData& pd, const std::vector<float>& o, const std::vector<flo
   for (std::size_t i = 0; i < pd.ref_lse.size(); ++i) {
     if (!std::isfinite(pd.ref_lse[i])) {  // no keys: lse -inf (softmax), τ NaN (entmax)
       ++e.empty;
-      bool zero = pd.c.alpha > 0 ? std::isnan(lse[i]) : std::isinf(lse[i]) && lse[i] < 0;
+      bool zero = pd.c.mapping.is_entmax() ? std::isnan(lse[i]) : std::isinf(lse[i]) && lse[i] < 0;
       for (int c = 0; c < d; ++c) zero &= o[i * d + c] == 0.f;
       if (!zero) {
         e.why = "a query without keys must give o = 0, lse = -inf / tau = NaN";
@@ -491,7 +487,7 @@ std::vector<PCase> prefill_cases() {
         c.sel_heads = e % 2 ? 2 : 1;
         c.budget_blocks = 2 + e % 4;
         c.out_f32 = e % 5 != 4;
-        c.alpha = alphas[e % 4];
+        c.mapping = Mapping::entmax(alphas[e % 4]);
         c.q_amp = e % 6 == 5 ? 0.01f : 3.f;
         cs.push_back(c);
         ++e;
@@ -662,7 +658,8 @@ int run_prefill_check() {
       empty_rows += e.empty;
       if (!ok) ++failures;
       char map_name[24];
-      std::snprintf(map_name, sizeof map_name, c.alpha > 0 ? "entmax %.2f" : "softmax", c.alpha);
+      std::snprintf(map_name, sizeof map_name, c.mapping.is_entmax() ? "entmax %.2f" : "softmax",
+                    c.mapping.alpha);
       std::printf(
           "  %-7s len=%5d nq=%5d B=%d G=%d Hkv=%d d=%3d %s %s page=%2d qb=%3d kb=%3d "
           "heads=%d budget=%d out=%s %s: o_err=%.2e lse_err=%.2e empty=%ld %s%s\n",
