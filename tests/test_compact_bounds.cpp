@@ -13,6 +13,8 @@
 #include "masskv/kv/cache.hpp"
 #include "masskv/select/compact_bounds.hpp"
 #include "masskv/select/page_bound.hpp"
+#include "masskv/select/selector.hpp"
+#include "select/topk_rank.hpp"
 #include "selector_fixture.hpp"
 
 namespace masskv::select {
@@ -239,6 +241,182 @@ TEST(HierSelect, FewGroupsGiveAValidSelection) {
   const SelectionAgreement ag = compare_selections(flat.view(), hier.view());
   EXPECT_GT(ag.recall, 0.0);
   EXPECT_LE(ag.recall, 1.0);
+}
+
+// ---- Gaussian-τ from pooled moments, entmax-aware ranking ---------------------------------
+
+// Pooled moments are the moments of every token of the group's pages (f64 from the stored
+// keys), to f32 rounding.
+TEST(MomentStore, PoolsToTheMomentsOfTheGroupsTokens) {
+  std::mt19937 rng(31);
+  const SelCase c = random_case(rng, {1000, 77}, 8, 2, 64, 16, DType::bf16);
+  const kv::PageTable t = c.table.table();
+  const kv::PagedKVView v = c.view();
+  for (int G : {1, 3, 16}) {
+    const MomentStore ms(c.cache.summaries(), t, G);
+    const kv::SummariesView mv = ms.view();
+    for (int b = 0; b < 2; ++b)
+      for (int gi = 0; gi * G < t.num_pages(b); ++gi) {
+        const int slot = ms.indptr()[b] + gi;
+        for (int h = 0; h < 2; ++h)
+          for (int ch = 0; ch < 64; ch += 7) {
+            double n = 0, sum = 0;
+            for (int j = gi * G; j < std::min(t.num_pages(b), (gi + 1) * G); ++j)
+              for (int s = 0; s < t.page_len(b, j, 16); ++s) {
+                sum += bf16_to_f32(v.key<bf16>(t.page(b, j), h, s)[ch]);
+                ++n;
+              }
+            const double mean = sum / n;
+            double m2 = 0;
+            for (int j = gi * G; j < std::min(t.num_pages(b), (gi + 1) * G); ++j)
+              for (int s = 0; s < t.page_len(b, j, 16); ++s) {
+                const double x = bf16_to_f32(v.key<bf16>(t.page(b, j), h, s)[ch]) - mean;
+                m2 += x * x;
+              }
+            ASSERT_EQ(mv.count[slot], static_cast<int>(n));
+            const std::int64_t at = mv.at(slot, h) + ch;
+            EXPECT_NEAR(mv.mean[at], mean, 2e-6 * (1 + std::fabs(mean))) << "G " << G;
+            EXPECT_NEAR(mv.m2[at], m2, 2e-5 * (1 + m2)) << "G " << G;
+          }
+      }
+  }
+}
+
+// τ̂ from groups of one page is the page model's τ̂ (gaussian_tau_hat of each page's m, v in
+// f64), and any τ̂ solves Σ_G N_G E_G(τ̂) = 1.
+TEST(GroupTauHat, OnePageGroupsAreThePageModelAndTauSolvesTheModel) {
+  std::mt19937 rng(37);
+  const SelCase c = random_case(rng, {2000, 300}, 8, 2, 64, 16, DType::bf16);
+  const kv::PageTable t = c.table.table();
+  const kv::SummariesView ps = c.cache.summaries();
+  const double scale = 1.0 / std::sqrt(64.0);
+  for (double alpha : {1.5, 2.0, 1.25}) {
+    for (int G : {1, 16}) {
+      const MomentStore ms(ps, t, G);
+      std::vector<double> tau(2 * 8);
+      group_tau_hat(ms, c.qview(), 0.f, alpha, tau);
+      const kv::SummariesView mv = ms.view();
+      for (int b = 0; b < 2; ++b)
+        for (int i = 0; i < 8; ++i) {
+          const float* q = c.qview().row(b, i);
+          std::vector<double> m, var, n;
+          for (int gi = ms.indptr()[b]; gi < ms.indptr()[b + 1]; ++gi) {
+            double dm = 0, dv = 0;
+            for (int ch = 0; ch < 64; ++ch) {
+              dm += double(q[ch]) * mv.mean[mv.at(gi, i / 4) + ch];
+              dv += double(q[ch]) * q[ch] * std::max(0.0, double(mv.m2[mv.at(gi, i / 4) + ch]));
+            }
+            m.push_back(scale * dm);
+            var.push_back(scale * scale * dv / mv.count[gi]);
+            n.push_back(mv.count[gi]);
+          }
+          const double got = tau[static_cast<std::size_t>(b) * 8 + i];
+          EXPECT_NEAR(got, gaussian_tau_hat(m, var, n, alpha), 1e-8 * std::max(1.0, std::fabs(got)));
+          double total = 0;
+          for (std::size_t j = 0; j < m.size(); ++j)
+            total += n[j] * gaussian_entmax_mass(m[j], var[j], alpha, got);
+          EXPECT_NEAR(total, 1.0, 1e-6) << "alpha " << alpha << " G " << G;
+        }
+    }
+  }
+}
+
+HierSelectArgs hier_args_of(const SelCase& c, const BoundStoreView& sv, const GroupStore& groups,
+                            const TopkPolicy& pol, double cover) {
+  HierSelectArgs a;
+  a.q = c.qview();
+  a.table = c.table.table();
+  a.pages = &sv;
+  a.groups = &groups;
+  a.policy = pol;
+  a.cover = cover;
+  return a;
+}
+
+// α = 2 and τ̂ = 0: the rank is the bound itself (one exact rounding), so the entmax-aware
+// lists and keys are hierarchical Quest's.
+TEST(HierSelect, EntmaxRankWithZeroTauAndAlphaTwoIsQuest) {
+  std::mt19937 rng(41);
+  const Stores s = make_stores(rng, {6000, 900});
+  const BoundStoreView sv = s.store.view();
+  const GroupStore groups(sv, s.c.table.table(), 16);
+  const std::vector<double> zero(2 * 8, 0.0);
+  for (double cover : {1.0, 4.0}) {
+    HierSelectArgs a = hier_args_of(s.c, sv, groups, {40, 1, 64}, cover);
+    SelectionStorage quest, ranked;
+    std::vector<std::uint32_t> qk, rk;
+    hier_select(a, quest, &qk);
+    a.tau = zero.data();
+    a.alpha = 2.0;
+    hier_select(a, ranked, &rk);
+    EXPECT_EQ(qk, rk);
+    EXPECT_EQ(quest.ids, ranked.ids);
+    EXPECT_EQ(quest.count, ranked.count);
+  }
+}
+
+// The adaptive rule: every page it takes beyond the kept ones has rank > -margin, it holds at
+// most the fixed budget's count, an all-admitting margin gives the fixed lists, and a margin
+// nothing passes leaves the kept pages only.
+TEST(HierSelect, AdaptiveRuleKeepsOnlyPagesThatCanReachTau) {
+  std::mt19937 rng(43);
+  const Stores s = make_stores(rng, {6000, 2500});
+  const BoundStoreView sv = s.store.view();
+  const kv::PageTable t = s.c.table.table();
+  const GroupStore groups(sv, t, 16);
+  const MomentStore ms(s.c.cache.summaries(), t, 16);
+  std::vector<double> tau(2 * 8);
+  group_tau_hat(ms, s.c.qview(), 0.f, 1.5, tau);
+  const TopkPolicy pol{48, 1, 64};
+  HierSelectArgs a = hier_args_of(s.c, sv, groups, pol, 4.0);
+  a.tau = tau.data();
+  a.alpha = 1.5;
+  SelectionStorage fixed;
+  std::vector<std::uint32_t> fk;
+  hier_select(a, fixed, &fk);
+  a.adaptive = true;
+  a.margin = 1e30f;
+  SelectionStorage all;
+  hier_select(a, all);
+  EXPECT_EQ(all.ids, fixed.ids);
+  a.margin = -1e30f;
+  SelectionStorage none;
+  hier_select(a, none);
+  // A margin at the 95th percentile of the scored pages' ranks: 1 in 20 is eligible (fewer
+  // than the budget: cover 4 scores about 4 budgets' worth).
+  std::vector<float> ranks;
+  for (std::uint32_t k : fk)
+    if (k != 0u) ranks.push_back(detail::topk_key_bound(static_cast<std::uint64_t>(k) << 32));
+  const std::size_t at = ranks.size() * 19 / 20;
+  std::nth_element(ranks.begin(), ranks.begin() + static_cast<std::ptrdiff_t>(at), ranks.end());
+  const float top = ranks[at];
+  long adaptive_total = 0, fixed_total = 0;
+  for (float margin : {0.0f, 2.0f, -top}) {
+    a.margin = margin;
+    SelectionStorage got;
+    std::vector<std::uint32_t> keys;
+    hier_select(a, got, &keys);
+    const int stride = t.num_pages(0);
+    for (int b = 0; b < 2; ++b)
+      for (int h = 0; h < 2; ++h) {
+        const auto l = got.view().list(b, h), f = fixed.view().list(b, h), k = none.view().list(b, h);
+        EXPECT_LE(l.size(), f.size());
+        EXPECT_GE(l.size(), k.size());
+        // Kept pages (none's list) are in; every other page taken was keyed and is eligible.
+        for (std::int32_t j : k) EXPECT_TRUE(std::binary_search(l.begin(), l.end(), j));
+        for (std::int32_t j : l) {
+          if (std::binary_search(k.begin(), k.end(), j)) continue;
+          const std::uint32_t key = keys[(b * 2 + h) * stride + j];
+          ASSERT_NE(key, 0u);
+          EXPECT_GT(detail::topk_key_bound(static_cast<std::uint64_t>(key) << 32), -margin);
+        }
+        adaptive_total += static_cast<long>(l.size());
+        fixed_total += static_cast<long>(f.size());
+      }
+  }
+  for (int b = 0; b < 2; ++b)
+    for (int h = 0; h < 2; ++h) EXPECT_LE(none.view().list(b, h).size(), 1u + 1u + 5u);
+  EXPECT_LT(adaptive_total, fixed_total);  // the percentile margin cuts the budget
 }
 
 // The 8-bit selector is the flat rule on its own bounds: the same as ranking

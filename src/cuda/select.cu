@@ -44,6 +44,7 @@
 
 #include "block_select.cuh"
 #include "device.cuh"
+#include "group_tau.cuh"
 #include "masskv/cuda/select.hpp"
 #include "masskv/error.hpp"
 
@@ -67,6 +68,8 @@ enum ErrBit : unsigned {
   kBadLastLen = 4u,
   kBadCapacity = 8u,
   kNonFinite = 16u,
+  kBadMomentSlot = 32u,
+  kBadMomentIndptr = 64u,
 };
 
 using detail::check_cuda;
@@ -104,6 +107,13 @@ struct SelParams {
   std::int32_t* out_count;
   std::uint8_t* out_mask;  // optional [B][Hkv][max_pages]: 1 where selected (block top-k only)
   unsigned* err;
+  // Entmax-aware ranking (hier_select with moments): tau [B][Hq] (τ̂ per q head), am1 = α - 1;
+  // a page's key is that of max_i float(am1 · U_i - τ̂_i) (select::entmax_rank). adaptive: a page
+  // whose rank is not above -margin gets key 0, and hier_page_topk_kernel takes no key-0 page.
+  const double* tau;
+  double am1;
+  float margin;
+  int adaptive;
 };
 
 __device__ __forceinline__ std::uint32_t ordered_key(float x) {
@@ -459,6 +469,8 @@ __global__ void __launch_bounds__(kScoreMaxWarps * 32) quest_score_kernel(SelPar
 
   std::uint32_t* keys = p.keys + slot * p.max_pages;
   const float* qa = (lane & 1) ? s_qpos : s_qneg;
+  const double* tau_row =
+      p.tau != nullptr ? p.tau + static_cast<std::int64_t>(b) * p.num_kv_heads * g + q_head0 : nullptr;
   for (int t = 0; t < my_tiles; ++t) {
     // The stage written here was last read in iteration t - 1, before its closing __syncwarp.
     if (t + kStages - 1 < my_tiles) issue(t + kStages - 1, (t + kStages - 1) % kStages, next_id);
@@ -513,11 +525,18 @@ __global__ void __launch_bounds__(kScoreMaxWarps * 32) quest_score_kernel(SelPar
               p.scale, __fadd_rn(__fadd_rn(s, __fmul_rn(s_fq[i0 + i], w)), FLT_MIN));
           // CPU: m = bounds[0]; m = x > m ? x : m (in head order).
           if (ok && isnan(bound) && (lane & 1) == 0) atomicOr(p.err, kNonFinite);
-          best = (i0 + i == 0 || bound > best) ? bound : best;
+          // select::entmax_rank: the product of two floats is exact in f64, one rounding.
+          const float rank =
+              tau_row != nullptr
+                  ? __double2float_rn(__dsub_rn(__dmul_rn(p.am1, static_cast<double>(bound)),
+                                                tau_row[i0 + i]))
+                  : bound;
+          best = (i0 + i == 0 || rank > best) ? rank : best;
         }
       }
     }
-    if ((lane & 1) == 0 && in) keys[pg] = ok ? ordered_key(best) : 0u;
+    const bool dropped = tau_row != nullptr && p.adaptive && !(best > -p.margin);
+    if ((lane & 1) == 0 && in) keys[pg] = ok && !dropped ? ordered_key(best) : 0u;
     __syncwarp();  // every lane is done with this stage before it is refilled
   }
 }
@@ -1181,15 +1200,10 @@ __global__ void __launch_bounds__(kHierThreads) hier_page_topk_kernel(SelParams 
     if (tid == 0) *out_count = 0;
     return;
   }
-  const int s0 = min(sinks, window), nsel = max(sp.total - sp.kept, 0);
-  for (int j = tid; j < s0; j += kHierThreads) out[j] = j;
-  for (int j = window + tid; j < n; j += kHierThreads) out[s0 + nsel + (j - window)] = j;
-  for (int i = sp.total + tid; i < p.max_per_head; i += kHierThreads) out[i] = -1;
-  if (tid == 0) *out_count = sp.total;
-  if (nsel == 0) return;
-
+  const int s0 = min(sinks, window);
+  int nsel = max(sp.total - sp.kept, 0);
   const std::uint32_t* keys = p.keys + slot * p.max_pages;
-  const int m = min(gcount[slot], gstride) * kWarpPages;
+  const int m = nsel > 0 ? min(gcount[slot], gstride) * kWarpPages : 0;
   int keyed = 0;
   for (int i = tid; i < m; i += kHierThreads) {
     const int j = gids[slot * gstride + i / kWarpPages] * kWarpPages + i % kWarpPages;
@@ -1201,6 +1215,14 @@ __global__ void __launch_bounds__(kHierThreads) hier_page_topk_kernel(SelParams 
   }
   int all_keyed = 0;
   block_select::exclusive_scan<kHierThreads>(keyed, s_warp, all_keyed);  // also a barrier
+  // The adaptive rule takes keyed pages only: the list may be shorter than the budget.
+  if (p.adaptive) nsel = min(nsel, all_keyed);
+  const int total = sp.kept + nsel;
+  for (int j = tid; j < s0; j += kHierThreads) out[j] = j;
+  for (int j = window + tid; j < n; j += kHierThreads) out[s0 + nsel + (j - window)] = j;
+  for (int i = total + tid; i < p.max_per_head; i += kHierThreads) out[i] = -1;
+  if (tid == 0) *out_count = total;
+  if (nsel == 0) return;
   std::int32_t* dst = out + s0;
   if (all_keyed >= nsel) {
     const unsigned long long thr =
@@ -1321,6 +1343,9 @@ struct SelectWorkspace::Impl {
   std::size_t gids_used = 0, gcount_used = 0;
   int glist_stride = 0;
   detail::GrowBuffer<std::uint8_t> gmask;
+  // Entmax-aware ranking: (m, v) per (sequence, q head, moment group) and τ̂ per (sequence, q head).
+  detail::GrowBuffer<double> mv, tau;
+  std::size_t tau_used = 0;
   detail::ErrorFlag err;
 };
 
@@ -1343,6 +1368,9 @@ std::span<const std::int32_t> SelectWorkspace::group_counts() const {
   return {impl_->gcount.data(), impl_->gcount_used};
 }
 int SelectWorkspace::group_list_stride() const { return impl_->glist_stride; }
+std::span<const double> SelectWorkspace::tau() const {
+  return {impl_->tau.data(), impl_->tau_used};
+}
 
 void SelectWorkspace::check(CUstream_st* stream) const {
   const unsigned flag = impl_->err.take(stream, "select step");
@@ -1356,6 +1384,12 @@ void SelectWorkspace::check(CUstream_st* stream) const {
          "SelectLaunch::max_pages_per_seq");
   if (flag & kBadLastLen)
     fail(ErrorCode::out_of_range, "last_page_len", "a value outside [1, page_size] on the GPU");
+  if (flag & kBadMomentSlot)
+    fail(ErrorCode::out_of_range, "moment_indices",
+         "a moment group slot outside the moment store was met on the GPU");
+  if (flag & kBadMomentIndptr)
+    fail(ErrorCode::out_of_range, "moment_indptr",
+         "decreasing, past moment_indices.size(), or more groups than max_pages_per_seq needs");
   if (flag & kBadCapacity)
     fail(ErrorCode::shape_mismatch, "max_per_head",
          "a selection holds more pages than the output lists (see select_capacity)");
@@ -1622,8 +1656,62 @@ void hier_select(const HierSelectArgs& h, const SelectLaunch& launch) {
     pp.p.tile_mask = ws.gmask.data();
     pp.p.mask_stride = max_groups;
   }
+  // Entmax-aware ranking: τ̂ per (sequence, q head) from the moment store, before any scan.
+  detail::TauParams tp{};
+  const bool entmax_rank = h.moments.mean != nullptr;
+  if (entmax_rank) {
+    require(h.alpha == 1.5 || h.alpha == 2.0, unsupported, "alpha",
+            "the GPU Gaussian-tau serves alpha 1.5 and 2 (closed forms), got ", h.alpha);
+    require(std::isfinite(h.margin), invalid_argument, "margin", "must be finite");
+    const kv::SummariesView& ms = h.moments;
+    require(ms.m2 != nullptr && ms.count != nullptr && ms.num_pages > 0 &&
+                ms.num_kv_heads == h.groups.num_kv_heads && ms.head_dim == a.q.n2 &&
+                reinterpret_cast<std::uintptr_t>(ms.mean) % 16 == 0 &&
+                reinterpret_cast<std::uintptr_t>(ms.m2) % 16 == 0,
+            invalid_argument, "moments",
+            "needs mean, m2 (16-byte aligned) and count with the page store's heads and dims");
+    require(h.moment_pages >= 1, invalid_argument, "moment_pages", "must be >= 1");
+    require(h.moment_indptr.size() == static_cast<std::size_t>(B) + 1, shape_mismatch,
+            "moment_indptr", "needs batch + 1 entries");
+    require(!h.adaptive || gcap * kWarpPages <= kHierCand, unsupported, "budget_pages",
+            "the adaptive rule ranks at most ", kHierCand, " candidate pages (cover * budget)");
+    const int Hq = a.q.n1;
+    tp.q = a.q.data;
+    tp.q_s0 = a.q.s0;
+    tp.q_s1 = a.q.s1;
+    tp.batch = B;
+    tp.num_q_heads = Hq;
+    tp.num_kv_heads = ms.num_kv_heads;
+    tp.head_dim = ms.head_dim;
+    tp.mean = ms.mean;
+    tp.m2 = ms.m2;
+    tp.count = ms.count;
+    tp.slots = ms.num_pages;
+    tp.indptr = h.moment_indptr.data();
+    tp.indices = h.moment_indices.data();
+    tp.nnz = static_cast<int>(h.moment_indices.size());
+    tp.max_groups = (launch.max_pages_per_seq + h.moment_pages - 1) / h.moment_pages;
+    // select::group_tau_hat's scale: the f64 of the float scale, or 1/sqrt(d) in f64.
+    tp.scale = a.scale == 0 ? 1.0 / std::sqrt(static_cast<double>(ms.head_dim)) : a.scale;
+    tp.alpha = h.alpha;
+    ws.mv.reserve(static_cast<std::size_t>(B) * Hq * tp.max_groups * 2, "cudaMalloc(moments)");
+    ws.tau.reserve(static_cast<std::size_t>(B) * Hq, "cudaMalloc(tau)");
+    ws.tau_used = static_cast<std::size_t>(B) * Hq;
+    tp.mv = ws.mv.data();
+    tp.tau = ws.tau.data();
+    tp.err = ws.err.get();
+    tp.bad_slot = kBadMomentSlot;
+    tp.bad_indptr = kBadMomentIndptr;
+    for (SelParams* sp : {&gp.p, &pp.p}) {
+      sp->tau = ws.tau.data();
+      sp->am1 = h.alpha - 1.0;
+      sp->margin = h.margin;
+    }
+    pp.p.adaptive = h.adaptive ? 1 : 0;  // groups are never dropped (their rank bounds their pages')
+  }
   if (B == 0) return;
   cudaStream_t stream = launch.stream;
+  if (entmax_rank) detail::launch_group_tau(tp, stream);
   if (list_mode) {
     check_cuda(cudaMemsetAsync(pp.p.keys, 0,
                                sizeof(std::uint32_t) * B * h.groups.num_kv_heads * pp.p.max_pages,

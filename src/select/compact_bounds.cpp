@@ -8,6 +8,8 @@
 #include <limits>
 
 #include "masskv/error.hpp"
+#include "masskv/select/selector.hpp"
+#include "select/page_scan.hpp"
 #include "select/topk_rank.hpp"
 
 namespace masskv::select {
@@ -139,16 +141,33 @@ std::uint32_t group_key(const float* rows, int g, int n, int j) {
   return detail::ordered_key(m);
 }
 
+// The entmax-aware group key of page j: max over the group's q heads (head order, as
+// group_key) of entmax_rank; 0 (never taken by an adaptive rule) when `eligible_only` and the
+// rank is not above -margin.
+std::uint32_t entmax_key(const float* rows, int g, int n, int j, double am1, const double* tau,
+                         bool eligible_only, float margin) {
+  float m = entmax_rank(rows[j], am1, tau[0]);
+  for (int i = 1; i < g; ++i) {
+    const float r = entmax_rank(rows[static_cast<std::size_t>(i) * n + j], am1, tau[i]);
+    m = r > m ? r : m;
+  }
+  if (eligible_only && !(m > -margin)) return 0u;
+  return detail::ordered_key(m);
+}
+
 // The flat selection rule on 32-bit rank keys (candidates [sinks, window) by key, ties to the
-// lower page id); returns the count.
+// lower page id); returns the count. keyed_only: candidates of key 0 are never taken (the
+// adaptive rule: fewer than the budget when fewer are keyed).
 int select_by_keys(const std::uint32_t* keys, int n, std::int64_t length, int page_size,
-                   const TopkPolicy& pol, std::int32_t* out, int out_size) {
-  const detail::TopkSplit split = detail::topk_split(n, length, page_size, pol);
+                   const TopkPolicy& pol, std::int32_t* out, int out_size, bool keyed_only = false) {
+  detail::TopkSplit split = detail::topk_split(n, length, page_size, pol);
   std::vector<std::uint64_t> cand;
   if (split.need > 0) {
     for (int j = split.sinks; j < split.window; ++j)
-      cand.push_back(static_cast<std::uint64_t>(keys[j]) << 32 |
-                     (0xffffffffu - static_cast<std::uint32_t>(j)));
+      if (!keyed_only || keys[j] != 0u)
+        cand.push_back(static_cast<std::uint64_t>(keys[j]) << 32 |
+                       (0xffffffffu - static_cast<std::uint32_t>(j)));
+    if (keyed_only) split.need = std::min(split.need, static_cast<int>(cand.size()));
   }
   return detail::write_topk(split, n, cand, out, out_size);
 }
@@ -323,6 +342,126 @@ double GroupStore::bytes_per_token(int page_size) const {
   return 4.0 * num_kv_heads_ * head_dim_ / (static_cast<double>(group_pages_) * page_size);
 }
 
+// ---- MomentStore ------------------------------------------------------------------------------
+
+MomentStore::MomentStore(const kv::SummariesView& pages, const kv::PageTable& table,
+                         int group_pages)
+    : num_kv_heads_(pages.num_kv_heads), head_dim_(pages.head_dim), group_pages_(group_pages) {
+  using enum ErrorCode;
+  require(group_pages >= 1, invalid_argument, "group_pages", "must be >= 1, got ", group_pages);
+  require(pages.mean && pages.m2 && pages.count, invalid_argument, "pages",
+          "null mean, M2 or count");
+  const int B = table.batch();
+  indptr_.assign(1, 0);
+  for (int b = 0; b < B; ++b)
+    indptr_.push_back(indptr_.back() + (table.num_pages(b) + group_pages - 1) / group_pages);
+  num_slots_ = indptr_.back();
+  indices_.resize(static_cast<std::size_t>(num_slots_));
+  for (int i = 0; i < num_slots_; ++i) indices_[static_cast<std::size_t>(i)] = i;
+  last_len_.assign(static_cast<std::size_t>(B), 1);
+  const int d = head_dim_;
+  const std::size_t row = static_cast<std::size_t>(num_kv_heads_) * d;
+  mean_.assign(static_cast<std::size_t>(num_slots_) * row, 0.f);
+  m2_.assign(mean_.size(), 0.f);
+  count_.assign(static_cast<std::size_t>(num_slots_), 0);
+  std::vector<double> mu(static_cast<std::size_t>(d)), m2(mu.size());
+  for (int b = 0; b < B; ++b) {
+    const int n = table.num_pages(b);
+    for (int gi = 0; gi * group_pages < n; ++gi) {
+      const std::size_t slot = static_cast<std::size_t>(indptr_[b] + gi);
+      const int j0 = gi * group_pages, j1 = std::min(n, j0 + group_pages);
+      long total = 0;
+      for (int j = j0; j < j1; ++j) {
+        const std::int32_t p = table.page(b, j);
+        require(p >= 0 && p < pages.num_pages, out_of_range, "table", "page id ", p,
+                " is outside the summaries");
+        total += std::max(0, pages.count[p]);
+      }
+      count_[slot] = static_cast<std::int32_t>(total);
+      if (total == 0) continue;
+      for (int h = 0; h < num_kv_heads_; ++h) {
+        std::fill(mu.begin(), mu.end(), 0.0);
+        std::fill(m2.begin(), m2.end(), 0.0);
+        for (int j = j0; j < j1; ++j) {
+          const std::int32_t p = table.page(b, j);
+          const double nj = std::max(0, pages.count[p]);
+          for (int c = 0; c < d && nj > 0; ++c) mu[c] += nj * pages.mean[pages.at(p, h) + c];
+        }
+        for (int c = 0; c < d; ++c) mu[c] /= static_cast<double>(total);
+        for (int j = j0; j < j1; ++j) {
+          const std::int32_t p = table.page(b, j);
+          const double nj = std::max(0, pages.count[p]);
+          if (nj == 0) continue;
+          for (int c = 0; c < d; ++c) {
+            const double dev = pages.mean[pages.at(p, h) + c] - mu[c];
+            m2[c] += std::max(0.0, static_cast<double>(pages.m2[pages.at(p, h) + c])) + nj * dev * dev;
+          }
+        }
+        for (int c = 0; c < d; ++c) {
+          mean_[slot * row + static_cast<std::size_t>(h) * d + c] = static_cast<float>(mu[c]);
+          m2_[slot * row + static_cast<std::size_t>(h) * d + c] = static_cast<float>(m2[c]);
+        }
+      }
+    }
+  }
+}
+
+kv::SummariesView MomentStore::view() const {
+  kv::SummariesView v;
+  v.mean = mean_.data();
+  v.m2 = m2_.data();
+  v.count = count_.data();
+  v.num_pages = num_slots_;
+  v.num_kv_heads = num_kv_heads_;
+  v.head_dim = head_dim_;
+  return v;
+}
+
+double MomentStore::bytes_per_token(int page_size) const {
+  require(page_size > 0, ErrorCode::invalid_argument, "page_size", "must be > 0");
+  return 8.0 * num_kv_heads_ * head_dim_ / (static_cast<double>(group_pages_) * page_size);
+}
+
+void group_tau_hat(const MomentStore& store, const View3<const float>& q, float scale_arg,
+                   double alpha, std::span<double> tau) {
+  using enum ErrorCode;
+  const kv::SummariesView s = store.view();
+  const int B = static_cast<int>(store.indptr().size()) - 1, Hq = q.n1, d = s.head_dim;
+  require(B >= 0 && q.data != nullptr && q.n0 == B && q.n2 == d && Hq % s.num_kv_heads == 0,
+          shape_mismatch, "q", "must be [batch][q heads][head_dim] of the store");
+  require(alpha > 1.0 && alpha <= 2.0, invalid_argument, "alpha", "must be in (1, 2], got ",
+          alpha);
+  require(tau.size() == static_cast<std::size_t>(B) * Hq, shape_mismatch, "tau",
+          "needs batch * q heads values");
+  const std::vector<std::int32_t> last(static_cast<std::size_t>(B), 1);
+  const kv::PageTable groups{store.indptr(), store.indices(), last};
+  const double scale = scale_arg == 0 ? 1.0 / std::sqrt(static_cast<double>(d)) : scale_arg;
+  const std::size_t total = static_cast<std::size_t>(store.indptr().back()) * Hq;
+  std::vector<double> m(total), v(total), n;
+  detail::all_page_moments(s, groups, q, scale, m.data(), v.data());
+  for (int b = 0; b < B; ++b) {
+    const int ng = groups.num_pages(b);
+    n.resize(static_cast<std::size_t>(ng));
+    long tokens = 0;
+    for (int i = 0; i < ng; ++i) {
+      n[static_cast<std::size_t>(i)] = s.count[groups.page(b, i)];
+      tokens += s.count[groups.page(b, i)];
+    }
+    for (int i = 0; i < Hq; ++i) {
+      double& t = tau[static_cast<std::size_t>(b) * Hq + i];
+      if (tokens == 0) {
+        t = std::numeric_limits<double>::quiet_NaN();
+        continue;
+      }
+      const std::size_t o = static_cast<std::size_t>(groups.indptr[b]) * Hq +
+                            static_cast<std::size_t>(i) * ng;
+      t = gaussian_tau_hat(std::span<const double>(m.data() + o, static_cast<std::size_t>(ng)),
+                           std::span<const double>(v.data() + o, static_cast<std::size_t>(ng)), n,
+                           alpha);
+    }
+  }
+}
+
 int hier_groups(int num_groups, int group_pages, int budget_pages, double cover) {
   require(cover > 0 && std::isfinite(cover), ErrorCode::invalid_argument, "cover",
           "must be finite and > 0, got ", cover);
@@ -347,6 +486,10 @@ void hier_select(const HierSelectArgs& a, SelectionStorage& out,
                                   a.pages8->num_pages == ps.num_pages &&
                                   a.pages8->num_kv_heads == Hkv && a.pages8->head_dim == d),
           shape_mismatch, "pages8", "must be the 8-bit store of the same pages");
+  require(a.tau == nullptr || (a.alpha > 1.0 && a.alpha <= 2.0), invalid_argument, "alpha",
+          "must be in (1, 2] for the entmax-aware rank, got ", a.alpha);
+  require(a.tau == nullptr || std::isfinite(a.margin), invalid_argument, "margin",
+          "must be finite");
   const int G = a.groups->group_pages();
   const int g = a.q.n1 / Hkv;
   const float scale = a.scale == 0 ? 1.0f / std::sqrt(static_cast<float>(d)) : a.scale;
@@ -375,12 +518,21 @@ void hier_select(const HierSelectArgs& a, SelectionStorage& out,
       gq.assign(a.q.row(b, h * g), g, a.q.s1, d);
       gb.resize(static_cast<std::size_t>(g) * ng);
       bounds_gpu_order(gs, slots, h, gq, g, scale, gb.data());
+      const double* tau = a.tau != nullptr ? a.tau + static_cast<std::size_t>(b) * a.q.n1 + h * g
+                                            : nullptr;
+      // Group and page keys: Quest's max bound, or the entmax-aware rank (groups are never
+      // dropped by the adaptive rule: a group's rank bounds its pages').
+      const auto key_of = [&](const float* rows, int cols, int j, bool page) {
+        return tau == nullptr ? group_key(rows, g, cols, j)
+                              : entmax_key(rows, g, cols, j, a.alpha - 1.0, tau,
+                                           page && a.adaptive, a.margin);
+      };
       // The last group and the best m - 1 others (ties to the lower group id).
       std::vector<std::uint8_t> chosen(static_cast<std::size_t>(ng), 0);
       chosen[static_cast<std::size_t>(ng - 1)] = 1;
       granks.clear();
       for (int i = 0; i + 1 < ng; ++i)
-        granks.push_back(static_cast<std::uint64_t>(group_key(gb.data(), g, ng, i)) << 32 |
+        granks.push_back(static_cast<std::uint64_t>(key_of(gb.data(), ng, i, false)) << 32 |
                          (0xffffffffu - static_cast<std::uint32_t>(i)));
       detail::keep_best(granks, static_cast<std::size_t>(m - 1));
       for (std::uint64_t k : granks) chosen[static_cast<std::size_t>(detail::topk_key_page(k))] = 1;
@@ -400,11 +552,11 @@ void hier_select(const HierSelectArgs& a, SelectionStorage& out,
       keys.assign(static_cast<std::size_t>(n), 0u);
       for (std::size_t x = 0; x < sub.size(); ++x)
         keys[static_cast<std::size_t>(sub_j[x])] =
-            group_key(pb.data(), g, static_cast<int>(sub.size()), static_cast<int>(x));
+            key_of(pb.data(), static_cast<int>(sub.size()), static_cast<int>(x), true);
       const std::span<std::int32_t> sl = out.slots(b, h);
       out.count[b * Hkv + h] =
           select_by_keys(keys.data(), n, a.table.length(b, a.page_size), a.page_size, a.policy,
-                         sl.data(), static_cast<int>(sl.size()));
+                         sl.data(), static_cast<int>(sl.size()), tau != nullptr && a.adaptive);
       if (page_keys)
         std::copy(keys.begin(), keys.end(),
                   page_keys->begin() + (static_cast<std::ptrdiff_t>(b) * Hkv + h) * keys_stride);

@@ -943,6 +943,71 @@ cuda::HierSelectArgs hier_args(const cuda::QuestSelectArgs& pages, const GroupGp
   return h;
 }
 
+// Page moments for the Gaussian-τ checks: mean inside [min, max], M2 >= 0, counts 1..page
+// (from their own seed: the case's other data are unchanged).
+struct MomentData {
+  std::vector<float> mean, m2;
+  std::vector<std::int32_t> count;
+  kv::SummariesView view() const {
+    kv::SummariesView v;
+    v.mean = mean.data();
+    v.m2 = m2.data();
+    v.count = count.data();
+    v.num_pages = static_cast<int>(count.size());
+    return v;
+  }
+};
+MomentData make_moments(const SelData& sd, std::uint64_t seed) {
+  Rng rng(seed);
+  MomentData m;
+  m.mean.resize(sd.smin.size());
+  m.m2.resize(sd.smin.size());
+  m.count.resize(static_cast<std::size_t>(sd.pool_pages));
+  for (auto& n : m.count) n = 1 + rng.below(sd.c.page);
+  const std::size_t per_page = static_cast<std::size_t>(sd.c.hkv) * sd.c.d;
+  for (std::size_t i = 0; i < m.mean.size(); ++i) {
+    const float lo = sd.smin[i], hi = sd.smax[i];
+    m.mean[i] = lo + static_cast<float>(rng.uniform()) * (hi - lo);
+    const float sd_c = 0.5f * (hi - lo) * static_cast<float>(rng.uniform());
+    m.m2[i] = static_cast<float>(m.count[i / per_page]) * sd_c * sd_c;
+  }
+  return m;
+}
+// Device copy of a MomentStore and its table.
+struct MomentGpu {
+  DevBuf<float> mean, m2;
+  DevBuf<std::int32_t> count, indptr, indices;
+  kv::SummariesView view;  // device pointers
+};
+MomentGpu upload_moments(const select::MomentStore& ms) {
+  MomentGpu g;
+  const kv::SummariesView hv = ms.view();
+  const std::size_t n = static_cast<std::size_t>(hv.num_pages) * hv.num_kv_heads * hv.head_dim;
+  g.mean = DevBuf<float>(n);
+  g.m2 = DevBuf<float>(n);
+  g.count = DevBuf<std::int32_t>(static_cast<std::size_t>(hv.num_pages));
+  g.mean.upload(hv.mean, n);
+  g.m2.upload(hv.m2, n);
+  g.count.upload(hv.count, g.count.n);
+  g.indptr = to_device(std::vector<std::int32_t>(ms.indptr().begin(), ms.indptr().end()));
+  g.indices = to_device(std::vector<std::int32_t>(ms.indices().begin(), ms.indices().end()));
+  g.view = hv;
+  g.view.mean = g.mean.p;
+  g.view.m2 = g.m2.p;
+  g.view.count = g.count.p;
+  return g;
+}
+void set_moments(cuda::HierSelectArgs& h, const MomentGpu& mg, int moment_pages, double alpha,
+                 bool adaptive, float margin) {
+  h.moments = mg.view;
+  h.moment_indptr = {mg.indptr.p, mg.indptr.n};
+  h.moment_indices = {mg.indices.p, mg.indices.n};
+  h.moment_pages = moment_pages;
+  h.alpha = alpha;
+  h.adaptive = adaptive;
+  h.margin = margin;
+}
+
 struct ExactStats {
   long lists = 0, identical = 0, keys = 0, keys_equal = 0;
 };
@@ -1065,6 +1130,11 @@ int run_compact_check() {
       cases.size());
   cuda::SelectWorkspace ws;
   ExactStats s8, sh, sh8;
+  struct {
+    ExactStats fixed, adaptive;
+    long fixed_pages = 0, adaptive_pages = 0, skipped = 0;
+    double worst_tau = 0;
+  } sg;
   const double covers[] = {2.0, 1.0, 0.5, 8.0};
   const auto t0 = std::chrono::steady_clock::now();
   const int failures = run_cases("select-compact", cases.size(), [&](std::size_t i) {
@@ -1134,6 +1204,64 @@ int run_compact_check() {
     download_selection(g, ws, ids, cnt, keys);
     f += compare_exact(sd, cpuh8, ckeys, ids, cnt, g.max_per_head, keys, ws.keys_stride(), "hier8",
                        sh8);
+    // Entmax-aware hierarchical ranking (Gaussian-τ from pooled moments): τ̂ against
+    // select::group_tau_hat (to the solver's tolerance), then keys and lists against
+    // select::hier_select given the GPU's τ̂ (identical). Fixed budget and the adaptive rule.
+    {
+      const MomentData md = make_moments(sd, 9000 + i);
+      kv::SummariesView mv = md.view();
+      mv.num_kv_heads = c.hkv;
+      mv.head_dim = c.d;
+      const int mpages[] = {64, 16, 5};
+      const int mp = mpages[i % 3];
+      const select::MomentStore ms(mv, table, mp);
+      const MomentGpu mg = upload_moments(ms);
+      const double alpha = i % 2 ? 2.0 : 1.5;
+      std::vector<double> tau_cpu(static_cast<std::size_t>(c.batch) * c.hq);
+      select::group_tau_hat(ms, qv, c.scale, alpha, tau_cpu);
+      for (int adaptive = 0; adaptive < 2; ++adaptive) {
+        const float margin = adaptive ? 0.25f * static_cast<float>(i % 5) : 0.f;
+        cuda::HierSelectArgs hg = hier_args(g.args, gg, cover);
+        set_moments(hg, mg, mp, alpha, adaptive == 1, margin);
+        CK(cudaMemset(g.ids.p, 0x7f, g.ids.n * sizeof(std::int32_t)));
+        try {
+          cuda::hier_select(hg, l);
+        } catch (const Error& e) {
+          // The adaptive rule's candidate limit: expected only where cover × budget is large.
+          if (adaptive && e.code() == ErrorCode::unsupported) {
+            ++sg.skipped;
+            continue;
+          }
+          throw;
+        }
+        download_selection(g, ws, ids, cnt, keys);
+        std::vector<double> tau_gpu(ws.tau().size());
+        CK(cudaMemcpy(tau_gpu.data(), ws.tau().data(), tau_gpu.size() * sizeof(double),
+                      cudaMemcpyDeviceToHost));
+        for (std::size_t t = 0; t < tau_cpu.size(); ++t) {
+          const double err = std::fabs(tau_gpu[t] - tau_cpu[t]) / std::max(1.0, std::fabs(tau_cpu[t]));
+          const bool both_nan = std::isnan(tau_gpu[t]) && std::isnan(tau_cpu[t]);
+          if (!both_nan) sg.worst_tau = std::max(sg.worst_tau, std::isnan(err) ? 1e300 : err);
+          if (!both_nan && !(err <= 1e-9) && f++ < 5)
+            std::printf("FAIL gauss tau case %zu (b, q head) %zu: gpu %.17g cpu %.17g\n", i, t,
+                        tau_gpu[t], tau_cpu[t]);
+        }
+        select::HierSelectArgs he = ha;
+        he.pages8 = nullptr;
+        he.tau = tau_gpu.data();
+        he.alpha = alpha;
+        he.adaptive = adaptive == 1;
+        he.margin = margin;
+        SelectionStorage cpue;
+        select::hier_select(he, cpue, &ckeys, sd.max_pages);
+        f += compare_exact(sd, cpue, ckeys, ids, cnt, g.max_per_head, keys, ws.keys_stride(),
+                           adaptive ? "gauss-adaptive" : "gauss-fixed",
+                           adaptive ? sg.adaptive : sg.fixed);
+        long held = 0;
+        for (int x : cnt) held += x;
+        (adaptive ? sg.adaptive_pages : sg.fixed_pages) += held;
+      }
+    }
     if (i == 0) {  // a CUDA graph of each (warmed up above) replays to the same lists
       for (int which = 0; which < 2; ++which) {
         cudaStream_t st;
@@ -1178,6 +1306,13 @@ int run_compact_check() {
       "keys %ld/%ld identical; hier8: %ld/%ld lists identical, keys %ld/%ld identical (%.1f s)\n",
       s8.identical, s8.lists, s8.keys_equal, s8.keys, sh.identical, sh.lists, sh.keys_equal,
       sh.keys, sh8.identical, sh8.lists, sh8.keys_equal, sh8.keys, secs);
+  std::printf(
+      "gauss (entmax-aware hier, pooled-moment tau): worst |tau gpu - cpu| / max(1, |tau|) %.3g; "
+      "fixed %ld/%ld lists identical, keys %ld/%ld; adaptive %ld/%ld lists identical, keys "
+      "%ld/%ld, %ld pages held vs %ld at the fixed budget (%ld cases over the candidate limit)\n",
+      sg.worst_tau, sg.fixed.identical, sg.fixed.lists, sg.fixed.keys_equal, sg.fixed.keys,
+      sg.adaptive.identical, sg.adaptive.lists, sg.adaptive.keys_equal, sg.adaptive.keys,
+      sg.adaptive_pages, sg.fixed_pages, sg.skipped);
   std::printf("SELECT-COMPACT CHECK %s: %d failure(s)\n", failures ? "FAILED" : "PASSED", failures);
   return failures;
 }
@@ -1536,6 +1671,26 @@ __global__ void summaries_kernel(const std::uint16_t* k, int heads, int page, in
   mx[o] = hi;
 }
 
+// Page moments of the bf16 keys (the Gaussian-τ rows): per (page, head, channel) the mean and
+// M2 over the page's slots, two passes in f64, stored f32 (the cache's Welford state, to
+// rounding).
+__global__ void moments_kernel(const std::uint16_t* k, int heads, int page, int d, float* mean,
+                               float* m2) {
+  const int pg = blockIdx.x, h = blockIdx.y, c = threadIdx.x;
+  const std::uint16_t* base = k + ((static_cast<std::size_t>(pg) * heads + h) * page) * d + c;
+  double sum = 0;
+  for (int s = 0; s < page; ++s) sum += __uint_as_float(static_cast<unsigned>(base[s * d]) << 16);
+  const double mu = sum / page;
+  double acc = 0;
+  for (int s = 0; s < page; ++s) {
+    const double x = __uint_as_float(static_cast<unsigned>(base[s * d]) << 16) - mu;
+    acc += x * x;
+  }
+  const std::size_t o = (static_cast<std::size_t>(pg) * heads + h) * d + c;
+  mean[o] = static_cast<float>(mu);
+  m2[o] = static_cast<float>(acc);
+}
+
 // The same steps replayed from CUDA graphs (one graph per rotation, captured after warm-up so
 // the workspace and kernel attributes exist): shows what launch overhead costs the step.
 template <class F>
@@ -1650,9 +1805,22 @@ int run_bench(const char* json_path) {
     smin = mn.download();
     smax = mx.download();
   }
+  std::vector<float> smean, sm2;
+  std::vector<std::int32_t> scount(static_cast<std::size_t>(pool_pages), P);
+  {
+    const std::size_t n = static_cast<std::size_t>(pool_pages) * Hkv * d;
+    DevBuf<float> mu(n), m2(n);
+    moments_kernel<<<dim3(pool_pages, Hkv), d>>>(K.p, Hkv, P, d, mu.p, m2.p);
+    CK(cudaGetLastError());
+    smean = mu.download();
+    sm2 = m2.download();
+  }
   kv::SummariesView summ;
   summ.min = smin.data();
   summ.max = smax.data();
+  summ.mean = smean.data();
+  summ.m2 = sm2.data();
+  summ.count = scount.data();
   summ.num_pages = pool_pages;
   summ.num_kv_heads = Hkv;
   summ.head_dim = d;
@@ -1953,10 +2121,10 @@ int run_bench(const char* json_path) {
       ws.check(nullptr);
       // A step in one CUDA graph per rotation: select_fn(r, stream) then the sparse decode on
       // its lists.
-      const auto step_graph = [&](const auto& select_fn) {
+      const auto step_graph = [&](const auto& select_fn, bool entmax = false) {
         const double us = time_graph_us(kQRot, kWarm, kIters, [&](int r, cudaStream_t st) {
           select_fn(r, st);
-          attn::DecodeArgs a = args_for(r);
+          attn::DecodeArgs a = entmax ? ent_args(r) : args_for(r);
           a.selection = &gsv[r];
           cuda::DecodeLaunch l = launch;
           l.stream = st;
@@ -2093,6 +2261,52 @@ int run_bench(const char* json_path) {
           measure("hier8_c4", group_bytes + chosen * (2.0 * d + 8), [&](int r, cudaStream_t st) {
             cuda::hier_select(hier_args(sel8_args(r), gr[r % rot], cover), on(st));
           });
+      }
+      // Entmax-aware hierarchical selection (Gaussian-τ from moments pooled over 64 pages,
+      // alpha 1.5, cover 2): the fixed budget and the adaptive rule (margin 0), each in a step
+      // with softmax decode (as the Quest rows) and with 1.5-entmax decode (what it is for).
+      {
+        constexpr int kMomentPages = 64;
+        std::vector<select::MomentStore> mstores;
+        std::vector<MomentGpu> mgpu;
+        for (int t = 0; t < rot; ++t) {
+          mstores.emplace_back(summ, kv::PageTable{indptr[t], indices[t], last[t]}, kMomentPages);
+          mgpu.push_back(upload_moments(mstores.back()));
+        }
+        const int m = select::hier_groups(ngroups, 16, pol.budget_pages, 2.0);
+        const double group_bytes = static_cast<double>(sh.batch) * Hkv * 4.0 * d * ngroups;
+        const double moment_bytes = static_cast<double>(sh.batch) * Hkv * 8.0 * d *
+                                    ((pages + kMomentPages - 1) / kMomentPages);
+        const double chosen = static_cast<double>(sh.batch) * Hkv * m * 16.0;
+        const GroupGpu* gr = groups.data();
+        for (const bool adaptive : {false, true}) {
+          const auto gauss = [&, adaptive](int r, cudaStream_t st) {
+            cuda::HierSelectArgs h = hier_args(sel_args(r), gr[r % rot], 2.0);
+            set_moments(h, mgpu[r % rot], kMomentPages, kBenchAlpha, adaptive, 0.f);
+            cuda::hier_select(h, on(st));
+          };
+          const std::string tag = adaptive ? "gauss_adaptive" : "gauss";
+          const double sel_bytes = group_bytes + moment_bytes + chosen * 4.0 * d;
+          // Pages the lists hold (the adaptive rule's budget is a cap).
+          double held = 0;
+          for (int r = 0; r < kQRot; ++r) {
+            gauss(r, nullptr);
+            sws.check(nullptr);
+            for (int c : g_cnt[r].download()) held += c;
+          }
+          held /= kQRot;
+          const double kv_sel = held * P * d * 2 * 2;
+          measure(tag, sel_bytes, gauss);
+          rows.back().bytes = kv_sel + sel_bytes;  // the step row: the pages actually held
+          const double ent_us = step_graph(gauss, true);
+          std::printf(
+              "  gauss   ctx=%7d B=%2d budget=%5d: %-14s %.0f pages held per step (budget %d x "
+              "%d lists); entmax step (graph) %.1f us\n",
+              sh.ctx, sh.batch, budget, tag.c_str(), held, pol.budget_pages, sh.batch * Hkv,
+              ent_us);
+          rows.push_back({"ours_entmax_sparse_" + tag + "_gpu_sel_graph", sh.ctx, sh.batch, budget,
+                          ent_us, kv_sel / 2 + sel_bytes});
+        }
       }
     }
     for (std::size_t i = first_row; i < rows.size(); ++i) rows[i].hq = Hq;

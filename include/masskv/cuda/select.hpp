@@ -53,6 +53,8 @@ class SelectWorkspace {
   std::span<const std::int32_t> group_ids() const;
   std::span<const std::int32_t> group_counts() const;
   int group_list_stride() const;
+  // τ̂ [B][Hq] of the last hier_select with moments (select::group_tau_hat's values).
+  std::span<const double> tau() const;
 
   struct Impl;
   Impl& impl() const { return *impl_; }
@@ -121,6 +123,19 @@ struct HierSelectArgs {
   std::span<const std::int32_t> group_indptr, group_indices;
   int group_pages = 16;  // the GPU serves 16 (a scoring warp tile)
   double cover = 2.0;
+  // Entmax-aware ranking (select::HierSelectArgs::tau, Gaussian-τ): when moments.mean is set,
+  // τ̂ of every (sequence, q head) is estimated on the device from the pooled moment store
+  // (select::MomentStore's arrays: mean, m2 [slot][kv head][d] f32, 16-byte aligned, count
+  // [slot]; its table moment_indptr [B+1] / moment_indices, groups of moment_pages pages) as
+  // select::group_tau_hat does, then groups and pages rank by select::entmax_rank. alpha: 1.5
+  // or 2. adaptive / margin: select::HierSelectArgs's (the adaptive rule needs cover × budget
+  // <= 8192 pages).
+  kv::SummariesView moments;
+  std::span<const std::int32_t> moment_indptr, moment_indices;
+  int moment_pages = 64;
+  double alpha = 1.5;
+  bool adaptive = false;
+  float margin = 0.f;
 };
 // launch.max_pages_per_seq bounds the pages per sequence (groups: ceil(/ 16)).
 void hier_select(const HierSelectArgs& args, const SelectLaunch& launch);

@@ -105,6 +105,43 @@ class GroupStore {
   int num_slots_ = 0, num_kv_heads_ = 0, head_dim_ = 0, group_pages_ = 16;
 };
 
+// Pooled page moments (DESIGN.md §2.4: means and second moments pool exactly over groups):
+// one f32 mean[d], M2[d] and count per group of G consecutive logical pages of a sequence and
+// kv head, slot indptr()[b] + i for sequence b's group i (as GroupStore). Pooled in f64 from
+// the pages' f32 Welford state: N = Σ n_j, mean = Σ n_j μ_j / N, M2 = Σ (M2_j + n_j (μ_j −
+// mean)²), then rounded to f32. The Gaussian-τ selector estimates τ̂ from these instead of every
+// page's statistics: 8 d / (G · page) bytes per token and kv head.
+class MomentStore {
+ public:
+  MomentStore() = default;
+  MomentStore(const kv::SummariesView& pages, const kv::PageTable& table, int group_pages);
+  // mean, m2 and count over the slots (min, max, max_vnorm null): the page summaries' layout.
+  kv::SummariesView view() const;
+  int group_pages() const { return group_pages_; }
+  std::span<const std::int32_t> indptr() const { return indptr_; }
+  std::span<const std::int32_t> indices() const { return indices_; }
+  double bytes_per_token(int page_size) const;
+
+ private:
+  std::vector<float> mean_, m2_;
+  std::vector<std::int32_t> count_, indptr_, indices_, last_len_;
+  int num_slots_ = 0, num_kv_heads_ = 0, head_dim_ = 0, group_pages_ = 64;
+};
+
+// τ̂ of every (sequence, q head) from pooled moments (§2.4: Σ_G N_G E[((α−1)X_G − τ)_+^r] = 1
+// with X_G ~ N(m_G, v_G) of the group's pooled mean and variance; gaussian_tau_hat's solver),
+// tau[b * Hq + i]. Served: alpha in (1, 2]; a sequence without tokens gets NaN. Throws Error
+// naming "q", "store", "alpha" or "tau".
+void group_tau_hat(const MomentStore& store, const View3<const float>& q, float scale,
+                   double alpha, std::span<double> tau);
+
+// The entmax-aware rank of a page or group bound U of q head i (§2.2, support-aware growth's
+// order): float((α−1)·U − τ̂_i), evaluated in f64 (the product is exact) and rounded once; the
+// GPU computes the same bits.
+inline float entmax_rank(float bound, double am1, double tau) {
+  return static_cast<float>(am1 * static_cast<double>(bound) - tau);
+}
+
 // How many groups the hierarchical selector scores pages from: the last group (it holds the
 // window and the last page) and the best ceil(cover · budget_pages / G) others, at most all.
 int hier_groups(int num_groups, int group_pages, int budget_pages, double cover);
@@ -121,6 +158,14 @@ struct HierSelectArgs {
   float scale = 0;  // 0 means 1/sqrt(d)
   TopkPolicy policy;
   double cover = 2.0;  // groups scored: enough for cover × budget pages (hier_groups)
+  // Entmax-aware ranking (Gaussian-τ, §2.4): when set, tau[b * Hq + i] is q head i's τ̂ and
+  // groups and pages rank by max_i entmax_rank(U_i, alpha − 1, tau_i) instead of max_i U_i.
+  const double* tau = nullptr;
+  double alpha = 1.5;
+  // With tau: adaptive = true keeps only pages whose rank is > −margin (the budget is then a
+  // cap: a list may hold fewer pages); false fills the budget as Quest does.
+  bool adaptive = false;
+  float margin = 0.f;
 };
 
 // Hierarchical Quest (an approximation of flat Quest: a page is ranked only when its group is

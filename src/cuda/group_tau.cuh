@@ -1,0 +1,38 @@
+// The Gaussian-τ estimate of the entmax threshold on the GPU (DESIGN.md §2.4), from pooled
+// group moments (select::MomentStore's arrays): the device twin of select::group_tau_hat, used
+// by hier_select's entmax-aware ranking. Two kernels: group_moments_kernel (m, v of every
+// (moment group, q head), select::detail::all_page_moments' arithmetic in f64) and
+// tau_solve_kernel (one CTA per (sequence, q head): GaussianPages::solve's Newton iteration,
+// f64, the closed forms of alpha 1.5 and 2).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace masskv::cuda::detail {
+
+struct TauParams {
+  const float* q;
+  std::int64_t q_s0, q_s1;
+  int batch, num_q_heads, num_kv_heads, head_dim;
+  // Moment store [slot][kv head][d] f32 mean and M2, count per slot; the group table.
+  const float* mean;
+  const float* m2;
+  const std::int32_t* count;
+  int slots;
+  const std::int32_t* indptr;  // [B + 1] of groups
+  const std::int32_t* indices;  // slots
+  int nnz;
+  int max_groups;  // groups per sequence the workspace holds (longer: flagged)
+  double scale, alpha;
+  double* mv;   // workspace [B][Hq][max_groups][2]: m, v
+  double* tau;  // [B][Hq]: τ̂ (NaN for a sequence without tokens)
+  unsigned* err;
+  unsigned bad_slot, bad_indptr;  // the caller's error bits
+};
+
+// Both kernels on `stream`; alpha must be 1.5 or 2 and head_dim a multiple of 8 (host-checked).
+void launch_group_tau(const TauParams& p, cudaStream_t stream);
+
+}  // namespace masskv::cuda::detail
