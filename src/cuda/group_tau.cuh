@@ -32,7 +32,7 @@ struct TauParams {
   unsigned bad_slot, bad_indptr;  // the caller's error bits
 };
 
-// Both kernels on `stream`; alpha must be 1.5 or 2 and head_dim a multiple of 8 (host-checked).
+// Both kernels on `stream`; alpha must be 1.5 or 2 and head_dim 64, 128 or 256 (host-checked).
 void launch_group_tau(const TauParams& p, cudaStream_t stream);
 
 }  // namespace masskv::cuda::detail

@@ -6,6 +6,7 @@
 //   masskv_gpu_bench decode-check     the decode part of check alone (softmax and entmax)
 //   masskv_gpu_bench profile          a few decode launches of one shape, for ncu
 //   masskv_gpu_bench profile-select   Quest scoring and top-k alone at 128K and 1M, for ncu
+//   masskv_gpu_bench profile-gauss    hierarchical selection with and without Gaussian-tau, for ncu
 //   masskv_gpu_bench select-selftest  GPU Quest selection: ties, edges, errors, graphs, end to end
 //   masskv_gpu_bench select-check     GPU Quest selection vs the CPU selector on ~90 shapes
 //   masskv_gpu_bench select-compact-check  8-bit and hierarchical GPU selection vs their CPU
@@ -2383,6 +2384,38 @@ int run_profile() {
 // 4096-token budget), on shuffled and on sequential page tables, rotated over the 1M-token
 // pool so L2 does not serve 128K: for ncu (ncu --clock-control none -k regex:quest_score
 // masskv_gpu_bench profile-select) and for timing scoring variants side by side.
+// Hierarchical selection with and without the Gaussian-τ ranking on one 128K-token case, a few
+// launches each, for per-kernel times under a profiler:
+// ncu --clock-control none --metrics gpu__time_duration.sum masskv_gpu_bench profile-gauss.
+int run_profile_gauss() {
+  SelData sd;
+  sd.c = {1, 32, 8, 128, 16, 131072, {256, 1, 64}, 0, 0};
+  build_sel_case(sd, 5);
+  SelGpu g;
+  setup_sel_gpu(sd, g);
+  const kv::PageTable table{sd.indptr, sd.indices, sd.last};
+  const GroupGpu gg = upload_groups(select::GroupStore(sd.store.view(), table, 16));
+  const MomentData md = make_moments(sd, 6);
+  kv::SummariesView mv = md.view();
+  mv.num_kv_heads = sd.c.hkv;
+  mv.head_dim = sd.c.d;
+  const MomentGpu mg = upload_moments(select::MomentStore(mv, table, 64));
+  cuda::SelectWorkspace ws;
+  cuda::SelectLaunch l;
+  l.workspace = &ws;
+  l.max_pages_per_seq = sd.max_pages;
+  l.check_errors = false;
+  for (int rep = 0; rep < 3; ++rep) {
+    cuda::hier_select(hier_args(g.args, gg, 2.0), l);
+    cuda::HierSelectArgs h = hier_args(g.args, gg, 2.0);
+    set_moments(h, mg, 64, 1.5, false, 0.f);
+    cuda::hier_select(h, l);
+  }
+  ws.check(nullptr);
+  std::printf("profile-gauss done\n");
+  return 0;
+}
+
 int run_profile_select() {
   const int Hq = 32, Hkv = 8, d = 128, P = 16, pool_pages = (1 << 20) / P;
   const std::size_t n = static_cast<std::size_t>(pool_pages) * Hkv * d;
@@ -2479,6 +2512,7 @@ int main(int argc, char** argv) {
     if (mode == "select-selftest") return run_select_selftest() ? 1 : 0;
     if (mode == "select-check") return run_select_check() ? 1 : 0;
     if (mode == "select-compact-check") return run_compact_check() ? 1 : 0;
+    if (mode == "profile-gauss") return run_profile_gauss();
     if (mode == "bench") return run_bench(argc > 2 ? argv[2] : "bench_ours.json");
     if (mode == "prefill-check") return run_prefill_check() ? 1 : 0;
     if (mode == "append-check") return run_append_check() ? 1 : 0;
@@ -2490,7 +2524,7 @@ int main(int argc, char** argv) {
   }
   std::fprintf(stderr,
                "usage: %s check | decode-check | select-selftest | select-check | "
-               "select-compact-check | profile | profile-select | "
+               "select-compact-check | profile | profile-select | profile-gauss | "
                "bench OUT.json | prefill-check | prefill-bench OUT.json | append-check\n",
                argv[0]);
   return 2;
