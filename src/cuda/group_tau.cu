@@ -268,7 +268,74 @@ __global__ void __launch_bounds__(kSolveThreads) tau_solve_kernel(TauParams p, i
   if (threadIdx.x == 0) *tau = x;
 }
 
+// grid (groups or 1, kv heads, batch), blockDim = head_dim (<= 256): thread c pools channel c
+// of one group as MomentStore's constructor does (N = Σ max(0, n_j); mean = Σ n_j μ_j / N;
+// M2 = Σ (max(0, M2_j) + (n_j dev) dev), dev = μ_j - mean; every operation rounded on its own:
+// the CPU code is compiled without FMA).
+__global__ void moment_update_kernel(MomentUpdateParams p) {
+  const int h = blockIdx.y, b = blockIdx.z, c = threadIdx.x;
+  const int begin = p.indptr[b], end = p.indptr[b + 1];
+  const int gbegin = p.mindptr[b], gend = p.mindptr[b + 1];
+  const int n = end - begin;
+  const int ng = (n + p.group_pages - 1) / p.group_pages;
+  if (n < 0 || begin < 0 || end > p.nnz || gbegin < 0 || gend > p.mnnz || gend - gbegin != ng) {
+    if (c == 0 && blockIdx.x == 0 && h == 0) atomicOr(p.err, p.bad_indptr);
+    return;
+  }
+  const int gi = p.last_only ? ng - 1 : static_cast<int>(blockIdx.x);
+  if (gi < 0 || gi >= ng) return;
+  const int slot = p.mindices[gbegin + gi];
+  if (slot < 0 || slot >= p.slots) {
+    if (c == 0) atomicOr(p.err, p.bad_slot);
+    return;
+  }
+  const int j0 = gi * p.group_pages, j1 = min(n, j0 + p.group_pages);
+  long total = 0;
+  for (int j = j0; j < j1; ++j) {
+    const int phys = p.indices[begin + j];
+    if (phys < 0 || phys >= p.pool_pages) {
+      if (c == 0) atomicOr(p.err, p.bad_page);
+      return;
+    }
+    total += max(0, p.count[phys]);
+  }
+  const std::int64_t go = (static_cast<std::int64_t>(slot) * p.num_kv_heads + h) * p.head_dim + c;
+  if (c == 0 && h == 0) p.gcount[slot] = static_cast<std::int32_t>(total);
+  if (total == 0) {
+    p.gmean[go] = 0.f;
+    p.gm2[go] = 0.f;
+    return;
+  }
+  const auto at = [&](int j) {
+    return (static_cast<std::int64_t>(p.indices[begin + j]) * p.num_kv_heads + h) * p.head_dim + c;
+  };
+  double mu = 0;
+  for (int j = j0; j < j1; ++j) {
+    const double nj = max(0, p.count[p.indices[begin + j]]);
+    if (nj > 0) mu = __dadd_rn(mu, __dmul_rn(nj, static_cast<double>(p.mean[at(j)])));
+  }
+  mu = __ddiv_rn(mu, static_cast<double>(total));
+  double m2 = 0;
+  for (int j = j0; j < j1; ++j) {
+    const double nj = max(0, p.count[p.indices[begin + j]]);
+    if (nj == 0) continue;
+    const double dev = __dsub_rn(static_cast<double>(p.mean[at(j)]), mu);
+    const double s = static_cast<double>(p.m2[at(j)]);
+    m2 = __dadd_rn(m2, __dadd_rn(s > 0.0 ? s : 0.0, __dmul_rn(__dmul_rn(nj, dev), dev)));
+  }
+  p.gmean[go] = __double2float_rn(mu);
+  p.gm2[go] = __double2float_rn(m2);
+}
+
 }  // namespace
+
+void launch_moment_update(const MomentUpdateParams& p, int batch, int max_groups,
+                          cudaStream_t stream) {
+  if (batch == 0) return;
+  const int groups = p.last_only ? 1 : std::max(1, max_groups);
+  moment_update_kernel<<<dim3(groups, p.num_kv_heads, batch), p.head_dim, 0, stream>>>(p);
+  check_cuda(cudaGetLastError(), "moment update kernel launch");
+}
 
 void launch_group_tau(const TauParams& p, cudaStream_t stream) {
   if (p.batch == 0) return;

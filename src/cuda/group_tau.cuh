@@ -32,6 +32,23 @@ struct TauParams {
   unsigned bad_slot, bad_indptr;  // the caller's error bits
 };
 
+// select::MomentStore's pooling on the device (cuda::update_moments): every group of every
+// sequence, or each sequence's last group; same f64 operations in the same order, so the f32
+// results have the CPU's bits.
+struct MomentUpdateParams {
+  const std::int32_t *indptr, *indices, *mindptr, *mindices;
+  const float *mean, *m2;     // page summaries [page][kv head][d]
+  const std::int32_t* count;  // [page]
+  float *gmean, *gm2;         // moment store [slot][kv head][d]
+  std::int32_t* gcount;       // [slot]
+  int pool_pages, slots, num_kv_heads, head_dim, group_pages, nnz, mnnz;
+  bool last_only;
+  unsigned* err;
+  unsigned bad_page, bad_slot, bad_indptr;
+};
+void launch_moment_update(const MomentUpdateParams& p, int batch, int max_groups,
+                          cudaStream_t stream);
+
 // Both kernels on `stream`; alpha must be 1.5 or 2 and head_dim 64, 128 or 256 (host-checked).
 void launch_group_tau(const TauParams& p, cudaStream_t stream);
 

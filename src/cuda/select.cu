@@ -1774,6 +1774,50 @@ void update_groups(const GroupUpdateArgs& g, const SelectLaunch& launch) {
   if (launch.check_errors) launch.workspace->check(launch.stream);
 }
 
+void update_moments(const MomentUpdateArgs& m, const SelectLaunch& launch) {
+  using enum ErrorCode;
+  require(launch.workspace != nullptr, invalid_argument, "workspace", "is required");
+  const kv::SummariesView& s = m.pages;
+  require(s.mean != nullptr && s.m2 != nullptr && s.count != nullptr && s.head_dim >= 1 &&
+              s.head_dim <= 256 && s.num_kv_heads >= 1 && s.num_kv_heads <= 65535,
+          invalid_argument, "pages", "null mean, m2 or count, or head_dim outside [1, 256]");
+  require(m.mean != nullptr && m.m2 != nullptr && m.count != nullptr && m.slots > 0,
+          invalid_argument, "mean", "null moment store");
+  require(m.group_pages >= 1, invalid_argument, "group_pages", "must be >= 1");
+  require(!m.table.indptr.empty() && m.moment_indptr.size() == m.table.indptr.size(),
+          shape_mismatch, "moment_indptr", "needs batch + 1 entries, as indptr");
+  require(launch.max_pages_per_seq > 0, invalid_argument, "max_pages_per_seq",
+          "the host's bound on pages per sequence is required");
+  const int B = static_cast<int>(m.table.indptr.size()) - 1;
+  require(B <= 65535, unsupported, "indptr", "batch must be <= 65535");
+  detail::MomentUpdateParams p{};
+  p.indptr = m.table.indptr.data();
+  p.indices = m.table.indices.data();
+  p.mindptr = m.moment_indptr.data();
+  p.mindices = m.moment_indices.data();
+  p.mean = s.mean;
+  p.m2 = s.m2;
+  p.count = s.count;
+  p.gmean = m.mean;
+  p.gm2 = m.m2;
+  p.gcount = m.count;
+  p.pool_pages = s.num_pages;
+  p.slots = m.slots;
+  p.num_kv_heads = s.num_kv_heads;
+  p.head_dim = s.head_dim;
+  p.group_pages = m.group_pages;
+  p.nnz = static_cast<int>(m.table.indices.size());
+  p.mnnz = static_cast<int>(m.moment_indices.size());
+  p.last_only = m.last_only;
+  p.err = launch.workspace->impl().err.get();
+  p.bad_page = kBadPhysical;
+  p.bad_slot = kBadMomentSlot;
+  p.bad_indptr = kBadMomentIndptr;
+  detail::launch_moment_update(
+      p, B, (launch.max_pages_per_seq + m.group_pages - 1) / m.group_pages, launch.stream);
+  if (launch.check_errors) launch.workspace->check(launch.stream);
+}
+
 void quest_select(const QuestSelectArgs& a, const SelectLaunch& launch) {
   const Prepared pr = prepare(a, launch, true);
   if (a.q.n0 == 0) return;

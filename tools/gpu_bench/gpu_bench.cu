@@ -21,6 +21,7 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <bit>
 #include <chrono>
 #include <cmath>
 #include <cstdint>
@@ -1116,6 +1117,68 @@ int check_group_update(const SelData& sd, const SelGpu& g, const select::GroupSt
   return failures;
 }
 
+// cuda::update_moments against the host MomentStore, bit for bit: every group rebuilt into a
+// poisoned store, then only the last groups (the others must stay poisoned).
+int check_moment_update(const SelData& sd, const SelGpu& g, const MomentData& md,
+                        const select::MomentStore& ms, const cuda::SelectLaunch& l) {
+  const kv::SummariesView want = ms.view();
+  const std::size_t row = static_cast<std::size_t>(want.num_kv_heads) * want.head_dim;
+  const std::size_t n = static_cast<std::size_t>(want.num_pages) * row;
+  DevBuf<float> pmean = to_device(md.mean), pm2 = to_device(md.m2);
+  DevBuf<std::int32_t> pcount = to_device(md.count);
+  DevBuf<float> mean(n), m2(n);
+  DevBuf<std::int32_t> count(static_cast<std::size_t>(want.num_pages));
+  DevBuf<std::int32_t> mptr =
+      to_device(std::vector<std::int32_t>(ms.indptr().begin(), ms.indptr().end()));
+  DevBuf<std::int32_t> mind =
+      to_device(std::vector<std::int32_t>(ms.indices().begin(), ms.indices().end()));
+  int failures = 0;
+  for (int last_only = 0; last_only < 2; ++last_only) {
+    CK(cudaMemset(mean.p, 0x7f, n * sizeof(float)));
+    CK(cudaMemset(m2.p, 0x7f, n * sizeof(float)));
+    CK(cudaMemset(count.p, 0x7f, count.n * sizeof(std::int32_t)));
+    cuda::MomentUpdateArgs u;
+    u.table = g.args.table;
+    u.pages.mean = pmean.p;
+    u.pages.m2 = pm2.p;
+    u.pages.count = pcount.p;
+    u.pages.num_pages = sd.pool_pages;
+    u.pages.num_kv_heads = sd.c.hkv;
+    u.pages.head_dim = sd.c.d;
+    u.moment_indptr = {mptr.p, mptr.n};
+    u.moment_indices = {mind.p, mind.n};
+    u.mean = mean.p;
+    u.m2 = m2.p;
+    u.count = count.p;
+    u.slots = want.num_pages;
+    u.group_pages = ms.group_pages();
+    u.last_only = last_only == 1;
+    cuda::update_moments(u, l);
+    const auto got_mean = mean.download(), got_m2 = m2.download();
+    const auto got_count = count.download();
+    std::vector<std::uint8_t> is_last(static_cast<std::size_t>(want.num_pages), 0);
+    for (std::size_t b = 0; b + 1 < ms.indptr().size(); ++b)
+      if (ms.indptr()[b + 1] > ms.indptr()[b]) is_last[ms.indptr()[b + 1] - 1] = 1;
+    long bad = 0;
+    const auto bits = [](float x) { return std::bit_cast<std::uint32_t>(x); };
+    for (std::size_t i = 0; i < n; ++i) {
+      const bool updated = !last_only || is_last[i / row];
+      const std::uint32_t poison = 0x7f7f7f7fu;
+      bad += bits(got_mean[i]) != (updated ? bits(want.mean[i]) : poison) ||
+             bits(got_m2[i]) != (updated ? bits(want.m2[i]) : poison);
+    }
+    for (std::size_t sl = 0; sl < got_count.size(); ++sl)
+      bad += got_count[sl] != (!last_only || is_last[sl] ? want.count[sl] : 0x7f7f7f7f);
+    if (bad) {
+      std::printf("FAIL update_moments (%s) B=%d len=%d d=%d G=%d: %ld values differ\n",
+                  last_only ? "last groups" : "all groups", sd.c.batch, sd.c.len, sd.c.d,
+                  ms.group_pages(), bad);
+      ++failures;
+    }
+  }
+  return failures;
+}
+
 int run_compact_check() {
   std::vector<SelCase> cases;
   for (const SelCase& c : select_cases()) {
@@ -1217,6 +1280,7 @@ int run_compact_check() {
       const int mp = mpages[i % 3];
       const select::MomentStore ms(mv, table, mp);
       const MomentGpu mg = upload_moments(ms);
+      f += check_moment_update(sd, g, md, ms, l);
       const double alpha = i % 2 ? 2.0 : 1.5;
       std::vector<double> tau_cpu(static_cast<std::size_t>(c.batch) * c.hq);
       select::group_tau_hat(ms, qv, c.scale, alpha, tau_cpu);

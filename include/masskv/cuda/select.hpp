@@ -159,6 +159,25 @@ struct GroupUpdateArgs {
 // workspace's device flag (checked as quest_select's: "indices", "indptr").
 void update_groups(const GroupUpdateArgs& args, const SelectLaunch& launch);
 
+// Rebuilds moment groups on the device from the page summaries (select::MomentStore's values,
+// bit for bit): every group of every sequence, or only each sequence's last group (the one an
+// append changes). The moment table maps sequence b's group i to slot
+// moment_indices[moment_indptr[b] + i]; the caller allocates slots. Errors set the workspace's
+// device flag: a page id outside the summaries ("indices"), a slot outside the store
+// ("moment_indices"), a moment table that does not match the page counts ("moment_indptr").
+struct MomentUpdateArgs {
+  kv::PageTable table;        // device page table of the sequences
+  kv::SummariesView pages;    // device page summaries: mean, m2 [page][kv head][d], count [page]
+  std::span<const std::int32_t> moment_indptr, moment_indices;  // device moment table
+  float* mean = nullptr;      // device moment store [slot][kv head][d]
+  float* m2 = nullptr;
+  std::int32_t* count = nullptr;  // [slot]
+  int slots = 0;
+  int group_pages = 64;
+  bool last_only = false;
+};
+void update_moments(const MomentUpdateArgs& args, const SelectLaunch& launch);
+
 // An upper bound, computable on the host, of the selected pages of any sequence with at most
 // max_pages_per_seq pages (size max_per_head with it): min(max_pages, max(budget, kept)),
 // kept <= sinks + the pages covering the window + the last page.
