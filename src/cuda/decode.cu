@@ -34,8 +34,6 @@ struct ChunkSmem {
   static constexpr std::size_t kStage = std::size_t{kStages} * kU * 2 * kThreads * 16;
   static constexpr std::size_t kMerge = sizeof(float) * kRowGroups * kG * (kD + 2);
   static constexpr std::size_t kBytes = kList + (kStage > kMerge ? kStage : kMerge);
-  static_assert((kStage > kMerge ? kStage : kMerge) >= sizeof(float) * kMergeScratch,
-                "the fused merge's scratch lives in the ring");
 };
 
 // One CTA per chunk (decode_common.cuh). Lanes are split into row groups of D/8 lanes, each
@@ -59,11 +57,7 @@ __global__ void __launch_bounds__(kThreads, kG <= 4 ? 4 : 2) decode_chunk_kernel
 
   allow_dependents();  // the merge may be scheduled now: it waits for this grid to finish
   const Chunk c = chunk_of(p);
-  // Chunks past the sequence's pages do nothing (chunk 0 always runs when it alone writes the
-  // empty result of a head without pages: the fused merge; the merge kernel otherwise).
-  if (p.fused_merge ? c.chunk >= live_chunks(p, c.units)
-                    : c.unit0 >= c.units && !(c.chunk == 0 && p.num_chunks == 1))
-    return;
+  if (c.unit0 >= c.units && !(c.chunk == 0 && p.num_chunks == 1)) return;  // merge: empties
   const int n_pages = c.n_pages;
   stage_page_list(p, c, s_phys, s_len);
 
@@ -316,20 +310,10 @@ void launch_softmax(Params p, DType dtype, int d, int batch, int units_max, floa
     p.part_w = ws.part.data() + slots * d;
   }
   cudaStream_t stream = launch.stream;
-  // Up to kFusedMergeMaxChunks chunks the chunk kernel's last CTA merges (one launch less:
-  // ~4 µs of a small sparse step on the H200); beyond, the merge kernel.
-  p.fused_merge = chunks > 1 && chunks <= kFusedMergeMaxChunks ? 1 : 0;
-  if (p.fused_merge) {
-    const std::size_t n = static_cast<std::size_t>(batch) * p.num_kv_heads * p.head_groups;
-    if (ws.counter.reserve(n, "cudaMalloc(decode counters)"))
-      check_cuda(cudaMemsetAsync(ws.counter.data(), 0, n * sizeof(unsigned), stream),
-                 "cudaMemset(decode counters)");
-    p.counter = ws.counter.data();
-  }
   const dim3 grid(chunks, p.num_kv_heads * p.head_groups, batch);
   kernel.k.fn<<<grid, kThreads, kernel.k.smem, stream>>>(p);
   check_cuda(cudaGetLastError(), "decode kernel launch");
-  if (chunks > 1 && !p.fused_merge) {
+  if (chunks > 1) {
     // Launched while the chunk kernel runs (programmatic dependent launch): its launch
     // latency overlaps the chunks' tail instead of following it.
     PdlLaunch merge(stream, dim3(batch * Hq), dim3(kThreads));

@@ -67,17 +67,8 @@ struct Params {
   int per_list;          // candidate slots per (chunk, row group) list
   int kg;                // q heads per CTA of the kernels (the candidate stride)
   float* tau;            // [B][Hq] threshold of every q head (z units)
-  unsigned* counter;     // [B*KH] chunks done (entmax accumulate pass; softmax with
-                         // fused_merge): the last one merges
-  // softmax: 1 when the chunk kernel's last CTA of each (sequence, kv head, head group) merges
-  // the chunks (no merge kernel); needs kMaxGroup * (num_chunks + 2) floats of shared scratch.
-  int fused_merge;
+  unsigned* counter;     // [B*KH] chunks done in the accumulate pass (last one merges)
 };
-
-// Softmax chunks a fused merge can take: their weights live in kMergeScratch floats of the
-// chunk kernels' ring (both kernels' rings hold at least that much).
-constexpr int kMergeScratch = 4096;
-constexpr int kFusedMergeMaxChunks = kMergeScratch / kMaxGroup - 2;
 
 }  // namespace masskv::cuda::decode_impl
 
@@ -319,13 +310,9 @@ __device__ __forceinline__ void stream_tiles(int n_tiles, Issue&& issue, Compute
 // split-K partials. Called by every thread of the CTA after a __syncthreads.
 template <int kG, int kD>
 __device__ __forceinline__ void write_chunk_softmax(const Params& p, const Chunk& c, int n_groups,
-                                                    float* s_acc, const float* s_m,
+                                                    const float* s_acc, const float* s_m,
                                                     const float* s_l) {
   constexpr float kLn2 = 0.6931471805599453f;
-  const int n_live = live_chunks(p, c.units);
-  // The chunk writes the output itself when it is the only one (fused merge: the only live
-  // one; merge kernel: the only one launched, as the merge kernel reads every launched slot).
-  const bool direct = p.fused_merge ? n_live == 1 : p.num_chunks == 1;
   for (int idx = threadIdx.x; idx < kG * kD; idx += blockDim.x) {
     const int g = idx / kD, dim = idx % kD;
     if (g >= c.heads_here) continue;
@@ -343,7 +330,7 @@ __device__ __forceinline__ void write_chunk_softmax(const Params& p, const Chunk
       lse = (mx + log2f(lsum)) * kLn2;
     }
     const int hq = c.q_head0 + g;
-    if (direct) {
+    if (p.num_chunks == 1) {
       p.out[c.b * p.o_s0 + hq * p.o_s1 + dim] = o;
       if (p.lse && dim == 0) p.lse[c.b * p.num_q_heads + hq] = lse;
     } else {
@@ -353,62 +340,6 @@ __device__ __forceinline__ void write_chunk_softmax(const Params& p, const Chunk
       if (dim == 0) p.part_w[slot] = lse;
     }
   }
-  if (direct || !p.fused_merge) return;
-
-  // The last chunk of the (sequence, kv head, head group) to finish merges the chunks
-  // (threadFenceReduction pattern; the merge kernel's arithmetic in the same order, so the
-  // same bits), then resets the counter for the next step. Saves the merge kernel's launch.
-  __shared__ bool s_last;
-  __threadfence();
-  __syncthreads();  // also: s_acc is no longer read, its space is the scratch below
-  if (threadIdx.x == 0)
-    s_last = atomicAdd(&p.counter[c.bkh], 1u) == static_cast<unsigned>(n_live - 1);
-  __syncthreads();
-  if (!s_last) return;
-  __threadfence();
-  float* s_w = s_acc;                 // [kG][n_live] chunk weights e^{lse_c - max}
-  float* s_sum = s_w + kG * n_live;   // [kG] their sums
-  float* s_max = s_sum + kG;          // [kG]
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, warps = blockDim.x / 32;
-  for (int g = warp; g < kG && g < c.heads_here; g += warps) {
-    const std::int64_t s0 =
-        (static_cast<std::int64_t>(c.b) * p.num_q_heads + c.q_head0 + g) * p.num_chunks;
-    float mx = -INFINITY;
-    for (int ch = lane; ch < n_live; ch += 32) mx = fmaxf(mx, __ldcg(p.part_w + s0 + ch));
-    for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
-    for (int ch = lane; ch < n_live; ch += 32)
-      s_w[g * n_live + ch] = mx == -INFINITY ? 0.f : expf(__ldcg(p.part_w + s0 + ch) - mx);
-    __syncwarp();
-    if (lane == 0) {
-      float wsum = 0.f;
-      for (int ch = 0; ch < n_live; ++ch) wsum += s_w[g * n_live + ch];
-      s_sum[g] = wsum;
-      s_max[g] = mx;
-    }
-  }
-  __syncthreads();
-  for (int idx = threadIdx.x; idx < kG * kD; idx += blockDim.x) {
-    const int g = idx / kD, dim = idx % kD;
-    if (g >= c.heads_here) continue;
-    const int hq = c.q_head0 + g;
-    const std::int64_t s0 = (static_cast<std::int64_t>(c.b) * p.num_q_heads + hq) * p.num_chunks;
-    const float wsum = s_sum[g];
-    float o = 0.f;
-    if (wsum > 0.f) {
-      const float* po = p.part_o + s0 * kD + dim;
-      const float* w = s_w + g * n_live;
-#pragma unroll 8
-      for (int ch = 0; ch < n_live; ++ch) {
-        const float x = __ldcg(po + static_cast<std::int64_t>(ch) * kD);
-        o = w[ch] != 0.f ? fmaf(w[ch], x, o) : o;
-      }
-      o /= wsum;
-    }
-    p.out[c.b * p.o_s0 + hq * p.o_s1 + dim] = o;
-    if (p.lse && dim == 0)
-      p.lse[c.b * p.num_q_heads + hq] = wsum > 0.f ? s_max[g] + logf(wsum) : -INFINITY;
-  }
-  if (threadIdx.x == 0) p.counter[c.bkh] = 0;
 }
 
 // Host: q heads per CTA for a GQA group (1, 2, 4 or 8; larger groups run in head groups of 8).

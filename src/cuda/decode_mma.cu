@@ -38,8 +38,6 @@ struct MmaSmem {
   static constexpr std::size_t kRing = std::size_t{kWarps} * kRingT * 2 * kTileBytes;
   static constexpr std::size_t kMerge = sizeof(float) * kWarps * kMaxGroup * (kD + 2);
   static constexpr std::size_t kBytes = kList + (kRing > kMerge ? kRing : kMerge);
-  static_assert((kRing > kMerge ? kRing : kMerge) >= sizeof(float) * kMergeScratch,
-                "the fused merge's scratch lives in the ring");
 };
 
 // Two 16-bit values (lo half: x0) from f32, rounded to nearest even, and their residuals'
@@ -113,11 +111,7 @@ __global__ void __launch_bounds__(kThreads, 2) decode_mma_kernel(Params p) {
   allow_dependents();  // the merge may be scheduled now: it waits for this grid to finish
 
   const Chunk c = chunk_of(p);
-  // Chunks past the sequence's pages do nothing (chunk 0 always runs when it alone writes the
-  // empty result of a head without pages: the fused merge; the merge kernel otherwise).
-  if (p.fused_merge ? c.chunk >= live_chunks(p, c.units)
-                    : c.unit0 >= c.units && !(c.chunk == 0 && p.num_chunks == 1))
-    return;
+  if (c.unit0 >= c.units && !(c.chunk == 0 && p.num_chunks == 1)) return;  // merge: empties
   const int n_pages = c.n_pages;
   stage_page_list(p, c, s_phys, s_len);
 
