@@ -289,18 +289,31 @@ void page_upper_bounds_gpu_order(const BoundStoreView& s, std::span<const std::i
 
 // ---- GroupStore -------------------------------------------------------------------------------
 
+namespace {
+
+// The table of groups of G consecutive logical pages of every sequence (GroupStore's and
+// MomentStore's): sequence b's group i is slot indptr[b] + i, indices = 0, 1, 2, ...; returns
+// the number of slots.
+int group_table(const kv::PageTable& table, int group_pages, std::vector<std::int32_t>& indptr,
+                std::vector<std::int32_t>& indices) {
+  indptr.assign(1, 0);
+  for (int b = 0; b < table.batch(); ++b)
+    indptr.push_back(indptr.back() + (table.num_pages(b) + group_pages - 1) / group_pages);
+  const int slots = indptr.back();
+  indices.resize(static_cast<std::size_t>(slots));
+  for (int i = 0; i < slots; ++i) indices[static_cast<std::size_t>(i)] = i;
+  return slots;
+}
+
+}  // namespace
+
 GroupStore::GroupStore(const BoundStoreView& pages, const kv::PageTable& table, int group_pages)
     : num_kv_heads_(pages.num_kv_heads), head_dim_(pages.head_dim), group_pages_(group_pages) {
   using enum ErrorCode;
   require(group_pages >= 1, invalid_argument, "group_pages", "must be >= 1, got ", group_pages);
   require(pages.min && pages.max, invalid_argument, "pages", "null min/max");
   const int B = table.batch();
-  indptr_.assign(1, 0);
-  for (int b = 0; b < B; ++b)
-    indptr_.push_back(indptr_.back() + (table.num_pages(b) + group_pages - 1) / group_pages);
-  num_slots_ = indptr_.back();
-  indices_.resize(static_cast<std::size_t>(num_slots_));
-  for (int i = 0; i < num_slots_; ++i) indices_[static_cast<std::size_t>(i)] = i;
+  num_slots_ = group_table(table, group_pages, indptr_, indices_);
   const std::size_t row = static_cast<std::size_t>(num_kv_heads_) * head_dim_;
   min_.assign(static_cast<std::size_t>(num_slots_) * row, bf16{});
   max_.assign(min_.size(), bf16{});
@@ -352,12 +365,7 @@ MomentStore::MomentStore(const kv::SummariesView& pages, const kv::PageTable& ta
   require(pages.mean && pages.m2 && pages.count, invalid_argument, "pages",
           "null mean, M2 or count");
   const int B = table.batch();
-  indptr_.assign(1, 0);
-  for (int b = 0; b < B; ++b)
-    indptr_.push_back(indptr_.back() + (table.num_pages(b) + group_pages - 1) / group_pages);
-  num_slots_ = indptr_.back();
-  indices_.resize(static_cast<std::size_t>(num_slots_));
-  for (int i = 0; i < num_slots_; ++i) indices_[static_cast<std::size_t>(i)] = i;
+  num_slots_ = group_table(table, group_pages, indptr_, indices_);
   last_len_.assign(static_cast<std::size_t>(B), 1);
   const int d = head_dim_;
   const std::size_t row = static_cast<std::size_t>(num_kv_heads_) * d;

@@ -15,14 +15,20 @@ SPARSE_COLS = [
 ]
 
 
-def sparse_table(rows):
-    """Sparse decode side by side: the CPU-selection rows time the decode alone (the CPU
-    selection, in its own column, runs before and is not in their µs); the GPU-selection rows
-    time selection + decode in one step."""
+def rows_by_shape(rows):
+    """Sparse rows keyed by (context, batch, q heads, budget), then by row kind."""
     by = {}
     for r in rows:
         if r["budget"]:
             by.setdefault((r["ctx"], r["batch"], r.get("hq", 32), r["budget"]), {})[r["kind"]] = r
+    return by
+
+
+def sparse_table(rows):
+    """Sparse decode side by side: the CPU-selection rows time the decode alone (the CPU
+    selection, in its own column, runs before and is not in their µs); the GPU-selection rows
+    time selection + decode in one step."""
+    by = rows_by_shape(rows)
     if not by:
         return []
     out = ["", "Sparse decode (Quest, sink page 1, budget in tokens): CPU selection (computed "
@@ -128,10 +134,7 @@ def compact_table(rows, cudnn):
     """Selection by summary level (bf16 pages, 8-bit pages, bf16 groups of 16 then pages):
     selection and whole-step µs (CUDA graph), bytes each scan reads, recall of the flat bf16
     selection, and the step's speedup against cuDNN dense decode."""
-    by = {}
-    for r in rows:
-        if r["budget"]:
-            by.setdefault((r["ctx"], r["batch"], r.get("hq", 32), r["budget"]), {})[r["kind"]] = r
+    by = rows_by_shape(rows)
     lines = []
     for (ctx, batch, hq, budget), k in sorted(by.items()):
         if "gpu_hier_select" not in k:
@@ -169,10 +172,7 @@ def gauss_table(rows, cudnn, ceiling):
     step with softmax and with 1.5-entmax decode (CUDA graph), the bytes the entmax step reads
     (summaries, moments, K of the held pages) and its time against that bytes bound at the
     measured ceiling (issue 7: >= 0.8), speedup of the entmax step vs cuDNN dense decode."""
-    by = {}
-    for r in rows:
-        if r["budget"]:
-            by.setdefault((r["ctx"], r["batch"], r.get("hq", 32), r["budget"]), {})[r["kind"]] = r
+    by = rows_by_shape(rows)
     lines = []
     for (ctx, batch, hq, budget), k in sorted(by.items()):
         for tag in ("gauss", "gauss_adaptive"):
