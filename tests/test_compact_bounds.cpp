@@ -419,6 +419,110 @@ TEST(HierSelect, AdaptiveRuleKeepsOnlyPagesThatCanReachTau) {
   EXPECT_LT(adaptive_total, fixed_total);  // the percentile margin cuts the budget
 }
 
+// ---- hierarchical top-p --------------------------------------------------------------------
+
+HierTopPArgs top_p_args(const Stores& s, const BoundStoreView& sv, const GroupStore& groups,
+                        const MomentStore& ms, const TopkPolicy& pol, double cover, double p) {
+  HierTopPArgs a;
+  a.hier = hier_args_of(s.c, sv, groups, pol, cover);
+  a.pages = s.c.cache.summaries();
+  a.moments = &ms;
+  a.p = p;
+  return a;
+}
+
+// With one-page moment groups and every group scored, the masses are each head's softmax of
+// the page model over all pages: they sum to 1 (the mean over heads too).
+TEST(HierTopP, OnePageMomentsGiveMassesThatSumToOne) {
+  std::mt19937 rng(47);
+  const Stores s = make_stores(rng, {3000, 700});
+  const BoundStoreView sv = s.store.view();
+  const kv::PageTable t = s.c.table.table();
+  const GroupStore groups(sv, t, 16);
+  const MomentStore ms(s.c.cache.summaries(), t, 1);
+  SelectionStorage out;
+  std::vector<double> masses;
+  hier_top_p(top_p_args(s, sv, groups, ms, {8, 1, 64}, 1e6, 0.5), out, &masses);
+  const int stride = t.num_pages(0);
+  for (int b = 0; b < 2; ++b)
+    for (int h = 0; h < 2; ++h) {
+      double sum = 0;
+      for (int j = 0; j < t.num_pages(b); ++j) sum += masses[(b * 2 + h) * stride + j];
+      EXPECT_NEAR(sum, 1.0, 1e-12) << "b " << b << " h " << h;
+    }
+}
+
+// The rule: kept pages in; the candidates taken are the heaviest (by the float of the mass);
+// the mass held before the last one taken is below p, and after it >= p unless the budget or
+// the candidates ran out; a larger p takes a superset; p = 1 takes what the budget allows.
+TEST(HierTopP, TakesTheHeaviestCandidatesUntilTheMassReachesP) {
+  std::mt19937 rng(53);
+  const Stores s = make_stores(rng, {6000, 2500});
+  const BoundStoreView sv = s.store.view();
+  const kv::PageTable t = s.c.table.table();
+  const GroupStore groups(sv, t, 16);
+  const MomentStore ms(s.c.cache.summaries(), t, 64);
+  const TopkPolicy pol{64, 1, 64};
+  std::vector<SelectionStorage> outs;
+  const double ps[] = {0.3, 0.6, 0.9, 1.0};
+  for (double p : ps) {
+    SelectionStorage out;
+    std::vector<double> masses, none;
+    std::vector<std::uint32_t> keys;
+    const HierTopPArgs a = top_p_args(s, sv, groups, ms, pol, 4.0, p);
+    hier_top_p(a, out, &masses);
+    SelectionStorage quest;
+    hier_select(a.hier, quest, &keys);
+    const int stride = t.num_pages(0);
+    for (int b = 0; b < 2; ++b)
+      for (int h = 0; h < 2; ++h) {
+        const auto l = out.view().list(b, h);
+        const int n = t.num_pages(b);
+        const detail::TopkSplit split = detail::topk_split(n, t.length(b, 16), 16, pol);
+        const double* m = masses.data() + (b * 2 + h) * stride;
+        const std::uint32_t* k = keys.data() + (b * 2 + h) * stride;
+        std::vector<std::uint8_t> in(static_cast<std::size_t>(n), 0);
+        for (std::int32_t j : l) in[static_cast<std::size_t>(j)] = 1;
+        double held = 0, lightest_taken = INFINITY, heaviest_left = -INFINITY;
+        int taken = 0, left = 0;
+        for (int j = 0; j < n; ++j) {
+          const bool kept = j < std::min(split.sinks, split.window) || j >= split.window;
+          if (kept) {
+            EXPECT_TRUE(in[static_cast<std::size_t>(j)]) << "kept page " << j;
+            held += m[j];
+          } else if (in[static_cast<std::size_t>(j)]) {
+            ASSERT_NE(k[j], 0u) << "a page of an unchosen group";
+            lightest_taken = std::min(lightest_taken, static_cast<double>(static_cast<float>(m[j])));
+            held += m[j];
+            ++taken;
+          } else if (k[j] != 0u) {
+            heaviest_left = std::max(heaviest_left, static_cast<double>(static_cast<float>(m[j])));
+            ++left;
+          }
+        }
+        EXPECT_LE(taken, split.need);
+        if (taken > 0 && left > 0) {
+          EXPECT_GE(lightest_taken, heaviest_left);
+        }
+        if (taken < split.need && left > 0) {
+          EXPECT_GE(held, p) << "stopped early below p";
+        }
+        if (p == 1.0 && held < 1.0) {
+          EXPECT_EQ(taken, std::min(split.need, taken + left));
+        }
+      }
+    outs.push_back(std::move(out));
+  }
+  for (std::size_t x = 1; x < outs.size(); ++x)
+    for (int b = 0; b < 2; ++b)
+      for (int h = 0; h < 2; ++h) {
+        const auto lo = outs[x - 1].view().list(b, h), hi = outs[x].view().list(b, h);
+        EXPECT_TRUE(std::includes(hi.begin(), hi.end(), lo.begin(), lo.end())) << "p index " << x;
+      }
+  // Small p holds fewer pages than the budget on these keys.
+  EXPECT_LT(outs.front().view().list(0, 0).size(), outs.back().view().list(0, 0).size());
+}
+
 // The 8-bit selector is the flat rule on its own bounds: the same as ranking
 // page_upper_bounds(BoundStore8View) by a full sort.
 TEST(QuestSelect8, IsTheFlatRuleOnTheEightBitBounds) {

@@ -572,6 +572,114 @@ void hier_select(const HierSelectArgs& a, SelectionStorage& out,
   }
 }
 
+int top_p_by_masses(const double* mass, const std::uint8_t* candidate, int n, std::int64_t length,
+                    int page_size, const TopkPolicy& pol, double p, std::int32_t* out,
+                    int out_size) {
+  detail::TopkSplit split = detail::topk_split(n, length, page_size, pol);
+  // The kept pages' masses start the count, in page order (sinks, then the window pages).
+  double held = 0;
+  for (int j = 0; j < std::min(split.sinks, split.window); ++j) held += mass[j];
+  for (int j = split.window; j < n; ++j) held += mass[j];
+  std::vector<std::uint64_t> cand;
+  if (split.need > 0) {
+    for (int j = split.sinks; j < split.window; ++j)
+      if (candidate[j])
+        cand.push_back(detail::topk_key(static_cast<float>(mass[j]), j));
+    std::sort(cand.begin(), cand.end(), std::greater<>());
+  }
+  std::size_t taken = 0;
+  while (taken < cand.size() && static_cast<int>(taken) < split.need && held < p)
+    held += mass[detail::topk_key_page(cand[taken++])];
+  cand.resize(taken);
+  split.need = static_cast<int>(taken);
+  return detail::write_topk(split, n, cand, out, out_size);
+}
+
+void hier_top_p(const HierTopPArgs& a, SelectionStorage& out, std::vector<double>* masses,
+                int keys_stride) {
+  using enum ErrorCode;
+  const HierSelectArgs& h = a.hier;
+  require(h.tau == nullptr, invalid_argument, "tau", "top-p chooses groups by Quest's bounds");
+  require(a.p > 0 && a.p <= 1, invalid_argument, "p", "must be in (0, 1], got ", a.p);
+  require(a.moments != nullptr, invalid_argument, "moments", "the pooled moments are required");
+  require(a.pages.mean && a.pages.m2 && a.pages.count && h.pages != nullptr &&
+              a.pages.num_kv_heads == h.pages->num_kv_heads &&
+              a.pages.head_dim == h.pages->head_dim && a.pages.num_pages >= h.pages->num_pages,
+          invalid_argument, "pages", "needs the page summaries of the page store's pages");
+  const int B = h.table.batch(), Hq = h.q.n1, Hkv = a.pages.num_kv_heads, d = a.pages.head_dim;
+  require(static_cast<int>(a.moments->indptr().size()) == B + 1, shape_mismatch, "moments",
+          "was built for another table");
+  // The chosen groups' pages: those hier_select scores (key != 0).
+  int mp = 0;
+  for (int b = 0; b < B; ++b) mp = std::max(mp, h.table.num_pages(b));
+  if (keys_stride == 0) keys_stride = mp;
+  std::vector<std::uint32_t> keys;
+  hier_select(h, out, &keys, keys_stride);
+  const int g = Hq / Hkv;
+  const double scale = h.scale == 0 ? 1.0 / std::sqrt(static_cast<double>(d)) : h.scale;
+  // m, v of every page and every moment group, per q head (all_page_moments' layout).
+  std::vector<double> pm(static_cast<std::size_t>(h.table.indptr[B]) * Hq), pv(pm.size());
+  detail::all_page_moments(a.pages, h.table, h.q, scale, pm.data(), pv.data());
+  const kv::SummariesView ms = a.moments->view();
+  const std::vector<std::int32_t> last(static_cast<std::size_t>(B), 1);
+  const kv::PageTable gt{a.moments->indptr(), a.moments->indices(), last};
+  std::vector<double> gm(static_cast<std::size_t>(gt.indptr[B]) * Hq), gv(gm.size());
+  detail::all_page_moments(ms, gt, h.q, scale, gm.data(), gv.data());
+  if (masses) masses->assign(static_cast<std::size_t>(B) * Hkv * keys_stride, 0.0);
+  std::vector<double> mass, logz(static_cast<std::size_t>(g));
+  std::vector<std::uint8_t> cand;
+  for (int b = 0; b < B; ++b) {
+    const int n = h.table.num_pages(b), ng = gt.num_pages(b);
+    if (n == 0) continue;
+    const detail::TopkSplit split = detail::topk_split(n, h.table.length(b, h.page_size),
+                                                       h.page_size, h.policy);
+    for (int kh = 0; kh < Hkv; ++kh) {
+      // log Z per q head: log-sum-exp over the groups with tokens, in group order.
+      for (int i = 0; i < g; ++i) {
+        const std::size_t o = static_cast<std::size_t>(gt.indptr[b]) * Hq +
+                              static_cast<std::size_t>(kh * g + i) * ng;
+        double mx = -std::numeric_limits<double>::infinity(), sum = 0;
+        for (int G = 0; G < ng; ++G)
+          if (ms.count[gt.page(b, G)] > 0)
+            mx = std::max(mx, std::log(static_cast<double>(ms.count[gt.page(b, G)])) + gm[o + G] +
+                                  0.5 * gv[o + G]);
+        for (int G = 0; G < ng; ++G)
+          if (ms.count[gt.page(b, G)] > 0)
+            sum += std::exp(std::log(static_cast<double>(ms.count[gt.page(b, G)])) + gm[o + G] +
+                            0.5 * gv[o + G] - mx);
+        logz[static_cast<std::size_t>(i)] = mx + std::log(sum);
+      }
+      const std::uint32_t* k = keys.data() + (static_cast<std::size_t>(b) * Hkv + kh) * keys_stride;
+      mass.assign(static_cast<std::size_t>(n), 0.0);
+      cand.assign(static_cast<std::size_t>(n), 0);
+      for (int j = 0; j < n; ++j) {
+        const bool kept = j < std::min(split.sinks, split.window) || j >= split.window;
+        const bool candidate = !kept && k[j] != 0u;
+        if (!kept && !candidate) continue;
+        cand[static_cast<std::size_t>(j)] = candidate;
+        const int cnt = a.pages.count[h.table.page(b, j)];
+        if (cnt <= 0) continue;
+        double agg = 0;
+        for (int i = 0; i < g; ++i) {
+          const std::size_t o = static_cast<std::size_t>(h.table.indptr[b]) * Hq +
+                                static_cast<std::size_t>(kh * g + i) * n + j;
+          agg += std::exp(std::log(static_cast<double>(cnt)) + pm[o] + 0.5 * pv[o] -
+                          logz[static_cast<std::size_t>(i)]) /
+                 g;
+        }
+        mass[static_cast<std::size_t>(j)] = agg;
+      }
+      if (masses)
+        std::copy(mass.begin(), mass.end(),
+                  masses->begin() + (static_cast<std::ptrdiff_t>(b) * Hkv + kh) * keys_stride);
+      const std::span<std::int32_t> sl = out.slots(b, kh);
+      out.count[b * Hkv + kh] =
+          top_p_by_masses(mass.data(), cand.data(), n, h.table.length(b, h.page_size),
+                          h.page_size, h.policy, a.p, sl.data(), static_cast<int>(sl.size()));
+    }
+  }
+}
+
 void quest_select8(const View3<const float>& q, const kv::PageTable& table, int page_size,
                    const BoundStore8View& store, float scale_arg, const TopkPolicy& policy,
                    SelectionStorage& out, std::vector<std::uint32_t>* page_keys, int keys_stride) {

@@ -180,6 +180,29 @@ struct HierSelectArgs {
 void hier_select(const HierSelectArgs& args, SelectionStorage& out,
                  std::vector<std::uint32_t>* page_keys = nullptr, int keys_stride = 0);
 
+// Hierarchical top-p (softmax; DESIGN.md §2.4 page masses, §2.8 top-K ∧ top-p): groups chosen
+// as hier_select's (Quest group bounds, cover); each page of the chosen groups and each kept page
+// gets the estimated mass  mean_h exp(log n_j + m_hj + v_hj / 2 − log Z_h)  from its own
+// summaries (m, v as §2.4: scale q·μ_j, scale² Σ_c q_c² M2_jc / n_j), Z_h = Σ_G N_G exp(m_hG +
+// v_hG / 2) over every pooled moment group of the sequence (the total without reading every
+// page). The kept pages are in and their masses start the count; candidates follow by mass
+// (the float of it; ties to the lower page id) while the count is below p, at most the budget.
+struct HierTopPArgs {
+  HierSelectArgs hier;  // tau must be null (the groups are chosen by Quest's group bounds)
+  kv::SummariesView pages;            // page mean, m2, count of the pages of hier.pages
+  const MomentStore* moments = nullptr;  // pooled over the same table
+  double p = 0.9;                     // in (0, 1]
+};
+// masses (optional): [b][kv head][keys_stride] the estimated mass of every kept and candidate
+// page (0 elsewhere).
+void hier_top_p(const HierTopPArgs& args, SelectionStorage& out,
+                std::vector<double>* masses = nullptr, int keys_stride = 0);
+// The rule alone on given masses of one (sequence, kv head) of n pages: candidate[j] flags the
+// ranked pages of [sinks, window); returns the count and writes out as select_by_keys.
+int top_p_by_masses(const double* mass, const std::uint8_t* candidate, int n, std::int64_t length,
+                    int page_size, const TopkPolicy& policy, double p, std::int32_t* out,
+                    int out_size);
+
 // Flat Quest on the 8-bit store (the CPU reference of the GPU's 8-bit selection); page_keys as
 // hier_select.
 void quest_select8(const View3<const float>& q, const kv::PageTable& table, int page_size,
