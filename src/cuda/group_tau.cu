@@ -28,11 +28,8 @@ __device__ int seq_groups(const TauParams& p, int b) {
   return end - begin;
 }
 
-// grid (ceil(max_groups * Hq * 8 / threads), B): eight lanes per (group gi, q head i), lane l
-// the FMA chain of channels c = l (mod 8) of all_page_moments (m = scale Σ_c q_c μ_c,
-// v = scale² Σ_c q_c² max(M2_c, 0) / n), its kD / 8 loads independent (unrolled: one thread per
-// item with a loop over the channels waited on every load in turn, ~11 µs at 128K tokens); the
-// horizontal sum ((v0+v4)+(v2+v6)) + ((v1+v5)+(v3+v7)) by three shuffles.
+// grid (ceil(max_groups * Hq * 8 / threads), B): an octet of lanes per (group gi, q head i),
+// octet_moments (one thread per item looping over the channels waited on every load in turn).
 template <int kD>
 __global__ void __launch_bounds__(kMomentThreads) group_moments_kernel(TauParams p) {
   const int b = blockIdx.y;
@@ -48,38 +45,12 @@ __global__ void __launch_bounds__(kMomentThreads) group_moments_kernel(TauParams
   if (!ok && l == 0) atomicOr(p.err, p.bad_slot);
   const int h = i / (Hq / p.num_kv_heads);
   const std::int64_t row = (static_cast<std::int64_t>(ok ? slot : 0) * p.num_kv_heads + h) * kD;
-  const float* q = p.q + b * p.q_s0 + i * p.q_s1;
-  float mu[kD / 8], s2[kD / 8], qc[kD / 8];
-#pragma unroll
-  for (int k = 0; k < kD / 8; ++k) {
-    mu[k] = p.mean[row + 8 * k + l];
-    s2[k] = p.m2[row + 8 * k + l];
-    qc[k] = q[8 * k + l];
-  }
-  double lm = 0, lv = 0;
-#pragma unroll
-  for (int k = 0; k < kD / 8; ++k) {
-    const double x = qc[k], m2 = s2[k];
-    lm = __fma_rn(x, static_cast<double>(mu[k]), lm);
-    lv = __fma_rn(__dmul_rn(x, x), m2 > 0 ? m2 : 0.0, lv);
-  }
-  // Octets are aligned to 8 lanes of the warp: xor 4, 2, 1 stay inside, and other octets may
-  // have left.
-  const unsigned kAll = 0xffu << (threadIdx.x % 32 & ~7u);
-  lm = __dadd_rn(lm, __shfl_xor_sync(kAll, lm, 4));
-  lv = __dadd_rn(lv, __shfl_xor_sync(kAll, lv, 4));
-  lm = __dadd_rn(lm, __shfl_xor_sync(kAll, lm, 2));
-  lv = __dadd_rn(lv, __shfl_xor_sync(kAll, lv, 2));
-  lm = __dadd_rn(lm, __shfl_xor_sync(kAll, lm, 1));
-  lv = __dadd_rn(lv, __shfl_xor_sync(kAll, lv, 1));
+  double m, v;
+  octet_moments<kD>(p.mean + row, p.m2 + row, p.q + b * p.q_s0 + i * p.q_s1,
+                    ok ? static_cast<double>(p.count[slot]) : 0.0, p.scale, m, v);
   if (l != 0) return;
-  if (!ok) {
-    out[0] = out[1] = 0.0;
-    return;
-  }
-  const double c = p.count[slot];
-  out[0] = __dmul_rn(p.scale, lm);
-  out[1] = c > 0 ? __dmul_rn(__dmul_rn(p.scale, p.scale), __ddiv_rn(lv, c)) : 0.0;
+  out[0] = ok ? m : 0.0;
+  out[1] = ok ? v : 0.0;
 }
 
 // Block-wide sums of two values (fixed tree: the result does not depend on timing); every
@@ -337,7 +308,7 @@ void launch_moment_update(const MomentUpdateParams& p, int batch, int max_groups
   check_cuda(cudaGetLastError(), "moment update kernel launch");
 }
 
-void launch_group_tau(const TauParams& p, cudaStream_t stream) {
+void launch_group_moments(const TauParams& p, cudaStream_t stream) {
   if (p.batch == 0) return;
   const long lanes = static_cast<long>(p.max_groups) * p.num_q_heads * 8;
   const dim3 mgrid(static_cast<unsigned>((lanes + kMomentThreads - 1) / kMomentThreads),
@@ -354,6 +325,11 @@ void launch_group_tau(const TauParams& p, cudaStream_t stream) {
       break;
   }
   check_cuda(cudaGetLastError(), "group moments kernel launch");
+}
+
+void launch_group_tau(const TauParams& p, cudaStream_t stream) {
+  if (p.batch == 0) return;
+  launch_group_moments(p, stream);
   const int cache = std::min(p.max_groups, kSolveCache);
   const std::size_t smem = static_cast<std::size_t>(cache) * (sizeof(Item<double>) + sizeof(Item<float>));
   static std::once_flag once;

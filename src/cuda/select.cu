@@ -1260,6 +1260,199 @@ __global__ void __launch_bounds__(kHierThreads) hier_page_topk_kernel(SelParams 
   }
 }
 
+// Hierarchical top-p (select::hier_top_p): what the page pass needs beyond SelParams.
+struct TopPParams {
+  const float* mean;  // page summaries [page][kv][d], count [page]
+  const float* m2;
+  const std::int32_t* count;
+  int pool;
+  const double* mv;  // group_moments_kernel's [B][Hq][mv_stride][2] over the moment groups
+  int mv_stride;
+  const std::int32_t *mindptr, *mindices, *mcount;  // moment table and counts
+  int mslots;
+  double p, scale;
+  double* masses;  // optional [B][Hkv][max_pages]: the mass of every kept and candidate page
+};
+
+// Descending bitonic sort of n (a power of two) keys in shared memory by the CTA.
+__device__ void block_sort_desc(unsigned long long* keys, int n) {
+  for (int size = 2; size <= n; size <<= 1)
+    for (int stride = size >> 1; stride > 0; stride >>= 1) {
+      __syncthreads();
+      for (int i = threadIdx.x; i < n / 2; i += blockDim.x) {
+        const int lo = 2 * i - (i & (stride - 1)), hi = lo + stride;
+        const bool desc = (lo & size) == 0;
+        const unsigned long long a = keys[lo], c = keys[hi];
+        if ((a < c) == desc) {
+          keys[lo] = c;
+          keys[hi] = a;
+        }
+      }
+    }
+  __syncthreads();
+}
+
+// One CTA per (sequence, kv head). The estimated mass of a page (select::hier_top_p): the mean
+// over the group's q heads of exp(log n + m + v/2 - log Z), m and v from its summaries by an
+// octet of lanes (octet_moments: the CPU's bits), log Z per head a warp's log-sum-exp over the
+// moment groups; the kept pages' masses summed in page order start the count; the candidates
+// (the chosen groups' pages, in id order) are keyed (float mass, ~position), the top `need` found
+// by radix selection and sorted; one thread then takes them while the count is below p (the
+// CPU's order of additions, so the same decisions on the same masses).
+template <int kD>
+__global__ void __launch_bounds__(kHierThreads) hier_top_p_kernel(SelParams p, TopPParams t,
+                                                                  const std::int32_t* gids,
+                                                                  const std::int32_t* gcount,
+                                                                  int gstride) {
+  extern __shared__ unsigned long long s_dyn[];
+  unsigned long long* s_key = s_dyn;              // [kHierCand] candidate keys
+  unsigned long long* s_sel = s_key + kHierCand;  // [kHierCand] the top ones, sorted
+  double* s_mass = reinterpret_cast<double*>(s_sel + kHierCand);  // [kHierCand]
+  __shared__ double s_logz[kMaxGroupDims / 64], s_kept[kHierThreads / 8];
+  __shared__ int s_hist[256], s_pick[3], s_warp[kHierThreads / 32], s_taken;
+  const int h = blockIdx.y, b = blockIdx.z, tid = threadIdx.x;
+  const int lane = tid % 32, warp = tid / 32;
+  const std::int64_t slot = static_cast<std::int64_t>(b) * p.num_kv_heads + h;
+  std::int32_t* out = p.out_ids + slot * p.max_per_head;
+  detail::wait_for_predecessor();
+  const TopkSplit sp = topk_split_of(p, b, tid == 0);
+  const int n = sp.n, sinks = sp.sinks, window = sp.window, g = p.group;
+  if (sp.bad || n == 0) {
+    for (int i = tid; i < p.max_per_head; i += kHierThreads) out[i] = -1;
+    if (tid == 0) p.out_count[slot] = 0;
+    return;
+  }
+  const int seq_begin = p.indptr[b];
+  const int Hq = p.num_kv_heads * g;
+  // log Z of each q head of the group: a warp per head, its lanes over the moment groups.
+  const int mbegin = t.mindptr[b], ng = t.mindptr[b + 1] - mbegin;
+  for (int i = warp; i < g; i += kHierThreads / 32) {
+    const double* mv = t.mv + (static_cast<std::int64_t>(b) * Hq + h * g + i) * t.mv_stride * 2;
+    const auto term = [&](int G) {
+      const int ms = t.mindices[mbegin + G];
+      const int cnt = ms >= 0 && ms < t.mslots ? t.mcount[ms] : 0;
+      return cnt > 0 ? log(static_cast<double>(cnt)) + mv[2 * G] + 0.5 * mv[2 * G + 1]
+                     : -INFINITY;
+    };
+    double mx = -INFINITY;
+    for (int G = lane; G < ng; G += 32) mx = fmax(mx, term(G));
+    for (int o = 16; o > 0; o >>= 1) mx = fmax(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+    double sum = 0;
+    for (int G = lane; G < ng; G += 32) {
+      const double x = term(G);
+      sum += x == -INFINITY ? 0.0 : exp(x - mx);
+    }
+    for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+    if (lane == 0) s_logz[i] = mx + log(sum);
+  }
+  __syncthreads();
+  // The mass of logical page j (an octet's lanes together; every lane gets it).
+  double* masses = t.masses != nullptr ? t.masses + slot * p.max_pages : nullptr;
+  const auto page_mass = [&](int j) {
+    const int phys = p.indices[seq_begin + j];
+    const bool ok = phys >= 0 && phys < t.pool;
+    if (!ok && tid % 8 == 0) atomicOr(p.err, kBadPhysical);
+    const int cnt = ok ? t.count[phys] : 0;
+    const std::int64_t row = (static_cast<std::int64_t>(ok ? phys : 0) * p.num_kv_heads + h) * kD;
+    double agg = 0;
+    for (int i = 0; i < g; ++i) {
+      double m, v;
+      detail::octet_moments<kD>(t.mean + row, t.m2 + row, p.q + b * p.q_s0 + (h * g + i) * p.q_s1,
+                        static_cast<double>(cnt), t.scale, m, v);
+      const double x = __dsub_rn(
+          __dadd_rn(__dadd_rn(log(static_cast<double>(cnt)), m), 0.5 * v), s_logz[i]);
+      agg = __dadd_rn(agg, __ddiv_rn(exp(x), static_cast<double>(g)));
+    }
+    return cnt > 0 ? agg : 0.0;
+  };
+  // Kept pages: sinks [0, s0), window [window, n); their masses summed in page order.
+  const int s0 = min(sinks, window), kept = s0 + (n - window);
+  double held = 0;
+  for (int k0 = 0; k0 < kept; k0 += kHierThreads / 8) {
+    const int k = k0 + tid / 8;
+    const int j = k < s0 ? k : window + (k - s0);
+    double mk = 0;
+    if (k < kept) mk = page_mass(j);  // whole octets take the branch together
+    if (tid % 8 == 0 && k < kept) {
+      s_kept[tid / 8] = mk;
+      if (masses) masses[j] = mk;
+    }
+    __syncthreads();
+    if (tid == 0)
+      for (int e = 0; e < min(kHierThreads / 8, kept - k0); ++e) held += s_kept[e];
+    __syncthreads();
+  }
+  // Candidates: the chosen groups' pages of [sinks, window), position i in id order.
+  const int need = max(sp.total - sp.kept, 0);
+  const int m = need > 0 ? min(gcount[slot], gstride) * kWarpPages : 0;
+  const auto page_at = [&](int i) {
+    return gids[slot * gstride + i / kWarpPages] * kWarpPages + i % kWarpPages;
+  };
+  int keyed = 0;
+  for (int i0 = 0; i0 < m; i0 += kHierThreads / 8) {
+    const int i = i0 + tid / 8;
+    const int j = i < m ? page_at(i) : -1;
+    const bool cand = j >= sinks && j < window;
+    double mass = 0;
+    if (cand) mass = page_mass(j);
+    if (tid % 8 == 0 && i < m) {
+      s_mass[i] = mass;
+      s_key[i] = cand ? (static_cast<unsigned long long>(ordered_key(static_cast<float>(mass)))
+                         << 32) | static_cast<std::uint32_t>(~i)
+                      : 0ull;
+      keyed += cand;
+      if (cand && masses) masses[j] = mass;
+    }
+  }
+  int all_keyed = 0;
+  block_select::exclusive_scan<kHierThreads>(keyed, s_warp, all_keyed);  // also a barrier
+  const int nsel = min(need, all_keyed);
+  if (nsel > 0) {
+    const unsigned long long thr =
+        block_select::radix_threshold<kHierThreads>(s_key, m, nsel, s_hist, s_pick);
+    // The top nsel in position order (segments per thread), then sorted by key.
+    const int seg = (m + kHierThreads - 1) / kHierThreads;
+    const int lo = min(m, tid * seg), hi = min(m, lo + seg);
+    int mine = 0;
+    for (int i = lo; i < hi; ++i) mine += s_key[i] >= thr;
+    int all = 0;
+    int at = block_select::exclusive_scan<kHierThreads>(mine, s_warp, all);
+    for (int i = lo; i < hi; ++i)
+      if (s_key[i] >= thr) s_sel[at++] = s_key[i];
+    int pow2 = 1;
+    while (pow2 < nsel) pow2 <<= 1;
+    for (int i = nsel + tid; i < pow2; i += kHierThreads) s_sel[i] = 0ull;
+    block_sort_desc(s_sel, pow2);
+  }
+  if (tid == 0) {
+    int taken = 0;
+    while (taken < nsel && held < t.p)
+      held += s_mass[~static_cast<std::uint32_t>(s_sel[taken++])];
+    s_taken = taken;
+  }
+  __syncthreads();
+  const int taken = s_taken;
+  // Flag the taken positions in s_key's space (key 0: not taken), then write in id order.
+  for (int i = tid; i < m; i += kHierThreads) s_key[i] = 0ull;
+  __syncthreads();
+  for (int e = tid; e < taken; e += kHierThreads) s_key[~static_cast<std::uint32_t>(s_sel[e])] = 1ull;
+  __syncthreads();
+  const int total = kept + taken;
+  for (int j = tid; j < s0; j += kHierThreads) out[j] = j;
+  for (int j = window + tid; j < n; j += kHierThreads) out[s0 + taken + (j - window)] = j;
+  for (int i = total + tid; i < p.max_per_head; i += kHierThreads) out[i] = -1;
+  if (tid == 0) p.out_count[slot] = total;
+  if (taken == 0) return;
+  const int seg = (m + kHierThreads - 1) / kHierThreads;
+  const int lo = min(m, tid * seg), hi = min(m, lo + seg);
+  int mine = 0;
+  for (int i = lo; i < hi; ++i) mine += s_key[i] != 0ull;
+  int all = 0;
+  int at = s0 + block_select::exclusive_scan<kHierThreads>(mine, s_warp, all);
+  for (int i = lo; i < hi; ++i)
+    if (s_key[i] != 0ull) out[at++] = page_at(i);
+}
+
 // The block top-k kernel (one CTA per pair, no cluster), its shared-memory limit raised once.
 TopkFn block_topk_kernel() {
   static std::once_flag once;
@@ -1571,6 +1764,25 @@ void launch_hier_page_topk(const SelParams& p, const std::int32_t* gids,
              "hier page top-k kernel launch");
 }
 
+// hier_top_p's page pass (programmatic dependent launch, as the page top-k).
+void launch_hier_top_p(const SelParams& p, const TopPParams& t, int d, const std::int32_t* gids,
+                       const std::int32_t* gcount, int gstride, dim3 grid, cudaStream_t stream) {
+  constexpr std::size_t kSmem = 3 * sizeof(unsigned long long) * kHierCand;
+  using Fn = void (*)(SelParams, TopPParams, const std::int32_t*, const std::int32_t*, int);
+  const Fn fn = d == 64 ? hier_top_p_kernel<64> : d == 128 ? hier_top_p_kernel<128>
+                                                            : hier_top_p_kernel<256>;
+  static std::once_flag once;
+  std::call_once(once, [] {
+    for (Fn f : {hier_top_p_kernel<64>, hier_top_p_kernel<128>, hier_top_p_kernel<256>})
+      check_cuda(cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                      static_cast<int>(kSmem)),
+                 "cudaFuncSetAttribute(hier top-p)");
+  });
+  detail::PdlLaunch l(stream, grid, dim3(kHierThreads), kSmem);
+  check_cuda(cudaLaunchKernelEx(&l.cfg, fn, p, t, gids, gcount, gstride),
+             "hier top-p kernel launch");
+}
+
 }  // namespace
 
 void quest_score(const QuestSelectArgs& a, const SelectLaunch& launch) {
@@ -1589,7 +1801,18 @@ void quest_topk(const QuestSelectArgs& a, const SelectLaunch& launch) {
   if (launch.check_errors) launch.workspace->check(launch.stream);
 }
 
-void hier_select(const HierSelectArgs& h, const SelectLaunch& launch) {
+namespace {
+
+// What hier_top_p adds to the hierarchical launch: the page pass becomes hier_top_p_kernel.
+struct TopPExtra {
+  kv::SummariesView pages;
+  double p;
+  std::span<double> masses;
+};
+
+// hier_select's launches, or hier_top_p's when topp is set (moments kernel only, then the
+// group stage, then hier_top_p_kernel instead of the page scan and top-k).
+void hier_launch(const HierSelectArgs& h, const SelectLaunch& launch, const TopPExtra* topp) {
   using enum ErrorCode;
   require(h.groups.num_kv_heads == (h.pages.bounds8.min != nullptr
                                         ? h.pages.bounds8.num_kv_heads
@@ -1657,12 +1880,17 @@ void hier_select(const HierSelectArgs& h, const SelectLaunch& launch) {
     pp.p.mask_stride = max_groups;
   }
   // Entmax-aware ranking: τ̂ per (sequence, q head) from the moment store, before any scan.
+  // Top-p: the moment groups' m and v only (its normaliser).
   detail::TauParams tp{};
-  const bool entmax_rank = h.moments.mean != nullptr;
-  if (entmax_rank) {
-    require(h.alpha == 1.5 || h.alpha == 2.0, unsupported, "alpha",
-            "the GPU Gaussian-tau serves alpha 1.5 and 2 (closed forms), got ", h.alpha);
-    require(std::isfinite(h.margin), invalid_argument, "margin", "must be finite");
+  const bool entmax_rank = h.moments.mean != nullptr && topp == nullptr;
+  require(topp == nullptr || h.moments.mean != nullptr, invalid_argument, "moments",
+          "top-p needs the pooled moment store");
+  if (entmax_rank || topp != nullptr) {
+    if (entmax_rank) {
+      require(h.alpha == 1.5 || h.alpha == 2.0, unsupported, "alpha",
+              "the GPU Gaussian-tau serves alpha 1.5 and 2 (closed forms), got ", h.alpha);
+      require(std::isfinite(h.margin), invalid_argument, "margin", "must be finite");
+    }
     const kv::SummariesView& ms = h.moments;
     require(ms.m2 != nullptr && ms.count != nullptr && ms.num_pages > 0 &&
                 ms.num_kv_heads == h.groups.num_kv_heads && ms.head_dim == a.q.n2 &&
@@ -1673,8 +1901,9 @@ void hier_select(const HierSelectArgs& h, const SelectLaunch& launch) {
     require(h.moment_pages >= 1, invalid_argument, "moment_pages", "must be >= 1");
     require(h.moment_indptr.size() == static_cast<std::size_t>(B) + 1, shape_mismatch,
             "moment_indptr", "needs batch + 1 entries");
-    require(!h.adaptive || gcap * kWarpPages <= kHierCand, unsupported, "budget_pages",
-            "the adaptive rule ranks at most ", kHierCand, " candidate pages (cover * budget)");
+    require((!h.adaptive && topp == nullptr) || gcap * kWarpPages <= kHierCand, unsupported,
+            "budget_pages", "the adaptive and top-p rules rank at most ", kHierCand,
+            " candidate pages (cover * budget)");
     const int Hq = a.q.n1;
     tp.q = a.q.data;
     tp.q_s0 = a.q.s0;
@@ -1702,15 +1931,41 @@ void hier_select(const HierSelectArgs& h, const SelectLaunch& launch) {
     tp.err = ws.err.get();
     tp.bad_slot = kBadMomentSlot;
     tp.bad_indptr = kBadMomentIndptr;
-    for (SelParams* sp : {&gp.p, &pp.p}) {
-      sp->tau = ws.tau.data();
-      sp->am1 = h.alpha - 1.0;
-      sp->margin = h.margin;
+    if (entmax_rank) {
+      for (SelParams* sp : {&gp.p, &pp.p}) {
+        sp->tau = ws.tau.data();
+        sp->am1 = h.alpha - 1.0;
+        sp->margin = h.margin;
+      }
+      pp.p.adaptive = h.adaptive ? 1 : 0;  // groups are never dropped (their rank bounds pages')
     }
-    pp.p.adaptive = h.adaptive ? 1 : 0;  // groups are never dropped (their rank bounds their pages')
   }
   if (B == 0) return;
   cudaStream_t stream = launch.stream;
+  if (topp != nullptr) {
+    detail::launch_group_moments(tp, stream);
+    gp.score<<<gp.score_grid, gp.score_threads, gp.smem, stream>>>(gp.p);
+    check_cuda(cudaGetLastError(), "quest score kernel launch (groups)");
+    launch_topk(gp, stream);
+    TopPParams t{};
+    t.mean = topp->pages.mean;
+    t.m2 = topp->pages.m2;
+    t.count = topp->pages.count;
+    t.pool = topp->pages.num_pages;
+    t.mv = tp.mv;
+    t.mv_stride = tp.max_groups;
+    t.mindptr = tp.indptr;
+    t.mindices = tp.indices;
+    t.mcount = tp.count;
+    t.mslots = tp.slots;
+    t.p = topp->p;
+    t.scale = tp.scale;
+    t.masses = topp->masses.data();
+    launch_hier_top_p(pp.p, t, a.q.n2, ws.gids.data(), ws.gcount.data(), gcap,
+                      dim3(1, h.groups.num_kv_heads, B), stream);
+    if (launch.check_errors) launch.workspace->check(stream);
+    return;
+  }
   if (entmax_rank) detail::launch_group_tau(tp, stream);
   if (list_mode) {
     check_cuda(cudaMemsetAsync(pp.p.keys, 0,
@@ -1730,6 +1985,30 @@ void hier_select(const HierSelectArgs& h, const SelectLaunch& launch) {
     launch_topk(pp, stream);
   }
   if (launch.check_errors) launch.workspace->check(stream);
+}
+
+}  // namespace
+
+void hier_select(const HierSelectArgs& h, const SelectLaunch& launch) {
+  hier_launch(h, launch, nullptr);
+}
+
+void hier_top_p(const HierTopPArgs& a, const SelectLaunch& launch) {
+  using enum ErrorCode;
+  require(a.p > 0 && a.p <= 1, invalid_argument, "p", "must be in (0, 1], got ", a.p);
+  const kv::SummariesView& s = a.pages;
+  const int d = a.hier.pages.q.n2;
+  require(s.mean != nullptr && s.m2 != nullptr && s.count != nullptr && s.num_pages > 0 &&
+              s.num_kv_heads == a.hier.groups.num_kv_heads && s.head_dim == d &&
+              reinterpret_cast<std::uintptr_t>(s.mean) % 16 == 0 &&
+              reinterpret_cast<std::uintptr_t>(s.m2) % 16 == 0,
+          invalid_argument, "pages", "needs the page summaries' mean, m2 and count");
+  const int B = a.hier.pages.q.n0, Hkv = s.num_kv_heads;
+  require(a.masses.empty() ||
+              a.masses.size() == static_cast<std::size_t>(B) * Hkv * launch.max_pages_per_seq,
+          shape_mismatch, "masses", "needs batch * kv heads * max_pages_per_seq entries");
+  const TopPExtra t{s, a.p, a.masses};
+  hier_launch(a.hier, launch, &t);
 }
 
 void update_groups(const GroupUpdateArgs& g, const SelectLaunch& launch) {

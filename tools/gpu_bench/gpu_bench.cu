@@ -1199,6 +1199,10 @@ int run_compact_check() {
     long fixed_pages = 0, adaptive_pages = 0, skipped = 0;
     double worst_tau = 0;
   } sg;
+  struct {
+    long lists = 0, identical = 0, same_as_cpu = 0, held = 0, skipped = 0;
+    double worst_mass = 0;
+  } stp;
   const double covers[] = {2.0, 1.0, 0.5, 8.0};
   const auto t0 = std::chrono::steady_clock::now();
   const int failures = run_cases("select-compact", cases.size(), [&](std::size_t i) {
@@ -1327,6 +1331,92 @@ int run_compact_check() {
         (adaptive ? sg.adaptive_pages : sg.fixed_pages) += held;
       }
     }
+    // Hierarchical top-p: masses against select::hier_top_p's (1e-12 relative), lists against
+    // select::top_p_by_masses applied to the GPU's masses (identical).
+    {
+      const MomentData md = make_moments(sd, 9000 + i);
+      kv::SummariesView hv_pages = md.view();
+      hv_pages.num_kv_heads = c.hkv;
+      hv_pages.head_dim = c.d;
+      const int mp = (i % 2) ? 16 : 64;
+      const select::MomentStore ms(hv_pages, table, mp);
+      const MomentGpu mg = upload_moments(ms);
+      DevBuf<float> pmean = to_device(md.mean), pm2 = to_device(md.m2);
+      DevBuf<std::int32_t> pcount = to_device(md.count);
+      const std::size_t nmass = static_cast<std::size_t>(c.batch) * c.hkv * sd.max_pages;
+      DevBuf<double> dmass(nmass);
+      CK(cudaMemset(dmass.p, 0, nmass * sizeof(double)));
+      const double pvals[] = {0.5, 0.9, 1.0};
+      const double pt = pvals[i % 3];
+      cuda::HierTopPArgs ht;
+      ht.hier = hier_args(g.args, gg, cover);
+      set_moments(ht.hier, mg, mp, 1.5, false, 0.f);
+      ht.pages = hv_pages;
+      ht.pages.mean = pmean.p;
+      ht.pages.m2 = pm2.p;
+      ht.pages.count = pcount.p;
+      ht.p = pt;
+      ht.masses = {dmass.p, nmass};
+      CK(cudaMemset(g.ids.p, 0x7f, g.ids.n * sizeof(std::int32_t)));
+      bool ran = true;
+      try {
+        cuda::hier_top_p(ht, l);
+      } catch (const Error& e) {
+        if (e.code() != ErrorCode::unsupported) throw;
+        ran = false;
+        ++stp.skipped;
+      }
+      if (ran) {
+        download_selection(g, ws, ids, cnt, keys);
+        const std::vector<double> gmass = dmass.download();
+        select::HierTopPArgs ct;
+        ct.hier = ha;
+        ct.hier.pages8 = nullptr;
+        ct.pages = hv_pages;
+        ct.moments = &ms;
+        ct.p = pt;
+        SelectionStorage cpu_tp;
+        std::vector<double> cmass;
+        select::hier_top_p(ct, cpu_tp, &cmass, sd.max_pages);
+        std::vector<std::uint32_t> qkeys;
+        SelectionStorage quest;
+        select::hier_select(ct.hier, quest, &qkeys, sd.max_pages);
+        for (std::size_t x = 0; x < nmass; ++x) {
+          if (cmass[x] == 0.0) continue;
+          const double err = std::fabs(gmass[x] - cmass[x]) / cmass[x];
+          stp.worst_mass = std::max(stp.worst_mass, err);
+          if (!(err <= 1e-12) && f++ < 5)
+            std::printf("FAIL top-p mass case %zu at %zu: gpu %.17g cpu %.17g\n", i, x, gmass[x],
+                        cmass[x]);
+        }
+        std::vector<std::int32_t> rule(static_cast<std::size_t>(g.max_per_head));
+        for (int b = 0; b < c.batch; ++b) {
+          const int n = sd.indptr[b + 1] - sd.indptr[b];
+          const std::int64_t len = n == 0 ? 0 : static_cast<std::int64_t>(n - 1) * c.page + sd.last[b];
+          for (int h = 0; h < c.hkv; ++h) {
+            const std::size_t base = (static_cast<std::size_t>(b) * c.hkv + h) * sd.max_pages;
+            std::vector<std::uint8_t> cand(static_cast<std::size_t>(n));
+            for (int j = 0; j < n; ++j) cand[static_cast<std::size_t>(j)] = qkeys[base + j] != 0u;
+            const int want =
+                n == 0 ? 0
+                       : select::top_p_by_masses(gmass.data() + base, cand.data(), n, len, c.page,
+                                                 c.pol, pt, rule.data(), g.max_per_head);
+            const std::int32_t* gl = ids.data() + (static_cast<std::size_t>(b) * c.hkv + h) * g.max_per_head;
+            const int gc = cnt[b * c.hkv + h];
+            bool same = gc == want;
+            for (int x = 0; same && x < g.max_per_head; ++x) same = gl[x] == (x < want ? rule[x] : -1);
+            const auto cl = cpu_tp.view().list(b, h);
+            stp.same_as_cpu += gc == static_cast<int>(cl.size()) && std::equal(cl.begin(), cl.end(), gl);
+            ++stp.lists;
+            stp.identical += same;
+            stp.held += gc;
+            if (!same && f++ < 5)
+              std::printf("FAIL top-p list case %zu b=%d h=%d: gpu count %d, rule on gpu masses %d\n",
+                          i, b, h, gc, want);
+          }
+        }
+      }
+    }
     if (i == 0) {  // a CUDA graph of each (warmed up above) replays to the same lists
       for (int which = 0; which < 2; ++which) {
         cudaStream_t st;
@@ -1378,6 +1468,11 @@ int run_compact_check() {
       sg.worst_tau, sg.fixed.identical, sg.fixed.lists, sg.fixed.keys_equal, sg.fixed.keys,
       sg.adaptive.identical, sg.adaptive.lists, sg.adaptive.keys_equal, sg.adaptive.keys,
       sg.adaptive_pages, sg.fixed_pages, sg.skipped);
+  std::printf(
+      "top-p (hier, Gaussian page masses): worst mass |gpu - cpu| / cpu %.3g; lists equal to the "
+      "rule on the GPU's masses %ld/%ld (to select::hier_top_p's own %ld/%ld), %ld pages held "
+      "(%ld cases over the candidate limit)\n",
+      stp.worst_mass, stp.identical, stp.lists, stp.same_as_cpu, stp.lists, stp.held, stp.skipped);
   std::printf("SELECT-COMPACT CHECK %s: %d failure(s)\n", failures ? "FAILED" : "PASSED", failures);
   return failures;
 }
@@ -1880,6 +1975,16 @@ int run_bench(const char* json_path) {
     smean = mu.download();
     sm2 = m2.download();
   }
+  // The page moments on the device (the top-p rows read them).
+  DevBuf<float> d_mean = to_device(smean), d_m2 = to_device(sm2);
+  DevBuf<std::int32_t> d_count = to_device(scount);
+  kv::SummariesView dsumm;
+  dsumm.mean = d_mean.p;
+  dsumm.m2 = d_m2.p;
+  dsumm.count = d_count.p;
+  dsumm.num_pages = pool_pages;
+  dsumm.num_kv_heads = Hkv;
+  dsumm.head_dim = d;
   kv::SummariesView summ;
   summ.min = smin.data();
   summ.max = smax.data();
@@ -2372,6 +2477,29 @@ int run_bench(const char* json_path) {
           rows.push_back({"ours_entmax_sparse_" + tag + "_gpu_sel_graph", sh.ctx, sh.batch, budget,
                           ent_us, kv_sel / 2 + sel_bytes});
         }
+        // Hierarchical top-p (p = 0.9, cover 2): the group stage, the moment groups' m and v,
+        // the masses of the kept and chosen groups' pages from their f32 summaries.
+        const auto top_p = [&](int r, cudaStream_t st) {
+          cuda::HierTopPArgs t;
+          t.hier = hier_args(sel_args(r), gr[r % rot], 2.0);
+          set_moments(t.hier, mgpu[r % rot], kMomentPages, kBenchAlpha, false, 0.f);
+          t.pages = dsumm;
+          t.p = 0.9;
+          cuda::hier_top_p(t, on(st));
+        };
+        double held = 0;
+        for (int r = 0; r < kQRot; ++r) {
+          top_p(r, nullptr);
+          sws.check(nullptr);
+          for (int c : g_cnt[r].download()) held += c;
+        }
+        held /= kQRot;
+        const double tp_bytes = group_bytes + moment_bytes + chosen * 8.0 * d;
+        measure("top_p", tp_bytes, top_p);
+        rows.back().bytes = held * P * d * 2 * 2 + tp_bytes;
+        std::printf("  top-p   ctx=%7d B=%2d budget=%5d: p 0.9, %.0f pages held per step (budget %d x "
+                    "%d lists)\n", sh.ctx, sh.batch, budget, held, pol.budget_pages,
+                    sh.batch * Hkv);
       }
     }
     for (std::size_t i = first_row; i < rows.size(); ++i) rows[i].hq = Hq;

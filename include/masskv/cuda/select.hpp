@@ -140,6 +140,22 @@ struct HierSelectArgs {
 // launch.max_pages_per_seq bounds the pages per sequence (groups: ceil(/ 16)).
 void hier_select(const HierSelectArgs& args, const SelectLaunch& launch);
 
+// Hierarchical top-p (select::hier_top_p): the group stage of hier_select (Quest group bounds,
+// cover; hier.moments, moment_indptr, moment_indices, moment_pages required: the normaliser),
+// then one CTA per (sequence, kv head) estimates the mass of the kept pages and of the chosen
+// groups' pages from their summaries and takes the heaviest until the mass reaches p, at most
+// the budget (cover × budget <= 8192 pages). Four kernels, no host round trip.
+struct HierTopPArgs {
+  HierSelectArgs hier;
+  kv::SummariesView pages;  // device page summaries: mean, m2 [page][kv head][d] (16-byte
+                            // aligned), count [page]
+  double p = 0.9;           // in (0, 1]
+  // Optional device output [B][Hkv][max_pages_per_seq]: the estimated mass of every kept and
+  // candidate page (other entries untouched).
+  std::span<double> masses;
+};
+void hier_top_p(const HierTopPArgs& args, const SelectLaunch& launch);
+
 // Recomputes group summaries on the device from the bf16 page store (select::GroupStore's
 // values, bit for bit: elementwise min of the members' mins, max of their maxes): every group
 // of every sequence, or only each sequence's last group (the one an append changes). The group
