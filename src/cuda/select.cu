@@ -1272,7 +1272,74 @@ struct TopPParams {
   int mslots;
   double p, scale;
   double* masses;  // optional [B][Hkv][max_pages]: the mass of every kept and candidate page
+  // Workspace: per (sequence, kv head) `items` items (its kept pages, then the candidate slots):
+  // lw [item][q head of the group] = log n + m + v/2 (-inf: no mass), page [item] (-1: none).
+  double* lw;
+  std::int32_t* item_page;
+  int items;
 };
+
+// Item `it` of (sequence, kv head): kept pages first (sinks [0, s0), window [window, n)), then
+// the chosen groups' pages of [sinks, window) in id order (none when nothing is to be taken).
+struct TopPItems {
+  int s0, window, kept, m, sinks;
+  const std::int32_t* gids;
+  __device__ int page(int it) const {
+    if (it < kept) return it < s0 ? it : window + (it - s0);
+    const int ci = it - kept;
+    if (ci >= m) return -1;
+    const int j = gids[ci / kWarpPages] * kWarpPages + ci % kWarpPages;
+    return j >= sinks && j < window ? j : -1;
+  }
+};
+__device__ TopPItems top_p_items(const SelParams& p, const TopkSplit& sp, const std::int32_t* gids,
+                                 const std::int32_t* gcount, int gstride, std::int64_t slot) {
+  TopPItems r;
+  r.sinks = sp.sinks;
+  r.window = sp.window;
+  r.s0 = min(sp.sinks, sp.window);
+  r.kept = r.s0 + (sp.n - sp.window);
+  r.m = sp.total > sp.kept ? min(gcount[slot], gstride) * kWarpPages : 0;
+  r.gids = gids + slot * gstride;
+  return r;
+}
+
+// grid (ceil(items / 32), kv heads, batch): an octet of lanes per item computes, for every q
+// head of the group, log n + m + v/2 of the item's page from its summaries (octet_moments: the
+// CPU's m and v bits). Spread over the GPU: one CTA per (sequence, kv head) doing this in
+// turn took ~170 µs at 128K tokens (H200).
+template <int kD>
+__global__ void __launch_bounds__(kHierThreads) top_p_weights_kernel(SelParams p, TopPParams t,
+                                                                     const std::int32_t* gids,
+                                                                     const std::int32_t* gcount,
+                                                                     int gstride) {
+  const int h = blockIdx.y, b = blockIdx.z, tid = threadIdx.x;
+  const std::int64_t slot = static_cast<std::int64_t>(b) * p.num_kv_heads + h;
+  detail::wait_for_predecessor();  // the group top-k's lists
+  const TopkSplit sp = topk_split_of(p, b, false);
+  if (sp.bad || sp.n == 0) return;
+  const TopPItems items = top_p_items(p, sp, gids, gcount, gstride, slot);
+  const int it = blockIdx.x * (kHierThreads / 8) + tid / 8;
+  if (it >= items.kept + items.m || it >= t.items) return;  // whole octets
+  const int j = items.page(it);
+  const int g = p.group;
+  double* lw = t.lw + (slot * t.items + it) * g;
+  if (tid % 8 == 0) t.item_page[slot * t.items + it] = j;
+  if (j < 0) return;
+  const int phys = p.indices[p.indptr[b] + j];
+  const bool ok = phys >= 0 && phys < t.pool;
+  if (!ok && tid % 8 == 0) atomicOr(p.err, kBadPhysical);
+  const int cnt = ok ? t.count[phys] : 0;
+  const std::int64_t row = (static_cast<std::int64_t>(ok ? phys : 0) * p.num_kv_heads + h) * kD;
+  for (int i = 0; i < g; ++i) {
+    double m, v;
+    detail::octet_moments<kD>(t.mean + row, t.m2 + row, p.q + b * p.q_s0 + (h * g + i) * p.q_s1,
+                              static_cast<double>(cnt), t.scale, m, v);
+    if (tid % 8 == 0)
+      lw[i] = cnt > 0 ? __dadd_rn(__dadd_rn(log(static_cast<double>(cnt)), m), 0.5 * v)
+                      : -INFINITY;
+  }
+}
 
 // Descending bitonic sort of n (a power of two) keys in shared memory by the CTA.
 __device__ void block_sort_desc(unsigned long long* keys, int n) {
@@ -1292,46 +1359,44 @@ __device__ void block_sort_desc(unsigned long long* keys, int n) {
   __syncthreads();
 }
 
-// One CTA per (sequence, kv head). The estimated mass of a page (select::hier_top_p): the mean
-// over the group's q heads of exp(log n + m + v/2 - log Z), m and v from its summaries by an
-// octet of lanes (octet_moments: the CPU's bits), log Z per head a warp's log-sum-exp over the
-// moment groups; the kept pages' masses summed in page order start the count; the candidates
-// (the chosen groups' pages, in id order) are keyed (float mass, ~position), the top `need` found
-// by radix selection and sorted; one thread then takes them while the count is below p (the
-// CPU's order of additions, so the same decisions on the same masses).
-template <int kD>
+// One CTA per (sequence, kv head): log Z per q head (a warp's log-sum-exp over the moment
+// groups), each item's mass mean_h exp(lw_h - log Z_h) (select::hier_top_p's operations and
+// order), the kept pages' masses summed in page order, the candidates keyed (float mass,
+// ~position), the top `need` found by radix selection and sorted, then one thread takes them
+// while the count is below p (the CPU's additions in the CPU's order: the same decisions on the
+// same masses), and the list is written ascending.
 __global__ void __launch_bounds__(kHierThreads) hier_top_p_kernel(SelParams p, TopPParams t,
                                                                   const std::int32_t* gids,
                                                                   const std::int32_t* gcount,
                                                                   int gstride) {
   extern __shared__ unsigned long long s_dyn[];
-  unsigned long long* s_key = s_dyn;              // [kHierCand] candidate keys
+  unsigned long long* s_key = s_dyn;              // [kHierCand] candidate keys, then flags
   unsigned long long* s_sel = s_key + kHierCand;  // [kHierCand] the top ones, sorted
   double* s_mass = reinterpret_cast<double*>(s_sel + kHierCand);  // [kHierCand]
-  __shared__ double s_logz[kMaxGroupDims / 64], s_kept[kHierThreads / 8];
+  __shared__ double s_logz[kMaxGroupDims / 64];
   __shared__ int s_hist[256], s_pick[3], s_warp[kHierThreads / 32], s_taken;
   const int h = blockIdx.y, b = blockIdx.z, tid = threadIdx.x;
   const int lane = tid % 32, warp = tid / 32;
   const std::int64_t slot = static_cast<std::int64_t>(b) * p.num_kv_heads + h;
   std::int32_t* out = p.out_ids + slot * p.max_per_head;
-  detail::wait_for_predecessor();
+  detail::wait_for_predecessor();  // the weights
   const TopkSplit sp = topk_split_of(p, b, tid == 0);
-  const int n = sp.n, sinks = sp.sinks, window = sp.window, g = p.group;
+  const int n = sp.n, g = p.group;
   if (sp.bad || n == 0) {
     for (int i = tid; i < p.max_per_head; i += kHierThreads) out[i] = -1;
     if (tid == 0) p.out_count[slot] = 0;
     return;
   }
-  const int seq_begin = p.indptr[b];
+  const TopPItems items = top_p_items(p, sp, gids, gcount, gstride, slot);
   const int Hq = p.num_kv_heads * g;
-  // log Z of each q head of the group: a warp per head, its lanes over the moment groups.
   const int mbegin = t.mindptr[b], ng = t.mindptr[b + 1] - mbegin;
   for (int i = warp; i < g; i += kHierThreads / 32) {
     const double* mv = t.mv + (static_cast<std::int64_t>(b) * Hq + h * g + i) * t.mv_stride * 2;
     const auto term = [&](int G) {
       const int ms = t.mindices[mbegin + G];
       const int cnt = ms >= 0 && ms < t.mslots ? t.mcount[ms] : 0;
-      return cnt > 0 ? log(static_cast<double>(cnt)) + mv[2 * G] + 0.5 * mv[2 * G + 1]
+      return cnt > 0 ? __dadd_rn(__dadd_rn(log(static_cast<double>(cnt)), mv[2 * G]),
+                                 0.5 * mv[2 * G + 1])
                      : -INFINITY;
     };
     double mx = -INFINITY;
@@ -1346,71 +1411,42 @@ __global__ void __launch_bounds__(kHierThreads) hier_top_p_kernel(SelParams p, T
     if (lane == 0) s_logz[i] = mx + log(sum);
   }
   __syncthreads();
-  // The mass of logical page j (an octet's lanes together; every lane gets it).
   double* masses = t.masses != nullptr ? t.masses + slot * p.max_pages : nullptr;
-  const auto page_mass = [&](int j) {
-    const int phys = p.indices[seq_begin + j];
-    const bool ok = phys >= 0 && phys < t.pool;
-    if (!ok && tid % 8 == 0) atomicOr(p.err, kBadPhysical);
-    const int cnt = ok ? t.count[phys] : 0;
-    const std::int64_t row = (static_cast<std::int64_t>(ok ? phys : 0) * p.num_kv_heads + h) * kD;
+  const auto mass_of = [&](int it) {
+    const double* lw = t.lw + (slot * t.items + it) * g;
     double agg = 0;
-    for (int i = 0; i < g; ++i) {
-      double m, v;
-      detail::octet_moments<kD>(t.mean + row, t.m2 + row, p.q + b * p.q_s0 + (h * g + i) * p.q_s1,
-                        static_cast<double>(cnt), t.scale, m, v);
-      const double x = __dsub_rn(
-          __dadd_rn(__dadd_rn(log(static_cast<double>(cnt)), m), 0.5 * v), s_logz[i]);
-      agg = __dadd_rn(agg, __ddiv_rn(exp(x), static_cast<double>(g)));
-    }
-    return cnt > 0 ? agg : 0.0;
+    for (int i = 0; i < g; ++i)
+      agg = __dadd_rn(agg, __ddiv_rn(exp(__dsub_rn(lw[i], s_logz[i])), static_cast<double>(g)));
+    return agg;
   };
-  // Kept pages: sinks [0, s0), window [window, n); their masses summed in page order.
-  const int s0 = min(sinks, window), kept = s0 + (n - window);
+  // Kept pages: thread 0 sums their masses in page order (few: the sinks and the window).
   double held = 0;
-  for (int k0 = 0; k0 < kept; k0 += kHierThreads / 8) {
-    const int k = k0 + tid / 8;
-    const int j = k < s0 ? k : window + (k - s0);
-    double mk = 0;
-    if (k < kept) mk = page_mass(j);  // whole octets take the branch together
-    if (tid % 8 == 0 && k < kept) {
-      s_kept[tid / 8] = mk;
-      if (masses) masses[j] = mk;
+  if (tid == 0)
+    for (int it = 0; it < items.kept; ++it) {
+      const double mk = t.item_page[slot * t.items + it] >= 0 ? mass_of(it) : 0.0;
+      held += mk;
+      if (masses) masses[items.page(it)] = mk;
     }
-    __syncthreads();
-    if (tid == 0)
-      for (int e = 0; e < min(kHierThreads / 8, kept - k0); ++e) held += s_kept[e];
-    __syncthreads();
-  }
-  // Candidates: the chosen groups' pages of [sinks, window), position i in id order.
-  const int need = max(sp.total - sp.kept, 0);
-  const int m = need > 0 ? min(gcount[slot], gstride) * kWarpPages : 0;
-  const auto page_at = [&](int i) {
-    return gids[slot * gstride + i / kWarpPages] * kWarpPages + i % kWarpPages;
-  };
+  // Candidates: position ci = item - kept, in id order.
+  const int m = items.m;
   int keyed = 0;
-  for (int i0 = 0; i0 < m; i0 += kHierThreads / 8) {
-    const int i = i0 + tid / 8;
-    const int j = i < m ? page_at(i) : -1;
-    const bool cand = j >= sinks && j < window;
-    double mass = 0;
-    if (cand) mass = page_mass(j);
-    if (tid % 8 == 0 && i < m) {
-      s_mass[i] = mass;
-      s_key[i] = cand ? (static_cast<unsigned long long>(ordered_key(static_cast<float>(mass)))
-                         << 32) | static_cast<std::uint32_t>(~i)
-                      : 0ull;
-      keyed += cand;
-      if (cand && masses) masses[j] = mass;
-    }
+  for (int ci = tid; ci < m; ci += kHierThreads) {
+    const int j = t.item_page[slot * t.items + items.kept + ci];
+    const double mass = j >= 0 ? mass_of(items.kept + ci) : 0.0;
+    s_mass[ci] = mass;
+    s_key[ci] = j >= 0 ? (static_cast<unsigned long long>(ordered_key(static_cast<float>(mass)))
+                          << 32) | static_cast<std::uint32_t>(~ci)
+                       : 0ull;
+    keyed += j >= 0;
+    if (j >= 0 && masses) masses[j] = mass;
   }
   int all_keyed = 0;
   block_select::exclusive_scan<kHierThreads>(keyed, s_warp, all_keyed);  // also a barrier
+  const int need = max(sp.total - sp.kept, 0);
   const int nsel = min(need, all_keyed);
   if (nsel > 0) {
     const unsigned long long thr =
         block_select::radix_threshold<kHierThreads>(s_key, m, nsel, s_hist, s_pick);
-    // The top nsel in position order (segments per thread), then sorted by key.
     const int seg = (m + kHierThreads - 1) / kHierThreads;
     const int lo = min(m, tid * seg), hi = min(m, lo + seg);
     int mine = 0;
@@ -1432,12 +1468,13 @@ __global__ void __launch_bounds__(kHierThreads) hier_top_p_kernel(SelParams p, T
   }
   __syncthreads();
   const int taken = s_taken;
-  // Flag the taken positions in s_key's space (key 0: not taken), then write in id order.
+  // Flag the taken positions in s_key's space (0: not taken), then write in id order.
   for (int i = tid; i < m; i += kHierThreads) s_key[i] = 0ull;
   __syncthreads();
-  for (int e = tid; e < taken; e += kHierThreads) s_key[~static_cast<std::uint32_t>(s_sel[e])] = 1ull;
+  for (int e = tid; e < taken; e += kHierThreads)
+    s_key[~static_cast<std::uint32_t>(s_sel[e])] = 1ull;
   __syncthreads();
-  const int total = kept + taken;
+  const int s0 = items.s0, window = items.window, total = items.kept + taken;
   for (int j = tid; j < s0; j += kHierThreads) out[j] = j;
   for (int j = window + tid; j < n; j += kHierThreads) out[s0 + taken + (j - window)] = j;
   for (int i = total + tid; i < p.max_per_head; i += kHierThreads) out[i] = -1;
@@ -1450,7 +1487,7 @@ __global__ void __launch_bounds__(kHierThreads) hier_top_p_kernel(SelParams p, T
   int all = 0;
   int at = s0 + block_select::exclusive_scan<kHierThreads>(mine, s_warp, all);
   for (int i = lo; i < hi; ++i)
-    if (s_key[i] != 0ull) out[at++] = page_at(i);
+    if (s_key[i] != 0ull) out[at++] = t.item_page[slot * t.items + items.kept + i];
 }
 
 // The block top-k kernel (one CTA per pair, no cluster), its shared-memory limit raised once.
@@ -1539,6 +1576,9 @@ struct SelectWorkspace::Impl {
   // Entmax-aware ranking: (m, v) per (sequence, q head, moment group) and τ̂ per (sequence, q head).
   detail::GrowBuffer<double> mv, tau;
   std::size_t tau_used = 0;
+  // Top-p: log-weights per (item, q head) and the items' pages.
+  detail::GrowBuffer<double> lw;
+  detail::GrowBuffer<std::int32_t> item_page;
   detail::ErrorFlag err;
 };
 
@@ -1764,22 +1804,28 @@ void launch_hier_page_topk(const SelParams& p, const std::int32_t* gids,
              "hier page top-k kernel launch");
 }
 
-// hier_top_p's page pass (programmatic dependent launch, as the page top-k).
+// hier_top_p's page pass: the weights over the GPU, then the selection per (sequence, kv head)
+// (both by programmatic dependent launch, as the page top-k).
 void launch_hier_top_p(const SelParams& p, const TopPParams& t, int d, const std::int32_t* gids,
                        const std::int32_t* gcount, int gstride, dim3 grid, cudaStream_t stream) {
-  constexpr std::size_t kSmem = 3 * sizeof(unsigned long long) * kHierCand;
   using Fn = void (*)(SelParams, TopPParams, const std::int32_t*, const std::int32_t*, int);
-  const Fn fn = d == 64 ? hier_top_p_kernel<64> : d == 128 ? hier_top_p_kernel<128>
-                                                            : hier_top_p_kernel<256>;
+  const Fn weights = d == 64 ? top_p_weights_kernel<64>
+                     : d == 128 ? top_p_weights_kernel<128>
+                                : top_p_weights_kernel<256>;
+  detail::PdlLaunch lw(stream, dim3((t.items + kHierThreads / 8 - 1) / (kHierThreads / 8), grid.y,
+                                    grid.z),
+                       dim3(kHierThreads));
+  check_cuda(cudaLaunchKernelEx(&lw.cfg, weights, p, t, gids, gcount, gstride),
+             "top-p weights kernel launch");
+  constexpr std::size_t kSmem = 3 * sizeof(unsigned long long) * kHierCand;
   static std::once_flag once;
   std::call_once(once, [] {
-    for (Fn f : {hier_top_p_kernel<64>, hier_top_p_kernel<128>, hier_top_p_kernel<256>})
-      check_cuda(cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                      static_cast<int>(kSmem)),
-                 "cudaFuncSetAttribute(hier top-p)");
+    check_cuda(cudaFuncSetAttribute(hier_top_p_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    static_cast<int>(kSmem)),
+               "cudaFuncSetAttribute(hier top-p)");
   });
   detail::PdlLaunch l(stream, grid, dim3(kHierThreads), kSmem);
-  check_cuda(cudaLaunchKernelEx(&l.cfg, fn, p, t, gids, gcount, gstride),
+  check_cuda(cudaLaunchKernelEx(&l.cfg, hier_top_p_kernel, p, t, gids, gcount, gstride),
              "hier top-p kernel launch");
 }
 
@@ -1961,6 +2007,16 @@ void hier_launch(const HierSelectArgs& h, const SelectLaunch& launch, const TopP
     t.p = topp->p;
     t.scale = tp.scale;
     t.masses = topp->masses.data();
+    // Items per (sequence, kv head): at most the kept pages (select_capacity's bound with a
+    // budget of 0) and the chosen groups' pages.
+    select::TopkPolicy kept_only = a.policy;
+    kept_only.budget_pages = 0;
+    t.items = select_capacity(launch.max_pages_per_seq, a.page_size, kept_only) + gcap * kWarpPages;
+    const std::size_t lists = static_cast<std::size_t>(B) * h.groups.num_kv_heads;
+    ws.lw.reserve(lists * t.items * (a.q.n1 / h.groups.num_kv_heads), "cudaMalloc(top-p weights)");
+    ws.item_page.reserve(lists * t.items, "cudaMalloc(top-p items)");
+    t.lw = ws.lw.data();
+    t.item_page = ws.item_page.data();
     launch_hier_top_p(pp.p, t, a.q.n2, ws.gids.data(), ws.gcount.data(), gcap,
                       dim3(1, h.groups.num_kv_heads, B), stream);
     if (launch.check_errors) launch.workspace->check(stream);

@@ -654,7 +654,7 @@ void hier_top_p(const HierTopPArgs& a, SelectionStorage& out, std::vector<double
       cand.assign(static_cast<std::size_t>(n), 0);
       for (int j = 0; j < n; ++j) {
         const bool kept = j < std::min(split.sinks, split.window) || j >= split.window;
-        const bool candidate = !kept && k[j] != 0u;
+        const bool candidate = !kept && k[j] != 0u && split.need > 0;
         if (!kept && !candidate) continue;
         cand[static_cast<std::size_t>(j)] = candidate;
         const int cnt = a.pages.count[h.table.page(b, j)];

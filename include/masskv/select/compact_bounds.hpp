@@ -193,8 +193,8 @@ struct HierTopPArgs {
   const MomentStore* moments = nullptr;  // pooled over the same table
   double p = 0.9;                     // in (0, 1]
 };
-// masses (optional): [b][kv head][keys_stride] the estimated mass of every kept and candidate
-// page (0 elsewhere).
+// masses (optional): [b][kv head][keys_stride] the estimated mass of every kept page and, when
+// the budget leaves pages to take, every candidate page (0 elsewhere).
 void hier_top_p(const HierTopPArgs& args, SelectionStorage& out,
                 std::vector<double>* masses = nullptr, int keys_stride = 0);
 // The rule alone on given masses of one (sequence, kv head) of n pages: candidate[j] flags the
