@@ -1,6 +1,6 @@
 // Block-wide selection helpers of the CUDA selectors (prefill_index.cu's block top-k,
-// select.cu's hierarchical page top-k): the need-th largest of a CTA's keys by radix
-// selection, and an exclusive prefix sum over the CTA.
+// select.cu's hierarchical page top-k and top-p): the need-th largest of a CTA's keys by radix
+// selection, an exclusive prefix sum over the CTA, and an ordered compaction.
 #pragma once
 
 #include <cstdint>
@@ -91,6 +91,22 @@ __device__ int exclusive_scan(int v, int* s_warp, int& total) {
   }
   __syncthreads();
   return base + x - v;
+}
+
+// Ordered compaction over the CTA: emit(i, r) for every i in [0, n) with keep(i), r its rank
+// among the kept ones in index order (thread t owns the segment [t·seg, (t + 1)·seg)); returns
+// how many were kept. Every thread of the CTA (kThreads) must call it; keep must not change.
+template <int kThreads, class Keep, class Emit>
+__device__ int ordered_compact(int n, int* s_warp, const Keep& keep, const Emit& emit) {
+  const int seg = (n + kThreads - 1) / kThreads;
+  const int lo = min(n, static_cast<int>(threadIdx.x) * seg), hi = min(n, lo + seg);
+  int mine = 0;
+  for (int i = lo; i < hi; ++i) mine += keep(i) ? 1 : 0;
+  int all = 0;
+  int at = exclusive_scan<kThreads>(mine, s_warp, all);
+  for (int i = lo; i < hi; ++i)
+    if (keep(i)) emit(i, at++);
+  return all;
 }
 
 }  // namespace masskv::cuda::block_select

@@ -8,7 +8,8 @@
 //     a thread per candidate key block computes its scores against them (one read of the key
 //     means per 4 rows), then per row the kept blocks (sinks, diagonal) get the top key and a
 //     radix selection over (key, ~id) picks the best others (ties to the lower id); the chosen ids
-//     are written ascending by a flag array and a block scan, -1 padded, with the count.
+//     are written ascending by an ordered compaction (block_select.cuh), -1 padded, with the
+//     count.
 // Deterministic: fixed summation orders, no atomics but the error flag.
 #include <cuda_runtime.h>
 
@@ -125,7 +126,6 @@ template <int kD>
 __global__ void __launch_bounds__(kTopkThreads) block_topk_kernel(IndexParams p) {
   extern __shared__ __align__(16) unsigned long long s_keys[];  // [rows_per_cta][key_stride]
   float* s_q = reinterpret_cast<float*>(s_keys + p.rows_per_cta * p.key_stride);  // [kMaxRows][kD]
-  unsigned char* s_flag = reinterpret_cast<unsigned char*>(s_q + kMaxRows * kD);
   __shared__ int s_warp[kTopkWarps];
   __shared__ int s_hist[256], s_pick[3];
   const int kvh = blockIdx.y, b = blockIdx.z, tid = threadIdx.x;
@@ -206,17 +206,9 @@ __global__ void __launch_bounds__(kTopkThreads) block_topk_kernel(IndexParams p)
       // Radix selection over (key, ~id) (it replaced a bitonic sort of every candidate).
       const unsigned long long thr =
           block_select::radix_threshold<kTopkThreads>(keys, n, total, s_hist, s_pick);
-      for (int i = tid; i < n; i += kTopkThreads) s_flag[i] = keys[i] >= thr;
-      __syncthreads();
-      // Ascending ids: thread t owns the flags [t*seg, (t+1)*seg).
-      const int seg = (n + kTopkThreads - 1) / kTopkThreads;
-      const int lo = min(n, tid * seg), hi = min(n, lo + seg);
-      int mine = 0;
-      for (int i = lo; i < hi; ++i) mine += s_flag[i];
-      int all = 0;
-      int at = block_select::exclusive_scan<kTopkThreads>(mine, s_warp, all);
-      for (int i = lo; i < hi; ++i)
-        if (s_flag[i]) out[at++] = i;
+      // Ascending ids: the selected ones written in id order.
+      block_select::ordered_compact<kTopkThreads>(
+          n, s_warp, [&](int i) { return keys[i] >= thr; }, [&](int i, int r) { out[r] = i; });
       for (int i = total + tid; i < p.max_per_row; i += kTopkThreads) out[i] = -1;
     }
     if (tid == 0) p.count[slot] = total;
@@ -309,7 +301,7 @@ void prefill_index(const PrefillIndexArgs& a, const PrefillLaunch& launch) {
     bf ? launch_means<true, 128>(p, B, st) : launch_means<false, 128>(p, B, st);
   }
   const std::size_t smem = sizeof(unsigned long long) * p.rows_per_cta * p.key_stride +
-                           sizeof(float) * kMaxRows * d + p.key_stride;
+                           sizeof(float) * kMaxRows * d;
   const auto fn = d == 64 ? block_topk_kernel<64> : block_topk_kernel<128>;
   check_cuda(
       cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)),

@@ -1227,15 +1227,10 @@ __global__ void __launch_bounds__(kHierThreads) hier_page_topk_kernel(SelParams 
   if (all_keyed >= nsel) {
     const unsigned long long thr =
         block_select::radix_threshold<kHierThreads>(s_cand, m, nsel, s_hist, s_pick);
-    // Candidates are in id order: thread t owns [t·seg, (t + 1)·seg).
-    const int seg = (m + kHierThreads - 1) / kHierThreads;
-    const int lo = min(m, tid * seg), hi = min(m, lo + seg);
-    int mine = 0;
-    for (int i = lo; i < hi; ++i) mine += s_cand[i] >= thr;
-    int all = 0;
-    int at = block_select::exclusive_scan<kHierThreads>(mine, s_warp, all);
-    for (int i = lo; i < hi; ++i)
-      if (s_cand[i] >= thr) dst[at++] = static_cast<std::int32_t>(~static_cast<std::uint32_t>(s_cand[i]));
+    // Candidates are in id order: the taken ones written in that order.
+    block_select::ordered_compact<kHierThreads>(
+        m, s_warp, [&](int i) { return s_cand[i] >= thr; },
+        [&](int i, int r) { dst[r] = static_cast<std::int32_t>(~static_cast<std::uint32_t>(s_cand[i])); });
   } else {
     // Every keyed page plus the first `zeros` pages of key 0, in id order: kHierThreads pages
     // a round, each page's rank among the key-0 pages and among the taken ones by block scans.
@@ -1447,14 +1442,9 @@ __global__ void __launch_bounds__(kHierThreads) hier_top_p_kernel(SelParams p, T
   if (nsel > 0) {
     const unsigned long long thr =
         block_select::radix_threshold<kHierThreads>(s_key, m, nsel, s_hist, s_pick);
-    const int seg = (m + kHierThreads - 1) / kHierThreads;
-    const int lo = min(m, tid * seg), hi = min(m, lo + seg);
-    int mine = 0;
-    for (int i = lo; i < hi; ++i) mine += s_key[i] >= thr;
-    int all = 0;
-    int at = block_select::exclusive_scan<kHierThreads>(mine, s_warp, all);
-    for (int i = lo; i < hi; ++i)
-      if (s_key[i] >= thr) s_sel[at++] = s_key[i];
+    block_select::ordered_compact<kHierThreads>(
+        m, s_warp, [&](int i) { return s_key[i] >= thr; },
+        [&](int i, int r) { s_sel[r] = s_key[i]; });
     int pow2 = 1;
     while (pow2 < nsel) pow2 <<= 1;
     for (int i = nsel + tid; i < pow2; i += kHierThreads) s_sel[i] = 0ull;
@@ -1480,14 +1470,9 @@ __global__ void __launch_bounds__(kHierThreads) hier_top_p_kernel(SelParams p, T
   for (int i = total + tid; i < p.max_per_head; i += kHierThreads) out[i] = -1;
   if (tid == 0) p.out_count[slot] = total;
   if (taken == 0) return;
-  const int seg = (m + kHierThreads - 1) / kHierThreads;
-  const int lo = min(m, tid * seg), hi = min(m, lo + seg);
-  int mine = 0;
-  for (int i = lo; i < hi; ++i) mine += s_key[i] != 0ull;
-  int all = 0;
-  int at = s0 + block_select::exclusive_scan<kHierThreads>(mine, s_warp, all);
-  for (int i = lo; i < hi; ++i)
-    if (s_key[i] != 0ull) out[at++] = t.item_page[slot * t.items + items.kept + i];
+  block_select::ordered_compact<kHierThreads>(
+      m, s_warp, [&](int i) { return s_key[i] != 0ull; },
+      [&](int i, int r) { out[s0 + r] = t.item_page[slot * t.items + items.kept + i]; });
 }
 
 // The block top-k kernel (one CTA per pair, no cluster), its shared-memory limit raised once.
