@@ -28,6 +28,10 @@
 // four launches: score groups, block top-k of groups (writes the mask), score pages, and
 // hier_page_topk_kernel, which ranks only the chosen groups' pages (the flat top-k kernels
 // when the groups' pages exceed kHierCand).
+// With moments (Gaussian-τ, group_tau.cu), the scoring kernel's keys are entmax-aware ranks
+// max_h float((α−1)·U_h − τ̂_h) and hier_page_topk_kernel can apply the adaptive rule.
+// hier_top_p replaces the page pass by top_p_weights_kernel and hier_top_p_kernel (masses from
+// the pages' summaries, heaviest until p).
 // group_update_kernel rebuilds group summaries (GroupStore's bits).
 // All are deterministic (integer atomics only count; no order depends on timing).
 #include <cooperative_groups.h>
