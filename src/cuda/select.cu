@@ -1268,7 +1268,7 @@ struct TopPParams {
   const double* mv;  // group_moments_kernel's [B][Hq][mv_stride][2] over the moment groups
   int mv_stride;
   const std::int32_t *mindptr, *mindices, *mcount;  // moment table and counts
-  int mslots;
+  int mslots, mnnz;
   double p, scale;
   double* masses;  // optional [B][Hkv][max_pages]: the mass of every kept and candidate page
   // Workspace: per (sequence, kv head) `items` items (its kept pages, then the candidate slots):
@@ -1388,7 +1388,11 @@ __global__ void __launch_bounds__(kHierThreads) hier_top_p_kernel(SelParams p, T
   }
   const TopPItems items = top_p_items(p, sp, gids, gcount, gstride, slot);
   const int Hq = p.num_kv_heads * g;
-  const int mbegin = t.mindptr[b], ng = t.mindptr[b + 1] - mbegin;
+  // A moment table the moments kernel flagged ("moment_indptr") counts as no groups here.
+  const int mbegin = t.mindptr[b], mend = t.mindptr[b + 1];
+  const int ng = mbegin >= 0 && mend >= mbegin && mend <= t.mnnz && mend - mbegin <= t.mv_stride
+                     ? mend - mbegin
+                     : 0;
   for (int i = warp; i < g; i += kHierThreads / 32) {
     const double* mv = t.mv + (static_cast<std::int64_t>(b) * Hq + h * g + i) * t.mv_stride * 2;
     const auto term = [&](int G) {
@@ -1993,6 +1997,7 @@ void hier_launch(const HierSelectArgs& h, const SelectLaunch& launch, const TopP
     t.mindices = tp.indices;
     t.mcount = tp.count;
     t.mslots = tp.slots;
+    t.mnnz = tp.nnz;
     t.p = topp->p;
     t.scale = tp.scale;
     t.masses = topp->masses.data();

@@ -1200,7 +1200,7 @@ int run_compact_check() {
     double worst_tau = 0;
   } sg;
   struct {
-    long lists = 0, identical = 0, same_as_cpu = 0, held = 0, skipped = 0;
+    long lists = 0, identical = 0, same_as_cpu = 0, held = 0, skipped = 0, errors = 0;
     double worst_mass = 0;
   } stp;
   const double covers[] = {2.0, 1.0, 0.5, 8.0};
@@ -1366,6 +1366,39 @@ int run_compact_check() {
         ran = false;
         ++stp.skipped;
       }
+      if (ran && i == 0) {
+        // Bad moment tables are reported through the device flag, for both selectors: a slot
+        // outside the store, then an indptr that does not match the page counts.
+        for (int bad = 0; bad < 2; ++bad) {
+          std::vector<std::int32_t> mptr(ms.indptr().begin(), ms.indptr().end());
+          std::vector<std::int32_t> mind(ms.indices().begin(), ms.indices().end());
+          if (bad == 0) mind.back() = ms.view().num_pages;
+          if (bad == 1) mptr.back() += 1;
+          DevBuf<std::int32_t> dptr = to_device(mptr), dind = to_device(mind);
+          const char* want = bad == 0 ? "moment_indices" : "moment_indptr";
+          for (int which = 0; which < 2; ++which) {
+            cuda::HierTopPArgs e = ht;
+            e.hier.moment_indptr = {dptr.p, dptr.n};
+            e.hier.moment_indices = {dind.p, dind.n};
+            std::string got = "no error";
+            try {
+              if (which == 0) {
+                cuda::hier_top_p(e, l);
+              } else {
+                cuda::hier_select(e.hier, l);
+              }
+            } catch (const Error& x) {
+              got = x.argument();
+            }
+            if (got != want && f++ < 5)
+              std::printf("FAIL %s with a bad moment table: got %s, want %s\n",
+                          which == 0 ? "hier_top_p" : "hier_select (gauss)", got.c_str(), want);
+            stp.errors += got == want;
+          }
+        }
+        ws.check(nullptr);  // clean after the errors
+        cuda::hier_top_p(ht, l);
+      }
       if (ran) {
         download_selection(g, ws, ids, cnt, keys);
         const std::vector<double> gmass = dmass.download();
@@ -1471,8 +1504,9 @@ int run_compact_check() {
   std::printf(
       "top-p (hier, Gaussian page masses): worst mass |gpu - cpu| / cpu %.3g; lists equal to the "
       "rule on the GPU's masses %ld/%ld (to select::hier_top_p's own %ld/%ld), %ld pages held "
-      "(%ld cases over the candidate limit)\n",
-      stp.worst_mass, stp.identical, stp.lists, stp.same_as_cpu, stp.lists, stp.held, stp.skipped);
+      "(%ld cases over the candidate limit); bad moment tables reported %ld/4\n",
+      stp.worst_mass, stp.identical, stp.lists, stp.same_as_cpu, stp.lists, stp.held, stp.skipped,
+      stp.errors);
   std::printf("SELECT-COMPACT CHECK %s: %d failure(s)\n", failures ? "FAILED" : "PASSED", failures);
   return failures;
 }
