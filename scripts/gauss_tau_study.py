@@ -11,10 +11,14 @@ selects pages (page 16, sink page 1, the last page kept; budget a fraction of th
   gauss        the same hierarchy ranked by max_i((α−1)·U_i − τ̂_i), τ̂_i the §2.4 Gaussian
                estimate of head i's threshold from moments pooled over 64 pages
                (select::MomentStore, select::group_tau_hat; DESIGN.md §2.4);
-  gauss adapt  gauss, keeping only pages whose rank is > 0 (margin 0; the budget is a cap).
+  gauss adapt  gauss, keeping only pages whose rank is > 0 (margin 0; the budget is a cap);
+  top-p p      hier Quest's groups (cover 4), then the pages by §2.4 softmax mass (their own
+               moments, normalised by the pooled groups: select::hier_top_p) until the mass
+               reaches p, at most the budget.
 Bounds are f64 sums (the C++ adds a ~1e-5 relative slack: near-ties may rank differently).
 
-Per selector, mean over (layer, query, kv head, q head): pages held; the 1.5-entmax mass the
+Per selector, mean over (layer, query, kv head, q head): pages held; the softmax mass of the
+selected pages (the model's own attention); the 1.5-entmax mass the
 selected pages hold (exact threshold over every key of the head: 1 means nothing dropped);
 the recall of the entmax support's tokens; and the fraction of heads whose selection is
 certified exact by the §2.2 rule ((α−1)·max over unselected pages of U ≤ τ(S), τ(S) the exact
@@ -109,6 +113,11 @@ def main():
         mcount = np.array([len(x) for x in mom], dtype=np.float64)
         mmean = np.stack([x.mean(0) for x in mom])  # [nm][hkv][d]
         mvar = np.stack([x.var(0) for x in mom])
+        # Page moments (exact from the keys), for the top-p masses.
+        pages_t = (n_tok + PAGE - 1) // PAGE
+        pcount = np.array([min(PAGE, n_tok - j * PAGE) for j in range(pages_t)], dtype=np.float64)
+        pmean = np.stack([kd[j * PAGE:(j + 1) * PAGE].mean(0) for j in range(pages_t)])
+        pvar = np.stack([kd[j * PAGE:(j + 1) * PAGE].var(0) for j in range(pages_t)])
         for s in range(q.shape[0]):
             for h in range(hkv):
                 qg = q[s, h * g:(h + 1) * g]
@@ -125,6 +134,15 @@ def main():
                 tau_err.extend(tau_hat - tau_full)
                 tau_all.extend(tau_full)
                 rank_p = ((ALPHA - 1) * up - tau_hat[:, None]).max(0)
+                p_soft = np.exp(scores - scores.max(1, keepdims=True))
+                p_soft /= p_soft.sum(1, keepdims=True)
+                # §2.4 softmax page masses: n e^{m + v/2}, normalised by the pooled groups.
+                pm = (qg @ pmean[:, h].T) / math.sqrt(d)
+                pv = ((qg * qg) @ pvar[:, h].T) / d
+                lw = np.log(pcount)[None, :] + pm + 0.5 * pv
+                lg = np.log(mcount)[None, :] + m + 0.5 * v
+                logz = lg.max(1) + np.log(np.exp(lg - lg.max(1, keepdims=True)).sum(1))
+                pmass = np.exp(lw - logz[:, None]).mean(0)
                 rank_g = ((ALPHA - 1) * ug - tau_hat[:, None]).max(0)
                 for frac in fracs:
                     budget = max(2, round(frac * pages))
@@ -142,11 +160,25 @@ def main():
                             if name == "gauss":
                                 sels[f"gauss adapt cover {cover:g}"] = (
                                     pick(r, pages, budget, eligible=r > 0), chosen)
+                            if name == "hier Quest" and cover == 4.0:
+                                for pt in (0.9, 0.99):
+                                    kept = sorted({0, pages - 1})
+                                    held = sum(pmass[j] for j in kept)
+                                    cand = sorted((j for j in range(SINKS, pages - 1) if inside[j]),
+                                                  key=lambda j: (-np.float32(pmass[j]), j))
+                                    taken = []
+                                    for j in cand:
+                                        if len(taken) >= budget - len(kept) or held >= pt:
+                                            break
+                                        taken.append(j)
+                                        held += pmass[j]
+                                    sels[f"top-p {pt:g} (cover 4)"] = (sorted(kept + taken), chosen)
                     for name, (sel, chosen) in sels.items():
                         in_sel = np.zeros(pages, bool)
                         in_sel[sel] = True
                         tok = np.repeat(in_sel, PAGE)[:n_tok]
-                        a = acc.setdefault((frac, name), np.zeros(5))
+                        a = acc.setdefault((frac, name), np.zeros(6))
+                        a[5] += p_soft[:, tok].sum(1).mean()
                         a[0] += len(sel)
                         a[1] += p_full[:, tok].sum(1).mean()
                         support = p_full > 0
@@ -178,13 +210,13 @@ def main():
              f"{np.median(tau_err):+.3f}, 10th–90th percentile {np.percentile(tau_err, 10):+.3f} "
              f"to {np.percentile(tau_err, 90):+.3f} (τ itself: 10th–90th percentile "
              f"{np.percentile(tau_all, 10):+.3f} to {np.percentile(tau_all, 90):+.3f}).", "",
-             "| budget (pages) | selector | pages held | entmax mass held | support recall | "
-             "heads certified exact |", "|---|---|---|---|---|---|"]
+             "| budget (pages) | selector | pages held | softmax mass held | entmax mass held | "
+             "support recall | heads certified exact |", "|---|---|---|---|---|---|---|"]
     for (frac, name), a in sorted(acc.items(), key=lambda x: (x[0][0], x[0][1])):
         budget = max(2, round(frac * pages))
         c = a[4]
         lines.append(f"| {budget} (1/{round(1 / frac)}) | {name} | {a[0] / c:.1f} | "
-                     f"{a[1] / c:.4f} | {a[2] / c:.4f} | {a[3] / c:.3f} |")
+                     f"{a[5] / c:.4f} | {a[1] / c:.4f} | {a[2] / c:.4f} | {a[3] / c:.3f} |")
     open(out_path, "w").write("\n".join(lines) + "\n")
     print("\n".join(lines))
 
