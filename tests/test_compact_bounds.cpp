@@ -130,18 +130,24 @@ Stores make_stores(std::mt19937& rng, const std::vector<int>& lengths) {
   return s;
 }
 
+HierSelectArgs hier_args_of(const SelCase& c, const BoundStoreView& sv, const GroupStore& groups,
+                            const TopkPolicy& pol, double cover) {
+  HierSelectArgs a;
+  a.q = c.qview();
+  a.table = c.table.table();
+  a.pages = &sv;
+  a.groups = &groups;
+  a.policy = pol;
+  a.cover = cover;
+  return a;
+}
+
 // Hierarchical and flat bf16 Quest on the same inputs.
 void hier_and_flat(const Stores& s, const GroupStore& groups, const TopkPolicy& pol, double cover,
                    SelectionStorage& hier, SelectionStorage& flat,
                    std::vector<std::uint32_t>* keys = nullptr) {
   const BoundStoreView sv = s.store.view();
-  HierSelectArgs a;
-  a.q = s.c.qview();
-  a.table = s.c.table.table();
-  a.pages = &sv;
-  a.groups = &groups;
-  a.policy = pol;
-  a.cover = cover;
+  const HierSelectArgs a = hier_args_of(s.c, sv, groups, pol, cover);
   hier_select(a, hier, keys);
   QuestArgs qa;
   qa.q = a.q;
@@ -321,17 +327,6 @@ TEST(GroupTauHat, OnePageGroupsAreThePageModelAndTauSolvesTheModel) {
   }
 }
 
-HierSelectArgs hier_args_of(const SelCase& c, const BoundStoreView& sv, const GroupStore& groups,
-                            const TopkPolicy& pol, double cover) {
-  HierSelectArgs a;
-  a.q = c.qview();
-  a.table = c.table.table();
-  a.pages = &sv;
-  a.groups = &groups;
-  a.policy = pol;
-  a.cover = cover;
-  return a;
-}
 
 // α = 2 and τ̂ = 0: the rank is the bound itself (one exact rounding), so the entmax-aware
 // lists and keys are hierarchical Quest's.

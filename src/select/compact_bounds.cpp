@@ -441,8 +441,7 @@ void group_tau_hat(const MomentStore& store, const View3<const float>& q, float 
           alpha);
   require(tau.size() == static_cast<std::size_t>(B) * Hq, shape_mismatch, "tau",
           "needs batch * q heads values");
-  const std::vector<std::int32_t> last(static_cast<std::size_t>(B), 1);
-  const kv::PageTable groups{store.indptr(), store.indices(), last};
+  const kv::PageTable groups = store.table();
   const double scale = scale_arg == 0 ? 1.0 / std::sqrt(static_cast<double>(d)) : scale_arg;
   const std::size_t total = static_cast<std::size_t>(store.indptr().back()) * Hq;
   std::vector<double> m(total), v(total), n;
@@ -621,12 +620,11 @@ void hier_top_p(const HierTopPArgs& a, SelectionStorage& out, std::vector<double
   std::vector<double> pm(static_cast<std::size_t>(h.table.indptr[B]) * Hq), pv(pm.size());
   detail::all_page_moments(a.pages, h.table, h.q, scale, pm.data(), pv.data());
   const kv::SummariesView ms = a.moments->view();
-  const std::vector<std::int32_t> last(static_cast<std::size_t>(B), 1);
-  const kv::PageTable gt{a.moments->indptr(), a.moments->indices(), last};
+  const kv::PageTable gt = a.moments->table();
   std::vector<double> gm(static_cast<std::size_t>(gt.indptr[B]) * Hq), gv(gm.size());
   detail::all_page_moments(ms, gt, h.q, scale, gm.data(), gv.data());
   if (masses) masses->assign(static_cast<std::size_t>(B) * Hkv * keys_stride, 0.0);
-  std::vector<double> mass, logz(static_cast<std::size_t>(g));
+  std::vector<double> mass, terms, logz(static_cast<std::size_t>(g));
   std::vector<std::uint8_t> cand;
   for (int b = 0; b < B; ++b) {
     const int n = h.table.num_pages(b), ng = gt.num_pages(b);
@@ -638,15 +636,14 @@ void hier_top_p(const HierTopPArgs& a, SelectionStorage& out, std::vector<double
       for (int i = 0; i < g; ++i) {
         const std::size_t o = static_cast<std::size_t>(gt.indptr[b]) * Hq +
                               static_cast<std::size_t>(kh * g + i) * ng;
+        terms.clear();
+        for (int G = 0; G < ng; ++G)
+          if (ms.count[gt.page(b, G)] > 0)
+            terms.push_back(std::log(static_cast<double>(ms.count[gt.page(b, G)])) + gm[o + G] +
+                            0.5 * gv[o + G]);
         double mx = -std::numeric_limits<double>::infinity(), sum = 0;
-        for (int G = 0; G < ng; ++G)
-          if (ms.count[gt.page(b, G)] > 0)
-            mx = std::max(mx, std::log(static_cast<double>(ms.count[gt.page(b, G)])) + gm[o + G] +
-                                  0.5 * gv[o + G]);
-        for (int G = 0; G < ng; ++G)
-          if (ms.count[gt.page(b, G)] > 0)
-            sum += std::exp(std::log(static_cast<double>(ms.count[gt.page(b, G)])) + gm[o + G] +
-                            0.5 * gv[o + G] - mx);
+        for (double x : terms) mx = std::max(mx, x);
+        for (double x : terms) sum += std::exp(x - mx);
         logz[static_cast<std::size_t>(i)] = mx + std::log(sum);
       }
       const std::uint32_t* k = keys.data() + (static_cast<std::size_t>(b) * Hkv + kh) * keys_stride;

@@ -120,6 +120,9 @@ class MomentStore {
   int group_pages() const { return group_pages_; }
   std::span<const std::int32_t> indptr() const { return indptr_; }
   std::span<const std::int32_t> indices() const { return indices_; }
+  // The group table as a page table over the slots (last_page_len 1: groups have no partial
+  // slots), for the per-page scans of page_scan.hpp.
+  kv::PageTable table() const { return {indptr_, indices_, last_len_}; }
   double bytes_per_token(int page_size) const;
 
  private:
