@@ -950,12 +950,14 @@ cuda::HierSelectArgs hier_args(const cuda::QuestSelectArgs& pages, const GroupGp
 struct MomentData {
   std::vector<float> mean, m2;
   std::vector<std::int32_t> count;
-  kv::SummariesView view() const {
+  kv::SummariesView view(int num_kv_heads, int head_dim) const {
     kv::SummariesView v;
     v.mean = mean.data();
     v.m2 = m2.data();
     v.count = count.data();
     v.num_pages = static_cast<int>(count.size());
+    v.num_kv_heads = num_kv_heads;
+    v.head_dim = head_dim;
     return v;
   }
 };
@@ -1275,14 +1277,13 @@ int run_compact_check() {
     // Entmax-aware hierarchical ranking (Gaussian-τ from pooled moments): τ̂ against
     // select::group_tau_hat (to the solver's tolerance), then keys and lists against
     // select::hier_select given the GPU's τ̂ (identical). Fixed budget and the adaptive rule.
+    // The case's page moments (read by Gaussian-τ and top-p below).
+    const MomentData md = make_moments(sd, 9000 + i);
+    const kv::SummariesView page_moments = md.view(c.hkv, c.d);
     {
-      const MomentData md = make_moments(sd, 9000 + i);
-      kv::SummariesView mv = md.view();
-      mv.num_kv_heads = c.hkv;
-      mv.head_dim = c.d;
       const int mpages[] = {64, 16, 5};
       const int mp = mpages[i % 3];
-      const select::MomentStore ms(mv, table, mp);
+      const select::MomentStore ms(page_moments, table, mp);
       const MomentGpu mg = upload_moments(ms);
       f += check_moment_update(sd, g, md, ms, l);
       const double alpha = i % 2 ? 2.0 : 1.5;
@@ -1334,12 +1335,8 @@ int run_compact_check() {
     // Hierarchical top-p: masses against select::hier_top_p's (1e-12 relative), lists against
     // select::top_p_by_masses applied to the GPU's masses (identical).
     {
-      const MomentData md = make_moments(sd, 9000 + i);
-      kv::SummariesView hv_pages = md.view();
-      hv_pages.num_kv_heads = c.hkv;
-      hv_pages.head_dim = c.d;
       const int mp = (i % 2) ? 16 : 64;
-      const select::MomentStore ms(hv_pages, table, mp);
+      const select::MomentStore ms(page_moments, table, mp);
       const MomentGpu mg = upload_moments(ms);
       DevBuf<float> pmean = to_device(md.mean), pm2 = to_device(md.m2);
       DevBuf<std::int32_t> pcount = to_device(md.count);
@@ -1351,7 +1348,7 @@ int run_compact_check() {
       cuda::HierTopPArgs ht;
       ht.hier = hier_args(g.args, gg, cover);
       set_moments(ht.hier, mg, mp, 1.5, false, 0.f);
-      ht.pages = hv_pages;
+      ht.pages = page_moments;
       ht.pages.mean = pmean.p;
       ht.pages.m2 = pm2.p;
       ht.pages.count = pcount.p;
@@ -1405,7 +1402,7 @@ int run_compact_check() {
         select::HierTopPArgs ct;
         ct.hier = ha;
         ct.hier.pages8 = nullptr;
-        ct.pages = hv_pages;
+        ct.pages = page_moments;
         ct.moments = &ms;
         ct.p = pt;
         SelectionStorage cpu_tp;
@@ -2622,10 +2619,8 @@ int run_profile_gauss() {
   const kv::PageTable table{sd.indptr, sd.indices, sd.last};
   const GroupGpu gg = upload_groups(select::GroupStore(sd.store.view(), table, 16));
   const MomentData md = make_moments(sd, 6);
-  kv::SummariesView mv = md.view();
-  mv.num_kv_heads = sd.c.hkv;
-  mv.head_dim = sd.c.d;
-  const MomentGpu mg = upload_moments(select::MomentStore(mv, table, 64));
+  const MomentGpu mg =
+      upload_moments(select::MomentStore(md.view(sd.c.hkv, sd.c.d), table, 64));
   cuda::SelectWorkspace ws;
   cuda::SelectLaunch l;
   l.workspace = &ws;
