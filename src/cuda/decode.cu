@@ -245,13 +245,19 @@ bool is_pow2(int x) { return x > 0 && (x & (x - 1)) == 0; }
 
 }  // namespace
 
-// One wave of equal chunks: CTAs = SMs * resident CTAs per SM, split evenly over the
-// (sequence, kv head, head group) triples. Small chunks only cost partials (d floats each).
+// Whole waves of equal chunks: CTAs = SMs * resident CTAs per SM (times the waves the page-list
+// cap needs), split evenly over the (sequence, kv head, head group) triples. Small chunks only
+// cost partials (d floats each).
 int plan_chunk_pages(int base_ctas, int units, int ctas_per_sm) {
   if (units <= 0) return 1;
   const int target = std::max(1, device_sms() * std::max(1, ctas_per_sm));
-  const int chunks = std::max(1, target / base_ctas);  // whole waves: no partial last wave
+  const int per_wave = std::max(1, target / base_ctas);  // whole waves: no partial last wave
+  int chunks = per_wave;
   int cp = (units + chunks - 1) / chunks;
+  if (cp > kMaxChunkPages) {  // the page-list cap needs more chunks: still whole waves of them
+    chunks = per_wave * ((cp + kMaxChunkPages - 1) / kMaxChunkPages);
+    cp = (units + chunks - 1) / chunks;
+  }
   cp = std::max(cp, 8);  // fewer partials: each costs (d + 1) floats written and read
   cp = std::max(cp, (units + kMaxChunks - 1) / kMaxChunks);
   return std::min(cp, kMaxChunkPages);

@@ -11,6 +11,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <type_traits>
 
 #include "device.cuh"
 #include "masskv/cuda/decode.hpp"
@@ -23,6 +24,7 @@ constexpr int kMaxChunkPages = 1024;  // page list of one chunk lives in shared 
 constexpr int kMaxChunks = 4096;      // softmax merge weights live in shared memory
 constexpr int kMaxGroup = 8;          // q heads per CTA (registers)
 constexpr int kStages = 3;            // cp.async ring depth: tiles in flight per thread + 1
+constexpr int kMaxNewton = 200;  // entmax tau: far above need (~log2(sqrt(n)) + 6, n equal z)
 
 // Device error flag bits (DecodeWorkspace::check turns them into masskv::Error).
 enum ErrBit : unsigned {
@@ -224,6 +226,62 @@ __device__ __forceinline__ float weight(float t, int pow_int, float pow_exp) {
   return pow_int == 1 ? t : pow_int == 2 ? t * t : powf(t, pow_exp);
 }
 
+// The threshold equation f(tau) = sum_j [z_j - tau]_+^{1/(alpha-1)} = 1 (§2.1), in f64: adds
+// z's terms of f(tau) and of -f'(tau). kPow = 1/(alpha-1) when it is 1 or 2 (exact, branch
+// free), 0 for a general power pe. A compile-time power matters: with the power chosen at run
+// time inside the loop the compiler kept the pow() path in every term, ~1 µs per Newton step.
+template <int kPow>
+__device__ __forceinline__ void newton_terms(float zf, double tau, double pe, double& f,
+                                             double& df) {
+  const double t = static_cast<double>(zf) - tau;
+  if constexpr (kPow == 1) {
+    f += fmax(t, 0.0);
+    df += t > 0 ? 1.0 : 0.0;
+  } else if constexpr (kPow == 2) {
+    const double u = fmax(t, 0.0);
+    f += u * u;
+    df += 2.0 * u;
+  } else {
+    if (!(t > 0)) return;
+    const double tp = pow(t, pe - 1.0);
+    f += tp * t;
+    df += pe * tp;
+  }
+}
+
+// Calls fn(std::integral_constant<int, kPow>) for the power pow_int (1, 2, or 0: general).
+template <class Fn>
+__device__ __forceinline__ void with_pow(int pow_int, Fn&& fn) {
+  if (pow_int == 1)
+    fn(std::integral_constant<int, 1>{});
+  else if (pow_int == 2)
+    fn(std::integral_constant<int, 2>{});
+  else
+    fn(std::integral_constant<int, 0>{});
+}
+
+// One Newton step on f(tau) = 1 from below (f convex and decreasing: the iterates rise
+// monotonically to the root). Returns true when tau has converged (then tau is not moved
+// when f is already at or past 1: rounding may land a hair past the root).
+__device__ __forceinline__ bool newton_step(double f, double df, double& tau) {
+  if (!(f > 1.0)) return true;
+  const double step = (f - 1.0) / df;
+  tau += step;
+  return step <= 1e-12 * fmax(1.0, fabs(tau));
+}
+
+// Sums of a and b over the warp, lane 0's in every lane: decisions taken on them (break,
+// step) are then the same in all lanes, whatever order the butterfly added in.
+__device__ __forceinline__ void warp_sum2(double& a, double& b) {
+#pragma unroll
+  for (int off = 16; off > 0; off /= 2) {
+    a += __shfl_xor_sync(0xffffffffu, a, off);
+    b += __shfl_xor_sync(0xffffffffu, b, off);
+  }
+  a = __shfl_sync(0xffffffffu, a, 0);
+  b = __shfl_sync(0xffffffffu, b, 0);
+}
+
 template <bool kBf16>
 __device__ __forceinline__ void to_float8(const uint4& r, float (&f)[8]) {
   const unsigned w[4] = {r.x, r.y, r.z, r.w};
@@ -410,5 +468,9 @@ struct EntmaxShape {
 // checked and `p` holds what both mappings share.
 void launch_entmax(Params p, const EntmaxShape& shape, const DecodeLaunch& launch,
                    DecodeWorkspace::Impl& ws);
+// Host: the one-kernel cluster path of sparse entmax (decode_cluster.cu). Returns false when
+// launch.entmax_kernel is automatic and the call is not one it serves (the caller runs the
+// split path); throws when it is forced and cannot serve.
+bool launch_entmax_cluster(Params p, const EntmaxShape& shape, const DecodeLaunch& launch);
 
 }  // namespace masskv::cuda::decode_impl

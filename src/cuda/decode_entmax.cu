@@ -35,7 +35,6 @@ using detail::check_cuda;
 constexpr int kTauThreads = 256;
 constexpr int kTauCap = 8192;      // candidates a tau CTA holds in shared memory (else: global)
 constexpr int kOneWarpMax = 1024;  // candidates up to which one warp solves for tau
-constexpr int kMaxNewton = 200;    // far above need: ~log2(sqrt(n)) + 6 for n equal scores
 constexpr int kKept = 512;         // support rows staged per round in the accumulate kernel
 
 constexpr int row_groups(int d) { return kWarps * (32 / (d / 8)); }
@@ -256,18 +255,6 @@ __device__ __forceinline__ void block_sum2(double& a, double& b, double* s_red, 
   }
 }
 
-// Sums of a and b over the warp, lane 0's in every lane: the Newton step's decisions (break,
-// step) are then the same in all lanes, whatever order the butterfly added in.
-__device__ __forceinline__ void warp_sum2(double& a, double& b) {
-#pragma unroll
-  for (int off = 16; off > 0; off /= 2) {
-    a += __shfl_xor_sync(0xffffffffu, a, off);
-    b += __shfl_xor_sync(0xffffffffu, b, off);
-  }
-  a = __shfl_sync(0xffffffffu, a, 0);
-  b = __shfl_sync(0xffffffffu, b, 0);
-}
-
 // One CTA per (sequence, q head): tau on z = (alpha-1) s over every (selected) token, into
 // p.tau and p.lse (when given). NaN for a head without tokens (as the CPU).
 __global__ void __launch_bounds__(kTauThreads) entmax_tau_kernel(Params p, int rgroups) {
@@ -339,41 +326,27 @@ __global__ void __launch_bounds__(kTauThreads) entmax_tau_kernel(Params p, int r
 
   const double pe = p.pow_exp;
   double tau = tau0;
-  for (int it = 0; it < kMaxNewton; ++it) {
-    double f = 0, df = 0;  // f(tau) and -f'(tau)
-    const auto add = [&](float zf) {
-      const double t = static_cast<double>(zf) - tau;
-      if (!(t > 0)) return;
-      if (p.pow_int == 1) {
-        f += t;
-        df += 1.0;
-      } else if (p.pow_int == 2) {
-        f += t * t;
-        df += 2.0 * t;
+  with_pow(p.pow_int, [&](auto pow_kind) {
+    constexpr int kPow = decltype(pow_kind)::value;
+    for (int it = 0; it < kMaxNewton; ++it) {
+      double f = 0, df = 0;  // f(tau) and -f'(tau)
+      const auto add = [&](float zf) { newton_terms<kPow>(zf, tau, pe, f, df); };
+      if (one_warp) {
+        for (int i = threadIdx.x; i < n; i += 32) add(s_z[i]);
+        warp_sum2(f, df);
       } else {
-        const double tp = pow(t, pe - 1.0);
-        f += tp * t;
-        df += pe * tp;
+        if (in_smem) {
+          for (int i = threadIdx.x; i < n; i += kTauThreads) add(s_z[i]);
+        } else {
+          walk_lists<kTauThreads>(n_lists, s_scan, s_warp, count, [&](int i, int e, bool valid) {
+            if (valid) add(z_at(i, e));
+          });
+        }
+        block_sum2(f, df, s_red, it & 1);
       }
-    };
-    if (one_warp) {
-      for (int i = threadIdx.x; i < n; i += 32) add(s_z[i]);
-      warp_sum2(f, df);
-    } else {
-      if (in_smem) {
-        for (int i = threadIdx.x; i < n; i += kTauThreads) add(s_z[i]);
-      } else {
-        walk_lists<kTauThreads>(n_lists, s_scan, s_warp, count, [&](int i, int e, bool valid) {
-          if (valid) add(z_at(i, e));
-        });
-      }
-      block_sum2(f, df, s_red, it & 1);
+      if (newton_step(f, df, tau)) break;
     }
-    if (!(f > 1.0)) break;  // at the root (rounding may land a hair past it)
-    const double step = (f - 1.0) / df;
-    tau += step;
-    if (step <= 1e-12 * fmax(1.0, fabs(tau))) break;
-  }
+  });
   finish(static_cast<float>(tau));
 }
 
@@ -642,6 +615,7 @@ EntmaxKernels prepare_entmax(DType dtype, int d, int group) {
 
 void launch_entmax(Params p, const EntmaxShape& s, const DecodeLaunch& launch,
                    DecodeWorkspace::Impl& ws) {
+  if (launch_entmax_cluster(p, s, launch)) return;
   const EntmaxKernels k = prepare_entmax(s.dtype, s.head_dim, p.group);
   const int kh = p.num_kv_heads * p.head_groups;
   const int cp = launch.chunk_pages > 0 ? launch.chunk_pages

@@ -306,6 +306,13 @@ bool expect_throw(const char* name, const char* argument, const std::function<vo
   return false;
 }
 
+// Whether the entmax cluster kernel serves a case's sparse decode at cluster size cs
+// (mirrors launch_entmax_cluster: head_dim 64/128, at most 1024 selected tokens per CTA).
+bool cluster_serves(const CaseData& cd, int cs) {
+  const int per_rank = (std::max(cd.sel.max_per_head, 1) + cs - 1) / cs;
+  return (cd.c.d == 64 || cd.c.d == 128) && per_rank * cd.c.page <= 1024;
+}
+
 int run_check() {
   std::vector<Case> cases;
   const int lens[] = {1, 17, 1000, 4097, 65537};
@@ -340,6 +347,8 @@ int run_check() {
   struct {
     double worst_o[2] = {0, 0}, worst_tau[2] = {0, 0};
     long empty_heads = 0, nonpositive_tau = 0;
+    long cluster_cases = 0;  // sparse entmax runs served by the cluster kernel
+    double cluster_o = 0, cluster_tau = 0;
   } ent_stats;
   cuda::DecodeWorkspace ws;
   const std::size_t batch_n = 24;
@@ -361,16 +370,21 @@ int run_check() {
       launch.workspace = &ws;
       launch.max_pages_per_seq = max_pages(cd);
       // Softmax runs the automatic kernel (tensor cores for d 64/128) and the SIMT one.
-      const char* names[9] = {"dense",      "dense/cp3",      "sparse",
-                              "ent-dense",  "ent-dense/cp3",  "ent-sparse",
-                              "simt-dense", "simt-dense/cp3", "simt-sparse"};
-      for (int variant = 0; variant < 9; ++variant) {
+      // Sparse entmax runs the cluster kernel where it serves the case (automatic: cluster
+      // size 16 or 8; then 8 forced) and the split-K path forced.
+      const char* names[11] = {"dense",       "dense/cp3",      "sparse",         "ent-dense",
+                               "ent-dense/cp3", "ent-sparse",   "simt-dense",     "simt-dense/cp3",
+                               "simt-sparse", "ent-sparse/split", "ent-sparse/c8"};
+      for (int variant = 0; variant < 11; ++variant) {
         attn::DecodeArgs args = g.args;
         cuda::DecodeLaunch l = launch;
-        if (variant % 3 == 1) l.chunk_pages = 3;
-        const bool sparse = variant % 3 == 2;
-        const bool ent = variant >= 3 && variant < 6;
-        if (variant >= 6) l.kernel = cuda::DecodeLaunch::Kernel::simt;
+        if (variant < 9 && variant % 3 == 1) l.chunk_pages = 3;
+        const bool sparse = variant >= 9 || variant % 3 == 2;
+        const bool ent = (variant >= 3 && variant < 6) || variant >= 9;
+        if (variant >= 6 && variant < 9) l.kernel = cuda::DecodeLaunch::Kernel::simt;
+        if (variant == 9) l.entmax_kernel = cuda::DecodeLaunch::EntmaxKernel::split;
+        if (variant == 10) l.cluster_size = 8;
+        if (variant == 10 && cluster_serves(cd, 8)) ++ent_stats.cluster_cases;
         if (sparse) args.selection = &g.sel;
         if (ent) {
           args.mapping = Mapping::entmax(cd.alpha);
@@ -402,6 +416,10 @@ int run_check() {
         const int t = c.dtype == DType::bf16 ? 0 : 1;
         double* wo = ent ? ent_stats.worst_o : variant >= 6 ? simt_o : worst_o;
         double* wl = ent ? ent_stats.worst_tau : variant >= 6 ? simt_lse : worst_lse;
+        if (ent && sparse && variant != 9) {
+          ent_stats.cluster_o = std::max(ent_stats.cluster_o, e.o);
+          ent_stats.cluster_tau = std::max(ent_stats.cluster_tau, e.lse);
+        }
         wo[t] = std::max(wo[t], e.o);
         wl[t] = std::max(wl[t], e.lse);
         const bool pass = e.ok && e.o <= kTolO && e.lse <= kTolLse;
@@ -429,6 +447,14 @@ int run_check() {
       "tau <= 0: %ld, empty (tau NaN): %ld; every rerun bit-identical\n",
       ent_stats.worst_o[0], ent_stats.worst_tau[0], ent_stats.worst_o[1], ent_stats.worst_tau[1],
       ent_stats.nonpositive_tau, ent_stats.empty_heads);
+  std::printf(
+      "entmax sparse, cluster kernel where it serves (%ld runs) and automatic elsewhere: worst o "
+      "%.3e tau %.3e\n",
+      ent_stats.cluster_cases, ent_stats.cluster_o, ent_stats.cluster_tau);
+  if (ent_stats.cluster_cases == 0) {
+    std::printf("FAIL no case ran the entmax cluster kernel\n");
+    ++failures;
+  }
   if (ent_stats.nonpositive_tau == 0 || ent_stats.empty_heads == 0) {
     std::printf("FAIL entmax grid covers no tau <= 0 or no empty head\n");
     ++failures;
@@ -480,6 +506,31 @@ int run_check() {
       attn::DecodeArgs a = g.args;
       a.mapping = Mapping::entmax(1.5);
       cuda::decode(a, launch);
+    });
+    g.sel_ids.upload(s2.ids);  // the cluster kernel checks the ids it is given too
+    ok &= expect_throw("entmax cluster: selected page >= num_pages(b)", "selection", [&] {
+      attn::DecodeArgs a = g.args;
+      a.selection = &g.sel;
+      a.mapping = Mapping::entmax(1.5);
+      cuda::DecodeLaunch l = launch;
+      l.entmax_kernel = cuda::DecodeLaunch::EntmaxKernel::cluster;
+      cuda::decode(a, l);
+    });
+    g.sel_ids.upload(cd.sel.ids);
+    ok &= expect_throw("entmax cluster kernel forced on dense", "entmax_kernel", [&] {
+      attn::DecodeArgs a = g.args;
+      a.mapping = Mapping::entmax(1.5);
+      cuda::DecodeLaunch l = launch;
+      l.entmax_kernel = cuda::DecodeLaunch::EntmaxKernel::cluster;
+      cuda::decode(a, l);
+    });
+    ok &= expect_throw("cluster_size = 4", "cluster_size", [&] {
+      attn::DecodeArgs a = g.args;
+      a.selection = &g.sel;
+      a.mapping = Mapping::entmax(1.5);
+      cuda::DecodeLaunch l = launch;
+      l.cluster_size = 4;
+      cuda::decode(a, l);
     });
     g.indices.upload(cd.indices);
     // After the errors the flag is clear and a good run passes.
@@ -2176,6 +2227,20 @@ int run_bench(const char* json_path) {
         "(graph %.1f us)\n",
         sh.ctx, sh.batch, rot, cp, us, kv_bytes / us / 1e3, gus);
     rows.push_back({"ours_dense", sh.ctx, sh.batch, 0, us, kv_bytes});
+    if (sh.batch == 1 && sh.ctx >= 131072) {
+      // Smaller chunks than planned (several waves of CTAs): whether the tail of one wave
+      // (CTAs that finish late) costs more than the extra partials and launches.
+      for (int waves : {2, 4}) {
+        launch.chunk_pages = std::max(8, (cp + waves - 1) / waves);
+        const auto [wus, wgus] = time_decode(rot, args_for);
+        std::printf("dense  ctx=%7d B=%2d chunk_pages=%d (%d x planned chunks): %9.1f us "
+                    "(graph %.1f us), planned / this %.3f\n",
+                    sh.ctx, sh.batch, launch.chunk_pages, waves, wus, wgus, us / wus);
+        rows.push_back({"ours_dense_chunks_x" + std::to_string(waves) + "_graph", sh.ctx,
+                        sh.batch, 0, wgus, kv_bytes});
+      }
+      launch.chunk_pages = 0;
+    }
     {  // The SIMT softmax kernel side by side (the automatic choice is the tensor-core one).
       launch.kernel = cuda::DecodeLaunch::Kernel::simt;
       const auto [sus, sgus] = time_decode(rot, args_for);
@@ -2261,6 +2326,19 @@ int run_bench(const char* json_path) {
           {"ours_entmax_sparse_quest_cpu_sel", sh.ctx, sh.batch, budget, esus, bytes / 2, sel_ms});
       rows.push_back({"ours_entmax_sparse_quest_cpu_sel_graph", sh.ctx, sh.batch, budget, esgus,
                       bytes / 2, sel_ms});
+      {  // The split-K entmax path (three kernels) on the same selections, side by side.
+        launch.entmax_kernel = cuda::DecodeLaunch::EntmaxKernel::split;
+        const auto [xus, xgus] = time_decode(kQRot, [&](int r) { return sparse_args(r, true); });
+        launch.entmax_kernel = cuda::DecodeLaunch::EntmaxKernel::automatic;
+        std::printf(
+            "entmax sparse split-K ctx=%7d B=%2d budget=%5d: %9.1f us (graph %.1f us); "
+            "automatic (cluster) / split-K %.2f (graph %.2f)\n",
+            sh.ctx, sh.batch, budget, xus, xgus, esus / xus, esgus / xgus);
+        rows.push_back({"ours_entmax_sparse_split_quest_cpu_sel", sh.ctx, sh.batch, budget, xus,
+                        bytes / 2, sel_ms});
+        rows.push_back({"ours_entmax_sparse_split_quest_cpu_sel_graph", sh.ctx, sh.batch, budget,
+                        xgus, bytes / 2, sel_ms});
+      }
 
       // GPU selection into per-rotation device lists, consumed by the same decode.
       const int cap = cuda::select_capacity(pages, P, pol);
@@ -2576,11 +2654,23 @@ int run_profile() {
   launch.workspace = &ws;
   launch.max_pages_per_seq = pages;
   const auto both = [&](const attn::DecodeArgs& base, const char* what) {
-    for (int m = 0; m < 2; ++m) {
+    // Plain launches (a few, for the profiler) and CUDA-graph replays (the device time).
+    const char* names[5] = {"softmax", "entmax", "entmax-split", "entmax-c8", "entmax-c16"};
+    for (int m = 0; m < 5; ++m) {
       attn::DecodeArgs x = base;
-      if (m == 1) x.mapping = Mapping::entmax(kBenchAlpha);
-      const double us = time_us(2, 5, [&](int) { cuda::decode(x, launch); });
-      std::printf("profile %-14s %-7s %8.1f us\n", what, m ? "entmax" : "softmax", us);
+      if (m >= 1) x.mapping = Mapping::entmax(kBenchAlpha);
+      cuda::DecodeLaunch l = launch;
+      if (m == 2) l.entmax_kernel = cuda::DecodeLaunch::EntmaxKernel::split;
+      if (m >= 3) l.cluster_size = m == 3 ? 8 : 16;
+      if (m >= 2 && !x.selection) continue;  // dense entmax is the split path already
+      const double us = time_us(2, 5, [&](int) { cuda::decode(x, l); });
+      const double gus = time_graph_us(1, 5, 50, [&](int, cudaStream_t st) {
+        cuda::DecodeLaunch lg = l;
+        lg.stream = st;
+        lg.check_errors = false;
+        cuda::decode(x, lg);
+      });
+      std::printf("profile %-14s %-12s %8.1f us (graph %.1f us)\n", what, names[m], us, gus);
     }
   };
   both(a, "dense 32K");

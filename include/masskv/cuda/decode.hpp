@@ -59,6 +59,17 @@ struct DecodeLaunch {
   // the f64 reference (docs/gpu.md). Entmax ignores it (its own kernels).
   enum class Kernel { automatic, simt, tensor };
   Kernel kernel = Kernel::automatic;
+  // Sparse entmax: cluster = one kernel, a thread-block cluster per (sequence, kv head) that
+  // splits the selection over its CTAs and solves tau and merges through distributed shared
+  // memory (decode_cluster.cu; head_dim 64/128, at most cluster_size * 1024 selected tokens
+  // per head); split = the three-kernel split-K path (score, tau, accumulate), which serves
+  // every shape and dense decode. automatic: cluster where it serves the call. Forcing
+  // cluster where it cannot serve throws Error(unsupported, "entmax_kernel").
+  enum class EntmaxKernel { automatic, split, cluster };
+  EntmaxKernel entmax_kernel = EntmaxKernel::automatic;
+  // CTAs per cluster of the cluster kernel: 8, 16, or 0 = 16 while the clusters fit on the
+  // device at once, else 8.
+  int cluster_size = 0;
 };
 
 // Decode on the GPU. args: q/out device [B][Hq][d] f32 (unit stride on d); cache.k/v device
