@@ -178,7 +178,7 @@ __global__ void __launch_bounds__(kCThreads, 1) entmax_cluster_kernel(Params p) 
   // 1. z of every token and head (-inf: no token, or a padding head).
   const auto valid = [&](int t) { return token_ok(p, s_len, n_pages, t); };
   stream_tiles<kRingC, true>(
-      my_tiles, [&](int i) { copy_tile<kD>(slot(i), kb, p, s_phys, tok0_of(i), lane, valid); },
+      my_tiles, [&](int i) { copy_tiles<kD, 1>({slot(i)}, {kb}, p, s_phys, tok0_of(i), lane, valid); },
       [&](int i) {
         float s[2][4];
         tile_scores<kBf16, kD>(qa, slot(i), lane, s);
@@ -345,8 +345,8 @@ __global__ void __launch_bounds__(kCThreads, 1) entmax_cluster_kernel(Params p) 
   stream_tiles<kRingC, true>(
       n_sup,
       [&](int j) {
-        copy_tile<kD>(slot(j), vb, p, s_phys, sup_tok0(j), lane,
-                      [&](int t) { return s_sup[t] != 0; });
+        copy_tiles<kD, 1>({slot(j)}, {vb}, p, s_phys, sup_tok0(j), lane,
+                          [&](int t) { return s_sup[t] != 0; });
       },
       [&](int j) {
         float pr[2][2];
@@ -499,6 +499,9 @@ bool launch_entmax_cluster(Params p, const EntmaxShape& s, const DecodeLaunch& l
   }
   const ClusterKernel k = prepare_cluster(s.dtype, s.head_dim, g, cs);
   if (k.max_clusters == 0) return unsupported("cannot be scheduled on this device");
+  // One CTA per SM: past one wave of clusters the split path's many small CTAs are faster
+  // (measured 2.1x slower at B = 16, 8 kv heads: bench/results/2026-12-04-h200-cluster.md).
+  if (!forced && static_cast<std::int64_t>(s.batch) * kh * cs > detail::device_sms()) return false;
   const int per_rank = (std::max(s.units_max, 1) + cs - 1) / cs;
   if ((static_cast<std::int64_t>(per_rank) << p.log2_page) > kRankTok)
     return unsupported("holds at most 1024 tokens per CTA (cluster_size * 1024 per head)");

@@ -78,8 +78,7 @@ __global__ void __launch_bounds__(kThreads, 2) decode_mma_kernel(Params p) {
     char* sv = sk + Smem::kTileBytes;
     const int tok0 = (warp + i * kWarps) * kTileTok;
     const auto ok = [&](int t) { return token_ok(p, s_len, n_pages, t); };
-    copy_tile<kD>(sk, kb, p, s_phys, tok0, lane, ok);
-    copy_tile<kD>(sv, vb, p, s_phys, tok0, lane, ok);
+    copy_tiles<kD, 2>({sk, sv}, {kb, vb}, p, s_phys, tok0, lane, ok);
   };
 
   const auto compute = [&](int i) {

@@ -105,11 +105,15 @@ __device__ __forceinline__ void load_q_frags(const Params& p, const Chunk& c, in
   }
 }
 
-// Copies rows tok0 .. tok0+15 of the chunk (pages s_phys, base = K or V of the kv head) into
-// a swizzled tile; rows where row_ok(t) is false are zero-filled without a read.
-template <int kD, class RowOk>
-__device__ __forceinline__ void copy_tile(char* dst, const std::uint16_t* base, const Params& p,
-                                          const int* s_phys, int tok0, int lane, RowOk&& row_ok) {
+// Copies rows tok0 .. tok0+15 of the chunk (pages s_phys) from each base (K and/or V of the
+// kv head) into the matching swizzled tile; rows where row_ok(t) is false are zero-filled
+// without a read. K and V together share one address computation per 16-byte chunk: the
+// softmax kernel is issue-bound, and doing it twice cost ~1.6x at long contexts.
+template <int kD, int kN, class RowOk>
+__device__ __forceinline__ void copy_tiles(char* const (&dst)[kN],
+                                           const std::uint16_t* const (&base)[kN],
+                                           const Params& p, const int* s_phys, int tok0, int lane,
+                                           RowOk&& row_ok) {
   constexpr int kCh = kD / 8;  // 16-byte chunks per row
 #pragma unroll
   for (int j = lane; j < kTileTok * kCh; j += 32) {
@@ -117,7 +121,9 @@ __device__ __forceinline__ void copy_tile(char* dst, const std::uint16_t* base, 
     const int t = tok0 + row;
     const bool ok = row_ok(t);
     const std::int64_t off = ok ? row_offset(p, s_phys, t) + ch * 8 : 0;
-    cp_async16(dst + swz<kD>(row, ch), base + off, ok ? 16 : 0);
+    const int d = swz<kD>(row, ch);
+#pragma unroll
+    for (int i = 0; i < kN; ++i) cp_async16(dst[i] + d, base[i] + off, ok ? 16 : 0);
   }
 }
 

@@ -71,15 +71,24 @@ def entmax_table(rows):
                 cells.append(f"{k[soft]['us']:.1f} | {k[ent]['us']:.1f} | "
                              f"{k[ent]['us'] / k[soft]['us']:.2f}x")
         if len(cells) == 2:
+            # The split-K entmax path forced on the same selection (sparse rows only).
+            split = k.get("ours_entmax_sparse_split_quest_cpu_sel_graph")
+            ent = k.get("ours_entmax_sparse_quest_cpu_sel_graph")
+            soft = k.get("ours_sparse_quest_cpu_sel_graph")
+            cells.append(f"{split['us']:.1f} | {split['us'] / soft['us']:.2f}x | "
+                         f"{ent['us'] / split['us']:.2f}" if split and ent and soft else "- | - | -")
             lines.append(f"| {ctx // 1024}K | {batch} | {hq} | {budget or 'dense'} | "
                          + " | ".join(cells) + " |")
     if not lines:
         return []
     return ["", "Entmax (alpha 1.5) vs softmax, same step: dense, or sparse on the same CPU "
-            "selection (decode only).", "",
+            "selection (decode only). Sparse entmax is the automatic path (the one-kernel "
+            "cluster decode where the clusters fit in one wave, else split-K); the last three "
+            "columns force the split-K path on the same selection.", "",
             "| context | B | Hq | budget | softmax µs | entmax µs | entmax/softmax | softmax graph µs "
-            "| entmax graph µs | entmax/softmax (graph) |",
-            "|---|---|---|---|---|---|---|---|---|---|"] + lines
+            "| entmax graph µs | entmax/softmax (graph) | split-K entmax graph µs "
+            "| split-K / softmax (graph) | automatic / split-K |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|"] + lines
 
 
 def flex_table(ours_rows, peer_rows, cudnn):
