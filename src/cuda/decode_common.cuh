@@ -272,7 +272,8 @@ __device__ __forceinline__ bool newton_step(double f, double df, double& tau) {
 
 // Sums of a and b over the warp, lane 0's in every lane: decisions taken on them (break,
 // step) are then the same in all lanes, whatever order the butterfly added in.
-__device__ __forceinline__ void warp_sum2(double& a, double& b) {
+template <class T>
+__device__ __forceinline__ void warp_sum2(T& a, T& b) {
 #pragma unroll
   for (int off = 16; off > 0; off /= 2) {
     a += __shfl_xor_sync(0xffffffffu, a, off);
@@ -468,6 +469,15 @@ struct EntmaxShape {
 // checked and `p` holds what both mappings share.
 void launch_entmax(Params p, const EntmaxShape& shape, const DecodeLaunch& launch,
                    DecodeWorkspace::Impl& ws);
+// Host: the entmax mapping's launch parameters (both entmax paths): q pre-multiplied by
+// scale·(alpha-1) so dot products are z; the weight's power 1/(alpha-1), exact when 1 or 2.
+inline void set_entmax_mapping(Params& p, const EntmaxShape& s) {
+  p.q_mult = static_cast<float>(s.scale * (s.alpha - 1.0));
+  const double e = 1.0 / (s.alpha - 1.0);
+  p.pow_exp = static_cast<float>(e);
+  p.pow_int = e == 1.0 ? 1 : e == 2.0 ? 2 : 0;
+}
+
 // Host: the one-kernel cluster path of sparse entmax (decode_cluster.cu). Returns false when
 // launch.entmax_kernel is automatic and the call is not one it serves (the caller runs the
 // split path); throws when it is forced and cannot serve.

@@ -626,10 +626,7 @@ void launch_entmax(Params p, const EntmaxShape& s, const DecodeLaunch& launch,
   const int rgroups = row_groups(s.head_dim);
   p.chunk_pages = cp;
   p.num_chunks = chunks;
-  p.q_mult = static_cast<float>(s.scale * (s.alpha - 1.0));
-  const double e = 1.0 / (s.alpha - 1.0);
-  p.pow_exp = static_cast<float>(e);
-  p.pow_int = e == 1.0 ? 1 : e == 2.0 ? 2 : 0;
+  set_entmax_mapping(p, s);
   p.kg = k.kg;
   p.per_list = (cp * (1 << p.log2_page) + rgroups - 1) / rgroups;
   const std::size_t lists = static_cast<std::size_t>(s.batch) * kh * chunks * rgroups;
