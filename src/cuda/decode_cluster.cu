@@ -172,7 +172,10 @@ __global__ void __launch_bounds__(kCThreads, 1) entmax_cluster_kernel(Params p) 
   // 1. z of every token and head (-inf: no token, or a padding head).
   const auto valid = [&](int t) { return token_ok(p, s_len, n_pages, t); };
   stream_tiles<kRingC, true>(
-      my_tiles, [&](int i) { copy_tiles<kD, 1>({slot(i)}, {kb}, p, s_phys, tok0_of(i), lane, valid); },
+      my_tiles,
+      [&](int i) {
+        copy_tiles<kD, 1>({slot(i)}, {kb}, p, s_phys, s_len, n_pages, tok0_of(i), lane, AllRows{});
+      },
       [&](int i) {
         float s[2][4];
         tile_scores<kBf16, kD>(qa, slot(i), lane, s);
@@ -339,7 +342,7 @@ __global__ void __launch_bounds__(kCThreads, 1) entmax_cluster_kernel(Params p) 
   stream_tiles<kRingC, true>(
       n_sup,
       [&](int j) {
-        copy_tiles<kD, 1>({slot(j)}, {vb}, p, s_phys, sup_tok0(j), lane,
+        copy_tiles<kD, 1>({slot(j)}, {vb}, p, s_phys, s_len, n_pages, sup_tok0(j), lane,
                           [&](int t) { return s_sup[t] != 0; });
       },
       [&](int j) {

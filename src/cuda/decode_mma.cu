@@ -77,8 +77,7 @@ __global__ void __launch_bounds__(kThreads, 2) decode_mma_kernel(Params p) {
     char* sk = ring + (i % kRingT) * 2 * Smem::kTileBytes;
     char* sv = sk + Smem::kTileBytes;
     const int tok0 = (warp + i * kWarps) * kTileTok;
-    const auto ok = [&](int t) { return token_ok(p, s_len, n_pages, t); };
-    copy_tiles<kD, 2>({sk, sv}, {kb, vb}, p, s_phys, tok0, lane, ok);
+    copy_tiles<kD, 2>({sk, sv}, {kb, vb}, p, s_phys, s_len, n_pages, tok0, lane, AllRows{});
   };
 
   const auto compute = [&](int i) {

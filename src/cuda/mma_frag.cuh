@@ -105,27 +105,55 @@ __device__ __forceinline__ void load_q_frags(const Params& p, const Chunk& c, in
   }
 }
 
-// Copies rows tok0 .. tok0+15 of the chunk (pages s_phys) from each base (K and/or V of the
-// kv head) into the matching swizzled tile; rows where row_ok(t) is false are zero-filled
-// without a read. K and V together share one address computation per 16-byte chunk: the
-// softmax kernel is issue-bound, and doing it twice cost ~1.6x at long contexts.
+// Copies rows tok0 .. tok0+15 of the chunk (pages s_phys / valid lengths s_len of n_pages
+// pages) from each base (K and/or V of the kv head) into the matching swizzled tile; rows that
+// are not valid tokens, or where row_ok(t) is false, are zero-filled without a read.
+// Issue-bound (the softmax decode reaches the copy engine's rate only when the per-chunk work is
+// small): K and V share one address computation per 16-byte chunk (separate ones cost 1.6x on
+// dense decode), and with pages of 16 tokens or more the tile lies in one page (tiles start at
+// multiples of 16), so its page is looked up once instead of per chunk.
 template <int kD, int kN, class RowOk>
 __device__ __forceinline__ void copy_tiles(char* const (&dst)[kN],
                                            const std::uint16_t* const (&base)[kN],
-                                           const Params& p, const int* s_phys, int tok0, int lane,
-                                           RowOk&& row_ok) {
+                                           const Params& p, const int* s_phys,
+                                           const std::uint16_t* s_len, int n_pages, int tok0,
+                                           int lane, RowOk&& row_ok) {
   constexpr int kCh = kD / 8;  // 16-byte chunks per row
+  if (p.log2_page >= 4) {
+    const int mask = (1 << p.log2_page) - 1;
+    const int pg = tok0 >> p.log2_page;
+    const bool in = pg < n_pages;
+    const int n_ok = in ? min(kTileTok, static_cast<int>(s_len[pg]) - (tok0 & mask)) : 0;
+    const std::int64_t off0 = in ? static_cast<std::int64_t>(s_phys[pg]) * p.stride_page +
+                                       (tok0 & mask) * p.stride_slot
+                                 : 0;
+#pragma unroll
+    for (int j = lane; j < kTileTok * kCh; j += 32) {
+      const int row = j / kCh, ch = j % kCh;
+      const bool ok = row < n_ok && row_ok(tok0 + row);
+      const std::int64_t off = ok ? off0 + row * p.stride_slot + ch * 8 : 0;
+      const int d = swz<kD>(row, ch);
+#pragma unroll
+      for (int i = 0; i < kN; ++i) cp_async16(dst[i] + d, base[i] + off, ok ? 16 : 0);
+    }
+    return;
+  }
 #pragma unroll
   for (int j = lane; j < kTileTok * kCh; j += 32) {
     const int row = j / kCh, ch = j % kCh;
     const int t = tok0 + row;
-    const bool ok = row_ok(t);
+    const bool ok = token_ok(p, s_len, n_pages, t) && row_ok(t);
     const std::int64_t off = ok ? row_offset(p, s_phys, t) + ch * 8 : 0;
     const int d = swz<kD>(row, ch);
 #pragma unroll
     for (int i = 0; i < kN; ++i) cp_async16(dst[i] + d, base[i] + off, ok ? 16 : 0);
   }
 }
+
+// Row predicate of copy_tiles that keeps every valid token.
+struct AllRows {
+  __device__ bool operator()(int) const { return true; }
+};
 
 // S = Q Kᵀ of a tile: s[nb] holds tokens nb*8 .. nb*8+7; this thread's entries are row
 // g = lane / 4, tokens nb*8 + 2 (lane % 4) + {0, 1} in s[nb][0..1] (s[nb][2..3]: padding rows).
