@@ -332,6 +332,11 @@ int run_check() {
   cases.push_back({1000, 3, 128, 16, 16, DType::bf16, kv::Layout::HND});
   cases.push_back({4097, 16, 128, 1, 16, DType::bf16, kv::Layout::HND});
   cases.push_back({1000, 16, 64, 16, 64, DType::f16, kv::Layout::NHD});
+  // Pages shorter than a 16-token tile (the copies' per-row page lookup; pages >= 16 tokens
+  // look the tile's page up once).
+  cases.push_back({1000, 4, 128, 2, 8, DType::bf16, kv::Layout::HND});
+  cases.push_back({4097, 8, 64, 1, 4, DType::f16, kv::Layout::NHD});
+  cases.push_back({300, 4, 128, 3, 1, DType::bf16, kv::Layout::HND});
 
   std::printf(
       "check: %zu cases x {softmax (automatic kernel), softmax (SIMT kernel), entmax} x "
