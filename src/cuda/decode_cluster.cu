@@ -488,20 +488,27 @@ bool launch_entmax_cluster(Params p, const EntmaxShape& s, const DecodeLaunch& l
   if (s.head_dim != 64 && s.head_dim != 128) return unsupported("serves head_dim 64 and 128");
   const int kh = p.num_kv_heads * p.head_groups;
   const int g = kernel_group(p.group);
-  // Cluster size: 16 (twice the SMs on a selection) while the clusters fit in one wave.
+  const auto fits_tokens = [&](int size) {
+    const std::int64_t per_rank = (std::max(s.units_max, 1) + size - 1) / size;
+    return (per_rank << p.log2_page) <= kRankTok;
+  };
+  // Cluster size: 16 (twice the SMs on a selection) while its clusters fit in one wave, else 8;
+  // 16 also when the selection is too long for clusters of 8.
   int cs = launch.cluster_size;
   if (cs == 0) {
     const ClusterKernel k16 = prepare_cluster(s.dtype, s.head_dim, g, 16);
-    cs = k16.max_clusters > 0 && s.batch * kh <= k16.max_clusters ? 16 : 8;
+    const bool wave16 = k16.max_clusters > 0 && s.batch * kh <= k16.max_clusters;
+    cs = wave16 || (!fits_tokens(8) && k16.max_clusters > 0) ? 16 : 8;
   }
   const ClusterKernel k = prepare_cluster(s.dtype, s.head_dim, g, cs);
   if (k.max_clusters == 0) return unsupported("cannot be scheduled on this device");
-  // One CTA per SM: past one wave of clusters the split path's many small CTAs are faster
-  // (measured 2.1x slower at B = 16, 8 kv heads: bench/results/2026-12-04-h200-cluster.md).
-  if (!forced && static_cast<std::int64_t>(s.batch) * kh * cs > detail::device_sms()) return false;
-  const int per_rank = (std::max(s.units_max, 1) + cs - 1) / cs;
-  if ((static_cast<std::int64_t>(per_rank) << p.log2_page) > kRankTok)
+  // One CTA per SM: past one wave of clusters (as many as the device co-schedules, 15 of 8 on
+  // the H200) the split path's many small CTAs are faster (measured 2.1x slower at B = 16,
+  // 8 kv heads: bench/results/2026-12-04-h200-cluster.md).
+  if (!forced && static_cast<std::int64_t>(s.batch) * kh > k.max_clusters) return false;
+  if (!fits_tokens(cs))
     return unsupported("holds at most 1024 tokens per CTA (cluster_size * 1024 per head)");
+  const int per_rank = (std::max(s.units_max, 1) + cs - 1) / cs;
 
   p.chunk_pages = per_rank;
   p.num_chunks = cs;
