@@ -9,17 +9,20 @@
 // their z in shared memory, and exchange the few numbers tau needs through distributed shared
 // memory (DSMEM), so the step needs one launch and no global round trip after the loads.
 //
-// Per CTA (rank r of the cluster, pages [r·P, (r+1)·P) of the selection, P = chunk_pages):
+// Per CTA (rank r of the cluster, pages [r·P, (r+1)·P) of the selection, P = chunk_pages),
+// 8 warps, warp h taking q head h in steps 2 and 3:
 //  1. z = (alpha-1)·scale·q·k of its tokens for the kv group's q heads on the tensor cores
 //     (mma_frag.cuh), K only, into shared memory;
-//  2. each rank's max z per head to every rank; tau0 = max z - 1 (§2.1: tau >= max z - 1);
-//  3. its candidates z > tau0 compacted per head;
-//  4. Newton on f(tau) = 1 in f64 from tau0 (iterates rise monotonically to the root): each
-//     rank's (f, -f') to every rank, then every rank adds them in rank order and steps, so all
-//     ranks hold the same tau bit for bit and stop together;
-//  5. V at the support rows only (other rows zero-filled without a read), O += P V on the
+//  2. one exchange: each rank's max z per head and its candidates z > (its max) - 1 (a superset
+//     of its part of the support, since tau >= the cluster's max - 1), their values too when
+//     at most kCap, to every rank;
+//  3. tau per head by that head's warp on the gathered values, the same on every rank bit for
+//     bit: Newton in f32, then f64 from below (warp_tau); a head where some rank had more than
+//     kCap candidates runs a distributed f64 Newton instead (each rank's (f, -f') exchanged
+//     per step, added in rank order);
+//  4. V at the support rows only (other rows zero-filled without a read), O += P V on the
 //     tensor cores, sum of p;
-//  6. reduce-scatter of O and sum p over the ranks (each rank finishes kG·d/cluster outputs),
+//  5. reduce-scatter of O and sum p over the ranks (each rank finishes kG·d/cluster outputs),
 //     in rank order.
 // Deterministic: every sum has a fixed order; no atomics.
 #include <cooperative_groups.h>
@@ -311,7 +314,7 @@ __global__ void __launch_bounds__(kCThreads, 1) entmax_cluster_kernel(Params p) 
   }
   __syncthreads();  // s_tf
 
-  // 5. Support rows (p > 0 for some head), the warp's tiles holding any, then P V over them
+  // 4. Support rows (p > 0 for some head), the warp's tiles holding any, then P V over them
   // (V read at the support rows only; the other rows of a tile are zero-filled, p = 0 there).
   for (int t = threadIdx.x; t < rows_pad; t += kCThreads) {
     bool sup = false;
@@ -360,7 +363,7 @@ __global__ void __launch_bounds__(kCThreads, 1) entmax_cluster_kernel(Params p) 
   ps += __shfl_xor_sync(0xffffffffu, ps, 1);
   ps += __shfl_xor_sync(0xffffffffu, ps, 2);
 
-  // 6. The warps' sums (in warp order), then the ranks' (in rank order) by reduce-scatter.
+  // 5. The warps' sums (in warp order), then the ranks' (in rank order) by reduce-scatter.
   __syncthreads();                                  // the rings are free
   // Rows padded by 8 floats: the float2 stores of a half warp hit 32 distinct banks.
   constexpr int kRow = kD + 8;
@@ -488,9 +491,9 @@ bool launch_entmax_cluster(Params p, const EntmaxShape& s, const DecodeLaunch& l
   if (s.head_dim != 64 && s.head_dim != 128) return unsupported("serves head_dim 64 and 128");
   const int kh = p.num_kv_heads * p.head_groups;
   const int g = kernel_group(p.group);
+  const auto per_rank = [&](int size) { return (std::max(s.units_max, 1) + size - 1) / size; };
   const auto fits_tokens = [&](int size) {
-    const std::int64_t per_rank = (std::max(s.units_max, 1) + size - 1) / size;
-    return (per_rank << p.log2_page) <= kRankTok;
+    return (static_cast<std::int64_t>(per_rank(size)) << p.log2_page) <= kRankTok;
   };
   // Cluster size: 16 (twice the SMs on a selection) while its clusters fit in one wave, else 8;
   // 16 also when the selection is too long for clusters of 8.
@@ -508,9 +511,8 @@ bool launch_entmax_cluster(Params p, const EntmaxShape& s, const DecodeLaunch& l
   if (!forced && static_cast<std::int64_t>(s.batch) * kh > k.max_clusters) return false;
   if (!fits_tokens(cs))
     return unsupported("holds at most 1024 tokens per CTA (cluster_size * 1024 per head)");
-  const int per_rank = (std::max(s.units_max, 1) + cs - 1) / cs;
 
-  p.chunk_pages = per_rank;
+  p.chunk_pages = per_rank(cs);
   p.num_chunks = cs;
   set_entmax_mapping(p, s);
   cudaLaunchAttribute attr{};

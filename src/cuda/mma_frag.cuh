@@ -119,6 +119,18 @@ __device__ __forceinline__ void copy_tiles(char* const (&dst)[kN],
                                            const std::uint16_t* s_len, int n_pages, int tok0,
                                            int lane, RowOk&& row_ok) {
   constexpr int kCh = kD / 8;  // 16-byte chunks per row
+  // in_tile(row): a valid token; offset(row): its element offset in the pool (kv head aside).
+  const auto copy = [&](auto&& in_tile, auto&& offset) {
+#pragma unroll
+    for (int j = lane; j < kTileTok * kCh; j += 32) {
+      const int row = j / kCh, ch = j % kCh;
+      const bool ok = in_tile(row) && row_ok(tok0 + row);
+      const std::int64_t off = ok ? offset(row) + ch * 8 : 0;
+      const int d = swz<kD>(row, ch);
+#pragma unroll
+      for (int i = 0; i < kN; ++i) cp_async16(dst[i] + d, base[i] + off, ok ? 16 : 0);
+    }
+  };
   if (p.log2_page >= 4) {
     const int mask = (1 << p.log2_page) - 1;
     const int pg = tok0 >> p.log2_page;
@@ -127,26 +139,11 @@ __device__ __forceinline__ void copy_tiles(char* const (&dst)[kN],
     const std::int64_t off0 = in ? static_cast<std::int64_t>(s_phys[pg]) * p.stride_page +
                                        (tok0 & mask) * p.stride_slot
                                  : 0;
-#pragma unroll
-    for (int j = lane; j < kTileTok * kCh; j += 32) {
-      const int row = j / kCh, ch = j % kCh;
-      const bool ok = row < n_ok && row_ok(tok0 + row);
-      const std::int64_t off = ok ? off0 + row * p.stride_slot + ch * 8 : 0;
-      const int d = swz<kD>(row, ch);
-#pragma unroll
-      for (int i = 0; i < kN; ++i) cp_async16(dst[i] + d, base[i] + off, ok ? 16 : 0);
-    }
-    return;
-  }
-#pragma unroll
-  for (int j = lane; j < kTileTok * kCh; j += 32) {
-    const int row = j / kCh, ch = j % kCh;
-    const int t = tok0 + row;
-    const bool ok = token_ok(p, s_len, n_pages, t) && row_ok(t);
-    const std::int64_t off = ok ? row_offset(p, s_phys, t) + ch * 8 : 0;
-    const int d = swz<kD>(row, ch);
-#pragma unroll
-    for (int i = 0; i < kN; ++i) cp_async16(dst[i] + d, base[i] + off, ok ? 16 : 0);
+    copy([&](int row) { return row < n_ok; },
+         [&](int row) { return off0 + row * p.stride_slot; });
+  } else {
+    copy([&](int row) { return token_ok(p, s_len, n_pages, tok0 + row); },
+         [&](int row) { return row_offset(p, s_phys, tok0 + row); });
   }
 }
 

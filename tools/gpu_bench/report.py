@@ -72,11 +72,12 @@ def entmax_table(rows):
                              f"{k[ent]['us'] / k[soft]['us']:.2f}x")
         if len(cells) == 2:
             # The split-K entmax path forced on the same selection (sparse rows only).
-            split = k.get("ours_entmax_sparse_split_quest_cpu_sel_graph")
-            ent = k.get("ours_entmax_sparse_quest_cpu_sel_graph")
-            soft = k.get("ours_sparse_quest_cpu_sel_graph")
-            cells.append(f"{split['us']:.1f} | {split['us'] / soft['us']:.2f}x | "
-                         f"{ent['us'] / split['us']:.2f}" if split and ent and soft else "- | - | -")
+            split_row = k.get("ours_entmax_sparse_split_quest_cpu_sel_graph")
+            ent_row = k.get("ours_entmax_sparse_quest_cpu_sel_graph")
+            soft_row = k.get("ours_sparse_quest_cpu_sel_graph")
+            cells.append(f"{split_row['us']:.1f} | {split_row['us'] / soft_row['us']:.2f}x | "
+                         f"{ent_row['us'] / split_row['us']:.2f}"
+                         if split_row and ent_row and soft_row else "- | - | -")
             lines.append(f"| {ctx // 1024}K | {batch} | {hq} | {budget or 'dense'} | "
                          + " | ".join(cells) + " |")
     if not lines:
