@@ -122,6 +122,8 @@ def corpus():
         "kquant_width_not_256.gguf": build(tensors=[("k", [640, 1], 12)]),
         "bad_alignment.gguf": build(alignment=48),
         "zero_alignment.gguf": build(kvs=[kv("general.alignment", U32, 0)], tensors=[]),
+        # alignment 1 is legal: the f32 tensor lands at an address that is not float-aligned
+        "valid_align1.gguf": build(alignment=1, tensors=[("b", [32, 1], 8), ("f", [17, 2], 0)]),
         "duplicate_tensor_name.gguf": build(tensors=VALID_TENSORS + [("b", [32], 0)]),
         "truncated_tensor_infos.gguf": valid[:24 + n_kv_bytes + 20],
     }

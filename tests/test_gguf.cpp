@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -157,6 +158,41 @@ TEST(GgufReader, MmapAndBufferGiveTheSameTensors) {
   EXPECT_EQ(moved.get<std::string>("general.architecture"), "llama");
 }
 
+// general.alignment = 1 is legal, so f32 data may sit at an address that is not float-aligned;
+// every row reader must still give the stored values (the CI's UBSan job and the fuzzer check
+// that no path loads a misaligned float).
+TEST(GgufReader, AlignmentOneFloatRowsReadAtAnyAddress) {
+  const std::vector<std::byte> bytes = read_bytes(kCorpus / "valid_align1.gguf");
+  const GgufFile f = GgufFile::from_buffer(bytes);
+  EXPECT_EQ(f.get<std::uint32_t>("general.alignment"), 1u);
+  const GgufTensor* t = f.find_tensor("f");
+  ASSERT_NE(t, nullptr);
+  ASSERT_EQ(t->type, GgmlType::f32);
+  ASSERT_NE(reinterpret_cast<std::uintptr_t>(t->data) % alignof(float), 0u)
+      << "the corpus file no longer places the f32 tensor off a float boundary";
+  const std::size_t n = t->row_width();
+  ASSERT_EQ(n, 17u);  // one 16-wide AVX2 step plus a scalar tail
+  std::vector<float> x(n);
+  for (std::size_t i = 0; i < n; ++i) x[i] = 0.25f * static_cast<float>(i) - 1.5f;
+  std::vector<float> y(t->rows());
+  matvec(t->type, t->data, t->rows(), n, x.data(), y.data());
+  for (std::size_t r = 0; r < t->rows(); ++r) {
+    const auto* row = static_cast<const std::byte*>(t->data) + r * n * sizeof(float);
+    std::vector<float> want(n), got(n);
+    std::memcpy(want.data(), row, n * sizeof(float));
+    double dot = 0, scale = 1;  // float sums are accurate relative to the sum of |terms|
+    for (std::size_t i = 0; i < n; ++i) {
+      dot += static_cast<double>(want[i]) * x[i];
+      scale += std::abs(static_cast<double>(want[i]) * x[i]);
+    }
+    dequantize_row(t->type, row, got.data(), n);
+    EXPECT_EQ(std::memcmp(got.data(), want.data(), n * sizeof(float)), 0) << "row " << r;
+    const double tol = 1e-6 * scale;
+    EXPECT_NEAR(dot_row(t->type, row, x.data(), n), dot, tol) << "row " << r;
+    EXPECT_NEAR(y[r], dot, tol) << "row " << r;
+  }
+}
+
 TEST(GgufReader, MissingFileIsIoError) {
   try {
     (void)GgufFile::open("/nonexistent/dir/model.gguf");
@@ -243,7 +279,7 @@ TEST(GgufMalformed, EveryCorpusFileButTheValidOneThrowsError) {
     }
     EXPECT_EQ(threw, !valid) << entry.path();
   }
-  EXPECT_GE(files, 21);
+  EXPECT_GE(files, 22);
 }
 
 // Cutting the file anywhere before the end of the last tensor's data must be noticed; cutting

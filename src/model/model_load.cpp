@@ -1,5 +1,6 @@
 // ModelConfig from GGUF metadata and the weight tables of Model (model.hpp).
 #include <cmath>
+#include <cstdint>
 #include <string>
 
 #include "masskv/error.hpp"
@@ -170,24 +171,32 @@ std::unique_ptr<Model> Model::load(const std::string& path) {
     }
     for (const GgufTensor* t :
          {L.attn_norm, L.ffn_norm, L.q_norm, L.k_norm, L.post_attn_norm, L.post_ffn_norm}) {
-      if (t != nullptr && t->type != GgmlType::f32) {
-        std::vector<float> w(static_cast<std::size_t>(t->n_elements));
-        dequantize_row(t->type, t->data, w.data(), w.size());
-        m->dequantised_norms_.emplace_back(t, std::move(w));
-      }
+      if (t != nullptr) m->keep_norm(*t);
     }
   }
-  if (m->output_norm_->type != GgmlType::f32) {
-    std::vector<float> w(static_cast<std::size_t>(E));
-    dequantize_row(m->output_norm_->type, m->output_norm_->data, w.data(), w.size());
-    m->dequantised_norms_.emplace_back(m->output_norm_, std::move(w));
-  }
+  m->keep_norm(*m->output_norm_);
   m->weight_bytes_per_token_ = bytes;
   return m;
 }
 
+namespace {
+// A GGUF may declare an alignment below 4 bytes, so f32 data is read in place only when it is
+// float-aligned; anything else is converted once at load.
+bool readable_in_place(const GgufTensor& t) {
+  return t.type == GgmlType::f32 &&
+         reinterpret_cast<std::uintptr_t>(t.data) % alignof(float) == 0;
+}
+}  // namespace
+
+void Model::keep_norm(const GgufTensor& t) {
+  if (readable_in_place(t)) return;
+  std::vector<float> w(static_cast<std::size_t>(t.n_elements));
+  dequantize_row(t.type, t.data, w.data(), w.size());
+  dequantised_norms_.emplace_back(&t, std::move(w));
+}
+
 const float* Model::norm_weights(const GgufTensor& t) const {
-  if (t.type == GgmlType::f32) return reinterpret_cast<const float*>(t.data);
+  if (readable_in_place(t)) return reinterpret_cast<const float*>(t.data);
   for (const auto& [tensor, w] : dequantised_norms_) {
     if (tensor == &t) return w.data();
   }

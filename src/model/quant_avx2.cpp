@@ -123,15 +123,21 @@ void q6_k_quads(const std::uint8_t* ql, const std::uint8_t* qh, int l, __m256i q
 }  // namespace
 
 float dot_f32_avx2(const void* row, const float* x, std::size_t n) {
-  const auto* w = static_cast<const float*>(row);
+  // Byte pointer: a GGUF may declare an alignment below 4, so rows need not be float-aligned.
+  const auto* w = static_cast<const std::uint8_t*>(row);
   __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
   std::size_t i = 0;
   for (; i + 16 <= n; i += 16) {
-    a0 = _mm256_fmadd_ps(_mm256_loadu_ps(w + i), _mm256_loadu_ps(x + i), a0);
-    a1 = _mm256_fmadd_ps(_mm256_loadu_ps(w + i + 8), _mm256_loadu_ps(x + i + 8), a1);
+    const auto* wi = reinterpret_cast<const float*>(w + 4 * i);  // loadu: any alignment
+    a0 = _mm256_fmadd_ps(_mm256_loadu_ps(wi), _mm256_loadu_ps(x + i), a0);
+    a1 = _mm256_fmadd_ps(_mm256_loadu_ps(wi + 8), _mm256_loadu_ps(x + i + 8), a1);
   }
   float total = hsum(_mm256_add_ps(a0, a1));
-  for (; i < n; ++i) total += w[i] * x[i];
+  for (; i < n; ++i) {
+    float wv;
+    std::memcpy(&wv, w + 4 * i, 4);
+    total += wv * x[i];
+  }
   return total;
 }
 

@@ -117,6 +117,8 @@ class Model {
 
  private:
   Model(GgufFile file, std::string path);
+  // Keeps a float copy of norm weights that cannot be read in place (not f32, or not aligned).
+  void keep_norm(const GgufTensor& t);
   GgufFile file_;
   std::string path_;
   ModelConfig config_;
