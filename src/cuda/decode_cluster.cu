@@ -9,7 +9,8 @@
 // their z in shared memory, and exchange the few numbers tau needs through distributed shared
 // memory (DSMEM), so the step needs one launch and no global round trip after the loads.
 //
-// Per CTA (rank r of the cluster, pages [r·P, (r+1)·P) of the selection, P = chunk_pages),
+// Per CTA (rank r of the cluster, pages [r·S, (r+1)·S) of the selection, S = ceil(count /
+// cluster) <= P = chunk_pages, the planned share),
 // 8 warps, warp h taking q head h in steps 2 and 3:
 //  1. z = (alpha-1)·scale·q·k of its tokens for the kv group's q heads on the tensor cores
 //     (mma_frag.cuh), K only, into shared memory;
@@ -153,7 +154,12 @@ __global__ void __launch_bounds__(kCThreads, 1) entmax_cluster_kernel(Params p) 
   cg::cluster_group cluster = cg::this_cluster();
   const int rank = static_cast<int>(cluster.block_rank());
   cluster_arrive_relaxed();
-  const Chunk c = chunk_of(p);  // chunk = rank: the host set chunk_pages = P, num_chunks = kCs
+  Chunk c = chunk_of(p);  // chunk = rank: the host set chunk_pages = P, num_chunks = kCs
+  // The ranks split the list's own count, not its capacity P·kCs (a list shorter than its
+  // capacity — the adaptive rule's — would leave the high ranks idle); at most P pages a rank.
+  const int share = (c.units + kCs - 1) / kCs;
+  c.unit0 = rank * share;
+  c.n_pages = max(0, min(share, c.units - c.unit0));
   stage_page_list(p, c, s_phys, s_len);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int g = lane >> 2, t4 = lane & 3;  // fragment row (q head) and column pair
@@ -490,6 +496,7 @@ bool launch_entmax_cluster(Params p, const EntmaxShape& s, const DecodeLaunch& l
   if (!p.sparse) return unsupported("serves sparse decode (a selection) only");
   if (s.head_dim != 64 && s.head_dim != 128) return unsupported("serves head_dim 64 and 128");
   const int kh = p.num_kv_heads * p.head_groups;
+  const std::int64_t clusters = static_cast<std::int64_t>(s.batch) * kh;  // one per list
   const int g = kernel_group(p.group);
   const auto per_rank = [&](int size) { return (std::max(s.units_max, 1) + size - 1) / size; };
   const auto fits_tokens = [&](int size) {
@@ -500,7 +507,7 @@ bool launch_entmax_cluster(Params p, const EntmaxShape& s, const DecodeLaunch& l
   int cs = launch.cluster_size;
   if (cs == 0) {
     const ClusterKernel k16 = prepare_cluster(s.dtype, s.head_dim, g, 16);
-    const bool wave16 = k16.max_clusters > 0 && s.batch * kh <= k16.max_clusters;
+    const bool wave16 = k16.max_clusters > 0 && clusters <= k16.max_clusters;
     cs = wave16 || (!fits_tokens(8) && k16.max_clusters > 0) ? 16 : 8;
   }
   const ClusterKernel k = prepare_cluster(s.dtype, s.head_dim, g, cs);
@@ -508,7 +515,7 @@ bool launch_entmax_cluster(Params p, const EntmaxShape& s, const DecodeLaunch& l
   // One CTA per SM: past one wave of clusters (as many as the device co-schedules, 15 of 8 on
   // the H200) the split path's many small CTAs are faster (measured 2.1x slower at B = 16,
   // 8 kv heads: bench/results/2026-12-04-h200-cluster.md).
-  if (!forced && static_cast<std::int64_t>(s.batch) * kh > k.max_clusters) return false;
+  if (!forced && clusters > k.max_clusters) return false;
   if (!fits_tokens(cs))
     return unsupported("holds at most 1024 tokens per CTA (cluster_size * 1024 per head)");
 

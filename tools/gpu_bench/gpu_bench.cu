@@ -5,7 +5,9 @@
 //                                     failure)
 //   masskv_gpu_bench decode-check     the decode part of check alone (softmax and entmax)
 //   masskv_gpu_bench profile          a few decode launches of one shape, for ncu
-//   masskv_gpu_bench profile-select   Quest scoring and top-k alone at 128K and 1M, for ncu
+//   masskv_gpu_bench profile-select   Quest scoring, top-k and hierarchical selection alone at
+//                                     128K and 1M (plain and graph times)
+//   masskv_gpu_bench profile-hier [N] N hierarchical selections per profile-select shape, for ncu
 //   masskv_gpu_bench profile-gauss    hierarchical selection with and without Gaussian-tau, for ncu
 //   masskv_gpu_bench select-selftest  GPU Quest selection: ties, edges, errors, graphs, end to end
 //   masskv_gpu_bench select-check     GPU Quest selection vs the CPU selector on ~90 shapes
@@ -2736,7 +2738,8 @@ int run_profile_gauss() {
   return 0;
 }
 
-int run_profile_select() {
+// hier_only > 0: only that many hierarchical selections per shape (for ncu), no timing.
+int run_profile_select(int hier_only = 0) {
   const int Hq = 32, Hkv = 8, d = 128, P = 16, pool_pages = (1 << 20) / P;
   const std::size_t n = static_cast<std::size_t>(pool_pages) * Hkv * d;
   DevBuf<std::uint16_t> mn(n), mx(n);
@@ -2791,15 +2794,61 @@ int run_profile_select() {
       sl.workspace = &sws;
       sl.max_pages_per_seq = pages;
       sl.check_errors = false;
+      // Hierarchical (cover 2): group stores rebuilt on the device from each rotation's pages.
+      const int ngroups = (pages + 15) / 16;
+      const std::size_t gn = static_cast<std::size_t>(rot) * ngroups * Hkv * d;
+      DevBuf<std::uint16_t> gmn(gn), gmx(gn);
+      std::vector<DevBuf<std::int32_t>> d_gptr, d_gind;
+      for (int r = 0; r < rot; ++r) {
+        std::vector<std::int32_t> gi(ngroups);
+        std::iota(gi.begin(), gi.end(), r * ngroups);
+        d_gind.push_back(to_device(gi));
+        d_gptr.push_back(to_device(std::vector<std::int32_t>{0, ngroups}));
+        cuda::GroupUpdateArgs u;
+        u.table = args(r).table;
+        u.pages = store;
+        u.group_indptr = {d_gptr[r].p, d_gptr[r].n};
+        u.group_indices = {d_gind[r].p, d_gind[r].n};
+        u.group_min = reinterpret_cast<bf16*>(gmn.p);
+        u.group_max = reinterpret_cast<bf16*>(gmx.p);
+        u.group_slots = rot * ngroups;
+        cuda::update_groups(u, sl);
+      }
+      select::BoundStoreView gview = store;
+      gview.min = reinterpret_cast<const bf16*>(gmn.p);
+      gview.max = reinterpret_cast<const bf16*>(gmx.p);
+      gview.num_pages = rot * ngroups;
+      const auto hargs = [&](int i) {
+        cuda::HierSelectArgs h;
+        h.pages = args(i);
+        h.groups = gview;
+        h.group_indptr = {d_gptr[i % rot].p, d_gptr[i % rot].n};
+        h.group_indices = {d_gind[i % rot].p, d_gind[i % rot].n};
+        h.cover = 2.0;
+        return h;
+      };
+      if (hier_only > 0) {  // a few plain calls for ncu's per-kernel times
+        for (int i = 0; i < hier_only; ++i) cuda::hier_select(hargs(i), sl);
+        CK(cudaDeviceSynchronize());
+        sws.check(nullptr);
+        continue;
+      }
       const double score = time_us(10, 50, [&](int i) { cuda::quest_score(args(i), sl); });
       const double topk = time_us(10, 50, [&](int i) { cuda::quest_topk(args(i), sl); });
       const double sel = time_us(10, 50, [&](int i) { cuda::quest_select(args(i), sl); });
+      const double hier = time_us(10, 50, [&](int i) { cuda::hier_select(hargs(i), sl); });
+      const double hier_graph = time_graph_us(rot, 10, 50, [&](int r, cudaStream_t st) {
+        cuda::SelectLaunch l2 = sl;
+        l2.stream = st;
+        cuda::hier_select(hargs(r), l2);
+      });
       sws.check(nullptr);
       const double mb = static_cast<double>(pages) * Hkv * d * 2 * 2 / 1e6;
       std::printf(
           "profile-select ctx=%7d table=%-10s score %7.1f us (%6.1f MB, %5.0f GB/s)  top-k %6.1f "
-          "us  select %7.1f us\n",
-          ctx, shuffled ? "shuffled" : "sequential", score, mb, mb * 1e3 / score, topk, sel);
+          "us  select %7.1f us  hier %6.1f us (graph %6.1f us)\n",
+          ctx, shuffled ? "shuffled" : "sequential", score, mb, mb * 1e3 / score, topk, sel, hier,
+          hier_graph);
     }
   }
   return 0;
@@ -2829,6 +2878,7 @@ int main(int argc, char** argv) {
     if (mode == "decode-check") return run_check();
     if (mode == "profile") return run_profile();
     if (mode == "profile-select") return run_profile_select();
+    if (mode == "profile-hier") return run_profile_select(argc > 2 ? std::atoi(argv[2]) : 3);
     if (mode == "select-selftest") return run_select_selftest() ? 1 : 0;
     if (mode == "select-check") return run_select_check() ? 1 : 0;
     if (mode == "select-compact-check") return run_compact_check() ? 1 : 0;
@@ -2844,7 +2894,7 @@ int main(int argc, char** argv) {
   }
   std::fprintf(stderr,
                "usage: %s check | decode-check | select-selftest | select-check | "
-               "select-compact-check | profile | profile-select | profile-gauss | "
+               "select-compact-check | profile | profile-select | profile-hier [N] | profile-gauss | "
                "bench OUT.json | prefill-check | prefill-bench OUT.json | append-check\n",
                argv[0]);
   return 2;
