@@ -59,6 +59,12 @@ elif [[ $do_check -eq 1 ]]; then
       | tee -a "$OUT/check.log"
     [[ ${PIPESTATUS[0]} -ne 0 ]] && check_rc=1
   done
+  # The fused middle (group top-k + page scoring in one kernel) as every hier_select's default,
+  # so the entmax-aware and adaptive selections run through it too.
+  echo "select-compact check with MASSKV_HIER_FUSED=1" | tee -a "$OUT/check.log"
+  MASSKV_HIER_FUSED=1 "$BUILD/masskv_gpu_bench" select-compact-check 2>&1 | tail -2 \
+    | tee -a "$OUT/check.log"
+  [[ ${PIPESTATUS[0]} -ne 0 ]] && check_rc=1
   echo "check exit status: $check_rc"
 fi
 if [[ $do_bench -eq 1 ]]; then

@@ -345,10 +345,14 @@ __device__ __forceinline__ void cp_async8(void* smem, const void* gmem, int src_
 
 constexpr int kSkipTile = -2;  // load_id's id for a page of a group the mask leaves out
 
-// grid (chunks, kv heads, batch), blockDim = 32 * warps (warps <= kScoreMaxWarps, planned on the
-// host from the shared memory that fits).
+// One CTA's scoring of (sequence b, kv head h): page tiles [j0, j1) of 16 pages from page j0
+// (list == null), or the groups list[j0 .. j1) (list mode: group i = pages [16 i, 16 i + 16)).
+// n: the sequence's pages (seq_pages). smem: the CTA's dynamic shared memory (ScoreSmem's
+// layout: the warps' stages, then q). Every thread of the CTA calls it (it has barriers); the
+// CTA returns at once when there is nothing to score.
 template <int kD, bool kU8>
-__global__ void __launch_bounds__(kScoreMaxWarps * 32) quest_score_kernel(SelParams p) {
+__device__ __forceinline__ void score_tiles(const SelParams& p, unsigned char* smem, int b, int h,
+                                            int n, const std::int32_t* list, int j0, int j1) {
   using Smem = ScoreSmem<kD, kU8>;
   constexpr int kRowBytes = Smem::kRowBytes;
   constexpr int kStages = Smem::kStages;
@@ -357,8 +361,6 @@ __global__ void __launch_bounds__(kScoreMaxWarps * 32) quest_score_kernel(SelPar
   constexpr int kRowsPerCopy = 32 / kPieces;  // rows one warp-wide copy covers (4, 2, 1)
   constexpr int kCopies = 2 * kWarpPages / kRowsPerCopy;
   constexpr unsigned kAll = 0xffffffffu;
-  extern __shared__ uint4 smem_raw[];
-  unsigned char* smem = reinterpret_cast<unsigned char*>(smem_raw);
   const int warps = blockDim.x / 32;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int g = p.group;
@@ -367,16 +369,8 @@ __global__ void __launch_bounds__(kScoreMaxWarps * 32) quest_score_kernel(SelPar
   float* s_fq = s_qneg + g * kD;
   unsigned char* wbuf = smem + static_cast<std::size_t>(warp) * Smem::kWarpBytes;
 
-  const int chunk = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
-  const int n = seq_pages(p, b);
   const std::int64_t slot = static_cast<std::int64_t>(b) * p.num_kv_heads + h;
-  // Pages [j0, j1) by tiles of 16; in list mode, entries [j0, j1) of this pair's tile list.
-  const std::int32_t* list = p.tile_ids != nullptr ? p.tile_ids + slot * p.tile_stride : nullptr;
-  const int j0 = list != nullptr ? chunk * (p.chunk_pages / kWarpPages) : chunk * p.chunk_pages;
-  const int j_end = list != nullptr ? (n < 0 ? 0 : min(p.tile_count[slot], p.tile_stride)) : n;
-  if (n < 0 || j0 >= j_end) return;  // the whole CTA: before any barrier
-  const int j1 = list != nullptr ? min(j_end, j0 + p.chunk_pages / kWarpPages)
-                                 : min(n, j0 + p.chunk_pages);
+  if (n < 0 || j0 >= j1) return;  // the whole CTA: before any barrier
   const int seq_begin = p.indptr[b];
   const int tiles = list != nullptr ? j1 - j0 : (j1 - j0 + kWarpPages - 1) / kWarpPages;
   const int my_tiles = warp < tiles ? (tiles - warp + warps - 1) / warps : 0;
@@ -543,6 +537,23 @@ __global__ void __launch_bounds__(kScoreMaxWarps * 32) quest_score_kernel(SelPar
     if ((lane & 1) == 0 && in) keys[pg] = ok && !dropped ? ordered_key(best) : 0u;
     __syncwarp();  // every lane is done with this stage before it is refilled
   }
+}
+
+// grid (chunks, kv heads, batch), blockDim = 32 * warps (warps <= kScoreMaxWarps, planned on the
+// host from the shared memory that fits). Chunk c: pages [c·chunk_pages, +chunk_pages), or in
+// list mode entries [c·chunk_pages/16, +chunk_pages/16) of the pair's tile list.
+template <int kD, bool kU8>
+__global__ void __launch_bounds__(kScoreMaxWarps * 32) quest_score_kernel(SelParams p) {
+  extern __shared__ uint4 smem_raw[];
+  const int chunk = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
+  const int n = seq_pages(p, b);
+  const std::int64_t slot = static_cast<std::int64_t>(b) * p.num_kv_heads + h;
+  const std::int32_t* list = p.tile_ids != nullptr ? p.tile_ids + slot * p.tile_stride : nullptr;
+  const int j0 = list != nullptr ? chunk * (p.chunk_pages / kWarpPages) : chunk * p.chunk_pages;
+  const int j_end = list != nullptr ? (n < 0 ? 0 : min(p.tile_count[slot], p.tile_stride)) : n;
+  const int j1 = list != nullptr ? min(j_end, j0 + p.chunk_pages / kWarpPages)
+                                 : min(n, j0 + p.chunk_pages);
+  score_tiles<kD, kU8>(p, reinterpret_cast<unsigned char*>(smem_raw), b, h, n, list, j0, j1);
 }
 // ---- top-k ----------------------------------------------------------------------------------
 
@@ -1239,11 +1250,23 @@ __global__ void __launch_bounds__(kHierThreads) hier_page_topk_kernel(SelParams 
     // Every keyed page plus the first `zeros` pages of key 0, in id order: kHierThreads pages
     // a round, each page's rank among the key-0 pages and among the taken ones by block scans.
     const int zeros = nsel - all_keyed;
+    // Keyed: a nonzero key of a chosen group's page. The keys of other pages are not read: they
+    // are 0 after the unfused passes but stale after hier_fused_kernel (nothing zeroes them).
+    const std::int32_t* gl = gids + slot * gstride;
+    const int mg = min(gcount[slot], gstride);
+    const auto chosen = [&](int grp) {  // the list is ascending
+      int lo = 0, hi = mg;
+      while (lo < hi) {
+        const int mid = (lo + hi) / 2;
+        if (gl[mid] < grp) lo = mid + 1; else hi = mid;
+      }
+      return lo < mg && gl[lo] == grp;
+    };
     int zeros_before = 0, taken_before = 0;
     for (int j0 = sinks; j0 < window && taken_before < nsel; j0 += kHierThreads) {
       const int j = j0 + tid;
       const bool live = j < window;
-      const bool keyed_j = live && keys[j] != 0u;
+      const bool keyed_j = live && chosen(j / kWarpPages) && keys[j] != 0u;
       const bool zero_j = live && !keyed_j;
       int round_zeros = 0;
       const int zrank = zeros_before + block_select::exclusive_scan<kHierThreads>(
@@ -1257,6 +1280,78 @@ __global__ void __launch_bounds__(kHierThreads) hier_page_topk_kernel(SelParams 
       taken_before += round_taken;
     }
   }
+}
+
+// ---- hierarchical middle, fused: group top-k + scoring of the chosen groups' pages ------------
+
+constexpr int kFusedThreads = 256;  // 8 scoring warps (their stages fit at head_dim 64 and 128)
+
+// hier_select between the group scoring and the page top-k, in one kernel (MASSKV_HIER_FUSED;
+// hier_launch says when): grid (C, kv heads, batch), kFusedThreads threads.
+//  1. Every CTA of a (sequence, kv head) ranks the group keys itself, as the block top-k does
+//     at the group level (the kept groups, then the best of the others by key, ties to the
+//     lower id): the top nsel of the 64-bit (key, ~id) by radix selection, written ascending by
+//     an ordered compaction. The CTAs compute the same list from the same keys; CTA 0 writes it
+//     (gids, gcount) for hier_page_topk_kernel.
+//  2. CTA x scores the tiles of list entries [x·S, (x + 1)·S), S = ceil(count / C), with the
+//     scoring kernel's code (score_tiles, list mode).
+// It replaces two launches (group top-k, page scoring) and, in list mode, the memset of the
+// page keys: hier_page_topk_kernel reads the keys of chosen groups only.
+// Dynamic shared memory: [0, list_off) the candidates (phase 1), then the scoring stages and
+// q (phase 2, ScoreSmem's layout); the group list (gstride ints) at list_off.
+template <int kD, bool kU8>
+__global__ void __launch_bounds__(kFusedThreads) hier_fused_kernel(SelParams gp, SelParams pp,
+                                                                   std::int32_t* gids,
+                                                                   std::int32_t* gcount,
+                                                                   int gstride, int list_off) {
+  extern __shared__ uint4 smem_raw[];
+  __shared__ int s_hist[256], s_pick[3], s_warp[kFusedThreads / 32];
+  unsigned char* smem = reinterpret_cast<unsigned char*>(smem_raw);
+  auto* s_cand = reinterpret_cast<unsigned long long*>(smem);
+  auto* s_glist = reinterpret_cast<std::int32_t*>(smem + list_off);
+  const int x = blockIdx.x, h = blockIdx.y, b = blockIdx.z, tid = threadIdx.x;
+  const std::int64_t slot = static_cast<std::int64_t>(b) * gp.num_kv_heads + h;
+  detail::wait_for_predecessor();  // the group keys
+
+  // 1. The group list (uniform branches: every thread computes the same split).
+  const TopkSplit sp = topk_split_of(gp, b, x == 0 && tid == 0);
+  const int total = sp.bad || sp.n == 0 ? 0 : sp.total;
+  if (total > 0) {
+    const int s0 = min(sp.sinks, sp.window);
+    const int nsel = max(sp.total - sp.kept, 0);
+    for (int j = tid; j < s0; j += kFusedThreads) s_glist[j] = j;
+    for (int j = sp.window + tid; j < sp.n; j += kFusedThreads)
+      s_glist[s0 + nsel + (j - sp.window)] = j;
+    const int lo = sp.sinks, cand = sp.window - sp.sinks;
+    std::int32_t* dst = s_glist + s0;
+    if (nsel >= cand) {  // every candidate (nsel <= cand: total <= n)
+      for (int i = tid; i < nsel; i += kFusedThreads) dst[i] = lo + i;
+    } else if (nsel > 0) {
+      const std::uint32_t* keys = gp.keys + slot * gp.max_pages;
+      for (int i = tid; i < cand; i += kFusedThreads) {
+        const int j = lo + i;
+        s_cand[i] = (static_cast<unsigned long long>(keys[j]) << 32) |
+                    static_cast<std::uint32_t>(~j);
+      }
+      __syncthreads();
+      const unsigned long long thr =
+          block_select::radix_threshold<kFusedThreads>(s_cand, cand, nsel, s_hist, s_pick);
+      block_select::ordered_compact<kFusedThreads>(
+          cand, s_warp, [&](int i) { return s_cand[i] >= thr; },
+          [&](int i, int r) { dst[r] = lo + i; });
+    }
+  }
+  __syncthreads();  // the list; the candidates' memory is the scoring's from here on
+  if (x == 0) {
+    std::int32_t* out = gids + slot * gstride;
+    for (int i = tid; i < gstride; i += kFusedThreads) out[i] = i < total ? s_glist[i] : -1;
+    if (tid == 0) gcount[slot] = total;
+  }
+
+  // 2. This CTA's share of the chosen groups' pages.
+  const int share = (total + static_cast<int>(gridDim.x) - 1) / static_cast<int>(gridDim.x);
+  const int j0 = min(total, x * share), j1 = min(total, j0 + share);
+  score_tiles<kD, kU8>(pp, smem, b, h, seq_pages(pp, b), s_glist, j0, j1);
 }
 
 // Hierarchical top-p (select::hier_top_p): what the page pass needs beyond SelParams.
@@ -1797,6 +1892,68 @@ void launch_hier_page_topk(const SelParams& p, const std::int32_t* gids,
              "hier page top-k kernel launch");
 }
 
+// MASSKV_HIER_FUSED=1: SelectLaunch::HierMiddle::automatic takes hier_fused_kernel where it
+// serves (hier_fused_plan); unset or 0: the separate group top-k and page scoring launches.
+bool hier_fused_wanted() {
+  static const bool on = [] {
+    const char* e = std::getenv("MASSKV_HIER_FUSED");
+    return e != nullptr && std::string_view(e) == "1";
+  }();
+  return on;
+}
+
+constexpr int kFusedMaxCtas = 8;  // CTAs per (sequence, kv head)
+
+struct FusedPlan {
+  void (*fn)(SelParams, SelParams, std::int32_t*, std::int32_t*, int, int) = nullptr;
+  int ctas = 0;  // grid.x
+  int list_off = 0;
+  std::size_t smem = 0;
+};
+
+// The fused kernel for this call, or fn == null where it does not serve: head_dim 64 or 128,
+// the group candidates (8 bytes each) and the scoring stages in the shared memory that fits,
+// and a page top-k by hier_page_topk_kernel (chosen pages <= kHierCand).
+FusedPlan hier_fused_plan(int d, bool u8, int group, int max_groups, int gcap) {
+  FusedPlan f;
+  if ((d != 64 && d != 128) || gcap * kWarpPages > kHierCand) return f;
+  static const int optin =
+      device_attr(cudaDevAttrMaxSharedMemoryPerBlockOptin, "shared memory per block");
+  const std::size_t stages = d == 64   ? (u8 ? ScoreSmem<64, true>::bytes(kFusedThreads / 32, group)
+                                             : ScoreSmem<64>::bytes(kFusedThreads / 32, group))
+                             : u8 ? ScoreSmem<128, true>::bytes(kFusedThreads / 32, group)
+                                  : ScoreSmem<128>::bytes(kFusedThreads / 32, group);
+  const std::size_t cands = sizeof(unsigned long long) * static_cast<std::size_t>(max_groups);
+  const std::size_t off = (std::max(stages, cands) + 15) / 16 * 16;
+  const std::size_t smem = off + sizeof(std::int32_t) * static_cast<std::size_t>(gcap);
+  if (smem > static_cast<std::size_t>(optin)) return f;
+  using Fn = decltype(f.fn);
+  static const Fn fns[2][2] = {{hier_fused_kernel<64, false>, hier_fused_kernel<64, true>},
+                               {hier_fused_kernel<128, false>, hier_fused_kernel<128, true>}};
+  static std::once_flag once;
+  std::call_once(once, [] {
+    for (const auto& row : fns)
+      for (Fn fn : row)
+        check_cuda(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, optin),
+                   "cudaFuncSetAttribute(hier fused)");
+  });
+  f.fn = fns[d == 64 ? 0 : 1][u8 ? 1 : 0];
+  // One scoring warp per chosen group where the CTAs allow (the groups of a full list).
+  f.ctas = std::clamp((gcap + kFusedThreads / 32 - 1) / (kFusedThreads / 32), 1, kFusedMaxCtas);
+  f.list_off = static_cast<int>(off);
+  f.smem = smem;
+  return f;
+}
+
+// Programmatic dependent launch: waits on the device for the group scoring's keys.
+void launch_hier_fused(const FusedPlan& f, const SelParams& gp, const SelParams& pp,
+                       std::int32_t* gids, std::int32_t* gcount, int gstride, int kv_heads,
+                       int batch, cudaStream_t stream) {
+  detail::PdlLaunch l(stream, dim3(f.ctas, kv_heads, batch), dim3(kFusedThreads), f.smem);
+  check_cuda(cudaLaunchKernelEx(&l.cfg, f.fn, gp, pp, gids, gcount, gstride, f.list_off),
+             "hier fused kernel launch");
+}
+
 // hier_top_p's page pass: the weights over the GPU, then the selection per (sequence, kv head)
 // (both by programmatic dependent launch, as the page top-k).
 void launch_hier_top_p(const SelParams& p, const TopPParams& t, int d, const std::int32_t* gids,
@@ -2017,6 +2174,26 @@ void hier_launch(const HierSelectArgs& h, const SelectLaunch& launch, const TopP
     return;
   }
   if (entmax_rank) detail::launch_group_tau(tp, stream);
+  const FusedPlan fused =
+      launch.hier_middle == SelectLaunch::HierMiddle::fused ||
+              (launch.hier_middle == SelectLaunch::HierMiddle::automatic && hier_fused_wanted())
+          ? hier_fused_plan(a.q.n2, a.bounds8.min != nullptr, a.q.n1 / h.groups.num_kv_heads,
+                            max_groups, gcap)
+          : FusedPlan{};
+  if (fused.fn != nullptr) {
+    gp.score<<<gp.score_grid, gp.score_threads, gp.smem, stream>>>(gp.p);
+    check_cuda(cudaGetLastError(), "quest score kernel launch (groups)");
+    SelParams fp = pp.p;  // list mode from the kernel's own list
+    fp.tile_mask = nullptr;
+    fp.tile_ids = nullptr;
+    fp.tile_count = nullptr;
+    launch_hier_fused(fused, gp.p, fp, ws.gids.data(), ws.gcount.data(), gcap,
+                      h.groups.num_kv_heads, B, stream);
+    launch_hier_page_topk(pp.p, ws.gids.data(), ws.gcount.data(), gcap,
+                          dim3(1, h.groups.num_kv_heads, B), stream);
+    if (launch.check_errors) launch.workspace->check(stream);
+    return;
+  }
   if (list_mode) {
     check_cuda(cudaMemsetAsync(pp.p.keys, 0,
                                sizeof(std::uint32_t) * B * h.groups.num_kv_heads * pp.p.max_pages,

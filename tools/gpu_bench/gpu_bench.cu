@@ -31,7 +31,9 @@
 #include <cstdlib>
 #include <cstring>
 #include <functional>
+#include <limits>
 #include <numeric>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -1133,6 +1135,56 @@ void download_selection(const SelGpu& g, const cuda::SelectWorkspace& ws,
   CK(cudaMemcpy(keys.data(), k.data(), k.size() * sizeof(std::uint32_t), cudaMemcpyDeviceToHost));
 }
 
+// A device span's contents.
+template <class T>
+std::vector<T> download_span(std::span<const T> s) {
+  std::vector<T> v(s.size());
+  if (!v.empty()) CK(cudaMemcpy(v.data(), s.data(), s.size_bytes(), cudaMemcpyDeviceToHost));
+  return v;
+}
+
+// hier_select with the fused middle (SelectLaunch::HierMiddle::fused) on the call the separate
+// launches just made: the group lists equal theirs, the page lists and the keys of the chosen
+// groups' pages equal the CPU's. The page keys are poisoned first (the fused kernel writes the
+// chosen groups' keys only; the page top-k must not read the others), and the keys outside
+// the chosen groups are compared as 0, the CPU's value. Returns the failures.
+int check_hier_fused(const SelData& sd, const SelGpu& g, const cuda::SelectWorkspace& ws,
+                     const cuda::HierSelectArgs& h, cuda::SelectLaunch l,
+                     const SelectionStorage& cpu, const std::vector<std::uint32_t>& ckeys,
+                     const char* tag, ExactStats& st) {
+  const std::vector<std::int32_t> gid_ref = download_span(ws.group_ids());
+  const std::vector<std::int32_t> gcnt_ref = download_span(ws.group_counts());
+  const auto k = ws.page_keys();
+  CK(cudaMemset(const_cast<std::uint32_t*>(k.data()), 0xA5, k.size_bytes()));
+  CK(cudaMemset(g.ids.p, 0x7f, g.ids.n * sizeof(std::int32_t)));
+  l.hier_middle = cuda::SelectLaunch::HierMiddle::fused;
+  cuda::hier_select(h, l);
+  std::vector<std::int32_t> ids, cnt;
+  std::vector<std::uint32_t> keys;
+  download_selection(g, ws, ids, cnt, keys);
+  int f = 0;
+  if (download_span(ws.group_ids()) != gid_ref || download_span(ws.group_counts()) != gcnt_ref) {
+    std::printf("FAIL %s: group lists differ from the separate launches'\n", tag);
+    ++f;
+  }
+  const SelCase& c = sd.c;
+  const int gstride = ws.group_list_stride(), kstride = ws.keys_stride();
+  for (int b = 0; b < c.batch; ++b) {
+    const int n = sd.indptr[b + 1] - sd.indptr[b];
+    for (int hh = 0; hh < c.hkv; ++hh) {
+      const std::size_t slot = static_cast<std::size_t>(b) * c.hkv + hh;
+      std::vector<char> chosen((n + 15) / 16, 0);
+      for (int i = 0; i < std::min(gcnt_ref[slot], gstride); ++i) {
+        const int grp = gid_ref[slot * gstride + i];
+        if (grp >= 0 && grp < static_cast<int>(chosen.size())) chosen[grp] = 1;
+      }
+      for (int j = 0; j < n; ++j)
+        if (!chosen[j / 16]) keys[slot * kstride + j] = 0;
+    }
+  }
+  return f + compare_exact(sd, cpu, ckeys, ids, cnt, g.max_per_head, keys, kstride, tag, st);
+}
+
 // cuda::update_groups against the host GroupStore, bit for bit: every group rebuilt into a
 // poisoned store, then only the last groups (the others must stay poisoned).
 int check_group_update(const SelData& sd, const SelGpu& g, const select::GroupStore& groups,
@@ -1257,7 +1309,8 @@ int run_compact_check() {
       "lists must be identical\n",
       cases.size());
   cuda::SelectWorkspace ws;
-  ExactStats s8, sh, sh8;
+  ExactStats s8, sh, sh8, shf, sh8f;
+  long fused_cases = 0;
   struct {
     ExactStats fixed, adaptive;
     long fixed_pages = 0, adaptive_pages = 0, skipped = 0;
@@ -1326,6 +1379,8 @@ int run_compact_check() {
     download_selection(g, ws, ids, cnt, keys);
     f += compare_exact(sd, cpuh, ckeys, ids, cnt, g.max_per_head, keys, ws.keys_stride(), "hier",
                        sh);
+    f += check_hier_fused(sd, g, ws, hier_args(g.args, gg, cover), l, cpuh, ckeys, "hier-fused",
+                          shf);
     // Hierarchical with 8-bit pages (bf16 groups).
     const select::BoundStore8View h8v = store8.view();
     ha.pages8 = &h8v;
@@ -1336,6 +1391,14 @@ int run_compact_check() {
     download_selection(g, ws, ids, cnt, keys);
     f += compare_exact(sd, cpuh8, ckeys, ids, cnt, g.max_per_head, keys, ws.keys_stride(), "hier8",
                        sh8);
+    f += check_hier_fused(sd, g, ws, hier_args(a8, gg, cover), l, cpuh8, ckeys, "hier8-fused",
+                          sh8f);
+    // Cases the fused kernel serves (elsewhere hier_select falls back to the separate launches).
+    if ((c.d == 64 || c.d == 128) &&
+        16 * std::min((sd.max_pages + 15) / 16,
+                      select::hier_groups(std::numeric_limits<int>::max(), 16,
+                                          c.pol.budget_pages, cover)) <= 8192)
+      ++fused_cases;
     // Entmax-aware hierarchical ranking (Gaussian-τ from pooled moments): τ̂ against
     // select::group_tau_hat (to the solver's tolerance), then keys and lists against
     // select::hier_select given the GPU's τ̂ (identical). Fixed budget and the adaptive rule.
@@ -1553,6 +1616,11 @@ int run_compact_check() {
       "keys %ld/%ld identical; hier8: %ld/%ld lists identical, keys %ld/%ld identical (%.1f s)\n",
       s8.identical, s8.lists, s8.keys_equal, s8.keys, sh.identical, sh.lists, sh.keys_equal,
       sh.keys, sh8.identical, sh8.lists, sh8.keys_equal, sh8.keys, secs);
+  std::printf(
+      "hier fused middle (%ld of %zu cases served, the rest fall back): hier %ld/%ld lists "
+      "identical, keys %ld/%ld; hier8 %ld/%ld lists identical, keys %ld/%ld\n",
+      fused_cases, cases.size(), shf.identical, shf.lists, shf.keys_equal, shf.keys,
+      sh8f.identical, sh8f.lists, sh8f.keys_equal, sh8f.keys);
   std::printf(
       "gauss (entmax-aware hier, pooled-moment tau): worst |tau gpu - cpu| / max(1, |tau|) %.3g; "
       "fixed %ld/%ld lists identical, keys %ld/%ld; adaptive %ld/%ld lists identical, keys "
@@ -2547,6 +2615,13 @@ int run_bench(const char* json_path) {
                 [&](int r, cudaStream_t st) {
                   cuda::hier_select(hier_args(sel_args(r), gr[r % rot], cover), on(st));
                 });
+        // The same selection with the fused middle (group top-k + page scoring in one kernel).
+        measure(cover == 2.0 ? "hier_fused" : "hier_fused_c4", group_bytes + chosen * 4.0 * d,
+                [&](int r, cudaStream_t st) {
+                  cuda::SelectLaunch lf = on(st);
+                  lf.hier_middle = cuda::SelectLaunch::HierMiddle::fused;
+                  cuda::hier_select(hier_args(sel_args(r), gr[r % rot], cover), lf);
+                });
         if (cover == 4.0)
           measure("hier8_c4", group_bytes + chosen * (2.0 * d + 8), [&](int r, cudaStream_t st) {
             cuda::hier_select(hier_args(sel8_args(r), gr[r % rot], cover), on(st));
@@ -2827,28 +2902,49 @@ int run_profile_select(int hier_only = 0) {
         h.cover = 2.0;
         return h;
       };
-      if (hier_only > 0) {  // a few plain calls for ncu's per-kernel times
-        for (int i = 0; i < hier_only; ++i) cuda::hier_select(hargs(i), sl);
+      using Middle = cuda::SelectLaunch::HierMiddle;
+      const auto with = [&](Middle m, cudaStream_t st) {
+        cuda::SelectLaunch l2 = sl;
+        l2.stream = st;
+        l2.hier_middle = m;
+        return l2;
+      };
+      if (hier_only > 0) {  // a few plain calls of each middle for ncu's per-kernel times
+        for (const Middle m : {Middle::separate, Middle::fused})
+          for (int i = 0; i < hier_only; ++i) cuda::hier_select(hargs(i), with(m, nullptr));
         CK(cudaDeviceSynchronize());
         sws.check(nullptr);
         continue;
       }
+      // The two middles give the same lists (the check compares both with the CPU).
+      long same = 0;
+      for (int r = 0; r < rot; ++r) {
+        cuda::hier_select(hargs(r), with(Middle::separate, nullptr));
+        const auto want_ids = ids.download();
+        const auto want_cnt = cnt.download();
+        cuda::hier_select(hargs(r), with(Middle::fused, nullptr));
+        same += ids.download() == want_ids && cnt.download() == want_cnt;
+      }
       const double score = time_us(10, 50, [&](int i) { cuda::quest_score(args(i), sl); });
       const double topk = time_us(10, 50, [&](int i) { cuda::quest_topk(args(i), sl); });
       const double sel = time_us(10, 50, [&](int i) { cuda::quest_select(args(i), sl); });
-      const double hier = time_us(10, 50, [&](int i) { cuda::hier_select(hargs(i), sl); });
-      const double hier_graph = time_graph_us(rot, 10, 50, [&](int r, cudaStream_t st) {
-        cuda::SelectLaunch l2 = sl;
-        l2.stream = st;
-        cuda::hier_select(hargs(r), l2);
-      });
+      double hier[2], hier_graph[2];
+      for (const Middle m : {Middle::separate, Middle::fused}) {
+        const int k = m == Middle::fused ? 1 : 0;
+        hier[k] = time_us(10, 50, [&](int i) { cuda::hier_select(hargs(i), with(m, nullptr)); });
+        hier_graph[k] = time_graph_us(rot, 10, 50, [&](int r, cudaStream_t st) {
+          cuda::hier_select(hargs(r), with(m, st));
+        });
+      }
       sws.check(nullptr);
       const double mb = static_cast<double>(pages) * Hkv * d * 2 * 2 / 1e6;
       std::printf(
           "profile-select ctx=%7d table=%-10s score %7.1f us (%6.1f MB, %5.0f GB/s)  top-k %6.1f "
-          "us  select %7.1f us  hier %6.1f us (graph %6.1f us)\n",
-          ctx, shuffled ? "shuffled" : "sequential", score, mb, mb * 1e3 / score, topk, sel, hier,
-          hier_graph);
+          "us  select %7.1f us\n"
+          "  hier (cover 2): separate middle %6.1f us (graph %6.1f), fused middle %6.1f us (graph "
+          "%6.1f), fused/separate (graph) %.2f, lists identical in %ld/%d rotations\n",
+          ctx, shuffled ? "shuffled" : "sequential", score, mb, mb * 1e3 / score, topk, sel,
+          hier[0], hier_graph[0], hier[1], hier_graph[1], hier_graph[1] / hier_graph[0], same, rot);
     }
   }
   return 0;

@@ -177,6 +177,38 @@ def compact_table(rows, cudnn):
             "|---|---|---|---|" + "---|" * len(COMPACT_COLS) + "---|---|"] + lines
 
 
+def fused_table(rows, cudnn):
+    """hier_select's middle (group top-k + scoring of the chosen groups' pages) as separate
+    launches vs one fused kernel, same selection: selection and whole-step µs (CUDA graph),
+    their ratio, the fraction of lists identical to the flat selection's, and the step's
+    speedup against cuDNN dense decode."""
+    by = rows_by_shape(rows)
+    lines = []
+    for (ctx, batch, hq, budget), k in sorted(by.items()):
+        for suffix, cover in (("", 2), ("_c4", 4)):
+            sep_sel, fus_sel = k.get(f"gpu_hier{suffix}_select"), k.get(f"gpu_hier_fused{suffix}_select")
+            sep, fus = (k.get(f"ours_sparse_hier{suffix}_gpu_sel_graph"),
+                        k.get(f"ours_sparse_hier_fused{suffix}_gpu_sel_graph"))
+            if not (sep_sel and fus_sel and sep and fus):
+                continue
+            c = cudnn.get((ctx, batch, hq))
+            lines.append(
+                f"| {ctx // 1024}K | {batch} | {hq} | {budget} | {cover} | {sep_sel['us']:.1f} | "
+                f"{fus_sel['us']:.1f} | {sep['us']:.1f} | {fus['us']:.1f} | "
+                f"{fus['us'] / sep['us']:.2f} | {sep_sel['identical']:.3f} / "
+                f"{fus_sel['identical']:.3f} | "
+                + (f"{c / sep['us']:.1f}x / {c / fus['us']:.1f}x |" if c else "- |"))
+    if not lines:
+        return []
+    return ["", "Hierarchical selection, the middle (group top-k + page scoring) as separate "
+            "launches vs one fused kernel (same lists; step = select + sparse decode, one CUDA "
+            "graph).", "",
+            "| context | B | Hq | budget | cover | select µs separate | select µs fused | step µs "
+            "separate | step µs fused | fused / separate (step) | identical to flat: separate / "
+            "fused | step vs cuDNN: separate / fused |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|"] + lines
+
+
 def gauss_table(rows, cudnn, ceiling):
     """Entmax-aware hierarchical selection (Gaussian-τ from pooled moments): selection µs, the
     step with softmax and with 1.5-entmax decode (CUDA graph), the bytes the entmax step reads
@@ -252,6 +284,7 @@ def main():
     lines += sparse_table(ours["rows"])
     lines += entmax_table(ours["rows"])
     lines += compact_table(ours["rows"], cudnn)
+    lines += fused_table(ours["rows"], cudnn)
     lines += gauss_table(ours["rows"], cudnn, ceiling)
     lines += flex_table(ours["rows"], peer["rows"], cudnn)
     open(sys.argv[3], "w").write("\n".join(lines) + "\n")

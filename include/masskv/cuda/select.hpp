@@ -94,6 +94,12 @@ struct SelectLaunch {
   int chunk_pages = 0;
   // true: wait and check the error flag (throws). false: call workspace->check later.
   bool check_errors = true;
+  // hier_select's middle (group top-k, scoring of the chosen groups' pages): `separate`
+  // launches, or one `fused` kernel where it serves (head_dim 64/128, cover x budget <= 8192
+  // pages; elsewhere the separate launches). automatic: fused when MASSKV_HIER_FUSED=1, else
+  // separate (the fused kernel is new; it becomes the default once measured faster).
+  enum class HierMiddle { automatic, separate, fused };
+  HierMiddle hier_middle = HierMiddle::automatic;
 };
 
 // Scores every page (bounds -> keys in the workspace) and selects. Validates the host-side
