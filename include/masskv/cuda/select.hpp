@@ -118,7 +118,9 @@ void quest_topk(const QuestSelectArgs& args, const SelectLaunch& launch);
 // Hierarchical Quest (select::hier_select's result): the group summaries are scanned first,
 // the group top-k keeps the last group and the best hier_groups(...) - 1 others per (sequence,
 // kv head), then only the pages of those groups are read and scored (every other page key is
-// 0), and the page top-k selects as flat Quest does. Four kernels, no host round trip.
+// 0), and the page top-k selects as flat Quest does. Four kernels (three with
+// SelectLaunch::HierMiddle::fused: the group top-k and the page scoring in one), no host round
+// trip.
 struct HierSelectArgs {
   // The page store (bf16, or 8-bit when pages.bounds8 is set: select::HierSelectArgs::pages8),
   // table, q, policy, outputs.
