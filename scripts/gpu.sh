@@ -59,7 +59,7 @@ elif [[ $do_check -eq 1 ]]; then
       | tee -a "$OUT/check.log"
     [[ ${PIPESTATUS[0]} -ne 0 ]] && check_rc=1
   done
-  # The fused middle (group top-k + page scoring in one kernel) as every hier_select's default,
+  # hier_select in one kernel (SelectLaunch::HierKernel::fused) as every call's default,
   # so the entmax-aware and adaptive selections run through it too.
   echo "select-compact check with MASSKV_HIER_FUSED=1" | tee -a "$OUT/check.log"
   MASSKV_HIER_FUSED=1 "$BUILD/masskv_gpu_bench" select-compact-check 2>&1 | tail -2 \

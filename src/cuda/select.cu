@@ -38,6 +38,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <bit>
 #include <cfloat>
 #include <cmath>
 #include <cstdint>
@@ -1187,27 +1188,27 @@ int plan_topk_cluster(int pairs, int max_pages) {
 constexpr int kHierThreads = 256;
 constexpr int kHierCand = 8192;  // candidate pages (chosen groups × 16) a CTA holds
 
-// The page-level selection of hier_select for one (sequence, kv head), grid (1, kv heads,
-// batch): the flat rule (kept pages, then the best keys, ties to the lower id) over keys that
-// are 0 outside the chosen groups, found from those groups' pages alone. The flat top-k
-// kernels rank every page of the sequence (65536 at 1M tokens, 40 µs), although at most
-// groups × 16 can have a key.
+// The page-level selection of hier_select for one (sequence, kv head) (hier_page_topk_kernel,
+// grid (1, kv heads, batch); hier_fused_kernel's last step): the flat rule (kept pages, then
+// the best keys, ties to the lower id) over keys that are 0 outside the chosen groups, found
+// from those groups' pages alone. The flat top-k kernels rank every page of the sequence
+// (65536 at 1M tokens, 40 µs), although at most groups × 16 can have a key.
 //  - Candidates: the pages of the chosen groups (the group top-k's ascending list) inside
 //    [sinks, window), as 64-bit (key, ~id) in id order; valid keys are > 0 (ordered_key).
 //  - Enough keyed candidates: the top nsel by radix selection, written ascending by a scan.
 //  - Fewer (a cover below 1): every keyed page and the lowest-id pages of key 0, as the flat
 //    rule, merged in id order by block scans over [sinks, window).
-__global__ void __launch_bounds__(kHierThreads) hier_page_topk_kernel(SelParams p,
-                                                                      const std::int32_t* gids,
-                                                                      const std::int32_t* gcount,
-                                                                      int gstride) {
-  extern __shared__ unsigned long long s_cand[];  // [gstride * kWarpPages]
-  __shared__ int s_hist[256], s_pick[3], s_warp[kHierThreads / 32];
-  const int h = blockIdx.y, b = blockIdx.z, tid = threadIdx.x;
+// One (sequence b, kv head h) by the CTA's kHierThreads threads: gl the chosen
+// groups (ascending), mg of them; s_cand room for mg * kWarpPages candidates; s_hist 256,
+// s_pick 3, s_warp kHierThreads / 32 ints of shared memory.
+__device__ __forceinline__ void hier_page_topk(const SelParams& p, int b, int h,
+                                               const std::int32_t* gl, int mg,
+                                               unsigned long long* s_cand, int* s_hist,
+                                               int* s_pick, int* s_warp) {
+  const int tid = threadIdx.x;
   const std::int64_t slot = static_cast<std::int64_t>(b) * p.num_kv_heads + h;
   std::int32_t* out = p.out_ids + slot * p.max_per_head;
   std::int32_t* out_count = p.out_count + slot;
-  detail::wait_for_predecessor();
   const TopkSplit sp = topk_split_of(p, b, tid == 0);
   const int n = sp.n, sinks = sp.sinks, window = sp.window;
   if (sp.bad || n == 0) {
@@ -1218,10 +1219,10 @@ __global__ void __launch_bounds__(kHierThreads) hier_page_topk_kernel(SelParams 
   const int s0 = min(sinks, window);
   int nsel = max(sp.total - sp.kept, 0);
   const std::uint32_t* keys = p.keys + slot * p.max_pages;
-  const int m = nsel > 0 ? min(gcount[slot], gstride) * kWarpPages : 0;
+  const int m = nsel > 0 ? mg * kWarpPages : 0;
   int keyed = 0;
   for (int i = tid; i < m; i += kHierThreads) {
-    const int j = gids[slot * gstride + i / kWarpPages] * kWarpPages + i % kWarpPages;
+    const int j = gl[i / kWarpPages] * kWarpPages + i % kWarpPages;
     const std::uint32_t key = j >= sinks && j < window ? keys[j] : 0u;
     s_cand[i] = key != 0u ? (static_cast<unsigned long long>(key) << 32) |
                                 static_cast<std::uint32_t>(~j)
@@ -1251,9 +1252,7 @@ __global__ void __launch_bounds__(kHierThreads) hier_page_topk_kernel(SelParams 
     // a round, each page's rank among the key-0 pages and among the taken ones by block scans.
     const int zeros = nsel - all_keyed;
     // Keyed: a nonzero key of a chosen group's page. The keys of other pages are not read: they
-    // are 0 after the unfused passes but stale after hier_fused_kernel (nothing zeroes them).
-    const std::int32_t* gl = gids + slot * gstride;
-    const int mg = min(gcount[slot], gstride);
+    // are 0 after the separate passes but stale after hier_fused_kernel (nothing zeroes them).
     const auto chosen = [&](int grp) {  // the list is ascending
       int lo = 0, hi = mg;
       while (lo < hi) {
@@ -1282,25 +1281,45 @@ __global__ void __launch_bounds__(kHierThreads) hier_page_topk_kernel(SelParams 
   }
 }
 
-// ---- hierarchical middle, fused: group top-k + scoring of the chosen groups' pages ------------
+__global__ void __launch_bounds__(kHierThreads) hier_page_topk_kernel(SelParams p,
+                                                                      const std::int32_t* gids,
+                                                                      const std::int32_t* gcount,
+                                                                      int gstride) {
+  extern __shared__ unsigned long long s_cand[];  // [gstride * kWarpPages]
+  __shared__ int s_hist[256], s_pick[3], s_warp[kHierThreads / 32];
+  const int h = blockIdx.y, b = blockIdx.z;
+  const std::int64_t slot = static_cast<std::int64_t>(b) * p.num_kv_heads + h;
+  detail::wait_for_predecessor();
+  hier_page_topk(p, b, h, gids + slot * gstride, min(gcount[slot], gstride), s_cand, s_hist,
+                 s_pick, s_warp);
+}
 
-constexpr int kFusedThreads = 256;  // 8 scoring warps (their stages fit at head_dim 64 and 128)
+// ---- hierarchical selection in one kernel ------------------------------------------------------
 
-// hier_select between the group scoring and the page top-k, in one kernel (MASSKV_HIER_FUSED;
-// hier_launch says when): grid (C, kv heads, batch), kFusedThreads threads.
-//  1. Every CTA of a (sequence, kv head) ranks the group keys itself, as the block top-k does
-//     at the group level (the kept groups, then the best of the others by key, ties to the
-//     lower id): the top nsel of the 64-bit (key, ~id) by radix selection, written ascending by
-//     an ordered compaction. The CTAs compute the same list from the same keys; CTA 0 writes it
-//     (gids, gcount) for hier_page_topk_kernel.
-//  2. CTA x scores the tiles of list entries [x·S, (x + 1)·S), S = ceil(count / C), with the
-//     scoring kernel's code (score_tiles, list mode).
-// It replaces two launches (group top-k, page scoring) and, in list mode, the memset of the
-// page keys: hier_page_topk_kernel reads the keys of chosen groups only.
-// Dynamic shared memory: [0, list_off) the candidates (phase 1), then the scoring stages and
-// q (phase 2, ScoreSmem's layout); the group list (gstride ints) at list_off.
+constexpr int kFusedThreads = kHierThreads;  // 8 scoring warps (stages fit at d 64 and 128)
+
+// hier_select in one launch (SelectLaunch::HierKernel::fused; hier_launch says when): a
+// thread-block cluster of C CTAs per (sequence, kv head), grid (C, kv heads, batch),
+// kFusedThreads threads. Why: at B = 1 the four launches of the separate path are each a few
+// µs of latency while the bytes they move take well under one (hierarchical select 33.4 µs at
+// 128K for 4.3 MB, 2026-12-04).
+//  0. CTA x scores group tiles [x·T, (x + 1)·T) of the pair (quest_score_kernel's code,
+//     score_tiles, on the group store) into the group keys; cluster barrier.
+//  1. Every CTA ranks all the pair's group keys itself, as the block top-k does at the group
+//     level (the kept groups, then the best others by key, ties to the lower id): the top nsel
+//     of the 64-bit (key, ~id) by radix selection, written ascending by an ordered compaction.
+//     The CTAs compute the same list from the same keys, so nothing is exchanged; CTA 0 writes
+//     it to the workspace (SelectWorkspace::group_ids).
+//  2. CTA x scores the tiles of list entries [x·S, (x + 1)·S), S = ceil(count / C) (score_tiles,
+//     list mode, on the page store: bf16 or 8-bit); cluster barrier.
+//  3. CTA 0 selects the pages (hier_page_topk) from the chosen groups' keys.
+// Page keys outside the chosen groups are not written (hier_page_topk reads only chosen ones).
+// Global writes before each cluster barrier are fenced (__threadfence), so the other CTAs read
+// them after it.
+// Dynamic shared memory: [0, list_off) the group candidates (1), the scoring stages and q (0,
+// 2), the page candidates (3), one after the other; the group list (gstride ints) at list_off.
 template <int kD, bool kU8>
-__global__ void __launch_bounds__(kFusedThreads) hier_fused_kernel(SelParams gp, SelParams pp,
+__global__ void __launch_bounds__(kFusedThreads, 1) hier_fused_kernel(SelParams gp, SelParams pp,
                                                                    std::int32_t* gids,
                                                                    std::int32_t* gcount,
                                                                    int gstride, int list_off) {
@@ -1309,9 +1328,20 @@ __global__ void __launch_bounds__(kFusedThreads) hier_fused_kernel(SelParams gp,
   unsigned char* smem = reinterpret_cast<unsigned char*>(smem_raw);
   auto* s_cand = reinterpret_cast<unsigned long long*>(smem);
   auto* s_glist = reinterpret_cast<std::int32_t*>(smem + list_off);
-  const int x = blockIdx.x, h = blockIdx.y, b = blockIdx.z, tid = threadIdx.x;
+  cg::cluster_group cluster = cg::this_cluster();
+  const int x = blockIdx.x, C = gridDim.x, h = blockIdx.y, b = blockIdx.z, tid = threadIdx.x;
   const std::int64_t slot = static_cast<std::int64_t>(b) * gp.num_kv_heads + h;
-  detail::wait_for_predecessor();  // the group keys
+  // No early return anywhere: every CTA reaches both cluster barriers.
+
+  // 0. This CTA's group tiles.
+  {
+    const int ng = seq_pages(gp, b);  // groups of the sequence (flags a bad group table)
+    const int per = ((max(ng, 0) + kWarpPages - 1) / kWarpPages + C - 1) / C * kWarpPages;
+    const int j0 = min(max(ng, 0), x * per), j1 = min(max(ng, 0), j0 + per);
+    score_tiles<kD, false>(gp, smem, b, h, ng, nullptr, j0, j1);
+  }
+  __threadfence();
+  cluster.sync();  // every CTA's group keys written
 
   // 1. The group list (uniform branches: every thread computes the same split).
   const TopkSplit sp = topk_split_of(gp, b, x == 0 && tid == 0);
@@ -1349,9 +1379,16 @@ __global__ void __launch_bounds__(kFusedThreads) hier_fused_kernel(SelParams gp,
   }
 
   // 2. This CTA's share of the chosen groups' pages.
-  const int share = (total + static_cast<int>(gridDim.x) - 1) / static_cast<int>(gridDim.x);
-  const int j0 = min(total, x * share), j1 = min(total, j0 + share);
-  score_tiles<kD, kU8>(pp, smem, b, h, seq_pages(pp, b), s_glist, j0, j1);
+  {
+    const int share = (total + C - 1) / C;
+    const int j0 = min(total, x * share), j1 = min(total, j0 + share);
+    score_tiles<kD, kU8>(pp, smem, b, h, seq_pages(pp, b), s_glist, j0, j1);
+  }
+  __threadfence();
+  cluster.sync();  // every CTA's page keys written
+
+  // 3. The page selection, by CTA 0 (its stages are free: candidates at offset 0).
+  if (x == 0) hier_page_topk(pp, b, h, s_glist, total, s_cand, s_hist, s_pick, s_warp);
 }
 
 // Hierarchical top-p (select::hier_top_p): what the page pass needs beyond SelParams.
@@ -1892,8 +1929,8 @@ void launch_hier_page_topk(const SelParams& p, const std::int32_t* gids,
              "hier page top-k kernel launch");
 }
 
-// MASSKV_HIER_FUSED=1: SelectLaunch::HierMiddle::automatic takes hier_fused_kernel where it
-// serves (hier_fused_plan); unset or 0: the separate group top-k and page scoring launches.
+// MASSKV_HIER_FUSED=1: SelectLaunch::HierKernel::automatic takes hier_fused_kernel where it
+// serves (hier_fused_plan); unset or 0: the separate launches.
 bool hier_fused_wanted() {
   static const bool on = [] {
     const char* e = std::getenv("MASSKV_HIER_FUSED");
@@ -1902,29 +1939,35 @@ bool hier_fused_wanted() {
   return on;
 }
 
-constexpr int kFusedMaxCtas = 8;  // CTAs per (sequence, kv head)
+constexpr int kFusedMaxCtas = 8;  // CTAs per (sequence, kv head): a portable cluster
 
 struct FusedPlan {
   void (*fn)(SelParams, SelParams, std::int32_t*, std::int32_t*, int, int) = nullptr;
-  int ctas = 0;  // grid.x
+  int ctas = 0;  // the cluster (grid.x)
   int list_off = 0;
   std::size_t smem = 0;
 };
 
+// Shared memory of the fused kernel's scoring (the warps' stages and q) for one store.
+std::size_t fused_stage_bytes(int d, bool u8, int group) {
+  constexpr int w = kFusedThreads / 32;
+  if (d == 64) return u8 ? ScoreSmem<64, true>::bytes(w, group) : ScoreSmem<64>::bytes(w, group);
+  return u8 ? ScoreSmem<128, true>::bytes(w, group) : ScoreSmem<128>::bytes(w, group);
+}
+
 // The fused kernel for this call, or fn == null where it does not serve: head_dim 64 or 128,
-// the group candidates (8 bytes each) and the scoring stages in the shared memory that fits,
-// and a page top-k by hier_page_topk_kernel (chosen pages <= kHierCand).
-FusedPlan hier_fused_plan(int d, bool u8, int group, int max_groups, int gcap) {
+// at most kHierCand chosen pages, everything in the shared memory that fits, and clusters the
+// device can schedule. pairs = batch * kv heads.
+FusedPlan hier_fused_plan(int d, bool u8, int group, int max_groups, int gcap, int pairs) {
   FusedPlan f;
   if ((d != 64 && d != 128) || gcap * kWarpPages > kHierCand) return f;
   static const int optin =
       device_attr(cudaDevAttrMaxSharedMemoryPerBlockOptin, "shared memory per block");
-  const std::size_t stages = d == 64   ? (u8 ? ScoreSmem<64, true>::bytes(kFusedThreads / 32, group)
-                                             : ScoreSmem<64>::bytes(kFusedThreads / 32, group))
-                             : u8 ? ScoreSmem<128, true>::bytes(kFusedThreads / 32, group)
-                                  : ScoreSmem<128>::bytes(kFusedThreads / 32, group);
-  const std::size_t cands = sizeof(unsigned long long) * static_cast<std::size_t>(max_groups);
-  const std::size_t off = (std::max(stages, cands) + 15) / 16 * 16;
+  const std::size_t region = std::max(
+      {fused_stage_bytes(d, false, group), fused_stage_bytes(d, u8, group),
+       sizeof(unsigned long long) * static_cast<std::size_t>(max_groups),               // step 1
+       sizeof(unsigned long long) * static_cast<std::size_t>(gcap) * kWarpPages});  // step 3
+  const std::size_t off = (region + 15) / 16 * 16;
   const std::size_t smem = off + sizeof(std::int32_t) * static_cast<std::size_t>(gcap);
   if (smem > static_cast<std::size_t>(optin)) return f;
   using Fn = decltype(f.fn);
@@ -1938,19 +1981,53 @@ FusedPlan hier_fused_plan(int d, bool u8, int group, int max_groups, int gcap) {
                    "cudaFuncSetAttribute(hier fused)");
   });
   f.fn = fns[d == 64 ? 0 : 1][u8 ? 1 : 0];
-  // One scoring warp per chosen group where the CTAs allow (the groups of a full list).
-  f.ctas = std::clamp((gcap + kFusedThreads / 32 - 1) / (kFusedThreads / 32), 1, kFusedMaxCtas);
+  // Enough CTAs for one scoring warp per tile of the larger scan (group tiles or chosen
+  // groups), at most one CTA per SM for all the pairs (B = 16 with 8 kv heads: clusters of 1).
+  const int tiles = std::max((max_groups + kWarpPages - 1) / kWarpPages, gcap);
+  int c = std::clamp((tiles + kFusedThreads / 32 - 1) / (kFusedThreads / 32), 1, kFusedMaxCtas);
+  c = static_cast<int>(std::bit_floor(static_cast<unsigned>(c)));
+  while (c > 1 && static_cast<std::int64_t>(pairs) * c > device_sms()) c /= 2;
+  // The device must co-schedule one cluster of this size (its CTAs' shared memory).
+  cudaLaunchConfig_t cfg{};
+  cudaLaunchAttribute attr{};
+  attr.id = cudaLaunchAttributeClusterDimension;
+  attr.val.clusterDim.x = c;
+  attr.val.clusterDim.y = 1;
+  attr.val.clusterDim.z = 1;
+  cfg.gridDim = dim3(c, 1, 1);
+  cfg.blockDim = dim3(kFusedThreads);
+  cfg.dynamicSmemBytes = smem;
+  cfg.attrs = &attr;
+  cfg.numAttrs = 1;
+  int clusters = 0;
+  if (cudaOccupancyMaxActiveClusters(&clusters, f.fn, &cfg) != cudaSuccess || clusters < 1) {
+    (void)cudaGetLastError();
+    f.fn = nullptr;
+    return f;
+  }
+  f.ctas = c;
   f.list_off = static_cast<int>(off);
   f.smem = smem;
   return f;
 }
 
-// Programmatic dependent launch: waits on the device for the group scoring's keys.
+// One launch: a cluster of f.ctas CTAs per (sequence, kv head).
 void launch_hier_fused(const FusedPlan& f, const SelParams& gp, const SelParams& pp,
                        std::int32_t* gids, std::int32_t* gcount, int gstride, int kv_heads,
                        int batch, cudaStream_t stream) {
-  detail::PdlLaunch l(stream, dim3(f.ctas, kv_heads, batch), dim3(kFusedThreads), f.smem);
-  check_cuda(cudaLaunchKernelEx(&l.cfg, f.fn, gp, pp, gids, gcount, gstride, f.list_off),
+  cudaLaunchConfig_t cfg{};
+  cudaLaunchAttribute attr{};
+  attr.id = cudaLaunchAttributeClusterDimension;
+  attr.val.clusterDim.x = f.ctas;
+  attr.val.clusterDim.y = 1;
+  attr.val.clusterDim.z = 1;
+  cfg.gridDim = dim3(f.ctas, kv_heads, batch);
+  cfg.blockDim = dim3(kFusedThreads);
+  cfg.dynamicSmemBytes = f.smem;
+  cfg.stream = stream;
+  cfg.attrs = &attr;
+  cfg.numAttrs = 1;
+  check_cuda(cudaLaunchKernelEx(&cfg, f.fn, gp, pp, gids, gcount, gstride, f.list_off),
              "hier fused kernel launch");
 }
 
@@ -2175,22 +2252,18 @@ void hier_launch(const HierSelectArgs& h, const SelectLaunch& launch, const TopP
   }
   if (entmax_rank) detail::launch_group_tau(tp, stream);
   const FusedPlan fused =
-      launch.hier_middle == SelectLaunch::HierMiddle::fused ||
-              (launch.hier_middle == SelectLaunch::HierMiddle::automatic && hier_fused_wanted())
+      launch.hier_kernel == SelectLaunch::HierKernel::fused ||
+              (launch.hier_kernel == SelectLaunch::HierKernel::automatic && hier_fused_wanted())
           ? hier_fused_plan(a.q.n2, a.bounds8.min != nullptr, a.q.n1 / h.groups.num_kv_heads,
-                            max_groups, gcap)
+                            max_groups, gcap, B * h.groups.num_kv_heads)
           : FusedPlan{};
   if (fused.fn != nullptr) {
-    gp.score<<<gp.score_grid, gp.score_threads, gp.smem, stream>>>(gp.p);
-    check_cuda(cudaGetLastError(), "quest score kernel launch (groups)");
-    SelParams fp = pp.p;  // list mode from the kernel's own list
+    SelParams fp = pp.p;  // the page pass walks the kernel's own group list
     fp.tile_mask = nullptr;
     fp.tile_ids = nullptr;
     fp.tile_count = nullptr;
     launch_hier_fused(fused, gp.p, fp, ws.gids.data(), ws.gcount.data(), gcap,
                       h.groups.num_kv_heads, B, stream);
-    launch_hier_page_topk(pp.p, ws.gids.data(), ws.gcount.data(), gcap,
-                          dim3(1, h.groups.num_kv_heads, B), stream);
     if (launch.check_errors) launch.workspace->check(stream);
     return;
   }

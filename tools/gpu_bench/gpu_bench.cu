@@ -381,9 +381,10 @@ int run_check() {
       // Softmax runs the automatic kernel (tensor cores for d 64/128) and the SIMT one.
       // Sparse entmax runs automatic (the cluster kernel where it serves the case in one wave),
       // the split-K path forced, and the cluster kernel forced (clusters of 8) where it serves.
-      const char* names[11] = {"dense",       "dense/cp3",      "sparse",         "ent-dense",
-                               "ent-dense/cp3", "ent-sparse",   "simt-dense",     "simt-dense/cp3",
-                               "simt-sparse", "ent-sparse/split", "ent-sparse/c8"};
+      const char* names[11] = {
+          "dense",         "dense/cp3",        "sparse",       "ent-dense",
+          "ent-dense/cp3", "ent-sparse",       "simt-dense",   "simt-dense/cp3",
+          "simt-sparse",   "ent-sparse/split", "ent-sparse/c8"};
       for (int variant = 0; variant < 11; ++variant) {
         attn::DecodeArgs args = g.args;
         cuda::DecodeLaunch l = launch;
@@ -1143,21 +1144,23 @@ std::vector<T> download_span(std::span<const T> s) {
   return v;
 }
 
-// hier_select with the fused middle (SelectLaunch::HierMiddle::fused) on the call the separate
-// launches just made: the group lists equal theirs, the page lists and the keys of the chosen
-// groups' pages equal the CPU's. The page keys are poisoned first (the fused kernel writes the
-// chosen groups' keys only; the page top-k must not read the others), and the keys outside
-// the chosen groups are compared as 0, the CPU's value. Returns the failures.
+// hier_select in one kernel (SelectLaunch::HierKernel::fused) on the call the separate
+// launches just made: every group key and the group lists equal theirs, the page lists and the
+// keys of the chosen groups' pages equal the CPU's. Group and page keys are poisoned first (the
+// fused kernel writes the chosen groups' page keys only; its page top-k must not read the
+// others), and the page keys outside the chosen groups are compared as 0, the CPU's value.
+// Returns the failures.
 int check_hier_fused(const SelData& sd, const SelGpu& g, const cuda::SelectWorkspace& ws,
                      const cuda::HierSelectArgs& h, cuda::SelectLaunch l,
                      const SelectionStorage& cpu, const std::vector<std::uint32_t>& ckeys,
                      const char* tag, ExactStats& st) {
   const std::vector<std::int32_t> gid_ref = download_span(ws.group_ids());
   const std::vector<std::int32_t> gcnt_ref = download_span(ws.group_counts());
-  const auto k = ws.page_keys();
-  CK(cudaMemset(const_cast<std::uint32_t*>(k.data()), 0xA5, k.size_bytes()));
+  const std::vector<std::uint32_t> gkey_ref = download_span(ws.group_keys());
+  for (const auto k : {ws.page_keys(), ws.group_keys()})
+    CK(cudaMemset(const_cast<std::uint32_t*>(k.data()), 0xA5, k.size_bytes()));
   CK(cudaMemset(g.ids.p, 0x7f, g.ids.n * sizeof(std::int32_t)));
-  l.hier_middle = cuda::SelectLaunch::HierMiddle::fused;
+  l.hier_kernel = cuda::SelectLaunch::HierKernel::fused;
   cuda::hier_select(h, l);
   std::vector<std::int32_t> ids, cnt;
   std::vector<std::uint32_t> keys;
@@ -1169,6 +1172,22 @@ int check_hier_fused(const SelData& sd, const SelGpu& g, const cuda::SelectWorks
   }
   const SelCase& c = sd.c;
   const int gstride = ws.group_list_stride(), kstride = ws.keys_stride();
+  // Every group key of every sequence, as the separate group scan's.
+  const std::vector<std::uint32_t> gkey = download_span(ws.group_keys());
+  const int gkstride = ws.group_keys_stride();
+  long bad_gkeys = 0;
+  for (int b = 0; b < c.batch; ++b) {
+    const int ng = (sd.indptr[b + 1] - sd.indptr[b] + 15) / 16;
+    for (int hh = 0; hh < c.hkv; ++hh)
+      for (int j = 0; j < ng; ++j) {
+        const std::size_t at = (static_cast<std::size_t>(b) * c.hkv + hh) * gkstride + j;
+        bad_gkeys += gkey[at] != gkey_ref[at];
+      }
+  }
+  if (bad_gkeys > 0) {
+    std::printf("FAIL %s: %ld group keys differ from the separate launches'\n", tag, bad_gkeys);
+    ++f;
+  }
   for (int b = 0; b < c.batch; ++b) {
     const int n = sd.indptr[b + 1] - sd.indptr[b];
     for (int hh = 0; hh < c.hkv; ++hh) {
@@ -1391,13 +1410,14 @@ int run_compact_check() {
     download_selection(g, ws, ids, cnt, keys);
     f += compare_exact(sd, cpuh8, ckeys, ids, cnt, g.max_per_head, keys, ws.keys_stride(), "hier8",
                        sh8);
-    f += check_hier_fused(sd, g, ws, hier_args(a8, gg, cover), l, cpuh8, ckeys, "hier8-fused",
-                          sh8f);
+    f +=
+        check_hier_fused(sd, g, ws, hier_args(a8, gg, cover), l, cpuh8, ckeys, "hier8-fused", sh8f);
     // Cases the fused kernel serves (elsewhere hier_select falls back to the separate launches).
     if ((c.d == 64 || c.d == 128) &&
         16 * std::min((sd.max_pages + 15) / 16,
-                      select::hier_groups(std::numeric_limits<int>::max(), 16,
-                                          c.pol.budget_pages, cover)) <= 8192)
+                      select::hier_groups(std::numeric_limits<int>::max(), 16, c.pol.budget_pages,
+                                          cover)) <=
+            8192)
       ++fused_cases;
     // Entmax-aware hierarchical ranking (Gaussian-τ from pooled moments): τ̂ against
     // select::group_tau_hat (to the solver's tolerance), then keys and lists against
@@ -1434,7 +1454,8 @@ int run_compact_check() {
         CK(cudaMemcpy(tau_gpu.data(), ws.tau().data(), tau_gpu.size() * sizeof(double),
                       cudaMemcpyDeviceToHost));
         for (std::size_t t = 0; t < tau_cpu.size(); ++t) {
-          const double err = std::fabs(tau_gpu[t] - tau_cpu[t]) / std::max(1.0, std::fabs(tau_cpu[t]));
+          const double err =
+              std::fabs(tau_gpu[t] - tau_cpu[t]) / std::max(1.0, std::fabs(tau_cpu[t]));
           const bool both_nan = std::isnan(tau_gpu[t]) && std::isnan(tau_cpu[t]);
           if (!both_nan) sg.worst_tau = std::max(sg.worst_tau, std::isnan(err) ? 1e300 : err);
           if (!both_nan && !(err <= 1e-9) && f++ < 5)
@@ -1547,7 +1568,8 @@ int run_compact_check() {
         std::vector<std::int32_t> rule(static_cast<std::size_t>(g.max_per_head));
         for (int b = 0; b < c.batch; ++b) {
           const int n = sd.indptr[b + 1] - sd.indptr[b];
-          const std::int64_t len = n == 0 ? 0 : static_cast<std::int64_t>(n - 1) * c.page + sd.last[b];
+          const std::int64_t len =
+              n == 0 ? 0 : static_cast<std::int64_t>(n - 1) * c.page + sd.last[b];
           for (int h = 0; h < c.hkv; ++h) {
             const std::size_t base = (static_cast<std::size_t>(b) * c.hkv + h) * sd.max_pages;
             std::vector<std::uint8_t> cand(static_cast<std::size_t>(n));
@@ -1556,18 +1578,22 @@ int run_compact_check() {
                 n == 0 ? 0
                        : select::top_p_by_masses(gmass.data() + base, cand.data(), n, len, c.page,
                                                  c.pol, pt, rule.data(), g.max_per_head);
-            const std::int32_t* gl = ids.data() + (static_cast<std::size_t>(b) * c.hkv + h) * g.max_per_head;
+            const std::int32_t* gl =
+                ids.data() + (static_cast<std::size_t>(b) * c.hkv + h) * g.max_per_head;
             const int gc = cnt[b * c.hkv + h];
             bool same = gc == want;
-            for (int x = 0; same && x < g.max_per_head; ++x) same = gl[x] == (x < want ? rule[x] : -1);
+            for (int x = 0; same && x < g.max_per_head; ++x)
+              same = gl[x] == (x < want ? rule[x] : -1);
             const auto cl = cpu_tp.view().list(b, h);
-            stp.same_as_cpu += gc == static_cast<int>(cl.size()) && std::equal(cl.begin(), cl.end(), gl);
+            stp.same_as_cpu +=
+                gc == static_cast<int>(cl.size()) && std::equal(cl.begin(), cl.end(), gl);
             ++stp.lists;
             stp.identical += same;
             stp.held += gc;
             if (!same && f++ < 5)
-              std::printf("FAIL top-p list case %zu b=%d h=%d: gpu count %d, rule on gpu masses %d\n",
-                          i, b, h, gc, want);
+              std::printf(
+                  "FAIL top-p list case %zu b=%d h=%d: gpu count %d, rule on gpu masses %d\n", i, b,
+                  h, gc, want);
           }
         }
       }
@@ -1617,10 +1643,10 @@ int run_compact_check() {
       s8.identical, s8.lists, s8.keys_equal, s8.keys, sh.identical, sh.lists, sh.keys_equal,
       sh.keys, sh8.identical, sh8.lists, sh8.keys_equal, sh8.keys, secs);
   std::printf(
-      "hier fused middle (%ld of %zu cases served, the rest fall back): hier %ld/%ld lists "
+      "hier in one kernel (%ld of %zu cases served, the rest fall back): hier %ld/%ld lists "
       "identical, keys %ld/%ld; hier8 %ld/%ld lists identical, keys %ld/%ld\n",
-      fused_cases, cases.size(), shf.identical, shf.lists, shf.keys_equal, shf.keys,
-      sh8f.identical, sh8f.lists, sh8f.keys_equal, sh8f.keys);
+      fused_cases, cases.size(), shf.identical, shf.lists, shf.keys_equal, shf.keys, sh8f.identical,
+      sh8f.lists, sh8f.keys_equal, sh8f.keys);
   std::printf(
       "gauss (entmax-aware hier, pooled-moment tau): worst |tau gpu - cpu| / max(1, |tau|) %.3g; "
       "fixed %ld/%ld lists identical, keys %ld/%ld; adaptive %ld/%ld lists identical, keys "
@@ -2312,11 +2338,12 @@ int run_bench(const char* json_path) {
       for (int waves : {2, 4}) {
         launch.chunk_pages = std::max(8, (cp + waves - 1) / waves);
         const auto [wus, wgus] = time_decode(rot, args_for);
-        std::printf("dense  ctx=%7d B=%2d chunk_pages=%d (%d x planned chunks): %9.1f us "
-                    "(graph %.1f us), planned / this %.3f\n",
-                    sh.ctx, sh.batch, launch.chunk_pages, waves, wus, wgus, us / wus);
-        rows.push_back({"ours_dense_chunks_x" + std::to_string(waves) + "_graph", sh.ctx,
-                        sh.batch, 0, wgus, kv_bytes});
+        std::printf(
+            "dense  ctx=%7d B=%2d chunk_pages=%d (%d x planned chunks): %9.1f us "
+            "(graph %.1f us), planned / this %.3f\n",
+            sh.ctx, sh.batch, launch.chunk_pages, waves, wus, wgus, us / wus);
+        rows.push_back({"ours_dense_chunks_x" + std::to_string(waves) + "_graph", sh.ctx, sh.batch,
+                        0, wgus, kv_bytes});
       }
       launch.chunk_pages = 0;
     }
@@ -2615,11 +2642,11 @@ int run_bench(const char* json_path) {
                 [&](int r, cudaStream_t st) {
                   cuda::hier_select(hier_args(sel_args(r), gr[r % rot], cover), on(st));
                 });
-        // The same selection with the fused middle (group top-k + page scoring in one kernel).
+        // The same selection in one kernel (SelectLaunch::HierKernel::fused).
         measure(cover == 2.0 ? "hier_fused" : "hier_fused_c4", group_bytes + chosen * 4.0 * d,
                 [&](int r, cudaStream_t st) {
                   cuda::SelectLaunch lf = on(st);
-                  lf.hier_middle = cuda::SelectLaunch::HierMiddle::fused;
+                  lf.hier_kernel = cuda::SelectLaunch::HierKernel::fused;
                   cuda::hier_select(hier_args(sel_args(r), gr[r % rot], cover), lf);
                 });
         if (cover == 4.0)
@@ -2692,9 +2719,10 @@ int run_bench(const char* json_path) {
         const double tp_bytes = group_bytes + moment_bytes + chosen * 8.0 * d;
         measure("top_p", tp_bytes, top_p);
         rows.back().bytes = held * P * d * 2 * 2 + tp_bytes;
-        std::printf("  top-p   ctx=%7d B=%2d budget=%5d: p 0.9, %.0f pages held per step (budget %d x "
-                    "%d lists)\n", sh.ctx, sh.batch, budget, held, pol.budget_pages,
-                    sh.batch * Hkv);
+        std::printf(
+            "  top-p   ctx=%7d B=%2d budget=%5d: p 0.9, %.0f pages held per step (budget %d x "
+            "%d lists)\n",
+            sh.ctx, sh.batch, budget, held, pol.budget_pages, sh.batch * Hkv);
       }
     }
     for (std::size_t i = first_row; i < rows.size(); ++i) rows[i].hq = Hq;
@@ -2795,8 +2823,7 @@ int run_profile_gauss() {
   const kv::PageTable table{sd.indptr, sd.indices, sd.last};
   const GroupGpu gg = upload_groups(select::GroupStore(sd.store.view(), table, 16));
   const MomentData md = make_moments(sd, 6);
-  const MomentGpu mg =
-      upload_moments(select::MomentStore(md.view(sd.c.hkv, sd.c.d), table, 64));
+  const MomentGpu mg = upload_moments(select::MomentStore(md.view(sd.c.hkv, sd.c.d), table, 64));
   cuda::SelectWorkspace ws;
   cuda::SelectLaunch l;
   l.workspace = &ws;
@@ -2902,21 +2929,21 @@ int run_profile_select(int hier_only = 0) {
         h.cover = 2.0;
         return h;
       };
-      using Middle = cuda::SelectLaunch::HierMiddle;
+      using Middle = cuda::SelectLaunch::HierKernel;
       const auto with = [&](Middle m, cudaStream_t st) {
         cuda::SelectLaunch l2 = sl;
         l2.stream = st;
-        l2.hier_middle = m;
+        l2.hier_kernel = m;
         return l2;
       };
-      if (hier_only > 0) {  // a few plain calls of each middle for ncu's per-kernel times
+      if (hier_only > 0) {  // a few plain calls of each path for ncu's per-kernel times
         for (const Middle m : {Middle::separate, Middle::fused})
           for (int i = 0; i < hier_only; ++i) cuda::hier_select(hargs(i), with(m, nullptr));
         CK(cudaDeviceSynchronize());
         sws.check(nullptr);
         continue;
       }
-      // The two middles give the same lists (the check compares both with the CPU).
+      // The two paths give the same lists (the check compares both with the CPU).
       long same = 0;
       for (int r = 0; r < rot; ++r) {
         cuda::hier_select(hargs(r), with(Middle::separate, nullptr));
@@ -2932,16 +2959,15 @@ int run_profile_select(int hier_only = 0) {
       for (const Middle m : {Middle::separate, Middle::fused}) {
         const int k = m == Middle::fused ? 1 : 0;
         hier[k] = time_us(10, 50, [&](int i) { cuda::hier_select(hargs(i), with(m, nullptr)); });
-        hier_graph[k] = time_graph_us(rot, 10, 50, [&](int r, cudaStream_t st) {
-          cuda::hier_select(hargs(r), with(m, st));
-        });
+        hier_graph[k] = time_graph_us(
+            rot, 10, 50, [&](int r, cudaStream_t st) { cuda::hier_select(hargs(r), with(m, st)); });
       }
       sws.check(nullptr);
       const double mb = static_cast<double>(pages) * Hkv * d * 2 * 2 / 1e6;
       std::printf(
           "profile-select ctx=%7d table=%-10s score %7.1f us (%6.1f MB, %5.0f GB/s)  top-k %6.1f "
           "us  select %7.1f us\n"
-          "  hier (cover 2): separate middle %6.1f us (graph %6.1f), fused middle %6.1f us (graph "
+          "  hier (cover 2): separate %6.1f us (graph %6.1f), one kernel %6.1f us (graph "
           "%6.1f), fused/separate (graph) %.2f, lists identical in %ld/%d rotations\n",
           ctx, shuffled ? "shuffled" : "sequential", score, mb, mb * 1e3 / score, topk, sel,
           hier[0], hier_graph[0], hier[1], hier_graph[1], hier_graph[1] / hier_graph[0], same, rot);
@@ -2988,10 +3014,11 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "masskv::Error: %s\n", e.what());
     return 3;
   }
-  std::fprintf(stderr,
-               "usage: %s check | decode-check | select-selftest | select-check | "
-               "select-compact-check | profile | profile-select | profile-hier [N] | profile-gauss | "
-               "bench OUT.json | prefill-check | prefill-bench OUT.json | append-check\n",
-               argv[0]);
+  std::fprintf(
+      stderr,
+      "usage: %s check | decode-check | select-selftest | select-check | "
+      "select-compact-check | profile | profile-select | profile-hier [N] | profile-gauss | "
+      "bench OUT.json | prefill-check | prefill-bench OUT.json | append-check\n",
+      argv[0]);
   return 2;
 }

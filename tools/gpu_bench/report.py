@@ -178,8 +178,7 @@ def compact_table(rows, cudnn):
 
 
 def fused_table(rows, cudnn):
-    """hier_select's middle (group top-k + scoring of the chosen groups' pages) as separate
-    launches vs one fused kernel, same selection: selection and whole-step µs (CUDA graph),
+    """hier_select as separate launches vs one fused kernel, same selection: selection and whole-step µs (CUDA graph),
     their ratio, the fraction of lists identical to the flat selection's, and the step's
     speedup against cuDNN dense decode."""
     by = rows_by_shape(rows)
@@ -200,9 +199,8 @@ def fused_table(rows, cudnn):
                 + (f"{c / sep['us']:.1f}x / {c / fus['us']:.1f}x |" if c else "- |"))
     if not lines:
         return []
-    return ["", "Hierarchical selection, the middle (group top-k + page scoring) as separate "
-            "launches vs one fused kernel (same lists; step = select + sparse decode, one CUDA "
-            "graph).", "",
+    return ["", "Hierarchical selection as separate launches vs one fused kernel (same lists; "
+            "step = select + sparse decode, one CUDA graph).", "",
             "| context | B | Hq | budget | cover | select µs separate | select µs fused | step µs "
             "separate | step µs fused | fused / separate (step) | identical to flat: separate / "
             "fused | step vs cuDNN: separate / fused |",

@@ -94,12 +94,13 @@ struct SelectLaunch {
   int chunk_pages = 0;
   // true: wait and check the error flag (throws). false: call workspace->check later.
   bool check_errors = true;
-  // hier_select's middle (group top-k, scoring of the chosen groups' pages): `separate`
-  // launches, or one `fused` kernel where it serves (head_dim 64/128, cover x budget <= 8192
-  // pages; elsewhere the separate launches). automatic: fused when MASSKV_HIER_FUSED=1, else
-  // separate (the fused kernel is new; it becomes the default once measured faster).
-  enum class HierMiddle { automatic, separate, fused };
-  HierMiddle hier_middle = HierMiddle::automatic;
+  // hier_select: `separate` launches (group scoring, group top-k, page scoring, page top-k),
+  // or the whole selection in one `fused` kernel (a thread-block cluster per (sequence, kv
+  // head)) where it serves: head_dim 64/128, cover x budget <= 8192 pages; elsewhere the
+  // separate launches. automatic: fused when MASSKV_HIER_FUSED=1, else separate (the fused
+  // kernel is new; it becomes the default once measured faster).
+  enum class HierKernel { automatic, separate, fused };
+  HierKernel hier_kernel = HierKernel::automatic;
 };
 
 // Scores every page (bounds -> keys in the workspace) and selects. Validates the host-side
@@ -118,9 +119,8 @@ void quest_topk(const QuestSelectArgs& args, const SelectLaunch& launch);
 // Hierarchical Quest (select::hier_select's result): the group summaries are scanned first,
 // the group top-k keeps the last group and the best hier_groups(...) - 1 others per (sequence,
 // kv head), then only the pages of those groups are read and scored (every other page key is
-// 0), and the page top-k selects as flat Quest does. Four kernels (three with
-// SelectLaunch::HierMiddle::fused: the group top-k and the page scoring in one), no host round
-// trip.
+// 0), and the page top-k selects as flat Quest does. Four kernels (one with
+// SelectLaunch::HierKernel::fused), no host round trip.
 struct HierSelectArgs {
   // The page store (bf16, or 8-bit when pages.bounds8 is set: select::HierSelectArgs::pages8),
   // table, q, policy, outputs.
@@ -190,10 +190,10 @@ void update_groups(const GroupUpdateArgs& args, const SelectLaunch& launch);
 // device flag: a page id outside the summaries ("indices"), a slot outside the store
 // ("moment_indices"), a moment table that does not match the page counts ("moment_indptr").
 struct MomentUpdateArgs {
-  kv::PageTable table;        // device page table of the sequences
-  kv::SummariesView pages;    // device page summaries: mean, m2 [page][kv head][d], count [page]
+  kv::PageTable table;      // device page table of the sequences
+  kv::SummariesView pages;  // device page summaries: mean, m2 [page][kv head][d], count [page]
   std::span<const std::int32_t> moment_indptr, moment_indices;  // device moment table
-  float* mean = nullptr;      // device moment store [slot][kv head][d]
+  float* mean = nullptr;  // device moment store [slot][kv head][d]
   float* m2 = nullptr;
   std::int32_t* count = nullptr;  // [slot]
   int slots = 0;
