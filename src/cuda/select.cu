@@ -44,8 +44,10 @@
 #include <cstdint>
 #include <cstdlib>
 #include <limits>
+#include <map>
 #include <mutex>
 #include <string_view>
+#include <tuple>
 
 #include "block_select.cuh"
 #include "device.cuh"
@@ -1251,8 +1253,8 @@ __device__ __forceinline__ void hier_page_topk(const SelParams& p, int b, int h,
     // Every keyed page plus the first `zeros` pages of key 0, in id order: kHierThreads pages
     // a round, each page's rank among the key-0 pages and among the taken ones by block scans.
     const int zeros = nsel - all_keyed;
-    // Keyed: a nonzero key of a chosen group's page. The keys of other pages are not read: they
-    // are 0 after the separate passes but stale after hier_fused_kernel (nothing zeroes them).
+    // Keyed: a nonzero key of a chosen group's page (other pages' keys are 0 after both paths;
+    // testing membership keeps this rule independent of that).
     const auto chosen = [&](int grp) {  // the list is ascending
       int lo = 0, hi = mg;
       while (lo < hi) {
@@ -1313,8 +1315,8 @@ constexpr int kFusedThreads = kHierThreads;  // 8 scoring warps (stages fit at d
 //  2. CTA x scores the tiles of list entries [x·S, (x + 1)·S), S = ceil(count / C) (score_tiles,
 //     list mode, on the page store: bf16 or 8-bit); cluster barrier.
 //  3. CTA 0 selects the pages (hier_page_topk) from the chosen groups' keys.
-// Page keys outside the chosen groups are not written (hier_page_topk reads only chosen ones).
-// Global writes before each cluster barrier are fenced (__threadfence), so the other CTAs read
+// Page keys outside the chosen groups are 0, as after the separate launches (step 0 zeroes the
+// sequence's keys). Global writes before each cluster barrier are fenced (__threadfence), so the other CTAs read
 // them after it.
 // Dynamic shared memory: [0, list_off) the group candidates (1), the scoring stages and q (0,
 // 2), the page candidates (3), one after the other; the group list (gstride ints) at list_off.
@@ -1333,7 +1335,15 @@ __global__ void __launch_bounds__(kFusedThreads, 1) hier_fused_kernel(SelParams 
   const std::int64_t slot = static_cast<std::int64_t>(b) * gp.num_kv_heads + h;
   // No early return anywhere: every CTA reaches both cluster barriers.
 
-  // 0. This CTA's group tiles.
+  // 0. This CTA's share of the page keys set to 0 (the chosen groups' are written in step 2,
+  // after the barrier: every other page keeps 0, as after the separate launches), then its
+  // group tiles.
+  {
+    const int n = max(seq_pages(pp, b), 0);
+    const int per = (n + C - 1) / C;
+    std::uint32_t* keys = pp.keys + slot * pp.max_pages;
+    for (int j = x * per + tid; j < min(n, (x + 1) * per); j += kFusedThreads) keys[j] = 0u;
+  }
   {
     const int ng = seq_pages(gp, b);  // groups of the sequence (flags a bad group table)
     const int per = ((max(ng, 0) + kWarpPages - 1) / kWarpPages + C - 1) / C * kWarpPages;
@@ -1341,7 +1351,7 @@ __global__ void __launch_bounds__(kFusedThreads, 1) hier_fused_kernel(SelParams 
     score_tiles<kD, false>(gp, smem, b, h, ng, nullptr, j0, j1);
   }
   __threadfence();
-  cluster.sync();  // every CTA's group keys written
+  cluster.sync();  // every CTA's group keys and zeroed page keys written
 
   // 1. The group list (uniform branches: every thread computes the same split).
   const TopkSplit sp = topk_split_of(gp, b, x == 0 && tid == 0);
@@ -1697,6 +1707,7 @@ struct SelectWorkspace::Impl {
   detail::GrowBuffer<std::int32_t> gids, gcount;
   std::size_t gids_used = 0, gcount_used = 0;
   int glist_stride = 0;
+  bool hier_fused = false;  // the last hier_select ran as one kernel
   detail::GrowBuffer<std::uint8_t> gmask;
   // Entmax-aware ranking: (m, v) per (sequence, q head, moment group) and τ̂ per (sequence, q head).
   detail::GrowBuffer<double> mv, tau;
@@ -1722,6 +1733,7 @@ int SelectWorkspace::group_keys_stride() const { return impl_->gstride; }
 std::span<const std::int32_t> SelectWorkspace::group_ids() const {
   return {impl_->gids.data(), impl_->gids_used};
 }
+bool SelectWorkspace::last_hier_fused() const { return impl_->hier_fused; }
 std::span<const std::int32_t> SelectWorkspace::group_counts() const {
   return {impl_->gcount.data(), impl_->gcount_used};
 }
@@ -1958,7 +1970,18 @@ std::size_t fused_stage_bytes(int d, bool u8, int group) {
 // The fused kernel for this call, or fn == null where it does not serve: head_dim 64 or 128,
 // at most kHierCand chosen pages, everything in the shared memory that fits, and clusters the
 // device can schedule. pairs = batch * kv heads.
+FusedPlan plan_hier_fused(int d, bool u8, int group, int max_groups, int gcap, int pairs);
 FusedPlan hier_fused_plan(int d, bool u8, int group, int max_groups, int gcap, int pairs) {
+  // Cached: the occupancy query costs host time on every step otherwise.
+  static std::mutex mu;
+  static std::map<std::tuple<int, bool, int, int, int, int>, FusedPlan> cache;
+  const auto key = std::make_tuple(d, u8, group, max_groups, gcap, pairs);
+  std::lock_guard<std::mutex> lock(mu);
+  const auto it = cache.find(key);
+  if (it != cache.end()) return it->second;
+  return cache[key] = plan_hier_fused(d, u8, group, max_groups, gcap, pairs);
+}
+FusedPlan plan_hier_fused(int d, bool u8, int group, int max_groups, int gcap, int pairs) {
   FusedPlan f;
   if ((d != 64 && d != 128) || gcap * kWarpPages > kHierCand) return f;
   static const int optin =
@@ -1969,18 +1992,19 @@ FusedPlan hier_fused_plan(int d, bool u8, int group, int max_groups, int gcap, i
        sizeof(unsigned long long) * static_cast<std::size_t>(gcap) * kWarpPages});  // step 3
   const std::size_t off = (region + 15) / 16 * 16;
   const std::size_t smem = off + sizeof(std::int32_t) * static_cast<std::size_t>(gcap);
-  if (smem > static_cast<std::size_t>(optin)) return f;
   using Fn = decltype(f.fn);
   static const Fn fns[2][2] = {{hier_fused_kernel<64, false>, hier_fused_kernel<64, true>},
                                {hier_fused_kernel<128, false>, hier_fused_kernel<128, true>}};
-  static std::once_flag once;
-  std::call_once(once, [] {
-    for (const auto& row : fns)
-      for (Fn fn : row)
-        check_cuda(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, optin),
-                   "cudaFuncSetAttribute(hier fused)");
-  });
-  f.fn = fns[d == 64 ? 0 : 1][u8 ? 1 : 0];
+  const Fn fn = fns[d == 64 ? 0 : 1][u8 ? 1 : 0];
+  // The dynamic limit is what the opt-in leaves after the kernel's static arrays.
+  cudaFuncAttributes fa{};
+  check_cuda(cudaFuncGetAttributes(&fa, fn), "cudaFuncGetAttributes(hier fused)");
+  const std::size_t dyn_max = static_cast<std::size_t>(optin) - fa.sharedSizeBytes;
+  if (smem > dyn_max) return f;
+  check_cuda(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                  static_cast<int>(dyn_max)),
+             "cudaFuncSetAttribute(hier fused)");
+  f.fn = fn;
   // Enough CTAs for one scoring warp per tile of the larger scan (group tiles or chosen
   // groups), at most one CTA per SM for all the pairs (B = 16 with 8 kv heads: clusters of 1).
   const int tiles = std::max((max_groups + kWarpPages - 1) / kWarpPages, gcap);
@@ -2115,6 +2139,7 @@ void hier_launch(const HierSelectArgs& h, const SelectLaunch& launch, const TopP
   ga.policy.sink_pages = 0;
   ga.policy.window_tokens = 0;
   SelectWorkspace::Impl& ws = launch.workspace->impl();
+  ws.hier_fused = false;
   const int gcap = std::min(max_groups, ga.policy.budget_pages);
   const std::size_t nlists = static_cast<std::size_t>(B) * h.groups.num_kv_heads;
   ws.gids.reserve(nlists * gcap, "cudaMalloc(group lists)");
@@ -2257,6 +2282,7 @@ void hier_launch(const HierSelectArgs& h, const SelectLaunch& launch, const TopP
           ? hier_fused_plan(a.q.n2, a.bounds8.min != nullptr, a.q.n1 / h.groups.num_kv_heads,
                             max_groups, gcap, B * h.groups.num_kv_heads)
           : FusedPlan{};
+  ws.hier_fused = fused.fn != nullptr;
   if (fused.fn != nullptr) {
     SelParams fp = pp.p;  // the page pass walks the kernel's own group list
     fp.tile_mask = nullptr;

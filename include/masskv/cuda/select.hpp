@@ -53,6 +53,8 @@ class SelectWorkspace {
   std::span<const std::int32_t> group_ids() const;
   std::span<const std::int32_t> group_counts() const;
   int group_list_stride() const;
+  // Whether the last hier_select ran as one kernel (SelectLaunch::HierKernel::fused, served).
+  bool last_hier_fused() const;
   // τ̂ [B][Hq] of the last hier_select with moments (select::group_tau_hat's values).
   std::span<const double> tau() const;
 
