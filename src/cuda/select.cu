@@ -1972,13 +1972,18 @@ std::size_t fused_stage_bytes(int d, bool u8, int group) {
 // device can schedule. pairs = batch * kv heads.
 FusedPlan plan_hier_fused(int d, bool u8, int group, int max_groups, int gcap, int pairs);
 FusedPlan hier_fused_plan(int d, bool u8, int group, int max_groups, int gcap, int pairs) {
-  // Cached: the occupancy query costs host time on every step otherwise.
+  // Cached per device (the shared-memory attribute is set per device): the occupancy query
+  // costs host time on every step otherwise. Bounded: shapes that change every step (batch,
+  // max pages) start it over now and then.
+  int device = 0;
+  check_cuda(cudaGetDevice(&device), "cudaGetDevice");
   static std::mutex mu;
-  static std::map<std::tuple<int, bool, int, int, int, int>, FusedPlan> cache;
-  const auto key = std::make_tuple(d, u8, group, max_groups, gcap, pairs);
+  static std::map<std::tuple<int, int, bool, int, int, int, int>, FusedPlan> cache;
+  const auto key = std::make_tuple(device, d, u8, group, max_groups, gcap, pairs);
   std::lock_guard<std::mutex> lock(mu);
   const auto it = cache.find(key);
   if (it != cache.end()) return it->second;
+  if (cache.size() >= 256) cache.clear();
   return cache[key] = plan_hier_fused(d, u8, group, max_groups, gcap, pairs);
 }
 FusedPlan plan_hier_fused(int d, bool u8, int group, int max_groups, int gcap, int pairs) {

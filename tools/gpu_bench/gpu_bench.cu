@@ -1392,10 +1392,10 @@ int run_compact_check() {
     download_selection(g, ws, ids, cnt, keys);
     f += compare_exact(sd, cpuh, ckeys, ids, cnt, g.max_per_head, keys, ws.keys_stride(), "hier",
                        sh);
-    // Cases the fused kernel serves (head_dim 64/128, cover x budget <= 8192 pages; elsewhere
-    // hier_select falls back to the separate launches).
+    // Cases the fused kernel serves (head_dim 64/128, cover x budget <= 8192 pages, the group
+    // candidates in shared memory; elsewhere hier_select falls back to the separate launches).
     const bool fused_expected =
-        (c.d == 64 || c.d == 128) &&
+        (c.d == 64 || c.d == 128) && 8 * ((sd.max_pages + 15) / 16) <= 160 * 1024 &&
         16 * std::min((sd.max_pages + 15) / 16,
                       select::hier_groups(std::numeric_limits<int>::max(), 16, c.pol.budget_pages,
                                           cover)) <= 8192;
@@ -2667,13 +2667,22 @@ int run_bench(const char* json_path) {
                                     ((pages + kMomentPages - 1) / kMomentPages);
         const double chosen = static_cast<double>(sh.batch) * Hkv * m * 16.0;
         const GroupGpu* gr = groups.data();
-        for (const bool adaptive : {false, true}) {
-          const auto gauss = [&, adaptive](int r, cudaStream_t st) {
+        // The fixed budget and the adaptive rule, then the fixed budget in one kernel
+        // (SelectLaunch::HierKernel::fused).
+        struct GaussRun {
+          bool adaptive, fused;
+        };
+        for (const GaussRun run : {GaussRun{false, false}, GaussRun{true, false},
+                                   GaussRun{false, true}}) {
+          const bool adaptive = run.adaptive, fused = run.fused;
+          const auto gauss = [&, adaptive, fused](int r, cudaStream_t st) {
             cuda::HierSelectArgs h = hier_args(sel_args(r), gr[r % rot], 2.0);
             set_moments(h, mgpu[r % rot], kMomentPages, kBenchAlpha, adaptive, 0.f);
-            cuda::hier_select(h, on(st));
+            cuda::SelectLaunch lg = on(st);
+            if (fused) lg.hier_kernel = cuda::SelectLaunch::HierKernel::fused;
+            cuda::hier_select(h, lg);
           };
-          const std::string tag = adaptive ? "gauss_adaptive" : "gauss";
+          const std::string tag = fused ? "gauss_fused" : adaptive ? "gauss_adaptive" : "gauss";
           const double sel_bytes = group_bytes + moment_bytes + chosen * 4.0 * d;
           // Pages the lists hold (the adaptive rule's budget is a cap).
           double held = 0;

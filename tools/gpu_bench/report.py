@@ -215,7 +215,7 @@ def gauss_table(rows, cudnn, ceiling):
     by = rows_by_shape(rows)
     lines = []
     for (ctx, batch, hq, budget), k in sorted(by.items()):
-        for tag in ("gauss", "gauss_adaptive"):
+        for tag in ("gauss", "gauss_adaptive", "gauss_fused"):
             sel, soft = k.get(f"gpu_{tag}_select"), k.get(f"ours_sparse_{tag}_gpu_sel_graph")
             ent = k.get(f"ours_entmax_sparse_{tag}_gpu_sel_graph")
             if not (sel and soft and ent):
