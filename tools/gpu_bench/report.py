@@ -15,6 +15,14 @@ SPARSE_COLS = [
 ]
 
 
+def captioned(caption, columns, lines):
+    """A markdown table under a caption (nothing when there are no lines)."""
+    if not lines:
+        return []
+    return ["", caption, "", "| " + " | ".join(columns) + " |",
+            "|" + "---|" * len(columns)] + lines
+
+
 def rows_by_shape(rows):
     """Sparse rows keyed by (context, batch, q heads, budget), then by row kind."""
     by = {}
@@ -197,14 +205,12 @@ def fused_table(rows, cudnn):
                 f"{fus['us'] / sep['us']:.2f} | {sep_sel['identical']:.3f} / "
                 f"{fus_sel['identical']:.3f} | "
                 + (f"{c / sep['us']:.1f}x / {c / fus['us']:.1f}x |" if c else "- |"))
-    if not lines:
-        return []
-    return ["", "Hierarchical selection as separate launches vs one fused kernel (same lists; "
-            "step = select + sparse decode, one CUDA graph).", "",
-            "| context | B | Hq | budget | cover | select µs separate | select µs fused | step µs "
-            "separate | step µs fused | fused / separate (step) | identical to flat: separate / "
-            "fused | step vs cuDNN: separate / fused |",
-            "|---|---|---|---|---|---|---|---|---|---|---|---|"] + lines
+    return captioned(
+        "Hierarchical selection as separate launches vs one fused kernel (same lists; step = "
+        "select + sparse decode, one CUDA graph).",
+        ["context", "B", "Hq", "budget", "cover", "select µs separate", "select µs fused",
+         "step µs separate", "step µs fused", "fused / separate (step)",
+         "identical to flat: separate / fused", "step vs cuDNN: separate / fused"], lines)
 
 
 def gauss_table(rows, cudnn, ceiling):
@@ -227,16 +233,14 @@ def gauss_table(rows, cudnn, ceiling):
                 f"{soft['us']:.1f} | {ent['us']:.1f} | {ent['us'] / soft['us']:.2f} | "
                 f"{ent['bytes'] / 1e6:.1f} | {bound_us:.1f} | {bound_us / ent['us']:.2f} | "
                 + (f"{c / ent['us']:.1f}x |" if c else "- |"))
-    if not lines:
-        return []
-    return ["", "Entmax-aware hierarchical selection (Gaussian-τ from moments pooled over 64 "
-            "pages, alpha 1.5, cover 2; adaptive: pages whose rank reaches -margin = 0 only). "
-            "Steps in one CUDA graph. Bytes bound: the entmax step's bytes at the measured "
-            "ceiling.", "",
-            "| context | B | Hq | budget | rule | select µs | step softmax µs | step entmax µs "
-            "| entmax / softmax | entmax step MB | bytes bound µs | bound / time | entmax step "
-            "vs cuDNN |",
-            "|---|---|---|---|---|---|---|---|---|---|---|---|---|"] + lines
+    return captioned(
+        "Entmax-aware hierarchical selection (Gaussian-τ from moments pooled over 64 pages, "
+        "alpha 1.5, cover 2; adaptive: pages whose rank reaches -margin = 0 only; fused: in one "
+        "kernel). Steps in one CUDA graph. Bytes bound: the entmax step's bytes at the measured "
+        "ceiling.",
+        ["context", "B", "Hq", "budget", "rule", "select µs", "step softmax µs",
+         "step entmax µs", "entmax / softmax", "entmax step MB", "bytes bound µs", "bound / time",
+         "entmax step vs cuDNN"], lines)
 
 
 def main():
