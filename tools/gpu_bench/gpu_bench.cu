@@ -2541,9 +2541,15 @@ int run_bench(const char* json_path) {
                       bytes + summary_bytes});
       rows.push_back({"gpu_quest_select", sh.ctx, sh.batch, budget, gsel_us, summary_bytes});
       rows.push_back({"gpu_quest_score", sh.ctx, sh.batch, budget, gscore_us, summary_bytes});
-      // MASSKV_BENCH_COMPACT=0 leaves out the rows below (8-bit, hierarchical, top-k alone).
+      // MASSKV_BENCH_COMPACT=0 leaves out the rows below (8-bit, hierarchical, top-k alone);
+      // MASSKV_BENCH_FUSED=0 the hierarchical selection in one kernel (scripts/gpu.sh sets it
+      // when that kernel failed its check: a fault would end this process).
       static const bool compact_rows = [] {
         const char* e = std::getenv("MASSKV_BENCH_COMPACT");
+        return e == nullptr || std::string(e) != "0";
+      }();
+      static const bool fused_rows = [] {
+        const char* e = std::getenv("MASSKV_BENCH_FUSED");
         return e == nullptr || std::string(e) != "0";
       }();
       if (budget != 4096 || !compact_rows) continue;
@@ -2639,12 +2645,13 @@ int run_bench(const char* json_path) {
                   cuda::hier_select(hier_args(sel_args(r), gr[r % rot], cover), on(st));
                 });
         // The same selection in one kernel (SelectLaunch::HierKernel::fused).
-        measure(cover == 2.0 ? "hier_fused" : "hier_fused_c4", group_bytes + chosen * 4.0 * d,
-                [&](int r, cudaStream_t st) {
-                  cuda::SelectLaunch lf = on(st);
-                  lf.hier_kernel = cuda::SelectLaunch::HierKernel::fused;
-                  cuda::hier_select(hier_args(sel_args(r), gr[r % rot], cover), lf);
-                });
+        if (fused_rows)
+          measure(cover == 2.0 ? "hier_fused" : "hier_fused_c4", group_bytes + chosen * 4.0 * d,
+                  [&](int r, cudaStream_t st) {
+                    cuda::SelectLaunch lf = on(st);
+                    lf.hier_kernel = cuda::SelectLaunch::HierKernel::fused;
+                    cuda::hier_select(hier_args(sel_args(r), gr[r % rot], cover), lf);
+                  });
         if (cover == 4.0)
           measure("hier8_c4", group_bytes + chosen * (2.0 * d + 8), [&](int r, cudaStream_t st) {
             cuda::hier_select(hier_args(sel8_args(r), gr[r % rot], cover), on(st));
@@ -2675,6 +2682,7 @@ int run_bench(const char* json_path) {
         for (const GaussRun run : {GaussRun{false, false}, GaussRun{true, false},
                                    GaussRun{false, true}}) {
           const bool adaptive = run.adaptive, fused = run.fused;
+          if (fused && !fused_rows) continue;
           const auto gauss = [&, adaptive, fused](int r, cudaStream_t st) {
             cuda::HierSelectArgs h = hier_args(sel_args(r), gr[r % rot], 2.0);
             set_moments(h, mgpu[r % rot], kMomentPages, kBenchAlpha, adaptive, 0.f);
