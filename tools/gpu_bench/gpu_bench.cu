@@ -1980,6 +1980,9 @@ int run_select_selftest() {
 
 // ---- benchmark -----------------------------------------------------------------------------
 
+// The launch floor: a kernel that does nothing (timed in a CUDA graph like the steps).
+__global__ void empty_kernel() {}
+
 // Read-only ceiling: every byte read once with 16-byte loads, four in flight per thread.
 __global__ void read_kernel(const uint4* p, std::size_t n, unsigned* sink) {
   const std::size_t stride = static_cast<std::size_t>(gridDim.x) * blockDim.x;
@@ -2136,6 +2139,15 @@ int run_bench(const char* json_path) {
     rows.push_back({"ceiling_read", 0, 0, 0, us, static_cast<double>(elems) * 2});
     rows.push_back({"ceiling_read_KV", 0, 0, 0, us2, static_cast<double>(elems) * 4});
     CK(cudaGetLastError());
+  }
+  // The launch floor of a step timed this way: one, two and four empty kernels in a row in one
+  // CUDA graph (what a step of that many launches costs before it moves a byte).
+  for (const int kernels : {1, 2, 4}) {
+    const double us = time_graph_us(1, kWarm, kIters, [&](int, cudaStream_t st) {
+      for (int k = 0; k < kernels; ++k) empty_kernel<<<1, 32, 0, st>>>();
+    });
+    rows.push_back({"floor_graph_" + std::to_string(kernels), 0, 0, 0, us, 0});
+    std::printf("launch floor: %d empty kernel(s) in one CUDA graph %.1f us\n", kernels, us);
   }
 
   // Summaries of the whole pool for the CPU Quest selector (selection time not measured).
