@@ -56,6 +56,7 @@ __global__ void __launch_bounds__(kThreads, kG <= 4 ? 4 : 2) decode_chunk_kernel
   uint4* s_stage = reinterpret_cast<uint4*>(reinterpret_cast<char*>(smem_raw) + Smem::kList);
 
   allow_dependents();  // the merge may be scheduled now: it waits for this grid to finish
+  wait_for_predecessor();  // launched early after a selection (PdlLaunch): nothing read before
   const Chunk c = chunk_of(p);
   if (c.unit0 >= c.units && !(c.chunk == 0 && p.num_chunks == 1)) return;  // merge: empties
   const int n_pages = c.n_pages;
@@ -317,8 +318,11 @@ void launch_softmax(Params p, DType dtype, int d, int batch, int units_max, floa
   }
   cudaStream_t stream = launch.stream;
   const dim3 grid(chunks, p.num_kv_heads * p.head_groups, batch);
-  kernel.k.fn<<<grid, kThreads, kernel.k.smem, stream>>>(p);
-  check_cuda(cudaGetLastError(), "decode kernel launch");
+  // Programmatic dependent launch: the chunk kernel waits on the device for its predecessor
+  // before it reads anything, so a predecessor that allows dependents early (the one-kernel
+  // hierarchical selection) overlaps this launch; after any other kernel it is a plain launch.
+  PdlLaunch chunk(stream, grid, dim3(kThreads), kernel.k.smem);
+  check_cuda(cudaLaunchKernelEx(&chunk.cfg, kernel.k.fn, p), "decode kernel launch");
   if (chunks > 1) {
     // Launched while the chunk kernel runs (programmatic dependent launch): its launch
     // latency overlaps the chunks' tail instead of following it.

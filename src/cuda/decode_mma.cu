@@ -46,6 +46,7 @@ __global__ void __launch_bounds__(kThreads, 2) decode_mma_kernel(Params p) {
   std::uint16_t* s_len = reinterpret_cast<std::uint16_t*>(s_phys + kMaxChunkPages);
   char* s_ring = reinterpret_cast<char*>(smem_raw) + Smem::kList;
   allow_dependents();  // the merge may be scheduled now: it waits for this grid to finish
+  wait_for_predecessor();  // launched early after a selection (PdlLaunch): nothing read before
 
   const Chunk c = chunk_of(p);
   if (c.unit0 >= c.units && !(c.chunk == 0 && p.num_chunks == 1)) return;  // merge: empties

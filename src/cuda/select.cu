@@ -1333,6 +1333,9 @@ __global__ void __launch_bounds__(kFusedThreads, 1) hier_fused_kernel(SelParams 
   cg::cluster_group cluster = cg::this_cluster();
   const int x = blockIdx.x, C = gridDim.x, h = blockIdx.y, b = blockIdx.z, tid = threadIdx.x;
   const std::int64_t slot = static_cast<std::int64_t>(b) * gp.num_kv_heads + h;
+  // A decode launched next by programmatic dependent launch may be scheduled now (it waits for
+  // this grid to finish before it reads anything), so its launch overlaps this selection.
+  detail::allow_dependents();
   // No early return anywhere: every CTA reaches both cluster barriers.
 
   // 0. This CTA's share of the page keys set to 0 (the chosen groups' are written in step 2,
