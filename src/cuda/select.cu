@@ -27,7 +27,8 @@
 // (hier_select on long sequences: only the listed groups' tiles are visited). hier_select chains
 // four launches: score groups, block top-k of groups (writes the mask), score pages, and
 // hier_page_topk_kernel, which ranks only the chosen groups' pages (the flat top-k kernels
-// when the groups' pages exceed kHierCand).
+// when the groups' pages exceed kHierCand); or, with SelectLaunch::HierKernel::fused,
+// hier_fused_kernel does all four in one launch (a cluster per (sequence, kv head)).
 // With moments (Gaussian-τ, group_tau.cu), the scoring kernel's keys are entmax-aware ranks
 // max_h float((α−1)·U_h − τ̂_h) and hier_page_topk_kernel can apply the adaptive rule.
 // hier_top_p replaces the page pass by top_p_weights_kernel and hier_top_p_kernel (masses from
