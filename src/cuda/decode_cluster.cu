@@ -433,22 +433,6 @@ ClusterKernel by_dim_cluster(int d, int g) {
   return d == 64 ? by_group_cluster<kBf16, 64, kCs>(g) : by_group_cluster<kBf16, 128, kCs>(g);
 }
 
-cudaLaunchConfig_t cluster_config(dim3 grid, std::size_t smem, cudaStream_t stream,
-                                  cudaLaunchAttribute& attr, int cs) {
-  attr.id = cudaLaunchAttributeClusterDimension;
-  attr.val.clusterDim.x = static_cast<unsigned>(cs);
-  attr.val.clusterDim.y = 1;
-  attr.val.clusterDim.z = 1;
-  cudaLaunchConfig_t cfg{};
-  cfg.gridDim = grid;
-  cfg.blockDim = dim3(kCThreads);
-  cfg.dynamicSmemBytes = smem;
-  cfg.stream = stream;
-  cfg.attrs = &attr;
-  cfg.numAttrs = 1;
-  return cfg;
-}
-
 // The variant for (dtype, d, kernel group g, cluster size cs), attributes set once, with the
 // number of its clusters the device can hold at once. Cached: the queries cost host time.
 ClusterKernel prepare_cluster(DType dtype, int d, int g, int cs) {
@@ -470,7 +454,8 @@ ClusterKernel prepare_cluster(DType dtype, int d, int g, int cs) {
       check_cuda(cudaFuncSetAttribute(k.fn, cudaFuncAttributeNonPortableClusterSizeAllowed, 1),
                  "cudaFuncSetAttribute(non-portable cluster size)");
     cudaLaunchAttribute attr{};
-    const cudaLaunchConfig_t cfg = cluster_config(dim3(cs), k.smem, nullptr, attr, cs);
+    const cudaLaunchConfig_t cfg =
+        detail::cluster_config(dim3(cs), dim3(kCThreads), k.smem, nullptr, attr, cs);
     if (cudaOccupancyMaxActiveClusters(&k.max_clusters, k.fn, &cfg) != cudaSuccess) {
       (void)cudaGetLastError();  // not launchable here: reported as 0 clusters
       k.max_clusters = 0;
@@ -524,7 +509,8 @@ bool launch_entmax_cluster(Params p, const EntmaxShape& s, const DecodeLaunch& l
   set_entmax_mapping(p, s);
   cudaLaunchAttribute attr{};
   const cudaLaunchConfig_t cfg =
-      cluster_config(dim3(cs, kh, s.batch), k.smem, launch.stream, attr, cs);
+      detail::cluster_config(dim3(cs, kh, s.batch), dim3(kCThreads), k.smem, launch.stream,
+                             attr, cs);
   check_cuda(cudaLaunchKernelEx(&cfg, k.fn, p), "entmax cluster kernel launch");
   return true;
 }

@@ -39,6 +39,20 @@ __device__ __forceinline__ void allow_dependents() {
   asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
 }
 
+// Host: a launch configuration with one launch attribute (cfg points at attr, which the caller
+// keeps alive).
+inline cudaLaunchConfig_t config_with(dim3 grid, dim3 block, std::size_t smem,
+                                      cudaStream_t stream, cudaLaunchAttribute& attr) {
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = grid;
+  cfg.blockDim = block;
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = stream;
+  cfg.attrs = &attr;
+  cfg.numAttrs = 1;
+  return cfg;
+}
+
 // Host: the launch configuration of such a kernel (cudaLaunchKernelEx(&l.cfg, kernel, ...)).
 // Not copyable: cfg points at attr.
 struct PdlLaunch {
@@ -47,16 +61,23 @@ struct PdlLaunch {
   PdlLaunch(cudaStream_t stream, dim3 grid, dim3 block, std::size_t smem = 0) {
     attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
     attr.val.programmaticStreamSerializationAllowed = 1;
-    cfg.stream = stream;
-    cfg.gridDim = grid;
-    cfg.blockDim = block;
-    cfg.dynamicSmemBytes = smem;
-    cfg.attrs = &attr;
-    cfg.numAttrs = 1;
+    cfg = config_with(grid, block, smem, stream, attr);
   }
   PdlLaunch(const PdlLaunch&) = delete;
   PdlLaunch& operator=(const PdlLaunch&) = delete;
 };
+
+// Host: the launch configuration of a kernel in thread-block clusters of `cs` CTAs along x
+// (cudaLaunchKernelEx(&cfg, kernel, ...) or cudaOccupancyMaxActiveClusters); attr must outlive
+// cfg.
+inline cudaLaunchConfig_t cluster_config(dim3 grid, dim3 block, std::size_t smem,
+                                         cudaStream_t stream, cudaLaunchAttribute& attr, int cs) {
+  attr.id = cudaLaunchAttributeClusterDimension;
+  attr.val.clusterDim.x = static_cast<unsigned>(cs);
+  attr.val.clusterDim.y = 1;
+  attr.val.clusterDim.z = 1;
+  return config_with(grid, block, smem, stream, attr);
+}
 
 // Device array that only grows: once a step's shapes were seen, later steps allocate nothing
 // (so a step can be captured in a CUDA graph).

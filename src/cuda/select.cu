@@ -1103,6 +1103,24 @@ struct ScorePlan {
   int ctas_per_sm = 1;
 };
 
+// ScoreSmem at run time: one scoring warp's stages and the staged q of a group.
+struct ScoreSizes {
+  std::size_t warp_bytes, q_bytes;
+  std::size_t bytes(int warps) const {
+    return static_cast<std::size_t>(warps) * warp_bytes + q_bytes;
+  }
+};
+template <int kD>
+ScoreSizes score_sizes_of(bool u8, int group) {
+  return u8 ? ScoreSizes{ScoreSmem<kD, true>::kWarpBytes, ScoreSmem<kD, true>::q_bytes(group)}
+            : ScoreSizes{ScoreSmem<kD>::kWarpBytes, ScoreSmem<kD>::q_bytes(group)};
+}
+ScoreSizes score_sizes(int d, bool u8, int group) {
+  return d == 64    ? score_sizes_of<64>(u8, group)
+         : d == 128 ? score_sizes_of<128>(u8, group)
+                    : score_sizes_of<256>(u8, group);
+}
+
 ScorePlan score_plan(int d, int group, bool u8) {
   static std::mutex mu;
   static bool ready[2][3] = {};
@@ -1113,11 +1131,6 @@ ScorePlan score_plan(int d, int group, bool u8) {
       {quest_score_kernel<64, false>, quest_score_kernel<128, false>,
        quest_score_kernel<256, false>},
       {quest_score_kernel<64, true>, quest_score_kernel<128, true>, quest_score_kernel<256, true>}};
-  // The q staging does not depend on the store; the warps' stages do.
-  const std::size_t warp_bytes[2][3] = {
-      {ScoreSmem<64>::kWarpBytes, ScoreSmem<128>::kWarpBytes, ScoreSmem<256>::kWarpBytes},
-      {ScoreSmem<64, true>::kWarpBytes, ScoreSmem<128, true>::kWarpBytes,
-       ScoreSmem<256, true>::kWarpBytes}};
   std::lock_guard<std::mutex> lock(mu);
   static const int optin =
       device_attr(cudaDevAttrMaxSharedMemoryPerBlockOptin, "shared memory per block");
@@ -1128,17 +1141,15 @@ ScorePlan score_plan(int d, int group, bool u8) {
     ready[e][idx] = true;
   }
   if (cache[e][idx][group].fn != nullptr) return cache[e][idx][group];
-  const std::size_t q_bytes = idx == 0   ? ScoreSmem<64>::q_bytes(group)
-                              : idx == 1 ? ScoreSmem<128>::q_bytes(group)
-                                         : ScoreSmem<256>::q_bytes(group);
-  const std::size_t room = static_cast<std::size_t>(optin) > q_bytes ? optin - q_bytes : 0;
+  const ScoreSizes sz = score_sizes(d, u8, group);
+  const std::size_t room = static_cast<std::size_t>(optin) > sz.q_bytes ? optin - sz.q_bytes : 0;
   ScorePlan plan;
   plan.fn = fns[e][idx];
-  plan.warps = static_cast<int>(std::min<std::size_t>(kScoreMaxWarps, room / warp_bytes[e][idx]));
+  plan.warps = static_cast<int>(std::min<std::size_t>(kScoreMaxWarps, room / sz.warp_bytes));
   require(plan.warps >= 1, ErrorCode::unsupported, "q",
           "the scoring kernel's shared memory does not fit this device for group ", group,
           " and head_dim ", d);
-  plan.smem = static_cast<std::size_t>(plan.warps) * warp_bytes[e][idx] + q_bytes;
+  plan.smem = sz.bytes(plan.warps);
   int ctas = 0;
   check_cuda(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&ctas, plan.fn, plan.warps * 32,
                                                            plan.smem),
@@ -1317,8 +1328,8 @@ constexpr int kFusedThreads = kHierThreads;  // 8 scoring warps (stages fit at d
 //     list mode, on the page store: bf16 or 8-bit); cluster barrier.
 //  3. CTA 0 selects the pages (hier_page_topk) from the chosen groups' keys.
 // Page keys outside the chosen groups are 0, as after the separate launches (step 0 zeroes the
-// sequence's keys). Global writes before each cluster barrier are fenced (__threadfence), so the other CTAs read
-// them after it.
+// sequence's keys). Global writes before each cluster barrier are fenced (__threadfence), so
+// the other CTAs read them after it.
 // Dynamic shared memory: [0, list_off) the group candidates (1), the scoring stages and q (0,
 // 2), the page candidates (3), one after the other; the group list (gstride ints) at list_off.
 template <int kD, bool kU8>
@@ -1964,13 +1975,6 @@ struct FusedPlan {
   std::size_t smem = 0;
 };
 
-// Shared memory of the fused kernel's scoring (the warps' stages and q) for one store.
-std::size_t fused_stage_bytes(int d, bool u8, int group) {
-  constexpr int w = kFusedThreads / 32;
-  if (d == 64) return u8 ? ScoreSmem<64, true>::bytes(w, group) : ScoreSmem<64>::bytes(w, group);
-  return u8 ? ScoreSmem<128, true>::bytes(w, group) : ScoreSmem<128>::bytes(w, group);
-}
-
 // The fused kernel for this call, or fn == null where it does not serve: head_dim 64 or 128,
 // at most kHierCand chosen pages, everything in the shared memory that fits, and clusters the
 // device can schedule. pairs = batch * kv heads.
@@ -1996,8 +2000,9 @@ FusedPlan plan_hier_fused(int d, bool u8, int group, int max_groups, int gcap, i
   static const int optin =
       device_attr(cudaDevAttrMaxSharedMemoryPerBlockOptin, "shared memory per block");
   const std::size_t region = std::max(
-      {fused_stage_bytes(d, false, group), fused_stage_bytes(d, u8, group),
-       sizeof(unsigned long long) * static_cast<std::size_t>(max_groups),               // step 1
+      {score_sizes(d, false, group).bytes(kFusedThreads / 32),  // step 0: bf16 groups
+       score_sizes(d, u8, group).bytes(kFusedThreads / 32),     // step 2: the page store
+       sizeof(unsigned long long) * static_cast<std::size_t>(max_groups),         // step 1
        sizeof(unsigned long long) * static_cast<std::size_t>(gcap) * kWarpPages});  // step 3
   const std::size_t off = (region + 15) / 16 * 16;
   const std::size_t smem = off + sizeof(std::int32_t) * static_cast<std::size_t>(gcap);
@@ -2021,17 +2026,9 @@ FusedPlan plan_hier_fused(int d, bool u8, int group, int max_groups, int gcap, i
   c = static_cast<int>(std::bit_floor(static_cast<unsigned>(c)));
   while (c > 1 && static_cast<std::int64_t>(pairs) * c > device_sms()) c /= 2;
   // The device must co-schedule one cluster of this size (its CTAs' shared memory).
-  cudaLaunchConfig_t cfg{};
   cudaLaunchAttribute attr{};
-  attr.id = cudaLaunchAttributeClusterDimension;
-  attr.val.clusterDim.x = c;
-  attr.val.clusterDim.y = 1;
-  attr.val.clusterDim.z = 1;
-  cfg.gridDim = dim3(c, 1, 1);
-  cfg.blockDim = dim3(kFusedThreads);
-  cfg.dynamicSmemBytes = smem;
-  cfg.attrs = &attr;
-  cfg.numAttrs = 1;
+  const cudaLaunchConfig_t cfg =
+      detail::cluster_config(dim3(c), dim3(kFusedThreads), smem, nullptr, attr, c);
   int clusters = 0;
   if (cudaOccupancyMaxActiveClusters(&clusters, f.fn, &cfg) != cudaSuccess || clusters < 1) {
     (void)cudaGetLastError();
@@ -2048,18 +2045,9 @@ FusedPlan plan_hier_fused(int d, bool u8, int group, int max_groups, int gcap, i
 void launch_hier_fused(const FusedPlan& f, const SelParams& gp, const SelParams& pp,
                        std::int32_t* gids, std::int32_t* gcount, int gstride, int kv_heads,
                        int batch, cudaStream_t stream) {
-  cudaLaunchConfig_t cfg{};
   cudaLaunchAttribute attr{};
-  attr.id = cudaLaunchAttributeClusterDimension;
-  attr.val.clusterDim.x = f.ctas;
-  attr.val.clusterDim.y = 1;
-  attr.val.clusterDim.z = 1;
-  cfg.gridDim = dim3(f.ctas, kv_heads, batch);
-  cfg.blockDim = dim3(kFusedThreads);
-  cfg.dynamicSmemBytes = f.smem;
-  cfg.stream = stream;
-  cfg.attrs = &attr;
-  cfg.numAttrs = 1;
+  const cudaLaunchConfig_t cfg = detail::cluster_config(
+      dim3(f.ctas, kv_heads, batch), dim3(kFusedThreads), f.smem, stream, attr, f.ctas);
   check_cuda(cudaLaunchKernelEx(&cfg, f.fn, gp, pp, gids, gcount, gstride, f.list_off),
              "hier fused kernel launch");
 }

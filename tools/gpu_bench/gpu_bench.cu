@@ -2688,6 +2688,17 @@ int run_bench(const char* json_path) {
         const GroupGpu* gr = groups.data();
         // The fixed budget and the adaptive rule, then the fixed budget in one kernel
         // (SelectLaunch::HierKernel::fused).
+        // Pages the lists of select_fn hold per step, over the rotations (the adaptive rule's
+        // and top-p's budget is a cap).
+        const auto held_pages = [&](const auto& select_fn) {
+          double held = 0;
+          for (int r = 0; r < kQRot; ++r) {
+            select_fn(r, nullptr);
+            sws.check(nullptr);
+            for (int c : g_cnt[r].download()) held += c;
+          }
+          return held / kQRot;
+        };
         struct GaussRun {
           bool adaptive, fused;
         };
@@ -2704,14 +2715,7 @@ int run_bench(const char* json_path) {
           };
           const std::string tag = fused ? "gauss_fused" : adaptive ? "gauss_adaptive" : "gauss";
           const double sel_bytes = group_bytes + moment_bytes + chosen * 4.0 * d;
-          // Pages the lists hold (the adaptive rule's budget is a cap).
-          double held = 0;
-          for (int r = 0; r < kQRot; ++r) {
-            gauss(r, nullptr);
-            sws.check(nullptr);
-            for (int c : g_cnt[r].download()) held += c;
-          }
-          held /= kQRot;
+          const double held = held_pages(gauss);
           const double kv_sel = held * P * d * 2 * 2;
           measure(tag, sel_bytes, gauss);
           rows.back().bytes = kv_sel + sel_bytes;  // the step row: the pages actually held
@@ -2734,13 +2738,7 @@ int run_bench(const char* json_path) {
           t.p = 0.9;
           cuda::hier_top_p(t, on(st));
         };
-        double held = 0;
-        for (int r = 0; r < kQRot; ++r) {
-          top_p(r, nullptr);
-          sws.check(nullptr);
-          for (int c : g_cnt[r].download()) held += c;
-        }
-        held /= kQRot;
+        const double held = held_pages(top_p);
         const double tp_bytes = group_bytes + moment_bytes + chosen * 8.0 * d;
         measure("top_p", tp_bytes, top_p);
         rows.back().bytes = held * P * d * 2 * 2 + tp_bytes;
