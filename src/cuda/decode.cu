@@ -55,8 +55,10 @@ __global__ void __launch_bounds__(kThreads, kG <= 4 ? 4 : 2) decode_chunk_kernel
   std::uint16_t* s_len = reinterpret_cast<std::uint16_t*>(s_phys + kMaxChunkPages);
   uint4* s_stage = reinterpret_cast<uint4*>(reinterpret_cast<char*>(smem_raw) + Smem::kList);
 
-  allow_dependents();  // the merge may be scheduled now: it waits for this grid to finish
   wait_for_predecessor();  // launched early after a selection (PdlLaunch): nothing read before
+  // The merge may be scheduled now (it waits for this grid before reading partials): after the
+  // wait, so the merge's early reads of the selection counts find the selection done.
+  allow_dependents();
   const Chunk c = chunk_of(p);
   if (c.unit0 >= c.units && !(c.chunk == 0 && p.num_chunks == 1)) return;  // merge: empties
   const int n_pages = c.n_pages;
@@ -153,6 +155,39 @@ __global__ void __launch_bounds__(kThreads, kG <= 4 ? 4 : 2) decode_chunk_kernel
   write_chunk_softmax<kG, kD>(p, c, kRowGroups, s_acc, s_m, s_l);
 }
 
+// The merge of up to 32 chunks, d <= kThreads (merge_kernel's path at B = 1, 4K-token budgets):
+// lane c of every warp holds chunk c's lse; the max and the weight sum are warp reductions
+// (tree order, fixed: same bits on every run) instead of a barrier tree and a serial sum, and
+// thread `dim` loads its dimension of every chunk in one unrolled run of independent loads.
+// Small code on purpose: the kernel runs once per step on a cold instruction cache.
+// (The shared-memory path took ~3 µs after its wait here, profile-phases 2026-12-04.)
+__device__ __forceinline__ void merge_warp(const Params& p, int d, int b, int hq, int n_chunks,
+                                           std::int64_t slot0) {
+  const int lane = threadIdx.x % 32, dim = threadIdx.x;
+  const float lw = lane < n_chunks ? p.part_w[slot0 + lane] : -INFINITY;
+  const float* po = p.part_o + slot0 * d + dim;
+  float x[32];
+#pragma unroll
+  for (int c = 0; c < 32; ++c) x[c] = c < n_chunks && dim < d ? po[static_cast<std::int64_t>(c) * d] : 0.f;
+  float mx = lw;
+#pragma unroll
+  for (int o = 16; o > 0; o /= 2) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+  const float w = mx == -INFINITY || lane >= n_chunks ? 0.f : expf(lw - mx);
+  float wsum = w;
+#pragma unroll
+  for (int o = 16; o > 0; o /= 2) wsum += __shfl_xor_sync(0xffffffffu, wsum, o);
+  float acc = 0.f;
+#pragma unroll
+  for (int c = 0; c < 32; ++c) {
+    const float wc = __shfl_sync(0xffffffffu, w, c);
+    acc = wc != 0.f ? fmaf(wc, x[c], acc) : acc;
+  }
+  if (dim < d) p.out[b * p.o_s0 + hq * p.o_s1 + dim] = wsum > 0.f ? acc / wsum : 0.f;
+  if (threadIdx.x == 0 && p.lse) {
+    p.lse[b * p.num_q_heads + hq] = wsum > 0.f ? mx + logf(wsum) : -INFINITY;
+  }
+}
+
 // Merge of the chunks of one (sequence, q head), §2.6: lse = logsumexp_c lse_c,
 // o = sum_c e^{lse_c - lse} o_c, in chunk order. Empty chunks (lse -inf) weigh 0; all empty
 // gives o = 0, lse = -inf.
@@ -165,7 +200,14 @@ __global__ void __launch_bounds__(kThreads) merge_kernel(Params p, int d) {
   const int units = seq_units(p, b, kvh, num_pages, last_len);
   const int n_chunks = min(p.num_chunks, (units + p.chunk_pages - 1) / p.chunk_pages);
   const std::int64_t slot0 = (static_cast<std::int64_t>(b) * p.num_q_heads + hq) * p.num_chunks;
+  stamp(p.stamps, stamps::decode_merge, 0);
   wait_for_predecessor();  // the chunk kernel's partials
+  stamp(p.stamps, stamps::decode_merge, 1);
+  if (n_chunks <= 32 && d <= kThreads) {
+    merge_warp(p, d, b, hq, n_chunks, slot0);
+    stamp(p.stamps, stamps::decode_merge, stamps::kExit);
+    return;
+  }
 
   float mx = -INFINITY;
   for (int c = threadIdx.x; c < n_chunks; c += kThreads) mx = fmaxf(mx, p.part_w[slot0 + c]);
@@ -201,6 +243,7 @@ __global__ void __launch_bounds__(kThreads) merge_kernel(Params p, int d) {
   if (threadIdx.x == 0 && p.lse) {
     p.lse[b * p.num_q_heads + hq] = wsum > 0.f ? mx + logf(wsum) : -INFINITY;
   }
+  stamp(p.stamps, stamps::decode_merge, stamps::kExit);
 }
 
 struct MakeKernelInfo {
@@ -424,6 +467,7 @@ void decode(const attn::DecodeArgs& a, const DecodeLaunch& launch) {
   p.sel_max = sel ? sel->max_per_head : 0;
   p.max_pages = launch.max_pages_per_seq;
   p.err = ws.err.get();
+  p.stamps = launch.phase_stamps;
   const float scale = a.scale > 0 ? a.scale : 1.0f / std::sqrt(static_cast<float>(d));
 
   if (a.mapping.is_entmax()) {

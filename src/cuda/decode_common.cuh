@@ -58,6 +58,7 @@ struct Params {
   float* part_o;  // [B][Hq][num_chunks][D] (num_chunks > 1)
   float* part_w;  // [B][Hq][num_chunks]: softmax lse (natural log), entmax sum of p
   unsigned* err;
+  std::uint64_t* stamps;  // DecodeLaunch::phase_stamps (profiling), usually null
   // entmax only (decode_entmax.cu)
   int pow_int;           // 1/(alpha-1) when it is 1 or 2, else 0 (general power)
   float pow_exp;         // 1/(alpha-1)
@@ -93,6 +94,7 @@ namespace masskv::cuda::decode_impl {
 using detail::allow_dependents;
 using detail::PdlLaunch;
 using detail::wait_for_predecessor;
+using detail::stamp;
 
 // Pages and units (pages to attend) of (b, kv head), with the ids checked. Returns the number
 // of units; 0 when the sequence's table entry is bad (flagged).

@@ -45,8 +45,12 @@ __global__ void __launch_bounds__(kThreads, 2) decode_mma_kernel(Params p) {
   int* s_phys = reinterpret_cast<int*>(smem_raw);
   std::uint16_t* s_len = reinterpret_cast<std::uint16_t*>(s_phys + kMaxChunkPages);
   char* s_ring = reinterpret_cast<char*>(smem_raw) + Smem::kList;
-  allow_dependents();  // the merge may be scheduled now: it waits for this grid to finish
+  stamp(p.stamps, stamps::decode_chunks, 0);
   wait_for_predecessor();  // launched early after a selection (PdlLaunch): nothing read before
+  // The merge may be scheduled now (it waits for this grid before reading partials): after the
+  // wait, so the merge's early reads of the selection counts find the selection done.
+  allow_dependents();
+  stamp(p.stamps, stamps::decode_chunks, 1);
 
   const Chunk c = chunk_of(p);
   if (c.unit0 >= c.units && !(c.chunk == 0 && p.num_chunks == 1)) return;  // merge: empties
@@ -66,6 +70,7 @@ __global__ void __launch_bounds__(kThreads, 2) decode_mma_kernel(Params p) {
 #pragma unroll
     for (int j = 0; j < 4; ++j) acc[nd][j] = 0.f;
   __syncthreads();  // the page list
+  stamp(p.stamps, stamps::decode_chunks, 2);
 
   const std::uint16_t* kb = p.k + c.kvh * p.stride_head;
   const std::uint16_t* vb = p.v + c.kvh * p.stride_head;
@@ -121,6 +126,7 @@ __global__ void __launch_bounds__(kThreads, 2) decode_mma_kernel(Params p) {
     tile_pv<kBf16, kD>(pr, sv, lane, acc);  // P is the A operand of one k-step
   };
   stream_tiles<kRingT, true>(my_tiles, issue, compute);
+  stamp(p.stamps, stamps::decode_chunks, 3);
 
   l += __shfl_xor_sync(0xffffffffu, l, 1);
   l += __shfl_xor_sync(0xffffffffu, l, 2);
@@ -142,6 +148,7 @@ __global__ void __launch_bounds__(kThreads, 2) decode_mma_kernel(Params p) {
   }
   __syncthreads();
   write_chunk_softmax<kG, kD>(p, c, kWarps, s_acc, s_m, s_l);
+  stamp(p.stamps, stamps::decode_chunks, stamps::kExit);
 }
 
 template <bool kBf16, int kD>

@@ -5,7 +5,9 @@
 #include <cuda_runtime.h>
 
 #include <cstddef>
+#include <cstdint>
 
+#include "masskv/cuda/stamps.hpp"
 #include "masskv/error.hpp"
 
 namespace masskv::cuda::detail {
@@ -37,6 +39,17 @@ __device__ __forceinline__ void wait_for_predecessor() {
 }
 __device__ __forceinline__ void allow_dependents() {
   asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+}
+
+// Profiling (stamps.hpp): thread 0 of the CTA writes %globaltimer for (kernel, phase) when
+// `at` is set; a uniform branch otherwise.
+__device__ __forceinline__ void stamp(std::uint64_t* at, int kernel, int phase) {
+  if (at == nullptr || threadIdx.x != 0) return;
+  const unsigned cta = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
+  if (cta >= static_cast<unsigned>(stamps::kCtas)) return;
+  std::uint64_t t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  at[stamps::index(kernel, static_cast<int>(cta), phase)] = t;
 }
 
 // Host: a launch configuration with one launch attribute (cfg points at attr, which the caller

@@ -122,6 +122,10 @@ struct SelParams {
   double am1;
   float margin;
   int adaptive;
+  // SelectLaunch::phase_stamps (profiling), usually null; the scoring kernel stamps as
+  // stamp_score, the top-k kernels as stamp_score + 1 (stamps.hpp).
+  std::uint64_t* stamps;
+  int stamp_score;
 };
 
 __device__ __forceinline__ std::uint32_t ordered_key(float x) {
@@ -163,6 +167,11 @@ __device__ __forceinline__ void cp_async16(void* smem, const void* gmem, int src
                "r"(src_bytes));
 }
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n"); }
+// 4-byte asynchronous copy global -> shared (one q channel).
+__device__ __forceinline__ void cp_async4(void* smem, const void* gmem) {
+  const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(dst), "l"(gmem));
+}
 
 // Scoring layout. A CTA of up to kScoreMaxWarps warps owns a chunk of pages of one (sequence,
 // kv head); its warps are independent pipelines: warp w scores the warp tiles w, w + warps,
@@ -229,7 +238,7 @@ __device__ __forceinline__ void load_block(const uint4* row, const float* qa, in
     b.q[i][1] = qv[1];
   }
 }
-template <int kD, int kNB, bool kW>
+template <int kD, int kNB, bool kW, bool kHot>
 __device__ __forceinline__ void score_rows(const uint4* row, const float* qa, int i0, float& w,
                                            float (&acc)[kHeadBatch][8]) {
 #pragma unroll
@@ -238,7 +247,11 @@ __device__ __forceinline__ void score_rows(const uint4* row, const float* qa, in
     for (int l = 0; l < 8; ++l) acc[i][l] = 0.f;
   RowBlock<kNB> cur, next;
   load_block<kD, kNB>(row, qa, i0, 0, cur);
-#pragma unroll
+  // kHot (a warp scores many tiles): fully unrolled. Otherwise by 2: at B = 1 a warp scores
+  // one or two tiles, so the loop runs on a cold instruction cache; fully unrolled, one tile
+  // took ~4 µs there, 2.5 by 2 (the kernel: 124 KB of code at d = 128; profile-phases,
+  // 2026-12-04), while at 1M tokens (32 tiles a warp) the full unroll scans 16% faster.
+#pragma unroll(kHot ? kD / 8 : 2)
   for (int k = 0; k < kD / 8; ++k) {
     if (k + 1 < kD / 8) load_block<kD, kNB>(row, qa, i0, k + 1, next);
     float x[8];
@@ -270,14 +283,14 @@ __device__ __forceinline__ float code_at(unsigned word, int i) {
   // 0x4B0000bb is 2^23 + bb exactly; minus 2^23 gives the code as a float.
   return __fsub_rn(__uint_as_float(__byte_perm(word, 0x4B000000u, 0x7440u | i)), 8388608.0f);
 }
-template <int kD, int kNB, bool kW>
+template <int kD, int kNB, bool kW, bool kHot>
 __device__ __forceinline__ void score_rows8(const uint4* row, const float* qa, int i0, float lo,
                                             float step, float& w, float (&acc)[kHeadBatch][8]) {
 #pragma unroll
   for (int i = 0; i < kNB; ++i)
 #pragma unroll
     for (int l = 0; l < 8; ++l) acc[i][l] = 0.f;
-#pragma unroll
+#pragma unroll(kHot ? kD / 16 : 2)  // as score_rows
   for (int k = 0; k < kD / 16; ++k) {
     const uint4 r = row[k];
     const unsigned words[4] = {r.x, r.y, r.z, r.w};
@@ -309,33 +322,33 @@ __device__ __forceinline__ void score_rows8(const uint4* row, const float* qa, i
 }
 
 // Both stores: the chains of kNB q heads over this lane's row.
-template <int kD, bool kU8, int kNB, bool kW>
+template <int kD, bool kU8, int kNB, bool kW, bool kHot>
 __device__ __forceinline__ void score_any(const uint4* row, const float* qa, int i0, float lo,
                                           float step, float& w, float (&acc)[kHeadBatch][8]) {
   if constexpr (kU8) {
-    score_rows8<kD, kNB, kW>(row, qa, i0, lo, step, w, acc);
+    score_rows8<kD, kNB, kW, kHot>(row, qa, i0, lo, step, w, acc);
   } else {
-    score_rows<kD, kNB, kW>(row, qa, i0, w, acc);
+    score_rows<kD, kNB, kW, kHot>(row, qa, i0, w, acc);
   }
 }
 
 // score_any for a run-time batch size nb (1 .. kHeadBatch).
-template <int kD, bool kU8, bool kW>
+template <int kD, bool kU8, bool kW, bool kHot>
 __device__ __forceinline__ void score_batch(int nb, const uint4* row, const float* qa, int i0,
                                             float lo, float step, float& w,
                                             float (&acc)[kHeadBatch][8]) {
   switch (nb) {
     case 1:
-      score_any<kD, kU8, 1, kW>(row, qa, i0, lo, step, w, acc);
+      score_any<kD, kU8, 1, kW, kHot>(row, qa, i0, lo, step, w, acc);
       break;
     case 2:
-      score_any<kD, kU8, 2, kW>(row, qa, i0, lo, step, w, acc);
+      score_any<kD, kU8, 2, kW, kHot>(row, qa, i0, lo, step, w, acc);
       break;
     case 3:
-      score_any<kD, kU8, 3, kW>(row, qa, i0, lo, step, w, acc);
+      score_any<kD, kU8, 3, kW, kHot>(row, qa, i0, lo, step, w, acc);
       break;
     default:
-      score_any<kD, kU8, 4, kW>(row, qa, i0, lo, step, w, acc);
+      score_any<kD, kU8, 4, kW, kHot>(row, qa, i0, lo, step, w, acc);
       break;
   }
 }
@@ -353,8 +366,9 @@ constexpr int kSkipTile = -2;  // load_id's id for a page of a group the mask le
 // (list == null), or the groups list[j0 .. j1) (list mode: group i = pages [16 i, 16 i + 16)).
 // n: the sequence's pages (seq_pages). smem: the CTA's dynamic shared memory (ScoreSmem's
 // layout: the warps' stages, then q). Every thread of the CTA calls it (it has barriers); the
-// CTA returns at once when there is nothing to score.
-template <int kD, bool kU8>
+// CTA returns at once when there is nothing to score. kHot: a warp scores many tiles (the
+// row loop fully unrolled, score_rows).
+template <int kD, bool kU8, bool kHot = false>
 __device__ __forceinline__ void score_tiles(const SelParams& p, unsigned char* smem, int b, int h,
                                             int n, const std::int32_t* list, int j0, int j1) {
   using Smem = ScoreSmem<kD, kU8>;
@@ -441,6 +455,15 @@ __device__ __forceinline__ void score_tiles(const SelParams& p, unsigned char* s
       }
     }
   };
+  // q first, copied as is into s_qpos (split below) as the oldest copy group: its latency
+  // overlaps the page-id loads the tile copies wait for (loaded after them, q was ready
+  // ~0.8 µs later; profile-phases, 2026-12-04).
+  const int q_head0 = h * g;
+  for (int idx = threadIdx.x; idx < g * kD; idx += blockDim.x) {
+    const int i = idx / kD, c = idx % kD;
+    cp_async4(s_qpos + idx, p.q + b * p.q_s0 + (q_head0 + i) * p.q_s1 + c);
+  }
+  cp_async_commit();
 #pragma unroll
   for (int s = 0; s < kStages - 1; ++s) {
     if (s < my_tiles) issue(s, s, load_id(s));
@@ -448,26 +471,37 @@ __device__ __forceinline__ void score_tiles(const SelParams& p, unsigned char* s
   }
   int next_id = load_id(kStages - 1);
 
-  const int q_head0 = h * g;
+  cp_async_wait<kStages - 1>();  // this thread's q copies (the same idx as below)
   for (int idx = threadIdx.x; idx < g * kD; idx += blockDim.x) {
-    const int i = idx / kD, c = idx % kD;
-    const float x = p.q[b * p.q_s0 + (q_head0 + i) * p.q_s1 + c];
+    const float x = s_qpos[idx];
     s_qpos[idx] = x > 0.f ? x : 0.f;
     // A NaN channel: q+ 0, q- NaN (so its ||q||_1 below is NaN, as the sum of |q| would be).
     s_qneg[idx] = x < 0.f ? x : x > 0.f ? 0.f : (x == x ? 0.f : x);
   }
   __syncthreads();
+  detail::stamp(p.stamps, p.stamp_score, 1);
   for (int i = threadIdx.x; i < g; i += blockDim.x) {
     // ||q||_1 summed in channel order, as SplitQuery::assign, from shared memory:
-    // q+ - q- = |q| exactly (one of them is 0); NaN where q- holds the NaN.
+    // q+ - q- = |q| exactly (one of them is 0); NaN where q- holds the NaN. 32 channels of
+    // each loaded at once: one shared-memory latency per 32 additions, not per addition.
     float l1 = 0.f;
-    for (int c = 0; c < kD; ++c) {
-      const float qn = s_qneg[i * kD + c];
-      l1 = __fadd_rn(l1, qn == qn ? __fsub_rn(s_qpos[i * kD + c], qn) : qn);
+    for (int c0 = 0; c0 < kD; c0 += 32) {
+      float qp[32], qn[32];
+#pragma unroll
+      for (int e = 0; e < 32; e += 4) {
+        const float4 a = *reinterpret_cast<const float4*>(s_qpos + i * kD + c0 + e);
+        const float4 n4 = *reinterpret_cast<const float4*>(s_qneg + i * kD + c0 + e);
+        qp[e] = a.x, qp[e + 1] = a.y, qp[e + 2] = a.z, qp[e + 3] = a.w;
+        qn[e] = n4.x, qn[e + 1] = n4.y, qn[e + 2] = n4.z, qn[e + 3] = n4.w;
+      }
+#pragma unroll
+      for (int e = 0; e < 32; ++e)
+        l1 = __fadd_rn(l1, qn[e] == qn[e] ? __fsub_rn(qp[e], qn[e]) : qn[e]);
     }
     s_fq[i] = __fmul_rn(p.slack_f, l1);
   }
   __syncthreads();  // q staged; from here on the warps run on their own
+  detail::stamp(p.stamps, p.stamp_score, 2);
 
   std::uint32_t* keys = p.keys + slot * p.max_pages;
   const float* qa = (lane & 1) ? s_qpos : s_qneg;
@@ -480,6 +514,7 @@ __device__ __forceinline__ void score_tiles(const SelParams& p, unsigned char* s
     cp_async_commit();
     cp_async_wait<kStages - 1>();  // this lane's copies of tile t have landed
     __syncwarp();            // and every lane's
+    if (t == 0) detail::stamp(p.stamps, p.stamp_score, 3);
     const int pg = tile_page0(t) + lane / 2;
     const bool in = pg < page_end;
     if (skipped(t)) {  // warp-uniform: a group the mask leaves out
@@ -507,10 +542,10 @@ __device__ __forceinline__ void score_tiles(const SelParams& p, unsigned char* s
     for (int i0 = 0; i0 < g; i0 += kHeadBatch) {
       const int nb = min(kHeadBatch, g - i0);
       if (i0 == 0) {
-        score_batch<kD, kU8, true>(nb, row, qa, i0, glo, gstep, w, acc);
+        score_batch<kD, kU8, true, kHot>(nb, row, qa, i0, glo, gstep, w, acc);
         w = fmaxf(w, __shfl_xor_sync(kAll, w, 1));
       } else {
-        score_batch<kD, kU8, false>(nb, row, qa, i0, glo, gstep, w, acc);
+        score_batch<kD, kU8, false, kHot>(nb, row, qa, i0, glo, gstep, w, acc);
       }
 #pragma unroll
       for (int i = 0; i < kHeadBatch; ++i) {
@@ -540,16 +575,25 @@ __device__ __forceinline__ void score_tiles(const SelParams& p, unsigned char* s
     const bool dropped = tau_row != nullptr && p.adaptive && !(best > -p.margin);
     if ((lane & 1) == 0 && in) keys[pg] = ok && !dropped ? ordered_key(best) : 0u;
     __syncwarp();  // every lane is done with this stage before it is refilled
+    if (t == 0) detail::stamp(p.stamps, p.stamp_score, 4);
   }
 }
 
 // grid (chunks, kv heads, batch), blockDim = 32 * warps (warps <= kScoreMaxWarps, planned on the
 // host from the shared memory that fits). Chunk c: pages [c·chunk_pages, +chunk_pages), or in
-// list mode entries [c·chunk_pages/16, +chunk_pages/16) of the pair's tile list.
-template <int kD, bool kU8>
+// list mode entries [c·chunk_pages/16, +chunk_pages/16) of the pair's tile list. kHot: the plan
+// gives a warp many tiles (ScorePlan::fn_hot).
+template <int kD, bool kU8, bool kHot>
 __global__ void __launch_bounds__(kScoreMaxWarps * 32) quest_score_kernel(SelParams p) {
   extern __shared__ uint4 smem_raw[];
   const int chunk = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
+  detail::stamp(p.stamps, p.stamp_score, 0);
+  // Launched by programmatic dependent launch after the group top-k (hier_select's page pass):
+  // nothing is read before the predecessor is done (a no-op after a plain launch). Then the
+  // top-k may launch: its CTAs wait on the device for this grid (a launch gap of ~1.7 µs
+  // otherwise, profile-phases 2026-12-04).
+  detail::wait_for_predecessor();
+  detail::allow_dependents();
   const int n = seq_pages(p, b);
   const std::int64_t slot = static_cast<std::int64_t>(b) * p.num_kv_heads + h;
   const std::int32_t* list = p.tile_ids != nullptr ? p.tile_ids + slot * p.tile_stride : nullptr;
@@ -557,7 +601,9 @@ __global__ void __launch_bounds__(kScoreMaxWarps * 32) quest_score_kernel(SelPar
   const int j_end = list != nullptr ? (n < 0 ? 0 : min(p.tile_count[slot], p.tile_stride)) : n;
   const int j1 = list != nullptr ? min(j_end, j0 + p.chunk_pages / kWarpPages)
                                  : min(n, j0 + p.chunk_pages);
-  score_tiles<kD, kU8>(p, reinterpret_cast<unsigned char*>(smem_raw), b, h, n, list, j0, j1);
+  score_tiles<kD, kU8, kHot>(p, reinterpret_cast<unsigned char*>(smem_raw), b, h, n, list, j0,
+                             j1);
+  detail::stamp(p.stamps, p.stamp_score, stamps::kExit);
 }
 // ---- top-k ----------------------------------------------------------------------------------
 
@@ -817,8 +863,9 @@ __global__ void __cluster_dims__(kC, 1, 1) __launch_bounds__(kTopkThreads)
 // ---- top-k, one CTA per (sequence, kv head) ----------------------------------------------------
 
 // The block top-k is launched with programmatic dependent launch (device.cuh) so that its
-// launch and prologue (kept pages, padding, count) overlap the scoring kernel's tail; it waits
-// for the scoring grid (wait_for_predecessor) before reading a key.
+// launch and prologue (kept pages, padding, count) overlap the scoring kernel (which allows
+// dependents once its CTAs have started); it waits for the scoring grid (wait_for_predecessor)
+// before reading a key.
 
 constexpr int kBlkBinsLog = 11;
 constexpr int kBlkBins = 1 << kBlkBinsLog;  // 2 per thread
@@ -861,6 +908,7 @@ __global__ void __launch_bounds__(kTopkThreads) quest_topk_block_kernel(SelParam
           ? p.out_mask + (static_cast<std::int64_t>(b) * p.num_kv_heads + h) * p.max_pages
           : nullptr;
 
+  detail::stamp(p.stamps, p.stamp_score + 1, 0);
   const TopkSplit sp = topk_split_of(p, b, tid == 0);
   const int n = sp.n, sinks = sp.sinks, window = sp.window, kept = sp.kept, total = sp.total;
   const bool bad = sp.bad;
@@ -888,6 +936,11 @@ __global__ void __launch_bounds__(kTopkThreads) quest_topk_block_kernel(SelParam
       for (int j = s0 + tid; j < window; j += kTopkThreads) mask[j] = 0;
   }
   detail::wait_for_predecessor();
+  detail::stamp(p.stamps, p.stamp_score + 1, 1);
+  // The next kernel (page scoring, the decode) may launch now and wait on the device: after
+  // this CTA's wait, so its own early reads find the scoring done (the decode merge reads the
+  // counts before its wait).
+  detail::allow_dependents();
   if (nsel == 0) return;
 
   const std::uint32_t* keys =
@@ -1017,6 +1070,7 @@ __global__ void __launch_bounds__(kTopkThreads) quest_topk_block_kernel(SelParam
   }
   __syncthreads();
   warp_emit(wbeg, wend, lane, classify, need_eq, s_base_eq[warp], s_base_sel[warp], out + s0, mask);
+  detail::stamp(p.stamps, p.stamp_score + 1, stamps::kExit);
 }
 
 // ---- group summaries --------------------------------------------------------------------------
@@ -1097,7 +1151,8 @@ int device_attr(cudaDeviceAttr attr, const char* what) {
 // memory, and resident CTAs per SM (for the chunk plan). Cached per (head_dim, group): after
 // the first step of a shape no CUDA call is made (stream capture).
 struct ScorePlan {
-  ScoreFn fn = nullptr;
+  ScoreFn fn = nullptr;      // a warp scores one or two tiles (loops by 2: small code)
+  ScoreFn fn_hot = nullptr;  // a warp scores kHotTiles or more (loops fully unrolled)
   int warps = 0;
   std::size_t smem = 0;
   int ctas_per_sm = 1;
@@ -1127,34 +1182,45 @@ ScorePlan score_plan(int d, int group, bool u8) {
   static ScorePlan cache[2][3][kMaxGroupDims / 64 + 1];  // group <= kMaxGroupDims / head_dim
   const int idx = d == 64 ? 0 : d == 128 ? 1 : 2;
   const int e = u8 ? 1 : 0;
-  const ScoreFn fns[2][3] = {
-      {quest_score_kernel<64, false>, quest_score_kernel<128, false>,
-       quest_score_kernel<256, false>},
-      {quest_score_kernel<64, true>, quest_score_kernel<128, true>, quest_score_kernel<256, true>}};
+  const ScoreFn fns[2][2][3] = {
+      {{quest_score_kernel<64, false, false>, quest_score_kernel<128, false, false>,
+        quest_score_kernel<256, false, false>},
+       {quest_score_kernel<64, true, false>, quest_score_kernel<128, true, false>,
+        quest_score_kernel<256, true, false>}},
+      {{quest_score_kernel<64, false, true>, quest_score_kernel<128, false, true>,
+        quest_score_kernel<256, false, true>},
+       {quest_score_kernel<64, true, true>, quest_score_kernel<128, true, true>,
+        quest_score_kernel<256, true, true>}}};
   std::lock_guard<std::mutex> lock(mu);
   static const int optin =
       device_attr(cudaDevAttrMaxSharedMemoryPerBlockOptin, "shared memory per block");
   if (!ready[e][idx]) {
-    check_cuda(
-        cudaFuncSetAttribute(fns[e][idx], cudaFuncAttributeMaxDynamicSharedMemorySize, optin),
-        "cudaFuncSetAttribute(shared memory)");
+    for (int hot = 0; hot < 2; ++hot)
+      check_cuda(cudaFuncSetAttribute(fns[hot][e][idx], cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                      optin),
+                 "cudaFuncSetAttribute(shared memory)");
     ready[e][idx] = true;
   }
   if (cache[e][idx][group].fn != nullptr) return cache[e][idx][group];
   const ScoreSizes sz = score_sizes(d, u8, group);
   const std::size_t room = static_cast<std::size_t>(optin) > sz.q_bytes ? optin - sz.q_bytes : 0;
   ScorePlan plan;
-  plan.fn = fns[e][idx];
+  plan.fn = fns[0][e][idx];
+  plan.fn_hot = fns[1][e][idx];
   plan.warps = static_cast<int>(std::min<std::size_t>(kScoreMaxWarps, room / sz.warp_bytes));
   require(plan.warps >= 1, ErrorCode::unsupported, "q",
           "the scoring kernel's shared memory does not fit this device for group ", group,
           " and head_dim ", d);
   plan.smem = sz.bytes(plan.warps);
-  int ctas = 0;
+  // The chunk plan counts on the fewer resident CTAs of the two (registers may differ).
+  int ctas = 0, ctas_hot = 0;
   check_cuda(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&ctas, plan.fn, plan.warps * 32,
                                                            plan.smem),
              "cudaOccupancyMaxActiveBlocksPerMultiprocessor(score)");
-  plan.ctas_per_sm = std::max(1, ctas);
+  check_cuda(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&ctas_hot, plan.fn_hot,
+                                                           plan.warps * 32, plan.smem),
+             "cudaOccupancyMaxActiveBlocksPerMultiprocessor(score)");
+  plan.ctas_per_sm = std::max(1, std::min(ctas, ctas_hot));
   cache[e][idx][group] = plan;
   return plan;
 }
@@ -1245,6 +1311,7 @@ __device__ __forceinline__ void hier_page_topk(const SelParams& p, int b, int h,
   }
   int all_keyed = 0;
   block_select::exclusive_scan<kHierThreads>(keyed, s_warp, all_keyed);  // also a barrier
+  detail::stamp(p.stamps, p.stamp_score + 1, 2);
   // The adaptive rule takes keyed pages only: the list may be shorter than the budget.
   if (p.adaptive) nsel = min(nsel, all_keyed);
   const int total = sp.kept + nsel;
@@ -1257,6 +1324,7 @@ __device__ __forceinline__ void hier_page_topk(const SelParams& p, int b, int h,
   if (all_keyed >= nsel) {
     const unsigned long long thr =
         block_select::radix_threshold<kHierThreads>(s_cand, m, nsel, s_hist, s_pick);
+    detail::stamp(p.stamps, p.stamp_score + 1, 3);
     // Candidates are in id order: the taken ones written in that order.
     block_select::ordered_compact<kHierThreads>(
         m, s_warp, [&](int i) { return s_cand[i] >= thr; },
@@ -1303,9 +1371,13 @@ __global__ void __launch_bounds__(kHierThreads) hier_page_topk_kernel(SelParams 
   __shared__ int s_hist[256], s_pick[3], s_warp[kHierThreads / 32];
   const int h = blockIdx.y, b = blockIdx.z;
   const std::int64_t slot = static_cast<std::int64_t>(b) * p.num_kv_heads + h;
+  detail::stamp(p.stamps, p.stamp_score + 1, 0);
   detail::wait_for_predecessor();
+  detail::stamp(p.stamps, p.stamp_score + 1, 1);
+  detail::allow_dependents();  // the decode launches now and waits on the device (as above)
   hier_page_topk(p, b, h, gids + slot * gstride, min(gcount[slot], gstride), s_cand, s_hist,
                  s_pick, s_warp);
+  detail::stamp(p.stamps, p.stamp_score + 1, stamps::kExit);
 }
 
 // ---- hierarchical selection in one kernel ------------------------------------------------------
@@ -1348,6 +1420,7 @@ __global__ void __launch_bounds__(kFusedThreads, 1) hier_fused_kernel(SelParams 
   // A decode launched next by programmatic dependent launch may be scheduled now (it waits for
   // this grid to finish before it reads anything), so its launch overlaps this selection.
   detail::allow_dependents();
+  detail::stamp(gp.stamps, stamps::hier_fused, 0);
   // No early return anywhere: every CTA reaches both cluster barriers.
 
   // 0. This CTA's share of the page keys set to 0 (the chosen groups' are written in step 2,
@@ -1365,8 +1438,10 @@ __global__ void __launch_bounds__(kFusedThreads, 1) hier_fused_kernel(SelParams 
     const int j0 = min(max(ng, 0), x * per), j1 = min(max(ng, 0), j0 + per);
     score_tiles<kD, false>(gp, smem, b, h, ng, nullptr, j0, j1);
   }
+  detail::stamp(gp.stamps, stamps::hier_fused, 1);
   __threadfence();
   cluster.sync();  // every CTA's group keys and zeroed page keys written
+  detail::stamp(gp.stamps, stamps::hier_fused, 2);
 
   // 1. The group list (uniform branches: every thread computes the same split).
   const TopkSplit sp = topk_split_of(gp, b, x == 0 && tid == 0);
@@ -1397,6 +1472,7 @@ __global__ void __launch_bounds__(kFusedThreads, 1) hier_fused_kernel(SelParams 
     }
   }
   __syncthreads();  // the list; the candidates' memory is the scoring's from here on
+  detail::stamp(gp.stamps, stamps::hier_fused, 3);
   if (x == 0) {
     std::int32_t* out = gids + slot * gstride;
     for (int i = tid; i < gstride; i += kFusedThreads) out[i] = i < total ? s_glist[i] : -1;
@@ -1409,11 +1485,14 @@ __global__ void __launch_bounds__(kFusedThreads, 1) hier_fused_kernel(SelParams 
     const int j0 = min(total, x * share), j1 = min(total, j0 + share);
     score_tiles<kD, kU8>(pp, smem, b, h, seq_pages(pp, b), s_glist, j0, j1);
   }
+  detail::stamp(gp.stamps, stamps::hier_fused, 4);
   __threadfence();
   cluster.sync();  // every CTA's page keys written
+  detail::stamp(gp.stamps, stamps::hier_fused, 5);
 
   // 3. The page selection, by CTA 0 (its stages are free: candidates at offset 0).
   if (x == 0) hier_page_topk(pp, b, h, s_glist, total, s_cand, s_hist, s_pick, s_warp);
+  detail::stamp(gp.stamps, stamps::hier_fused, stamps::kExit);
 }
 
 // Hierarchical top-p (select::hier_top_p): what the page pass needs beyond SelParams.
@@ -1689,15 +1768,25 @@ int plan_score_chunk(int pairs, int max_pages, int ctas_per_sm) {
   return std::max(cp, kChunkAlign);
 }
 
+constexpr int kHotTiles = 3;  // tiles per scoring warp from which the unrolled kernel is faster
+
 struct Prepared {
   SelParams p{};
   dim3 score_grid, topk_grid;
-  ScoreFn score = nullptr;
+  ScoreFn score = nullptr;  // plan.fn or plan.fn_hot by the chunk (set_score_kernel)
+  ScorePlan plan;
   void (*topk)(SelParams) = nullptr;
   bool block_topk = false;  // the block kernel: launched with programmatic dependent launch
   int score_threads = 0;
   std::size_t smem = 0, topk_smem = 0;
 };
+
+// The scoring kernel for the chunk p.chunk_pages (pages, or 16 × list entries a CTA): the
+// unrolled one where each warp has kHotTiles tiles or more.
+void set_score_kernel(Prepared& pr) {
+  const int tiles = (pr.p.chunk_pages / kWarpPages + pr.plan.warps - 1) / pr.plan.warps;
+  pr.score = tiles >= kHotTiles ? pr.plan.fn_hot : pr.plan.fn;
+}
 
 void check_policy(const select::TopkPolicy& pol) {
   using enum ErrorCode;
@@ -1902,6 +1991,8 @@ Prepared prepare(const QuestSelectArgs& a, const SelectLaunch& launch, bool outp
     p.keys = ws.gkeys.data();
   }
   p.err = ws.err.get();
+  p.stamps = launch.phase_stamps;
+  p.stamp_score = level == KeyLevel::pages ? stamps::page_score : stamps::group_score;
 
   const int chunks = (launch.max_pages_per_seq + p.chunk_pages - 1) / p.chunk_pages;
   require(B <= 65535, unsupported, "q", "batch must be <= 65535");
@@ -1916,7 +2007,8 @@ Prepared prepare(const QuestSelectArgs& a, const SelectLaunch& launch, bool outp
   const int tc = pr.block_topk ? 1 : planned;
   pr.topk_grid = dim3(tc, Hkv, B);
   pr.topk = pr.block_topk ? block_topk_kernel() : topk_kernel(tc);
-  pr.score = splan.fn;
+  pr.plan = splan;
+  set_score_kernel(pr);
   pr.score_threads = splan.warps * 32;
   pr.smem = splan.smem;
   // A CTA's slice of the candidates (whole warps), cached up to kKeyCache keys.
@@ -2170,6 +2262,7 @@ void hier_launch(const HierSelectArgs& h, const SelectLaunch& launch, const TopP
     pp.p.tile_stride = gcap;
     pp.p.chunk_pages = list_chunk * kWarpPages;
     pp.score_grid.x = (gcap + list_chunk - 1) / list_chunk;
+    set_score_kernel(pp);
   } else {
     pp.p.tile_mask = ws.gmask.data();
     pp.p.mask_stride = max_groups;
@@ -2299,8 +2392,10 @@ void hier_launch(const HierSelectArgs& h, const SelectLaunch& launch, const TopP
   gp.score<<<gp.score_grid, gp.score_threads, gp.smem, stream>>>(gp.p);
   check_cuda(cudaGetLastError(), "quest score kernel launch (groups)");
   launch_topk(gp, stream);
-  pp.score<<<pp.score_grid, pp.score_threads, pp.smem, stream>>>(pp.p);
-  check_cuda(cudaGetLastError(), "quest score kernel launch (pages)");
+  {  // launched while the group top-k runs; its CTAs wait on the device for the group lists
+    detail::PdlLaunch l(stream, pp.score_grid, dim3(pp.score_threads), pp.smem);
+    check_cuda(cudaLaunchKernelEx(&l.cfg, pp.score, pp.p), "quest score kernel launch (pages)");
+  }
   if (gcap * kWarpPages <= kHierCand) {
     launch_hier_page_topk(pp.p, ws.gids.data(), ws.gcount.data(), gcap,
                           dim3(1, h.groups.num_kv_heads, B), stream);

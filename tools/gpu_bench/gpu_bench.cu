@@ -9,6 +9,7 @@
 //                                     128K and 1M (plain and graph times)
 //   masskv_gpu_bench profile-hier [N] N hierarchical selections per profile-select shape, for ncu
 //   masskv_gpu_bench profile-gauss    hierarchical selection with and without Gaussian-tau, for ncu
+//   masskv_gpu_bench profile-phases   a sparse step's kernels phase by phase (timer stamps)
 //   masskv_gpu_bench select-selftest  GPU Quest selection: ties, edges, errors, graphs, end to end
 //   masskv_gpu_bench select-check     GPU Quest selection vs the CPU selector on ~90 shapes
 //   masskv_gpu_bench select-compact-check  8-bit and hierarchical GPU selection vs their CPU
@@ -45,6 +46,7 @@
 #include "masskv/error.hpp"
 #include "masskv/select/compact_bounds.hpp"
 #include "masskv/select/page_bound.hpp"
+#include "phases.hpp"
 #include "prefill_bench.hpp"
 
 using namespace masskv;
@@ -3028,6 +3030,7 @@ int main(int argc, char** argv) {
     if (mode == "select-check") return run_select_check() ? 1 : 0;
     if (mode == "select-compact-check") return run_compact_check() ? 1 : 0;
     if (mode == "profile-gauss") return run_profile_gauss();
+    if (mode == "profile-phases") return run_profile_phases();
     if (mode == "bench") return run_bench(argc > 2 ? argv[2] : "bench_ours.json");
     if (mode == "prefill-check") return run_prefill_check() ? 1 : 0;
     if (mode == "append-check") return run_append_check() ? 1 : 0;
@@ -3041,6 +3044,7 @@ int main(int argc, char** argv) {
       stderr,
       "usage: %s check | decode-check | select-selftest | select-check | "
       "select-compact-check | profile | profile-select | profile-hier [N] | profile-gauss | "
+      "profile-phases | "
       "bench OUT.json | prefill-check | prefill-bench OUT.json | append-check\n",
       argv[0]);
   return 2;

@@ -70,6 +70,9 @@ struct DecodeLaunch {
   // CTAs per cluster of the cluster kernel: 8, 16, or 0 = 16 while the clusters fit on the
   // device at once, else 8.
   int cluster_size = 0;
+  // Profiling: a device array of stamps::kEntries (masskv/cuda/stamps.hpp) the softmax
+  // tensor-core and merge kernels write their phase times into; null (the default): nothing.
+  std::uint64_t* phase_stamps = nullptr;
 };
 
 // Decode on the GPU. args: q/out device [B][Hq][d] f32 (unit stride on d); cache.k/v device

@@ -104,6 +104,9 @@ struct SelectLaunch {
   // kernel is new; it becomes the default once measured faster).
   enum class HierKernel { automatic, separate, fused };
   HierKernel hier_kernel = HierKernel::automatic;
+  // Profiling: a device array of stamps::kEntries (masskv/cuda/stamps.hpp) the kernels write
+  // their phase times into; null (the default) writes nothing.
+  std::uint64_t* phase_stamps = nullptr;
 };
 
 // Scores every page (bounds -> keys in the workspace) and selects. Validates the host-side

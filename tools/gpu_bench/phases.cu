@@ -1,0 +1,307 @@
+// masskv_gpu_bench profile-phases: where a short sparse decode step's time goes, kernel by
+// kernel and phase by phase, from the %globaltimer stamps the kernels write when
+// SelectLaunch/DecodeLaunch::phase_stamps is set (masskv/cuda/stamps.hpp). At B = 1 the
+// step is latency-bound and per-kernel durations (ncu) miss the overlap and gaps between
+// launches; the stamps give the timeline inside one CUDA-graph replay.
+#include "phases.hpp"
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <array>
+#include <cstdint>
+#include <cstdio>
+#include <numeric>
+#include <string>
+#include <vector>
+
+#include "bench_util.cuh"
+#include "masskv/cuda/decode.hpp"
+#include "masskv/cuda/select.hpp"
+#include "masskv/cuda/stamps.hpp"
+
+using namespace masskv;
+namespace st = masskv::cuda::stamps;
+
+namespace {
+
+constexpr const char* kKernelNames[st::kKernels] = {
+    "hier_fused", "group_score", "group_topk", "page_score", "page_topk", "decode_chunks",
+    "decode_merge"};
+
+// The name of phase `ph` of kernel `k` (stamps.hpp).
+std::string phase_name(int k, int ph) {
+  if (ph == 0) return "entry";
+  if (ph == st::kExit) return "exit";
+  if (k == st::hier_fused) {
+    static const char* n[] = {"", "groups scored", "barrier 1", "list ranked", "pages scored",
+                              "barrier 2"};
+    return ph <= 5 ? n[ph] : "?";
+  }
+  if (k == st::group_score || k == st::page_score) {
+    static const char* n[] = {"", "q staged", "q norms", "tile 0 landed", "tile 0 keyed"};
+    return ph <= 4 ? n[ph] : "?";
+  }
+  if (ph == 1) return "waited";
+  if (k == st::decode_chunks) return ph == 2 ? "staged" : ph == 3 ? "streamed" : "?";
+  if (k == st::page_topk) return ph == 2 ? "gathered" : ph == 3 ? "radix" : "?";
+  return "?";
+}
+
+// One replay's stamps reduced: per (kernel, phase) the earliest and latest CTA, µs after the
+// step's first stamp, and how many CTAs reached it.
+struct PhaseSpan {
+  double lo = 0, hi = 0;
+  int ctas = 0;
+};
+using Timeline = std::array<std::array<PhaseSpan, st::kPhases>, st::kKernels>;
+
+Timeline reduce(const std::vector<std::uint64_t>& s, double& span_us) {
+  std::uint64_t t0 = ~0ull, t1 = 0;
+  for (std::uint64_t t : s)
+    if (t != 0) {
+      t0 = std::min(t0, t);
+      t1 = std::max(t1, t);
+    }
+  Timeline tl{};
+  span_us = t1 > t0 ? (t1 - t0) / 1e3 : 0;
+  for (int k = 0; k < st::kKernels; ++k)
+    for (int ph = 0; ph < st::kPhases; ++ph) {
+      std::uint64_t lo = ~0ull, hi = 0;
+      int n = 0;
+      for (int c = 0; c < st::kCtas; ++c) {
+        const std::uint64_t t = s[st::index(k, c, ph)];
+        if (t == 0) continue;
+        lo = std::min(lo, t);
+        hi = std::max(hi, t);
+        ++n;
+      }
+      if (n > 0) tl[k][ph] = {(lo - t0) / 1e3, (hi - t0) / 1e3, n};
+    }
+  return tl;
+}
+
+double median_of(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0 : v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
+}
+
+// Replays step(r, stream) from one CUDA graph per rotation, `reps` times with the stamps
+// zeroed before each, and prints the median timeline and the median graph time (events).
+template <class F>
+void profile(const char* what, int ctx, int rot, std::uint64_t* d_stamps, F&& step) {
+  cudaStream_t sm;
+  CK(cudaStreamCreateWithFlags(&sm, cudaStreamNonBlocking));
+  std::vector<cudaGraphExec_t> execs(rot);
+  for (int r = 0; r < rot; ++r) {
+    step(r, sm);  // warm-up outside capture (workspace, attributes)
+    CK(cudaStreamSynchronize(sm));
+    cudaGraph_t g;
+    CK(cudaStreamBeginCapture(sm, cudaStreamCaptureModeThreadLocal));
+    step(r, sm);
+    CK(cudaStreamEndCapture(sm, &g));
+    CK(cudaGraphInstantiate(&execs[r], g, 0));
+    CK(cudaGraphDestroy(g));
+  }
+  for (int i = 0; i < 2 * rot + 5; ++i) CK(cudaGraphLaunch(execs[i % rot], sm));
+  constexpr int kReps = 31;
+  std::vector<std::uint64_t> h(st::kEntries);
+  std::vector<Timeline> tls;
+  std::vector<double> graph_us, span_us;
+  cudaEvent_t e0, e1;
+  CK(cudaEventCreate(&e0));
+  CK(cudaEventCreate(&e1));
+  for (int i = 0; i < kReps; ++i) {
+    CK(cudaMemsetAsync(d_stamps, 0, st::kEntries * sizeof(std::uint64_t), sm));
+    CK(cudaEventRecord(e0, sm));
+    CK(cudaGraphLaunch(execs[i % rot], sm));
+    CK(cudaEventRecord(e1, sm));
+    CK(cudaStreamSynchronize(sm));
+    float ms = 0;
+    CK(cudaEventElapsedTime(&ms, e0, e1));
+    graph_us.push_back(ms * 1e3);
+    CK(cudaMemcpy(h.data(), d_stamps, h.size() * sizeof(std::uint64_t), cudaMemcpyDeviceToHost));
+    double sp = 0;
+    tls.push_back(reduce(h, sp));
+    span_us.push_back(sp);
+  }
+  CK(cudaEventDestroy(e0));
+  CK(cudaEventDestroy(e1));
+  for (auto& x : execs) CK(cudaGraphExecDestroy(x));
+  CK(cudaStreamDestroy(sm));
+  std::printf("phases %-13s ctx=%7d  graph %6.1f us (events), first to last stamp %6.1f us\n",
+              what, ctx, median_of(graph_us), median_of(span_us));
+  for (int k = 0; k < st::kKernels; ++k) {
+    int ctas = 0;  // the most CTAs any phase saw (the one-kernel selection stamps no entry
+                   // of the scoring and top-k code it runs)
+    for (int ph = 0; ph < st::kPhases; ++ph) ctas = std::max(ctas, tls[0][k][ph].ctas);
+    if (ctas == 0) continue;
+    std::string line;
+    char buf[96];
+    for (int ph = 0; ph < st::kPhases; ++ph) {
+      if (tls[0][k][ph].ctas == 0) continue;
+      std::vector<double> lo, hi;
+      for (const Timeline& t : tls) {
+        lo.push_back(t[k][ph].lo);
+        hi.push_back(t[k][ph].hi);
+      }
+      std::snprintf(buf, sizeof buf, "  %s %.1f-%.1f", phase_name(k, ph).c_str(), median_of(lo),
+                    median_of(hi));
+      line += buf;
+    }
+    std::printf("  %-13s %4d CTAs:%s\n", kKernelNames[k], ctas, line.c_str());
+  }
+}
+
+}  // namespace
+
+int run_profile_phases() {
+  const int Hq = 32, Hkv = 8, d = 128, P = 16, pool_pages = (1 << 20) / P;
+  // The KV pool (bf16, HND) and its page summaries (bf16 min/max), random.
+  const std::size_t kv_elems = static_cast<std::size_t>(pool_pages) * Hkv * P * d;
+  const std::size_t sum_elems = static_cast<std::size_t>(pool_pages) * Hkv * d;
+  DevBuf<std::uint16_t> K(kv_elems), V(kv_elems), mn(sum_elems), mx(sum_elems);
+  fill_kernel<<<4096, 256>>>(K.p, kv_elems, 1, 2.f);
+  fill_kernel<<<4096, 256>>>(V.p, kv_elems, 1ull << 40, 1.f);
+  fill_kernel<<<4096, 256>>>(mn.p, sum_elems, 3, 1.f);
+  fill_kernel<<<4096, 256>>>(mx.p, sum_elems, 1ull << 41, 1.f);
+  CK(cudaGetLastError());
+  select::BoundStoreView store;
+  store.min = reinterpret_cast<const bf16*>(mn.p);
+  store.max = reinterpret_cast<const bf16*>(mx.p);
+  store.num_pages = pool_pages;
+  store.num_kv_heads = Hkv;
+  store.head_dim = d;
+  DevBuf<std::uint64_t> stamps(st::kEntries);
+  Rng rng(13);
+  cuda::SelectWorkspace sws;
+  cuda::DecodeWorkspace dws;
+  std::printf(
+      "profile-phases: B 1, Hq %d, Hkv %d, d %d, page %d, 4096-token budget (sink 1 page, "
+      "window 64), hier cover 2; µs after the step's first stamp, earliest-latest CTA, median "
+      "of 31 graph replays\n",
+      Hq, Hkv, d, P);
+  for (const int ctx : {8192, 131072, 1048576}) {
+    const int pages = ctx / P, rot = std::min(8, pool_pages / pages);
+    std::vector<DevBuf<std::int32_t>> d_ind, d_ptr, d_last, d_gptr, d_gind;
+    std::vector<DevBuf<float>> d_q, d_out, d_lse;
+    const int ngroups = (pages + 15) / 16;
+    const std::size_t gn = static_cast<std::size_t>(rot) * ngroups * Hkv * d;
+    DevBuf<std::uint16_t> gmn(gn), gmx(gn);
+    for (int r = 0; r < rot; ++r) {
+      std::vector<std::int32_t> ind(pages), gi(ngroups);
+      std::iota(ind.begin(), ind.end(), r * pages);
+      for (int i = pages - 1; i > 0; --i) std::swap(ind[i], ind[rng.below(i + 1)]);
+      std::iota(gi.begin(), gi.end(), r * ngroups);
+      d_ind.push_back(to_device(ind));
+      d_ptr.push_back(to_device(std::vector<std::int32_t>{0, pages}));
+      d_last.push_back(to_device(std::vector<std::int32_t>{P}));
+      d_gind.push_back(to_device(gi));
+      d_gptr.push_back(to_device(std::vector<std::int32_t>{0, ngroups}));
+      std::vector<float> q(static_cast<std::size_t>(Hq) * d);
+      for (float& x : q) x = rng.sym(3.f);
+      d_q.push_back(to_device(q));
+      d_out.push_back(DevBuf<float>(q.size()));
+      d_lse.push_back(DevBuf<float>(Hq));
+    }
+    select::TopkPolicy pol;
+    pol.budget_pages = 4096 / P;
+    pol.sink_pages = 1;
+    pol.window_tokens = 64;
+    const int cap = cuda::select_capacity(pages, P, pol);
+    DevBuf<std::int32_t> ids(static_cast<std::size_t>(Hkv) * cap), cnt(Hkv);
+    const auto table = [&](int r) -> kv::PageTable {
+      return {{d_ptr[r].p, d_ptr[r].n}, {d_ind[r].p, d_ind[r].n}, {d_last[r].p, d_last[r].n}};
+    };
+    const auto qargs = [&](int r) {
+      cuda::QuestSelectArgs a;
+      a.q = View3<const float>::contiguous(d_q[r].p, 1, Hq, d);
+      a.table = table(r);
+      a.page_size = P;
+      a.bounds = store;
+      a.policy = pol;
+      a.max_per_head = cap;
+      a.ids = {ids.p, ids.n};
+      a.count = {cnt.p, cnt.n};
+      return a;
+    };
+    cuda::SelectLaunch sl;
+    sl.workspace = &sws;
+    sl.max_pages_per_seq = pages;
+    sl.check_errors = false;
+    for (int r = 0; r < rot; ++r) {
+      cuda::GroupUpdateArgs u;
+      u.table = table(r);
+      u.pages = store;
+      u.group_indptr = {d_gptr[r].p, d_gptr[r].n};
+      u.group_indices = {d_gind[r].p, d_gind[r].n};
+      u.group_min = reinterpret_cast<bf16*>(gmn.p);
+      u.group_max = reinterpret_cast<bf16*>(gmx.p);
+      u.group_slots = rot * ngroups;
+      cuda::update_groups(u, sl);
+    }
+    select::BoundStoreView gview = store;
+    gview.min = reinterpret_cast<const bf16*>(gmn.p);
+    gview.max = reinterpret_cast<const bf16*>(gmx.p);
+    gview.num_pages = rot * ngroups;
+    const auto hargs = [&](int r) {
+      cuda::HierSelectArgs h;
+      h.pages = qargs(r);
+      h.groups = gview;
+      h.group_indptr = {d_gptr[r].p, d_gptr[r].n};
+      h.group_indices = {d_gind[r].p, d_gind[r].n};
+      h.cover = 2.0;
+      return h;
+    };
+    const SelectionView sel{SelectionView::Unit::page, 1, Hkv, cap, {ids.p, ids.n},
+                            {cnt.p, cnt.n}};
+    const auto decode = [&](int r, cudaStream_t s) {
+      attn::DecodeArgs a;
+      a.q = View3<const float>::contiguous(d_q[r].p, 1, Hq, d);
+      a.cache.k = K.p;
+      a.cache.v = V.p;
+      a.cache.dtype = DType::bf16;
+      a.cache.num_pages = pool_pages;
+      a.cache.num_kv_heads = Hkv;
+      a.cache.page_size = P;
+      a.cache.head_dim = d;
+      a.cache.set_layout(kv::Layout::HND);
+      a.cache.table = table(r);
+      a.out = View3<float>::contiguous(d_out[r].p, 1, Hq, d);
+      a.lse_or_tau = {d_lse[r].p, d_lse[r].n};
+      a.selection = &sel;
+      cuda::DecodeLaunch l;
+      l.workspace = &dws;
+      l.max_pages_per_seq = pages;
+      l.check_errors = false;
+      l.stream = s;
+      l.phase_stamps = stamps.p;
+      cuda::decode(a, l);
+    };
+    using Hk = cuda::SelectLaunch::HierKernel;
+    const auto on = [&](cudaStream_t s, Hk hk) {
+      cuda::SelectLaunch l = sl;
+      l.stream = s;
+      l.hier_kernel = hk;
+      l.phase_stamps = stamps.p;
+      return l;
+    };
+    // The lists the decode-alone rows read: the hierarchical selection's.
+    cuda::hier_select(hargs(0), on(nullptr, Hk::separate));
+    CK(cudaDeviceSynchronize());  // the profile's own stream does not wait for the legacy one
+    profile("decode alone", ctx, 1, stamps.p, [&](int, cudaStream_t s) { decode(0, s); });
+    profile("quest+decode", ctx, rot, stamps.p, [&](int r, cudaStream_t s) {
+      cuda::quest_select(qargs(r), on(s, Hk::separate));
+      decode(r, s);
+    });
+    for (const Hk hk : {Hk::separate, Hk::fused})
+      profile(hk == Hk::fused ? "fused+decode" : "hier+decode", ctx, rot, stamps.p,
+              [&](int r, cudaStream_t s) {
+                cuda::hier_select(hargs(r), on(s, hk));
+                decode(r, s);
+              });
+    sws.check(nullptr);
+    dws.check(nullptr);
+  }
+  return 0;
+}
