@@ -2,7 +2,7 @@
 # On the GPU machine: build the CUDA library + masskv_gpu_bench, run the CUDA-vs-f64-reference
 # check, the benchmark, the torch SDPA peers, and write the joined report under $OUT
 # (build.log check.log bench.log bench_ours.json bench_prefill.json bench_torch.json report.md
-# report.json prefill.md prefill.json),
+# report.json prefill.md prefill.json phases.log),
 # then the Python tests CI cannot run (PyTorch tensors, the transformers integration) with the
 # module built there (python.log). Wheels the machine lacks (nanobind, scikit-build-core) travel
 # in .whl/ (see docs/python.md). Exit status: the check's, or pytest's when the check passed.
@@ -84,6 +84,8 @@ if [[ $do_bench -eq 1 ]]; then
     "$OUT/bench_torch.json" "$OUT/report.md" "$OUT/report.json"
   python3 tools/gpu_bench/prefill_report.py "$OUT/bench_prefill.json" "$OUT/bench_torch.json" \
     "$OUT/prefill.md" "$OUT/prefill.json"
+  # Where a B = 1 step's time goes, kernel phase by phase (docs/gpu.md).
+  [[ $prefill_only -eq 0 ]] && "$BUILD/masskv_gpu_bench" profile-phases > "$OUT/phases.log" 2>&1
 fi
 [[ $do_python -eq 0 ]] && exit "$check_rc"
 
