@@ -189,8 +189,10 @@ __device__ __forceinline__ void merge_warp(const Params& p, int d, int b, int hq
 }
 
 // Merge of the chunks of one (sequence, q head), §2.6: lse = logsumexp_c lse_c,
-// o = sum_c e^{lse_c - lse} o_c, in chunk order. Empty chunks (lse -inf) weigh 0; all empty
-// gives o = 0, lse = -inf.
+// o = sum_c e^{lse_c - lse} o_c, in chunk order (over 32 chunks; merge_warp's weight sum up to
+// 32 is a fixed tree). Empty chunks (lse -inf) weigh 0; all empty gives o = 0, lse = -inf.
+// It reads the selection's counts (seq_units) before its wait: the chunk kernel allows it to
+// launch only after every chunk CTA's own wait, so the selection grid has completed by then.
 __global__ void __launch_bounds__(kThreads) merge_kernel(Params p, int d) {
   __shared__ float s_w[kMaxChunks];
   __shared__ float s_red[kThreads];
@@ -362,8 +364,9 @@ void launch_softmax(Params p, DType dtype, int d, int batch, int units_max, floa
   cudaStream_t stream = launch.stream;
   const dim3 grid(chunks, p.num_kv_heads * p.head_groups, batch);
   // Programmatic dependent launch: the chunk kernel waits on the device for its predecessor
-  // before it reads anything, so a predecessor that allows dependents early (the one-kernel
-  // hierarchical selection) overlaps this launch; after any other kernel it is a plain launch.
+  // before it reads anything, so a predecessor that allows dependents early (the selection's
+  // top-k kernels after their wait, the one-kernel hierarchical selection at entry) overlaps
+  // this launch; after any other kernel it is a plain launch.
   PdlLaunch chunk(stream, grid, dim3(kThreads), kernel.k.smem);
   check_cuda(cudaLaunchKernelEx(&chunk.cfg, kernel.k.fn, p), "decode kernel launch");
   if (chunks > 1) {

@@ -380,7 +380,10 @@ __global__ void __launch_bounds__(kThreads, kG <= 4 ? 4 : 2) entmax_accum_kernel
 
   const Chunk c = chunk_of(p);
   const int n_live = live_chunks(p, c.units);
-  if (c.chunk >= n_live) return;
+  if (c.chunk >= n_live) {
+    wait_for_predecessor();  // every exit waits: this grid never completes before the tau kernel
+    return;
+  }
   stage_page_list(p, c, s_phys, s_len);  // inputs only: overlaps the tau kernel
   wait_for_predecessor();                // tau, and (through it) the score kernel's lists
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;

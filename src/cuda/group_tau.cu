@@ -142,7 +142,10 @@ __global__ void __launch_bounds__(kSolveThreads) tau_solve_kernel(TauParams p, i
   const int ng = seq_groups(p, b);
   double* tau = p.tau + static_cast<std::int64_t>(b) * Hq + i;
   if (ng < 0) {
-    if (threadIdx.x == 0) *tau = NAN;
+    if (threadIdx.x == 0) *tau = NAN;  // the moments kernel does not read tau
+    // Every exit waits: this grid must not complete before its predecessor (a later launch
+    // relies on both being done).
+    wait_for_predecessor();
     return;
   }
   wait_for_predecessor();  // the moments

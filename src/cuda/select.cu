@@ -2268,6 +2268,7 @@ void hier_launch(const HierSelectArgs& h, const SelectLaunch& launch, const TopP
   } else {
     pp.p.tile_mask = ws.gmask.data();
     pp.p.mask_stride = max_groups;
+    pp.score = pp.plan.fn;  // the mask skips most of a warp's tiles: few are scored (not hot)
   }
   // Entmax-aware ranking: τ̂ per (sequence, q head) from the moment store, before any scan.
   // Top-p: the moment groups' m and v only (its normaliser).
