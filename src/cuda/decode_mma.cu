@@ -50,6 +50,7 @@ __global__ void __launch_bounds__(kThreads, 2) decode_mma_kernel(Params p) {
   // The merge may be scheduled now (it waits for this grid before reading partials): after the
   // wait, so the merge's early reads of the selection counts find the selection done.
   allow_dependents();
+  prefetch_chunk_inputs<kD>(p);
   stamp(p.stamps, stamps::decode_chunks, 1);
 
   const Chunk c = chunk_of(p);

@@ -1373,6 +1373,9 @@ __global__ void __launch_bounds__(kHierThreads) hier_page_topk_kernel(SelParams 
   const std::int64_t slot = static_cast<std::int64_t>(b) * p.num_kv_heads + h;
   detail::stamp(p.stamps, p.stamp_score + 1, 0);
   detail::wait_for_predecessor();
+  // The group list's lines into L1 now: its address needs no load, while its first use waits
+  // for the sequence bounds and the count (~2 µs to gather the candidates, profile-phases).
+  if (threadIdx.x * 32 < gstride) detail::prefetch_l1(gids + slot * gstride + threadIdx.x * 32);
   detail::stamp(p.stamps, p.stamp_score + 1, 1);
   detail::allow_dependents();  // the decode launches now and waits on the device (as above)
   hier_page_topk(p, b, h, gids + slot * gstride, min(gcount[slot], gstride), s_cand, s_hist,
