@@ -1278,18 +1278,18 @@ constexpr int kHierCand = 8192;  // candidate pages (chosen groups × 16) a CTA 
 //  - Enough keyed candidates: the top nsel by radix selection, written ascending by a scan.
 //  - Fewer (a cover below 1): every keyed page and the lowest-id pages of key 0, as the flat
 //    rule, merged in id order by block scans over [sinks, window).
-// One (sequence b, kv head h) by the CTA's kHierThreads threads: gl the chosen
-// groups (ascending), mg of them; s_cand room for mg * kWarpPages candidates; s_hist 256,
-// s_pick 3, s_warp kHierThreads / 32 ints of shared memory.
+// One (sequence b, kv head h) by the CTA's kHierThreads threads: sp its split
+// (topk_split_of(p, b, ...)), gl the chosen groups (ascending), mg of them; s_cand room for
+// mg * kWarpPages candidates; s_hist 256, s_pick 3, s_warp kHierThreads / 32 ints of shared
+// memory.
 __device__ __forceinline__ void hier_page_topk(const SelParams& p, int b, int h,
-                                               const std::int32_t* gl, int mg,
-                                               unsigned long long* s_cand, int* s_hist,
+                                               const TopkSplit& sp, const std::int32_t* gl,
+                                               int mg, unsigned long long* s_cand, int* s_hist,
                                                int* s_pick, int* s_warp) {
   const int tid = threadIdx.x;
   const std::int64_t slot = static_cast<std::int64_t>(b) * p.num_kv_heads + h;
   std::int32_t* out = p.out_ids + slot * p.max_per_head;
   std::int32_t* out_count = p.out_count + slot;
-  const TopkSplit sp = topk_split_of(p, b, tid == 0);
   const int n = sp.n, sinks = sp.sinks, window = sp.window;
   if (sp.bad || n == 0) {
     for (int i = tid; i < p.max_per_head; i += kHierThreads) out[i] = -1;
@@ -1372,13 +1372,16 @@ __global__ void __launch_bounds__(kHierThreads) hier_page_topk_kernel(SelParams 
   const int h = blockIdx.y, b = blockIdx.z;
   const std::int64_t slot = static_cast<std::int64_t>(b) * p.num_kv_heads + h;
   detail::stamp(p.stamps, p.stamp_score + 1, 0);
+  // The split reads the page table only, written before this step's first (plain) launch:
+  // before the wait, so its round trip overlaps the predecessor's tail.
+  const TopkSplit sp = topk_split_of(p, b, threadIdx.x == 0);
   detail::wait_for_predecessor();
   // The group list's lines into L1 now: its address needs no load, while its first use waits
-  // for the sequence bounds and the count (~2 µs to gather the candidates, profile-phases).
+  // for the count (gathering the candidates took ~2 µs after the wait, profile-phases).
   if (threadIdx.x * 32 < gstride) detail::prefetch_l1(gids + slot * gstride + threadIdx.x * 32);
   detail::stamp(p.stamps, p.stamp_score + 1, 1);
   detail::allow_dependents();  // the decode launches now and waits on the device (as above)
-  hier_page_topk(p, b, h, gids + slot * gstride, min(gcount[slot], gstride), s_cand, s_hist,
+  hier_page_topk(p, b, h, sp, gids + slot * gstride, min(gcount[slot], gstride), s_cand, s_hist,
                  s_pick, s_warp);
   detail::stamp(p.stamps, p.stamp_score + 1, stamps::kExit);
 }
@@ -1494,7 +1497,9 @@ __global__ void __launch_bounds__(kFusedThreads, 1) hier_fused_kernel(SelParams 
   detail::stamp(gp.stamps, stamps::hier_fused, 5);
 
   // 3. The page selection, by CTA 0 (its stages are free: candidates at offset 0).
-  if (x == 0) hier_page_topk(pp, b, h, s_glist, total, s_cand, s_hist, s_pick, s_warp);
+  if (x == 0)
+    hier_page_topk(pp, b, h, topk_split_of(pp, b, tid == 0), s_glist, total, s_cand, s_hist,
+                   s_pick, s_warp);
   detail::stamp(gp.stamps, stamps::hier_fused, stamps::kExit);
 }
 
