@@ -102,22 +102,23 @@ using detail::stamp;
 // and q staged ~1.5-2 µs after the wait at B = 1, profile-phases 2026-12-04). kD: head_dim.
 template <int kD>
 __device__ __forceinline__ void prefetch_chunk_inputs(const Params& p) {
-  constexpr int kRowLines = (kD * 4 + 127) / 128;  // 128-byte lines of one f32 q row
+  constexpr int kRowLines = (kD * 4 + 127) / 128 + 1;  // lines a q row may touch (unaligned)
+  constexpr int kQThreads = kMaxGroup * kRowLines;
   const int t = threadIdx.x;
   const int kvh = blockIdx.y / p.head_groups, hg = blockIdx.y % p.head_groups, b = blockIdx.z;
   const int heads = min(kMaxGroup, p.group - hg * kMaxGroup);
   const int q_head0 = kvh * p.group + hg * kMaxGroup;
   if (t < heads * kRowLines) {
     const float* row = p.q + b * p.q_s0 + (q_head0 + t / kRowLines) * p.q_s1;
-    detail::prefetch_l1(row + (t % kRowLines) * 32);
+    detail::prefetch_l1_lines(row, row + kD, t % kRowLines, kRowLines);
   }
-  if (p.sparse) {
+  if (p.sparse && t >= kQThreads) {  // the threads after the q rows' ones
     const int unit0 = blockIdx.x * p.chunk_pages;
     const int end = min(p.sel_max, unit0 + p.chunk_pages);
-    const int line = t - kMaxGroup * kRowLines;  // the threads after the q rows' ones
     const std::int32_t* sel =
         p.sel_ids + (static_cast<std::int64_t>(b) * p.num_kv_heads + kvh) * p.sel_max;
-    if (line >= 0 && unit0 + line * 32 < end) detail::prefetch_l1(sel + unit0 + line * 32);
+    if (unit0 < end)
+      detail::prefetch_l1_lines(sel + unit0, sel + end, t - kQThreads, kThreads - kQThreads);
   }
 }
 

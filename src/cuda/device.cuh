@@ -45,7 +45,17 @@ __device__ __forceinline__ void allow_dependents() {
 // address): issued for inputs whose address is known before the loads that precede their use,
 // so the later load finds the line instead of waiting a memory round trip.
 __device__ __forceinline__ void prefetch_l1(const void* ptr) {
-  asm volatile("prefetch.global.L1 [%0];" ::"l"(ptr));
+  asm volatile("prefetch.global.L1 [%0];" ::"l"(__cvta_generic_to_global(ptr)));
+}
+// Thread `part` of `parts` requests lines part, part + parts, ... of [begin, end), counted in
+// whole 128-byte lines from the one that holds begin.
+__device__ __forceinline__ void prefetch_l1_lines(const void* begin, const void* end, int part,
+                                                  int parts) {
+  const auto lo = reinterpret_cast<std::uintptr_t>(begin) & ~std::uintptr_t{127};
+  const auto hi = reinterpret_cast<std::uintptr_t>(end);
+  for (std::uintptr_t a = lo + static_cast<std::uintptr_t>(part) * 128; a < hi;
+       a += static_cast<std::uintptr_t>(parts) * 128)
+    prefetch_l1(reinterpret_cast<const void*>(a));
 }
 
 // Profiling (stamps.hpp): thread 0 of the CTA writes %globaltimer for (kernel, phase) when

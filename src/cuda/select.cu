@@ -1378,7 +1378,8 @@ __global__ void __launch_bounds__(kHierThreads) hier_page_topk_kernel(SelParams 
   detail::wait_for_predecessor();
   // The group list's lines into L1 now: its address needs no load, while its first use waits
   // for the count (gathering the candidates took ~2 µs after the wait, profile-phases).
-  if (threadIdx.x * 32 < gstride) detail::prefetch_l1(gids + slot * gstride + threadIdx.x * 32);
+  detail::prefetch_l1_lines(gids + slot * gstride, gids + (slot + 1) * gstride, threadIdx.x,
+                            kHierThreads);
   detail::stamp(p.stamps, p.stamp_score + 1, 1);
   detail::allow_dependents();  // the decode launches now and waits on the device (as above)
   hier_page_topk(p, b, h, sp, gids + slot * gstride, min(gcount[slot], gstride), s_cand, s_hist,
@@ -2341,6 +2342,9 @@ void hier_launch(const HierSelectArgs& h, const SelectLaunch& launch, const TopP
   }
   if (B == 0) return;
   cudaStream_t stream = launch.stream;
+  // Every path's first launch below is a plain one (or a memset then a plain one), so all
+  // earlier writers of the page table are done before any of these kernels starts: the top-k
+  // kernels read it before their programmatic-dependent-launch wait. Keep it so.
   if (topp != nullptr) {
     detail::launch_group_moments(tp, stream);
     gp.score<<<gp.score_grid, gp.score_threads, gp.smem, stream>>>(gp.p);
