@@ -1,5 +1,6 @@
 // CUDA helpers shared by decode.cu and select.cu: error mapping, the SM count, programmatic
-// dependent launch, the workspaces' growable device buffer and their device error flag.
+// dependent launch, L1 prefetch hints, phase stamps (stamps.hpp), the workspaces' growable
+// device buffer and their device error flag.
 #pragma once
 
 #include <cuda_runtime.h>
