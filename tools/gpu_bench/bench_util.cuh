@@ -86,9 +86,28 @@ __global__ void fill_kernel(std::uint16_t* p, std::size_t n, std::uint64_t seed,
   }
 }
 
-double median(std::vector<float> v) {
+template <class T>
+double median(std::vector<T> v) {
   std::sort(v.begin(), v.end());
   return v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
+}
+
+// One CUDA graph per rotation r of step(r, stream), each captured after one plain run (so the
+// workspaces and kernel attributes exist before capture).
+template <class F>
+std::vector<cudaGraphExec_t> capture_graphs(int rot, cudaStream_t st, F&& step) {
+  std::vector<cudaGraphExec_t> execs(rot);
+  for (int r = 0; r < rot; ++r) {
+    step(r, st);
+    CK(cudaStreamSynchronize(st));
+    cudaGraph_t g;
+    CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
+    step(r, st);
+    CK(cudaStreamEndCapture(st, &g));
+    CK(cudaGraphInstantiate(&execs[r], g, 0));
+    CK(cudaGraphDestroy(g));
+  }
+  return execs;
 }
 
 // Times fn(iteration) with one event pair per launch; median in microseconds.

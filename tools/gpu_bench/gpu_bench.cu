@@ -40,6 +40,7 @@
 
 #include "append_check.hpp"
 #include "bench_util.cuh"
+#include "hier_case.cuh"
 #include "masskv/attn/decode.hpp"
 #include "masskv/cuda/decode.hpp"
 #include "masskv/cuda/select.hpp"
@@ -2045,17 +2046,7 @@ template <class F>
 double time_graph_us(int rot, int warmup, int iters, F&& step) {
   cudaStream_t st;
   CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
-  std::vector<cudaGraphExec_t> execs(rot);
-  for (int r = 0; r < rot; ++r) {
-    step(r, st);  // warm-up outside capture
-    CK(cudaStreamSynchronize(st));
-    cudaGraph_t g;
-    CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
-    step(r, st);
-    CK(cudaStreamEndCapture(st, &g));
-    CK(cudaGraphInstantiate(&execs[r], g, 0));
-    CK(cudaGraphDestroy(g));
-  }
+  const std::vector<cudaGraphExec_t> execs = capture_graphs(rot, st, step);
   for (int i = 0; i < warmup; ++i) CK(cudaGraphLaunch(execs[i % rot], st));
   std::vector<cudaEvent_t> ev(2 * iters);
   for (auto& e : ev) CK(cudaEventCreate(&e));
@@ -2868,92 +2859,17 @@ int run_profile_gauss() {
 // hier_only > 0: only that many hierarchical selections per shape (for ncu), no timing.
 int run_profile_select(int hier_only = 0) {
   const int Hq = 32, Hkv = 8, d = 128, P = 16, pool_pages = (1 << 20) / P;
-  const std::size_t n = static_cast<std::size_t>(pool_pages) * Hkv * d;
-  DevBuf<std::uint16_t> mn(n), mx(n);
-  fill_kernel<<<4096, 256>>>(mn.p, n, 3, 1.f);
-  fill_kernel<<<4096, 256>>>(mx.p, n, 1ull << 41, 1.f);
-  CK(cudaGetLastError());
-  select::BoundStoreView store;
-  store.min = reinterpret_cast<const bf16*>(mn.p);
-  store.max = reinterpret_cast<const bf16*>(mx.p);
-  store.num_pages = pool_pages;
-  store.num_kv_heads = Hkv;
-  store.head_dim = d;
+  const SummaryPool pool = make_summary_pool(pool_pages, Hkv, d);
   Rng rng(11);
   cuda::SelectWorkspace sws;
   for (const int ctx : {131072, 1048576}) {
     const int pages = ctx / P, rot = pool_pages / pages;
     for (const bool shuffled : {true, false}) {
-      std::vector<DevBuf<std::int32_t>> d_ind, d_ptr, d_last;
-      std::vector<DevBuf<float>> d_q;
-      for (int r = 0; r < rot; ++r) {
-        std::vector<std::int32_t> ind(pages);
-        std::iota(ind.begin(), ind.end(), r * pages);
-        if (shuffled)
-          for (int i = pages - 1; i > 0; --i) std::swap(ind[i], ind[rng.below(i + 1)]);
-        d_ind.push_back(to_device(ind));
-        d_ptr.push_back(to_device(std::vector<std::int32_t>{0, pages}));
-        d_last.push_back(to_device(std::vector<std::int32_t>{P}));
-        std::vector<float> q(static_cast<std::size_t>(Hq) * d);
-        for (float& x : q) x = rng.sym(3.f);
-        d_q.push_back(to_device(q));
-      }
-      select::TopkPolicy pol;
-      pol.budget_pages = 4096 / P;
-      pol.sink_pages = 1;
-      pol.window_tokens = 64;
-      const int cap = cuda::select_capacity(pages, P, pol);
-      DevBuf<std::int32_t> ids(static_cast<std::size_t>(Hkv) * cap), cnt(Hkv);
-      const auto args = [&](int i) {
-        const int r = i % rot;
-        cuda::QuestSelectArgs a;
-        a.q = View3<const float>::contiguous(d_q[r].p, 1, Hq, d);
-        a.table = {{d_ptr[r].p, d_ptr[r].n}, {d_ind[r].p, d_ind[r].n}, {d_last[r].p, d_last[r].n}};
-        a.page_size = P;
-        a.bounds = store;
-        a.policy = pol;
-        a.max_per_head = cap;
-        a.ids = {ids.p, ids.n};
-        a.count = {cnt.p, cnt.n};
-        return a;
-      };
       cuda::SelectLaunch sl;
       sl.workspace = &sws;
       sl.max_pages_per_seq = pages;
       sl.check_errors = false;
-      // Hierarchical (cover 2): group stores rebuilt on the device from each rotation's pages.
-      const int ngroups = (pages + 15) / 16;
-      const std::size_t gn = static_cast<std::size_t>(rot) * ngroups * Hkv * d;
-      DevBuf<std::uint16_t> gmn(gn), gmx(gn);
-      std::vector<DevBuf<std::int32_t>> d_gptr, d_gind;
-      for (int r = 0; r < rot; ++r) {
-        std::vector<std::int32_t> gi(ngroups);
-        std::iota(gi.begin(), gi.end(), r * ngroups);
-        d_gind.push_back(to_device(gi));
-        d_gptr.push_back(to_device(std::vector<std::int32_t>{0, ngroups}));
-        cuda::GroupUpdateArgs u;
-        u.table = args(r).table;
-        u.pages = store;
-        u.group_indptr = {d_gptr[r].p, d_gptr[r].n};
-        u.group_indices = {d_gind[r].p, d_gind[r].n};
-        u.group_min = reinterpret_cast<bf16*>(gmn.p);
-        u.group_max = reinterpret_cast<bf16*>(gmx.p);
-        u.group_slots = rot * ngroups;
-        cuda::update_groups(u, sl);
-      }
-      select::BoundStoreView gview = store;
-      gview.min = reinterpret_cast<const bf16*>(gmn.p);
-      gview.max = reinterpret_cast<const bf16*>(gmx.p);
-      gview.num_pages = rot * ngroups;
-      const auto hargs = [&](int i) {
-        cuda::HierSelectArgs h;
-        h.pages = args(i);
-        h.groups = gview;
-        h.group_indptr = {d_gptr[i % rot].p, d_gptr[i % rot].n};
-        h.group_indices = {d_gind[i % rot].p, d_gind[i % rot].n};
-        h.cover = 2.0;
-        return h;
-      };
+      const HierCase hc = make_hier_case(pool.store, Hq, P, pages, rot, shuffled, rng, sl);
       using Middle = cuda::SelectLaunch::HierKernel;
       const auto with = [&](Middle m, cudaStream_t st) {
         cuda::SelectLaunch l2 = sl;
@@ -2963,7 +2879,8 @@ int run_profile_select(int hier_only = 0) {
       };
       if (hier_only > 0) {  // a few plain calls of each path for ncu's per-kernel times
         for (const Middle m : {Middle::separate, Middle::fused})
-          for (int i = 0; i < hier_only; ++i) cuda::hier_select(hargs(i), with(m, nullptr));
+          for (int i = 0; i < hier_only; ++i)
+            cuda::hier_select(hc.hier_args(i), with(m, nullptr));
         CK(cudaDeviceSynchronize());
         sws.check(nullptr);
         continue;
@@ -2971,21 +2888,23 @@ int run_profile_select(int hier_only = 0) {
       // The two paths give the same lists (the check compares both with the CPU).
       long same = 0;
       for (int r = 0; r < rot; ++r) {
-        cuda::hier_select(hargs(r), with(Middle::separate, nullptr));
-        const auto want_ids = ids.download();
-        const auto want_cnt = cnt.download();
-        cuda::hier_select(hargs(r), with(Middle::fused, nullptr));
-        same += ids.download() == want_ids && cnt.download() == want_cnt;
+        cuda::hier_select(hc.hier_args(r), with(Middle::separate, nullptr));
+        const auto want_ids = hc.ids.download();
+        const auto want_cnt = hc.cnt.download();
+        cuda::hier_select(hc.hier_args(r), with(Middle::fused, nullptr));
+        same += hc.ids.download() == want_ids && hc.cnt.download() == want_cnt;
       }
-      const double score = time_us(10, 50, [&](int i) { cuda::quest_score(args(i), sl); });
-      const double topk = time_us(10, 50, [&](int i) { cuda::quest_topk(args(i), sl); });
-      const double sel = time_us(10, 50, [&](int i) { cuda::quest_select(args(i), sl); });
+      const double score = time_us(10, 50, [&](int i) { cuda::quest_score(hc.args(i), sl); });
+      const double topk = time_us(10, 50, [&](int i) { cuda::quest_topk(hc.args(i), sl); });
+      const double sel = time_us(10, 50, [&](int i) { cuda::quest_select(hc.args(i), sl); });
       double hier[2], hier_graph[2];
       for (const Middle m : {Middle::separate, Middle::fused}) {
         const int k = m == Middle::fused ? 1 : 0;
-        hier[k] = time_us(10, 50, [&](int i) { cuda::hier_select(hargs(i), with(m, nullptr)); });
-        hier_graph[k] = time_graph_us(
-            rot, 10, 50, [&](int r, cudaStream_t st) { cuda::hier_select(hargs(r), with(m, st)); });
+        hier[k] = time_us(10, 50,
+                          [&](int i) { cuda::hier_select(hc.hier_args(i), with(m, nullptr)); });
+        hier_graph[k] = time_graph_us(rot, 10, 50, [&](int r, cudaStream_t st) {
+          cuda::hier_select(hc.hier_args(r), with(m, st));
+        });
       }
       sws.check(nullptr);
       const double mb = static_cast<double>(pages) * Hkv * d * 2 * 2 / 1e6;

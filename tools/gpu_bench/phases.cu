@@ -12,11 +12,11 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
-#include <numeric>
 #include <string>
 #include <vector>
 
 #include "bench_util.cuh"
+#include "hier_case.cuh"
 #include "masskv/cuda/decode.hpp"
 #include "masskv/cuda/select.hpp"
 #include "masskv/cuda/stamps.hpp"
@@ -82,28 +82,13 @@ Timeline reduce(const std::vector<std::uint64_t>& s, double& span_us) {
   return tl;
 }
 
-double median_of(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.empty() ? 0 : v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
-}
-
 // Replays step(r, stream) from one CUDA graph per rotation, `reps` times with the stamps
 // zeroed before each, and prints the median timeline and the median graph time (events).
 template <class F>
 void profile(const char* what, int ctx, int rot, std::uint64_t* d_stamps, F&& step) {
   cudaStream_t sm;
   CK(cudaStreamCreateWithFlags(&sm, cudaStreamNonBlocking));
-  std::vector<cudaGraphExec_t> execs(rot);
-  for (int r = 0; r < rot; ++r) {
-    step(r, sm);  // warm-up outside capture (workspace, attributes)
-    CK(cudaStreamSynchronize(sm));
-    cudaGraph_t g;
-    CK(cudaStreamBeginCapture(sm, cudaStreamCaptureModeThreadLocal));
-    step(r, sm);
-    CK(cudaStreamEndCapture(sm, &g));
-    CK(cudaGraphInstantiate(&execs[r], g, 0));
-    CK(cudaGraphDestroy(g));
-  }
+  const std::vector<cudaGraphExec_t> execs = capture_graphs(rot, sm, step);
   for (int i = 0; i < 2 * rot + 5; ++i) CK(cudaGraphLaunch(execs[i % rot], sm));
   constexpr int kReps = 31;
   std::vector<std::uint64_t> h(st::kEntries);
@@ -131,7 +116,7 @@ void profile(const char* what, int ctx, int rot, std::uint64_t* d_stamps, F&& st
   for (auto& x : execs) CK(cudaGraphExecDestroy(x));
   CK(cudaStreamDestroy(sm));
   std::printf("phases %-13s ctx=%7d  graph %6.1f us (events), first to last stamp %6.1f us\n",
-              what, ctx, median_of(graph_us), median_of(span_us));
+              what, ctx, median(graph_us), median(span_us));
   for (int k = 0; k < st::kKernels; ++k) {
     int ctas = 0;  // the most CTAs any phase saw (the one-kernel selection stamps no entry
                    // of the scoring and top-k code it runs)
@@ -146,8 +131,8 @@ void profile(const char* what, int ctx, int rot, std::uint64_t* d_stamps, F&& st
         lo.push_back(t[k][ph].lo);
         hi.push_back(t[k][ph].hi);
       }
-      std::snprintf(buf, sizeof buf, "  %s %.1f-%.1f", phase_name(k, ph).c_str(), median_of(lo),
-                    median_of(hi));
+      std::snprintf(buf, sizeof buf, "  %s %.1f-%.1f", phase_name(k, ph).c_str(), median(lo),
+                    median(hi));
       line += buf;
     }
     std::printf("  %-13s %4d CTAs:%s\n", kKernelNames[k], ctas, line.c_str());
@@ -160,19 +145,11 @@ int run_profile_phases() {
   const int Hq = 32, Hkv = 8, d = 128, P = 16, pool_pages = (1 << 20) / P;
   // The KV pool (bf16, HND) and its page summaries (bf16 min/max), random.
   const std::size_t kv_elems = static_cast<std::size_t>(pool_pages) * Hkv * P * d;
-  const std::size_t sum_elems = static_cast<std::size_t>(pool_pages) * Hkv * d;
-  DevBuf<std::uint16_t> K(kv_elems), V(kv_elems), mn(sum_elems), mx(sum_elems);
+  DevBuf<std::uint16_t> K(kv_elems), V(kv_elems);
   fill_kernel<<<4096, 256>>>(K.p, kv_elems, 1, 2.f);
   fill_kernel<<<4096, 256>>>(V.p, kv_elems, 1ull << 40, 1.f);
-  fill_kernel<<<4096, 256>>>(mn.p, sum_elems, 3, 1.f);
-  fill_kernel<<<4096, 256>>>(mx.p, sum_elems, 1ull << 41, 1.f);
   CK(cudaGetLastError());
-  select::BoundStoreView store;
-  store.min = reinterpret_cast<const bf16*>(mn.p);
-  store.max = reinterpret_cast<const bf16*>(mx.p);
-  store.num_pages = pool_pages;
-  store.num_kv_heads = Hkv;
-  store.head_dim = d;
+  const SummaryPool pool = make_summary_pool(pool_pages, Hkv, d);
   DevBuf<std::uint64_t> stamps(st::kEntries);
   Rng rng(13);
   cuda::SelectWorkspace sws;
@@ -184,81 +161,21 @@ int run_profile_phases() {
       Hq, Hkv, d, P);
   for (const int ctx : {8192, 131072, 1048576}) {
     const int pages = ctx / P, rot = std::min(8, pool_pages / pages);
-    std::vector<DevBuf<std::int32_t>> d_ind, d_ptr, d_last, d_gptr, d_gind;
-    std::vector<DevBuf<float>> d_q, d_out, d_lse;
-    const int ngroups = (pages + 15) / 16;
-    const std::size_t gn = static_cast<std::size_t>(rot) * ngroups * Hkv * d;
-    DevBuf<std::uint16_t> gmn(gn), gmx(gn);
-    for (int r = 0; r < rot; ++r) {
-      std::vector<std::int32_t> ind(pages), gi(ngroups);
-      std::iota(ind.begin(), ind.end(), r * pages);
-      for (int i = pages - 1; i > 0; --i) std::swap(ind[i], ind[rng.below(i + 1)]);
-      std::iota(gi.begin(), gi.end(), r * ngroups);
-      d_ind.push_back(to_device(ind));
-      d_ptr.push_back(to_device(std::vector<std::int32_t>{0, pages}));
-      d_last.push_back(to_device(std::vector<std::int32_t>{P}));
-      d_gind.push_back(to_device(gi));
-      d_gptr.push_back(to_device(std::vector<std::int32_t>{0, ngroups}));
-      std::vector<float> q(static_cast<std::size_t>(Hq) * d);
-      for (float& x : q) x = rng.sym(3.f);
-      d_q.push_back(to_device(q));
-      d_out.push_back(DevBuf<float>(q.size()));
-      d_lse.push_back(DevBuf<float>(Hq));
-    }
-    select::TopkPolicy pol;
-    pol.budget_pages = 4096 / P;
-    pol.sink_pages = 1;
-    pol.window_tokens = 64;
-    const int cap = cuda::select_capacity(pages, P, pol);
-    DevBuf<std::int32_t> ids(static_cast<std::size_t>(Hkv) * cap), cnt(Hkv);
-    const auto table = [&](int r) -> kv::PageTable {
-      return {{d_ptr[r].p, d_ptr[r].n}, {d_ind[r].p, d_ind[r].n}, {d_last[r].p, d_last[r].n}};
-    };
-    const auto qargs = [&](int r) {
-      cuda::QuestSelectArgs a;
-      a.q = View3<const float>::contiguous(d_q[r].p, 1, Hq, d);
-      a.table = table(r);
-      a.page_size = P;
-      a.bounds = store;
-      a.policy = pol;
-      a.max_per_head = cap;
-      a.ids = {ids.p, ids.n};
-      a.count = {cnt.p, cnt.n};
-      return a;
-    };
     cuda::SelectLaunch sl;
     sl.workspace = &sws;
     sl.max_pages_per_seq = pages;
     sl.check_errors = false;
+    const HierCase hc = make_hier_case(pool.store, Hq, P, pages, rot, true, rng, sl);
+    std::vector<DevBuf<float>> d_out, d_lse;
     for (int r = 0; r < rot; ++r) {
-      cuda::GroupUpdateArgs u;
-      u.table = table(r);
-      u.pages = store;
-      u.group_indptr = {d_gptr[r].p, d_gptr[r].n};
-      u.group_indices = {d_gind[r].p, d_gind[r].n};
-      u.group_min = reinterpret_cast<bf16*>(gmn.p);
-      u.group_max = reinterpret_cast<bf16*>(gmx.p);
-      u.group_slots = rot * ngroups;
-      cuda::update_groups(u, sl);
+      d_out.emplace_back(static_cast<std::size_t>(Hq) * d);
+      d_lse.emplace_back(Hq);
     }
-    select::BoundStoreView gview = store;
-    gview.min = reinterpret_cast<const bf16*>(gmn.p);
-    gview.max = reinterpret_cast<const bf16*>(gmx.p);
-    gview.num_pages = rot * ngroups;
-    const auto hargs = [&](int r) {
-      cuda::HierSelectArgs h;
-      h.pages = qargs(r);
-      h.groups = gview;
-      h.group_indptr = {d_gptr[r].p, d_gptr[r].n};
-      h.group_indices = {d_gind[r].p, d_gind[r].n};
-      h.cover = 2.0;
-      return h;
-    };
-    const SelectionView sel{SelectionView::Unit::page, 1, Hkv, cap, {ids.p, ids.n},
-                            {cnt.p, cnt.n}};
+    const SelectionView sel{SelectionView::Unit::page, 1, Hkv, hc.cap, {hc.ids.p, hc.ids.n},
+                            {hc.cnt.p, hc.cnt.n}};
     const auto decode = [&](int r, cudaStream_t s) {
       attn::DecodeArgs a;
-      a.q = View3<const float>::contiguous(d_q[r].p, 1, Hq, d);
+      a.q = View3<const float>::contiguous(hc.q[r].p, 1, Hq, d);
       a.cache.k = K.p;
       a.cache.v = V.p;
       a.cache.dtype = DType::bf16;
@@ -267,7 +184,7 @@ int run_profile_phases() {
       a.cache.page_size = P;
       a.cache.head_dim = d;
       a.cache.set_layout(kv::Layout::HND);
-      a.cache.table = table(r);
+      a.cache.table = hc.table(r);
       a.out = View3<float>::contiguous(d_out[r].p, 1, Hq, d);
       a.lse_or_tau = {d_lse[r].p, d_lse[r].n};
       a.selection = &sel;
@@ -288,11 +205,11 @@ int run_profile_phases() {
       return l;
     };
     // The lists the decode-alone rows read: the hierarchical selection's.
-    cuda::hier_select(hargs(0), on(nullptr, Hk::separate));
+    cuda::hier_select(hc.hier_args(0), on(nullptr, Hk::separate));
     CK(cudaDeviceSynchronize());  // the profile's own stream does not wait for the legacy one
     profile("decode alone", ctx, 1, stamps.p, [&](int, cudaStream_t s) { decode(0, s); });
     profile("quest+decode", ctx, rot, stamps.p, [&](int r, cudaStream_t s) {
-      cuda::quest_select(qargs(r), on(s, Hk::separate));
+      cuda::quest_select(hc.args(r), on(s, Hk::separate));
       decode(r, s);
     });
     // MASSKV_BENCH_FUSED=0 (scripts/gpu.sh sets it when the one-kernel selection failed its
@@ -303,7 +220,7 @@ int run_profile_phases() {
       if (hk == Hk::separate || fused_rows)
         profile(hk == Hk::fused ? "fused+decode" : "hier+decode", ctx, rot, stamps.p,
                 [&](int r, cudaStream_t s) {
-                  cuda::hier_select(hargs(r), on(s, hk));
+                  cuda::hier_select(hc.hier_args(r), on(s, hk));
                   decode(r, s);
                 });
     sws.check(nullptr);
