@@ -6,19 +6,22 @@
 # then the Python tests CI cannot run (PyTorch tensors, the transformers integration) with the
 # module built there (python.log). Wheels the machine lacks (nanobind, scikit-build-core) travel
 # in .whl/ (see docs/python.md). Exit status: the check's, or pytest's when the check passed.
-#   scripts/gpu.sh [--no-check] [--no-bench] [--no-python] [--prefill-only]   (stages to skip: the
-#   device allows 10 minutes per call, so a long session splits the stages over calls on the warm
-#   machine; --prefill-only: check and bench the prefill kernels alone, no Python)
+#   scripts/gpu.sh [--no-check] [--no-bench] [--no-python] [--prefill-only] [--sm80]   (stages to
+#   skip: the device allows 10 minutes per call, so a long session splits the stages over calls
+#   on the warm machine; --prefill-only: check and bench the prefill kernels alone, no Python;
+#   --sm80: the sm_80 paths (MASSKV_CUDA_PATHS=sm80, no cluster or fused-selection runs); with
+#   GPU_BENCH a binary of sm_80 PTX alone, the sm_80 code itself, JIT-compiled for this GPU)
 set -uo pipefail
 cd "$(dirname "$0")/.."
-do_check=1; do_bench=1; do_python=1; prefill_only=0
+do_check=1; do_bench=1; do_python=1; prefill_only=0; sm80=0
 for a in "$@"; do
   case "$a" in
     --no-check) do_check=0 ;;
     --no-bench) do_bench=0 ;;
     --no-python) do_python=0 ;;
     --prefill-only) prefill_only=1; do_python=0 ;;
-    -h|--help) sed -n '2,11p' "$0"; exit 0 ;;
+    --sm80) sm80=1; export MASSKV_CUDA_PATHS=sm80 ;;
+    -h|--help) sed -n '2,13p' "$0"; exit 0 ;;
     *) echo "gpu.sh: unknown option $a" >&2; exit 2 ;;
   esac
 done
@@ -44,8 +47,9 @@ if [[ $do_check -eq 1 && $prefill_only -eq 1 ]]; then
 elif [[ $do_check -eq 1 ]]; then
   "$BUILD/masskv_gpu_bench" check 2>&1 | tee -a "$OUT/check.log"
   check_rc=${PIPESTATUS[0]}
-  # The top-k's cluster size follows the sequence length; check every size on every case.
-  for c in 1 2 4 8; do
+  # The top-k's cluster size follows the sequence length; check every size on every case
+  # (Hopper only: before sm_90 the block top-k serves every length).
+  for c in $([[ $sm80 -eq 0 ]] && echo 1 2 4 8); do
     echo "select check with MASSKV_TOPK_CLUSTER=$c" | tee -a "$OUT/check.log"
     MASSKV_TOPK_CLUSTER=$c "$BUILD/masskv_gpu_bench" select-check 2>&1 | tail -3 \
       | tee -a "$OUT/check.log"
@@ -60,16 +64,18 @@ elif [[ $do_check -eq 1 ]]; then
     [[ ${PIPESTATUS[0]} -ne 0 ]] && check_rc=1
   done
   # hier_select in one kernel (SelectLaunch::HierKernel::fused) as every call's default,
-  # so the entmax-aware and adaptive selections run through it too.
-  echo "select-compact check with MASSKV_HIER_FUSED=1" | tee -a "$OUT/check.log"
-  MASSKV_HIER_FUSED=1 "$BUILD/masskv_gpu_bench" select-compact-check 2>&1 | tail -2 \
-    | tee -a "$OUT/check.log"
-  if [[ ${PIPESTATUS[0]} -ne 0 ]]; then
-    check_rc=1
-    # A failing (or faulting) fused kernel must not take the benchmark's process down with it.
-    export MASSKV_BENCH_FUSED=0
-    echo "the fused hierarchical selection failed its check: the bench leaves its rows out" \
+  # so the entmax-aware and adaptive selections run through it too (Hopper only).
+  if [[ $sm80 -eq 0 ]]; then
+    echo "select-compact check with MASSKV_HIER_FUSED=1" | tee -a "$OUT/check.log"
+    MASSKV_HIER_FUSED=1 "$BUILD/masskv_gpu_bench" select-compact-check 2>&1 | tail -2 \
       | tee -a "$OUT/check.log"
+    if [[ ${PIPESTATUS[0]} -ne 0 ]]; then
+      check_rc=1
+      # A failing (or faulting) fused kernel must not take the benchmark's process down with it.
+      export MASSKV_BENCH_FUSED=0
+      echo "the fused hierarchical selection failed its check: the bench leaves its rows out" \
+        | tee -a "$OUT/check.log"
+    fi
   fi
   echo "check exit status: $check_rc"
 fi

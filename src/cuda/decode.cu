@@ -275,9 +275,7 @@ Prepared prepare_kernel(DType dtype, int d, int group, DecodeLaunch::Kernel kind
   if (!ready[key]) {
     Prepared pr;
     pr.k = use_tensor ? tensor : by_variant(dtype, d, g, MakeKernelInfo{});
-    check_cuda(cudaFuncSetAttribute(pr.k.fn, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                    static_cast<int>(pr.k.smem)),
-               "cudaFuncSetAttribute(shared memory)");
+    detail::set_dynamic_smem(pr.k.fn, pr.k.smem, "the decode chunk kernel");
     check_cuda(
         cudaOccupancyMaxActiveBlocksPerMultiprocessor(&pr.per_sm, pr.k.fn, kThreads, pr.k.smem),
         "occupancy");

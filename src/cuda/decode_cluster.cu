@@ -50,6 +50,7 @@ constexpr int kCWarps = 8;  // one CTA per SM: more warps hide the latency of ea
 constexpr int kCThreads = kCWarps * 32;
 constexpr int kTilesPerWarp = kRankTok / kTileTok / kCWarps;
 static_assert(kCWarps >= kMaxGroup, "one head per warp");
+#if !MASSKV_PRE_SM90  // what only the cluster kernel uses
 constexpr int kCap = 64;  // candidates per rank and head sent to every rank (two per lane)
 
 // Cluster barriers. arrive.relaxed at entry + wait before the first DSMEM write: a CTA's
@@ -64,6 +65,7 @@ __device__ __forceinline__ void cluster_wait() {
 __device__ __forceinline__ void cluster_sync() {
   asm volatile("barrier.cluster.arrive.aligned;\nbarrier.cluster.wait.aligned;\n" ::: "memory");
 }
+#endif
 
 // tau of one head from one warp's values (kN per lane; -inf pads), Newton from tau0 (below
 // the root). First in f32: a step costs a fraction of an f64 one (one shuffle per level, a
@@ -131,6 +133,9 @@ struct ClusterSmem {
 
 template <bool kBf16, int kD, int kG, int kCs>
 __global__ void __launch_bounds__(kCThreads, 1) entmax_cluster_kernel(Params p) {
+#if MASSKV_PRE_SM90
+  __trap();  // never launched before sm_90 (hopper_paths)
+#else
   using Smem = ClusterSmem<kD, kG>;
   constexpr int kNd = kD / 8;
   constexpr int kSlice = kG * kD / kCs;  // outputs each rank finishes
@@ -406,6 +411,7 @@ __global__ void __launch_bounds__(kCThreads, 1) entmax_cluster_kernel(Params p) 
   }
   if (rank == 0 && p.lse && static_cast<int>(threadIdx.x) < c.heads_here)
     p.lse[c.b * p.num_q_heads + c.q_head0 + threadIdx.x] = s_tf[threadIdx.x];
+#endif
 }
 
 // ---- host ------------------------------------------------------------------------------------
@@ -447,9 +453,7 @@ ClusterKernel prepare_cluster(DType dtype, int d, int g, int cs) {
                                        : by_dim_cluster<false, 16>(d, g))
                                : (bf16 ? by_dim_cluster<true, 8>(d, g)
                                        : by_dim_cluster<false, 8>(d, g));
-    check_cuda(cudaFuncSetAttribute(k.fn, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                    static_cast<int>(k.smem)),
-               "cudaFuncSetAttribute(shared memory)");
+    detail::set_dynamic_smem(k.fn, k.smem, "the entmax cluster kernel");
     if (cs > 8)
       check_cuda(cudaFuncSetAttribute(k.fn, cudaFuncAttributeNonPortableClusterSizeAllowed, 1),
                  "cudaFuncSetAttribute(non-portable cluster size)");
@@ -478,6 +482,7 @@ bool launch_entmax_cluster(Params p, const EntmaxShape& s, const DecodeLaunch& l
     require(!forced, ErrorCode::unsupported, "entmax_kernel", "the cluster kernel ", why);
     return false;
   };
+  if (!detail::hopper_paths()) return unsupported("needs thread-block clusters (sm_90)");
   if (!p.sparse) return unsupported("serves sparse decode (a selection) only");
   if (s.head_dim != 64 && s.head_dim != 128) return unsupported("serves head_dim 64 and 128");
   const int kh = p.num_kv_heads * p.head_groups;

@@ -599,12 +599,8 @@ EntmaxKernels prepare_entmax(DType dtype, int d, int group) {
   std::lock_guard<std::mutex> lock(mu);
   if (!ready[key]) {
     EntmaxKernels k = by_variant(dtype, d, g, MakeEntmaxKernels{});
-    check_cuda(cudaFuncSetAttribute(k.score, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                    static_cast<int>(k.score_smem)),
-               "cudaFuncSetAttribute(shared memory)");
-    check_cuda(cudaFuncSetAttribute(k.accum, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                    static_cast<int>(k.accum_smem)),
-               "cudaFuncSetAttribute(shared memory)");
+    detail::set_dynamic_smem(k.score, k.score_smem, "the entmax score kernel");
+    detail::set_dynamic_smem(k.accum, k.accum_smem, "the entmax accumulate kernel");
     check_cuda(
         cudaOccupancyMaxActiveBlocksPerMultiprocessor(&k.per_sm, k.score, kThreads, k.score_smem),
         "occupancy");

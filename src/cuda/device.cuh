@@ -8,6 +8,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "masskv/cuda/arch.hpp"
 #include "masskv/cuda/stamps.hpp"
 #include "masskv/error.hpp"
 
@@ -18,6 +19,38 @@ inline void check_cuda(cudaError_t e, const char* what) {
   if (e == cudaSuccess) return;
   fail(e == cudaErrorMemoryAllocation ? ErrorCode::out_of_memory : ErrorCode::unsupported, "cuda",
        what, ": ", cudaGetErrorString(e));
+}
+
+// Hopper-only instructions (thread-block clusters, wgmma, setmaxnreg, griddepcontrol) are
+// compiled for sm_90 and newer. In an sm_80 pass (CMAKE_CUDA_ARCHITECTURES holds 80) the kernels
+// built on them keep an empty body that traps, and the host never launches them: see
+// hopper_paths().
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
+#define MASSKV_PRE_SM90 1
+#else
+#define MASSKV_PRE_SM90 0
+#endif
+
+// Host: whether the Hopper-only paths may run (include/masskv/cuda/arch.hpp; arch.cu).
+using cuda::hopper_paths;
+
+// Host: the shared memory per block a kernel may use on the current device (the opt-in limit,
+// static and dynamic together); on the sm_80 paths at most an sm_80 GPU's 163 KB, so the GPU
+// check on a Hopper GPU with MASSKV_CUDA_PATHS=sm80 meets an A100's limit (arch.cu).
+std::size_t smem_optin();
+// Host: raises fn's dynamic shared-memory limit to `bytes`; throws masskv::Error
+// (unsupported, "shared memory") naming `what` when bytes and fn's static shared memory
+// exceed smem_optin(). Call it once per kernel (it queries the device).
+void set_dynamic_smem(const void* fn, std::size_t bytes, const char* what);
+template <class... A>
+void set_dynamic_smem(void (*fn)(A...), std::size_t bytes, const char* what) {
+  set_dynamic_smem(reinterpret_cast<const void*>(fn), bytes, what);
+}
+// Host: the dynamic shared memory fn may ask for: smem_optin() less fn's static shared memory.
+std::size_t dynamic_smem_room(const void* fn);
+template <class... A>
+std::size_t dynamic_smem_room(void (*fn)(A...)) {
+  return dynamic_smem_room(reinterpret_cast<const void*>(fn));
 }
 
 inline int device_sms() {
@@ -34,12 +67,17 @@ inline int device_sms() {
 // predecessor in the stream finishes (its launch and prologue overlap the predecessor's tail);
 // it calls wait_for_predecessor (griddepcontrol.wait: the predecessor has completed and its
 // writes are visible) before reading what the predecessor produced. Both device calls are
-// no-ops in a kernel launched without the attribute.
+// no-ops in a kernel launched without the attribute, and compiled out before sm_90 (where
+// PdlLaunch sets no attribute).
 __device__ __forceinline__ void wait_for_predecessor() {
+#if !MASSKV_PRE_SM90
   asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
 }
 __device__ __forceinline__ void allow_dependents() {
+#if !MASSKV_PRE_SM90
   asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
 }
 
 // A hint to bring the 128-byte line holding `ptr` into L1 (no result, no fault on a valid
@@ -84,8 +122,9 @@ inline cudaLaunchConfig_t config_with(dim3 grid, dim3 block, std::size_t smem,
   return cfg;
 }
 
-// Host: the launch configuration of such a kernel (cudaLaunchKernelEx(&l.cfg, kernel, ...)).
-// Not copyable: cfg points at attr.
+// Host: the launch configuration of such a kernel (cudaLaunchKernelEx(&l.cfg, kernel, ...)):
+// a plain launch in stream order where the Hopper paths are off. Not copyable: cfg points at
+// attr.
 struct PdlLaunch {
   cudaLaunchAttribute attr{};
   cudaLaunchConfig_t cfg{};
@@ -93,6 +132,7 @@ struct PdlLaunch {
     attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
     attr.val.programmaticStreamSerializationAllowed = 1;
     cfg = config_with(grid, block, smem, stream, attr);
+    if (!hopper_paths()) cfg.numAttrs = 0;
   }
   PdlLaunch(const PdlLaunch&) = delete;
   PdlLaunch& operator=(const PdlLaunch&) = delete;

@@ -337,10 +337,8 @@ void launch_group_tau(const TauParams& p, cudaStream_t stream) {
   const std::size_t smem = static_cast<std::size_t>(cache) * (sizeof(Item<double>) + sizeof(Item<float>));
   static std::once_flag once;
   std::call_once(once, [] {
-    check_cuda(cudaFuncSetAttribute(tau_solve_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                    static_cast<int>(kSolveCache * (sizeof(Item<double>) +
-                                                                    sizeof(Item<float>)))),
-               "cudaFuncSetAttribute(tau solve)");
+    set_dynamic_smem(tau_solve_kernel, kSolveCache * (sizeof(Item<double>) + sizeof(Item<float>)),
+                     "the tau solve kernel");
   });
   // Warps by groups (one group a lane, at most 8 warps): the solve is latency-bound (measured
   // with ncu on the H200, 128K tokens, one warp of 4 groups a lane: ~8,400 instructions a warp

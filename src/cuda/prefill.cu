@@ -552,8 +552,11 @@ __global__ void __launch_bounds__(kHeads * 128, kHeads == 1 ? 2 : 1) prefill_ker
 // not waited for). Piece idx of a tile: row idx % 8 + 8 (idx / 128), 16-byte piece
 // (idx / 8) % 16, so the 32 lanes of a warp fill 4 whole core matrices (512 contiguous bytes:
 // no bank conflict); the K/V copies use the same order.
-__device__ __forceinline__ int piece_row(int idx) { return (idx % 8) + 8 * (idx / 128); }
-__device__ __forceinline__ int piece_col(int idx) { return (idx / 8) % 16; }
+// (Unused in an sm_80 pass, where the wgmma kernels are empty.)
+[[maybe_unused]] __device__ __forceinline__ int piece_row(int idx) {
+  return (idx % 8) + 8 * (idx / 128);
+}
+[[maybe_unused]] __device__ __forceinline__ int piece_col(int idx) { return (idx / 8) % 16; }
 template <int kHeads, int kThreads>
 __device__ __forceinline__ void load_q_tiles(const Params& p, const Cta& cta, std::uint16_t* sQ) {
   constexpr int kPiecesPerTile = kTile * 16;
@@ -603,6 +606,9 @@ __device__ __forceinline__ void copy_kv_tile(const Params& p, const SeqGeo& g, i
 template <bool kBf16, int kHeads>
 __global__ void __launch_bounds__(kHeads * 128, kHeads == 2 ? 2 : 1)
     prefill_wgmma_kernel(Params p) {
+#if MASSKV_PRE_SM90
+  __trap();  // never launched before sm_90 (hopper_paths)
+#else
   constexpr int kD = 128;
   constexpr int kStages = 2;  // 3 measured no faster (2026-12-04)
   constexpr int kThreads = kHeads * 128;
@@ -692,6 +698,7 @@ __global__ void __launch_bounds__(kHeads * 128, kHeads == 2 ? 2 : 1)
   }
   cp_async_wait<0>();
   store_rows<kBf16, kD>(p, g, qtile * kTile + t0, q_head0 + hs, gq, tq, o, m, l);
+#endif
 }
 
 // The warp-specialised wgmma kernel (d = 128, sm_90a): FlashAttention-3's structure over the
@@ -722,6 +729,9 @@ constexpr std::size_t ws_smem() {
 
 template <bool kBf16>
 __global__ void __launch_bounds__(kWsThreads, 1) prefill_ws_kernel(Params p) {
+#if MASSKV_PRE_SM90
+  __trap();  // never launched before sm_90 (hopper_paths)
+#else
   constexpr int kD = 128;
   constexpr int kTileElems = kTile * kD;
   extern __shared__ uint4 smem_raw[];
@@ -843,6 +853,7 @@ __global__ void __launch_bounds__(kWsThreads, 1) prefill_ws_kernel(Params p) {
 #pragma unroll
   for (int h = 0; h < 2; ++h)
     store_rows<kBf16, kD>(p, g, qrow0, cta.q_head0 + 2 * cw + h, gq, tq, o[h], m[h], l[h]);
+#endif
 }
 
 using KernelFn = void (*)(Params);
@@ -909,9 +920,7 @@ KernelInfo prepare(DType dtype, int d, int heads, Kind kind, int pass = kSoftmax
   static bool ready[32] = {};
   std::lock_guard<std::mutex> lock(mu);
   if (!ready[key]) {
-    check_cuda(cudaFuncSetAttribute(k.fn, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                    static_cast<int>(k.smem)),
-               "cudaFuncSetAttribute(shared memory)");
+    detail::set_dynamic_smem(k.fn, k.smem, "the prefill kernel");
     ready[key] = true;
   }
   return k;
@@ -936,7 +945,8 @@ int heads_per_cta(int group) {
 // d = 128 runs the warp-specialised kernel (4 q heads per CTA) when 4 divides the group, else
 // the wgmma kernel with heads_per_cta's q heads per CTA (one warpgroup each: 4 when the group
 // allows, else 2 or 1); d = 64 the mma.sync kernel. MASSKV_PREFILL_KERNEL=wgmma or =mma selects
-// the older kernels for d = 128, for comparing them on a device. Measured dense at 128K
+// the older kernels for d = 128, for comparing them on a device. Before sm_90 (hopper_paths):
+// the mma.sync kernel for every d. Measured dense at 128K
 // (2026-12-04, B 1, Hq 32, Hkv 8): wgmma 4 heads 311 TFLOP/s, 2 heads 259, 1 head 157;
 // mma.sync 240.
 Kind kernel_kind(int d, int group) {
@@ -946,7 +956,9 @@ Kind kernel_kind(int d, int group) {
     const std::string_view v(e);
     return v == "mma" ? 1 : v == "wgmma" ? 2 : 0;
   }();
-  if (d != 128 || forced == 1) return Kind::mma;
+  require(forced != 2 || detail::hopper_paths(), ErrorCode::unsupported, "MASSKV_PREFILL_KERNEL",
+          "the wgmma kernels need sm_90a");
+  if (d != 128 || forced == 1 || !detail::hopper_paths()) return Kind::mma;
   if (forced == 2 || group % 4 != 0) return Kind::wgmma;
   return Kind::ws;
 }

@@ -303,9 +303,7 @@ void prefill_index(const PrefillIndexArgs& a, const PrefillLaunch& launch) {
   const std::size_t smem = sizeof(unsigned long long) * p.rows_per_cta * p.key_stride +
                            sizeof(float) * kMaxRows * d;
   const auto fn = d == 64 ? block_topk_kernel<64> : block_topk_kernel<128>;
-  check_cuda(
-      cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)),
-      "cudaFuncSetAttribute(shared memory)");
+  detail::set_dynamic_smem(fn, smem, "the prefill indexer's top-k");
   const dim3 grid((p.nqb_max + p.rows_per_cta - 1) / p.rows_per_cta, Hkv, B);
   fn<<<grid, kTopkThreads, smem, st>>>(p);
   check_cuda(cudaGetLastError(), "block top-k launch");

@@ -679,7 +679,8 @@ __device__ void warp_emit(int wbeg, int wend, int lane, const Classify& classify
 }
 
 // Selection of one (sequence, kv head) by a cluster of kC CTAs (thread-block cluster,
-// distributed shared memory). grid (kC, kv heads, batch), kTopkThreads threads.
+// distributed shared memory). grid (kC, kv heads, batch), kTopkThreads threads, clusters of kC
+// along x set at launch (launch_topk).
 // CTA r of the cluster owns the r-th contiguous slice of the candidates [sinks, window): it
 // caches the slice's keys, builds each radix pass's 256-bin histogram of its slice; after a
 // cluster barrier every CTA sums the cluster's histograms (integer sums: the same in every CTA)
@@ -688,8 +689,10 @@ __device__ void warp_emit(int wbeg, int wend, int lane, const Classify& classify
 // the ids are written ascending without a sort. All CTAs of a cluster take the same branches
 // (they compute the same n, kept, need), so no barrier is left waiting.
 template <int kC>
-__global__ void __cluster_dims__(kC, 1, 1) __launch_bounds__(kTopkThreads)
-    quest_topk_kernel(SelParams p) {
+__global__ void __launch_bounds__(kTopkThreads) quest_topk_kernel(SelParams p) {
+#if MASSKV_PRE_SM90
+  __trap();  // never launched before sm_90 (hopper_paths)
+#else
   extern __shared__ std::uint32_t s_keys[];  // this CTA's slice [slo, slo + cached)
   __shared__ int s_hist[2][256];             // by pass parity (other CTAs read them)
   __shared__ int s_warp_a[kTopkWarps], s_warp_b[kTopkWarps];
@@ -858,6 +861,7 @@ __global__ void __cluster_dims__(kC, 1, 1) __launch_bounds__(kTopkThreads)
   cluster.sync();
   warp_emit(wbeg, wend, lane, classify, need_eq, s_base_eq[warp], s_base_sel[warp], out + s0,
             nullptr);
+#endif
 }
 
 // ---- top-k, one CTA per (sequence, kv head) ----------------------------------------------------
@@ -1139,13 +1143,6 @@ __global__ void group_update_kernel(GroupParams p) {
 
 using ScoreFn = void (*)(SelParams);
 
-int device_attr(cudaDeviceAttr attr, const char* what) {
-  int dev = 0, v = 0;
-  check_cuda(cudaGetDevice(&dev), "cudaGetDevice");
-  check_cuda(cudaDeviceGetAttribute(&v, attr, dev), what);
-  return v;
-}
-
 // The scoring launch of one (head_dim, group): the kernel (its dynamic shared-memory limit
 // raised to the device's once), warps per CTA (as many as fit, <= kScoreMaxWarps), shared
 // memory, and resident CTAs per SM (for the chunk plan). Cached per (head_dim, group): after
@@ -1192,18 +1189,15 @@ ScorePlan score_plan(int d, int group, bool u8) {
        {quest_score_kernel<64, true, true>, quest_score_kernel<128, true, true>,
         quest_score_kernel<256, true, true>}}};
   std::lock_guard<std::mutex> lock(mu);
-  static const int optin =
-      device_attr(cudaDevAttrMaxSharedMemoryPerBlockOptin, "shared memory per block");
+  const std::size_t optin = detail::smem_optin();  // the kernels hold no static arrays
   if (!ready[e][idx]) {
     for (int hot = 0; hot < 2; ++hot)
-      check_cuda(cudaFuncSetAttribute(fns[hot][e][idx], cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                      optin),
-                 "cudaFuncSetAttribute(shared memory)");
+      detail::set_dynamic_smem(fns[hot][e][idx], optin, "the Quest scoring kernel");
     ready[e][idx] = true;
   }
   if (cache[e][idx][group].fn != nullptr) return cache[e][idx][group];
   const ScoreSizes sz = score_sizes(d, u8, group);
-  const std::size_t room = static_cast<std::size_t>(optin) > sz.q_bytes ? optin - sz.q_bytes : 0;
+  const std::size_t room = optin > sz.q_bytes ? optin - sz.q_bytes : 0;
   ScorePlan plan;
   plan.fn = fns[0][e][idx];
   plan.fn_hot = fns[1][e][idx];
@@ -1235,9 +1229,7 @@ TopkFn topk_kernel(int c) {
   static std::once_flag once;
   std::call_once(once, [] {
     for (TopkFn f : fns)
-      check_cuda(cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                      static_cast<int>(sizeof(std::uint32_t) * kKeyCache)),
-                 "cudaFuncSetAttribute(top-k shared memory)");
+      detail::set_dynamic_smem(f, sizeof(std::uint32_t) * kKeyCache, "the cluster top-k");
   });
   return fns[c == 1 ? 0 : c == 2 ? 1 : c == 4 ? 2 : 3];
 }
@@ -1267,6 +1259,13 @@ int plan_topk_cluster(int pairs, int max_pages) {
 
 constexpr int kHierThreads = 256;
 constexpr int kHierCand = 8192;  // candidate pages (chosen groups × 16) a CTA holds
+
+// The least power of two >= x (x >= 1).
+__host__ __device__ constexpr int pow2_ceil(int x) {
+  int p = 1;
+  while (p < x) p <<= 1;
+  return p;
+}
 
 // The page-level selection of hier_select for one (sequence, kv head) (hier_page_topk_kernel,
 // grid (1, kv heads, batch); hier_fused_kernel's last step): the flat rule (kept pages, then
@@ -1416,6 +1415,9 @@ __global__ void __launch_bounds__(kFusedThreads, 1) hier_fused_kernel(SelParams 
                                                                    std::int32_t* gids,
                                                                    std::int32_t* gcount,
                                                                    int gstride, int list_off) {
+#if MASSKV_PRE_SM90
+  __trap();  // never launched before sm_90 (hopper_paths)
+#else
   extern __shared__ uint4 smem_raw[];
   __shared__ int s_hist[256], s_pick[3], s_warp[kFusedThreads / 32];
   unsigned char* smem = reinterpret_cast<unsigned char*>(smem_raw);
@@ -1502,6 +1504,7 @@ __global__ void __launch_bounds__(kFusedThreads, 1) hier_fused_kernel(SelParams 
     hier_page_topk(pp, b, h, topk_split_of(pp, b, tid == 0), s_glist, total, s_cand, s_hist,
                    s_pick, s_warp);
   detail::stamp(gp.stamps, stamps::hier_fused, stamps::kExit);
+#endif
 }
 
 // Hierarchical top-p (select::hier_top_p): what the page pass needs beyond SelParams.
@@ -1613,10 +1616,13 @@ __global__ void __launch_bounds__(kHierThreads) hier_top_p_kernel(SelParams p, T
                                                                   const std::int32_t* gids,
                                                                   const std::int32_t* gcount,
                                                                   int gstride) {
+  // Sized by the chosen groups' pages, cap = gstride * kWarpPages (<= kHierCand; top_p_smem):
+  // [cap] candidate keys, then flags; [pow2_ceil(cap)] the top ones, sorted; [cap] masses.
   extern __shared__ unsigned long long s_dyn[];
-  unsigned long long* s_key = s_dyn;              // [kHierCand] candidate keys, then flags
-  unsigned long long* s_sel = s_key + kHierCand;  // [kHierCand] the top ones, sorted
-  double* s_mass = reinterpret_cast<double*>(s_sel + kHierCand);  // [kHierCand]
+  const int cap = gstride * kWarpPages;
+  unsigned long long* s_key = s_dyn;
+  unsigned long long* s_sel = s_key + cap;
+  double* s_mass = reinterpret_cast<double*>(s_sel + pow2_ceil(cap));
   __shared__ double s_logz[kMaxGroupDims / 64];
   __shared__ int s_hist[256], s_pick[3], s_warp[kHierThreads / 32], s_taken;
   const int h = blockIdx.y, b = blockIdx.z, tid = threadIdx.x;
@@ -1698,8 +1704,7 @@ __global__ void __launch_bounds__(kHierThreads) hier_top_p_kernel(SelParams p, T
     block_select::ordered_compact<kHierThreads>(
         m, s_warp, [&](int i) { return s_key[i] >= thr; },
         [&](int i, int r) { s_sel[r] = s_key[i]; });
-    int pow2 = 1;
-    while (pow2 < nsel) pow2 <<= 1;
+    const int pow2 = pow2_ceil(nsel);
     for (int i = nsel + tid; i < pow2; i += kHierThreads) s_sel[i] = 0ull;
     block_sort_desc(s_sel, pow2);
   }
@@ -1729,13 +1734,21 @@ __global__ void __launch_bounds__(kHierThreads) hier_top_p_kernel(SelParams p, T
 }
 
 // The block top-k kernel (one CTA per pair, no cluster), its shared-memory limit raised once.
+// Keys a top-k CTA caches in shared memory (SelParams::key_cache's cap; the rest it reads
+// from global memory): kKeyCache, or what the device leaves beside the block kernel's static
+// arrays where that is less (an sm_80 GPU's 163 KB), in whole 1024-key steps.
+int key_cache_cap() {
+  static const int cap = static_cast<int>(
+      std::min<std::size_t>(kKeyCache, detail::dynamic_smem_room(quest_topk_block_kernel) /
+                                           sizeof(std::uint32_t) / 1024 * 1024));
+  return cap;
+}
+
 TopkFn block_topk_kernel() {
   static std::once_flag once;
   std::call_once(once, [] {
-    check_cuda(
-        cudaFuncSetAttribute(quest_topk_block_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                             static_cast<int>(sizeof(std::uint32_t) * kKeyCache)),
-        "cudaFuncSetAttribute(block top-k shared memory)");
+    detail::set_dynamic_smem(quest_topk_block_kernel, sizeof(std::uint32_t) * key_cache_cap(),
+                             "the block top-k");
   });
   return quest_topk_block_kernel;
 }
@@ -2011,7 +2024,10 @@ Prepared prepare(const QuestSelectArgs& a, const SelectLaunch& launch, bool outp
   // pair's pages (long sequences). Measured on the H200 (2026-12-03, B = 1, Hkv 8): block
   // 15.4 us vs 22 for the one-CTA cluster kernel at 128K tokens; at 512K and 1M the clusters
   // of 4 and 8 (~29 and ~43 us) beat the block kernel (36 and 78 us).
-  const int planned = plan_topk_cluster(B * Hkv, launch.max_pages_per_seq);
+  // Before sm_90 (no clusters) the block kernel serves every length.
+  require(detail::hopper_paths() || !use_cluster_topk(), unsupported, "MASSKV_TOPK",
+          "the cluster top-k needs sm_90 (thread-block clusters)");
+  const int planned = detail::hopper_paths() ? plan_topk_cluster(B * Hkv, launch.max_pages_per_seq) : 1;
   pr.block_topk = !use_cluster_topk() && planned == 1;
   const int tc = pr.block_topk ? 1 : planned;
   pr.topk_grid = dim3(tc, Hkv, B);
@@ -2020,9 +2036,9 @@ Prepared prepare(const QuestSelectArgs& a, const SelectLaunch& launch, bool outp
   set_score_kernel(pr);
   pr.score_threads = splan.warps * 32;
   pr.smem = splan.smem;
-  // A CTA's slice of the candidates (whole warps), cached up to kKeyCache keys.
+  // A CTA's slice of the candidates (whole warps), cached up to key_cache_cap() keys.
   const int slice = (launch.max_pages_per_seq + tc * 32 - 1) / (tc * 32) * 32;
-  p.key_cache = std::min(slice, kKeyCache);
+  p.key_cache = std::min(slice, key_cache_cap());
   pr.topk_smem = sizeof(std::uint32_t) * static_cast<std::size_t>(p.key_cache);
   return pr;
 }
@@ -2030,9 +2046,12 @@ Prepared prepare(const QuestSelectArgs& a, const SelectLaunch& launch, bool outp
 // The top-k launch: the block kernel may start while the scoring kernel finishes (it waits
 // for the keys on the device), the cluster kernel after it.
 void launch_topk(const Prepared& pr, cudaStream_t stream) {
-  if (!pr.block_topk) {
-    pr.topk<<<pr.topk_grid, kTopkThreads, pr.topk_smem, stream>>>(pr.p);
-    check_cuda(cudaGetLastError(), "quest top-k kernel launch");
+  if (!pr.block_topk) {  // clusters of kC = grid.x CTAs: one per (sequence, kv head)
+    cudaLaunchAttribute attr{};
+    const cudaLaunchConfig_t cfg =
+        detail::cluster_config(pr.topk_grid, dim3(kTopkThreads), pr.topk_smem, stream, attr,
+                               static_cast<int>(pr.topk_grid.x));
+    check_cuda(cudaLaunchKernelEx(&cfg, pr.topk, pr.p), "quest top-k kernel launch");
     return;
   }
   detail::PdlLaunch l(stream, pr.topk_grid, dim3(kTopkThreads), pr.topk_smem);
@@ -2047,10 +2066,8 @@ void launch_hier_page_topk(const SelParams& p, const std::int32_t* gids,
   const std::size_t smem = sizeof(unsigned long long) * gstride * kWarpPages;
   static std::once_flag once;
   std::call_once(once, [] {
-    check_cuda(cudaFuncSetAttribute(hier_page_topk_kernel,
-                                    cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                    static_cast<int>(sizeof(unsigned long long) * kHierCand)),
-               "cudaFuncSetAttribute(hier page top-k)");
+    detail::set_dynamic_smem(hier_page_topk_kernel, sizeof(unsigned long long) * kHierCand,
+                             "the hierarchical page top-k");
   });
   detail::PdlLaunch l(stream, grid, dim3(kHierThreads), smem);
   check_cuda(cudaLaunchKernelEx(&l.cfg, hier_page_topk_kernel, p, gids, gcount, gstride),
@@ -2099,9 +2116,8 @@ FusedPlan hier_fused_plan(int d, bool u8, int group, int max_groups, int gcap, i
 }
 FusedPlan plan_hier_fused(int d, bool u8, int group, int max_groups, int gcap, int pairs) {
   FusedPlan f;
-  if ((d != 64 && d != 128) || gcap * kWarpPages > kHierCand) return f;
-  static const int optin =
-      device_attr(cudaDevAttrMaxSharedMemoryPerBlockOptin, "shared memory per block");
+  if (!detail::hopper_paths() || (d != 64 && d != 128) || gcap * kWarpPages > kHierCand)
+    return f;
   const std::size_t region = std::max(
       {score_sizes(d, false, group).bytes(kFusedThreads / 32),  // step 0: bf16 groups
        score_sizes(d, u8, group).bytes(kFusedThreads / 32),     // step 2: the page store
@@ -2113,14 +2129,9 @@ FusedPlan plan_hier_fused(int d, bool u8, int group, int max_groups, int gcap, i
   static const Fn fns[2][2] = {{hier_fused_kernel<64, false>, hier_fused_kernel<64, true>},
                                {hier_fused_kernel<128, false>, hier_fused_kernel<128, true>}};
   const Fn fn = fns[d == 64 ? 0 : 1][u8 ? 1 : 0];
-  // The dynamic limit is what the opt-in leaves after the kernel's static arrays.
-  cudaFuncAttributes fa{};
-  check_cuda(cudaFuncGetAttributes(&fa, fn), "cudaFuncGetAttributes(hier fused)");
-  const std::size_t dyn_max = static_cast<std::size_t>(optin) - fa.sharedSizeBytes;
+  const std::size_t dyn_max = detail::dynamic_smem_room(fn);
   if (smem > dyn_max) return f;
-  check_cuda(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                  static_cast<int>(dyn_max)),
-             "cudaFuncSetAttribute(hier fused)");
+  detail::set_dynamic_smem(fn, dyn_max, "the fused hierarchical selection");
   f.fn = fn;
   // Enough CTAs for one scoring warp per tile of the larger scan (group tiles or chosen
   // groups), at most one CTA per SM for all the pairs (B = 16 with 8 kv heads: clusters of 1).
@@ -2168,14 +2179,23 @@ void launch_hier_top_p(const SelParams& p, const TopPParams& t, int d, const std
                        dim3(kHierThreads));
   check_cuda(cudaLaunchKernelEx(&lw.cfg, weights, p, t, gids, gcount, gstride),
              "top-p weights kernel launch");
-  constexpr std::size_t kSmem = 3 * sizeof(unsigned long long) * kHierCand;
-  static std::once_flag once;
-  std::call_once(once, [] {
-    check_cuda(cudaFuncSetAttribute(hier_top_p_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                    static_cast<int>(kSmem)),
-               "cudaFuncSetAttribute(hier top-p)");
-  });
-  detail::PdlLaunch l(stream, grid, dim3(kHierThreads), kSmem);
+  // hier_top_p_kernel's shared memory for gstride chosen groups; its limit is raised once to
+  // kHierCand candidates' worth, or what the device leaves (an sm_80 GPU: fewer candidates).
+  const auto smem_for = [](int groups) {
+    const int cap = groups * kWarpPages;
+    return sizeof(unsigned long long) * static_cast<std::size_t>(2 * cap + pow2_ceil(cap));
+  };
+  static const std::size_t room = [&] {
+    const std::size_t r = std::min(smem_for(kHierCand / kWarpPages),
+                                   detail::dynamic_smem_room(hier_top_p_kernel));
+    detail::set_dynamic_smem(hier_top_p_kernel, r, "the top-p selection");
+    return r;
+  }();
+  const std::size_t smem = smem_for(gstride);
+  require(smem <= room, ErrorCode::unsupported, "budget_pages", "top-p over ", gstride,
+          " chosen groups needs ", smem, " bytes of shared memory per block; this device leaves ",
+          room, " (a smaller budget or cover fits)");
+  detail::PdlLaunch l(stream, grid, dim3(kHierThreads), smem);
   check_cuda(cudaLaunchKernelEx(&l.cfg, hier_top_p_kernel, p, t, gids, gcount, gstride),
              "hier top-p kernel launch");
 }
@@ -2259,7 +2279,7 @@ void hier_launch(const HierSelectArgs& h, const SelectLaunch& launch, const TopP
   gp.block_topk = true;  // the mask comes from the block kernel
   gp.topk = block_topk_kernel();
   gp.topk_grid = dim3(1, h.groups.num_kv_heads, B);
-  gp.p.key_cache = std::min((max_groups + 31) / 32 * 32, kKeyCache);
+  gp.p.key_cache = std::min((max_groups + 31) / 32 * 32, key_cache_cap());
   gp.topk_smem = sizeof(std::uint32_t) * static_cast<std::size_t>(gp.p.key_cache);
   // The page level, restricted to the chosen groups' pages (hier_list_mode): the scoring kernel
   // walks the group list (one group a warp; every other page key zeroed first), or every tile

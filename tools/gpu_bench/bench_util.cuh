@@ -4,10 +4,13 @@
 
 #include <cuda_runtime.h>
 
+#include "masskv/cuda/arch.hpp"
+
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <string_view>
 #include <vector>
 
 #define CK(x)                                                                                \
@@ -108,6 +111,14 @@ std::vector<cudaGraphExec_t> capture_graphs(int rot, cudaStream_t st, F&& step) 
     CK(cudaGraphDestroy(g));
   }
   return execs;
+}
+
+// Whether the bench and the profiles time the hierarchical selection in one kernel: a Hopper
+// path (cuda::hopper_paths), left out under MASSKV_BENCH_FUSED=0 (scripts/gpu.sh sets it when
+// that kernel failed its check: a fault would end the process).
+inline bool bench_fused_rows() {
+  const char* e = std::getenv("MASSKV_BENCH_FUSED");
+  return (e == nullptr || std::string_view(e) != "0") && masskv::cuda::hopper_paths();
 }
 
 // Times fn(iteration) with one event pair per launch; median in microseconds.

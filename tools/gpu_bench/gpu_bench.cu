@@ -42,6 +42,7 @@
 #include "bench_util.cuh"
 #include "hier_case.cuh"
 #include "masskv/attn/decode.hpp"
+#include "masskv/cuda/arch.hpp"
 #include "masskv/cuda/decode.hpp"
 #include "masskv/cuda/select.hpp"
 #include "masskv/error.hpp"
@@ -397,7 +398,7 @@ int run_check() {
         if (variant >= 6 && variant < 9) l.kernel = cuda::DecodeLaunch::Kernel::simt;
         if (variant == 9) l.entmax_kernel = cuda::DecodeLaunch::EntmaxKernel::split;
         if (variant == 10) {  // the cluster kernel forced (clusters of 8), where it serves
-          if (!cluster_serves(cd, 8)) continue;
+          if (!cuda::hopper_paths() || !cluster_serves(cd, 8)) continue;
           l.entmax_kernel = cuda::DecodeLaunch::EntmaxKernel::cluster;
           l.cluster_size = 8;
           ++ent_stats.cluster_cases;
@@ -525,15 +526,17 @@ int run_check() {
       cuda::decode(a, launch);
     });
     g.sel_ids.upload(s2.ids);  // the cluster kernel checks the ids it is given too
-    ok &= expect_throw("entmax cluster: selected page >= num_pages(b)", "selection", [&] {
-      attn::DecodeArgs a = g.args;
-      a.selection = &g.sel;
-      a.mapping = Mapping::entmax(1.5);
-      cuda::DecodeLaunch l = launch;
-      l.entmax_kernel = cuda::DecodeLaunch::EntmaxKernel::cluster;
-      cuda::decode(a, l);
-    });
+    if (cuda::hopper_paths())
+      ok &= expect_throw("entmax cluster: selected page >= num_pages(b)", "selection", [&] {
+        attn::DecodeArgs a = g.args;
+        a.selection = &g.sel;
+        a.mapping = Mapping::entmax(1.5);
+        cuda::DecodeLaunch l = launch;
+        l.entmax_kernel = cuda::DecodeLaunch::EntmaxKernel::cluster;
+        cuda::decode(a, l);
+      });
     g.sel_ids.upload(cd.sel.ids);
+    // (Before sm_90 the forced cluster kernel fails on "entmax_kernel" for any case.)
     ok &= expect_throw("entmax cluster kernel forced on dense", "entmax_kernel", [&] {
       attn::DecodeArgs a = g.args;
       a.mapping = Mapping::entmax(1.5);
@@ -1395,10 +1398,11 @@ int run_compact_check() {
     download_selection(g, ws, ids, cnt, keys);
     f += compare_exact(sd, cpuh, ckeys, ids, cnt, g.max_per_head, keys, ws.keys_stride(), "hier",
                        sh);
-    // Cases the fused kernel serves (head_dim 64/128, cover x budget <= 8192 pages, the group
-    // candidates in shared memory; elsewhere hier_select falls back to the separate launches).
+    // Cases the fused kernel serves (a Hopper path; head_dim 64/128, cover x budget <= 8192
+    // pages, the group candidates in shared memory; elsewhere hier_select falls back to the
+    // separate launches).
     const bool fused_expected =
-        (c.d == 64 || c.d == 128) && 8 * ((sd.max_pages + 15) / 16) <= 160 * 1024 &&
+        cuda::hopper_paths() && (c.d == 64 || c.d == 128) && 8 * ((sd.max_pages + 15) / 16) <= 160 * 1024 &&
         16 * std::min((sd.max_pages + 15) / 16,
                       select::hier_groups(std::numeric_limits<int>::max(), 16, c.pol.budget_pages,
                                           cover)) <= 8192;
@@ -2546,17 +2550,12 @@ int run_bench(const char* json_path) {
                       bytes + summary_bytes});
       rows.push_back({"gpu_quest_select", sh.ctx, sh.batch, budget, gsel_us, summary_bytes});
       rows.push_back({"gpu_quest_score", sh.ctx, sh.batch, budget, gscore_us, summary_bytes});
-      // MASSKV_BENCH_COMPACT=0 leaves out the rows below (8-bit, hierarchical, top-k alone);
-      // MASSKV_BENCH_FUSED=0 the hierarchical selection in one kernel (scripts/gpu.sh sets it
-      // when that kernel failed its check: a fault would end this process).
+      // MASSKV_BENCH_COMPACT=0 leaves out the rows below (8-bit, hierarchical, top-k alone).
       static const bool compact_rows = [] {
         const char* e = std::getenv("MASSKV_BENCH_COMPACT");
         return e == nullptr || std::string(e) != "0";
       }();
-      static const bool fused_rows = [] {
-        const char* e = std::getenv("MASSKV_BENCH_FUSED");
-        return e == nullptr || std::string(e) != "0";
-      }();
+      static const bool fused_rows = bench_fused_rows();
       if (budget != 4096 || !compact_rows) continue;
 
       // Top-k alone (on the keys the last scoring left), the 8-bit store, the hierarchical
@@ -2924,7 +2923,26 @@ int run_profile_select(int hier_only = 0) {
 
 int main(int argc, char** argv) {
   const std::string mode = argc > 1 ? argv[1] : "check";
+  const char* const modes[] = {
+      "check",          "decode-check",  "select-selftest", "select-check",
+      "select-compact-check", "profile", "profile-select",  "profile-hier [N]",
+      "profile-gauss",  "profile-phases", "bench OUT.json", "prefill-check",
+      "prefill-bench OUT.json", "append-check"};
+  const auto known = [&] {
+    for (const std::string_view m : modes)
+      if (m.substr(0, m.find(' ')) == mode) return true;
+    return false;
+  };
+  if (!known()) {
+    std::fprintf(stderr, "usage: %s", argv[0]);
+    for (const char* m : modes) std::fprintf(stderr, "%s %s", m == modes[0] ? "" : " |", m);
+    std::fprintf(stderr, "\n");
+    return 2;
+  }
   try {
+    // Which paths the mode runs (include/masskv/cuda/arch.hpp), first in each log.
+    std::printf("masskv_gpu_bench %s: %s paths\n", mode.c_str(),
+                cuda::hopper_paths() ? "Hopper (sm_90)" : "sm_80");
     if (mode == "check") {
       const int decode_rc = run_check();
       const int selftest = run_select_selftest();
@@ -2959,12 +2977,5 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "masskv::Error: %s\n", e.what());
     return 3;
   }
-  std::fprintf(
-      stderr,
-      "usage: %s check | decode-check | select-selftest | select-check | "
-      "select-compact-check | profile | profile-select | profile-hier [N] | profile-gauss | "
-      "profile-phases | "
-      "bench OUT.json | prefill-check | prefill-bench OUT.json | append-check\n",
-      argv[0]);
-  return 2;
+  return 2;  // not reached: every known mode returns above
 }

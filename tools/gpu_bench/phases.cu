@@ -212,10 +212,7 @@ int run_profile_phases() {
       cuda::quest_select(hc.args(r), on(s, Hk::separate));
       decode(r, s);
     });
-    // MASSKV_BENCH_FUSED=0 (scripts/gpu.sh sets it when the one-kernel selection failed its
-    // check): that step is left out, as in the bench.
-    const char* fused_env = std::getenv("MASSKV_BENCH_FUSED");
-    const bool fused_rows = fused_env == nullptr || std::string(fused_env) != "0";
+    const bool fused_rows = bench_fused_rows();
     for (const Hk hk : {Hk::separate, Hk::fused})
       if (hk == Hk::separate || fused_rows)
         profile(hk == Hk::fused ? "fused+decode" : "hier+decode", ctx, rot, stamps.p,

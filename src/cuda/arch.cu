@@ -1,0 +1,76 @@
+// Which code paths the current device and this build allow (include/masskv/cuda/arch.hpp).
+#include <algorithm>
+#include <cstdlib>
+#include <string_view>
+
+#include "device.cuh"
+
+namespace masskv::cuda {
+namespace {
+
+using detail::check_cuda;
+
+// Compiled for every architecture of the build like the other kernels: its attributes say which
+// of them the runtime picked for the device (a Hopper SASS image, or PTX of an older target
+// JIT-compiled for it). Never launched.
+__global__ void arch_probe_kernel() {}
+
+bool forced_sm80() {
+  const char* e = std::getenv("MASSKV_CUDA_PATHS");
+  if (e == nullptr || *e == 0 || std::string_view(e) == "auto") return false;
+  require(std::string_view(e) == "sm80", ErrorCode::invalid_argument, "MASSKV_CUDA_PATHS",
+          "must be auto or sm80, not '", e, "'");
+  return true;
+}
+
+}  // namespace
+
+bool hopper_paths() {
+  static const bool hopper = [] {
+    if (forced_sm80()) return false;
+    int dev = 0, major = 0;
+    check_cuda(cudaGetDevice(&dev), "cudaGetDevice");
+    check_cuda(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev),
+               "compute capability");
+    cudaFuncAttributes attr{};
+    check_cuda(cudaFuncGetAttributes(&attr, arch_probe_kernel),
+               "cudaFuncGetAttributes (no kernel image of this build runs on the device)");
+    return major >= 9 && attr.ptxVersion >= 90;
+  }();
+  return hopper;
+}
+
+namespace detail {
+
+constexpr std::size_t kSm80SmemOptin = 166912;  // 163 KB: an A100's opt-in limit per block
+
+std::size_t smem_optin() {
+  static const std::size_t optin = [] {
+    int dev = 0, v = 0;
+    check_cuda(cudaGetDevice(&dev), "cudaGetDevice");
+    check_cuda(cudaDeviceGetAttribute(&v, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev),
+               "shared memory per block");
+    const auto device = static_cast<std::size_t>(v);
+    return hopper_paths() ? device : std::min(device, kSm80SmemOptin);
+  }();
+  return optin;
+}
+
+std::size_t dynamic_smem_room(const void* fn) {
+  cudaFuncAttributes a{};
+  check_cuda(cudaFuncGetAttributes(&a, fn), "cudaFuncGetAttributes");
+  return smem_optin() > a.sharedSizeBytes ? smem_optin() - a.sharedSizeBytes : 0;
+}
+
+void set_dynamic_smem(const void* fn, std::size_t bytes, const char* what) {
+  const std::size_t room = dynamic_smem_room(fn);
+  require(bytes <= room, ErrorCode::unsupported, "shared memory", what, " needs ", bytes,
+          " bytes of dynamic shared memory per block; this device (", hopper_paths() ? "Hopper" : "sm_80",
+          " paths) leaves it ", room);
+  check_cuda(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                  static_cast<int>(bytes)),
+             what);
+}
+
+}  // namespace detail
+}  // namespace masskv::cuda
