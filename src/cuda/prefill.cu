@@ -956,9 +956,10 @@ Kind kernel_kind(int d, int group) {
     const std::string_view v(e);
     return v == "mma" ? 1 : v == "wgmma" ? 2 : 0;
   }();
+  if (d != 128 || forced == 1) return Kind::mma;
   require(forced != 2 || detail::hopper_paths(), ErrorCode::unsupported, "MASSKV_PREFILL_KERNEL",
           "the wgmma kernels need sm_90a");
-  if (d != 128 || forced == 1 || !detail::hopper_paths()) return Kind::mma;
+  if (!detail::hopper_paths()) return Kind::mma;
   if (forced == 2 || group % 4 != 0) return Kind::wgmma;
   return Kind::ws;
 }

@@ -1267,6 +1267,12 @@ __host__ __device__ constexpr int pow2_ceil(int x) {
   return p;
 }
 
+// hier_top_p_kernel's dynamic shared memory for `groups` chosen groups a (sequence, kv head).
+constexpr std::size_t top_p_smem(int groups) {
+  const int cap = groups * kWarpPages;
+  return sizeof(unsigned long long) * static_cast<std::size_t>(2 * cap + pow2_ceil(cap));
+}
+
 // The page-level selection of hier_select for one (sequence, kv head) (hier_page_topk_kernel,
 // grid (1, kv heads, batch); hier_fused_kernel's last step): the flat rule (kept pages, then
 // the best keys, ties to the lower id) over keys that are 0 outside the chosen groups, found
@@ -2166,6 +2172,18 @@ void launch_hier_fused(const FusedPlan& f, const SelParams& gp, const SelParams&
              "hier fused kernel launch");
 }
 
+// The dynamic shared memory hier_top_p_kernel may use, its limit raised once: kHierCand
+// candidates' worth, or what the device leaves (an sm_80 GPU: about 6000 candidates).
+std::size_t top_p_room() {
+  static const std::size_t room = [] {
+    const std::size_t r = std::min(top_p_smem(kHierCand / kWarpPages),
+                                   detail::dynamic_smem_room(hier_top_p_kernel));
+    detail::set_dynamic_smem(hier_top_p_kernel, r, "the top-p selection");
+    return r;
+  }();
+  return room;
+}
+
 // hier_top_p's page pass: the weights over the GPU, then the selection per (sequence, kv head)
 // (both by programmatic dependent launch, as the page top-k).
 void launch_hier_top_p(const SelParams& p, const TopPParams& t, int d, const std::int32_t* gids,
@@ -2179,23 +2197,7 @@ void launch_hier_top_p(const SelParams& p, const TopPParams& t, int d, const std
                        dim3(kHierThreads));
   check_cuda(cudaLaunchKernelEx(&lw.cfg, weights, p, t, gids, gcount, gstride),
              "top-p weights kernel launch");
-  // hier_top_p_kernel's shared memory for gstride chosen groups; its limit is raised once to
-  // kHierCand candidates' worth, or what the device leaves (an sm_80 GPU: fewer candidates).
-  const auto smem_for = [](int groups) {
-    const int cap = groups * kWarpPages;
-    return sizeof(unsigned long long) * static_cast<std::size_t>(2 * cap + pow2_ceil(cap));
-  };
-  static const std::size_t room = [&] {
-    const std::size_t r = std::min(smem_for(kHierCand / kWarpPages),
-                                   detail::dynamic_smem_room(hier_top_p_kernel));
-    detail::set_dynamic_smem(hier_top_p_kernel, r, "the top-p selection");
-    return r;
-  }();
-  const std::size_t smem = smem_for(gstride);
-  require(smem <= room, ErrorCode::unsupported, "budget_pages", "top-p over ", gstride,
-          " chosen groups needs ", smem, " bytes of shared memory per block; this device leaves ",
-          room, " (a smaller budget or cover fits)");
-  detail::PdlLaunch l(stream, grid, dim3(kHierThreads), smem);
+  detail::PdlLaunch l(stream, grid, dim3(kHierThreads), top_p_smem(gstride));
   check_cuda(cudaLaunchKernelEx(&l.cfg, hier_top_p_kernel, p, t, gids, gcount, gstride),
              "hier top-p kernel launch");
 }
@@ -2324,6 +2326,11 @@ void hier_launch(const HierSelectArgs& h, const SelectLaunch& launch, const TopP
     require((!h.adaptive && topp == nullptr) || gcap * kWarpPages <= kHierCand, unsupported,
             "budget_pages", "the adaptive and top-p rules rank at most ", kHierCand,
             " candidate pages (cover * budget)");
+    // Before any launch: top-p's page kernel holds the chosen groups' pages in shared memory.
+    require(topp == nullptr || top_p_smem(gcap) <= top_p_room(), unsupported, "budget_pages",
+            "top-p over ", gcap, " chosen groups needs ", top_p_smem(gcap),
+            " bytes of shared memory per block; this device leaves ", top_p_room(),
+            " (a smaller budget or cover fits)");
     const int Hq = a.q.n1;
     tp.q = a.q.data;
     tp.q_s0 = a.q.s0;

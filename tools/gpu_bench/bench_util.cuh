@@ -5,6 +5,7 @@
 #include <cuda_runtime.h>
 
 #include "masskv/cuda/arch.hpp"
+#include "masskv/kv/paged_kv.hpp"
 
 #include <algorithm>
 #include <cstdint>
@@ -111,6 +112,24 @@ std::vector<cudaGraphExec_t> capture_graphs(int rot, cudaStream_t st, F&& step) 
     CK(cudaGraphDestroy(g));
   }
   return execs;
+}
+
+// The benchmarks' KV pool: bf16 K and V of num_pages HND pages (kv_heads x page x d each),
+// read through `table` (device spans, or host spans for PagedKVView::validate).
+inline masskv::kv::PagedKVView bf16_hnd_pool(const void* k, const void* v, int num_pages,
+                                             int kv_heads, int page, int d,
+                                             const masskv::kv::PageTable& table) {
+  masskv::kv::PagedKVView c;
+  c.k = k;
+  c.v = v;
+  c.dtype = masskv::DType::bf16;
+  c.num_pages = num_pages;
+  c.num_kv_heads = kv_heads;
+  c.page_size = page;
+  c.head_dim = d;
+  c.set_layout(masskv::kv::Layout::HND);
+  c.table = table;
+  return c;
 }
 
 // Whether the bench and the profiles time the hierarchical selection in one kernel: a Hopper

@@ -176,15 +176,7 @@ int run_profile_phases() {
     const auto decode = [&](int r, cudaStream_t s) {
       attn::DecodeArgs a;
       a.q = View3<const float>::contiguous(hc.q[r].p, 1, Hq, d);
-      a.cache.k = K.p;
-      a.cache.v = V.p;
-      a.cache.dtype = DType::bf16;
-      a.cache.num_pages = pool_pages;
-      a.cache.num_kv_heads = Hkv;
-      a.cache.page_size = P;
-      a.cache.head_dim = d;
-      a.cache.set_layout(kv::Layout::HND);
-      a.cache.table = hc.table(r);
+      a.cache = bf16_hnd_pool(K.p, V.p, pool_pages, Hkv, P, d, hc.table(r));
       a.out = View3<float>::contiguous(d_out[r].p, 1, Hq, d);
       a.lse_or_tau = {d_lse[r].p, d_lse[r].n};
       a.selection = &sel;

@@ -718,15 +718,8 @@ int run_prefill_bench(const char* json_path) {
     cuda::PrefillArgs a;
     a.q = View3<const std::uint16_t>::contiguous(Q.p, L, Hq, d);
     a.q_indptr = {d_qind.p, d_qind.n};
-    a.cache.k = K.p;
-    a.cache.v = V.p;
-    a.cache.dtype = DType::bf16;
-    a.cache.num_pages = pages;
-    a.cache.num_kv_heads = Hkv;
-    a.cache.page_size = P;
-    a.cache.head_dim = d;
-    a.cache.set_layout(kv::Layout::HND);
-    a.cache.table = {{d_ptr.p, d_ptr.n}, {d_ind.p, d_ind.n}, {d_last.p, d_last.n}};
+    a.cache = bf16_hnd_pool(K.p, V.p, pages, Hkv, P, d,
+                            {{d_ptr.p, d_ptr.n}, {d_ind.p, d_ind.n}, {d_last.p, d_last.n}});
     a.out = {out.p, DType::bf16, static_cast<std::int64_t>(Hq) * d, d};
     a.lse = {lse.p, lse.n};
     cuda::PrefillWorkspace ws;
