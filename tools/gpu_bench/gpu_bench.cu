@@ -2068,6 +2068,18 @@ double time_graph_us(int rot, int warmup, int iters, F&& step) {
   return median(ms) * 1000.0;
 }
 
+// Per step, with `layers` steps (step(0 .. layers - 1)) in one CUDA graph, as a model's decode
+// graph holds every layer's attention: the graph's launch and completion are paid once for all
+// of them, not once per step as in time_graph_us.
+template <class F>
+double time_layers_graph_us(int layers, int warmup, int iters, F&& step) {
+  return time_graph_us(1, warmup, iters, [&](int, cudaStream_t st) {
+           for (int l = 0; l < layers; ++l) step(l, st);
+         }) /
+         layers;
+}
+constexpr int kLayers = 8;  // the "_layers_graph" rows: steps per graph
+
 struct Row {
   std::string kind;
   int ctx, batch, budget;
@@ -2316,6 +2328,17 @@ int run_bench(const char* json_path) {
     };
     const auto [us, gus] = time_decode(rot, args_for);
     rows.push_back({"ours_dense_graph", sh.ctx, sh.batch, 0, gus, kv_bytes});
+    if (sh.batch == 1) {  // per layer inside a kLayers-layer graph (torch_peer.py: cuDNN too)
+      const double lus = time_layers_graph_us(kLayers, kWarm, kIters, [&](int r, cudaStream_t st) {
+        cuda::DecodeLaunch l = launch;
+        l.stream = st;
+        cuda::decode(args_for(r % rot), l);
+      });
+      ws.check(nullptr);
+      rows.push_back({"ours_dense_layers_graph", sh.ctx, sh.batch, 0, lus, kv_bytes});
+      std::printf("dense  ctx=%7d B=%2d: per layer in a %d-layer graph %.1f us\n", sh.ctx,
+                  sh.batch, kLayers, lus);
+    }
     const int cp = cuda::planned_chunk_pages(DType::bf16, d, sh.batch, Hkv, Hq, pages);
     std::printf(
         "dense  ctx=%7d B=%2d rot=%d chunk_pages(plan)=%d: %9.1f us  %7.1f GB/s "
@@ -2509,12 +2532,32 @@ int run_bench(const char* json_path) {
         ws.check(nullptr);
         return us;
       };
+      // The same step per layer, kLayers steps (rotations 0 .. kLayers - 1) in one graph.
+      static_assert(kLayers <= kQRot, "a layer per query rotation");
+      const auto layers_row = [&](const std::string& kind, double row_bytes,
+                                  const auto& select_fn) {
+        if (sh.batch != 1 || budget != 4096) return;
+        const double us = time_layers_graph_us(kLayers, kWarm, kIters, [&](int r, cudaStream_t st) {
+          select_fn(r, st);
+          attn::DecodeArgs a = args_for(r);
+          a.selection = &gsv[r];
+          cuda::DecodeLaunch l = launch;
+          l.stream = st;
+          cuda::decode(a, l);
+        });
+        sws.check(nullptr);
+        ws.check(nullptr);
+        std::printf("  %s ctx=%7d: per layer in a %d-layer graph %.1f us\n", kind.c_str(), sh.ctx,
+                    kLayers, us);
+        rows.push_back({kind, sh.ctx, sh.batch, budget, us, row_bytes});
+      };
       const auto quest = [&](int r, cudaStream_t st) {
         cuda::SelectLaunch l2 = sl;
         l2.stream = st;
         cuda::quest_select(sel_args(r), l2);
       };
       const double gus_graph = step_graph(quest);
+      layers_row("ours_sparse_quest_gpu_sel_layers_graph", bytes + summary_bytes, quest);
       // The whole decode step of issue 7 item 4 in one graph: append, select, attend.
       const double append_step = step_graph([&](int r, cudaStream_t st) {
         cuda::append(append_args(r), aws, st, false);
@@ -2605,6 +2648,8 @@ int run_bench(const char* json_path) {
             {"gpu_" + tag + "_select", sh.ctx, sh.batch, budget, sel_us, sel_bytes, 0, rec, same});
         rows.push_back({"ours_sparse_" + tag + "_gpu_sel_graph", sh.ctx, sh.batch, budget, step_us,
                         bytes + sel_bytes, 0, rec, same});
+        if (tag == "hier")
+          layers_row("ours_sparse_hier_gpu_sel_layers_graph", bytes + sel_bytes, select_fn);
       };
       const auto on = [&](cudaStream_t st) {
         cuda::SelectLaunch l2 = sl;

@@ -213,6 +213,37 @@ def fused_table(rows, cudnn):
          "identical to flat: separate / fused", "step vs cuDNN: separate / fused"], lines)
 
 
+LAYER_COLS = [("ours_dense_layers_graph", "ours dense"),
+              ("ours_sparse_quest_gpu_sel_layers_graph", "ours flat Quest step"),
+              ("ours_sparse_hier_gpu_sel_layers_graph", "ours hierarchical step")]
+
+
+def layers_table(ours_rows, peer_rows):
+    """Per layer with 8 layers' attention in one CUDA graph (as a model's decode graph), ours
+    and cuDNN's (the faster of its gqa / rows spellings), B = 1: no per-step graph launch."""
+    peer = {}
+    for r in peer_rows:
+        if r["kind"].startswith("torch_layers_cudnn") and r.get("us"):
+            peer[r["ctx"]] = min(peer.get(r["ctx"], r["us"]), r["us"])
+    ours = {}
+    for r in ours_rows:
+        if r["kind"] in dict(LAYER_COLS) and r["batch"] == 1:
+            ours.setdefault(r["ctx"], {})[r["kind"]] = r["us"]
+    lines = []
+    for ctx in sorted(set(peer) | set(ours)):
+        c, k = peer.get(ctx), ours.get(ctx, {})
+        cells = []
+        for kind, _ in LAYER_COLS:
+            us = k.get(kind)
+            cells.append(f"{us:.1f}" + (f" ({c / us:.2f}x)" if c else "") if us else "-")
+        lines.append(f"| {ctx // 1024}K | " + (f"{c:.1f}" if c else "-") + " | "
+                     + " | ".join(cells) + " |")
+    return captioned(
+        "Per layer inside an 8-layer CUDA graph (B 1, Hq 32; sparse steps: select + decode at a "
+        "4096-token budget), µs (× cuDNN in the same kind of graph).",
+        ["context", "cuDNN"] + [name for _, name in LAYER_COLS], lines)
+
+
 def gauss_table(rows, cudnn, ceiling):
     """Entmax-aware hierarchical selection (Gaussian-τ from pooled moments): selection µs, the
     step with softmax and with 1.5-entmax decode (CUDA graph), the bytes the entmax step reads
@@ -276,9 +307,11 @@ def main():
             continue
         key = (r["ctx"], r["batch"], r.get("hq", 32))
         gbs = r["bytes"] / r["us"] / 1e3
-        # Peers only beside attention rows (selection-only rows are not attention).
-        c = cudnn.get(key) if r["kind"].startswith("ours_") else None
-        fl = flash.get(key) if r["kind"].startswith("ours_") else None
+        # Peers only beside attention rows (selection-only rows are not attention) timed as
+        # theirs (one call per timing; the "_layers_graph" rows have their own table).
+        beside = r["kind"].startswith("ours_") and "_layers_" not in r["kind"]
+        c = cudnn.get(key) if beside else None
+        fl = flash.get(key) if beside else None
         row = dict(r, gbs=gbs, pct_ceiling=100 * gbs / ceiling, cudnn_us=c, flash_us=fl,
                    speedup_vs_cudnn=(c / r["us"]) if c else None)
         table.append(row)
@@ -293,6 +326,7 @@ def main():
     lines += entmax_table(ours["rows"])
     lines += compact_table(ours["rows"], cudnn)
     lines += fused_table(ours["rows"], cudnn)
+    lines += layers_table(ours["rows"], peer["rows"])
     lines += gauss_table(ours["rows"], cudnn, ceiling)
     lines += flex_table(ours["rows"], peer["rows"], cudnn)
     open(sys.argv[3], "w").write("\n".join(lines) + "\n")

@@ -49,6 +49,34 @@ def time_us(fn, warm=10, iters=100):
     return statistics.median(a.elapsed_time(b) for a, b in ev) * 1000.0
 
 
+LAYERS = 8  # calls per CUDA graph in the "torch_layers_" rows (masskv_gpu_bench: kLayers)
+
+
+def time_layers_graph_us(fn, layers=LAYERS, warm=5, iters=50):
+    """Per call, with `layers` calls fn(0 .. layers - 1) in one CUDA graph, as a model's decode
+    graph holds every layer's attention: the graph's launch is paid once for all of them."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # warm-up outside the capture (plans, workspaces)
+        for i in range(layers):
+            fn(i)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for i in range(layers):
+            fn(i)
+    for _ in range(warm):
+        graph.replay()
+    ev = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+          for _ in range(iters)]
+    for a, b in ev:
+        a.record()
+        graph.replay()
+        b.record()
+    torch.cuda.synchronize()
+    return statistics.median(a.elapsed_time(b) for a, b in ev) * 1000.0 / layers
+
+
 def prefill_rows(rows):
     for ctx in PREFILL_LENS:
         q = torch.randn(1, HQ, ctx, D, device="cuda", dtype=torch.bfloat16)
@@ -161,6 +189,23 @@ def main():
                     rows.append({"kind": f"torch_{name}_{form}", "ctx": ctx, "batch": batch,
                                  "hq": hq, "us": None, "error": str(e)[:200]})
                     print(f"{name:6s} {form:4s} ctx={ctx:8d} B={batch:2d}: failed: {str(e)[:200]}",
+                          flush=True)
+                if name != "cudnn" or batch != 1 or hq != HQ:
+                    continue
+                # Per layer inside a LAYERS-call CUDA graph (the "_layers_graph" rows of ours).
+                kind = f"torch_layers_{name}_{form}"
+                try:
+                    with sdpa_kernel([backend]):
+                        us = time_layers_graph_us(lambda i: F.scaled_dot_product_attention(
+                            q[i % rot], ks[i % rot], vs[i % rot], **kw))
+                    rows.append({"kind": kind, "ctx": ctx, "batch": batch, "hq": hq, "us": us,
+                                 "bytes": kv_bytes})
+                    print(f"{name:6s} {form:4s} ctx={ctx:8d} B={batch:2d}: per layer in a "
+                          f"{LAYERS}-layer graph {us:9.1f} us", flush=True)
+                except Exception as e:  # capture refused: record it, go on
+                    rows.append({"kind": kind, "ctx": ctx, "batch": batch, "hq": hq, "us": None,
+                                 "error": str(e)[:200]})
+                    print(f"{name:6s} {form:4s} ctx={ctx:8d}: layers graph failed: {str(e)[:200]}",
                           flush=True)
         del ks, vs, qs
         torch.cuda.empty_cache()
