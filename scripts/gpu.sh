@@ -10,7 +10,8 @@
 #   skip: the device allows 10 minutes per call, so a long session splits the stages over calls
 #   on the warm machine; --prefill-only: check and bench the prefill kernels alone, no Python;
 #   --sm80: the sm_80 paths (MASSKV_CUDA_PATHS=sm80, no cluster or fused-selection runs); with
-#   GPU_BENCH a binary of sm_80 PTX alone, the sm_80 code itself, JIT-compiled for this GPU)
+#   CUDA_ARCHS=80-virtual (the build's CMAKE_CUDA_ARCHITECTURES, default 90a) or GPU_BENCH a
+#   binary of sm_80 PTX alone, the sm_80 code itself, JIT-compiled for this GPU)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 do_check=1; do_bench=1; do_python=1; prefill_only=0; sm80=0
@@ -21,7 +22,7 @@ for a in "$@"; do
     --no-python) do_python=0 ;;
     --prefill-only) prefill_only=1; do_python=0 ;;
     --sm80) sm80=1; export MASSKV_CUDA_PATHS=sm80 ;;
-    -h|--help) sed -n '2,13p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,14p' "$0"; exit 0 ;;
     *) echo "gpu.sh: unknown option $a" >&2; exit 2 ;;
   esac
 done
@@ -36,6 +37,7 @@ if [[ -n "${GPU_BENCH:-}" ]]; then
     > "$OUT/build.log"
 else
   { cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DMASSKV_TOOLS=OFF -DMASSKV_CUDA=ON \
+    -DCMAKE_CUDA_ARCHITECTURES="${CUDA_ARCHS:-90a}" \
     && ninja -C "$BUILD" -j"$(nproc)" masskv_gpu_bench; } > "$OUT/build.log" 2>&1 \
     || { tail -40 "$OUT/build.log"; exit 2; }
 fi
