@@ -2388,6 +2388,23 @@ int run_bench(const char* json_path) {
     //  - GPU Quest selection (bf16 store) + decode in the step, plain and CUDA-graph captured;
     //  - the GPU selection alone, and its scoring kernel alone.
     const double summary_bytes = static_cast<double>(sh.batch) * pages * Hkv * d * 2 * 2;
+    // MASSKV_BENCH_COMPACT=0 leaves out the rows past the flat Quest ones (top-k alone, 8-bit,
+    // hierarchical, entmax-aware, top-p).
+    static const bool compact_rows = [] {
+      const char* e = std::getenv("MASSKV_BENCH_COMPACT");
+      return e == nullptr || std::string(e) != "0";
+    }();
+    static const bool fused_rows = bench_fused_rows();
+    // Their group stores (groups of 16 pages) and moment stores (64 pages), one per page
+    // table: the same for every budget.
+    constexpr int kMomentPages = 64;
+    std::vector<GroupGpu> groups;
+    std::vector<MomentGpu> mgpu;
+    for (int t = 0; compact_rows && t < rot; ++t) {
+      const kv::PageTable table{indptr[t], indices[t], last[t]};
+      groups.push_back(upload_groups(select::GroupStore(store.view(), table, 16)));
+      mgpu.push_back(upload_moments(select::MomentStore(summ, table, kMomentPages)));
+    }
     for (int budget : {2048, 4096, 8192}) {
       select::TopkPolicy pol;
       pol.budget_pages = budget / P;
@@ -2578,13 +2595,10 @@ int run_bench(const char* json_path) {
                       bytes + summary_bytes});
       rows.push_back({"gpu_quest_select", sh.ctx, sh.batch, budget, gsel_us, summary_bytes});
       rows.push_back({"gpu_quest_score", sh.ctx, sh.batch, budget, gscore_us, summary_bytes});
-      // MASSKV_BENCH_COMPACT=0 leaves out the rows below (8-bit, hierarchical, top-k alone).
-      static const bool compact_rows = [] {
-        const char* e = std::getenv("MASSKV_BENCH_COMPACT");
-        return e == nullptr || std::string(e) != "0";
-      }();
-      static const bool fused_rows = bench_fused_rows();
-      if (budget != 4096 || !compact_rows) continue;
+      if (!compact_rows) continue;
+      // Every compact row at 4096 tokens; at 2048 and 8192 the hierarchical selection (cover 2)
+      // and the entmax-aware one (fixed budget) alone, the budgets issue 7 asks of both.
+      const bool full = budget == 4096;
 
       // Top-k alone (on the keys the last scoring left), the 8-bit store, the hierarchical
       // selector: selection alone and the whole step (select + decode) in one CUDA graph,
@@ -2592,17 +2606,13 @@ int run_bench(const char* json_path) {
       const double key_bytes = static_cast<double>(sh.batch) * Hkv * pages * 4;
       cuda::quest_score(sel_args(0), sl);
       const double topk_us =
-          time_us(kWarm, kIters, [&](int i) { cuda::quest_topk(sel_args(i), sl); });
-      rows.push_back({"gpu_quest_topk", sh.ctx, sh.batch, budget, topk_us, key_bytes});
+          full ? time_us(kWarm, kIters, [&](int i) { cuda::quest_topk(sel_args(i), sl); }) : 0;
+      if (full) rows.push_back({"gpu_quest_topk", sh.ctx, sh.batch, budget, topk_us, key_bytes});
       const auto sel8_args = [&](int r) {
         cuda::QuestSelectArgs a = sel_args(r);
         a.bounds8 = store8.view;
         return a;
       };
-      std::vector<GroupGpu> groups;
-      for (int t = 0; t < rot; ++t)
-        groups.push_back(
-            upload_groups(select::GroupStore(store.view(), {indptr[t], indices[t], last[t]}, 16)));
       // Flat lists of every rotation, then each selector's agreement with them.
       std::vector<std::vector<std::int32_t>> flat_ids(kQRot), flat_cnt(kQRot);
       for (int r = 0; r < kQRot; ++r) {
@@ -2657,19 +2667,22 @@ int run_bench(const char* json_path) {
         return l2;
       };
       // 8-bit: the scoring kernel alone too.
-      const double bytes8 = static_cast<double>(sh.batch) * pages * Hkv * (2.0 * d + 8);
-      const double score8_us =
-          time_us(kWarm, kIters, [&](int i) { cuda::quest_score(sel8_args(i), sl); });
-      rows.push_back({"gpu_quest8_score", sh.ctx, sh.batch, budget, score8_us, bytes8});
-      std::printf("  compact ctx=%7d B=%2d budget=%5d: top-k %.1f us, 8-bit score %.1f us\n",
-                  sh.ctx, sh.batch, budget, topk_us, score8_us);
-      measure("quest8", bytes8,
-              [&](int r, cudaStream_t st) { cuda::quest_select(sel8_args(r), on(st)); });
+      if (full) {
+        const double bytes8 = static_cast<double>(sh.batch) * pages * Hkv * (2.0 * d + 8);
+        const double score8_us =
+            time_us(kWarm, kIters, [&](int i) { cuda::quest_score(sel8_args(i), sl); });
+        rows.push_back({"gpu_quest8_score", sh.ctx, sh.batch, budget, score8_us, bytes8});
+        std::printf("  compact ctx=%7d B=%2d budget=%5d: top-k %.1f us, 8-bit score %.1f us\n",
+                    sh.ctx, sh.batch, budget, topk_us, score8_us);
+        measure("quest8", bytes8,
+                [&](int r, cudaStream_t st) { cuda::quest_select(sel8_args(r), on(st)); });
+      }
       // Hierarchical (groups of 16 pages): every group's bf16 summaries, and the pages of the
       // chosen groups (at most m per (sequence, kv head)); cover 2 and 4, and cover 4 over
       // 8-bit pages.
       const int ngroups = (pages + 15) / 16;
       for (const double cover : {2.0, 4.0}) {
+        if (cover == 4.0 && !full) continue;
         const int m = select::hier_groups(ngroups, 16, pol.budget_pages, cover);
         const double group_bytes = static_cast<double>(sh.batch) * Hkv * 4.0 * d * ngroups;
         const double chosen = static_cast<double>(sh.batch) * Hkv * m * 16.0;
@@ -2679,7 +2692,7 @@ int run_bench(const char* json_path) {
                   cuda::hier_select(hier_args(sel_args(r), gr[r % rot], cover), on(st));
                 });
         // The same selection in one kernel (SelectLaunch::HierKernel::fused).
-        if (fused_rows)
+        if (fused_rows && full)
           measure(cover == 2.0 ? "hier_fused" : "hier_fused_c4", group_bytes + chosen * 4.0 * d,
                   [&](int r, cudaStream_t st) {
                     cuda::SelectLaunch lf = on(st);
@@ -2695,13 +2708,6 @@ int run_bench(const char* json_path) {
       // alpha 1.5, cover 2): the fixed budget and the adaptive rule (margin 0), each in a step
       // with softmax decode (as the Quest rows) and with 1.5-entmax decode (what it is for).
       {
-        constexpr int kMomentPages = 64;
-        std::vector<select::MomentStore> mstores;
-        std::vector<MomentGpu> mgpu;
-        for (int t = 0; t < rot; ++t) {
-          mstores.emplace_back(summ, kv::PageTable{indptr[t], indices[t], last[t]}, kMomentPages);
-          mgpu.push_back(upload_moments(mstores.back()));
-        }
         const int m = select::hier_groups(ngroups, 16, pol.budget_pages, 2.0);
         const double group_bytes = static_cast<double>(sh.batch) * Hkv * 4.0 * d * ngroups;
         const double moment_bytes = static_cast<double>(sh.batch) * Hkv * 8.0 * d *
@@ -2727,7 +2733,7 @@ int run_bench(const char* json_path) {
         for (const GaussRun run : {GaussRun{false, false}, GaussRun{true, false},
                                    GaussRun{false, true}}) {
           const bool adaptive = run.adaptive, fused = run.fused;
-          if (fused && !fused_rows) continue;
+          if ((fused && !fused_rows) || ((adaptive || fused) && !full)) continue;
           const auto gauss = [&, adaptive, fused](int r, cudaStream_t st) {
             cuda::HierSelectArgs h = hier_args(sel_args(r), gr[r % rot], 2.0);
             set_moments(h, mgpu[r % rot], kMomentPages, kBenchAlpha, adaptive, 0.f);
@@ -2752,6 +2758,7 @@ int run_bench(const char* json_path) {
         }
         // Hierarchical top-p (p = 0.9, cover 2): the group stage, the moment groups' m and v,
         // the masses of the kept and chosen groups' pages from their f32 summaries.
+        if (!full) continue;  // the last rows of this budget
         const auto top_p = [&](int r, cudaStream_t st) {
           cuda::HierTopPArgs t;
           t.hier = hier_args(sel_args(r), gr[r % rot], 2.0);
