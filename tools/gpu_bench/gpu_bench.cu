@@ -2328,7 +2328,7 @@ int run_bench(const char* json_path) {
     };
     const auto [us, gus] = time_decode(rot, args_for);
     rows.push_back({"ours_dense_graph", sh.ctx, sh.batch, 0, gus, kv_bytes});
-    if (sh.batch == 1) {  // per layer inside a kLayers-layer graph (torch_peer.py: cuDNN too)
+    if (sh.batch == 1 && Hq == 32) {  // per layer in a kLayers-layer graph (cuDNN: torch_peer)
       const double lus = time_layers_graph_us(kLayers, kWarm, kIters, [&](int r, cudaStream_t st) {
         cuda::DecodeLaunch l = launch;
         l.stream = st;
@@ -2553,7 +2553,7 @@ int run_bench(const char* json_path) {
       static_assert(kLayers <= kQRot, "a layer per query rotation");
       const auto layers_row = [&](const std::string& kind, double row_bytes,
                                   const auto& select_fn) {
-        if (sh.batch != 1 || budget != 4096) return;
+        if (sh.batch != 1 || Hq != 32 || budget != 4096) return;  // as torch_peer.py's rows
         const double us = time_layers_graph_us(kLayers, kWarm, kIters, [&](int r, cudaStream_t st) {
           select_fn(r, st);
           attn::DecodeArgs a = args_for(r);

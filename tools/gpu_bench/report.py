@@ -227,7 +227,7 @@ def layers_table(ours_rows, peer_rows):
             peer[r["ctx"]] = min(peer.get(r["ctx"], r["us"]), r["us"])
     ours = {}
     for r in ours_rows:
-        if r["kind"] in dict(LAYER_COLS) and r["batch"] == 1:
+        if r["kind"] in dict(LAYER_COLS) and r["batch"] == 1 and r.get("hq", 32) == 32:
             ours.setdefault(r["ctx"], {})[r["kind"]] = r["us"]
     lines = []
     for ctx in sorted(set(peer) | set(ours)):
