@@ -2124,7 +2124,8 @@ int run_bench(const char* json_path) {
               prop.l2CacheSize / 1e6);
   const int Hkv = 8, d = 128, P = 16;  // Hq per shape: 32, and 64 (group 8) at two contexts
   const int kIters = 100, kWarm = 10;
-  const int pool_pages = (1 << 20) / P;  // 1M tokens
+  // 2M tokens (8.6 GB of K and V): the largest shape, 16 sequences of 128K, in one cache.
+  const int pool_pages = (1 << 21) / P;
   const std::size_t elems = static_cast<std::size_t>(pool_pages) * Hkv * P * d;
   DevBuf<std::uint16_t> K(elems), V(elems);
   fill_kernel<<<4096, 256>>>(K.p, elems, 1, 2.f);
@@ -2234,8 +2235,9 @@ int run_bench(const char* json_path) {
   struct Shape {
     int ctx, batch, hq = 32;
   };
-  const Shape shapes[] = {{1024, 1},    {32768, 1},  {131072, 1},     {524288, 1},
-                          {1048576, 1}, {32768, 16}, {131072, 1, 64}, {1048576, 1, 64}};
+  const Shape shapes[] = {{1024, 1},      {32768, 1},      {131072, 1},
+                          {524288, 1},    {1048576, 1},    {32768, 16},
+                          {131072, 16},   {131072, 1, 64}, {1048576, 1, 64}};
   for (const Shape& sh : shapes) {
     const int Hq = sh.hq;
     const std::size_t first_row = rows.size();  // this shape's rows get hq below

@@ -28,7 +28,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 HQ, HKV, D = 32, 8, 128
 # (context, batch, q heads): Hq = 64 (group 8) at two contexts beside the Hq = 32 grid.
 SHAPES = [(1024, 1, 32), (32768, 1, 32), (131072, 1, 32), (524288, 1, 32), (1048576, 1, 32),
-          (32768, 16, 32), (131072, 1, 64), (1048576, 1, 64)]
+          (32768, 16, 32), (131072, 16, 32), (131072, 1, 64), (1048576, 1, 64)]
 BACKENDS = [("cudnn", SDPBackend.CUDNN_ATTENTION), ("flash", SDPBackend.FLASH_ATTENTION)]
 PREFILL_LENS = [8192, 32768, 131072]
 FLEX_CONTEXTS = [32768, 131072, 1048576]
