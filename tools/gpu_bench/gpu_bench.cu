@@ -2536,16 +2536,19 @@ int run_bench(const char* json_path) {
       });
       sws.check(nullptr);
       ws.check(nullptr);
-      // A step in one CUDA graph per rotation: select_fn(r, stream) then the sparse decode on
-      // its lists.
+      // A step of rotation r: select_fn(r, stream), then the sparse decode on its lists.
+      const auto sparse_step = [&](const auto& select_fn, bool entmax, int r, cudaStream_t st) {
+        select_fn(r, st);
+        attn::DecodeArgs a = entmax ? ent_args(r) : args_for(r);
+        a.selection = &gsv[r];
+        cuda::DecodeLaunch l = launch;
+        l.stream = st;
+        cuda::decode(a, l);
+      };
+      // A step in one CUDA graph per rotation.
       const auto step_graph = [&](const auto& select_fn, bool entmax = false) {
         const double us = time_graph_us(kQRot, kWarm, kIters, [&](int r, cudaStream_t st) {
-          select_fn(r, st);
-          attn::DecodeArgs a = entmax ? ent_args(r) : args_for(r);
-          a.selection = &gsv[r];
-          cuda::DecodeLaunch l = launch;
-          l.stream = st;
-          cuda::decode(a, l);
+          sparse_step(select_fn, entmax, r, st);
         });
         sws.check(nullptr);
         ws.check(nullptr);
@@ -2557,12 +2560,7 @@ int run_bench(const char* json_path) {
                                   const auto& select_fn) {
         if (sh.batch != 1 || Hq != 32 || budget != 4096) return;  // as torch_peer.py's rows
         const double us = time_layers_graph_us(kLayers, kWarm, kIters, [&](int r, cudaStream_t st) {
-          select_fn(r, st);
-          attn::DecodeArgs a = args_for(r);
-          a.selection = &gsv[r];
-          cuda::DecodeLaunch l = launch;
-          l.stream = st;
-          cuda::decode(a, l);
+          sparse_step(select_fn, false, r, st);
         });
         sws.check(nullptr);
         ws.check(nullptr);
