@@ -30,7 +30,7 @@ from ._masskv import (
 )
 
 if has_cuda:  # CUDA build: Quest selection on the GPU (decode dispatches on the KV's device)
-    from ._masskv import cuda_quest_select  # noqa: F401
+    from ._masskv import cuda_hopper_paths, cuda_quest_select  # noqa: F401
 
 # The selector names accepted by `select(method=...)`.
 METHODS = ("dense", "sink_recent", "quest", "top_p", "entmax_support", "gaussian_tau", "oracle")
@@ -57,5 +57,5 @@ __all__ = [
     "softmax",
 ]
 if has_cuda:
-    __all__.append("cuda_quest_select")
+    __all__ += ["cuda_hopper_paths", "cuda_quest_select"]
 __version__ = "0.1.0"

@@ -5,6 +5,9 @@
 #include "arrays.hpp"
 #include "bindings.hpp"
 #include "masskv/error.hpp"
+#if MASSKV_PY_CUDA
+#include "masskv/cuda/arch.hpp"
+#endif
 
 namespace nb = nanobind;
 
@@ -57,4 +60,10 @@ NB_MODULE(_masskv, m) {
   // True when built with the CUDA kernels (pip install . -C cmake.define.MASSKV_CUDA=ON):
   // decode then runs on CUDA tensors, and cuda_quest_select exists.
   m.attr("has_cuda") = MASSKV_PY_CUDA != 0;
+#if MASSKV_PY_CUDA
+  m.def("cuda_hopper_paths", &masskv::cuda::hopper_paths,
+        "Whether the CUDA kernels take their Hopper (sm_90) paths on the current device: "
+        "False on an sm_80 GPU, for a build without sm_90 code, or under MASSKV_CUDA_PATHS=sm80 "
+        "(docs/gpu.md, \"Architectures\"). Raises masskv.Error for another MASSKV_CUDA_PATHS.");
+#endif
 }

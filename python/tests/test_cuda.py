@@ -152,3 +152,12 @@ def test_misplaced_and_bad_inputs_are_rejected(rng):
 def kv_pool(cache, which):
     a = cache.k_pool if which == "k" else cache.v_pool
     return torch.from_numpy(a.copy()).cuda()
+
+
+def test_cuda_hopper_paths_follow_the_device():
+    # The GPU machine is an H200 and the module is built for sm_90a: the Hopper paths run unless
+    # MASSKV_CUDA_PATHS=sm80 forces the sm_80 ones (scripts/gpu.sh --sm80).
+    import os
+    major, _ = torch.cuda.get_device_capability()
+    forced = os.environ.get("MASSKV_CUDA_PATHS") == "sm80"
+    assert masskv.cuda_hopper_paths() == (major >= 9 and not forced)
