@@ -28,10 +28,7 @@ bool forced_sm80() {
 bool hopper_paths() {
   static const bool hopper = [] {
     if (forced_sm80()) return false;
-    int dev = 0, major = 0;
-    check_cuda(cudaGetDevice(&dev), "cudaGetDevice");
-    check_cuda(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev),
-               "compute capability");
+    const int major = detail::device_attr(cudaDevAttrComputeCapabilityMajor, "compute capability");
     cudaFuncAttributes attr{};
     check_cuda(cudaFuncGetAttributes(&attr, arch_probe_kernel),
                "cudaFuncGetAttributes (no kernel image of this build runs on the device)");
@@ -46,11 +43,8 @@ constexpr std::size_t kSm80SmemOptin = 166912;  // 163 KB: an A100's opt-in limi
 
 std::size_t smem_optin() {
   static const std::size_t optin = [] {
-    int dev = 0, v = 0;
-    check_cuda(cudaGetDevice(&dev), "cudaGetDevice");
-    check_cuda(cudaDeviceGetAttribute(&v, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev),
-               "shared memory per block");
-    const auto device = static_cast<std::size_t>(v);
+    const auto device = static_cast<std::size_t>(
+        device_attr(cudaDevAttrMaxSharedMemoryPerBlockOptin, "shared memory per block"));
     return hopper_paths() ? device : std::min(device, kSm80SmemOptin);
   }();
   return optin;
@@ -65,8 +59,8 @@ std::size_t dynamic_smem_room(const void* fn) {
 void set_dynamic_smem(const void* fn, std::size_t bytes, const char* what) {
   const std::size_t room = dynamic_smem_room(fn);
   require(bytes <= room, ErrorCode::unsupported, "shared memory", what, " needs ", bytes,
-          " bytes of dynamic shared memory per block; this device (", hopper_paths() ? "Hopper" : "sm_80",
-          " paths) leaves it ", room);
+          " bytes of dynamic shared memory per block; this device (",
+          hopper_paths() ? "Hopper" : "sm_80", " paths) leaves it ", room);
   check_cuda(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                   static_cast<int>(bytes)),
              what);

@@ -168,7 +168,8 @@ __device__ __forceinline__ void merge_warp(const Params& p, int d, int b, int hq
   const float* po = p.part_o + slot0 * d + dim;
   float x[32];
 #pragma unroll
-  for (int c = 0; c < 32; ++c) x[c] = c < n_chunks && dim < d ? po[static_cast<std::int64_t>(c) * d] : 0.f;
+  for (int c = 0; c < 32; ++c)
+    x[c] = c < n_chunks && dim < d ? po[static_cast<std::int64_t>(c) * d] : 0.f;
   float mx = lw;
 #pragma unroll
   for (int o = 16; o > 0; o /= 2) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));

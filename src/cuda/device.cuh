@@ -53,13 +53,16 @@ std::size_t dynamic_smem_room(void (*fn)(A...)) {
   return dynamic_smem_room(reinterpret_cast<const void*>(fn));
 }
 
+// Host: an attribute of the current device (masskv::Error naming `what` on a CUDA error).
+inline int device_attr(cudaDeviceAttr attr, const char* what) {
+  int dev = 0, v = 0;
+  check_cuda(cudaGetDevice(&dev), "cudaGetDevice");
+  check_cuda(cudaDeviceGetAttribute(&v, attr, dev), what);
+  return v;
+}
+
 inline int device_sms() {
-  static const int sms = [] {
-    int dev = 0, n = 0;
-    check_cuda(cudaGetDevice(&dev), "cudaGetDevice");
-    check_cuda(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev), "SM count");
-    return n;
-  }();
+  static const int sms = device_attr(cudaDevAttrMultiProcessorCount, "SM count");
   return sms;
 }
 

@@ -1739,7 +1739,6 @@ __global__ void __launch_bounds__(kHierThreads) hier_top_p_kernel(SelParams p, T
       [&](int i, int r) { out[s0 + r] = t.item_page[slot * t.items + items.kept + i]; });
 }
 
-// The block top-k kernel (one CTA per pair, no cluster), its shared-memory limit raised once.
 // Keys a top-k CTA caches in shared memory (SelParams::key_cache's cap; the rest it reads
 // from global memory): kKeyCache, or what the device leaves beside the block kernel's static
 // arrays where that is less (an sm_80 GPU's 163 KB), in whole 1024-key steps.
@@ -1750,6 +1749,7 @@ int key_cache_cap() {
   return cap;
 }
 
+// The block top-k kernel (one CTA per pair, no cluster), its shared-memory limit raised once.
 TopkFn block_topk_kernel() {
   static std::once_flag once;
   std::call_once(once, [] {
@@ -2033,7 +2033,8 @@ Prepared prepare(const QuestSelectArgs& a, const SelectLaunch& launch, bool outp
   // Before sm_90 (no clusters) the block kernel serves every length.
   require(detail::hopper_paths() || !use_cluster_topk(), unsupported, "MASSKV_TOPK",
           "the cluster top-k needs sm_90 (thread-block clusters)");
-  const int planned = detail::hopper_paths() ? plan_topk_cluster(B * Hkv, launch.max_pages_per_seq) : 1;
+  const int planned =
+      detail::hopper_paths() ? plan_topk_cluster(B * Hkv, launch.max_pages_per_seq) : 1;
   pr.block_topk = !use_cluster_topk() && planned == 1;
   const int tc = pr.block_topk ? 1 : planned;
   pr.topk_grid = dim3(tc, Hkv, B);

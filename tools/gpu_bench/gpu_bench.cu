@@ -1402,7 +1402,8 @@ int run_compact_check() {
     // pages, the group candidates in shared memory; elsewhere hier_select falls back to the
     // separate launches).
     const bool fused_expected =
-        cuda::hopper_paths() && (c.d == 64 || c.d == 128) && 8 * ((sd.max_pages + 15) / 16) <= 160 * 1024 &&
+        cuda::hopper_paths() && (c.d == 64 || c.d == 128) &&
+        8 * ((sd.max_pages + 15) / 16) <= 160 * 1024 &&
         16 * std::min((sd.max_pages + 15) / 16,
                       select::hier_groups(std::numeric_limits<int>::max(), 16, c.pol.budget_pages,
                                           cover)) <= 8192;
