@@ -356,6 +356,77 @@ TEST(SessionFork, ForkDecodesLikeAFreshSessionAndLeavesTheParentAlone) {
   EXPECT_EQ(max_abs_diff(got, ref_a), 0.0);
 }
 
+// reselect_every: sink + recent pages (budget 3 pages of 4 tokens, window 4) make fresh and
+// reused selections tell apart once a page boundary is crossed. Prefill 8 tokens, then decode:
+// the step at length 9 selects {0, 1, 2}; at 13 (page 3 begins) a fresh selection is
+// {0, 2, 3}, the reused one {0, 1, 2} plus the window's pages {2, 3}: every page, so those
+// logits equal dense decode's.
+TEST(SessionReselect, ReusesUntilRStepsOrAPrefillOrANewSelector) {
+  REQUIRE_MODEL(m, "smollm2");
+  const auto toks = m->tokenizer().encode(
+      "The quick brown fox jumps over the lazy dog, twice, and then it sleeps.",
+      m->tokenizer().add_bos_default());
+  ASSERT_GE(toks.size(), 13u);
+  const std::size_t V = static_cast<std::size_t>(m->config().n_vocab);
+  SessionOptions so;
+  so.max_tokens = 32;
+  so.page_size = 4;
+  so.fork_pages = 4;
+  so.selector = select::SelectorConfig{};
+  so.selector->method = select::Method::sink_recent;
+  so.selector->budget.tokens = 12;
+  so.selector->window_tokens = 4;
+  std::vector<std::vector<std::int32_t>> seen;  // layer 0's list of kv head 0, per step
+  so.on_selection = [&](int layer, const SelectionView& sv) {
+    if (layer == 0) seen.emplace_back(sv.list(0, 0).begin(), sv.list(0, 0).end());
+  };
+  const auto prompt = std::span<const TokenId>(toks).first(8);
+  std::vector<float> logits(V), dense_logits(V);
+  const auto run = [&](int every, std::vector<float>* last = nullptr) {
+    SessionOptions o = so;
+    o.reselect_every = every;
+    Session s(*m, o);
+    s.prefill(prompt, logits);
+    seen.clear();
+    for (std::size_t i = 8; i < 13; ++i) s.decode(toks[i], last ? *last : logits);
+    return s;
+  };
+  using L = std::vector<std::int32_t>;
+  run(1);
+  EXPECT_EQ(seen, (std::vector<L>{{0, 1, 2}, {0, 1, 2}, {0, 1, 2}, {0, 1, 2}, {0, 2, 3}}));
+  run(4);  // selects at lengths 9 and 13
+  EXPECT_EQ(seen, (std::vector<L>{{0, 1, 2}, {0, 1, 2}, {0, 1, 2}, {0, 1, 2}, {0, 2, 3}}));
+  std::vector<float> reused(V);
+  Session s = run(100, &reused);
+  EXPECT_EQ(seen.back(), (L{0, 1, 2, 3}));
+  {
+    SessionOptions dense = so;
+    dense.selector.reset();
+    Session d(*m, dense);
+    d.prefill(prompt, logits);
+    for (std::size_t i = 8; i < 13; ++i) d.decode(toks[i], dense_logits);
+    EXPECT_LE(max_abs_diff(reused, dense_logits), 1e-3);
+  }
+  // A fork keeps the reused selection; a new selector or a prefill makes the next step select.
+  Session f = s.fork();
+  seen.clear();
+  f.decode(toks[0], logits);
+  EXPECT_EQ(seen.back(), (L{0, 1, 2, 3}));
+  f.set_selector(so.selector);
+  f.decode(toks[1], logits);
+  EXPECT_EQ(seen.back(), (L{0, 2, 3}));
+  s.prefill(std::span<const TokenId>(toks).first(2), logits);  // length 15
+  s.decode(toks[2], logits);
+  EXPECT_EQ(seen.back(), (L{0, 2, 3}));
+  test::expect_error(
+      [&] {
+        SessionOptions bad = so;
+        bad.reselect_every = 0;
+        Session x(*m, bad);
+      },
+      ErrorCode::invalid_argument, "reselect_every");
+}
+
 TEST(SessionFork, FullPoolThrowsBeforeAnyLayerAppends) {
   REQUIRE_MODEL(m, "smollm2");
   const auto toks = sample_tokens(*m);

@@ -10,6 +10,7 @@
 #include <set>
 #include <string>
 
+#include "expect_error.hpp"
 #include "masskv/attn/decode.hpp"
 #include "masskv/error.hpp"
 #include "masskv/select/diagnostics.hpp"
@@ -380,6 +381,135 @@ TEST(Selectors, ResultsDoNotDependOnThreadCount) {
     run_selector(c.args(), cfg, b);
     EXPECT_EQ(a.selection.ids, b.selection.ids) << to_string(m);
   }
+}
+
+// extend_kept (a selection reused at a later step): the old items plus the kept items of the
+// current lengths, nothing else, on random tables and selections of pages and of tokens.
+TEST(ExtendKept, AddsTheKeptItemsOfTheCurrentLengthsToTheOldLists) {
+  std::mt19937 rng(11);
+  int checked = 0;
+  for (int P : {1, 4, 16}) {
+    for (bool tokens : {false, true}) {
+      for (int trial = 0; trial < 20; ++trial) {
+        const int B = 1 + trial % 3, H = 1 + trial % 2;
+        kv::PageTableStorage t;
+        t.indptr.push_back(0);
+        std::vector<std::int64_t> old_len;
+        for (int b = 0; b < B; ++b) {
+          const std::int64_t L = std::uniform_int_distribution<std::int64_t>(1, 200)(rng);
+          const int n = static_cast<int>((L + P - 1) / P);
+          for (int j = 0; j < n; ++j) t.indices.push_back(static_cast<std::int32_t>(j));
+          t.indptr.push_back(static_cast<std::int32_t>(t.indices.size()));
+          t.last_page_len.push_back(static_cast<std::int32_t>(L - (n - 1) * P));
+          old_len.push_back(std::uniform_int_distribution<std::int64_t>(1, L)(rng));
+        }
+        const kv::PageTable table = t.table();
+        SelectorConfig cfg;
+        cfg.sink_pages = trial % 3;
+        cfg.window_tokens = (trial % 4) * 9;
+        // Old lists: random items of the earlier (shorter) sequences.
+        std::vector<std::vector<std::int32_t>> old(static_cast<std::size_t>(B * H));
+        int widest = 0;
+        for (int b = 0; b < B; ++b) {
+          const std::int64_t items = tokens ? old_len[b] : (old_len[b] + P - 1) / P;
+          for (int h = 0; h < H; ++h) {
+            auto& l = old[static_cast<std::size_t>(b * H + h)];
+            for (std::int64_t i = 0; i < items; ++i) {
+              if (rng() % 3 == 0) l.push_back(static_cast<std::int32_t>(i));
+            }
+            widest = std::max(widest, static_cast<int>(l.size()));
+          }
+        }
+        SelectionStorage sel;
+        sel.reset(tokens ? SelectionView::Unit::token : SelectionView::Unit::page, B, H,
+                  widest + 2);  // padding beyond the counts must be ignored
+        for (int b = 0; b < B; ++b) {
+          for (int h = 0; h < H; ++h) {
+            const auto& l = old[static_cast<std::size_t>(b * H + h)];
+            std::copy(l.begin(), l.end(), sel.slots(b, h).begin());
+            sel.count[static_cast<std::size_t>(b * H + h)] = static_cast<std::int32_t>(l.size());
+          }
+        }
+        SelectionStorage out;
+        extend_kept(sel.view(), table, P, cfg, out);
+        const SelectionView got = out.view();
+        ASSERT_NO_THROW(check_selection(got, table, P, H));
+        EXPECT_EQ(got.unit, sel.unit);
+        for (int b = 0; b < B; ++b) {
+          const int n = table.num_pages(b);
+          const std::int64_t L = table.length(b, P);
+          std::set<int> want;
+          for (int j : kept_pages(n, L, P, cfg.sink_pages, cfg.window_tokens)) {
+            if (!tokens) {
+              want.insert(j);
+              continue;
+            }
+            for (std::int64_t x = j * std::int64_t{P}; x < std::min<std::int64_t>(L, (j + 1) * P);
+                 ++x) {
+              if (x < cfg.sink_pages * std::int64_t{P} || x >= L - cfg.window_tokens ||
+                  x >= (n - 1) * std::int64_t{P}) {
+                want.insert(static_cast<int>(x));
+              }
+            }
+          }
+          for (int h = 0; h < H; ++h) {
+            std::set<int> w = want;
+            for (int i : old[static_cast<std::size_t>(b * H + h)]) w.insert(i);
+            const auto ids = got.list(b, h);
+            EXPECT_EQ(std::vector<int>(ids.begin(), ids.end()),
+                      std::vector<int>(w.begin(), w.end()))
+                << "P " << P << " tokens " << tokens << " trial " << trial;
+          }
+        }
+        ++checked;
+      }
+    }
+  }
+  EXPECT_EQ(checked, 120);
+}
+
+// At the length it was made for, a selector's output already holds its kept items: extending
+// it changes nothing.
+TEST(ExtendKept, LeavesAFreshSelectionAsItIs) {
+  test::OneThread one;
+  std::mt19937 rng(5);
+  SelCase c = random_case(rng, {1, 33, 150}, 4, 2, 16, 8, DType::f16);
+  for (Method m : {Method::sink_recent, Method::quest, Method::top_p, Method::oracle}) {
+    for (bool tokens : {false, true}) {
+      if (tokens && m != Method::oracle) continue;
+      SelectorConfig cfg;
+      cfg.method = m;
+      cfg.budget = {m == Method::top_p ? Budget::Kind::top_p : Budget::Kind::fixed, 48, 0.9};
+      cfg.sink_pages = 1;
+      cfg.window_tokens = 12;
+      cfg.oracle_tokens = tokens;
+      SelectOutput fresh;
+      run_selector(c.args(), cfg, fresh);
+      SelectionStorage out;
+      extend_kept(fresh.selection.view(), c.table.table(), c.P, cfg, out);
+      EXPECT_EQ(out.count, fresh.selection.count) << to_string(m);
+      for (int b = 0; b < c.B; ++b) {
+        for (int h = 0; h < c.Hkv; ++h) {
+          const auto x = out.view().list(b, h), y = fresh.selection.view().list(b, h);
+          EXPECT_TRUE(std::equal(x.begin(), x.end(), y.begin(), y.end())) << to_string(m);
+        }
+      }
+    }
+  }
+}
+
+TEST(ExtendKept, RejectsSelectionsOfAnotherTable) {
+  kv::PageTableStorage t{{0, 2}, {5, 6}, {3}};  // one sequence: 2 pages of 4, 7 tokens
+  SelectionStorage sel;
+  sel.reset(SelectionView::Unit::page, 2, 1, 2);
+  SelectionStorage out;
+  test::expect_error([&] { extend_kept(sel.view(), t.table(), 4, {}, out); },
+                     ErrorCode::shape_mismatch, "selection");
+  sel.reset(SelectionView::Unit::page, 1, 1, 2);
+  sel.ids[0] = 2;  // a third page the sequence does not have
+  sel.count[0] = 1;
+  test::expect_error([&] { extend_kept(sel.view(), t.table(), 4, {}, out); },
+                     ErrorCode::invalid_argument, "selection", "beyond");
 }
 
 TEST(Selectors, RejectsInvalidRequestsNamingTheArgument) {

@@ -201,6 +201,7 @@ std::vector<Outcome> run_sample(const model::Model& model, const model::ChatTemp
     while (lanes.size() < lanes_max && started < configs.size()) {
       auto lane = std::make_unique<Lane>(started, roots[root_of[started]]->fork());
       lane->session.set_selector(configs[started].selector);
+      lane->session.set_reselect_every(configs[started].reselect_every);
       lanes.push_back(std::move(lane));
       ++started;
     }

@@ -80,6 +80,7 @@ struct Scratch {
   std::vector<std::int64_t> positions;              // of every row
   ops::RopeTable rope_global, rope_local;           // cos/sin of those positions
   select::SelectOutput sel_out;
+  SelectionStorage reused;  // a layer's earlier selection, extended (reselect_every)
   std::vector<select::HeadDiagnostics> diag;
   SelectionStorage window_sel;
   kv::PageTableStorage rows_table;
@@ -121,6 +122,13 @@ struct Session::Impl {
   PrefillStats prefill_stats;  // of the last prefill call
   // Per layer the indexer's running key-block sums of this session's sequence.
   std::vector<select::KeyBlockSums> key_block_sums;
+  // Per layer the last selection the selector made, the sequence length it was made at (0:
+  // none) and the length at the layer's last selecting decode step, for reselect_every.
+  struct Reusable {
+    SelectionStorage selection;
+    std::int64_t length = 0, last_step = 0;
+  };
+  std::vector<Reusable> reusable;
 };
 
 Session::Session(const Model& model, SessionOptions options)
@@ -146,6 +154,8 @@ Session::Session(const Model& model, SessionOptions options)
   check_score_multipliers(options.score_multipliers, c);
   require(options.fork_pages >= 0, ErrorCode::invalid_argument, "fork_pages", "must be >= 0, got ",
           options.fork_pages);
+  require(options.reselect_every >= 1, ErrorCode::invalid_argument, "reselect_every",
+          "must be >= 1, got ", options.reselect_every);
   kv::CacheConfig cc;
   cc.num_kv_heads = c.n_head_kv;
   cc.head_dim = c.head_dim;
@@ -162,6 +172,7 @@ Session::Session(const Model& model, SessionOptions options)
   impl_->caches = std::make_shared<std::vector<kv::PagedKVCache>>();
   impl_->learned_layers.assign(sz(c.n_layer), nullptr);
   impl_->key_block_sums.resize(sz(c.n_layer));
+  impl_->reusable.resize(sz(c.n_layer));
   impl_->learned_rope.resize(sz(c.n_layer));
   for (int l = 0; l < c.n_layer; ++l) {
     kv::CacheConfig layer_cc = cc;
@@ -214,6 +225,7 @@ Session Session::fork() const {
   child->learned_layers = impl_->learned_layers;  // point into opt.learned_selector (shared)
   child->learned_rope = impl_->learned_rope;
   child->key_block_sums = impl_->key_block_sums;  // the same prefix
+  child->reusable = impl_->reusable;              // page ids are logical: valid in the fork
   for (std::size_t l = 0; l < impl_->seqs.size(); ++l) {
     child->seqs.push_back((*impl_->caches)[l].fork(impl_->seqs[l]));
   }
@@ -223,6 +235,13 @@ Session Session::fork() const {
 void Session::set_selector(std::optional<select::SelectorConfig> selector) {
   check_selector(selector, impl_->opt.mapping, impl_->opt.learned_selector);
   impl_->opt.selector = std::move(selector);
+  for (auto& r : impl_->reusable) r.length = 0;
+}
+
+void Session::set_reselect_every(int every) {
+  require(every >= 1, ErrorCode::invalid_argument, "reselect_every", "must be >= 1, got ", every);
+  impl_->opt.reselect_every = every;
+  for (auto& r : impl_->reusable) r.length = 0;
 }
 
 double Session::kv_bytes_per_token() const {
@@ -355,7 +374,7 @@ void prefill_attend(Scratch& w, Session::Impl& s, const View3<const float>& qv,
 void attend(const Model& model, Scratch& w, const Segment& seg, std::size_t row0, int layer,
             bool decode_path) {
   const ModelConfig& c = model.config();
-  const Session::Impl& s = *seg.s;
+  Session::Impl& s = *seg.s;
   DecodeStats& stats = *seg.stats;
   kv::PagedKVCache& cache = (*s.caches)[sz(layer)];
   const kv::SeqId seq = s.seqs[sz(layer)];
@@ -447,24 +466,39 @@ void attend(const Model& model, Scratch& w, const Segment& seg, std::size_t row0
   const bool learned = s.opt.selector && s.opt.selector->method == select::Method::learned;
   const learn::LayerSelector* ls = learned ? s.learned_layers[sz(layer)] : nullptr;
   if (s.opt.selector && !local && (!learned || ls != nullptr)) {
-    select::SelectArgs sa;
-    sa.q = qv;
-    sa.cache = view;
-    sa.summaries = cache.summaries();
-    sa.scale = c.attn_scale;
-    if (ls != nullptr) {
-      const learn::Selector& sel = *s.opt.learned_selector;
-      const float* x =
-          sel.input == learn::Input::qk ? w.q.data() + q_off : w.xn.data() + row0 * sz(c.n_embd);
-      w.sel_q.resize(sz(ls->groups) * sz(ls->dim));
-      learn::project(sel, *ls, learn::Side::query, x, 1,
-                     std::span<const std::int64_t>(w.positions).subspan(row0, 1),
-                     s.learned_rope[sz(layer)], w.sel_q.data(), w.sel_scratch);
-      sa.learned_q = View3<float>::contiguous(w.sel_q.data(), 1, ls->groups, ls->dim);
-      sa.learned_keys = cache.key_rows();
+    Session::Impl::Reusable& r = s.reusable[sz(layer)];
+    // Reused when one token was appended since the layer's last step (no prefill between)
+    // and the selection is fewer than reselect_every steps old.
+    const bool reuse =
+        r.length > 0 && len == r.last_step + 1 && len - r.length < s.opt.reselect_every;
+    r.last_step = len;
+    if (reuse) {
+      select::extend_kept(r.selection.view(), view.table, ps, *s.opt.selector, w.reused);
+      sv = w.reused.view();
+    } else {
+      select::SelectArgs sa;
+      sa.q = qv;
+      sa.cache = view;
+      sa.summaries = cache.summaries();
+      sa.scale = c.attn_scale;
+      if (ls != nullptr) {
+        const learn::Selector& sel = *s.opt.learned_selector;
+        const float* x =
+            sel.input == learn::Input::qk ? w.q.data() + q_off : w.xn.data() + row0 * sz(c.n_embd);
+        w.sel_q.resize(sz(ls->groups) * sz(ls->dim));
+        learn::project(sel, *ls, learn::Side::query, x, 1,
+                       std::span<const std::int64_t>(w.positions).subspan(row0, 1),
+                       s.learned_rope[sz(layer)], w.sel_q.data(), w.sel_scratch);
+        sa.learned_q = View3<float>::contiguous(w.sel_q.data(), 1, ls->groups, ls->dim);
+        sa.learned_keys = cache.key_rows();
+      }
+      select::run_selector(sa, *s.opt.selector, w.sel_out);
+      sv = w.sel_out.selection.view();
+      if (s.opt.reselect_every > 1) {
+        r.selection = w.sel_out.selection;
+        r.length = len;
+      }
     }
-    select::run_selector(sa, *s.opt.selector, w.sel_out);
-    sv = w.sel_out.selection.view();
     a.selection = &sv;
     if (s.opt.on_selection) s.opt.on_selection(layer, sv);
     for (int h = 0; h < Hkv; ++h) {

@@ -181,7 +181,8 @@ int fill(std::vector<Voter>& voters, std::size_t nv, std::vector<std::uint8_t>& 
       in[static_cast<std::size_t>(j)] = 1;
       ++count;
       progress = true;
-      for (std::size_t w = 0; w < nv; ++w) voters[w].have += voters[w].mass ? voters[w].mass[j] : 0.0;
+      for (std::size_t w = 0; w < nv; ++w)
+        voters[w].have += voters[w].mass ? voters[w].mass[j] : 0.0;
     }
   }
   return count;
@@ -263,15 +264,16 @@ void bound_lists(const Context& X, const Group& G, int depth, Scratch& S) {
   S.cursor.assign(static_cast<std::size_t>(g), 0);
   for (int i = 0; i < g; ++i) {
     order_by(head_row(X.bounds, X, G, i), n, nullptr, depth, S.picked);
-    std::copy(S.picked.begin(), S.picked.end(), S.lists.begin() + static_cast<std::ptrdiff_t>(i) * depth);
+    std::copy(S.picked.begin(), S.picked.end(),
+              S.lists.begin() + static_cast<std::ptrdiff_t>(i) * depth);
   }
 }
 
 // Takes, one at a time, the unselected page with the largest max_i (c U_ij - T_i) (ties: the
 // lower id) while fewer than `want` were taken (and, with `positive`, while that value is
-// > 0); marks them in S.in and appends them to `taken`. The per-head lists are sorted by U_ij, so this is their merge: a page's first
-// appearance carries its maximum. Lists `depth` deep suffice while at most depth - 1 pages are
-// selected.
+// > 0); marks them in S.in and appends them to `taken`. The per-head lists are sorted by U_ij, so
+// this is their merge: a page's first appearance carries its maximum. Lists `depth` deep suffice
+// while at most depth - 1 pages are selected.
 int take_best(const Context& X, const Group& G, int depth, double c, const double* T, bool positive,
               int want, Scratch& S, std::vector<std::int32_t>& taken) {
   const int g = G.g;
@@ -283,8 +285,8 @@ int take_best(const Context& X, const Group& G, int depth, double c, const doubl
     for (int i = 0; i < g; ++i) {
       const std::int32_t* L = S.lists.data() + static_cast<std::size_t>(i) * depth;
       std::size_t& k = S.cursor[static_cast<std::size_t>(i)];
-      const std::size_t len = std::min<std::size_t>(static_cast<std::size_t>(depth),
-                                                    static_cast<std::size_t>(G.pages));
+      const std::size_t len =
+          std::min<std::size_t>(static_cast<std::size_t>(depth), static_cast<std::size_t>(G.pages));
       while (k < len && S.in[static_cast<std::size_t>(L[k])]) ++k;
       if (k == len) continue;
       const std::int32_t j = L[k];
@@ -306,8 +308,8 @@ int take_best(const Context& X, const Group& G, int depth, double c, const doubl
 // entmax_support (§2.2): grow by the largest max_h[(α−1)U_hj − (τ_lo,h(S) − ε_h)] until no
 // unselected page can reach any head's threshold, or the cap is reached. Each round adds
 // min(cap - count, violators, max(1, count / 8)) pages.
-int grow_support(const Context& X, const Group& G, Scratch& S, int count, int cap,
-                 double* estimate, std::uint8_t& certified) {
+int grow_support(const Context& X, const Group& G, Scratch& S, int count, int cap, double* estimate,
+                 std::uint8_t& certified) {
   const double alpha = X.c.mapping.alpha;
   const int n = G.pages, g = G.g;
   const int depth = std::min(n, cap + 1);
@@ -318,7 +320,8 @@ int grow_support(const Context& X, const Group& G, Scratch& S, int count, int ca
   count += take_best(X, G, depth, 1.0, S.thr.data(), false, std::min(cap - count, X.c.seed_pages),
                      S, S.picked);
   const double w = group_key_max(X, G);
-  S.sc.resize(static_cast<std::size_t>(std::max<std::size_t>(S.sc.size(), static_cast<std::size_t>(g))));
+  S.sc.resize(
+      static_cast<std::size_t>(std::max<std::size_t>(S.sc.size(), static_cast<std::size_t>(g))));
   S.eps.resize(static_cast<std::size_t>(g));
   for (int i = 0; i < g; ++i) {
     S.sc[static_cast<std::size_t>(i)].clear();
@@ -369,7 +372,8 @@ double log_count(double n) {
     for (std::size_t i = 0; i < t.size(); ++i) t[i] = std::log(static_cast<double>(i));
     return t;
   }();
-  return n >= 0 && n <= 256 && n == std::floor(n) ? table[static_cast<std::size_t>(n)] : std::log(n);
+  return n >= 0 && n <= 256 && n == std::floor(n) ? table[static_cast<std::size_t>(n)]
+                                                  : std::log(n);
 }
 
 // Normalised bound pseudo-masses n_j e^{U_j} of one head (quest, entmax_support).
@@ -395,7 +399,8 @@ void quant_key_masses(const Context& X, const Group& G, int i, Scratch& S, doubl
     softmax(std::span<const double>(S.qs), std::span<double>(S.qp));
   }
   std::fill(w, w + G.pages, 0.0);
-  for (std::size_t t = 0; t < S.qp.size(); ++t) w[t / static_cast<std::size_t>(G.page_size)] += S.qp[t];
+  for (std::size_t t = 0; t < S.qp.size(); ++t)
+    w[t / static_cast<std::size_t>(G.page_size)] += S.qp[t];
 }
 
 // Everything of one group but the kept items (already in S.in): rankings, masses, rule, fill.
@@ -438,8 +443,8 @@ void select_group(const Context& X, const Group& G, Scratch& S, int& count, int 
     if (S.voters.empty()) S.voters.resize(1);
     order_by(m, n, nullptr, cap, S.voters[0].order);
     S.voters[0].mass = m;
-    count = fill(S.voters, 1, in, S.kept, count, cap, kind == Budget::Kind::fixed ? kInf : c.budget.p,
-                 floor);
+    count = fill(S.voters, 1, in, S.kept, count, cap,
+                 kind == Budget::Kind::fixed ? kInf : c.budget.p, floor);
     double held = 0;
     for (int j = 0; j < n; ++j) held += in[static_cast<std::size_t>(j)] ? m[j] : 0.0;
     std::fill(estimate, estimate + g, held);
@@ -547,7 +552,8 @@ void select_group(const Context& X, const Group& G, Scratch& S, int& count, int 
     nv = static_cast<std::size_t>(g);
     if (S.voters.size() < nv) S.voters.resize(nv);
     for (int i = 0; i < g; ++i) {
-      order_by(rank(i), n, S.eligible.empty() ? nullptr : S.eligible.data() + static_cast<std::size_t>(i) * n,
+      order_by(rank(i), n,
+               S.eligible.empty() ? nullptr : S.eligible.data() + static_cast<std::size_t>(i) * n,
                cap, S.voters[i].order);
       S.voters[i].mass = with_mass ? mass(i) : nullptr;
     }
@@ -648,9 +654,9 @@ void learned_masses(Context& X) {
     for (int task = 0; task < tasks; ++task) {
       const int b = task / G, g = task % G;
       const auto pages = static_cast<std::size_t>(t.num_pages(b));
-      std::span<double> out(X.learned_mass[static_cast<std::size_t>(b)].data() +
-                                static_cast<std::size_t>(g) * pages,
-                            pages);
+      std::span<double> out(
+          X.learned_mass[static_cast<std::size_t>(b)].data() + static_cast<std::size_t>(g) * pages,
+          pages);
       detail::learned_page_masses(keys, t, b, g, X.a.learned_q.row(b, g), scores, out);
     }
   }
@@ -749,6 +755,52 @@ void check_args(const SelectArgs& a, const SelectorConfig& c) {
 }
 
 }  // namespace
+
+void extend_kept(const SelectionView& sel, const kv::PageTable& table, int page_size,
+                 const SelectorConfig& c, SelectionStorage& out) {
+  using enum ErrorCode;
+  require(sel.batch == table.batch(), shape_mismatch, "selection", "batch ", sel.batch,
+          " differs from the page table's ", table.batch());
+  require(page_size > 0, invalid_argument, "page_size", "must be > 0, got ", page_size);
+  const bool tokens = sel.unit == SelectionView::Unit::token;
+  std::vector<std::vector<std::int32_t>> lists;
+  std::size_t widest = 0;
+  for (int b = 0; b < sel.batch; ++b) {
+    Group G;
+    G.b = b;
+    G.page_size = page_size;
+    G.pages = table.num_pages(b);
+    G.length = table.length(b, page_size);
+    G.n = tokens ? static_cast<int>(G.length) : G.pages;
+    const Kept kept = kept_items(G, c, tokens);
+    for (int h = 0; h < sel.num_kv_heads; ++h) {
+      std::vector<std::int32_t> list;
+      for (std::int64_t i = 0; i < std::min<std::int64_t>(kept.first_end, G.n); ++i) {
+        list.push_back(static_cast<std::int32_t>(i));
+      }
+      for (std::int64_t i = std::max(kept.first_end, kept.last_begin); i < G.n; ++i) {
+        list.push_back(static_cast<std::int32_t>(i));
+      }
+      for (const std::int32_t id : sel.list(b, h)) {
+        require(id >= 0 && id < G.n, invalid_argument, "selection", "item ", id, " of [", b, "][",
+                h, "] lies beyond the sequence's ", G.n);
+        list.push_back(id);
+      }
+      std::sort(list.begin(), list.end());
+      list.erase(std::unique(list.begin(), list.end()), list.end());
+      widest = std::max(widest, list.size());
+      lists.push_back(std::move(list));
+    }
+  }
+  out.reset(sel.unit, sel.batch, sel.num_kv_heads, static_cast<int>(widest));
+  for (int b = 0, i = 0; b < sel.batch; ++b) {
+    for (int h = 0; h < sel.num_kv_heads; ++h, ++i) {
+      const auto& list = lists[static_cast<std::size_t>(i)];
+      std::copy(list.begin(), list.end(), out.slots(b, h).begin());
+      out.count[static_cast<std::size_t>(i)] = static_cast<std::int32_t>(list.size());
+    }
+  }
+}
 
 void run_selector(const SelectArgs& args, const SelectorConfig& config, SelectOutput& out) {
   check_args(args, config);

@@ -70,6 +70,30 @@ check study-dump-truncated 2 'truncated' -- "$bin" study --generators "dump:$tmp
   -b 1/4 -m softmax -s quest --no-plots
 check study-dump-not-a-dump 2 'not a masskv q/k/v dump' -- "$bin" study \
   --generators "dump:$tmp/b.json" --no-plots
+# reuse: selections reused across steps and layers, on the dumps; its fresh rows are the study's.
+check reuse-help 0 '--ages' -- "$bin" reuse --help
+check reuse-tiny 0 '\| softmax \| quest \| 1/4 \| prev layer \|' -- "$bin" reuse \
+  -i "$tmp/dump/layer02.mkvd,$tmp/dump/layer03.mkvd" -s quest -b 1/4 -m softmax -a 1,4 \
+  -o "$tmp/reuse" --no-plots
+check reuse-age-skipped 0 'age 4 skipped' -- "$bin" reuse -i "$tmp/dump/layer02.mkvd" -s quest \
+  -b 1/4 -m softmax -a 4 --no-plots
+check reuse-step-row 0 '^3,softmax,quest,1/4,step −1,1,' -- cat "$tmp/reuse/reuse.csv"
+"$bin" study --generators "dump:$tmp/dump/layer02.mkvd" -b 1/4 -m softmax -s quest --no-plots \
+  --json "$tmp/study.json" >/dev/null 2>&1
+check reuse-fresh-is-study 0 '^same$' -- python3 -c "
+import json
+s = [r for r in json.load(open('$tmp/study.json'))['rows'] if r['selector'] == 'quest']
+r = [r for r in json.load(open('$tmp/reuse/reuse.json'))['rows']
+     if r['layer'] == 2 and r['source'] == 'fresh']
+ok = len(s) == len(r) == 1 and s[0]['delta'] == r[0]['delta'] and s[0]['recall'] == r[0]['recall']
+print('same' if ok else f'differ: {s} {r}')"
+check reuse-bad-age 2 '--ages' -- "$bin" reuse -i "$tmp/dump/layer02.mkvd" -a 0 --no-plots
+check reuse-q4 2 '--selectors' -- "$bin" reuse -i "$tmp/dump/layer02.mkvd" -s top_p_q4 --no-plots
+"$bin" dump -d 96 -l 2 --steps 1 -t 1 -o "$tmp/dump1" >/dev/null 2>&1
+check reuse-one-query 2 'at least 2' -- "$bin" reuse -i "$tmp/dump1/layer02.mkvd" --no-plots
+check reuse-shapes 2 'shapes differ' -- "$bin" reuse \
+  -i "$tmp/dump/layer02.mkvd,$tmp/dump1/layer02.mkvd" --no-plots
+check run-bad-reselect 105 '--reselect-every' -- "$bin" run --reselect-every 0 -p hi
 # bench keys: selector key formats on the dumped keys.
 check bench-keys-help 0 '--formats' -- "$bin" bench keys --help
 check bench-keys-bad-format 2 '--formats' -- "$bin" bench keys -i "$tmp/dump/layer02.mkvd" -f fp4
@@ -102,6 +126,8 @@ check eval-bad-method 2 '--methods' -- "$bin" eval --methods quest,magic
 check eval-bad-budget 2 '--budgets' -- "$bin" eval --budgets 3/2
 check eval-too-long 2 'context' -- "$bin" eval --tasks vt --lengths 1M
 check eval-bad-batch 2 '--batch' -- "$bin" eval --batch -1
+check eval-bad-reselect 2 'decode selectors only' -- "$bin" eval --methods dense@4
+check eval-bad-reselect-steps 2 'whole number' -- "$bin" eval --methods quest@0
 ev=(--tasks niah_single_number --lengths 512 --samples 1 --budgets 1/8 -t 1 --no-plots
     -o "$tmp/eval")
 check eval-tiny 0 '\| quest \| 1/8 \| softmax \|' -- "$bin" eval "${ev[@]}" --methods dense,quest
@@ -111,6 +137,9 @@ check eval-resumes 0 '2 results cached, 0 samples to run' -- \
 check eval-widens 0 '2 results cached, 1 samples to run' -- \
   "$bin" eval "${ev[@]}" --methods dense,quest,sink_recent
 check eval-cache-lines 0 '^3$' -- bash -c "wc -l < '$tmp/eval/cache.jsonl'"
+check eval-reselect 0 '\| quest@2 \| 1/8 \| softmax \|' -- "$bin" eval --tasks \
+  niah_single_number --lengths 512 --samples 1 --budgets 1/8 -t 1 --no-plots \
+  --methods dense,quest@2 -o "$tmp/eval-reselect"
 # One sample on 2 kernel threads: the same records as on one thread (timings aside).
 evw=(--tasks niah_single_number --lengths 512 --samples 1 --budgets 1/8 --no-plots
      --methods dense,quest,sink_recent)

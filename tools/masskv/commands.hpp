@@ -19,6 +19,8 @@ void register_bench_model(CLI::App& bench);
 void register_study(CLI::App& app, const std::string& cmdline);
 // `run` and `perplexity` on a GGUF model (run_model.cpp).
 void register_model_commands(CLI::App& app);
+// `reuse`: selections reused across decode steps or layers, on dumped q/k/v (reuse.cpp).
+void register_reuse(CLI::App& app, const std::string& cmdline);
 // `dump`: a model's real q/k/v for `study` (dump.cpp).
 void register_dump(CLI::App& app);
 // `convert`: fits an entmax conversion of a model (convert.cpp).

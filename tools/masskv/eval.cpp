@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <charconv>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -108,6 +109,21 @@ struct MethodRow {
   bool entmax = false;  // entmax attention: converted with --entmax-conversion, else plain
 };
 
+// "quest@8": quest with each layer's selection reused for 8 decode steps
+// (SessionOptions::reselect_every). Returns the method without "@R", and R (1 without).
+std::pair<std::string, int> split_reselect(const std::string& m) {
+  const auto at = m.find('@');
+  if (at == std::string::npos) return {m, 1};
+  const std::string r = m.substr(at + 1);
+  int every = 0;
+  const auto [end, ec] = std::from_chars(r.data(), r.data() + r.size(), every);
+  require(ec == std::errc() && end == r.data() + r.size() && every >= 1,
+          ErrorCode::invalid_argument, "--methods", "'", m,
+          "': the decode steps after @ must be a whole number >= 1");
+  return {m.substr(0, at), every};
+}
+std::string base_method(const std::string& m) { return split_reselect(m).first; }
+
 bool is_dense(const std::string& m) { return m == "dense" || m == "dense_entmax"; }
 // Sparse prefill rows (docs/prefill.md): the context prefilled sparsely, decode dense.
 bool is_prefill(const std::string& m) { return m.rfind("prefill_", 0) == 0; }
@@ -123,19 +139,22 @@ std::vector<MethodRow> method_rows(const std::vector<std::string>& methods,
                                    const std::vector<std::string>& budgets) {
   std::vector<MethodRow> rows;
   for (const std::string& m : methods) {
-    if (is_prefill(m)) {
-      (void)parse_prefill_row(m, "--methods");
-    } else if (!is_dense(m)) {
-      (void)select::parse_method(m, "--methods");
+    const auto [base, every] = split_reselect(m);
+    require(every == 1 || (!is_dense(base) && !is_prefill(base)), ErrorCode::invalid_argument,
+            "--methods", "'", m, "': @R (reuse a selection) applies to decode selectors only");
+    if (is_prefill(base)) {
+      (void)parse_prefill_row(base, "--methods");
+    } else if (!is_dense(base)) {
+      (void)select::parse_method(base, "--methods");
     }
-    if (is_dense(m)) {
-      rows.push_back({m, "-", needs_entmax(m)});
+    if (is_dense(base)) {
+      rows.push_back({m, "-", needs_entmax(base)});
       continue;
     }
     for (const std::string& b : budgets) {
-      if (is_top_p_budget(b) && !takes_top_p(m)) continue;  // no mass estimate to stop on
-      if (is_top_p_budget(b) && is_prefill(m)) continue;
-      rows.push_back({m, b, needs_entmax(m)});
+      if (is_top_p_budget(b) && !takes_top_p(base)) continue;  // no mass estimate to stop on
+      if (is_top_p_budget(b) && is_prefill(base)) continue;
+      rows.push_back({m, b, needs_entmax(base)});
     }
   }
   return rows;
@@ -151,8 +170,10 @@ eval::DecodeConfig decode_config(const MethodRow& row, std::int64_t length, cons
     c.prefill.budget = parse_prefill_budget(row.budget, "--budgets");
     return c;
   }
+  const auto [base, every] = split_reselect(row.method);
+  c.reselect_every = every;
   select::SelectorConfig s;
-  s.method = select::parse_method(row.method, "--methods");
+  s.method = select::parse_method(base, "--methods");
   s.mapping = c.mapping;
   s.sink_pages = o.sink_pages;
   s.window_tokens = o.window;
@@ -301,7 +322,7 @@ std::string row_tag(const MethodRow& m, const RowTags& t) {
         fmt::format("{}|pfq{}s{}m{}", t.settings, c.q_block, c.sink_blocks, c.budget.min_keys);
     return m.method.rfind("prefill_learned", 0) == 0 ? pf + t.selector : pf;
   }
-  return m.method == "learned" ? t.settings + t.selector : t.settings;
+  return base_method(m.method) == "learned" ? t.settings + t.selector : t.settings;
 }
 
 std::string record_key(const std::string& model, const SampleId& s, const MethodRow& m,
@@ -574,7 +595,7 @@ void run_eval(EvalOptions o, const std::string& cmdline) {
   const std::vector<MethodRow> rows = method_rows(o.methods, o.budgets);
   for (const std::string& b : o.budgets) (void)parse_budget(b, 1024, "--budgets");
   const bool learned = std::any_of(rows.begin(), rows.end(), [](const MethodRow& r) {
-    return r.method == "learned" || r.method.rfind("prefill_learned", 0) == 0;
+    return base_method(r.method) == "learned" || r.method.rfind("prefill_learned", 0) == 0;
   });
   require(!learned || !o.selector_file.empty(), ErrorCode::invalid_argument, "--selector-file",
           "--methods learned and prefill_learned<K> need a selector file");
@@ -820,7 +841,8 @@ void register_eval(CLI::App& app, const std::string& cmdline) {
                 "sparse prefill with dense decode (docs/prefill.md): prefill_token, "
                 "prefill_block<K>, prefill_shared<K>, prefill_index<K>, prefill_learned<K> (with "
                 "--selector-file) for key blocks K = 16, "
-                "64, 128 (the budget: of the keys before each query block)")
+                "64, 128 (the budget: of the keys before each query block). A decode selector "
+                "with @R (quest@8) reuses each layer's selection for R decode steps")
       ->delimiter(',');
   e->add_option("--budgets", o->budgets,
                 "KV budgets: fractions of the length (1/16) or tokens (256); caps for top_p, "

@@ -20,6 +20,7 @@ int main(int argc, char** argv) {
   masskv::cli::register_study(app, cmdline);
   masskv::cli::register_model_commands(app);
   masskv::cli::register_dump(app);
+  masskv::cli::register_reuse(app, cmdline);
   masskv::cli::register_convert(app);
   masskv::cli::register_distill(app);
   masskv::cli::register_eval(app, cmdline);

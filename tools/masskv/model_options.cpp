@@ -49,6 +49,11 @@ void add_model_options(CLI::App* app, ModelOptions& o, bool with_threads) {
   app->add_option("--top-p-mass", o.top_p_mass, "Target mass of the top_p selector")
       ->capture_default_str();
   app->add_option("--page", o.page_size, "KV page size (tokens)")->capture_default_str();
+  app->add_option("--reselect-every", o.reselect_every,
+                  "Decode steps one selection serves: each layer selects, then reuses that "
+                  "selection (plus the pages appended since) for R - 1 steps")
+      ->check(CLI::Range(1, 1 << 20))
+      ->capture_default_str();
   app->add_option("--entmax-conversion", o.entmax_conversion,
                   "Run the converted entmax model: a `masskv convert` file (α and per-head "
                   "temperatures fitted to this model); enables --selector entmax_support");
@@ -126,6 +131,7 @@ std::shared_ptr<const learn::Selector> load_selector(const std::string& path) {
 
 void apply_selector(const ModelOptions& o, std::int64_t context, model::SessionOptions& so) {
   so.selector = selector_config(o, context, so.mapping);
+  so.reselect_every = o.reselect_every;
   so.learned_key_format = kv::parse_row_format(o.selector_key_format, "--selector-key-format");
   if (!so.selector || so.selector->method != select::Method::learned) return;
   require(!o.selector_file.empty(), ErrorCode::invalid_argument, "--selector-file",
@@ -135,12 +141,13 @@ void apply_selector(const ModelOptions& o, std::int64_t context, model::SessionO
 
 std::string selector_label(const ModelOptions& o, const std::optional<select::SelectorConfig>& c) {
   if (!c) return "dense";
+  const std::string every = o.reselect_every > 1 ? fmt::format(" @{}", o.reselect_every) : "";
   if (c->budget.kind == select::Budget::Kind::top_p && o.selector != "top_p") {
     return c->budget.tokens > 0
-               ? fmt::format("{} p{:g}:{}", o.selector, c->budget.p, c->budget.tokens)
-               : fmt::format("{} p{:g}", o.selector, c->budget.p);
+               ? fmt::format("{} p{:g}:{}{}", o.selector, c->budget.p, c->budget.tokens, every)
+               : fmt::format("{} p{:g}{}", o.selector, c->budget.p, every);
   }
-  return fmt::format("{} {}", o.selector, c->budget.tokens);
+  return fmt::format("{} {}{}", o.selector, c->budget.tokens, every);
 }
 
 void prefill_with_progress(model::Session& session, std::span<const model::TokenId> tokens,

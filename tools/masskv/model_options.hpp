@@ -28,12 +28,13 @@ struct ModelOptions {
   int window = 64;
   double top_p_mass = 0.95;
   int page_size = 16;
+  int reselect_every = 1;  // decode steps one selection serves (SessionOptions)
   std::string entmax_conversion;  // a `masskv convert` file: run the converted entmax model
 };
 
 // Registers -m, -t (unless with_threads is false), --selector, --budget, --budget-min,
 // --selector-file, --selector-key-format, --sink-pages, --window, --top-p-mass, --page,
-// --entmax-conversion.
+// --reselect-every, --entmax-conversion.
 void add_model_options(CLI::App* app, ModelOptions& o, bool with_threads = true);
 // The attention of the sessions: softmax (the model as trained), or with --entmax-conversion
 // the converted entmax model (mapping entmax(α) + the per-head temperatures), the file checked
@@ -54,7 +55,8 @@ std::optional<select::SelectorConfig> selector_config(const ModelOptions& o, std
 void apply_selector(const ModelOptions& o, std::int64_t context, model::SessionOptions& so);
 // The selector of a `masskv distill` file, loaded once per path for the process.
 std::shared_ptr<const learn::Selector> load_selector(const std::string& path);
-// Label of the selector and budget for tables: "dense", "quest 512", "learned p0.9:512".
+// Label of the selector and budget for tables: "dense", "quest 512", "learned p0.9:512",
+// "quest 512 @8" (--reselect-every 8).
 std::string selector_label(const ModelOptions& o, const std::optional<select::SelectorConfig>& c);
 // OpenMP threads for what follows (0 keeps OpenMP's default).
 void set_threads(int threads);

@@ -30,18 +30,18 @@
 #include "plots.hpp"
 #include "progress.hpp"
 #include "qkv_dump.hpp"
+#include "study_common.hpp"
 
 namespace masskv::cli {
 namespace {
 
-using select::Budget;
 using select::Method;
 
 struct StudyOptions {
   std::string context = "8K";
   int hq = 8, hkv = 2, head_dim = 64, page_size = 16, steps = 2;
   std::vector<std::string> generators{"gaussian", "needles", "heavy", "drift", "sinks"};
-  std::vector<std::string> selectors{"sink_recent",  "quest",          "top_p",       "top_p_q4",
+  std::vector<std::string> selectors{"sink_recent",  "quest",          "top_p", "top_p_q4",
                                      "gaussian_tau", "entmax_support", "oracle"};
   std::vector<std::string> budgets{"1/64", "1/32", "1/16", "1/8", "1/4"};
   std::vector<std::string> mappings{"softmax", "entmax1.5", "entmax2"};
@@ -142,21 +142,6 @@ Inputs generate(const std::string& name, const StudyOptions& o, std::int64_t L,
   }
   return in;
 }
-
-// A selector of the study: a method, and for top_p its mass source ("top_p_q4": top_p with
-// the page masses of scores on INT4 selector keys, DESIGN.md §2.9).
-struct SelectorSpec {
-  Method method = Method::quest;
-  select::MassSource source = select::MassSource::page_gaussian;
-  std::string name;
-};
-
-SelectorSpec parse_selector(const std::string& name) {
-  if (name == "top_p_q4") return {Method::top_p, select::MassSource::quant_keys, name};
-  return {select::parse_method(name, "--selectors"), select::MassSource::page_gaussian, name};
-}
-
-bool uses_quant_keys(const SelectorSpec& s) { return s.source == select::MassSource::quant_keys; }
 
 struct Row {
   std::string generator, mapping, selector, budget;
@@ -303,7 +288,7 @@ void run_study(const StudyOptions& o_in, const std::string& cmdline) {
   std::vector<Mapping> maps;
   for (const auto& m : o.mappings) maps.push_back(parse_mapping(m, "--mapping"));
   std::vector<SelectorSpec> methods;
-  for (const auto& s : o.selectors) methods.push_back(parse_selector(s));
+  for (const auto& s : o.selectors) methods.push_back(parse_selector(s, "--selectors"));
   const bool quant_keys = std::any_of(methods.begin(), methods.end(), uses_quant_keys);
   require(!quant_keys || o.head_dim % kv::int4::kBlock == 0, ErrorCode::invalid_argument,
           "--selectors", "top_p_q4 needs INT4 selector keys: head_dim ", o.head_dim,
@@ -321,9 +306,7 @@ void run_study(const StudyOptions& o_in, const std::string& cmdline) {
   long total = 0;
   for (std::size_t mi = 0; mi < maps.size(); ++mi) {
     for (const SelectorSpec& m : methods) {
-      const bool entmax_only =
-          m.method == Method::entmax_support || m.method == Method::gaussian_tau;
-      if (entmax_only && !maps[mi].is_entmax()) continue;
+      if (entmax_only(m) && !maps[mi].is_entmax()) continue;
       total += static_cast<long>(fracs.size());
     }
     total += 1;
@@ -336,19 +319,11 @@ void run_study(const StudyOptions& o_in, const std::string& cmdline) {
   for (std::size_t gi = 0; gi < o.generators.size(); ++gi) {
     const std::string& gname = o.generators[gi];
     Inputs in = is_dump(gname) ? load_dump(gname) : generate(gname, o, L, o.seed * 1000 + gi);
-    kv::CacheConfig cfg;
-    cfg.num_kv_heads = o.hkv;
-    cfg.head_dim = o.head_dim;
-    cfg.page_size = o.page_size;
-    cfg.dtype = DType::f16;
-    cfg.capacity_pages = static_cast<int>(o.steps * ((L + o.page_size - 1) / o.page_size));
-    cfg.int4_selector_keys = quant_keys;
-    kv::PagedKVCache cache(cfg);
-    std::vector<kv::SeqId> seqs;
-    for (int b = 0; b < o.steps; ++b) {
-      seqs.push_back(cache.create());
-      cache.append(seqs.back(), in.k[b], in.v[b], static_cast<int>(L));
-    }
+    const std::vector<std::span<const float>> ks(in.k.begin(), in.k.end()),
+        vs(in.v.begin(), in.v.end());
+    StepCache step_cache = make_step_cache(o.hkv, o.head_dim, o.page_size, L, ks, vs, quant_keys);
+    kv::PagedKVCache& cache = step_cache.cache;
+    const std::vector<kv::SeqId>& seqs = step_cache.seqs;
     const kv::PageTableStorage table = cache.page_table(seqs);
     select::SelectArgs sa;
     sa.q = View3<const float>::contiguous(in.q.data(), o.steps, o.hq, o.head_dim);
@@ -360,22 +335,10 @@ void run_study(const StudyOptions& o_in, const std::string& cmdline) {
     for (std::size_t mi = 0; mi < maps.size(); ++mi) {
       const Mapping map = maps[mi];
       auto evaluate = [&](const SelectorSpec& spec, double frac, const std::string& budget_name) {
-        const Method m = spec.method;
-        progress.set_note(fmt::format("{} {} {} {}", gname, o.mappings[mi], spec.name, budget_name));
-        select::SelectorConfig sc;
-        sc.method = m;
-        sc.mass_source = spec.source;
-        sc.mapping = map;
-        sc.sink_pages = o.sink_pages;
-        sc.window_tokens = o.window;
-        const auto budget_tokens =
-            static_cast<std::int64_t>(std::ceil(frac * static_cast<double>(L)));
-        // Fixed-budget selectors fill K; the adaptive ones stop under their own rule, K caps.
-        if (m == Method::top_p || m == Method::gaussian_tau || m == Method::entmax_support) {
-          sc.budget = {Budget::Kind::adaptive, budget_tokens, o.top_p};
-        } else {
-          sc.budget = {Budget::Kind::fixed, budget_tokens, 1.0};
-        }
+        progress.set_note(
+            fmt::format("{} {} {} {}", gname, o.mappings[mi], spec.name, budget_name));
+        const select::SelectorConfig sc =
+            study_selector_config(spec, map, frac, L, {o.top_p, o.sink_pages, o.window});
         select::SelectOutput out;
         select::run_selector(sa, sc, out);
         const SelectionView sel = out.selection.view();
@@ -415,17 +378,14 @@ void run_study(const StudyOptions& o_in, const std::string& cmdline) {
         }
         r.tightness = sum_bound > 0 ? sum_delta / sum_bound : 1.0;
         r.tokens_frac = r.tokens / static_cast<double>(L);
-        r.bytes_frac =
-            (r.tokens * 4.0 * o.head_dim + selector_bytes(spec, pages, L, o.head_dim)) /
-            dense_kv_bytes;
+        r.bytes_frac = (r.tokens * 4.0 * o.head_dim + selector_bytes(spec, pages, L, o.head_dim)) /
+                       dense_kv_bytes;
         rows.push_back(r);
         progress.advance();
       };
       evaluate(SelectorSpec{Method::dense, select::MassSource::page_gaussian, "dense"}, 1.0, "1");
       for (const SelectorSpec& m : methods) {
-        const bool entmax_only =
-            m.method == Method::entmax_support || m.method == Method::gaussian_tau;
-        if (entmax_only && !map.is_entmax()) continue;
+        if (entmax_only(m) && !map.is_entmax()) continue;
         for (std::size_t bi = 0; bi < fracs.size(); ++bi) evaluate(m, fracs[bi], o.budgets[bi]);
       }
     }
@@ -548,15 +508,8 @@ void run_bench(const BenchOptions& o) {
     progress.advance();
     for (const auto& name : o.selectors) {
       progress.set_note(fmt::format("{} {}", L, name));
-      select::SelectorConfig sc;
-      sc.method = select::parse_method(name, "--selectors");
-      sc.mapping = map;
-      sc.window_tokens = 64;
-      const auto k = static_cast<std::int64_t>(std::ceil(frac * static_cast<double>(L)));
-      sc.budget = sc.method == Method::top_p || sc.method == Method::gaussian_tau ||
-                          sc.method == Method::entmax_support
-                      ? Budget{Budget::Kind::adaptive, k, 0.95}
-                      : Budget{Budget::Kind::fixed, k, 1.0};
+      const select::SelectorConfig sc =
+          study_selector_config(parse_selector(name, "--selectors"), map, frac, L, {0.95, 1, 64});
       select::SelectArgs sa;
       sa.q = a.q;
       sa.cache = a.cache;

@@ -35,6 +35,8 @@ struct DecodeConfig {
   // Decode stays dense unless `selector` is set. Configurations share a prefill only when
   // this matches too.
   select::PrefillSelectConfig prefill;
+  // Decode steps one selection serves (SessionOptions::reselect_every).
+  int reselect_every = 1;
 };
 
 struct Outcome {

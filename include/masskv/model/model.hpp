@@ -153,6 +153,13 @@ struct SessionOptions {
   // Decode selection on the layers that allow it (see the file comment); nullopt = dense.
   // Its mapping must equal `mapping`.
   std::optional<select::SelectorConfig> selector;
+  // Decode steps one selection serves, per layer (>= 1). 1: select at every step. R > 1: a
+  // layer selects, then reuses that selection for the next R − 1 steps, with the pages
+  // appended since added (select::extend_kept) — the selector's cost paid once every R steps,
+  // the quality cost measured by `masskv reuse` and `masskv eval` (method@R). A prefill, or
+  // any append of more than one token, makes the next step select again; so does
+  // set_selector. Forks keep the parent's selections.
+  int reselect_every = 1;
   // The learned selector whose key cache the session keeps from its first token (so forks can
   // decode with Method::learned; set_selector may switch to it later). Checked against the
   // model: Error(invalid_argument, "selector"). Null: no key cache, Method::learned refused.
@@ -247,6 +254,9 @@ class Session {
   Session fork() const;
   // Replaces the decode selector (nullopt = dense). Throws like the constructor.
   void set_selector(std::optional<select::SelectorConfig> selector);
+  // Replaces SessionOptions::reselect_every (>= 1; Error(invalid_argument) otherwise); the
+  // next step of every layer selects again.
+  void set_reselect_every(int every);
 
   const Model& model() const noexcept { return *model_; }
   std::int64_t position() const noexcept { return position_; }

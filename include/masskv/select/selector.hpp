@@ -41,8 +41,8 @@ struct Budget {
     adaptive,  // the selector's own stopping rule (certificate, tau_hat reach), capped likewise
   };
   Kind kind = Kind::fixed;
-  std::int64_t tokens = 0;  // fixed: the budget; otherwise the cap (0 = none)
-  double p = 0.9;           // top_p target mass in (0, 1]
+  std::int64_t tokens = 0;      // fixed: the budget; otherwise the cap (0 = none)
+  double p = 0.9;               // top_p target mass in (0, 1]
   std::int64_t min_tokens = 0;  // top_p only: pages for at least this many tokens (K_min)
 };
 
@@ -57,8 +57,8 @@ enum class GroupRule { union_heads, aggregate };
 // `page_gaussian`: n_j E[e^X] = n_j exp(m_j + v_j/2) for softmax, the Gaussian-model
 // entmax mass at tau_hat for entmax; `quant_keys`: the mapping (softmax or entmax) of scores
 // computed on the selector keys (§2.9, kv/key_formats.hpp; any of its formats) of every
-// token, summed per page (SelectArgs::selector_keys must be set). Only top_p reads quant_keys; gaussian_tau
-// takes it as page_gaussian.
+// token, summed per page (SelectArgs::selector_keys must be set). Only top_p reads quant_keys;
+// gaussian_tau takes it as page_gaussian.
 enum class MassSource { page_mean, page_gaussian, quant_keys };
 
 struct SelectorConfig {
@@ -109,6 +109,15 @@ struct SelectOutput {
 // Validates (throws masskv::Error naming the argument) and selects. Results do not depend on
 // the thread count. Sinks, window pages and the last page are always in every list.
 void run_selector(const SelectArgs& args, const SelectorConfig& config, SelectOutput& out);
+
+// A selection made at an earlier decode step, brought up to `table`'s current lengths so that
+// it can serve this step without selecting again (SessionOptions::reselect_every): each list
+// keeps its items and gains the items `config` always keeps at the current length (sinks, the
+// pages or tokens of the last window_tokens, the last page). The budget is not re-applied:
+// a list grows by the pages appended since it was made. Throws Error naming `selection` when
+// its shape differs from the table's or an item lies beyond the sequence.
+void extend_kept(const SelectionView& selection, const kv::PageTable& table, int page_size,
+                 const SelectorConfig& config, SelectionStorage& out);
 
 // f64 scores scale * q·k of the keys of logical pages (or tokens) `ids` of sequence b,
 // kv head h, in list order; partial last page masked. One q vector of head_dim floats.
