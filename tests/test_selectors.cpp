@@ -10,6 +10,7 @@
 #include <set>
 #include <string>
 
+#include "cuda/extend_kept_math.hpp"
 #include "expect_error.hpp"
 #include "masskv/attn/decode.hpp"
 #include "masskv/error.hpp"
@@ -387,7 +388,7 @@ TEST(Selectors, ResultsDoNotDependOnThreadCount) {
 // current lengths, nothing else, on random tables and selections of pages and of tokens.
 TEST(ExtendKept, AddsTheKeptItemsOfTheCurrentLengthsToTheOldLists) {
   std::mt19937 rng(11);
-  int checked = 0;
+  int checked = 0, math_checked = 0;
   for (int P : {1, 4, 16}) {
     for (bool tokens : {false, true}) {
       for (int trial = 0; trial < 20; ++trial) {
@@ -453,12 +454,28 @@ TEST(ExtendKept, AddsTheKeptItemsOfTheCurrentLengthsToTheOldLists) {
             }
           }
           for (int h = 0; h < H; ++h) {
+            const auto& o = old[static_cast<std::size_t>(b * H + h)];
             std::set<int> w = want;
-            for (int i : old[static_cast<std::size_t>(b * H + h)]) w.insert(i);
+            for (int i : o) w.insert(i);
             const auto ids = got.list(b, h);
             EXPECT_EQ(std::vector<int>(ids.begin(), ids.end()),
                       std::vector<int>(w.begin(), w.end()))
                 << "P " << P << " tokens " << tokens << " trial " << trial;
+            if (tokens) continue;
+            // The CUDA kernel's index arithmetic (page selections) gives the same list.
+            const cuda::detail::KeptRange r = cuda::detail::kept_range(
+                n, table.last_page_len[b], P, cfg.sink_pages, cfg.window_tokens);
+            const auto below = [&](int x) {
+              return static_cast<int>(
+                  std::count_if(o.begin(), o.end(), [&](int i) { return i < x; }));
+            };
+            const int mid = below(r.w) - below(r.s);
+            std::vector<int> math;
+            for (int i = 0; i < r.s + mid + n - r.w; ++i) {
+              math.push_back(cuda::detail::extended_item(i, r, mid, below(r.s), o.data()));
+            }
+            EXPECT_EQ(math, std::vector<int>(w.begin(), w.end())) << "cuda math, P " << P;
+            ++math_checked;
           }
         }
         ++checked;
@@ -466,6 +483,7 @@ TEST(ExtendKept, AddsTheKeptItemsOfTheCurrentLengthsToTheOldLists) {
     }
   }
   EXPECT_EQ(checked, 120);
+  EXPECT_GT(math_checked, 100);
 }
 
 // At the length it was made for, a selector's output already holds its kept items: extending

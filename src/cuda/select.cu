@@ -52,6 +52,7 @@
 
 #include "block_select.cuh"
 #include "device.cuh"
+#include "extend_kept.cuh"
 #include "group_tau.cuh"
 #include "masskv/cuda/select.hpp"
 #include "masskv/error.hpp"
@@ -78,6 +79,7 @@ enum ErrBit : unsigned {
   kNonFinite = 16u,
   kBadMomentSlot = 32u,
   kBadMomentIndptr = 64u,
+  kBadSelection = 128u,
 };
 
 using detail::check_cuda;
@@ -1892,6 +1894,9 @@ void SelectWorkspace::check(CUstream_st* stream) const {
   if (flag & kBadMomentIndptr)
     fail(ErrorCode::out_of_range, "moment_indptr",
          "decreasing, past moment_indices.size(), or more groups than max_pages_per_seq needs");
+  if (flag & kBadSelection)
+    fail(ErrorCode::invalid_argument, "selection",
+         "a list that is not ascending, or holds a page beyond its sequence, was met on the GPU");
   if (flag & kBadCapacity)
     fail(ErrorCode::shape_mismatch, "max_per_head",
          "a selection holds more pages than the output lists (see select_capacity)");
@@ -2511,6 +2516,67 @@ void update_groups(const GroupUpdateArgs& g, const SelectLaunch& launch) {
       g.last_only ? 1 : (launch.max_pages_per_seq + g.group_pages - 1) / g.group_pages;
   group_update_kernel<<<dim3(groups, s.num_kv_heads, B), s.head_dim, 0, launch.stream>>>(p);
   check_cuda(cudaGetLastError(), "group update kernel launch");
+  if (launch.check_errors) launch.workspace->check(launch.stream);
+}
+
+void extend_kept(const ExtendKeptArgs& e, const SelectLaunch& launch) {
+  using enum ErrorCode;
+  require(launch.workspace != nullptr, invalid_argument, "workspace", "is required");
+  check_policy(e.policy);
+  require(e.page_size >= 1, invalid_argument, "page_size", "must be >= 1, got ", e.page_size);
+  require(!e.table.indptr.empty(), shape_mismatch, "indptr", "needs batch + 1 entries");
+  const int B = static_cast<int>(e.table.indptr.size()) - 1;
+  require(B <= 65535, unsupported, "indptr", "batch must be <= 65535");
+  require(e.table.last_page_len.size() == static_cast<std::size_t>(B), shape_mismatch,
+          "last_page_len", "needs one entry per sequence");
+  require(launch.max_pages_per_seq > 0, invalid_argument, "max_pages_per_seq",
+          "the host's bound on pages per sequence is required");
+  if (B == 0) return;
+  require(e.max_in >= 0 && !e.count_in.empty() &&
+              e.count_in.size() % static_cast<std::size_t>(B) == 0,
+          shape_mismatch, "count_in", "needs [batch][kv heads] entries");
+  const int Hkv = static_cast<int>(e.count_in.size() / static_cast<std::size_t>(B));
+  require(Hkv <= 65535, unsupported, "count_in", "kv heads must be <= 65535");
+  require(e.ids_in.size() == e.count_in.size() * static_cast<std::size_t>(e.max_in),
+          shape_mismatch, "ids_in", "needs [batch][kv heads][max_in] entries");
+  require(e.max_per_head >= 0 && e.count.size() == e.count_in.size(), shape_mismatch, "count",
+          "needs [batch][kv heads] entries, as count_in");
+  require(e.ids.size() == e.count.size() * static_cast<std::size_t>(e.max_per_head),
+          shape_mismatch, "ids", "needs [batch][kv heads][max_per_head] entries");
+  const auto overlaps = [](const void* a, std::size_t na, const void* b, std::size_t nb) {
+    const auto* pa = static_cast<const char*>(a);
+    const auto* pb = static_cast<const char*>(b);
+    return na > 0 && nb > 0 && pa < pb + nb && pb < pa + na;
+  };
+  const std::size_t w = sizeof(std::int32_t);
+  const std::size_t ni = e.ids_in.size() * w, nc = e.count_in.size() * w;
+  const std::size_t no = e.ids.size() * w, nk = e.count.size() * w;
+  require(!overlaps(e.ids_in.data(), ni, e.ids.data(), no) &&
+              !overlaps(e.ids_in.data(), ni, e.count.data(), nk) &&
+              !overlaps(e.count_in.data(), nc, e.ids.data(), no) &&
+              !overlaps(e.count_in.data(), nc, e.count.data(), nk),
+          invalid_argument, "ids", "the outputs overlap the earlier selection");
+  detail::ExtendParams p{};
+  p.indptr = e.table.indptr.data();
+  p.last_page_len = e.table.last_page_len.data();
+  p.nnz = static_cast<int>(e.table.indices.size());
+  p.page_size = e.page_size;
+  p.max_pages = launch.max_pages_per_seq;
+  p.num_kv_heads = Hkv;
+  p.sink_pages = e.policy.sink_pages;
+  p.window_tokens = e.policy.window_tokens;
+  p.ids_in = e.ids_in.data();
+  p.count_in = e.count_in.data();
+  p.max_in = e.max_in;
+  p.ids = e.ids.data();
+  p.count = e.count.data();
+  p.max_per_head = e.max_per_head;
+  p.err = launch.workspace->impl().err.get();
+  p.bad_indptr = kBadIndptr;
+  p.bad_last_len = kBadLastLen;
+  p.bad_capacity = kBadCapacity;
+  p.bad_selection = kBadSelection;
+  detail::launch_extend_kept(p, B, launch.stream);
   if (launch.check_errors) launch.workspace->check(launch.stream);
 }
 

@@ -39,6 +39,7 @@
 #include <vector>
 
 #include "append_check.hpp"
+#include "extend_check.hpp"
 #include "bench_util.cuh"
 #include "hier_case.cuh"
 #include "masskv/attn/decode.hpp"
@@ -2959,7 +2960,7 @@ int main(int argc, char** argv) {
       "check",          "decode-check",  "select-selftest", "select-check",
       "select-compact-check", "profile", "profile-select",  "profile-hier [N]",
       "profile-gauss",  "profile-phases", "bench OUT.json", "prefill-check",
-      "prefill-bench OUT.json", "append-check"};
+      "prefill-bench OUT.json", "append-check", "extend-check"};
   const auto known = [&] {
     for (const std::string_view m : modes)
       if (m.substr(0, m.find(' ')) == mode) return true;
@@ -2981,14 +2982,16 @@ int main(int argc, char** argv) {
       const int select = run_select_check();
       const int prefill = run_prefill_check();
       const int append = run_append_check();
+      const int extend = run_extend_check();
       // Last: the newest kernels (a sticky CUDA error would fail every later section).
       const int compact = run_compact_check();
-      const bool bad = decode_rc || selftest || select || compact || prefill || append;
+      const bool bad =
+          decode_rc || selftest || select || compact || prefill || append || extend;
       std::printf(
           "ALL CHECKS %s (decode %s, select-selftest %d, select %d, select-compact %d, prefill "
-          "%d, append %d failure(s))\n",
+          "%d, append %d, extend_kept %d failure(s))\n",
           bad ? "FAILED" : "PASSED", decode_rc ? "FAILED" : "passed", selftest, select, compact,
-          prefill, append);
+          prefill, append, extend);
       return bad ? 1 : 0;
     }
     if (mode == "decode-check") return run_check();
@@ -3003,6 +3006,7 @@ int main(int argc, char** argv) {
     if (mode == "bench") return run_bench(argc > 2 ? argv[2] : "bench_ours.json");
     if (mode == "prefill-check") return run_prefill_check() ? 1 : 0;
     if (mode == "append-check") return run_append_check() ? 1 : 0;
+    if (mode == "extend-check") return run_extend_check() ? 1 : 0;
     if (mode == "prefill-bench")
       return run_prefill_bench(argc > 2 ? argv[2] : "bench_prefill.json");
   } catch (const Error& e) {

@@ -209,6 +209,28 @@ struct MomentUpdateArgs {
 };
 void update_moments(const MomentUpdateArgs& args, const SelectLaunch& launch);
 
+// A page selection made at an earlier decode step, brought up to the table's current lengths
+// (select::extend_kept's lists, bit for bit; SessionOptions::reselect_every): each list keeps
+// its pages and gains the kept pages of the current length (policy.sink_pages, the pages of
+// the last policy.window_tokens, the last page; policy.budget_pages is not used). One small
+// kernel: the steps between two selections run it instead of the selection chain. `ids_in` /
+// `count_in` ([B][Hkv][max_in], [B][Hkv]) must not overlap the outputs. Errors set the
+// workspace's flag: "indptr", "last_page_len" (as quest_select), "selection" (a list that is
+// not ascending or holds a page beyond its sequence), "max_per_head" (an extended list longer
+// than the output lists: size them with select_capacity plus the pages appended between
+// selections); the affected lists are then empty.
+struct ExtendKeptArgs {
+  kv::PageTable table;  // device page table of the sequences now
+  int page_size = 16;
+  select::TopkPolicy policy;
+  int max_in = 0;
+  std::span<const std::int32_t> ids_in, count_in;
+  int max_per_head = 0;
+  std::span<std::int32_t> ids, count;
+};
+// launch.max_pages_per_seq bounds the pages per sequence (longer: "indptr").
+void extend_kept(const ExtendKeptArgs& args, const SelectLaunch& launch);
+
 // An upper bound, computable on the host, of the selected pages of any sequence with at most
 // max_pages_per_seq pages (size max_per_head with it): min(max_pages, max(budget, kept)),
 // kept <= sinks + the pages covering the window + the last page.
