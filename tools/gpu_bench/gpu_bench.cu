@@ -2577,6 +2577,55 @@ int run_bench(const char* json_path) {
       };
       const double gus_graph = step_graph(quest);
       layers_row("ours_sparse_quest_gpu_sel_layers_graph", bytes + summary_bytes, quest);
+      // Selection reuse (SessionOptions::reselect_every): a step between two selections
+      // extends the last lists (cuda::extend_kept, from the lists quest just left in g_ids)
+      // and decodes on them; a selection serving R steps costs (fresh + (R - 1) x reuse) / R
+      // per step, both timed here as graphs. Quality: masskv reuse (docs/study.md).
+      const int e_cap = cap + (pol.window_tokens + P - 1) / P + 2;
+      std::vector<DevBuf<std::int32_t>> e_ids, e_cnt;
+      std::vector<SelectionView> esv(kQRot);
+      for (int r = 0; r < kQRot; ++r) {
+        e_ids.emplace_back(static_cast<std::size_t>(sh.batch) * Hkv * e_cap);
+        e_cnt.emplace_back(static_cast<std::size_t>(sh.batch) * Hkv);
+        esv[r] = {SelectionView::Unit::page, sh.batch, Hkv, e_cap, {e_ids[r].p, e_ids[r].n},
+                  {e_cnt[r].p, e_cnt[r].n}};
+      }
+      const double reuse_us = time_graph_us(kQRot, kWarm, kIters, [&](int r, cudaStream_t st) {
+        const cuda::QuestSelectArgs sa = sel_args(r);
+        cuda::ExtendKeptArgs ea;
+        ea.table = sa.table;
+        ea.page_size = P;
+        ea.policy = pol;
+        ea.max_in = cap;
+        ea.ids_in = {g_ids[r].p, g_ids[r].n};
+        ea.count_in = {g_cnt[r].p, g_cnt[r].n};
+        ea.max_per_head = e_cap;
+        ea.ids = {e_ids[r].p, e_ids[r].n};
+        ea.count = {e_cnt[r].p, e_cnt[r].n};
+        cuda::SelectLaunch l2 = sl;
+        l2.stream = st;
+        cuda::extend_kept(ea, l2);
+        attn::DecodeArgs a = args_for(r);
+        a.selection = &esv[r];
+        cuda::DecodeLaunch l = launch;
+        l.stream = st;
+        cuda::decode(a, l);
+      });
+      sws.check(nullptr);
+      ws.check(nullptr);
+      rows.push_back({"ours_sparse_reuse_step_graph", sh.ctx, sh.batch, budget, reuse_us, bytes});
+      // Amortised rows of a selector whose fresh step (select + decode, graph) took fresh_us.
+      const auto reuse_rows = [&](const std::string& tag, double fresh_us, double sel_bytes) {
+        for (const int R : {4, 8, 16}) {
+          const double us = (fresh_us + (R - 1) * reuse_us) / R;
+          std::printf("  reuse ctx=%7d B=%2d budget=%5d: %s selection every %2d steps %.1f us "
+                      "per step (fresh %.1f, reuse %.1f)\n",
+                      sh.ctx, sh.batch, budget, tag.c_str(), R, us, fresh_us, reuse_us);
+          rows.push_back({"ours_sparse_" + tag + "_gpu_sel_reuse" + std::to_string(R) + "_graph",
+                          sh.ctx, sh.batch, budget, us, bytes + sel_bytes / R});
+        }
+      };
+      reuse_rows("quest", gus_graph, summary_bytes);
       // The whole decode step of issue 7 item 4 in one graph: append, select, attend.
       const double append_step = step_graph([&](int r, cudaStream_t st) {
         cuda::append(append_args(r), aws, st, false);
@@ -2660,8 +2709,10 @@ int run_bench(const char* json_path) {
             {"gpu_" + tag + "_select", sh.ctx, sh.batch, budget, sel_us, sel_bytes, 0, rec, same});
         rows.push_back({"ours_sparse_" + tag + "_gpu_sel_graph", sh.ctx, sh.batch, budget, step_us,
                         bytes + sel_bytes, 0, rec, same});
-        if (tag == "hier")
+        if (tag == "hier") {
           layers_row("ours_sparse_hier_gpu_sel_layers_graph", bytes + sel_bytes, select_fn);
+          reuse_rows("hier", step_us, sel_bytes);
+        }
       };
       const auto on = [&](cudaStream_t st) {
         cuda::SelectLaunch l2 = sl;

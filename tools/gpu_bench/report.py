@@ -244,6 +244,33 @@ def layers_table(ours_rows, peer_rows):
         ["context", "cuDNN"] + [name for _, name in LAYER_COLS], lines)
 
 
+def reuse_table(rows, cudnn):
+    """Selection reuse (SessionOptions::reselect_every): the fresh step (select + decode), the
+    step between selections (cuda::extend_kept + decode), and per step when one selection
+    serves R steps, (fresh + (R - 1) x reuse) / R, with its speedup against cuDNN dense
+    decode. The quality side is `masskv reuse` (docs/study.md)."""
+    by = rows_by_shape(rows)
+    lines = []
+    for (ctx, batch, hq, budget), k in sorted(by.items()):
+        if "ours_sparse_reuse_step_graph" not in k:
+            continue
+        c = cudnn.get((ctx, batch, hq))
+        us = lambda kind: f"{k[kind]['us']:.1f}" if kind in k else "-"
+        cells = []
+        for tag in ("quest", "hier"):
+            for R in (4, 8, 16):
+                kind = f"ours_sparse_{tag}_gpu_sel_reuse{R}_graph"
+                cells.append(us(kind) + (f" ({c / k[kind]['us']:.1f}x)" if c and kind in k else ""))
+        lines.append(f"| {ctx // 1024}K | {batch} | {hq} | {budget} | "
+                     f"{us('ours_sparse_quest_gpu_sel_graph')} | {us('ours_sparse_hier_gpu_sel_graph')} | "
+                     f"{us('ours_sparse_reuse_step_graph')} | " + " | ".join(cells) + " |")
+    return captioned(
+        "Selection reuse: µs per step when one selection serves R steps (× cuDNN dense decode); "
+        "fresh = select + decode, reuse = extend_kept + decode, each one CUDA graph.",
+        ["context", "B", "Hq", "budget", "flat step", "hier step", "reuse step"]
+        + [f"{t} R={R}" for t in ("flat", "hier") for R in (4, 8, 16)], lines)
+
+
 def gauss_table(rows, cudnn, ceiling):
     """Entmax-aware hierarchical selection (Gaussian-τ from pooled moments): selection µs, the
     step with softmax and with 1.5-entmax decode (CUDA graph), the bytes the entmax step reads
@@ -327,6 +354,7 @@ def main():
     lines += compact_table(ours["rows"], cudnn)
     lines += fused_table(ours["rows"], cudnn)
     lines += layers_table(ours["rows"], peer["rows"])
+    lines += reuse_table(ours["rows"], cudnn)
     lines += gauss_table(ours["rows"], cudnn, ceiling)
     lines += flex_table(ours["rows"], peer["rows"], cudnn)
     open(sys.argv[3], "w").write("\n".join(lines) + "\n")
