@@ -396,6 +396,29 @@ TEST(SessionReselect, ReusesUntilRStepsOrAPrefillOrANewSelector) {
   EXPECT_EQ(seen, (std::vector<L>{{0, 1, 2}, {0, 1, 2}, {0, 1, 2}, {0, 1, 2}, {0, 2, 3}}));
   run(4);  // selects at lengths 9 and 13
   EXPECT_EQ(seen, (std::vector<L>{{0, 1, 2}, {0, 1, 2}, {0, 1, 2}, {0, 1, 2}, {0, 2, 3}}));
+  {
+    // reselect_cos 1: a new token's query never points exactly as the old one did, so every
+    // step selects (the R = 1 lists); the counters say so. -1 leaves R alone in charge.
+    SessionOptions o = so;
+    o.reselect_every = 100;
+    o.reselect_cos = 1.0;
+    Session x(*m, o);
+    x.prefill(prompt, logits);
+    seen.clear();
+    double fresh = 0, layers = 0;
+    for (std::size_t i = 8; i < 13; ++i) {
+      x.decode(toks[i], logits);
+      fresh += x.last_decode_stats().fresh_selections;
+      layers += x.last_decode_stats().selector_layers;
+    }
+    EXPECT_EQ(seen.back(), (L{0, 2, 3}));
+    EXPECT_EQ(layers, 5.0 * m->config().n_layer);
+    EXPECT_EQ(fresh, layers);
+    x.set_reselect(100, -1);
+    x.decode(toks[0], logits);  // selects (set_reselect), then reuses
+    x.decode(toks[1], logits);
+    EXPECT_EQ(x.last_decode_stats().fresh_selections, 0.0);
+  }
   std::vector<float> reused(V);
   Session s = run(100, &reused);
   EXPECT_EQ(seen.back(), (L{0, 1, 2, 3}));
@@ -425,6 +448,7 @@ TEST(SessionReselect, ReusesUntilRStepsOrAPrefillOrANewSelector) {
         Session x(*m, bad);
       },
       ErrorCode::invalid_argument, "reselect_every");
+  test::expect_error([&] { s.set_reselect(4, 1.5); }, ErrorCode::invalid_argument, "reselect_cos");
 }
 
 TEST(SessionFork, FullPoolThrowsBeforeAnyLayerAppends) {

@@ -34,7 +34,7 @@ struct Lane {
   model::TokenId best = -1;  // argmax of the logits after the last step
   std::vector<model::TokenId> generated;
   Outcome out;
-  double read = 0, total = 0, delta = 0, certified = 0, heads = 0;
+  double read = 0, total = 0, delta = 0, certified = 0, heads = 0, selector_layers = 0, fresh = 0;
 
   // The token to decode next (the prompt's rest, then greedy), or nullopt when done: at a stop
   // token, or once max_new tokens are generated (the last one is never decoded).
@@ -55,6 +55,8 @@ struct Lane {
     delta += st.delta_bound_sum;
     certified += st.certified;
     heads += st.heads;
+    selector_layers += st.selector_layers;
+    fresh += st.fresh_selections;
     out.decode_seconds += seconds;
     ++out.steps;
     ++fed;
@@ -64,6 +66,7 @@ struct Lane {
     out.output = tok.decode(generated, false);
     out.score = score(sample, out.output);
     out.kv_read = total > 0 ? read / total : 1.0;
+    out.fresh_select = selector_layers > 0 ? fresh / selector_layers : 1.0;
     if (heads > 0) {
       out.delta_bound = delta / heads;
       out.certified = certified / heads;
@@ -201,7 +204,7 @@ std::vector<Outcome> run_sample(const model::Model& model, const model::ChatTemp
     while (lanes.size() < lanes_max && started < configs.size()) {
       auto lane = std::make_unique<Lane>(started, roots[root_of[started]]->fork());
       lane->session.set_selector(configs[started].selector);
-      lane->session.set_reselect_every(configs[started].reselect_every);
+      lane->session.set_reselect(configs[started].reselect_every, configs[started].reselect_cos);
       lanes.push_back(std::move(lane));
       ++started;
     }

@@ -49,6 +49,31 @@ void check_selector(const std::optional<select::SelectorConfig>& selector, const
           "the first token)");
 }
 
+void check_reselect(int every, double min_cos) {
+  require(every >= 1, ErrorCode::invalid_argument, "reselect_every", "must be >= 1, got ", every);
+  require(min_cos >= -1 && min_cos <= 1, ErrorCode::invalid_argument, "reselect_cos",
+          "must be in [-1, 1], got ", min_cos);
+}
+
+// Whether every q head of `q` ([Hq][d]) is within min_cos of its row in `ref` (cosine).
+bool queries_close(std::span<const float> q, std::span<const float> ref, std::size_t d,
+                   double min_cos) {
+  if (min_cos <= -1) return true;
+  for (std::size_t h = 0; h * d < q.size(); ++h) {
+    double dot = 0, a = 0, b = 0;
+    for (std::size_t x = h * d; x < (h + 1) * d; ++x) {
+      dot += static_cast<double>(q[x]) * ref[x];
+      a += static_cast<double>(q[x]) * q[x];
+      b += static_cast<double>(ref[x]) * ref[x];
+    }
+    // A zero query has no direction: it counts as turned away unless both are zero.
+    const double n = std::sqrt(a * b);
+    const double cos = n > 0 ? dot / n : (a == b ? 1.0 : -1.0);
+    if (cos < min_cos) return false;
+  }
+  return true;
+}
+
 void check_score_multipliers(std::span<const float> t, const ModelConfig& c) {
   if (t.empty()) return;
   require(t.size() == sz(c.n_layer) * sz(c.n_head), ErrorCode::shape_mismatch, "score_multipliers",
@@ -127,6 +152,7 @@ struct Session::Impl {
   struct Reusable {
     SelectionStorage selection;
     std::int64_t length = 0, last_step = 0;
+    std::vector<float> q;  // [Hq][d]: the queries it was made for (reselect_cos)
   };
   std::vector<Reusable> reusable;
 };
@@ -154,8 +180,7 @@ Session::Session(const Model& model, SessionOptions options)
   check_score_multipliers(options.score_multipliers, c);
   require(options.fork_pages >= 0, ErrorCode::invalid_argument, "fork_pages", "must be >= 0, got ",
           options.fork_pages);
-  require(options.reselect_every >= 1, ErrorCode::invalid_argument, "reselect_every",
-          "must be >= 1, got ", options.reselect_every);
+  check_reselect(options.reselect_every, options.reselect_cos);
   kv::CacheConfig cc;
   cc.num_kv_heads = c.n_head_kv;
   cc.head_dim = c.head_dim;
@@ -238,9 +263,10 @@ void Session::set_selector(std::optional<select::SelectorConfig> selector) {
   for (auto& r : impl_->reusable) r.length = 0;
 }
 
-void Session::set_reselect_every(int every) {
-  require(every >= 1, ErrorCode::invalid_argument, "reselect_every", "must be >= 1, got ", every);
+void Session::set_reselect(int every, double min_cos) {
+  check_reselect(every, min_cos);
   impl_->opt.reselect_every = every;
+  impl_->opt.reselect_cos = min_cos;
   for (auto& r : impl_->reusable) r.length = 0;
 }
 
@@ -467,11 +493,16 @@ void attend(const Model& model, Scratch& w, const Segment& seg, std::size_t row0
   const learn::LayerSelector* ls = learned ? s.learned_layers[sz(layer)] : nullptr;
   if (s.opt.selector && !local && (!learned || ls != nullptr)) {
     Session::Impl::Reusable& r = s.reusable[sz(layer)];
-    // Reused when one token was appended since the layer's last step (no prefill between)
-    // and the selection is fewer than reselect_every steps old.
-    const bool reuse =
-        r.length > 0 && len == r.last_step + 1 && len - r.length < s.opt.reselect_every;
+    // Reused when one token was appended since the layer's last step (no prefill between),
+    // the selection is fewer than reselect_every steps old and (reselect_cos) every q head
+    // still points near the query it was made for.
+    const std::span<const float> q_step(w.q.data() + q_off, sz(Hq) * sz(D));
+    const bool reuse = r.length > 0 && len == r.last_step + 1 &&
+                       len - r.length < s.opt.reselect_every &&
+                       queries_close(q_step, r.q, sz(D), s.opt.reselect_cos);
     r.last_step = len;
+    stats.selector_layers += 1;
+    stats.fresh_selections += reuse ? 0 : 1;
     if (reuse) {
       select::extend_kept(r.selection.view(), view.table, ps, *s.opt.selector, w.reused);
       sv = w.reused.view();
@@ -497,6 +528,7 @@ void attend(const Model& model, Scratch& w, const Segment& seg, std::size_t row0
       if (s.opt.reselect_every > 1) {
         r.selection = w.sel_out.selection;
         r.length = len;
+        r.q.assign(q_step.begin(), q_step.end());
       }
     }
     a.selection = &sv;

@@ -127,7 +127,8 @@ check eval-bad-budget 2 '--budgets' -- "$bin" eval --budgets 3/2
 check eval-too-long 2 'context' -- "$bin" eval --tasks vt --lengths 1M
 check eval-bad-batch 2 '--batch' -- "$bin" eval --batch -1
 check eval-bad-reselect 2 'decode selectors only' -- "$bin" eval --methods dense@4
-check eval-bad-reselect-steps 2 'whole number' -- "$bin" eval --methods quest@0
+check eval-bad-reselect-steps 2 'METHOD@R' -- "$bin" eval --methods quest@0
+check eval-bad-reselect-cos 2 'METHOD@RcCOS' -- "$bin" eval --methods quest@4c1.5
 ev=(--tasks niah_single_number --lengths 512 --samples 1 --budgets 1/8 -t 1 --no-plots
     -o "$tmp/eval")
 check eval-tiny 0 '\| quest \| 1/8 \| softmax \|' -- "$bin" eval "${ev[@]}" --methods dense,quest
@@ -139,7 +140,7 @@ check eval-widens 0 '2 results cached, 1 samples to run' -- \
 check eval-cache-lines 0 '^3$' -- bash -c "wc -l < '$tmp/eval/cache.jsonl'"
 check eval-reselect 0 '\| quest@2 \| 1/8 \| softmax \|' -- "$bin" eval --tasks \
   niah_single_number --lengths 512 --samples 1 --budgets 1/8 -t 1 --no-plots \
-  --methods dense,quest@2 -o "$tmp/eval-reselect"
+  --methods dense,quest@2,quest@4c0.9 -o "$tmp/eval-reselect"
 # One sample on 2 kernel threads: the same records as on one thread (timings aside).
 evw=(--tasks niah_single_number --lengths 512 --samples 1 --budgets 1/8 --no-plots
      --methods dense,quest,sink_recent)

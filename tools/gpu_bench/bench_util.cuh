@@ -6,6 +6,7 @@
 
 #include "masskv/cuda/arch.hpp"
 #include "masskv/kv/paged_kv.hpp"
+#include "masskv/select/selection.hpp"
 
 #include <algorithm>
 #include <cstdint>
@@ -116,6 +117,22 @@ std::vector<cudaGraphExec_t> capture_graphs(int rot, cudaStream_t st, F&& step) 
 
 // The benchmarks' KV pool: bf16 K and V of num_pages HND pages (kv_heads x page x d each),
 // read through `table` (device spans, or host spans for PagedKVView::validate).
+// Per-rotation device selections: lists [batch][heads][cap] and counts, and their views.
+struct DeviceLists {
+  std::vector<DevBuf<std::int32_t>> ids, count;
+  std::vector<masskv::SelectionView> views;
+  DeviceLists(int rotations, int batch, int heads, int cap) {
+    for (int r = 0; r < rotations; ++r) {
+      ids.emplace_back(static_cast<std::size_t>(batch) * heads * cap);
+      count.emplace_back(static_cast<std::size_t>(batch) * heads);
+    }
+    for (int r = 0; r < rotations; ++r) {
+      views.push_back({masskv::SelectionView::Unit::page, batch, heads, cap,
+                       {ids[r].p, ids[r].n}, {count[r].p, count[r].n}});
+    }
+  }
+};
+
 inline masskv::kv::PagedKVView bf16_hnd_pool(const void* k, const void* v, int num_pages,
                                              int kv_heads, int page, int d,
                                              const masskv::kv::PageTable& table) {

@@ -2482,14 +2482,10 @@ int run_bench(const char* json_path) {
 
       // GPU selection into per-rotation device lists, consumed by the same decode.
       const int cap = cuda::select_capacity(pages, P, pol);
-      std::vector<DevBuf<std::int32_t>> g_ids, g_cnt;
-      std::vector<SelectionView> gsv(kQRot);
-      for (int r = 0; r < kQRot; ++r) {
-        g_ids.emplace_back(static_cast<std::size_t>(sh.batch) * Hkv * cap);
-        g_cnt.emplace_back(static_cast<std::size_t>(sh.batch) * Hkv);
-        gsv[r] = {SelectionView::Unit::page, sh.batch, Hkv, cap, {g_ids[r].p, g_ids[r].n},
-                  {g_cnt[r].p, g_cnt[r].n}};
-      }
+      DeviceLists glists(kQRot, sh.batch, Hkv, cap);
+      auto& g_ids = glists.ids;
+      auto& g_cnt = glists.count;
+      auto& gsv = glists.views;
       auto sel_args = [&](int r) {
         const int t = r % rot;
         r %= kQRot;
@@ -2582,14 +2578,10 @@ int run_bench(const char* json_path) {
       // and decodes on them; a selection serving R steps costs (fresh + (R - 1) x reuse) / R
       // per step, both timed here as graphs. Quality: masskv reuse (docs/study.md).
       const int e_cap = cap + (pol.window_tokens + P - 1) / P + 2;
-      std::vector<DevBuf<std::int32_t>> e_ids, e_cnt;
-      std::vector<SelectionView> esv(kQRot);
-      for (int r = 0; r < kQRot; ++r) {
-        e_ids.emplace_back(static_cast<std::size_t>(sh.batch) * Hkv * e_cap);
-        e_cnt.emplace_back(static_cast<std::size_t>(sh.batch) * Hkv);
-        esv[r] = {SelectionView::Unit::page, sh.batch, Hkv, e_cap, {e_ids[r].p, e_ids[r].n},
-                  {e_cnt[r].p, e_cnt[r].n}};
-      }
+      DeviceLists elists(kQRot, sh.batch, Hkv, e_cap);
+      auto& e_ids = elists.ids;
+      auto& e_cnt = elists.count;
+      auto& esv = elists.views;
       const double reuse_us = time_graph_us(kQRot, kWarm, kIters, [&](int r, cudaStream_t st) {
         const cuda::QuestSelectArgs sa = sel_args(r);
         cuda::ExtendKeptArgs ea;

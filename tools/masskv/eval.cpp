@@ -11,6 +11,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <ctime>
 #include <filesystem>
 #include <fstream>
@@ -50,7 +51,7 @@ struct EvalOptions {
   std::uint64_t seed = 1;
   int threads = 0;
   int workers = 0;  // samples at once (0: one per thread)
-  int batch = 0;  // configurations per decode step (0: all of a sample's)
+  int batch = 0;    // configurations per decode step (0: all of a sample's)
   std::string out_dir = "out/eval";
   std::string cache;  // default <out_dir>/cache.jsonl
   std::string text;   // default: the Debian Policy Manual
@@ -110,19 +111,33 @@ struct MethodRow {
 };
 
 // "quest@8": quest with each layer's selection reused for 8 decode steps
-// (SessionOptions::reselect_every). Returns the method without "@R", and R (1 without).
-std::pair<std::string, int> split_reselect(const std::string& m) {
+// (SessionOptions::reselect_every); "quest@8c0.9" also selects again when a q head's query
+// turns further than cos 0.9 from the selection's (reselect_cos).
+struct Reselect {
+  std::string method;
+  int every = 1;
+  double min_cos = -1;
+};
+Reselect split_reselect(const std::string& m) {
   const auto at = m.find('@');
-  if (at == std::string::npos) return {m, 1};
-  const std::string r = m.substr(at + 1);
-  int every = 0;
-  const auto [end, ec] = std::from_chars(r.data(), r.data() + r.size(), every);
-  require(ec == std::errc() && end == r.data() + r.size() && every >= 1,
-          ErrorCode::invalid_argument, "--methods", "'", m,
-          "': the decode steps after @ must be a whole number >= 1");
-  return {m.substr(0, at), every};
+  if (at == std::string::npos) return {m, 1, -1};
+  Reselect r{m.substr(0, at), 0, -1};
+  const std::string rest = m.substr(at + 1);
+  const char* const end = rest.data() + rest.size();
+  const auto [p, ec] = std::from_chars(rest.data(), end, r.every);
+  bool ok = ec == std::errc() && r.every >= 1;
+  if (ok && p != end) {
+    const std::string c(p + 1, end);
+    char* stop = nullptr;
+    r.min_cos = std::strtod(c.c_str(), &stop);
+    ok = *p == 'c' && !c.empty() && stop == c.c_str() + c.size() && r.min_cos >= -1 &&
+         r.min_cos <= 1;
+  }
+  require(ok, ErrorCode::invalid_argument, "--methods", "'", m,
+          "': write METHOD@R or METHOD@RcCOS (R decode steps >= 1, COS in [-1, 1])");
+  return r;
 }
-std::string base_method(const std::string& m) { return split_reselect(m).first; }
+std::string base_method(const std::string& m) { return split_reselect(m).method; }
 
 bool is_dense(const std::string& m) { return m == "dense" || m == "dense_entmax"; }
 // Sparse prefill rows (docs/prefill.md): the context prefilled sparsely, decode dense.
@@ -139,9 +154,10 @@ std::vector<MethodRow> method_rows(const std::vector<std::string>& methods,
                                    const std::vector<std::string>& budgets) {
   std::vector<MethodRow> rows;
   for (const std::string& m : methods) {
-    const auto [base, every] = split_reselect(m);
-    require(every == 1 || (!is_dense(base) && !is_prefill(base)), ErrorCode::invalid_argument,
-            "--methods", "'", m, "': @R (reuse a selection) applies to decode selectors only");
+    const auto [base, every, min_cos] = split_reselect(m);
+    require(m.find('@') == std::string::npos || (!is_dense(base) && !is_prefill(base)),
+            ErrorCode::invalid_argument, "--methods", "'", m,
+            "': @R (reuse a selection) applies to decode selectors only");
     if (is_prefill(base)) {
       (void)parse_prefill_row(base, "--methods");
     } else if (!is_dense(base)) {
@@ -170,10 +186,11 @@ eval::DecodeConfig decode_config(const MethodRow& row, std::int64_t length, cons
     c.prefill.budget = parse_prefill_budget(row.budget, "--budgets");
     return c;
   }
-  const auto [base, every] = split_reselect(row.method);
-  c.reselect_every = every;
+  const Reselect rs = split_reselect(row.method);
+  c.reselect_every = rs.every;
+  c.reselect_cos = rs.min_cos;
   select::SelectorConfig s;
-  s.method = select::parse_method(base, "--methods");
+  s.method = select::parse_method(rs.method, "--methods");
   s.mapping = c.mapping;
   s.sink_pages = o.sink_pages;
   s.window_tokens = o.window;
@@ -235,7 +252,7 @@ struct Record {
   int index = 0, steps = 0;
   std::uint64_t seed = 0;
   double score = 0, kv_read = 1, delta_bound = 0, certified = 1, decode_seconds = 0,
-         prefill_seconds = 0, prefill_kv_read = 1;
+         prefill_seconds = 0, prefill_kv_read = 1, fresh_select = 1;
   std::vector<std::string> answers;
 };
 
@@ -256,7 +273,8 @@ void to_json(json& j, const Record& r) {
            {"certified", r.certified},
            {"decode_seconds", r.decode_seconds},
            {"prefill_seconds", r.prefill_seconds},
-           {"prefill_kv_read", r.prefill_kv_read}};
+           {"prefill_kv_read", r.prefill_kv_read},
+           {"fresh_select", r.fresh_select}};
 }
 
 void from_json(const json& j, Record& r) {
@@ -277,6 +295,7 @@ void from_json(const json& j, Record& r) {
   j.at("decode_seconds").get_to(r.decode_seconds);
   j.at("prefill_seconds").get_to(r.prefill_seconds);
   r.prefill_kv_read = j.value("prefill_kv_read", 1.0);  // older caches: dense prefill
+  r.fresh_select = j.value("fresh_select", 1.0);        // older caches: no reuse
 }
 
 // Everything that changes a result is in the key: the page size, the kept pages and the
@@ -400,6 +419,7 @@ struct Cell {
   std::string task, method, budget, attention;
   std::int64_t length = 0;
   double n = 0, score = 0, kv_read = 0, delta_bound = 0, certified = 0, steps = 0, seconds = 0;
+  double fresh_select = 0;
   void add(const Record& r) {
     n += 1;
     score += r.score;
@@ -407,6 +427,7 @@ struct Cell {
     kv_read += is_prefill(r.method) ? r.prefill_kv_read : r.kv_read;
     delta_bound += r.delta_bound;
     certified += r.certified;
+    fresh_select += r.fresh_select;
     steps += r.steps;
     seconds += r.decode_seconds;
   }
@@ -454,9 +475,10 @@ void write_reports(const EvalOptions& o, const RunInfo& info, const std::vector<
     md.print("- model: `{}`\n- wall time: {:.0f} s ({} results computed, {} from the cache)\n\n",
              info.model_path, info.wall_seconds, info.computed, info.reused);
     if (info.missing > 0) {
-      md.print("- **incomplete** (`--report-only`): {} of the {} results asked for are not in the "
-               "cache; n counts the samples each cell has\n\n",
-               info.missing, info.missing + info.reused);
+      md.print(
+          "- **incomplete** (`--report-only`): {} of the {} results asked for are not in the "
+          "cache; n counts the samples each cell has\n\n",
+          info.missing, info.missing + info.reused);
     }
     md.print(
         "Accuracy = mean task score in % with its 95% Wilson interval over n samples; KV read "
@@ -478,15 +500,16 @@ void write_reports(const EvalOptions& o, const RunInfo& info, const std::vector<
                           o.entmax_conversion, o.conversion_hash));
     md.print(
         "| task | length | method | budget | attention | n | accuracy % (95% CI) | KV read % | "
-        "δ bound | certified % | tok/s |\n");
-    md.print("| --- | ---: | --- | --- | --- | ---: | --- | ---: | ---: | ---: | ---: |\n");
+        "δ bound | certified % | selected % | tok/s |\n");
+    md.print("| --- | ---: | --- | --- | --- | ---: | --- | ---: | ---: | ---: | ---: | ---: |\n");
     for (const Cell& c : cells) {
       const double m = c.mean(c.score);
       const auto [lo, hi] = wilson(m, c.n);
-      md.print("| {} | {} | {} | {} | {} | {:.0f} | {} ({}–{}) | {} | {:.3g} | {} | {:.1f} |\n",
-               c.task, c.length, c.method, c.budget, c.attention, c.n, pct(m), pct(lo), pct(hi),
-               pct(c.mean(c.kv_read)), c.mean(c.delta_bound), pct(c.mean(c.certified)),
-               c.seconds > 0 ? c.steps / c.seconds : 0.0);
+      md.print(
+          "| {} | {} | {} | {} | {} | {:.0f} | {} ({}–{}) | {} | {:.3g} | {} | {} | {:.1f} |\n",
+          c.task, c.length, c.method, c.budget, c.attention, c.n, pct(m), pct(lo), pct(hi),
+          pct(c.mean(c.kv_read)), c.mean(c.delta_bound), pct(c.mean(c.certified)),
+          pct(c.mean(c.fresh_select)), c.seconds > 0 ? c.steps / c.seconds : 0.0);
     }
   }
   // CSV: the same cells.
@@ -494,14 +517,14 @@ void write_reports(const EvalOptions& o, const RunInfo& info, const std::vector<
     auto csv = fmt::output_file((dir / "results.csv").string());
     csv.print(
         "task,length,method,budget,attention,n,accuracy,ci_lo,ci_hi,kv_read,delta_bound,"
-        "certified,tok_s\n");
+        "certified,fresh_select,tok_s\n");
     for (const Cell& c : cells) {
       const double m = c.mean(c.score);
       const auto [lo, hi] = wilson(m, c.n);
-      csv.print("{},{},{},{},{},{:.0f},{:.6g},{:.6g},{:.6g},{:.6g},{:.6g},{:.6g},{:.6g}\n", c.task,
-                c.length, c.method, c.budget, c.attention, c.n, m, lo, hi, c.mean(c.kv_read),
-                c.mean(c.delta_bound), c.mean(c.certified),
-                c.seconds > 0 ? c.steps / c.seconds : 0.0);
+      csv.print("{},{},{},{},{},{:.0f},{:.6g},{:.6g},{:.6g},{:.6g},{:.6g},{:.6g},{:.6g},{:.6g}\n",
+                c.task, c.length, c.method, c.budget, c.attention, c.n, m, lo, hi,
+                c.mean(c.kv_read), c.mean(c.delta_bound), c.mean(c.certified),
+                c.mean(c.fresh_select), c.seconds > 0 ? c.steps / c.seconds : 0.0);
     }
   }
   // JSON: run info, cells and every record (outputs included).
@@ -529,6 +552,7 @@ void write_reports(const EvalOptions& o, const RunInfo& info, const std::vector<
                             {"kv_read", c.mean(c.kv_read)},
                             {"delta_bound", c.mean(c.delta_bound)},
                             {"certified", c.mean(c.certified)},
+                            {"fresh_select", c.mean(c.fresh_select)},
                             {"tok_s", c.seconds > 0 ? c.steps / c.seconds : 0.0}});
     }
     j["records"] = records;
@@ -542,15 +566,15 @@ void print_summary(const std::vector<Cell>& cells, const std::vector<MethodRow>&
                    const std::vector<std::int64_t>& lengths, bool converted) {
   fmt::print("\n| method | budget | attention |");
   for (const std::int64_t L : lengths) fmt::print(" {} acc % | KV read % |", L);
-  fmt::print(" δ bound |\n| --- | --- | --- |");
+  fmt::print(" δ bound | selected % |\n| --- | --- | --- |");
   for (std::size_t i = 0; i < lengths.size(); ++i) fmt::print(" ---: | ---: |");
-  fmt::print(" ---: |\n");
+  fmt::print(" ---: | ---: |\n");
   for (const MethodRow& r : rows) {
     fmt::print("| {} | {} | {} |", r.method, r.budget,
                !r.entmax   ? "softmax"
                : converted ? "converted entmax"
                            : "entmax");
-    double delta = 0, n = 0;
+    double delta = 0, n = 0, fresh = 0;
     for (const std::int64_t L : lengths) {
       double acc = 0, kv = 0, k = 0;
       for (const Cell& c : cells) {
@@ -558,13 +582,14 @@ void print_summary(const std::vector<Cell>& cells, const std::vector<MethodRow>&
           acc += c.mean(c.score);
           kv += c.mean(c.kv_read);
           delta += c.delta_bound;
+          fresh += c.fresh_select;
           n += c.n;
           k += 1;
         }
       }
       fmt::print(" {} | {} |", k > 0 ? pct(acc / k) : "-", k > 0 ? pct(kv / k) : "-");
     }
-    fmt::print(" {:.3g} |\n", n > 0 ? delta / n : NAN);
+    fmt::print(" {:.3g} | {} |\n", n > 0 ? delta / n : NAN, n > 0 ? pct(fresh / n) : "-");
   }
 }
 
@@ -649,8 +674,8 @@ void run_eval(EvalOptions o, const std::string& cmdline) {
         Job job{{task, L, i, sample_seed(o.seed, task, L, i)}, {}};
         bool soft = false, ent = false;
         for (std::size_t r = 0; r < rows.size(); ++r) {
-          if (cache.find(record_key(model_name, job.id, rows[r],
-                                    row_tag(rows[r], tags))) != nullptr) {
+          if (cache.find(record_key(model_name, job.id, rows[r], row_tag(rows[r], tags))) !=
+              nullptr) {
             ++reused;
             continue;
           }
@@ -668,9 +693,9 @@ void run_eval(EvalOptions o, const std::string& cmdline) {
     }
   }
   const int threads = o.threads > 0 ? o.threads : omp_get_num_procs();
-  const int workers = std::max(
-      1, std::min<int>(o.workers > 0 ? std::min(o.workers, threads) : threads,
-                       static_cast<int>(jobs.size())));
+  const int workers =
+      std::max(1, std::min<int>(o.workers > 0 ? std::min(o.workers, threads) : threads,
+                                static_cast<int>(jobs.size())));
   // The threads not running a sample of their own go to the kernels inside the samples.
   const int kernel_threads = std::max(1, threads / workers);
   fmt::print(stderr,
@@ -750,6 +775,7 @@ void run_eval(EvalOptions o, const std::string& cmdline) {
             rec.decode_seconds = oc.decode_seconds;
             rec.prefill_seconds = oc.prefill_seconds;
             rec.prefill_kv_read = oc.prefill_kv_read;
+            rec.fresh_select = oc.fresh_select;
             cache.add(std::move(rec), row_tag(row, tags));
           }
           std::lock_guard<std::mutex> lock(progress_mutex);
@@ -777,8 +803,7 @@ void run_eval(EvalOptions o, const std::string& cmdline) {
         Cell c{task, row.method, row.budget, attention_label(row, o), L};
         for (int i = 0; i < o.samples; ++i) {
           const SampleId id{task, L, i, sample_seed(o.seed, task, L, i)};
-          if (const Record* r =
-                  cache.find(record_key(model_name, id, row, row_tag(row, tags)))) {
+          if (const Record* r = cache.find(record_key(model_name, id, row, row_tag(row, tags)))) {
             c.add(*r);
             records.push_back(*r);
           }
@@ -842,7 +867,8 @@ void register_eval(CLI::App& app, const std::string& cmdline) {
                 "prefill_block<K>, prefill_shared<K>, prefill_index<K>, prefill_learned<K> (with "
                 "--selector-file) for key blocks K = 16, "
                 "64, 128 (the budget: of the keys before each query block). A decode selector "
-                "with @R (quest@8) reuses each layer's selection for R decode steps")
+                "with @R (quest@8) reuses each layer's selection for R decode steps; @RcCOS "
+                "(quest@8c0.9) also selects again when a query turns past cos COS")
       ->delimiter(',');
   e->add_option("--budgets", o->budgets,
                 "KV budgets: fractions of the length (1/16) or tokens (256); caps for top_p, "
@@ -852,8 +878,7 @@ void register_eval(CLI::App& app, const std::string& cmdline) {
       ->delimiter(',');
   e->add_option("--samples", o->samples, "Samples per task and length (0: the preset's)");
   e->add_option("--seed", o->seed, "Seed of the generated samples")->capture_default_str();
-  e->add_option("-t,--threads", o->threads, "Threads in all (0: all cores)")
-      ->capture_default_str();
+  e->add_option("-t,--threads", o->threads, "Threads in all (0: all cores)")->capture_default_str();
   e->add_option("--workers", o->workers,
                 "Samples run at once, each on threads / workers kernel threads (0: one sample "
                 "per thread; fewer, for long samples on many cores)")

@@ -54,6 +54,11 @@ void add_model_options(CLI::App* app, ModelOptions& o, bool with_threads) {
                   "selection (plus the pages appended since) for R - 1 steps")
       ->check(CLI::Range(1, 1 << 20))
       ->capture_default_str();
+  app->add_option("--reselect-cos", o.reselect_cos,
+                  "With --reselect-every: select again early when a q head's query turns past "
+                  "this cosine from the one the selection was made for (-1: never)")
+      ->check(CLI::Range(-1.0, 1.0))
+      ->capture_default_str();
   app->add_option("--entmax-conversion", o.entmax_conversion,
                   "Run the converted entmax model: a `masskv convert` file (α and per-head "
                   "temperatures fitted to this model); enables --selector entmax_support");
@@ -132,6 +137,7 @@ std::shared_ptr<const learn::Selector> load_selector(const std::string& path) {
 void apply_selector(const ModelOptions& o, std::int64_t context, model::SessionOptions& so) {
   so.selector = selector_config(o, context, so.mapping);
   so.reselect_every = o.reselect_every;
+  so.reselect_cos = o.reselect_cos;
   so.learned_key_format = kv::parse_row_format(o.selector_key_format, "--selector-key-format");
   if (!so.selector || so.selector->method != select::Method::learned) return;
   require(!o.selector_file.empty(), ErrorCode::invalid_argument, "--selector-file",
@@ -141,7 +147,8 @@ void apply_selector(const ModelOptions& o, std::int64_t context, model::SessionO
 
 std::string selector_label(const ModelOptions& o, const std::optional<select::SelectorConfig>& c) {
   if (!c) return "dense";
-  const std::string every = o.reselect_every > 1 ? fmt::format(" @{}", o.reselect_every) : "";
+  std::string every = o.reselect_every > 1 ? fmt::format(" @{}", o.reselect_every) : "";
+  if (o.reselect_every > 1 && o.reselect_cos > -1) every += fmt::format("c{:g}", o.reselect_cos);
   if (c->budget.kind == select::Budget::Kind::top_p && o.selector != "top_p") {
     return c->budget.tokens > 0
                ? fmt::format("{} p{:g}:{}{}", o.selector, c->budget.p, c->budget.tokens, every)

@@ -28,13 +28,14 @@ struct ModelOptions {
   int window = 64;
   double top_p_mass = 0.95;
   int page_size = 16;
-  int reselect_every = 1;  // decode steps one selection serves (SessionOptions)
+  int reselect_every = 1;         // decode steps one selection serves (SessionOptions)
+  double reselect_cos = -1;       // ... unless a query turns past this cosine
   std::string entmax_conversion;  // a `masskv convert` file: run the converted entmax model
 };
 
 // Registers -m, -t (unless with_threads is false), --selector, --budget, --budget-min,
 // --selector-file, --selector-key-format, --sink-pages, --window, --top-p-mass, --page,
-// --reselect-every, --entmax-conversion.
+// --reselect-every, --reselect-cos, --entmax-conversion.
 void add_model_options(CLI::App* app, ModelOptions& o, bool with_threads = true);
 // The attention of the sessions: softmax (the model as trained), or with --entmax-conversion
 // the converted entmax model (mapping entmax(α) + the per-head temperatures), the file checked

@@ -35,8 +35,10 @@ struct DecodeConfig {
   // Decode stays dense unless `selector` is set. Configurations share a prefill only when
   // this matches too.
   select::PrefillSelectConfig prefill;
-  // Decode steps one selection serves (SessionOptions::reselect_every).
+  // Decode steps one selection serves, and the query change that ends it early
+  // (SessionOptions::reselect_every, reselect_cos).
   int reselect_every = 1;
+  double reselect_cos = -1;
 };
 
 struct Outcome {
@@ -54,6 +56,8 @@ struct Outcome {
   double prefill_seconds = 0;  // the shared prefill this configuration used (not divided)
   // (query, key) pairs that prefill attended / what dense prefill attends (all layers).
   double prefill_kv_read = 1;
+  // Layer steps that selected / layer steps that ran a selector (1 without reuse or selector).
+  double fresh_select = 1;
 };
 
 struct RunOptions {

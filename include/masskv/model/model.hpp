@@ -160,6 +160,10 @@ struct SessionOptions {
   // any append of more than one token, makes the next step select again; so does
   // set_selector. Forks keep the parent's selections.
   int reselect_every = 1;
+  // With reselect_every > 1, a layer also selects again when a q head's query turned away
+  // from the one the selection was made for: cos(q, q_selected) < reselect_cos for any q
+  // head (in [-1, 1]; -1: only every reselect_every steps).
+  double reselect_cos = -1;
   // The learned selector whose key cache the session keeps from its first token (so forks can
   // decode with Method::learned; set_selector may switch to it later). Checked against the
   // model: Error(invalid_argument, "selector"). Null: no key cache, Method::learned refused.
@@ -209,6 +213,9 @@ struct DecodeStats {
   // Wall time of this session's attention in the step (selection, diagnostics, kernel), all
   // layers: in a batched step the rest of the time is shared by the rows, this is not.
   double attention_seconds = 0;
+  // Layers that ran the selector this step (selector_layers) and of those, the ones that
+  // selected rather than reused a selection (SessionOptions::reselect_every).
+  double selector_layers = 0, fresh_selections = 0;
 };
 
 // Counters of the last Session::prefill call (bench, eval): attention over all layers.
@@ -254,9 +261,9 @@ class Session {
   Session fork() const;
   // Replaces the decode selector (nullopt = dense). Throws like the constructor.
   void set_selector(std::optional<select::SelectorConfig> selector);
-  // Replaces SessionOptions::reselect_every (>= 1; Error(invalid_argument) otherwise); the
-  // next step of every layer selects again.
-  void set_reselect_every(int every);
+  // Replaces SessionOptions::reselect_every and reselect_cos (checked as the constructor);
+  // the next step of every layer selects again.
+  void set_reselect(int every, double min_cos = -1);
 
   const Model& model() const noexcept { return *model_; }
   std::int64_t position() const noexcept { return position_; }
