@@ -530,6 +530,30 @@ TEST(ExtendKept, RejectsSelectionsOfAnotherTable) {
                      ErrorCode::invalid_argument, "selection", "beyond");
 }
 
+// queries_within_cos: per head, cos of two queries against the threshold; a head set at a
+// known angle decides at exactly that cosine.
+TEST(QueriesWithinCos, EveryHeadMustPassAndZeroRowsPassOnlyAgainstZero) {
+  std::mt19937 rng(3);
+  std::normal_distribution<float> N(0.f, 1.f);
+  const int d = 16, H = 4;
+  std::vector<float> q(H * d), ref(H * d);
+  for (auto& x : q) x = N(rng);
+  ref = q;
+  EXPECT_TRUE(queries_within_cos(q, ref, d, 1.0));  // the same queries
+  // Head 2 of ref: q's head 2 turned by 60 degrees in the plane of two axes.
+  for (int x = 0; x < d; ++x) q[2 * d + x] = x == 0 ? 1.f : 0.f;
+  for (int x = 0; x < d; ++x) ref[2 * d + x] = x == 0 ? 0.5f : (x == 1 ? std::sqrt(0.75f) : 0.f);
+  EXPECT_TRUE(queries_within_cos(q, ref, d, 0.49));
+  EXPECT_FALSE(queries_within_cos(q, ref, d, 0.51));
+  EXPECT_TRUE(queries_within_cos(q, ref, d, -1));
+  std::fill(q.begin() + 3 * d, q.end(), 0.f);
+  EXPECT_FALSE(queries_within_cos(q, ref, d, 0.0));  // a zero row against a nonzero one
+  std::fill(ref.begin() + 3 * d, ref.end(), 0.f);
+  EXPECT_TRUE(queries_within_cos(q, ref, d, 0.49));  // zero against zero
+  test::expect_error([&] { (void)queries_within_cos(q, std::span(ref).first(d), d, 0.5); },
+                     ErrorCode::shape_mismatch, "q");
+}
+
 TEST(Selectors, RejectsInvalidRequestsNamingTheArgument) {
   std::mt19937 rng(1);
   SelCase c = random_case(rng, {40}, 2, 1, 8, 4, DType::f32);

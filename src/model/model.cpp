@@ -55,25 +55,6 @@ void check_reselect(int every, double min_cos) {
           "must be in [-1, 1], got ", min_cos);
 }
 
-// Whether every q head of `q` ([Hq][d]) is within min_cos of its row in `ref` (cosine).
-bool queries_close(std::span<const float> q, std::span<const float> ref, std::size_t d,
-                   double min_cos) {
-  if (min_cos <= -1) return true;
-  for (std::size_t h = 0; h * d < q.size(); ++h) {
-    double dot = 0, a = 0, b = 0;
-    for (std::size_t x = h * d; x < (h + 1) * d; ++x) {
-      dot += static_cast<double>(q[x]) * ref[x];
-      a += static_cast<double>(q[x]) * q[x];
-      b += static_cast<double>(ref[x]) * ref[x];
-    }
-    // A zero query has no direction: it counts as turned away unless both are zero.
-    const double n = std::sqrt(a * b);
-    const double cos = n > 0 ? dot / n : (a == b ? 1.0 : -1.0);
-    if (cos < min_cos) return false;
-  }
-  return true;
-}
-
 void check_score_multipliers(std::span<const float> t, const ModelConfig& c) {
   if (t.empty()) return;
   require(t.size() == sz(c.n_layer) * sz(c.n_head), ErrorCode::shape_mismatch, "score_multipliers",
@@ -499,7 +480,7 @@ void attend(const Model& model, Scratch& w, const Segment& seg, std::size_t row0
     const std::span<const float> q_step(w.q.data() + q_off, sz(Hq) * sz(D));
     const bool reuse = r.length > 0 && len == r.last_step + 1 &&
                        len - r.length < s.opt.reselect_every &&
-                       queries_close(q_step, r.q, sz(D), s.opt.reselect_cos);
+                       select::queries_within_cos(q_step, r.q, D, s.opt.reselect_cos);
     r.last_step = len;
     stats.selector_layers += 1;
     stats.fresh_selections += reuse ? 0 : 1;

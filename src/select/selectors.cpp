@@ -802,6 +802,27 @@ void extend_kept(const SelectionView& sel, const kv::PageTable& table, int page_
   }
 }
 
+bool queries_within_cos(std::span<const float> q, std::span<const float> ref, int head_dim,
+                        double min_cos) {
+  require(
+      q.size() == ref.size() && head_dim > 0 && q.size() % static_cast<std::size_t>(head_dim) == 0,
+      ErrorCode::shape_mismatch, "q", "queries and reference differ in shape");
+  if (min_cos <= -1) return true;
+  const auto d = static_cast<std::size_t>(head_dim);
+  for (std::size_t h = 0; h * d < q.size(); ++h) {
+    double dot = 0, a = 0, b = 0;
+    for (std::size_t x = h * d; x < (h + 1) * d; ++x) {
+      dot += static_cast<double>(q[x]) * ref[x];
+      a += static_cast<double>(q[x]) * q[x];
+      b += static_cast<double>(ref[x]) * ref[x];
+    }
+    const double n = std::sqrt(a * b);
+    const double cos = n > 0 ? dot / n : (a == b ? 1.0 : -1.0);
+    if (cos < min_cos) return false;
+  }
+  return true;
+}
+
 void run_selector(const SelectArgs& args, const SelectorConfig& config, SelectOutput& out) {
   check_args(args, config);
   Context X{args, config, 0, 0, 0, 0, 0.0f, false, {}, {}, nullptr, nullptr, nullptr, nullptr};

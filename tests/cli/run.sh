@@ -74,10 +74,11 @@ check study-dump-not-a-dump 2 'not a masskv q/k/v dump' -- "$bin" study \
 check reuse-help 0 '--ages' -- "$bin" reuse --help
 check reuse-tiny 0 '\| softmax \| quest \| 1/4 \| prev layer \|' -- "$bin" reuse \
   -i "$tmp/dump/layer02.mkvd,$tmp/dump/layer03.mkvd" -s quest -b 1/4 -m softmax -a 1,4 \
-  -o "$tmp/reuse" --no-plots
+  --policy-cos 0.9 -o "$tmp/reuse" --no-plots
 check reuse-age-skipped 0 'age 4 skipped' -- "$bin" reuse -i "$tmp/dump/layer02.mkvd" -s quest \
   -b 1/4 -m softmax -a 4 --no-plots
 check reuse-step-row 0 '^3,softmax,quest,1/4,step −1,1,' -- cat "$tmp/reuse/reuse.csv"
+check reuse-policy-row 0 '^3,softmax,quest,1/4,R 16 cos 0.9,-2,' -- cat "$tmp/reuse/reuse.csv"
 "$bin" study --generators "dump:$tmp/dump/layer02.mkvd" -b 1/4 -m softmax -s quest --no-plots \
   --json "$tmp/study.json" >/dev/null 2>&1
 check reuse-fresh-is-study 0 '^same$' -- python3 -c "

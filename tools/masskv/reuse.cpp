@@ -38,6 +38,11 @@ struct ReuseOptions {
   std::vector<std::string> budgets{"1/16", "1/8"};
   std::vector<std::string> mappings{"softmax", "entmax1.5"};
   std::vector<int> ages{1, 2, 4, 8};
+  // Reuse policies as the model runs them (SessionOptions::reselect_every / reselect_cos):
+  // walking the queries in order, a layer selects again after policy_every steps or when a
+  // q head's query turns past each cosine of policy_cos.
+  int policy_every = 16;
+  std::vector<double> policy_cos;
   int page_size = 16;
   StudySelectorParams params;
   std::string out_dir;
@@ -51,12 +56,15 @@ struct Measure {
   double tokens = 0, delta = 0, delta_fresh = 0, delta_max = 0, recall = 0, rel_error = 0;
   double overlap = 0;
   long heads = 0;
+  double selects = -1;  // policy rows: share of the steps that selected (-1: not a policy row)
 };
 
 struct Row {
   int layer = 0;
   std::string mapping, selector, budget, source;
-  int age = 0;  // steps between the selection's query and the evaluated one; -1: previous layer
+  // Steps between the selection's query and the evaluated one; -1: previous layer; -2 - i:
+  // policy i (ReuseOptions::policy_cos[i]).
+  int age = 0;
   Measure m;
 };
 
@@ -124,6 +132,35 @@ Measure measure(View3<const float> q, const kv::PagedKVView& cache,
   return m;
 }
 
+// The selections a layer uses when it walks the fresh selections' queries in order under the
+// policy (select every `every` steps, or when a q head turns past `min_cos`), and the share of
+// steps that selected. Row s of the result is the fresh row of the step that last selected.
+std::pair<SelectionStorage, double> policy_selection(const SelectionView& fresh,
+                                                     const std::vector<float>& q, int row_floats,
+                                                     int head_dim, int every, double min_cos) {
+  SelectionStorage used;
+  used.reset(fresh.unit, fresh.batch, fresh.num_kv_heads, fresh.max_per_head);
+  const auto row = [&](int s) {
+    return std::span<const float>(q).subspan(static_cast<std::size_t>(s) * row_floats,
+                                             static_cast<std::size_t>(row_floats));
+  };
+  int made = 0, selections = 0;
+  for (int s = 0; s < fresh.batch; ++s) {
+    if (s == 0 || s - made >= every ||
+        !select::queries_within_cos(row(s), row(made), head_dim, min_cos)) {
+      made = s;
+      ++selections;
+    }
+    for (int h = 0; h < fresh.num_kv_heads; ++h) {
+      const auto l = fresh.list(made, h);
+      std::copy(l.begin(), l.end(), used.slots(s, h).begin());
+      used.count[static_cast<std::size_t>(s) * fresh.num_kv_heads + h] =
+          static_cast<std::int32_t>(l.size());
+    }
+  }
+  return {std::move(used), static_cast<double>(selections) / fresh.batch};
+}
+
 std::string source_name(int age) {
   if (age < 0) return "prev layer";
   return age == 0 ? "fresh" : fmt::format("step −{}", age);
@@ -140,6 +177,7 @@ std::vector<Row> layer_means(const std::vector<Row>& rows) {
     if (fresh) {
       out.push_back(r);
       out.back().m = {};
+      out.back().m.selects = r.m.selects < 0 ? -1 : 0;
       n.push_back(0);
     }
     Measure& m = out[it->second].m;
@@ -151,6 +189,7 @@ std::vector<Row> layer_means(const std::vector<Row>& rows) {
     m.rel_error += r.m.rel_error;
     m.overlap += r.m.overlap;
     m.heads += r.m.heads;
+    if (m.selects >= 0) m.selects += r.m.selects;
     ++n[it->second];
   }
   for (std::size_t i = 0; i < out.size(); ++i) {
@@ -158,6 +197,7 @@ std::vector<Row> layer_means(const std::vector<Row>& rows) {
     for (double* x : {&m.tokens, &m.delta, &m.delta_fresh, &m.recall, &m.rel_error, &m.overlap}) {
       *x /= n[i];
     }
+    if (m.selects >= 0) m.selects /= n[i];
   }
   std::map<std::tuple<std::string, std::string, std::string>, std::size_t> config;
   for (const Row& r : out) config.try_emplace({r.mapping, r.selector, r.budget}, config.size());
@@ -180,7 +220,7 @@ void write_outputs(const std::vector<Row>& rows, const ReuseOptions& o, const st
   auto csv = fmt::output_file(o.out_dir + "/reuse.csv");
   csv.print(
       "layer,mapping,selector,budget,source,age,tokens,delta,delta_fresh,delta_max,recall,"
-      "rel_error,overlap,heads\n");
+      "rel_error,overlap,heads,selects\n");
   for (const Row& r : rows) {
     j["rows"].push_back({{"layer", r.layer},
                          {"mapping", r.mapping},
@@ -195,10 +235,12 @@ void write_outputs(const std::vector<Row>& rows, const ReuseOptions& o, const st
                          {"recall", r.m.recall},
                          {"rel_error", r.m.rel_error},
                          {"overlap", r.m.overlap},
-                         {"heads", r.m.heads}});
-    csv.print("{},{},{},{},{},{},{:.2f},{:.6g},{:.6g},{:.6g},{:.6f},{:.6g},{:.6f},{}\n", r.layer,
-              r.mapping, r.selector, r.budget, r.source, r.age, r.m.tokens, r.m.delta,
-              r.m.delta_fresh, r.m.delta_max, r.m.recall, r.m.rel_error, r.m.overlap, r.m.heads);
+                         {"heads", r.m.heads},
+                         {"selects", r.m.selects}});
+    csv.print("{},{},{},{},{},{},{:.2f},{:.6g},{:.6g},{:.6g},{:.6f},{:.6g},{:.6f},{},{:.6g}\n",
+              r.layer, r.mapping, r.selector, r.budget, r.source, r.age, r.m.tokens, r.m.delta,
+              r.m.delta_fresh, r.m.delta_max, r.m.recall, r.m.rel_error, r.m.overlap, r.m.heads,
+              r.m.selects);
   }
   auto f = fmt::output_file(o.out_dir + "/reuse.json");
   f.print("{}\n", j.dump(1));
@@ -295,6 +337,15 @@ void run_reuse(const ReuseOptions& o, const std::string& cmdline) {
                            rows_of(fresh, a, n),
                            std::span(fresh_delta).subspan(static_cast<std::size_t>(a) * hq)));
           }
+          for (std::size_t pi = 0; pi < o.policy_cos.size(); ++pi) {
+            const auto [used, selects] = policy_selection(fresh, d.q, hq * head_dim, head_dim,
+                                                          o.policy_every, o.policy_cos[pi]);
+            Measure m = measure(sa.q, sa.cache, sums, maps[mi], used.view(), fresh, fresh_delta);
+            m.selects = selects;
+            rows.push_back({d.layer, o.mappings[mi], o.selectors[si], o.budgets[bi],
+                            fmt::format("R {} cos {:g}", o.policy_every, o.policy_cos[pi]),
+                            -2 - static_cast<int>(pi), m});
+          }
           if (has_prev) {
             const SelectionView used = prev.at({mi, si, bi}).selection.view();
             add(-1, measure(sa.q, sa.cache, sums, maps[mi], used, fresh, fresh_delta));
@@ -323,16 +374,20 @@ void run_reuse(const ReuseOptions& o, const std::string& cmdline) {
       "step −a = the selection made a decode steps earlier; prev layer = the previous layer's "
       "selection (same kv head index). δ / fresh: against the fresh selections' δ on the same "
       "queries and layers. overlap: share of the fresh selection's pages that the reused one "
-      "holds.\n\n");
+      "holds. R r cos c: the queries walked in order, a layer selecting again after r steps or "
+      "when a q head's query turns past cosine c from the selection's (reselect_every, "
+      "reselect_cos); selects: share of its steps that selected.\n\n");
   fmt::print(
       "| mapping | selector | budget | source | tokens | δ | δ / fresh | δ max | recall | err | "
-      "overlap |\n|---|---|---:|---|---:|---:|---:|---:|---:|---:|---:|\n");
+      "overlap | selects |\n|---|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|\n");
   const std::vector<Row> means = layer_means(rows);
   for (const Row& r : means) {
-    fmt::print("| {} | {} | {} | {} | {:.0f} | {:.4f} | {} | {:.3f} | {:.3f} | {:.4f} | {:.3f} |\n",
-               r.mapping, r.selector, r.budget, r.source, r.m.tokens, r.m.delta,
-               r.m.delta_fresh > 0 ? fmt::format("{:.2f}", r.m.delta / r.m.delta_fresh) : "—",
-               r.m.delta_max, r.m.recall, r.m.rel_error, r.m.overlap);
+    fmt::print(
+        "| {} | {} | {} | {} | {:.0f} | {:.4f} | {} | {:.3f} | {:.3f} | {:.4f} | {:.3f} | {} |\n",
+        r.mapping, r.selector, r.budget, r.source, r.m.tokens, r.m.delta,
+        r.m.delta_fresh > 0 ? fmt::format("{:.2f}", r.m.delta / r.m.delta_fresh) : "—",
+        r.m.delta_max, r.m.recall, r.m.rel_error, r.m.overlap,
+        r.m.selects >= 0 ? fmt::format("{:.2f}", r.m.selects) : "—");
   }
   if (!o.out_dir.empty()) {
     write_outputs(rows, o, cmdline);
@@ -370,6 +425,15 @@ void register_reuse(CLI::App& app, const std::string& cmdline) {
                 "dumps' --steps)")
       ->delimiter(',')
       ->capture_default_str();
+  r->add_option("--policy-every", o->policy_every,
+                "Policy rows: a layer selects again after this many steps (reselect_every)")
+      ->check(CLI::Range(1, 1 << 20))
+      ->capture_default_str();
+  r->add_option("--policy-cos", o->policy_cos,
+                "Policy rows, one per value: ... or when a q head's query turns past this cosine "
+                "(reselect_cos; -1: steps only)")
+      ->delimiter(',')
+      ->check(CLI::Range(-1.0, 1.0));
   r->add_option("--page", o->page_size, "Page size (tokens)")->capture_default_str();
   r->add_option("--top-p", o->params.top_p, "Target estimated mass of the top_p selector")
       ->capture_default_str();

@@ -119,6 +119,12 @@ void run_selector(const SelectArgs& args, const SelectorConfig& config, SelectOu
 void extend_kept(const SelectionView& selection, const kv::PageTable& table, int page_size,
                  const SelectorConfig& config, SelectionStorage& out);
 
+// Whether every q head of `q` ([heads][head_dim]) points within `min_cos` (cosine) of its row
+// in `ref` (same shape): the query-change test of SessionOptions::reselect_cos. A zero row has
+// no direction: it passes only against a zero row. min_cos <= -1 always passes.
+bool queries_within_cos(std::span<const float> q, std::span<const float> ref, int head_dim,
+                        double min_cos);
+
 // f64 scores scale * q·k of the keys of logical pages (or tokens) `ids` of sequence b,
 // kv head h, in list order; partial last page masked. One q vector of head_dim floats.
 void exact_scores(const kv::PagedKVView& cache, int b, int kv_head, const float* q, float scale,
