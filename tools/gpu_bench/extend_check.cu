@@ -85,41 +85,52 @@ ExtendCase make_case(Rng& rng, int B, int H, int P, int max_tokens, int pad_out)
   return c;
 }
 
-// Runs the GPU on `c` (after `spoil` edits the uploaded lists); returns the error's argument
-// ("" without one) and the lists and counts it wrote.
+// A case's arrays on the device, outputs sized for max_out pages per list (filled with a
+// pattern the kernel must overwrite), and the args that name them.
+struct DeviceCase {
+  DevBuf<std::int32_t> indptr, indices, last, ids_in, count_in, ids, count;
+  cuda::ExtendKeptArgs args;
+  DeviceCase(const ExtendCase& c, int max_out)
+      : indptr(to_device(c.table.indptr)),
+        indices(to_device(c.table.indices)),
+        last(to_device(c.table.last_page_len)),
+        ids_in(to_device(c.ids_in)),
+        count_in(to_device(c.count_in)),
+        ids(static_cast<std::size_t>(c.B) * c.H * max_out),
+        count(static_cast<std::size_t>(c.B) * c.H) {
+    CK(cudaMemset(ids.p, 0x5a, std::max<std::size_t>(ids.n, 1) * sizeof(std::int32_t)));
+    args.table = {{indptr.p, indptr.n}, {indices.p, indices.n}, {last.p, last.n}};
+    args.page_size = c.P;
+    args.policy = c.policy;
+    args.max_in = c.max_in;
+    args.ids_in = {ids_in.p, ids_in.n};
+    args.count_in = {count_in.p, count_in.n};
+    args.max_per_head = max_out;
+    args.ids = {ids.p, ids.n};
+    args.count = {count.p, count.n};
+  }
+};
+
+// Runs the GPU on `c`; returns the error's argument ("" without one) and the lists and counts
+// it wrote.
 struct GpuOut {
   std::string error;
   std::vector<std::int32_t> ids, count;
 };
 GpuOut run_gpu(const ExtendCase& c, int max_out, int max_pages) {
-  DevBuf<std::int32_t> indptr = to_device(c.table.indptr), indices = to_device(c.table.indices),
-                       last = to_device(c.table.last_page_len), ids_in = to_device(c.ids_in),
-                       count_in = to_device(c.count_in);
-  DevBuf<std::int32_t> ids(static_cast<std::size_t>(c.B) * c.H * max_out),
-      count(static_cast<std::size_t>(c.B) * c.H);
-  CK(cudaMemset(ids.p, 0x5a, std::max<std::size_t>(ids.n, 1) * sizeof(std::int32_t)));
+  DeviceCase dc(c, max_out);
   cuda::SelectWorkspace ws;
-  cuda::ExtendKeptArgs a;
-  a.table = {{indptr.p, indptr.n}, {indices.p, indices.n}, {last.p, last.n}};
-  a.page_size = c.P;
-  a.policy = c.policy;
-  a.max_in = c.max_in;
-  a.ids_in = {ids_in.p, ids_in.n};
-  a.count_in = {count_in.p, count_in.n};
-  a.max_per_head = max_out;
-  a.ids = {ids.p, ids.n};
-  a.count = {count.p, count.n};
   cuda::SelectLaunch l;
   l.workspace = &ws;
   l.max_pages_per_seq = max_pages;
   GpuOut o;
   try {
-    cuda::extend_kept(a, l);
+    cuda::extend_kept(dc.args, l);
   } catch (const Error& e) {
     o.error = e.argument();
   }
-  o.ids = ids.download();
-  o.count = count.download();
+  o.ids = dc.ids.download();
+  o.count = dc.count.download();
   return o;
 }
 
@@ -204,25 +215,13 @@ int run_extend_check() {
       t.count_in.push_back(256);
     }
     t.max_out = 264;
-    DevBuf<std::int32_t> indptr = to_device(t.table.indptr), indices = to_device(t.table.indices),
-                         last = to_device(t.table.last_page_len), ids_in = to_device(t.ids_in),
-                         count_in = to_device(t.count_in), ids(8 * 264), count(8);
+    const DeviceCase dc(t, t.max_out);
     cuda::SelectWorkspace ws;
-    cuda::ExtendKeptArgs a;
-    a.table = {{indptr.p, indptr.n}, {indices.p, indices.n}, {last.p, last.n}};
-    a.page_size = 16;
-    a.policy = t.policy;
-    a.max_in = 256;
-    a.ids_in = {ids_in.p, ids_in.n};
-    a.count_in = {count_in.p, count_in.n};
-    a.max_per_head = 264;
-    a.ids = {ids.p, ids.n};
-    a.count = {count.p, count.n};
     cuda::SelectLaunch l;
     l.workspace = &ws;  // the default stream, which time_us's events time
     l.max_pages_per_seq = 8192;
     l.check_errors = false;
-    const double us = time_us(20, 200, [&](int) { cuda::extend_kept(a, l); });
+    const double us = time_us(20, 200, [&](int) { cuda::extend_kept(dc.args, l); });
     ws.check(nullptr);
     std::printf("extend_kept time (B 1, Hkv 8, 8192 pages, 256 selected): %.2f us per launch\n",
                 us);
