@@ -128,8 +128,9 @@ struct Session::Impl {
   PrefillStats prefill_stats;  // of the last prefill call
   // Per layer the indexer's running key-block sums of this session's sequence.
   std::vector<select::KeyBlockSums> key_block_sums;
-  // Per layer the last selection the selector made, the sequence length it was made at (0:
-  // none) and the length at the layer's last selecting decode step, for reselect_every.
+  // Per layer, for reselect_every: the last selection the selector made, the sequence length
+  // it was made at (0: none) and the length at the layer's last decode step that ran the
+  // selector branch (made or reused a selection).
   struct Reusable {
     SelectionStorage selection;
     std::int64_t length = 0, last_step = 0;

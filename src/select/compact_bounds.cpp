@@ -716,6 +716,20 @@ void quest_select8(const View3<const float>& q, const kv::PageTable& table, int 
   }
 }
 
+std::size_t common_ids(std::span<const std::int32_t> a, std::span<const std::int32_t> b) {
+  std::size_t both = 0;
+  for (std::size_t i = 0, j = 0; i < a.size() && j < b.size();) {
+    if (a[i] < b[j]) {
+      ++i;
+    } else if (b[j] < a[i]) {
+      ++j;
+    } else {
+      ++both, ++i, ++j;
+    }
+  }
+  return both;
+}
+
 SelectionAgreement compare_selections(const SelectionView& ref, const SelectionView& got) {
   require(ref.batch == got.batch && ref.num_kv_heads == got.num_kv_heads, ErrorCode::shape_mismatch,
           "got", "differs in shape from ref");
@@ -727,19 +741,7 @@ SelectionAgreement compare_selections(const SelectionView& ref, const SelectionV
       ++r.lists;
       r.identical += std::equal(x.begin(), x.end(), y.begin(), y.end());
       total += static_cast<long>(x.size());
-      // Both lists ascending: a merge counts the common ids.
-      std::size_t i = 0, j = 0;
-      while (i < x.size() && j < y.size()) {
-        if (x[i] == y[j]) {
-          ++hit;
-          ++i;
-          ++j;
-        } else if (x[i] < y[j]) {
-          ++i;
-        } else {
-          ++j;
-        }
-      }
+      hit += static_cast<long>(common_ids(x, y));
     }
   r.recall = total ? static_cast<double>(hit) / static_cast<double>(total) : 1.0;
   return r;

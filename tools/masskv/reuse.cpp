@@ -21,6 +21,7 @@
 
 #include "commands.hpp"
 #include "masskv/error.hpp"
+#include "masskv/select/compact_bounds.hpp"
 #include "masskv/select/diagnostics.hpp"
 #include "masskv/select/selector.hpp"
 #include "parse.hpp"
@@ -82,17 +83,7 @@ SelectionView rows_of(const SelectionView& s, int first, int n) {
 // Share of `fresh`'s pages that `used` also holds (lists are ascending, §3).
 double overlap(std::span<const std::int32_t> used, std::span<const std::int32_t> fresh) {
   if (fresh.empty()) return 1.0;
-  std::size_t both = 0;
-  for (std::size_t i = 0, j = 0; i < used.size() && j < fresh.size();) {
-    if (used[i] < fresh[j]) {
-      ++i;
-    } else if (fresh[j] < used[i]) {
-      ++j;
-    } else {
-      ++both, ++i, ++j;
-    }
-  }
-  return static_cast<double>(both) / static_cast<double>(fresh.size());
+  return static_cast<double>(select::common_ids(used, fresh)) / static_cast<double>(fresh.size());
 }
 
 // `used` evaluated on queries `q` (one row per sequence of `cache`), against `fresh`, the

@@ -213,6 +213,9 @@ void quest_select8(const View3<const float>& q, const kv::PageTable& table, int 
                    SelectionStorage& out, std::vector<std::uint32_t>* page_keys = nullptr,
                    int keys_stride = 0);
 
+// How many ids two ascending lists share (a merge).
+std::size_t common_ids(std::span<const std::int32_t> a, std::span<const std::int32_t> b);
+
 // Recall of `ref`'s selected pages in `got` (same shape), over the (sequence, kv head) lists:
 // |got ∩ ref| / |ref| summed over lists; and how many lists are identical.
 struct SelectionAgreement {
