@@ -1151,7 +1151,7 @@ using ScoreFn = void (*)(SelParams);
 // the first step of a shape no CUDA call is made (stream capture).
 struct ScorePlan {
   ScoreFn fn = nullptr;      // a warp scores one or two tiles (loops by 2: small code)
-  ScoreFn fn_hot = nullptr;  // a warp scores kHotTiles or more (loops fully unrolled)
+  ScoreFn fn_hot = nullptr;  // a warp scores hot_tiles() or more (loops fully unrolled)
   int warps = 0;
   std::size_t smem = 0;
   int ctas_per_sm = 1;
@@ -1798,7 +1798,19 @@ int plan_score_chunk(int pairs, int max_pages, int ctas_per_sm) {
   return std::max(cp, kChunkAlign);
 }
 
-constexpr int kHotTiles = 3;  // tiles per scoring warp from which the unrolled kernel is faster
+// Tiles per scoring warp from which the fully unrolled kernel is faster. Measured on the H200
+// (2026-12-05, B 1, Hq 32, 4096-token budget, Quest select + decode in one graph, phase stamps):
+// with 3, 128K (4 tiles a warp) took 53.3 us against 49.3 by 2 (the unrolled code's first tile
+// waits on a cold instruction cache), while 1M (32 tiles) gained (166.7 against 172.1).
+// MASSKV_SCORE_HOT_TILES=n overrides it (profile-phases compares values side by side).
+int hot_tiles() {
+  static const int v = [] {
+    const char* e = std::getenv("MASSKV_SCORE_HOT_TILES");
+    const int n = e != nullptr ? std::atoi(e) : 0;
+    return n > 0 ? n : 8;
+  }();
+  return v;
+}
 
 struct Prepared {
   SelParams p{};
@@ -1812,10 +1824,10 @@ struct Prepared {
 };
 
 // The scoring kernel for the chunk p.chunk_pages (pages, or 16 × list entries a CTA): the
-// unrolled one where each warp has kHotTiles tiles or more.
+// unrolled one where each warp has hot_tiles() tiles or more.
 void set_score_kernel(Prepared& pr) {
   const int tiles = (pr.p.chunk_pages / kWarpPages + pr.plan.warps - 1) / pr.plan.warps;
-  pr.score = tiles >= kHotTiles ? pr.plan.fn_hot : pr.plan.fn;
+  pr.score = tiles >= hot_tiles() ? pr.plan.fn_hot : pr.plan.fn;
 }
 
 void check_policy(const select::TopkPolicy& pol) {

@@ -2554,17 +2554,24 @@ int run_bench(const char* json_path) {
       };
       // The same step per layer, kLayers steps (rotations 0 .. kLayers - 1) in one graph.
       static_assert(kLayers <= kQRot, "a layer per query rotation");
-      const auto layers_row = [&](const std::string& kind, double row_bytes,
-                                  const auto& select_fn) {
-        if (sh.batch != 1 || Hq != 32 || budget != 4096) return;  // as torch_peer.py's rows
-        const double us = time_layers_graph_us(kLayers, kWarm, kIters, [&](int r, cudaStream_t st) {
-          sparse_step(select_fn, false, r, st);
-        });
+      // Returns the µs per layer, or -1 off the shapes that have these rows.
+      const bool layer_shape = sh.batch == 1 && Hq == 32 && budget == 4096;  // as torch_peer.py
+      const auto layers_graph_row = [&](const std::string& kind, double row_bytes,
+                                        const auto& layer_fn) {
+        if (!layer_shape) return -1.0;
+        const double us = time_layers_graph_us(kLayers, kWarm, kIters, layer_fn);
         sws.check(nullptr);
         ws.check(nullptr);
         std::printf("  %s ctx=%7d: per layer in a %d-layer graph %.1f us\n", kind.c_str(), sh.ctx,
                     kLayers, us);
         rows.push_back({kind, sh.ctx, sh.batch, budget, us, row_bytes});
+        return us;
+      };
+      const auto layers_row = [&](const std::string& kind, double row_bytes,
+                                  const auto& select_fn) {
+        return layers_graph_row(kind, row_bytes, [&](int r, cudaStream_t st) {
+          sparse_step(select_fn, false, r, st);
+        });
       };
       const auto quest = [&](int r, cudaStream_t st) {
         cuda::SelectLaunch l2 = sl;
@@ -2572,7 +2579,6 @@ int run_bench(const char* json_path) {
         cuda::quest_select(sel_args(r), l2);
       };
       const double gus_graph = step_graph(quest);
-      layers_row("ours_sparse_quest_gpu_sel_layers_graph", bytes + summary_bytes, quest);
       // Selection reuse (SessionOptions::reselect_every): a step between two selections
       // extends the last lists (cuda::extend_kept, from the lists quest just left in g_ids)
       // and decodes on them; a selection serving R steps costs (fresh + (R - 1) x reuse) / R
@@ -2582,7 +2588,7 @@ int run_bench(const char* json_path) {
       auto& e_ids = elists.ids;
       auto& e_cnt = elists.count;
       auto& esv = elists.views;
-      const double reuse_us = time_graph_us(kQRot, kWarm, kIters, [&](int r, cudaStream_t st) {
+      const auto reuse_step = [&](int r, cudaStream_t st) {
         const cuda::QuestSelectArgs sa = sel_args(r);
         cuda::ExtendKeptArgs ea;
         ea.table = sa.table;
@@ -2602,22 +2608,35 @@ int run_bench(const char* json_path) {
         cuda::DecodeLaunch l = launch;
         l.stream = st;
         cuda::decode(a, l);
-      });
+      };
+      const double reuse_us = time_graph_us(kQRot, kWarm, kIters, reuse_step);
       sws.check(nullptr);
       ws.check(nullptr);
       rows.push_back({"ours_sparse_reuse_step_graph", sh.ctx, sh.batch, budget, reuse_us, bytes});
-      // Amortised rows of a selector whose fresh step (select + decode, graph) took fresh_us.
-      const auto reuse_rows = [&](const std::string& tag, double fresh_us, double sel_bytes) {
+      // The reuse step per layer of a model's decode graph (extend_kept's input: the lists each
+      // rotation's selection left in g_ids above).
+      const double reuse_layer_us = layers_graph_row("ours_sparse_reuse_layers_graph", bytes,
+                                                     reuse_step);
+      // Amortised rows of a selector whose fresh step (select + decode) took fresh_us: as
+      // standalone graphs, and per layer of the layers graph where fresh_layer_us >= 0.
+      const auto reuse_rows = [&](const std::string& tag, double fresh_us, double sel_bytes,
+                                  double fresh_layer_us) {
+        const auto amortised = [&](const std::string& kind, double fresh, double reuse, int R) {
+          const double us = (fresh + (R - 1) * reuse) / R;
+          std::printf("  reuse ctx=%7d B=%2d budget=%5d: %s every %2d steps %.1f us per step "
+                      "(fresh %.1f, reuse %.1f)\n",
+                      sh.ctx, sh.batch, budget, kind.c_str(), R, us, fresh, reuse);
+          rows.push_back({kind, sh.ctx, sh.batch, budget, us, bytes + sel_bytes / R});
+        };
         for (const int R : {4, 8, 16}) {
-          const double us = (fresh_us + (R - 1) * reuse_us) / R;
-          std::printf("  reuse ctx=%7d B=%2d budget=%5d: %s selection every %2d steps %.1f us "
-                      "per step (fresh %.1f, reuse %.1f)\n",
-                      sh.ctx, sh.batch, budget, tag.c_str(), R, us, fresh_us, reuse_us);
-          rows.push_back({"ours_sparse_" + tag + "_gpu_sel_reuse" + std::to_string(R) + "_graph",
-                          sh.ctx, sh.batch, budget, us, bytes + sel_bytes / R});
+          const std::string kind = "ours_sparse_" + tag + "_gpu_sel_reuse" + std::to_string(R);
+          amortised(kind + "_graph", fresh_us, reuse_us, R);
+          if (fresh_layer_us >= 0 && reuse_layer_us >= 0)
+            amortised(kind + "_layers_graph", fresh_layer_us, reuse_layer_us, R);
         }
       };
-      reuse_rows("quest", gus_graph, summary_bytes);
+      reuse_rows("quest", gus_graph, summary_bytes,
+                 layers_row("ours_sparse_quest_gpu_sel_layers_graph", bytes + summary_bytes, quest));
       // The whole decode step of issue 7 item 4 in one graph: append, select, attend.
       const double append_step = step_graph([&](int r, cudaStream_t st) {
         cuda::append(append_args(r), aws, st, false);
@@ -2702,8 +2721,9 @@ int run_bench(const char* json_path) {
         rows.push_back({"ours_sparse_" + tag + "_gpu_sel_graph", sh.ctx, sh.batch, budget, step_us,
                         bytes + sel_bytes, 0, rec, same});
         if (tag == "hier") {
-          layers_row("ours_sparse_hier_gpu_sel_layers_graph", bytes + sel_bytes, select_fn);
-          reuse_rows("hier", step_us, sel_bytes);
+          reuse_rows("hier", step_us, sel_bytes,
+                     layers_row("ours_sparse_hier_gpu_sel_layers_graph", bytes + sel_bytes,
+                                select_fn));
         }
       };
       const auto on = [&](cudaStream_t st) {

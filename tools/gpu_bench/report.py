@@ -215,7 +215,11 @@ def fused_table(rows, cudnn):
 
 LAYER_COLS = [("ours_dense_layers_graph", "ours dense"),
               ("ours_sparse_quest_gpu_sel_layers_graph", "ours flat Quest step"),
-              ("ours_sparse_hier_gpu_sel_layers_graph", "ours hierarchical step")]
+              ("ours_sparse_hier_gpu_sel_layers_graph", "ours hierarchical step"),
+              ("ours_sparse_reuse_layers_graph", "ours reuse step"),
+              ("ours_sparse_quest_gpu_sel_reuse8_layers_graph", "ours flat Quest, R=8"),
+              ("ours_sparse_hier_gpu_sel_reuse8_layers_graph", "ours hierarchical, R=8"),
+              ("ours_sparse_hier_gpu_sel_reuse16_layers_graph", "ours hierarchical, R=16")]
 
 
 def layers_table(ours_rows, peer_rows):
@@ -240,7 +244,8 @@ def layers_table(ours_rows, peer_rows):
                      + " | ".join(cells) + " |")
     return captioned(
         "Per layer inside an 8-layer CUDA graph (B 1, Hq 32; sparse steps: select + decode at a "
-        "4096-token budget), µs (× cuDNN in the same kind of graph).",
+        "4096-token budget; reuse step: extend_kept + decode; R = R: one selection serving R "
+        "steps, (fresh + (R - 1) x reuse) / R), µs (× cuDNN in the same kind of graph).",
         ["context", "cuDNN"] + [name for _, name in LAYER_COLS], lines)
 
 
