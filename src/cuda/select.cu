@@ -1799,9 +1799,9 @@ int plan_score_chunk(int pairs, int max_pages, int ctas_per_sm) {
 }
 
 // Tiles per scoring warp from which the fully unrolled kernel is faster. Measured on the H200
-// (2026-12-05, B 1, Hq 32, 4096-token budget, Quest select + decode in one graph, phase stamps):
-// with 3, 128K (4 tiles a warp) took 53.3 us against 49.3 by 2 (the unrolled code's first tile
-// waits on a cold instruction cache), while 1M (32 tiles) gained (166.7 against 172.1).
+// (2026-12-05, B 1, Hq 32, 4096-token budget, Quest select + decode in one graph, phase stamps,
+// thresholds 3 / 8 / 64 side by side): 128K (4 tiles a warp) 53.3 / 49.3 / 49.3 us (unrolled,
+// its first tile waits on a cold instruction cache), 1M (32 tiles) 166.8 / 166.7 / 173.6.
 // MASSKV_SCORE_HOT_TILES=n overrides it (profile-phases compares values side by side).
 int hot_tiles() {
   static const int v = [] {

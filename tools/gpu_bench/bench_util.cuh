@@ -115,8 +115,6 @@ std::vector<cudaGraphExec_t> capture_graphs(int rot, cudaStream_t st, F&& step) 
   return execs;
 }
 
-// The benchmarks' KV pool: bf16 K and V of num_pages HND pages (kv_heads x page x d each),
-// read through `table` (device spans, or host spans for PagedKVView::validate).
 // Per-rotation device selections: lists [batch][heads][cap] and counts, and their views.
 struct DeviceLists {
   std::vector<DevBuf<std::int32_t>> ids, count;
@@ -133,6 +131,8 @@ struct DeviceLists {
   }
 };
 
+// The benchmarks' KV pool: bf16 K and V of num_pages HND pages (kv_heads x page x d each),
+// read through `table` (device spans, or host spans for PagedKVView::validate).
 inline masskv::kv::PagedKVView bf16_hnd_pool(const void* k, const void* v, int num_pages,
                                              int kv_heads, int page, int d,
                                              const masskv::kv::PageTable& table) {
