@@ -18,15 +18,16 @@
 #include <vector>
 
 #include "core/cpu_features.hpp"
+#include "core/gemm.hpp"
 #include "masskv/dtype.hpp"
 #include "masskv/error.hpp"
 #include "masskv/model/quant.hpp"
-#include "model/gemm_kernels.hpp"
 #include "model/quant_kernels.hpp"
 
 using masskv::Error;
 using masskv::ErrorCode;
 using namespace masskv::model;
+namespace linalg = masskv::linalg;
 
 namespace {
 
@@ -603,14 +604,16 @@ TEST(Matmul, ScalarAndAvx2MatchFp64Reference) {
       const MatmulCase c = random_matmul(type, rows, cols, n, rng);
       std::vector<std::pair<const char*, std::vector<float>>> results;
       results.emplace_back("scalar", std::vector<float>(n * rows));
-      kernels::matmul_with(
-          {kernels::scalar_dequant(type), kernels::panel_scalar, kernels::transpose_scalar}, type,
-          c.w.data(), rows, cols, c.x.data(), n, results.back().second.data());
+      linalg::gemm_with(
+          {kernels::scalar_dequant(type), linalg::panel_scalar, linalg::transpose_scalar},
+          c.w.data(), row_bytes(type, cols), rows, cols, c.x.data(), n,
+          results.back().second.data());
       if (avx2) {
         results.emplace_back("avx2", std::vector<float>(n * rows));
-        kernels::matmul_with(
-            {kernels::avx2_dequant(type), kernels::panel_avx2, kernels::transpose_avx2}, type,
-            c.w.data(), rows, cols, c.x.data(), n, results.back().second.data());
+        linalg::gemm_with(
+            {kernels::avx2_dequant(type), linalg::panel_avx2, linalg::transpose_avx2},
+            c.w.data(), row_bytes(type, cols), rows, cols, c.x.data(), n,
+            results.back().second.data());
       }
       results.emplace_back("matmul", std::vector<float>(n * rows));
       matmul(type, c.w.data(), rows, cols, c.x.data(), n, results.back().second.data());
@@ -667,8 +670,8 @@ TEST(Matmul, Avx2TransposeEqualsScalarOnRaggedShapes) {
     const std::size_t lds = cols + 3, ldd = rows + 5;
     const auto src = random_x(rows * lds, rng);
     std::vector<float> a(cols * ldd, -1.0f), b(cols * ldd, -1.0f);
-    kernels::transpose_scalar(src.data(), lds, rows, cols, a.data(), ldd);
-    kernels::transpose_avx2(src.data(), lds, rows, cols, b.data(), ldd);
+    linalg::transpose_scalar(src.data(), lds, rows, cols, a.data(), ldd);
+    linalg::transpose_avx2(src.data(), lds, rows, cols, b.data(), ldd);
     EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)), 0) << rows << "x" << cols;
     EXPECT_EQ(a[ldd * (cols - 1) + rows - 1], src[(rows - 1) * lds + cols - 1]);
   }

@@ -10,6 +10,7 @@
 #include <string>
 
 #include "core/cpu_features.hpp"
+#include "kv/row_scores.hpp"
 #include "masskv/select/selector.hpp"
 #include "select/gaussian_model.hpp"
 #include "select/page_scan.hpp"
@@ -174,13 +175,13 @@ TEST(SelectorCost, RowKernelsMatchF64AndAgreeAcrossIsas) {
       auto key = [&](std::size_t i) -> double {
         return dt == 0 ? kf[i] : dt == 1 ? f16_to_f32(f16{kh[i]}) : bf16_to_f32(bf16{kb[i]});
       };
-      if (dt == 0) detail::score_rows_portable_f32(kf.data(), stride, rows, d, q.data(), scale, p.data());
-      if (dt == 1) detail::score_rows_portable_f16(kh.data(), stride, rows, d, q.data(), scale, p.data());
-      if (dt == 2) detail::score_rows_portable_bf16(kb.data(), stride, rows, d, q.data(), scale, p.data());
+      if (dt == 0) kv::detail::score_rows_portable_f32(kf.data(), stride, rows, d, q.data(), scale, p.data());
+      if (dt == 1) kv::detail::score_rows_portable_f16(kh.data(), stride, rows, d, q.data(), scale, p.data());
+      if (dt == 2) kv::detail::score_rows_portable_bf16(kb.data(), stride, rows, d, q.data(), scale, p.data());
       if (avx2 && d % 8 == 0) {
-        if (dt == 0) detail::score_rows_avx2_f32(kf.data(), stride, rows, d, q.data(), scale, a.data());
-        if (dt == 1) detail::score_rows_avx2_f16(kh.data(), stride, rows, d, q.data(), scale, a.data());
-        if (dt == 2) detail::score_rows_avx2_bf16(kb.data(), stride, rows, d, q.data(), scale, a.data());
+        if (dt == 0) kv::detail::score_rows_avx2_f32(kf.data(), stride, rows, d, q.data(), scale, a.data());
+        if (dt == 1) kv::detail::score_rows_avx2_f16(kh.data(), stride, rows, d, q.data(), scale, a.data());
+        if (dt == 2) kv::detail::score_rows_avx2_bf16(kb.data(), stride, rows, d, q.data(), scale, a.data());
       }
       for (int r = 0; r < rows; ++r) {
         long double s = 0, abs = 0;

@@ -8,7 +8,7 @@
 #include "arrays.hpp"
 #include "masskv/kv/cache.hpp"
 #include "masskv/kv/paged_kv.hpp"
-#include "masskv/select/selection.hpp"
+#include "masskv/selection.hpp"
 
 namespace masskv::py {
 

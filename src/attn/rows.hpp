@@ -5,7 +5,7 @@
 #include <cstdint>
 
 #include "masskv/kv/paged_kv.hpp"
-#include "masskv/select/selection.hpp"
+#include "masskv/selection.hpp"
 
 namespace masskv::attn::detail {
 

@@ -1,14 +1,15 @@
 // Row formats of the learned selector's key cache (kv/key_rows.hpp). The score kernels are the
-// selectors' f64 row kernels (select/row_kernels.hpp): one summation order for every path.
+// f64 row kernels the selectors' exact scores use too (kv/row_scores.hpp): one summation order
+// for every path.
 #include "masskv/kv/key_rows.hpp"
 
 #include <cstring>
 
 #include "core/cpu_features.hpp"
+#include "kv/row_scores.hpp"
 #include "masskv/dtype.hpp"
 #include "masskv/error.hpp"
 #include "masskv/kv/key_formats.hpp"
-#include "select/row_kernels.hpp"
 
 namespace masskv::kv {
 
@@ -98,7 +99,7 @@ void decode_row(RowFormat f, const std::byte* src, int dim, float* out) {
 
 void score_rows(RowFormat f, const float* q, const std::byte* src, std::int64_t stride_bytes,
                 int rows, int dim, double* out) noexcept {
-  using namespace select::detail;
+  using namespace detail;
   if (quantised(f)) {
     const KeyFormat k = key_format(f);
     const DotRowFn dot = dot_row_kernel(k);

@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "core/cpu_features.hpp"
+#include "kv/row_scores.hpp"
 #include "masskv/error.hpp"
 #include "masskv/select/selector.hpp"
 #include "select/scores.hpp"
@@ -14,32 +15,23 @@ namespace detail {
 
 namespace {
 
-template <class T>
-void portable_rows(const T* k, std::int64_t row_stride, int n, int d, const float* q, double scale,
-                   double* out) {
-  for (int r = 0; r < n; ++r) {
-    const T* row = k + r * row_stride;
-    double l[8] = {};
-    for (int c = 0; c < d; ++c) {
-      l[c % 8] += static_cast<double>(q[c]) * static_cast<double>(to_f32(row[c]));
-    }
-    out[r] = scale * (((l[0] + l[4]) + (l[2] + l[6])) + ((l[1] + l[5]) + (l[3] + l[7])));
-  }
-}
-
 const std::uint16_t* bits(const f16* p) { return reinterpret_cast<const std::uint16_t*>(p); }
 const std::uint16_t* bits(const bf16* p) { return reinterpret_cast<const std::uint16_t*>(p); }
 
+// The row kernels are kv's (kv/row_scores.hpp): one summation order with the selector keys.
 void score_rows(const float* k, std::int64_t st, int n, int d, const float* q, double scale,
                 double* out, bool simd) {
+  using namespace kv::detail;
   (simd ? score_rows_avx2_f32 : score_rows_portable_f32)(k, st, n, d, q, scale, out);
 }
 void score_rows(const f16* k, std::int64_t st, int n, int d, const float* q, double scale,
                 double* out, bool simd) {
+  using namespace kv::detail;
   (simd ? score_rows_avx2_f16 : score_rows_portable_f16)(bits(k), st, n, d, q, scale, out);
 }
 void score_rows(const bf16* k, std::int64_t st, int n, int d, const float* q, double scale,
                 double* out, bool simd) {
+  using namespace kv::detail;
   (simd ? score_rows_avx2_bf16 : score_rows_portable_bf16)(bits(k), st, n, d, q, scale, out);
 }
 
@@ -61,19 +53,6 @@ void scores_of(const kv::PagedKVView& c, int b, int h, const float* q, double sc
 }
 
 }  // namespace
-
-void score_rows_portable_f32(const float* k, std::int64_t row_stride, int rows, int d,
-                             const float* q, double scale, double* out) {
-  portable_rows(k, row_stride, rows, d, q, scale, out);
-}
-void score_rows_portable_f16(const std::uint16_t* k, std::int64_t row_stride, int rows, int d,
-                             const float* q, double scale, double* out) {
-  portable_rows(reinterpret_cast<const f16*>(k), row_stride, rows, d, q, scale, out);
-}
-void score_rows_portable_bf16(const std::uint16_t* k, std::int64_t row_stride, int rows, int d,
-                              const float* q, double scale, double* out) {
-  portable_rows(reinterpret_cast<const bf16*>(k), row_stride, rows, d, q, scale, out);
-}
 
 void append_scores(const kv::PagedKVView& c, int b, int h, const float* q, double scale,
                    SelectionView::Unit unit, std::span<const std::int32_t> ids,

@@ -14,7 +14,7 @@
 
 #include "attn/microkernels.hpp"
 #include "attn/rows.hpp"
-#include "masskv/model/quant.hpp"
+#include "core/gemm.hpp"
 #include "masskv/error.hpp"
 
 namespace masskv::select {
@@ -407,8 +407,9 @@ void learned_block_mask(std::span<const float> q_sel, const kv::KeyRowsView& key
   const std::int64_t cols = (L + config.k_block - 1) / config.k_block;
   const std::int64_t first = L - n;
   // The selector keys as f32 rows per group, kf[(g * L + t) * D], decoded once: every query
-  // block multiplies against them with the model's f32 GEMM (OpenMP over key rows), one
-  // query block at a time, so the scores keep one fixed order whatever the thread count.
+  // block multiplies against them with the f32 GEMM the model's prefill uses (core/gemm.hpp;
+  // OpenMP over key rows), one query block at a time, so the scores keep one fixed order
+  // whatever the thread count.
   std::vector<float> kf(sz(G) * sz(L) * sz(D));
 #pragma omp parallel for schedule(static)
   for (int j = 0; j < table.num_pages(0); ++j) {
@@ -437,8 +438,8 @@ void learned_block_mask(std::span<const float> q_sel, const kv::KeyRowsView& key
         std::copy_n(q_sel.data() + (sz(i) * sz(G) + sz(g)) * sz(D), D,
                     qb.data() + sz(i - i0) * sz(D));
       }
-      model::matmul(model::GgmlType::f32, kf.data() + sz(g) * sz(L) * sz(D), sz(keys_last),
-                    sz(D), qb.data(), sz(i1 - i0), y.data());
+      linalg::matmul_f32(kf.data() + sz(g) * sz(L) * sz(D), sz(keys_last), sz(D), qb.data(),
+                         sz(i1 - i0), y.data());
       // Per query: the max (vector kernel), then one pass per key block (exp of the block's
       // scores and their sum). Measured at 8K (2026-12-04): full-length passes with a
       // division per key were a quarter of the TTFT; then the scalar max and f64 exps were

@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "masskv/kv/paged_kv.hpp"
-#include "masskv/select/selection.hpp"
+#include "masskv/selection.hpp"
 #include "select/row_kernels.hpp"
 
 namespace masskv::select::detail {

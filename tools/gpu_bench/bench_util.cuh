@@ -6,7 +6,7 @@
 
 #include "masskv/cuda/arch.hpp"
 #include "masskv/kv/paged_kv.hpp"
-#include "masskv/select/selection.hpp"
+#include "masskv/selection.hpp"
 
 #include <algorithm>
 #include <cstdint>

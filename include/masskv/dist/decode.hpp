@@ -9,7 +9,7 @@
 #include "masskv/dist/communicator.hpp"
 #include "masskv/dist/shard.hpp"
 #include "masskv/mapping.hpp"
-#include "masskv/select/selection.hpp"
+#include "masskv/selection.hpp"
 #include "masskv/tensor.hpp"
 
 namespace masskv::dist {

@@ -6,7 +6,7 @@
 #include "masskv/dist/communicator.hpp"
 #include "masskv/dist/shard.hpp"
 #include "masskv/select/page_bound.hpp"
-#include "masskv/select/selection.hpp"
+#include "masskv/selection.hpp"
 #include "masskv/tensor.hpp"
 
 namespace masskv::dist {

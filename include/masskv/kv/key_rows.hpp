@@ -29,7 +29,7 @@ void encode_row(RowFormat f, const float* x, int dim, std::byte* dst);
 void decode_row(RowFormat f, const std::byte* src, int dim, float* out);
 // out[r] = Σ_c q_c x̂_rc for `rows` rows at src + r * stride_bytes. f32/bf16: in f64 (every
 // product of two floats is exact in f64 and the sum runs in 8 lanes, so the AVX2 and the
-// portable paths give the same bits, select/row_kernels.hpp; any dim). 4-bit formats: on the
+// portable paths give the same bits, kv/row_scores.hpp; any dim). 4-bit formats: on the
 // codes, without decoding (kv::dot_row_kernel, f32 sums per block).
 void score_rows(RowFormat f, const float* q, const std::byte* src, std::int64_t stride_bytes,
                 int rows, int dim, double* out) noexcept;

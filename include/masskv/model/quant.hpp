@@ -116,7 +116,7 @@ void matvec(GgmlType type, const void* w, std::size_t rows, std::size_t cols, co
 
 // Y[t][r] = sum_i W[r][i] X[t][i] for t < n tokens: X is [n][cols], Y is [n][rows] (prefill
 // batches), f32 activations. Weight rows are dequantised to f32 once per 8-row panel and block
-// of up to 128 tokens, then multiplied by a register-blocked f32 kernel (src/model/gemm*.cpp).
+// of up to 128 tokens, then multiplied by a register-blocked f32 kernel (src/core/gemm*.cpp).
 // Each output is one f32 chain over i in order: within 1e-5 * sum|w x| of the exact product
 // like dot_row (so like matvec with Activations::f32, not bit-equal); independent of the
 // thread count and of which other tokens share the call. OpenMP over panels.

@@ -20,7 +20,7 @@
 
 #include "masskv/kv/paged_kv.hpp"
 #include "masskv/select/page_bound.hpp"
-#include "masskv/select/selection.hpp"
+#include "masskv/selection.hpp"
 #include "masskv/tensor.hpp"
 
 namespace masskv::select {

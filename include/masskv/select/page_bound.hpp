@@ -7,7 +7,7 @@
 
 #include "masskv/dtype.hpp"
 #include "masskv/kv/paged_kv.hpp"
-#include "masskv/select/selection.hpp"
+#include "masskv/selection.hpp"
 #include "masskv/tensor.hpp"
 
 namespace masskv::select {

@@ -11,7 +11,7 @@
 #include "masskv/kv/paged_kv.hpp"
 #include "masskv/mapping.hpp"
 #include "masskv/select/page_bound.hpp"
-#include "masskv/select/selection.hpp"
+#include "masskv/selection.hpp"
 #include "masskv/tensor.hpp"
 
 namespace masskv::select {

@@ -1,13 +1,13 @@
-// AVX2+FMA panel kernel of the prefill matmul (gemm_kernels.hpp): tiles of 4 weight rows x 3
+// AVX2+FMA panel kernel of the f32 GEMM (gemm.hpp): tiles of 4 weight rows x 3
 // vectors of 8 tokens keep 12 accumulators in registers; per k it loads 3 token vectors and
 // broadcasts 4 weights for 12 FMAs. Pointer kernel only: entered after cpu::has_avx2().
 #include <immintrin.h>
 
 #include <cstddef>
 
-#include "model/gemm_kernels.hpp"
+#include "core/gemm.hpp"
 
-namespace masskv::model::kernels {
+namespace masskv::linalg {
 namespace {
 
 // Named accumulators, not an array: GCC keeps an array of __m256 mirrored on the stack.
@@ -126,4 +126,4 @@ void transpose_avx2(const float* src, std::size_t lds, std::size_t rows, std::si
   }
 }
 
-}  // namespace masskv::model::kernels
+}  // namespace masskv::linalg

@@ -1,19 +1,18 @@
-// Prefill matmul driver and scalar panel kernel (see gemm_kernels.hpp). Tokens go in blocks of
-// at most kTokenBlock; per block the activations are transposed once to [cols][tokens] (zero
-// padded to a multiple of 8 tokens), then each thread takes whole 8-row panels: it dequantises
+// The f32 GEMM driver and scalar panel kernel (see gemm.hpp). Tokens go in blocks of at most
+// kTokenBlock; per block the activations are transposed once to [cols][tokens] (zero padded to
+// a multiple of 8 tokens), then each thread takes whole 8-row panels: it loads (dequantises)
 // the panel's rows once and runs the micro-kernel over all tokens of the block. An output is
 // computed by one panel call in a fixed order, so the thread count cannot change it.
+#include "core/gemm.hpp"
+
 #include <algorithm>
 #include <cstdint>
+#include <cstring>
 #include <vector>
 
 #include "core/cpu_features.hpp"
-#include "masskv/error.hpp"
-#include "masskv/model/quant.hpp"
-#include "model/gemm_kernels.hpp"
 
-namespace masskv::model {
-namespace kernels {
+namespace masskv::linalg {
 
 // The transposed block stays in L2 (128 tokens x 576 cols = 288 KiB) and amortises each
 // panel's dequantisation over enough tokens.
@@ -42,9 +41,8 @@ void transpose_scalar(const float* src, std::size_t lds, std::size_t rows, std::
   }
 }
 
-void matmul_with(const GemmKernels& kern, GgmlType type, const void* w, std::size_t rows,
-                 std::size_t cols, const float* x, std::size_t n, float* y) {
-  const std::size_t stride = row_bytes(type, cols, "cols");
+void gemm_with(const GemmKernels& kern, const void* w, std::size_t stride, std::size_t rows,
+               std::size_t cols, const float* x, std::size_t n, float* y) {
   const auto* base = static_cast<const std::uint8_t*>(w);
   const auto panels = static_cast<std::int64_t>((rows + kPanelRows - 1) / kPanelRows);
   // Panel rows one cache line apart from a multiple of 4 KiB, so the 8 rows a kernel streams
@@ -78,7 +76,7 @@ void matmul_with(const GemmKernels& kern, GgmlType type, const void* w, std::siz
         const std::size_t r0 = static_cast<std::size_t>(p) * kPanelRows;
         const std::size_t nr = std::min(kPanelRows, rows - r0);
         for (std::size_t i = 0; i < nr; ++i) {
-          kern.dequant(base + (r0 + i) * stride, &wp[i * ldw], cols);
+          kern.load(base + (r0 + i) * stride, &wp[i * ldw], cols);
         }
         std::fill(wp.begin() + static_cast<std::ptrdiff_t>(nr * ldw), wp.end(), 0.0f);
         kern.panel(wp.data(), ldw, cols, xtp, ldx, ldx, c.data(), ldx);
@@ -88,18 +86,18 @@ void matmul_with(const GemmKernels& kern, GgmlType type, const void* w, std::siz
   }
 }
 
-}  // namespace kernels
-
-void matmul(GgmlType type, const void* w, std::size_t rows, std::size_t cols, const float* x,
-            std::size_t n, float* y) {
-  const TypeTraits& t = type_traits(type);
-  require(t.compute, ErrorCode::unsupported, "type", "tensor type ", t.name,
-          " has no dequantisation kernel");
+GemmKernels best_kernels(RowLoadFn load) noexcept {
   const bool simd = cpu::has_avx2() && cpu::simd_allowed();
-  const kernels::GemmKernels kern{kernels::best_dequant(type),
-                                  simd ? kernels::panel_avx2 : kernels::panel_scalar,
-                                  simd ? kernels::transpose_avx2 : kernels::transpose_scalar};
-  kernels::matmul_with(kern, type, w, rows, cols, x, n, y);
+  return {load, simd ? panel_avx2 : panel_scalar, simd ? transpose_avx2 : transpose_scalar};
 }
 
-}  // namespace masskv::model
+void matmul_f32(const float* w, std::size_t rows, std::size_t cols, const float* x, std::size_t n,
+                float* y) {
+  // A copy, as the model's f32 "dequantiser" is: the same bits as model::matmul of an f32 W.
+  const RowLoadFn copy = [](const void* src, float* dst, std::size_t m) {
+    std::memcpy(dst, src, m * sizeof(float));
+  };
+  gemm_with(best_kernels(copy), w, cols * sizeof(float), rows, cols, x, n, y);
+}
+
+}  // namespace masskv::linalg

@@ -1,4 +1,6 @@
-// The Selection (DESIGN.md §3): the output of every selector and the input of sparse kernels.
+// The Selection (docs/design.md §3): the output of every selector and the input of sparse kernels;
+// a vocabulary type like tensor.hpp's views, so attn, kv and dist take it without depending on
+// select.
 #pragma once
 
 #include <cstdint>

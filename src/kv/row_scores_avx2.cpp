@@ -1,10 +1,10 @@
-// AVX2 f64 scores of stored keys (see scores.hpp). Pointer kernels only: this file is
+// AVX2 row kernels of the f64 key scores (row_scores.hpp). Pointer kernels only: this file is
 // compiled with -mavx2 -mfma -mf16c and entered after a runtime CPU check.
 #include <immintrin.h>
 
-#include "select/row_kernels.hpp"
+#include "kv/row_scores.hpp"
 
-namespace masskv::select::detail {
+namespace masskv::kv::detail {
 
 namespace {
 
@@ -58,4 +58,4 @@ void score_rows_avx2_bf16(const std::uint16_t* k, std::int64_t row_stride, int n
   rows(k, row_stride, n, d, q, scale, out, [](const std::uint16_t* p) { return load8_bf16(p); });
 }
 
-}  // namespace masskv::select::detail
+}  // namespace masskv::kv::detail
