@@ -6,11 +6,8 @@
 
 #include <cstdint>
 
-#if defined(__CUDACC__)
-#define MASSKV_HD __host__ __device__
-#else
-#define MASSKV_HD
-#endif
+#include "core/host_device.hpp"
+#include "select/kept.hpp"
 
 namespace masskv::cuda::detail {
 
@@ -19,17 +16,17 @@ struct KeptRange {
   int w = 0;  // first page of the kept tail [w, n), w >= s
 };
 
-// n pages, `last` tokens in the last page (1..page_size; unused when n == 0).
+// n pages, `last` tokens in the last page (1..page_size; unused when n == 0). The kept pages
+// are select::kept_pages's (select/kept.hpp, docs/design.md §3), the tail raised to s.
 MASSKV_HD inline KeptRange kept_range(int n, int last, int page_size, int sink_pages,
                                       int window_tokens) {
   KeptRange r;
   if (n <= 0) return r;
-  const std::int64_t last_start = static_cast<std::int64_t>(n - 1) * page_size;
-  const std::int64_t length = last_start + last;
-  const std::int64_t from = length > window_tokens ? length - window_tokens : 0;
-  r.s = sink_pages < n ? sink_pages : n;
-  const int win = static_cast<int>((from < last_start ? from : last_start) / page_size);
-  r.w = win > r.s ? win : r.s;
+  const std::int64_t length = static_cast<std::int64_t>(n - 1) * page_size + last;
+  const select::KeptRanges<int> k =
+      select::kept_pages(n, length, page_size, sink_pages, window_tokens);
+  r.s = k.first_end;
+  r.w = k.last_begin > r.s ? k.last_begin : r.s;
   return r;
 }
 

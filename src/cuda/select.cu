@@ -56,6 +56,7 @@
 #include "group_tau.cuh"
 #include "masskv/cuda/select.hpp"
 #include "masskv/error.hpp"
+#include "select/kept.hpp"
 
 namespace masskv::cuda {
 namespace {
@@ -610,8 +611,9 @@ __global__ void __launch_bounds__(kScoreMaxWarps * 32) quest_score_kernel(SelPar
 // ---- top-k ----------------------------------------------------------------------------------
 
 // The split of one (sequence, kv head)'s pages, as topk_split (topk_rank.hpp): sinks
-// [0, sinks) and [window, n) kept (`kept` pages), `total` selected. bad: a bad indptr,
-// last_page_len or a selection longer than the lists (flagged by `flag`'s thread).
+// [0, sinks) and [window, n) kept (`kept` pages, by the rule of select/kept.hpp), `total`
+// selected. bad: a bad indptr, last_page_len or a selection longer than the lists (flagged by
+// `flag`'s thread).
 struct TopkSplit {
   int n, sinks, window, kept, total;
   bool bad;
@@ -630,12 +632,11 @@ __device__ TopkSplit topk_split_of(const SelParams& p, int b, bool flag) {
   }
   if (!s.bad && n > 0) {
     const std::int64_t length = static_cast<std::int64_t>(n - 1) * p.page_size + last;
-    s.sinks = min(p.sinks, n);
-    const std::int64_t first_token =
-        length - p.window_tokens > 0 ? length - p.window_tokens : std::int64_t{0};
-    s.window = p.window_tokens > 0 ? static_cast<int>(first_token / p.page_size) : n - 1;
-    s.window = min(s.window, n - 1);
-    s.kept = s.sinks >= s.window ? n : s.sinks + (n - s.window);
+    const select::KeptRanges<int> k =
+        select::kept_pages(n, length, p.page_size, p.sinks, p.window_tokens);
+    s.sinks = k.first_end;
+    s.window = k.last_begin;
+    s.kept = k.count(n);
     s.total = min(n, max(p.budget, s.kept));
     if (s.total > p.max_per_head) {
       if (flag) atomicOr(p.err, kBadCapacity);

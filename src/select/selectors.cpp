@@ -13,6 +13,7 @@
 #include "masskv/select/diagnostics.hpp"
 #include "masskv/select/selector.hpp"
 #include "select/gaussian_model.hpp"
+#include "select/kept.hpp"
 #include "select/learned.hpp"
 #include "select/page_scan.hpp"
 #include "select/scores.hpp"
@@ -65,22 +66,15 @@ struct Group {
   std::size_t csr = 0;                 // indptr[b]: the group's offset in the CSR page order
 };
 
-// Always-kept items (§3): sink pages, pages covering the last W tokens, the last page; token
-// items: the same tokens. Two ranges, [0, first_end) and [last_begin, n).
-struct Kept {
-  std::int64_t first_end = 0, last_begin = 0;
-  std::int64_t count(std::int64_t n) const {
-    return first_end >= last_begin ? n : first_end + (n - last_begin);
-  }
-};
+// Always-kept items (§3; the one rule of select/kept.hpp): sink pages, pages covering the last
+// W tokens, the last page; token items: the same tokens. Two ranges, [0, first_end) and
+// [last_begin, n).
+using Kept = KeptRanges<std::int64_t>;
 Kept kept_items(const Group& G, const SelectorConfig& c, bool tokens) {
-  const std::int64_t P = G.page_size;
-  const std::int64_t sinks = std::min<std::int64_t>(c.sink_pages, G.pages);
-  const std::int64_t last_page_start = (G.pages - 1) * P;
-  const std::int64_t win_start =
-      std::min(last_page_start, std::max<std::int64_t>(0, G.length - c.window_tokens));
-  if (tokens) return {std::min(sinks * P, G.length), win_start};
-  return {sinks, win_start / P};
+  if (tokens) return kept_tokens(G.pages, G.length, G.page_size, c.sink_pages, c.window_tokens);
+  const KeptRanges<int> k =
+      kept_pages(G.pages, G.length, G.page_size, c.sink_pages, c.window_tokens);
+  return {k.first_end, k.last_begin};
 }
 
 // Items of a selection: how many the rule may hold.

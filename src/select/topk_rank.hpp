@@ -10,22 +10,22 @@
 #include <vector>
 
 #include "masskv/select/page_bound.hpp"
+#include "select/kept.hpp"
 
 namespace masskv::select::detail {
 
-// Pages [0, sinks) and [window, n) are always kept (`kept` of them); `need` more come from
-// [sinks, window) by rank, for `total` in all.
+// Pages [0, sinks) and [window, n) are always kept (`kept` of them; the rule of kept.hpp);
+// `need` more come from [sinks, window) by rank, for `total` in all.
 struct TopkSplit {
   int sinks = 0, window = 0, kept = 0, total = 0, need = 0;
 };
 
 inline TopkSplit topk_split(int n, std::int64_t length, int page_size, const TopkPolicy& p) {
   TopkSplit s;
-  s.sinks = std::min(p.sink_pages, n);
-  const std::int64_t first_token = std::max<std::int64_t>(0, length - p.window_tokens);
-  s.window = p.window_tokens > 0 ? static_cast<int>(first_token / page_size) : n - 1;
-  s.window = std::min(s.window, n - 1);
-  s.kept = s.sinks >= s.window ? n : s.sinks + (n - s.window);
+  const KeptRanges<int> k = kept_pages(n, length, page_size, p.sink_pages, p.window_tokens);
+  s.sinks = k.first_end;
+  s.window = k.last_begin;
+  s.kept = k.count(n);
   s.total = std::min(n, std::max(p.budget_pages, s.kept));
   s.need = s.total - s.kept;  // > 0 only when sinks < window
   return s;

@@ -51,6 +51,7 @@
 #include "masskv/select/page_bound.hpp"
 #include "phases.hpp"
 #include "prefill_bench.hpp"
+#include "select/kept.hpp"
 
 using namespace masskv;
 
@@ -799,12 +800,9 @@ int compare_selection(const SelData& sd, const SelectionStorage& cpu,
       for (std::int32_t j : cl) in_c[j] = 1;
       for (int i = 0; i < gc; ++i) in_g[gl[i]] = 1;
       const std::int64_t length = static_cast<std::int64_t>(n - 1) * c.page + sd.last[b];
-      const int sinks = std::min(c.pol.sink_pages, n);
-      int window =
-          c.pol.window_tokens > 0
-              ? static_cast<int>(std::max<std::int64_t>(0, length - c.pol.window_tokens) / c.page)
-              : n - 1;
-      window = std::min(window, n - 1);
+      const select::KeptRanges<int> kept =
+          select::kept_pages(n, length, c.page, c.pol.sink_pages, c.pol.window_tokens);
+      const int sinks = kept.first_end, window = kept.last_begin;
       double thr = INFINITY;
       for (int j = sinks; j < window; ++j)
         if (in_c[j]) thr = std::min(thr, static_cast<double>(agg[j]));
