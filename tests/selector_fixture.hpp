@@ -42,6 +42,7 @@ struct SelCase {
     a.q = qview();
     a.cache = view();
     a.summaries = cache.summaries();
+    a.page_codes = cache.page_codes();  // empty unless the case keeps them
     return a;
   }
 };
@@ -49,8 +50,9 @@ struct SelCase {
 // keys[b] / values[b]: [length_b][Hkv][d] f32.
 inline SelCase make_case(const std::vector<std::vector<float>>& keys,
                          const std::vector<std::vector<float>>& values, std::vector<float> q,
-                         int Hq, int Hkv, int d, int P, DType dtype) {
+                         int Hq, int Hkv, int d, int P, DType dtype, bool page_codes = false) {
   kv::CacheConfig cfg;
+  cfg.page_codes = page_codes;
   cfg.num_kv_heads = Hkv;
   cfg.head_dim = d;
   cfg.page_size = P;
@@ -77,7 +79,7 @@ inline SelCase make_case(const std::vector<std::vector<float>>& keys,
 // of a group = a shared direction + `disagree` x independent noise, times `sharp`.
 inline SelCase random_case(std::mt19937& rng, const std::vector<int>& lengths, int Hq, int Hkv,
                            int d, int P, DType dtype, float sharp = 2.0f, float disagree = 0.5f,
-                           float page_shift = 0.7f) {
+                           float page_shift = 0.7f, bool page_codes = false) {
   std::normal_distribution<float> N(0.0f, 1.0f);
   std::vector<std::vector<float>> K, V;
   for (int len : lengths) {
@@ -109,7 +111,7 @@ inline SelCase random_case(std::mt19937& rng, const std::vector<int>& lengths, i
       }
     }
   }
-  return make_case(K, V, std::move(q), Hq, Hkv, d, P, dtype);
+  return make_case(K, V, std::move(q), Hq, Hkv, d, P, dtype, page_codes);
 }
 
 }  // namespace masskv::test

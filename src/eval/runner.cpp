@@ -96,6 +96,18 @@ void step(std::span<Lane* const> lanes, std::span<const model::TokenId> tokens,
 
 }  // namespace
 
+std::string_view to_string(Protocol p) {
+  return p == Protocol::standard ? "standard" : "strict";
+}
+
+Protocol parse_protocol(std::string_view name, std::string_view argument) {
+  if (name == "strict") return Protocol::strict;
+  if (name == "standard") return Protocol::standard;
+  fail(ErrorCode::invalid_argument, argument, "unknown protocol '", name,
+       "' (standard: the whole prompt prefilled, the answer decoded sparsely; strict: the "
+       "question decoded sparsely too)");
+}
+
 PromptTokens tokenize_sample(const model::Model& model, const model::ChatTemplate& chat,
                              const Sample& sample) {
   require(!sample.context.empty(), ErrorCode::invalid_argument, "sample", "the context of a ",
@@ -135,13 +147,20 @@ std::vector<Outcome> run_sample(const model::Model& model, const model::ChatTemp
   const std::size_t V = static_cast<std::size_t>(model.config().n_vocab);
   const std::size_t lanes_max =
       options.max_batch > 0 ? static_cast<std::size_t>(options.max_batch) : configs.size();
-  const std::int64_t context = static_cast<std::int64_t>(prompt.context.size());
+  const bool standard = options.protocol == Protocol::standard;
+  // What the shared prefill takes: the context, or under the standard protocol the whole prompt.
+  std::vector<model::TokenId> prefilled = prompt.context;
+  if (standard) prefilled.insert(prefilled.end(), prompt.rest.begin(), prompt.rest.end());
+  const std::int64_t context = static_cast<std::int64_t>(prefilled.size());
   const std::int64_t forked =
-      static_cast<std::int64_t>(prompt.rest.size()) + std::max(0, sample.max_new_tokens);
+      (standard ? 0 : static_cast<std::int64_t>(prompt.rest.size())) +
+      std::max(0, sample.max_new_tokens);
 
   // One dense prefill per distinct attention, shared (copy-on-write) by its configurations.
   std::vector<std::unique_ptr<model::Session>> roots;
   std::vector<double> prefill_seconds, prefill_kv_read;
+  // Standard protocol: each root's greedy first answer token, from its prefill's logits.
+  std::vector<model::TokenId> prefill_best;
   std::vector<std::size_t> root_of(configs.size());
   for (std::size_t i = 0; i < configs.size(); ++i) {
     std::size_t r = 0;
@@ -170,6 +189,10 @@ std::vector<Outcome> run_sample(const model::Model& model, const model::ChatTemp
       return (c.selector && c.selector->method == select::Method::learned) ||
              c.prefill.method == select::PrefillMethod::learned;
     });
+    // Two-stage selection scores tokens on page codes kept from the first token.
+    so.page_codes = std::any_of(configs.begin(), configs.end(), [](const DecodeConfig& c) {
+      return c.selector && c.selector->method == select::Method::two_stage;
+    });
     if (learned) {
       require(options.learned_selector != nullptr, ErrorCode::invalid_argument, "learned_selector",
               "a configuration uses a learned selector (decode or prefill)");
@@ -180,14 +203,16 @@ std::vector<Outcome> run_sample(const model::Model& model, const model::ChatTemp
     so.fork_pages = static_cast<int>(std::min(users, lanes_max)) *
                     (static_cast<int>((forked + options.page_size - 1) / options.page_size) + 2);
     roots.push_back(std::make_unique<model::Session>(model, so));
-    std::vector<float> logits;  // the context's logits are not needed
+    // Strict: the context's logits are not needed; standard: they give the first answer token.
+    std::vector<float> logits(standard ? V : 0);
     const auto t0 = Clock::now();
     std::int64_t shown = 0;
-    roots.back()->prefill(prompt.context, logits, nullptr, [&](std::int64_t n, std::int64_t) {
+    roots.back()->prefill(prefilled, logits, nullptr, [&](std::int64_t n, std::int64_t) {
       if (progress) progress(n - shown);
       shown = n;
     });
     prefill_seconds.push_back(seconds_since(t0));
+    prefill_best.push_back(standard ? model::argmax(std::span<const float>(logits)) : -1);
     const model::PrefillStats& ps = roots.back()->last_prefill_stats();
     prefill_kv_read.push_back(ps.keys_dense > 0 ? ps.keys_attended / ps.keys_dense : 1.0);
   }
@@ -205,6 +230,10 @@ std::vector<Outcome> run_sample(const model::Model& model, const model::ChatTemp
       auto lane = std::make_unique<Lane>(started, roots[root_of[started]]->fork());
       lane->session.set_selector(configs[started].selector);
       lane->session.set_reselect(configs[started].reselect_every, configs[started].reselect_cos);
+      if (standard) {  // the prompt is in the cache: generation starts from the prefill's token
+        lane->fed = prompt.rest.size();
+        lane->best = prefill_best[root_of[started]];
+      }
       lanes.push_back(std::move(lane));
       ++started;
     }

@@ -2,6 +2,7 @@
 // summaries of DESIGN.md §3 (min/max for the §2.3 bound, mean/M2 for the §2.4 model,
 // max ||v|| for the §2.5 error bound), updated in O(d) per appended token.
 #include "masskv/kv/cache.hpp"
+#include "masskv/kv/page_codes.hpp"
 
 #include <algorithm>
 #include <cmath>
@@ -95,6 +96,9 @@ struct PagedKVCache::Impl {
   std::vector<std::uint8_t> sk;                       // selector key codes [page][head][slot][.]
   std::vector<std::uint8_t> sk_scales;                // and their scales [page][head][slot][.]
   int sk_code_bytes = 0, sk_scale_bytes = 0;          // per row
+  std::vector<std::uint8_t> pcodes;                   // page codes [page][head][slot][.]
+  std::size_t pcode_row = 0;                          // bytes of one row of page codes
+  std::vector<float> pcode_key;                       // scratch: one stored key in f32
   std::vector<std::byte> krows;                       // key rows [page][group][slot][row]
   std::size_t rows_per_page = 0;                      // bytes of one page of key rows
   std::vector<float> key_row;                         // scratch: one stored key in f32
@@ -132,6 +136,11 @@ struct PagedKVCache::Impl {
       sk.assign(rows * static_cast<std::size_t>(sk_code_bytes), 0);
       sk_scales.assign(rows * static_cast<std::size_t>(sk_scale_bytes), 0);
       key_row.resize(static_cast<std::size_t>(d));
+    }
+    if (cfg.page_codes) {
+      pcode_row = static_cast<std::size_t>(page_code_bytes(d));
+      pcodes.assign(static_cast<std::size_t>(pages) * H * P * pcode_row, 0);
+      pcode_key.resize(static_cast<std::size_t>(d));
     }
     if (cfg.key_row_groups > 0) {
       rows_per_page = static_cast<std::size_t>(cfg.key_row_groups) * static_cast<std::size_t>(P) *
@@ -205,6 +214,11 @@ struct PagedKVCache::Impl {
       std::copy_n(sk.begin() + old * nb, nb, sk.begin() + p * nb);
       std::copy_n(sk_scales.begin() + old * ns, ns, sk_scales.begin() + p * ns);
     }
+    if (cfg.page_codes) {
+      const std::size_t nb = static_cast<std::size_t>(cfg.num_kv_heads) * cfg.page_size * pcode_row;
+      std::copy_n(pcodes.begin() + static_cast<std::ptrdiff_t>(old * nb), nb,
+                  pcodes.begin() + static_cast<std::ptrdiff_t>(p * nb));
+    }
     std::copy_n(krows.begin() + static_cast<std::ptrdiff_t>(static_cast<std::size_t>(old) * rows_per_page), rows_per_page,
                 krows.begin() + static_cast<std::ptrdiff_t>(static_cast<std::size_t>(p) * rows_per_page));
     release_page(old);
@@ -249,12 +263,15 @@ struct PagedKVCache::Impl {
       float* mean = smean.data() + base;
       float* m2 = sm2.data() + base;
       double vnorm2 = 0;
+      bool range_moved = false;  // page codes: the earlier rows need re-encoding
       for (int c = 0; c < d; ++c) {
         ks[c] = from_f32<T>(kin[c]);
         vs[c] = from_f32<T>(vin[c]);
         const float x = to_f32(ks[c]);
+        const float old_mn = mn[c], old_mx = mx[c];
         mn[c] = min_rule(x, mn[c]);
         mx[c] = max_rule(x, mx[c]);
+        range_moved |= (mn[c] != old_mn || mx[c] != old_mx);
         const double delta = x - static_cast<double>(mean[c]);
         const double new_mean = mean[c] + delta / n;
         m2[c] = static_cast<float>(m2[c] + delta * (x - new_mean));
@@ -264,6 +281,7 @@ struct PagedKVCache::Impl {
       }
       float& vmax = svnorm[static_cast<std::size_t>(page) * H + h];
       vmax = std::max(vmax, round_up_to_f32(std::sqrt(vnorm2)));
+      if (cfg.page_codes) encode_codes<T>(page, h, range_moved ? 0 : slot, slot);
       if (cfg.has_selector_keys()) {
         for (int c = 0; c < d; ++c) key_row[c] = to_f32(ks[c]);
         const std::size_t r = (static_cast<std::size_t>(page) * H + h) * cfg.page_size +
@@ -274,6 +292,23 @@ struct PagedKVCache::Impl {
       }
     }
     ++count[page];
+  }
+
+  // Page codes of slots [first, last] of (page, head) from the stored keys and the page's
+  // current summary range (kv/page_codes.hpp).
+  template <class T>
+  void encode_codes(std::int32_t page, int h, int first, int last) {
+    const T* kp = static_cast<const T*>(static_cast<const void*>(k.get()));
+    const std::size_t base = sum_at(page, h);
+    const int d = cfg.head_dim;
+    for (int slot = first; slot <= last; ++slot) {
+      const T* ks = kp + pool.offset(page, h, slot);
+      for (int c = 0; c < d; ++c) pcode_key[static_cast<std::size_t>(c)] = to_f32(ks[c]);
+      const std::size_t r =
+          (static_cast<std::size_t>(page) * cfg.num_kv_heads + h) * cfg.page_size + slot;
+      encode_page_codes(pcode_key.data(), smin.data() + base, smax.data() + base, d,
+                        pcodes.data() + r * pcode_row);
+    }
   }
 
   bool shared_partial(const Sequence& s) const {
@@ -453,6 +488,13 @@ SummariesView PagedKVCache::summaries() const {
   const Impl& m = *impl_;
   return {m.smin.data(),   m.smax.data(),        m.smean.data(),     m.sm2.data(),  m.count.data(),
           m.svnorm.data(), m.cfg.capacity_pages, m.cfg.num_kv_heads, m.cfg.head_dim};
+}
+
+PageCodesView PagedKVCache::page_codes() const {
+  const Impl& m = *impl_;
+  if (!m.cfg.page_codes) return {};
+  return {m.pcodes.data(), m.cfg.capacity_pages, m.cfg.num_kv_heads, m.cfg.page_size,
+          m.cfg.head_dim};
 }
 
 SelectorKeysView PagedKVCache::selector_keys() const {

@@ -37,8 +37,12 @@ void linear(const GgufTensor& w, const float* x, std::size_t n, float* y, Activa
 std::size_t sz(std::int64_t v) { return static_cast<std::size_t>(v); }
 
 void check_selector(const std::optional<select::SelectorConfig>& selector, const Mapping& mapping,
-                    const std::shared_ptr<const learn::Selector>& learned) {
+                    const std::shared_ptr<const learn::Selector>& learned, bool page_codes) {
   if (!selector) return;
+  require(selector->method != select::Method::two_stage || page_codes,
+          ErrorCode::invalid_argument, "selector",
+          "Method::two_stage needs SessionOptions::page_codes (the codes are kept from the "
+          "first token)");
   const Mapping& m = selector->mapping;
   require(m.kind == mapping.kind && (!m.is_entmax() || m.alpha == mapping.alpha),
           ErrorCode::invalid_argument, "selector",
@@ -158,16 +162,26 @@ Session::Session(const Model& model, SessionOptions options)
           ErrorCode::invalid_argument, "sparse_prefill",
           "the learned prefill indexer needs SessionOptions::learned_selector");
   if (options.learned_selector) learn::check_model(*options.learned_selector, c);
-  check_selector(options.selector, options.mapping, options.learned_selector);
+  // A two_stage selector here turns the page codes on (below).
+  check_selector(options.selector, options.mapping, options.learned_selector, true);
   check_score_multipliers(options.score_multipliers, c);
   require(options.fork_pages >= 0, ErrorCode::invalid_argument, "fork_pages", "must be >= 0, got ",
           options.fork_pages);
   check_reselect(options.reselect_every, options.reselect_cos);
+  // Checked before the page count below divides by it (page_size 0 was a SIGFPE).
+  require(options.page_size >= 1 && options.page_size <= 256 &&
+              (options.page_size & (options.page_size - 1)) == 0,
+          ErrorCode::invalid_argument, "page_size", "must be a power of two in [1, 256], got ",
+          options.page_size);
   kv::CacheConfig cc;
   cc.num_kv_heads = c.n_head_kv;
   cc.head_dim = c.head_dim;
   cc.page_size = options.page_size;
   cc.dtype = options.kv_dtype;
+  if (options.selector && options.selector->method == select::Method::two_stage) {
+    options.page_codes = true;  // the selector the session starts with scores on them
+  }
+  cc.page_codes = options.page_codes;
   cc.capacity_pages =
       static_cast<int>((options.max_tokens + options.page_size - 1) / options.page_size) +
       options.fork_pages;
@@ -240,7 +254,8 @@ Session Session::fork() const {
 }
 
 void Session::set_selector(std::optional<select::SelectorConfig> selector) {
-  check_selector(selector, impl_->opt.mapping, impl_->opt.learned_selector);
+  check_selector(selector, impl_->opt.mapping, impl_->opt.learned_selector,
+                 impl_->opt.page_codes);
   impl_->opt.selector = std::move(selector);
   for (auto& r : impl_->reusable) r.length = 0;
 }
@@ -493,6 +508,7 @@ void attend(const Model& model, Scratch& w, const Segment& seg, std::size_t row0
       sa.q = qv;
       sa.cache = view;
       sa.summaries = cache.summaries();
+      sa.page_codes = cache.page_codes();
       sa.scale = c.attn_scale;
       if (ls != nullptr) {
         const learn::Selector& sel = *s.opt.learned_selector;

@@ -10,6 +10,7 @@
 #include <numeric>
 
 #include "masskv/error.hpp"
+#include "masskv/kv/page_codes.hpp"
 #include "masskv/select/diagnostics.hpp"
 #include "masskv/select/selector.hpp"
 #include "select/gaussian_model.hpp"
@@ -39,17 +40,21 @@ std::string_view to_string(Method m) {
       return "oracle";
     case Method::learned:
       return "learned";
+    case Method::two_stage:
+      return "two_stage";
   }
   return "?";
 }
 
 Method parse_method(std::string_view name, std::string_view argument) {
   for (Method m : {Method::dense, Method::sink_recent, Method::quest, Method::top_p,
-                   Method::entmax_support, Method::gaussian_tau, Method::oracle, Method::learned}) {
+                   Method::entmax_support, Method::gaussian_tau, Method::oracle, Method::learned,
+                   Method::two_stage}) {
     if (name == to_string(m)) return m;
   }
   fail(ErrorCode::invalid_argument, argument, "unknown selector '", name,
-       "' (dense, sink_recent, quest, top_p, entmax_support, gaussian_tau, oracle, learned)");
+       "' (dense, sink_recent, quest, top_p, entmax_support, gaussian_tau, oracle, learned, "
+       "two_stage)");
 }
 
 namespace {
@@ -143,6 +148,10 @@ struct Scratch {
   std::vector<std::size_t> cursor;
   std::vector<double> eps, thr, zeros;
   std::vector<double> qs, qp;  // quant_keys: token scores and probabilities
+  // two_stage: candidate pages, their tokens and per-head code scores [g][tokens]
+  std::vector<std::uint8_t> page_in;
+  std::vector<std::int32_t> cand_tokens;
+  std::vector<double> code_w;
   static Scratch& get() {
     thread_local Scratch s;
     return s;
@@ -397,6 +406,74 @@ void quant_key_masses(const Context& X, const Group& G, int i, Scratch& S, doubl
     w[t / static_cast<std::size_t>(G.page_size)] += S.qp[t];
 }
 
+// two_stage: the group's token selection (S.in holds the kept tokens; `cap` tokens at most).
+// Stage 1 merges the q heads' bound rankings of the pages that hold no kept token, up to
+// candidate_factor × ceil(cap / page_size) pages; stage 2 ranks those pages' tokens per q head
+// by q·k̂ on the 2-bit page codes and merges those rankings (the same round robin) to the cap.
+// Reads the bounds of every page and the codes of the candidates' tokens only.
+int two_stage_group(const Context& X, const Group& G, Scratch& S, int count, int cap) {
+  const int P = G.page_size, g = G.g;
+  const Kept kept = kept_items(G, X.c, true);
+  // Pages holding a kept token are read anyway: they are never candidates.
+  S.page_in.assign(static_cast<std::size_t>(G.pages), 0);
+  int kept_pages = 0;
+  for (int j = 0; j < G.pages; ++j) {
+    const std::int64_t a = static_cast<std::int64_t>(j) * P;
+    const std::int64_t b = std::min<std::int64_t>(a + P, G.length);
+    const bool holds_kept = a < kept.first_end || b > kept.last_begin;
+    S.page_in[static_cast<std::size_t>(j)] = holds_kept ? 1 : 0;
+    kept_pages += holds_kept ? 1 : 0;
+  }
+  const std::int64_t budget_pages = (static_cast<std::int64_t>(cap) + P - 1) / P;
+  const int want = static_cast<int>(std::min<std::int64_t>(
+      G.pages, kept_pages + static_cast<std::int64_t>(X.c.candidate_factor) * budget_pages));
+  if (S.voters.size() < static_cast<std::size_t>(g)) S.voters.resize(static_cast<std::size_t>(g));
+  // Eligible pages: those holding no kept token.
+  S.eligible.resize(static_cast<std::size_t>(G.pages));
+  for (int j = 0; j < G.pages; ++j) {
+    S.eligible[static_cast<std::size_t>(j)] = S.page_in[static_cast<std::size_t>(j)] ? 0 : 1;
+  }
+  for (int i = 0; i < g; ++i) {
+    order_by(head_row(X.bounds, X, G, i), G.pages, S.eligible.data(), want, S.voters[i].order);
+    S.voters[i].mass = nullptr;
+  }
+  fill(S.voters, static_cast<std::size_t>(g), S.page_in, {}, kept_pages, want, kInf, 0);
+  // Candidates: the eligible pages stage 1 took, their tokens in order.
+  S.cand_tokens.clear();
+  for (int j = 0; j < G.pages; ++j) {
+    if (!S.page_in[static_cast<std::size_t>(j)] || !S.eligible[static_cast<std::size_t>(j)]) continue;
+    const std::int64_t a = static_cast<std::int64_t>(j) * P;
+    const std::int64_t b = std::min<std::int64_t>(a + P, G.length);
+    for (std::int64_t t = a; t < b; ++t) S.cand_tokens.push_back(static_cast<std::int32_t>(t));
+  }
+  const int K = static_cast<int>(S.cand_tokens.size());
+  S.rank.resize(static_cast<std::size_t>(g) * static_cast<std::size_t>(K));
+  S.code_w.resize(static_cast<std::size_t>(X.d));
+  const kv::SummariesView& sum = X.a.summaries;
+  const kv::PageCodesView& pc = X.a.page_codes;
+  std::vector<float> qs(static_cast<std::size_t>(X.d));
+  for (int i = 0; i < g; ++i) {
+    const float* q = qrow(X, G.b, G.h * X.gsize + i);
+    for (int x = 0; x < X.d; ++x) qs[static_cast<std::size_t>(x)] = q[x] * X.scale;
+    double* r = S.rank.data() + static_cast<std::size_t>(i) * K;
+    for (int k = 0; k < K;) {  // page by page: one affine form per (page, head)
+      const int j = S.cand_tokens[static_cast<std::size_t>(k)] / P;
+      const std::int32_t phys = G.phys[static_cast<std::size_t>(j)];
+      const std::int64_t at = sum.at(phys, G.h);
+      const kv::PageCodeScorer sc =
+          kv::page_code_scorer(qs.data(), sum.min + at, sum.max + at, X.d, S.code_w.data());
+      for (; k < K && S.cand_tokens[static_cast<std::size_t>(k)] / P == j; ++k) {
+        const int slot = S.cand_tokens[static_cast<std::size_t>(k)] - j * P;
+        r[k] = kv::page_code_score(sc, pc.row(phys, G.h, slot), X.d);
+      }
+    }
+    // Ranked over the compact candidate list; ascending ids keep the lower-id tie rule.
+    order_by(r, K, nullptr, cap, S.voters[i].order);
+    for (std::int32_t& id : S.voters[i].order) id = S.cand_tokens[static_cast<std::size_t>(id)];
+  }
+  return fill(S.voters, static_cast<std::size_t>(g), S.in, {}, count, cap, kInf, 0);
+}
+
 // Everything of one group but the kept items (already in S.in): rankings, masses, rule, fill.
 void select_group(const Context& X, const Group& G, Scratch& S, int& count, int cap, int floor,
                   double* estimate, std::uint8_t& certified) {
@@ -442,6 +519,11 @@ void select_group(const Context& X, const Group& G, Scratch& S, int& count, int 
     double held = 0;
     for (int j = 0; j < n; ++j) held += in[static_cast<std::size_t>(j)] ? m[j] : 0.0;
     std::fill(estimate, estimate + g, held);
+    return;
+  }
+  if (method == Method::two_stage) {
+    count = two_stage_group(X, G, S, count, cap);
+    std::fill(estimate, estimate + g, std::numeric_limits<double>::quiet_NaN());
     return;
   }
   if (method == Method::entmax_support) {
@@ -735,6 +817,18 @@ void check_args(const SelectArgs& a, const SelectorConfig& c) {
   require(c.budget.tokens == 0 || c.budget.min_tokens <= c.budget.tokens, invalid_argument,
           "budget", "min_tokens ", c.budget.min_tokens, " exceeds the cap ", c.budget.tokens);
   if (c.method == Method::learned) check_learned(a, c);
+  if (c.method == Method::two_stage) {
+    const kv::PageCodesView& pc = a.page_codes;
+    require(!pc.empty(), invalid_argument, "page_codes",
+            "Method::two_stage needs the cache's page codes (CacheConfig::page_codes)");
+    require(pc.num_pages == a.cache.num_pages && pc.num_kv_heads == a.cache.num_kv_heads &&
+                pc.head_dim == a.cache.head_dim && pc.page_size == a.cache.page_size,
+            shape_mismatch, "page_codes", "shape differs from the cache's");
+    require(c.candidate_factor >= 1, invalid_argument, "candidate_factor", "must be >= 1, got ",
+            c.candidate_factor);
+    require(c.budget.kind == Budget::Kind::fixed, invalid_argument, "budget",
+            "two_stage takes a fixed budget");
+  }
   if (c.method == Method::top_p && c.mass_source == MassSource::quant_keys) {
     const kv::SelectorKeysView& k = a.selector_keys;
     require(!k.empty(), invalid_argument, "selector_keys",
@@ -825,7 +919,8 @@ void run_selector(const SelectArgs& args, const SelectorConfig& config, SelectOu
   X.Hkv = args.cache.num_kv_heads;
   X.gsize = X.Hq / X.Hkv;
   X.scale = args.scale == 0 ? 1.0f / std::sqrt(static_cast<float>(X.d)) : args.scale;
-  X.tokens = config.method == Method::oracle && config.oracle_tokens;
+  X.tokens = (config.method == Method::oracle && config.oracle_tokens) ||
+             config.method == Method::two_stage;
   const Method method = config.method;
   if (method == Method::oracle) oracle_masses(X);
   if (method == Method::learned) learned_masses(X);
@@ -837,6 +932,7 @@ void run_selector(const SelectArgs& args, const SelectorConfig& config, SelectOu
   thread_local std::vector<double> mom_m, mom_v;
   const std::size_t nnz = t.indices.size();
   if (method == Method::quest || method == Method::top_p || method == Method::entmax_support ||
+      method == Method::two_stage ||
       method == Method::gaussian_tau) {
     bounds.resize(nnz * X.Hq);
     const bool want_w = method == Method::entmax_support && !args.bounds_bf16;

@@ -1,6 +1,9 @@
-// `masskv dump`: real attention inputs of a model for `masskv study` — per chosen layer, the
-// keys and values of a DEPTH-token context of real text and the queries of the STEPS tokens
-// that follow it (format: qkv_dump.hpp).
+// `masskv dump`: real attention inputs of a model for `masskv study` and the selection lab —
+// per chosen layer, the keys and values of a DEPTH-token context of real text and the queries of
+// the STEPS tokens that follow it (format: qkv_dump.hpp). With --task, the context is instead a
+// whole eval prompt (chat template, haystack, question, answer prefix) and the queries are those
+// of its gold answer, teacher-forced: the positions where the field's standard protocol decodes
+// sparsely and where a selector must find the needle.
 #include <fmt/core.h>
 
 #include <algorithm>
@@ -13,6 +16,9 @@
 
 #include "commands.hpp"
 #include "masskv/error.hpp"
+#include "masskv/eval/runner.hpp"
+#include "masskv/eval/tasks.hpp"
+#include "masskv/model/chat_template.hpp"
 #include "masskv/model/locate.hpp"
 #include "masskv/model/model.hpp"
 #include "model_options.hpp"
@@ -31,33 +37,22 @@ struct DumpOptions {
   int steps = 8;
   int threads = 0;
   std::string out_dir = "out/dump";
+  // Eval-prompt mode (--task): samples of these tasks at these lengths.
+  std::vector<std::string> tasks;
+  std::vector<std::string> lengths{"2K"};
+  int samples = 1;
+  // Seeds of the lab's prompts: kept apart from the eval's reported samples (the eval derives
+  // its seeds from --seed 1), so a ranking is chosen on other prompts than it is judged on.
+  std::uint64_t seed = 9001;
 };
 
-void run_dump(const DumpOptions& o) {
-  set_threads(o.threads);
-  require(o.steps >= 1, ErrorCode::invalid_argument, "--steps", "must be >= 1");
-  const std::int64_t depth = parse_count(o.depth, "-d");
-  const std::string path = model::resolve_model(o.model).string();
-  auto mdl = model::Model::load(path);
-  const model::ModelConfig& c = mdl->config();
-  std::vector<int> layers = o.layers;
-  if (layers.empty()) {
-    for (int l = 0; l < c.n_layer; ++l) layers.push_back(l);
-  }
-  for (int l : layers) {
-    require(l >= 0 && l < c.n_layer, ErrorCode::invalid_argument, "-l", "layer ", l,
-            " out of range (the model has ", c.n_layer, ")");
-  }
-  const std::int64_t total = depth + o.steps;
-  require(total <= c.n_ctx_train, ErrorCode::invalid_argument, "-d", "depth + steps = ", total,
-          " exceeds the model's context ", c.n_ctx_train);
-  const model::Tokenizer& tok = mdl->tokenizer();
-  std::vector<model::TokenId> ids =
-      tok.encode(load_text(o.text, "-f"), tok.add_bos_default(), false);
-  require(static_cast<std::int64_t>(ids.size()) >= total, ErrorCode::invalid_argument, "-f",
-          "the text has ", ids.size(), " tokens, fewer than depth + steps = ", total);
-  ids.resize(static_cast<std::size_t>(total));
-
+// Writes one file per requested layer into `dir`; tokens [0, depth) are the context whose
+// keys and values are kept, the rest are the queries.
+void dump_tokens(model::Model& mdl, const std::string& path, std::span<const model::TokenId> ids,
+                 std::int64_t depth, const std::vector<int>& layers, const std::string& dir,
+                 const std::string& note) {
+  const model::ModelConfig& c = mdl.config();
+  const int steps = static_cast<int>(static_cast<std::int64_t>(ids.size()) - depth);
   const std::size_t D = static_cast<std::size_t>(c.head_dim);
   const std::size_t qrow = static_cast<std::size_t>(c.n_head) * D;
   const std::size_t kvrow = static_cast<std::size_t>(c.n_head_kv) * D;
@@ -70,18 +65,18 @@ void run_dump(const DumpOptions& o) {
     d.arch = std::string(model::to_string(c.arch));
     d.layer = l;
     d.context = depth;
-    d.steps = o.steps;
+    d.steps = steps;
     d.hq = c.n_head;
     d.hkv = c.n_head_kv;
     d.head_dim = c.head_dim;
     d.q_multiplier = qmul;
-    for (int s = 0; s < o.steps; ++s) d.positions.push_back(depth + s);
-    d.q.reserve(static_cast<std::size_t>(o.steps) * qrow);
+    for (int s = 0; s < steps; ++s) d.positions.push_back(depth + s);
+    d.q.reserve(static_cast<std::size_t>(steps) * qrow);
     d.k.reserve(static_cast<std::size_t>(depth) * kvrow);
     d.v.reserve(static_cast<std::size_t>(depth) * kvrow);
   }
   model::SessionOptions so;
-  so.max_tokens = total;
+  so.max_tokens = static_cast<std::int64_t>(ids.size());
   so.capture = [&](const model::LayerCapture& cap) {
     auto it = dumps.find(cap.layer);
     if (it == dumps.end()) return;
@@ -97,18 +92,98 @@ void run_dump(const DumpOptions& o) {
       }
     }
   };
-  model::Session session(*mdl, so);
-  prefill_with_progress(session, ids, {}, "dump");
-  std::filesystem::create_directories(o.out_dir);
+  model::Session session(mdl, so);
+  prefill_with_progress(session, ids, {}, note);
+  std::filesystem::create_directories(dir);
   for (const auto& [l, d] : dumps) {
-    const std::string file = fmt::format("{}/layer{:02d}.mkvd", o.out_dir, l);
+    const std::string file = fmt::format("{}/layer{:02d}.mkvd", dir, l);
     write_qkv_dump(file, d);
     fmt::print("{}\n", file);
   }
+}
+
+// --task: for each (task, length, sample) the prompt as the eval builds it and the gold answer
+// after it; the answer's tokens are the queries. Several answers (multi-value tasks) are
+// written as the model is asked to give them, comma-separated.
+void dump_tasks(model::Model& mdl, const std::string& path, const DumpOptions& o,
+                const std::vector<int>& layers) {
+  const model::ChatTemplate chat = model::ChatTemplate::from_gguf(mdl.file());
+  const model::Tokenizer& tok = mdl.tokenizer();
+  bool needs_text = false;
+  for (const std::string& t : o.tasks) needs_text |= eval::find_task(t, "--task").needs_text;
+  const std::string text = needs_text ? load_text(o.text, "-f") : std::string();
+  const int reserve = eval::template_overhead(mdl, chat) + 2;
+  for (const std::string& task : o.tasks) {
+    for (const std::string& len : o.lengths) {
+      const std::int64_t L = parse_count(len, "--length");
+      for (int i = 0; i < o.samples; ++i) {
+        eval::GenerateArgs ga;
+        ga.tokenizer = &tok;
+        ga.text = text;
+        ga.length = L;
+        ga.reserve_tokens = reserve;
+        ga.seed = o.seed * 0x9e3779b97f4a7c15ULL + static_cast<std::uint64_t>(L) * 1000003ULL +
+                  static_cast<std::uint64_t>(i);
+        const eval::Sample sample = eval::make_sample(task, ga);
+        const eval::PromptTokens p = eval::tokenize_sample(mdl, chat, sample);
+        std::vector<model::TokenId> ids = p.context;
+        ids.insert(ids.end(), p.rest.begin(), p.rest.end());
+        const auto depth = static_cast<std::int64_t>(ids.size());
+        std::string answer;
+        for (const std::string& a : sample.answers) answer += (answer.empty() ? " " : ", ") + a;
+        const std::vector<model::TokenId> ans = tok.encode(answer, false, false);
+        ids.insert(ids.end(), ans.begin(), ans.end());
+        require(static_cast<std::int64_t>(ids.size()) <= mdl.config().n_ctx_train,
+                ErrorCode::invalid_argument, "--length", "prompt + answer = ", ids.size(),
+                " tokens exceeds the model's context ", mdl.config().n_ctx_train);
+        const std::string dir = fmt::format("{}/{}-{}-{}", o.out_dir, task, L, i);
+        dump_tokens(mdl, path, ids, depth, layers, dir, fmt::format("dump {} {} #{}", task, L, i));
+      }
+    }
+  }
+}
+
+void run_dump(const DumpOptions& o) {
+  set_threads(o.threads);
+  require(o.steps >= 1, ErrorCode::invalid_argument, "--steps", "must be >= 1");
+  const std::int64_t depth = parse_count(o.depth, "-d");
+  // --task's options are checked before the model loads.
+  require(o.samples >= 1, ErrorCode::invalid_argument, "--samples", "must be >= 1, got ",
+          o.samples);
+  for (const std::string& t : o.tasks) eval::find_task(t, "--task");
+  for (const std::string& len : o.lengths) {
+    require(parse_count(len, "--length") >= 256, ErrorCode::invalid_argument, "--length",
+            "must be >= 256 tokens, got ", len);
+  }
+  const std::string path = model::resolve_model(o.model).string();
+  auto mdl = model::Model::load(path);
+  const model::ModelConfig& c = mdl->config();
+  std::vector<int> layers = o.layers;
+  if (layers.empty()) {
+    for (int l = 0; l < c.n_layer; ++l) layers.push_back(l);
+  }
+  for (int l : layers) {
+    require(l >= 0 && l < c.n_layer, ErrorCode::invalid_argument, "-l", "layer ", l,
+            " out of range (the model has ", c.n_layer, ")");
+  }
+  if (!o.tasks.empty()) {
+    dump_tasks(*mdl, path, o, layers);
+    return;
+  }
+  const std::int64_t total = depth + o.steps;
+  require(total <= c.n_ctx_train, ErrorCode::invalid_argument, "-d", "depth + steps = ", total,
+          " exceeds the model's context ", c.n_ctx_train);
+  const model::Tokenizer& tok = mdl->tokenizer();
+  std::vector<model::TokenId> ids =
+      tok.encode(load_text(o.text, "-f"), tok.add_bos_default(), false);
+  require(static_cast<std::int64_t>(ids.size()) >= total, ErrorCode::invalid_argument, "-f",
+          "the text has ", ids.size(), " tokens, fewer than depth + steps = ", total);
+  ids.resize(static_cast<std::size_t>(total));
+  dump_tokens(*mdl, path, ids, depth, layers, o.out_dir, "dump");
   fmt::print(stderr,
              "masskv dump: {} layer(s) of {} ({} tokens of context, {} queries each); study "
              "them with masskv study --generators dump:{}/layer{:02d}.mkvd\n",
-             dumps.size(), path, depth, o.steps, o.out_dir, layers.front());
+             layers.size(), path, depth, o.steps, o.out_dir, layers.front());
 }
 
 }  // namespace
@@ -128,7 +203,21 @@ void register_dump(CLI::App& app) {
       ->delimiter(',');
   d->add_option("--steps", o->steps, "Query tokens after the context")->capture_default_str();
   d->add_option("-t,--threads", o->threads, "Threads (0: all cores)")->capture_default_str();
-  d->add_option("-o,--out-dir", o->out_dir, "Write layerNN.mkvd files here")->capture_default_str();
+  d->add_option("-o,--out-dir", o->out_dir,
+                "Write layerNN.mkvd files here (with --task: one folder TASK-LENGTH-SAMPLE each)")
+      ->capture_default_str();
+  d->add_option("--task", o->tasks,
+                "Eval prompts instead of text: these tasks (comma-separated; masskv eval's "
+                "names); the queries are the gold answer's tokens")
+      ->delimiter(',');
+  d->add_option("--length", o->lengths, "With --task: prompt lengths (K suffix; comma-separated)")
+      ->delimiter(',')
+      ->capture_default_str();
+  d->add_option("--samples", o->samples, "With --task: samples per task and length (>= 1)")
+      ->capture_default_str();
+  d->add_option("--seed", o->seed,
+                "With --task: seed of the prompts (default 9001, apart from the eval's seeds)")
+      ->capture_default_str();
   d->callback([o] { run_dump(*o); });
 }
 

@@ -1,9 +1,9 @@
-// The eval loop of one sample (DESIGN.md §6's data flow, issue 6): the context is prefilled
-// once per attention (mapping, score multipliers and sparse prefill; dense by default); every
-// decode configuration then forks that session (shared pages, copy-on-write), decodes the question
-// and the answer prefix token by token through its selector, and generates the answer greedily.
-// Sparsity therefore acts on every token that decides the answer, as it would in a long chat where
-// the history is the cache. The configurations step in lockstep through model::decode_batch (one
+// The eval loop of one sample (docs/design.md §6's data flow): the context (strict protocol) or
+// the whole prompt (standard protocol, RunOptions::protocol) is prefilled once per attention
+// (mapping, score multipliers and sparse prefill; dense by default); every decode configuration
+// then forks that session (shared pages, copy-on-write), decodes what the prefill left (strict:
+// the question and the answer prefix, token by token through its selector) and generates the
+// answer greedily. The configurations step in lockstep through model::decode_batch (one
 // forward pass per step for all of them, each row under its own selector); one that finishes leaves
 // the batch.
 #pragma once
@@ -14,6 +14,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "masskv/dtype.hpp"
@@ -60,7 +61,23 @@ struct Outcome {
   double fresh_select = 1;
 };
 
+// Which tokens decode through the selectors (docs/eval.md "Protocols").
+enum class Protocol {
+  // The context is prefilled densely; the question, the end of the user turn, the start of the
+  // model's turn and the answer prefix decode token by token through each configuration's
+  // selector, then the answer: sparsity acts on every token that reads the question.
+  strict,
+  // The field's protocol (Quest, Twilight, EntmaxKV, SpotAttention): the whole prompt is
+  // prefilled (densely, or by the configuration's sparse prefill), the first answer token comes
+  // from that prefill's logits, and every generated token after it decodes sparsely.
+  standard,
+};
+std::string_view to_string(Protocol p);
+// "strict" or "standard"; throws Error(invalid_argument, argument) otherwise.
+Protocol parse_protocol(std::string_view name, std::string_view argument);
+
 struct RunOptions {
+  Protocol protocol = Protocol::strict;
   int page_size = 16;
   DType kv_dtype = DType::f16;
   int prefill_block = 64;

@@ -30,6 +30,9 @@ struct CacheConfig {
   // (selector_key_format must then stay int4).
   bool int4_selector_keys = false;
   bool has_selector_keys() const { return selector_keys || int4_selector_keys; }
+  // Also keep 2-bit page codes of every key (kv/page_codes.hpp): what the two-stage selector
+  // scores tokens on. head_dim / 4 bytes per token and kv head.
+  bool page_codes = false;
   // A learned selector's key cache (kv/key_rows.hpp, DESIGN.md §2.8): per token
   // key_row_groups rows of key_row_dim projected values, in the KV's pages (shared by forks,
   // copied with a shared partial page). 0 groups: none; otherwise append takes the rows.
@@ -92,6 +95,8 @@ class PagedKVCache {
   SelectorKeysView selector_keys() const;
   // Empty (null) unless config().key_row_groups > 0.
   KeyRowsView key_rows() const;
+  // Empty (null) unless config().page_codes.
+  PageCodesView page_codes() const;
 
   // Bytes held per stored token: KV and (separately) summaries, for reports.
   double kv_bytes_per_token() const;

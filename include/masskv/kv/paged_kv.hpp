@@ -111,4 +111,17 @@ struct SelectorKeysView {
   }
 };
 
+// 2-bit page codes of every stored key (kv/page_codes.hpp), beside the paged KV: row (page,
+// kv head, slot) of page_code_bytes(head_dim) bytes, relative to the page summary's min/max.
+struct PageCodesView {
+  const std::uint8_t* codes = nullptr;  // [page][kv_head][slot][page_code_bytes(head_dim)]
+  int num_pages = 0, num_kv_heads = 0, page_size = 0, head_dim = 0;
+
+  bool empty() const { return codes == nullptr; }
+  const std::uint8_t* row(std::int32_t page, int head, int slot) const {
+    return codes + ((static_cast<std::int64_t>(page) * num_kv_heads + head) * page_size + slot) *
+                       ((head_dim + 3) / 4);
+  }
+};
+
 }  // namespace masskv::kv

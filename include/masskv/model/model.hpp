@@ -182,6 +182,11 @@ struct SessionOptions {
   // Extra pages in each layer's pool for sessions forked from this one (each fork copies the
   // partial last page on its first append and then needs pages for what it appends).
   int fork_pages = 0;
+  // Keep 2-bit page codes of every key (kv/page_codes.hpp) from the first token, so that this
+  // session or its forks can select with Method::two_stage (set_selector refuses it otherwise).
+  // A session created with a two_stage selector keeps them anyway. Costs head_dim / 4 bytes per
+  // token and kv head, and O(page_size · head_dim) per append when a page's range moves.
+  bool page_codes = false;
   int prefill_block = 64;  // tokens per prefill step (weight rows reused across them)
   // Sparse prefill (select/prefill_select.hpp): per prefill step and layer the keys each query
   // block attends (oracles: token, block, shared; the mean-pooled indexer: index). method

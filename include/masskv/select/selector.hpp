@@ -26,6 +26,9 @@ enum class Method {
   oracle,          // true attention mass (§2.7): a reference, it reads every key
   learned,         // pages by the mass of softmax(ŝ) of a learned selector (§2.8): the scores
                    // of SelectArgs::learned_q against the key rows SelectArgs::learned_keys
+  two_stage,       // tokens: candidate pages by the §2.3 bound (candidate_factor × the budget's
+                   // pages, per-head rankings merged), then the candidates' tokens ranked by
+                   // q·k̂ on the 2-bit page codes (SelectArgs::page_codes, kv/page_codes.hpp)
 };
 std::string_view to_string(Method m);
 // Parses the names above ("sink_recent", "top_p", ...). Throws Error naming `argument`.
@@ -76,6 +79,8 @@ struct SelectorConfig {
   // oracle (§2.7): token or page granularity; mass per kv group or over all q heads.
   bool oracle_tokens = false;
   bool oracle_head_collapsed = false;
+  // two_stage: candidate pages per kv group, as a multiple of the budget's pages (>= 1).
+  int candidate_factor = 4;
 };
 
 struct SelectArgs {
@@ -84,6 +89,8 @@ struct SelectArgs {
   kv::SummariesView summaries;
   // Optional: bounds from the outward-rounded bf16 store instead of the f32 min/max.
   const BoundStoreView* bounds_bf16 = nullptr;
+  // The cache's 2-bit page codes (PagedKVCache::page_codes()), for Method::two_stage.
+  kv::PageCodesView page_codes;
   // Selector keys of the cache's pool (PagedKVCache::selector_keys(), any format), for
   // MassSource::quant_keys.
   kv::SelectorKeysView selector_keys;

@@ -1,0 +1,502 @@
+#!/usr/bin/env python3
+"""The selection-quality lab: page and token rankings scored against the attention-mass oracle
+on real q/k from `masskv dump` (issue 30, part 2).
+
+    scripts/selection_lab.py DUMP_DIR... [--budgets 1/16,1/32] [-o OUT_DIR] [--methods ...]
+
+Each DUMP_DIR holds layerNN.mkvd files (tools/masskv/qkv_dump.hpp); `masskv dump --task ...`
+writes one per eval prompt, whose queries are the gold answer's tokens: the decode steps that
+must find the needle. Per (query step, layer, q head) it computes the true softmax attention over
+the context and, for every ranking, the mass its selection holds at the same budget as the oracle.
+
+The selection rule is the library's (src/select/selectors.cpp): the first page (sink) and the
+last page always kept; one shared list per kv group, filled round robin from the q heads' own
+rankings (GroupRule::union_heads) up to the budget. Token-level methods select tokens (the first
+and last page's tokens kept) with a budget of the same number of rows.
+
+Metrics (per head, then averaged):
+  mass        attention mass inside the selection (1 - δ)
+  recall      (mass - kept mass) / (oracle mass - kept mass): the share of what the oracle finds
+              outside the always-kept rows that the method finds too (1 = the oracle's ranking)
+  p10         the 10th percentile of recall over (step, head): the heads a ranking fails
+  miss        the share of (step, head) where a page outside the kept rows holding >= 10% of the
+              head's attention is left out (for token methods: any of its tokens holding >= 1%)
+  sel_bytes   what the ranking itself reads per token and kv head, as a fraction of the dense f16
+              K+V bytes (budgets count these on top of the rows read)
+The rankings are prototypes written for this loop (numpy); a winner becomes a library selector
+and is judged by `masskv eval`, never by this table alone.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import struct
+import sys
+import time
+from dataclasses import dataclass
+from fractions import Fraction
+from pathlib import Path
+
+import numpy as np
+
+PAGE = 16
+
+
+def read_dump(path: Path):
+    with open(path, "rb") as f:
+        magic = f.read(8)
+        if magic != b"MKVDUMP1":
+            raise SystemExit(f"{path}: not a masskv dump (magic {magic!r})")
+        (hlen,) = struct.unpack("<Q", f.read(8))
+        h = json.loads(f.read(hlen))
+        d, hq, hkv, ctx, steps = h["head_dim"], h["hq"], h["hkv"], h["context"], h["steps"]
+        q = np.fromfile(f, dtype="<f4", count=steps * hq * d).reshape(steps, hq, d)
+        k = np.fromfile(f, dtype="<f4", count=ctx * hkv * d).reshape(ctx, hkv, d)
+    if k.shape[0] != ctx:
+        raise SystemExit(f"{path}: truncated")
+    return h, q.astype(np.float64), k.astype(np.float64)
+
+
+# ---- key sketches: what a token-level ranking reads instead of the f16 key -----------------
+
+def quant_sym(k: np.ndarray, bits: int, group: int = 32) -> np.ndarray:
+    """Symmetric round-to-nearest with one scale per `group` values of a row (INT4 as in
+    kv/key_formats.hpp for bits 4: max|x| / 7)."""
+    t, h, d = k.shape
+    g = k.reshape(t, h, d // group, group)
+    qmax = 2 ** (bits - 1) - 1
+    s = np.abs(g).max(axis=-1, keepdims=True) / qmax
+    s[s == 0] = 1
+    return (np.clip(np.round(g / s), -qmax, qmax) * s).reshape(t, h, d)
+
+
+def quant_channel_page(k: np.ndarray, bits: int, group: int = PAGE) -> np.ndarray:
+    """Per (group of tokens, kv head, channel) asymmetric quantisation (KIVI's key layout): the
+    group's min/max per channel are the scale, `bits` codes per value."""
+    t, h, d = k.shape
+    n = (t + group - 1) // group
+    pad = np.repeat(k[-1:], n * group, axis=0)  # pad with a real row: no fake range
+    pad[:t] = k
+    pg = pad.reshape(n, group, h, d)
+    lo = pg.min(axis=1, keepdims=True)
+    hi = pg.max(axis=1, keepdims=True)
+    levels = 2 ** bits - 1
+    s = (hi - lo) / levels
+    s[s == 0] = 1
+    out = (np.round((pg - lo) / s) * s + lo).reshape(n * group, h, d)[:t]
+    return out
+
+
+def quant_channel_static(k: np.ndarray, bits: int, clip: float = 0.0) -> np.ndarray:
+    """Per (kv head, channel) asymmetric quantisation with one range for the whole context (the
+    [clip, 1 - clip] quantiles of the channel): no per-page scale is stored or read."""
+    lo = np.quantile(k, clip, axis=0, keepdims=True) if clip > 0 else k.min(0, keepdims=True)
+    hi = np.quantile(k, 1 - clip, axis=0, keepdims=True) if clip > 0 else k.max(0, keepdims=True)
+    levels = 2 ** bits - 1
+    s = (hi - lo) / levels
+    s[s == 0] = 1
+    return np.clip(np.round((k - lo) / s), 0, levels) * s + lo
+
+
+def sign_sketch(k: np.ndarray) -> np.ndarray:
+    """1 bit a value: sign(k - page mean) scaled by the page's mean |deviation| per channel,
+    plus the page mean (the page summary already holds it)."""
+    t, h, d = k.shape
+    n = (t + PAGE - 1) // PAGE
+    out = np.empty_like(k)
+    for j in range(n):
+        pg = k[j * PAGE:(j + 1) * PAGE]
+        mu = pg.mean(axis=0, keepdims=True)
+        dev = pg - mu
+        a = np.abs(dev).mean(axis=0, keepdims=True)
+        out[j * PAGE:(j + 1) * PAGE] = mu + np.sign(dev) * a
+    return out
+
+
+def pca_sketch(k: np.ndarray, r: int) -> np.ndarray:
+    """Keys projected on the top-r principal directions of this layer's keys (per kv head)."""
+    out = np.empty_like(k)
+    for h in range(k.shape[1]):
+        x = k[:, h]
+        mu = x.mean(axis=0)
+        _, _, vt = np.linalg.svd(x - mu, full_matrices=False)
+        p = vt[:r]
+        out[:, h] = mu + (x - mu) @ p.T @ p
+    return out
+
+
+# ---- the methods --------------------------------------------------------------------------
+
+@dataclass
+class Method:
+    name: str
+    unit: str          # "page" or "token"
+    sel_bytes: float   # selector reads per token and kv head / dense f16 K+V bytes
+    prepare: object    # (k) -> state per layer
+    score: object      # (state, q[g][d], kv head, ctx) -> scores per item [g][items]
+
+
+def page_stats(k: np.ndarray):
+    t, h, d = k.shape
+    n = (t + PAGE - 1) // PAGE
+    mn = np.empty((n, h, d)); mx = np.empty((n, h, d)); mu = np.empty((n, h, d)); var = np.empty((n, h, d))
+    cnt = np.empty(n)
+    for j in range(n):
+        pg = k[j * PAGE:(j + 1) * PAGE]
+        mn[j], mx[j], mu[j], var[j] = pg.min(0), pg.max(0), pg.mean(0), pg.var(0)
+        cnt[j] = pg.shape[0]
+    return dict(min=mn, max=mx, mean=mu, var=var, count=cnt)
+
+
+def m_quest(state, q, h):
+    s = state["stats"]
+    return np.maximum(q[:, None, :] * s["min"][None, :, h], q[:, None, :] * s["max"][None, :, h]).sum(-1)
+
+
+def m_mean(state, q, h):
+    return q @ state["stats"]["mean"][:, h].T
+
+
+def make_gauss(z):
+    def f(state, q, h):
+        s = state["stats"]
+        m = q @ s["mean"][:, h].T
+        sd = np.sqrt((q ** 2) @ s["var"][:, h].T)
+        return m + z * sd
+    return f
+
+
+def make_gauss_lse():
+    """log n + m + v/2: the log of the Gaussian page model's softmax mass (top_p's estimate)."""
+    def f(state, q, h):
+        s = state["stats"]
+        m = q @ s["mean"][:, h].T
+        v = (q ** 2) @ s["var"][:, h].T
+        return np.log(s["count"])[None, :] + m + v / 2
+    return f
+
+
+def make_min_quest_gauss(z):
+    g = make_gauss(z)
+    def f(state, q, h):
+        return np.minimum(m_quest(state, q, h), g(state, q, h))
+    return f
+
+
+def token_scores(state, key, q, h):
+    return q @ state[key][:, h].T  # [g][ctx]
+
+
+def make_page_max(key):
+    def f(state, q, h):
+        s = token_scores(state, key, q, h)
+        t = s.shape[1]
+        n = (t + PAGE - 1) // PAGE
+        pad = np.full((s.shape[0], n * PAGE), -np.inf)
+        pad[:, :t] = s
+        return pad.reshape(s.shape[0], n, PAGE).max(-1)
+    return f
+
+
+def make_page_lse(key):
+    def f(state, q, h):
+        s = token_scores(state, key, q, h)
+        t = s.shape[1]
+        n = (t + PAGE - 1) // PAGE
+        pad = np.full((s.shape[0], n * PAGE), -np.inf)
+        pad[:, :t] = s
+        r = pad.reshape(s.shape[0], n, PAGE)
+        m = r.max(-1, keepdims=True)
+        return (m + np.log(np.exp(r - m).sum(-1, keepdims=True)))[..., 0]
+    return f
+
+
+def make_token(key):
+    def f(state, q, h):
+        return token_scores(state, key, q, h)
+    return f
+
+
+def make_two_stage(key, c):
+    def f(state, q, h, cap_pages=None):
+        pages = m_quest(state, q, h)
+        n = pages.shape[1]
+        want = min(n, c * state["cap_pages"])
+        cand = union_fill(pages, np.zeros(n, bool), want)
+        s = token_scores(state, key, q, h)
+        mask = np.repeat(cand, PAGE)[: s.shape[1]]
+        return np.where(mask[None, :], s, -np.inf)
+    return f
+
+
+SKETCHES = {
+    "k": lambda k: k,
+    "int4": lambda k: quant_sym(k, 4),
+    "int2": lambda k: quant_sym(k, 2),
+    "kivi2": lambda k: quant_channel_page(k, 2),
+    "kivi1": lambda k: quant_channel_page(k, 1),
+    "kivi2g64": lambda k: quant_channel_page(k, 2, 64),
+    "st2": lambda k: quant_channel_static(k, 2),
+    "st2c": lambda k: quant_channel_static(k, 2, 0.005),
+    "st3c": lambda k: quant_channel_static(k, 3, 0.005),
+    "st1c": lambda k: quant_channel_static(k, 1, 0.005),
+    "kivi3g64": lambda k: quant_channel_page(k, 3, 64),
+    "sign": sign_sketch,
+    "pca8": lambda k: pca_sketch(k, 8),
+    "pca4": lambda k: pca_sketch(k, 4),
+}
+
+
+def sketch_bytes(name: str, d: int) -> float:
+    """Selector bytes per token and kv head over dense f16 K+V (4 d bytes)."""
+    dense = 4.0 * d
+    per = {
+        "k": 2.0 * d,                       # f16 keys: the oracle-like reference, not realisable
+        "int4": d / 2 + 2 * d / 32,
+        "int2": d / 4 + 2 * d / 32,
+        "kivi2": d / 4 + 2 * 2 * d / PAGE,  # codes + f16 min/max per channel and page
+        "kivi1": d / 8 + 2 * 2 * d / PAGE,
+        "kivi2g64": d / 4 + 2 * 2 * d / 64,
+        "st2": d / 4, "st2c": d / 4, "st3c": 3 * d / 8, "st1c": d / 8,
+        "kivi3g64": 3 * d / 8 + 2 * 2 * d / 64,
+        "sign": d / 8 + 2 * 2 * d / PAGE,   # signs + f16 mean and |dev| per channel and page
+        "pca8": 2 * 8.0,
+        "pca4": 2 * 4.0,
+    }[name]
+    return per / dense
+
+
+def build_methods(d: int) -> dict[str, Method]:
+    bf16_bounds = 2 * 2 * d / PAGE / (4.0 * d)   # bf16 min+max per page
+    bf16_moments = 2 * 2 * d / PAGE / (4.0 * d)  # bf16 mean+var per page
+    M = {}
+    def add(name, unit, b, score, sk=None):
+        M[name] = Method(name, unit, b, sk, score)
+    add("quest", "page", bf16_bounds, m_quest)
+    add("mean", "page", bf16_moments / 2, m_mean)
+    for z in (1.0, 2.0, 3.0):
+        add(f"gauss{z:g}", "page", bf16_moments, make_gauss(z))
+    add("gauss_lse", "page", bf16_moments, make_gauss_lse())
+    add("min_quest_gauss2", "page", bf16_bounds + bf16_moments, make_min_quest_gauss(2.0))
+    for sk in ("kivi2", "int4", "kivi2g64"):
+        for c in (2, 4):
+            # candidates: the top c x budget pages by the bf16 bound (Quest), then tokens by
+            # the sketch inside them; reads the bounds of every page and the codes of c/16
+            M[f"two{c}_{sk}"] = Method(f"two{c}_{sk}", "token",
+                                       bf16_bounds + c / 16 * sketch_bytes(sk, d),
+                                       sk, make_two_stage(sk, c))
+    for sk in ("st2", "st2c", "st3c", "st1c", "int4", "int2", "kivi2", "kivi1", "kivi2g64", "kivi3g64", "sign", "pca8", "pca4", "k"):
+        b = sketch_bytes(sk, d)
+        add(f"pmax_{sk}", "page", b, make_page_max(sk), sk)
+        add(f"plse_{sk}", "page", b, make_page_lse(sk), sk)
+        add(f"tok_{sk}", "token", b, make_token(sk), sk)
+    return M
+
+
+# ---- selection rule -------------------------------------------------------------------------
+
+def union_fill(scores: np.ndarray, kept: np.ndarray, cap: int) -> np.ndarray:
+    """Round robin over the heads' rankings (ties: lower id), after the kept items, to `cap`."""
+    n = scores.shape[1]
+    inn = kept.copy()
+    count = int(inn.sum())
+    if count >= cap:
+        return inn
+    want = cap - count
+    orders = [np.lexsort((np.arange(n), -s))[: cap + 1] for s in scores]
+    pos = [0] * len(orders)
+    progress = True
+    while count < cap and progress:
+        progress = False
+        for i, o in enumerate(orders):
+            if count >= cap:
+                break
+            while pos[i] < len(o) and inn[o[pos[i]]]:
+                pos[i] += 1
+            if pos[i] == len(o):
+                continue
+            inn[o[pos[i]]] = True
+            pos[i] += 1
+            count += 1
+            progress = True
+    return inn
+
+
+def kept_mask(n_items: int, ctx: int, unit: str) -> np.ndarray:
+    m = np.zeros(n_items, bool)
+    if unit == "page":
+        m[0] = True
+        m[-1] = True
+    else:
+        m[: min(PAGE, ctx)] = True
+        m[((ctx - 1) // PAGE) * PAGE:] = True
+    return m
+
+
+def page_mass(p: np.ndarray) -> np.ndarray:
+    t = p.shape[-1]
+    n = (t + PAGE - 1) // PAGE
+    pad = np.zeros(p.shape[:-1] + (n * PAGE,))
+    pad[..., :t] = p
+    return pad.reshape(p.shape[:-1] + (n, PAGE)).sum(-1)
+
+
+def parse_budget(s: str) -> Fraction:
+    return Fraction(s)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter,
+                                 epilog="example: scripts/selection_lab.py out/lab/* --budgets 1/16 -o out/lab_report")
+    ap.add_argument("dirs", nargs="+", type=Path, help="dump folders (layerNN.mkvd inside)")
+    ap.add_argument("--budgets", default="1/16", help="fractions of the context, comma-separated")
+    ap.add_argument("--methods", default="", help="comma-separated subset (default: all)")
+    ap.add_argument("--layers", default="", help="comma-separated layer subset (default: all)")
+    ap.add_argument("-o", "--out-dir", type=Path, default=None, help="write lab.md / lab.json / PNGs here")
+    a = ap.parse_args()
+    budgets = [parse_budget(b) for b in a.budgets.split(",")]
+    for b in budgets:
+        if not (0 < b <= 1):
+            ap.error(f"--budgets: {b} is not in (0, 1]")
+    files = []
+    for d in a.dirs:
+        if not d.is_dir():
+            ap.error(f"{d}: not a folder")
+        fs = sorted(d.glob("layer*.mkvd"))
+        if not fs:
+            ap.error(f"{d}: no layerNN.mkvd inside")
+        files += fs
+    layer_filter = {int(x) for x in a.layers.split(",") if x}
+    files = [f for f in files if not layer_filter or int(f.stem[5:]) in layer_filter]
+    # rows[(method, budget)][layer] -> list of (mass, oracle mass, kept mass) per head-step
+    acc: dict = {}
+    t0 = time.time()
+    methods = None
+    for fi, path in enumerate(files):
+        h, q, k = read_dump(path)
+        d, hq, hkv, ctx = h["head_dim"], h["hq"], h["hkv"], h["context"]
+        g = hq // hkv
+        if methods is None:
+            methods = build_methods(d)
+            if a.methods:
+                unknown = [m for m in a.methods.split(",") if m not in methods and m != "oracle"]
+                if unknown:
+                    ap.error(f"--methods: unknown {unknown}; known: {sorted(methods)}")
+                methods = {m: methods[m] for m in a.methods.split(",") if m in methods}
+        scale = 1.0 / math.sqrt(d)
+        state = {"stats": page_stats(k)}
+        for m in methods.values():
+            if m.prepare and m.prepare not in state:
+                state[m.prepare] = SKETCHES[m.prepare](k)
+        n_pages = (ctx + PAGE - 1) // PAGE
+        for b in budgets:
+            tokens = max(1, int(math.ceil(ctx * b)))
+            cap_pages = max(2, (tokens + PAGE - 1) // PAGE)
+            cap_tokens = cap_pages * PAGE
+            state["cap_pages"] = cap_pages
+            for s in range(q.shape[0]):
+                for kh in range(hkv):
+                    qs = q[s, kh * g:(kh + 1) * g] * scale      # [g][d]
+                    logits = qs @ k[:, kh].T                      # [g][ctx]
+                    p = np.exp(logits - logits.max(-1, keepdims=True))
+                    p /= p.sum(-1, keepdims=True)
+                    pm = page_mass(p)
+                    keptp = kept_mask(n_pages, ctx, "page")
+                    keptt = kept_mask(ctx, ctx, "token")
+                    orc = {"page": union_fill(pm, keptp, cap_pages),
+                           "token": union_fill(p, keptt, cap_tokens)}
+                    kept_mass = {"page": (pm * keptp).sum(-1), "token": (p * keptt).sum(-1)}
+                    orc_mass = {"page": (pm * orc["page"]).sum(-1), "token": (p * orc["token"]).sum(-1)}
+                    for u in ("page", "token"):
+                        key = (f"oracle_{u}", str(b))
+                        sel = orc[u]
+                        if u == "page":
+                            miss = ((pm >= 0.1) & ~keptp[None, :] & ~sel[None, :]).any(-1)
+                        else:
+                            th = np.repeat((pm >= 0.1) & ~keptp[None, :], PAGE, axis=1)[:, :ctx] & (p >= 0.01)
+                            miss = (th & ~sel[None, :]).any(-1)
+                        acc.setdefault(key, {}).setdefault(h["layer"], []).append(
+                            np.stack([orc_mass[u], orc_mass["page"], kept_mass[u],
+                                      miss.astype(float)], -1))
+                    heavy = pm >= 0.1
+                    heavy[:, keptp] = False
+                    for m in methods.values():
+                        sc = m.score(state, qs, kh)
+                        kept = keptp if m.unit == "page" else keptt
+                        cap = cap_pages if m.unit == "page" else cap_tokens
+                        sel = union_fill(sc, kept, cap)
+                        w = pm if m.unit == "page" else p
+                        mass = (w * sel).sum(-1)
+                        if m.unit == "page":
+                            miss = (heavy & ~sel[None, :]).any(-1)
+                        else:  # a heavy page's tokens holding >= 1% each must all be in
+                            tok_heavy = np.repeat(heavy, PAGE, axis=1)[:, :ctx] & (p >= 0.01)
+                            miss = (tok_heavy & ~sel[None, :]).any(-1)
+                        # Recall is measured against the page oracle for every method: the
+                        # oracle the eval's rows use.
+                        acc.setdefault((m.name, str(b)), {}).setdefault(h["layer"], []).append(
+                            np.stack([mass, orc_mass["page"], kept_mass[m.unit],
+                                      miss.astype(float)], -1))
+        el = time.time() - t0
+        print(f"\r[{fi + 1}/{len(files)}] {path.parent.name}/{path.name}  {el:.0f}s, "
+              f"ETA {el / (fi + 1) * (len(files) - fi - 1):.0f}s", end="", file=sys.stderr, flush=True)
+    print(file=sys.stderr)
+    sel_bytes = {m.name: m.sel_bytes for m in methods.values()}
+    sel_bytes["oracle_page"] = sel_bytes["oracle_token"] = 0.5
+    rows = []
+    for (name, b), per_layer in acc.items():
+        layers = sorted(per_layer)
+        mass_l, rec_l, all_rec, miss_l = [], [], [], []
+        for L in layers:
+            x = np.concatenate(per_layer[L])
+            mass, om, km = x[:, 0], x[:, 1], x[:, 2]
+            denom = np.maximum(om - km, 1e-12)
+            rec = np.minimum(np.clip((mass - km) / denom, 0, None), 2)
+            mass_l.append(mass.mean())
+            rec_l.append(np.mean(rec))
+            all_rec.append(rec)
+            miss_l.append(x[:, 3].mean())
+        rows.append(dict(method=name, budget=b, mass=float(np.mean(mass_l)), recall=float(np.mean(rec_l)),
+                         recall_min_layer=float(np.min(rec_l)),
+                         p10=float(np.percentile(np.concatenate(all_rec), 10)),
+                         miss=float(np.mean(miss_l)), sel_bytes=sel_bytes.get(name, float("nan")),
+                         per_layer_recall=[float(r) for r in rec_l], per_layer_mass=[float(m) for m in mass_l],
+                         layers=layers))
+    rows.sort(key=lambda r: (r["budget"], -r["recall"]))
+    lines = ["| method | budget | mass | recall of oracle | worst layer | p10 | miss | selector bytes |",
+             "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    for r in rows:
+        lines.append(f"| {r['method']} | {r['budget']} | {r['mass']:.3f} | {r['recall']:.3f} | "
+                     f"{r['recall_min_layer']:.3f} | {r['p10']:.3f} | {r['miss']:.3f} | {r['sel_bytes']:.3f} |")
+    table = "\n".join(lines)
+    print(table)
+    if a.out_dir:
+        a.out_dir.mkdir(parents=True, exist_ok=True)
+        (a.out_dir / "lab.md").write_text(
+            f"# Selection lab\n\n`{' '.join(sys.argv)}`\n\n{len(files)} layer files.\n\n{table}\n")
+        (a.out_dir / "lab.json").write_text(json.dumps(dict(command=sys.argv, rows=rows), indent=1))
+        try:
+            import matplotlib
+            matplotlib.use("Agg")
+            import matplotlib.pyplot as plt
+            for b in sorted({r["budget"] for r in rows}):
+                fig, ax = plt.subplots(figsize=(9, 5))
+                best = [r for r in rows if r["budget"] == b][:8]
+                for r in best:
+                    ax.plot(r["layers"], r["per_layer_recall"], marker=".", label=f"{r['method']} ({r['recall']:.2f})")
+                ax.set_xlabel("layer"); ax.set_ylabel("recall of the oracle's mass (outside kept rows)")
+                ax.set_title(f"Selection lab, budget {b}: the 8 best rankings by layer")
+                ax.set_ylim(0, 1.05); ax.grid(alpha=.3); ax.legend(fontsize=8)
+                fig.tight_layout()
+                fig.savefig(a.out_dir / f"lab_recall_{str(b).replace('/', '_')}.png", dpi=110)
+                plt.close(fig)
+        except ImportError:
+            print("selection_lab: matplotlib missing, plots skipped", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

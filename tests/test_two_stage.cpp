@@ -1,0 +1,344 @@
+// 2-bit page codes (kv/page_codes.hpp) and the two-stage selector (Method::two_stage): the
+// codes' error bound, the cache keeping them equal to an encoding of the stored keys through
+// appends and forks, and the selector against a plain f64 reference of its rule.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+#include <random>
+#include <set>
+
+#include "expect_error.hpp"
+#include "masskv/dtype.hpp"
+#include "masskv/error.hpp"
+#include "masskv/kv/cache.hpp"
+#include "masskv/kv/page_codes.hpp"
+#include "masskv/select/page_bound.hpp"
+#include "masskv/select/selector.hpp"
+#include "selector_fixture.hpp"
+
+namespace masskv {
+namespace {
+
+int code_of(const std::uint8_t* codes, int c) { return (codes[c / 4] >> (2 * (c % 4))) & 3; }
+
+TEST(PageCodes, DecodedKeysAreWithinASixthOfTheRangeAndScoresMatchTheirDot) {
+  std::mt19937 rng(11);
+  std::normal_distribution<float> N(0.0f, 1.0f);
+  int rows = 0;
+  for (int d : {1, 3, 4, 16, 63, 64, 128}) {
+    for (int trial = 0; trial < 50; ++trial) {
+      std::vector<float> lo(d), hi(d), x(d), q(d), xh(d);
+      for (int c = 0; c < d; ++c) {
+        const float a = 3 * N(rng), b = 3 * N(rng);
+        lo[c] = std::min(a, b);
+        hi[c] = trial % 7 == 0 && c % 3 == 0 ? lo[c] : std::max(a, b);  // some empty ranges
+        std::uniform_real_distribution<float> U(lo[c], hi[c]);
+        x[c] = hi[c] > lo[c] ? U(rng) : lo[c];
+        if (trial % 5 == 0) x[c] = (c % 2) ? lo[c] : hi[c];  // the range's ends
+        q[c] = N(rng);
+      }
+      std::vector<std::uint8_t> codes(kv::page_code_bytes(d), 0xff);
+      kv::encode_page_codes(x.data(), lo.data(), hi.data(), d, codes.data());
+      kv::decode_page_codes(codes.data(), lo.data(), hi.data(), d, xh.data());
+      double dot = 0;
+      for (int c = 0; c < d; ++c) {
+        const double range = static_cast<double>(hi[c]) - lo[c];
+        EXPECT_LE(std::fabs(static_cast<double>(x[c]) - xh[c]), range / 6 * (1 + 1e-5) + 1e-6)
+            << "d " << d << " c " << c;
+        if (range == 0) EXPECT_EQ(code_of(codes.data(), c), 0);
+        dot += static_cast<double>(q[c]) * xh[c];
+      }
+      // The padding bits of the last byte are zero.
+      if (d % 4 != 0) EXPECT_EQ(codes.back() >> (2 * (d % 4)), 0);
+      std::vector<double> w(d);
+      const kv::PageCodeScorer s = kv::page_code_scorer(q.data(), lo.data(), hi.data(), d, w.data());
+      double l1 = 0;
+      for (int c = 0; c < d; ++c) l1 += std::fabs(q[c]) * (std::fabs(lo[c]) + std::fabs(hi[c]));
+      EXPECT_NEAR(kv::page_code_score(s, codes.data(), d), dot, 1e-6 * (1 + l1));
+      ++rows;
+    }
+  }
+  EXPECT_EQ(rows, 350);
+}
+
+// Every (page, head, slot) of every live sequence holds the encoding of its stored key under
+// the page's current summary range.
+template <class T>
+void expect_codes_current(const kv::PagedKVCache& cache, std::span<const kv::SeqId> seqs) {
+  const kv::PageTableStorage t = cache.page_table(seqs);
+  const kv::PagedKVView v = cache.view(t);
+  const kv::SummariesView s = cache.summaries();
+  const kv::PageCodesView pc = cache.page_codes();
+  ASSERT_FALSE(pc.empty());
+  const int d = v.head_dim, P = v.page_size;
+  std::vector<float> key(d);
+  std::vector<std::uint8_t> want(kv::page_code_bytes(d));
+  for (int b = 0; b < t.table().batch(); ++b) {
+    const int pages = t.table().num_pages(b);
+    for (int j = 0; j < pages; ++j) {
+      const std::int32_t phys = t.indices[static_cast<std::size_t>(t.indptr[b] + j)];
+      const int n = t.table().page_len(b, j, P);
+      for (int h = 0; h < v.num_kv_heads; ++h) {
+        for (int slot = 0; slot < n; ++slot) {
+          const T* k = v.key<T>(phys, h, slot);
+          for (int c = 0; c < d; ++c) key[c] = to_f32(k[c]);
+          kv::encode_page_codes(key.data(), s.min + s.at(phys, h), s.max + s.at(phys, h), d,
+                                want.data());
+          const std::uint8_t* got = pc.row(phys, h, slot);
+          ASSERT_TRUE(std::equal(want.begin(), want.end(), got))
+              << "seq " << b << " page " << j << " head " << h << " slot " << slot;
+        }
+      }
+    }
+  }
+}
+
+template <class T>
+void codes_through_appends_and_forks(DType dtype) {
+  std::mt19937 rng(5);
+  std::normal_distribution<float> N(0.0f, 1.0f);
+  for (int P : {1, 4, 16}) {
+    for (int d : {8, 20}) {
+      kv::CacheConfig cfg;
+      cfg.num_kv_heads = 2;
+      cfg.head_dim = d;
+      cfg.page_size = P;
+      cfg.dtype = dtype;
+      cfg.capacity_pages = 400 / P + 40;
+      cfg.page_codes = true;
+      kv::PagedKVCache cache(cfg);
+      std::vector<kv::SeqId> seqs{cache.create()};
+      auto append = [&](kv::SeqId s, int n) {
+        std::vector<float> k(static_cast<std::size_t>(n) * 2 * d), v(k.size());
+        // Keys that drift upward: the ranges keep moving as pages fill.
+        for (std::size_t i = 0; i < k.size(); ++i) {
+          k[i] = N(rng) * (1.0f + 0.1f * static_cast<float>(i % 7));
+          v[i] = N(rng);
+        }
+        cache.append(s, k, v, n);
+      };
+      append(seqs[0], 37);
+      for (int step = 0; step < 20; ++step) append(seqs[0], 1);
+      seqs.push_back(cache.fork(seqs[0]));  // shares the partial page: copy on write
+      append(seqs[1], 3);
+      append(seqs[0], 1);
+      for (int step = 0; step < 5; ++step) append(seqs[step % 2], 1 + step);
+      expect_codes_current<T>(cache, seqs);
+    }
+  }
+}
+
+TEST(PageCodes, CacheKeepsTheEncodingOfTheStoredKeysThroughAppendsAndForks) {
+  codes_through_appends_and_forks<float>(DType::f32);
+  codes_through_appends_and_forks<f16>(DType::f16);
+  codes_through_appends_and_forks<bf16>(DType::bf16);
+}
+
+TEST(PageCodes, OffUnlessConfigured) {
+  kv::CacheConfig cfg;
+  cfg.num_kv_heads = 1;
+  cfg.head_dim = 8;
+  cfg.capacity_pages = 4;
+  kv::PagedKVCache cache(cfg);
+  EXPECT_TRUE(cache.page_codes().empty());
+}
+
+// ---- the selector against a plain reference of its rule -------------------------------------
+
+// Round robin over per-voter orders (best first) into `in`, up to cap items; returns the count.
+int reference_fill(const std::vector<std::vector<std::int32_t>>& orders,
+                   std::vector<std::uint8_t>& in, int count, int cap) {
+  std::vector<std::size_t> pos(orders.size(), 0);
+  bool progress = true;
+  while (count < cap && progress) {
+    progress = false;
+    for (std::size_t i = 0; i < orders.size() && count < cap; ++i) {
+      while (pos[i] < orders[i].size() && in[static_cast<std::size_t>(orders[i][pos[i]])]) ++pos[i];
+      if (pos[i] == orders[i].size()) continue;
+      in[static_cast<std::size_t>(orders[i][pos[i]++])] = 1;
+      ++count;
+      progress = true;
+    }
+  }
+  return count;
+}
+
+// Ids with score, best first, ties to the lower id.
+std::vector<std::int32_t> ranked(const std::vector<std::pair<double, std::int32_t>>& items) {
+  auto v = items;
+  std::sort(v.begin(), v.end(), [](const auto& a, const auto& b) {
+    return a.first > b.first || (a.first == b.first && a.second < b.second);
+  });
+  std::vector<std::int32_t> ids;
+  for (const auto& x : v) ids.push_back(x.second);
+  return ids;
+}
+
+std::vector<std::int32_t> reference_two_stage(const test::SelCase& c, const select::SelectorConfig& cfg,
+                                              int b, int h) {
+  const kv::PageTable t = c.table.table();
+  const int P = c.P, d = c.d, g = c.Hq / c.Hkv, pages = t.num_pages(b);
+  const std::int64_t L = t.length(b, P);
+  const float scale = 1.0f / std::sqrt(static_cast<float>(d));
+  const auto phys = t.indices.subspan(static_cast<std::size_t>(t.indptr[b]), pages);
+  // Kept tokens: sink pages' tokens, the last window_tokens tokens (from the start of the
+  // page they begin in when that is the last page), the last page.
+  const std::int64_t sink_end = std::min<std::int64_t>(cfg.sink_pages, pages) * P;
+  const std::int64_t last_start = static_cast<std::int64_t>(pages - 1) * P;
+  const std::int64_t tail =
+      cfg.window_tokens > 0 ? std::min(last_start, std::max<std::int64_t>(0, L - cfg.window_tokens))
+                            : last_start;
+  std::vector<std::uint8_t> in(static_cast<std::size_t>(L), 0), page_in(pages, 0);
+  int count = 0, kept_pages = 0;
+  for (std::int64_t x = 0; x < L; ++x) {
+    if (x < sink_end || x >= tail) {
+      in[static_cast<std::size_t>(x)] = 1;
+      ++count;
+      if (!page_in[x / P]) ++kept_pages;
+      page_in[x / P] = 1;
+    }
+  }
+  const int cap = static_cast<int>(std::min<std::int64_t>(L, std::max<std::int64_t>(count, cfg.budget.tokens)));
+  // Stage 1: bounds of the pages holding no kept token.
+  const int want = std::min<int>(pages, kept_pages + cfg.candidate_factor * ((cap + P - 1) / P));
+  std::vector<std::vector<std::int32_t>> orders(g);
+  std::vector<float> U(static_cast<std::size_t>(pages));
+  for (int i = 0; i < g; ++i) {
+    select::page_upper_bounds(c.cache.summaries(), phys, h, c.q.data() + ((b * c.Hq) + h * g + i) * d,
+                              1, d, scale, U);
+    std::vector<std::pair<double, std::int32_t>> items;
+    for (int j = 0; j < pages; ++j) {
+      if (!page_in[j]) items.push_back({U[j], j});
+    }
+    orders[i] = ranked(items);
+  }
+  std::vector<std::uint8_t> cand = page_in;
+  reference_fill(orders, cand, kept_pages, want);
+  // Stage 2: the candidates' tokens by q·x̂ on the codes, decoded channel by channel.
+  const kv::SummariesView s = c.cache.summaries();
+  const kv::PageCodesView pc = c.cache.page_codes();
+  for (int i = 0; i < g; ++i) {
+    const float* q = c.q.data() + ((b * c.Hq) + h * g + i) * d;
+    std::vector<std::pair<double, std::int32_t>> items;
+    for (int j = 0; j < pages; ++j) {
+      if (!cand[j] || page_in[j]) continue;
+      const float* lo = s.min + s.at(phys[j], h);
+      const float* hi = s.max + s.at(phys[j], h);
+      for (std::int64_t x = j * P; x < std::min<std::int64_t>(L, (j + 1) * P); ++x) {
+        const std::uint8_t* row = pc.row(phys[j], h, static_cast<int>(x - j * P));
+        double score = 0;
+        for (int ch = 0; ch < d; ++ch) {
+          const double qc = static_cast<double>(q[ch]) * scale;
+          score += qc * lo[ch];
+          if (hi[ch] > lo[ch]) score += qc * (static_cast<double>(hi[ch]) - lo[ch]) / 3.0 * code_of(row, ch);
+        }
+        items.push_back({score, static_cast<std::int32_t>(x)});
+      }
+    }
+    orders[i] = ranked(items);
+  }
+  reference_fill(orders, in, count, cap);
+  std::vector<std::int32_t> list;
+  for (std::int64_t x = 0; x < L; ++x) {
+    if (in[static_cast<std::size_t>(x)]) list.push_back(static_cast<std::int32_t>(x));
+  }
+  return list;
+}
+
+TEST(TwoStage, MatchesThePlainReferenceOfItsRule) {
+  test::OneThread one;
+  std::mt19937 rng(17);
+  int lists = 0, differs_from_quest_tokens = 0;
+  for (int P : {4, 16}) {
+    for (int g : {1, 3, 4}) {
+      for (int d : {16, 24, 64}) {
+        const std::vector<int> lengths{1, 17, 113, 300, 777};
+        test::SelCase c = test::random_case(rng, lengths, 2 * g, 2, d, P, DType::f16, 2.0f, 0.5f,
+                                            0.7f, /*page_codes=*/true);
+        for (int trial = 0; trial < 4; ++trial) {
+          select::SelectorConfig cfg;
+          cfg.method = select::Method::two_stage;
+          cfg.budget = {select::Budget::Kind::fixed, 24 + 16 * trial, 0.9};
+          cfg.sink_pages = trial % 3;
+          cfg.window_tokens = (trial % 2) * 9;
+          cfg.candidate_factor = 1 + trial;
+          select::SelectOutput out;
+          select::run_selector(c.args(), cfg, out);
+          const SelectionView sel = out.selection.view();
+          ASSERT_EQ(sel.unit, SelectionView::Unit::token);
+          for (int b = 0; b < c.B; ++b) {
+            for (int h = 0; h < 2; ++h) {
+              const auto got = sel.list(b, h);
+              const auto want = reference_two_stage(c, cfg, b, h);
+              ASSERT_EQ(std::vector<std::int32_t>(got.begin(), got.end()), want)
+                  << "P " << P << " g " << g << " d " << d << " trial " << trial << " b " << b
+                  << " h " << h;
+              ++lists;
+              // Not whole pages: the token stage picks inside them.
+              std::set<int> pages_of;
+              for (std::int32_t x : want) pages_of.insert(x / P);
+              differs_from_quest_tokens += static_cast<int>(pages_of.size()) * P >
+                                           static_cast<int>(want.size()) + P;
+            }
+          }
+        }
+      }
+    }
+  }
+  EXPECT_EQ(lists, 2 * 3 * 3 * 4 * 5 * 2);
+  EXPECT_GT(differs_from_quest_tokens, 50);  // the reference is not a page selection
+}
+
+TEST(TwoStage, FindsPlantedKeysThatAPageBoundRanksLow) {
+  // One sequence of noisy pages; three tokens in three pages point along q. Their pages' boxes
+  // are as wide as the others', so Quest's page bound cannot single them out, but with four
+  // candidate pages per budget page the token stage finds them.
+  test::OneThread one;
+  std::mt19937 rng(23);
+  std::normal_distribution<float> N(0.0f, 1.0f);
+  const int d = 32, P = 16, L = 1024, Hkv = 1;
+  std::vector<float> k(static_cast<std::size_t>(L) * d), v(k.size()), q(d);
+  for (float& x : q) x = N(rng);
+  const double qn = std::sqrt(std::inner_product(q.begin(), q.end(), q.begin(), 0.0));
+  for (std::size_t i = 0; i < k.size(); ++i) {
+    k[i] = 2.0f * N(rng);
+    v[i] = N(rng);
+  }
+  const int planted[] = {200, 517, 800};
+  for (int t : planted) {
+    for (int x = 0; x < d; ++x) k[static_cast<std::size_t>(t) * d + x] = 4.0f * q[x] / static_cast<float>(qn) * std::sqrt(static_cast<float>(d));
+  }
+  test::SelCase c = test::make_case({k}, {v}, q, 1, Hkv, d, P, DType::f32, true);
+  select::SelectorConfig cfg;
+  cfg.method = select::Method::two_stage;
+  cfg.budget = {select::Budget::Kind::fixed, 64, 0.9};
+  cfg.candidate_factor = 16;  // all pages
+  select::SelectOutput out;
+  select::run_selector(c.args(), cfg, out);
+  const auto list = out.selection.view().list(0, 0);
+  const std::set<int> have(list.begin(), list.end());
+  for (int t : planted) EXPECT_TRUE(have.count(t)) << "planted token " << t;
+  EXPECT_EQ(static_cast<int>(list.size()), 64);
+}
+
+TEST(TwoStage, RefusesWhatItCannotServeNamingTheArgument) {
+  std::mt19937 rng(3);
+  test::SelCase with = test::random_case(rng, {50}, 2, 1, 16, 4, DType::f16, 2.0f, 0.5f, 0.7f, true);
+  test::SelCase without = test::random_case(rng, {50}, 2, 1, 16, 4, DType::f16);
+  select::SelectorConfig cfg;
+  cfg.method = select::Method::two_stage;
+  cfg.budget = {select::Budget::Kind::fixed, 16, 0.9};
+  select::SelectOutput out;
+  test::expect_error([&] { select::run_selector(without.args(), cfg, out); }, ErrorCode::invalid_argument, "page_codes");
+  cfg.candidate_factor = 0;
+  test::expect_error([&] { select::run_selector(with.args(), cfg, out); }, ErrorCode::invalid_argument, "candidate_factor");
+  cfg.candidate_factor = 2;
+  cfg.budget.kind = select::Budget::Kind::top_p;
+  test::expect_error([&] { select::run_selector(with.args(), cfg, out); }, ErrorCode::invalid_argument, "budget");
+  EXPECT_EQ(select::parse_method("two_stage", "m"), select::Method::two_stage);
+}
+
+}  // namespace
+}  // namespace masskv
