@@ -90,6 +90,8 @@ run_pytest() {
 if scripts/setup.sh --build-dir build --models; then
   run_gtest unit build/masskv_tests
   run_counted cli tests/cli/run.sh build/masskv
+  # Every subcommand's numeric options just outside their ranges, huge, NaN, garbage (< 90 s).
+  run_counted sweep tests/cli/sweep.sh build/masskv
 else
   echo "test.sh: Release build failed" >&2
   failed=$((failed + 1))

@@ -87,6 +87,14 @@ def test_errors_name_the_argument(model):
         masskv.Model("/nonexistent.gguf")
 
 
+@pytest.mark.parametrize("page_size", [0, -16, 3, 512])
+def test_bad_page_size_is_an_error_not_a_crash(model, page_size):
+    # page_size 0 divided the KV capacity by zero and killed the interpreter (SIGFPE).
+    with pytest.raises(masskv.Error) as e:
+        model.session(256, page_size=page_size)
+    assert e.value.argument == "page_size"
+
+
 SELECTOR = (__import__("pathlib").Path(__file__).resolve().parents[2]
             / "docs/results/learned-smollm2/selector.gguf")
 

@@ -21,6 +21,7 @@
 #include "masskv/kv/cache.hpp"
 #include "masskv/select/page_bound.hpp"
 #include "bench_cache.hpp"
+#include "checks.hpp"
 #include "membw.hpp"
 #include "parse.hpp"
 #include "progress.hpp"
@@ -86,6 +87,7 @@ struct Options {
   int min_reps = 5;
   std::uint64_t seed = 1;
   std::string json_path, csv_path;
+  bool dry_run = false;
 };
 
 // Timing summary of one measured quantity, µs.
@@ -135,21 +137,25 @@ struct SparseRow {
   double kv_bytes, summary_bytes, dense_us, speedup, bytes_ratio;
 };
 
-void run(const Options& opt) {
+void run(const Options& opt, const CLI::App& app) {
   const Mapping mapping = opt.mapping == "entmax" ? Mapping::entmax(opt.alpha) : Mapping::softmax();
   mapping.validate();
   const DType dtype = parse_dtype(opt.kv_dtype, "--kv-dtype");
-  require(opt.hq > 0 && opt.hkv > 0 && opt.hq % opt.hkv == 0, ErrorCode::invalid_argument,
-          "--hq", "must be a positive multiple of --hkv (", opt.hq, " vs ", opt.hkv, ")");
+  check_head_shape(opt.hq, opt.hkv);
   std::vector<std::int64_t> depths;
   for (const auto& d : opt.depths) depths.push_back(parse_count(d, "--depth"));
   std::vector<double> budgets;
   for (const auto& b : opt.budgets) budgets.push_back(parse_fraction(b, "--budget"));
-  for (int t : opt.threads)
-    require(t >= 1, ErrorCode::invalid_argument, "--threads", "must be >= 1, got ", t);
-
   const double kv_bytes_per_token =
       2.0 * opt.hkv * opt.head_dim * static_cast<double>(dtype_size(dtype));
+  // The largest depth's caches (its rotation of copies) must fit before any of them is filled.
+  double peak = 0;
+  for (const std::int64_t d : depths) {
+    const double bytes = kv_bytes_per_token * static_cast<double>(d);
+    peak = std::max(peak, rotation_count(bytes) * bytes * 1.25);  // + summaries, bounds
+  }
+  require_memory(peak + (1 << 30), "--depth", "the KV caches (and the 1 GiB bandwidth probe)");
+  if (dry_run_plan(opt.dry_run, app, {{"memory", format_bytes(peak + (1 << 30))}})) return;
   // Read bandwidth probe: 1 GiB, well beyond the last-level cache.
   std::vector<double> read_gbps;
   for (int t : opt.threads) read_gbps.push_back(measure_read_bandwidth(1ull << 30, t, 5).gb_per_s);
@@ -355,35 +361,41 @@ void register_bench(CLI::App& app) {
       "time included), with this machine's read bandwidth measured in the same run");
   attn->add_option("-d,--depth", opt->depths, "Context lengths (tokens; K/M suffixes allowed)")
       ->delimiter(',')
+      ->check(count_in(1, kMaxTokens))
       ->capture_default_str();
   attn->add_option("-t,--threads", opt->threads, "Thread counts to run")
       ->delimiter(',')
+      ->check(threads(1))
       ->capture_default_str();
-  attn->add_option("--hq", opt->hq, "Query heads")->capture_default_str();
-  attn->add_option("--hkv", opt->hkv, "KV heads")->capture_default_str();
-  attn->add_option("--head-dim", opt->head_dim, "Head dimension")->capture_default_str();
-  attn->add_option("--page", opt->page_size, "Page size (tokens)")->capture_default_str();
+  add_head_shape(attn, opt->hq, opt->hkv, opt->head_dim, opt->page_size);
   attn->add_option("--kv-dtype", opt->kv_dtype, "KV storage type: f32, f16, bf16")
       ->capture_default_str();
   attn->add_option("-b,--budget", opt->budgets, "Sparse budgets as fractions of the context")
       ->delimiter(',')
       ->capture_default_str();
-  attn->add_option("--sink-pages", opt->sink_pages, "Sink pages always kept")
-      ->capture_default_str();
-  attn->add_option("--window", opt->window, "Local window (tokens) always kept")
-      ->capture_default_str();
+  add_kept_items(attn, opt->sink_pages, opt->window);
   attn->add_option("--mapping", opt->mapping, "softmax or entmax")
       ->check(CLI::IsMember({"softmax", "entmax"}))
       ->capture_default_str();
-  attn->add_option("--alpha", opt->alpha, "entmax alpha in (1, 2]")->capture_default_str();
+  attn->add_option("--alpha", opt->alpha, "entmax alpha")
+      ->check(real_in(1, 2, true))
+      ->capture_default_str();
   attn->add_option("--min-seconds", opt->min_seconds, "Minimum timed seconds per row")
+      ->check(real_in(0, 3600))
       ->capture_default_str();
   attn->add_option("-r,--repeat", opt->min_reps, "Minimum repetitions per row")
+      ->check(int_in(1, 1 << 20))
       ->capture_default_str();
   attn->add_option("--seed", opt->seed, "Random seed")->capture_default_str();
   attn->add_option("--json", opt->json_path, "Write results as JSON to this file");
   attn->add_option("--csv", opt->csv_path, "Write results as CSV to this file");
-  attn->callback([opt] { run(*opt); });
+  add_dry_run(attn, opt->dry_run);
+  attn->footer(
+      "Examples:\n"
+      "  masskv bench attn -d 4K,32K -t 1,2 -b 1/16\n"
+      "  masskv bench attn -d 16K --mapping entmax --alpha 1.5 --kv-dtype bf16\n"
+      "  masskv bench attn -d 1M --hq 64 --dry-run");
+  attn->callback([opt, attn] { run(*opt, *attn); });
 }
 
 }  // namespace masskv::cli

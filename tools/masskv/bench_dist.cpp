@@ -20,6 +20,7 @@
 #include "masskv/dist/decode.hpp"
 #include "masskv/dist/select.hpp"
 #include "masskv/select/page_bound.hpp"
+#include "checks.hpp"
 #include "parse.hpp"
 #include "progress.hpp"
 
@@ -35,6 +36,7 @@ struct DistOptions {
   int max_candidates = dist::EntmaxTauConfig{}.max_candidates;
   std::uint64_t seed = 1;
   std::string json_path;
+  bool dry_run = false;
 };
 
 struct Row {
@@ -55,9 +57,18 @@ double rel_diff(const std::vector<float>& a, const std::vector<float>& b) {
   return norm > 0 ? diff / norm : diff;
 }
 
-void run_dist(const DistOptions& opt) {
+void run_dist(const DistOptions& opt, const CLI::App& app) {
   const DType dtype = parse_dtype(opt.kv_dtype, "--kv-dtype");
   const double fraction = parse_fraction(opt.budget, "--budget");
+  check_head_shape(opt.hq, opt.hkv);
+  double peak = 0;  // one depth's cache at a time
+  for (const std::string& depth : opt.depths) {
+    peak = std::max(peak, 2.5 * opt.batch * opt.hkv * opt.head_dim *
+                              static_cast<double>(dtype_size(dtype)) *
+                              static_cast<double>(parse_count(depth, "--depth")));
+  }
+  require_memory(peak, "--depth", "the KV cache (× --batch)");
+  if (dry_run_plan(opt.dry_run, app, {{"memory", format_bytes(peak)}})) return;
   const Mapping mappings[] = {Mapping::softmax(), Mapping::entmax(1.5), Mapping::entmax(2.0)};
   std::vector<Row> rows;
   for (const std::string& depth : opt.depths) {
@@ -189,15 +200,16 @@ void register_bench_dist(CLI::App& bench) {
       "dense and Quest-sparse. Times are threads on this machine, not NCCL");
   cmd->add_option("-d,--depth", opt->depths, "Context lengths (tokens; K/M suffixes allowed)")
       ->delimiter(',')
+      ->check(count_in(1, kMaxTokens))
       ->capture_default_str();
-  cmd->add_option("--ranks", opt->ranks, "Rank counts to run")
+  cmd->add_option("--ranks", opt->ranks, "Rank counts to run (threads)")
       ->delimiter(',')
+      ->check(threads(1))
       ->capture_default_str();
-  cmd->add_option("--batch", opt->batch, "Sequences per step")->capture_default_str();
-  cmd->add_option("--hq", opt->hq, "Query heads")->capture_default_str();
-  cmd->add_option("--hkv", opt->hkv, "KV heads")->capture_default_str();
-  cmd->add_option("--head-dim", opt->head_dim, "Head dimension")->capture_default_str();
-  cmd->add_option("--page", opt->page_size, "Page size (tokens)")->capture_default_str();
+  cmd->add_option("--batch", opt->batch, "Sequences per step")
+      ->check(int_in(1, 4096))
+      ->capture_default_str();
+  add_head_shape(cmd, opt->hq, opt->hkv, opt->head_dim, opt->page_size);
   cmd->add_option("--kv-dtype", opt->kv_dtype, "KV storage type: f32, f16, bf16")
       ->capture_default_str();
   cmd->add_option("-b,--budget", opt->budget, "Sparse budget as a fraction of the context")
@@ -205,10 +217,16 @@ void register_bench_dist(CLI::App& bench) {
   cmd->add_option("--max-candidates", opt->max_candidates,
                   "Entmax: candidate scores per rank and q head in the tau all-gather; heads "
                   "over it take batched-bisection rounds")
+      ->check(int_in(1, 1 << 20))
       ->capture_default_str();
   cmd->add_option("--seed", opt->seed, "Random seed")->capture_default_str();
   cmd->add_option("--json", opt->json_path, "Write results as JSON to this file");
-  cmd->callback([opt] { run_dist(*opt); });
+  add_dry_run(cmd, opt->dry_run);
+  cmd->footer(
+      "Examples:\n"
+      "  masskv bench dist -d 4K --ranks 1,2,4\n"
+      "  masskv bench dist -d 32K --ranks 8 -b 1/32 --json dist.json");
+  cmd->callback([opt, cmd] { run_dist(*opt, *cmd); });
 }
 
 }  // namespace masskv::cli

@@ -18,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "checks.hpp"
 #include "commands.hpp"
 #include "masskv/error.hpp"
 #include "masskv/kv/cache.hpp"
@@ -157,12 +158,7 @@ void run_keys(const KeysOptions& o) {
   require(!o.dumps.empty(), ErrorCode::invalid_argument, "--dumps",
           "give one or more files written by masskv dump");
   const double frac = parse_fraction(o.budget, "--budget");
-  require(o.top_p > 0 && o.top_p <= 1, ErrorCode::invalid_argument, "--top-p",
-          "must be in (0, 1], got ", o.top_p);
   const Mapping map = parse_mapping(o.mapping, "--mapping");
-  require(o.page_size >= 1 && o.page_size <= 256 && (o.page_size & (o.page_size - 1)) == 0,
-          ErrorCode::invalid_argument, "--page", "must be a power of two in [1, 256], got ",
-          o.page_size);
   std::vector<KeyFormat> formats{KeyFormat::bf16};  // the reference first
   for (const auto& name : o.formats) {
     const KeyFormat f = kv::parse_key_format(name, "--formats");
@@ -336,10 +332,13 @@ void register_bench_keys(CLI::App& bench) {
                 "Formats compared with bf16: int4, mxfp4, nvfp4 (kv/key_formats.hpp)")
       ->delimiter(',')
       ->capture_default_str();
-  s->add_option("--page", o->page_size, "Page size (tokens)")->capture_default_str();
+  s->add_option("--page", o->page_size, "Page size (tokens)")
+      ->check(page_size())
+      ->capture_default_str();
   s->add_option("-b,--budget", o->budget, "k of recall@k, as a fraction of the pages")
       ->capture_default_str();
   s->add_option("--top-p", o->top_p, "Mass of the reference page set of the mass recall")
+      ->check(real_in(0, 1, true))
       ->capture_default_str();
   s->add_option("-m,--mapping", o->mapping, "Scores to masses: softmax or entmax<alpha>")
       ->capture_default_str();
@@ -347,6 +346,10 @@ void register_bench_keys(CLI::App& bench) {
                 "Compare the formats on a learned selector's key cache instead (a qk-input "
                 "selector from masskv distill: its projections of the dumps' q and k)");
   s->add_option("--json", o->json_path, "Write results as JSON to this file");
+  s->footer(
+      "Examples:\n"
+      "  masskv bench keys -i out/dump/layer02.mkvd\n"
+      "  masskv bench keys -i out/dump/layer02.mkvd -f int4,nvfp4 -b 1/8 --json keys.json");
   s->callback([o] { run_keys(*o); });
 }
 

@@ -14,6 +14,7 @@
 // the speed-up if sparse attention cost exactly its share of dense attention and nothing else
 // changed.
 #include <fmt/core.h>
+#include <omp.h>
 #include <sys/resource.h>
 #include <sys/wait.h>
 
@@ -31,6 +32,7 @@
 #include <utility>
 #include <vector>
 
+#include "checks.hpp"
 #include "commands.hpp"
 #include "masskv/error.hpp"
 #include "masskv/model/locate.hpp"
@@ -59,6 +61,7 @@ struct BenchOptions {
   std::string sparse_prefill, prefill_budget = "1/16";
   int prefill_k_block = 64;
   std::int64_t prefill_min_keys = 0;
+  bool dry_run = false;
 };
 
 // One test result (ours or the peer's).
@@ -367,22 +370,27 @@ void print_ttft(const std::vector<Row>& rows) {
   }
 }
 
-void run_bench_model(const BenchOptions& o) {
+void run_bench_model(BenchOptions o, const CLI::App& app) {
+  // -t 0 is all cores, as in every command (the rows show the count it stood for).
+  for (int& t : o.threads) t = t == 0 ? omp_get_num_procs() : t;
+  // Ranges are checked by the options' validators; here the combinations, before the model.
   if (!o.sparse_prefill.empty()) (void)sparse_prefill_config(o);  // bad options fail first
-  require(o.reps >= 1, ErrorCode::invalid_argument, "-r", "must be >= 1");
   require(!o.threads.empty(), ErrorCode::invalid_argument, "-t", "needs at least one value");
-  for (int t : o.threads) require(t >= 1, ErrorCode::invalid_argument, "-t", "must be >= 1");
   require(!o.batch.empty(), ErrorCode::invalid_argument, "-b", "needs at least one value");
-  for (int b : o.batch) require(b >= 1, ErrorCode::invalid_argument, "-b", "must be >= 1");
   const std::int64_t n_prompt = o.prompt == "0" ? 0 : parse_count(o.prompt, "-p");
   const std::int64_t n_gen = o.gen == "0" ? 0 : parse_count(o.gen, "-n");
   require(n_prompt + n_gen > 0, ErrorCode::invalid_argument, "-p/-n", "both are 0");
   std::vector<std::int64_t> depths;
   for (const auto& d : o.depth) depths.push_back(d == "0" ? 0 : parse_count(d, "-d"));
-  const std::string path = model::resolve_model(o.m.model).string();
-  auto mdl = model::Model::load(path);
   const std::int64_t longest =
       *std::max_element(depths.begin(), depths.end()) + std::max(n_prompt, n_gen);
+  validate(o.m, longest);
+  const std::string path = model::resolve_model(o.m.model).string();
+  if (dry_run_plan(o.dry_run, app,
+                   {{"model_path", path}, {"longest_sequence", std::to_string(longest)}})) {
+    return;
+  }
+  auto mdl = model::Model::load(path);
   require(longest <= mdl->config().n_ctx_train, ErrorCode::invalid_argument, "-d",
           "depth + max(-p, -n) = ", longest, " exceeds the model's context ",
           mdl->config().n_ctx_train);
@@ -425,21 +433,28 @@ void run_bench_model(const BenchOptions& o) {
 void register_bench_model(CLI::App& bench) {
   auto o = std::make_shared<BenchOptions>();
   add_model_options(&bench, o->m, /*with_threads=*/false);
-  bench.add_option("-t,--threads", o->threads, "Thread counts (comma-separated)")
+  bench.add_option("-t,--threads", o->threads, "Thread counts (comma-separated; 0: all cores)")
       ->delimiter(',')
+      ->check(threads())
       ->capture_default_str();
   bench.add_option("-p,--n-prompt", o->prompt, "Prompt tokens of the ppN test (0: skip)")
+      ->check(count_in(0, kMaxTokens))
       ->capture_default_str();
   bench.add_option("-n,--n-gen", o->gen, "Generated tokens of the tgN test (0: skip)")
+      ->check(count_in(0, kMaxTokens))
       ->capture_default_str();
   bench
       .add_option("-d,--n-depth", o->depth, "Depths: tokens already in the cache (e.g. 0,2048,7K)")
       ->delimiter(',')
+      ->check(count_in(0, kMaxTokens))
       ->capture_default_str();
   bench.add_option("-b,--batch", o->batch, "Decode batch sizes (tgNxB: B forks per pass)")
       ->delimiter(',')
+      ->check(int_in(1, 256))
       ->capture_default_str();
-  bench.add_option("-r,--repetitions", o->reps, "Repetitions of each test")->capture_default_str();
+  bench.add_option("-r,--repetitions", o->reps, "Repetitions of each test")
+      ->check(int_in(1, 1 << 20))
+      ->capture_default_str();
   bench.add_option("-o,--output", o->format, "Output format: md, json, csv")
       ->check(CLI::IsMember({"md", "json", "csv"}))
       ->capture_default_str();
@@ -463,13 +478,21 @@ void register_bench_model(CLI::App& bench) {
   bench
       .add_option("--prefill-k-block", o->prefill_k_block,
                   "Key block of the sparse prefill: 16, 64 or 128")
+      ->check(int_in(16, 128))
       ->capture_default_str();
   bench
       .add_option("--prefill-min-keys", o->prefill_min_keys,
                   "Floor of a fractional prefill budget, in keys")
+      ->check(int_in(0, kMaxTokens))
       ->capture_default_str();
+  add_dry_run(&bench, o->dry_run);
+  bench.footer(
+      "Examples:\n"
+      "  masskv bench -p 512 -n 128 -t 0\n"
+      "  masskv bench -p 0 -n 64 -d 0,4K --selector quest --budget 1/16 -o csv\n"
+      "  masskv bench attn -d 32K -t 1,2   (and bench dist, keys, select: --help each)");
   bench.callback([&bench, o] {
-    if (bench.get_subcommands().empty()) run_bench_model(*o);
+    if (bench.get_subcommands().empty()) run_bench_model(*o, bench);
   });
 }
 

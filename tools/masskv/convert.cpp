@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "checks.hpp"
 #include "commands.hpp"
 #include "masskv/error.hpp"
 #include "masskv/learn/conversion.hpp"
@@ -36,6 +37,7 @@ struct ConvertCliOptions {
   int threads = 0;
   bool identity = false;
   std::string out;
+  bool dry_run = false;
 };
 
 // t = 1 on every head at one α: plain entmax on the softmax-trained model, as a file, so the
@@ -54,7 +56,7 @@ std::vector<std::vector<model::TokenId>> calibration_chunks(const model::Model& 
   const model::Tokenizer& tok = m.tokenizer();
   const std::vector<model::TokenId> all = tok.encode(text, tok.add_bos_default(), false);
   const auto start = static_cast<std::int64_t>(all.size()) / 2;
-  require(ctx >= 16 && ctx <= tokens, ErrorCode::invalid_argument, "-c",
+  require(ctx >= 16 && ctx <= tokens, ErrorCode::invalid_argument, "--ctx-size",
           "the chunk length must be in [16, --tokens], got ", ctx);
   require(start + tokens <= static_cast<std::int64_t>(all.size()), ErrorCode::invalid_argument,
           "--tokens", tokens, " calibration tokens from the middle of the text need ",
@@ -68,15 +70,12 @@ std::vector<std::vector<model::TokenId>> calibration_chunks(const model::Model& 
   return chunks;
 }
 
-void run_convert(const ConvertCliOptions& o) {
+void run_convert(const ConvertCliOptions& o, const CLI::App& app) {
+  // Ranges (α, scales, counts, threads) are checked as the options are parsed (checks.hpp).
   set_threads(o.threads);
   require(!o.out.empty(), ErrorCode::invalid_argument, "-o", "an output file is required");
   learn::ConvertOptions co;
   co.alphas = o.alphas;
-  for (const double a : co.alphas) {
-    require(std::isfinite(a) && a > 1.0 && a <= 2.0, ErrorCode::invalid_argument, "--alpha",
-            "entmax needs α in (1, 2], got ", a);
-  }
   if (o.proxy == "kl") {
     co.proxies = {learn::Proxy::kl};
   } else if (o.proxy == "fenchel_young") {
@@ -85,17 +84,18 @@ void run_convert(const ConvertCliOptions& o) {
     require(o.proxy == "both", ErrorCode::invalid_argument, "--proxy",
             "must be kl, fenchel_young or both, got '", o.proxy, "'");
   }
-  for (const double g : o.scales) {
-    require(std::isfinite(g) && g > 0, ErrorCode::invalid_argument, "--scales",
-            "multiplier ", g, " is not finite and > 0");
-  }
   co.global_scales = o.scales;
-  require(o.queries >= 1, ErrorCode::invalid_argument, "--queries", "must be >= 1");
   co.queries_per_chunk = o.queries;
   const std::int64_t tokens = parse_count(o.tokens, "--tokens");
-  const std::int64_t ctx = parse_count(o.ctx, "-c");
+  const std::int64_t ctx = parse_count(o.ctx, "--ctx-size");
+  require(o.identity || ctx <= tokens, ErrorCode::invalid_argument, "--ctx-size",
+          "the chunk length must be in [16, --tokens], got ", ctx);
   const std::string path = model::resolve_model(o.model).string();
   auto mdl = model::Model::load(path);
+  require(o.identity || ctx <= mdl->config().n_ctx_train, ErrorCode::invalid_argument,
+          "--ctx-size", ctx, " exceeds the model's context of ", mdl->config().n_ctx_train,
+          " tokens");
+  if (dry_run_plan(o.dry_run, app, {{"model_path", path}})) return;
   if (o.identity) {
     require(co.alphas.size() == 1, ErrorCode::invalid_argument, "--alpha",
             "--identity takes one α, got ", co.alphas.size());
@@ -153,15 +153,21 @@ void register_convert(CLI::App& app) {
   cmd->add_option("--alpha", o->alphas,
                   "Entmax α in (1, 2]; a list (1.25,1.5,2) fits each and keeps the lowest KL")
       ->delimiter(',')
+      ->check(real_in(1, 2, true))
       ->capture_default_str();
   cmd->add_option("--tokens", o->tokens,
                   "Calibration tokens, taken from the middle of the text on (the first half "
                   "stays held out for perplexity)")
+      ->check(count_in(16, kMaxTokens))
       ->capture_default_str();
-  cmd->add_option("-c,--ctx-size", o->ctx, "Calibration chunk length (each chunk runs alone)")
+  cmd->add_option("-c,--ctx-size", o->ctx,
+                  "Calibration chunk length (each chunk runs alone; at most --tokens and the "
+                  "model's context)")
+      ->check(count_in(16, kMaxTokens))
       ->capture_default_str();
   cmd->add_option("--queries", o->queries,
                   "Query positions per chunk whose attention rows the per-head fit uses")
+      ->check(int_in(1, 1 << 20))
       ->capture_default_str();
   cmd->add_option("--proxy", o->proxy,
                   "Per-head proxy: kl (KL(entmax ‖ softmax)), fenchel_young, or both (the "
@@ -170,14 +176,23 @@ void register_convert(CLI::App& app) {
   cmd->add_option("--scales", o->scales,
                   "Global multipliers on every t tried against the next-token KL (besides 1)")
       ->delimiter(',')
+      ->check(real_in(0, 1000, true))
       ->capture_default_str();
   cmd->add_option("-f,--text", o->text,
                   "Calibration text (default: the Debian Policy Manual, debian-policy)");
-  cmd->add_option("-t,--threads", o->threads, "Threads (0: all cores)")->capture_default_str();
+  cmd->add_option("-t,--threads", o->threads, "Threads (0: all cores)")
+      ->check(threads())
+      ->capture_default_str();
   cmd->add_flag("--identity", o->identity,
                 "Fit nothing: write t = 1 on every head (plain α-entmax on the softmax-trained "
                 "model, the unconverted reference for perplexity and eval)");
-  cmd->callback([o] { run_convert(*o); });
+  cmd->footer(
+      "Examples:\n"
+      "  masskv convert -o out/conv.gguf\n"
+      "  masskv convert --alpha 1.25,1.5,2 --tokens 8K -c 1024 -o out/conv.gguf\n"
+      "  masskv convert --identity --alpha 1.5 -o out/identity.gguf");
+  add_dry_run(cmd, o->dry_run);
+  cmd->callback([o, cmd] { run_convert(*o, *cmd); });
 }
 
 }  // namespace masskv::cli

@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "checks.hpp"
 #include "commands.hpp"
 #include "masskv/error.hpp"
 #include "masskv/learn/activations.hpp"
@@ -47,6 +48,7 @@ struct DistillOptions {
   std::string output = "out/distill/selector.gguf";
   std::string cache_dir;
   bool keep_activations = false;
+  bool dry_run = false;
 };
 
 // Where a run's activation files live: one directory per collection setting, so a rerun with
@@ -104,7 +106,7 @@ std::string summary_table(const std::vector<learn::LayerReport>& reports, const 
   return s;
 }
 
-void run_distill(DistillOptions o) {
+void run_distill(DistillOptions o, const CLI::App& app) {
   set_threads(o.threads);
   const learn::Input input = learn::parse_input(o.input);
   o.train.init = learn::parse_init(o.init.empty() ? (input == learn::Input::qk ? "pca" : "random")
@@ -133,6 +135,11 @@ void run_distill(DistillOptions o) {
                local.size(), fmt::join(local, ","));
   }
   require(!layers.empty(), ErrorCode::invalid_argument, "--layers", "no global layer chosen");
+  if (dry_run_plan(o.dry_run, app,
+                   {{"model_path", model_path},
+                    {"layers", fmt::format("{}", fmt::join(layers, ","))}})) {
+    return;
+  }
 
   const fs::path out(o.output);
   if (!out.parent_path().empty()) fs::create_directories(out.parent_path());
@@ -226,7 +233,9 @@ void register_distill(CLI::App& app) {
   d->add_option("--layers", o->layers,
                 "Layers, e.g. 0-29 or 3,5,7 (default: all; Gemma 3's sliding-window layers are "
                 "always skipped: decode keeps their window)");
-  d->add_option("--dim", o->train.dim, "Selector dims d_s")->capture_default_str();
+  d->add_option("--dim", o->train.dim, "Selector dims d_s (even with --rope)")
+      ->check(int_in(1, 4096))
+      ->capture_default_str();
   d->add_option("--input", o->input,
                 "Selector input: qk (the model's post-RoPE q and k) or hidden (the attention "
                 "input after the attention norm)")
@@ -238,23 +247,37 @@ void register_distill(CLI::App& app) {
   d->add_flag("--rope", o->train.rope,
               "hidden input: apply the layer's RoPE to both projections (relative position)");
   d->add_option("--init", o->init, "pca (qk only) or random (default: pca for qk, random for hidden)");
-  d->add_option("--steps", o->train.steps, "Adam steps per layer")->capture_default_str();
+  d->add_option("--steps", o->train.steps, "Adam steps per layer")
+      ->check(int_in(0, 1 << 24))
+      ->capture_default_str();
   d->add_option("--lr", o->train.lr, "Adam step size (cosine decay to lr x --lr-final)")
+      ->check(real_in(0, 10, true))
       ->capture_default_str();
   d->add_option("--lr-final", o->train.lr_final, "Final step size as a fraction of --lr")
+      ->check(real_in(0, 1, true))
       ->capture_default_str();
-  d->add_option("--batch", o->train.batch, "Query positions per step")->capture_default_str();
-  d->add_option("--tokens", o->tokens, "Tokens per sequence (K suffix allowed)")->capture_default_str();
+  d->add_option("--batch", o->train.batch, "Query positions per step")
+      ->check(int_in(1, 1 << 20))
+      ->capture_default_str();
+  d->add_option("--tokens", o->tokens,
+                "Tokens per sequence (K suffix allowed; at most the model's context)")
+      ->check(count_in(16, kMaxTokens))
+      ->capture_default_str();
   d->add_option("--sequences", o->sequences,
                 "Sequences of real text (windows spread over it); the last one is held out")
+      ->check(int_in(2, 1 << 16))
       ->capture_default_str();
   d->add_option("--queries", o->queries,
                 "Query positions sampled per sequence (density proportional to the position)")
+      ->check(int_in(1, 1 << 20))
       ->capture_default_str();
   d->add_option("--eval-every", o->train.eval_every, "Steps between held-out points of the curve")
+      ->check(int_in(1, 1 << 24))
       ->capture_default_str();
   d->add_option("--seed", o->train.seed, "Seed (query positions, init, minibatches)")->capture_default_str();
-  d->add_option("-t,--threads", o->threads, "Threads (0: all cores)")->capture_default_str();
+  d->add_option("-t,--threads", o->threads, "Threads (0: all cores)")
+      ->check(threads())
+      ->capture_default_str();
   d->add_option("-o,--output", o->output,
                 "Selector file (GGUF); the loss curves (_curves.csv, _curves.png) and the summary "
                 "(_summary.md) go next to it")
@@ -263,7 +286,13 @@ void register_distill(CLI::App& app) {
                 "Activation files (default: ~/.cache/masskv/distill/<hash of the collection settings>)");
   d->add_flag("--keep-activations", o->keep_activations,
               "Keep the activation files (a rerun with the same collection settings reuses them)");
-  d->callback([o] { run_distill(*o); });
+  d->footer(
+      "Examples:\n"
+      "  masskv distill -o out/distill/selector.gguf\n"
+      "  masskv distill --layers 2-5 --dim 32 --steps 200 -t 0\n"
+      "  masskv distill --input hidden --rope --groups kv -o out/distill/hidden.gguf");
+  add_dry_run(d, o->dry_run);
+  d->callback([o, d] { run_distill(*o, *d); });
 }
 
 }  // namespace masskv::cli

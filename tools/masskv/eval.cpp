@@ -19,17 +19,20 @@
 #include <memory>
 #include <mutex>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "checks.hpp"
 #include "commands.hpp"
 #include "masskv/error.hpp"
 #include "masskv/eval/runner.hpp"
 #include "masskv/eval/tasks.hpp"
 #include "masskv/learn/conversion.hpp"
 #include "masskv/learn/project.hpp"
+#include "masskv/line_file.hpp"
 #include "masskv/model/locate.hpp"
 #include "parse.hpp"
 #include "plots.hpp"
@@ -70,6 +73,7 @@ struct EvalOptions {
   bool conversion_identity = false;  // a `convert --identity` file: t = 1, not converted
   bool plots = true;
   bool report_only = false;  // tables from the cache alone; missing results stay missing
+  bool dry_run = false;
 };
 
 // --quick (default) and --full. The quick suite is sized to finish in minutes on 2 cores; its
@@ -350,28 +354,66 @@ std::string record_key(const std::string& model, const SampleId& s, const Method
                      m.budget, tag);
 }
 
+// A record's values in their ranges and its method and budget ones this build knows: a
+// hand-edited or foreign line (a score of 7 showed as 700 % accuracy) is refused on load, as
+// an unreadable line is. Throws Error naming the field.
+void check_record(const Record& r) {
+  const auto unit = [](double v, const char* field) {
+    require(std::isfinite(v) && v >= 0 && v <= 1, ErrorCode::invalid_argument, field,
+            "must be in [0, 1], got ", v);
+  };
+  unit(r.score, "score");
+  unit(r.kv_read, "kv_read");
+  unit(r.delta_bound, "delta_bound");
+  unit(r.certified, "certified");
+  unit(r.prefill_kv_read, "prefill_kv_read");
+  unit(r.fresh_select, "fresh_select");
+  for (const double s : {r.decode_seconds, r.prefill_seconds}) {
+    require(std::isfinite(s) && s >= 0, ErrorCode::invalid_argument, "seconds",
+            "must be finite and >= 0, got ", s);
+  }
+  require(r.length > 0 && r.index >= 0 && r.steps >= 0, ErrorCode::invalid_argument, "length",
+          "length > 0, index >= 0 and steps >= 0 expected");
+  const std::string base = base_method(r.method);  // throws on a malformed @R
+  if (is_dense(base)) {
+    require(r.budget == "-", ErrorCode::invalid_argument, "budget", "dense rows have '-'");
+  } else if (is_prefill(base)) {
+    (void)parse_prefill_row(base, "method");
+    (void)parse_prefill_budget(r.budget, "budget");
+  } else {
+    (void)select::parse_method(base, "method");
+    (void)parse_budget(r.budget, r.length, "budget");
+  }
+}
+
+// The results of every run, one JSON record a line (docs/eval.md). LineFile keeps it whole: a
+// run killed mid-write loses at most the record it was writing, never one written before or
+// after it.
 class ResultCache {
  public:
-  explicit ResultCache(fs::path path) : path_(std::move(path)) {
-    std::ifstream in(path_);
-    std::string line;
-    int lineno = 0;
-    while (std::getline(in, line)) {
+  explicit ResultCache(fs::path path) : file_(std::move(path), "--cache") {
+    const std::string name = file_.path().string();
+    std::size_t lineno = 0;
+    for (const std::string& line : file_.lines()) {
       ++lineno;
       if (line.empty()) continue;
-      try {
-        const json j = json::parse(line);
-        Record r = j.get<Record>();
-        entries_[key_of(r, j.value("settings", std::string()))] = std::move(r);
-      } catch (const std::exception& e) {
-        // A run killed mid-write leaves a partial last line: skip it, say so.
-        fmt::print(stderr, "masskv eval: warning: {}:{}: unreadable cache line skipped ({})\n",
-                   path_.string(), lineno, e.what());
+      if (const auto why = load(line)) {
+        fmt::print(stderr, "masskv eval: warning: {}:{}: cache line skipped ({})\n", name,
+                   lineno, *why);
       }
     }
-    if (!path_.parent_path().empty()) fs::create_directories(path_.parent_path());
-    out_.open(path_, std::ios::app);
-    require(out_.good(), ErrorCode::io, "--cache", "cannot write ", path_.string());
+    if (const std::string& tail = file_.torn_tail(); !tail.empty()) {
+      // A whole record that lost only its newline is kept (written again, whole); anything
+      // else was a record cut by a kill: it is dropped from the file, the rest is intact.
+      if (!load(tail)) {
+        file_.append(tail);
+      } else {
+        fmt::print(stderr,
+                   "masskv eval: warning: {}: its last line was cut off ({} bytes, a run killed "
+                   "mid-write): removed; that result will be computed again\n",
+                   name, tail.size());
+      }
+    }
   }
 
   const Record* find(const std::string& key) const {
@@ -385,8 +427,7 @@ class ResultCache {
     j["settings"] = settings;
     // Model outputs may end inside a UTF-8 character (generation stops at a token boundary):
     // such bytes are written as U+FFFD rather than failing the run.
-    out_ << j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << '\n';
-    out_.flush();
+    file_.append(j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace));
     entries_[key_of(r, settings)] = std::move(r);
   }
 
@@ -397,9 +438,20 @@ class ResultCache {
     return record_key(r.model, {r.task, r.length, r.index, r.seed}, {r.method, r.budget, false},
                       tag);
   }
-  fs::path path_;
+  // Adds the record of one line; nullopt if it was read, else why not.
+  std::optional<std::string> load(const std::string& line) {
+    try {
+      const json j = json::parse(line);
+      Record r = j.get<Record>();
+      check_record(r);
+      entries_[key_of(r, j.value("settings", std::string()))] = std::move(r);
+      return std::nullopt;
+    } catch (const std::exception& e) {
+      return std::string(e.what());
+    }
+  }
+  LineFile file_;
   std::map<std::string, Record> entries_;
-  std::ofstream out_;
   std::mutex mutex_;
 };
 
@@ -600,7 +652,7 @@ struct Job {
   std::vector<std::size_t> rows;  // indices into the method rows still to compute
 };
 
-void run_eval(EvalOptions o, const std::string& cmdline) {
+void run_eval(EvalOptions o, const std::string& cmdline, const CLI::App& app) {
   const auto t_start = std::chrono::steady_clock::now();
   const Preset preset = o.full ? full_preset(o.model) : quick_preset();
   if (o.tasks.empty()) o.tasks = preset.tasks;
@@ -608,11 +660,7 @@ void run_eval(EvalOptions o, const std::string& cmdline) {
   if (o.methods.empty()) o.methods = preset.methods;
   if (o.budgets.empty()) o.budgets = preset.budgets;
   if (o.samples == 0) o.samples = preset.samples;
-  require(o.samples > 0, ErrorCode::invalid_argument, "--samples", "must be > 0");
-  require(o.threads >= 0, ErrorCode::invalid_argument, "--threads", "must be >= 0");
-  require(o.workers >= 0, ErrorCode::invalid_argument, "--workers", "must be >= 0");
-  require(o.batch >= 0, ErrorCode::invalid_argument, "--batch", "must be >= 0");
-  Mapping::entmax(o.entmax_alpha).validate();
+  // The options' ranges were checked as they were parsed (checks.hpp); the rest before the model.
   bool needs_text = false;
   for (const std::string& t : o.tasks) needs_text |= eval::find_task(t, "--tasks").needs_text;
   std::vector<std::int64_t> lengths;
@@ -653,6 +701,12 @@ void run_eval(EvalOptions o, const std::string& cmdline) {
   for (const std::int64_t L : lengths) {
     require(L <= mdl->config().n_ctx_train, ErrorCode::invalid_argument, "--lengths", L,
             " tokens exceed the model's context of ", mdl->config().n_ctx_train);
+  }
+  if (dry_run_plan(o.dry_run, app,
+                   {{"model_path", path},
+                    {"report_rows", std::to_string(rows.size())},
+                    {"samples_per_task_and_length", std::to_string(o.samples)}})) {
+    return;
   }
   const std::string text = needs_text ? load_text(o.text, "--text") : std::string();
   const int reserve = eval::template_overhead(*mdl, chat) + 2;
@@ -857,8 +911,10 @@ void register_eval(CLI::App& app, const std::string& cmdline) {
     task_names += (task_names.empty() ? "" : ", ") + std::string(t.name);
   }
   e->add_option("--tasks", o->tasks, "Tasks: " + task_names)->delimiter(',');
-  e->add_option("--lengths", o->lengths, "Prompt lengths in tokens (K suffix), e.g. 1K,4K")
-      ->delimiter(',');
+  e->add_option("--lengths", o->lengths,
+                "Prompt lengths in tokens (K suffix), e.g. 1K,4K; at most the model's context")
+      ->delimiter(',')
+      ->check(count_in(1, kMaxTokens));
   e->add_option("--methods", o->methods,
                 "dense, sink_recent, quest, top_p, oracle, learned (with --selector-file), "
                 "dense_entmax, entmax_support, gaussian_tau (the last three run entmax "
@@ -876,16 +932,21 @@ void register_eval(CLI::App& app, const std::string& cmdline) {
                 "the smallest page set with estimated mass >= MASS, for learned, top_p, quest "
                 "and oracle (other methods skip them)")
       ->delimiter(',');
-  e->add_option("--samples", o->samples, "Samples per task and length (0: the preset's)");
+  e->add_option("--samples", o->samples, "Samples per task and length (0: the preset's)")
+      ->check(int_in(0, 1 << 20));
   e->add_option("--seed", o->seed, "Seed of the generated samples")->capture_default_str();
-  e->add_option("-t,--threads", o->threads, "Threads in all (0: all cores)")->capture_default_str();
+  e->add_option("-t,--threads", o->threads, "Threads in all (0: all cores)")
+      ->check(threads())
+      ->capture_default_str();
   e->add_option("--workers", o->workers,
                 "Samples run at once, each on threads / workers kernel threads (0: one sample "
                 "per thread; fewer, for long samples on many cores)")
+      ->check(int_in(0, max_threads()))
       ->capture_default_str();
   e->add_option("--batch", o->batch,
                 "Methods decoded together per step, one forward pass for all (0: all of a "
                 "sample's; 1: one at a time)")
+      ->check(int_in(0, 1 << 16))
       ->capture_default_str();
   e->add_option("-o,--out-dir", o->out_dir,
                 "Write results.md, results.csv, results.json and PNG plots here")
@@ -893,14 +954,15 @@ void register_eval(CLI::App& app, const std::string& cmdline) {
   e->add_option("--cache", o->cache, "Results cache (JSON lines; default OUT_DIR/cache.jsonl)");
   e->add_option("--text", o->text,
                 "Real text for the haystacks (default: the Debian Policy Manual)");
-  e->add_option("--page", o->page_size, "KV page size (tokens)")->capture_default_str();
-  e->add_option("--sink-pages", o->sink_pages, "Pages at the start always kept")
+  e->add_option("--page", o->page_size, "KV page size (tokens)")
+      ->check(page_size())
       ->capture_default_str();
-  e->add_option("--window", o->window, "Most recent tokens always kept (the last page always is)")
-      ->capture_default_str();
+  add_kept_items(e, o->sink_pages, o->window);
   e->add_option("--top-p-mass", o->top_p_mass, "Target estimated mass of top_p")
+      ->check(real_in(0, 1, true))
       ->capture_default_str();
   e->add_option("--alpha", o->entmax_alpha, "α of the entmax rows")
+      ->check(real_in(1, 2, true))
       ->capture_default_str()
       ->each([o](const std::string&) { o->alpha_given = true; });
   e->add_option("--entmax-conversion", o->entmax_conversion,
@@ -916,7 +978,13 @@ void register_eval(CLI::App& app, const std::string& cmdline) {
   e->add_flag("--report-only", o->report_only,
               "Write the tables from the cache alone (a long run's state): missing results are "
               "not computed, each cell's n says how many samples it has");
-  e->callback([o, cmdline] { run_eval(*o, cmdline); });
+  add_dry_run(e, o->dry_run);
+  e->footer(
+      "Examples:\n"
+      "  masskv eval                 (the quick suite, out/eval)\n"
+      "  masskv eval --tasks niah_single_number --lengths 1K --methods dense,quest --budgets 1/16\n"
+      "  masskv eval --full --report-only   (the tables of a long run so far, from its cache)");
+  e->callback([o, cmdline, e] { run_eval(*o, cmdline, *e); });
 }
 
 }  // namespace masskv::cli

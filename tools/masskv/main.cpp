@@ -13,6 +13,10 @@ int main(int argc, char** argv) {
       "masskv: sparse long-context attention that reads only the KV cache that "
       "carries attention mass"};
   app.require_subcommand(1);
+  // The command line's refusals read like the commands' own ("masskv: error: --page: ...").
+  app.failure_message([](const CLI::App* a, const CLI::Error& e) {
+    return "masskv: error: " + CLI::FailureMessage::simple(a, e);
+  });
   app.set_version_flag("--version", "masskv 0.1.0");
   masskv::cli::register_bench(app);
   std::string cmdline = "masskv";
@@ -28,7 +32,10 @@ int main(int argc, char** argv) {
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
-    return app.exit(e);
+    // CLI11 prints the message (it names the option); every refusal of the command line exits
+    // with 2, as a refusal by the commands themselves does, so scripts test one status.
+    const int rc = app.exit(e);
+    return rc == 0 ? 0 : 2;
   } catch (const masskv::Error& e) {
     fmt::print(stderr, "masskv: error ({}): {}\n", masskv::to_string(e.code()), e.what());
     return 2;

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <filesystem>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -13,6 +14,7 @@
 #include "masskv/learn/conversion.hpp"
 #include "masskv/learn/selector.hpp"
 #include "masskv/model/locate.hpp"
+#include "checks.hpp"
 #include "parse.hpp"
 #include "progress.hpp"
 
@@ -23,7 +25,9 @@ void add_model_options(CLI::App* app, ModelOptions& o, bool with_threads) {
                   "Model: smollm2 (SmolLM2-135M-Instruct), gemma3 (Gemma 3 270M) or a GGUF path")
       ->capture_default_str();
   if (with_threads) {
-    app->add_option("-t,--threads", o.threads, "Threads (0: all cores)")->capture_default_str();
+    app->add_option("-t,--threads", o.threads, "Threads (0: all cores)")
+        ->check(threads())
+        ->capture_default_str();
   }
   app->add_option("--selector", o.selector,
                   "Decode attention: dense, sink_recent, quest, top_p, gaussian_tau, oracle, "
@@ -43,21 +47,22 @@ void add_model_options(CLI::App* app, ModelOptions& o, bool with_threads) {
                   "--selector learned: storage of its key cache, f32, bf16, int4, mxfp4 or "
                   "nvfp4 (the 4-bit ones need d_s % 32 == 0, nvfp4 % 16)")
       ->capture_default_str();
-  app->add_option("--sink-pages", o.sink_pages, "Pages at the start always kept")
-      ->capture_default_str();
-  app->add_option("--window", o.window, "Most recent tokens always kept")->capture_default_str();
+  add_kept_items(app, o.sink_pages, o.window);
   app->add_option("--top-p-mass", o.top_p_mass, "Target mass of the top_p selector")
+      ->check(real_in(0, 1, true))
       ->capture_default_str();
-  app->add_option("--page", o.page_size, "KV page size (tokens)")->capture_default_str();
+  app->add_option("--page", o.page_size, "KV page size (tokens)")
+      ->check(page_size())
+      ->capture_default_str();
   app->add_option("--reselect-every", o.reselect_every,
                   "Decode steps one selection serves: each layer selects, then reuses that "
                   "selection (plus the pages appended since) for R - 1 steps")
-      ->check(CLI::Range(1, 1 << 20))
+      ->check(int_in(1, 1 << 20))
       ->capture_default_str();
   app->add_option("--reselect-cos", o.reselect_cos,
                   "With --reselect-every: select again early when a q head's query turns past "
                   "this cosine from the one the selection was made for (-1: never)")
-      ->check(CLI::Range(-1.0, 1.0))
+      ->check(real_in(-1, 1))
       ->capture_default_str();
   app->add_option("--entmax-conversion", o.entmax_conversion,
                   "Run the converted entmax model: a `masskv convert` file (α and per-head "
@@ -86,8 +91,10 @@ std::optional<select::SelectorConfig> selector_config(const ModelOptions& o, std
   if (o.selector == "dense") return std::nullopt;
   select::SelectorConfig c;
   c.method = select::parse_method(o.selector, "--selector");
-  require(c.method != select::Method::entmax_support || mapping.is_entmax(), ErrorCode::unsupported,
-          "--selector", "entmax_support needs entmax attention: pass --entmax-conversion FILE");
+  require((c.method != select::Method::entmax_support && c.method != select::Method::gaussian_tau) ||
+              mapping.is_entmax(),
+          ErrorCode::unsupported, "--selector", o.selector,
+          " needs entmax attention: pass --entmax-conversion FILE");
   c.mapping = mapping;
   c.sink_pages = o.sink_pages;
   c.window_tokens = o.window;
@@ -134,6 +141,21 @@ std::shared_ptr<const learn::Selector> load_selector(const std::string& path) {
   return s;
 }
 
+void validate(const ModelOptions& o, std::int64_t context) {
+  // The attention is entmax exactly when a conversion file is given; its α does not change
+  // which combinations are valid, so the file is read later, with the model.
+  const Mapping mapping = o.entmax_conversion.empty() ? Mapping::softmax() : Mapping::entmax(1.5);
+  (void)selector_config(o, context, mapping);
+  (void)parse_budget(o.budget, context, "--budget");  // also when --selector dense ignores it
+  (void)kv::parse_row_format(o.selector_key_format, "--selector-key-format");
+  require(o.selector != "learned" || !o.selector_file.empty(), ErrorCode::invalid_argument,
+          "--selector-file", "--selector learned needs a selector file");
+  require(o.selector_file.empty() || std::filesystem::is_regular_file(o.selector_file),
+          ErrorCode::io, "--selector-file", "cannot read ", o.selector_file);
+  require(o.entmax_conversion.empty() || std::filesystem::is_regular_file(o.entmax_conversion),
+          ErrorCode::io, "--entmax-conversion", "cannot read ", o.entmax_conversion);
+}
+
 void apply_selector(const ModelOptions& o, std::int64_t context, model::SessionOptions& so) {
   so.selector = selector_config(o, context, so.mapping);
   so.reselect_every = o.reselect_every;
@@ -173,7 +195,9 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
 }
 
 void set_threads(int threads) {
-  require(threads >= 0, ErrorCode::invalid_argument, "--threads", "must be >= 0");
+  // Also the commands whose -t has no validator yet: never thousands of OpenMP threads.
+  require(threads >= 0 && threads <= max_threads(), ErrorCode::invalid_argument, "--threads",
+          "must be in [0, ", max_threads(), "] (4 × the cores; 0: all cores), got ", threads);
   if (threads > 0) omp_set_num_threads(threads);
 }
 

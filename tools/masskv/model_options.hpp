@@ -44,6 +44,12 @@ void add_model_options(CLI::App* app, ModelOptions& o, bool with_threads = true)
 // `masskv convert --identity` file. Call it before apply_selector.
 std::string set_attention(const ModelOptions& o, const model::Model& model,
                           model::SessionOptions& so);
+// Every check of the options that needs no model: ranges (CLI11 validators, checks.hpp, at
+// parse time) and here the combinations (selector and budget, selector files, entmax-only
+// selectors without --entmax-conversion), with budgets as fractions of `context`. Commands call
+// it first, before loading the model, so nothing is refused after a prefill. Throws Error naming
+// the option.
+void validate(const ModelOptions& o, std::int64_t context);
 // nullopt for dense; the budget is relative to `context` when given as a fraction. The
 // selector serves `mapping` (the session's); entmax_support needs entmax, and under entmax
 // entmax_support and gaussian_tau stop by their own rule with the budget as a cap (as the eval).

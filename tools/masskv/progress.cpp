@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 
 namespace masskv::cli {
 
@@ -13,7 +14,8 @@ Progress::Progress(std::string label, long total)
       total_(std::max(1L, total)),
       tty_(isatty(STDERR_FILENO) != 0),
       start_(std::chrono::steady_clock::now()),
-      last_draw_(start_) {
+      last_draw_(start_),
+      last_log_(start_) {
   draw(false);
 }
 
@@ -36,10 +38,38 @@ void Progress::finish() {
   draw(true);
 }
 
+namespace {
+
+// Seconds between the log lines when stderr is not a terminal: MASSKV_PROGRESS_SECONDS (tests
+// set a small one), else 5: often enough that a CI log shows life, rarely enough to stay short.
+double log_interval() {
+  static const double s = [] {
+    const char* env = std::getenv("MASSKV_PROGRESS_SECONDS");
+    const double v = env != nullptr ? std::atof(env) : 0.0;
+    return v > 0 ? v : 5.0;
+  }();
+  return s;
+}
+
+}  // namespace
+
 void Progress::draw(bool final) {
-  last_draw_ = std::chrono::steady_clock::now();
-  const double elapsed = std::chrono::duration<double>(last_draw_ - start_).count();
-  if (!tty_ && !final) return;
+  const auto now = std::chrono::steady_clock::now();
+  const double elapsed = std::chrono::duration<double>(now - start_).count();
+  if (!tty_ && !final) {
+    // Logs and CI: no bar redrawn in place, but a plain line every few seconds.
+    if (std::chrono::duration<double>(now - last_log_).count() < log_interval()) return;
+    last_log_ = now;
+    const double rate = elapsed > 0 ? static_cast<double>(done_) / elapsed : 0.0;
+    const double left = rate > 0 ? static_cast<double>(total_ - done_) / rate : 0.0;
+    fmt::print(stderr, "{}: {}/{} ({:.0f}%), {:.3g}/s, {:.0f} s elapsed, ETA {}{}\n", label_,
+               done_, total_, 100.0 * static_cast<double>(done_) / static_cast<double>(total_),
+               rate, elapsed, done_ > 0 ? fmt::format("{:.0f} s", left) : std::string("-"),
+               note_.empty() ? "" : " " + note_);
+    std::fflush(stderr);
+    return;
+  }
+  last_draw_ = now;
   const double frac = static_cast<double>(done_) / static_cast<double>(total_);
   constexpr int width = 30;
   const int filled = static_cast<int>(frac * width);

@@ -1,5 +1,6 @@
 // A progress bar on stderr with ETA, for anything that runs longer than a few seconds.
-// Silent when stderr is not a terminal, except for one line at the end.
+// When stderr is not a terminal (logs, CI) a plain line every few seconds instead
+// (done/total, rate, ETA; MASSKV_PROGRESS_SECONDS sets the interval, default 5) and one at the end.
 #pragma once
 
 #include <chrono>
@@ -24,7 +25,7 @@ class Progress {
   std::string label_, note_;
   long total_, done_ = 0;
   bool tty_, finished_ = false;
-  std::chrono::steady_clock::time_point start_, last_draw_;
+  std::chrono::steady_clock::time_point start_, last_draw_, last_log_;
 };
 
 }  // namespace masskv::cli

@@ -19,6 +19,7 @@
 #include <tuple>
 #include <vector>
 
+#include "checks.hpp"
 #include "commands.hpp"
 #include "masskv/error.hpp"
 #include "masskv/select/compact_bounds.hpp"
@@ -415,26 +416,31 @@ void register_reuse(CLI::App& app, const std::string& cmdline) {
                 "Decode steps between the selection's query and the evaluated one (each < the "
                 "dumps' --steps)")
       ->delimiter(',')
+      ->check(int_in(1, 1 << 20))
       ->capture_default_str();
   r->add_option("--policy-every", o->policy_every,
                 "Policy rows: a layer selects again after this many steps (reselect_every)")
-      ->check(CLI::Range(1, 1 << 20))
+      ->check(int_in(1, 1 << 20))
       ->capture_default_str();
   r->add_option("--policy-cos", o->policy_cos,
                 "Policy rows, one per value: ... or when a q head's query turns past this cosine "
                 "(reselect_cos; -1: steps only)")
       ->delimiter(',')
-      ->check(CLI::Range(-1.0, 1.0));
-  r->add_option("--page", o->page_size, "Page size (tokens)")->capture_default_str();
+      ->check(real_in(-1, 1));
+  r->add_option("--page", o->page_size, "Page size (tokens)")
+      ->check(page_size())
+      ->capture_default_str();
   r->add_option("--top-p", o->params.top_p, "Target estimated mass of the top_p selector")
+      ->check(real_in(0, 1, true))
       ->capture_default_str();
-  r->add_option("--sink-pages", o->params.sink_pages, "Sink pages always kept")
-      ->capture_default_str();
-  r->add_option("--window", o->params.window, "Local window (tokens) always kept")
-      ->capture_default_str();
+  add_kept_items(r, o->params.sink_pages, o->params.window);
   r->add_option("-o,--out-dir", o->out_dir,
                 "Write reuse.csv, reuse.json and reuse_*.png (scripts/plot_reuse.py) here");
   r->add_flag("!--no-plots", o->plots, "Skip the PNG plots");
+  r->footer(
+      "Examples:\n"
+      "  masskv reuse -i out/dump/layer02.mkvd,out/dump/layer03.mkvd -o out/reuse\n"
+      "  masskv reuse -i out/dump/layer02.mkvd -s quest -b 1/8 -a 1,4,16 --no-plots");
   r->callback([o, cmdline] { run_reuse(*o, cmdline); });
 }
 

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <filesystem>
 #include <fstream>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -14,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "checks.hpp"
 #include "commands.hpp"
 #include "masskv/error.hpp"
 #include "masskv/model/chat_template.hpp"
@@ -44,9 +46,17 @@ struct RunOptions {
   float top_p = 0.95f;
   std::uint64_t seed = 0;
   bool verbose = false;
+  bool dry_run = false;
 };
 
-void run_generate(const RunOptions& o) {
+void run_generate(const RunOptions& o, const CLI::App& app) {
+  // Everything that needs no model first: a bad option never costs a model load or a prefill.
+  validate(o.m, o.ctx > 0 ? o.ctx : 4096);
+  require(o.file.empty() || std::filesystem::is_regular_file(o.file), ErrorCode::io, "-f",
+          "cannot read ", o.file);
+  if (dry_run_plan(o.dry_run, app, {{"model_path", model::resolve_model(o.m.model).string()}})) {
+    return;
+  }
   set_threads(o.m.threads);
   const std::string path = model::resolve_model(o.m.model).string();
   auto mdl = model::Model::load(path);
@@ -73,12 +83,20 @@ void run_generate(const RunOptions& o) {
     prompt = tok.encode(text, tok.add_bos_default(), false);
   }
   require(!prompt.empty(), ErrorCode::invalid_argument, "-p", "the prompt has no tokens");
-  require(o.n_predict >= 0, ErrorCode::invalid_argument, "-n", "must be >= 0");
+  const std::int64_t n_ctx = mdl->config().n_ctx_train;
+  // Past the trained context the model's output is garbage (a 15K-token prompt on an 8K model
+  // took 297 s to print nonsense), so refuse it before the prefill.
+  require(static_cast<std::int64_t>(prompt.size()) + o.n_predict <= n_ctx,
+          ErrorCode::invalid_argument, o.file.empty() ? "-p" : "-f", "the prompt (",
+          prompt.size(), " tokens) plus -n ", o.n_predict, " exceeds the model's context of ",
+          n_ctx, " tokens");
+  require(o.ctx <= n_ctx, ErrorCode::invalid_argument, "--ctx-size", o.ctx,
+          " exceeds the model's context of ", n_ctx, " tokens");
   const std::int64_t ctx =
       o.ctx > 0 ? o.ctx : static_cast<std::int64_t>(prompt.size()) + o.n_predict;
   require(ctx >= static_cast<std::int64_t>(prompt.size()) + o.n_predict,
-          ErrorCode::invalid_argument, "-c", "context ", ctx, " is smaller than the prompt (",
-          prompt.size(), " tokens) plus -n ", o.n_predict);
+          ErrorCode::invalid_argument, "--ctx-size", "context ", ctx,
+          " is smaller than the prompt (", prompt.size(), " tokens) plus -n ", o.n_predict);
   model::SessionOptions so;
   so.max_tokens = ctx;
   so.page_size = o.m.page_size;
@@ -131,6 +149,7 @@ struct PplOptions {
   int chunks = 0;  // 0: all
   bool kl = false;
   std::string json_path;
+  bool dry_run = false;
 };
 
 // -log p(target) and the distribution (f64) of one row of logits.
@@ -153,7 +172,12 @@ double kl_divergence(const std::vector<double>& lp, const std::vector<double>& l
   return std::max(0.0, kl);
 }
 
-void run_perplexity(const PplOptions& o) {
+void run_perplexity(const PplOptions& o, const CLI::App& app) {
+  validate(o.m, o.ctx);
+  require(std::filesystem::is_regular_file(o.file), ErrorCode::io, "-f", "cannot read ", o.file);
+  if (dry_run_plan(o.dry_run, app, {{"model_path", model::resolve_model(o.m.model).string()}})) {
+    return;
+  }
   set_threads(o.m.threads);
   const std::string path = model::resolve_model(o.m.model).string();
   auto mdl = model::Model::load(path);
@@ -163,7 +187,8 @@ void run_perplexity(const PplOptions& o) {
   std::ostringstream ss;
   ss << in.rdbuf();
   const std::vector<TokenId> all = tok.encode(ss.str(), tok.add_bos_default(), false);
-  require(o.ctx >= 8, ErrorCode::invalid_argument, "-c", "must be >= 8");
+  require(o.ctx <= mdl->config().n_ctx_train, ErrorCode::invalid_argument, "--ctx-size",
+          o.ctx, " exceeds the model's context of ", mdl->config().n_ctx_train, " tokens");
   const std::int64_t n_chunks_avail = static_cast<std::int64_t>(all.size()) / o.ctx;
   require(n_chunks_avail > 0, ErrorCode::invalid_argument, "-f", "has ", all.size(),
           " tokens, fewer than one context of ", o.ctx);
@@ -292,16 +317,33 @@ void register_model_commands(CLI::App& app) {
   add_model_options(run, ro->m);
   run->add_option("-p,--prompt", ro->prompt, "Prompt")->capture_default_str();
   run->add_option("-f,--file", ro->file, "Read the prompt from this file");
-  run->add_option("-n,--n-predict", ro->n_predict, "Tokens to generate")->capture_default_str();
-  run->add_option("-c,--ctx-size", ro->ctx, "KV capacity in tokens (0: prompt + n)")
+  run->add_option("-n,--n-predict", ro->n_predict,
+                  "Tokens to generate (prompt + n at most the model's context)")
+      ->check(int_in(0, kMaxTokens))
+      ->capture_default_str();
+  run->add_option("-c,--ctx-size", ro->ctx,
+                  "KV capacity in tokens (0: prompt + n; at most the model's context)")
+      ->check(int_in(0, kMaxTokens))
       ->capture_default_str();
   run->add_flag("--chat", ro->chat, "Wrap the prompt in the model's chat template");
   run->add_option("--system", ro->system, "System message (with --chat)");
-  run->add_option("--temp", ro->temperature, "Temperature (0: greedy)")->capture_default_str();
-  run->add_option("--top-k", ro->top_k, "Top-k (0: off)")->capture_default_str();
-  run->add_option("--top-p", ro->top_p, "Top-p (1: off)")->capture_default_str();
+  run->add_option("--temp", ro->temperature, "Temperature (0: greedy)")
+      ->check(real_in(0, 100))
+      ->capture_default_str();
+  run->add_option("--top-k", ro->top_k, "Top-k (0: off)")
+      ->check(int_in(0, 1 << 30))
+      ->capture_default_str();
+  run->add_option("--top-p", ro->top_p, "Top-p (1: off)")
+      ->check(real_in(0, 1, true))
+      ->capture_default_str();
   run->add_option("-s,--seed", ro->seed, "Sampling seed")->capture_default_str();
-  run->callback([ro] { run_generate(*ro); });
+  add_dry_run(run, ro->dry_run);
+  run->footer(
+      "Examples:\n"
+      "  masskv run -p \"The capital of France is\" -n 16\n"
+      "  masskv run -f prompt.txt -n 64 --selector quest --budget 1/8 -t 0\n"
+      "  masskv run --chat -p \"Name three rivers.\" --dry-run");
+  run->callback([ro, run] { run_generate(*ro, *run); });
 
   auto po = std::make_shared<PplOptions>();
   CLI::App* ppl = app.add_subcommand(
@@ -311,14 +353,24 @@ void register_model_commands(CLI::App& app) {
   add_model_options(ppl, po->m);
   ppl->add_option("-f,--file", po->file, "Text file (e.g. the Debian Policy Manual, see README)")
       ->required();
-  ppl->add_option("-c,--ctx-size", po->ctx, "Context per chunk; the second half is scored")
+  ppl->add_option("-c,--ctx-size", po->ctx,
+                  "Context per chunk, at most the model's; the second half is scored")
+      ->check(int_in(8, kMaxTokens))
       ->capture_default_str();
-  ppl->add_option("--chunks", po->chunks, "Chunks to evaluate (0: all)")->capture_default_str();
+  ppl->add_option("--chunks", po->chunks, "Chunks to evaluate (0: all)")
+      ->check(int_in(0, 1 << 30))
+      ->capture_default_str();
   ppl->add_flag("--kl", po->kl,
                 "KL divergence of the compared logits (--selector and/or --entmax-conversion) "
                 "against dense softmax");
   ppl->add_option("--json", po->json_path, "Write the results as JSON to this file");
-  ppl->callback([po] { run_perplexity(*po); });
+  add_dry_run(ppl, po->dry_run);
+  ppl->footer(
+      "Examples:\n"
+      "  masskv perplexity -f policy.txt -c 512 --chunks 4\n"
+      "  masskv perplexity -f policy.txt -c 1024 --selector quest --budget 1/8 --kl\n"
+      "  masskv perplexity -f policy.txt --entmax-conversion conv.gguf --json ppl.json");
+  ppl->callback([po, ppl] { run_perplexity(*po, *ppl); });
 }
 
 }  // namespace masskv::cli

@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "checks.hpp"
 #include "commands.hpp"
 #include "masskv/error.hpp"
 #include "masskv/learn/construct.hpp"
@@ -71,11 +72,15 @@ void register_selector(CLI::App& app) {
       ->capture_default_str();
   init->add_option("--groups", o->groups, "1 (head-collapsed) or kv (one selector per kv group)")
       ->capture_default_str();
-  init->add_option("--dim", o->dim, "random: d_s")->capture_default_str();
+  init->add_option("--dim", o->dim, "random: d_s")->check(int_in(1, 4096))->capture_default_str();
   init->add_flag("--rope", o->rope, "random, hidden input: RoPE on the d_s projections");
   init->add_option("-l,--layers", o->layers, "Layers (default: all)")->delimiter(',');
   init->add_option("--seed", o->seed, "random: seed")->capture_default_str();
   init->add_option("-o,--output", o->out, "Selector file to write")->required();
+  init->footer(
+      "Examples:\n"
+      "  masskv selector init --kind mean_score -o out/mean.gguf\n"
+      "  masskv selector init --kind random --input hidden --dim 16 --rope -l 3,7 -o out/r.gguf");
   init->callback([o] { run_init(*o); });
 }
 

@@ -19,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include "checks.hpp"
 #include "commands.hpp"
 #include "masskv/attn/decode.hpp"
 #include "masskv/error.hpp"
@@ -49,6 +50,7 @@ struct StudyOptions {
   int sink_pages = 1, window = 32;
   std::uint64_t seed = 1;
   std::string out_dir, json_path, csv_path;
+  bool dry_run = false;
   bool plots = true;
 };
 
@@ -279,12 +281,18 @@ StudyOptions with_dump_shapes(StudyOptions o) {
   return o;
 }
 
-void run_study(const StudyOptions& o_in, const std::string& cmdline) {
+// Bytes a study of L tokens holds at once: per step f32 K and V, and the paged cache with its
+// summaries and selector keys (about as much again).
+double study_bytes(std::int64_t L, int hq, int hkv, int head_dim, int steps) {
+  return static_cast<double>(steps) * static_cast<double>(L) * (hkv * head_dim * 16.0 + hq * 8.0);
+}
+
+void run_study(const StudyOptions& o_in, const std::string& cmdline, const CLI::App& app) {
   const StudyOptions o = with_dump_shapes(o_in);
   const std::int64_t L = parse_count(o.context, "--context");
-  require(o.hq > 0 && o.hkv > 0 && o.hq % o.hkv == 0, ErrorCode::invalid_argument, "--hq",
-          "must be a positive multiple of --hkv");
-  require(o.steps >= 1, ErrorCode::invalid_argument, "--steps", "must be >= 1");
+  check_head_shape(o.hq, o.hkv);
+  const double bytes = require_memory(study_bytes(L, o.hq, o.hkv, o.head_dim, o.steps),
+                                      "--context", "the keys, values and paged cache of --steps");
   std::vector<Mapping> maps;
   for (const auto& m : o.mappings) maps.push_back(parse_mapping(m, "--mapping"));
   std::vector<SelectorSpec> methods;
@@ -301,6 +309,7 @@ void run_study(const StudyOptions& o_in, const std::string& cmdline) {
             ErrorCode::invalid_argument, "--generators", "unknown generator '", gname,
             "' (gaussian, needles, heavy, drift, sinks, dump:FILE)");
   }
+  if (dry_run_plan(o.dry_run, app, {{"memory", format_bytes(bytes)}})) return;
 
   // Work list: per generator and mapping, dense once, then selectors × budgets.
   long total = 0;
@@ -444,6 +453,7 @@ struct BenchOptions {
   int reps = 5;
   std::uint64_t seed = 1;
   std::string json_path;
+  bool dry_run = false;
 };
 
 double now_us() {
@@ -465,8 +475,15 @@ double median_us(int reps, F&& f) {
   return t[static_cast<std::size_t>(reps / 2)];
 }
 
-void run_bench(const BenchOptions& o) {
+void run_bench(const BenchOptions& o, const CLI::App& app) {
   const double frac = parse_fraction(o.budget, "--budget");
+  check_head_shape(o.hq, o.hkv);
+  double bytes = 0;  // one depth at a time
+  for (const auto& ds : o.depths) {
+    bytes = std::max(bytes, study_bytes(parse_count(ds, "--depth"), o.hq, o.hkv, o.head_dim, 1));
+  }
+  require_memory(bytes, "--depth", "the keys, values and paged cache");
+  if (dry_run_plan(o.dry_run, app, {{"memory", format_bytes(bytes)}})) return;
   StudyOptions so;
   so.hq = o.hq;
   so.hkv = o.hkv;
@@ -563,12 +580,11 @@ void register_study(CLI::App& app, const std::string& cmdline) {
       "Selectors x budgets on synthetic attention inputs (softmax and entmax): dropped "
       "mass, recall, output error, certificates, bytes read; table, CSV/JSON, PNG plots");
   s->add_option("-c,--context", o->context, "Context length (tokens; K/M suffixes)")
+      ->check(count_in(1, kMaxTokens))
       ->capture_default_str();
-  s->add_option("--hq", o->hq, "Query heads")->capture_default_str();
-  s->add_option("--hkv", o->hkv, "KV heads")->capture_default_str();
-  s->add_option("--head-dim", o->head_dim, "Head dimension")->capture_default_str();
-  s->add_option("--page", o->page_size, "Page size (tokens)")->capture_default_str();
+  add_head_shape(s, o->hq, o->hkv, o->head_dim, o->page_size);
   s->add_option("--steps", o->steps, "Decode steps (independent sequences) per generator")
+      ->check(int_in(1, 4096))
       ->capture_default_str();
   s->add_option("-g,--generators", o->generators,
                 "Inputs: synthetic gaussian, needles, heavy, drift, sinks; or dump:FILE, a model's "
@@ -590,16 +606,22 @@ void register_study(CLI::App& app, const std::string& cmdline) {
       ->delimiter(',')
       ->capture_default_str();
   s->add_option("--top-p", o->top_p, "Target estimated mass of the top_p selector")
+      ->check(real_in(0, 1, true))
       ->capture_default_str();
-  s->add_option("--sink-pages", o->sink_pages, "Sink pages always kept")->capture_default_str();
-  s->add_option("--window", o->window, "Local window (tokens) always kept")->capture_default_str();
+  add_kept_items(s, o->sink_pages, o->window);
   s->add_option("--seed", o->seed, "Random seed")->capture_default_str();
   s->add_option("-o,--out-dir", o->out_dir,
                 "Write study.csv, study.json and PNG plots (scripts/plot_study.py) here");
   s->add_option("--json", o->json_path, "Write results as JSON to this file");
   s->add_option("--csv", o->csv_path, "Write results as CSV to this file");
   s->add_flag("!--no-plots", o->plots, "Skip the PNG plots");
-  s->callback([o, cmdline] { run_study(*o, cmdline); });
+  add_dry_run(s, o->dry_run);
+  s->footer(
+      "Examples:\n"
+      "  masskv study -o docs/results\n"
+      "  masskv study -c 32K -g needles,drift -s quest,top_p -b 1/32,1/16 -m softmax --no-plots\n"
+      "  masskv study -g dump:out/dump/layer02.mkvd -s quest -b 1/8 --no-plots");
+  s->callback([o, cmdline, s] { run_study(*o, cmdline, *s); });
 
   auto b = std::make_shared<BenchOptions>();
   auto* bench = app.get_subcommand("bench");
@@ -609,22 +631,28 @@ void register_study(CLI::App& app, const std::string& cmdline) {
       "sparse decode on its selection), same run");
   sel->add_option("-d,--depth", b->depths, "Context lengths")
       ->delimiter(',')
+      ->check(count_in(1, kMaxTokens))
       ->capture_default_str();
-  sel->add_option("--hq", b->hq, "Query heads")->capture_default_str();
-  sel->add_option("--hkv", b->hkv, "KV heads")->capture_default_str();
-  sel->add_option("--head-dim", b->head_dim, "Head dimension")->capture_default_str();
-  sel->add_option("--page", b->page_size, "Page size (tokens)")->capture_default_str();
+  add_head_shape(sel, b->hq, b->hkv, b->head_dim, b->page_size);
   sel->add_option("-b,--budget", b->budget, "Budget (cap) as a fraction of the context")
       ->capture_default_str();
   sel->add_option("-s,--selectors", b->selectors, "Selectors to time")
       ->delimiter(',')
       ->capture_default_str();
-  sel->add_option("--alpha", b->alpha, "entmax alpha of the attention")->capture_default_str();
+  sel->add_option("--alpha", b->alpha, "entmax alpha of the attention")
+      ->check(real_in(1, 2, true))
+      ->capture_default_str();
   sel->add_option("-r,--repeat", b->reps, "Timed repetitions (median reported)")
+      ->check(int_in(1, 1 << 20))
       ->capture_default_str();
   sel->add_option("--seed", b->seed, "Random seed")->capture_default_str();
   sel->add_option("--json", b->json_path, "Write results as JSON to this file");
-  sel->callback([b] { run_bench(*b); });
+  add_dry_run(sel, b->dry_run);
+  sel->footer(
+      "Examples:\n"
+      "  masskv bench select -d 32K,128K\n"
+      "  masskv bench select -d 64K -s quest,gaussian_tau -b 1/16 -r 9");
+  sel->callback([b, sel] { run_bench(*b, *sel); });
 }
 
 }  // namespace masskv::cli
