@@ -3,6 +3,7 @@
 certified-exact fraction / bound tightness against the budget, one panel per generator and
 mapping, one line per selector.  usage: plot_study.py study.csv OUT_DIR"""
 import csv
+from fractions import Fraction
 import os
 import sys
 from collections import defaultdict
@@ -11,6 +12,9 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from plot_style import color, marker  # noqa: E402  (one colour per selector, every plot)
 
 METRICS = [
     ("delta", "dropped mass δ", True),
@@ -26,6 +30,7 @@ def main(path, out_dir):
         rows = [r for r in csv.DictReader(f) if r["selector"] != "dense"]
     gens = sorted({r["generator"] for r in rows})
     maps = sorted({r["mapping"] for r in rows}, key=lambda m: (m != "softmax", m))
+    fracs = sorted({float(r["budget_frac"]) for r in rows})
     for key, label, log in METRICS:
         fig, axes = plt.subplots(len(maps), len(gens), figsize=(3.2 * len(gens), 2.6 * len(maps)),
                                  squeeze=False, sharex=True)
@@ -39,8 +44,11 @@ def main(path, out_dir):
                 for sel, pts in sorted(lines.items()):
                     pts.sort()
                     ys = [max(y, 1e-7) if log else y for _, y in pts]
-                    ax.plot([x for x, _ in pts], ys, marker="o", ms=3, label=sel)
+                    ax.plot([x for x, _ in pts], ys, marker=marker(sel), ms=3, label=sel,
+                            color=color(sel))
                 ax.set_xscale("log", base=2)
+                ax.set_xticks(fracs, [str(Fraction(x).limit_denominator(4096)) for x in fracs])
+                ax.minorticks_off()
                 if log:
                     ax.set_yscale("log")
                 ax.set_title(f"{g} · {m}", fontsize=8)

@@ -145,6 +145,10 @@ ev=(--tasks niah_single_number --lengths 512 --samples 1 --budgets 1/8 -t 1 --no
     -o "$tmp/eval")
 check eval-tiny 0 '\| quest \| 1/8 \| softmax \|' -- "$bin" eval "${ev[@]}" --methods dense,quest
 check eval-tiny-files 0 'niah_single_number' -- cat "$tmp/eval/results.md" "$tmp/eval/results.csv"
+if python3 -c 'import matplotlib' 2>/dev/null; then  # the plots of the tiny run (one budget)
+  check eval-plots 0 'accuracy_vs_budget.png' -- bash -c "python3 '$root/scripts/plot_eval.py' \
+    '$tmp/eval/results.csv' '$tmp/eval' && ls '$tmp/eval'"
+fi
 check eval-resumes 0 '2 results cached, 0 samples to run' -- \
   "$bin" eval "${ev[@]}" --methods dense,quest
 check eval-widens 0 '2 results cached, 1 samples to run' -- \
