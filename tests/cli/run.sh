@@ -55,7 +55,8 @@ check bench-model-tiny 0 '\| quest [0-9]+ \| tg4 @ d48 \|' -- "$bin" bench -p 16
 check bench-model-json 0 '"tps_mean"' -- "$bin" bench -p 8 -n 2 -r 1 --json
 check bench-model-batch 0 '\| tg2x3 \|' -- "$bin" bench -p 0 -n 2 -b 1,3 -r 1
 check bench-model-bad-batch 2 '-b' -- "$bin" bench -p 0 -n 2 -b 0
-check bench-model-csv 0 '^llama,.*,masskv,1,dense,pp8,' -- "$bin" bench -p 8 -n 0 -r 1 --csv
+check bench-model-csv 0 '^llama,[0-9.]+,masskv,1,dense,pp8,[0-9.e+-]+,[0-9.e+-]+,' -- "$bin" bench \
+  -p 8 -n 0 -r 1 --csv
 check bench-model-all-cores 0 "\\| masskv \\| $(nproc) \\| dense \\| pp8 \\|" -- "$bin" bench -p 8 -n 0 \
   -r 1 -t 0
 if python3 -c 'import llama_cpp' 2>/dev/null; then

@@ -312,18 +312,31 @@ void print_rows(const std::vector<Row>& rows, const std::string& model_name, dou
     fmt::print("{}\n", all.dump(2));
     return;
   }
-  const bool csv = format == "csv";
-  const char* sep = csv ? "," : " | ";
+  if (format == "csv") {
+    // Numbers only, one per field (mean and sd apart, ratios without ×, empty when absent), so a
+    // spreadsheet or pandas reads them; the markdown table is for people.
+    const auto num = [](double v) {
+      return std::isnan(v) ? std::string() : fmt::format("{:g}", v);
+    };
+    fmt::print(
+        "model,size_mib,backend,threads,attention,test,tps_mean,tps_sd,kv_mb_per_token,"
+        "bytes_mb_per_token,dense_over_ours_bytes,ratio_vs_llama_cpp,peak_rss_mib\n");
+    for (const Row& r : rows) {
+      fmt::print("{},{:.1f},{},{},{},{},{:.4g},{:.4g},{},{},{},{},{}\n", model_name, size_mb,
+                 r.backend, r.threads, r.attention, r.name(), r.tps_mean(), r.tps_sd(),
+                 num(r.kv_bytes / 1e6), num(r.total_bytes / 1e6),
+                 num(r.dense_bytes / r.total_bytes), num(r.ratio_vs_peer), num(r.peak_rss_mb));
+    }
+    return;
+  }
   auto line = [&](const std::vector<std::string>& cells) {
-    std::string s = csv ? "" : "| ";
-    for (std::size_t i = 0; i < cells.size(); ++i) s += (i ? sep : "") + cells[i];
-    fmt::print("{}{}\n", s, csv ? "" : " |");
+    std::string s = "| ";
+    for (std::size_t i = 0; i < cells.size(); ++i) s += (i ? " | " : "") + cells[i];
+    fmt::print("{} |\n", s);
   };
   line({"model", "size MiB", "backend", "threads", "attention", "test", "t/s", "KV MB/tok",
         "bytes MB/tok", "dense/ours bytes", "vs llama.cpp", "peak RSS MiB"});
-  if (!csv)
-    fmt::print(
-        "| --- | ---: | --- | ---: | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |\n");
+  fmt::print("| --- | ---: | --- | ---: | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |\n");
   for (const Row& r : rows) {
     line({model_name, fmt::format("{:.1f}", size_mb), r.backend, fmt::format("{}", r.threads),
           r.attention, r.name(), fmt::format("{:.2f} ± {:.2f}", r.tps_mean(), r.tps_sd()),
