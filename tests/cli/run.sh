@@ -24,6 +24,8 @@ check() {  # check NAME EXPECTED_RC GREP_PATTERN -- command...
 }
 
 check help 0 'bench' -- "$bin" --help
+check version 0 '^masskv [0-9.]+ \(commit [0-9a-f]+(\+modified)?; (Release|Debug|RelWithDebInfo).* build' -- \
+  "$bin" --version
 check bench-help 0 'attn' -- "$bin" bench --help
 check bench-attn-help 0 '--depth' -- "$bin" bench attn --help
 check no-subcommand 2 'subcommand' -- "$bin"

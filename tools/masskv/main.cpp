@@ -6,6 +6,7 @@
 #include <string>
 
 #include "commands.hpp"
+#include "masskv_version.hpp"  // generated: MASSKV_GIT_COMMIT
 #include "masskv/error.hpp"
 
 int main(int argc, char** argv) {
@@ -17,7 +18,8 @@ int main(int argc, char** argv) {
   app.failure_message([](const CLI::App* a, const CLI::Error& e) {
     return "masskv: error: " + CLI::FailureMessage::simple(a, e);
   });
-  app.set_version_flag("--version", "masskv 0.1.0");
+  app.set_version_flag("--version", std::string("masskv 0.1.0 (commit ") + MASSKV_GIT_COMMIT +
+                                         "; " + MASSKV_BUILD_INFO + ")");
   masskv::cli::register_bench(app);
   std::string cmdline = "masskv";
   for (int i = 1; i < argc; ++i) cmdline += std::string(" ") + argv[i];
