@@ -1,6 +1,6 @@
-// Page masses of a learned selector (DESIGN.md §2.8): softmax over every cached token of the
-// scores ŝ_t = q · k_t on the selector key rows, summed per page. Shared by the selector
-// (selectors.cpp) and nothing else: the tests' reference is their own f64 loop.
+// Page masses of a learned selector (docs/design.md §2.8): softmax over every cached token of
+// the scores ŝ_t = q · k_t on the selector key rows, summed per page. Used by the learned
+// scorer (scorers/learned.cpp) and nothing else: the tests' reference is their own f64 loop.
 #pragma once
 
 #include <span>

@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <span>
+#include <string>
 #include <string_view>
 #include <vector>
 
@@ -81,6 +82,10 @@ struct SelectorConfig {
   bool oracle_head_collapsed = false;
   // two_stage: candidate pages per kv group, as a multiple of the budget's pages (>= 1).
   int candidate_factor = 4;
+  // A scorer, by name, in place of the method's own; the method keeps its rule (docs/design.md
+  // §3, "Adding a scorer"). The library's: page_bound, page_moments, exact, learned,
+  // quant_keys, recency, page_codes; others once registered. Empty: the method's own.
+  std::string scorer;
 };
 
 struct SelectArgs {

@@ -1,0 +1,135 @@
+// The shared group machinery of the CPU selectors (select/group.hpp): budgets in items, the
+// fill loop and the pooling of per-head rankings (the GQA rule, docs/design.md §3).
+#include "select/group.hpp"
+
+#include <array>
+#include <cmath>
+
+#include "select/vec_math.hpp"
+
+namespace masskv::select::detail {
+
+int item_cap(const Group& G, const Budget& budget, int kept, bool tokens, bool fill_to_cap) {
+  if (budget.tokens <= 0) return fill_to_cap ? kept : G.n;
+  const std::int64_t want =
+      tokens ? budget.tokens : (budget.tokens + G.page_size - 1) / G.page_size;
+  return static_cast<int>(std::min<std::int64_t>(G.n, std::max<std::int64_t>(kept, want)));
+}
+
+int item_floor(const Group& G, const Budget& budget, int kept, int cap, bool tokens) {
+  if (budget.kind != Budget::Kind::top_p || budget.min_tokens <= 0) return kept;
+  const std::int64_t want =
+      tokens ? budget.min_tokens : (budget.min_tokens + G.page_size - 1) / G.page_size;
+  return static_cast<int>(std::min<std::int64_t>(cap, std::max<std::int64_t>(kept, want)));
+}
+
+int fill(std::vector<Voter>& voters, std::size_t nv, std::vector<std::uint8_t>& in,
+         std::span<const std::int32_t> kept, int count, int cap, double p, int floor) {
+  for (std::size_t i = 0; i < nv; ++i) {
+    Voter& v = voters[i];
+    v.have = 0;
+    v.pos = 0;
+    if (v.mass) {
+      for (std::int32_t j : kept) v.have += v.mass[j];
+    }
+  }
+  bool progress = true;
+  while (count < cap && progress) {
+    progress = false;
+    for (std::size_t i = 0; i < nv && count < cap; ++i) {
+      Voter& v = voters[i];
+      if (v.mass && v.have >= p && count >= floor) continue;
+      while (v.pos < v.order.size() && in[static_cast<std::size_t>(v.order[v.pos])]) ++v.pos;
+      if (v.pos == v.order.size()) continue;
+      const std::int32_t j = v.order[v.pos++];
+      in[static_cast<std::size_t>(j)] = 1;
+      ++count;
+      progress = true;
+      for (std::size_t w = 0; w < nv; ++w)
+        voters[w].have += voters[w].mass ? voters[w].mass[j] : 0.0;
+    }
+  }
+  return count;
+}
+
+void normalise_log(std::span<double> w) {
+  double mx = -kInf;
+  for (double x : w) mx = std::max(mx, x);
+  for (double& x : w) x -= mx;
+  exp_inplace(w.data(), w.size());
+  double s = 0;
+  for (double x : w) s += x;
+  for (double& x : w) x /= s;
+}
+
+void normalise(std::span<double> w) {
+  double s = 0;
+  for (double x : w) s += x;
+  if (s > 0) {
+    for (double& x : w) x /= s;
+  }
+}
+
+// Counts are at most the page size (<= 256) in any cache we make, so a table of std::log's
+// values saves a log per page and head.
+double log_count(double n) {
+  static const std::array<double, 257> table = [] {
+    std::array<double, 257> t{};
+    for (std::size_t i = 0; i < t.size(); ++i) t[i] = std::log(static_cast<double>(i));
+    return t;
+  }();
+  return n >= 0 && n <= 256 && n == std::floor(n) ? table[static_cast<std::size_t>(n)]
+                                                  : std::log(n);
+}
+
+int fill_ranked(const Group& G, Scratch& S, const Ranked& r, int count, int cap, double p,
+                int floor) {
+  const int n = G.n;
+  const auto row = [n](int i) { return static_cast<std::size_t>(i) * static_cast<std::size_t>(n); };
+  // Items already in, ascending: the masses they hold start each voter's count.
+  S.kept.clear();
+  for (int j = 0; j < n; ++j) {
+    if (S.in[static_cast<std::size_t>(j)]) S.kept.push_back(j);
+  }
+  std::size_t nv = 0;
+  if (!r.aggregate) {
+    nv = static_cast<std::size_t>(r.rows);
+    if (S.voters.size() < nv) S.voters.resize(nv);
+    for (int i = 0; i < r.rows; ++i) {
+      order_by(r.rank + row(i), n, r.eligible ? r.eligible + row(i) : nullptr, cap,
+               S.voters[static_cast<std::size_t>(i)].order);
+      S.voters[static_cast<std::size_t>(i)].mass = r.mass ? r.mass + row(i) : nullptr;
+    }
+  } else {
+    const int g = r.rows;
+    S.agg_rank.assign(static_cast<std::size_t>(n), r.rank_is_mass ? 0.0 : -kInf);
+    if (r.mass) S.agg_mass.assign(static_cast<std::size_t>(n), 0.0);
+    if (r.eligible) S.agg_elig.assign(static_cast<std::size_t>(n), 0);
+    for (int i = 0; i < g; ++i) {
+      const double* rank = r.rank + row(i);
+      for (int j = 0; j < n; ++j) {
+        S.agg_rank[j] = r.rank_is_mass ? S.agg_rank[j] + rank[j] / g : std::max(S.agg_rank[j], rank[j]);
+        if (r.mass) S.agg_mass[j] += r.mass[row(i) + j] / g;
+        if (r.eligible) S.agg_elig[j] |= r.eligible[row(i) + j];
+      }
+    }
+    nv = 1;
+    if (S.voters.empty()) S.voters.resize(1);
+    order_by(S.agg_rank.data(), n, r.eligible ? S.agg_elig.data() : nullptr, cap,
+             S.voters[0].order);
+    S.voters[0].mass = r.mass ? S.agg_mass.data() : nullptr;
+  }
+  return fill(S.voters, nv, S.in, S.kept, count, cap, p, floor);
+}
+
+void selected_mass(const Group& G, const Scratch& S, int rows, double* estimate) {
+  const auto n = static_cast<std::size_t>(G.n);
+  for (int i = 0; i < G.g; ++i) {
+    const double* m = S.mass.data() + (rows == 1 ? 0 : static_cast<std::size_t>(i)) * n;
+    double s = 0;
+    for (std::size_t j = 0; j < n; ++j) s += S.in[j] ? m[j] : 0.0;
+    estimate[i] = s;
+  }
+}
+
+}  // namespace masskv::select::detail

@@ -1,0 +1,64 @@
+// Scorer "page_codes": tokens ranked per q head by q·k̂ on the 2-bit page codes
+// (kv/page_codes.hpp: each key, per channel, as one of four levels of its page's min/max), page
+// by page with one affine form per (page, head). It ranks the tokens of a given list (the
+// two-stage rule's candidates), reading only their codes. two_stage's token stage.
+#include "masskv/error.hpp"
+#include "masskv/kv/page_codes.hpp"
+#include "select/scorer.hpp"
+
+namespace masskv::select::detail {
+namespace {
+
+void check(const SelectArgs& a, const SelectorConfig&) {
+  using enum ErrorCode;
+  const kv::PageCodesView& pc = a.page_codes;
+  require(!pc.empty(), invalid_argument, "page_codes",
+          "Method::two_stage needs the cache's page codes (CacheConfig::page_codes)");
+  require(pc.num_pages == a.cache.num_pages && pc.num_kv_heads == a.cache.num_kv_heads &&
+              pc.head_dim == a.cache.head_dim && pc.page_size == a.cache.page_size,
+          shape_mismatch, "page_codes", "shape differs from the cache's");
+}
+
+void score(const Context& X, const Group& G, Scratch& S, const Want& want) {
+  thread_local std::vector<float> qs;
+  thread_local std::vector<double> code_w;
+  S.mass.clear();
+  if (!want.rank) return;
+  const int P = G.page_size, g = G.g;
+  const std::span<const std::int32_t> items = want.items;
+  const int K = items.empty() ? G.n : static_cast<int>(items.size());
+  auto item = [&](int k) { return items.empty() ? k : items[static_cast<std::size_t>(k)]; };
+  S.rank.resize(static_cast<std::size_t>(g) * static_cast<std::size_t>(K));
+  qs.resize(static_cast<std::size_t>(X.d));
+  code_w.resize(static_cast<std::size_t>(X.d));
+  const kv::SummariesView& sum = X.a.summaries;
+  const kv::PageCodesView& pc = X.a.page_codes;
+  for (int i = 0; i < g; ++i) {
+    const float* q = qrow(X, G.b, G.h * X.gsize + i);
+    for (int x = 0; x < X.d; ++x) qs[static_cast<std::size_t>(x)] = q[x] * X.scale;
+    double* r = rank_row(S, K, i);
+    for (int k = 0; k < K;) {  // page by page: one affine form per (page, head)
+      const int j = item(k) / P;
+      const std::int32_t phys = G.phys[static_cast<std::size_t>(j)];
+      const std::int64_t at = sum.at(phys, G.h);
+      const kv::PageCodeScorer sc =
+          kv::page_code_scorer(qs.data(), sum.min + at, sum.max + at, X.d, code_w.data());
+      for (; k < K && item(k) / P == j; ++k) {
+        r[k] = kv::page_code_score(sc, pc.row(phys, G.h, item(k) - j * P), X.d);
+      }
+    }
+  }
+}
+
+}  // namespace
+
+extern const Scorer scorer_page_codes;
+const Scorer scorer_page_codes{
+    .name = "page_codes",
+    .provides = kRank | kHeads | kListed,
+    .tokens = [](const SelectorConfig&) { return true; },
+    .check = check,
+    .score = score,
+};
+
+}  // namespace masskv::select::detail
