@@ -1,6 +1,7 @@
-// The table from Method to {scorer, rule} (docs/design.md, "Adding a scorer") and the scorers
+// The table from Method to {scorer, rule} (docs/design.md §3, "Adding a scorer") and the scorers
 // SelectorConfig::scorer can name. A new scorer is one file under src/select/scorers/ plus its
-// line in kScorers; a new method is its enum value (selector.hpp) plus its line in kMethods.
+// line in kScorers (and its name in the extern list); a new method is its enum value
+// (selector.hpp) plus its line in kMethods.
 #include <mutex>
 #include <span>
 #include <vector>
