@@ -281,7 +281,7 @@ def build_methods(d: int) -> dict[str, Method]:
     add("gauss_lse", "page", bf16_moments, make_gauss_lse())
     add("min_quest_gauss2", "page", bf16_bounds + bf16_moments, make_min_quest_gauss(2.0))
     for sk in ("kivi2", "int4", "kivi2g64"):
-        for c in (2, 4):
+        for c in (2, 4, 8, 16):
             # candidates: the top c x budget pages by the bf16 bound (Quest), then tokens by
             # the sketch inside them; reads the bounds of every page and the codes of c/16
             M[f"two{c}_{sk}"] = Method(f"two{c}_{sk}", "token",

@@ -3,6 +3,7 @@
 // sparse rows, and generation on a generated task.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <string>
 #include <vector>
 
@@ -154,6 +155,70 @@ TEST(EvalRunner, DenseFindsTheAnswerAndSparseRowsReportWhatTheyRead) {
   EXPECT_GT(out[2].delta_bound, 0.0);
   EXPECT_LE(out[2].delta_bound, 1.0);
   EXPECT_LT(out[2].certified, 1.0);
+}
+
+// The standard protocol: the whole prompt prefilled (context, then the rest on a fork), the first
+// answer token from that prefill's logits, every later token decoded through the selector. Its
+// dense row equals that loop written out by hand; rows of both protocols share the context's
+// prefill and give the outcomes of runs alone; a standard row decodes only the answer.
+TEST(EvalRunner, StandardProtocolPrefillsThePromptAndDecodesOnlyTheAnswer) {
+  REQUIRE_MODEL(m, "smollm2");
+  if (test::kSanitized) GTEST_SKIP() << "several short runs: too slow under sanitizers";
+  const model::ChatTemplate chat = model::ChatTemplate::from_gguf(m->file());
+  const Sample s = code_word_sample();
+  const PromptTokens p = tokenize_sample(*m, chat, s);
+  auto standard = [](DecodeConfig c) {
+    c.protocol = Protocol::standard;
+    return c;
+  };
+  DecodeConfig two = quest(8);
+  two.selector->method = select::Method::two_stage;
+  const std::vector<DecodeConfig> configs{standard(DecodeConfig{}), DecodeConfig{},
+                                          standard(quest(8)), quest(8), standard(two)};
+  RunOptions one = small_pages();
+  one.max_batch = 1;
+  std::int64_t ticks = 0;
+  const auto together = run_sample(*m, chat, s, configs, one, [&](std::int64_t n) { ticks += n; });
+  ASSERT_EQ(together.size(), configs.size());
+  // By hand: one session, the context and the rest prefilled, then greedy dense decoding.
+  model::SessionOptions so;
+  so.max_tokens = 512;
+  so.page_size = 4;
+  so.diagnostics = true;
+  so.decode_activations = model::Activations::f32;
+  model::Session session(*m, so);
+  std::vector<float> logits(static_cast<std::size_t>(m->config().n_vocab));
+  session.prefill(p.context, {});
+  session.prefill(p.rest, logits);
+  std::vector<model::TokenId> out;
+  for (int i = 0; i < s.max_new_tokens; ++i) {
+    const model::TokenId t = model::argmax(std::span<const float>(logits));
+    if (std::find(p.stop.begin(), p.stop.end(), t) != p.stop.end()) break;
+    out.push_back(t);
+    if (i + 1 == s.max_new_tokens) break;
+    session.decode(t, logits);
+  }
+  EXPECT_EQ(together[0].output, m->tokenizer().decode(out, false));
+  EXPECT_EQ(together[0].score, 1.0) << together[0].output;
+  // Standard rows decode the generated tokens but the last; strict rows the rest too.
+  EXPECT_EQ(together[0].steps, static_cast<int>(out.size()) - (out.size() ==
+                                   static_cast<std::size_t>(s.max_new_tokens) ? 1 : 0));
+  EXPECT_EQ(together[1].steps - together[0].steps, static_cast<int>(p.rest.size()));
+  // Shared prefills: the context once, the rest once for all standard rows.
+  std::int64_t steps = 0;
+  for (const Outcome& o : together) steps += o.steps;
+  EXPECT_EQ(ticks, steps + static_cast<std::int64_t>(p.context.size() + p.rest.size()));
+  for (std::size_t i = 2; i < configs.size(); ++i) {
+    const auto alone = run_sample(*m, chat, s, std::span(&configs[i], 1), one);
+    EXPECT_EQ(together[i].output, alone[0].output) << "config " << i;
+    EXPECT_EQ(together[i].steps, alone[0].steps) << "config " << i;
+    EXPECT_EQ(together[i].kv_read, alone[0].kv_read) << "config " << i;
+    EXPECT_EQ(together[i].selector_read, alone[0].selector_read) << "config " << i;
+  }
+  // Selector reads: none for dense, the bounds of every page for Quest, more for two-stage.
+  EXPECT_EQ(together[0].selector_read, 0.0);
+  EXPECT_GT(together[2].selector_read, 0.0);
+  EXPECT_GT(together[4].selector_read, together[2].selector_read);
 }
 
 TEST(EvalRunner, GeneratedNeedleTaskRunsEndToEnd) {

@@ -34,7 +34,8 @@ struct Lane {
   model::TokenId best = -1;  // argmax of the logits after the last step
   std::vector<model::TokenId> generated;
   Outcome out;
-  double read = 0, total = 0, delta = 0, certified = 0, heads = 0, selector_layers = 0, fresh = 0;
+  double read = 0, total = 0, delta = 0, certified = 0, heads = 0, selector_layers = 0, fresh = 0,
+         selector_rows = 0;
 
   // The token to decode next (the prompt's rest, then greedy), or nullopt when done: at a stop
   // token, or once max_new tokens are generated (the last one is never decoded).
@@ -57,6 +58,7 @@ struct Lane {
     heads += st.heads;
     selector_layers += st.selector_layers;
     fresh += st.fresh_selections;
+    selector_rows += st.selector_rows;
     out.decode_seconds += seconds;
     ++out.steps;
     ++fed;
@@ -67,6 +69,7 @@ struct Lane {
     out.score = score(sample, out.output);
     out.kv_read = total > 0 ? read / total : 1.0;
     out.fresh_select = selector_layers > 0 ? fresh / selector_layers : 1.0;
+    out.selector_read = total > 0 ? selector_rows / total : 0.0;
     if (heads > 0) {
       out.delta_bound = delta / heads;
       out.certified = certified / heads;
@@ -147,74 +150,100 @@ std::vector<Outcome> run_sample(const model::Model& model, const model::ChatTemp
   const std::size_t V = static_cast<std::size_t>(model.config().n_vocab);
   const std::size_t lanes_max =
       options.max_batch > 0 ? static_cast<std::size_t>(options.max_batch) : configs.size();
-  const bool standard = options.protocol == Protocol::standard;
-  // What the shared prefill takes: the context, or under the standard protocol the whole prompt.
-  std::vector<model::TokenId> prefilled = prompt.context;
-  if (standard) prefilled.insert(prefilled.end(), prompt.rest.begin(), prompt.rest.end());
-  const std::int64_t context = static_cast<std::int64_t>(prefilled.size());
+  // Every lane decodes at most the prompt's rest and the answer; a standard-protocol root holds
+  // the rest on top of its context root.
+  const std::int64_t context = static_cast<std::int64_t>(prompt.context.size());
   const std::int64_t forked =
-      (standard ? 0 : static_cast<std::int64_t>(prompt.rest.size())) +
-      std::max(0, sample.max_new_tokens);
+      static_cast<std::int64_t>(prompt.rest.size()) + std::max(0, sample.max_new_tokens);
+  const int fork_room = static_cast<int>((forked + options.page_size - 1) / options.page_size) + 2;
 
-  // One dense prefill per distinct attention, shared (copy-on-write) by its configurations.
-  std::vector<std::unique_ptr<model::Session>> roots;
-  std::vector<double> prefill_seconds, prefill_kv_read;
-  // Standard protocol: each root's greedy first answer token, from its prefill's logits.
-  std::vector<model::TokenId> prefill_best;
-  std::vector<std::size_t> root_of(configs.size());
+  // One dense prefill of the context per distinct attention, shared (copy-on-write) by its
+  // configurations; the standard protocol's configurations share one more: a fork of it with
+  // the rest of the prompt prefilled too, whose logits give the first answer token.
+  struct Root {
+    std::unique_ptr<model::Session> session;
+    double seconds = 0, kv_read = 1;
+    model::TokenId best = -1;  // standard: the greedy first answer token
+    std::size_t standard = SIZE_MAX;  // the context root's standard root, once made
+  };
+  std::vector<Root> roots;
+  std::vector<std::size_t> root_of(configs.size()), context_root_of(configs.size());
+  auto prefill = [&](model::Session& s, std::span<const model::TokenId> tokens,
+                     std::span<float> logits) {
+    std::int64_t shown = 0;
+    s.prefill(tokens, logits, nullptr, [&](std::int64_t n, std::int64_t) {
+      if (progress) progress(n - shown);
+      shown = n;
+    });
+    const model::PrefillStats& ps = s.last_prefill_stats();
+    return ps.keys_dense > 0 ? ps.keys_attended / ps.keys_dense : 1.0;
+  };
   for (std::size_t i = 0; i < configs.size(); ++i) {
     std::size_t r = 0;
     while (r < i && !same_attention(configs[r], configs[i])) ++r;
     if (r < i) {
-      root_of[i] = root_of[r];
-      continue;
+      r = context_root_of[r];
+    } else {
+      const auto users = static_cast<std::size_t>(
+          std::count_if(configs.begin(), configs.end(),
+                        [&](const DecodeConfig& c) { return same_attention(c, configs[i]); }));
+      model::SessionOptions so;
+      so.max_tokens = context + forked;
+      so.page_size = options.page_size;
+      so.kv_dtype = options.kv_dtype;
+      so.prefill_block = options.prefill_block;
+      so.mapping = configs[i].mapping;
+      so.score_multipliers = configs[i].score_multipliers;
+      so.sparse_prefill = configs[i].prefill;
+      so.diagnostics = options.diagnostics;
+      // f32 activations: the lockstep batch runs the f32 GEMM, and a configuration left alone
+      // when the others finished must keep computing the same function (model.md).
+      so.decode_activations = model::Activations::f32;
+      const bool learned = std::any_of(configs.begin(), configs.end(), [](const DecodeConfig& c) {
+        return (c.selector && c.selector->method == select::Method::learned) ||
+               c.prefill.method == select::PrefillMethod::learned;
+      });
+      // Two-stage selection scores tokens on page codes kept from the first token.
+      so.page_codes = std::any_of(configs.begin(), configs.end(), [](const DecodeConfig& c) {
+        return c.selector && c.selector->method == select::Method::two_stage;
+      });
+      if (learned) {
+        require(options.learned_selector != nullptr, ErrorCode::invalid_argument,
+                "learned_selector", "a configuration uses a learned selector (decode or prefill)");
+        so.learned_selector = options.learned_selector;
+        so.learned_key_format = options.learned_key_format;
+      }
+      // The forks alive at once (each its partial-page copy and its own pages) and the
+      // standard root.
+      so.fork_pages = (static_cast<int>(std::min(users, lanes_max)) + 1) * fork_room;
+      Root root;
+      root.session = std::make_unique<model::Session>(model, so);
+      const auto t0 = Clock::now();
+      root.kv_read = prefill(*root.session, prompt.context, {});  // its logits are not needed
+      root.seconds = seconds_since(t0);
+      r = roots.size();
+      roots.push_back(std::move(root));
     }
-    root_of[i] = roots.size();
-    const auto users = static_cast<std::size_t>(
-        std::count_if(configs.begin(), configs.end(),
-                      [&](const DecodeConfig& c) { return same_attention(c, configs[i]); }));
-    model::SessionOptions so;
-    so.max_tokens = context + forked;
-    so.page_size = options.page_size;
-    so.kv_dtype = options.kv_dtype;
-    so.prefill_block = options.prefill_block;
-    so.mapping = configs[i].mapping;
-    so.score_multipliers = configs[i].score_multipliers;
-    so.sparse_prefill = configs[i].prefill;
-    so.diagnostics = options.diagnostics;
-    // f32 activations: the lockstep batch runs the f32 GEMM, and a configuration left alone
-    // when the others finished must keep computing the same function (model.md).
-    so.decode_activations = model::Activations::f32;
-    const bool learned = std::any_of(configs.begin(), configs.end(), [](const DecodeConfig& c) {
-      return (c.selector && c.selector->method == select::Method::learned) ||
-             c.prefill.method == select::PrefillMethod::learned;
-    });
-    // Two-stage selection scores tokens on page codes kept from the first token.
-    so.page_codes = std::any_of(configs.begin(), configs.end(), [](const DecodeConfig& c) {
-      return c.selector && c.selector->method == select::Method::two_stage;
-    });
-    if (learned) {
-      require(options.learned_selector != nullptr, ErrorCode::invalid_argument, "learned_selector",
-              "a configuration uses a learned selector (decode or prefill)");
-      so.learned_selector = options.learned_selector;
-      so.learned_key_format = options.learned_key_format;
+    context_root_of[i] = r;
+    if (configs[i].protocol == Protocol::standard) {
+      if (roots[r].standard == SIZE_MAX) {
+        Root st;
+        st.session = std::make_unique<model::Session>(roots[r].session->fork());
+        std::vector<float> logits(V);
+        const auto t0 = Clock::now();
+        const double read = prefill(*st.session, prompt.rest, logits);
+        st.seconds = roots[r].seconds + seconds_since(t0);
+        // The prefill's share of (query, key) pairs over the whole prompt.
+        const double c = static_cast<double>(context),
+                     n = static_cast<double>(prompt.rest.size());
+        st.kv_read = (roots[r].kv_read * c * c + read * (2 * c + n) * n) / ((c + n) * (c + n));
+        st.best = model::argmax(std::span<const float>(logits));
+        roots[r].standard = roots.size();
+        roots.push_back(std::move(st));
+      }
+      r = roots[r].standard;
     }
-    // The forks alive at once: each its partial-page copy and its own pages.
-    so.fork_pages = static_cast<int>(std::min(users, lanes_max)) *
-                    (static_cast<int>((forked + options.page_size - 1) / options.page_size) + 2);
-    roots.push_back(std::make_unique<model::Session>(model, so));
-    // Strict: the context's logits are not needed; standard: they give the first answer token.
-    std::vector<float> logits(standard ? V : 0);
-    const auto t0 = Clock::now();
-    std::int64_t shown = 0;
-    roots.back()->prefill(prefilled, logits, nullptr, [&](std::int64_t n, std::int64_t) {
-      if (progress) progress(n - shown);
-      shown = n;
-    });
-    prefill_seconds.push_back(seconds_since(t0));
-    prefill_best.push_back(standard ? model::argmax(std::span<const float>(logits)) : -1);
-    const model::PrefillStats& ps = roots.back()->last_prefill_stats();
-    prefill_kv_read.push_back(ps.keys_dense > 0 ? ps.keys_attended / ps.keys_dense : 1.0);
+    root_of[i] = r;
   }
 
   // The configurations step in lockstep, up to lanes_max at a time; a finished one leaves the
@@ -227,12 +256,14 @@ std::vector<Outcome> run_sample(const model::Model& model, const model::ChatTemp
   std::vector<float> logits;
   for (;;) {
     while (lanes.size() < lanes_max && started < configs.size()) {
-      auto lane = std::make_unique<Lane>(started, roots[root_of[started]]->fork());
+      const Root& root = roots[root_of[started]];
+      auto lane = std::make_unique<Lane>(started, root.session->fork());
       lane->session.set_selector(configs[started].selector);
       lane->session.set_reselect(configs[started].reselect_every, configs[started].reselect_cos);
-      if (standard) {  // the prompt is in the cache: generation starts from the prefill's token
+      if (configs[started].protocol == Protocol::standard) {
+        // The prompt is in the cache: generation starts from the prefill's token.
         lane->fed = prompt.rest.size();
-        lane->best = prefill_best[root_of[started]];
+        lane->best = root.best;
       }
       lanes.push_back(std::move(lane));
       ++started;
@@ -247,8 +278,8 @@ std::vector<Outcome> run_sample(const model::Model& model, const model::ChatTemp
         ++it;
       } else {
         l.finish(sample, model.tokenizer());
-        l.out.prefill_seconds = prefill_seconds[root_of[l.config]];
-        l.out.prefill_kv_read = prefill_kv_read[root_of[l.config]];
+        l.out.prefill_seconds = roots[root_of[l.config]].seconds;
+        l.out.prefill_kv_read = roots[root_of[l.config]].kv_read;
         outcomes[l.config] = std::move(l.out);
         it = lanes.erase(it);  // frees the fork's pages for the next configuration
       }

@@ -14,6 +14,7 @@
 #include "masskv/learn/project.hpp"
 #include "masskv/model/quant.hpp"
 #include "masskv/select/diagnostics.hpp"
+#include "masskv/select/read_cost.hpp"
 #include "model/activations.hpp"
 
 namespace masskv::model {
@@ -522,6 +523,9 @@ void attend(const Model& model, Scratch& w, const Segment& seg, std::size_t row0
         sa.learned_keys = cache.key_rows();
       }
       select::run_selector(sa, *s.opt.selector, w.sel_out);
+      const select::ReadShape shape{Hkv, D, ps, cache.key_row_bytes_per_token()};
+      stats.selector_rows += select::selector_read_bytes(*s.opt.selector, view.table, shape) /
+                             select::dense_row_bytes(D);
       sv = w.sel_out.selection.view();
       if (s.opt.reselect_every > 1) {
         r.selection = w.sel_out.selection;

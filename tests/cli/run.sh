@@ -144,8 +144,9 @@ check eval-bad-batch 2 '--batch' -- "$bin" eval --batch -1
 check eval-bad-reselect 2 'decode selectors only' -- "$bin" eval --methods dense@4
 check eval-bad-reselect-steps 2 'METHOD@R' -- "$bin" eval --methods quest@0
 check eval-bad-reselect-cos 2 'METHOD@RcCOS' -- "$bin" eval --methods quest@4c1.5
+# One protocol keeps these runs short; eval-protocols runs both.
 ev=(--tasks niah_single_number --lengths 512 --samples 1 --budgets 1/8 -t 1 --no-plots
-    -o "$tmp/eval")
+    --protocol strict -o "$tmp/eval")
 check eval-tiny 0 '\| quest \| 1/8 \| softmax \|' -- "$bin" eval "${ev[@]}" --methods dense,quest
 check eval-tiny-files 0 'niah_single_number' -- cat "$tmp/eval/results.md" "$tmp/eval/results.csv"
 if python3 -c 'import matplotlib' 2>/dev/null; then  # the plots of the tiny run (one budget)
@@ -175,11 +176,11 @@ open('$tmp/eval-torn/cache.jsonl', 'w').write('\n'.join(ls) + '\n')"
 check eval-cache-out-of-range 0 'skipped \(score: must be in \[0, 1\], got 7' -- "$bin" eval \
   "${ev[@]}" --methods dense,quest,sink_recent --cache "$tmp/eval-torn/cache.jsonl" --report-only
 check eval-reselect 0 '\| quest@2 \| 1/8 \| softmax \|' -- "$bin" eval --tasks \
-  niah_single_number --lengths 512 --samples 1 --budgets 1/8 -t 1 --no-plots \
+  niah_single_number --lengths 512 --samples 1 --budgets 1/8 -t 1 --no-plots --protocol strict \
   --methods dense,quest@2,quest@4c0.9 -o "$tmp/eval-reselect"
 # One sample on 2 kernel threads: the same records as on one thread (timings aside).
 evw=(--tasks niah_single_number --lengths 512 --samples 1 --budgets 1/8 --no-plots
-     --methods dense,quest,sink_recent)
+     --methods dense,quest,sink_recent --protocol strict)
 check eval-one-thread 0 '1 worker\(s\) × 1 thread\(s\)' -- "$bin" eval "${evw[@]}" -t 1 \
   -o "$tmp/eval-1"
 check eval-workers 0 '1 worker\(s\) × 2 thread\(s\)' -- "$bin" eval "${evw[@]}" -t 2 \
@@ -191,11 +192,21 @@ strip = lambda f: sorted(json.dumps({k: v for k, v in json.loads(l).items() if '
 a, b = strip('$tmp/eval-1/cache.jsonl'), strip('$tmp/eval-2/cache.jsonl')
 print('same' if a == b and len(a) == 3 else 'differ')"
 check eval-report-only 0 '2 results missing, not computed' -- "$bin" eval --tasks \
-  niah_single_number --lengths 512 --samples 1 --budgets 1/8 --no-plots -t 1 \
+  niah_single_number --lengths 512 --samples 1 --budgets 1/8 --no-plots -t 1 --protocol strict \
   --methods dense,quest,oracle,top_p --report-only -o "$tmp/eval-1"
 check eval-report-only-table 0 'incomplete.*2 of the 4' -- cat "$tmp/eval-1/results.md"
 check eval-report-only-wrote-nothing 0 '^3$' -- bash -c "wc -l < '$tmp/eval-1/cache.jsonl'"
 check eval-bad-workers 2 '--workers' -- "$bin" eval --workers -1
+check eval-bad-protocol 2 '--protocol' -- "$bin" eval --protocol lenient
+# Both protocols (the default): one context prefill serves both; every row says its protocol,
+# and the standard rows reuse nothing of the strict ones' cache entries.
+check eval-protocols 0 '\| standard \| two_stage \| 1/8 \| softmax \|.*\| strict \| two_stage' -- \
+  bash -c "'$bin' eval --tasks niah_single_number --lengths 512 --samples 1 --budgets 1/8 -t 1 \
+  --no-plots --methods dense,two_stage -o '$tmp/eval-proto' | tr '\n' ' '"
+check eval-protocols-records 0 '^standard 2 strict 2$' -- python3 -c "
+import json, collections
+c = collections.Counter(json.loads(l)['protocol'] for l in open('$tmp/eval-proto/cache.jsonl'))
+print('standard', c['standard'], 'strict', c['strict'])"
 
 # sparse prefill (docs/prefill.md): eval rows and the bench's TTFT table; bad values named.
 check eval-prefill-bad-method 2 '--methods' -- "$bin" eval --methods prefill_shared32

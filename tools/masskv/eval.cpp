@@ -50,6 +50,7 @@ struct EvalOptions {
   bool full = false;
   bool quick = false;  // the default; the flag exists for explicitness
   std::vector<std::string> tasks, lengths, methods, budgets;  // empty: the preset's
+  std::vector<std::string> protocols{"standard", "strict"};   // eval::Protocol names
   int samples = 0;                                            // 0: the preset's
   std::uint64_t seed = 1;
   int threads = 0;
@@ -87,10 +88,11 @@ Preset quick_preset() {
   // The tasks on which SmolLM2-135M's dense decode is well above chance at 1K-2K: a sparse
   // method can only show a loss where dense has something to lose (vt, cwe and qa_text are
   // near 0 for dense at this model size; they stay in --full).
+  // Both protocols (EvalOptions::protocols): dense, the oracle, Quest and the default selector
+  // (two_stage); the other selectors and the entmax rows are in --full.
   return {{"niah_single_number", "niah_multikey", "niah_multivalue", "niah_single_uuid"},
           {"1K", "2K"},
-          {"dense", "sink_recent", "quest", "top_p", "oracle", "dense_entmax", "entmax_support",
-           "gaussian_tau"},
+          {"dense", "oracle", "quest", "two_stage"},
           {"1/16"},
           3};
 }
@@ -101,7 +103,8 @@ Preset full_preset(const std::string& model) {
   return {tasks,
           model == "gemma3" ? std::vector<std::string>{"1K", "2K", "4K", "8K", "16K", "32K"}
                             : std::vector<std::string>{"1K", "2K", "4K", "8K"},
-          quick_preset().methods,
+          {"dense", "oracle", "quest", "two_stage", "sink_recent", "top_p", "dense_entmax",
+           "entmax_support", "gaussian_tau"},
           {"1/32", "1/16", "1/8", "256"},
           20};
 }
@@ -112,6 +115,7 @@ Preset full_preset(const std::string& model) {
 struct MethodRow {
   std::string method, budget;
   bool entmax = false;  // entmax attention: converted with --entmax-conversion, else plain
+  eval::Protocol protocol = eval::Protocol::strict;
 };
 
 // "quest@8": quest with each layer's selection reused for 8 decode steps
@@ -155,8 +159,10 @@ bool needs_entmax(const std::string& m) {
 }
 
 std::vector<MethodRow> method_rows(const std::vector<std::string>& methods,
-                                   const std::vector<std::string>& budgets) {
+                                   const std::vector<std::string>& budgets,
+                                   const std::vector<eval::Protocol>& protocols) {
   std::vector<MethodRow> rows;
+  for (const eval::Protocol protocol : protocols) {
   for (const std::string& m : methods) {
     const auto [base, every, min_cos] = split_reselect(m);
     require(m.find('@') == std::string::npos || (!is_dense(base) && !is_prefill(base)),
@@ -168,20 +174,22 @@ std::vector<MethodRow> method_rows(const std::vector<std::string>& methods,
       (void)select::parse_method(base, "--methods");
     }
     if (is_dense(base)) {
-      rows.push_back({m, "-", needs_entmax(base)});
+      rows.push_back({m, "-", needs_entmax(base), protocol});
       continue;
     }
     for (const std::string& b : budgets) {
       if (is_top_p_budget(b) && !takes_top_p(base)) continue;  // no mass estimate to stop on
       if (is_top_p_budget(b) && is_prefill(base)) continue;
-      rows.push_back({m, b, needs_entmax(base)});
+      rows.push_back({m, b, needs_entmax(base), protocol});
     }
+  }
   }
   return rows;
 }
 
 eval::DecodeConfig decode_config(const MethodRow& row, std::int64_t length, const EvalOptions& o) {
   eval::DecodeConfig c;
+  c.protocol = row.protocol;
   c.mapping = row.entmax ? Mapping::entmax(o.entmax_alpha) : Mapping::softmax();
   if (row.entmax) c.score_multipliers = o.temperature;
   if (is_dense(row.method)) return c;
@@ -252,11 +260,12 @@ std::uint64_t sample_seed(std::uint64_t seed, const std::string& task, std::int6
 
 struct Record {
   std::string model, task, method, budget, output;
+  std::string protocol = "strict";  // eval::Protocol's name
   std::int64_t length = 0;
   int index = 0, steps = 0;
   std::uint64_t seed = 0;
   double score = 0, kv_read = 1, delta_bound = 0, certified = 1, decode_seconds = 0,
-         prefill_seconds = 0, prefill_kv_read = 1, fresh_select = 1;
+         prefill_seconds = 0, prefill_kv_read = 1, fresh_select = 1, selector_read = 0;
   std::vector<std::string> answers;
 };
 
@@ -268,6 +277,7 @@ void to_json(json& j, const Record& r) {
            {"seed", r.seed},
            {"method", r.method},
            {"budget", r.budget},
+           {"protocol", r.protocol},
            {"score", r.score},
            {"output", r.output},
            {"answers", r.answers},
@@ -278,7 +288,8 @@ void to_json(json& j, const Record& r) {
            {"decode_seconds", r.decode_seconds},
            {"prefill_seconds", r.prefill_seconds},
            {"prefill_kv_read", r.prefill_kv_read},
-           {"fresh_select", r.fresh_select}};
+           {"fresh_select", r.fresh_select},
+           {"selector_read", r.selector_read}};
 }
 
 void from_json(const json& j, Record& r) {
@@ -300,6 +311,8 @@ void from_json(const json& j, Record& r) {
   j.at("prefill_seconds").get_to(r.prefill_seconds);
   r.prefill_kv_read = j.value("prefill_kv_read", 1.0);  // older caches: dense prefill
   r.fresh_select = j.value("fresh_select", 1.0);        // older caches: no reuse
+  r.protocol = j.value("protocol", std::string("strict"));  // older caches: the only protocol
+  r.selector_read = j.value("selector_read", 0.0);          // older caches: not counted
 }
 
 // Everything that changes a result is in the key: the page size, the kept pages and the
@@ -337,7 +350,7 @@ struct RowTags {
   std::string settings, selector, conversion;
 };
 
-std::string row_tag(const MethodRow& m, const RowTags& t) {
+std::string row_tag_of_protocol(const MethodRow& m, const RowTags& t) {
   if (m.entmax) return t.settings + t.conversion;
   if (is_prefill(m.method)) {
     const select::PrefillSelectConfig c;
@@ -346,6 +359,12 @@ std::string row_tag(const MethodRow& m, const RowTags& t) {
     return m.method.rfind("prefill_learned", 0) == 0 ? pf + t.selector : pf;
   }
   return base_method(m.method) == "learned" ? t.settings + t.selector : t.settings;
+}
+
+std::string row_tag(const MethodRow& m, const RowTags& t) {
+  // Strict rows keep the keys of caches written before the standard protocol existed.
+  const std::string proto = m.protocol == eval::Protocol::standard ? "|standard" : "";
+  return row_tag_of_protocol(m, t) + proto;
 }
 
 std::string record_key(const std::string& model, const SampleId& s, const MethodRow& m,
@@ -374,6 +393,7 @@ void check_record(const Record& r) {
   }
   require(r.length > 0 && r.index >= 0 && r.steps >= 0, ErrorCode::invalid_argument, "length",
           "length > 0, index >= 0 and steps >= 0 expected");
+  (void)eval::parse_protocol(r.protocol, "protocol");
   const std::string base = base_method(r.method);  // throws on a malformed @R
   if (is_dense(base)) {
     require(r.budget == "-", ErrorCode::invalid_argument, "budget", "dense rows have '-'");
@@ -468,11 +488,12 @@ std::pair<double, double> wilson(double mean, double n) {
 }
 
 struct Cell {
-  std::string task, method, budget, attention;
+  std::string task, method, budget, attention, protocol;
   std::int64_t length = 0;
   double n = 0, score = 0, kv_read = 0, delta_bound = 0, certified = 0, steps = 0, seconds = 0;
-  double fresh_select = 0;
+  double fresh_select = 0, selector_read = 0;
   void add(const Record& r) {
+    selector_read += r.selector_read;
     n += 1;
     score += r.score;
     // Sparse prefill rows decode densely: their KV read is the prefill's.
@@ -551,32 +572,37 @@ void write_reports(const EvalOptions& o, const RunInfo& info, const std::vector<
                           "exact against it where certified.",
                           o.entmax_conversion, o.conversion_hash));
     md.print(
-        "| task | length | method | budget | attention | n | accuracy % (95% CI) | KV read % | "
-        "δ bound | certified % | selected % | tok/s |\n");
-    md.print("| --- | ---: | --- | --- | --- | ---: | --- | ---: | ---: | ---: | ---: | ---: |\n");
+        "| task | length | protocol | method | budget | attention | n | accuracy % (95% CI) | "
+        "KV read % | selector read % | δ bound | certified % | selected % | tok/s |\n");
+    md.print(
+        "| --- | ---: | --- | --- | --- | --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | "
+        "---: |\n");
     for (const Cell& c : cells) {
       const double m = c.mean(c.score);
       const auto [lo, hi] = wilson(m, c.n);
       md.print(
-          "| {} | {} | {} | {} | {} | {:.0f} | {} ({}–{}) | {} | {:.3g} | {} | {} | {:.1f} |\n",
-          c.task, c.length, c.method, c.budget, c.attention, c.n, pct(m), pct(lo), pct(hi),
-          pct(c.mean(c.kv_read)), c.mean(c.delta_bound), pct(c.mean(c.certified)),
-          pct(c.mean(c.fresh_select)), c.seconds > 0 ? c.steps / c.seconds : 0.0);
+          "| {} | {} | {} | {} | {} | {} | {:.0f} | {} ({}–{}) | {} | {} | {:.3g} | {} | {} | "
+          "{:.1f} |\n",
+          c.task, c.length, c.protocol, c.method, c.budget, c.attention, c.n, pct(m), pct(lo),
+          pct(hi), pct(c.mean(c.kv_read)), pct(c.mean(c.selector_read)), c.mean(c.delta_bound),
+          pct(c.mean(c.certified)), pct(c.mean(c.fresh_select)),
+          c.seconds > 0 ? c.steps / c.seconds : 0.0);
     }
   }
   // CSV: the same cells.
   {
     auto csv = fmt::output_file((dir / "results.csv").string());
     csv.print(
-        "task,length,method,budget,attention,n,accuracy,ci_lo,ci_hi,kv_read,delta_bound,"
-        "certified,fresh_select,tok_s\n");
+        "task,length,protocol,method,budget,attention,n,accuracy,ci_lo,ci_hi,kv_read,"
+        "selector_read,delta_bound,certified,fresh_select,tok_s\n");
     for (const Cell& c : cells) {
       const double m = c.mean(c.score);
       const auto [lo, hi] = wilson(m, c.n);
-      csv.print("{},{},{},{},{},{:.0f},{:.6g},{:.6g},{:.6g},{:.6g},{:.6g},{:.6g},{:.6g},{:.6g}\n",
-                c.task, c.length, c.method, c.budget, c.attention, c.n, m, lo, hi,
-                c.mean(c.kv_read), c.mean(c.delta_bound), c.mean(c.certified),
-                c.mean(c.fresh_select), c.seconds > 0 ? c.steps / c.seconds : 0.0);
+      csv.print(
+          "{},{},{},{},{},{},{:.0f},{:.6g},{:.6g},{:.6g},{:.6g},{:.6g},{:.6g},{:.6g},{:.6g},{:.6g}\n",
+          c.task, c.length, c.protocol, c.method, c.budget, c.attention, c.n, m, lo, hi,
+          c.mean(c.kv_read), c.mean(c.selector_read), c.mean(c.delta_bound), c.mean(c.certified),
+          c.mean(c.fresh_select), c.seconds > 0 ? c.steps / c.seconds : 0.0);
     }
   }
   // JSON: run info, cells and every record (outputs included).
@@ -595,6 +621,7 @@ void write_reports(const EvalOptions& o, const RunInfo& info, const std::vector<
       const auto [lo, hi] = wilson(m, c.n);
       j["cells"].push_back({{"task", c.task},
                             {"length", c.length},
+                            {"protocol", c.protocol},
                             {"method", c.method},
                             {"budget", c.budget},
                             {"attention", c.attention},
@@ -602,6 +629,7 @@ void write_reports(const EvalOptions& o, const RunInfo& info, const std::vector<
                             {"accuracy", m},
                             {"ci", {lo, hi}},
                             {"kv_read", c.mean(c.kv_read)},
+                            {"selector_read", c.mean(c.selector_read)},
                             {"delta_bound", c.mean(c.delta_bound)},
                             {"certified", c.mean(c.certified)},
                             {"fresh_select", c.mean(c.fresh_select)},
@@ -616,30 +644,34 @@ void write_reports(const EvalOptions& o, const RunInfo& info, const std::vector<
 // The console summary: methods × lengths, accuracy averaged over the tasks.
 void print_summary(const std::vector<Cell>& cells, const std::vector<MethodRow>& rows,
                    const std::vector<std::int64_t>& lengths, bool converted) {
-  fmt::print("\n| method | budget | attention |");
-  for (const std::int64_t L : lengths) fmt::print(" {} acc % | KV read % |", L);
-  fmt::print(" δ bound | selected % |\n| --- | --- | --- |");
-  for (std::size_t i = 0; i < lengths.size(); ++i) fmt::print(" ---: | ---: |");
+  fmt::print("\n| protocol | method | budget | attention |");
+  for (const std::int64_t L : lengths) fmt::print(" {} acc % | KV read % | sel. read % |", L);
+  fmt::print(" δ bound | selected % |\n| --- | --- | --- | --- |");
+  for (std::size_t i = 0; i < lengths.size(); ++i) fmt::print(" ---: | ---: | ---: |");
   fmt::print(" ---: | ---: |\n");
   for (const MethodRow& r : rows) {
-    fmt::print("| {} | {} | {} |", r.method, r.budget,
+    const std::string_view proto = eval::to_string(r.protocol);
+    fmt::print("| {} | {} | {} | {} |", proto, r.method, r.budget,
                !r.entmax   ? "softmax"
                : converted ? "converted entmax"
                            : "entmax");
     double delta = 0, n = 0, fresh = 0;
     for (const std::int64_t L : lengths) {
-      double acc = 0, kv = 0, k = 0;
+      double acc = 0, kv = 0, sel = 0, k = 0;
       for (const Cell& c : cells) {
-        if (c.method == r.method && c.budget == r.budget && c.length == L && c.n > 0) {
+        if (c.method == r.method && c.budget == r.budget && c.protocol == proto &&
+            c.length == L && c.n > 0) {
           acc += c.mean(c.score);
           kv += c.mean(c.kv_read);
+          sel += c.mean(c.selector_read);
           delta += c.delta_bound;
           fresh += c.fresh_select;
           n += c.n;
           k += 1;
         }
       }
-      fmt::print(" {} | {} |", k > 0 ? pct(acc / k) : "-", k > 0 ? pct(kv / k) : "-");
+      fmt::print(" {} | {} | {} |", k > 0 ? pct(acc / k) : "-", k > 0 ? pct(kv / k) : "-",
+                 k > 0 ? pct(sel / k) : "-");
     }
     fmt::print(" {:.3g} | {} |\n", n > 0 ? delta / n : NAN, n > 0 ? pct(fresh / n) : "-");
   }
@@ -665,7 +697,15 @@ void run_eval(EvalOptions o, const std::string& cmdline, const CLI::App& app) {
   for (const std::string& t : o.tasks) needs_text |= eval::find_task(t, "--tasks").needs_text;
   std::vector<std::int64_t> lengths;
   for (const std::string& l : o.lengths) lengths.push_back(parse_count(l, "--lengths"));
-  const std::vector<MethodRow> rows = method_rows(o.methods, o.budgets);
+  std::vector<eval::Protocol> protocols;
+  for (const std::string& p : o.protocols) {
+    const eval::Protocol pr = eval::parse_protocol(p, "--protocol");
+    if (std::find(protocols.begin(), protocols.end(), pr) == protocols.end()) {
+      protocols.push_back(pr);
+    }
+  }
+  require(!protocols.empty(), ErrorCode::invalid_argument, "--protocol", "names no protocol");
+  const std::vector<MethodRow> rows = method_rows(o.methods, o.budgets, protocols);
   for (const std::string& b : o.budgets) (void)parse_budget(b, 1024, "--budgets");
   const bool learned = std::any_of(rows.begin(), rows.end(), [](const MethodRow& r) {
     return base_method(r.method) == "learned" || r.method.rfind("prefill_learned", 0) == 0;
@@ -726,6 +766,8 @@ void run_eval(EvalOptions o, const std::string& cmdline, const CLI::App& app) {
     for (const std::int64_t L : lengths) {
       for (int i = 0; i < o.samples; ++i) {
         Job job{{task, L, i, sample_seed(o.seed, task, L, i)}, {}};
+        // Attentions prefilled (softmax, entmax): one context prefill of ~L tokens each, shared
+        // by both protocols.
         bool soft = false, ent = false;
         for (std::size_t r = 0; r < rows.size(); ++r) {
           if (cache.find(record_key(model_name, job.id, rows[r], row_tag(rows[r], tags))) !=
@@ -790,13 +832,15 @@ void run_eval(EvalOptions o, const std::string& cmdline, const CLI::App& app) {
           ga.reserve_tokens = reserve;
           ga.seed = job.id.seed;
           const eval::Sample sample = eval::make_sample(job.id.task, ga);
-          std::vector<eval::DecodeConfig> configs;
-          for (const std::size_t r : job.rows) {
-            configs.push_back(decode_config(rows[r], job.id.length, o));
-          }
           {
             std::lock_guard<std::mutex> lock(progress_mutex);
             bar.set_note(fmt::format("{} {} #{}", job.id.task, job.id.length, job.id.index));
+          }
+          // Both protocols in one run_sample: they share the context's prefill.
+          const std::vector<std::size_t>& mine = job.rows;
+          std::vector<eval::DecodeConfig> configs;
+          for (const std::size_t r : job.rows) {
+            configs.push_back(decode_config(rows[r], job.id.length, o));
           }
           eval::RunOptions ro;
           ro.page_size = o.page_size;
@@ -810,7 +854,7 @@ void run_eval(EvalOptions o, const std::string& cmdline, const CLI::App& app) {
               });
           for (std::size_t k = 0; k < outcomes.size(); ++k) {
             const eval::Outcome& oc = outcomes[k];
-            const MethodRow& row = rows[job.rows[k]];
+            const MethodRow& row = rows[mine[k]];
             Record rec;
             rec.model = model_name;
             rec.task = job.id.task;
@@ -819,6 +863,7 @@ void run_eval(EvalOptions o, const std::string& cmdline, const CLI::App& app) {
             rec.seed = job.id.seed;
             rec.method = row.method;
             rec.budget = row.budget;
+            rec.protocol = std::string(eval::to_string(row.protocol));
             rec.output = oc.output;
             rec.answers = sample.answers;
             rec.score = oc.score;
@@ -830,6 +875,7 @@ void run_eval(EvalOptions o, const std::string& cmdline, const CLI::App& app) {
             rec.prefill_seconds = oc.prefill_seconds;
             rec.prefill_kv_read = oc.prefill_kv_read;
             rec.fresh_select = oc.fresh_select;
+            rec.selector_read = oc.selector_read;
             cache.add(std::move(rec), row_tag(row, tags));
           }
           std::lock_guard<std::mutex> lock(progress_mutex);
@@ -854,7 +900,8 @@ void run_eval(EvalOptions o, const std::string& cmdline, const CLI::App& app) {
   for (const std::string& task : o.tasks) {
     for (const std::int64_t L : lengths) {
       for (const MethodRow& row : rows) {
-        Cell c{task, row.method, row.budget, attention_label(row, o), L};
+        Cell c{task, row.method, row.budget, attention_label(row, o),
+               std::string(eval::to_string(row.protocol)), L};
         for (int i = 0; i < o.samples; ++i) {
           const SampleId id{task, L, i, sample_seed(o.seed, task, L, i)};
           if (const Record* r = cache.find(record_key(model_name, id, row, row_tag(row, tags)))) {
@@ -900,8 +947,9 @@ void register_eval(CLI::App& app, const std::string& cmdline) {
       ->capture_default_str();
   auto* quick = e->add_flag("--quick", o->quick,
                             "The quick suite (default): niah_single_number, niah_multikey, "
-                            "niah_multivalue, niah_single_uuid × 1K, 2K × 3 samples, budget "
-                            "1/16; minutes on 2 cores");
+                            "niah_multivalue, niah_single_uuid × 1K, 2K × 3 samples; dense, "
+                            "oracle, quest, two_stage at budget 1/16; both protocols; minutes "
+                            "on 2 cores");
   e->add_flag("--full", o->full,
               "The full suite: every task, lengths up to the model's limit (SmolLM2 8K, "
               "Gemma 3 32K), budgets 1/32, 1/16, 1/8, 256 tokens, 20 samples")
@@ -911,12 +959,20 @@ void register_eval(CLI::App& app, const std::string& cmdline) {
     task_names += (task_names.empty() ? "" : ", ") + std::string(t.name);
   }
   e->add_option("--tasks", o->tasks, "Tasks: " + task_names)->delimiter(',');
+  e->add_option("--protocol", o->protocols,
+                "standard (the field's: the whole prompt prefilled, every generated token "
+                "decoded sparsely), strict (the question and answer prefix decoded sparsely "
+                "too), or both, comma-separated; docs/eval.md \"Protocols\"")
+      ->delimiter(',')
+      ->capture_default_str();
   e->add_option("--lengths", o->lengths,
                 "Prompt lengths in tokens (K suffix), e.g. 1K,4K; at most the model's context")
       ->delimiter(',')
       ->check(count_in(1, kMaxTokens));
   e->add_option("--methods", o->methods,
-                "dense, sink_recent, quest, top_p, oracle, learned (with --selector-file), "
+                "dense, two_stage (the default selector: candidate pages by the bound, then "
+                "their tokens on 2-bit page codes), sink_recent, quest, top_p, oracle, learned "
+                "(with --selector-file), "
                 "dense_entmax, entmax_support, gaussian_tau (the last three run entmax "
                 "attention: on the softmax model, or converted with --entmax-conversion); "
                 "sparse prefill with dense decode (docs/prefill.md): prefill_token, "

@@ -114,7 +114,7 @@ void run_generate(const RunOptions& o, const CLI::App& app) {
   model::Sampler sampler({o.temperature, o.top_k, o.top_p, o.seed});
   std::vector<TokenId> out;
   const auto t1 = Clock::now();
-  double kv_read = 0, kv_total = 0;
+  double kv_read = 0, kv_total = 0, sel_read = 0;
   for (int i = 0; i < o.n_predict; ++i) {
     const TokenId next = sampler.sample(logits);
     if (next == tok.eos() || next == stop_id) break;
@@ -125,6 +125,7 @@ void run_generate(const RunOptions& o, const CLI::App& app) {
     session.decode(next, logits);
     kv_read += session.last_decode_stats().kv_tokens_read;
     kv_total += session.last_decode_stats().kv_tokens_total;
+    sel_read += session.last_decode_stats().selector_rows;
   }
   const double t_decode = seconds_since(t1);
   fmt::print("\n");
@@ -135,7 +136,12 @@ void run_generate(const RunOptions& o, const CLI::App& app) {
              path, model::to_string(mdl->config().arch), prompt.size(), t_prefill,
              static_cast<double>(prompt.size()) / t_prefill, out.size(),
              decoded > 0 ? decoded / t_decode : 0.0);
-  if (kv_total > 0) fmt::print(stderr, ", KV read {:.1f}% of dense", 100.0 * kv_read / kv_total);
+  // The budget's two parts: rows attention read, and what the selector read to choose them
+  // (select/read_cost.hpp), both against dense decode's KV bytes.
+  if (kv_total > 0) {
+    fmt::print(stderr, ", KV read {:.1f}% of dense + selector {:.1f}%", 100.0 * kv_read / kv_total,
+               100.0 * sel_read / kv_total);
+  }
   if (so.mapping.is_entmax()) fmt::print(stderr, ", attention {}", attention);
   fmt::print(stderr, "\n");
 }

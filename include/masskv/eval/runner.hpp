@@ -1,9 +1,9 @@
-// The eval loop of one sample (docs/design.md §6's data flow): the context (strict protocol) or
-// the whole prompt (standard protocol, RunOptions::protocol) is prefilled once per attention
-// (mapping, score multipliers and sparse prefill; dense by default); every decode configuration
-// then forks that session (shared pages, copy-on-write), decodes what the prefill left (strict:
-// the question and the answer prefix, token by token through its selector) and generates the
-// answer greedily. The configurations step in lockstep through model::decode_batch (one
+// The eval loop of one sample (docs/design.md §6's data flow): the context is prefilled once per
+// attention (mapping, score multipliers and sparse prefill; dense by default), and once more
+// with the rest of the prompt on a fork of it for the standard protocol (DecodeConfig::protocol);
+// every decode configuration then forks its protocol's session (shared pages, copy-on-write),
+// decodes what the prefill left (strict: the question and the answer prefix, token by token
+// through its selector) and generates the answer greedily. The configurations step in lockstep through model::decode_batch (one
 // forward pass per step for all of them, each row under its own selector); one that finishes leaves
 // the batch.
 #pragma once
@@ -26,6 +26,21 @@
 
 namespace masskv::eval {
 
+// Which tokens decode through the selectors (docs/eval.md "Protocols").
+enum class Protocol {
+  // The context is prefilled densely; the question, the end of the user turn, the start of the
+  // model's turn and the answer prefix decode token by token through each configuration's
+  // selector, then the answer: sparsity acts on every token that reads the question.
+  strict,
+  // The field's protocol (Quest, Twilight, EntmaxKV, SpotAttention): the whole prompt is
+  // prefilled (densely, or by the configuration's sparse prefill), the first answer token comes
+  // from that prefill's logits, and every generated token after it decodes sparsely.
+  standard,
+};
+std::string_view to_string(Protocol p);
+// "strict" or "standard"; throws Error(invalid_argument, argument) otherwise.
+Protocol parse_protocol(std::string_view name, std::string_view argument);
+
 struct DecodeConfig {
   Mapping mapping = Mapping::softmax();            // attention of every layer, prefill included
   std::optional<select::SelectorConfig> selector;  // nullopt: dense decode
@@ -40,6 +55,9 @@ struct DecodeConfig {
   // (SessionOptions::reselect_every, reselect_cos).
   int reselect_every = 1;
   double reselect_cos = -1;
+  // Which tokens decode through `selector` (Protocol); configurations of both protocols share
+  // the context's prefill.
+  Protocol protocol = Protocol::strict;
 };
 
 struct Outcome {
@@ -59,25 +77,13 @@ struct Outcome {
   double prefill_kv_read = 1;
   // Layer steps that selected / layer steps that ran a selector (1 without reuse or selector).
   double fresh_select = 1;
+  // The selectors' own reads (select/read_cost.hpp) / the bytes dense decode reads, over all
+  // steps and layers: the budget's second part (docs/eval.md "Budgets").
+  double selector_read = 0;
 };
 
-// Which tokens decode through the selectors (docs/eval.md "Protocols").
-enum class Protocol {
-  // The context is prefilled densely; the question, the end of the user turn, the start of the
-  // model's turn and the answer prefix decode token by token through each configuration's
-  // selector, then the answer: sparsity acts on every token that reads the question.
-  strict,
-  // The field's protocol (Quest, Twilight, EntmaxKV, SpotAttention): the whole prompt is
-  // prefilled (densely, or by the configuration's sparse prefill), the first answer token comes
-  // from that prefill's logits, and every generated token after it decodes sparsely.
-  standard,
-};
-std::string_view to_string(Protocol p);
-// "strict" or "standard"; throws Error(invalid_argument, argument) otherwise.
-Protocol parse_protocol(std::string_view name, std::string_view argument);
 
 struct RunOptions {
-  Protocol protocol = Protocol::strict;
   int page_size = 16;
   DType kv_dtype = DType::f16;
   int prefill_block = 64;

@@ -221,6 +221,9 @@ struct DecodeStats {
   // Layers that ran the selector this step (selector_layers) and of those, the ones that
   // selected rather than reused a selection (SessionOptions::reselect_every).
   double selector_layers = 0, fresh_selections = 0;
+  // What the selectors read besides the selected rows (select/read_cost.hpp), in units of one
+  // dense f16 K+V row: compare with kv_tokens_total. A reused selection reads nothing.
+  double selector_rows = 0;
 };
 
 // Counters of the last Session::prefill call (bench, eval): attention over all layers.

@@ -1,0 +1,62 @@
+// Selector read accounting (select/read_cost.hpp).
+#include "masskv/select/read_cost.hpp"
+
+#include <algorithm>
+
+#include "masskv/kv/key_formats.hpp"
+#include "masskv/kv/page_codes.hpp"
+#include "select/kept.hpp"
+
+namespace masskv::select {
+
+double selector_read_bytes(const SelectorConfig& c, const kv::PageTable& t, const ReadShape& s) {
+  const double d = s.head_dim, H = s.num_kv_heads;
+  const double bounds = 4.0 * d, moments = 4.0 * d;  // per page and kv head
+  double bytes = 0;
+  for (int b = 0; b < t.batch(); ++b) {
+    const int pages = t.num_pages(b);
+    const std::int64_t length = t.length(b, s.page_size);
+    const double P = pages, L = static_cast<double>(length);
+    switch (c.method) {
+      case Method::dense:
+      case Method::sink_recent:
+        break;
+      case Method::quest:
+      case Method::entmax_support:
+        bytes += H * P * bounds;
+        break;
+      case Method::top_p:
+        bytes += H * P * bounds;
+        if (c.mass_source == MassSource::quant_keys) {
+          bytes += H * L * kv::row_bytes(kv::KeyFormat::int4, s.head_dim);
+        } else {
+          bytes += H * P * moments;
+        }
+        break;
+      case Method::gaussian_tau:
+        bytes += H * P * (bounds + moments);
+        break;
+      case Method::oracle:
+        bytes += H * L * 2.0 * d;
+        break;
+      case Method::learned:
+        bytes += L * s.learned_row_bytes;
+        break;
+      case Method::two_stage: {
+        // Stage 1 reads every page's bounds; stage 2 the codes of the candidates' tokens.
+        const KeptRanges<int> kept =
+            kept_pages(pages, length, s.page_size, c.sink_pages, c.window_tokens);
+        const std::int64_t budget_pages = (c.budget.tokens + s.page_size - 1) / s.page_size;
+        const double cand =
+            std::min<double>(pages - kept.count(pages),
+                             static_cast<double>(c.candidate_factor) * budget_pages);
+        bytes += H * (P * bounds + std::max(0.0, cand) * s.page_size *
+                                       kv::page_code_bytes(s.head_dim));
+        break;
+      }
+    }
+  }
+  return bytes;
+}
+
+}  // namespace masskv::select

@@ -1,0 +1,46 @@
+// The selector read accounting (select/read_cost.hpp): the bytes each rule reads, against
+// hand counts of the formats it names.
+#include <gtest/gtest.h>
+
+#include "masskv/select/read_cost.hpp"
+
+namespace masskv::select {
+namespace {
+
+TEST(ReadCost, CountsTheFormatsEachSelectorReads) {
+  // Two sequences: 100 tokens (7 pages of 16) and 16 tokens (1 page); 2 kv heads, d 64.
+  const std::vector<std::int32_t> indptr{0, 7, 8}, indices{0, 1, 2, 3, 4, 5, 6, 7},
+      last{4, 16};
+  const kv::PageTable t{indptr, indices, last};
+  const ReadShape s{2, 64, 16, 96.0};
+  const double H = 2, d = 64, pages = 8, tokens = 116;
+  SelectorConfig c;
+  c.method = Method::dense;
+  EXPECT_EQ(selector_read_bytes(c, t, s), 0);
+  c.method = Method::sink_recent;
+  EXPECT_EQ(selector_read_bytes(c, t, s), 0);
+  c.method = Method::quest;
+  EXPECT_EQ(selector_read_bytes(c, t, s), H * pages * 4 * d);  // bf16 min + max
+  c.method = Method::gaussian_tau;
+  EXPECT_EQ(selector_read_bytes(c, t, s), H * pages * 8 * d);  // + bf16 mean + variance
+  c.method = Method::oracle;
+  EXPECT_EQ(selector_read_bytes(c, t, s), H * tokens * 2 * d);  // every f16 key
+  c.method = Method::learned;
+  EXPECT_EQ(selector_read_bytes(c, t, s), tokens * 96.0);
+  c.method = Method::top_p;
+  c.mass_source = MassSource::quant_keys;
+  EXPECT_EQ(selector_read_bytes(c, t, s), H * pages * 4 * d + H * tokens * (d / 2 + d / 16));
+  // two_stage: every bound, and the codes (d / 4 bytes) of the candidates' tokens: sequence 0
+  // has 7 pages, 2 kept (sink, last), 5 eligible; a 16-token budget with factor 4 wants 4 of
+  // them. Sequence 1's one page is kept: no candidate.
+  c.method = Method::two_stage;
+  c.budget = {Budget::Kind::fixed, 16, 0.9};
+  c.candidate_factor = 4;
+  EXPECT_EQ(selector_read_bytes(c, t, s), H * pages * 4 * d + H * 4 * 16 * (d / 4));
+  c.candidate_factor = 8;  // capped by the 5 eligible pages
+  EXPECT_EQ(selector_read_bytes(c, t, s), H * pages * 4 * d + H * 5 * 16 * (d / 4));
+  EXPECT_EQ(dense_row_bytes(64), 256.0);
+}
+
+}  // namespace
+}  // namespace masskv::select
