@@ -46,6 +46,7 @@ $c --page 0 3 512 -16
 $c --window -1
 $c --sink-pages -1
 $c --top-p-mass 0 1.01 -0.5
+$c --candidates 0 1025 -4
 $c --reselect-every 0 1048577
 $c --reselect-cos -1.01 1.01
 EOF
@@ -150,6 +151,8 @@ eval --page 0 3 512
 eval --sink-pages -1
 eval --window -1
 eval --top-p-mass 0 1.5
+eval --candidates 0 1025
+eval --protocol
 eval --alpha 1 2.5
 selector:init --dim 0 4097
 dump --threads -1 $over_threads

@@ -63,6 +63,7 @@ struct EvalOptions {
   int sink_pages = 1;
   int window = 0;
   double top_p_mass = 0.95;
+  int candidate_factor = 8;  // two_stage
   double entmax_alpha = 1.5;
   std::string selector_file;  // the `learned` method's selector
   std::string selector_key_format = "f32";
@@ -206,6 +207,7 @@ eval::DecodeConfig decode_config(const MethodRow& row, std::int64_t length, cons
   s.mapping = c.mapping;
   s.sink_pages = o.sink_pages;
   s.window_tokens = o.window;
+  s.candidate_factor = o.candidate_factor;
   s.budget = parse_budget(row.budget, length, "--budgets");
   const bool fixed = s.budget.kind == select::Budget::Kind::fixed;
   switch (s.method) {
@@ -348,10 +350,12 @@ std::string file_hash(const std::string& path) {
 // Sparse prefill rows add their fixed settings (query block, sink blocks, budget floor).
 struct RowTags {
   std::string settings, selector, conversion;
+  std::string two_stage;  // its candidate factor: other settings never share its results
 };
 
 std::string row_tag_of_protocol(const MethodRow& m, const RowTags& t) {
   if (m.entmax) return t.settings + t.conversion;
+  if (base_method(m.method) == "two_stage") return t.settings + t.two_stage;
   if (is_prefill(m.method)) {
     const select::PrefillSelectConfig c;
     const std::string pf =
@@ -750,7 +754,8 @@ void run_eval(EvalOptions o, const std::string& cmdline, const CLI::App& app) {
   }
   const std::string text = needs_text ? load_text(o.text, "--text") : std::string();
   const int reserve = eval::template_overhead(*mdl, chat) + 2;
-  const RowTags tags{settings_tag(o), selector_tag, conversion_tag(o)};
+  const RowTags tags{settings_tag(o), selector_tag, conversion_tag(o),
+                     fmt::format("|c{}", o.candidate_factor)};
   std::shared_ptr<const learn::Selector> selector;
   if (learned) {
     selector = std::make_shared<const learn::Selector>(learn::load(o.selector_file));
@@ -1016,6 +1021,10 @@ void register_eval(CLI::App& app, const std::string& cmdline) {
   add_kept_items(e, o->sink_pages, o->window);
   e->add_option("--top-p-mass", o->top_p_mass, "Target estimated mass of top_p")
       ->check(real_in(0, 1, true))
+      ->capture_default_str();
+  e->add_option("--candidates", o->candidate_factor,
+                "two_stage: candidate pages (by the page bound) per page of the budget")
+      ->check(int_in(1, 1024))
       ->capture_default_str();
   e->add_option("--alpha", o->entmax_alpha, "α of the entmax rows")
       ->check(real_in(1, 2, true))

@@ -30,7 +30,8 @@ void add_model_options(CLI::App* app, ModelOptions& o, bool with_threads) {
         ->capture_default_str();
   }
   app->add_option("--selector", o.selector,
-                  "Decode attention: dense, sink_recent, quest, top_p, gaussian_tau, oracle, "
+                  "Decode attention: dense, two_stage (candidate pages by the bound, then their "
+                  "tokens on 2-bit page codes), sink_recent, quest, top_p, gaussian_tau, oracle, "
                   "learned (with --selector-file) (gemma3: global layers only)")
       ->capture_default_str();
   app->add_option("--budget", o.budget,
@@ -50,6 +51,11 @@ void add_model_options(CLI::App* app, ModelOptions& o, bool with_threads) {
   add_kept_items(app, o.sink_pages, o.window);
   app->add_option("--top-p-mass", o.top_p_mass, "Target mass of the top_p selector")
       ->check(real_in(0, 1, true))
+      ->capture_default_str();
+  app->add_option("--candidates", o.candidate_factor,
+                  "two_stage: candidate pages (by the page bound) per page of the budget, whose "
+                  "tokens are then ranked on 2-bit page codes")
+      ->check(int_in(1, 1024))
       ->capture_default_str();
   app->add_option("--page", o.page_size, "KV page size (tokens)")
       ->check(page_size())
@@ -98,6 +104,7 @@ std::optional<select::SelectorConfig> selector_config(const ModelOptions& o, std
   c.mapping = mapping;
   c.sink_pages = o.sink_pages;
   c.window_tokens = o.window;
+  c.candidate_factor = o.candidate_factor;
   c.budget = parse_budget(o.budget, context, "--budget");
   if (c.method == select::Method::top_p && c.budget.kind == select::Budget::Kind::fixed) {
     c.budget.kind = select::Budget::Kind::top_p;  // --budget is then the cap

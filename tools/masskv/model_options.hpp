@@ -27,6 +27,7 @@ struct ModelOptions {
   int sink_pages = 1;
   int window = 64;
   double top_p_mass = 0.95;
+  int candidate_factor = 8;  // two_stage: candidate pages per budget page
   int page_size = 16;
   int reselect_every = 1;         // decode steps one selection serves (SessionOptions)
   double reselect_cos = -1;       // ... unless a query turns past this cosine

@@ -81,7 +81,9 @@ struct SelectorConfig {
   bool oracle_tokens = false;
   bool oracle_head_collapsed = false;
   // two_stage: candidate pages per kv group, as a multiple of the budget's pages (>= 1).
-  int candidate_factor = 4;
+  // 8: on SmolLM2's needle prompts (the selection lab, docs/study.md) 8 candidates per budget
+  // page miss a page holding >= 10% of a head's attention at 0.5% of (step, head), 4 at 1.4%.
+  int candidate_factor = 8;
   // A scorer, by name, in place of the method's own; the method keeps its rule (docs/design.md
   // §3, "Adding a scorer"). The library's: page_bound, page_moments, exact, learned,
   // quant_keys, recency, page_codes; others once registered. Empty: the method's own.
