@@ -10,7 +10,7 @@ selects pages (page 16, sink page 1, the last page kept; budget a fraction of th
                ceil(cover·budget/16) others, then Quest on their pages (select::hier_select);
   gauss        the same hierarchy ranked by max_i((α−1)·U_i − τ̂_i), τ̂_i the §2.4 Gaussian
                estimate of head i's threshold from moments pooled over 64 pages
-               (select::MomentStore, select::group_tau_hat; DESIGN.md §2.4);
+               (select::MomentStore, select::group_tau_hat; docs/design.md §2.4);
   gauss adapt  gauss, keeping only pages whose rank is > 0 (margin 0; the budget is a cap);
   top-p p      hier Quest's groups (cover 4), then the pages by §2.4 softmax mass (their own
                moments, normalised by the pooled groups: select::hier_top_p) until the mass

@@ -1,4 +1,4 @@
-// The one check of the error contract (DESIGN.md §6): `f` throws masskv::Error with this
+// The one check of the error contract (docs/design.md §6): `f` throws masskv::Error with this
 // code, naming this argument, and (optionally) saying `message_part`.
 #pragma once
 

@@ -1,5 +1,5 @@
-// The one reference harness of the attention stages (STYLE.md "one harness compares every
-// implementation"): a registry of implementations per stage, hand-built paged caches (no
+// The one reference harness of the attention stages (docs/design.md §4 "one test harness", §6
+// "reference first"): a registry of implementations per stage, hand-built paged caches (no
 // dependency on kv::PagedKVCache), and comparison against the f64 reference with tolerances
 // stated here.
 #pragma once
@@ -74,7 +74,7 @@ struct OwnedSelection {
   SelectionView view;
 };
 // Random selection: every unit kept with probability `keep`; for pages the last page of each
-// sequence is always kept (DESIGN.md §3).
+// sequence is always kept (docs/design.md §3).
 OwnedSelection random_selection(const HandCache& cache, SelectionView::Unit unit, double keep,
                                 std::uint32_t seed);
 // The same ids for every (b, kv head), from explicit lists per sequence.

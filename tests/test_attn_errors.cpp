@@ -1,5 +1,5 @@
 // Every bad input to decode / prefill (and their references) is rejected before any output is
-// written, with the ErrorCode and the argument name a user needs (DESIGN.md §6).
+// written, with the ErrorCode and the argument name a user needs (docs/design.md §6).
 #include <gtest/gtest.h>
 
 #include <cmath>

@@ -1,5 +1,5 @@
 // Decode: every implementation against the f64 reference on a sampled grid covering every
-// value of every axis (DESIGN.md §6), plus the split/sparsity/determinism properties of §2.2
+// value of every axis (docs/design.md §6), plus the split/sparsity/determinism properties of §2.2
 // and §2.6.
 #include <gtest/gtest.h>
 #include <omp.h>
@@ -130,7 +130,7 @@ KVConfig property_kv(DType dtype, Layout layout, int page_size) {
   return kv;
 }
 
-// DESIGN.md §2.2: any superset of the entmax support gives the dense result exactly (up to
+// docs/design.md §2.2: any superset of the entmax support gives the dense result exactly (up to
 // f32 rounding of a different chunking: 1e-6 relative on f32 KV).
 TEST(EntmaxDecode, SparseEqualsDenseWhenSupportCovered) {
   for (const double alpha : {1.5, 2.0, 1.25}) {
@@ -210,7 +210,7 @@ TEST(EntmaxDecode, SparseDiffersWhenSupportTokenDropped) {
   EXPECT_GT(rel_diff(sparse.out, dense.out), 1e-3);
 }
 
-// DESIGN.md §2.6: softmax partials over any split merge to the unsplit result.
+// docs/design.md §2.6: softmax partials over any split merge to the unsplit result.
 TEST(SoftmaxDecode, AnySplitMergesToUnsplitResult) {
   for (const Layout layout : {Layout::HND, Layout::NHD}) {
     const HandCache cache(property_kv(DType::f32, layout, 16));
@@ -228,7 +228,7 @@ TEST(SoftmaxDecode, AnySplitMergesToUnsplitResult) {
   }
 }
 
-// DESIGN.md §6: the same bits whatever the thread count (fixed chunks, fixed merge order).
+// docs/design.md §6: the same bits whatever the thread count (fixed chunks, fixed merge order).
 TEST(Decode, BitIdenticalForOneAndTwoThreads) {
   const HandCache cache(property_kv(DType::bf16, Layout::NHD, 16));
   const std::vector<float> q = random_q(3, 8, 64, 3.0f, 8);
@@ -266,7 +266,8 @@ TEST(Decode, SparseMatchesReferenceOnSelectedSubset) {
   }
 }
 
-// DESIGN.md §6: an empty selection gives out = 0 and lse = -inf (softmax) / tau = NaN (entmax).
+// docs/design.md §6: an empty selection gives out = 0 and lse = -inf (softmax) / tau = NaN
+// (entmax).
 TEST(Decode, EmptySelectionGivesZeroOutput) {
   const HandCache cache(property_kv(DType::f32, Layout::HND, 16));
   const std::vector<float> q = random_q(3, 4, 64, 1.0f, 3);

@@ -1,4 +1,4 @@
-// alpha-entmax thresholds and probabilities (DESIGN.md §2.1) against the entmax authors'
+// alpha-entmax thresholds and probabilities (docs/design.md §2.1) against the entmax authors'
 // reference data and against a plain fp64 bisection written here.
 #include <gtest/gtest.h>
 
@@ -32,7 +32,7 @@ double ref_mass(const std::vector<double>& z, double tau, double alpha) {
   return f;
 }
 
-// 200 rounds of bisection on z - max z over [-1, 0] (DESIGN.md §2.1).
+// 200 rounds of bisection on z - max z over [-1, 0] (docs/design.md §2.1).
 double ref_tau(const std::vector<double>& scores, double alpha) {
   std::vector<double> y(scores.size());
   const double z_max = (alpha - 1.0) * *std::max_element(scores.begin(), scores.end());

@@ -1,4 +1,4 @@
-// Selector key formats (DESIGN.md §2.9, kv/key_formats.hpp): every format's round trip
+// Selector key formats (docs/design.md §2.9, kv/key_formats.hpp): every format's round trip
 // against its stated bound in f64, exact codes of the E2M1 / E4M3 / E8M0 conversions and of
 // hand-written MXFP4 / NVFP4 blocks, dot products on the codes (SIMD and scalar) against f64
 // sums of the decoded values, errors, bytes per token, the cache's key store in every format

@@ -1,4 +1,4 @@
-// PagedKVCache and PagedKVView::validate (DESIGN.md §3): stored data and summaries against
+// PagedKVCache and PagedKVView::validate (docs/design.md §3): stored data and summaries against
 // an f64 recomputation, copy-on-write forks, refcounts, all-or-nothing errors, and one test
 // per malformed page table.
 #include <gtest/gtest.h>
@@ -28,7 +28,7 @@ using masskv::test::expect_error;
 constexpr double kU = 0x1p-24;  // unit roundoff of f32
 
 // Random keys/values: mostly N(0,1), some channels with outliers (the case that makes raw
-// sums cancel, DESIGN.md §2.4), within f16 range.
+// sums cancel, docs/design.md §2.4), within f16 range.
 std::vector<float> random_tokens(std::mt19937& rng, int n, int H, int d) {
   std::normal_distribution<float> normal(0.0f, 1.0f);
   std::uniform_int_distribution<int> pick(0, 15);

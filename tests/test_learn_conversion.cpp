@@ -1,4 +1,4 @@
-// Entmax conversion (learn/conversion.hpp, DESIGN.md §2.10) and the per-head score multipliers
+// Entmax conversion (learn/conversion.hpp, docs/design.md §2.10) and the per-head score multipliers
 // it runs through (SessionOptions::score_multipliers):
 // - the proxies against an f64 reference built here (entmax by bisection, plain sums), the
 //   Fenchel–Young loss's zero and gradient, the 1-D search on known functions;

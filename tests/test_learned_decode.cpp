@@ -1,4 +1,4 @@
-// The learned selector at decode (DESIGN.md §2.8; learn/project.hpp, kv/key_rows.hpp,
+// The learned selector at decode (docs/design.md §2.8; learn/project.hpp, kv/key_rows.hpp,
 // select::Method::learned, model::Session's selector key cache):
 //   - key rows in the paged cache: stored as encoded, shared by forks, copied on write;
 //   - the projections against an f64 reference (both input kinds, groups 1 / n_kv, RoPE), and

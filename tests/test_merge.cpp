@@ -1,4 +1,4 @@
-// Split-K merge (DESIGN.md §2.6): softmax (o, lse) partials and the entmax two-step scheme,
+// Split-K merge (docs/design.md §2.6): softmax (o, lse) partials and the entmax two-step scheme,
 // against unsplit fp64 computations.
 #include <gtest/gtest.h>
 

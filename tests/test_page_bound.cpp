@@ -1,4 +1,4 @@
-// Quest page bounds (DESIGN.md §2.3), the outward-rounded bf16 store (§2.2) and top-k page
+// Quest page bounds (docs/design.md §2.3), the outward-rounded bf16 store (§2.2) and top-k page
 // selection with sinks and window (§3), against f64 references and a brute-force sort.
 #include <gtest/gtest.h>
 #include <omp.h>

@@ -67,7 +67,7 @@ TEST(Prefill, EveryImplMatchesReferenceOnSampledGrid) {
 namespace masskv::test {
 namespace {
 
-// DESIGN.md §6: prefill output bits do not depend on the thread count, and simd == fast.
+// docs/design.md §6: prefill output bits do not depend on the thread count, and simd == fast.
 TEST(Prefill, BitIdenticalForOneAndTwoThreads) {
   KVConfig kv;
   kv.lengths = {300, 77};

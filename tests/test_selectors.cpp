@@ -1,4 +1,4 @@
-// Selectors (DESIGN.md §2.2–§2.4, §2.7, §3): valid selections with the kept pages, budgets,
+// Selectors (docs/design.md §2.2–§2.4, §2.7, §3): valid selections with the kept pages, budgets,
 // the GQA rules, the Gaussian τ̂ model, the oracle, against plain references.
 #include <gtest/gtest.h>
 #include <omp.h>

@@ -1,4 +1,4 @@
-// Softmax and its natural-log LSE (DESIGN.md §2.6) against a plain long double reference.
+// Softmax and its natural-log LSE (docs/design.md §2.6) against a plain long double reference.
 #include <gtest/gtest.h>
 
 #include <cmath>

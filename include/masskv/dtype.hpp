@@ -37,7 +37,7 @@ constexpr bf16 f32_to_bf16(float f) noexcept {
 }
 
 // Rounds toward -inf / +inf: for summaries stored in bf16, min must round down and max up
-// so the page bound of DESIGN.md §2.3 stays an upper bound (§2.2).
+// so the page bound of docs/design.md §2.3 stays an upper bound (§2.2).
 bf16 f32_to_bf16_down(float f) noexcept;
 bf16 f32_to_bf16_up(float f) noexcept;
 

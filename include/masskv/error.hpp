@@ -1,4 +1,4 @@
-// masskv::Error: the one exception type of the library (DESIGN.md §6).
+// masskv::Error: the one exception type of the library (docs/design.md §6).
 // Every check names the argument it rejects, so a user can tell which input was wrong
 // without reading the source.
 #pragma once

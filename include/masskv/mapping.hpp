@@ -1,4 +1,4 @@
-// Probability mappings: softmax and alpha-entmax (DESIGN.md §2.1).
+// Probability mappings: softmax and alpha-entmax (docs/design.md §2.1).
 #pragma once
 
 #include <span>
@@ -17,7 +17,7 @@ struct Mapping {
   void validate() const;
 };
 
-// Threshold of alpha-entmax on z = (alpha-1)*s (DESIGN.md §2.1):
+// Threshold of alpha-entmax on z = (alpha-1)*s (docs/design.md §2.1):
 // p_i = [z_i - tau]_+^{1/(alpha-1)}, sum p = 1.
 struct EntmaxThreshold {
   double tau = 0;     // best estimate of the root

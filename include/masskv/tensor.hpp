@@ -1,4 +1,4 @@
-// Non-owning strided views passed across stage boundaries (DESIGN.md §4: every stage is a
+// Non-owning strided views passed across stage boundaries (docs/design.md §4: every stage is a
 // plain function over views, so CPU and CUDA versions share one signature).
 #pragma once
 

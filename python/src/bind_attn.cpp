@@ -1,5 +1,5 @@
 // Selection, decode (dense / sparse), causal prefill (dense / block-sparse) and their f64
-// references (DESIGN.md §1, §2.6, §4).
+// references (docs/design.md §1, §2.6, §4).
 #include <optional>
 #include <string>
 #include <vector>
@@ -241,7 +241,7 @@ nb::tuple prefill_reference(InArray q, InArray q_indptr, const KV& kv, double al
 }
 
 constexpr const char* kDecodeDoc =
-    "Decode attention of one query token per sequence of `kv` (DESIGN.md §1, §2.6).\n\n"
+    "Decode attention of one query token per sequence of `kv` (docs/design.md §1, §2.6).\n\n"
     "q: float32 (B, Hq, d), Hq a multiple of the kv heads; any non-negative strides with a\n"
     "contiguous last axis (not copied). alpha: 1 = softmax, (1, 2] = alpha-entmax. scale: 0\n"
     "means 1/sqrt(d). selection: None = dense, else only the selected pages/tokens are read.\n"
@@ -269,8 +269,8 @@ void bind_attn(nb::module_& m) {
   nb::class_<Selection>(
       m, "Selection",
       "Per (sequence, kv head) ascending logical page (or token) ids padded with -1, plus a\n"
-      "count (DESIGN.md §3). From a selector, or Selection(ids, count, unit) over caller int32\n"
-      "arrays (borrowed, not copied).")
+      "count (docs/design.md §3). From a selector, or Selection(ids, count, unit) over caller\n"
+      "int32 arrays (borrowed, not copied).")
       .def("__init__", &selection_init, nb::arg("ids"), nb::arg("count"),
            nb::arg("unit") = "page",
            nb::sig("def __init__(self, ids: numpy.typing.ArrayLike, count: "

@@ -185,7 +185,7 @@ KV kv_from_arrays(InArray k, InArray v, InArray indptr, InArray indices, InArray
 void bind_cache(nb::module_& m) {
   nb::class_<Cache>(
       m, "PagedKVCache",
-      "One layer's paged KV cache (DESIGN.md §3): a fixed pool of pages, per-page key\n"
+      "One layer's paged KV cache (docs/design.md §3): a fixed pool of pages, per-page key\n"
       "summaries, and per-sequence page lists. Not thread-safe: serialise mutation.\n"
       "k_pool / v_pool / summaries() are zero-copy read-only views of the C++ memory; the pool\n"
       "never moves, so their data pointers are stable for the cache's lifetime.")
@@ -311,9 +311,9 @@ void bind_cache(nb::module_& m) {
             }
             return nb::make_tuple(mn, mx);
           },
-          "The page bounds' bf16 store (DESIGN.md §2.3: min/max rounded outward, so the Quest\n"
-          "bound stays an upper bound): (min, max) as uint16 bit arrays (pages, H, d), a copy.\n"
-          "For cuda_quest_select: torch.from_numpy(a).view(torch.bfloat16).cuda().")
+          "The page bounds' bf16 store (docs/design.md §2.3: min/max rounded outward, so the\n"
+          "Quest bound stays an upper bound): (min, max) as uint16 bit arrays (pages, H, d), a\n"
+          "copy. For cuda_quest_select: torch.from_numpy(a).view(torch.bfloat16).cuda().")
       .def(
           "page_table",
           [](const Cache& c, nb::handle seqs) {

@@ -1,4 +1,4 @@
-// softmax / entmax / entmax_threshold over the rows of a 1-d or 2-d array (DESIGN.md §2.1).
+// softmax / entmax / entmax_threshold over the rows of a 1-d or 2-d array (docs/design.md §2.1).
 #include <cstddef>
 #include <span>
 #include <vector>
@@ -112,7 +112,7 @@ nb::tuple entmax_rows(const InArray& scores, const Rows& r, double alpha, nb::ha
 
 void bind_mapping(nb::module_& m) {
   nb::class_<EntmaxThreshold>(m, "EntmaxThreshold",
-                              "Threshold of alpha-entmax on z = (alpha-1)*s (DESIGN.md §2.1): "
+                              "Threshold of alpha-entmax on z = (alpha-1)*s (docs/design.md §2.1): "
                               "p_i = [z_i - tau]_+^(1/(alpha-1)), sum p = 1.")
       .def_ro("tau", &EntmaxThreshold::tau, "best estimate of the root")
       .def_ro("tau_lo", &EntmaxThreshold::tau_lo, "f(tau_lo) >= 1 is guaranteed")

@@ -1,4 +1,4 @@
-// Every selector through run_selector, and the per-head diagnostics (DESIGN.md §2.2–§2.5, §3).
+// Every selector through run_selector, and the per-head diagnostics (docs/design.md §2.2–§2.5, §3).
 #include <cmath>
 #include <optional>
 #include <string>
@@ -204,7 +204,8 @@ void bind_select(nb::module_& m) {
   m.def("diagnose", &diagnose, nb::arg("q").noconvert(), nb::arg("kv"), nb::arg("selection").none(),
         nb::kw_only(), nb::arg("alpha") = 1.0, nb::arg("scale") = 0.0f, nb::arg("study") = false,
         nb::arg("bf16_bounds") = false,
-        "Per (b, q head) diagnostics of a selection (select::diagnose, DESIGN.md §2.2, §2.5):\n"
+        "Per (b, q head) diagnostics of a selection (select::diagnose, docs/design.md §2.2,\n"
+        "§2.5): "
         "dict of (B, Hq) arrays selected_tokens, total_tokens (int64), certified (bool),\n"
         "margin, tau_lo, eps, tau_or_lse, delta_bound, error_bound (float64); study=True also\n"
         "reads every key for delta, recall, abs_error, rel_error (NaN otherwise), support, and\n"

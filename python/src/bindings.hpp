@@ -22,7 +22,7 @@ void bind_attn(nb::module_& m);
 void bind_select(nb::module_& m);
 void bind_model(nb::module_& m);
 
-// alpha == 1 is softmax; alpha in (1, 2] is alpha-entmax (DESIGN.md §2.1). Anything else
+// alpha == 1 is softmax; alpha in (1, 2] is alpha-entmax (docs/design.md §2.1). Anything else
 // raises masskv.Error (a ValueError) naming "alpha".
 Mapping mapping_of(double alpha);
 // The selector settings the Python API names (the rest keep their defaults). budget: "fixed" |

@@ -43,7 +43,7 @@ struct KV {
   const Cache& require_cache(const char* what) const;
 };
 
-// A Selection (DESIGN.md §3): owned (a selector's output) or borrowed from caller arrays.
+// A Selection (docs/design.md §3): owned (a selector's output) or borrowed from caller arrays.
 struct Selection {
   SelectionStorage storage;           // owned lists
   std::optional<InArray> ids, count;  // borrowed lists

@@ -42,7 +42,7 @@ def sequence_kv(cache, table, b, kv_head):
 
 
 def entmax_tau(z, alpha):
-    """tau with sum [z - tau]_+^(1/(alpha-1)) = 1, by bisection in float64 (DESIGN.md §2.1)."""
+    """tau with sum [z - tau]_+^(1/(alpha-1)) = 1, by bisection in float64 (docs/design.md §2.1)."""
     lo, hi = z.max() - 1.0, z.max()
     for _ in range(200):
         mid = 0.5 * (lo + hi)

@@ -1,5 +1,5 @@
 // Decode attention: split-K over fixed chunks of pages (or selected ids), merged in a fixed
-// order (DESIGN.md §2.6), so results do not depend on the number of threads.
+// order (docs/design.md §2.6), so results do not depend on the number of threads.
 #include "masskv/attn/decode.hpp"
 
 #include <omp.h>
@@ -37,7 +37,7 @@ using detail::RowSource;
 
 // Chunk c of (b, kv head h) covers units [c * per_chunk, (c + 1) * per_chunk) of the head's
 // unit list; its partial result lives in slot first[b * Hkv + h] + c. The chunking depends
-// only on the inputs and chunk_pages, never on the thread count (DESIGN.md §6).
+// only on the inputs and chunk_pages, never on the thread count (docs/design.md §6).
 //
 // A work item is chunk c of sequence b for *all* kv heads at once: in HND a page holds every
 // head's rows back to back, so walking pages in order and heads inside a page reads the pool

@@ -1,5 +1,5 @@
 // f64 reference of decode: plain loops over the (selected) tokens, no chunking, and its own
-// entmax bisection so it shares nothing with the fast solvers (DESIGN.md §6).
+// entmax bisection so it shares nothing with the fast solvers (docs/design.md §6).
 #include <cmath>
 #include <limits>
 #include <vector>

@@ -1,4 +1,4 @@
-// alpha-entmax threshold solvers (DESIGN.md §2.1).
+// alpha-entmax threshold solvers (docs/design.md §2.1).
 //
 // Pipeline, all in double on z = (alpha-1)*s:
 //  1. validate, find z_max; gather the candidates z_i > c with c <= z_max - 1 (tau >= z_max - 1,
@@ -61,9 +61,9 @@ class Power {
   int integer_ = 0;  // > 0: the exponent is this integer
 };
 
-// The one floating point evaluation of f(tau) (DESIGN.md §2.1). Terms with z <= tau are exactly
-// 0, so summing only a subset that holds every z > tau, in index order, gives the same bits as
-// summing all of them.
+// The one floating point evaluation of f(tau) (docs/design.md §2.1). Terms with z <= tau are
+// exactly 0, so summing only a subset that holds every z > tau, in index order, gives the same bits
+// as summing all of them.
 double mass_of(const double* z, std::size_t n, double tau, const Power& power) {
   double f = 0;
   for (std::size_t i = 0; i < n; ++i) {
@@ -233,7 +233,7 @@ struct Estimate {
 };
 
 // Safeguarded Halley on g(tau) = f(tau) - 1 inside the bracket [lo, hi] on y = z - z_max
-// (DESIGN.md §2.1). Every evaluation narrows the bracket; a step that leaves it or fails to
+// (docs/design.md §2.1). Every evaluation narrows the bracket; a step that leaves it or fails to
 // halve the previous step is replaced by bisection.
 Estimate solve_halley(WorkingSet& w, double z_max, double alpha) {
   const Power power(alpha);

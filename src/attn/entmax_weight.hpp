@@ -1,4 +1,4 @@
-// p = [z - tau]_+^{1/(alpha-1)} (DESIGN.md §2.1), with the exact powers for alpha = 2, 1.5.
+// p = [z - tau]_+^{1/(alpha-1)} (docs/design.md §2.1), with the exact powers for alpha = 2, 1.5.
 #pragma once
 
 #include <cmath>

@@ -1,4 +1,4 @@
-// Split-K / distributed merge (DESIGN.md §2.6).
+// Split-K / distributed merge (docs/design.md §2.6).
 #include "masskv/attn/merge.hpp"
 
 #include <cmath>

@@ -1,4 +1,4 @@
-// Pointer micro-kernels of the CPU attention stages (DESIGN.md §1): scores of the g query
+// Pointer micro-kernels of the CPU attention stages (docs/design.md §1): scores of the g query
 // heads of one kv group against n key rows, and the weighted sum of n value rows. Rows are
 // given as an array of pointers so one kernel serves dense pages, page selections, token
 // selections and any layout (HND, NHD). Every row is loaded and converted once for all g

@@ -1,5 +1,5 @@
 // Which keys a prefill query may attend: causal, and inside the block mask when one is given
-// (DESIGN.md §4). Shared by prefill and its reference so both apply the same rule.
+// (docs/design.md §4). Shared by prefill and its reference so both apply the same rule.
 #pragma once
 
 #include <cstdint>

@@ -14,7 +14,7 @@ namespace masskv::attn::detail {
 std::vector<double> ref_rows(std::span<const void* const> rows, DType dtype, int d);
 double ref_dot(const double* q, const double* k, int d);
 
-// Entmax threshold on z = (alpha-1)*s by >= 100 bisection rounds in f64 (DESIGN.md §2.1).
+// Entmax threshold on z = (alpha-1)*s by >= 100 bisection rounds in f64 (docs/design.md §2.1).
 double ref_entmax_tau(std::span<const double> s, double alpha);
 
 // o = sum_i p_i v_i with p = map(s); entries of s equal to -inf are masked (p = 0).

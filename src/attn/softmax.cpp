@@ -1,4 +1,4 @@
-// Softmax with its natural-log log-sum-exp (DESIGN.md §1, §2.6).
+// Softmax with its natural-log log-sum-exp (docs/design.md §1, §2.6).
 #include <cmath>
 #include <span>
 

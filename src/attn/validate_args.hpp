@@ -1,5 +1,5 @@
 // Argument checks shared by decode, prefill and their references: every check runs before any
-// output is written, and every failure names the argument (DESIGN.md §6).
+// output is written, and every failure names the argument (docs/design.md §6).
 #pragma once
 
 #include "masskv/attn/decode.hpp"

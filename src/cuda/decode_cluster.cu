@@ -1,5 +1,5 @@
 // Sparse alpha-entmax decode in one kernel: a thread-block cluster per (sequence, kv head, head
-// group) (issue 7; DESIGN.md §2.1 threshold, §2.6 exact global tau).
+// group) (issue 7; docs/design.md §2.1 threshold, §2.6 exact global tau).
 //
 // Why: the split-K entmax decode (decode_entmax.cu) is three kernels (scores and candidates,
 // tau, support accumulation) that hand candidate lists, tau and partial sums over through

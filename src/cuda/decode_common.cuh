@@ -2,7 +2,7 @@
 // launch parameters, the device error bits, the workspace, and the pieces of the chunk
 // skeleton — a CTA owns one chunk of pages of one (sequence, kv head) and up to 8 q heads of
 // that kv head, stages the chunk's page list in shared memory, and streams 16-byte rows with
-// a per-thread cp.async ring (DESIGN.md §2.6 split-K, §3 layout).
+// a per-thread cp.async ring (docs/design.md §2.6 split-K, §3 layout).
 #pragma once
 
 #include <cuda_bf16.h>

@@ -1,4 +1,4 @@
-// CUDA alpha-entmax decode, dense and sparse (issue 7; DESIGN.md §2.1 threshold, §2.6 exact
+// CUDA alpha-entmax decode, dense and sparse (issue 7; docs/design.md §2.1 threshold, §2.6 exact
 // two-step split-K scheme). Three kernels; the first and the last use the chunk skeleton of
 // decode_common.cuh (a CTA per chunk of pages of one (sequence, kv head), all q heads of the
 // kv head, up to 8, so every page is read once per kv group):

@@ -1,4 +1,4 @@
-// The Gaussian-τ estimate of the entmax threshold on the GPU (DESIGN.md §2.4), from pooled
+// The Gaussian-τ estimate of the entmax threshold on the GPU (docs/design.md §2.4), from pooled
 // group moments (select::MomentStore's arrays): the device twin of select::group_tau_hat, used
 // by hier_select's entmax-aware ranking. Two kernels: group_moments_kernel (m, v of every
 // (moment group, q head), select::detail::all_page_moments' arithmetic in f64) and

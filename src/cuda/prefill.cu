@@ -1,4 +1,4 @@
-// CUDA causal prefill attention, softmax, dense or block-sparse (issue 10; DESIGN.md §3
+// CUDA causal prefill attention, softmax, dense or block-sparse (issue 10; docs/design.md §3
 // Selection at prefill granularity, §4). A CTA owns a 64-token query tile of one
 // sequence and kHeads q heads of one kv group (4 warps per head, 16 query rows per warp), and
 // walks the key tiles (64 keys) it may attend — every causal tile (dense) or the causal tiles
@@ -6,7 +6,7 @@
 // kHeads heads. Per tile: K and V land in shared memory through cp.async, double-buffered
 // (the next tile is in flight while this one is computed); S = Q·Kᵀ and O += P·V run on the
 // tensor cores (mma.sync m16n8k16, bf16/f16 in, f32 accumulate; ldmatrix from padded rows, no
-// bank conflicts); the online softmax (base 2, DESIGN.md §2.6's (o, lse) state) lives in
+// bank conflicts); the online softmax (base 2, docs/design.md §2.6's (o, lse) state) lives in
 // registers. Only tiles crossing the diagonal or the sequence end are masked element-wise.
 // Two kernels of that structure: prefill_kernel (mma.sync m16n8k16; d = 64, and d = 128 on
 // request) and prefill_wgmma_kernel (sm_90a warpgroup MMA, d = 128; wgmma.cuh).
@@ -146,7 +146,7 @@ __device__ __forceinline__ void mask_tile(float (&s)[8][4], int kpos0, int qpos0
     }
 }
 
-// One 64-key tile of the online softmax (base 2, DESIGN.md §2.6's (o, lse) state) for a warp's
+// One 64-key tile of the online softmax (base 2, docs/design.md §2.6's (o, lse) state) for a warp's
 // 16 rows in the m16n8 accumulator layout (s[n][c]: keys 8n + 2·tq + (c & 1), row gq + 8·(c >> 1)),
 // in two steps so a kernel can put work between them:
 // tile_max masks keys after a row's query or past the sequence (-inf), takes the row max over

@@ -1,6 +1,6 @@
 // What the CUDA prefill kernels share (prefill.cu: attention; prefill_index.cu: the block
 // indexer): the error bits, the workspace, a sequence's geometry read from the device tables
-// with every value checked, and the paged row address of a key position (DESIGN.md §3).
+// with every value checked, and the paged row address of a key position (docs/design.md §3).
 #pragma once
 
 #include <cuda_bf16.h>

@@ -1,4 +1,4 @@
-// The mean-pooled block indexer for sparse prefill (DESIGN.md §4: the indexer scores query
+// The mean-pooled block indexer for sparse prefill (docs/design.md §4: the indexer scores query
 // blocks × key blocks, then the block selection keeps sinks and the diagonal). Three kernels:
 //  1. block_mean_kernel<keys>: the mean of each key block's k rows per kv head (f32);
 //  2. block_mean_kernel<queries>: the mean of each query block's q rows over its tokens and the

@@ -1,4 +1,4 @@
-// CUDA Quest selection (DESIGN.md §2.3 page bounds, §3 Selection, kept pages). Two kernels:
+// CUDA Quest selection (docs/design.md §2.3 page bounds, §3 Selection, kept pages). Two kernels:
 //  1. quest_score_kernel: a CTA owns a chunk of pages of one (sequence, kv head); it stages the
 //     group's q (split into q+ = max(q, 0), q- = min(q, 0)) in shared memory, then each warp
 //     streams its own 16-page tiles of bf16 min/max rows through a private cp.async pipeline

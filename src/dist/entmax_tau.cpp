@@ -1,4 +1,4 @@
-// The distributed entmax threshold (DESIGN.md §2.1, §2.6; docs/dist.md "Entmax").
+// The distributed entmax threshold (docs/design.md §2.1, §2.6; docs/dist.md "Entmax").
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -69,7 +69,7 @@ bool closed_form(const Bracket& br, double alpha, double& tau) {
 }
 
 // The root of the chord through (lo, f_lo), (hi, f_hi): the last step once the bracket is
-// narrow (the final p is normalised by sum p, which absorbs the residual, DESIGN.md §2.1).
+// narrow (the final p is normalised by sum p, which absorbs the residual, docs/design.md §2.1).
 double chord(const Bracket& br) {
   if (!br.lo_known || !br.hi_known || br.at_lo.f == br.at_hi.f) return 0.5 * (br.lo + br.hi);
   const double w = (br.at_lo.f - 1.0) / (br.at_lo.f - br.at_hi.f);

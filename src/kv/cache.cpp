@@ -1,5 +1,5 @@
 // PagedKVCache: page pool, free list, reference-counted sharing between forks, and the page
-// summaries of DESIGN.md §3 (min/max for the §2.3 bound, mean/M2 for the §2.4 model,
+// summaries of docs/design.md §3 (min/max for the §2.3 bound, mean/M2 for the §2.4 model,
 // max ||v|| for the §2.5 error bound), updated in O(d) per appended token.
 #include "masskv/kv/cache.hpp"
 #include "masskv/kv/page_codes.hpp"
@@ -37,7 +37,7 @@ PoolBuffer allocate_zeroed(std::size_t bytes) {
 bool is_pow2_page(int p) { return p >= 1 && p <= 256 && (p & (p - 1)) == 0; }
 
 // Rounds a non-negative f64 up to f32, so a stored max ||v|| never understates the true
-// one (it enters the error bound of DESIGN.md §2.5).
+// one (it enters the error bound of docs/design.md §2.5).
 float round_up_to_f32(double x) {
   float f = static_cast<float>(x);
   if (static_cast<double>(f) < x) f = std::nextafter(f, std::numeric_limits<float>::infinity());
@@ -192,7 +192,7 @@ struct PagedKVCache::Impl {
     if (--refcount[p] == 0) free_list.push_back(p);
   }
 
-  // Copy-on-write of a shared partial page (DESIGN.md §3): data and summaries move to a
+  // Copy-on-write of a shared partial page (docs/design.md §3): data and summaries move to a
   // fresh page owned by `s` alone.
   void copy_last_page(Sequence& s) {
     const std::int32_t old = s.pages.back();

@@ -1,4 +1,4 @@
-// INT4 selector keys (format: KeyFormat::int4 in masskv/kv/key_formats.hpp, DESIGN.md §2.9).
+// INT4 selector keys (format: KeyFormat::int4 in masskv/kv/key_formats.hpp, docs/design.md §2.9).
 #include "masskv/kv/int4_keys.hpp"
 
 #include <cmath>

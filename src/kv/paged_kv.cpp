@@ -1,5 +1,5 @@
 // PagedKVView: layout strides and the checks every kernel runs before reading a cache
-// (DESIGN.md §3, §6: errors name the argument).
+// (docs/design.md §3, §6: errors name the argument).
 #include "masskv/kv/paged_kv.hpp"
 
 #include <algorithm>

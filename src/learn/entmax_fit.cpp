@@ -1,4 +1,4 @@
-// Fitting an entmax conversion (include/masskv/learn/conversion.hpp, DESIGN.md §2.10).
+// Fitting an entmax conversion (include/masskv/learn/conversion.hpp, docs/design.md §2.10).
 #include <algorithm>
 #include <cmath>
 #include <functional>

@@ -15,7 +15,7 @@ namespace {
 
 constexpr std::uint64_t kNoIndex = ~std::uint64_t{0};
 constexpr int kMaxArrayDepth = 8;              // nested arrays deeper than this are rejected
-constexpr std::uint64_t kMaxKeyBytes = 65535;  // docs/gguf.md: keys are at most 2^16-1 bytes
+constexpr std::uint64_t kMaxKeyBytes = 65535;  // ggml's docs/gguf.md: keys are < 2^16 bytes
 
 // Bytes of a fixed-size metadata scalar, 0 for string/array/unknown.
 std::uint64_t scalar_size(std::uint32_t type) noexcept {

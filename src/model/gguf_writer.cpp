@@ -11,7 +11,7 @@
 namespace masskv::model {
 namespace {
 
-constexpr std::uint64_t kAlignment = 32;  // docs/gguf.md default (no general.alignment key)
+constexpr std::uint64_t kAlignment = 32;  // ggml's docs/gguf.md default (no alignment key)
 
 // GGUF is little-endian; so is every platform masskv builds for.
 void put_bytes(std::vector<std::byte>& out, const void* data, std::size_t n) {

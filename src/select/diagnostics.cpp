@@ -1,4 +1,4 @@
-// Certificates, certified δ bounds and study measurements of a selection (DESIGN.md §2.2,
+// Certificates, certified δ bounds and study measurements of a selection (docs/design.md §2.2,
 // §2.5). Run-time quantities read only the selected keys and the page summaries; the study
 // quantities read everything (f64, the dense pass).
 #include "masskv/select/diagnostics.hpp"

@@ -1,4 +1,4 @@
-// f64 scores of listed keys: the exact tau(S) of entmax_support (DESIGN.md §2.2), the oracle
+// f64 scores of listed keys: the exact tau(S) of entmax_support (docs/design.md §2.2), the oracle
 // (§2.7) and the diagnostics (§2.5) all need scores of stored keys, not estimates. Also the
 // estimates of the selector keys (§2.9), the scores MassSource::quant_keys maps.
 #include <cmath>

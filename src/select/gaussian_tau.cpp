@@ -1,4 +1,4 @@
-// Gaussian page model of the entmax threshold (DESIGN.md §2.4).
+// Gaussian page model of the entmax threshold (docs/design.md §2.4).
 //
 // Cost: tau_hat needs f(tau) = sum_j n_j E_j(tau) over every page at each step of the solve.
 // f is convex and decreasing (each (y - tau)_+^r with r >= 1 is), so Newton steps from the

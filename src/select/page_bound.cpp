@@ -1,4 +1,4 @@
-// Quest page bounds (DESIGN.md §2.3), the outward-rounded bf16 bound store (§2.2) and the
+// Quest page bounds (docs/design.md §2.3), the outward-rounded bf16 bound store (§2.2) and the
 // top-k page selection with sinks and a local window (§3).
 #include "masskv/select/page_bound.hpp"
 
@@ -121,7 +121,7 @@ struct SplitQuery {
   std::size_t qd_ = 0;
 };
 
-// Bounds of heads [h0, h0 + num_q) of `sq` for `n` pages of one kv head (DESIGN.md §2.3);
+// Bounds of heads [h0, h0 + num_q) of `sq` for `n` pages of one kv head (docs/design.md §2.3);
 // min/max of physical page p start at mn + p * page_stride; row i of out (stride ldo) gets
 // head h0 + i. sums (num_q * n floats, may equal out when ldo == n) and w (n floats) are
 // scratch. No checks: callers validated. Each page's value

@@ -1,4 +1,4 @@
-// Page-major scans of the page summaries for every q head of a batch (DESIGN.md §2.3, §2.4):
+// Page-major scans of the page summaries for every q head of a batch (docs/design.md §2.3, §2.4):
 // one pass over each summary array, page by page and every kv head of a page in turn, OpenMP
 // threads over chunks of pages. Shared by quest_select and run_selector. No checks: callers
 // validated. Every value depends on its (page, head) alone, so results do not depend on the

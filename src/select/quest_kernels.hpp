@@ -1,4 +1,4 @@
-// Inner loops of the Quest page bound (DESIGN.md §2.3), shared by page_bound.cpp and the
+// Inner loops of the Quest page bound (docs/design.md §2.3), shared by page_bound.cpp and the
 // tests that compare the portable and AVX2 versions. With q split into q+ = max(q, 0) and
 // q- = min(q, 0), max(q_c m_c, q_c M_c) = q+_c M_c + q-_c m_c exactly (one product is ±0),
 // so a bound is two dot products: no compare per channel, FMA-friendly.

@@ -1,4 +1,4 @@
-// The ranking rule of the top-k page selection (DESIGN.md §3), shared by the single-rank
+// The ranking rule of the top-k page selection (docs/design.md §3), shared by the single-rank
 // selector (page_bound.cpp) and the distributed one (dist/select.cpp), which must pick the
 // same pages bit for bit.
 #pragma once

@@ -1,5 +1,5 @@
 // `masskv bench attn`: CPU decode attention, dense vs sparse (page-bound top-k), with the
-// read bandwidth of this machine measured in the same run (DESIGN.md §6: ratios measured
+// read bandwidth of this machine measured in the same run (docs/design.md §6: ratios measured
 // side by side). Not a test: timings are reported, never asserted.
 #include <fmt/core.h>
 #include <fmt/os.h>

@@ -1,4 +1,4 @@
-// `masskv bench keys`: the selector key formats (DESIGN.md §2.9, kv/key_formats.hpp) on a
+// `masskv bench keys`: the selector key formats (docs/design.md §2.9, kv/key_formats.hpp) on a
 // model's real keys and queries (`masskv dump` files): bytes per token against bf16, and how
 // well the page masses of quantised-key scores select the pages the bf16-key scores select
 // (the same scorer as MassSource::quant_keys: the mapping of q·k̂/sqrt(d) over all tokens,
@@ -68,7 +68,7 @@ const learn::LayerSelector& selector_layer(const learn::Selector& s, const QkvDu
 }
 
 // The selector's view of a dump (recall of the 4-bit selector key cache against bf16,
-// DESIGN.md §2.9): q and k replaced by their d_s projections, one "head" per selector group,
+// docs/design.md §2.9): q and k replaced by their d_s projections, one "head" per selector group,
 // so that the scores below are ŝ = q_s·k_s (scale 1).
 void project_dump(const learn::Selector& s, const learn::LayerSelector& l, QkvDump& d) {
   const std::vector<float> qmodel = [&] {

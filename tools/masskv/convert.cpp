@@ -1,4 +1,4 @@
-// `masskv convert`: fits an entmax conversion of a softmax-trained model (DESIGN.md §2.10,
+// `masskv convert`: fits an entmax conversion of a softmax-trained model (docs/design.md §2.10,
 // include/masskv/learn/conversion.hpp) on calibration text and writes it as a small GGUF that
 // `run`, `perplexity`, `bench` and `eval` load with --entmax-conversion.
 #include <fmt/core.h>
@@ -144,7 +144,7 @@ void register_convert(CLI::App& app) {
   CLI::App* cmd = app.add_subcommand(
       "convert",
       "Fit an entmax conversion of a softmax-trained model (per-head temperatures, "
-      "DESIGN.md §2.10) on calibration text; use it with --entmax-conversion");
+      "docs/design.md §2.10) on calibration text; use it with --entmax-conversion");
   cmd->add_option("-m,--model", o->model,
                   "Model: smollm2, gemma3 or a GGUF path")
       ->capture_default_str();

@@ -1,5 +1,5 @@
-// `masskv distill`: learned selectors (DESIGN.md §2.8, docs/learned.md) distilled from a frozen
-// model's dense attention on real text — collection of the activations of every chosen layer
+// `masskv distill`: learned selectors (docs/design.md §2.8, docs/learned.md) distilled from a
+// frozen model's dense attention on real text — collection of the activations of every chosen layer
 // (one dense prefill per sequence, streamed to a cache directory), then per layer Adam on
 // KL(p_dense ‖ softmax(ŝ)) — written as one selector file, with the loss curves (CSV + PNG)
 // and a held-out summary (KL, recall at 1/16 against a random-init selector, the Quest page
@@ -223,8 +223,8 @@ void register_distill(CLI::App& app) {
   auto o = std::make_shared<DistillOptions>();
   CLI::App* d = app.add_subcommand(
       "distill",
-      "Distil learned selectors (DESIGN.md §2.8) from a frozen model's dense attention on real "
-      "text: per layer W_q, W_k with softmax((W_q x_q)·(W_k x_k)) ≈ the layer's attention "
+      "Distil learned selectors (docs/design.md §2.8) from a frozen model's dense attention on "
+      "real text: per layer W_q, W_k with softmax((W_q x_q)·(W_k x_k)) ≈ the layer's attention "
       "(docs/learned.md)");
   d->add_option("-m,--model", o->model,
                 "Model: smollm2 (SmolLM2-135M-Instruct), gemma3 (Gemma 3 270M) or a GGUF path")

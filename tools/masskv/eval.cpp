@@ -1037,7 +1037,7 @@ void register_eval(CLI::App& app, const std::string& cmdline) {
                 "The learned selector of the `learned` method (its hash keys the cache)");
   e->add_option("--selector-key-format", o->selector_key_format,
                 "Storage of the learned selector's key cache: f32, bf16, int4, mxfp4 or nvfp4 "
-                "(DESIGN.md §2.9; the 4-bit ones need d_s % 32 == 0, nvfp4 % 16)")
+                "(docs/design.md §2.9; the 4-bit ones need d_s % 32 == 0, nvfp4 % 16)")
       ->capture_default_str();
   e->add_flag("!--no-plots", o->plots, "Skip the PNG plots");
   e->add_flag("--report-only", o->report_only,

@@ -56,7 +56,7 @@ void run_init(const InitOptions& o) {
 }  // namespace
 
 void register_selector(CLI::App& app) {
-  auto* sel = app.add_subcommand("selector", "Learned-selector files (DESIGN.md §2.8)");
+  auto* sel = app.add_subcommand("selector", "Learned-selector files (docs/design.md §2.8)");
   sel->require_subcommand(1);
   auto o = std::make_shared<InitOptions>();
   auto* init = sel->add_subcommand(

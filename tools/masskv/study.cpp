@@ -1,5 +1,5 @@
 // `masskv study`: selectors × budgets on synthetic attention inputs with named structure,
-// under softmax and entmax (DESIGN.md §2.2–§2.7): measured δ, recall, output error, the
+// under softmax and entmax (docs/design.md §2.2–§2.7): measured δ, recall, output error, the
 // certified-exact fraction and the tightness of the certified δ bound, next to the tokens and
 // bytes each selection reads. `masskv bench select`: the selector's cost per step next to the
 // attention time it saves, in the same run.

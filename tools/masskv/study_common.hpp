@@ -15,7 +15,7 @@
 namespace masskv::cli {
 
 // A selector of the study: a method, and for top_p its mass source ("top_p_q4": top_p with
-// the page masses of scores on INT4 selector keys, DESIGN.md §2.9).
+// the page masses of scores on INT4 selector keys, docs/design.md §2.9).
 struct SelectorSpec {
   select::Method method = select::Method::quest;
   select::MassSource source = select::MassSource::page_gaussian;

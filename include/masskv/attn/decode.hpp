@@ -1,5 +1,5 @@
 // Decode attention (one query token per sequence) over a paged cache, dense or sparse,
-// softmax or entmax (DESIGN.md §1, §2.6).
+// softmax or entmax (docs/design.md §1, §2.6).
 #pragma once
 
 #include <functional>
@@ -41,7 +41,7 @@ struct DecodeArgs {
   Mapping mapping = Mapping::softmax();
   float scale = 0;            // score scale; 0 means 1/sqrt(d)
   // nullptr: dense. Otherwise only the listed pages / tokens are read. The partial last
-  // page is *not* added implicitly: selectors add it (DESIGN.md §3).
+  // page is *not* added implicitly: selectors add it (docs/design.md §3).
   const SelectionView* selection = nullptr;
   View3<float> out;           // [B][Hq][d]
   // Per (b, q head): softmax: log-sum-exp of the scaled scores (natural log; -inf for an

@@ -1,4 +1,4 @@
-// Split-K / distributed merge (DESIGN.md §2.6). The one place both split-K decode and
+// Split-K / distributed merge (docs/design.md §2.6). The one place both split-K decode and
 // context parallelism combine partial results.
 #pragma once
 
@@ -46,13 +46,13 @@ void merge_entmax(std::span<const EntmaxPartialView> parts, int d, float* o);
 
 // Step 1 of the two-step scheme for one chunk: solves the chunk's local threshold and appends
 // the chunk's scores s_i (scores, not z) with (alpha-1)*s_i > tau_lo_c to `out`, in order.
-// tau_lo_c <= tau_c <= tau_global (DESIGN.md §2.2 subset monotonicity), so the union over the
+// tau_lo_c <= tau_c <= tau_global (docs/design.md §2.2 subset monotonicity), so the union over the
 // chunks holds the global support. An empty chunk appends nothing. Throws like
 // entmax_threshold (naming "scores" / "alpha").
 void append_local_candidates(std::span<const float> chunk, double alpha, std::vector<double>& out);
 
 // The exact global entmax threshold of the concatenated chunks, computed from the union of the
-// local candidates only (DESIGN.md §2.6). Equal to entmax_threshold on the concatenation up to
+// local candidates only (docs/design.md §2.6). Equal to entmax_threshold on the concatenation up to
 // rounding (same support; tau identical or within a few ulps). `support` counts the global
 // support. Throws Error(invalid_argument, "chunks") when every chunk is empty.
 EntmaxThreshold entmax_threshold_split(std::span<const std::span<const float>> chunks,

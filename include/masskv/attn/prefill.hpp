@@ -1,4 +1,4 @@
-// Causal prefill over a paged cache, dense or block-sparse (DESIGN.md §4).
+// Causal prefill over a paged cache, dense or block-sparse (docs/design.md §4).
 #pragma once
 
 #include <cstdint>

@@ -1,4 +1,4 @@
-// Decode-step append on the GPU (issue 7 item 4; DESIGN.md §3, §4): each sequence's new token
+// Decode-step append on the GPU (issue 7 item 4; docs/design.md §3, §4): each sequence's new token
 // k, v is written into its page slot of the paged pool and folded into that page's summaries —
 // f32 min/max (exact), Welford mean/M2 (f64 from the f32 state), max ‖v‖ (rounded up), count —
 // and, when given, into the outward-rounded bf16 bound store the GPU selector scans

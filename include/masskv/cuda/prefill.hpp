@@ -1,4 +1,4 @@
-// CUDA causal prefill attention, dense or block-sparse (issue 10; DESIGN.md §3 Selection at
+// CUDA causal prefill attention, dense or block-sparse (issue 10; docs/design.md §3 Selection at
 // prefill granularity, §4 prefill data flow), and the cheap GPU block indexer that feeds it.
 // Softmax only. Every pointer and span in the args is *device* memory.
 #pragma once
@@ -15,7 +15,7 @@ struct CUstream_st;
 
 namespace masskv::cuda {
 
-// Block selection for block-sparse prefill (DESIGN.md §3 at prefill granularity), the layout
+// Block selection for block-sparse prefill (docs/design.md §3 at prefill granularity), the layout
 // of the CPU's attn::BlockSelection: per (query block, head slot) a strictly ascending list of
 // key-block ids padded with -1, plus a count. Sequence b's query blocks are rows
 // q_block_indptr[b] .. q_block_indptr[b+1] (exactly ceil(n_b / q_block) of them); row
@@ -95,7 +95,7 @@ struct PrefillArgs {
   std::span<float> lse;
 };
 
-// Causal prefill on the GPU, softmax (DESIGN.md §2.6's (o, lse) state, base e) or α-entmax.
+// Causal prefill on the GPU, softmax (docs/design.md §2.6's (o, lse) state, base e) or α-entmax.
 // Dense: every key up to the query. Sparse: the causal keys of the listed blocks only (the
 // work is proportional to the listed blocks). A query that attends no key gets o = 0,
 // lse = -inf (softmax) / τ = NaN (entmax).
@@ -111,7 +111,7 @@ struct PrefillArgs {
 // a multiple of 4, else 2 or 1, and reads each key tile once for them).
 void prefill(const PrefillArgs& args, const PrefillLaunch& launch);
 
-// The mean-pooled block indexer (DESIGN.md §4 "indexer scores query blocks × key blocks"): the
+// The mean-pooled block indexer (docs/design.md §4 "indexer scores query blocks × key blocks"): the
 // score of (query block i, kv head h, key block j) is mean(q over the block's tokens and the
 // group's q heads) · mean(k over the key block's tokens); per (i, h) it keeps the sink blocks
 // [0, sink_blocks), the diagonal blocks (those holding the query block's positions) and the

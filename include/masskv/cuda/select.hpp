@@ -1,4 +1,4 @@
-// CUDA Quest page selection (DESIGN.md §2.3 page bounds, §3 Selection): page scoring and top-k
+// CUDA Quest page selection (docs/design.md §2.3 page bounds, §3 Selection): page scoring and top-k
 // on the GPU, so a sparse decode step needs no host round trip. The result is the CPU
 // selector's (select::quest_select with bounds_bf16): same bounds, same GQA aggregation (max
 // over the group's q heads), same kept pages (sinks, window, last page), same tie rule (lower

@@ -1,4 +1,4 @@
-// Collectives for context parallelism (DESIGN.md §7, docs/dist.md): the small interface the
+// Collectives for context parallelism (docs/design.md §7, docs/dist.md): the small interface the
 // distributed selection and decode are written against, with an in-process implementation
 // (threads as ranks, for CPU tests) and an NCCL one (dist/nccl_comm.hpp, MASSKV_NCCL=ON).
 #pragma once

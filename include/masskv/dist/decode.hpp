@@ -1,4 +1,4 @@
-// Distributed decode (context parallelism, DESIGN.md §2.6 and §7; docs/dist.md): each rank
+// Distributed decode (context parallelism, docs/design.md §2.6 and §7; docs/dist.md): each rank
 // attends its own pages (all of them, or those of a global selection) and the partial results
 // are merged across ranks with the split-K merge of attn/merge.hpp.
 #pragma once

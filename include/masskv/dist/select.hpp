@@ -1,4 +1,4 @@
-// Distributed Quest top-k page selection (DESIGN.md §2.3, §7; docs/dist.md). Each rank bounds
+// Distributed Quest top-k page selection (docs/design.md §2.3, §7; docs/dist.md). Each rank bounds
 // its own pages from its local summaries and proposes its best ones; one all-gather of
 // (bound, page) candidates lets every rank derive the same global selection.
 #pragma once

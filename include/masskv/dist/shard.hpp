@@ -1,4 +1,4 @@
-// Context parallelism: a sequence's pages spread over ranks (DESIGN.md §7, docs/dist.md).
+// Context parallelism: a sequence's pages spread over ranks (docs/design.md §7, docs/dist.md).
 // Round-robin by page: logical page j of every sequence lives on rank j % R. Decode reads
 // only selected pages, and selections cluster (sinks, the recent window, a topic's run of
 // pages); round-robin spreads any run of R consecutive pages over all R ranks, so each rank

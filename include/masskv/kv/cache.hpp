@@ -1,5 +1,5 @@
 // kv::PagedKVCache: the owner of one layer's pages, page summaries and per-sequence page
-// lists (DESIGN.md §3). Single-threaded by contract: callers serialise mutation.
+// lists (docs/design.md §3). Single-threaded by contract: callers serialise mutation.
 #pragma once
 
 #include <cstdint>
@@ -21,7 +21,7 @@ struct CacheConfig {
   DType dtype = DType::f16;
   int capacity_pages = 0;  // size of the pool; > 0
   Layout layout = Layout::HND;
-  // Also keep every key in a selector key format (kv/key_formats.hpp, DESIGN.md §2.9),
+  // Also keep every key in a selector key format (kv/key_formats.hpp, docs/design.md §2.9),
   // quantised from the stored (converted) key on append. Needs head_dim % key_block(format)
   // == 0 (32 for int4 and mxfp4, 16 for nvfp4).
   bool selector_keys = false;
@@ -33,7 +33,7 @@ struct CacheConfig {
   // Also keep 2-bit page codes of every key (kv/page_codes.hpp): what the two-stage selector
   // scores tokens on. head_dim / 4 bytes per token and kv head.
   bool page_codes = false;
-  // A learned selector's key cache (kv/key_rows.hpp, DESIGN.md §2.8): per token
+  // A learned selector's key cache (kv/key_rows.hpp, docs/design.md §2.8): per token
   // key_row_groups rows of key_row_dim projected values, in the KV's pages (shared by forks,
   // copied with a shared partial page). 0 groups: none; otherwise append takes the rows.
   int key_row_groups = 0;

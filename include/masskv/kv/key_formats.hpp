@@ -1,4 +1,4 @@
-// Selector key formats (DESIGN.md §2.9): the per-token keys the selectors score, kept beside
+// Selector key formats (docs/design.md §2.9): the per-token keys the selectors score, kept beside
 // the KV and quantised on append. The one definition of every format; the paged cache's
 // selector key store, MassSource::quant_keys and the learned selectors' key cache use it.
 //

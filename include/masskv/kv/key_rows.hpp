@@ -1,4 +1,4 @@
-// The learned selector's key cache (DESIGN.md §2.8, §2.9): per token and selector group one
+// The learned selector's key cache (docs/design.md §2.8, §2.9): per token and selector group one
 // row of d_s projected key values, kept beside the paged KV in the same pages (so forks share
 // it and copy it on write exactly like the KV). The row format is the one thing that changes
 // with quantisation: every read and write of a row goes through encode_row / score_rows here,

@@ -1,4 +1,4 @@
-// Views of a paged KV cache (DESIGN.md §3). Kernels take these by value; nothing here owns
+// Views of a paged KV cache (docs/design.md §3). Kernels take these by value; nothing here owns
 // memory. The owner is kv::PagedKVCache (kv/cache.hpp), but any engine's cache with the same
 // page table can be viewed: strides let an NHD cache (vLLM, FlashInfer's default) pass too.
 #pragma once
@@ -72,7 +72,7 @@ struct PagedKVView {
   void validate_geometry() const;
 };
 
-// Per page and kv head statistics of the keys (DESIGN.md §3), f32, laid out
+// Per page and kv head statistics of the keys (docs/design.md §3), f32, laid out
 // [page][kv_head][head_dim] (count: [page]; max_vnorm: [page][kv_head]).
 // min/max are bit-equal to a recomputation from the stored keys; mean/M2 follow Welford.
 struct SummariesView {
@@ -89,7 +89,7 @@ struct SummariesView {
   }
 };
 
-// Per-token selector keys in one of the formats of kv/key_formats.hpp (DESIGN.md §2.9), kept
+// Per-token selector keys in one of the formats of kv/key_formats.hpp (docs/design.md §2.9), kept
 // beside the paged KV: row (page, kv head, slot) of codes and of block scales.
 struct SelectorKeysView {
   KeyFormat format = KeyFormat::int4;

@@ -1,4 +1,4 @@
-// Training data of a learned selector (DESIGN.md §2.8, docs/learned.md): what the frozen model
+// Training data of a learned selector (docs/design.md §2.8, docs/learned.md): what the frozen model
 // computes on real text, per chosen layer — the selector inputs (x_k of every position, x_q of
 // sampled query positions) and the dense attention at those queries as targets — collected by
 // one dense prefill per sequence and streamed to one file per layer.

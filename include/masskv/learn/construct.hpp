@@ -1,4 +1,4 @@
-// Selectors built without training (DESIGN.md §2.8), for tests, baselines and measurements of
+// Selectors built without training (docs/design.md §2.8), for tests, baselines and measurements of
 // the decode path before a distilled selector exists (`masskv selector init`).
 #pragma once
 

@@ -1,4 +1,4 @@
-// Entmax conversion of a softmax-trained model (DESIGN.md §2.10): per layer and q head a
+// Entmax conversion of a softmax-trained model (docs/design.md §2.10): per layer and q head a
 // temperature t such that entmax_α(t·s) stands in for the model's softmax(s). With it the
 // model runs α-entmax attention (SessionOptions::mapping + ::score_multipliers) and the §2.2
 // certificate makes sparse decoding exact against this converted model.
@@ -69,7 +69,7 @@ std::string_view to_string(Proxy proxy);
 
 // Entmax Fenchel–Young loss L(θ; y) = ⟨θ, p − y⟩ + H(p) − H(y), p = entmax_α(θ), with the
 // Tsallis entropy H(p) = (1 − Σ p_i^α) / (α(α − 1)) whose regularised argmax is masskv's
-// entmax (DESIGN.md §2.1; Blondel et al. 2020, Peters et al. 2019). ≥ 0, 0 iff y = p, finite
+// entmax (docs/design.md §2.1; Blondel et al. 2020, Peters et al. 2019). ≥ 0, 0 iff y = p, finite
 // for any distribution y, convex in θ (so in t for θ = t·s), gradient p − y.
 double entmax_fenchel_young(std::span<const double> theta, std::span<const double> y,
                             double alpha);

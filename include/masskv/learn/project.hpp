@@ -1,5 +1,5 @@
-// The learned selector at inference (DESIGN.md §2.8): its projections of the query side and the
-// key side, shared by the decode path (model::Session's selector key cache) and anything that
+// The learned selector at inference (docs/design.md §2.8): its projections of the query side and
+// the key side, shared by the decode path (model::Session's selector key cache) and anything that
 // scores with a selector. learn/selector.hpp says what x_q and x_k are for each input kind.
 #pragma once
 

@@ -1,5 +1,5 @@
-// Learned selectors (DESIGN.md §2.8, §2.9): the data a distilled selector is made of, shared by
-// the trainer (`masskv distill`, src/learn/) and the decode path that scores with it (the
+// Learned selectors (docs/design.md §2.8, §2.9): the data a distilled selector is made of, shared
+// by the trainer (`masskv distill`, src/learn/) and the decode path that scores with it (the
 // selector key cache in model::Session, `--selector learned --selector-file F`).
 //
 // One selector per chosen model layer. It projects the query side and the key side into d_s

@@ -1,5 +1,5 @@
-// The KL-distillation trainer of learned selectors (DESIGN.md §2.8, docs/learned.md): per layer,
-// W_q and W_k of ŝ_t = (W_q x_q) · (W_k x_k,t) are fitted on a layer's activation file
+// The KL-distillation trainer of learned selectors (docs/design.md §2.8, docs/learned.md): per
+// layer, W_q and W_k of ŝ_t = (W_q x_q) · (W_k x_k,t) are fitted on a layer's activation file
 // (learn/activations.hpp) so that softmax(ŝ) over the causal prefix matches the frozen model's
 // dense attention, by Adam on minibatches of query positions, with hand-written gradients:
 //   loss = mean over queries and groups of KL(p ‖ softmax(ŝ)) = Σ p log p − Σ p ŝ + logsumexp ŝ

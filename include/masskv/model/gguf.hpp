@@ -150,7 +150,7 @@ class GgufFile {
   std::unique_ptr<Mapping> mapping_;  // owns the bytes when opened from a path
   std::span<const std::byte> bytes_;
   std::uint32_t version_ = 0;
-  std::uint64_t alignment_ = 32;  // docs/gguf.md default when general.alignment is absent
+  std::uint64_t alignment_ = 32;  // ggml's docs/gguf.md default if no general.alignment
   std::uint64_t data_offset_ = 0;
   std::vector<GgufKeyValue> kv_;
   std::vector<GgufTensor> tensors_;

@@ -20,10 +20,10 @@
 // SessionOptions::mapping swaps the attention mapping of every layer (prefill and decode) for
 // α-entmax: the models are trained with softmax, so alone that is "entmax mapping on a
 // softmax-trained model"; with the per-head temperatures of an entmax conversion
-// (SessionOptions::score_multipliers, learn/conversion.hpp, DESIGN.md §2.10) it is the "converted
-// entmax" model. Reports must label which.
+// (SessionOptions::score_multipliers, learn/conversion.hpp, docs/design.md §2.10) it is the
+// "converted entmax" model. Reports must label which.
 //
-// A learned selector (SessionOptions::learned_selector, DESIGN.md §2.8) adds a selector key
+// A learned selector (SessionOptions::learned_selector, docs/design.md §2.8) adds a selector key
 // cache: for every layer it lists (gemma3's local layers excepted: they keep their window),
 // the projected keys W_k x_k,t of every token, appended with the KV at prefill and decode (in
 // the KV's pages: forks share them copy-on-write). A decode step under Method::learned projects
@@ -171,7 +171,7 @@ struct SessionOptions {
   kv::RowFormat learned_key_format = kv::RowFormat::f32;  // row format of that key cache
   Mapping mapping = Mapping::softmax();                   // attention mapping of every layer
   // Per (layer, q head) score multiplier t, [n_layer][n_head] row-major (an entmax conversion's
-  // temperatures, DESIGN.md §2.10): head h of layer l scores t·q·k × attn_scale. Applied by
+  // temperatures, docs/design.md §2.10): head h of layer l scores t·q·k × attn_scale. Applied by
   // scaling the head's q before anything reads it, so the selectors, kernels, certificates,
   // δ bounds, forks and decode_batch all see the converted scores. Empty: every t = 1 (the
   // same bits as before). Each t must be finite and > 0.

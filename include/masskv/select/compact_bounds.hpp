@@ -1,4 +1,4 @@
-// Smaller page summaries for the Quest bound (DESIGN.md §2.3; issue 7 item 5), the CPU
+// Smaller page summaries for the Quest bound (docs/design.md §2.3; issue 7 item 5), the CPU
 // references of what the GPU selector scans:
 //  - BoundStore8: per (page, kv head) min/max codes of 8 bits on an affine grid lo + step·code
 //    (lo, step per (page, head)), min codes rounded down and max codes rounded up, so the bound
@@ -105,7 +105,7 @@ class GroupStore {
   int num_slots_ = 0, num_kv_heads_ = 0, head_dim_ = 0, group_pages_ = 16;
 };
 
-// Pooled page moments (DESIGN.md §2.4: means and second moments pool exactly over groups):
+// Pooled page moments (docs/design.md §2.4: means and second moments pool exactly over groups):
 // one f32 mean[d], M2[d] and count per group of G consecutive logical pages of a sequence and
 // kv head, slot indptr()[b] + i for sequence b's group i (as GroupStore). Pooled in f64 from
 // the pages' f32 Welford state: N = Σ n_j, mean = Σ n_j μ_j / N, M2 = Σ (M2_j + n_j (μ_j −
@@ -183,7 +183,7 @@ struct HierSelectArgs {
 void hier_select(const HierSelectArgs& args, SelectionStorage& out,
                  std::vector<std::uint32_t>* page_keys = nullptr, int keys_stride = 0);
 
-// Hierarchical top-p (softmax; DESIGN.md §2.4 page masses, §2.8 top-K ∧ top-p): groups chosen
+// Hierarchical top-p (softmax; docs/design.md §2.4 page masses, §2.8 top-K ∧ top-p): groups chosen
 // as hier_select's (Quest group bounds, cover); each page of the chosen groups and each kept page
 // gets the estimated mass  mean_h exp(log n_j + m_hj + v_hj / 2 − log Z_h)  from its own
 // summaries (m, v as §2.4: scale q·μ_j, scale² Σ_c q_c² M2_jc / n_j), Z_h = Σ_G N_G exp(m_hG +

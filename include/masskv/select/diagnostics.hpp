@@ -1,4 +1,4 @@
-// Per step and q head diagnostics of a selection (DESIGN.md §2.2, §2.5, §4): the entmax
+// Per step and q head diagnostics of a selection (docs/design.md §2.2, §2.5, §4): the entmax
 // exactness certificate with its margin, certified dropped-mass (δ) bounds for softmax and
 // entmax that read no unselected key, the run-time output-error bound, and in study mode the
 // measured quantities (they need the dense pass) with a check that every bound held.

@@ -1,4 +1,4 @@
-// Quest page bounds (DESIGN.md §2.3) and the top-k page selection built on them.
+// Quest page bounds (docs/design.md §2.3) and the top-k page selection built on them.
 #pragma once
 
 #include <cstdint>
@@ -14,13 +14,13 @@ namespace masskv::select {
 
 // Compact copy of the key min/max summaries in bf16, [page][kv_head][head_dim], rounded
 // outward (min toward -inf, max toward +inf) so a bound computed from it is still an upper
-// bound on every score in the page (DESIGN.md §2.2). Half the bytes of the f32 summaries.
+// bound on every score in the page (docs/design.md §2.2). Half the bytes of the f32 summaries.
 struct BoundStoreView {
   const bf16* min = nullptr;
   const bf16* max = nullptr;
   int num_pages = 0, num_kv_heads = 0, head_dim = 0;
   // Optional [page][kv_head] W = max_c max(|min_c|, |max_c|) of the bf16 values (the scale of
-  // the bound's rounding slack, DESIGN.md §2.3), precomputed so the scan need not; null: the
+  // the bound's rounding slack, docs/design.md §2.3), precomputed so the scan need not; null: the
   // kernels compute it. BoundStore::view() always sets it.
   const float* wmax = nullptr;
 
@@ -52,7 +52,7 @@ class BoundStore {
 // Upper bounds of the scaled scores of `num_q` query vectors against every page of one
 // sequence for one kv head (the q heads of that head's GQA group):
 //   out[i * pages.size() + j] = scale * sum_c max(q_ic * m_jc, q_ic * M_jc) + slack,
-// with m, M the min/max summaries of physical page pages[j] (DESIGN.md §2.3). The slack is
+// with m, M the min/max summaries of physical page pages[j] (docs/design.md §2.3). The slack is
 // a forward-error bound of the f32 evaluation, 2(2d+4)·2^-24·scale·||q_i||_1·W_j with
 // W_j = max_c max(|m_jc|, |M_jc|), so out >= scale * q·k in exact arithmetic for every
 // stored key k of the page: the bound is rigorous, not only up to rounding (the §2.2
@@ -66,7 +66,7 @@ void page_upper_bounds(const BoundStoreView& s, std::span<const std::int32_t> pa
                        const float* q, int num_q, std::int64_t q_stride, float scale,
                        std::span<float> out);
 
-// Which pages every selection keeps, and how many it may hold (DESIGN.md §3).
+// Which pages every selection keeps, and how many it may hold (docs/design.md §3).
 struct TopkPolicy {
   int budget_pages = 64;  // pages per (sequence, kv head), kept pages included
   int sink_pages = 1;     // the first pages of the sequence
@@ -81,7 +81,7 @@ int topk_selected_pages(int num_pages, std::int64_t length, int page_size,
 // Selects pages of one (sequence, kv head) from bounds [num_q][num_pages] (the group's q
 // heads). Pages are ranked by the max over the group's heads: a shared selection must keep
 // every page some head needs, and a mean would let one head's large bound on a page be
-// outvoted by the others (DESIGN.md §3: one selection per kv group). Ties go to the lower
+// outvoted by the others (docs/design.md §3: one selection per kv group). Ties go to the lower
 // page id. The kept pages are always in; the rest of the budget goes to the highest ranks.
 // Writes the ids ascending into out, pads the rest of out with -1, returns the count.
 // O(num_q * num_pages) (nth_element, no full sort).

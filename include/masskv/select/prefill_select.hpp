@@ -1,4 +1,4 @@
-// Sparse prefill selection (DESIGN.md §2.7 at prefill, §4): which keys each query of a prefill
+// Sparse prefill selection (docs/design.md §2.7 at prefill, §4): which keys each query of a prefill
 // step attends, and the attention-mass oracle that recomputes attention on that support.
 //
 // A prefill step holds the last n tokens of one sequence (already appended to the cache), in
@@ -13,7 +13,7 @@
 //           key block (per kv head) scored by the query block's mean q, averaged over the heads
 //           (head-collapsed; the CUDA indexer, src/cuda/prefill_index.cu, ranks per kv group).
 //           It needs no dense pass.
-//   learned per query block, key blocks ranked by a learned selector (DESIGN.md §2.8): the sum
+//   learned per query block, key blocks ranked by a learned selector (docs/design.md §2.8): the sum
 //           over the block's queries of softmax(ŝ) over the keys each query sees, ŝ_ij =
 //           q_s,i · k_s,j on the selector key rows, summed per key block (averaged over the
 //           selector's groups). The selector is a `masskv distill` one: its training target, a

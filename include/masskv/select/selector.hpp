@@ -1,4 +1,4 @@
-// Training-free selectors (DESIGN.md §2.2–§2.4, §2.7, §3, §4): one entry point that turns the
+// Training-free selectors (docs/design.md §2.2–§2.4, §2.7, §3, §4): one entry point that turns the
 // queries of a decode step into a Selection, plus the selector's own estimate per q head.
 #pragma once
 
@@ -35,7 +35,7 @@ std::string_view to_string(Method m);
 // Parses the names above ("sink_recent", "top_p", ...). Throws Error naming `argument`.
 Method parse_method(std::string_view name, std::string_view argument);
 
-// How many pages a selection may hold (DESIGN.md §2.8's top-K ∧ top-p, for training-free
+// How many pages a selection may hold (docs/design.md §2.8's top-K ∧ top-p, for training-free
 // selectors).
 struct Budget {
   enum class Kind {
@@ -50,7 +50,7 @@ struct Budget {
   std::int64_t min_tokens = 0;  // top_p only: pages for at least this many tokens (K_min)
 };
 
-// GQA: one selection per kv group (DESIGN.md §3). `union_heads` interleaves the q heads'
+// GQA: one selection per kv group (docs/design.md §3). `union_heads` interleaves the q heads'
 // own rankings (round robin, each head's next best page) so every head gets its best pages;
 // `aggregate` ranks by one group score (max bound, mean estimated mass). Default: union,
 // because the §2.2 certificate is per q head and a union of per-head supports is exact for
