@@ -98,10 +98,9 @@ using detail::stamp;
 
 // Right after the wait, the chunk's q rows and its slice of the selection are requested into L1:
 // their addresses need no load, while the chunk's own chain (sequence bounds and count, then
-// the selected ids, then their physical pages, then q) is four dependent round trips (page list
-// and q staged ~1.5-2 µs after the wait at B = 1, profile-phases 2026-12-04; the softmax sparse
-// step took ~1 µs less with it on the H200, 2026-12-05; the entmax cluster kernel did not gain
-// from the same hint, so it has none). kD: head_dim.
+// the selected ids, then their physical pages, then q) is four dependent round trips; the hint
+// shortens the softmax sparse step, the entmax cluster kernel gained nothing from it and has
+// none (docs/gpu-results.md, tuning notes). kD: head_dim.
 template <int kD>
 __device__ __forceinline__ void prefetch_chunk_inputs(const Params& p) {
   constexpr int kRowLines = (kD * 4 + 127) / 128 + 1;  // lines a q row may touch (unaligned)

@@ -340,10 +340,9 @@ void launch_group_tau(const TauParams& p, cudaStream_t stream) {
     set_dynamic_smem(tau_solve_kernel, kSolveCache * (sizeof(Item<double>) + sizeof(Item<float>)),
                      "the tau solve kernel");
   });
-  // Warps by groups (one group a lane, at most 8 warps): the solve is latency-bound (measured
-  // with ncu on the H200, 128K tokens, one warp of 4 groups a lane: ~8,400 instructions a warp
-  // at 4.8 cycles each, 22 µs), so the evaluations are spread over as many lanes as there are
-  // groups; the cost is a pair of barriers per evaluation.
+  // Warps by groups (one group a lane, at most 8 warps): the solve is latency-bound
+  // (docs/gpu-results.md, tuning notes), so the evaluations are spread over as many lanes as
+  // there are groups; the cost is a pair of barriers per evaluation.
   const int warps = std::clamp((p.max_groups + 31) / 32, 1, kSolveThreads / 32);
   PdlLaunch l(stream, dim3(p.num_q_heads, p.batch), dim3(32 * warps), smem);
   check_cuda(cudaLaunchKernelEx(&l.cfg, tau_solve_kernel, p, cache), "tau solve kernel launch");

@@ -610,7 +610,7 @@ __global__ void __launch_bounds__(kHeads * 128, kHeads == 2 ? 2 : 1)
   __trap();  // never launched before sm_90 (hopper_paths)
 #else
   constexpr int kD = 128;
-  constexpr int kStages = 2;  // 3 measured no faster (2026-12-04)
+  constexpr int kStages = 2;  // 3 measured no faster (docs/gpu-results.md, tuning notes)
   constexpr int kThreads = kHeads * 128;
   constexpr int kTileElems = kTile * kD;
   extern __shared__ uint4 smem_raw[];
@@ -644,8 +644,7 @@ __global__ void __launch_bounds__(kHeads * 128, kHeads == 2 ? 2 : 1)
   const std::uint64_t dq = wgmma::desc_k_major(sQ + hs * kTileElems);
 
   // before_s: the next tile's loads, issued just before S (ptxas gave this form fewer spills
-  // than the loads written before the call: 8 against 16 bytes, before softmax_tile was shared;
-  // 16 now, measured at the same speed, 307 TFLOP/s dense at 128K).
+  // than the loads written before the call; docs/gpu-results.md, tuning notes).
   const auto compute = [&](int tile, int stage, auto&& before_s) {
     const int kpos0 = tile * kTile;
     float s[8][4];
@@ -714,9 +713,8 @@ __global__ void __launch_bounds__(kHeads * 128, kHeads == 2 ? 2 : 1)
 //   softmax of S (P kept in registers for the next half-step). The consumers take turns
 //   issuing (two named barriers, "ping-pong"), so one's softmax runs under the other's MMAs.
 // No block-wide barrier after the start: each role waits only on what it consumes.
-// Ring depth and copy lag, measured (2026-12-04, dense / sparse 128K, TFLOP/s): stages 4 lag 1
-// 409 / 373, 5 and 2 403 / 370, 4 and 2 370 / 350, 3 and 1 368 / 348, 5 and 3 366 / 346: the
-// consumers should see a tile as soon as its copies land, with room to run ahead.
+// Ring depth and copy lag: the consumers should see a tile as soon as its copies land, with
+// room to run ahead (the sweep: docs/gpu-results.md, tuning notes).
 constexpr int kWsStages = 4, kWsLag = 1;
 // A stage is released only after the next tile's full barrier, which the producer arrives on
 // kWsLag tiles later, before it waits for that stage: a deeper lag would deadlock.
@@ -946,9 +944,8 @@ int heads_per_cta(int group) {
 // the wgmma kernel with heads_per_cta's q heads per CTA (one warpgroup each: 4 when the group
 // allows, else 2 or 1); d = 64 the mma.sync kernel. MASSKV_PREFILL_KERNEL=wgmma or =mma selects
 // the older kernels for d = 128, for comparing them on a device. Before sm_90 (hopper_paths):
-// the mma.sync kernel for every d. Measured dense at 128K
-// (2026-12-04, B 1, Hq 32, Hkv 8): wgmma 4 heads 311 TFLOP/s, 2 heads 259, 1 head 157;
-// mma.sync 240.
+// the mma.sync kernel for every d. More q heads per CTA is faster, and every wgmma form beats
+// mma.sync except 1 head (docs/gpu-results.md, tuning notes).
 Kind kernel_kind(int d, int group) {
   static const int forced = [] {
     const char* e = std::getenv("MASSKV_PREFILL_KERNEL");

@@ -154,8 +154,8 @@ __global__ void __launch_bounds__(kTopkThreads) block_topk_kernel(IndexParams p)
 
   // Scores: a thread per candidate key block, all rows at once: its mean read as float4 (many
   // loads in flight per thread), the rows' query means broadcast from shared memory, channels
-  // summed in order. Measured (2026-12-04, 128K): a warp per candidate, which waited for one
-  // load round trip per candidate, made this kernel 2.5 ms of the indexer's 2.9.
+  // summed in order. A warp per candidate waited for one load round trip per candidate and made
+  // this kernel most of the indexer's time (docs/gpu-results.md, tuning notes).
   const float* km =
       p.kmean + (static_cast<std::int64_t>(b) * p.num_kv_heads + kvh) * p.nkb_max * kD;
   const int n_last = cands(rows_here - 1);

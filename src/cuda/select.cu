@@ -222,9 +222,7 @@ __device__ __forceinline__ void cp_async_wait() {
 // acc[i][l] = sum over k, in order, of q[i][8k + l] * row[8k + l] (one FMA chain per lane l, as
 // the AVX2 kernel's lanes), q = q- for a min row, q+ for a max row.
 // The shared-memory loads of block k + 1 (row piece and q) are issued before block k's FMAs:
-// measured with ncu on the H200 (2026-12-04, 1M tokens), the loop as written stalled on its
-// shared loads' results ~1.8 cycles per issued instruction (short scoreboard, the largest
-// reason), and the scan issued on 49% of the cycles.
+// otherwise the loop stalls on its shared loads' results (ncu: docs/gpu-results.md, tuning notes).
 template <int kNB>
 struct RowBlock {
   uint4 x;
@@ -251,9 +249,8 @@ __device__ __forceinline__ void score_rows(const uint4* row, const float* qa, in
   RowBlock<kNB> cur, next;
   load_block<kD, kNB>(row, qa, i0, 0, cur);
   // kHot (a warp scores many tiles): fully unrolled. Otherwise by 2: at B = 1 a warp scores
-  // one or two tiles, so the loop runs on a cold instruction cache; fully unrolled, one tile
-  // took ~4 µs there, 2.5 by 2 (the kernel: 124 KB of code at d = 128; profile-phases,
-  // 2026-12-04), while at 1M tokens (32 tiles a warp) the full unroll scans 16% faster.
+  // one or two tiles, so the loop runs on a cold instruction cache, where the smaller code wins
+  // (docs/gpu-results.md, tuning notes).
 #pragma unroll(kHot ? kD / 8 : 2)
   for (int k = 0; k < kD / 8; ++k) {
     if (k + 1 < kD / 8) load_block<kD, kNB>(row, qa, i0, k + 1, next);
@@ -459,8 +456,7 @@ __device__ __forceinline__ void score_tiles(const SelParams& p, unsigned char* s
     }
   };
   // q first, copied as is into s_qpos (split below) as the oldest copy group: its latency
-  // overlaps the page-id loads the tile copies wait for (loaded after them, q was ready
-  // ~0.8 µs later; profile-phases, 2026-12-04).
+  // overlaps the page-id loads the tile copies wait for (docs/gpu-results.md, tuning notes).
   const int q_head0 = h * g;
   for (int idx = threadIdx.x; idx < g * kD; idx += blockDim.x) {
     const int i = idx / kD, c = idx % kD;
@@ -593,8 +589,8 @@ __global__ void __launch_bounds__(kScoreMaxWarps * 32) quest_score_kernel(SelPar
   detail::stamp(p.stamps, p.stamp_score, 0);
   // Launched by programmatic dependent launch after the group top-k (hier_select's page pass):
   // nothing is read before the predecessor is done (a no-op after a plain launch). Then the
-  // top-k may launch: its CTAs wait on the device for this grid (a launch gap of ~1.7 µs
-  // otherwise, profile-phases 2026-12-04).
+  // top-k may launch: its CTAs wait on the device for this grid, with no launch gap between
+  // (docs/gpu-results.md, tuning notes).
   detail::wait_for_predecessor();
   detail::allow_dependents();
   const int n = seq_pages(p, b);
@@ -1239,9 +1235,8 @@ TopkFn topk_kernel(int c) {
 
 // CTAs per (sequence, kv head) in the top-k: the most (<= 8, a power of two) that keep all the
 // pairs' CTAs in one wave of one 1024-thread CTA per SM and give each CTA at least
-// kTopkMinSlice candidates; 1 when the pairs alone fill the GPU. Measured on the H200
-// (2026-12-03): the cluster's barriers cost ~20 us per selection, which one CTA beats below
-// ~16K pages per sequence (32K tokens: 10 vs 27 us) and loses above (1M tokens: 112 vs 43 us).
+// kTopkMinSlice candidates; 1 when the pairs alone fill the GPU: the cluster's barriers cost
+// more than one CTA's scan on short sequences (docs/gpu-results.md, tuning notes).
 constexpr int kTopkMinSlice = 8192;
 int plan_topk_cluster(int pairs, int max_pages) {
   // MASSKV_TOPK_CLUSTER=1|2|4|8 forces the size (the GPU check runs every size on every case).
@@ -1402,8 +1397,7 @@ constexpr int kFusedThreads = kHierThreads;  // 8 scoring warps (stages fit at d
 // hier_select in one launch (SelectLaunch::HierKernel::fused; hier_launch says when): a
 // thread-block cluster of C CTAs per (sequence, kv head), grid (C, kv heads, batch),
 // kFusedThreads threads. Why: at B = 1 the four launches of the separate path are each a few
-// µs of latency while the bytes they move take well under one (hierarchical select 33.4 µs at
-// 128K for 4.3 MB, 2026-12-04).
+// µs of latency while the bytes they move take well under one (docs/gpu-results.md).
 //  0. CTA x scores group tiles [x·T, (x + 1)·T) of the pair (quest_score_kernel's code,
 //     score_tiles, on the group store) into the group keys; cluster barrier.
 //  1. Every CTA ranks all the pair's group keys itself, as the block top-k does at the group
@@ -1563,7 +1557,7 @@ __device__ TopPItems top_p_items(const SelParams& p, const TopkSplit& sp, const 
 // grid (ceil(items / 32), kv heads, batch): an octet of lanes per item computes, for every q
 // head of the group, log n + m + v/2 of the item's page from its summaries (octet_moments: the
 // CPU's m and v bits). Spread over the GPU: one CTA per (sequence, kv head) doing this in
-// turn took ~170 µs at 128K tokens (H200).
+// turn was slow (docs/gpu-results.md, tuning notes).
 template <int kD>
 __global__ void __launch_bounds__(kHierThreads) top_p_weights_kernel(SelParams p, TopPParams t,
                                                                      const std::int32_t* gids,
@@ -1774,11 +1768,10 @@ bool use_cluster_topk() {
 }
 
 // How hier_select's page pass finds the chosen groups' pages: walking the group list (list) or
-// every tile of the sequence under the group mask (mask). Measured on the H200 (2026-12-04,
-// B 1, Hq 32, 4096-token budget, select + decode in one graph, µs, mask → list): 1M 66.3 →
-// 60.3, 512K 55.4 → 52.4, 128K 47.6 → 49.2, 32K 46.5 → 50.1 (list mode zeroes every page key
-// first, one more node). So list from 16384 pages a sequence; MASSKV_HIER_SCAN=list or =mask
-// forces one (the check runs both).
+// every tile of the sequence under the group mask (mask). List mode zeroes every page key first
+// (one more node), so it pays only on long sequences: list from 16384 pages a sequence
+// (docs/gpu-results.md, tuning notes); MASSKV_HIER_SCAN=list or =mask forces one (the check
+// runs both).
 bool hier_list_mode(int max_pages) {
   static const int forced = [] {
     const char* e = std::getenv("MASSKV_HIER_SCAN");
@@ -1799,11 +1792,9 @@ int plan_score_chunk(int pairs, int max_pages, int ctas_per_sm) {
   return std::max(cp, kChunkAlign);
 }
 
-// Tiles per scoring warp from which the fully unrolled kernel is faster. Measured on the H200
-// (2026-12-05, B 1, Hq 32, 4096-token budget, Quest select + decode in one graph, phase stamps,
-// thresholds 3 / 8 / 64 side by side): 128K (4 tiles a warp) 53.3 / 49.3 / 49.3 us (unrolled,
-// its first tile waits on a cold instruction cache), 1M (32 tiles) 166.8 / 166.7 / 173.6.
-// MASSKV_SCORE_HOT_TILES=n overrides it (profile-phases compares values side by side).
+// Tiles per scoring warp from which the fully unrolled kernel is faster (8: measured against 3
+// and 64, docs/gpu-results.md, tuning notes). MASSKV_SCORE_HOT_TILES=n overrides it
+// (profile-phases compares values side by side).
 int hot_tiles() {
   static const int v = [] {
     const char* e = std::getenv("MASSKV_SCORE_HOT_TILES");
@@ -2045,9 +2036,7 @@ Prepared prepare(const QuestSelectArgs& a, const SelectLaunch& launch, bool outp
   require(Hkv <= 65535, unsupported, "bounds", "num_kv_heads must be <= 65535");
   pr.score_grid = dim3(chunks, Hkv, B);
   // The block kernel where one CTA per pair is the plan; clusters where the plan splits a
-  // pair's pages (long sequences). Measured on the H200 (2026-12-03, B = 1, Hkv 8): block
-  // 15.4 us vs 22 for the one-CTA cluster kernel at 128K tokens; at 512K and 1M the clusters
-  // of 4 and 8 (~29 and ~43 us) beat the block kernel (36 and 78 us).
+  // pair's pages (long sequences), where they beat it (docs/gpu-results.md, tuning notes).
   // Before sm_90 (no clusters) the block kernel serves every length.
   require(detail::hopper_paths() || !use_cluster_topk(), unsupported, "MASSKV_TOPK",
           "the cluster top-k needs sm_90 (thread-block clusters)");
@@ -2101,8 +2090,8 @@ void launch_hier_page_topk(const SelParams& p, const std::int32_t* gids,
 
 // MASSKV_HIER_FUSED=1: SelectLaunch::HierKernel::automatic takes hier_fused_kernel where it
 // serves (hier_fused_plan); unset or 0: the separate launches, the default because they measured
-// faster (H200, 2026-12-04: the fused step 1.04-1.44x their time; profile-phases shows why:
-// fewer CTAs per scan, and every CTA ranking all the group keys itself).
+// faster (fewer CTAs per scan in the fused kernel, and every CTA ranks all the group keys
+// itself; docs/gpu-results.md, tuning notes).
 bool hier_fused_wanted() {
   static const bool on = [] {
     const char* e = std::getenv("MASSKV_HIER_FUSED");

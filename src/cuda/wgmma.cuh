@@ -62,9 +62,8 @@ __device__ __forceinline__ void fence_proxy_async() {
 // K-major), d = 128 as 8 steps of k16 (each step 2 core matrices = 256 bytes further along
 // both operands: +16 in the descriptors' address field). s[n][c] is the m16n8 accumulator
 // layout of the warp's 16 rows (n-th 8-key column block).
-// Measured (2026-12-04): issuing S without the wait, the next tile's loads in its shadow,
-// made the 4-head kernel spill (52-60 bytes) and no faster; so did reading the next tile's
-// page ids a tile ahead.
+// S is waited for: issuing it without the wait, the next tile's loads in its shadow, made the
+// 4-head kernel spill and no faster (docs/gpu-results.md, tuning notes).
 // kWait = false returns with the MMAs committed, not waited for (wait_s waits).
 template <bool kBf16, bool kWait = true>
 __device__ __forceinline__ void qk(float (&s)[8][4], std::uint64_t da, std::uint64_t db) {

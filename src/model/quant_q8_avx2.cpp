@@ -37,8 +37,8 @@ __m256i dot_ss(__m256i w, __m256i s, __m256i g) {
 __m256i ones16() { return _mm256_set1_epi16(1); }
 
 // A matrix too large for L3 (the output layer: 30-180 MB) streams one row after another; the
-// hardware prefetcher stops at 4 KiB pages, so software prefetch 3 KiB ahead (measured best of
-// 0.75-12 KiB on the Zen 3 development machine: Gemma's 178 MB output layer 37 -> 26 ms).
+// hardware prefetcher stops at 4 KiB pages, so software prefetch 3 KiB ahead (the best distance
+// measured: docs/model.md, "Decode: integer dot products on Q8 activations").
 // Prefetches never fault, so reading past the matrix's end is harmless.
 constexpr std::size_t kPrefetchBytes = 3072;
 void prefetch_ahead(const std::uint8_t* p, std::size_t bytes) {

@@ -441,9 +441,8 @@ void learned_block_mask(std::span<const float> q_sel, const kv::KeyRowsView& key
       linalg::matmul_f32(kf.data() + sz(g) * sz(L) * sz(D), sz(keys_last), sz(D), qb.data(),
                          sz(i1 - i0), y.data());
       // Per query: the max (vector kernel), then one pass per key block (exp of the block's
-      // scores and their sum). Measured at 8K (2026-12-04): full-length passes with a
-      // division per key were a quarter of the TTFT; then the scalar max and f64 exps were
-      // 0.9 s of the 2.3 s selection (now 0.33 s).
+      // scores and their sum): full-length passes and f64 exps were most of the selection's
+      // time (docs/prefill.md, "The learned indexer").
 #pragma omp parallel for schedule(static) if (i1 - i0 > 1)
       for (int i = i0; i < i1; ++i) {
         const std::int64_t visible = first + i + 1;  // causal: keys 0 .. the query itself

@@ -101,8 +101,8 @@ struct SelectLaunch {
   // head)) where it serves: head_dim 64/128, cover x budget <= 8192 pages, and 8 bytes per
   // group of max_pages_per_seq / 16 in shared memory (up to ~7M tokens at 16-token pages);
   // elsewhere the separate launches (SelectWorkspace::last_hier_fused says which ran).
-  // automatic: fused when MASSKV_HIER_FUSED=1, else separate (on the H200 the fused kernel's
-  // step measured 1.04-1.44x the separate launches', docs/gpu.md).
+  // automatic: fused when MASSKV_HIER_FUSED=1, else separate (the separate launches measured
+  // faster: docs/gpu-results.md, tuning notes).
   enum class HierKernel { automatic, separate, fused };
   HierKernel hier_kernel = HierKernel::automatic;
   // Profiling: a device array of stamps::kEntries (masskv/cuda/stamps.hpp) the kernels write
