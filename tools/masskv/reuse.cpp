@@ -1,7 +1,7 @@
 // `masskv reuse`: what a page selection loses when it is reused instead of recomputed — made
 // for an earlier decode step's query (age a) or by the previous layer — measured on a model's
 // real attention inputs (`masskv dump`). At B = 1 the GPU step's selection chain, not its
-// bytes, bounds the speedup (docs/gpu.md); refreshing the selection every few steps or sharing
+// bytes, bounds the speedup (docs/gpu-results.md); refreshing the selection every few steps or sharing
 // it across layers would take it off the critical path, and this is the quality side of that
 // trade. Per head: δ (dropped mass), recall, ‖o − ô‖/‖o‖ (select::diagnose, study mode) and the
 // overlap of the reused pages with a fresh selection's.
