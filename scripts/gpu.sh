@@ -79,6 +79,19 @@ elif [[ $do_check -eq 1 ]]; then
         | tee -a "$OUT/check.log"
     fi
   fi
+  # Token-selection decode and the two-stage selection (two_stage_check.cu), each in its own
+  # process; a failing two-stage selection leaves its bench rows out.
+  echo "decode-token-check" | tee -a "$OUT/check.log"
+  "$BUILD/masskv_gpu_bench" decode-token-check 2>&1 | tail -4 | tee -a "$OUT/check.log"
+  [[ ${PIPESTATUS[0]} -ne 0 ]] && check_rc=1
+  echo "two-stage-check" | tee -a "$OUT/check.log"
+  "$BUILD/masskv_gpu_bench" two-stage-check 2>&1 | tail -5 | tee -a "$OUT/check.log"
+  if [[ ${PIPESTATUS[0]} -ne 0 ]]; then
+    check_rc=1
+    export MASSKV_BENCH_TWO_STAGE=0
+    echo "the two-stage selection failed its check: the bench leaves its rows out" \
+      | tee -a "$OUT/check.log"
+  fi
   echo "check exit status: $check_rc"
 fi
 if [[ $do_bench -eq 1 ]]; then

@@ -14,6 +14,7 @@
 #include <mutex>
 
 #include "decode_common.cuh"
+#include "decode_tokens.cuh"
 #include "device.cuh"
 #include "masskv/cuda/decode.hpp"
 #include "masskv/error.hpp"
@@ -421,8 +422,10 @@ void decode(const attn::DecodeArgs& a, const DecodeLaunch& launch) {
   const SelectionView* sel = a.selection;
   int units_max = launch.max_pages_per_seq;
   if (sel) {
-    require(sel->unit == SelectionView::Unit::page, ErrorCode::unsupported, "selection",
-            "the CUDA decode takes page selections only");
+    // Token selections: softmax only (decode_tokens.cu); entmax reads page selections.
+    require(sel->unit == SelectionView::Unit::page || !a.mapping.is_entmax(),
+            ErrorCode::unsupported, "selection",
+            "the CUDA entmax decode takes page selections only (token selections: softmax)");
     require(
         sel->batch == B && sel->num_kv_heads == c.num_kv_heads && sel->max_per_head >= 0 &&
             sel->ids.size() == static_cast<std::size_t>(B) * c.num_kv_heads * sel->max_per_head &&
@@ -472,7 +475,9 @@ void decode(const attn::DecodeArgs& a, const DecodeLaunch& launch) {
   p.stamps = launch.phase_stamps;
   const float scale = a.scale > 0 ? a.scale : 1.0f / std::sqrt(static_cast<float>(d));
 
-  if (a.mapping.is_entmax()) {
+  if (sel && sel->unit == SelectionView::Unit::token) {
+    launch_softmax_tokens(p, c.dtype, d, B, units_max, scale, launch, ws);
+  } else if (a.mapping.is_entmax()) {
     launch_entmax(p, EntmaxShape{c.dtype, d, B, units_max, a.mapping.alpha, scale}, launch, ws);
   } else {
     launch_softmax(p, c.dtype, d, B, units_max, scale, launch, ws);

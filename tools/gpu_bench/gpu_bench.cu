@@ -20,6 +20,8 @@
 //   masskv_gpu_bench prefill-bench OUT.json  prefill at 8K/32K/128K (B=1, Hq=32, Hkv=8, d=128)
 //   masskv_gpu_bench append-check     cuda::append vs the CPU cache + bound store, bit for bit
 //                                     (also part of check), and its time per step
+//   masskv_gpu_bench decode-token-check  decode over token selections vs attn::decode (f64 ref)
+//   masskv_gpu_bench two-stage-check  two-stage GPU selection vs select::run_selector, identical
 #include <cuda_runtime.h>
 #include <omp.h>
 
@@ -52,6 +54,7 @@
 #include "phases.hpp"
 #include "prefill_bench.hpp"
 #include "select/kept.hpp"
+#include "two_stage_check.hpp"
 
 using namespace masskv;
 
@@ -2655,6 +2658,36 @@ int run_bench(const char* json_path) {
                       bytes + summary_bytes});
       rows.push_back({"gpu_quest_select", sh.ctx, sh.batch, budget, gsel_us, summary_bytes});
       rows.push_back({"gpu_quest_score", sh.ctx, sh.batch, budget, gscore_us, summary_bytes});
+      // Two-stage selection + token decode (two_stage_check.cu), factor 4, beside flat Quest;
+      // MASSKV_BENCH_TWO_STAGE=0 leaves it out (scripts/gpu.sh, when its check failed).
+      static const bool two_stage_rows = [] {
+        const char* e = std::getenv("MASSKV_BENCH_TWO_STAGE");
+        return e == nullptr || std::string(e) != "0";
+      }();
+      if (two_stage_rows && budget == 4096 && sh.batch == 1 && Hq == 32 &&
+          (sh.ctx == 32768 || sh.ctx == 131072 || sh.ctx == 1048576)) {
+        TwoStageBenchShape ts;
+        ts.ctx = sh.ctx;
+        ts.batch = sh.batch;
+        ts.hq = Hq;
+        ts.hkv = Hkv;
+        ts.d = d;
+        ts.page = P;
+        ts.pool_pages = pool_pages;
+        ts.budget = budget;
+        ts.sink_pages = pol.sink_pages;
+        ts.window_tokens = pol.window_tokens;
+        ts.k = K.p;
+        ts.v = V.p;
+        ts.host_min = smin.data();
+        ts.host_max = smax.data();
+        ts.store = dstore;
+        for (int t = 0; t < rot; ++t) ts.tables.push_back(sel_args(t).table);
+        for (int r = 0; r < kQRot; ++r) ts.q.push_back(d_q[r].p);
+        ts.decode_ws = &ws;
+        for (const TwoStageBenchRow& x : bench_two_stage(ts))
+          rows.push_back({x.kind, sh.ctx, sh.batch, budget, x.us, x.bytes});
+      }
       if (!compact_rows) continue;
       // Every compact row at 4096 tokens; at 2048 and 8192 the hierarchical selection (cover 2)
       // and the entmax-aware one (fixed budget) alone, the budgets issue 7 asks of both.
@@ -3021,7 +3054,8 @@ int main(int argc, char** argv) {
       "check",          "decode-check",  "select-selftest", "select-check",
       "select-compact-check", "profile", "profile-select",  "profile-hier [N]",
       "profile-gauss",  "profile-phases", "bench OUT.json", "prefill-check",
-      "prefill-bench OUT.json", "append-check", "extend-check"};
+      "prefill-bench OUT.json", "append-check", "extend-check", "decode-token-check",
+      "two-stage-check"};
   const auto known = [&] {
     for (const std::string_view m : modes)
       if (m.substr(0, m.find(' ')) == mode) return true;
@@ -3068,6 +3102,8 @@ int main(int argc, char** argv) {
     if (mode == "prefill-check") return run_prefill_check() ? 1 : 0;
     if (mode == "append-check") return run_append_check() ? 1 : 0;
     if (mode == "extend-check") return run_extend_check() ? 1 : 0;
+    if (mode == "decode-token-check") return run_decode_token_check() ? 1 : 0;
+    if (mode == "two-stage-check") return run_two_stage_check() ? 1 : 0;
     if (mode == "prefill-bench")
       return run_prefill_bench(argc > 2 ? argv[2] : "bench_prefill.json");
   } catch (const Error& e) {

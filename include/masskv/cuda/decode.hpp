@@ -81,12 +81,15 @@ struct DecodeLaunch {
 // cannot read them, so validate the table on the host where it is built
 // (PagedKVView::validate on the host copy) — kernels still check every id they use and set
 // the error flag instead of reading a bad page. selection: nullptr (dense) or a view whose
-// ids/count spans are device memory, unit page. lse_or_tau: device [B][Hq] or empty (softmax:
-// lse; entmax: tau on z = (alpha-1)*s, NaN for a head without tokens, as attn::decode).
+// ids/count spans are device memory: unit page, or unit token for softmax (logical token ids,
+// each read at page id / page_size, slot id % page_size: a gather split-K kernel,
+// decode_tokens.cu; DecodeLaunch::chunk_pages then counts tokens). lse_or_tau: device
+// [B][Hq] or empty (softmax: lse; entmax: tau on z = (alpha-1)*s, NaN for a head without
+// tokens, as attn::decode).
 // Supported: softmax and entmax (any alpha in (1, 2], exact global tau, DESIGN.md §2.6);
 // head_dim 64, 128, 256; any GQA ratio (groups of more than 8 q heads re-read the kv head's
 // pages once per 8 q heads). Throws masskv::Error naming the argument (alpha out of range,
-// token selections, other head dims, f32 KV).
+// entmax over token selections, other head dims, f32 KV).
 void decode(const attn::DecodeArgs& args, const DecodeLaunch& launch);
 
 // The split-K chunk (pages) softmax decode plans for `pages_per_head` pages per (sequence,

@@ -1,0 +1,106 @@
+// CUDA two-stage token selection (select::Method::two_stage, src/select/selectors.cpp
+// two_stage_group) with the same lists as the CPU selector given the same inputs: stage 1 ranks
+// every page that holds no always-kept token by its §2.3 bound (the outward-rounded bf16 store,
+// the CPU's bounds_bf16 path, bit for bit) per q head, and merges the q heads' rankings round
+// robin (each head in turn takes its best page not yet taken) up to candidate_factor x
+// ceil(cap / page_size) pages; stage 2 scores the candidate pages' tokens per q head on the
+// 2-bit page codes (kv/page_codes.hpp; ranges: the page's f32 summary min/max; f64 with the
+// CPU's operations in the CPU's order, kv::page_code_scorer / page_code_score), ranks them
+// per head (ties to the lower token id) and merges those rankings the same way up to the cap;
+// the kept tokens (sink pages, the window, the last page: select/kept.hpp) are always in.
+// Output: a token Selection (ascending logical token ids, -1 padded) that cuda::decode
+// serves. Six kernels, no host round trip: a step can be captured in a CUDA graph. Every
+// pointer and span in the args is *device* memory.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+
+#include "masskv/kv/paged_kv.hpp"
+#include "masskv/select/page_bound.hpp"
+#include "masskv/tensor.hpp"
+
+struct CUstream_st;
+
+namespace masskv::cuda {
+
+// Device buffers of a two-stage step (per-head keys and ranked lists of both stages, the
+// candidate pages, the error flag). Grows on demand at the first step of a shape; afterwards
+// a step allocates nothing. One workspace per stream.
+class TwoStageWorkspace {
+ public:
+  TwoStageWorkspace();
+  ~TwoStageWorkspace();
+  TwoStageWorkspace(const TwoStageWorkspace&) = delete;
+  TwoStageWorkspace& operator=(const TwoStageWorkspace&) = delete;
+
+  // Waits for `stream`, reads and clears the error flag; throws masskv::Error(out_of_range)
+  // naming "indices" (a physical page outside the stores), "indptr" (decreasing, or more pages
+  // than TwoStageLaunch::max_pages_per_seq), "last_page_len" (outside [1, page_size]) or
+  // "max_per_head" (a selection longer than the output lists). The affected lists are empty.
+  void check(CUstream_st* stream) const;
+
+  // The candidate pages of the last step: [B][Hkv][candidate_stride()] ascending logical page
+  // ids, counts [B][Hkv] (the check compares them with the CPU's stage 1).
+  std::span<const std::int32_t> candidate_pages() const;
+  std::span<const std::int32_t> candidate_counts() const;
+  int candidate_stride() const;
+
+  struct Impl;
+  Impl& impl() const { return *impl_; }
+
+ private:
+  std::unique_ptr<Impl> impl_;
+};
+
+struct TwoStageSelectArgs {
+  View3<const float> q;  // device [B][Hq][d], unit stride on d; Hq a multiple of Hkv, Hq/Hkv <= 8
+  kv::PageTable table;   // device spans: indptr [B+1], indices, last_page_len [B]
+  int page_size = 16;    // a power of two in [1, 256]
+  // Stage 1: the device bf16 bound store (select::BoundStore's arrays, [page][kv_head][d]);
+  // wmax is not read (W is recomputed from the same bf16 values, exact).
+  select::BoundStoreView bounds;
+  // Stage 2: the device f32 page summaries (min and max used: the codes' ranges) and the
+  // device page codes (kv::PagedKVCache::page_codes()'s array copied: [page][kv_head][slot]
+  // [head_dim / 4] bytes). Same pool geometry as the bound store.
+  kv::SummariesView summaries;
+  kv::PageCodesView codes;
+  float scale = 0;  // 0 means 1/sqrt(d), as the CPU selector
+  // select::SelectorConfig's: a fixed budget in tokens (> 0), sinks, window, candidate factor.
+  std::int64_t budget_tokens = 0;
+  int sink_pages = 1;
+  int window_tokens = 0;
+  int candidate_factor = 4;
+  // Output, device: ids [B][Hkv][max_per_head] (ascending logical token ids, -1 padded) and
+  // count [B][Hkv]; size max_per_head with two_stage_capacity.
+  int max_per_head = 0;
+  std::span<std::int32_t> ids;
+  std::span<std::int32_t> count;
+};
+
+struct TwoStageLaunch {
+  CUstream_st* stream = nullptr;
+  TwoStageWorkspace* workspace = nullptr;  // required
+  // Host bound on pages per sequence: sizes the key buffers and grids without reading the
+  // device page table. A longer sequence sets the error flag ("indptr").
+  int max_pages_per_seq = 0;
+  // true: wait and check the error flag (throws). false: call workspace->check later.
+  bool check_errors = true;
+};
+
+// Validates the host-side shape of the arguments (throws masskv::Error naming the argument:
+// "workspace", "q", "head_dim", "bounds", "summaries", "codes", "indptr", "last_page_len",
+// "page_size", "budget_tokens", "sink_pages", "window_tokens", "candidate_factor",
+// "max_pages_per_seq", "max_per_head", "ids", "count", "scale") and selects. Served: head_dim
+// 64, 128; q heads per kv head <= 8; at most 8192 ranked items per q head and stage
+// (candidate_factor x ceil(cap / page_size) candidate pages; the cap in tokens).
+void two_stage_select(const TwoStageSelectArgs& args, const TwoStageLaunch& launch);
+
+// An upper bound, computable on the host, of the tokens a two-stage list holds for sequences
+// of at most max_pages_per_seq pages: min(max_pages * page_size, max(budget, kept)), kept <=
+// the sink pages' tokens + max(window_tokens, page_size).
+int two_stage_capacity(int max_pages_per_seq, int page_size, std::int64_t budget_tokens,
+                       int sink_pages, int window_tokens);
+
+}  // namespace masskv::cuda

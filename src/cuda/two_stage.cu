@@ -1,0 +1,913 @@
+// CUDA two-stage token selection (include/masskv/cuda/two_stage.hpp; the CPU rule:
+// src/select/selectors.cpp two_stage_group). Six kernels per step:
+//   1. bounds_kernel: the §2.3 bound of every eligible page (no kept token) per q head, from
+//      the bf16 store, in the CPU AVX2 scan's order (8 FMA chains of q+·M and of q-·m, the
+//      same horizontal sum, finish_bound's slack): the CPU's bits, as an ordered 32-bit key;
+//   2. rank_kernel (stage 1): per (sequence, q head) the best m1 pages in order (key
+//      descending, ties to the lower page id): radix select of the m1-th key, then a bitonic
+//      sort of the chosen;
+//   3. merge_kernel (stage 1): per (sequence, kv head) the round robin of the q heads' lists
+//      (selectors.cpp fill: each head in turn takes its best page not yet taken) up to m1
+//      pages, then the candidates in ascending page order;
+//   4. score_kernel: every candidate token per q head on the 2-bit codes, f64, the
+//      operations of kv::page_code_scorer / page_code_score in their order (explicitly
+//      rounded, no contraction): the CPU's doubles, as an ordered 64-bit key;
+//   5. rank_kernel (stage 2): per (sequence, q head) the best cap - kept tokens in order;
+//   6. merge_kernel (stage 2): the round robin to the cap, then the list (kept tokens, the
+//      chosen candidates, ascending) into the output.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cfloat>
+#include <cmath>
+#include <cstdint>
+
+#include "device.cuh"
+#include "masskv/cuda/two_stage.hpp"
+#include "masskv/error.hpp"
+#include "select/kept.hpp"
+
+namespace masskv::cuda {
+namespace two_stage_impl {
+namespace {
+
+using detail::check_cuda;
+
+constexpr int kMaxG = 8;          // q heads per kv head
+constexpr int kMaxDepth = 8192;   // ranked items per (q head, stage)
+constexpr int kRankThreads = 1024;
+constexpr int kTilePages = 32;    // bounds_kernel: pages per CTA
+constexpr int kScorePages = 4;    // score_kernel: candidate pages per CTA
+constexpr int kThreads = 256;
+
+enum ErrBit : unsigned {
+  kBadPhysical = 1u,
+  kBadIndptr = 2u,
+  kBadLastLen = 4u,
+  kBadCapacity = 8u,
+};
+
+struct Params {
+  const float* q;
+  std::int64_t q_s0, q_s1;
+  const std::int32_t* indptr;
+  const std::int32_t* indices;
+  const std::int32_t* last_len;
+  int B, Hq, Hkv, g, P;
+  const std::uint16_t* bmin;  // bf16 bits [page][kv head][d]
+  const std::uint16_t* bmax;
+  int bound_pages;
+  const float* smin;  // f32 [page][kv head][d]
+  const float* smax;
+  int sum_pages;
+  const std::uint8_t* codes;  // [page][kv head][slot][d / 4]
+  int code_pages;
+  float scale, slack_f;
+  std::int64_t budget;
+  int sinks, window, factor;
+  int max_pages, cand_max, kmax;
+  std::uint32_t* keys1;  // [B * Hq][max_pages]
+  std::int32_t* list1;   // [B * Hq][cand_max]
+  std::int32_t* len1;    // [B * Hq]
+  std::int32_t* cand;    // [B * Hkv][cand_max]
+  std::int32_t* n_cand;  // [B * Hkv]
+  unsigned long long* keys2;  // [B * Hq][kmax]
+  std::int32_t* list2;        // [B * Hq][depth2]
+  std::int32_t* len2;         // [B * Hq]
+  int depth2;
+  std::int32_t* out_ids;
+  std::int32_t* out_count;
+  int max_per_head;
+  unsigned* err;
+};
+
+// One (sequence)'s shape and the rule's counts (selectors.cpp run_selector / two_stage_group).
+struct Plan {
+  int pages = 0;
+  std::int64_t L = 0;
+  std::int64_t tok_first_end = 0, tok_last_begin = 0;  // kept tokens [0, fe) and [lb, L)
+  int pg_first_end = 0, pg_last_begin = 0;             // eligible pages [fe, lb)
+  int kept_pages = 0;
+  std::int64_t count0 = 0;  // kept tokens
+  std::int64_t cap = 0;     // tokens of the list
+  int m1 = 0;               // candidate pages stage 1 takes
+  int need = 0;             // tokens stage 2 takes
+  bool bad = false;
+};
+
+__device__ Plan plan_of(const Params& p, int b, bool flag) {
+  Plan s;
+  const int beg = p.indptr[b], end = p.indptr[b + 1];
+  const int pages = end - beg;
+  if (pages < 0 || pages > p.max_pages) {
+    if (flag) atomicOr(p.err, kBadIndptr);
+    s.bad = true;
+    return s;
+  }
+  if (pages == 0) return s;
+  const int last = p.last_len[b];
+  if (last < 1 || last > p.P) {
+    if (flag) atomicOr(p.err, kBadLastLen);
+    s.bad = true;
+    return s;
+  }
+  s.pages = pages;
+  s.L = static_cast<std::int64_t>(pages - 1) * p.P + last;
+  const select::KeptRanges<std::int64_t> kt =
+      select::kept_tokens(pages, s.L, p.P, p.sinks, p.window);
+  s.tok_first_end = kt.first_end;
+  s.tok_last_begin = kt.last_begin;
+  s.count0 = kt.count(s.L);
+  const select::KeptRanges<int> kp = select::kept_pages(pages, s.L, p.P, p.sinks, p.window);
+  s.pg_first_end = kp.first_end;
+  s.pg_last_begin = kp.last_begin;
+  s.kept_pages = kp.count(pages);
+  s.cap = min(s.L, max(s.count0, p.budget));
+  const std::int64_t budget_pages = (s.cap + p.P - 1) / p.P;
+  const std::int64_t want =
+      min(static_cast<std::int64_t>(pages), s.kept_pages + p.factor * budget_pages);
+  s.m1 = static_cast<int>(want - s.kept_pages);
+  s.need = static_cast<int>(s.cap - s.count0);
+  return s;
+}
+
+__device__ __forceinline__ std::uint32_t ordered_key(float x) {
+  const std::uint32_t u = __float_as_uint(__fadd_rn(x, 0.0f));  // -0 as +0 (a tie, as the CPU)
+  return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+}
+__device__ __forceinline__ unsigned long long ordered_key64(double x) {
+  const unsigned long long u =
+      static_cast<unsigned long long>(__double_as_longlong(__dadd_rn(x, 0.0)));
+  return (u >> 63) ? ~u : (u | (1ull << 63));
+}
+
+// ---- 1. page bounds per q head ---------------------------------------------------------------
+
+template <int kD>
+__global__ void __launch_bounds__(kThreads) bounds_kernel(Params p) {
+  __shared__ float s_qp[kMaxG * kD], s_qn[kMaxG * kD];
+  __shared__ float s_fq[kMaxG];
+  __shared__ uint4 s_rows[kTilePages][2][kD / 8 + 1];  // +1: rows on different banks
+  __shared__ int s_phys[kTilePages];
+  const int b = blockIdx.z, h = blockIdx.y, g = p.g;
+  const Plan s = plan_of(p, b, blockIdx.x == 0 && h == 0 && threadIdx.x == 0);
+  const int j0 = s.pg_first_end + static_cast<int>(blockIdx.x) * kTilePages;
+  if (s.bad || j0 >= s.pg_last_begin) return;  // the whole CTA, before any barrier
+  const int n = min(kTilePages, s.pg_last_begin - j0);
+  for (int idx = threadIdx.x; idx < g * kD; idx += blockDim.x) {
+    const int i = idx / kD, c = idx % kD;
+    const float x = p.q[b * p.q_s0 + (h * g + i) * p.q_s1 + c];
+    s_qp[idx] = x > 0.f ? x : 0.f;
+    s_qn[idx] = x < 0.f ? x : 0.f;
+  }
+  if (threadIdx.x < g) {  // ||q||_1 in channel order, as SplitQuery::assign
+    const float* row = p.q + b * p.q_s0 + (h * g + threadIdx.x) * p.q_s1;
+    float l1 = 0.f;
+    for (int c = 0; c < kD; ++c) l1 = __fadd_rn(l1, fabsf(row[c]));
+    s_fq[threadIdx.x] = __fmul_rn(p.slack_f, l1);
+  }
+  const int seq_begin = p.indptr[b];
+  if (threadIdx.x < kTilePages) {
+    int phys = -1;
+    if (static_cast<int>(threadIdx.x) < n) {
+      const int id = p.indices[seq_begin + j0 + threadIdx.x];
+      if (id >= 0 && id < p.bound_pages) {
+        phys = id;
+      } else {
+        atomicOr(p.err, kBadPhysical);
+      }
+    }
+    s_phys[threadIdx.x] = phys;
+  }
+  __syncthreads();
+  constexpr int kPieces = kD / 8;
+  for (int idx = threadIdx.x; idx < n * 2 * kPieces; idx += blockDim.x) {
+    const int t = idx / (2 * kPieces), r = (idx / kPieces) % 2, k = idx % kPieces;
+    const int phys = s_phys[t];
+    uint4 v = make_uint4(0, 0, 0, 0);
+    if (phys >= 0) {
+      const std::uint16_t* base = (r ? p.bmax : p.bmin) +
+                                  (static_cast<std::int64_t>(phys) * p.Hkv + h) * kD;
+      v = reinterpret_cast<const uint4*>(base)[k];
+    }
+    s_rows[t][r][k] = v;
+  }
+  __syncthreads();
+  for (int item = threadIdx.x; item < n * g; item += blockDim.x) {
+    const int t = item / g, i = item % g;
+    const int j = j0 + t;
+    std::uint32_t key = 0u;  // a bad page: never ranked
+    if (s_phys[t] >= 0) {
+      float ap[8], an[8];
+#pragma unroll
+      for (int l = 0; l < 8; ++l) ap[l] = an[l] = 0.f;
+      float w = 0.f;
+      const float* qp = s_qp + i * kD;
+      const float* qn = s_qn + i * kD;
+#pragma unroll 4
+      for (int k = 0; k < kPieces; ++k) {
+        const uint4 mn = s_rows[t][0][k], mx = s_rows[t][1][k];
+        const unsigned wl[4] = {mn.x, mn.y, mn.z, mn.w};
+        const unsigned wh[4] = {mx.x, mx.y, mx.z, mx.w};
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const float lo0 = __uint_as_float(wl[e] << 16), lo1 = __uint_as_float(wl[e] & 0xffff0000u);
+          const float hi0 = __uint_as_float(wh[e] << 16), hi1 = __uint_as_float(wh[e] & 0xffff0000u);
+          w = fmaxf(w, fmaxf(fmaxf(fabsf(lo0), fabsf(hi0)), fmaxf(fabsf(lo1), fabsf(hi1))));
+          const int c = 8 * k + 2 * e;
+          ap[2 * e] = fmaf(qp[c], hi0, ap[2 * e]);
+          an[2 * e] = fmaf(qn[c], lo0, an[2 * e]);
+          ap[2 * e + 1] = fmaf(qp[c + 1], hi1, ap[2 * e + 1]);
+          an[2 * e + 1] = fmaf(qn[c + 1], lo1, an[2 * e + 1]);
+        }
+      }
+      float v[8];
+#pragma unroll
+      for (int l = 0; l < 8; ++l) v[l] = __fadd_rn(ap[l], an[l]);
+      // The AVX2 hsum: ((v0+v4)+(v2+v6)) + ((v1+v5)+(v3+v7)).
+      const float sum = __fadd_rn(__fadd_rn(__fadd_rn(v[0], v[4]), __fadd_rn(v[2], v[6])),
+                                  __fadd_rn(__fadd_rn(v[1], v[5]), __fadd_rn(v[3], v[7])));
+      // finish_bound: scale * (sum + fq * w + FLT_MIN), each operation rounded.
+      const float bound =
+          __fmul_rn(p.scale, __fadd_rn(__fadd_rn(sum, __fmul_rn(s_fq[i], w)), FLT_MIN));
+      key = ordered_key(bound);
+    }
+    p.keys1[static_cast<std::int64_t>(b * p.Hq + h * g + i) * p.max_pages + j] = key;
+  }
+}
+
+// ---- 2/5. ranked top lists -----------------------------------------------------------------
+
+// Exclusive scan over the CTA (kRankThreads or kThreads threads); returns the thread's
+// exclusive prefix, total in *total. s_warp: >= 32 ints of shared memory.
+__device__ __forceinline__ int block_exclusive_scan(int x, int* s_warp, int* total) {
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
+  int inc = x;
+#pragma unroll
+  for (int o = 1; o < 32; o *= 2) {
+    const int y = __shfl_up_sync(0xffffffffu, inc, o);
+    if (lane >= o) inc += y;
+  }
+  __syncthreads();  // s_warp free (a previous scan's readers are done)
+  if (lane == 31) s_warp[warp] = inc;
+  __syncthreads();
+  if (warp == 0) {
+    int v = lane < warps ? s_warp[lane] : 0;
+#pragma unroll
+    for (int o = 1; o < 32; o *= 2) {
+      const int y = __shfl_up_sync(0xffffffffu, v, o);
+      if (lane >= o) v += y;
+    }
+    if (lane < warps) s_warp[lane] = v;  // inclusive per warp
+  }
+  __syncthreads();
+  const int before = warp > 0 ? s_warp[warp - 1] : 0;
+  *total = s_warp[warps - 1];
+  return before + inc - x;
+}
+
+// Segment (sequence b, q head qh): items [lo, hi) of keys[row] (0: not ranked), the best
+// `depth` in order (key descending, index ascending) into list[row_out], their count in len.
+template <class Key, int kStage>
+__global__ void __launch_bounds__(kRankThreads) rank_kernel(Params p) {
+  extern __shared__ unsigned long long s_key[];  // [pow2 >= depth]; then s_idx
+  __shared__ int s_hist[256];
+  __shared__ int s_warp[32];
+  __shared__ unsigned long long s_prefix;
+  __shared__ int s_remaining, s_n;
+  const int seg = blockIdx.x;
+  const int b = seg / p.Hq, qh = seg % p.Hq, h = qh / p.g;
+  const Plan s = plan_of(p, b, false);
+  int lo = 0, hi = 0, depth = 0, depth_max = 0;
+  const Key* keys = nullptr;
+  std::int32_t* list = nullptr;
+  std::int32_t* len = nullptr;
+  if constexpr (kStage == 1) {
+    lo = s.pg_first_end;
+    hi = s.bad ? lo : max(lo, s.pg_last_begin);
+    depth = s.m1;
+    depth_max = p.cand_max;
+    keys = reinterpret_cast<const Key*>(p.keys1) + static_cast<std::int64_t>(seg) * p.max_pages;
+    list = p.list1 + static_cast<std::int64_t>(seg) * p.cand_max;
+    len = p.len1 + seg;
+  } else {
+    hi = s.bad ? 0 : p.n_cand[b * p.Hkv + h] * p.P;
+    depth = s.need;
+    depth_max = p.depth2;
+    keys = reinterpret_cast<const Key*>(p.keys2) + static_cast<std::int64_t>(seg) * p.kmax;
+    list = p.list2 + static_cast<std::int64_t>(seg) * p.depth2;
+    len = p.len2 + seg;
+  }
+  depth = min(depth, depth_max);
+  int pow2 = 1;
+  while (pow2 < depth_max) pow2 *= 2;
+  std::int32_t* s_idx = reinterpret_cast<std::int32_t*>(s_key + pow2);
+
+  // Valid items (key != 0).
+  int mine = 0;
+  for (int i = lo + threadIdx.x; i < hi; i += blockDim.x) mine += keys[i] != 0 ? 1 : 0;
+  int valid = 0;
+  block_exclusive_scan(mine, s_warp, &valid);
+  const bool all = valid <= depth;
+  // Radix select, most significant digit first: the depth-th largest key T, and how many of
+  // the items equal to T are taken (the first by index).
+  if (threadIdx.x == 0) {
+    s_prefix = 0;
+    s_remaining = depth;
+  }
+  __syncthreads();
+  unsigned long long mask = 0;
+  constexpr int kBits = static_cast<int>(sizeof(Key)) * 8;
+  for (int shift = kBits - 8; shift >= 0 && !all && depth > 0; shift -= 8) {
+    for (int i = threadIdx.x; i < 256; i += blockDim.x) s_hist[i] = 0;
+    __syncthreads();
+    const unsigned long long prefix = s_prefix;
+    // Warp-aggregated: one shared atomic per distinct digit of a warp (the high digits of
+    // similar scores fall in one or two bins: per-item atomics there serialise).
+    for (int i0 = lo; i0 < hi; i0 += blockDim.x) {
+      const int i = i0 + threadIdx.x;
+      const unsigned long long k = i < hi ? static_cast<unsigned long long>(keys[i]) : 0ull;
+      const bool in = k != 0 && (k & mask) == prefix;
+      const int digit = in ? static_cast<int>((k >> shift) & 255) : 256 + static_cast<int>(threadIdx.x % 32);
+      const unsigned same = __match_any_sync(0xffffffffu, digit);
+      if (in && __ffs(same) - 1 == static_cast<int>(threadIdx.x % 32))
+        atomicAdd(&s_hist[digit], __popc(same));
+    }
+    __syncthreads();
+    if (threadIdx.x < 32) {
+      const int lane = threadIdx.x;
+      int c[8], sum = 0;
+#pragma unroll
+      for (int e = 0; e < 8; ++e) {
+        c[e] = s_hist[lane * 8 + e];
+        sum += c[e];
+      }
+      // Items in the bins of higher lanes.
+      int above = sum;
+#pragma unroll
+      for (int o = 1; o < 32; o *= 2) {
+        const int y = __shfl_down_sync(0xffffffffu, above, o);
+        if (lane + o < 32) above += y;
+      }
+      above -= sum;
+      const int rem = s_remaining;
+      int acc = above;
+#pragma unroll
+      for (int e = 7; e >= 0; --e) {
+        if (acc < rem && rem <= acc + c[e]) {
+          s_prefix = prefix | (static_cast<unsigned long long>(lane * 8 + e) << shift);
+          s_remaining = rem - acc;
+        }
+        acc += c[e];
+      }
+    }
+    mask |= 255ull << shift;
+    __syncthreads();
+  }
+  const unsigned long long T = s_prefix;
+  const int need_eq = s_remaining;
+  if (threadIdx.x == 0) s_n = 0;
+  __syncthreads();
+  // Collect: every valid item when all fit; else those above T and the first need_eq equal
+  // to T (index order, a scan per round of the CTA's threads).
+  int eq_base = 0;
+  for (int i0 = lo; i0 < hi && depth > 0; i0 += blockDim.x) {
+    const int i = i0 + threadIdx.x;
+    const unsigned long long k = i < hi ? static_cast<unsigned long long>(keys[i]) : 0ull;
+    const bool eq = !all && k != 0 && k == T;
+    int eq_total = 0;
+    const int eq_before = block_exclusive_scan(eq ? 1 : 0, s_warp, &eq_total);
+    const bool take = k != 0 && (all || k > T || (eq && eq_base + eq_before < need_eq));
+    if (take) {
+      const int at = atomicAdd(&s_n, 1);
+      s_key[at] = k;
+      s_idx[at] = i;
+    }
+    eq_base += eq_total;
+  }
+  __syncthreads();
+  const int n = min(s_n, depth);  // == depth unless fewer valid items
+  // Bitonic sort of pow2(n) entries, best first (key descending, index ascending); padding
+  // (key 0, index INT_MAX) sorts last.
+  int np = 1;
+  while (np < n) np *= 2;
+  for (int i = n + threadIdx.x; i < np; i += blockDim.x) {
+    s_key[i] = 0;
+    s_idx[i] = 0x7fffffff;
+  }
+  __syncthreads();
+  for (int k = 2; k <= np; k *= 2) {
+    for (int j = k / 2; j > 0; j /= 2) {
+      for (int t = threadIdx.x; t < np / 2; t += blockDim.x) {
+        const int a = 2 * t - (t & (j - 1));  // the lower element of pair t at distance j
+        const int c = a + j;
+        const bool up = (a & k) == 0;  // this block sorts best first
+        const unsigned long long ka = s_key[a], kc = s_key[c];
+        const int ia = s_idx[a], ic = s_idx[c];
+        const bool c_better = kc > ka || (kc == ka && ic < ia);
+        if (c_better == up) {
+          s_key[a] = kc;
+          s_key[c] = ka;
+          s_idx[a] = ic;
+          s_idx[c] = ia;
+        }
+      }
+      __syncthreads();
+    }
+  }
+  for (int r = threadIdx.x; r < n; r += blockDim.x) list[r] = s_idx[r];
+  if (threadIdx.x == 0) *len = n;
+}
+
+// ---- 3/6. round robin of the q heads' lists, then the ascending list ----------------------
+
+__device__ __forceinline__ bool bit_of(const unsigned* bm, int x) { return (bm[x >> 5] >> (x & 31)) & 1u; }
+
+// Position of the k-th (0-based) set bit of a (k < popc(a)).
+__device__ __forceinline__ int nth_bit(unsigned a, int k) {
+  int pos = 0;
+#pragma unroll
+  for (int s = 16; s > 0; s >>= 1) {
+    const unsigned lo = a & ((1u << s) - 1u);
+    const int c = __popc(lo);
+    if (k >= c) {
+      k -= c;
+      a >>= s;
+      pos += s;
+    } else {
+      a = lo;
+    }
+  }
+  return pos;
+}
+
+// Warp 0: takes `need` items from the g lists (lists[i][0 .. n[i])) the way selectors.cpp's
+// fill does (turns in head order, round after round; at its turn a head takes its first item
+// not yet taken; a head without items left is passed over; stop at `need` or when no head
+// has items), marking them in the bitmap bm. Lane l holds entry ptr[i] + l of every head's
+// list (win); av[i]: the window's entries not taken (uniform). A batch gives the next turns
+// to the lanes in turn order (lane l: turn h0 + l, head (h0 + l) % g, the entry after the
+// ones its head's earlier lanes take) and commits the turns before the first lane whose pick another earlier
+// lane also picked (that head would skip it: the turn is redone in the next batch) or whose
+// head has no such entry in its window: up to 32 turns at once, the CPU's order exactly.
+__device__ void round_robin(const std::int32_t* const* lists, const int* n_in, int g, int need,
+                            unsigned* bm) {
+  const int lane = threadIdx.x % 32;
+  int n[kMaxG], ptr[kMaxG], win[kMaxG];
+  unsigned av[kMaxG];
+#pragma unroll
+  for (int i = 0; i < kMaxG; ++i) {
+    n[i] = i < g ? n_in[i] : 0;
+    ptr[i] = 0;
+    win[i] = lane < n[i] ? lists[i][lane] : -1;
+    av[i] = __ballot_sync(0xffffffffu, win[i] >= 0);
+  }
+  const int per = (32 + g - 1) / g;  // turns of one head in a full batch (at most)
+  int taken = 0, h0 = 0, idle = 0;
+  while (taken < need && idle < g) {
+    // Windows start at the first entry not taken and hold >= per entries where the list has.
+#pragma unroll
+    for (int i = 0; i < kMaxG; ++i) {
+      if (i < g && __popc(av[i]) < per && ptr[i] + 32 < n[i]) {
+        int first = av[i] != 0 ? __ffs(av[i]) - 1 : 32;
+        while (first > 0 && ptr[i] + 32 < n[i]) {
+          ptr[i] += first;
+          const int at = ptr[i] + lane;
+          win[i] = at < n[i] ? lists[i][at] : -1;
+          av[i] = __ballot_sync(0xffffffffu, win[i] >= 0 && !bit_of(bm, win[i]));
+          first = av[i] != 0 ? 0 : 32;
+        }
+      }
+    }
+    // Lane l: turn h0 + l of the batch; k = the earlier turns of its head in the batch (a
+    // head before h0 first comes in the batch's second round).
+    const int t = h0 + lane;
+    const int head = t % g, k = t / g - (head < h0 ? 1 : 0);
+    unsigned mine = 0;
+#pragma unroll
+    for (int i = 0; i < kMaxG; ++i) mine = i == head ? av[i] : mine;
+    const bool has = k < __popc(mine);
+    const int pos = has ? nth_bit(mine, k) : 0;
+    int pick = -1;
+#pragma unroll
+    for (int i = 0; i < kMaxG; ++i) {
+      if (i < g) {
+        const int v = __shfl_sync(0xffffffffu, win[i], pos);
+        pick = i == head && has ? v : pick;
+      }
+    }
+    const bool short_ = lane >= need - taken || pick < 0;
+    const unsigned same = __match_any_sync(0xffffffffu, pick);
+    const bool dup = (same & ((1u << lane) - 1u)) != 0u;
+    const unsigned stop = __ballot_sync(0xffffffffu, short_ || dup);
+    const int L = stop != 0u ? __ffs(stop) - 1 : 32;
+    if (L == 0) {  // head h0 has no entry left (its window was topped up): passed over
+      h0 = (h0 + 1) % g;
+      ++idle;
+      continue;
+    }
+    idle = 0;
+    if (lane < L) atomicOr(&bm[pick >> 5], 1u << (pick & 31));
+    __syncwarp();
+#pragma unroll
+    for (int i = 0; i < kMaxG; ++i)
+      if (i < g) av[i] = __ballot_sync(0xffffffffu, win[i] >= 0 && !bit_of(bm, win[i]));
+    taken += L;
+    h0 = (h0 + L) % g;
+  }
+  __syncwarp();
+}
+
+// Calls emit(rank, item) for every set bit of bm[0 .. words) in ascending order, all threads
+// of the CTA (kThreads); returns the number of set bits.
+template <class Emit>
+__device__ int emit_ascending(const unsigned* bm, int words, int* s_warp, Emit&& emit) {
+  const int per = (words + blockDim.x - 1) / blockDim.x;
+  const int w0 = threadIdx.x * per, w1 = min(words, w0 + per);
+  int mine = 0;
+  for (int w = w0; w < w1; ++w) mine += __popc(bm[w]);
+  int total = 0;
+  int at = block_exclusive_scan(mine, s_warp, &total);
+  for (int w = w0; w < w1; ++w) {
+    unsigned x = bm[w];
+    while (x) {
+      const int bit = __ffs(x) - 1;
+      x &= x - 1;
+      emit(at++, w * 32 + bit);
+    }
+  }
+  return total;
+}
+
+template <int kStage>
+__global__ void __launch_bounds__(kThreads) merge_kernel(Params p) {
+  extern __shared__ unsigned s_bm[];
+  __shared__ int s_warp[32];
+  __shared__ const std::int32_t* s_lists[kMaxG];
+  __shared__ int s_n[kMaxG];
+  const int b = blockIdx.x / p.Hkv, h = blockIdx.x % p.Hkv, g = p.g;
+  const std::int64_t pair = static_cast<std::int64_t>(b) * p.Hkv + h;
+  const Plan s = plan_of(p, b, false);
+  const int items = kStage == 1 ? p.max_pages : p.kmax;
+  const int words = (items + 31) / 32;
+  for (int w = threadIdx.x; w < words; w += blockDim.x) s_bm[w] = 0u;
+  if (threadIdx.x < g) {
+    const std::int64_t seg = static_cast<std::int64_t>(b) * p.Hq + h * g + threadIdx.x;
+    s_lists[threadIdx.x] = kStage == 1 ? p.list1 + seg * p.cand_max : p.list2 + seg * p.depth2;
+    s_n[threadIdx.x] = s.bad ? 0 : (kStage == 1 ? p.len1[seg] : p.len2[seg]);
+  }
+  __syncthreads();
+  const int need = s.bad ? 0 : (kStage == 1 ? s.m1 : s.need);
+  if (threadIdx.x < 32) round_robin(s_lists, s_n, g, need, s_bm);
+  __syncthreads();
+  if constexpr (kStage == 1) {
+    std::int32_t* out = p.cand + pair * p.cand_max;
+    const int total = emit_ascending(s_bm, words, s_warp, [&](int r, int page) {
+      if (r < p.cand_max) out[r] = page;
+    });
+    if (threadIdx.x == 0) p.n_cand[pair] = min(total, p.cand_max);
+  } else {
+    // Kept tokens [0, fe), the chosen candidates (between them in token order), [lb, L).
+    std::int32_t* out = p.out_ids + pair * p.max_per_head;
+    const std::int32_t* cand = p.cand + pair * p.cand_max;
+    int chosen = 0;
+    for (int w = threadIdx.x; w < words; w += blockDim.x) chosen += __popc(s_bm[w]);
+    int total_chosen = 0;
+    block_exclusive_scan(chosen, s_warp, &total_chosen);
+    const std::int64_t fe = s.bad ? 0 : min(s.tok_first_end, s.L);
+    const std::int64_t lb = s.bad ? 0 : max(s.tok_last_begin, fe);
+    const std::int64_t total = s.bad ? 0 : fe + total_chosen + (s.L - lb);
+    const bool fits = total <= p.max_per_head;
+    if (!fits && threadIdx.x == 0) atomicOr(p.err, kBadCapacity);
+    const int written = fits ? static_cast<int>(total) : 0;
+    if (fits) {
+      for (std::int64_t x = threadIdx.x; x < fe; x += blockDim.x) out[x] = static_cast<int>(x);
+      const int P = p.P;
+      emit_ascending(s_bm, words, s_warp, [&](int r, int pos) {
+        out[fe + r] = cand[pos / P] * P + pos % P;
+      });
+      const std::int64_t base = fe + total_chosen;
+      for (std::int64_t x = lb + threadIdx.x; x < s.L; x += blockDim.x)
+        out[base + (x - lb)] = static_cast<int>(x);
+    }
+    for (int x = written + threadIdx.x; x < p.max_per_head; x += blockDim.x) out[x] = -1;
+    if (threadIdx.x == 0) p.out_count[pair] = written;
+  }
+}
+
+// ---- 4. candidate tokens on the 2-bit codes ---------------------------------------------------
+
+template <int kD>
+__global__ void __launch_bounds__(kThreads) score_kernel(Params p) {
+  __shared__ float s_qs[kMaxG * kD];
+  __shared__ double s_w[kScorePages][kMaxG][kD];
+  __shared__ double s_base[kScorePages][kMaxG];
+  __shared__ int s_phys[kScorePages];
+  const int b = blockIdx.z, h = blockIdx.y, g = p.g, P = p.P;
+  const std::int64_t pair = static_cast<std::int64_t>(b) * p.Hkv + h;
+  const Plan s = plan_of(p, b, false);
+  const int n_c = s.bad ? 0 : p.n_cand[pair];
+  const int c0 = static_cast<int>(blockIdx.x) * kScorePages;
+  if (c0 >= n_c) return;  // the whole CTA
+  const int n = min(kScorePages, n_c - c0);
+  for (int idx = threadIdx.x; idx < g * kD; idx += blockDim.x) {
+    const int i = idx / kD, c = idx % kD;
+    // qs = q * scale in f32, as two_stage_group.
+    s_qs[idx] = __fmul_rn(p.q[b * p.q_s0 + (h * g + i) * p.q_s1 + c], p.scale);
+  }
+  if (threadIdx.x < kScorePages) {
+    int phys = -1;
+    if (static_cast<int>(threadIdx.x) < n) {
+      const int page = p.cand[pair * p.cand_max + c0 + threadIdx.x];
+      const int id = p.indices[p.indptr[b] + page];
+      if (id >= 0 && id < p.sum_pages && id < p.code_pages) {
+        phys = id;
+      } else {
+        atomicOr(p.err, kBadPhysical);
+      }
+    }
+    s_phys[threadIdx.x] = phys;
+  }
+  __syncthreads();
+  // page_code_scorer: w_c = hi > lo ? qc (hi - lo) / 3 : 0; base = sum_c qc lo_c in order.
+  for (int idx = threadIdx.x; idx < n * g * kD; idx += blockDim.x) {
+    const int t = idx / (g * kD), i = (idx / kD) % g, c = idx % kD;
+    const int phys = s_phys[t];
+    double w = 0.0;
+    if (phys >= 0) {
+      const std::int64_t at = (static_cast<std::int64_t>(phys) * p.Hkv + h) * kD + c;
+      const float lo = p.smin[at], hi = p.smax[at];
+      if (hi > lo) {
+        const double qc = static_cast<double>(s_qs[i * kD + c]);
+        w = __ddiv_rn(__dmul_rn(qc, __dsub_rn(static_cast<double>(hi), static_cast<double>(lo))),
+                      3.0);
+      }
+    }
+    s_w[t][i][c] = w;
+  }
+  for (int idx = threadIdx.x; idx < n * g; idx += blockDim.x) {
+    const int t = idx / g, i = idx % g;
+    const int phys = s_phys[t];
+    double base = 0.0;
+    if (phys >= 0) {
+      const float* lo = p.smin + (static_cast<std::int64_t>(phys) * p.Hkv + h) * kD;
+#pragma unroll 16
+      for (int c = 0; c < kD; ++c)
+        base = __dadd_rn(base, __dmul_rn(static_cast<double>(s_qs[i * kD + c]),
+                                         static_cast<double>(lo[c])));
+    }
+    s_base[t][i] = base;
+  }
+  __syncthreads();
+  constexpr int kBytes = kD / 4;
+  for (int idx = threadIdx.x; idx < n * P * g; idx += blockDim.x) {
+    const int t = idx / (P * g), slot = (idx / g) % P, i = idx % g;
+    const int phys = s_phys[t];
+    double acc = s_base[t][i];
+    if (phys >= 0) {
+      const uint4* row = reinterpret_cast<const uint4*>(
+          p.codes + ((static_cast<std::int64_t>(phys) * p.Hkv + h) * P + slot) * kBytes);
+#pragma unroll
+      for (int piece = 0; piece < kBytes / 16; ++piece) {
+        const uint4 r = row[piece];
+        const unsigned words[4] = {r.x, r.y, r.z, r.w};
+#pragma unroll
+        for (int wi = 0; wi < 4; ++wi) {
+#pragma unroll
+          for (int e = 0; e < 16; ++e) {  // 16 channels a word, ascending (byte, then bits)
+            const int c = piece * 64 + wi * 16 + e;
+            const double code = static_cast<double>((words[wi] >> (2 * e)) & 3u);
+            acc = __dadd_rn(acc, __dmul_rn(s_w[t][i][c], code));
+          }
+        }
+      }
+    }
+    const std::int64_t seg = static_cast<std::int64_t>(b) * p.Hq + h * g + i;
+    p.keys2[seg * p.kmax + static_cast<std::int64_t>(c0 + t) * P + slot] =
+        phys >= 0 ? ordered_key64(acc) : 0ull;
+  }
+}
+
+int pow2_ceil(int x) {
+  int v = 1;
+  while (v < x) v *= 2;
+  return v;
+}
+
+template <class Kernel>
+void go(Kernel k, dim3 grid, dim3 block, std::size_t smem, cudaStream_t st, const Params& p,
+            const char* what) {
+  k<<<grid, block, smem, st>>>(p);
+  check_cuda(cudaGetLastError(), what);
+}
+
+}  // namespace
+}  // namespace two_stage_impl
+
+using namespace two_stage_impl;
+
+struct TwoStageWorkspace::Impl {
+  detail::GrowBuffer<std::uint32_t> keys1;
+  detail::GrowBuffer<unsigned long long> keys2;
+  detail::GrowBuffer<std::int32_t> list1, len1, cand, n_cand, list2, len2;
+  detail::ErrorFlag err;
+  std::size_t cand_size = 0, count_size = 0;
+  int cand_stride = 0;
+};
+
+TwoStageWorkspace::TwoStageWorkspace() : impl_(std::make_unique<Impl>()) {}
+TwoStageWorkspace::~TwoStageWorkspace() = default;
+
+void TwoStageWorkspace::check(CUstream_st* stream) const {
+  const unsigned flag = impl_->err.take(stream, "two-stage selection");
+  if (flag == 0) return;
+  if (flag & kBadPhysical)
+    fail(ErrorCode::out_of_range, "indices", "a page id outside the stores was met on the GPU");
+  if (flag & kBadLastLen)
+    fail(ErrorCode::out_of_range, "last_page_len", "a value outside [1, page_size] on the GPU");
+  if (flag & kBadIndptr)
+    fail(ErrorCode::out_of_range, "indptr",
+         "decreasing, or a sequence longer than TwoStageLaunch::max_pages_per_seq");
+  fail(ErrorCode::out_of_range, "max_per_head", "a selection longer than the output lists");
+}
+
+std::span<const std::int32_t> TwoStageWorkspace::candidate_pages() const {
+  return {impl_->cand.data(), impl_->cand_size};
+}
+std::span<const std::int32_t> TwoStageWorkspace::candidate_counts() const {
+  return {impl_->n_cand.data(), impl_->count_size};
+}
+int TwoStageWorkspace::candidate_stride() const { return impl_->cand_stride; }
+
+int two_stage_capacity(int max_pages_per_seq, int page_size, std::int64_t budget_tokens,
+                       int sink_pages, int window_tokens) {
+  const std::int64_t tokens = static_cast<std::int64_t>(max_pages_per_seq) * page_size;
+  const std::int64_t kept = static_cast<std::int64_t>(std::max(sink_pages, 0)) * page_size +
+                            std::max<std::int64_t>(window_tokens, page_size);
+  return static_cast<int>(std::min(tokens, std::max(budget_tokens, kept)));
+}
+
+void two_stage_select(const TwoStageSelectArgs& a, const TwoStageLaunch& launch) {
+  using enum ErrorCode;
+  require(launch.workspace != nullptr, invalid_argument, "workspace", "is required");
+  const int d = a.q.n2;
+  require(d == 64 || d == 128, unsupported, "head_dim", "the two-stage GPU selection serves 64 and 128; got ", d);
+  require(a.q.data != nullptr && a.q.n0 >= 0, invalid_argument, "q", "null or negative batch");
+  const int B = a.q.n0, Hq = a.q.n1;
+  const int Hkv = a.bounds.num_kv_heads;
+  require(Hkv > 0 && Hq % Hkv == 0 && Hq / Hkv <= kMaxG, shape_mismatch, "q",
+          "q heads must be a multiple of the kv heads, at most ", kMaxG, " per kv head");
+  require(a.bounds.min && a.bounds.max && a.bounds.head_dim == d && a.bounds.num_pages > 0,
+          invalid_argument, "bounds", "the bf16 store is missing or of another head_dim");
+  require(a.summaries.min && a.summaries.max && a.summaries.head_dim == d &&
+              a.summaries.num_kv_heads == Hkv && a.summaries.num_pages > 0,
+          invalid_argument, "summaries", "f32 min/max of the store's heads and head_dim needed");
+  require(a.codes.codes && a.codes.head_dim == d && a.codes.num_kv_heads == Hkv &&
+              a.codes.page_size == a.page_size && a.codes.num_pages > 0,
+          invalid_argument, "codes", "page codes of the store's geometry needed");
+  require(reinterpret_cast<std::uintptr_t>(a.codes.codes) % 16 == 0, invalid_argument, "codes",
+          "must be 16-byte aligned");
+  require(reinterpret_cast<std::uintptr_t>(a.bounds.min) % 16 == 0 &&
+              reinterpret_cast<std::uintptr_t>(a.bounds.max) % 16 == 0,
+          invalid_argument, "bounds", "must be 16-byte aligned");
+  require(a.page_size >= 1 && a.page_size <= 256 && (a.page_size & (a.page_size - 1)) == 0,
+          invalid_argument, "page_size", "must be a power of two in [1, 256]");
+  require(a.table.indptr.size() == static_cast<std::size_t>(B) + 1, shape_mismatch, "indptr",
+          "needs batch + 1 entries (batch from q)");
+  require(a.table.last_page_len.size() == static_cast<std::size_t>(B), shape_mismatch,
+          "last_page_len", "needs batch entries");
+  require(a.budget_tokens > 0, invalid_argument, "budget_tokens", "a fixed budget needs tokens > 0");
+  require(a.sink_pages >= 0, invalid_argument, "sink_pages", "must be >= 0");
+  require(a.window_tokens >= 0, invalid_argument, "window_tokens", "must be >= 0");
+  require(a.candidate_factor >= 1, invalid_argument, "candidate_factor", "must be >= 1");
+  require(launch.max_pages_per_seq > 0, invalid_argument, "max_pages_per_seq", "must be > 0");
+  require(std::isfinite(a.scale) && a.scale >= 0, invalid_argument, "scale",
+          "must be finite and >= 0 (0: 1/sqrt(d))");
+  const int P = a.page_size, max_pages = launch.max_pages_per_seq;
+  const int capmax = two_stage_capacity(max_pages, P, a.budget_tokens, a.sink_pages,
+                                        a.window_tokens);
+  const std::int64_t cand_max64 = std::min<std::int64_t>(
+      max_pages, static_cast<std::int64_t>(a.candidate_factor) * ((capmax + P - 1) / P));
+  require(cand_max64 <= kMaxDepth, unsupported, "candidate_factor",
+          "candidate_factor x the budget's pages exceeds ", kMaxDepth, " pages");
+  require(capmax <= kMaxDepth, unsupported, "budget_tokens", "more than ", kMaxDepth,
+          " tokens per list");
+  const int cand_max = std::max(1, static_cast<int>(cand_max64));
+  require(a.max_per_head >= 0 &&
+              a.ids.size() == static_cast<std::size_t>(B) * Hkv * a.max_per_head,
+          shape_mismatch, "ids", "must be [batch][kv heads][max_per_head]");
+  require(a.count.size() == static_cast<std::size_t>(B) * Hkv, shape_mismatch, "count",
+          "must be [batch][kv heads]");
+  if (B == 0) return;
+  require(a.max_per_head > 0, invalid_argument, "max_per_head", "must be > 0");
+
+  const int g = Hq / Hkv;
+  const int kmax = cand_max * P;
+  const int depth2 = std::max(1, capmax);
+  TwoStageWorkspace::Impl& ws = launch.workspace->impl();
+  const std::size_t segs = static_cast<std::size_t>(B) * Hq, pairs = static_cast<std::size_t>(B) * Hkv;
+  ws.keys1.reserve(segs * max_pages, "cudaMalloc(two-stage page keys)");
+  ws.list1.reserve(segs * cand_max, "cudaMalloc(two-stage page lists)");
+  ws.len1.reserve(segs, "cudaMalloc(two-stage page lists)");
+  ws.cand.reserve(pairs * cand_max, "cudaMalloc(two-stage candidates)");
+  ws.n_cand.reserve(pairs, "cudaMalloc(two-stage candidates)");
+  ws.keys2.reserve(segs * kmax, "cudaMalloc(two-stage token keys)");
+  ws.list2.reserve(segs * depth2, "cudaMalloc(two-stage token lists)");
+  ws.len2.reserve(segs, "cudaMalloc(two-stage token lists)");
+  ws.cand_size = pairs * cand_max;
+  ws.count_size = pairs;
+  ws.cand_stride = cand_max;
+
+  Params p{};
+  p.q = a.q.data;
+  p.q_s0 = a.q.s0;
+  p.q_s1 = a.q.s1;
+  p.indptr = a.table.indptr.data();
+  p.indices = a.table.indices.data();
+  p.last_len = a.table.last_page_len.data();
+  p.B = B;
+  p.Hq = Hq;
+  p.Hkv = Hkv;
+  p.g = g;
+  p.P = P;
+  p.bmin = reinterpret_cast<const std::uint16_t*>(a.bounds.min);
+  p.bmax = reinterpret_cast<const std::uint16_t*>(a.bounds.max);
+  p.bound_pages = a.bounds.num_pages;
+  p.smin = a.summaries.min;
+  p.smax = a.summaries.max;
+  p.sum_pages = a.summaries.num_pages;
+  p.codes = a.codes.codes;
+  p.code_pages = a.codes.num_pages;
+  p.scale = a.scale > 0 ? a.scale : 1.0f / std::sqrt(static_cast<float>(d));
+  p.slack_f = 2.0f * static_cast<float>(2 * d + 4) * 0x1p-24f;
+  p.budget = a.budget_tokens;
+  p.sinks = a.sink_pages;
+  p.window = a.window_tokens;
+  p.factor = a.candidate_factor;
+  p.max_pages = max_pages;
+  p.cand_max = cand_max;
+  p.kmax = kmax;
+  p.keys1 = ws.keys1.data();
+  p.list1 = ws.list1.data();
+  p.len1 = ws.len1.data();
+  p.cand = ws.cand.data();
+  p.n_cand = ws.n_cand.data();
+  p.keys2 = ws.keys2.data();
+  p.list2 = ws.list2.data();
+  p.len2 = ws.len2.data();
+  p.depth2 = depth2;
+  p.out_ids = a.ids.data();
+  p.out_count = a.count.data();
+  p.max_per_head = a.max_per_head;
+  p.err = ws.err.get();
+
+  cudaStream_t st = launch.stream;
+  const std::size_t rank1_smem = static_cast<std::size_t>(pow2_ceil(cand_max)) * 12;
+  const std::size_t rank2_smem = static_cast<std::size_t>(pow2_ceil(depth2)) * 12;
+  const std::size_t merge1_smem = static_cast<std::size_t>((max_pages + 31) / 32) * 4;
+  const std::size_t merge2_smem = static_cast<std::size_t>((kmax + 31) / 32) * 4;
+  // Shared-memory limits raised once per kernel to what the largest list can need.
+  static const bool ready = [] {
+    detail::set_dynamic_smem(rank_kernel<std::uint32_t, 1>, kMaxDepth * 12,
+                             "the two-stage rank kernel");
+    detail::set_dynamic_smem(rank_kernel<unsigned long long, 2>, kMaxDepth * 12,
+                             "the two-stage rank kernel");
+    return true;
+  }();
+  (void)ready;
+  // The merge kernels' bitmaps (one bit per page, or per candidate token) past 48 KB.
+  static std::size_t raised1 = 0, raised2 = 0;
+  if (merge1_smem > 48 * 1024 && merge1_smem > raised1) {
+    detail::set_dynamic_smem(merge_kernel<1>, merge1_smem,
+                             "the two-stage page merge kernel (max_pages_per_seq)");
+    raised1 = merge1_smem;
+  }
+  if (merge2_smem > 48 * 1024 && merge2_smem > raised2) {
+    detail::set_dynamic_smem(merge_kernel<2>, merge2_smem, "the two-stage token merge kernel");
+    raised2 = merge2_smem;
+  }
+
+  const dim3 bgrid((max_pages + kTilePages - 1) / kTilePages, Hkv, B);
+  if (d == 64) {
+    go(bounds_kernel<64>, bgrid, dim3(kThreads), 0, st, p, "two-stage bounds kernel");
+  } else {
+    go(bounds_kernel<128>, bgrid, dim3(kThreads), 0, st, p, "two-stage bounds kernel");
+  }
+  go(rank_kernel<std::uint32_t, 1>, dim3(static_cast<unsigned>(segs)), dim3(kRankThreads),
+         rank1_smem, st, p, "two-stage page rank kernel");
+  go(merge_kernel<1>, dim3(static_cast<unsigned>(pairs)), dim3(kThreads), merge1_smem, st, p,
+         "two-stage page merge kernel");
+  const dim3 sgrid((cand_max + kScorePages - 1) / kScorePages, Hkv, B);
+  if (d == 64) {
+    go(score_kernel<64>, sgrid, dim3(kThreads), 0, st, p, "two-stage score kernel");
+  } else {
+    go(score_kernel<128>, sgrid, dim3(kThreads), 0, st, p, "two-stage score kernel");
+  }
+  go(rank_kernel<unsigned long long, 2>, dim3(static_cast<unsigned>(segs)),
+         dim3(kRankThreads), rank2_smem, st, p, "two-stage token rank kernel");
+  go(merge_kernel<2>, dim3(static_cast<unsigned>(pairs)), dim3(kThreads), merge2_smem, st, p,
+         "two-stage token merge kernel");
+  if (launch.check_errors) launch.workspace->check(st);
+}
+
+}  // namespace masskv::cuda

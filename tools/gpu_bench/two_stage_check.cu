@@ -1,0 +1,749 @@
+// masskv_gpu_bench's two-stage part:
+//  - decode-token-check: cuda::decode over token selections (SelectionView::Unit::token, the
+//    gather split-K kernel of src/cuda/decode_tokens.cu) against attn::decode_reference (f64)
+//    and attn::decode (the CPU kernels) on the same bf16/f16 KV, random selections (empty,
+//    sparse, dense lists), several shapes, the decode check's tolerances; a bad token id must
+//    set the flag ("selection").
+//  - two-stage-check: cuda::two_stage_select against select::run_selector(Method::two_stage)
+//    with bounds_bf16 (the store the GPU reads) on host caches built with
+//    CacheConfig::page_codes (the CPU cache computes the codes; uploaded as they are): lists
+//    and counts identical (-1 padding included), a rerun identical, on random shapes (Hq/Hkv
+//    1..8, d 64/128, page 16, lengths up to 32K, budgets 64..4096, factors 1..8, sinks,
+//    windows), keys with many exact ties; the flag names "indptr" and "max_per_head".
+//  - bench_two_stage: the bench's "two_stage select + token decode" rows.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <memory>
+#include <numeric>
+#include <string>
+#include <vector>
+
+#include "bench_util.cuh"
+#include "masskv/attn/decode.hpp"
+#include "masskv/cuda/decode.hpp"
+#include "masskv/cuda/two_stage.hpp"
+#include "masskv/dtype.hpp"
+#include "masskv/error.hpp"
+#include "masskv/kv/cache.hpp"
+#include "masskv/kv/page_codes.hpp"
+#include "masskv/select/page_bound.hpp"
+#include "masskv/select/selector.hpp"
+#include "two_stage_check.hpp"
+
+using namespace masskv;
+
+namespace {
+
+constexpr double kTolO = 1e-3;    // as the decode check: ||o - ref||_inf / ||ref||_inf
+constexpr double kTolLse = 1e-4;  // |lse - ref| / max(1, |ref|)
+
+double normal(Rng& rng) {
+  const double u1 = std::max(rng.uniform(), 1e-300), u2 = rng.uniform();
+  return std::sqrt(-2.0 * std::log(u1)) * std::cos(6.283185307179586 * u2);
+}
+
+// A host cache of B sequences of the given lengths, appended in interleaved pieces (so the
+// sequences' physical pages interleave). tie_keys: keys and values in {-1, 0, 1} (many equal
+// bounds and code scores: the tie rules run).
+struct HostCache {
+  std::unique_ptr<kv::PagedKVCache> cache;
+  std::vector<kv::SeqId> seqs;
+  kv::PageTableStorage table;
+};
+HostCache make_cache(Rng& rng, const std::vector<int>& lengths, int Hkv, int d, int P, DType dt,
+                     bool codes, bool tie_keys) {
+  HostCache h;
+  kv::CacheConfig cfg;
+  cfg.num_kv_heads = Hkv;
+  cfg.head_dim = d;
+  cfg.page_size = P;
+  cfg.dtype = dt;
+  cfg.layout = kv::Layout::HND;
+  cfg.page_codes = codes;
+  int pages = 0;
+  for (int L : lengths) pages += (L + P - 1) / P + 1;
+  cfg.capacity_pages = pages + 1;
+  h.cache = std::make_unique<kv::PagedKVCache>(cfg);
+  for (std::size_t b = 0; b < lengths.size(); ++b) h.seqs.push_back(h.cache->create());
+  std::vector<int> have(lengths.size(), 0);
+  // Channel scales: some channels wide, some narrow (ranges differ across channels).
+  std::vector<double> cs(static_cast<std::size_t>(d));
+  for (double& x : cs) x = 0.3 + 2.0 * rng.uniform();
+  bool more = true;
+  while (more) {
+    more = false;
+    for (std::size_t b = 0; b < lengths.size(); ++b) {
+      const int left = lengths[b] - have[b];
+      if (left <= 0) continue;
+      const int n = std::min(left, 1 + rng.below(3 * P));
+      std::vector<float> k(static_cast<std::size_t>(n) * Hkv * d), v(k.size());
+      for (std::size_t i = 0; i < k.size(); ++i) {
+        if (tie_keys) {
+          k[i] = static_cast<float>(rng.below(3) - 1);
+          v[i] = static_cast<float>(rng.below(3) - 1);
+        } else {
+          k[i] = static_cast<float>(normal(rng) * cs[i % d] + 0.2 * cs[(i + 7) % d]);
+          v[i] = static_cast<float>(normal(rng));
+        }
+      }
+      h.cache->append(h.seqs[b], k, v, n);
+      have[b] += n;
+      more = more || have[b] < lengths[b];
+    }
+  }
+  h.table = h.cache->page_table(h.seqs);
+  return h;
+}
+
+std::vector<float> random_q(Rng& rng, std::size_t n, bool ties) {
+  std::vector<float> q(n);
+  for (float& x : q) x = ties ? static_cast<float>(rng.below(3) - 1) : static_cast<float>(normal(rng) * 1.5);
+  return q;
+}
+
+struct DevTable {
+  DevBuf<std::int32_t> indptr, indices, last;
+  explicit DevTable(const kv::PageTableStorage& t)
+      : indptr(to_device(t.indptr)), indices(to_device(t.indices)), last(to_device(t.last_page_len)) {}
+  kv::PageTable view() const {
+    return {{indptr.p, indptr.n}, {indices.p, indices.n}, {last.p, last.n}};
+  }
+};
+
+// ---- decode over token selections -----------------------------------------------------------
+
+struct TokCase {
+  int B, group, Hkv, d, P;
+  DType dt;
+  int max_len;
+  double density;  // per list; 0: empty lists
+};
+
+int run_token_case(const TokCase& tc, std::uint64_t seed, cuda::DecodeWorkspace& ws,
+                   double (&worst)[2], long& lists_run) {
+  Rng rng(seed);
+  std::vector<int> lengths;
+  for (int b = 0; b < tc.B; ++b) lengths.push_back(1 + rng.below(tc.max_len));
+  HostCache hc = make_cache(rng, lengths, tc.Hkv, tc.d, tc.P, tc.dt, false, false);
+  const kv::PageTable table = hc.table.table();
+  const kv::PagedKVView hv = hc.cache->view(hc.table);
+  const int Hq = tc.Hkv * tc.group, d = tc.d;
+  // Random ascending token lists per (sequence, kv head); the last token always (a decode
+  // step attends to its own token).
+  std::vector<std::vector<std::int32_t>> lists;
+  int widest = 1;
+  for (int b = 0; b < tc.B; ++b) {
+    const std::int64_t L = table.length(b, tc.P);
+    for (int h = 0; h < tc.Hkv; ++h) {
+      std::vector<std::int32_t> l;
+      const double dens = (b + h) % 5 == 4 ? 0.0 : tc.density;
+      for (std::int64_t x = 0; x < L; ++x)
+        if (rng.uniform() < dens || (dens > 0 && x == L - 1)) l.push_back(static_cast<std::int32_t>(x));
+      widest = std::max(widest, static_cast<int>(l.size()));
+      lists.push_back(std::move(l));
+    }
+  }
+  SelectionStorage sel;
+  sel.reset(SelectionView::Unit::token, tc.B, tc.Hkv, widest + rng.below(3));
+  for (int i = 0; i < tc.B * tc.Hkv; ++i) {
+    const auto& l = lists[static_cast<std::size_t>(i)];
+    std::copy(l.begin(), l.end(), sel.slots(i / tc.Hkv, i % tc.Hkv).begin());
+    sel.count[static_cast<std::size_t>(i)] = static_cast<std::int32_t>(l.size());
+  }
+  const SelectionView hsel = sel.view();
+  std::vector<float> q = random_q(rng, static_cast<std::size_t>(tc.B) * Hq * d, false);
+  attn::DecodeArgs ha;
+  ha.q = View3<const float>::contiguous(q.data(), tc.B, Hq, d);
+  ha.cache = hv;
+  ha.selection = &hsel;
+  std::vector<double> ref_o(q.size()), ref_l(static_cast<std::size_t>(tc.B) * Hq);
+  std::vector<float> cpu_o(q.size()), cpu_l(ref_l.size());
+  ha.out = View3<float>::contiguous(cpu_o.data(), tc.B, Hq, d);
+  ha.lse_or_tau = cpu_l;
+  attn::decode_reference(ha, ref_o, ref_l);
+  attn::decode(ha);
+
+  // Device copies: the pool as it is (HND, contiguous), table, q, the lists.
+  const std::size_t elems = static_cast<std::size_t>(hv.num_pages) * hv.stride_page;
+  DevBuf<std::uint16_t> dk(elems), dv(elems);
+  dk.upload(static_cast<const std::uint16_t*>(hv.k), elems);
+  dv.upload(static_cast<const std::uint16_t*>(hv.v), elems);
+  DevTable dt(hc.table);
+  DevBuf<float> dq = to_device(q), dout(q.size()), dlse(ref_l.size());
+  DevBuf<std::int32_t> dids = to_device(sel.ids), dcnt = to_device(sel.count);
+  const SelectionView dsel{SelectionView::Unit::token, tc.B, tc.Hkv, sel.max_per_head,
+                           {dids.p, dids.n}, {dcnt.p, dcnt.n}};
+  attn::DecodeArgs da;
+  da.q = View3<const float>::contiguous(dq.p, tc.B, Hq, d);
+  da.cache = hv;
+  da.cache.k = dk.p;
+  da.cache.v = dv.p;
+  da.cache.table = dt.view();
+  da.selection = &dsel;
+  da.out = View3<float>::contiguous(dout.p, tc.B, Hq, d);
+  da.lse_or_tau = {dlse.p, dlse.n};
+  int failures = 0;
+  for (const int cp : {0, 3, 64}) {  // planned chunks, tiny chunks (many partials), 64 tokens
+    cuda::DecodeLaunch l;
+    l.workspace = &ws;
+    l.chunk_pages = cp;
+    cuda::decode(da, l);
+    const std::vector<float> o = dout.download(), lse = dlse.download();
+    double omax = 0, eo = 0, ecpu = 0, el = 0;
+    for (double x : ref_o) omax = std::max(omax, std::fabs(x));
+    for (std::size_t i = 0; i < o.size(); ++i) {
+      eo = std::max(eo, std::fabs(o[i] - ref_o[i]));
+      ecpu = std::max(ecpu, std::fabs(static_cast<double>(o[i]) - cpu_o[i]));
+    }
+    eo /= std::max(omax, 1e-30);
+    ecpu /= std::max(omax, 1e-30);
+    bool ok = std::isfinite(eo);
+    for (std::size_t i = 0; i < lse.size(); ++i) {
+      if (std::isinf(ref_l[i])) {  // an empty list: -inf and o = 0
+        ok = ok && std::isinf(lse[i]) && lse[i] < 0;
+        for (int x = 0; x < d; ++x) ok = ok && o[i * d + x] == 0.f;
+      } else {
+        el = std::max(el, std::fabs(lse[i] - ref_l[i]) / std::max(1.0, std::fabs(ref_l[i])));
+      }
+    }
+    const bool pass = ok && eo <= kTolO && ecpu <= kTolO && el <= kTolLse;
+    const int w = tc.dt == DType::bf16 ? 0 : 1;
+    worst[w] = std::max(worst[w], eo);
+    lists_run += tc.B * tc.Hkv;
+    if (!pass) {
+      ++failures;
+      std::printf(
+          "FAIL decode-token B=%d group=%d Hkv=%d d=%d P=%d %s max_len=%d density=%.3f chunk=%d: "
+          "o err %.3g (vs CPU %.3g), lse err %.3g%s\n",
+          tc.B, tc.group, tc.Hkv, d, tc.P, tc.dt == DType::bf16 ? "bf16" : "f16", tc.max_len,
+          tc.density, cp, eo, ecpu, el, ok ? "" : " (empty-list or non-finite mismatch)");
+    }
+  }
+  return failures;
+}
+
+}  // namespace
+
+int run_decode_token_check() {
+  std::vector<TokCase> cases;
+  for (int d : {64, 128, 256})
+    for (int group : {1, 4, 8})
+      for (int P : {16, 64})
+        for (double dens : {0.02, 0.3, 1.0}) {
+          const DType dt = (d + group + P) % 2 == 0 ? DType::bf16 : DType::f16;
+          cases.push_back({group == 8 ? 1 : 3, group, 2, d, P, dt, 6000, dens});
+        }
+  cases.push_back({2, 3, 2, 128, 16, DType::bf16, 3000, 0.2});    // group 3 (padded to 4)
+  cases.push_back({1, 16, 1, 128, 16, DType::bf16, 40000, 0.1});  // two head groups, long
+  cases.push_back({2, 4, 2, 128, 1, DType::f16, 2000, 0.5});      // 1-token pages
+  cases.push_back({1, 4, 8, 128, 16, DType::bf16, 70000, 0.06});  // 4K-token lists
+  std::printf("decode-token-check: %zu cases x chunk {planned, 3, 64} tokens; tolerances "
+              "||o-ref||inf/||ref||inf <= %.0e (f64 reference and the CPU attn::decode), "
+              "|lse-ref|/max(1,|ref|) <= %.0e\n",
+              cases.size(), kTolO, kTolLse);
+  const auto t0 = std::chrono::steady_clock::now();
+  cuda::DecodeWorkspace ws;
+  int failures = 0;
+  double worst[2] = {0, 0};
+  long lists = 0;
+  for (std::size_t i = 0; i < cases.size(); ++i)
+    failures += run_token_case(cases[i], 7000 + i, ws, worst, lists);
+  // A token id outside its sequence: the flag names "selection".
+  {
+    Rng rng(99);
+    HostCache hc = make_cache(rng, {100}, 1, 64, 16, DType::bf16, false, false);
+    const kv::PagedKVView hv = hc.cache->view(hc.table);
+    const std::size_t elems = static_cast<std::size_t>(hv.num_pages) * hv.stride_page;
+    DevBuf<std::uint16_t> dk(elems), dv(elems);
+    dk.upload(static_cast<const std::uint16_t*>(hv.k), elems);
+    dv.upload(static_cast<const std::uint16_t*>(hv.v), elems);
+    DevTable dt(hc.table);
+    std::vector<float> q = random_q(rng, 64, false);
+    DevBuf<float> dq = to_device(q), dout(64), dlse(1);
+    DevBuf<std::int32_t> dids = to_device(std::vector<std::int32_t>{3, 50, 100}),
+                         dcnt = to_device(std::vector<std::int32_t>{3});
+    const SelectionView dsel{SelectionView::Unit::token, 1, 1, 3, {dids.p, 3}, {dcnt.p, 1}};
+    attn::DecodeArgs da;
+    da.q = View3<const float>::contiguous(dq.p, 1, 1, 64);
+    da.cache = hv;
+    da.cache.k = dk.p;
+    da.cache.v = dv.p;
+    da.cache.table = dt.view();
+    da.selection = &dsel;
+    da.out = View3<float>::contiguous(dout.p, 1, 1, 64);
+    cuda::DecodeLaunch l;
+    l.workspace = &ws;
+    bool named = false;
+    try {
+      cuda::decode(da, l);
+    } catch (const Error& e) {
+      named = std::string(e.what()).find("selection") != std::string::npos;
+    }
+    if (!named) {
+      ++failures;
+      std::printf("FAIL decode-token: a token id past the sequence did not raise 'selection'\n");
+    }
+  }
+  const double secs =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  std::printf(
+      "decode-token-check: %s, %d failure(s); %ld lists; worst o err bf16 %.3g f16 %.3g (%.1f s)\n",
+      failures ? "FAILED" : "passed", failures, lists, worst[0], worst[1], secs);
+  return failures;
+}
+
+// ---- two-stage selection ----------------------------------------------------------------------
+
+namespace {
+
+struct TsCase {
+  int B, group, Hkv, d, P;
+  int max_len;
+  std::int64_t budget;
+  int factor, sinks, window;
+  bool ties;
+};
+
+struct TsStats {
+  long lists = 0, identical = 0, tokens = 0;
+};
+
+// The device copies of a host cache's selector inputs.
+struct TsGpu {
+  DevBuf<std::uint16_t> bmin, bmax;
+  DevBuf<float> smin, smax;
+  DevBuf<std::uint8_t> codes;
+  select::BoundStoreView store;
+  kv::SummariesView summ;
+  kv::PageCodesView pc;
+  TsGpu(const select::BoundStoreView& hs, const kv::SummariesView& hsum,
+        const kv::PageCodesView& hpc) {
+    const std::size_t n = static_cast<std::size_t>(hs.num_pages) * hs.num_kv_heads * hs.head_dim;
+    bmin = DevBuf<std::uint16_t>(n);
+    bmax = DevBuf<std::uint16_t>(n);
+    bmin.upload(reinterpret_cast<const std::uint16_t*>(hs.min), n);
+    bmax.upload(reinterpret_cast<const std::uint16_t*>(hs.max), n);
+    store = hs;
+    store.min = reinterpret_cast<const bf16*>(bmin.p);
+    store.max = reinterpret_cast<const bf16*>(bmax.p);
+    store.wmax = nullptr;
+    const std::size_t ns = static_cast<std::size_t>(hsum.num_pages) * hsum.num_kv_heads * hsum.head_dim;
+    smin = DevBuf<float>(ns);
+    smax = DevBuf<float>(ns);
+    smin.upload(hsum.min, ns);
+    smax.upload(hsum.max, ns);
+    summ = kv::SummariesView{};
+    summ.min = smin.p;
+    summ.max = smax.p;
+    summ.num_pages = hsum.num_pages;
+    summ.num_kv_heads = hsum.num_kv_heads;
+    summ.head_dim = hsum.head_dim;
+    const std::size_t nc = static_cast<std::size_t>(hpc.num_pages) * hpc.num_kv_heads *
+                           hpc.page_size * kv::page_code_bytes(hpc.head_dim);
+    codes = DevBuf<std::uint8_t>(nc);
+    codes.upload(hpc.codes, nc);
+    pc = hpc;
+    pc.codes = codes.p;
+  }
+};
+
+int run_ts_case(const TsCase& c, std::uint64_t seed, cuda::TwoStageWorkspace& ws, TsStats& st) {
+  Rng rng(seed);
+  std::vector<int> lengths;
+  for (int b = 0; b < c.B; ++b) lengths.push_back(1 + rng.below(c.max_len));
+  if (c.B > 1) lengths[0] = c.max_len;  // one sequence at the longest length
+  HostCache hc = make_cache(rng, lengths, c.Hkv, c.d, c.P, DType::bf16, true, c.ties);
+  const int Hq = c.Hkv * c.group;
+  std::vector<float> q = random_q(rng, static_cast<std::size_t>(c.B) * Hq * c.d, c.ties);
+  const kv::SummariesView hsum = hc.cache->summaries();
+  const select::BoundStore store(hsum);
+  const select::BoundStoreView sv = store.view();
+  select::SelectArgs a;
+  a.q = View3<const float>::contiguous(q.data(), c.B, Hq, c.d);
+  a.cache = hc.cache->view(hc.table);
+  a.summaries = hsum;
+  a.bounds_bf16 = &sv;
+  a.page_codes = hc.cache->page_codes();
+  select::SelectorConfig cfg;
+  cfg.method = select::Method::two_stage;
+  cfg.budget = {select::Budget::Kind::fixed, c.budget, 0.9};
+  cfg.sink_pages = c.sinks;
+  cfg.window_tokens = c.window;
+  cfg.candidate_factor = c.factor;
+  select::SelectOutput out;
+  select::run_selector(a, cfg, out);
+  const SelectionView want = out.selection.view();
+
+  TsGpu g(sv, hsum, a.page_codes);
+  DevTable dt(hc.table);
+  DevBuf<float> dq = to_device(q);
+  int max_pages = 1;
+  for (int b = 0; b < c.B; ++b) max_pages = std::max(max_pages, hc.table.table().num_pages(b));
+  const int cap = cuda::two_stage_capacity(max_pages, c.P, c.budget, c.sinks, c.window);
+  DevBuf<std::int32_t> ids(static_cast<std::size_t>(c.B) * c.Hkv * cap),
+      cnt(static_cast<std::size_t>(c.B) * c.Hkv);
+  cuda::TwoStageSelectArgs ta;
+  ta.q = View3<const float>::contiguous(dq.p, c.B, Hq, c.d);
+  ta.table = dt.view();
+  ta.page_size = c.P;
+  ta.bounds = g.store;
+  ta.summaries = g.summ;
+  ta.codes = g.pc;
+  ta.budget_tokens = c.budget;
+  ta.sink_pages = c.sinks;
+  ta.window_tokens = c.window;
+  ta.candidate_factor = c.factor;
+  ta.max_per_head = cap;
+  ta.ids = {ids.p, ids.n};
+  ta.count = {cnt.p, cnt.n};
+  cuda::TwoStageLaunch l;
+  l.workspace = &ws;
+  l.max_pages_per_seq = max_pages;
+  int failures = 0;
+  std::vector<std::int32_t> first_ids;
+  for (int run = 0; run < 2; ++run) {
+    cuda::two_stage_select(ta, l);
+    const std::vector<std::int32_t> gi = ids.download(), gc = cnt.download();
+    if (run == 1) {
+      if (gi != first_ids) {
+        ++failures;
+        std::printf("FAIL two-stage: a rerun gave other lists\n");
+      }
+      break;
+    }
+    first_ids = gi;
+    for (int b = 0; b < c.B; ++b) {
+      for (int h = 0; h < c.Hkv; ++h) {
+        const auto w = want.list(b, h);
+        const std::size_t base = (static_cast<std::size_t>(b) * c.Hkv + h) * cap;
+        bool same = gc[static_cast<std::size_t>(b) * c.Hkv + h] == static_cast<int>(w.size()) &&
+                    static_cast<int>(w.size()) <= cap;
+        for (std::size_t i = 0; same && i < w.size(); ++i) same = gi[base + i] == w[i];
+        for (int i = static_cast<int>(w.size()); same && i < cap; ++i) same = gi[base + i] == -1;
+        ++st.lists;
+        st.identical += same;
+        st.tokens += static_cast<long>(w.size());
+        if (!same) {
+          ++failures;
+          int first_diff = 0;
+          const int gn = gc[static_cast<std::size_t>(b) * c.Hkv + h];
+          while (first_diff < static_cast<int>(w.size()) && first_diff < gn &&
+                 gi[base + first_diff] == w[first_diff])
+            ++first_diff;
+          if (failures <= 3)
+            std::printf(
+                "FAIL two-stage B=%d group=%d Hkv=%d d=%d L=%lld budget=%lld factor=%d sinks=%d "
+                "window=%d%s: list [%d][%d] count gpu %d cpu %zu, first difference at %d "
+                "(gpu %d, cpu %d)\n",
+                c.B, c.group, c.Hkv, c.d,
+                static_cast<long long>(hc.table.table().length(b, c.P)),
+                static_cast<long long>(c.budget), c.factor, c.sinks, c.window,
+                c.ties ? " ties" : "", b, h, gn, w.size(), first_diff,
+                first_diff < gn ? gi[base + first_diff] : -1,
+                first_diff < static_cast<int>(w.size()) ? w[first_diff] : -1);
+        }
+      }
+    }
+  }
+  return failures;
+}
+
+}  // namespace
+
+int run_two_stage_check() {
+  std::vector<TsCase> cases;
+  Rng rng(2027);
+  const int groups[] = {1, 2, 3, 4, 5, 8};
+  const int budgets[] = {64, 128, 512, 1024, 2048, 4096};
+  const int factors[] = {1, 2, 4, 8};
+  for (int i = 0; i < 96; ++i) {
+    TsCase c;
+    c.group = groups[i % 6];
+    c.Hkv = c.group == 8 ? 1 + rng.below(2) : 1 + rng.below(3);
+    c.d = i % 2 ? 128 : 64;
+    c.P = 16;
+    c.B = 1 + rng.below(3);
+    const int lens[] = {40, 700, 3000, 9000, 32768};
+    c.max_len = lens[rng.below(i % 8 == 7 ? 5 : 4)];
+    c.budget = budgets[rng.below(6)];
+    c.factor = factors[rng.below(4)];
+    c.sinks = rng.below(3);
+    c.window = rng.below(3) == 0 ? 0 : rng.below(400);
+    c.ties = i % 5 == 4;
+    cases.push_back(c);
+  }
+  // Edges: a budget past the sequence, 1-token sequences, every page a candidate, the largest
+  // lists (4096 tokens, factor 8 at 32K), wide groups at 32K, a window past the sequence.
+  cases.push_back({2, 4, 2, 128, 16, 300, 4096, 4, 1, 0, false});
+  cases.push_back({3, 2, 2, 64, 16, 1, 64, 1, 0, 0, false});
+  cases.push_back({1, 4, 2, 128, 16, 2048, 512, 8, 1, 64, false});
+  cases.push_back({1, 4, 8, 128, 16, 32768, 4096, 8, 1, 0, false});
+  cases.push_back({1, 8, 4, 128, 16, 32768, 4096, 4, 2, 256, false});
+  cases.push_back({1, 4, 8, 128, 16, 32768, 4096, 4, 1, 0, true});
+  cases.push_back({2, 1, 8, 64, 16, 32768, 1024, 8, 0, 5000, false});
+  cases.push_back({1, 3, 2, 128, 16, 5000, 256, 2, 3, 100000, false});
+  std::printf(
+      "two-stage-check: %zu cases (Hq/Hkv 1..8, d 64/128, page 16, lengths up to 32K, budgets "
+      "64..4096, factors 1..8, sinks 0..2, windows; every 5th with tied keys) vs "
+      "select::run_selector(two_stage, bounds_bf16): identical lists required\n",
+      cases.size());
+  const auto t0 = std::chrono::steady_clock::now();
+  cuda::TwoStageWorkspace ws;
+  TsStats st;
+  int failures = 0;
+  for (std::size_t i = 0; i < cases.size(); ++i) {
+    try {
+      failures += run_ts_case(cases[i], 9100 + i, ws, st);
+    } catch (const Error& e) {
+      ++failures;
+      std::printf("FAIL two-stage case %zu: masskv::Error %s\n", i, e.what());
+    }
+  }
+  // The flag: a sequence longer than max_pages_per_seq ("indptr"), lists too short
+  // ("max_per_head").
+  {
+    Rng r2(5);
+    HostCache hc = make_cache(r2, {1000}, 1, 64, 16, DType::bf16, true, false);
+    const kv::SummariesView hsum = hc.cache->summaries();
+    const select::BoundStore store(hsum);
+    TsGpu g(store.view(), hsum, hc.cache->page_codes());
+    DevTable dt(hc.table);
+    std::vector<float> q = random_q(r2, 64, false);
+    DevBuf<float> dq = to_device(q);
+    DevBuf<std::int32_t> ids(400), cnt(1);
+    cuda::TwoStageSelectArgs ta;
+    ta.q = View3<const float>::contiguous(dq.p, 1, 1, 64);
+    ta.table = dt.view();
+    ta.bounds = g.store;
+    ta.summaries = g.summ;
+    ta.codes = g.pc;
+    ta.budget_tokens = 128;
+    ta.ids = {ids.p, ids.n};
+    ta.count = {cnt.p, cnt.n};
+    cuda::TwoStageLaunch l;
+    l.workspace = &ws;
+    const auto names = [&](const char* what) {
+      try {
+        cuda::two_stage_select(ta, l);
+      } catch (const Error& e) {
+        return std::string(e.what()).find(what) != std::string::npos;
+      }
+      return false;
+    };
+    ta.max_per_head = 400;
+    l.max_pages_per_seq = 10;  // the sequence has 63 pages
+    if (!names("indptr")) {
+      ++failures;
+      std::printf("FAIL two-stage: a sequence past max_pages_per_seq did not raise 'indptr'\n");
+    }
+    l.max_pages_per_seq = 63;
+    ta.max_per_head = 40;  // the list holds 128 tokens
+    ta.ids = {ids.p, 40};
+    if (!names("max_per_head")) {
+      ++failures;
+      std::printf("FAIL two-stage: short output lists did not raise 'max_per_head'\n");
+    }
+  }
+  const double secs =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  std::printf(
+      "two-stage-check: %s, %d failure(s); %ld/%ld lists identical, %ld tokens (%.1f s)\n",
+      failures ? "FAILED" : "passed", failures, st.identical, st.lists, st.tokens, secs);
+  return failures;
+}
+
+// ---- bench ------------------------------------------------------------------------------------
+
+namespace {
+
+// The 2-bit codes of a bf16 HND pool's keys under its f32 summaries (kv/page_codes.hpp's rule:
+// RNE(3 (x - lo) / (hi - lo)) clamped to [0, 3], 0 for an empty range).
+__global__ void encode_codes_kernel(const std::uint16_t* k, const float* mn, const float* mx,
+                                    std::uint8_t* codes, int hkv, int page, int d) {
+  const int pg = blockIdx.x, h = blockIdx.y;
+  const int bytes = d / 4;
+  for (int idx = threadIdx.x; idx < page * bytes; idx += blockDim.x) {
+    const int slot = idx / bytes, byte = idx % bytes;
+    const std::int64_t row = ((static_cast<std::int64_t>(pg) * hkv + h) * page + slot) * d;
+    const std::int64_t sum = (static_cast<std::int64_t>(pg) * hkv + h) * d;
+    unsigned out = 0;
+    for (int i = 0; i < 4; ++i) {
+      const int c = 4 * byte + i;
+      const float x = __uint_as_float(static_cast<unsigned>(k[row + c]) << 16);
+      const float lo = mn[sum + c], hi = mx[sum + c];
+      unsigned lvl = 0;
+      if (hi > lo) {
+        const float t = rintf(3.0f * ((x - lo) / (hi - lo)));
+        lvl = t <= 0.f ? 0u : t >= 3.f ? 3u : static_cast<unsigned>(t);
+      }
+      out |= lvl << (2 * i);
+    }
+    codes[((static_cast<std::int64_t>(pg) * hkv + h) * page + slot) * bytes + byte] =
+        static_cast<std::uint8_t>(out);
+  }
+}
+
+template <class F>
+double graph_us(int rot, int warmup, int iters, F&& step) {
+  cudaStream_t st;
+  CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+  const std::vector<cudaGraphExec_t> execs = capture_graphs(rot, st, step);
+  for (int i = 0; i < warmup; ++i) CK(cudaGraphLaunch(execs[i % rot], st));
+  std::vector<cudaEvent_t> ev(2 * iters);
+  for (auto& e : ev) CK(cudaEventCreate(&e));
+  for (int i = 0; i < iters; ++i) {
+    CK(cudaEventRecord(ev[2 * i], st));
+    CK(cudaGraphLaunch(execs[i % rot], st));
+    CK(cudaEventRecord(ev[2 * i + 1], st));
+  }
+  CK(cudaStreamSynchronize(st));
+  std::vector<float> ms(iters);
+  for (int i = 0; i < iters; ++i) CK(cudaEventElapsedTime(&ms[i], ev[2 * i], ev[2 * i + 1]));
+  for (auto& e : ev) CK(cudaEventDestroy(e));
+  for (auto& x : execs) CK(cudaGraphExecDestroy(x));
+  CK(cudaStreamDestroy(st));
+  return median(ms) * 1000.0;
+}
+
+}  // namespace
+
+std::vector<TwoStageBenchRow> bench_two_stage(const TwoStageBenchShape& s) {
+  // The pool's f32 min/max and codes on the device, made once per pool.
+  static DevBuf<float> dmin, dmax;
+  static DevBuf<std::uint8_t> dcodes;
+  static const void* made_for = nullptr;
+  const std::size_t ns = static_cast<std::size_t>(s.pool_pages) * s.hkv * s.d;
+  if (made_for != s.k) {
+    dmin = DevBuf<float>(ns);
+    dmax = DevBuf<float>(ns);
+    dmin.upload(s.host_min, ns);
+    dmax.upload(s.host_max, ns);
+    dcodes = DevBuf<std::uint8_t>(static_cast<std::size_t>(s.pool_pages) * s.hkv * s.page * s.d / 4);
+    encode_codes_kernel<<<dim3(s.pool_pages, s.hkv), 256>>>(
+        static_cast<const std::uint16_t*>(s.k), dmin.p, dmax.p, dcodes.p, s.hkv, s.page, s.d);
+    CK(cudaGetLastError());
+    CK(cudaDeviceSynchronize());
+    made_for = s.k;
+  }
+  kv::SummariesView summ;
+  summ.min = dmin.p;
+  summ.max = dmax.p;
+  summ.num_pages = s.pool_pages;
+  summ.num_kv_heads = s.hkv;
+  summ.head_dim = s.d;
+  kv::PageCodesView pc;
+  pc.codes = dcodes.p;
+  pc.num_pages = s.pool_pages;
+  pc.num_kv_heads = s.hkv;
+  pc.page_size = s.page;
+  pc.head_dim = s.d;
+
+  const int pages = s.ctx / s.page;
+  const int rq = static_cast<int>(s.q.size()), rt = static_cast<int>(s.tables.size());
+  const int cap = cuda::two_stage_capacity(pages, s.page, s.budget, s.sink_pages, s.window_tokens);
+  std::vector<DevBuf<std::int32_t>> ids, cnt;
+  std::vector<SelectionView> views;
+  for (int r = 0; r < rq; ++r) {
+    ids.emplace_back(static_cast<std::size_t>(s.batch) * s.hkv * cap);
+    cnt.emplace_back(static_cast<std::size_t>(s.batch) * s.hkv);
+  }
+  for (int r = 0; r < rq; ++r)
+    views.push_back({SelectionView::Unit::token, s.batch, s.hkv, cap,
+                     {ids[r].p, ids[r].n}, {cnt[r].p, cnt[r].n}});
+  cuda::TwoStageWorkspace tws;
+  const auto sel_args = [&](int r) {
+    cuda::TwoStageSelectArgs a;
+    a.q = View3<const float>::contiguous(s.q[r % rq], s.batch, s.hq, s.d);
+    a.table = s.tables[r % rt];
+    a.page_size = s.page;
+    a.bounds = s.store;
+    a.summaries = summ;
+    a.codes = pc;
+    a.budget_tokens = s.budget;
+    a.sink_pages = s.sink_pages;
+    a.window_tokens = s.window_tokens;
+    a.candidate_factor = s.factor;
+    a.max_per_head = cap;
+    a.ids = {ids[r % rq].p, ids[r % rq].n};
+    a.count = {cnt[r % rq].p, cnt[r % rq].n};
+    return a;
+  };
+  const auto select = [&](int r, cudaStream_t st) {
+    cuda::TwoStageLaunch l;
+    l.stream = st;
+    l.workspace = &tws;
+    l.max_pages_per_seq = pages;
+    l.check_errors = false;
+    cuda::two_stage_select(sel_args(r), l);
+  };
+  DevBuf<float> out(static_cast<std::size_t>(s.batch) * s.hq * s.d), lse(static_cast<std::size_t>(s.batch) * s.hq);
+  const auto decode = [&](int r, cudaStream_t st) {
+    attn::DecodeArgs a;
+    a.q = View3<const float>::contiguous(s.q[r % rq], s.batch, s.hq, s.d);
+    a.cache = bf16_hnd_pool(s.k, s.v, s.pool_pages, s.hkv, s.page, s.d, s.tables[r % rt]);
+    a.out = View3<float>::contiguous(out.p, s.batch, s.hq, s.d);
+    a.lse_or_tau = {lse.p, lse.n};
+    a.selection = &views[r % rq];
+    cuda::DecodeLaunch l;
+    l.stream = st;
+    l.workspace = s.decode_ws;
+    l.max_pages_per_seq = pages;
+    l.check_errors = false;
+    cuda::decode(a, l);
+  };
+  // Held tokens and candidate pages per step (for the bytes), errors checked once.
+  double held = 0, cand = 0;
+  for (int r = 0; r < rq; ++r) {
+    select(r, nullptr);
+    tws.check(nullptr);
+    for (int c : cnt[r].download()) held += c;
+    std::vector<std::int32_t> nc(tws.candidate_counts().size());
+    CK(cudaMemcpy(nc.data(), tws.candidate_counts().data(), nc.size() * 4, cudaMemcpyDeviceToHost));
+    for (int c : nc) cand += c;
+  }
+  held /= rq;
+  cand /= rq;
+  const double kv_bytes = held * s.d * 2 * 2;
+  const double sel_bytes = static_cast<double>(s.batch) * pages * s.hkv * s.d * 4 +
+                           cand * (s.d * 8.0 + s.page * s.d / 4.0);
+  constexpr int kWarm = 10, kIters = 100;
+  std::vector<TwoStageBenchRow> rows;
+  const double sel_us = time_us(kWarm, kIters, [&](int i) { select(i, nullptr); });
+  tws.check(nullptr);
+  rows.push_back({"gpu_two_stage_select", sel_us, sel_bytes});
+  const double sel_graph = graph_us(rq, kWarm, kIters, select);
+  rows.push_back({"gpu_two_stage_select_graph", sel_graph, sel_bytes});
+  const double step = graph_us(rq, kWarm, kIters, [&](int r, cudaStream_t st) {
+    select(r, st);
+    decode(r, st);
+  });
+  tws.check(nullptr);
+  s.decode_ws->check(nullptr);
+  rows.push_back({"ours_sparse_two_stage_gpu_sel_graph", step, kv_bytes + sel_bytes});
+  const double dec = graph_us(rq, kWarm, kIters, decode);
+  s.decode_ws->check(nullptr);
+  rows.push_back({"ours_sparse_two_stage_token_decode_graph", dec, kv_bytes});
+  const int layers = std::min(8, rq);
+  const double lay = graph_us(1, kWarm, kIters, [&](int, cudaStream_t st) {
+                       for (int l = 0; l < layers; ++l) {
+                         select(l, st);
+                         decode(l, st);
+                       }
+                     }) /
+                     layers;
+  tws.check(nullptr);
+  s.decode_ws->check(nullptr);
+  rows.push_back({"ours_sparse_two_stage_gpu_sel_layers_graph", lay, kv_bytes + sel_bytes});
+  std::printf(
+      "  two-stage ctx=%7d B=%2d budget=%5d factor %d: select %.1f us (graph %.1f), select + "
+      "token decode (graph) %.1f us, token decode alone (graph) %.1f us, per layer in a %d-layer "
+      "graph %.1f us; %.0f tokens held, %.0f candidate pages per step; %.1f MB selector reads\n",
+      s.ctx, s.batch, s.budget, s.factor, sel_us, sel_graph, step, dec, layers, lay, held, cand,
+      sel_bytes / 1e6);
+  return rows;
+}

@@ -1,0 +1,42 @@
+// masskv_gpu_bench's two-stage part (two_stage_check.cu): the token-selection decode and the
+// two-stage selection against the CPU, and the bench's "two_stage select + token decode" rows.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "masskv/cuda/decode.hpp"
+#include "masskv/kv/paged_kv.hpp"
+#include "masskv/select/page_bound.hpp"
+#include "masskv/tensor.hpp"
+
+// cuda::decode over token selections vs attn::decode_reference (f64) and attn::decode (CPU),
+// random selections and shapes; returns the number of failures (printed).
+int run_decode_token_check();
+// cuda::two_stage_select vs select::run_selector(Method::two_stage), list for list, identical;
+// returns the number of failures (printed).
+int run_two_stage_check();
+
+// One bench shape's inputs (device memory unless said): the bf16 HND pool, its f32 summaries
+// (host: uploaded once), the bound store, per-rotation tables and queries.
+struct TwoStageBenchShape {
+  int ctx = 0, batch = 1, hq = 32, hkv = 8, d = 128, page = 16, pool_pages = 0;
+  int budget = 4096, factor = 4, sink_pages = 1, window_tokens = 0;
+  const void* k = nullptr;
+  const void* v = nullptr;
+  const float* host_min = nullptr;  // [pool_pages][hkv][d] f32 summaries, host
+  const float* host_max = nullptr;
+  masskv::select::BoundStoreView store;  // device
+  std::vector<masskv::kv::PageTable> tables;       // device spans, per table rotation
+  std::vector<const float*> q;                     // device [batch][hq][d], per query rotation
+  masskv::cuda::DecodeWorkspace* decode_ws = nullptr;
+};
+struct TwoStageBenchRow {
+  std::string kind;
+  double us, bytes;
+};
+// Step r: table r % tables, query r % q. Rows: the select alone (plain launches), the step
+// (two-stage select + token decode) as one CUDA graph per rotation, the token decode alone on
+// the step's lists (graph), and the step per layer in an 8-layer graph.
+std::vector<TwoStageBenchRow> bench_two_stage(const TwoStageBenchShape& s);
