@@ -1,0 +1,83 @@
+#!/usr/bin/env python3
+"""Paired comparison of eval methods from `masskv eval`'s results.json records (issue 30's
+quality rule): per protocol and budget, over the (task, length) cells where dense scores at
+least --min-dense, the mean paired difference (method - reference) on the same samples, and a
+95% bootstrap interval (samples resampled with replacement, --boot draws, fixed seed).
+
+The reference is the weaker of dense and the oracle by pooled mean (the oracle can fall below
+dense), unless --against names one.
+
+    scripts/paired.py out/eval/results.json --method two_stage
+    scripts/paired.py docs/results/eval-needles-smollm2/results.json --method quest --against dense
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import sys
+from collections import defaultdict
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter,
+                                 epilog=__doc__.split("\n\n", 2)[2])
+    ap.add_argument("results", help="results.json of masskv eval")
+    ap.add_argument("--method", required=True, help="the method to judge (e.g. two_stage)")
+    ap.add_argument("--against", default="", help="dense or oracle (default: the weaker of the two)")
+    ap.add_argument("--min-dense", type=float, default=0.2, help="cells where dense scores >= this")
+    ap.add_argument("--boot", type=int, default=10000, help="bootstrap draws")
+    a = ap.parse_args()
+    try:
+        recs = json.load(open(a.results))["records"]
+    except (OSError, KeyError, json.JSONDecodeError) as e:
+        ap.error(f"{a.results}: {e}")
+    # score[(protocol, budget-of-method, method)][(task, length, index)]
+    by = defaultdict(dict)
+    for r in recs:
+        proto = r.get("protocol", "strict")
+        by[(proto, r["method"], r["budget"])][(r["task"], r["length"], r["index"])] = r["score"]
+    protocols = sorted({k[0] for k in by})
+    rows = []
+    for proto in protocols:
+        dense = by.get((proto, "dense", "-"), {})
+        cells = defaultdict(list)
+        for k, s in dense.items():
+            cells[(k[0], k[1])].append(s)
+        good = {c for c, v in cells.items() if sum(v) / len(v) >= a.min_dense}
+        budgets = sorted({k[2] for k in by if k[0] == proto and k[1] == a.method})
+        for b in budgets:
+            m = by[(proto, a.method, b)]
+            orc = by.get((proto, "oracle", b), {})
+            keys = [k for k in m if (k[0], k[1]) in good and k in dense]
+            refs = {"dense": dense, "oracle": orc}
+            if a.against:
+                ref_name = a.against
+            else:
+                keys_o = [k for k in keys if k in orc]
+                mean = lambda d, ks: sum(d[k] for k in ks) / max(1, len(ks))
+                ref_name = "oracle" if keys_o and mean(orc, keys_o) < mean(dense, keys_o) else "dense"
+            ref = refs[ref_name]
+            keys = [k for k in keys if k in ref]
+            if not keys:
+                continue
+            diffs = [m[k] - ref[k] for k in keys]
+            point = sum(diffs) / len(diffs)
+            rng = random.Random(1)
+            boots = sorted(sum(rng.choice(diffs) for _ in diffs) / len(diffs) for _ in range(a.boot))
+            lo, hi = boots[int(0.025 * a.boot)], boots[int(0.975 * a.boot) - 1]
+            rows.append((proto, b, ref_name, len(keys), 100 * sum(m[k] for k in keys) / len(keys),
+                         100 * sum(ref[k] for k in keys) / len(keys), 100 * point, 100 * lo, 100 * hi))
+    print(f"| protocol | budget | reference | n | {a.method} % | reference % | paired diff (points) | 95% bootstrap |")
+    print("| --- | --- | --- | ---: | ---: | ---: | ---: | --- |")
+    for p, b, ref, n, mm, rm, d, lo, hi in rows:
+        print(f"| {p} | {b} | {ref} | {n} | {mm:.1f} | {rm:.1f} | {d:+.1f} | [{lo:+.1f}, {hi:+.1f}] |")
+    if not rows:
+        print(f"paired.py: no records of {a.method} in cells where dense >= {a.min_dense}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
