@@ -1,4 +1,4 @@
-// CUDA decode attention, softmax, dense and sparse (issue 7; DESIGN.md §2.6 split-K merge,
+// CUDA decode attention, softmax, dense and sparse (issue 7; docs/design.md §2.6 split-K merge,
 // §3 layout), and the host entry point for both mappings (entmax: decode_entmax.cu). One kernel
 // skeleton (decode_common.cuh): a CTA owns one chunk of pages of one (sequence, kv head) and all
 // q heads of that kv head (up to 8), so each selected page is read once per kv group. Dense

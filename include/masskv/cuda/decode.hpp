@@ -1,4 +1,4 @@
-// CUDA decode attention over a paged KV cache (issue 7; DESIGN.md §2.6, §3). Same argument
+// CUDA decode attention over a paged KV cache (issue 7; docs/design.md §2.6, §3). Same argument
 // shape as attn::decode, but every pointer and span in the args is *device* memory.
 #pragma once
 
@@ -86,7 +86,7 @@ struct DecodeLaunch {
 // decode_tokens.cu; DecodeLaunch::chunk_pages then counts tokens). lse_or_tau: device
 // [B][Hq] or empty (softmax: lse; entmax: tau on z = (alpha-1)*s, NaN for a head without
 // tokens, as attn::decode).
-// Supported: softmax and entmax (any alpha in (1, 2], exact global tau, DESIGN.md §2.6);
+// Supported: softmax and entmax (any alpha in (1, 2], exact global tau, docs/design.md §2.6);
 // head_dim 64, 128, 256; any GQA ratio (groups of more than 8 q heads re-read the kv head's
 // pages once per 8 q heads). Throws masskv::Error naming the argument (alpha out of range,
 // entmax over token selections, other head dims, f32 KV).
