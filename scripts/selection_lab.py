@@ -191,25 +191,25 @@ def token_scores(state, key, q, h):
     return q @ state[key][:, h].T  # [g][ctx]
 
 
+def paged_scores(state, key, q, h):
+    """Token scores [g][ctx] as [g][pages][PAGE], the last page padded with -inf."""
+    s = token_scores(state, key, q, h)
+    t = s.shape[1]
+    n = (t + PAGE - 1) // PAGE
+    pad = np.full((s.shape[0], n * PAGE), -np.inf)
+    pad[:, :t] = s
+    return pad.reshape(s.shape[0], n, PAGE)
+
+
 def make_page_max(key):
     def f(state, q, h):
-        s = token_scores(state, key, q, h)
-        t = s.shape[1]
-        n = (t + PAGE - 1) // PAGE
-        pad = np.full((s.shape[0], n * PAGE), -np.inf)
-        pad[:, :t] = s
-        return pad.reshape(s.shape[0], n, PAGE).max(-1)
+        return paged_scores(state, key, q, h).max(-1)
     return f
 
 
 def make_page_lse(key):
     def f(state, q, h):
-        s = token_scores(state, key, q, h)
-        t = s.shape[1]
-        n = (t + PAGE - 1) // PAGE
-        pad = np.full((s.shape[0], n * PAGE), -np.inf)
-        pad[:, :t] = s
-        r = pad.reshape(s.shape[0], n, PAGE)
+        r = paged_scores(state, key, q, h)
         m = r.max(-1, keepdims=True)
         return (m + np.log(np.exp(r - m).sum(-1, keepdims=True)))[..., 0]
     return f
