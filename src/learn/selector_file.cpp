@@ -29,8 +29,6 @@ std::string tensor_name(int layer, std::string_view side) {
   return "blk." + std::to_string(layer) + ".sel_" + std::string(side) + ".weight";
 }
 
-std::string_view input_name(Input in) { return in == Input::qk ? "qk" : "hidden"; }
-
 // Reads one f32 tensor of the expected shape into `out`.
 void read_tensor(const model::GgufFile& f, const std::string& name, int width, int dim, int groups,
                  std::vector<float>& out) {
@@ -47,55 +45,11 @@ void read_tensor(const model::GgufFile& f, const std::string& name, int width, i
 
 }  // namespace
 
-const LayerSelector* Selector::find(int layer) const {
-  for (const LayerSelector& l : layers) {
-    if (l.layer == layer) return &l;
-  }
-  return nullptr;
-}
-
-void Selector::validate() const {
-  const auto bad = [](auto... parts) { fail(ErrorCode::invalid_argument, "selector", parts...); };
-  if (n_layer <= 0 || n_embd <= 0 || n_head <= 0 || n_head_kv <= 0 || head_dim <= 0 ||
-      n_head % n_head_kv != 0) {
-    bad("model shape (layers ", n_layer, ", embd ", n_embd, ", heads ", n_head, "/", n_head_kv,
-        ", head_dim ", head_dim, ") is not a valid GQA model");
-  }
-  int previous = -1;
-  for (const LayerSelector& l : layers) {
-    if (l.layer <= previous || l.layer >= n_layer) {
-      bad("layer ", l.layer, " out of order or outside the model's ", n_layer, " layers");
-    }
-    previous = l.layer;
-    if (l.groups != 1 && l.groups != n_head_kv) {
-      bad("layer ", l.layer, ": groups ", l.groups, " is neither 1 nor n_head_kv ", n_head_kv);
-    }
-    if (l.dim <= 0 || (l.rope && l.dim % 2 != 0)) {
-      bad("layer ", l.layer, ": dim ", l.dim, " must be positive (even with rope)");
-    }
-    const int heads_per_group = n_head / l.groups;
-    const int kv_per_group = n_head_kv / l.groups;
-    const int q_want = input == Input::qk ? heads_per_group * head_dim : n_embd;
-    const int k_want = input == Input::qk ? kv_per_group * head_dim : n_embd;
-    if (l.q_in != q_want || l.k_in != k_want) {
-      bad("layer ", l.layer, ": input widths ", l.q_in, "/", l.k_in, " should be ", q_want, "/",
-          k_want, " for input ", input_name(input));
-    }
-    if (input == Input::qk && l.rope) bad("layer ", l.layer, ": rope applies to hidden input only");
-    const auto n = static_cast<std::size_t>(l.groups) * static_cast<std::size_t>(l.dim);
-    if (l.wq.size() != n * static_cast<std::size_t>(l.q_in) ||
-        l.wk.size() != n * static_cast<std::size_t>(l.k_in)) {
-      bad("layer ", l.layer, ": weight sizes ", l.wq.size(), "/", l.wk.size(),
-          " do not match groups x dim x width");
-    }
-  }
-}
-
 void save(const Selector& s, const std::string& path) {
   s.validate();
   model::GgufWriter w;
   w.add_string("general.architecture", kArch);
-  w.add_string("masskv.selector.input", input_name(s.input));
+  w.add_string("masskv.selector.input", to_string(s.input));
   w.add_string("masskv.model.architecture", s.architecture);
   w.add_u32("masskv.model.block_count", static_cast<std::uint32_t>(s.n_layer));
   w.add_u32("masskv.model.embedding_length", static_cast<std::uint32_t>(s.n_embd));

@@ -1,12 +1,63 @@
-#include "masskv/learn/project.hpp"
+// The learned selector at inference (model/learned_selector.hpp): its shape checks and its
+// projections, on the forward pass's own kernels (quant.hpp's mat-vec and GEMM, layer_ops.hpp's
+// RoPE) so a selector scores what the model computes (docs/design.md §2.8).
+#include "masskv/model/learned_selector.hpp"
 
 #include <algorithm>
 
 #include "masskv/error.hpp"
+#include "masskv/model/model.hpp"
 #include "masskv/model/quant.hpp"
 #include "model/layer_ops.hpp"
 
 namespace masskv::learn {
+
+std::string_view to_string(Input input) noexcept { return input == Input::qk ? "qk" : "hidden"; }
+
+const LayerSelector* Selector::find(int layer) const {
+  for (const LayerSelector& l : layers) {
+    if (l.layer == layer) return &l;
+  }
+  return nullptr;
+}
+
+void Selector::validate() const {
+  const auto bad = [](auto... parts) { fail(ErrorCode::invalid_argument, "selector", parts...); };
+  if (n_layer <= 0 || n_embd <= 0 || n_head <= 0 || n_head_kv <= 0 || head_dim <= 0 ||
+      n_head % n_head_kv != 0) {
+    bad("model shape (layers ", n_layer, ", embd ", n_embd, ", heads ", n_head, "/", n_head_kv,
+        ", head_dim ", head_dim, ") is not a valid GQA model");
+  }
+  int previous = -1;
+  for (const LayerSelector& l : layers) {
+    if (l.layer <= previous || l.layer >= n_layer) {
+      bad("layer ", l.layer, " out of order or outside the model's ", n_layer, " layers");
+    }
+    previous = l.layer;
+    if (l.groups != 1 && l.groups != n_head_kv) {
+      bad("layer ", l.layer, ": groups ", l.groups, " is neither 1 nor n_head_kv ", n_head_kv);
+    }
+    if (l.dim <= 0 || (l.rope && l.dim % 2 != 0)) {
+      bad("layer ", l.layer, ": dim ", l.dim, " must be positive (even with rope)");
+    }
+    const int heads_per_group = n_head / l.groups;
+    const int kv_per_group = n_head_kv / l.groups;
+    const int q_want = input == Input::qk ? heads_per_group * head_dim : n_embd;
+    const int k_want = input == Input::qk ? kv_per_group * head_dim : n_embd;
+    if (l.q_in != q_want || l.k_in != k_want) {
+      bad("layer ", l.layer, ": input widths ", l.q_in, "/", l.k_in, " should be ", q_want, "/",
+          k_want, " for input ", to_string(input));
+    }
+    if (input == Input::qk && l.rope) bad("layer ", l.layer, ": rope applies to hidden input only");
+    const auto n = static_cast<std::size_t>(l.groups) * static_cast<std::size_t>(l.dim);
+    if (l.wq.size() != n * static_cast<std::size_t>(l.q_in) ||
+        l.wk.size() != n * static_cast<std::size_t>(l.k_in)) {
+      bad("layer ", l.layer, ": weight sizes ", l.wq.size(), "/", l.wk.size(),
+          " do not match groups x dim x width");
+    }
+  }
+}
+
 
 void check_model(const Selector& s, const model::ModelConfig& c) {
   s.validate();

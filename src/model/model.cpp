@@ -1,4 +1,5 @@
-// Session: the forward pass of model.hpp over a kv::PagedKVCache per layer.
+// Session: the forward pass of model.hpp over a kv::PagedKVCache per layer. Which keys each
+// layer attends, and what that costs, is sparse_attention.hpp's (docs/design.md §3, §4).
 #include "masskv/model/model.hpp"
 
 #include <algorithm>
@@ -7,15 +8,11 @@
 #include <map>
 
 #include "layer_ops.hpp"
-#include "masskv/attn/decode.hpp"
-#include "masskv/attn/prefill.hpp"
 #include "masskv/error.hpp"
 #include "masskv/kv/cache.hpp"
-#include "masskv/learn/project.hpp"
 #include "masskv/model/quant.hpp"
-#include "masskv/select/diagnostics.hpp"
-#include "masskv/select/read_cost.hpp"
 #include "model/activations.hpp"
+#include "model/sparse_attention.hpp"
 
 namespace masskv::model {
 
@@ -36,29 +33,6 @@ void linear(const GgufTensor& w, const float* x, std::size_t n, float* y, Activa
 }
 
 std::size_t sz(std::int64_t v) { return static_cast<std::size_t>(v); }
-
-void check_selector(const std::optional<select::SelectorConfig>& selector, const Mapping& mapping,
-                    const std::shared_ptr<const learn::Selector>& learned, bool page_codes) {
-  if (!selector) return;
-  require(selector->method != select::Method::two_stage || page_codes,
-          ErrorCode::invalid_argument, "selector",
-          "Method::two_stage needs SessionOptions::page_codes (the codes are kept from the "
-          "first token)");
-  const Mapping& m = selector->mapping;
-  require(m.kind == mapping.kind && (!m.is_entmax() || m.alpha == mapping.alpha),
-          ErrorCode::invalid_argument, "selector",
-          "the selector serves a different attention mapping than the session's");
-  require(selector->method != select::Method::learned || learned != nullptr,
-          ErrorCode::invalid_argument, "selector",
-          "Method::learned needs SessionOptions::learned_selector (its key cache is kept from "
-          "the first token)");
-}
-
-void check_reselect(int every, double min_cos) {
-  require(every >= 1, ErrorCode::invalid_argument, "reselect_every", "must be >= 1, got ", every);
-  require(min_cos >= -1 && min_cos <= 1, ErrorCode::invalid_argument, "reselect_cos",
-          "must be in [-1, 1], got ", min_cos);
-}
 
 void check_score_multipliers(std::span<const float> t, const ModelConfig& c) {
   if (t.empty()) return;
@@ -87,19 +61,9 @@ void scale_queries(float* q, std::size_t n, std::size_t Hq, std::size_t D,
 // or one row per session of a decode step).
 struct Scratch {
   std::vector<float> x, xn, q, k, v, att, o, gate, up, logits_rows;
-  std::vector<float> sel_rows, sel_q, sel_scratch;  // learned selector projections
-  std::vector<std::int64_t> positions;              // of every row
-  ops::RopeTable rope_global, rope_local;           // cos/sin of those positions
-  select::SelectOutput sel_out;
-  SelectionStorage reused;  // a layer's earlier selection, extended (reselect_every)
-  std::vector<select::HeadDiagnostics> diag;
-  SelectionStorage window_sel;
-  kv::PageTableStorage rows_table;
-  // Sparse prefill: dense probabilities, masses, per-query supports, block mask.
-  std::vector<float> pf_p;
-  std::vector<double> pf_mass;
-  std::vector<std::uint8_t> pf_keep;
-  select::BlockMaskStorage pf_mask;
+  std::vector<std::int64_t> positions;     // of every row
+  ops::RopeTable rope_global, rope_local;  // cos/sin of those positions
+  AttentionScratch attention;
 
   void reserve(const ModelConfig& c, std::size_t n) {
     const std::size_t E = sz(c.n_embd), Dq = sz(c.n_head) * sz(c.head_dim);
@@ -125,23 +89,11 @@ struct Session::Impl {
   std::shared_ptr<std::vector<kv::PagedKVCache>> caches;
   std::vector<kv::SeqId> seqs;
   std::vector<double> inv_freq_global, inv_freq_local;
-  // Learned selector: per layer the selector's entry (nullptr: not listed, or a local layer)
-  // and the RoPE frequencies of its d_s projections.
-  std::vector<const learn::LayerSelector*> learned_layers;
-  std::vector<std::vector<double>> learned_rope;
+  // Per layer the sparse-attention policy (sparse_attention.hpp): its selections, their reuse,
+  // the learned selector's entry and the prefill indexer's sums, for this session's sequence.
+  std::vector<LayerAttention> attention;
   Scratch scratch;             // of the passes this session runs (or leads, in a batch)
   PrefillStats prefill_stats;  // of the last prefill call
-  // Per layer the indexer's running key-block sums of this session's sequence.
-  std::vector<select::KeyBlockSums> key_block_sums;
-  // Per layer, for reselect_every: the last selection the selector made, the sequence length
-  // it was made at (0: none) and the length at the layer's last decode step that ran the
-  // selector branch (made or reused a selection).
-  struct Reusable {
-    SelectionStorage selection;
-    std::int64_t length = 0, last_step = 0;
-    std::vector<float> q;  // [Hq][d]: the queries it was made for (reselect_cos)
-  };
-  std::vector<Reusable> reusable;
 };
 
 Session::Session(const Model& model, SessionOptions options)
@@ -192,17 +144,11 @@ Session::Session(const Model& model, SessionOptions options)
   impl_->window = options.sliding_window > 0 ? options.sliding_window : c.sliding_window;
   impl_->opt = std::move(options);
   impl_->caches = std::make_shared<std::vector<kv::PagedKVCache>>();
-  impl_->learned_layers.assign(sz(c.n_layer), nullptr);
-  impl_->key_block_sums.resize(sz(c.n_layer));
-  impl_->reusable.resize(sz(c.n_layer));
-  impl_->learned_rope.resize(sz(c.n_layer));
+  impl_->attention.reserve(sz(c.n_layer));
   for (int l = 0; l < c.n_layer; ++l) {
     kv::CacheConfig layer_cc = cc;
-    const learn::Selector* sel = impl_->opt.learned_selector.get();
-    const learn::LayerSelector* ls = sel != nullptr ? sel->find(l) : nullptr;
-    if (ls != nullptr && c.is_local[sz(l)] == 0) {
-      impl_->learned_layers[sz(l)] = ls;
-      if (ls->rope) impl_->learned_rope[sz(l)] = learn::rope_inv_freq(c, l, ls->dim);
+    impl_->attention.emplace_back(c, l, impl_->opt.learned_selector.get());
+    if (const learn::LayerSelector* ls = impl_->attention.back().learned()) {
       layer_cc.key_row_groups = ls->groups;
       layer_cc.key_row_dim = ls->dim;
       layer_cc.key_row_format = impl_->opt.learned_key_format;
@@ -244,10 +190,9 @@ Session Session::fork() const {
   child->caches = impl_->caches;
   child->inv_freq_global = impl_->inv_freq_global;
   child->inv_freq_local = impl_->inv_freq_local;
-  child->learned_layers = impl_->learned_layers;  // point into opt.learned_selector (shared)
-  child->learned_rope = impl_->learned_rope;
-  child->key_block_sums = impl_->key_block_sums;  // the same prefix
-  child->reusable = impl_->reusable;              // page ids are logical: valid in the fork
+  // The same prefix, so the same selections (page ids are logical: valid in the fork) and
+  // indexer sums; the learned entries point into opt.learned_selector, which forks share.
+  child->attention = impl_->attention;
   for (std::size_t l = 0; l < impl_->seqs.size(); ++l) {
     child->seqs.push_back((*impl_->caches)[l].fork(impl_->seqs[l]));
   }
@@ -258,14 +203,14 @@ void Session::set_selector(std::optional<select::SelectorConfig> selector) {
   check_selector(selector, impl_->opt.mapping, impl_->opt.learned_selector,
                  impl_->opt.page_codes);
   impl_->opt.selector = std::move(selector);
-  for (auto& r : impl_->reusable) r.length = 0;
+  for (LayerAttention& a : impl_->attention) a.forget_selection();
 }
 
 void Session::set_reselect(int every, double min_cos) {
   check_reselect(every, min_cos);
   impl_->opt.reselect_every = every;
   impl_->opt.reselect_cos = min_cos;
-  for (auto& r : impl_->reusable) r.length = 0;
+  for (LayerAttention& a : impl_->attention) a.forget_selection();
 }
 
 double Session::kv_bytes_per_token() const {
@@ -310,245 +255,6 @@ struct Pass {
   std::size_t logits_from;  // rows [logits_from, n) get logits ...
   float* logits;            // ... here, [n - logits_from][n_vocab]; nullptr: no head
 };
-
-double seconds_since(std::chrono::steady_clock::time_point t0) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-}
-
-// Certified δ bounds of this layer's selection (no unselected key read) into `stats`.
-void add_diagnostics(Scratch& w, const View3<const float>& q, const kv::PagedKVView& view,
-                     const kv::SummariesView& summaries, const SelectionView& sv,
-                     const Mapping& mapping, const ModelConfig& c, DecodeStats& stats) {
-  select::DiagnosticsArgs d;
-  d.q = q;
-  d.cache = view;
-  d.summaries = summaries;
-  d.mapping = mapping;
-  d.scale = c.attn_scale;
-  d.selection = &sv;
-  select::diagnose(d, w.diag);
-  for (const select::HeadDiagnostics& h : w.diag) {
-    stats.delta_bound_sum += h.delta_bound;
-    stats.certified += h.certified ? 1 : 0;
-    stats.heads += 1;
-  }
-}
-
-// Prefill attention of one layer for a step's n queries (the last n of `len` tokens): dense
-// causal, or sparse under SessionOptions::sparse_prefill on the layers that allow it. Counts
-// keys and selection time into the session's PrefillStats (forward() times the whole).
-// `dense` (local layers, and the layers a learned indexer does not list) attends densely;
-// q_sel and keys serve the learned indexer.
-void prefill_attend(Scratch& w, Session::Impl& s, const View3<const float>& qv,
-                    const View3<float>& ov, const kv::PagedKVView& view, bool dense, float scale,
-                    std::int64_t len, int layer, std::span<const float> q_sel,
-                    const kv::KeyRowsView& keys) {
-  const auto t0 = std::chrono::steady_clock::now();
-  const select::PrefillSelectConfig& sp = s.opt.sparse_prefill;
-  const int n = qv.n0;
-  const std::int64_t first = len - n;
-  PrefillStats& st = s.prefill_stats;
-  const double dense_keys = double(n) * double(first) + double(n) * (n + 1) / 2.0;
-  st.keys_dense += dense_keys;
-  const std::int32_t indptr[2] = {0, n};
-  attn::PrefillArgs a;
-  a.q = qv;
-  a.q_indptr = indptr;
-  a.cache = view;
-  a.scale = scale;
-  a.mapping = s.opt.mapping;
-  a.out = ov;
-  if (sp.method == select::PrefillMethod::dense || dense) {
-    st.keys_attended += dense_keys;
-    attn::prefill(a);
-    return;
-  }
-  const select::PrefillSelectArgs sa{qv, view, scale};
-  const int Hq = qv.n1, Hkv = view.num_kv_heads;
-  if (sp.method == select::PrefillMethod::index) {
-    select::index_block_mask(sa, sp, w.pf_mask, &s.key_block_sums[sz(layer)]);
-  } else if (sp.method == select::PrefillMethod::learned) {
-    select::learned_block_mask(q_sel, keys, view.table, n, sp, w.pf_mask);
-  } else {
-    select::prefill_probabilities(sa, w.pf_p);
-    select::prefill_token_mass(w.pf_p, Hq, Hkv, n, len, sp.head_collapsed, w.pf_mass);
-  }
-  if (sp.method == select::PrefillMethod::shared) {
-    select::shared_block_mask(w.pf_mass, n, len, sp, w.pf_mask);
-  }
-  if (sp.method == select::PrefillMethod::token || sp.method == select::PrefillMethod::block) {
-    const int groups = sp.head_collapsed ? 1 : Hkv;
-    select::per_query_support(w.pf_mass, groups, n, len, sp, w.pf_keep);
-    st.select_seconds += seconds_since(t0);
-    select::support_attention(sa, w.pf_p, w.pf_keep, groups, ov);
-    double kept = 0;
-    for (const std::uint8_t k : w.pf_keep) kept += k;
-    st.keys_attended += kept / groups;
-    return;
-  }
-  st.select_seconds += seconds_since(t0);
-  const attn::BlockMask mask = w.pf_mask.view();
-  a.block_mask = &mask;
-  attn::prefill(a);
-  st.keys_attended += double(w.pf_mask.keys_attended(n, len));
-}
-
-// Attention of one layer for one segment's queries (rows row0.. of w.q; its k/v appended),
-// under that segment's session: its cache, window, mapping and selector.
-void attend(const Model& model, Scratch& w, const Segment& seg, std::size_t row0, int layer,
-            bool decode_path) {
-  const ModelConfig& c = model.config();
-  Session::Impl& s = *seg.s;
-  DecodeStats& stats = *seg.stats;
-  kv::PagedKVCache& cache = (*s.caches)[sz(layer)];
-  const kv::SeqId seq = s.seqs[sz(layer)];
-  const int Hq = c.n_head, Hkv = c.n_head_kv, D = c.head_dim;
-  const int n = static_cast<int>(seg.n);
-  const std::int64_t len = seg.pos0 + n;  // tokens in the cache after this segment
-  const bool local = c.is_local[sz(layer)] != 0;
-  const std::int64_t W = s.window;
-  const std::size_t q_off = row0 * sz(Hq) * sz(D);
-  const View3<const float> qv = View3<float>::contiguous(w.q.data() + q_off, n, Hq, D);
-  const View3<float> ov = View3<float>::contiguous(w.att.data() + q_off, n, Hq, D);
-  const int ps = cache.config().page_size;
-
-  if (local && len > W) {
-    // Sliding window (token p sees p-W+1..p): every query is a decode over its own prefix
-    // with a token selection of its window. The page table repeats the sequence's pages,
-    // cut at the query's position, so causality is exact.
-    const kv::PageTableStorage full = cache.page_table(std::span<const kv::SeqId>(&seq, 1));
-    kv::PageTableStorage& rt = w.rows_table;
-    rt.indptr.assign(1, 0);
-    rt.indices.clear();
-    rt.last_page_len.clear();
-    w.window_sel.reset(SelectionView::Unit::token, n, Hkv, static_cast<int>(W));
-    for (int t = 0; t < n; ++t) {
-      const std::int64_t p = seg.pos0 + t;
-      const std::int64_t pages = p / ps + 1;
-      rt.indices.insert(rt.indices.end(), full.indices.begin(), full.indices.begin() + pages);
-      rt.indptr.push_back(static_cast<std::int32_t>(rt.indices.size()));
-      rt.last_page_len.push_back(static_cast<std::int32_t>(p % ps + 1));
-      const std::int64_t first = std::max<std::int64_t>(0, p - W + 1);
-      for (int h = 0; h < Hkv; ++h) {
-        std::span<std::int32_t> slots = w.window_sel.slots(t, h);
-        for (std::int64_t i = first; i <= p; ++i)
-          slots[sz(i - first)] = static_cast<std::int32_t>(i);
-        w.window_sel.count[sz(t) * sz(Hkv) + sz(h)] = static_cast<std::int32_t>(p - first + 1);
-      }
-    }
-    const SelectionView sv = w.window_sel.view();
-    attn::DecodeArgs a;
-    a.q = qv;
-    a.cache = cache.view(rt);
-    a.scale = c.attn_scale;
-    a.mapping = s.opt.mapping;
-    a.selection = &sv;
-    a.out = ov;
-    attn::decode(a);
-    if (decode_path) {
-      stats.kv_tokens_read += static_cast<double>(W) * Hkv;
-      stats.kv_tokens_total += static_cast<double>(W) * Hkv;
-    } else {
-      double keys = 0;
-      for (int t = 0; t < n; ++t) keys += double(std::min(W, seg.pos0 + t + 1));
-      seg.s->prefill_stats.keys_attended += keys;
-      seg.s->prefill_stats.keys_dense += keys;
-    }
-    return;
-  }
-
-  const kv::PageTableStorage table = cache.page_table(std::span<const kv::SeqId>(&seq, 1));
-  const kv::PagedKVView view = cache.view(table);
-  if (!decode_path) {
-    // The learned prefill indexer: the step's queries through the layer's selector.
-    std::span<const float> q_sel;
-    const learn::LayerSelector* pls = s.learned_layers[sz(layer)];
-    const bool learned_prefill = s.opt.sparse_prefill.method == select::PrefillMethod::learned;
-    if (learned_prefill && pls != nullptr && !local) {
-      const learn::Selector& sel = *s.opt.learned_selector;
-      const float* x =
-          sel.input == learn::Input::qk ? w.q.data() + q_off : w.xn.data() + row0 * sz(c.n_embd);
-      w.sel_q.resize(sz(n) * sz(pls->groups) * sz(pls->dim));
-      learn::project(sel, *pls, learn::Side::query, x, sz(n),
-                     std::span<const std::int64_t>(w.positions).subspan(row0, sz(n)),
-                     s.learned_rope[sz(layer)], w.sel_q.data(), w.sel_scratch);
-      q_sel = w.sel_q;
-    }
-    prefill_attend(w, *seg.s, qv, ov, view, local || (learned_prefill && pls == nullptr),
-                   c.attn_scale, len, layer, q_sel, cache.key_rows());
-    return;
-  }
-  attn::DecodeArgs a;
-  a.q = qv;
-  a.cache = view;
-  a.scale = c.attn_scale;
-  a.mapping = s.opt.mapping;
-  a.out = ov;
-  stats.kv_tokens_total += static_cast<double>(len) * Hkv;
-  SelectionView sv;
-  // A learned selector runs on the layers it lists; the others decode densely.
-  const bool learned = s.opt.selector && s.opt.selector->method == select::Method::learned;
-  const learn::LayerSelector* ls = learned ? s.learned_layers[sz(layer)] : nullptr;
-  if (s.opt.selector && !local && (!learned || ls != nullptr)) {
-    Session::Impl::Reusable& r = s.reusable[sz(layer)];
-    // Reused when one token was appended since the layer's last step (no prefill between),
-    // the selection is fewer than reselect_every steps old and (reselect_cos) every q head
-    // still points near the query it was made for.
-    const std::span<const float> q_step(w.q.data() + q_off, sz(Hq) * sz(D));
-    const bool reuse = r.length > 0 && len == r.last_step + 1 &&
-                       len - r.length < s.opt.reselect_every &&
-                       select::queries_within_cos(q_step, r.q, D, s.opt.reselect_cos);
-    r.last_step = len;
-    stats.selector_layers += 1;
-    stats.fresh_selections += reuse ? 0 : 1;
-    if (reuse) {
-      select::extend_kept(r.selection.view(), view.table, ps, *s.opt.selector, w.reused);
-      sv = w.reused.view();
-    } else {
-      select::SelectArgs sa;
-      sa.q = qv;
-      sa.cache = view;
-      sa.summaries = cache.summaries();
-      sa.page_codes = cache.page_codes();
-      sa.scale = c.attn_scale;
-      if (ls != nullptr) {
-        const learn::Selector& sel = *s.opt.learned_selector;
-        const float* x =
-            sel.input == learn::Input::qk ? w.q.data() + q_off : w.xn.data() + row0 * sz(c.n_embd);
-        w.sel_q.resize(sz(ls->groups) * sz(ls->dim));
-        learn::project(sel, *ls, learn::Side::query, x, 1,
-                       std::span<const std::int64_t>(w.positions).subspan(row0, 1),
-                       s.learned_rope[sz(layer)], w.sel_q.data(), w.sel_scratch);
-        sa.learned_q = View3<float>::contiguous(w.sel_q.data(), 1, ls->groups, ls->dim);
-        sa.learned_keys = cache.key_rows();
-      }
-      select::run_selector(sa, *s.opt.selector, w.sel_out);
-      const select::ReadShape shape{Hkv, D, ps, cache.key_row_bytes_per_token()};
-      stats.selector_rows += select::selector_read_bytes(*s.opt.selector, view.table, shape) /
-                             select::dense_row_bytes(D);
-      sv = w.sel_out.selection.view();
-      if (s.opt.reselect_every > 1) {
-        r.selection = w.sel_out.selection;
-        r.length = len;
-        r.q.assign(q_step.begin(), q_step.end());
-      }
-    }
-    a.selection = &sv;
-    if (s.opt.on_selection) s.opt.on_selection(layer, sv);
-    for (int h = 0; h < Hkv; ++h) {
-      for (const std::int32_t id : sv.list(0, h)) {
-        stats.kv_tokens_read +=
-            sv.unit == SelectionView::Unit::token ? 1 : view.table.page_len(0, id, ps);
-      }
-    }
-    if (s.opt.diagnostics) {
-      add_diagnostics(w, qv, view, cache.summaries(), sv, s.opt.mapping, c, stats);
-    }
-  } else {
-    stats.kv_tokens_read += static_cast<double>(len) * Hkv;
-  }
-  attn::decode(a);
-}
 
 // Runs the pass's rows through every layer. The linear layers and the element-wise steps see
 // all rows at once (matvec for one row, the GEMM for more); each segment then appends its
@@ -623,23 +329,35 @@ void forward(const Model& model, Scratch& w, const Pass& p) {
         const std::span<const float> x(w.xn.data() + row0 * E, seg.n * E);
         s.opt.capture({l, seg.pos0, static_cast<int>(seg.n), q, k, v, x});
       }
-      std::span<const float> key_rows;
-      if (const learn::LayerSelector* ls = s.learned_layers[sz(l)]) {
-        // The selector key cache: this segment's projected keys, appended with its KV.
-        const learn::Selector& sel = *s.opt.learned_selector;
-        const float* x = sel.input == learn::Input::qk ? k.data() : w.xn.data() + row0 * E;
-        w.sel_rows.resize(seg.n * sz(ls->groups) * sz(ls->dim));
-        learn::project(sel, *ls, learn::Side::key, x, seg.n,
-                       std::span<const std::int64_t>(w.positions).subspan(row0, seg.n),
-                       s.learned_rope[sz(l)], w.sel_rows.data(), w.sel_scratch);
-        key_rows = w.sel_rows;
-      }
-      (*s.caches)[sz(l)].append(s.seqs[sz(l)], k, v, static_cast<int>(seg.n), key_rows);
+      const float* hidden = w.xn.data() + row0 * E;
+      const auto positions = std::span<const std::int64_t>(w.positions).subspan(row0, seg.n);
+      LayerAttention& attention = s.attention[sz(l)];
+      kv::PagedKVCache& cache = (*s.caches)[sz(l)];
+      // The selector key cache: this segment's projected keys, appended with its KV.
+      cache.append(s.seqs[sz(l)], k, v, static_cast<int>(seg.n),
+                   attention.key_rows(k, hidden, positions, w.attention));
+      const AttentionCall call{
+          c,
+          s.opt,
+          cache,
+          s.seqs[sz(l)],
+          s.window,
+          seg.pos0,
+          View3<float>::contiguous(w.q.data() + row0 * Hq * D, static_cast<int>(seg.n),
+                                   c.n_head, c.head_dim),
+          View3<float>::contiguous(w.att.data() + row0 * Hq * D, static_cast<int>(seg.n),
+                                   c.n_head, c.head_dim),
+          hidden,
+          positions};
       // Timed per row so a batch can charge each session its own attention (DecodeStats).
       const auto t0 = std::chrono::steady_clock::now();
-      attend(model, w, seg, row0, l, p.decode_path);
-      (p.decode_path ? seg.stats->attention_seconds : s.prefill_stats.attention_seconds) +=
-          seconds_since(t0);
+      if (p.decode_path) {
+        attention.decode(call, w.attention, *seg.stats);
+        seg.stats->attention_seconds += seconds_since(t0);
+      } else {
+        attention.prefill(call, w.attention, s.prefill_stats);
+        s.prefill_stats.attention_seconds += seconds_since(t0);
+      }
       row0 += seg.n;
     }
     linear(*L.wo, w.att.data(), n, w.o.data(), act);

@@ -44,8 +44,8 @@
 
 #include "masskv/dtype.hpp"
 #include "masskv/kv/key_rows.hpp"
-#include "masskv/learn/selector.hpp"
 #include "masskv/model/gguf.hpp"
+#include "masskv/model/learned_selector.hpp"
 #include "masskv/model/tokenizer.hpp"
 #include "masskv/select/prefill_select.hpp"
 #include "masskv/select/selector.hpp"
