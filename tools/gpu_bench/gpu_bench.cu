@@ -2658,8 +2658,9 @@ int run_bench(const char* json_path) {
                       bytes + summary_bytes});
       rows.push_back({"gpu_quest_select", sh.ctx, sh.batch, budget, gsel_us, summary_bytes});
       rows.push_back({"gpu_quest_score", sh.ctx, sh.batch, budget, gscore_us, summary_bytes});
-      // Two-stage selection + token decode (two_stage_check.cu), factor 4, beside flat Quest;
-      // MASSKV_BENCH_TWO_STAGE=0 leaves it out (scripts/gpu.sh, when its check failed).
+      // Two-stage selection + token decode (two_stage_check.cu), the default candidate factor,
+      // beside flat Quest; MASSKV_BENCH_TWO_STAGE=0 leaves it out (scripts/gpu.sh, when its
+      // check failed).
       static const bool two_stage_rows = [] {
         const char* e = std::getenv("MASSKV_BENCH_TWO_STAGE");
         return e == nullptr || std::string(e) != "0";

@@ -9,6 +9,7 @@
 #include "masskv/cuda/decode.hpp"
 #include "masskv/kv/paged_kv.hpp"
 #include "masskv/select/page_bound.hpp"
+#include "masskv/select/selector.hpp"
 #include "masskv/tensor.hpp"
 
 // cuda::decode over token selections vs attn::decode_reference (f64) and attn::decode (CPU),
@@ -22,7 +23,8 @@ int run_two_stage_check();
 // (host: uploaded once), the bound store, per-rotation tables and queries.
 struct TwoStageBenchShape {
   int ctx = 0, batch = 1, hq = 32, hkv = 8, d = 128, page = 16, pool_pages = 0;
-  int budget = 4096, factor = 4, sink_pages = 1, window_tokens = 0;
+  int budget = 4096, sink_pages = 1, window_tokens = 0;
+  int factor = masskv::select::SelectorConfig{}.candidate_factor;  // the library's default
   const void* k = nullptr;
   const void* v = nullptr;
   const float* host_min = nullptr;  // [pool_pages][hkv][d] f32 summaries, host
