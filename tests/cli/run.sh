@@ -267,7 +267,8 @@ check ppl-learned-tiny 0 '\| learned \|' -- "$bin" perplexity -f "$tmp/text.txt"
   --chunks 1 -t 1 --selector learned --selector-file "$tmp/mean.gguf" --budget 1/4
 check eval-learned-no-file 2 '--selector-file' -- "$bin" eval --methods learned
 check eval-bad-top-p 2 '--budgets' -- "$bin" eval --budgets p0
-ev=(--tasks niah_single_number --lengths 512 --samples 1 -t 1 --no-plots -o "$tmp/eval")
+ev=(--tasks niah_single_number --lengths 512 --samples 1 -t 1 --no-plots --protocol strict
+    -o "$tmp/eval")
 check eval-learned-tiny 0 '\| learned \| p0.9 \| softmax \|' -- "$bin" eval "${ev[@]}" \
   --methods dense,learned,sink_recent --budgets 1/8,p0.9 --selector-file "$tmp/mean.gguf"
 check eval-learned-rows 0 '2 results cached, 0 samples' -- "$bin" eval "${ev[@]}" \
@@ -302,7 +303,8 @@ check eval-conversion-alpha 2 '--alpha' -- "$bin" eval --tasks niah_single_numbe
 # The conversion keys the entmax rows only: softmax rows of a run without it are reused (at
 # the same α: α is in every row's key), and its entmax rows are not mixed with plain ones.
 evc=(--tasks niah_single_number --lengths 512 --samples 1 --budgets 1/8 --no-plots -t 1
-     --methods dense,dense_entmax --cache "$tmp/eval-1/cache.jsonl" -o "$tmp/eval-conv")
+     --protocol strict --methods dense,dense_entmax --cache "$tmp/eval-1/cache.jsonl"
+     -o "$tmp/eval-conv")
 check eval-conv-reuses-softmax 0 '1 results cached, 1 samples to run' -- "$bin" eval \
   "${evc[@]}" --entmax-conversion "$tmp/conv.gguf"
 check eval-conv-cached 0 '2 results cached, 0 samples to run' -- "$bin" eval "${evc[@]}" \
