@@ -31,14 +31,19 @@ TEST(ReadCost, CountsTheFormatsEachSelectorReads) {
   c.mass_source = MassSource::quant_keys;
   EXPECT_EQ(selector_read_bytes(c, t, s), H * pages * 4 * d + H * tokens * (d / 2 + d / 16));
   // two_stage: every bound, and the codes (d / 4 bytes) of the candidates' tokens: sequence 0
-  // has 7 pages, 2 kept (sink, last), 5 eligible; a 16-token budget with factor 4 wants 4 of
-  // them. Sequence 1's one page is kept: no candidate.
+  // has 7 pages, 2 kept (sink, last), 5 eligible; sequence 1's one page is kept (no candidate).
+  // A 32-token budget is 2 budget pages: factor 2 wants 4 of the 5 eligible pages.
   c.method = Method::two_stage;
-  c.budget = {Budget::Kind::fixed, 16, 0.9};
-  c.candidate_factor = 4;
+  c.budget = {Budget::Kind::fixed, 32, 0.9};
+  c.candidate_factor = 2;
   EXPECT_EQ(selector_read_bytes(c, t, s), H * pages * 4 * d + H * 4 * 16 * (d / 4));
   c.candidate_factor = 8;  // capped by the 5 eligible pages
   EXPECT_EQ(selector_read_bytes(c, t, s), H * pages * 4 * d + H * 5 * 16 * (d / 4));
+  // A 16-token budget: the 20 kept tokens of sequence 0 (16 sink + 4 of the last page) are the
+  // rule's cap, 2 pages of it, so factor 2 still wants 4 pages, not 2.
+  c.budget.tokens = 16;
+  c.candidate_factor = 2;
+  EXPECT_EQ(selector_read_bytes(c, t, s), H * pages * 4 * d + H * 4 * 16 * (d / 4));
   EXPECT_EQ(dense_row_bytes(64), 256.0);
 }
 

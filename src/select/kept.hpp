@@ -53,4 +53,15 @@ MASSKV_HD inline KeptRanges<std::int64_t> kept_tokens(int pages, std::int64_t le
           kept_tail_token(pages, length, page_size, window_tokens)};
 }
 
+// Candidate pages of a two_stage selection (docs/design.md §3): candidate_factor pages per page
+// of the cap (in tokens), among the pages that hold no kept token. One count for the rule
+// (rules/two_stage.cpp) and the read accounting (read_cost.cpp).
+MASSKV_HD inline std::int64_t two_stage_candidates(int pages, int kept_pages, std::int64_t cap,
+                                                   int page_size, int candidate_factor) {
+  const std::int64_t want =
+      static_cast<std::int64_t>(candidate_factor) * ((cap + page_size - 1) / page_size);
+  const std::int64_t eligible = pages - kept_pages;
+  return want < eligible ? want : eligible;
+}
+
 }  // namespace masskv::select

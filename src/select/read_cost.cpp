@@ -43,13 +43,15 @@ double selector_read_bytes(const SelectorConfig& c, const kv::PageTable& t, cons
         bytes += L * s.learned_row_bytes;
         break;
       case Method::two_stage: {
-        // Stage 1 reads every page's bounds; stage 2 the codes of the candidates' tokens.
+        // Stage 1 reads every page's bounds; stage 2 the codes of the candidates' tokens. The
+        // cap is the rule's: the budget, or the kept tokens when they are more.
         const KeptRanges<int> kept =
             kept_pages(pages, length, s.page_size, c.sink_pages, c.window_tokens);
-        const std::int64_t budget_pages = (c.budget.tokens + s.page_size - 1) / s.page_size;
-        const double cand =
-            std::min<double>(pages - kept.count(pages),
-                             static_cast<double>(c.candidate_factor) * budget_pages);
+        const std::int64_t kept_tokens_n =
+            kept_tokens(pages, length, s.page_size, c.sink_pages, c.window_tokens).count(length);
+        const std::int64_t cap = std::min(length, std::max(kept_tokens_n, c.budget.tokens));
+        const double cand = static_cast<double>(two_stage_candidates(
+            pages, kept.count(pages), cap, s.page_size, c.candidate_factor));
         bytes += H * (P * bounds + std::max(0.0, cand) * s.page_size *
                                        kv::page_code_bytes(s.head_dim));
         break;

@@ -842,7 +842,6 @@ void run_eval(EvalOptions o, const std::string& cmdline, const CLI::App& app) {
             bar.set_note(fmt::format("{} {} #{}", job.id.task, job.id.length, job.id.index));
           }
           // Both protocols in one run_sample: they share the context's prefill.
-          const std::vector<std::size_t>& mine = job.rows;
           std::vector<eval::DecodeConfig> configs;
           for (const std::size_t r : job.rows) {
             configs.push_back(decode_config(rows[r], job.id.length, o));
@@ -859,7 +858,7 @@ void run_eval(EvalOptions o, const std::string& cmdline, const CLI::App& app) {
               });
           for (std::size_t k = 0; k < outcomes.size(); ++k) {
             const eval::Outcome& oc = outcomes[k];
-            const MethodRow& row = rows[mine[k]];
+            const MethodRow& row = rows[job.rows[k]];
             Record rec;
             rec.model = model_name;
             rec.task = job.id.task;

@@ -8,6 +8,7 @@
 #include <limits>
 
 #include "masskv/error.hpp"
+#include "select/kept.hpp"
 #include "select/scorer.hpp"
 
 namespace masskv::select::detail {
@@ -26,20 +27,16 @@ int select(const Context& X, const Group& G, Scratch& S, const Limits& L, double
   thread_local std::vector<std::uint8_t> page_in;      // candidate (or kept) pages
   thread_local std::vector<std::int32_t> cand_tokens;  // the candidates' tokens, in order
   const int P = G.page_size, g = G.g, cap = L.cap;
-  const Kept kept = kept_items(G, X.c, true);
-  // Pages holding a kept token are read anyway: they are never candidates.
+  // Pages holding a kept token (the kept rule in pages) are read anyway: never candidates.
+  const KeptRanges<int> kept =
+      kept_pages(G.pages, G.length, P, X.c.sink_pages, X.c.window_tokens);
+  const int held = kept.count(G.pages);
   page_in.assign(static_cast<std::size_t>(G.pages), 0);
-  int kept_pages = 0;
   for (int j = 0; j < G.pages; ++j) {
-    const std::int64_t a = static_cast<std::int64_t>(j) * P;
-    const std::int64_t b = std::min<std::int64_t>(a + P, G.length);
-    const bool holds_kept = a < kept.first_end || b > kept.last_begin;
-    page_in[static_cast<std::size_t>(j)] = holds_kept ? 1 : 0;
-    kept_pages += holds_kept ? 1 : 0;
+    page_in[static_cast<std::size_t>(j)] = j < kept.first_end || j >= kept.last_begin ? 1 : 0;
   }
-  const std::int64_t budget_pages = (static_cast<std::int64_t>(cap) + P - 1) / P;
-  const int want = static_cast<int>(std::min<std::int64_t>(
-      G.pages, kept_pages + static_cast<std::int64_t>(X.c.candidate_factor) * budget_pages));
+  const int want = held + static_cast<int>(two_stage_candidates(G.pages, held, cap, P,
+                                                                X.c.candidate_factor));
   if (S.voters.size() < static_cast<std::size_t>(g)) S.voters.resize(static_cast<std::size_t>(g));
   // Eligible pages: those holding no kept token.
   S.eligible.resize(static_cast<std::size_t>(G.pages));
@@ -50,7 +47,7 @@ int select(const Context& X, const Group& G, Scratch& S, const Limits& L, double
     order_by(bound_row(X, G, i), G.pages, S.eligible.data(), want, S.voters[i].order);
     S.voters[i].mass = nullptr;
   }
-  fill(S.voters, static_cast<std::size_t>(g), page_in, {}, kept_pages, want, kInf, 0);
+  fill(S.voters, static_cast<std::size_t>(g), page_in, {}, held, want, kInf, 0);
   // Candidates: the eligible pages stage 1 took, their tokens in order.
   cand_tokens.clear();
   for (int j = 0; j < G.pages; ++j) {
