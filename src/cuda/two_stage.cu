@@ -123,10 +123,8 @@ __device__ Plan plan_of(const Params& p, int b, bool flag) {
   s.pg_last_begin = kp.last_begin;
   s.kept_pages = kp.count(pages);
   s.cap = min(s.L, max(s.count0, p.budget));
-  const std::int64_t budget_pages = (s.cap + p.P - 1) / p.P;
-  const std::int64_t want =
-      min(static_cast<std::int64_t>(pages), s.kept_pages + p.factor * budget_pages);
-  s.m1 = static_cast<int>(want - s.kept_pages);
+  // The CPU rule's count (select/kept.hpp), so the lists can agree.
+  s.m1 = static_cast<int>(select::two_stage_candidates(pages, s.kept_pages, s.cap, p.P, p.factor));
   s.need = static_cast<int>(s.cap - s.count0);
   return s;
 }
