@@ -47,11 +47,15 @@ TEST(PageCodes, DecodedKeysAreWithinASixthOfTheRangeAndScoresMatchTheirDot) {
         const double range = static_cast<double>(hi[c]) - lo[c];
         EXPECT_LE(std::fabs(static_cast<double>(x[c]) - xh[c]), range / 6 * (1 + 1e-5) + 1e-6)
             << "d " << d << " c " << c;
-        if (range == 0) EXPECT_EQ(code_of(codes.data(), c), 0);
+        if (range == 0) {
+          EXPECT_EQ(code_of(codes.data(), c), 0);
+        }
         dot += static_cast<double>(q[c]) * xh[c];
       }
       // The padding bits of the last byte are zero.
-      if (d % 4 != 0) EXPECT_EQ(codes.back() >> (2 * (d % 4)), 0);
+      if (d % 4 != 0) {
+        EXPECT_EQ(codes.back() >> (2 * (d % 4)), 0);
+      }
       std::vector<double> w(d);
       const kv::PageCodeScorer s = kv::page_code_scorer(q.data(), lo.data(), hi.data(), d, w.data());
       double l1 = 0;
