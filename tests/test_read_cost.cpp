@@ -44,6 +44,15 @@ TEST(ReadCost, CountsTheFormatsEachSelectorReads) {
   c.budget.tokens = 16;
   c.candidate_factor = 2;
   EXPECT_EQ(selector_read_bytes(c, t, s), H * pages * 4 * d + H * 4 * 16 * (d / 4));
+  // Rescoring reads the f16 keys (2 d bytes) of its shortlist: r × the free budget of
+  // sequence 0 (32 - 20 kept = 12 tokens), at most the candidates' tokens; sequence 1 has none.
+  c.budget.tokens = 32;
+  c.rescore_factor = 2;
+  EXPECT_EQ(selector_read_bytes(c, t, s),
+            H * pages * 4 * d + H * 4 * 16 * (d / 4) + H * 24 * 2 * d);
+  c.rescore_factor = 100;  // capped by the 4 candidate pages' 64 tokens
+  EXPECT_EQ(selector_read_bytes(c, t, s),
+            H * pages * 4 * d + H * 4 * 16 * (d / 4) + H * 64 * 2 * d);
   EXPECT_EQ(dense_row_bytes(64), 256.0);
 }
 

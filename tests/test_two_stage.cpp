@@ -243,7 +243,44 @@ std::vector<std::int32_t> reference_two_stage(const test::SelCase& c, const sele
     }
     orders[i] = ranked(items);
   }
-  reference_fill(orders, in, count, cap);
+  if (cfg.rescore_factor > 0) {
+    // Stage 3: the code rankings' merged shortlist, ranked per head on the stored keys.
+    std::vector<std::uint8_t> short_in(static_cast<std::size_t>(L), 0);
+    reference_fill(orders, short_in, 0, cfg.rescore_factor * std::max(0, cap - count));
+    const kv::PagedKVView v = c.view();
+    for (int i = 0; i < g; ++i) {
+      const float* q = c.q.data() + ((b * c.Hq) + h * g + i) * d;
+      std::vector<std::pair<double, std::int32_t>> items;
+      for (std::int64_t x = 0; x < L; ++x) {
+        if (!short_in[static_cast<std::size_t>(x)]) continue;
+        const f16* k = v.key<f16>(phys[x / P], h, static_cast<int>(x % P));
+        double score = 0;
+        for (int ch = 0; ch < d; ++ch) score += static_cast<double>(q[ch]) * to_f32(k[ch]);
+        items.push_back({score * static_cast<double>(scale), static_cast<std::int32_t>(x)});
+      }
+      orders[i] = ranked(items);
+    }
+  }
+  if (cfg.two_stage_pages) {
+    // Whole pages, in each head's order of their best token, while a whole page fits.
+    for (auto& o : orders) {
+      std::vector<std::int32_t> pg;
+      for (std::int32_t x : o) {
+        if (std::find(pg.begin(), pg.end(), x / P) == pg.end()) pg.push_back(x / P);
+      }
+      o = pg;
+    }
+    std::vector<std::uint8_t> chosen(pages, 0);
+    reference_fill(orders, chosen, 0, std::max(0, (cap - count) / P));
+    for (int j = 0; j < pages; ++j) {
+      for (std::int64_t x = j * P; chosen[j] && x < (j + 1) * P; ++x) {
+        EXPECT_LT(x, L) << "a candidate page is a whole page";
+        in[static_cast<std::size_t>(x)] = 1;
+      }
+    }
+  } else {
+    reference_fill(orders, in, count, cap);
+  }
   std::vector<std::int32_t> list;
   for (std::int64_t x = 0; x < L; ++x) {
     if (in[static_cast<std::size_t>(x)]) list.push_back(static_cast<std::int32_t>(x));
@@ -254,20 +291,22 @@ std::vector<std::int32_t> reference_two_stage(const test::SelCase& c, const sele
 TEST(TwoStage, MatchesThePlainReferenceOfItsRule) {
   test::OneThread one;
   std::mt19937 rng(17);
-  int lists = 0, differs_from_quest_tokens = 0;
+  int lists = 0, differs_from_quest_tokens = 0, whole_page_lists = 0;
   for (int P : {4, 16}) {
     for (int g : {1, 3, 4}) {
       for (int d : {16, 24, 64}) {
         const std::vector<int> lengths{1, 17, 113, 300, 777};
         test::SelCase c = test::random_case(rng, lengths, 2 * g, 2, d, P, DType::f16, 2.0f, 0.5f,
                                             0.7f, /*page_codes=*/true);
-        for (int trial = 0; trial < 4; ++trial) {
+        for (int trial = 0; trial < 12; ++trial) {
           select::SelectorConfig cfg;
           cfg.method = select::Method::two_stage;
-          cfg.budget = {select::Budget::Kind::fixed, 24 + 16 * trial, 0.9};
+          cfg.two_stage_pages = trial >= 4 && trial < 8;
+          cfg.rescore_factor = trial >= 8 ? 1 + trial % 3 : 0;
+          cfg.budget = {select::Budget::Kind::fixed, 24 + 16 * (trial % 4), 0.9};
           cfg.sink_pages = trial % 3;
           cfg.window_tokens = (trial % 2) * 9;
-          cfg.candidate_factor = 1 + trial;
+          cfg.candidate_factor = 1 + trial % 4;
           select::SelectOutput out;
           select::run_selector(c.args(), cfg, out);
           const SelectionView sel = out.selection.view();
@@ -280,19 +319,30 @@ TEST(TwoStage, MatchesThePlainReferenceOfItsRule) {
                   << "P " << P << " g " << g << " d " << d << " trial " << trial << " b " << b
                   << " h " << h;
               ++lists;
-              // Not whole pages: the token stage picks inside them.
+              // Not whole pages: the token stage picks inside them (unless two_stage_pages,
+              // which takes every token of its pages).
               std::set<int> pages_of;
               for (std::int32_t x : want) pages_of.insert(x / P);
-              differs_from_quest_tokens += static_cast<int>(pages_of.size()) * P >
-                                           static_cast<int>(want.size()) + P;
+              const bool partial = static_cast<int>(pages_of.size()) * P >
+                                   static_cast<int>(want.size()) + P;
+              if (cfg.two_stage_pages) {
+                // The window's first page and the last page may be partial; no other.
+                ASSERT_LE(static_cast<int>(pages_of.size()) * P,
+                          static_cast<int>(want.size()) + 2 * P)
+                    << "two_stage_pages keeps whole pages";
+                whole_page_lists += static_cast<int>(want.size()) > P;
+              } else {
+                differs_from_quest_tokens += partial;
+              }
             }
           }
         }
       }
     }
   }
-  EXPECT_EQ(lists, 2 * 3 * 3 * 4 * 5 * 2);
+  EXPECT_EQ(lists, 2 * 3 * 3 * 12 * 5 * 2);
   EXPECT_GT(differs_from_quest_tokens, 50);  // the reference is not a page selection
+  EXPECT_GT(whole_page_lists, 50);
 }
 
 TEST(TwoStage, FindsPlantedKeysThatAPageBoundRanksLow) {

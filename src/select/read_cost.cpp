@@ -54,6 +54,12 @@ double selector_read_bytes(const SelectorConfig& c, const kv::PageTable& t, cons
             pages, kept.count(pages), cap, s.page_size, c.candidate_factor));
         bytes += H * (P * bounds + std::max(0.0, cand) * s.page_size *
                                        kv::page_code_bytes(s.head_dim));
+        // Rescoring reads the f16 keys of its shortlist (at most the candidates' tokens).
+        if (c.rescore_factor > 0) {
+          const double free_tokens = static_cast<double>(std::max<std::int64_t>(0, cap - kept_tokens_n));
+          bytes += H * std::min(c.rescore_factor * free_tokens, std::max(0.0, cand) * s.page_size) *
+                   2.0 * d;
+        }
         break;
       }
     }

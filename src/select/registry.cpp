@@ -12,7 +12,7 @@
 namespace masskv::select::detail {
 
 extern const Scorer scorer_page_bound, scorer_page_moments, scorer_exact, scorer_learned,
-    scorer_quant_keys, scorer_recency, scorer_page_codes;
+    scorer_quant_keys, scorer_recency, scorer_page_codes, scorer_token_keys;
 extern const Rule rule_every, rule_top_k, rule_top_p, rule_growth, rule_reach, rule_two_stage;
 
 namespace {
@@ -26,6 +26,7 @@ const Scorer* const kScorers[] = {
     &scorer_quant_keys,    // §2.9 quantised selector keys
     &scorer_recency,       // most recent first
     &scorer_page_codes,    // 2-bit page codes (token ranks)
+    &scorer_token_keys,    // exact q·k of listed tokens (two_stage's reference, rescoring)
 };
 
 struct MethodEntry {

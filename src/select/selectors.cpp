@@ -69,6 +69,8 @@ void check_args(const SelectArgs& a, const SelectorConfig& c, const detail::Sele
           invalid_argument, "budget", "a fixed budget needs tokens > 0");
   require(!c.oracle_tokens || c.method == Method::oracle, invalid_argument, "oracle_tokens",
           "token granularity is the oracle's only");
+  require(!c.two_stage_pages || c.method == Method::two_stage, invalid_argument,
+          "two_stage_pages", "whole pages by their best token apply to two_stage only");
   require(c.budget.min_tokens >= 0, invalid_argument, "budget", "min_tokens must be >= 0, got ",
           c.budget.min_tokens);
   require(c.budget.min_tokens == 0 || c.budget.kind == Budget::Kind::top_p, invalid_argument,

@@ -22,6 +22,7 @@
 #include <optional>
 #include <sstream>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <vector>
 
@@ -121,16 +122,56 @@ struct MethodRow {
 
 // "quest@8": quest with each layer's selection reused for 8 decode steps
 // (SessionOptions::reselect_every); "quest@8c0.9" also selects again when a q head's query
-// turns further than cos 0.9 from the selection's (reselect_cos).
+// turns further than cos 0.9 from the selection's (reselect_cos). Before the '@', "+MOD"
+// modifiers set a selector option (kModifiers): "oracle+tokens", "two_stage+pages".
 struct Reselect {
-  std::string method;
+  std::string method;             // the base method, without modifiers
+  std::vector<std::string> mods;  // its modifiers, in the order written
   int every = 1;
   double min_cos = -1;
 };
+
+struct Modifier {
+  std::string_view name, method, help;
+  void (*apply)(select::SelectorConfig&);
+};
+const Modifier kModifiers[] = {
+    {"tokens", "oracle", "the oracle's top tokens in place of its top pages",
+     [](select::SelectorConfig& c) { c.oracle_tokens = true; }},
+    {"pages", "two_stage", "whole pages ranked by their best token in place of single tokens",
+     [](select::SelectorConfig& c) { c.two_stage_pages = true; }},
+    {"keys", "two_stage", "the candidates' tokens on their stored keys (a reference, not the codes)",
+     [](select::SelectorConfig& c) { c.scorer = "token_keys"; }},
+    {"all", "two_stage", "every page a candidate (no page stage; a reference)",
+     [](select::SelectorConfig& c) { c.candidate_factor = 1 << 20; }},
+    {"rescore", "two_stage", "the codes' best 2 × the free budget rescored on their stored keys",
+     [](select::SelectorConfig& c) { c.rescore_factor = 2; }},
+};
+
+const Modifier& modifier_of(const std::string& spec, const std::string& base,
+                            const std::string& mod) {
+  for (const Modifier& m : kModifiers) {
+    if (m.name != mod) continue;
+    require(m.method == base, ErrorCode::invalid_argument, "--methods", "'", spec, "': +", mod,
+            " applies to ", m.method, " only");
+    return m;
+  }
+  std::string known;
+  for (const Modifier& m : kModifiers) known += fmt::format(" {}+{}", m.method, m.name);
+  fail(ErrorCode::invalid_argument, "--methods", "'", spec, "': unknown modifier '+", mod,
+       "' (known:", known, ")");
+}
+
 Reselect split_reselect(const std::string& m) {
   const auto at = m.find('@');
-  if (at == std::string::npos) return {m, 1, -1};
-  Reselect r{m.substr(0, at), 0, -1};
+  Reselect r{m.substr(0, at), {}, 1, -1};
+  for (auto plus = r.method.rfind('+'); plus != std::string::npos; plus = r.method.rfind('+')) {
+    r.mods.insert(r.mods.begin(), r.method.substr(plus + 1));
+    r.method.resize(plus);
+  }
+  for (const std::string& mod : r.mods) (void)modifier_of(m, r.method, mod);
+  if (at == std::string::npos) return r;
+  r.every = 0;
   const std::string rest = m.substr(at + 1);
   const char* const end = rest.data() + rest.size();
   const auto [p, ec] = std::from_chars(rest.data(), end, r.every);
@@ -165,7 +206,7 @@ std::vector<MethodRow> method_rows(const std::vector<std::string>& methods,
   std::vector<MethodRow> rows;
   for (const eval::Protocol protocol : protocols) {
   for (const std::string& m : methods) {
-    const auto [base, every, min_cos] = split_reselect(m);
+    const std::string base = split_reselect(m).method;
     require(m.find('@') == std::string::npos || (!is_dense(base) && !is_prefill(base)),
             ErrorCode::invalid_argument, "--methods", "'", m,
             "': @R (reuse a selection) applies to decode selectors only");
@@ -209,6 +250,7 @@ eval::DecodeConfig decode_config(const MethodRow& row, std::int64_t length, cons
   s.window_tokens = o.window;
   s.candidate_factor = o.candidate_factor;
   s.budget = parse_budget(row.budget, length, "--budgets");
+  for (const std::string& mod : rs.mods) modifier_of(row.method, rs.method, mod).apply(s);
   const bool fixed = s.budget.kind == select::Budget::Kind::fixed;
   switch (s.method) {
     case select::Method::top_p:

@@ -84,6 +84,12 @@ struct SelectorConfig {
   // 8: on SmolLM2's needle prompts (the selection lab, docs/study.md) 8 candidates per budget
   // page miss a page holding >= 10% of a head's attention at 0.5% of (step, head), 4 at 1.4%.
   int candidate_factor = 8;
+  // two_stage: keep whole pages, ranked per q head by their best token's code score, in place
+  // of single tokens (the page granularity of the oracle and Quest, on two_stage's ranking).
+  bool two_stage_pages = false;
+  // two_stage: 0 = off; r >= 1: the code rankings' best r × (cap - kept) tokens, merged, are
+  // scored again on their stored keys (exact q·k) and those scores choose (a third stage).
+  int rescore_factor = 0;
   // A scorer, by name, in place of the method's own; the method keeps its rule (docs/design.md
   // §3, "Adding a scorer"). The library's: page_bound, page_moments, exact, learned,
   // quant_keys, recency, page_codes; others once registered. Empty: the method's own.

@@ -12,6 +12,9 @@
 #include "select/scorer.hpp"
 
 namespace masskv::select::detail {
+
+extern const Scorer scorer_token_keys;
+
 namespace {
 
 void check(const SelectArgs&, const SelectorConfig& c) {
@@ -20,6 +23,58 @@ void check(const SelectArgs&, const SelectorConfig& c) {
           c.candidate_factor);
   require(c.budget.kind == Budget::Kind::fixed, invalid_argument, "budget",
           "two_stage takes a fixed budget");
+  require(c.rescore_factor >= 0, invalid_argument, "rescore_factor", "must be >= 0, got ",
+          c.rescore_factor);
+}
+
+// rescore_factor: the code rankings merged (round robin) into a shortlist of `want` tokens,
+// whose keys are read and scored exactly per q head (the token_keys scorer); those exact
+// rankings replace the code rankings.
+void rescore(const Context& X, const Group& G, Scratch& S, int want, int cap) {
+  thread_local std::vector<std::uint8_t> short_in;
+  thread_local std::vector<std::int32_t> shortlist;
+  short_in.assign(static_cast<std::size_t>(G.length), 0);
+  (void)fill(S.voters, static_cast<std::size_t>(G.g), short_in, {}, 0, want, kInf, 0);
+  shortlist.clear();
+  for (std::int64_t t = 0; t < G.length; ++t) {
+    if (short_in[static_cast<std::size_t>(t)]) shortlist.push_back(static_cast<std::int32_t>(t));
+  }
+  const int K = static_cast<int>(shortlist.size());
+  scorer_token_keys.score(X, G, S, Want{.rank = true, .items = shortlist});
+  for (int i = 0; i < G.g; ++i) {
+    order_by(rank_row(S, K, i), K, nullptr, cap, S.voters[i].order);
+    for (std::int32_t& id : S.voters[i].order) id = shortlist[static_cast<std::size_t>(id)];
+  }
+}
+
+// two_stage_pages: each head's candidate pages in the order of their best token (the first
+// time a page appears in the head's token ranking), merged round robin into whole pages while
+// a whole page still fits under the cap; then their tokens join S.in.
+int fill_pages(const Group& G, Scratch& S, std::vector<std::uint8_t>& page_in, int count,
+               int cap) {
+  const int P = G.page_size, g = G.g;
+  std::fill(page_in.begin(), page_in.end(), std::uint8_t{0});
+  for (int i = 0; i < g; ++i) {
+    std::vector<std::int32_t>& order = S.voters[i].order;
+    std::vector<std::int32_t> pages;
+    for (const std::int32_t t : order) {
+      const std::int32_t j = t / P;
+      if (!page_in[static_cast<std::size_t>(j)]) pages.push_back(j);
+      page_in[static_cast<std::size_t>(j)] = 1;
+    }
+    for (const std::int32_t j : pages) page_in[static_cast<std::size_t>(j)] = 0;
+    order = std::move(pages);
+  }
+  // Every candidate page is a full page (kept pages are never candidates, and the partial last
+  // page is kept), so whole pages fit while count + P <= cap.
+  const int page_cap = std::max(0, (cap - count) / P);
+  const int taken = fill(S.voters, static_cast<std::size_t>(g), page_in, {}, 0, page_cap, kInf, 0);
+  for (int j = 0; j < G.pages; ++j) {
+    if (!page_in[static_cast<std::size_t>(j)]) continue;
+    const std::int64_t a = static_cast<std::int64_t>(j) * P;
+    for (std::int64_t t = a; t < a + P; ++t) S.in[static_cast<std::size_t>(t)] = 1;
+  }
+  return count + taken * P;
 }
 
 int select(const Context& X, const Group& G, Scratch& S, const Limits& L, double* estimate,
@@ -58,12 +113,15 @@ int select(const Context& X, const Group& G, Scratch& S, const Limits& L, double
   }
   const int K = static_cast<int>(cand_tokens.size());
   X.scorer->score(X, G, S, Want{.rank = true, .items = cand_tokens});
+  const int r = std::max(1, X.c.rescore_factor);
   for (int i = 0; i < g; ++i) {
     // Ranked over the compact candidate list; ascending ids keep the lower-id tie rule.
-    order_by(rank_row(S, K, i), K, nullptr, cap, S.voters[i].order);
+    order_by(rank_row(S, K, i), K, nullptr, r * cap, S.voters[i].order);
     for (std::int32_t& id : S.voters[i].order) id = cand_tokens[static_cast<std::size_t>(id)];
   }
+  if (X.c.rescore_factor > 0) rescore(X, G, S, r * std::max(0, cap - L.count), cap);
   std::fill(estimate, estimate + g, std::numeric_limits<double>::quiet_NaN());
+  if (X.c.two_stage_pages) return fill_pages(G, S, page_in, L.count, cap);
   return fill(S.voters, static_cast<std::size_t>(g), S.in, {}, L.count, cap, kInf, 0);
 }
 
