@@ -74,9 +74,21 @@ def quant_sym(k: np.ndarray, bits: int, group: int = 32) -> np.ndarray:
     return (np.clip(np.round(g / s), -qmax, qmax) * s).reshape(t, h, d)
 
 
-def quant_channel_page(k: np.ndarray, bits: int, group: int = PAGE) -> np.ndarray:
+def round_ranges8(lo: np.ndarray, hi: np.ndarray):
+    """The ranges on one 8-bit affine grid per (group, kv head) over its channels (the
+    BoundStore8 layout of select/compact_bounds.hpp): mins rounded down, maxes up."""
+    g_lo = lo.min(axis=-1, keepdims=True)
+    g_hi = hi.max(axis=-1, keepdims=True)
+    step = (g_hi - g_lo) / 255
+    step[step == 0] = 1
+    return (g_lo + np.floor((lo - g_lo) / step) * step,
+            g_lo + np.minimum(np.ceil((hi - g_lo) / step), 255) * step)
+
+
+def quant_channel_page(k: np.ndarray, bits: int, group: int = PAGE, r8: bool = False) -> np.ndarray:
     """Per (group of tokens, kv head, channel) asymmetric quantisation (KIVI's key layout): the
-    group's min/max per channel are the scale, `bits` codes per value."""
+    group's min/max per channel are the scale, `bits` codes per value; r8: those ranges stored
+    on an 8-bit grid (round_ranges8)."""
     t, h, d = k.shape
     n = (t + group - 1) // group
     pad = np.repeat(k[-1:], n * group, axis=0)  # pad with a real row: no fake range
@@ -84,6 +96,8 @@ def quant_channel_page(k: np.ndarray, bits: int, group: int = PAGE) -> np.ndarra
     pg = pad.reshape(n, group, h, d)
     lo = pg.min(axis=1, keepdims=True)
     hi = pg.max(axis=1, keepdims=True)
+    if r8:
+        lo, hi = round_ranges8(lo, hi)
     levels = 2 ** bits - 1
     s = (hi - lo) / levels
     s[s == 0] = 1
@@ -233,6 +247,16 @@ def make_two_stage(key, c):
     return f
 
 
+def make_two_token(lo_key, hi_key, c):
+    def f(state, q, h):
+        s_lo = token_scores(state, lo_key, q, h)             # [g][ctx]
+        cap = state["cap_pages"] * PAGE
+        cand = union_fill(s_lo, np.zeros(s_lo.shape[1], bool), min(s_lo.shape[1], c * cap))
+        s = token_scores(state, hi_key, q, h)
+        return np.where(cand[None, :], s, -np.inf)
+    return f
+
+
 SKETCHES = {
     "k": lambda k: k,
     "int4": lambda k: quant_sym(k, 4),
@@ -240,6 +264,10 @@ SKETCHES = {
     "kivi2": lambda k: quant_channel_page(k, 2),
     "kivi1": lambda k: quant_channel_page(k, 1),
     "kivi2g64": lambda k: quant_channel_page(k, 2, 64),
+    "kivi2r8": lambda k: quant_channel_page(k, 2, PAGE, True),
+    "kivi1r8": lambda k: quant_channel_page(k, 1, PAGE, True),
+    "kivi2g64r8": lambda k: quant_channel_page(k, 2, 64, True),
+    "kivi1g64r8": lambda k: quant_channel_page(k, 1, 64, True),
     "st2": lambda k: quant_channel_static(k, 2),
     "st2c": lambda k: quant_channel_static(k, 2, 0.005),
     "st3c": lambda k: quant_channel_static(k, 3, 0.005),
@@ -261,6 +289,10 @@ def sketch_bytes(name: str, d: int) -> float:
         "kivi2": d / 4 + 2 * 2 * d / PAGE,  # codes + f16 min/max per channel and page
         "kivi1": d / 8 + 2 * 2 * d / PAGE,
         "kivi2g64": d / 4 + 2 * 2 * d / 64,
+        "kivi2r8": d / 4 + (2 * d + 8) / PAGE,   # codes + 8-bit ranges and their grid
+        "kivi1r8": d / 8 + (2 * d + 8) / PAGE,
+        "kivi2g64r8": d / 4 + (2 * d + 8) / 64,
+        "kivi1g64r8": d / 8 + (2 * d + 8) / 64,
         "st2": d / 4, "st2c": d / 4, "st3c": 3 * d / 8, "st1c": d / 8,
         "kivi3g64": 3 * d / 8 + 2 * 2 * d / 64,
         "sign": d / 8 + 2 * 2 * d / PAGE,   # signs + f16 mean and |dev| per channel and page
@@ -291,7 +323,16 @@ def build_methods(d: int) -> dict[str, Method]:
             codes = (d / 4) / (4.0 * d) if sk == "kivi2" else sketch_bytes(sk, d)
             M[f"two{c}_{sk}"] = Method(f"two{c}_{sk}", "token", bf16_bounds + c / 16 * codes,
                                        sk, make_two_stage(sk, c))
-    for sk in ("st2", "st2c", "st3c", "st1c", "int4", "int2", "kivi2", "kivi1", "kivi2g64", "kivi3g64", "sign", "pca8", "pca4", "k"):
+    # Two token stages: every token on a cheap sketch, its best c x budget tokens on a finer
+    # one (reads the cheap sketch of every token and the fine codes of the candidates).
+    for lo_sk, hi_sk in (("kivi1r8", "kivi2r8"), ("kivi1g64r8", "kivi2g64r8")):
+        for c in (2, 4, 8):
+            M[f"tt{c}_{lo_sk}_{hi_sk}"] = Method(
+                f"tt{c}_{lo_sk}_{hi_sk}", "token",
+                sketch_bytes(lo_sk, d) + c / 16 * (d / 8) / (4.0 * d), (lo_sk, hi_sk),
+                make_two_token(lo_sk, hi_sk, c))
+    for sk in ("st2", "st2c", "st3c", "st1c", "int4", "int2", "kivi2", "kivi1", "kivi2g64", "kivi3g64", "sign", "pca8", "pca4", "k",
+               "kivi2r8", "kivi1r8", "kivi2g64r8", "kivi1g64r8"):
         b = sketch_bytes(sk, d)
         add(f"pmax_{sk}", "page", b, make_page_max(sk), sk)
         add(f"plse_{sk}", "page", b, make_page_lse(sk), sk)
@@ -393,8 +434,9 @@ def main() -> int:
         scale = 1.0 / math.sqrt(d)
         state = {"stats": page_stats(k)}
         for m in methods.values():
-            if m.prepare and m.prepare not in state:
-                state[m.prepare] = SKETCHES[m.prepare](k)
+            for sk in (m.prepare if isinstance(m.prepare, tuple) else (m.prepare,)):
+                if sk and sk not in state:
+                    state[sk] = SKETCHES[sk](k)
         n_pages = (ctx + PAGE - 1) // PAGE
         for b in budgets:
             tokens = max(1, int(math.ceil(ctx * b)))

@@ -345,6 +345,43 @@ TEST(TwoStage, MatchesThePlainReferenceOfItsRule) {
   EXPECT_GT(whole_page_lists, 50);
 }
 
+// token_codes is two_stage without the page stage: the same lists as two_stage with every
+// eligible page a candidate (which the reference above checks) when the kept tokens fill
+// whole pages (no window: two_stage never takes the rest of a page a window starts in).
+TEST(TokenCodes, EqualsTwoStageWithEveryPageACandidate) {
+  test::OneThread one;
+  std::mt19937 rng(29);
+  int lists = 0;
+  for (int P : {4, 16}) {
+    for (int g : {1, 3}) {
+      test::SelCase c = test::random_case(rng, {1, 17, 113, 300, 777}, 2 * g, 2, 24, P,
+                                          DType::f16, 2.0f, 0.5f, 0.7f, /*page_codes=*/true);
+      for (int trial = 0; trial < 4; ++trial) {
+        select::SelectorConfig cfg;
+        cfg.method = select::Method::token_codes;
+        cfg.budget = {select::Budget::Kind::fixed, 24 + 16 * trial, 0.9};
+        cfg.sink_pages = trial % 3;
+        select::SelectOutput got, want;
+        select::run_selector(c.args(), cfg, got);
+        cfg.method = select::Method::two_stage;
+        cfg.candidate_factor = 1 << 20;
+        select::run_selector(c.args(), cfg, want);
+        for (int b = 0; b < c.B; ++b) {
+          for (int h = 0; h < 2; ++h) {
+            const auto x = got.selection.view().list(b, h);
+            const auto y = want.selection.view().list(b, h);
+            ASSERT_EQ(std::vector<std::int32_t>(x.begin(), x.end()),
+                      std::vector<std::int32_t>(y.begin(), y.end()))
+                << "P " << P << " g " << g << " trial " << trial << " b " << b << " h " << h;
+            ++lists;
+          }
+        }
+      }
+    }
+  }
+  EXPECT_EQ(lists, 2 * 2 * 4 * 5 * 2);
+}
+
 TEST(TwoStage, FindsPlantedKeysThatAPageBoundRanksLow) {
   // One sequence of noisy pages; three tokens in three pages point along q. Their pages' boxes
   // are as wide as the others', so Quest's page bound cannot single them out, but with four

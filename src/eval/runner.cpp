@@ -205,7 +205,7 @@ std::vector<Outcome> run_sample(const model::Model& model, const model::ChatTemp
       });
       // Two-stage selection scores tokens on page codes kept from the first token.
       so.page_codes = std::any_of(configs.begin(), configs.end(), [](const DecodeConfig& c) {
-        return c.selector && c.selector->method == select::Method::two_stage;
+        return c.selector && select::needs_page_codes(c.selector->method);
       });
       if (learned) {
         require(options.learned_selector != nullptr, ErrorCode::invalid_argument,

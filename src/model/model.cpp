@@ -131,7 +131,7 @@ Session::Session(const Model& model, SessionOptions options)
   cc.head_dim = c.head_dim;
   cc.page_size = options.page_size;
   cc.dtype = options.kv_dtype;
-  if (options.selector && options.selector->method == select::Method::two_stage) {
+  if (options.selector && select::needs_page_codes(options.selector->method)) {
     options.page_codes = true;  // the selector the session starts with scores on them
   }
   cc.page_codes = options.page_codes;

@@ -39,10 +39,9 @@ void add_diagnostics(const AttentionCall& call, const kv::PagedKVView& view,
 void check_selector(const std::optional<select::SelectorConfig>& selector, const Mapping& mapping,
                     const std::shared_ptr<const learn::Selector>& learned, bool page_codes) {
   if (!selector) return;
-  require(selector->method != select::Method::two_stage || page_codes,
-          ErrorCode::invalid_argument, "selector",
-          "Method::two_stage needs SessionOptions::page_codes (the codes are kept from the "
-          "first token)");
+  require(!select::needs_page_codes(selector->method) || page_codes,
+          ErrorCode::invalid_argument, "selector", "Method::", select::to_string(selector->method),
+          " needs SessionOptions::page_codes (the codes are kept from the first token)");
   const Mapping& m = selector->mapping;
   require(m.kind == mapping.kind && (!m.is_entmax() || m.alpha == mapping.alpha),
           ErrorCode::invalid_argument, "selector",

@@ -42,6 +42,9 @@ double selector_read_bytes(const SelectorConfig& c, const kv::PageTable& t, cons
       case Method::learned:
         bytes += L * s.learned_row_bytes;
         break;
+      case Method::token_codes:  // every page's range (the bounds' summaries), every code
+        bytes += H * (P * bounds + L * kv::page_code_bytes(s.head_dim));
+        break;
       case Method::two_stage: {
         // Stage 1 reads every page's bounds; stage 2 the codes of the candidates' tokens. The
         // cap is the rule's: the budget, or the kept tokens when they are more.

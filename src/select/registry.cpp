@@ -47,6 +47,7 @@ const MethodEntry kMethods[] = {
     {Method::oracle, "oracle", &scorer_exact, &rule_top_k},
     {Method::learned, "learned", &scorer_learned, &rule_top_k},
     {Method::two_stage, "two_stage", &scorer_page_codes, &rule_two_stage},
+    {Method::token_codes, "token_codes", &scorer_page_codes, &rule_top_k},
 };
 
 const MethodEntry* entry_of(Method m) {

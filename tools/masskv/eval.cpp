@@ -144,6 +144,10 @@ const Modifier kModifiers[] = {
      [](select::SelectorConfig& c) { c.scorer = "token_keys"; }},
     {"all", "two_stage", "every page a candidate (no page stage; a reference)",
      [](select::SelectorConfig& c) { c.candidate_factor = 1 << 20; }},
+    {"mean", "two_stage", "candidate pages by q·mu (the page mean) in place of the bound",
+     [](select::SelectorConfig& c) { c.two_stage_pages_by = select::TwoStagePages::mean; }},
+    {"gauss", "two_stage", "candidate pages by q·mu + v/2 (the Gaussian page model)",
+     [](select::SelectorConfig& c) { c.two_stage_pages_by = select::TwoStagePages::gauss; }},
     {"rescore", "two_stage", "the codes' best 2 × the free budget rescored on their stored keys",
      [](select::SelectorConfig& c) { c.rescore_factor = 2; }},
 };

@@ -30,8 +30,15 @@ enum class Method {
   two_stage,       // tokens: candidate pages by the §2.3 bound (candidate_factor × the budget's
                    // pages, per-head rankings merged), then the candidates' tokens ranked by
                    // q·k̂ on the 2-bit page codes (SelectArgs::page_codes, kv/page_codes.hpp)
+  token_codes,     // tokens: every token ranked per q head by q·k̂ on the 2-bit page codes,
+                   // the heads' rankings merged (two_stage without its page stage)
 };
 std::string_view to_string(Method m);
+// Whether the method scores on the cache's 2-bit page codes (which must then be kept from a
+// sequence's first token: CacheConfig::page_codes, SessionOptions::page_codes).
+constexpr bool needs_page_codes(Method m) {
+  return m == Method::two_stage || m == Method::token_codes;
+}
 // Parses the names above ("sink_recent", "top_p", ...). Throws Error naming `argument`.
 Method parse_method(std::string_view name, std::string_view argument);
 
@@ -65,6 +72,8 @@ enum class GroupRule { union_heads, aggregate };
 // gaussian_tau takes it as page_gaussian.
 enum class MassSource { page_mean, page_gaussian, quant_keys };
 
+enum class TwoStagePages { bound, mean, gauss };
+
 struct SelectorConfig {
   Method method = Method::quest;
   Mapping mapping = Mapping::softmax();  // the attention the selection serves
@@ -87,6 +96,9 @@ struct SelectorConfig {
   // two_stage: keep whole pages, ranked per q head by their best token's code score, in place
   // of single tokens (the page granularity of the oracle and Quest, on two_stage's ranking).
   bool two_stage_pages = false;
+  // two_stage's page stage: candidates by the §2.3 bound, by the page mean's score q·μ, or by
+  // the Gaussian page model's log-mass q·μ + v/2 (§2.4; the summaries' mean and M2).
+  TwoStagePages two_stage_pages_by = TwoStagePages::bound;
   // two_stage: 0 = off; r >= 1: the code rankings' best r × (cap - kept) tokens, merged, are
   // scored again on their stored keys (exact q·k) and those scores choose (a third stage).
   int rescore_factor = 0;

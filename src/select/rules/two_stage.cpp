@@ -81,6 +81,7 @@ int select(const Context& X, const Group& G, Scratch& S, const Limits& L, double
            std::uint8_t&) {
   thread_local std::vector<std::uint8_t> page_in;      // candidate (or kept) pages
   thread_local std::vector<std::int32_t> cand_tokens;  // the candidates' tokens, in order
+  thread_local std::vector<double> page_rank;          // stage 1 from the page moments
   const int P = G.page_size, g = G.g, cap = L.cap;
   // Pages holding a kept token (the kept rule in pages) are read anyway: never candidates.
   const KeptRanges<int> kept =
@@ -99,7 +100,16 @@ int select(const Context& X, const Group& G, Scratch& S, const Limits& L, double
     S.eligible[static_cast<std::size_t>(j)] = page_in[static_cast<std::size_t>(j)] ? 0 : 1;
   }
   for (int i = 0; i < g; ++i) {
-    order_by(bound_row(X, G, i), G.pages, S.eligible.data(), want, S.voters[i].order);
+    if (X.c.two_stage_pages_by == TwoStagePages::bound) {
+      order_by(bound_row(X, G, i), G.pages, S.eligible.data(), want, S.voters[i].order);
+    } else {  // the page moments: q·μ, or the Gaussian model's log-mass m + v/2
+      const double* m = head_row(X.m, X, G, i);
+      const double* v = head_row(X.v, X, G, i);
+      page_rank.resize(static_cast<std::size_t>(G.pages));
+      const bool gauss = X.c.two_stage_pages_by == TwoStagePages::gauss;
+      for (int j = 0; j < G.pages; ++j) page_rank[j] = m[j] + (gauss ? 0.5 * v[j] : 0.0);
+      order_by(page_rank.data(), G.pages, S.eligible.data(), want, S.voters[i].order);
+    }
     S.voters[i].mass = nullptr;
   }
   fill(S.voters, static_cast<std::size_t>(g), page_in, {}, held, want, kInf, 0);
@@ -131,7 +141,10 @@ extern const Rule rule_two_stage;
 const Rule rule_two_stage{
     .name = "two_stage",
     .needs = [](const SelectorConfig&) { return unsigned{kRank | kHeads | kListed}; },
-    .scans = [](const SelectArgs&, const SelectorConfig&) { return unsigned{kBoundScan}; },
+    .scans =
+        [](const SelectArgs&, const SelectorConfig& c) {
+          return unsigned{c.two_stage_pages_by == TwoStagePages::bound ? kBoundScan : kMomentScan};
+        },
     .check = check,
     .select = select,
 };

@@ -13,7 +13,7 @@ void check(const SelectArgs& a, const SelectorConfig&) {
   using enum ErrorCode;
   const kv::PageCodesView& pc = a.page_codes;
   require(!pc.empty(), invalid_argument, "page_codes",
-          "Method::two_stage needs the cache's page codes (CacheConfig::page_codes)");
+          "this method scores on the cache's page codes (CacheConfig::page_codes)");
   require(pc.num_pages == a.cache.num_pages && pc.num_kv_heads == a.cache.num_kv_heads &&
               pc.head_dim == a.cache.head_dim && pc.page_size == a.cache.page_size,
           shape_mismatch, "page_codes", "shape differs from the cache's");
