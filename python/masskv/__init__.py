@@ -33,7 +33,8 @@ if has_cuda:  # CUDA build: Quest selection on the GPU (decode dispatches on the
     from ._masskv import cuda_hopper_paths, cuda_quest_select  # noqa: F401
 
 # The selector names accepted by `select(method=...)`.
-METHODS = ("dense", "sink_recent", "quest", "top_p", "entmax_support", "gaussian_tau", "oracle")
+METHODS = ("dense", "sink_recent", "quest", "top_p", "entmax_support", "gaussian_tau", "oracle",
+           "token_codes", "two_stage")
 
 __all__ = [
     "KV",

@@ -192,8 +192,9 @@ void bind_cache(nb::module_& m) {
       .def(
           "__init__",
           [](Cache* self, int num_kv_heads, int head_dim, int capacity_pages, int page_size,
-             const std::string& dtype, const std::string& layout) {
+             const std::string& dtype, const std::string& layout, bool page_codes) {
             kv::CacheConfig c;
+            c.page_codes = page_codes;
             c.num_kv_heads = num_kv_heads;
             c.head_dim = head_dim;
             c.capacity_pages = capacity_pages;
@@ -204,8 +205,10 @@ void bind_cache(nb::module_& m) {
           },
           nb::arg("num_kv_heads"), nb::arg("head_dim"), nb::arg("capacity_pages"),
           nb::arg("page_size") = 16, nb::arg("dtype") = "f16", nb::arg("layout") = "HND",
+          nb::arg("page_codes") = false,
           "dtype: storage of K and V, \"f32\" | \"f16\" | \"bf16\"; layout: \"HND\" "
-          "([page][head][slot][d]) or \"NHD\" ([page][slot][head][d]).")
+          "([page][head][slot][d]) or \"NHD\" ([page][slot][head][d]); page_codes: keep "
+          "2-bit codes of every key (for select(method=\"token_codes\" or \"two_stage\")).")
       .def(
           "create",
           [](Cache& c) {

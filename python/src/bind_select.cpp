@@ -87,6 +87,7 @@ SelectResult run_select(InArray q, const KV& kv, const std::string& method, doub
   a.q = view3_f32(q, "q");
   a.cache = kv.checked();
   a.summaries = cache.cache.summaries();
+  a.page_codes = cache.cache.page_codes();  // empty unless the cache keeps them
   a.scale = scale;
   auto* owned = new Selection();
   nb::object sel_obj = nb::cast(owned, nb::rv_policy::take_ownership);

@@ -7,11 +7,12 @@ import masskv
 
 
 def random_cache(rng, lengths, *, num_kv_heads=2, head_dim=64, page_size=4, dtype="f32",
-                 layout="HND", capacity_pages=None):
+                 layout="HND", capacity_pages=None, page_codes=False):
     """A cache holding one sequence per entry of `lengths`, filled with N(0, 1) keys/values."""
     pages = sum(-(-n // page_size) for n in lengths)
     cache = masskv.PagedKVCache(num_kv_heads, head_dim, capacity_pages or pages + 4,
-                                page_size=page_size, dtype=dtype, layout=layout)
+                                page_size=page_size, dtype=dtype, layout=layout,
+                                page_codes=page_codes)
     seqs = []
     for n in lengths:
         s = cache.create()

@@ -21,7 +21,7 @@ def check_selection(sel, cache, seqs):
 @pytest.mark.parametrize("method", masskv.METHODS)
 @pytest.mark.parametrize("alpha", [1.0, 1.5])
 def test_every_selector_gives_a_valid_selection(rng, method, alpha):
-    cache, seqs = random_cache(rng, [70, 33], num_kv_heads=2, page_size=4)
+    cache, seqs = random_cache(rng, [70, 33], num_kv_heads=2, page_size=4, page_codes=True)
     q = rng.standard_normal((2, 4, 64), dtype=np.float32)
     kv = cache.view(seqs)
     budget = "adaptive" if method in ("entmax_support", "gaussian_tau") else "fixed"
@@ -65,6 +65,14 @@ def test_certified_entmax_selection_is_exact(rng):
     assert r.selection.count[0, 0] < 30
     np.testing.assert_allclose(sparse, dense, atol=1e-5)
     np.testing.assert_allclose(tau_s, tau_d, atol=1e-5)
+
+
+def test_code_selectors_need_a_cache_with_page_codes(rng):
+    cache, seqs = random_cache(rng, [40], page_size=4)
+    q = rng.standard_normal((1, 2, 64), dtype=np.float32)
+    for method in ("token_codes", "two_stage"):
+        with pytest.raises(masskv.Error, match="page codes"):
+            masskv.select(q, cache.view(seqs), method=method, budget_tokens=12)
 
 
 def test_bf16_bounds_and_selector_errors(rng):

@@ -91,10 +91,11 @@ Preset quick_preset() {
   // method can only show a loss where dense has something to lose (vt, cwe and qa_text are
   // near 0 for dense at this model size; they stay in --full).
   // Both protocols (EvalOptions::protocols): dense, the oracle, Quest and the default selector
-  // (two_stage); the other selectors and the entmax rows are in --full.
+  // (token_codes, chosen on the development split: docs/results/dev-selection-smollm2/); the
+  // other selectors and the entmax rows are in --full.
   return {{"niah_single_number", "niah_multikey", "niah_multivalue", "niah_single_uuid"},
           {"1K", "2K"},
-          {"dense", "oracle", "quest", "two_stage"},
+          {"dense", "oracle", "quest", "token_codes"},
           {"1/16"},
           3};
 }
@@ -105,7 +106,7 @@ Preset full_preset(const std::string& model) {
   return {tasks,
           model == "gemma3" ? std::vector<std::string>{"1K", "2K", "4K", "8K", "16K", "32K"}
                             : std::vector<std::string>{"1K", "2K", "4K", "8K"},
-          {"dense", "oracle", "quest", "two_stage", "sink_recent", "top_p", "dense_entmax",
+          {"dense", "oracle", "quest", "token_codes", "two_stage", "sink_recent", "top_p", "dense_entmax",
            "entmax_support", "gaussian_tau"},
           {"1/32", "1/16", "1/8", "256"},
           20};
@@ -998,7 +999,7 @@ void register_eval(CLI::App& app, const std::string& cmdline) {
   auto* quick = e->add_flag("--quick", o->quick,
                             "The quick suite (default): niah_single_number, niah_multikey, "
                             "niah_multivalue, niah_single_uuid × 1K, 2K × 3 samples; dense, "
-                            "oracle, quest, two_stage at budget 1/16; both protocols; minutes "
+                            "oracle, quest, token_codes at budget 1/16; both protocols; minutes "
                             "on 2 cores");
   e->add_flag("--full", o->full,
               "The full suite: every task, lengths up to the model's limit (SmolLM2 8K, "
@@ -1020,8 +1021,9 @@ void register_eval(CLI::App& app, const std::string& cmdline) {
       ->delimiter(',')
       ->check(count_in(1, kMaxTokens));
   e->add_option("--methods", o->methods,
-                "dense, two_stage (the default selector: candidate pages by the bound, then "
-                "their tokens on 2-bit page codes), sink_recent, quest, top_p, oracle, learned "
+                "dense, token_codes (the default selector: every token on its 2-bit page code), "
+                "two_stage (candidate pages by the bound, then their tokens on the codes), "
+                "sink_recent, quest, top_p, oracle, learned "
                 "(with --selector-file), "
                 "dense_entmax, entmax_support, gaussian_tau (the last three run entmax "
                 "attention: on the softmax model, or converted with --entmax-conversion); "
@@ -1030,7 +1032,9 @@ void register_eval(CLI::App& app, const std::string& cmdline) {
                 "--selector-file) for key blocks K = 16, "
                 "64, 128 (the budget: of the keys before each query block). A decode selector "
                 "with @R (quest@8) reuses each layer's selection for R decode steps; @RcCOS "
-                "(quest@8c0.9) also selects again when a query turns past cos COS")
+                "(quest@8c0.9) also selects again when a query turns past cos COS. Modifiers "
+                "METHOD+MOD set a selector option: oracle+tokens, two_stage+pages, +keys, "
+                "+all, +mean, +gauss, +rescore (docs/eval.md \"Modifiers\")")
       ->delimiter(',');
   e->add_option("--budgets", o->budgets,
                 "KV budgets: fractions of the length (1/16) or tokens (256); caps for top_p, "

@@ -30,8 +30,9 @@ void add_model_options(CLI::App* app, ModelOptions& o, bool with_threads) {
         ->capture_default_str();
   }
   app->add_option("--selector", o.selector,
-                  "Decode attention: dense, two_stage (candidate pages by the bound, then their "
-                  "tokens on 2-bit page codes), sink_recent, quest, top_p, gaussian_tau, oracle, "
+                  "Decode attention: dense, token_codes (every token on its 2-bit page code), "
+                  "two_stage (candidate pages by the bound, then their tokens on the codes), "
+                  "sink_recent, quest, top_p, gaussian_tau, oracle, "
                   "learned (with --selector-file) (gemma3: global layers only)")
       ->capture_default_str();
   app->add_option("--budget", o.budget,
