@@ -141,17 +141,26 @@ const Modifier kModifiers[] = {
      [](select::SelectorConfig& c) { c.oracle_tokens = true; }},
     {"pages", "two_stage", "whole pages ranked by their best token in place of single tokens",
      [](select::SelectorConfig& c) { c.two_stage_pages = true; }},
-    {"keys", "two_stage", "the candidates' tokens on their stored keys (a reference, not the codes)",
+    {"keys", "two_stage", "the candidates' tokens on their stored keys, a reference for the codes",
      [](select::SelectorConfig& c) { c.scorer = "token_keys"; }},
-    {"all", "two_stage", "every page a candidate (no page stage; a reference)",
+    {"all", "two_stage", "every page a candidate, no page stage: a reference",
      [](select::SelectorConfig& c) { c.candidate_factor = 1 << 20; }},
-    {"mean", "two_stage", "candidate pages by q·mu (the page mean) in place of the bound",
+    {"mean", "two_stage", "candidate pages by q·mu, the page mean, in place of the bound",
      [](select::SelectorConfig& c) { c.two_stage_pages_by = select::TwoStagePages::mean; }},
-    {"gauss", "two_stage", "candidate pages by q·mu + v/2 (the Gaussian page model)",
+    {"gauss", "two_stage", "candidate pages by q·mu + v/2, the Gaussian page model",
      [](select::SelectorConfig& c) { c.two_stage_pages_by = select::TwoStagePages::gauss; }},
     {"rescore", "two_stage", "the codes' best 2 × the free budget rescored on their stored keys",
      [](select::SelectorConfig& c) { c.rescore_factor = 2; }},
 };
+
+// "oracle+tokens (the oracle's top tokens ...), ...": --methods' help, from the table.
+std::string modifier_help() {
+  std::string out;
+  for (const Modifier& m : kModifiers) {
+    out += fmt::format("{}{}+{} ({})", out.empty() ? "" : ", ", m.method, m.name, m.help);
+  }
+  return out;
+}
 
 const Modifier& modifier_of(const std::string& spec, const std::string& base,
                             const std::string& mod) {
@@ -1033,8 +1042,8 @@ void register_eval(CLI::App& app, const std::string& cmdline) {
                 "64, 128 (the budget: of the keys before each query block). A decode selector "
                 "with @R (quest@8) reuses each layer's selection for R decode steps; @RcCOS "
                 "(quest@8c0.9) also selects again when a query turns past cos COS. Modifiers "
-                "METHOD+MOD set a selector option: oracle+tokens, two_stage+pages, +keys, "
-                "+all, +mean, +gauss, +rescore (docs/eval.md \"Modifiers\")")
+                "METHOD+MOD set a selector option (docs/eval.md \"Modifiers\"): " +
+                    modifier_help())
       ->delimiter(',');
   e->add_option("--budgets", o->budgets,
                 "KV budgets: fractions of the length (1/16) or tokens (256); caps for top_p, "

@@ -2,10 +2,14 @@
 // most). Stage 1 merges the q heads' §2.3 bound rankings (docs/design.md) of the pages that
 // hold no kept token, up to candidate_factor × ceil(cap / page_size) pages; stage 2 ranks
 // those pages' tokens per q head by the scorer (a kListed scorer: it reads the candidates'
-// tokens only) and merges those rankings (the same round robin) to the cap. The bound scan is
-// the rule's own. Estimate NaN. two_stage.
+// tokens only) and merges those rankings (the same round robin) to the cap. The page scan is
+// the rule's own: the bound, or the page moments (two_stage_pages_by). Options: a third stage
+// rescoring the codes' shortlist on the stored keys (rescore_factor), whole pages in place of
+// tokens (two_stage_pages). Estimate NaN. two_stage.
 #include <algorithm>
 #include <limits>
+#include <span>
+#include <vector>
 
 #include "masskv/error.hpp"
 #include "select/kept.hpp"
@@ -27,17 +31,18 @@ void check(const SelectArgs&, const SelectorConfig& c) {
           c.rescore_factor);
 }
 
-// rescore_factor: the code rankings merged (round robin) into a shortlist of `want` tokens,
-// whose keys are read and scored exactly per q head (the token_keys scorer); those exact
-// rankings replace the code rankings.
-void rescore(const Context& X, const Group& G, Scratch& S, int want, int cap) {
+// rescore_factor: the code rankings merged (round robin) into a shortlist of `want` of the
+// candidate tokens (ascending), whose keys are read and scored exactly per q head (the
+// token_keys scorer); those exact rankings replace the code rankings.
+void rescore(const Context& X, const Group& G, Scratch& S, std::span<const std::int32_t> cand,
+             int want, int cap) {
   thread_local std::vector<std::uint8_t> short_in;
   thread_local std::vector<std::int32_t> shortlist;
   short_in.assign(static_cast<std::size_t>(G.length), 0);
   (void)fill(S.voters, static_cast<std::size_t>(G.g), short_in, {}, 0, want, kInf, 0);
   shortlist.clear();
-  for (std::int64_t t = 0; t < G.length; ++t) {
-    if (short_in[static_cast<std::size_t>(t)]) shortlist.push_back(static_cast<std::int32_t>(t));
+  for (const std::int32_t t : cand) {  // the voters' orders hold candidates only
+    if (short_in[static_cast<std::size_t>(t)]) shortlist.push_back(t);
   }
   const int K = static_cast<int>(shortlist.size());
   scorer_token_keys.score(X, G, S, Want{.rank = true, .items = shortlist});
@@ -52,18 +57,19 @@ void rescore(const Context& X, const Group& G, Scratch& S, int want, int cap) {
 // a whole page still fits under the cap; then their tokens join S.in.
 int fill_pages(const Group& G, Scratch& S, std::vector<std::uint8_t>& page_in, int count,
                int cap) {
+  thread_local std::vector<std::int32_t> pages;
   const int P = G.page_size, g = G.g;
   std::fill(page_in.begin(), page_in.end(), std::uint8_t{0});
   for (int i = 0; i < g; ++i) {
     std::vector<std::int32_t>& order = S.voters[i].order;
-    std::vector<std::int32_t> pages;
+    pages.clear();
     for (const std::int32_t t : order) {
       const std::int32_t j = t / P;
       if (!page_in[static_cast<std::size_t>(j)]) pages.push_back(j);
       page_in[static_cast<std::size_t>(j)] = 1;
     }
     for (const std::int32_t j : pages) page_in[static_cast<std::size_t>(j)] = 0;
-    order = std::move(pages);
+    order.assign(pages.begin(), pages.end());
   }
   // Every candidate page is a full page (kept pages are never candidates, and the partial last
   // page is kept), so whole pages fit while count + P <= cap.
@@ -129,7 +135,7 @@ int select(const Context& X, const Group& G, Scratch& S, const Limits& L, double
     order_by(rank_row(S, K, i), K, nullptr, r * cap, S.voters[i].order);
     for (std::int32_t& id : S.voters[i].order) id = cand_tokens[static_cast<std::size_t>(id)];
   }
-  if (X.c.rescore_factor > 0) rescore(X, G, S, r * std::max(0, cap - L.count), cap);
+  if (X.c.rescore_factor > 0) rescore(X, G, S, cand_tokens, r * std::max(0, cap - L.count), cap);
   std::fill(estimate, estimate + g, std::numeric_limits<double>::quiet_NaN());
   if (X.c.two_stage_pages) return fill_pages(G, S, page_in, L.count, cap);
   return fill(S.voters, static_cast<std::size_t>(g), S.in, {}, L.count, cap, kInf, 0);
