@@ -6,6 +6,9 @@
 // comes with part 3's device-side step of issue 29.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
+#include <limits>
 #include <random>
 #include <vector>
 
@@ -153,3 +156,48 @@ TEST(ScorerRegistry, RulesRefuseScorersLackingWhatTheyNeedNamingTheArgument) {
 
 }  // namespace
 }  // namespace masskv::select
+
+namespace masskv {
+namespace {
+
+// order_by against a plain full sort: best first, ties to the lower id, the first `limit`;
+// ranks with many ties and -inf, eligibility masks, limits from 1 to past n (the sampled
+// threshold runs where the limit is a small part of n, the plain path elsewhere).
+TEST(OrderBy, EqualsTheFirstItemsOfAFullSort) {
+  std::mt19937 rng(31);
+  int lists = 0;
+  for (int n : {1, 7, 128, 129, 1000, 4096, 5000}) {
+    for (int limit : {1, 8, 16, 64, 256, 1 << 20}) {
+      for (int kind = 0; kind < 4; ++kind) {
+        std::vector<double> rank(static_cast<std::size_t>(n));
+        std::vector<std::uint8_t> elig(static_cast<std::size_t>(n));
+        std::normal_distribution<double> N(0.0, 1.0);
+        for (int j = 0; j < n; ++j) {
+          rank[j] = kind == 1   ? std::floor(4 * N(rng))  // heavy ties
+                    : kind == 2 ? (j % 5 == 0 ? -std::numeric_limits<double>::infinity() : N(rng))
+                    : kind == 3 ? static_cast<double>(j % 3)  // three values only
+                                : N(rng);
+          elig[j] = static_cast<std::uint8_t>(rng() % 4 != 0);
+        }
+        for (const bool masked : {false, true}) {
+          std::vector<std::int32_t> want;
+          for (int j = 0; j < n; ++j) {
+            if (!masked || elig[j]) want.push_back(j);
+          }
+          std::stable_sort(want.begin(), want.end(),
+                           [&](std::int32_t a, std::int32_t b) { return rank[a] > rank[b]; });
+          if (want.size() > static_cast<std::size_t>(limit)) want.resize(limit);
+          std::vector<std::int32_t> got;
+          select::detail::order_by(rank.data(), n, masked ? elig.data() : nullptr, limit, got);
+          ASSERT_EQ(got, want) << "n " << n << " limit " << limit << " kind " << kind
+                               << " masked " << masked;
+          ++lists;
+        }
+      }
+    }
+  }
+  EXPECT_EQ(lists, 7 * 6 * 4 * 2);
+}
+
+}  // namespace
+}  // namespace masskv

@@ -9,7 +9,9 @@
 #include <random>
 #include <set>
 
+#include "core/cpu_features.hpp"
 #include "expect_error.hpp"
+#include "kv/page_codes_kernels.hpp"
 #include "masskv/dtype.hpp"
 #include "masskv/error.hpp"
 #include "masskv/kv/cache.hpp"
@@ -65,6 +67,113 @@ TEST(PageCodes, DecodedKeysAreWithinASixthOfTheRangeAndScoresMatchTheirDot) {
     }
   }
   EXPECT_EQ(rows, 350);
+}
+
+// The AVX2 encoder is bit-equal to the portable one: keys inside the range, at its ends, just
+// outside it (clamped), and empty ranges, for d with and without a tail of channels.
+TEST(PageCodes, SimdEncodingIsBitEqualToThePortableOne) {
+  if (!cpu::has_avx2()) GTEST_SKIP() << "no AVX2 on this CPU";
+  std::mt19937 rng(13);
+  std::normal_distribution<float> N(0.0f, 1.0f);
+  int rows = 0;
+  for (int d : {1, 7, 8, 9, 16, 63, 64, 128}) {
+    for (int trial = 0; trial < 200; ++trial) {
+      std::vector<float> lo(d), hi(d), x(d);
+      for (int c = 0; c < d; ++c) {
+        const float a = 3 * N(rng), b = 3 * N(rng);
+        lo[c] = std::min(a, b);
+        hi[c] = (trial + c) % 11 == 0 ? lo[c] : std::max(a, b);
+        std::uniform_real_distribution<float> U(lo[c], std::max(hi[c], lo[c]));
+        const int kind = static_cast<int>(rng() % 8);
+        x[c] = kind == 0 ? lo[c] : kind == 1 ? hi[c] : kind == 2 ? hi[c] + 0.1f : U(rng);
+        // Ties of the rounding: the quotient exactly at k/3 + 1/6 is rare; halves of the
+        // step at least hit the rounding boundary region.
+        if (kind == 3) x[c] = lo[c] + (hi[c] - lo[c]) * (static_cast<float>(rng() % 7) / 6.0f);
+      }
+      std::vector<std::uint8_t> a(kv::page_code_bytes(d), 0xff), b(a.size(), 0x55);
+      kv::detail::encode_page_codes_portable(x.data(), lo.data(), hi.data(), d, a.data());
+      kv::detail::encode_page_codes_avx2(x.data(), lo.data(), hi.data(), d, b.data());
+      ASSERT_EQ(a, b) << "d " << d << " trial " << trial;
+      ++rows;
+    }
+  }
+  EXPECT_EQ(rows, 8 * 200);
+}
+
+// The batched scorers and scores (every head of a page at once; AVX2 where the CPU has it) are
+// bit-equal to page_code_scorer / page_code_score row by row: rows across the lanes, channels in the scalar order, no FMA.
+TEST(PageCodes, BatchedScoresAreBitEqualToTheRowScorer) {
+  std::mt19937 rng(12);
+  std::normal_distribution<float> N(0.0f, 1.0f);
+  int checked = 0;
+  for (int d : {1, 3, 4, 5, 16, 63, 64, 128}) {
+    for (int nh : {1, 3, 4}) {
+      for (int n : {1, 4, 15, 16, 17, 40}) {
+        const int rows = n + 3, bytes = kv::page_code_bytes(d);
+        std::vector<std::uint8_t> codes(static_cast<std::size_t>(rows) * bytes);
+        for (auto& c : codes) c = static_cast<std::uint8_t>(rng());
+        for (int r = 0; r < rows && d % 4 != 0; ++r) {  // padding bits are zero in the cache
+          codes[static_cast<std::size_t>(r) * bytes + bytes - 1] &=
+              static_cast<std::uint8_t>((1u << (2 * (d % 4))) - 1);
+        }
+        std::vector<std::int32_t> slots(static_cast<std::size_t>(n));
+        for (auto& s : slots) s = static_cast<std::int32_t>(rng() % rows);  // any order, repeats
+        std::vector<float> lo(d), hi(d), q(static_cast<std::size_t>(nh) * d);
+        for (int c = 0; c < d; ++c) {
+          const float a = 3 * N(rng), b = 3 * N(rng);
+          lo[c] = std::min(a, b);
+          hi[c] = c % 5 == 0 ? lo[c] : std::max(a, b);
+        }
+        for (auto& x : q) x = N(rng);
+        std::vector<double> w(static_cast<std::size_t>(nh) * d), wb(w.size()), wa(w.size());
+        std::vector<kv::PageCodeScorer> sc(static_cast<std::size_t>(nh)), batch(sc), avx(sc);
+        for (int h = 0; h < nh; ++h) {
+          sc[h] = kv::page_code_scorer(q.data() + h * d, lo.data(), hi.data(), d, w.data() + h * d);
+        }
+        kv::page_code_scorers(q.data(), nh, lo.data(), hi.data(), d, wb.data(), batch.data());
+        if (cpu::has_avx2()) {
+          kv::detail::page_code_scorers_avx2(q.data(), nh, lo.data(), hi.data(), d, wa.data(),
+                                             avx.data());
+        } else {
+          avx = batch, wa = wb;
+        }
+        for (int h = 0; h < nh; ++h) {  // the scorers too: bases and weights bit-equal
+          ASSERT_EQ(batch[h].base, sc[h].base) << "d " << d << " h " << h;
+          ASSERT_EQ(avx[h].base, sc[h].base) << "d " << d << " h " << h;
+          EXPECT_EQ(batch[h].w, wb.data() + h * d);
+        }
+        EXPECT_EQ(wb, w);
+        EXPECT_EQ(wa, w);
+        const std::size_t stride = static_cast<std::size_t>(n) + 2;
+        std::vector<double> got(stride * nh, -1.0), portable(stride * nh, -1.0);
+        kv::page_code_scores(sc.data(), nh, codes.data(), slots.data(), n, d, got.data(), stride);
+        kv::detail::page_code_scores_portable(sc.data(), nh, codes.data(), slots.data(), n, d,
+                                              portable.data(), stride);
+        std::vector<double> simd = portable;
+        if (cpu::has_avx2()) {
+          kv::detail::page_code_scores_avx2(sc.data(), nh, codes.data(), slots.data(), n, d,
+                                            simd.data(), stride);
+        }
+        for (int h = 0; h < nh; ++h) {
+          for (std::size_t t = 0; t < stride; ++t) {
+            const std::size_t o = h * stride + t;
+            if (t >= static_cast<std::size_t>(n)) {  // past n: untouched
+              EXPECT_EQ(got[o], -1.0);
+              EXPECT_EQ(simd[o], -1.0);
+              continue;
+            }
+            const double want = kv::page_code_score(
+                sc[h], codes.data() + static_cast<std::size_t>(slots[t]) * bytes, d);
+            ASSERT_EQ(portable[o], want) << "d " << d << " h " << h << " t " << t;
+            ASSERT_EQ(simd[o], want) << "d " << d << " h " << h << " t " << t;
+            ASSERT_EQ(got[o], want) << "d " << d << " h " << h << " t " << t;
+            ++checked;
+          }
+        }
+      }
+    }
+  }
+  EXPECT_EQ(checked, 8 * 8 * (1 + 4 + 15 + 16 + 17 + 40));
 }
 
 // Every (page, head, slot) of every live sequence holds the encoding of its stored key under

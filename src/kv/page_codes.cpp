@@ -3,6 +3,9 @@
 
 #include <cmath>
 
+#include "core/cpu_features.hpp"
+#include "kv/page_codes_kernels.hpp"
+
 namespace masskv::kv {
 
 namespace {
@@ -19,11 +22,24 @@ int code_at(const std::uint8_t* codes, int c) { return (codes[c >> 2] >> (2 * (c
 
 }  // namespace
 
-void encode_page_codes(const float* x, const float* lo, const float* hi, int d,
-                       std::uint8_t* codes) {
+namespace detail {
+
+void encode_page_codes_portable(const float* x, const float* lo, const float* hi, int d,
+                                std::uint8_t* codes) {
   for (int b = 0; b < page_code_bytes(d); ++b) codes[b] = 0;
   for (int c = 0; c < d; ++c) {
     codes[c >> 2] = static_cast<std::uint8_t>(codes[c >> 2] | (level(x[c], lo[c], hi[c]) << (2 * (c & 3))));
+  }
+}
+
+}  // namespace detail
+
+void encode_page_codes(const float* x, const float* lo, const float* hi, int d,
+                       std::uint8_t* codes) {
+  if (cpu::has_avx2() && cpu::simd_allowed()) {
+    detail::encode_page_codes_avx2(x, lo, hi, d, codes);
+  } else {
+    detail::encode_page_codes_portable(x, lo, hi, d, codes);
   }
 }
 
@@ -58,6 +74,49 @@ double page_code_score(const PageCodeScorer& s, const std::uint8_t* codes, int d
     }
   }
   return acc;
+}
+
+namespace detail {
+
+void page_code_scores_portable(const PageCodeScorer* s, int nh, const std::uint8_t* rows,
+                               const std::int32_t* slots, int n, int d, double* out,
+                               std::size_t out_stride) {
+  const std::size_t bytes = static_cast<std::size_t>(page_code_bytes(d));
+  for (int h = 0; h < nh; ++h) {
+    for (int t = 0; t < n; ++t) {
+      out[static_cast<std::size_t>(h) * out_stride + static_cast<std::size_t>(t)] =
+          page_code_score(s[h], rows + static_cast<std::size_t>(slots[t]) * bytes, d);
+    }
+  }
+}
+
+void page_code_scorers_portable(const float* q, int nh, const float* lo, const float* hi, int d,
+                                double* w, PageCodeScorer* s) {
+  for (int h = 0; h < nh; ++h) {
+    const std::size_t off = static_cast<std::size_t>(h) * d;
+    s[h] = page_code_scorer(q + off, lo, hi, d, w + off);
+  }
+}
+
+}  // namespace detail
+
+void page_code_scorers(const float* q, int nh, const float* lo, const float* hi, int d, double* w,
+                       PageCodeScorer* s) {
+  if (cpu::has_avx2() && cpu::simd_allowed()) {
+    detail::page_code_scorers_avx2(q, nh, lo, hi, d, w, s);
+  } else {
+    detail::page_code_scorers_portable(q, nh, lo, hi, d, w, s);
+  }
+}
+
+void page_code_scores(const PageCodeScorer* s, int nh, const std::uint8_t* rows,
+                      const std::int32_t* slots, int n, int d, double* out,
+                      std::size_t out_stride) {
+  if (cpu::has_avx2() && cpu::simd_allowed()) {
+    detail::page_code_scores_avx2(s, nh, rows, slots, n, d, out, out_stride);
+  } else {
+    detail::page_code_scores_portable(s, nh, rows, slots, n, d, out, out_stride);
+  }
 }
 
 }  // namespace masskv::kv

@@ -15,6 +15,7 @@
 // keys): the codes always equal an encoding of the stored keys under the current summary.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 
 namespace masskv::kv {
@@ -40,5 +41,15 @@ PageCodeScorer page_code_scorer(const float* q, const float* lo, const float* hi
                                 double* w);
 // q·x̂ of one row of codes.
 double page_code_score(const PageCodeScorer& s, const std::uint8_t* codes, int d);
+// The scorers of nh q vectors (rows of q, d apart) against one range: s[h] =
+// page_code_scorer(q + h * d, lo, hi, d, w + h * d), bit-equal (SIMD where the CPU has it).
+void page_code_scorers(const float* q, int nh, const float* lo, const float* hi, int d, double* w,
+                       PageCodeScorer* s);
+// Many rows under many scorers at once, bit-equal to page_code_score (SIMD where the CPU has
+// it): out[h * out_stride + t] = q_h·x̂ of row slots[t] (codes at rows + slots[t] *
+// page_code_bytes(d)) for the scorers s[0..nh) and t < n. The scorers share the rows' page.
+void page_code_scores(const PageCodeScorer* s, int nh, const std::uint8_t* rows,
+                      const std::int32_t* slots, int n, int d, double* out,
+                      std::size_t out_stride);
 
 }  // namespace masskv::kv

@@ -22,31 +22,38 @@ void check(const SelectArgs& a, const SelectorConfig&) {
 void score(const Context& X, const Group& G, Scratch& S, const Want& want) {
   thread_local std::vector<float> qs;
   thread_local std::vector<double> code_w;
+  thread_local std::vector<kv::PageCodeScorer> sc;
+  thread_local std::vector<std::int32_t> slots;
   S.mass.clear();
   if (!want.rank) return;
-  const int P = G.page_size, g = G.g;
+  const int P = G.page_size, g = G.g, d = X.d;
   const std::span<const std::int32_t> items = want.items;
   const int K = items.empty() ? G.n : static_cast<int>(items.size());
   auto item = [&](int k) { return items.empty() ? k : items[static_cast<std::size_t>(k)]; };
   S.rank.resize(static_cast<std::size_t>(g) * static_cast<std::size_t>(K));
-  qs.resize(static_cast<std::size_t>(X.d));
-  code_w.resize(static_cast<std::size_t>(X.d));
-  const kv::SummariesView& sum = X.a.summaries;
-  const kv::PageCodesView& pc = X.a.page_codes;
+  qs.resize(static_cast<std::size_t>(g) * static_cast<std::size_t>(d));
+  code_w.resize(static_cast<std::size_t>(g) * static_cast<std::size_t>(d));
+  sc.resize(static_cast<std::size_t>(g));
+  slots.resize(static_cast<std::size_t>(P));
   for (int i = 0; i < g; ++i) {
     const float* q = qrow(X, G.b, G.h * X.gsize + i);
-    for (int x = 0; x < X.d; ++x) qs[static_cast<std::size_t>(x)] = q[x] * X.scale;
-    double* r = rank_row(S, K, i);
-    for (int k = 0; k < K;) {  // page by page: one affine form per (page, head)
-      const int j = item(k) / P;
-      const std::int32_t phys = G.phys[static_cast<std::size_t>(j)];
-      const std::int64_t at = sum.at(phys, G.h);
-      const kv::PageCodeScorer sc =
-          kv::page_code_scorer(qs.data(), sum.min + at, sum.max + at, X.d, code_w.data());
-      for (; k < K && item(k) / P == j; ++k) {
-        r[k] = kv::page_code_score(sc, pc.row(phys, G.h, item(k) - j * P), X.d);
-      }
+    float* qi = qs.data() + static_cast<std::size_t>(i) * d;
+    for (int x = 0; x < d; ++x) qi[x] = q[x] * X.scale;
+  }
+  const kv::SummariesView& sum = X.a.summaries;
+  const kv::PageCodesView& pc = X.a.page_codes;
+  for (int k = 0; k < K;) {  // page by page: one affine form per (page, head), every head at once
+    const int j = item(k) / P;
+    const std::int32_t phys = G.phys[static_cast<std::size_t>(j)];
+    const std::int64_t at = sum.at(phys, G.h);
+    kv::page_code_scorers(qs.data(), g, sum.min + at, sum.max + at, d, code_w.data(), sc.data());
+    int n = 0;
+    for (; n < P && k + n < K && item(k + n) / P == j; ++n) {
+      slots[static_cast<std::size_t>(n)] = item(k + n) - j * P;
     }
+    kv::page_code_scores(sc.data(), g, pc.row(phys, G.h, 0), slots.data(), n, d,
+                         rank_row(S, K, 0) + k, static_cast<std::size_t>(K));
+    k += n;
   }
 }
 
