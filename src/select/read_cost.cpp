@@ -12,6 +12,8 @@ namespace masskv::select {
 double selector_read_bytes(const SelectorConfig& c, const kv::PageTable& t, const ReadShape& s) {
   const double d = s.head_dim, H = s.num_kv_heads;
   const double bounds = 4.0 * d, moments = 4.0 * d;  // per page and kv head
+  // The page codes' ranges: the f32 summary min and max the codes are encoded against.
+  const double ranges = 8.0 * d;
   double bytes = 0;
   for (int b = 0; b < t.batch(); ++b) {
     const int pages = t.num_pages(b);
@@ -42,11 +44,12 @@ double selector_read_bytes(const SelectorConfig& c, const kv::PageTable& t, cons
       case Method::learned:
         bytes += L * s.learned_row_bytes;
         break;
-      case Method::token_codes:  // every page's range (the bounds' summaries), every code
-        bytes += H * (P * bounds + L * kv::page_code_bytes(s.head_dim));
+      case Method::token_codes:  // every page's code range (f32 min + max), every code
+        bytes += H * (P * ranges + L * kv::page_code_bytes(s.head_dim));
         break;
       case Method::two_stage: {
-        // Stage 1 reads every page's bounds; stage 2 the codes of the candidates' tokens. The
+        // Stage 1 reads every page's bounds; stage 2 the code ranges of the candidate pages
+        // and the codes of their tokens. The
         // cap is the rule's: the budget, or the kept tokens when they are more.
         const KeptRanges<int> kept =
             kept_pages(pages, length, s.page_size, c.sink_pages, c.window_tokens);
@@ -55,8 +58,8 @@ double selector_read_bytes(const SelectorConfig& c, const kv::PageTable& t, cons
         const std::int64_t cap = std::min(length, std::max(kept_tokens_n, c.budget.tokens));
         const double cand = static_cast<double>(two_stage_candidates(
             pages, kept.count(pages), cap, s.page_size, c.candidate_factor));
-        bytes += H * (P * bounds + std::max(0.0, cand) * s.page_size *
-                                       kv::page_code_bytes(s.head_dim));
+        bytes += H * (P * bounds + std::max(0.0, cand) * (ranges + s.page_size *
+                                                          kv::page_code_bytes(s.head_dim)));
         // Rescoring reads the f16 keys of its shortlist (at most the candidates' tokens).
         if (c.rescore_factor > 0) {
           const double free_tokens = static_cast<double>(std::max<std::int64_t>(0, cap - kept_tokens_n));
