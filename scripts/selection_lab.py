@@ -235,6 +235,31 @@ def make_token(key):
     return f
 
 
+def make_token_q8(key):
+    """Tokens on the sketch with each q head quantised to int8 (round(127 q / max|q|)): the
+    integer form a fast scorer would use."""
+    def f(state, q, h):
+        m = np.abs(q).max(-1, keepdims=True)
+        m[m == 0] = 1
+        return token_scores(state, key, np.round(127 * q / m), h)
+    return f
+
+
+def make_token_pooled(key, how):
+    """One query per kv group (g times fewer scores): the mean of the heads' q (`mean`), or of
+    their unit vectors scaled by the mean norm (`unit`); every head gets that ranking."""
+    def f(state, q, h):
+        if how == "mean":
+            qp = q.mean(0, keepdims=True)
+        else:
+            n = np.linalg.norm(q, axis=-1, keepdims=True)
+            n[n == 0] = 1
+            qp = (q / n).mean(0, keepdims=True) * n.mean()
+        s = token_scores(state, key, qp, h)
+        return np.repeat(s, q.shape[0], axis=0)
+    return f
+
+
 def make_two_stage(key, c):
     def f(state, q, h, cap_pages=None):
         pages = m_quest(state, q, h)
@@ -331,6 +356,11 @@ def build_methods(d: int) -> dict[str, Method]:
                 f"tt{c}_{lo_sk}_{hi_sk}", "token",
                 sketch_bytes(lo_sk, d) + c / 16 * (d / 8) / (4.0 * d), (lo_sk, hi_sk),
                 make_two_token(lo_sk, hi_sk, c))
+    for sk in ("kivi2", "kivi2r8"):
+        b = sketch_bytes(sk, d)
+        add(f"tok_{sk}_q8", "token", b, make_token_q8(sk), sk)
+        add(f"tok_{sk}_pool", "token", b, make_token_pooled(sk, "mean"), sk)
+        add(f"tok_{sk}_poolu", "token", b, make_token_pooled(sk, "unit"), sk)
     for sk in ("st2", "st2c", "st3c", "st1c", "int4", "int2", "kivi2", "kivi1", "kivi2g64", "kivi3g64", "sign", "pca8", "pca4", "k",
                "kivi2r8", "kivi1r8", "kivi2g64r8", "kivi1g64r8"):
         b = sketch_bytes(sk, d)

@@ -25,44 +25,61 @@ namespace {
 
 int code_of(const std::uint8_t* codes, int c) { return (codes[c / 4] >> (2 * (c % 4))) & 3; }
 
-TEST(PageCodes, DecodedKeysAreWithinASixthOfTheRangeAndScoresMatchTheirDot) {
+// A page's range on its 8-bit grid holds every key; a key decodes to within a sixth of its
+// channel's range (plus the grid's rounding); a score is q·x̂ up to q's int8 rounding.
+TEST(PageCodes, RangesHoldTheKeysAndScoresMatchTheDotOfTheDecodedKeys) {
   std::mt19937 rng(11);
   std::normal_distribution<float> N(0.0f, 1.0f);
   int rows = 0;
   for (int d : {1, 3, 4, 16, 63, 64, 128}) {
     for (int trial = 0; trial < 50; ++trial) {
-      std::vector<float> lo(d), hi(d), x(d), q(d), xh(d);
+      std::vector<float> m(d), M(d), x(d), q(d), xh(d), l(d), u(d);
       for (int c = 0; c < d; ++c) {
         const float a = 3 * N(rng), b = 3 * N(rng);
-        lo[c] = std::min(a, b);
-        hi[c] = trial % 7 == 0 && c % 3 == 0 ? lo[c] : std::max(a, b);  // some empty ranges
-        std::uniform_real_distribution<float> U(lo[c], hi[c]);
-        x[c] = hi[c] > lo[c] ? U(rng) : lo[c];
-        if (trial % 5 == 0) x[c] = (c % 2) ? lo[c] : hi[c];  // the range's ends
-        q[c] = N(rng);
+        m[c] = std::min(a, b);
+        M[c] = trial % 7 == 0 && c % 3 == 0 ? m[c] : std::max(a, b);  // some empty ranges
+        std::uniform_real_distribution<float> U(m[c], M[c]);
+        x[c] = M[c] > m[c] ? U(rng) : m[c];
+        if (trial % 5 == 0) x[c] = (c % 2) ? m[c] : M[c];  // the range's ends
+        q[c] = trial == 3 ? 0.0f : N(rng);                  // one zero query
+      }
+      std::vector<std::uint8_t> ra(d), rb(d);
+      float grid[2];
+      kv::round_range8(m.data(), M.data(), d, ra.data(), rb.data(), grid);
+      const kv::PageRange8 r{grid[0], grid[1], ra.data(), rb.data()};
+      kv::range_bounds(r, d, l.data(), u.data());
+      for (int c = 0; c < d; ++c) {
+        ASSERT_LE(l[c], m[c]) << "d " << d << " c " << c;
+        ASSERT_GE(u[c], M[c]) << "d " << d << " c " << c;
       }
       std::vector<std::uint8_t> codes(kv::page_code_bytes(d), 0xff);
-      kv::encode_page_codes(x.data(), lo.data(), hi.data(), d, codes.data());
-      kv::decode_page_codes(codes.data(), lo.data(), hi.data(), d, xh.data());
-      double dot = 0;
+      kv::encode_page_codes(x.data(), l.data(), u.data(), d, codes.data());
+      kv::decode_page_codes(codes.data(), r, d, xh.data());
+      double dot = 0, l1 = 0;
       for (int c = 0; c < d; ++c) {
-        const double range = static_cast<double>(hi[c]) - lo[c];
-        EXPECT_LE(std::fabs(static_cast<double>(x[c]) - xh[c]), range / 6 * (1 + 1e-5) + 1e-6)
+        const double range = static_cast<double>(u[c]) - l[c];
+        EXPECT_LE(std::fabs(static_cast<double>(x[c]) - xh[c]),
+                  range / 6 * (1 + 1e-5) + 1e-5 * (std::fabs(grid[0]) + 255.0 * grid[1]) + 1e-6)
             << "d " << d << " c " << c;
-        if (range == 0) {
+        if (rb[c] == ra[c]) {
           EXPECT_EQ(code_of(codes.data(), c), 0);
         }
         dot += static_cast<double>(q[c]) * xh[c];
+        l1 += std::fabs(xh[c]);
       }
       // The padding bits of the last byte are zero.
       if (d % 4 != 0) {
         EXPECT_EQ(codes.back() >> (2 * (d % 4)), 0);
       }
-      std::vector<double> w(d);
-      const kv::PageCodeScorer s = kv::page_code_scorer(q.data(), lo.data(), hi.data(), d, w.data());
-      double l1 = 0;
-      for (int c = 0; c < d; ++c) l1 += std::fabs(q[c]) * (std::fabs(lo[c]) + std::fabs(hi[c]));
-      EXPECT_NEAR(kv::page_code_score(s, codes.data(), d), dot, 1e-6 * (1 + l1));
+      std::vector<std::int16_t> q8(d);
+      const kv::CodeQuery cq = kv::code_query(q.data(), d, q8.data());
+      float qmax = 0;
+      for (int c = 0; c < d; ++c) qmax = std::max(qmax, std::fabs(q[c]));
+      for (int c = 0; c < d; ++c) ASSERT_LE(std::abs(q8[c]), 127);
+      // |q_c - unit q8_c| <= unit / 2 per channel (plus the f32 rounding of q_c 127 / max).
+      const double unit = qmax / 127.0;
+      EXPECT_NEAR(kv::page_code_score(cq, r, codes.data(), d), dot,
+                  (unit / 2 + 1e-6 * qmax) * l1 + 1e-9 * (1 + std::fabs(dot)));
       ++rows;
     }
   }
@@ -100,15 +117,15 @@ TEST(PageCodes, SimdEncodingIsBitEqualToThePortableOne) {
   EXPECT_EQ(rows, 8 * 200);
 }
 
-// The batched scorers and scores (every head of a page at once; AVX2 where the CPU has it) are
-// bit-equal to page_code_scorer / page_code_score row by row: rows across the lanes, channels in the scalar order, no FMA.
-TEST(PageCodes, BatchedScoresAreBitEqualToTheRowScorer) {
+// The batched scores (every query of a page at once; AVX2 where the CPU has it) are bit-equal
+// to page_code_score row by row: the integers are exact, the last f64 operations in one order.
+TEST(PageCodes, BatchedScoresAreBitEqualToTheRowScore) {
   std::mt19937 rng(12);
   std::normal_distribution<float> N(0.0f, 1.0f);
   int checked = 0;
-  for (int d : {1, 3, 4, 5, 16, 63, 64, 128}) {
+  for (int d : {1, 5, 16, 32, 63, 64, 128}) {
     for (int nh : {1, 3, 4}) {
-      for (int n : {1, 4, 15, 16, 17, 40}) {
+      for (int n : {1, 7, 8, 9, 16, 40}) {
         const int rows = n + 3, bytes = kv::page_code_bytes(d);
         std::vector<std::uint8_t> codes(static_cast<std::size_t>(rows) * bytes);
         for (auto& c : codes) c = static_cast<std::uint8_t>(rng());
@@ -118,40 +135,29 @@ TEST(PageCodes, BatchedScoresAreBitEqualToTheRowScorer) {
         }
         std::vector<std::int32_t> slots(static_cast<std::size_t>(n));
         for (auto& s : slots) s = static_cast<std::int32_t>(rng() % rows);  // any order, repeats
-        std::vector<float> lo(d), hi(d), q(static_cast<std::size_t>(nh) * d);
+        std::vector<float> m(d), M(d), q(static_cast<std::size_t>(nh) * d);
         for (int c = 0; c < d; ++c) {
           const float a = 3 * N(rng), b = 3 * N(rng);
-          lo[c] = std::min(a, b);
-          hi[c] = c % 5 == 0 ? lo[c] : std::max(a, b);
+          m[c] = std::min(a, b);
+          M[c] = c % 5 == 0 ? m[c] : std::max(a, b);
         }
         for (auto& x : q) x = N(rng);
-        std::vector<double> w(static_cast<std::size_t>(nh) * d), wb(w.size()), wa(w.size());
-        std::vector<kv::PageCodeScorer> sc(static_cast<std::size_t>(nh)), batch(sc), avx(sc);
-        for (int h = 0; h < nh; ++h) {
-          sc[h] = kv::page_code_scorer(q.data() + h * d, lo.data(), hi.data(), d, w.data() + h * d);
-        }
-        kv::page_code_scorers(q.data(), nh, lo.data(), hi.data(), d, wb.data(), batch.data());
-        if (cpu::has_avx2()) {
-          kv::detail::page_code_scorers_avx2(q.data(), nh, lo.data(), hi.data(), d, wa.data(),
-                                             avx.data());
-        } else {
-          avx = batch, wa = wb;
-        }
-        for (int h = 0; h < nh; ++h) {  // the scorers too: bases and weights bit-equal
-          ASSERT_EQ(batch[h].base, sc[h].base) << "d " << d << " h " << h;
-          ASSERT_EQ(avx[h].base, sc[h].base) << "d " << d << " h " << h;
-          EXPECT_EQ(batch[h].w, wb.data() + h * d);
-        }
-        EXPECT_EQ(wb, w);
-        EXPECT_EQ(wa, w);
+        std::vector<std::uint8_t> ra(d), rb(d);
+        float grid[2];
+        kv::round_range8(m.data(), M.data(), d, ra.data(), rb.data(), grid);
+        const kv::PageRange8 r{grid[0], grid[1], ra.data(), rb.data()};
+        std::vector<std::int16_t> q8(static_cast<std::size_t>(nh) * d);
+        std::vector<kv::CodeQuery> cq(static_cast<std::size_t>(nh));
+        for (int h = 0; h < nh; ++h) cq[h] = kv::code_query(q.data() + h * d, d, q8.data() + h * d);
         const std::size_t stride = static_cast<std::size_t>(n) + 2;
         std::vector<double> got(stride * nh, -1.0), portable(stride * nh, -1.0);
-        kv::page_code_scores(sc.data(), nh, codes.data(), slots.data(), n, d, got.data(), stride);
-        kv::detail::page_code_scores_portable(sc.data(), nh, codes.data(), slots.data(), n, d,
+        kv::page_code_scores(cq.data(), nh, r, codes.data(), slots.data(), n, d, got.data(), stride);
+        kv::detail::page_code_scores_portable(cq.data(), nh, r, codes.data(), slots.data(), n, d,
                                               portable.data(), stride);
         std::vector<double> simd = portable;
-        if (cpu::has_avx2()) {
-          kv::detail::page_code_scores_avx2(sc.data(), nh, codes.data(), slots.data(), n, d,
+        if (cpu::has_avx2() && d % 16 == 0) {
+          std::fill(simd.begin(), simd.end(), -1.0);
+          kv::detail::page_code_scores_avx2(cq.data(), nh, r, codes.data(), slots.data(), n, d,
                                             simd.data(), stride);
         }
         for (int h = 0; h < nh; ++h) {
@@ -163,7 +169,7 @@ TEST(PageCodes, BatchedScoresAreBitEqualToTheRowScorer) {
               continue;
             }
             const double want = kv::page_code_score(
-                sc[h], codes.data() + static_cast<std::size_t>(slots[t]) * bytes, d);
+                cq[h], r, codes.data() + static_cast<std::size_t>(slots[t]) * bytes, d);
             ASSERT_EQ(portable[o], want) << "d " << d << " h " << h << " t " << t;
             ASSERT_EQ(simd[o], want) << "d " << d << " h " << h << " t " << t;
             ASSERT_EQ(got[o], want) << "d " << d << " h " << h << " t " << t;
@@ -173,11 +179,11 @@ TEST(PageCodes, BatchedScoresAreBitEqualToTheRowScorer) {
       }
     }
   }
-  EXPECT_EQ(checked, 8 * 8 * (1 + 4 + 15 + 16 + 17 + 40));
+  EXPECT_EQ(checked, 7 * 8 * (1 + 7 + 8 + 9 + 16 + 40));
 }
 
 // Every (page, head, slot) of every live sequence holds the encoding of its stored key under
-// the page's current summary range.
+// the page's current summary range on its 8-bit grid.
 template <class T>
 void expect_codes_current(const kv::PagedKVCache& cache, std::span<const kv::SeqId> seqs) {
   const kv::PageTableStorage t = cache.page_table(seqs);
@@ -186,19 +192,28 @@ void expect_codes_current(const kv::PagedKVCache& cache, std::span<const kv::Seq
   const kv::PageCodesView pc = cache.page_codes();
   ASSERT_FALSE(pc.empty());
   const int d = v.head_dim, P = v.page_size;
-  std::vector<float> key(d);
-  std::vector<std::uint8_t> want(kv::page_code_bytes(d));
+  std::vector<float> key(d), lo(d), hi(d);
+  std::vector<std::uint8_t> want(kv::page_code_bytes(d)), ra(d), rb(d);
+  float grid[2];
   for (int b = 0; b < t.table().batch(); ++b) {
     const int pages = t.table().num_pages(b);
     for (int j = 0; j < pages; ++j) {
       const std::int32_t phys = t.indices[static_cast<std::size_t>(t.indptr[b] + j)];
       const int n = t.table().page_len(b, j, P);
       for (int h = 0; h < v.num_kv_heads; ++h) {
+        // The range: the page summary's, on its 8-bit grid.
+        kv::round_range8(s.min + s.at(phys, h), s.max + s.at(phys, h), d, ra.data(), rb.data(),
+                         grid);
+        const kv::PageRange8 r = pc.range(phys, h);
+        ASSERT_EQ(r.lo, grid[0]);
+        ASSERT_EQ(r.step, grid[1]);
+        ASSERT_TRUE(std::equal(ra.begin(), ra.end(), r.a) && std::equal(rb.begin(), rb.end(), r.b))
+            << "seq " << b << " page " << j << " head " << h;
+        kv::range_bounds(r, d, lo.data(), hi.data());
         for (int slot = 0; slot < n; ++slot) {
           const T* k = v.key<T>(phys, h, slot);
           for (int c = 0; c < d; ++c) key[c] = to_f32(k[c]);
-          kv::encode_page_codes(key.data(), s.min + s.at(phys, h), s.max + s.at(phys, h), d,
-                                want.data());
+          kv::encode_page_codes(key.data(), lo.data(), hi.data(), d, want.data());
           const std::uint8_t* got = pc.row(phys, h, slot);
           ASSERT_TRUE(std::equal(want.begin(), want.end(), got))
               << "seq " << b << " page " << j << " head " << h << " slot " << slot;
@@ -329,25 +344,22 @@ std::vector<std::int32_t> reference_two_stage(const test::SelCase& c, const sele
   }
   std::vector<std::uint8_t> cand = page_in;
   reference_fill(orders, cand, kept_pages, want);
-  // Stage 2: the candidates' tokens by q·x̂ on the codes, decoded channel by channel.
-  const kv::SummariesView s = c.cache.summaries();
+  // Stage 2: the candidates' tokens by their code score, row by row (kv::page_code_score, the
+  // definition the batched scorer is held bit-equal to).
   const kv::PageCodesView pc = c.cache.page_codes();
   for (int i = 0; i < g; ++i) {
     const float* q = c.q.data() + ((b * c.Hq) + h * g + i) * d;
+    std::vector<float> qs(d);
+    for (int ch = 0; ch < d; ++ch) qs[ch] = q[ch] * scale;
+    std::vector<std::int16_t> q8(d);
+    const kv::CodeQuery cq = kv::code_query(qs.data(), d, q8.data());
     std::vector<std::pair<double, std::int32_t>> items;
     for (int j = 0; j < pages; ++j) {
       if (!cand[j] || page_in[j]) continue;
-      const float* lo = s.min + s.at(phys[j], h);
-      const float* hi = s.max + s.at(phys[j], h);
       for (std::int64_t x = j * P; x < std::min<std::int64_t>(L, (j + 1) * P); ++x) {
         const std::uint8_t* row = pc.row(phys[j], h, static_cast<int>(x - j * P));
-        double score = 0;
-        for (int ch = 0; ch < d; ++ch) {
-          const double qc = static_cast<double>(q[ch]) * scale;
-          score += qc * lo[ch];
-          if (hi[ch] > lo[ch]) score += qc * (static_cast<double>(hi[ch]) - lo[ch]) / 3.0 * code_of(row, ch);
-        }
-        items.push_back({score, static_cast<std::int32_t>(x)});
+        items.push_back({kv::page_code_score(cq, pc.range(phys[j], h), row, d),
+                         static_cast<std::int32_t>(x)});
       }
     }
     orders[i] = ranked(items);

@@ -1,5 +1,6 @@
 // CUDA two-stage token selection (include/masskv/cuda/two_stage.hpp; the CPU rule:
-// src/select/selectors.cpp two_stage_group). Six kernels per step:
+// src/select/rules/two_stage.cpp) and token_codes (factor 0: kernels 1-3 replaced by
+// all_pages_kernel). Six kernels per step:
 //   1. bounds_kernel: the §2.3 bound of every eligible page (no kept token) per q head, from
 //      the bf16 store, in the CPU AVX2 scan's order (8 FMA chains of q+·M and of q-·m, the
 //      same horizontal sum, finish_bound's slack): the CPU's bits, as an ordered 32-bit key;
@@ -9,9 +10,10 @@
 //   3. merge_kernel (stage 1): per (sequence, kv head) the round robin of the q heads' lists
 //      (selectors.cpp fill: each head in turn takes its best page not yet taken) up to m1
 //      pages, then the candidates in ascending page order;
-//   4. score_kernel: every candidate token per q head on the 2-bit codes, f64, the
-//      operations of kv::page_code_scorer / page_code_score in their order (explicitly
-//      rounded, no contraction): the CPU's doubles, as an ordered 64-bit key;
+//   4. score_kernel: every candidate token per q head on the page codes: the integer score
+//      of kv/page_codes.hpp (int8 query, 8-bit ranges, exact int32 sums) and its last f64
+//      operations explicitly rounded in the CPU's order: the CPU's doubles (kv::
+//      page_code_score), as an ordered 64-bit key;
 //   5. rank_kernel (stage 2): per (sequence, q head) the best cap - kept tokens in order;
 //   6. merge_kernel (stage 2): the round robin to the cap, then the list (kept tokens, the
 //      chosen candidates, ascending) into the output.
@@ -39,6 +41,7 @@ constexpr int kRankThreads = 1024;
 constexpr int kTilePages = 32;    // bounds_kernel: pages per CTA
 constexpr int kScorePages = 4;    // score_kernel: candidate pages per CTA
 constexpr int kThreads = 256;
+constexpr int kMaxBitmapBytes = 224 * 1024;  // the merge kernels' bitmap (Hopper: 227 KB a CTA)
 
 enum ErrBit : unsigned {
   kBadPhysical = 1u,
@@ -57,10 +60,10 @@ struct Params {
   const std::uint16_t* bmin;  // bf16 bits [page][kv head][d]
   const std::uint16_t* bmax;
   int bound_pages;
-  const float* smin;  // f32 [page][kv head][d]
-  const float* smax;
-  int sum_pages;
   const std::uint8_t* codes;  // [page][kv head][slot][d / 4]
+  const std::uint8_t* rmin;   // the codes' ranges: [page][kv head][d] 8-bit codes
+  const std::uint8_t* rmax;
+  const float* rgrid;         // [page][kv head][2]: lo, step
   int code_pages;
   float scale, slack_f;
   std::int64_t budget;
@@ -123,8 +126,16 @@ __device__ Plan plan_of(const Params& p, int b, bool flag) {
   s.pg_last_begin = kp.last_begin;
   s.kept_pages = kp.count(pages);
   s.cap = min(s.L, max(s.count0, p.budget));
-  // The CPU rule's count (select/kept.hpp), so the lists can agree.
-  s.m1 = static_cast<int>(select::two_stage_candidates(pages, s.kept_pages, s.cap, p.P, p.factor));
+  if (p.factor == 0) {
+    // token_codes: every page holding a token that is not kept (the window's partial page too).
+    const std::int64_t first = s.tok_first_end / p.P;
+    const std::int64_t end = (s.tok_last_begin + p.P - 1) / p.P;
+    s.m1 = end > first ? static_cast<int>(end - first) : 0;
+  } else {
+    // The CPU rule's count (select/kept.hpp), so the lists can agree.
+    s.m1 = static_cast<int>(
+        select::two_stage_candidates(pages, s.kept_pages, s.cap, p.P, p.factor));
+  }
   s.need = static_cast<int>(s.cap - s.count0);
   return s;
 }
@@ -593,13 +604,27 @@ __global__ void __launch_bounds__(kThreads) merge_kernel(Params p) {
   }
 }
 
+// ---- 1-3 for token_codes (factor 0): every page with a token that is not kept ------------------
+
+__global__ void __launch_bounds__(kThreads) all_pages_kernel(Params p) {
+  const int b = blockIdx.x / p.Hkv, h = blockIdx.x % p.Hkv;
+  const std::int64_t pair = static_cast<std::int64_t>(b) * p.Hkv + h;
+  const Plan s = plan_of(p, b, h == 0 && threadIdx.x == 0);
+  const int first = s.bad ? 0 : static_cast<int>(s.tok_first_end / p.P);
+  const int n = s.bad ? 0 : s.m1;
+  for (int k = threadIdx.x; k < n; k += blockDim.x) p.cand[pair * p.cand_max + k] = first + k;
+  if (threadIdx.x == 0) p.n_cand[pair] = n;
+}
+
 // ---- 4. candidate tokens on the 2-bit codes ---------------------------------------------------
 
 template <int kD>
 __global__ void __launch_bounds__(kThreads) score_kernel(Params p) {
-  __shared__ float s_qs[kMaxG * kD];
-  __shared__ double s_w[kScorePages][kMaxG][kD];
-  __shared__ double s_base[kScorePages][kMaxG];
+  __shared__ int s_q8[kMaxG][kD];
+  __shared__ int s_sum[kMaxG];
+  __shared__ double s_unit[kMaxG];
+  __shared__ short s_b3[kScorePages][kD], s_df[kScorePages][kD];  // 3 a_c, b_c - a_c
+  __shared__ double s_base[kScorePages][kMaxG], s_third[kScorePages];
   __shared__ int s_phys[kScorePages];
   const int b = blockIdx.z, h = blockIdx.y, g = p.g, P = p.P;
   const std::int64_t pair = static_cast<std::int64_t>(b) * p.Hkv + h;
@@ -608,17 +633,35 @@ __global__ void __launch_bounds__(kThreads) score_kernel(Params p) {
   const int c0 = static_cast<int>(blockIdx.x) * kScorePages;
   if (c0 >= n_c) return;  // the whole CTA
   const int n = min(kScorePages, n_c - c0);
-  for (int idx = threadIdx.x; idx < g * kD; idx += blockDim.x) {
-    const int i = idx / kD, c = idx % kD;
-    // qs = q * scale in f32, as two_stage_group.
-    s_qs[idx] = __fmul_rn(p.q[b * p.q_s0 + (h * g + i) * p.q_s1 + c], p.scale);
+  // The queries' integer form (kv::code_query): qs = q * scale in f32, m = max |qs|,
+  // q8 = RNE(qs * (127 / m)) clamped to [-127, 127], Q = sum q8, unit = m / 127.
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  for (int i = warp; i < g; i += kThreads / 32) {
+    const float* q = p.q + b * p.q_s0 + (h * g + i) * p.q_s1;
+    float m = 0.f;
+    for (int c = lane; c < kD; c += 32) m = fmaxf(m, fabsf(__fmul_rn(q[c], p.scale)));
+    for (int o = 16; o > 0; o /= 2) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+    const bool zero = !(m > 0.f) || !isfinite(m);
+    const float r = zero ? 0.f : __fdiv_rn(127.0f, m);
+    int sum = 0;
+    for (int c = lane; c < kD; c += 32) {
+      const float t = rintf(__fmul_rn(__fmul_rn(q[c], p.scale), r));
+      const int v = zero ? 0 : static_cast<int>(fminf(fmaxf(t, -127.f), 127.f));
+      s_q8[i][c] = v;
+      sum += v;
+    }
+    for (int o = 16; o > 0; o /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+    if (lane == 0) {
+      s_sum[i] = sum;
+      s_unit[i] = zero ? 0.0 : __ddiv_rn(static_cast<double>(m), 127.0);
+    }
   }
   if (threadIdx.x < kScorePages) {
     int phys = -1;
     if (static_cast<int>(threadIdx.x) < n) {
       const int page = p.cand[pair * p.cand_max + c0 + threadIdx.x];
       const int id = p.indices[p.indptr[b] + page];
-      if (id >= 0 && id < p.sum_pages && id < p.code_pages) {
+      if (id >= 0 && id < p.code_pages) {
         phys = id;
       } else {
         atomicOr(p.err, kBadPhysical);
@@ -627,41 +670,40 @@ __global__ void __launch_bounds__(kThreads) score_kernel(Params p) {
     s_phys[threadIdx.x] = phys;
   }
   __syncthreads();
-  // page_code_scorer: w_c = hi > lo ? qc (hi - lo) / 3 : 0; base = sum_c qc lo_c in order.
-  for (int idx = threadIdx.x; idx < n * g * kD; idx += blockDim.x) {
-    const int t = idx / (g * kD), i = (idx / kD) % g, c = idx % kD;
+  // The pages' ranges: v_c = 3 a_c + code_c (b_c - a_c); base = lo · Q, third = step / 3.
+  for (int idx = threadIdx.x; idx < n * kD; idx += blockDim.x) {
+    const int t = idx / kD, c = idx % kD;
     const int phys = s_phys[t];
-    double w = 0.0;
+    int a = 0, bb = 0;
     if (phys >= 0) {
       const std::int64_t at = (static_cast<std::int64_t>(phys) * p.Hkv + h) * kD + c;
-      const float lo = p.smin[at], hi = p.smax[at];
-      if (hi > lo) {
-        const double qc = static_cast<double>(s_qs[i * kD + c]);
-        w = __ddiv_rn(__dmul_rn(qc, __dsub_rn(static_cast<double>(hi), static_cast<double>(lo))),
-                      3.0);
-      }
+      a = p.rmin[at];
+      bb = p.rmax[at];
     }
-    s_w[t][i][c] = w;
+    s_b3[t][c] = static_cast<short>(3 * a);
+    s_df[t][c] = static_cast<short>(bb - a);
   }
-  for (int idx = threadIdx.x; idx < n * g; idx += blockDim.x) {
-    const int t = idx / g, i = idx % g;
+  for (int idx = threadIdx.x; idx < n * (g + 1); idx += blockDim.x) {
+    const int t = idx / (g + 1), i = idx % (g + 1);
     const int phys = s_phys[t];
-    double base = 0.0;
+    float lo = 0.f, step = 0.f;
     if (phys >= 0) {
-      const float* lo = p.smin + (static_cast<std::int64_t>(phys) * p.Hkv + h) * kD;
-#pragma unroll 16
-      for (int c = 0; c < kD; ++c)
-        base = __dadd_rn(base, __dmul_rn(static_cast<double>(s_qs[i * kD + c]),
-                                         static_cast<double>(lo[c])));
+      const std::int64_t ph = static_cast<std::int64_t>(phys) * p.Hkv + h;
+      lo = p.rgrid[2 * ph];
+      step = p.rgrid[2 * ph + 1];
     }
-    s_base[t][i] = base;
+    if (i == g) {
+      s_third[t] = __ddiv_rn(static_cast<double>(step), 3.0);
+    } else {
+      s_base[t][i] = __dmul_rn(static_cast<double>(lo), static_cast<double>(s_sum[i]));
+    }
   }
   __syncthreads();
   constexpr int kBytes = kD / 4;
   for (int idx = threadIdx.x; idx < n * P * g; idx += blockDim.x) {
     const int t = idx / (P * g), slot = (idx / g) % P, i = idx % g;
     const int phys = s_phys[t];
-    double acc = s_base[t][i];
+    int I = 0;
     if (phys >= 0) {
       const uint4* row = reinterpret_cast<const uint4*>(
           p.codes + ((static_cast<std::int64_t>(phys) * p.Hkv + h) * P + slot) * kBytes);
@@ -674,15 +716,22 @@ __global__ void __launch_bounds__(kThreads) score_kernel(Params p) {
 #pragma unroll
           for (int e = 0; e < 16; ++e) {  // 16 channels a word, ascending (byte, then bits)
             const int c = piece * 64 + wi * 16 + e;
-            const double code = static_cast<double>((words[wi] >> (2 * e)) & 3u);
-            acc = __dadd_rn(acc, __dmul_rn(s_w[t][i][c], code));
+            const int code = static_cast<int>((words[wi] >> (2 * e)) & 3u);
+            I += s_q8[i][c] * (s_b3[t][c] + code * s_df[t][c]);
           }
         }
       }
     }
+    // score = unit · (lo · Q + (step / 3) · I), each operation rounded once (the CPU's).
+    const double score =
+        __dmul_rn(s_unit[i], __dadd_rn(s_base[t][i], __dmul_rn(s_third[t], static_cast<double>(I))));
     const std::int64_t seg = static_cast<std::int64_t>(b) * p.Hq + h * g + i;
+    // A kept token is not ranked (token_codes' candidates can hold the window's partial page).
+    const std::int64_t token =
+        static_cast<std::int64_t>(p.cand[pair * p.cand_max + c0 + t]) * P + slot;
+    const bool kept = token < s.tok_first_end || token >= s.tok_last_begin;
     p.keys2[seg * p.kmax + static_cast<std::int64_t>(c0 + t) * P + slot] =
-        phys >= 0 ? ordered_key64(acc) : 0ull;
+        phys >= 0 && !kept ? ordered_key64(score) : 0ull;
   }
 }
 
@@ -752,21 +801,21 @@ void two_stage_select(const TwoStageSelectArgs& a, const TwoStageLaunch& launch)
   require(d == 64 || d == 128, unsupported, "head_dim", "the two-stage GPU selection serves 64 and 128; got ", d);
   require(a.q.data != nullptr && a.q.n0 >= 0, invalid_argument, "q", "null or negative batch");
   const int B = a.q.n0, Hq = a.q.n1;
-  const int Hkv = a.bounds.num_kv_heads;
+  const int Hkv = a.candidate_factor == 0 ? a.codes.num_kv_heads : a.bounds.num_kv_heads;
   require(Hkv > 0 && Hq % Hkv == 0 && Hq / Hkv <= kMaxG, shape_mismatch, "q",
           "q heads must be a multiple of the kv heads, at most ", kMaxG, " per kv head");
-  require(a.bounds.min && a.bounds.max && a.bounds.head_dim == d && a.bounds.num_pages > 0,
+  const bool every_page = a.candidate_factor == 0;  // token_codes: no page stage
+  require(every_page ||
+              (a.bounds.min && a.bounds.max && a.bounds.head_dim == d && a.bounds.num_pages > 0),
           invalid_argument, "bounds", "the bf16 store is missing or of another head_dim");
-  require(a.summaries.min && a.summaries.max && a.summaries.head_dim == d &&
-              a.summaries.num_kv_heads == Hkv && a.summaries.num_pages > 0,
-          invalid_argument, "summaries", "f32 min/max of the store's heads and head_dim needed");
-  require(a.codes.codes && a.codes.head_dim == d && a.codes.num_kv_heads == Hkv &&
+  require(a.codes.codes && a.codes.range_min && a.codes.range_max && a.codes.grid &&
+              a.codes.head_dim == d && a.codes.num_kv_heads == Hkv &&
               a.codes.page_size == a.page_size && a.codes.num_pages > 0,
-          invalid_argument, "codes", "page codes of the store's geometry needed");
+          invalid_argument, "codes", "page codes and their ranges of the store's geometry needed");
   require(reinterpret_cast<std::uintptr_t>(a.codes.codes) % 16 == 0, invalid_argument, "codes",
           "must be 16-byte aligned");
-  require(reinterpret_cast<std::uintptr_t>(a.bounds.min) % 16 == 0 &&
-              reinterpret_cast<std::uintptr_t>(a.bounds.max) % 16 == 0,
+  require(every_page || (reinterpret_cast<std::uintptr_t>(a.bounds.min) % 16 == 0 &&
+                         reinterpret_cast<std::uintptr_t>(a.bounds.max) % 16 == 0),
           invalid_argument, "bounds", "must be 16-byte aligned");
   require(a.page_size >= 1 && a.page_size <= 256 && (a.page_size & (a.page_size - 1)) == 0,
           invalid_argument, "page_size", "must be a power of two in [1, 256]");
@@ -777,17 +826,24 @@ void two_stage_select(const TwoStageSelectArgs& a, const TwoStageLaunch& launch)
   require(a.budget_tokens > 0, invalid_argument, "budget_tokens", "a fixed budget needs tokens > 0");
   require(a.sink_pages >= 0, invalid_argument, "sink_pages", "must be >= 0");
   require(a.window_tokens >= 0, invalid_argument, "window_tokens", "must be >= 0");
-  require(a.candidate_factor >= 1, invalid_argument, "candidate_factor", "must be >= 1");
+  require(a.candidate_factor >= 0, invalid_argument, "candidate_factor",
+          "must be >= 1, or 0 for every page (token_codes)");
   require(launch.max_pages_per_seq > 0, invalid_argument, "max_pages_per_seq", "must be > 0");
   require(std::isfinite(a.scale) && a.scale >= 0, invalid_argument, "scale",
           "must be finite and >= 0 (0: 1/sqrt(d))");
   const int P = a.page_size, max_pages = launch.max_pages_per_seq;
   const int capmax = two_stage_capacity(max_pages, P, a.budget_tokens, a.sink_pages,
                                         a.window_tokens);
-  const std::int64_t cand_max64 = std::min<std::int64_t>(
-      max_pages, static_cast<std::int64_t>(a.candidate_factor) * ((capmax + P - 1) / P));
-  require(cand_max64 <= kMaxDepth, unsupported, "candidate_factor",
+  const std::int64_t cand_max64 =
+      every_page ? max_pages
+                 : std::min<std::int64_t>(max_pages, static_cast<std::int64_t>(a.candidate_factor) *
+                                                         ((capmax + P - 1) / P));
+  require(every_page || cand_max64 <= kMaxDepth, unsupported, "candidate_factor",
           "candidate_factor x the budget's pages exceeds ", kMaxDepth, " pages");
+  // The token merge marks the ranked tokens in a shared-memory bitmap (one bit each).
+  require(cand_max64 * P <= static_cast<std::int64_t>(kMaxBitmapBytes) * 8, unsupported,
+          "max_pages_per_seq", "more than ", static_cast<std::int64_t>(kMaxBitmapBytes) * 8,
+          " candidate tokens per sequence");
   require(capmax <= kMaxDepth, unsupported, "budget_tokens", "more than ", kMaxDepth,
           " tokens per list");
   const int cand_max = std::max(1, static_cast<int>(cand_max64));
@@ -804,9 +860,11 @@ void two_stage_select(const TwoStageSelectArgs& a, const TwoStageLaunch& launch)
   const int depth2 = std::max(1, capmax);
   TwoStageWorkspace::Impl& ws = launch.workspace->impl();
   const std::size_t segs = static_cast<std::size_t>(B) * Hq, pairs = static_cast<std::size_t>(B) * Hkv;
-  ws.keys1.reserve(segs * max_pages, "cudaMalloc(two-stage page keys)");
-  ws.list1.reserve(segs * cand_max, "cudaMalloc(two-stage page lists)");
-  ws.len1.reserve(segs, "cudaMalloc(two-stage page lists)");
+  if (!every_page) {
+    ws.keys1.reserve(segs * max_pages, "cudaMalloc(two-stage page keys)");
+    ws.list1.reserve(segs * cand_max, "cudaMalloc(two-stage page lists)");
+    ws.len1.reserve(segs, "cudaMalloc(two-stage page lists)");
+  }
   ws.cand.reserve(pairs * cand_max, "cudaMalloc(two-stage candidates)");
   ws.n_cand.reserve(pairs, "cudaMalloc(two-stage candidates)");
   ws.keys2.reserve(segs * kmax, "cudaMalloc(two-stage token keys)");
@@ -831,10 +889,10 @@ void two_stage_select(const TwoStageSelectArgs& a, const TwoStageLaunch& launch)
   p.bmin = reinterpret_cast<const std::uint16_t*>(a.bounds.min);
   p.bmax = reinterpret_cast<const std::uint16_t*>(a.bounds.max);
   p.bound_pages = a.bounds.num_pages;
-  p.smin = a.summaries.min;
-  p.smax = a.summaries.max;
-  p.sum_pages = a.summaries.num_pages;
   p.codes = a.codes.codes;
+  p.rmin = a.codes.range_min;
+  p.rmax = a.codes.range_max;
+  p.rgrid = a.codes.grid;
   p.code_pages = a.codes.num_pages;
   p.scale = a.scale > 0 ? a.scale : 1.0f / std::sqrt(static_cast<float>(d));
   p.slack_f = 2.0f * static_cast<float>(2 * d + 4) * 0x1p-24f;
@@ -885,16 +943,21 @@ void two_stage_select(const TwoStageSelectArgs& a, const TwoStageLaunch& launch)
     raised2 = merge2_smem;
   }
 
-  const dim3 bgrid((max_pages + kTilePages - 1) / kTilePages, Hkv, B);
-  if (d == 64) {
-    go(bounds_kernel<64>, bgrid, dim3(kThreads), 0, st, p, "two-stage bounds kernel");
+  if (every_page) {
+    go(all_pages_kernel, dim3(static_cast<unsigned>(pairs)), dim3(kThreads), 0, st, p,
+       "token_codes candidate kernel");
   } else {
-    go(bounds_kernel<128>, bgrid, dim3(kThreads), 0, st, p, "two-stage bounds kernel");
+    const dim3 bgrid((max_pages + kTilePages - 1) / kTilePages, Hkv, B);
+    if (d == 64) {
+      go(bounds_kernel<64>, bgrid, dim3(kThreads), 0, st, p, "two-stage bounds kernel");
+    } else {
+      go(bounds_kernel<128>, bgrid, dim3(kThreads), 0, st, p, "two-stage bounds kernel");
+    }
+    go(rank_kernel<std::uint32_t, 1>, dim3(static_cast<unsigned>(segs)), dim3(kRankThreads),
+       rank1_smem, st, p, "two-stage page rank kernel");
+    go(merge_kernel<1>, dim3(static_cast<unsigned>(pairs)), dim3(kThreads), merge1_smem, st, p,
+       "two-stage page merge kernel");
   }
-  go(rank_kernel<std::uint32_t, 1>, dim3(static_cast<unsigned>(segs)), dim3(kRankThreads),
-         rank1_smem, st, p, "two-stage page rank kernel");
-  go(merge_kernel<1>, dim3(static_cast<unsigned>(pairs)), dim3(kThreads), merge1_smem, st, p,
-         "two-stage page merge kernel");
   const dim3 sgrid((cand_max + kScorePages - 1) / kScorePages, Hkv, B);
   if (d == 64) {
     go(score_kernel<64>, sgrid, dim3(kThreads), 0, st, p, "two-stage score kernel");

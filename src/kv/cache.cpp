@@ -98,7 +98,10 @@ struct PagedKVCache::Impl {
   int sk_code_bytes = 0, sk_scale_bytes = 0;          // per row
   std::vector<std::uint8_t> pcodes;                   // page codes [page][head][slot][.]
   std::size_t pcode_row = 0;                          // bytes of one row of page codes
-  std::vector<float> pcode_key;                       // scratch: one stored key in f32
+  std::vector<std::uint8_t> prange_min, prange_max;   // page code ranges [page][head][d]
+  std::vector<float> prange_grid;                     // [page][head][2]: lo, step
+  std::vector<float> pcode_key, pcode_lo, pcode_hi;   // scratch: a key, a range's bounds (f32)
+  std::vector<std::uint8_t> pr_a, pr_b;               // scratch: a new range's codes
   std::vector<std::byte> krows;                       // key rows [page][group][slot][row]
   std::size_t rows_per_page = 0;                      // bytes of one page of key rows
   std::vector<float> key_row;                         // scratch: one stored key in f32
@@ -140,7 +143,12 @@ struct PagedKVCache::Impl {
     if (cfg.page_codes) {
       pcode_row = static_cast<std::size_t>(page_code_bytes(d));
       pcodes.assign(static_cast<std::size_t>(pages) * H * P * pcode_row, 0);
-      pcode_key.resize(static_cast<std::size_t>(d));
+      prange_min.assign(static_cast<std::size_t>(pages) * H * d, 0);
+      prange_max.assign(prange_min.size(), 0);
+      prange_grid.assign(static_cast<std::size_t>(pages) * H * 2, 0.0f);
+      for (auto* buf : {&pcode_key, &pcode_lo, &pcode_hi}) buf->resize(static_cast<std::size_t>(d));
+      pr_a.resize(static_cast<std::size_t>(d));
+      pr_b.resize(static_cast<std::size_t>(d));
     }
     if (cfg.key_row_groups > 0) {
       rows_per_page = static_cast<std::size_t>(cfg.key_row_groups) * static_cast<std::size_t>(P) *
@@ -218,6 +226,14 @@ struct PagedKVCache::Impl {
       const std::size_t nb = static_cast<std::size_t>(cfg.num_kv_heads) * cfg.page_size * pcode_row;
       std::copy_n(pcodes.begin() + static_cast<std::ptrdiff_t>(old * nb), nb,
                   pcodes.begin() + static_cast<std::ptrdiff_t>(p * nb));
+      const std::size_t nr = static_cast<std::size_t>(cfg.num_kv_heads) * cfg.head_dim;
+      std::copy_n(prange_min.begin() + static_cast<std::ptrdiff_t>(old * nr), nr,
+                  prange_min.begin() + static_cast<std::ptrdiff_t>(p * nr));
+      std::copy_n(prange_max.begin() + static_cast<std::ptrdiff_t>(old * nr), nr,
+                  prange_max.begin() + static_cast<std::ptrdiff_t>(p * nr));
+      const std::size_t ng = static_cast<std::size_t>(cfg.num_kv_heads) * 2;
+      std::copy_n(prange_grid.begin() + static_cast<std::ptrdiff_t>(old * ng), ng,
+                  prange_grid.begin() + static_cast<std::ptrdiff_t>(p * ng));
     }
     std::copy_n(krows.begin() + static_cast<std::ptrdiff_t>(static_cast<std::size_t>(old) * rows_per_page), rows_per_page,
                 krows.begin() + static_cast<std::ptrdiff_t>(static_cast<std::size_t>(p) * rows_per_page));
@@ -263,15 +279,12 @@ struct PagedKVCache::Impl {
       float* mean = smean.data() + base;
       float* m2 = sm2.data() + base;
       double vnorm2 = 0;
-      bool range_moved = false;  // page codes: the earlier rows need re-encoding
       for (int c = 0; c < d; ++c) {
         ks[c] = from_f32<T>(kin[c]);
         vs[c] = from_f32<T>(vin[c]);
         const float x = to_f32(ks[c]);
-        const float old_mn = mn[c], old_mx = mx[c];
         mn[c] = min_rule(x, mn[c]);
         mx[c] = max_rule(x, mx[c]);
-        range_moved |= (mn[c] != old_mn || mx[c] != old_mx);
         const double delta = x - static_cast<double>(mean[c]);
         const double new_mean = mean[c] + delta / n;
         m2[c] = static_cast<float>(m2[c] + delta * (x - new_mean));
@@ -281,7 +294,7 @@ struct PagedKVCache::Impl {
       }
       float& vmax = svnorm[static_cast<std::size_t>(page) * H + h];
       vmax = std::max(vmax, round_up_to_f32(std::sqrt(vnorm2)));
-      if (cfg.page_codes) encode_codes<T>(page, h, range_moved ? 0 : slot, slot);
+      if (cfg.page_codes) encode_codes<T>(page, h, slot);
       if (cfg.has_selector_keys()) {
         for (int c = 0; c < d; ++c) key_row[c] = to_f32(ks[c]);
         const std::size_t r = (static_cast<std::size_t>(page) * H + h) * cfg.page_size +
@@ -294,20 +307,35 @@ struct PagedKVCache::Impl {
     ++count[page];
   }
 
-  // Page codes of slots [first, last] of (page, head) from the stored keys and the page's
-  // current summary range (kv/page_codes.hpp).
+  // Page codes of (page, head) after slot `last` was written: the range from the current
+  // summary onto its 8-bit grid; when it moved, every row [0, last] is encoded again, else row
+  // `last` alone (kv/page_codes.hpp).
   template <class T>
-  void encode_codes(std::int32_t page, int h, int first, int last) {
+  void encode_codes(std::int32_t page, int h, int last) {
     const T* kp = static_cast<const T*>(static_cast<const void*>(k.get()));
     const std::size_t base = sum_at(page, h);
     const int d = cfg.head_dim;
-    for (int slot = first; slot <= last; ++slot) {
+    const std::size_t ph = static_cast<std::size_t>(page) * cfg.num_kv_heads + h;
+    float grid[2];
+    round_range8(smin.data() + base, smax.data() + base, d, pr_a.data(), pr_b.data(), grid);
+    std::uint8_t* a = prange_min.data() + ph * d;
+    std::uint8_t* b = prange_max.data() + ph * d;
+    float* g = prange_grid.data() + 2 * ph;
+    const bool moved = last == 0 || g[0] != grid[0] || g[1] != grid[1] ||
+                       !std::equal(pr_a.begin(), pr_a.end(), a) ||
+                       !std::equal(pr_b.begin(), pr_b.end(), b);
+    if (moved) {
+      std::copy(pr_a.begin(), pr_a.end(), a);
+      std::copy(pr_b.begin(), pr_b.end(), b);
+      g[0] = grid[0];
+      g[1] = grid[1];
+    }
+    range_bounds({g[0], g[1], a, b}, d, pcode_lo.data(), pcode_hi.data());
+    for (int slot = moved ? 0 : last; slot <= last; ++slot) {
       const T* ks = kp + pool.offset(page, h, slot);
       for (int c = 0; c < d; ++c) pcode_key[static_cast<std::size_t>(c)] = to_f32(ks[c]);
-      const std::size_t r =
-          (static_cast<std::size_t>(page) * cfg.num_kv_heads + h) * cfg.page_size + slot;
-      encode_page_codes(pcode_key.data(), smin.data() + base, smax.data() + base, d,
-                        pcodes.data() + r * pcode_row);
+      encode_page_codes(pcode_key.data(), pcode_lo.data(), pcode_hi.data(), d,
+                        pcodes.data() + (ph * cfg.page_size + slot) * pcode_row);
     }
   }
 
@@ -493,8 +521,9 @@ SummariesView PagedKVCache::summaries() const {
 PageCodesView PagedKVCache::page_codes() const {
   const Impl& m = *impl_;
   if (!m.cfg.page_codes) return {};
-  return {m.pcodes.data(), m.cfg.capacity_pages, m.cfg.num_kv_heads, m.cfg.page_size,
-          m.cfg.head_dim};
+  return {m.pcodes.data(),     m.cfg.capacity_pages, m.cfg.num_kv_heads,
+          m.cfg.page_size,     m.cfg.head_dim,       m.prange_min.data(),
+          m.prange_max.data(), m.prange_grid.data()};
 }
 
 SelectorKeysView PagedKVCache::selector_keys() const {

@@ -1,7 +1,9 @@
-// 2-bit page codes (kv/page_codes.hpp).
+// Page codes (kv/page_codes.hpp): the 8-bit ranges, the 2-bit codes and their integer scores.
 #include "masskv/kv/page_codes.hpp"
 
+#include <algorithm>
 #include <cmath>
+#include <limits>
 
 #include "core/cpu_features.hpp"
 #include "kv/page_codes_kernels.hpp"
@@ -22,6 +24,58 @@ int code_at(const std::uint8_t* codes, int c) { return (codes[c >> 2] >> (2 * (c
 
 }  // namespace
 
+float dequant8(std::uint8_t code, float lo, float step) {
+  return std::fma(static_cast<float>(code), step, lo);
+}
+
+void round_range8(const float* m, const float* M, int d, std::uint8_t* a, std::uint8_t* b,
+                  float* grid) {
+  bool finite = true;
+  float lo = std::numeric_limits<float>::infinity(), hi = -lo;
+  for (int c = 0; c < d; ++c) {
+    finite = finite && std::isfinite(m[c]) && std::isfinite(M[c]);
+    lo = std::min(lo, m[c]);
+    hi = std::max(hi, M[c]);
+  }
+  if (!finite || !(lo <= hi)) {  // a page without tokens: no key to bound
+    grid[0] = grid[1] = 0.f;
+    std::fill_n(a, d, std::uint8_t{0});
+    std::fill_n(b, d, std::uint8_t{0});
+    return;
+  }
+  float step = 0.f;
+  if (hi > lo) {
+    step = static_cast<float>((static_cast<double>(hi) - lo) / 255.0);
+    const float inf = std::numeric_limits<float>::infinity();
+    while (dequant8(255, lo, step) < hi) step = std::nextafter(step, inf);
+  }
+  grid[0] = lo;
+  grid[1] = step;
+  for (int c = 0; c < d; ++c) {
+    int cm = 0, cM = 255;
+    if (step > 0) {
+      cm = std::clamp(static_cast<int>(std::floor((static_cast<double>(m[c]) - lo) / step)), 0, 255);
+      cM = std::clamp(static_cast<int>(std::ceil((static_cast<double>(M[c]) - lo) / step)), 0, 255);
+    } else {
+      cM = 0;
+    }
+    // The quotients above are a first guess; the loops make the codes exact for the f32 grid.
+    while (cm > 0 && dequant8(static_cast<std::uint8_t>(cm), lo, step) > m[c]) --cm;
+    while (cm < 255 && dequant8(static_cast<std::uint8_t>(cm + 1), lo, step) <= m[c]) ++cm;
+    while (cM < 255 && dequant8(static_cast<std::uint8_t>(cM), lo, step) < M[c]) ++cM;
+    while (cM > 0 && dequant8(static_cast<std::uint8_t>(cM - 1), lo, step) >= M[c]) --cM;
+    a[c] = static_cast<std::uint8_t>(cm);
+    b[c] = static_cast<std::uint8_t>(cM);
+  }
+}
+
+void range_bounds(const PageRange8& r, int d, float* lo_out, float* hi_out) {
+  for (int c = 0; c < d; ++c) {
+    lo_out[c] = dequant8(r.a[c], r.lo, r.step);
+    hi_out[c] = dequant8(r.b[c], r.lo, r.step);
+  }
+}
+
 namespace detail {
 
 void encode_page_codes_portable(const float* x, const float* lo, const float* hi, int d,
@@ -29,6 +83,18 @@ void encode_page_codes_portable(const float* x, const float* lo, const float* hi
   for (int b = 0; b < page_code_bytes(d); ++b) codes[b] = 0;
   for (int c = 0; c < d; ++c) {
     codes[c >> 2] = static_cast<std::uint8_t>(codes[c >> 2] | (level(x[c], lo[c], hi[c]) << (2 * (c & 3))));
+  }
+}
+
+void page_code_scores_portable(const CodeQuery* q, int nh, const PageRange8& r,
+                               const std::uint8_t* rows, const std::int32_t* slots, int n, int d,
+                               double* out, std::size_t out_stride) {
+  const std::size_t bytes = static_cast<std::size_t>(page_code_bytes(d));
+  for (int h = 0; h < nh; ++h) {
+    for (int t = 0; t < n; ++t) {
+      out[static_cast<std::size_t>(h) * out_stride + static_cast<std::size_t>(t)] =
+          page_code_score(q[h], r, rows + static_cast<std::size_t>(slots[t]) * bytes, d);
+    }
   }
 }
 
@@ -43,79 +109,50 @@ void encode_page_codes(const float* x, const float* lo, const float* hi, int d,
   }
 }
 
-void decode_page_codes(const std::uint8_t* codes, const float* lo, const float* hi, int d,
-                       float* out) {
+void decode_page_codes(const std::uint8_t* codes, const PageRange8& r, int d, float* out) {
   for (int c = 0; c < d; ++c) {
-    const float step = hi[c] > lo[c] ? (hi[c] - lo[c]) / 3.0f : 0.0f;
-    out[c] = lo[c] + static_cast<float>(code_at(codes, c)) * step;
+    const int v = 3 * r.a[c] + code_at(codes, c) * (r.b[c] - r.a[c]);
+    out[c] = static_cast<float>(r.lo + static_cast<double>(r.step) * v / 3.0);
   }
 }
 
-PageCodeScorer page_code_scorer(const float* q, const float* lo, const float* hi, int d,
-                                double* w) {
-  PageCodeScorer s;
+CodeQuery code_query(const float* q, int d, std::int16_t* q8) {
+  float m = 0;
+  for (int c = 0; c < d; ++c) m = std::max(m, std::fabs(q[c]));
+  CodeQuery cq;
+  cq.q8 = q8;
+  if (!(m > 0) || !std::isfinite(m)) {  // q = 0 (or not finite): every score 0
+    std::fill_n(q8, d, std::int16_t{0});
+    return cq;
+  }
+  const float r = 127.0f / m;
   for (int c = 0; c < d; ++c) {
-    const double qc = q[c];
-    s.base += qc * lo[c];
-    w[c] = hi[c] > lo[c] ? qc * (static_cast<double>(hi[c]) - lo[c]) / 3.0 : 0.0;
+    const float t = std::rint(q[c] * r);
+    q8[c] = static_cast<std::int16_t>(t < -127 ? -127 : t > 127 ? 127 : t);
+    cq.sum += q8[c];
   }
-  s.w = w;
-  return s;
+  cq.unit = static_cast<double>(m) / 127.0;
+  return cq;
 }
 
-double page_code_score(const PageCodeScorer& s, const std::uint8_t* codes, int d) {
-  double acc = s.base;
-  for (int b = 0; b < page_code_bytes(d); ++b) {
-    const unsigned byte = codes[b];
-    const int c0 = 4 * b;
-    // Four channels a byte; the last byte of a d not divisible by 4 holds zero codes.
-    for (int i = 0; i < 4 && c0 + i < d; ++i) {
-      acc += s.w[c0 + i] * static_cast<double>((byte >> (2 * i)) & 3u);
-    }
+double page_code_score(const CodeQuery& q, const PageRange8& r, const std::uint8_t* codes, int d) {
+  std::int32_t I = 0;
+  for (int c = 0; c < d; ++c) {
+    I += q.q8[c] * (3 * r.a[c] + code_at(codes, c) * (r.b[c] - r.a[c]));
   }
-  return acc;
+  // The definition's f64 operations, in its order (kv/page_codes.hpp).
+  const double base = static_cast<double>(r.lo) * static_cast<double>(q.sum);
+  const double third = static_cast<double>(r.step) / 3.0;
+  return q.unit * (base + third * static_cast<double>(I));
 }
 
-namespace detail {
-
-void page_code_scores_portable(const PageCodeScorer* s, int nh, const std::uint8_t* rows,
-                               const std::int32_t* slots, int n, int d, double* out,
-                               std::size_t out_stride) {
-  const std::size_t bytes = static_cast<std::size_t>(page_code_bytes(d));
-  for (int h = 0; h < nh; ++h) {
-    for (int t = 0; t < n; ++t) {
-      out[static_cast<std::size_t>(h) * out_stride + static_cast<std::size_t>(t)] =
-          page_code_score(s[h], rows + static_cast<std::size_t>(slots[t]) * bytes, d);
-    }
-  }
-}
-
-void page_code_scorers_portable(const float* q, int nh, const float* lo, const float* hi, int d,
-                                double* w, PageCodeScorer* s) {
-  for (int h = 0; h < nh; ++h) {
-    const std::size_t off = static_cast<std::size_t>(h) * d;
-    s[h] = page_code_scorer(q + off, lo, hi, d, w + off);
-  }
-}
-
-}  // namespace detail
-
-void page_code_scorers(const float* q, int nh, const float* lo, const float* hi, int d, double* w,
-                       PageCodeScorer* s) {
-  if (cpu::has_avx2() && cpu::simd_allowed()) {
-    detail::page_code_scorers_avx2(q, nh, lo, hi, d, w, s);
-  } else {
-    detail::page_code_scorers_portable(q, nh, lo, hi, d, w, s);
-  }
-}
-
-void page_code_scores(const PageCodeScorer* s, int nh, const std::uint8_t* rows,
+void page_code_scores(const CodeQuery* q, int nh, const PageRange8& r, const std::uint8_t* rows,
                       const std::int32_t* slots, int n, int d, double* out,
                       std::size_t out_stride) {
-  if (cpu::has_avx2() && cpu::simd_allowed()) {
-    detail::page_code_scores_avx2(s, nh, rows, slots, n, d, out, out_stride);
+  if (d % 16 == 0 && cpu::has_avx2() && cpu::simd_allowed()) {
+    detail::page_code_scores_avx2(q, nh, r, rows, slots, n, d, out, out_stride);
   } else {
-    detail::page_code_scores_portable(s, nh, rows, slots, n, d, out, out_stride);
+    detail::page_code_scores_portable(q, nh, r, rows, slots, n, d, out, out_stride);
   }
 }
 

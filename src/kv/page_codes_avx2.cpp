@@ -1,10 +1,10 @@
-// AVX2 page-code scores (page_codes_kernels.hpp). Rows go across the vector lanes, channels
-// stay in order: every row's sum is the scalar one, operation for operation, so the result is
-// bit-equal to page_code_score. Blocks of 16 rows: their codes are unpacked to f64 once and
-// read by every head, and four independent accumulators keep the adds' latency hidden.
+// AVX2 page codes (page_codes_kernels.hpp): the encoder eight channels at a time, and the
+// integer scores eight rows at a time (kv/page_codes.hpp's definition; bit-equal to
+// page_code_score).
 #include <immintrin.h>
 
 #include <algorithm>
+#include <cstring>
 #include <vector>
 
 #include "kv/page_codes_kernels.hpp"
@@ -35,85 +35,69 @@ void encode_page_codes_avx2(const float* x, const float* lo, const float* hi, in
   if (c < d) encode_page_codes_portable(x + c, lo + c, hi + c, d - c, codes + (c >> 2));
 }
 
-void page_code_scores_avx2(const PageCodeScorer* s, int nh, const std::uint8_t* rows,
-                           const std::int32_t* slots, int n, int d, double* out,
-                           std::size_t out_stride) {
-  constexpr int kRows = 16;
-  const int bytes = page_code_bytes(d);
-  // u[c * kRows + t]: code of channel c of block row t, as f64.
-  thread_local std::vector<double> u;
+void page_code_scores_avx2(const CodeQuery* q, int nh, const PageRange8& r,
+                           const std::uint8_t* rows, const std::int32_t* slots, int n, int d,
+                           double* out, std::size_t out_stride) {
+  constexpr int kRows = 8;
+  const int bytes = page_code_bytes(d), chunks = d / 16;
+  // The page's v_c = base3_c + code_c * diff_c, as 16-bit lanes in channel order.
+  thread_local std::vector<std::int16_t> base3, diff;
   thread_local std::vector<std::uint8_t> zero;
-  u.resize(static_cast<std::size_t>(4 * bytes) * kRows);
+  base3.resize(static_cast<std::size_t>(d));
+  diff.resize(static_cast<std::size_t>(d));
   zero.assign(static_cast<std::size_t>(bytes), 0);
-  const __m128i three = _mm_set1_epi32(3);
+  for (int c = 0; c < d; ++c) {
+    base3[static_cast<std::size_t>(c)] = static_cast<std::int16_t>(3 * r.a[c]);
+    diff[static_cast<std::size_t>(c)] = static_cast<std::int16_t>(r.b[c] - r.a[c]);
+  }
+  // Unpacking 16 channels (4 bytes): every 16-bit lane j takes byte j / 4, then field j % 4 is
+  // brought to bits 6-7 by a multiply (x 4^(3 - j % 4)) and shifted down.
+  const __m256i spread = _mm256_setr_epi8(0, -1, 0, -1, 0, -1, 0, -1, 1, -1, 1, -1, 1, -1, 1, -1,
+                                          2, -1, 2, -1, 2, -1, 2, -1, 3, -1, 3, -1, 3, -1, 3, -1);
+  const __m256i field = _mm256_setr_epi16(64, 16, 4, 1, 64, 16, 4, 1, 64, 16, 4, 1, 64, 16, 4, 1);
+  const __m256i three = _mm256_set1_epi16(3);
+  const __m256d third = _mm256_set1_pd(static_cast<double>(r.step) / 3.0);
   for (int t0 = 0; t0 < n; t0 += kRows) {
     const int m = std::min(kRows, n - t0);
-    const std::uint8_t* r[kRows];
+    const std::uint8_t* row[kRows];
     for (int t = 0; t < kRows; ++t) {
-      r[t] = t < m ? rows + static_cast<std::size_t>(slots[t0 + t]) * bytes : zero.data();
-    }
-    for (int b = 0; b < bytes; ++b) {
-      for (int t = 0; t < kRows; t += 4) {
-        const __m128i v = _mm_setr_epi32(r[t][b], r[t + 1][b], r[t + 2][b], r[t + 3][b]);
-        for (int i = 0; i < 4; ++i) {
-          const __m128i code = _mm_and_si128(_mm_srli_epi32(v, 2 * i), three);
-          _mm256_storeu_pd(u.data() + static_cast<std::size_t>(4 * b + i) * kRows + t,
-                          _mm256_cvtepi32_pd(code));
-        }
-      }
+      row[t] = t < m ? rows + static_cast<std::size_t>(slots[t0 + t]) * bytes : zero.data();
     }
     for (int h = 0; h < nh; ++h) {
-      __m256d acc[4];
-      for (auto& a : acc) a = _mm256_set1_pd(s[h].base);
-      const double* w = s[h].w;
-      for (int c = 0; c < d; ++c) {
-        const __m256d wc = _mm256_set1_pd(w[c]);
-        const double* uc = u.data() + static_cast<std::size_t>(c) * kRows;
-        for (int a = 0; a < 4; ++a) {
-          acc[a] = _mm256_add_pd(acc[a], _mm256_mul_pd(wc, _mm256_loadu_pd(uc + 4 * a)));
+      const std::int16_t* q8 = q[h].q8;
+      __m256i acc[kRows];
+      for (int t = 0; t < kRows; ++t) acc[t] = _mm256_setzero_si256();
+      for (int k = 0; k < chunks; ++k) {
+        const __m256i qv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q8 + 16 * k));
+        const __m256i b3 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(base3.data() + 16 * k));
+        const __m256i df = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(diff.data() + 16 * k));
+        for (int t = 0; t < kRows; ++t) {
+          std::int32_t word;
+          std::memcpy(&word, row[t] + 4 * k, 4);
+          const __m256i by = _mm256_shuffle_epi8(_mm256_set1_epi32(word), spread);
+          const __m256i code =
+              _mm256_and_si256(_mm256_srli_epi16(_mm256_mullo_epi16(by, field), 6), three);
+          const __m256i v = _mm256_add_epi16(b3, _mm256_mullo_epi16(code, df));
+          acc[t] = _mm256_add_epi32(acc[t], _mm256_madd_epi16(v, qv));
         }
       }
+      // Horizontal sums of the eight rows: I[t] for t < 8.
+      const __m256i s01 = _mm256_hadd_epi32(acc[0], acc[1]), s23 = _mm256_hadd_epi32(acc[2], acc[3]);
+      const __m256i s45 = _mm256_hadd_epi32(acc[4], acc[5]), s67 = _mm256_hadd_epi32(acc[6], acc[7]);
+      const __m256i s0123 = _mm256_hadd_epi32(s01, s23), s4567 = _mm256_hadd_epi32(s45, s67);
+      const __m256i I = _mm256_add_epi32(_mm256_permute2x128_si256(s0123, s4567, 0x20),
+                                         _mm256_permute2x128_si256(s0123, s4567, 0x31));
+      // score = unit * (lo * Q + (step / 3) * I), each operation rounded once.
+      const __m256d base = _mm256_set1_pd(static_cast<double>(r.lo) * static_cast<double>(q[h].sum));
+      const __m256d unit = _mm256_set1_pd(q[h].unit);
       alignas(32) double res[kRows];
-      for (int a = 0; a < 4; ++a) _mm256_store_pd(res + 4 * a, acc[a]);
+      const __m256d i_lo = _mm256_cvtepi32_pd(_mm256_castsi256_si128(I));
+      const __m256d i_hi = _mm256_cvtepi32_pd(_mm256_extracti128_si256(I, 1));
+      _mm256_store_pd(res, _mm256_mul_pd(unit, _mm256_add_pd(base, _mm256_mul_pd(third, i_lo))));
+      _mm256_store_pd(res + 4, _mm256_mul_pd(unit, _mm256_add_pd(base, _mm256_mul_pd(third, i_hi))));
       double* o = out + static_cast<std::size_t>(h) * out_stride + t0;
       for (int t = 0; t < m; ++t) o[t] = res[t];
     }
-  }
-}
-
-void page_code_scorers_avx2(const float* q, int nh, const float* lo, const float* hi, int d,
-                            double* w, PageCodeScorer* s) {
-  const __m256d three = _mm256_set1_pd(3.0);
-  for (int h = 0; h < nh; ++h) {
-    const float* qh = q + static_cast<std::size_t>(h) * d;
-    double* wh = w + static_cast<std::size_t>(h) * d;
-    int c = 0;
-    for (; c + 4 <= d; c += 4) {
-      const __m256d qc = _mm256_cvtps_pd(_mm_loadu_ps(qh + c));
-      const __m256d l = _mm256_cvtps_pd(_mm_loadu_ps(lo + c));
-      const __m256d u = _mm256_cvtps_pd(_mm_loadu_ps(hi + c));
-      const __m256d v = _mm256_div_pd(_mm256_mul_pd(qc, _mm256_sub_pd(u, l)), three);
-      // 0 (+0.0) where the range is empty, as the scalar form.
-      _mm256_storeu_pd(wh + c, _mm256_and_pd(_mm256_cmp_pd(u, l, _CMP_GT_OQ), v));
-    }
-    for (; c < d; ++c) {
-      const double qc = qh[c];
-      wh[c] = hi[c] > lo[c] ? qc * (static_cast<double>(hi[c]) - lo[c]) / 3.0 : 0.0;
-    }
-    s[h].w = wh;
-  }
-  for (int h0 = 0; h0 < nh; h0 += 4) {
-    const int m = std::min(4, nh - h0);
-    const float* qr[4];
-    for (int i = 0; i < 4; ++i) qr[i] = q + static_cast<std::size_t>(h0 + std::min(i, m - 1)) * d;
-    __m256d acc = _mm256_setzero_pd();
-    for (int c = 0; c < d; ++c) {
-      const __m256d qc = _mm256_setr_pd(qr[0][c], qr[1][c], qr[2][c], qr[3][c]);
-      acc = _mm256_add_pd(acc, _mm256_mul_pd(qc, _mm256_set1_pd(lo[c])));
-    }
-    alignas(32) double base[4];
-    _mm256_store_pd(base, acc);
-    for (int i = 0; i < m; ++i) s[h0 + i].base = base[i];
   }
 }
 

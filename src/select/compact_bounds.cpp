@@ -8,15 +8,13 @@
 #include <limits>
 
 #include "masskv/error.hpp"
+#include "masskv/kv/page_codes.hpp"
 #include "masskv/select/selector.hpp"
 #include "select/page_scan.hpp"
 #include "select/topk_rank.hpp"
 
 namespace masskv::select {
 
-float dequant8(std::uint8_t code, float lo, float step) {
-  return std::fma(static_cast<float>(code), step, lo);
-}
 
 namespace {
 
@@ -200,47 +198,8 @@ void BoundStore8::round_page(const kv::SummariesView& s, std::int32_t page) {
   const int d = head_dim_;
   for (int h = 0; h < num_kv_heads_; ++h) {
     const std::size_t base = (static_cast<std::size_t>(page) * num_kv_heads_ + h) * d;
-    const float* m = s.min + base;
-    const float* M = s.max + base;
-    float* g = grid_.data() + 2 * (static_cast<std::size_t>(page) * num_kv_heads_ + h);
-    bool finite = true;
-    float lo = std::numeric_limits<float>::infinity(), hi = -lo;
-    for (int c = 0; c < d; ++c) {
-      finite = finite && std::isfinite(m[c]) && std::isfinite(M[c]);
-      lo = std::min(lo, m[c]);
-      hi = std::max(hi, M[c]);
-    }
-    if (!finite || !(lo <= hi)) {  // a page without tokens: no key to bound
-      g[0] = g[1] = 0.f;
-      std::fill_n(min_.begin() + static_cast<std::ptrdiff_t>(base), d, std::uint8_t{0});
-      std::fill_n(max_.begin() + static_cast<std::ptrdiff_t>(base), d, std::uint8_t{0});
-      continue;
-    }
-    float step = 0.f;
-    if (hi > lo) {
-      step = static_cast<float>((static_cast<double>(hi) - lo) / 255.0);
-      const float inf = std::numeric_limits<float>::infinity();
-      while (dequant8(255, lo, step) < hi) step = std::nextafter(step, inf);
-    }
-    g[0] = lo;
-    g[1] = step;
-    for (int c = 0; c < d; ++c) {
-      int cm = 0, cM = 255;
-      if (step > 0) {
-        cm = std::clamp(static_cast<int>(std::floor((static_cast<double>(m[c]) - lo) / step)), 0,
-                        255);
-        cM = std::clamp(static_cast<int>(std::ceil((static_cast<double>(M[c]) - lo) / step)), 0,
-                        255);
-      } else {
-        cM = 0;
-      }
-      while (cm > 0 && dequant8(static_cast<std::uint8_t>(cm), lo, step) > m[c]) --cm;
-      while (cm < 255 && dequant8(static_cast<std::uint8_t>(cm + 1), lo, step) <= m[c]) ++cm;
-      while (cM < 255 && dequant8(static_cast<std::uint8_t>(cM), lo, step) < M[c]) ++cM;
-      while (cM > 0 && dequant8(static_cast<std::uint8_t>(cM - 1), lo, step) >= M[c]) --cM;
-      min_[base + c] = static_cast<std::uint8_t>(cm);
-      max_[base + c] = static_cast<std::uint8_t>(cM);
-    }
+    kv::round_range8(s.min + base, s.max + base, d, min_.data() + base, max_.data() + base,
+                     grid_.data() + 2 * (static_cast<std::size_t>(page) * num_kv_heads_ + h));
   }
 }
 

@@ -12,8 +12,8 @@ namespace masskv::select {
 double selector_read_bytes(const SelectorConfig& c, const kv::PageTable& t, const ReadShape& s) {
   const double d = s.head_dim, H = s.num_kv_heads;
   const double bounds = 4.0 * d, moments = 4.0 * d;  // per page and kv head
-  // The page codes' ranges: the f32 summary min and max the codes are encoded against.
-  const double ranges = 8.0 * d;
+  // The page codes' ranges: 8-bit min and max codes per channel and their f32 grid (lo, step).
+  const double ranges = 2.0 * d + 8.0;
   double bytes = 0;
   for (int b = 0; b < t.batch(); ++b) {
     const int pages = t.num_pages(b);
@@ -44,7 +44,7 @@ double selector_read_bytes(const SelectorConfig& c, const kv::PageTable& t, cons
       case Method::learned:
         bytes += L * s.learned_row_bytes;
         break;
-      case Method::token_codes:  // every page's code range (f32 min + max), every code
+      case Method::token_codes:  // every page's code range (8-bit), every code
         bytes += H * (P * ranges + L * kv::page_code_bytes(s.head_dim));
         break;
       case Method::two_stage: {

@@ -2658,8 +2658,8 @@ int run_bench(const char* json_path) {
                       bytes + summary_bytes});
       rows.push_back({"gpu_quest_select", sh.ctx, sh.batch, budget, gsel_us, summary_bytes});
       rows.push_back({"gpu_quest_score", sh.ctx, sh.batch, budget, gscore_us, summary_bytes});
-      // Two-stage selection + token decode (two_stage_check.cu), the default candidate factor,
-      // beside flat Quest; MASSKV_BENCH_TWO_STAGE=0 leaves it out (scripts/gpu.sh, when its
+      // Two-stage selection + token decode (two_stage_check.cu), the default candidate factor
+      // and factor 0 (token_codes), beside flat Quest; MASSKV_BENCH_TWO_STAGE=0 leaves it out (scripts/gpu.sh, when its
       // check failed).
       static const bool two_stage_rows = [] {
         const char* e = std::getenv("MASSKV_BENCH_TWO_STAGE");
@@ -2686,6 +2686,9 @@ int run_bench(const char* json_path) {
         for (int t = 0; t < rot; ++t) ts.tables.push_back(sel_args(t).table);
         for (int r = 0; r < kQRot; ++r) ts.q.push_back(d_q[r].p);
         ts.decode_ws = &ws;
+        for (const TwoStageBenchRow& x : bench_two_stage(ts))
+          rows.push_back({x.kind, sh.ctx, sh.batch, budget, x.us, x.bytes});
+        ts.factor = 0;  // token_codes: every page a candidate
         for (const TwoStageBenchRow& x : bench_two_stage(ts))
           rows.push_back({x.kind, sh.ctx, sh.batch, budget, x.us, x.bytes});
       }

@@ -306,28 +306,38 @@ def gauss_table(rows, cudnn, ceiling):
          "entmax step vs cuDNN"], lines)
 
 
-def two_stage_table(rows):
-    """Two-stage selection (page bounds, then tokens on 2-bit codes) + token decode beside the
-    flat and hierarchical Quest steps at the same budget: µs per step, CUDA graph each."""
+def two_stage_table(rows, cudnn):
+    """Two-stage selection (page bounds, then tokens on 2-bit codes) and token_codes (every
+    token on its codes, no page stage) + token decode, beside the flat and hierarchical Quest
+    steps at the same budget and cuDNN's dense decode: µs per step, CUDA graph each."""
     by = rows_by_shape(rows)
     lines = []
     for k, v in sorted(by.items()):
-        if "ours_sparse_two_stage_gpu_sel_graph" not in v:
+        if "ours_sparse_two_stage_gpu_sel_graph" not in v and \
+                "ours_sparse_token_codes_gpu_sel_graph" not in v:
             continue
         us = lambda kind: f"{v[kind]['us']:.1f}" if kind in v else "-"
+        c = cudnn.get((k[0], k[1], k[2]))
+        vs = lambda kind: (f"{c / v[kind]['us']:.2f}x" if c and kind in v else "-")
         lines.append(f"| {k[0] // 1024}K | {k[1]} | {k[2]} | {k[3]} | "
+                     f"{f'{c:.1f}' if c else '-'} | "
                      f"{us('ours_sparse_quest_gpu_sel_graph')} | {us('ours_sparse_hier_gpu_sel_graph')} | "
                      f"{us('gpu_two_stage_select_graph')} | {us('ours_sparse_two_stage_gpu_sel_graph')} | "
-                     f"{us('ours_sparse_two_stage_token_decode_graph')} | "
-                     f"{us('ours_sparse_two_stage_gpu_sel_layers_graph')} |")
+                     f"{us('gpu_token_codes_select_graph')} | "
+                     f"{us('ours_sparse_token_codes_gpu_sel_graph')} | "
+                     f"{vs('ours_sparse_token_codes_gpu_sel_graph')} | "
+                     f"{us('ours_sparse_token_codes_token_decode_graph')} | "
+                     f"{us('ours_sparse_token_codes_gpu_sel_layers_graph')} |")
     if not lines:
         return []
     return captioned(
         "Two-stage selection (candidate_factor 4: pages by bound, merged round robin, then their "
-        "tokens on 2-bit codes) + token decode, µs (CUDA graph), beside the flat and hierarchical "
-        "Quest steps at the same budget in tokens:",
-        ["context", "B", "Hq", "budget", "flat Quest step", "hier step", "two-stage select",
-         "two-stage step", "token decode alone", "two-stage step per layer (8-layer graph)"],
+        "tokens on 2-bit codes) and token_codes (every token on its codes) + token decode, µs "
+        "(CUDA graph), beside cuDNN's dense decode and the flat and hierarchical Quest steps at "
+        "the same budget in tokens:",
+        ["context", "B", "Hq", "budget", "cuDNN dense", "flat Quest step", "hier step",
+         "two-stage select", "two-stage step", "token_codes select", "token_codes step",
+         "token_codes vs cuDNN", "token decode alone", "token_codes step per layer (8-layer graph)"],
         lines)
 
 
@@ -386,7 +396,7 @@ def main():
     lines += layers_table(ours["rows"], peer["rows"])
     lines += reuse_table(ours["rows"], cudnn)
     lines += gauss_table(ours["rows"], cudnn, ceiling)
-    lines += two_stage_table(ours["rows"])
+    lines += two_stage_table(ours["rows"], cudnn)
     lines += flex_table(ours["rows"], peer["rows"], cudnn)
     open(sys.argv[3], "w").write("\n".join(lines) + "\n")
     json.dump({"ceiling_gbs": ceiling, "ours": ours, "torch": peer, "table": table},

@@ -5,8 +5,9 @@
 //    sparse, dense lists), several shapes, the decode check's tolerances; a bad token id must
 //    set the flag ("selection").
 //  - two-stage-check: cuda::two_stage_select against select::run_selector(Method::two_stage)
-//    with bounds_bf16 (the store the GPU reads) on host caches built with
-//    CacheConfig::page_codes (the CPU cache computes the codes; uploaded as they are): lists
+//    with bounds_bf16 (the store the GPU reads), and with factor 0 against Method::token_codes,
+//    on host caches built with CacheConfig::page_codes (the CPU cache computes the codes and
+//    their ranges; uploaded as they are): lists
 //    and counts identical (-1 padding included), a rerun identical, on random shapes (Hq/Hkv
 //    1..8, d 64/128, page 16, lengths up to 32K, budgets 64..4096, factors 1..8, sinks,
 //    windows), keys with many exact ties; the flag names "indptr" and "max_per_head".
@@ -316,13 +317,11 @@ struct TsStats {
 // The device copies of a host cache's selector inputs.
 struct TsGpu {
   DevBuf<std::uint16_t> bmin, bmax;
-  DevBuf<float> smin, smax;
-  DevBuf<std::uint8_t> codes;
+  DevBuf<std::uint8_t> codes, rmin, rmax;
+  DevBuf<float> grid;
   select::BoundStoreView store;
-  kv::SummariesView summ;
   kv::PageCodesView pc;
-  TsGpu(const select::BoundStoreView& hs, const kv::SummariesView& hsum,
-        const kv::PageCodesView& hpc) {
+  TsGpu(const select::BoundStoreView& hs, const kv::PageCodesView& hpc) {
     const std::size_t n = static_cast<std::size_t>(hs.num_pages) * hs.num_kv_heads * hs.head_dim;
     bmin = DevBuf<std::uint16_t>(n);
     bmax = DevBuf<std::uint16_t>(n);
@@ -332,23 +331,23 @@ struct TsGpu {
     store.min = reinterpret_cast<const bf16*>(bmin.p);
     store.max = reinterpret_cast<const bf16*>(bmax.p);
     store.wmax = nullptr;
-    const std::size_t ns = static_cast<std::size_t>(hsum.num_pages) * hsum.num_kv_heads * hsum.head_dim;
-    smin = DevBuf<float>(ns);
-    smax = DevBuf<float>(ns);
-    smin.upload(hsum.min, ns);
-    smax.upload(hsum.max, ns);
-    summ = kv::SummariesView{};
-    summ.min = smin.p;
-    summ.max = smax.p;
-    summ.num_pages = hsum.num_pages;
-    summ.num_kv_heads = hsum.num_kv_heads;
-    summ.head_dim = hsum.head_dim;
     const std::size_t nc = static_cast<std::size_t>(hpc.num_pages) * hpc.num_kv_heads *
                            hpc.page_size * kv::page_code_bytes(hpc.head_dim);
+    const std::size_t nr = static_cast<std::size_t>(hpc.num_pages) * hpc.num_kv_heads * hpc.head_dim;
+    const std::size_t ng = static_cast<std::size_t>(hpc.num_pages) * hpc.num_kv_heads * 2;
     codes = DevBuf<std::uint8_t>(nc);
     codes.upload(hpc.codes, nc);
+    rmin = DevBuf<std::uint8_t>(nr);
+    rmin.upload(hpc.range_min, nr);
+    rmax = DevBuf<std::uint8_t>(nr);
+    rmax.upload(hpc.range_max, nr);
+    grid = DevBuf<float>(ng);
+    grid.upload(hpc.grid, ng);
     pc = hpc;
     pc.codes = codes.p;
+    pc.range_min = rmin.p;
+    pc.range_max = rmax.p;
+    pc.grid = grid.p;
   }
 };
 
@@ -370,16 +369,17 @@ int run_ts_case(const TsCase& c, std::uint64_t seed, cuda::TwoStageWorkspace& ws
   a.bounds_bf16 = &sv;
   a.page_codes = hc.cache->page_codes();
   select::SelectorConfig cfg;
-  cfg.method = select::Method::two_stage;
+  // Factor 0 is token_codes (every page a candidate, no page stage).
+  cfg.method = c.factor == 0 ? select::Method::token_codes : select::Method::two_stage;
   cfg.budget = {select::Budget::Kind::fixed, c.budget, 0.9};
   cfg.sink_pages = c.sinks;
   cfg.window_tokens = c.window;
-  cfg.candidate_factor = c.factor;
+  cfg.candidate_factor = c.factor == 0 ? cfg.candidate_factor : c.factor;
   select::SelectOutput out;
   select::run_selector(a, cfg, out);
   const SelectionView want = out.selection.view();
 
-  TsGpu g(sv, hsum, a.page_codes);
+  TsGpu g(sv, a.page_codes);
   DevTable dt(hc.table);
   DevBuf<float> dq = to_device(q);
   int max_pages = 1;
@@ -392,7 +392,6 @@ int run_ts_case(const TsCase& c, std::uint64_t seed, cuda::TwoStageWorkspace& ws
   ta.table = dt.view();
   ta.page_size = c.P;
   ta.bounds = g.store;
-  ta.summaries = g.summ;
   ta.codes = g.pc;
   ta.budget_tokens = c.budget;
   ta.sink_pages = c.sinks;
@@ -460,7 +459,7 @@ int run_two_stage_check() {
   Rng rng(2027);
   const int groups[] = {1, 2, 3, 4, 5, 8};
   const int budgets[] = {64, 128, 512, 1024, 2048, 4096};
-  const int factors[] = {1, 2, 4, 8};
+  const int factors[] = {0, 1, 2, 4, 8};  // 0: token_codes
   for (int i = 0; i < 96; ++i) {
     TsCase c;
     c.group = groups[i % 6];
@@ -471,7 +470,7 @@ int run_two_stage_check() {
     const int lens[] = {40, 700, 3000, 9000, 32768};
     c.max_len = lens[rng.below(i % 8 == 7 ? 5 : 4)];
     c.budget = budgets[rng.below(6)];
-    c.factor = factors[rng.below(4)];
+    c.factor = factors[rng.below(5)];
     c.sinks = rng.below(3);
     c.window = rng.below(3) == 0 ? 0 : rng.below(400);
     c.ties = i % 5 == 4;
@@ -487,10 +486,18 @@ int run_two_stage_check() {
   cases.push_back({1, 4, 8, 128, 16, 32768, 4096, 4, 1, 0, true});
   cases.push_back({2, 1, 8, 64, 16, 32768, 1024, 8, 0, 5000, false});
   cases.push_back({1, 3, 2, 128, 16, 5000, 256, 2, 3, 100000, false});
+  // token_codes: windows that end inside a page (its other tokens are ranked), tied keys, a
+  // 128K sequence, a window past the sequence.
+  cases.push_back({2, 4, 2, 128, 16, 32768, 4096, 0, 1, 100, false});
+  cases.push_back({1, 8, 2, 64, 16, 9000, 512, 0, 2, 37, true});
+  cases.push_back({1, 4, 2, 128, 16, 131072, 4096, 0, 1, 0, false});
+  cases.push_back({3, 1, 3, 64, 16, 3000, 64, 0, 0, 5, false});
+  cases.push_back({1, 2, 1, 64, 16, 700, 128, 0, 1, 100000, false});
   std::printf(
-      "two-stage-check: %zu cases (Hq/Hkv 1..8, d 64/128, page 16, lengths up to 32K, budgets "
-      "64..4096, factors 1..8, sinks 0..2, windows; every 5th with tied keys) vs "
-      "select::run_selector(two_stage, bounds_bf16): identical lists required\n",
+      "two-stage-check: %zu cases (Hq/Hkv 1..8, d 64/128, page 16, lengths up to 128K, budgets "
+      "64..4096, factors 0 (token_codes) and 1..8, sinks 0..2, windows; every 5th with tied "
+      "keys) vs select::run_selector(two_stage with bounds_bf16, or token_codes): identical "
+      "lists required\n",
       cases.size());
   const auto t0 = std::chrono::steady_clock::now();
   cuda::TwoStageWorkspace ws;
@@ -511,7 +518,7 @@ int run_two_stage_check() {
     HostCache hc = make_cache(r2, {1000}, 1, 64, 16, DType::bf16, true, false);
     const kv::SummariesView hsum = hc.cache->summaries();
     const select::BoundStore store(hsum);
-    TsGpu g(store.view(), hsum, hc.cache->page_codes());
+    TsGpu g(store.view(), hc.cache->page_codes());
     DevTable dt(hc.table);
     std::vector<float> q = random_q(r2, 64, false);
     DevBuf<float> dq = to_device(q);
@@ -520,8 +527,7 @@ int run_two_stage_check() {
     ta.q = View3<const float>::contiguous(dq.p, 1, 1, 64);
     ta.table = dt.view();
     ta.bounds = g.store;
-    ta.summaries = g.summ;
-    ta.codes = g.pc;
+      ta.codes = g.pc;
     ta.budget_tokens = 128;
     ta.ids = {ids.p, ids.n};
     ta.count = {cnt.p, cnt.n};
@@ -561,21 +567,25 @@ int run_two_stage_check() {
 
 namespace {
 
-// The 2-bit codes of a bf16 HND pool's keys under its f32 summaries (kv/page_codes.hpp's rule:
-// RNE(3 (x - lo) / (hi - lo)) clamped to [0, 3], 0 for an empty range).
-__global__ void encode_codes_kernel(const std::uint16_t* k, const float* mn, const float* mx,
+// The 2-bit codes of a bf16 HND pool's keys under their pages' 8-bit ranges (kv/page_codes.hpp's
+// rule: l, u = fma(code, step, lo) of the range codes; RNE(3 (x - l) / (u - l)) clamped to
+// [0, 3], 0 for an empty range).
+__global__ void encode_codes_kernel(const std::uint16_t* k, const std::uint8_t* rmin,
+                                    const std::uint8_t* rmax, const float* grid,
                                     std::uint8_t* codes, int hkv, int page, int d) {
   const int pg = blockIdx.x, h = blockIdx.y;
   const int bytes = d / 4;
+  const std::int64_t ph = static_cast<std::int64_t>(pg) * hkv + h;
+  const float lo0 = grid[2 * ph], step = grid[2 * ph + 1];
   for (int idx = threadIdx.x; idx < page * bytes; idx += blockDim.x) {
     const int slot = idx / bytes, byte = idx % bytes;
-    const std::int64_t row = ((static_cast<std::int64_t>(pg) * hkv + h) * page + slot) * d;
-    const std::int64_t sum = (static_cast<std::int64_t>(pg) * hkv + h) * d;
+    const std::int64_t row = (ph * page + slot) * d;
     unsigned out = 0;
     for (int i = 0; i < 4; ++i) {
       const int c = 4 * byte + i;
       const float x = __uint_as_float(static_cast<unsigned>(k[row + c]) << 16);
-      const float lo = mn[sum + c], hi = mx[sum + c];
+      const float lo = fmaf(static_cast<float>(rmin[ph * d + c]), step, lo0);
+      const float hi = fmaf(static_cast<float>(rmax[ph * d + c]), step, lo0);
       unsigned lvl = 0;
       if (hi > lo) {
         const float t = rintf(3.0f * ((x - lo) / (hi - lo)));
@@ -583,8 +593,7 @@ __global__ void encode_codes_kernel(const std::uint16_t* k, const float* mn, con
       }
       out |= lvl << (2 * i);
     }
-    codes[((static_cast<std::int64_t>(pg) * hkv + h) * page + slot) * bytes + byte] =
-        static_cast<std::uint8_t>(out);
+    codes[(ph * page + slot) * bytes + byte] = static_cast<std::uint8_t>(out);
   }
 }
 
@@ -613,35 +622,41 @@ double graph_us(int rot, int warmup, int iters, F&& step) {
 }  // namespace
 
 std::vector<TwoStageBenchRow> bench_two_stage(const TwoStageBenchShape& s) {
-  // The pool's f32 min/max and codes on the device, made once per pool.
-  static DevBuf<float> dmin, dmax;
-  static DevBuf<std::uint8_t> dcodes;
+  // The pool's code ranges (rounded on the host from its f32 summaries) and codes on the
+  // device, made once per pool.
+  static DevBuf<std::uint8_t> drmin, drmax, dcodes;
+  static DevBuf<float> dgrid;
   static const void* made_for = nullptr;
-  const std::size_t ns = static_cast<std::size_t>(s.pool_pages) * s.hkv * s.d;
+  const std::size_t nr = static_cast<std::size_t>(s.pool_pages) * s.hkv * s.d;
   if (made_for != s.k) {
-    dmin = DevBuf<float>(ns);
-    dmax = DevBuf<float>(ns);
-    dmin.upload(s.host_min, ns);
-    dmax.upload(s.host_max, ns);
+    std::vector<std::uint8_t> ra(nr), rb(nr);
+    std::vector<float> grid(2 * static_cast<std::size_t>(s.pool_pages) * s.hkv);
+    for (std::size_t ph = 0; ph < static_cast<std::size_t>(s.pool_pages) * s.hkv; ++ph)
+      kv::round_range8(s.host_min + ph * s.d, s.host_max + ph * s.d, s.d, ra.data() + ph * s.d,
+                       rb.data() + ph * s.d, grid.data() + 2 * ph);
+    drmin = DevBuf<std::uint8_t>(nr);
+    drmax = DevBuf<std::uint8_t>(nr);
+    dgrid = DevBuf<float>(grid.size());
+    drmin.upload(ra.data(), nr);
+    drmax.upload(rb.data(), nr);
+    dgrid.upload(grid.data(), grid.size());
     dcodes = DevBuf<std::uint8_t>(static_cast<std::size_t>(s.pool_pages) * s.hkv * s.page * s.d / 4);
     encode_codes_kernel<<<dim3(s.pool_pages, s.hkv), 256>>>(
-        static_cast<const std::uint16_t*>(s.k), dmin.p, dmax.p, dcodes.p, s.hkv, s.page, s.d);
+        static_cast<const std::uint16_t*>(s.k), drmin.p, drmax.p, dgrid.p, dcodes.p, s.hkv,
+        s.page, s.d);
     CK(cudaGetLastError());
     CK(cudaDeviceSynchronize());
     made_for = s.k;
   }
-  kv::SummariesView summ;
-  summ.min = dmin.p;
-  summ.max = dmax.p;
-  summ.num_pages = s.pool_pages;
-  summ.num_kv_heads = s.hkv;
-  summ.head_dim = s.d;
   kv::PageCodesView pc;
   pc.codes = dcodes.p;
   pc.num_pages = s.pool_pages;
   pc.num_kv_heads = s.hkv;
   pc.page_size = s.page;
   pc.head_dim = s.d;
+  pc.range_min = drmin.p;
+  pc.range_max = drmax.p;
+  pc.grid = dgrid.p;
 
   const int pages = s.ctx / s.page;
   const int rq = static_cast<int>(s.q.size()), rt = static_cast<int>(s.tables.size());
@@ -662,7 +677,6 @@ std::vector<TwoStageBenchRow> bench_two_stage(const TwoStageBenchShape& s) {
     a.table = s.tables[r % rt];
     a.page_size = s.page;
     a.bounds = s.store;
-    a.summaries = summ;
     a.codes = pc;
     a.budget_tokens = s.budget;
     a.sink_pages = s.sink_pages;
@@ -709,25 +723,29 @@ std::vector<TwoStageBenchRow> bench_two_stage(const TwoStageBenchShape& s) {
   held /= rq;
   cand /= rq;
   const double kv_bytes = held * s.d * 2 * 2;
-  const double sel_bytes = static_cast<double>(s.batch) * pages * s.hkv * s.d * 4 +
-                           cand * (s.d * 8.0 + s.page * s.d / 4.0);
+  // Stage 1 reads the bf16 bound store (not with factor 0); stage 2 the candidates' 8-bit
+  // ranges (2 d + 8 bytes) and codes.
+  const double sel_bytes =
+      (s.factor == 0 ? 0.0 : static_cast<double>(s.batch) * pages * s.hkv * s.d * 4) +
+      cand * (s.d * 2.0 + 8.0 + s.page * s.d / 4.0);
   constexpr int kWarm = 10, kIters = 100;
+  const std::string tag = s.factor == 0 ? "token_codes" : "two_stage";
   std::vector<TwoStageBenchRow> rows;
   const double sel_us = time_us(kWarm, kIters, [&](int i) { select(i, nullptr); });
   tws.check(nullptr);
-  rows.push_back({"gpu_two_stage_select", sel_us, sel_bytes});
+  rows.push_back({"gpu_" + tag + "_select", sel_us, sel_bytes});
   const double sel_graph = graph_us(rq, kWarm, kIters, select);
-  rows.push_back({"gpu_two_stage_select_graph", sel_graph, sel_bytes});
+  rows.push_back({"gpu_" + tag + "_select_graph", sel_graph, sel_bytes});
   const double step = graph_us(rq, kWarm, kIters, [&](int r, cudaStream_t st) {
     select(r, st);
     decode(r, st);
   });
   tws.check(nullptr);
   s.decode_ws->check(nullptr);
-  rows.push_back({"ours_sparse_two_stage_gpu_sel_graph", step, kv_bytes + sel_bytes});
+  rows.push_back({"ours_sparse_" + tag + "_gpu_sel_graph", step, kv_bytes + sel_bytes});
   const double dec = graph_us(rq, kWarm, kIters, decode);
   s.decode_ws->check(nullptr);
-  rows.push_back({"ours_sparse_two_stage_token_decode_graph", dec, kv_bytes});
+  rows.push_back({"ours_sparse_" + tag + "_token_decode_graph", dec, kv_bytes});
   const int layers = std::min(8, rq);
   const double lay = graph_us(1, kWarm, kIters, [&](int, cudaStream_t st) {
                        for (int l = 0; l < layers; ++l) {
@@ -738,12 +756,13 @@ std::vector<TwoStageBenchRow> bench_two_stage(const TwoStageBenchShape& s) {
                      layers;
   tws.check(nullptr);
   s.decode_ws->check(nullptr);
-  rows.push_back({"ours_sparse_two_stage_gpu_sel_layers_graph", lay, kv_bytes + sel_bytes});
+  rows.push_back({"ours_sparse_" + tag + "_gpu_sel_layers_graph", lay, kv_bytes + sel_bytes});
   std::printf(
-      "  two-stage ctx=%7d B=%2d budget=%5d factor %d: select %.1f us (graph %.1f), select + "
+      "  %s ctx=%7d B=%2d budget=%5d factor %d: select %.1f us (graph %.1f), select + "
       "token decode (graph) %.1f us, token decode alone (graph) %.1f us, per layer in a %d-layer "
       "graph %.1f us; %.0f tokens held, %.0f candidate pages per step; %.1f MB selector reads\n",
-      s.ctx, s.batch, s.budget, s.factor, sel_us, sel_graph, step, dec, layers, lay, held, cand,
+      tag.c_str(), s.ctx, s.batch, s.budget, s.factor, sel_us, sel_graph, step, dec, layers, lay,
+      held, cand,
       sel_bytes / 1e6);
   return rows;
 }

@@ -407,11 +407,15 @@ std::string file_hash(const std::string& path) {
 struct RowTags {
   std::string settings, selector, conversion;
   std::string two_stage;  // its candidate factor: other settings never share its results
+  // The page codes' definition (kv/page_codes.hpp) in the rows that score on them: results of
+  // an earlier definition (f32 ranges, f64 per-channel scores) are never reused.
+  std::string codes = "|codes8";
 };
 
 std::string row_tag_of_protocol(const MethodRow& m, const RowTags& t) {
   if (m.entmax) return t.settings + t.conversion;
-  if (base_method(m.method) == "two_stage") return t.settings + t.two_stage;
+  if (base_method(m.method) == "two_stage") return t.settings + t.two_stage + t.codes;
+  if (base_method(m.method) == "token_codes") return t.settings + t.codes;
   if (is_prefill(m.method)) {
     const select::PrefillSelectConfig c;
     const std::string pf =

@@ -4,10 +4,13 @@
 // the CPU's bounds_bf16 path, bit for bit) per q head, and merges the q heads' rankings round
 // robin (each head in turn takes its best page not yet taken) up to candidate_factor x
 // ceil(cap / page_size) pages; stage 2 scores the candidate pages' tokens per q head on the
-// 2-bit page codes (kv/page_codes.hpp; ranges: the page's f32 summary min/max; f64 with the
-// CPU's operations in the CPU's order, kv::page_code_scorer / page_code_score), ranks them
+// page codes (kv/page_codes.hpp: 2-bit codes on 8-bit ranges, the integer score; the same
+// doubles as kv::page_code_score), ranks them
 // per head (ties to the lower token id) and merges those rankings the same way up to the cap;
 // the kept tokens (sink pages, the window, the last page: select/kept.hpp) are always in.
+// With candidate_factor 0 it is select::Method::token_codes: no page stage (the bound store is
+// not read), every page holding a token that is not kept is a candidate, and the kept tokens
+// of the window's partial page are not ranked: the CPU's token_codes lists.
 // Output: a token Selection (ascending logical token ids, -1 padded) that cuda::decode
 // serves. Six kernels, no host round trip: a step can be captured in a CUDA graph. Every
 // pointer and span in the args is *device* memory.
@@ -61,17 +64,16 @@ struct TwoStageSelectArgs {
   // Stage 1: the device bf16 bound store (select::BoundStore's arrays, [page][kv_head][d]);
   // wmax is not read (W is recomputed from the same bf16 values, exact).
   select::BoundStoreView bounds;
-  // Stage 2: the device f32 page summaries (min and max used: the codes' ranges) and the
-  // device page codes (kv::PagedKVCache::page_codes()'s array copied: [page][kv_head][slot]
-  // [head_dim / 4] bytes). Same pool geometry as the bound store.
-  kv::SummariesView summaries;
+  // Stage 2: the device page codes and their ranges (kv::PagedKVCache::page_codes()'s arrays
+  // copied: codes [page][kv_head][slot][head_dim / 4] bytes, range_min / range_max
+  // [page][kv_head][head_dim], grid [page][kv_head][2]). Same pool geometry as the bound store.
   kv::PageCodesView codes;
   float scale = 0;  // 0 means 1/sqrt(d), as the CPU selector
   // select::SelectorConfig's: a fixed budget in tokens (> 0), sinks, window, candidate factor.
   std::int64_t budget_tokens = 0;
   int sink_pages = 1;
   int window_tokens = 0;
-  int candidate_factor = 4;
+  int candidate_factor = 4;  // 0: every page (token_codes)
   // Output, device: ids [B][Hkv][max_per_head] (ascending logical token ids, -1 padded) and
   // count [B][Hkv]; size max_per_head with two_stage_capacity.
   int max_per_head = 0;
@@ -90,11 +92,12 @@ struct TwoStageLaunch {
 };
 
 // Validates the host-side shape of the arguments (throws masskv::Error naming the argument:
-// "workspace", "q", "head_dim", "bounds", "summaries", "codes", "indptr", "last_page_len",
+// "workspace", "q", "head_dim", "bounds", "codes", "indptr", "last_page_len",
 // "page_size", "budget_tokens", "sink_pages", "window_tokens", "candidate_factor",
 // "max_pages_per_seq", "max_per_head", "ids", "count", "scale") and selects. Served: head_dim
-// 64, 128; q heads per kv head <= 8; at most 8192 ranked items per q head and stage
-// (candidate_factor x ceil(cap / page_size) candidate pages; the cap in tokens).
+// 64, 128; q heads per kv head <= 8; lists of at most 8192 tokens; at most 8192 candidate pages
+// (candidate_factor x ceil(cap / page_size)) with a factor, and with factor 0 sequences of
+// up to 1,835,008 tokens (the token merge's 224 KB bitmap).
 void two_stage_select(const TwoStageSelectArgs& args, const TwoStageLaunch& launch);
 
 // An upper bound, computable on the host, of the tokens a two-stage list holds for sequences

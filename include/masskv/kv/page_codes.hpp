@@ -1,18 +1,29 @@
-// 2-bit page codes: every stored key, per channel, as one of four levels of its page's own range
-// (docs/design.md §2.9; the selection lab, docs/study.md "Selection lab"). The range is the
-// page summary's min/max (kv/paged_kv.hpp SummariesView), which the bound-based selectors read
-// anyway, so a token's code costs head_dim / 4 bytes and nothing else: 1/16 of its f16 K+V.
-// The two-stage selector (select::Method::two_stage) scores the tokens of its candidate pages
-// on these codes.
+// Page codes: every stored key, per channel, as one of four levels of its page's range, the
+// ranges themselves held on an 8-bit grid (docs/design.md §2.9; the selection lab,
+// docs/study.md "Selection lab"). What the token-level selector (select::Method::token_codes,
+// and two_stage's token stage) reads: d / 4 bytes a token plus 2 d + 8 bytes a page and kv
+// head, 9.6 % of the f16 K+V at page 16, d 64.
 //
-// For a key x with page range [lo_c, hi_c] per channel c (lo_c <= x_c <= hi_c):
-//   code   : c_c = RNE(3 (x_c - lo_c) / (hi_c - lo_c)), in {0, 1, 2, 3}; 0 when hi_c == lo_c;
-//   decoded: x̂_c = lo_c + c_c (hi_c - lo_c) / 3;
-//   error  : |x_c - x̂_c| <= (hi_c - lo_c) / 6, up to the f32 rounding of the quotient.
-// Packing: channel c in byte c / 4, bits 2 (c % 4) .. 2 (c % 4) + 1.
-// The range widens as a page fills, so the cache re-encodes a page's earlier keys whenever an
-// appended key moves one of its channels' min or max (at most page_size rows, from the stored
-// keys): the codes always equal an encoding of the stored keys under the current summary.
+// Ranges (per page and kv head, from the f32 summary min m_c / max M_c; round_range8): the
+// grid lo = min_c m_c, step = the smallest float with fma(255, step, lo) >= max_c M_c (0 when
+// the two are equal); per channel the codes a_c = the largest with dequant8(a_c) <= m_c and
+// b_c = the smallest with dequant8(b_c) >= M_c (the BoundStore8 rounding of
+// select/compact_bounds.hpp, whose home this is). So [l_c, u_c] = [dequant8(a_c),
+// dequant8(b_c)] holds every key of the page.
+// Codes (encode_page_codes): c_c = RNE(3 (x_c - l_c) / (u_c - l_c)) in {0, 1, 2, 3}; 0 when
+//   u_c == l_c. Packing: channel c in byte c / 4, bits 2 (c % 4) .. 2 (c % 4) + 1.
+// Decoded key, on the grid's thirds: v_c = 3 a_c + c_c (b_c - a_c) in [0, 765],
+//   x̂_c = lo + step v_c / 3.
+// Score of a query q (already scaled) against a row, in integers: q's int8 levels
+//   q8_c = RNE(q_c · 127 / max_c |q_c|) (all 0 for q = 0), unit = max_c |q_c| / 127,
+//   Q = sum_c q8_c, I = sum_c q8_c v_c (exact int32), and in f64, each operation rounded once:
+//   score = unit · (lo · Q + (step / 3) · I) ≈ q·x̂.
+// The integers are exact on any host or GPU and the last four f64 operations are written out
+// in that order everywhere (CPU scalar, AVX2, CUDA), so every implementation gives the same
+// scores, bit for bit, and the same lists.
+// The ranges widen as a page fills, so the cache re-encodes a page's earlier keys whenever an
+// appended key changes its range codes or grid (at most page_size rows, from the stored keys):
+// the codes always equal an encoding of the stored keys under the current range.
 #pragma once
 
 #include <cstddef>
@@ -22,33 +33,41 @@ namespace masskv::kv {
 
 constexpr int page_code_bytes(int head_dim) { return (head_dim + 3) / 4; }
 
-// Codes of one key row x[0..d) under the range lo/hi (both d values).
+// The value of an 8-bit range code: fma(code, step, lo) in f32, one rounding.
+float dequant8(std::uint8_t code, float lo, float step);
+
+// One page and kv head's range on its 8-bit grid.
+struct PageRange8 {
+  float lo = 0, step = 0;
+  const std::uint8_t* a = nullptr;  // d min codes
+  const std::uint8_t* b = nullptr;  // d max codes
+};
+// Rounds the f32 summary min m / max M (d values each) onto the grid: a, b (d codes each) and
+// grid[0] = lo, grid[1] = step. Non-finite summaries (a page without tokens) give all zeros.
+void round_range8(const float* m, const float* M, int d, std::uint8_t* a, std::uint8_t* b,
+                  float* grid);
+// The range's channel bounds as floats: lo_out[c] = dequant8(a_c), hi_out[c] = dequant8(b_c).
+void range_bounds(const PageRange8& r, int d, float* lo_out, float* hi_out);
+
+// Codes of one key row x[0..d) under the channel bounds lo/hi (range_bounds' output).
 void encode_page_codes(const float* x, const float* lo, const float* hi, int d,
                        std::uint8_t* codes);
 // x̂ of one row (tests and references).
-void decode_page_codes(const std::uint8_t* codes, const float* lo, const float* hi, int d,
-                       float* out);
+void decode_page_codes(const std::uint8_t* codes, const PageRange8& r, int d, float* out);
 
-// Per (page, q vector) the affine form of q·x̂ over the page's rows: q·x̂ = base + sum_c
-// w_c c_c with base = sum_c q_c lo_c and w_c = q_c (hi_c - lo_c) / 3, so each row costs d
-// multiply-adds of 2-bit integers. f64, like the library's other score references.
-struct PageCodeScorer {
-  double base = 0;
-  const double* w = nullptr;  // d weights, owned by the caller
+// A query's integer form (q8 written to the caller's d int16 values).
+struct CodeQuery {
+  const std::int16_t* q8 = nullptr;
+  std::int32_t sum = 0;  // Q
+  double unit = 0;       // max |q| / 127
 };
-// Fills w[0..d) and returns the scorer for q against the range lo/hi.
-PageCodeScorer page_code_scorer(const float* q, const float* lo, const float* hi, int d,
-                                double* w);
-// q·x̂ of one row of codes.
-double page_code_score(const PageCodeScorer& s, const std::uint8_t* codes, int d);
-// The scorers of nh q vectors (rows of q, d apart) against one range: s[h] =
-// page_code_scorer(q + h * d, lo, hi, d, w + h * d), bit-equal (SIMD where the CPU has it).
-void page_code_scorers(const float* q, int nh, const float* lo, const float* hi, int d, double* w,
-                       PageCodeScorer* s);
-// Many rows under many scorers at once, bit-equal to page_code_score (SIMD where the CPU has
-// it): out[h * out_stride + t] = q_h·x̂ of row slots[t] (codes at rows + slots[t] *
-// page_code_bytes(d)) for the scorers s[0..nh) and t < n. The scorers share the rows' page.
-void page_code_scores(const PageCodeScorer* s, int nh, const std::uint8_t* rows,
+CodeQuery code_query(const float* q, int d, std::int16_t* q8);
+// The score of one row of codes (the reference every batched form equals).
+double page_code_score(const CodeQuery& q, const PageRange8& r, const std::uint8_t* codes, int d);
+// Many rows of one page under many queries at once, bit-equal to page_code_score (SIMD where
+// the CPU has it): out[h * out_stride + t] = the score of query h against row slots[t] (codes
+// at rows + slots[t] * page_code_bytes(d)), for h < nh, t < n.
+void page_code_scores(const CodeQuery* q, int nh, const PageRange8& r, const std::uint8_t* rows,
                       const std::int32_t* slots, int n, int d, double* out,
                       std::size_t out_stride);
 

@@ -8,6 +8,7 @@
 
 #include "masskv/dtype.hpp"
 #include "masskv/kv/key_formats.hpp"
+#include "masskv/kv/page_codes.hpp"
 
 namespace masskv::kv {
 
@@ -111,16 +112,24 @@ struct SelectorKeysView {
   }
 };
 
-// 2-bit page codes of every stored key (kv/page_codes.hpp), beside the paged KV: row (page,
-// kv head, slot) of page_code_bytes(head_dim) bytes, relative to the page summary's min/max.
+// Page codes of every stored key (kv/page_codes.hpp), beside the paged KV: row (page, kv head,
+// slot) of page_code_bytes(head_dim) bytes of 2-bit codes, relative to the (page, kv head)'s
+// range on its 8-bit grid (range_min / range_max codes, grid lo and step).
 struct PageCodesView {
   const std::uint8_t* codes = nullptr;  // [page][kv_head][slot][page_code_bytes(head_dim)]
   int num_pages = 0, num_kv_heads = 0, page_size = 0, head_dim = 0;
+  const std::uint8_t* range_min = nullptr;  // [page][kv_head][head_dim]
+  const std::uint8_t* range_max = nullptr;  // [page][kv_head][head_dim]
+  const float* grid = nullptr;              // [page][kv_head][2]: lo, step
 
   bool empty() const { return codes == nullptr; }
   const std::uint8_t* row(std::int32_t page, int head, int slot) const {
     return codes + ((static_cast<std::int64_t>(page) * num_kv_heads + head) * page_size + slot) *
                        ((head_dim + 3) / 4);
+  }
+  PageRange8 range(std::int32_t page, int head) const {
+    const std::int64_t ph = static_cast<std::int64_t>(page) * num_kv_heads + head;
+    return {grid[2 * ph], grid[2 * ph + 1], range_min + ph * head_dim, range_max + ph * head_dim};
   }
 };
 

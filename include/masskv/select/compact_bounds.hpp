@@ -18,6 +18,7 @@
 #include <span>
 #include <vector>
 
+#include "masskv/kv/page_codes.hpp"
 #include "masskv/kv/paged_kv.hpp"
 #include "masskv/select/page_bound.hpp"
 #include "masskv/selection.hpp"
@@ -25,8 +26,9 @@
 
 namespace masskv::select {
 
-// The value of an 8-bit code: fma(code, step, lo) in f32, one rounding (the kernels' formula).
-float dequant8(std::uint8_t code, float lo, float step);
+// The value of an 8-bit code: fma(code, step, lo) in f32, one rounding (the kernels' formula;
+// kv/page_codes.hpp, where the rounding of ranges onto the grid lives).
+using kv::dequant8;
 
 struct BoundStore8View {
   const std::uint8_t* min = nullptr;  // codes [page][kv_head][head_dim]
@@ -39,7 +41,7 @@ struct BoundStore8View {
   }
 };
 
-// Rounding (per page and kv head, from the f32 summaries m, M): lo = min_c m_c,
+// Rounding (per page and kv head, from the f32 summaries m, M; kv::round_range8): lo = min_c m_c,
 // hi = max_c M_c, step = the smallest float with fma(255, step, lo) >= hi (0 when hi == lo);
 // min code = the largest code whose value is <= m_c, max code = the smallest whose value is
 // >= M_c. Both exist: code 0 is lo <= m_c and code 255 is >= hi >= M_c, and the value is
