@@ -43,6 +43,8 @@ void page_code_scores_avx2(const CodeQuery* q, int nh, const PageRange8& r,
   // The page's v_c = base3_c + code_c * diff_c, as 16-bit lanes in channel order.
   thread_local std::vector<std::int16_t> base3, diff;
   thread_local std::vector<std::uint8_t> zero;
+  thread_local std::vector<std::int16_t> vbuf;  // 16 lanes a (chunk, row)
+  vbuf.resize(static_cast<std::size_t>(chunks) * kRows * 16);
   base3.resize(static_cast<std::size_t>(d));
   diff.resize(static_cast<std::size_t>(d));
   zero.assign(static_cast<std::size_t>(bytes), 0);
@@ -63,22 +65,31 @@ void page_code_scores_avx2(const CodeQuery* q, int nh, const PageRange8& r,
     for (int t = 0; t < kRows; ++t) {
       row[t] = t < m ? rows + static_cast<std::size_t>(slots[t0 + t]) * bytes : zero.data();
     }
+    // The rows' v_c, unpacked once for every query: vbuf[k * kRows + t], chunk k of row t.
+    for (int k = 0; k < chunks; ++k) {
+      const __m256i b3 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(base3.data() + 16 * k));
+      const __m256i df = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(diff.data() + 16 * k));
+      for (int t = 0; t < kRows; ++t) {
+        std::int32_t word;
+        std::memcpy(&word, row[t] + 4 * k, 4);
+        const __m256i by = _mm256_shuffle_epi8(_mm256_set1_epi32(word), spread);
+        const __m256i code =
+            _mm256_and_si256(_mm256_srli_epi16(_mm256_mullo_epi16(by, field), 6), three);
+        _mm256_storeu_si256(
+            reinterpret_cast<__m256i*>(vbuf.data() + (static_cast<std::size_t>(k) * kRows + t) * 16),
+            _mm256_add_epi16(b3, _mm256_mullo_epi16(code, df)));
+      }
+    }
     for (int h = 0; h < nh; ++h) {
       const std::int16_t* q8 = q[h].q8;
       __m256i acc[kRows];
       for (int t = 0; t < kRows; ++t) acc[t] = _mm256_setzero_si256();
       for (int k = 0; k < chunks; ++k) {
         const __m256i qv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q8 + 16 * k));
-        const __m256i b3 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(base3.data() + 16 * k));
-        const __m256i df = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(diff.data() + 16 * k));
+        const __m256i* vk =
+            reinterpret_cast<const __m256i*>(vbuf.data() + static_cast<std::size_t>(k) * kRows * 16);
         for (int t = 0; t < kRows; ++t) {
-          std::int32_t word;
-          std::memcpy(&word, row[t] + 4 * k, 4);
-          const __m256i by = _mm256_shuffle_epi8(_mm256_set1_epi32(word), spread);
-          const __m256i code =
-              _mm256_and_si256(_mm256_srli_epi16(_mm256_mullo_epi16(by, field), 6), three);
-          const __m256i v = _mm256_add_epi16(b3, _mm256_mullo_epi16(code, df));
-          acc[t] = _mm256_add_epi32(acc[t], _mm256_madd_epi16(v, qv));
+          acc[t] = _mm256_add_epi32(acc[t], _mm256_madd_epi16(_mm256_loadu_si256(vk + t), qv));
         }
       }
       // Horizontal sums of the eight rows: I[t] for t < 8.
