@@ -42,6 +42,8 @@ constexpr int kTilePages = 32;    // bounds_kernel: pages per CTA
 constexpr int kScorePages = 4;    // score_kernel: candidate pages per CTA
 constexpr int kThreads = 256;
 constexpr int kMaxBitmapBytes = 224 * 1024;  // the merge kernels' bitmap (Hopper: 227 KB a CTA)
+constexpr int kSampleMax = 8192;    // stage 2: keys sampled per segment for its threshold
+constexpr int kCompactCap = 16384;  // stage 2: keys at or above the threshold ranked in smem
 
 enum ErrBit : unsigned {
   kBadPhysical = 1u,
@@ -77,6 +79,10 @@ struct Params {
   unsigned long long* keys2;  // [B * Hq][kmax]
   std::int32_t* list2;        // [B * Hq][depth2]
   std::int32_t* len2;         // [B * Hq]
+  unsigned long long* thresh;  // [B * Hq]: stage 2's sampled threshold (0: none)
+  int* ccount;                 // [B * Hq]: keys at or above it
+  unsigned long long* ckeys;   // [B * Hq][kCompactCap]: those keys and their indices
+  std::int32_t* cidx;
   int depth2;
   std::int32_t* out_ids;
   std::int32_t* out_count;
@@ -275,6 +281,139 @@ __device__ __forceinline__ int block_exclusive_scan(int x, int* s_warp, int* tot
   return before + inc - x;
 }
 
+// ---- 5a. stage 2 on many keys: a sampled threshold, the keys above it, their exact rank ----
+// The rank below streams a segment's keys once per 8-bit digit from one CTA: fine for
+// two_stage's candidates, slow for token_codes' every token. First a threshold T from every
+// S-th key (the (1.5 depth / S + 8)-th best of the sample, as the CPU's order_by), then the
+// keys >= T (and their indices) gathered by many CTAs, then those ranked in one CTA's shared
+// memory. Exact whenever at least `depth` keys are >= T: every key of the best `depth` is.
+// Otherwise (or past kCompactCap) rank_kernel ranks the segment from all its keys.
+
+__device__ __forceinline__ bool compacted(const Params& p, int seg, int depth) {
+  const unsigned long long T = p.thresh[seg];
+  const int c = p.ccount[seg];
+  return T != 0ull && depth > 0 && c >= depth && c <= kCompactCap;
+}
+
+__device__ __forceinline__ int stage2_items(const Params& p, const Plan& s, int b, int h) {
+  return s.bad ? 0 : p.n_cand[b * p.Hkv + h] * p.P;
+}
+
+__global__ void __launch_bounds__(kRankThreads) sample_kernel(Params p) {
+  extern __shared__ unsigned long long s_sample[];  // [kSampleMax]
+  const int seg = blockIdx.x;
+  const int b = seg / p.Hq, qh = seg % p.Hq, h = qh / p.g;
+  const Plan s = plan_of(p, b, false);
+  const int hi = stage2_items(p, s, b, h);
+  const int depth = min(s.need, p.depth2);
+  const unsigned long long* keys = p.keys2 + static_cast<std::int64_t>(seg) * p.kmax;
+  int S = 16;
+  while ((hi + S - 1) / S > kSampleMax) S *= 2;
+  const int m = (hi + S - 1) / S;
+  const int r = depth * 3 / (2 * S) + 8;  // 0-based, best first
+  if (threadIdx.x == 0) p.ccount[seg] = 0;
+  if (depth <= 0 || r >= m) {  // too few keys to gain: the plain rank
+    if (threadIdx.x == 0) p.thresh[seg] = 0ull;
+    return;
+  }
+  int np = 1;
+  while (np < m) np *= 2;
+  for (int i = threadIdx.x; i < np; i += blockDim.x)
+    s_sample[i] = i < m ? keys[static_cast<std::int64_t>(i) * S] : 0ull;
+  __syncthreads();
+  for (int k = 2; k <= np; k *= 2) {  // bitonic, largest first
+    for (int j = k / 2; j > 0; j /= 2) {
+      for (int t = threadIdx.x; t < np / 2; t += blockDim.x) {
+        const int a = 2 * t - (t & (j - 1)), c = a + j;
+        const bool up = (a & k) == 0;
+        const unsigned long long ka = s_sample[a], kc = s_sample[c];
+        if ((kc > ka) == up && kc != ka) {
+          s_sample[a] = kc;
+          s_sample[c] = ka;
+        }
+      }
+      __syncthreads();
+    }
+  }
+  if (threadIdx.x == 0) p.thresh[seg] = s_sample[r];  // 0 (no threshold) if too few valid
+}
+
+constexpr int kCompactPer = 4;  // keys per thread of compact_kernel
+
+__global__ void __launch_bounds__(kThreads) compact_kernel(Params p) {
+  const int seg = blockIdx.y;
+  const unsigned long long T = p.thresh[seg];
+  if (T == 0ull) return;
+  const int b = seg / p.Hq, qh = seg % p.Hq, h = qh / p.g;
+  const Plan s = plan_of(p, b, false);
+  const int hi = stage2_items(p, s, b, h);
+  const unsigned long long* keys = p.keys2 + static_cast<std::int64_t>(seg) * p.kmax;
+  const int base = static_cast<int>(blockIdx.x) * kThreads * kCompactPer;
+  unsigned long long k[kCompactPer];
+#pragma unroll
+  for (int j = 0; j < kCompactPer; ++j) {  // every load first: kCompactPer in flight
+    const int i = base + j * kThreads + static_cast<int>(threadIdx.x);
+    k[j] = i < hi ? keys[i] : 0ull;
+  }
+  const int lane = threadIdx.x % 32;
+#pragma unroll
+  for (int j = 0; j < kCompactPer; ++j) {
+    const int i = base + j * kThreads + static_cast<int>(threadIdx.x);
+    const bool take = k[j] != 0ull && k[j] >= T;
+    const unsigned ballot = __ballot_sync(0xffffffffu, take);
+    if (ballot == 0u) continue;
+    int first = 0;
+    if (lane == 0) first = atomicAdd(&p.ccount[seg], __popc(ballot));
+    first = __shfl_sync(0xffffffffu, first, 0);
+    const int at = first + __popc(ballot & ((1u << lane) - 1u));
+    if (take && at < kCompactCap) {
+      p.ckeys[static_cast<std::int64_t>(seg) * kCompactCap + at] = k[j];
+      p.cidx[static_cast<std::int64_t>(seg) * kCompactCap + at] = i;
+    }
+  }
+}
+
+__global__ void __launch_bounds__(kRankThreads) rank_compact_kernel(Params p) {
+  extern __shared__ unsigned long long s_ck[];  // [pow2 >= count]; then s_ci
+  const int seg = blockIdx.x;
+  const int b = seg / p.Hq;
+  const Plan s = plan_of(p, b, false);
+  const int depth = min(s.need, p.depth2);
+  if (!compacted(p, seg, depth)) return;
+  const int n = p.ccount[seg];
+  int np = 1;
+  while (np < n) np *= 2;
+  std::int32_t* s_ci = reinterpret_cast<std::int32_t*>(s_ck + kCompactCap);
+  const unsigned long long* ck = p.ckeys + static_cast<std::int64_t>(seg) * kCompactCap;
+  const std::int32_t* ci = p.cidx + static_cast<std::int64_t>(seg) * kCompactCap;
+  for (int i = threadIdx.x; i < np; i += blockDim.x) {
+    s_ck[i] = i < n ? ck[i] : 0ull;
+    s_ci[i] = i < n ? ci[i] : 0x7fffffff;
+  }
+  __syncthreads();
+  for (int k = 2; k <= np; k *= 2) {  // bitonic, best first (key descending, index ascending)
+    for (int j = k / 2; j > 0; j /= 2) {
+      for (int t = threadIdx.x; t < np / 2; t += blockDim.x) {
+        const int a = 2 * t - (t & (j - 1)), c = a + j;
+        const bool up = (a & k) == 0;
+        const unsigned long long ka = s_ck[a], kc = s_ck[c];
+        const int ia = s_ci[a], ic = s_ci[c];
+        const bool c_better = kc > ka || (kc == ka && ic < ia);
+        if (c_better == up) {
+          s_ck[a] = kc;
+          s_ck[c] = ka;
+          s_ci[a] = ic;
+          s_ci[c] = ia;
+        }
+      }
+      __syncthreads();
+    }
+  }
+  std::int32_t* list = p.list2 + static_cast<std::int64_t>(seg) * p.depth2;
+  for (int r = threadIdx.x; r < depth; r += blockDim.x) list[r] = s_ci[r];
+  if (threadIdx.x == 0) p.len2[seg] = depth;
+}
+
 // Segment (sequence b, q head qh): items [lo, hi) of keys[row] (0: not ranked), the best
 // `depth` in order (key descending, index ascending) into list[row_out], their count in len.
 template <class Key, int kStage>
@@ -308,6 +447,9 @@ __global__ void __launch_bounds__(kRankThreads) rank_kernel(Params p) {
     len = p.len2 + seg;
   }
   depth = min(depth, depth_max);
+  if constexpr (kStage == 2) {
+    if (compacted(p, seg, depth)) return;  // rank_compact_kernel ranked it
+  }
   int pow2 = 1;
   while (pow2 < depth_max) pow2 *= 2;
   std::int32_t* s_idx = reinterpret_cast<std::int32_t*>(s_key + pow2);
@@ -755,7 +897,9 @@ using namespace two_stage_impl;
 
 struct TwoStageWorkspace::Impl {
   detail::GrowBuffer<std::uint32_t> keys1;
-  detail::GrowBuffer<unsigned long long> keys2;
+  detail::GrowBuffer<unsigned long long> keys2, thresh, ckeys;
+  detail::GrowBuffer<int> ccount;
+  detail::GrowBuffer<std::int32_t> cidx;
   detail::GrowBuffer<std::int32_t> list1, len1, cand, n_cand, list2, len2;
   detail::ErrorFlag err;
   std::size_t cand_size = 0, count_size = 0;
@@ -870,6 +1014,10 @@ void two_stage_select(const TwoStageSelectArgs& a, const TwoStageLaunch& launch)
   ws.keys2.reserve(segs * kmax, "cudaMalloc(two-stage token keys)");
   ws.list2.reserve(segs * depth2, "cudaMalloc(two-stage token lists)");
   ws.len2.reserve(segs, "cudaMalloc(two-stage token lists)");
+  ws.thresh.reserve(segs, "cudaMalloc(two-stage token thresholds)");
+  ws.ccount.reserve(segs, "cudaMalloc(two-stage token thresholds)");
+  ws.ckeys.reserve(segs * kCompactCap, "cudaMalloc(two-stage compacted keys)");
+  ws.cidx.reserve(segs * kCompactCap, "cudaMalloc(two-stage compacted keys)");
   ws.cand_size = pairs * cand_max;
   ws.count_size = pairs;
   ws.cand_stride = cand_max;
@@ -911,6 +1059,10 @@ void two_stage_select(const TwoStageSelectArgs& a, const TwoStageLaunch& launch)
   p.keys2 = ws.keys2.data();
   p.list2 = ws.list2.data();
   p.len2 = ws.len2.data();
+  p.thresh = ws.thresh.data();
+  p.ccount = ws.ccount.data();
+  p.ckeys = ws.ckeys.data();
+  p.cidx = ws.cidx.data();
   p.depth2 = depth2;
   p.out_ids = a.ids.data();
   p.out_count = a.count.data();
@@ -928,6 +1080,9 @@ void two_stage_select(const TwoStageSelectArgs& a, const TwoStageLaunch& launch)
                              "the two-stage rank kernel");
     detail::set_dynamic_smem(rank_kernel<unsigned long long, 2>, kMaxDepth * 12,
                              "the two-stage rank kernel");
+    detail::set_dynamic_smem(sample_kernel, kSampleMax * 8, "the two-stage sample kernel");
+    detail::set_dynamic_smem(rank_compact_kernel, kCompactCap * 12,
+                             "the two-stage compacted rank kernel");
     return true;
   }();
   (void)ready;
@@ -964,6 +1119,14 @@ void two_stage_select(const TwoStageSelectArgs& a, const TwoStageLaunch& launch)
   } else {
     go(score_kernel<128>, sgrid, dim3(kThreads), 0, st, p, "two-stage score kernel");
   }
+  go(sample_kernel, dim3(static_cast<unsigned>(segs)), dim3(kRankThreads), kSampleMax * 8, st, p,
+     "two-stage token sample kernel");
+  const int per_cta = kThreads * kCompactPer;
+  go(compact_kernel, dim3(static_cast<unsigned>((kmax + per_cta - 1) / per_cta),
+                          static_cast<unsigned>(segs)),
+     dim3(kThreads), 0, st, p, "two-stage token compact kernel");
+  go(rank_compact_kernel, dim3(static_cast<unsigned>(segs)), dim3(kRankThreads),
+     static_cast<std::size_t>(kCompactCap) * 12, st, p, "two-stage compacted rank kernel");
   go(rank_kernel<unsigned long long, 2>, dim3(static_cast<unsigned>(segs)),
          dim3(kRankThreads), rank2_smem, st, p, "two-stage token rank kernel");
   go(merge_kernel<2>, dim3(static_cast<unsigned>(pairs)), dim3(kThreads), merge2_smem, st, p,
