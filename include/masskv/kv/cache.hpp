@@ -30,8 +30,9 @@ struct CacheConfig {
   // (selector_key_format must then stay int4).
   bool int4_selector_keys = false;
   bool has_selector_keys() const { return selector_keys || int4_selector_keys; }
-  // Also keep 2-bit page codes of every key (kv/page_codes.hpp): what the two-stage selector
-  // scores tokens on. head_dim / 4 bytes per token and kv head.
+  // Also keep page codes of every key (kv/page_codes.hpp): what token_codes and two_stage
+  // score tokens on. head_dim / 4 bytes per token and kv head, plus each page's 8-bit range
+  // (2 head_dim + 8 bytes per page and kv head).
   bool page_codes = false;
   // A learned selector's key cache (kv/key_rows.hpp, docs/design.md §2.8): per token
   // key_row_groups rows of key_row_dim projected values, in the KV's pages (shared by forks,

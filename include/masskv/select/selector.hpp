@@ -114,7 +114,8 @@ struct SelectArgs {
   kv::SummariesView summaries;
   // Optional: bounds from the outward-rounded bf16 store instead of the f32 min/max.
   const BoundStoreView* bounds_bf16 = nullptr;
-  // The cache's 2-bit page codes (PagedKVCache::page_codes()), for Method::two_stage.
+  // The cache's page codes and their 8-bit ranges (PagedKVCache::page_codes()), for
+  // Method::token_codes and Method::two_stage (select::needs_page_codes).
   kv::PageCodesView page_codes;
   // Selector keys of the cache's pool (PagedKVCache::selector_keys(), any format), for
   // MassSource::quant_keys.
