@@ -62,3 +62,28 @@ TEST(ReadCost, CountsTheFormatsEachSelectorReads) {
 
 }  // namespace
 }  // namespace masskv::select
+
+namespace masskv::select {
+namespace {
+
+// The selecting layers' budget beside dense ones: all layers together read budget x layers.
+TEST(ReadCost, BudgetBesideDenseLayersKeepsTheTotal) {
+  EXPECT_EQ(budget_beside_dense_layers(256, 30, 0, 4096), 256);   // no dense layer
+  EXPECT_EQ(budget_beside_dense_layers(0, 30, 1, 4096), 0);       // no cap stays none
+  // 30 layers at 256 of 4096 tokens = 7680 rows; one dense layer reads 4096, the other 29
+  // share 3584: 123 each (rounded down).
+  EXPECT_EQ(budget_beside_dense_layers(256, 30, 1, 4096), 3584 / 29);
+  for (int dense = 1; dense < 4; ++dense) {
+    for (std::int64_t len : {1000, 4096, 8000}) {
+      const std::int64_t b = len / 8, t = budget_beside_dense_layers(b, 30, dense, len);
+      EXPECT_LE(t * (30 - dense) + dense * len, b * 30) << dense << " " << len;
+      EXPECT_GE(t, 1);
+    }
+  }
+  // More than the budget in the dense layers alone: the others keep 1 (their kept tokens).
+  EXPECT_EQ(budget_beside_dense_layers(256, 30, 2, 4096), 1);
+  EXPECT_EQ(budget_beside_dense_layers(256, 4, 4, 4096), 1);
+}
+
+}  // namespace
+}  // namespace masskv::select

@@ -42,6 +42,8 @@ void check_selector(const std::optional<select::SelectorConfig>& selector, const
   require(!select::needs_page_codes(selector->method) || page_codes,
           ErrorCode::invalid_argument, "selector", "Method::", select::to_string(selector->method),
           " needs SessionOptions::page_codes (the codes are kept from the first token)");
+  require(selector->dense_layers >= 0, ErrorCode::invalid_argument, "dense_layers",
+          "must be >= 0, got ", selector->dense_layers);
   const Mapping& m = selector->mapping;
   require(m.kind == mapping.kind && (!m.is_entmax() || m.alpha == mapping.alpha),
           ErrorCode::invalid_argument, "selector",
@@ -225,7 +227,9 @@ void LayerAttention::decode(const AttentionCall& call, AttentionScratch& w, Deco
   SelectionView sv;
   // A learned selector runs on the layers it lists; the others decode densely.
   const bool learned = opt.selector && opt.selector->method == select::Method::learned;
-  if (opt.selector && !local_ && (!learned || learned_ != nullptr)) {
+  // The first dense_layers layers decode densely (counted in the budget: choose()).
+  const bool dense_layer = opt.selector && layer_ < opt.selector->dense_layers;
+  if (opt.selector && !local_ && !dense_layer && (!learned || learned_ != nullptr)) {
     sv = choose(call, w, view, stats);
     a.selection = &sv;
     if (opt.on_selection) opt.on_selection(layer_, sv);
@@ -276,10 +280,26 @@ SelectionView LayerAttention::choose(const AttentionCall& call, AttentionScratch
     sa.learned_q = View3<float>::contiguous(w.sel_q.data(), 1, learned_->groups, learned_->dim);
     sa.learned_keys = call.cache.key_rows();
   }
-  select::run_selector(sa, selector, w.sel_out);
+  const select::SelectorConfig* used = &selector;
+  if (selector.dense_layers > 0) {
+    // The dense layers are counted in the budget: the selecting (non-local) layers share what
+    // those leave of budget × their number.
+    const ModelConfig& c = call.config;
+    int layers = 0, dense = 0;
+    for (int l = 0; l < c.n_layer; ++l) {
+      if (c.is_local[sz(l)] != 0) continue;
+      ++layers;
+      dense += l < selector.dense_layers ? 1 : 0;
+    }
+    w.sel_config = selector;
+    w.sel_config.budget.tokens =
+        select::budget_beside_dense_layers(selector.budget.tokens, layers, dense, len);
+    used = &w.sel_config;
+  }
+  select::run_selector(sa, *used, w.sel_out);
   const select::ReadShape shape{Hkv, D, ps, call.cache.key_row_bytes_per_token()};
   stats.selector_rows +=
-      select::selector_read_bytes(selector, view.table, shape) / select::dense_row_bytes(D);
+      select::selector_read_bytes(*used, view.table, shape) / select::dense_row_bytes(D);
   if (opt.reselect_every > 1) {
     r.selection = w.sel_out.selection;
     r.length = len;

@@ -38,6 +38,7 @@ void check_reselect(int every, double min_cos);
 struct AttentionScratch {
   std::vector<float> sel_rows, sel_q, sel_scratch;  // learned selector projections
   select::SelectOutput sel_out;
+  select::SelectorConfig sel_config;  // the selector with its budget beside dense layers
   SelectionStorage reused;  // a layer's earlier selection, extended (reselect_every)
   std::vector<select::HeadDiagnostics> diag;
   SelectionStorage window_sel;

@@ -73,4 +73,12 @@ double selector_read_bytes(const SelectorConfig& c, const kv::PageTable& t, cons
   return bytes;
 }
 
+std::int64_t budget_beside_dense_layers(std::int64_t budget, int layers, int dense,
+                                        std::int64_t length) {
+  if (dense <= 0 || budget <= 0) return budget;
+  if (dense >= layers) return 1;  // no layer selects: nothing to give
+  const std::int64_t total = budget * layers - static_cast<std::int64_t>(dense) * length;
+  return std::max<std::int64_t>(1, total / (layers - dense));
+}
+
 }  // namespace masskv::select

@@ -151,13 +151,19 @@ const Modifier kModifiers[] = {
      [](select::SelectorConfig& c) { c.two_stage_pages_by = select::TwoStagePages::gauss; }},
     {"rescore", "two_stage", "the codes' best 2 × the free budget rescored on their stored keys",
      [](select::SelectorConfig& c) { c.rescore_factor = 2; }},
+    // Any selector (method ""): the first layers dense, counted in the budget.
+    {"dense1", "", "the first layer decodes densely, its reads counted in the budget",
+     [](select::SelectorConfig& c) { c.dense_layers = 1; }},
+    {"dense2", "", "the first two layers decode densely, counted in the budget",
+     [](select::SelectorConfig& c) { c.dense_layers = 2; }},
 };
 
 // "oracle+tokens (the oracle's top tokens ...), ...": --methods' help, from the table.
 std::string modifier_help() {
   std::string out;
   for (const Modifier& m : kModifiers) {
-    out += fmt::format("{}{}+{} ({})", out.empty() ? "" : ", ", m.method, m.name, m.help);
+    out += fmt::format("{}{}+{} ({})", out.empty() ? "" : ", ", m.method.empty() ? "METHOD" : m.method,
+                       m.name, m.help);
   }
   return out;
 }
@@ -166,12 +172,17 @@ const Modifier& modifier_of(const std::string& spec, const std::string& base,
                             const std::string& mod) {
   for (const Modifier& m : kModifiers) {
     if (m.name != mod) continue;
-    require(m.method == base, ErrorCode::invalid_argument, "--methods", "'", spec, "': +", mod,
-            " applies to ", m.method, " only");
+    require(m.method.empty() || m.method == base, ErrorCode::invalid_argument, "--methods", "'",
+            spec, "': +", mod, " applies to ", m.method, " only");
+    require(!m.method.empty() || (base != "dense" && base != "dense_entmax" &&
+                                  base.rfind("prefill_", 0) != 0),
+            ErrorCode::invalid_argument, "--methods", "'", spec, "': +", mod,
+            " applies to decode selectors (not dense or sparse prefill rows)");
     return m;
   }
   std::string known;
-  for (const Modifier& m : kModifiers) known += fmt::format(" {}+{}", m.method, m.name);
+  for (const Modifier& m : kModifiers)
+    known += fmt::format(" {}+{}", m.method.empty() ? "METHOD" : m.method, m.name);
   fail(ErrorCode::invalid_argument, "--methods", "'", spec, "': unknown modifier '+", mod,
        "' (known:", known, ")");
 }

@@ -29,4 +29,11 @@ double selector_read_bytes(const SelectorConfig& config, const kv::PageTable& ta
 // Bytes of one dense f16 K+V row (one token, one kv head): the unit the reads are reported in.
 constexpr double dense_row_bytes(int head_dim) { return 4.0 * head_dim; }
 
+// The budget in tokens of each selecting layer when `dense` of the `layers` that select would
+// otherwise read their whole `length` tokens: (budget·layers − dense·length) / (layers − dense),
+// rounded down, at least 1 (the kept tokens are then all a layer reads). `budget` 0 (no cap)
+// stays 0; dense 0 returns budget.
+std::int64_t budget_beside_dense_layers(std::int64_t budget, int layers, int dense,
+                                        std::int64_t length);
+
 }  // namespace masskv::select

@@ -102,6 +102,10 @@ struct SelectorConfig {
   // two_stage: 0 = off; r >= 1: the code rankings' best r × (cap - kept) tokens, merged, are
   // scored again on their stored keys (exact q·k) and those scores choose (a third stage).
   int rescore_factor = 0;
+  // Model sessions: the first dense_layers layers decode densely and are counted in the
+  // budget — the selecting layers' budget in tokens shrinks so that the layers together read
+  // the budget's rows (select/read_cost.hpp budget_beside_dense_layers). 0: every layer selects.
+  int dense_layers = 0;
   // A scorer, by name, in place of the method's own; the method keeps its rule (docs/design.md
   // §3, "Adding a scorer"). The library's: page_bound, page_moments, exact, learned,
   // quant_keys, recency, page_codes; others once registered. Empty: the method's own.
