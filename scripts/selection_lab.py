@@ -260,6 +260,22 @@ def make_token_pooled(key, how):
     return f
 
 
+def make_token_agg(key, how):
+    """Every head's scores on the sketch, pooled into one ranking per kv group before the fill
+    (no round robin): the max over heads of the logit (`max`), or of the logit minus the head's
+    own log-sum-exp over the context, i.e. each head's log-probability (`lse`), or minus the
+    head's own best logit (`top`)."""
+    def f(state, q, h):
+        s = token_scores(state, key, q, h)
+        if how == "lse":
+            m = s.max(-1, keepdims=True)
+            s = s - (m + np.log(np.exp(s - m).sum(-1, keepdims=True)))
+        elif how == "top":  # the logit minus the head's own best: no exp, no sum
+            s = s - s.max(-1, keepdims=True)
+        return np.repeat(s.max(0, keepdims=True), q.shape[0], axis=0)
+    return f
+
+
 def make_two_stage(key, c):
     def f(state, q, h, cap_pages=None):
         pages = m_quest(state, q, h)
@@ -361,6 +377,9 @@ def build_methods(d: int) -> dict[str, Method]:
         add(f"tok_{sk}_q8", "token", b, make_token_q8(sk), sk)
         add(f"tok_{sk}_pool", "token", b, make_token_pooled(sk, "mean"), sk)
         add(f"tok_{sk}_poolu", "token", b, make_token_pooled(sk, "unit"), sk)
+        add(f"tok_{sk}_aggmax", "token", b, make_token_agg(sk, "max"), sk)
+        add(f"tok_{sk}_agglse", "token", b, make_token_agg(sk, "lse"), sk)
+        add(f"tok_{sk}_aggtop", "token", b, make_token_agg(sk, "top"), sk)
     for sk in ("st2", "st2c", "st3c", "st1c", "int4", "int2", "kivi2", "kivi1", "kivi2g64", "kivi3g64", "sign", "pca8", "pca4", "k",
                "kivi2r8", "kivi1r8", "kivi2g64r8", "kivi1g64r8"):
         b = sketch_bytes(sk, d)
