@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <numeric>
 #include <random>
 #include <set>
@@ -501,6 +502,86 @@ TEST(TokenCodes, EqualsTwoStageWithEveryPageACandidate) {
     }
   }
   EXPECT_EQ(lists, 2 * 2 * 4 * 5 * 2);
+}
+
+// GroupRule::log_prob: one ranking per kv group, the max over its q heads of each head's code
+// score minus that head's log-sum-exp over every token; the kept tokens, then that ranking's
+// best up to the cap (a plain reference: every token scored row by row).
+TEST(TokenCodes, LogProbGroupRuleMatchesThePlainReference) {
+  test::OneThread one;
+  std::mt19937 rng(31);
+  int lists = 0, differs_from_union = 0;
+  for (int P : {4, 16}) {
+    for (int g : {1, 3, 4}) {
+      test::SelCase c = test::random_case(rng, {1, 17, 113, 300, 777}, 2 * g, 2, 32, P,
+                                          DType::f16, 2.0f, 0.5f, 0.7f, /*page_codes=*/true);
+      const kv::PageTable t = c.table.table();
+      const kv::PageCodesView pc = c.cache.page_codes();
+      const float scale = 1.0f / std::sqrt(32.0f);
+      for (int trial = 0; trial < 4; ++trial) {
+        select::SelectorConfig cfg;
+        cfg.method = select::Method::token_codes;
+        cfg.group = select::GroupRule::log_prob;
+        cfg.budget = {select::Budget::Kind::fixed, 24 + 16 * trial, 0.9};
+        cfg.sink_pages = trial % 3;
+        select::SelectOutput got, uni;
+        select::run_selector(c.args(), cfg, got);
+        cfg.group = select::GroupRule::union_heads;
+        select::run_selector(c.args(), cfg, uni);
+        for (int b = 0; b < c.B; ++b) {
+          const int pages = t.num_pages(b);
+          const std::int64_t L = t.length(b, P);
+          const auto phys = t.indices.subspan(static_cast<std::size_t>(t.indptr[b]), pages);
+          const std::int64_t sink_end = std::min<std::int64_t>(cfg.sink_pages, pages) * P;
+          const std::int64_t tail = static_cast<std::int64_t>(pages - 1) * P;
+          for (int h = 0; h < 2; ++h) {
+            std::vector<double> agg(static_cast<std::size_t>(L), -std::numeric_limits<double>::infinity());
+            for (int i = 0; i < g; ++i) {
+              const float* q = c.q.data() + ((b * c.Hq) + h * g + i) * 32;
+              std::vector<float> qs(32);
+              for (int ch = 0; ch < 32; ++ch) qs[ch] = q[ch] * scale;
+              std::vector<std::int16_t> q8(32);
+              const kv::CodeQuery cq = kv::code_query(qs.data(), 32, q8.data());
+              std::vector<double> sc(static_cast<std::size_t>(L));
+              double m = -std::numeric_limits<double>::infinity(), sum = 0;
+              for (std::int64_t x = 0; x < L; ++x) {
+                sc[x] = kv::page_code_score(cq, pc.range(phys[x / P], h),
+                                            pc.row(phys[x / P], h, static_cast<int>(x % P)), 32);
+                m = std::max(m, sc[x]);
+              }
+              for (std::int64_t x = 0; x < L; ++x) sum += std::exp(sc[x] - m);
+              const double lse = m + std::log(sum);
+              for (std::int64_t x = 0; x < L; ++x) agg[x] = std::max(agg[x], sc[x] - lse);
+            }
+            std::vector<std::uint8_t> in(static_cast<std::size_t>(L), 0);
+            int count = 0;
+            for (std::int64_t x = 0; x < L; ++x) {
+              if (x < sink_end || x >= tail) in[x] = 1, ++count;
+            }
+            const int cap = static_cast<int>(std::min<std::int64_t>(L, std::max<std::int64_t>(count, cfg.budget.tokens)));
+            std::vector<std::pair<double, std::int32_t>> items;
+            for (std::int64_t x = 0; x < L; ++x) items.push_back({agg[x], static_cast<std::int32_t>(x)});
+            for (const std::int32_t x : ranked(items)) {
+              if (count >= cap) break;
+              if (!in[x]) in[x] = 1, ++count;
+            }
+            std::vector<std::int32_t> want;
+            for (std::int64_t x = 0; x < L; ++x) {
+              if (in[x]) want.push_back(static_cast<std::int32_t>(x));
+            }
+            const auto x = got.selection.view().list(b, h);
+            ASSERT_EQ(std::vector<std::int32_t>(x.begin(), x.end()), want)
+                << "P " << P << " g " << g << " trial " << trial << " b " << b << " h " << h;
+            const auto u = uni.selection.view().list(b, h);
+            differs_from_union += std::vector<std::int32_t>(u.begin(), u.end()) != want;
+            ++lists;
+          }
+        }
+      }
+    }
+  }
+  EXPECT_EQ(lists, 2 * 3 * 4 * 5 * 2);
+  EXPECT_GT(differs_from_union, 10);  // g > 1: another rule than the round robin
 }
 
 TEST(TwoStage, FindsPlantedKeysThatAPageBoundRanksLow) {

@@ -50,8 +50,9 @@ using select::MassSource;
 GroupRule parse_group(const std::string& s) {
   if (s == "union") return GroupRule::union_heads;
   if (s == "aggregate") return GroupRule::aggregate;
-  fail(ErrorCode::invalid_argument, "group", "expected \"union\" or \"aggregate\", got \"", s,
-       "\"");
+  if (s == "log_prob") return GroupRule::log_prob;
+  fail(ErrorCode::invalid_argument, "group", "expected \"union\", \"aggregate\" or \"log_prob\", got \"",
+       s, "\"");
 }
 
 MassSource parse_mass_source(const std::string& s) {

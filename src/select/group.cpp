@@ -107,8 +107,19 @@ int fill_ranked(const Group& G, Scratch& S, const Ranked& r, int count, int cap,
     if (r.eligible) S.agg_elig.assign(static_cast<std::size_t>(n), 0);
     for (int i = 0; i < g; ++i) {
       const double* rank = r.rank + row(i);
+      double lse = 0;  // the row's log-sum-exp over the items (log_prob only)
+      if (r.log_prob) {
+        double m = -kInf, sum = 0;
+        for (int j = 0; j < n; ++j) m = std::max(m, rank[j]);
+        if (m > -kInf) {
+          for (int j = 0; j < n; ++j) sum += std::exp(rank[j] - m);
+          lse = m + std::log(sum);
+        }
+      }
       for (int j = 0; j < n; ++j) {
-        S.agg_rank[j] = r.rank_is_mass ? S.agg_rank[j] + rank[j] / g : std::max(S.agg_rank[j], rank[j]);
+        S.agg_rank[j] = r.rank_is_mass ? S.agg_rank[j] + rank[j] / g
+                        : r.log_prob   ? std::max(S.agg_rank[j], rank[j] - lse)
+                                       : std::max(S.agg_rank[j], rank[j]);
         if (r.mass) S.agg_mass[j] += r.mass[row(i) + j] / g;
         if (r.eligible) S.agg_elig[j] |= r.eligible[row(i) + j];
       }

@@ -190,6 +190,9 @@ struct Ranked {
   // the ranking is a mass and by the max when it is a bound (so a page one head needs is not
   // outvoted, as select_topk_pages does); union gives each row a voter.
   bool aggregate = false;
+  // With aggregate: pool each row's log-probability (rank minus the row's log-sum-exp over the
+  // items) by the max (GroupRule::log_prob) instead of the rank itself.
+  bool log_prob = false;
   bool rank_is_mass = false;
 };
 

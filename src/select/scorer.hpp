@@ -97,7 +97,8 @@ inline int score_rows(const Context& X, const Group& G) {
 // tests/selector_reference.hpp does the same). A scorer without kHeads has one row already.
 inline bool pool_heads(const Context& X) {
   const bool per_head = X.scorer && (X.scorer->provides & kHeads);
-  return per_head && (X.c.group == GroupRule::aggregate || X.c.oracle_head_collapsed);
+  return per_head && (X.c.group == GroupRule::aggregate || X.c.group == GroupRule::log_prob ||
+                      X.c.oracle_head_collapsed);
 }
 // Page bounds of q head i of G (kBound scorers, or a rule that scanned them).
 inline const float* bound_row(const Context& X, const Group& G, int i) {

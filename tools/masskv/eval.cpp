@@ -151,6 +151,10 @@ const Modifier kModifiers[] = {
      [](select::SelectorConfig& c) { c.two_stage_pages_by = select::TwoStagePages::gauss; }},
     {"rescore", "two_stage", "the codes' best 2 × the free budget rescored on their stored keys",
      [](select::SelectorConfig& c) { c.rescore_factor = 2; }},
+    {"lse", "token_codes",
+     "one ranking per kv group: the max over its q heads of each head's log-probability, no "
+     "round robin",
+     [](select::SelectorConfig& c) { c.group = select::GroupRule::log_prob; }},
     // Any selector (method ""): the first layers dense, counted in the budget.
     {"dense1", "", "the first layer decodes densely, its reads counted in the budget",
      [](select::SelectorConfig& c) { c.dense_layers = 1; }},

@@ -62,7 +62,10 @@ struct Budget {
 // `aggregate` ranks by one group score (max bound, mean estimated mass). Default: union,
 // because the §2.2 certificate is per q head and a union of per-head supports is exact for
 // each head, whereas an aggregate lets agreeing heads outvote the one head that disagrees.
-enum class GroupRule { union_heads, aggregate };
+// `log_prob` ranks by the max over the q heads of each head's log-probability of the item (its
+// score minus the head's log-sum-exp over the group's items): one ranking, no round robin, for
+// logit-like scores (the selection lab, docs/results/lab-smollm2/group-rules/).
+enum class GroupRule { union_heads, aggregate, log_prob };
 
 // Source of a page's estimated mass for top_p (§2.4). `page_mean`: n_j e^{m_j} (biased low);
 // `page_gaussian`: n_j E[e^X] = n_j exp(m_j + v_j/2) for softmax, the Gaussian-model
