@@ -199,7 +199,7 @@ void bind_select(nb::module_& m) {
         "alpha: the attention the selection serves (1 = softmax, (1, 2] = entmax).\n"
         "budget: fixed (ceil(budget_tokens / page_size) pages) | top_p (estimated mass >=\n"
         "top_p, capped at budget_tokens; 0 = no cap) | adaptive (the selector's own rule).\n"
-        "sink_pages / window_tokens: always kept (so is the last page). group: union | aggregate\n"
+        "sink_pages / window_tokens: always kept (so is the last page). group: union | aggregate | log_prob\n"
         "(GQA). mass_source: page_gaussian | page_mean. bf16_bounds: take the page bounds from\n"
         "the outward-rounded bf16 store. Returns a SelectResult.");
 

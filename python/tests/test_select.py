@@ -90,3 +90,16 @@ def test_bf16_bounds_and_selector_errors(rng):
                                 t["last_page_len"])
     with pytest.raises(ValueError, match="summaries"):
         masskv.select(q, ext)
+
+
+def test_log_prob_group_rule_selects_the_budget_and_refuses_unknown_rules(rng):
+    cache, seqs = random_cache(rng, [70, 33], num_kv_heads=2, page_size=4, page_codes=True)
+    q = rng.standard_normal((2, 4, 64), dtype=np.float32)
+    kv = cache.view(seqs)
+    r = masskv.select(q, kv, method="token_codes", group="log_prob", budget_tokens=16)
+    check_selection(r.selection, cache, seqs)
+    u = masskv.select(q, kv, method="token_codes", group="union", budget_tokens=16)
+    # the same count (the budget and the kept tokens), possibly other tokens
+    np.testing.assert_array_equal(r.selection.count, u.selection.count)
+    with pytest.raises(masskv.Error, match="group"):
+        masskv.select(q, kv, method="token_codes", group="median", budget_tokens=16)
