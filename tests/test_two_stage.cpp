@@ -305,6 +305,33 @@ std::vector<std::int32_t> ranked(const std::vector<std::pair<double, std::int32_
   return ids;
 }
 
+// Kept tokens of sequence b (in[x] = 1): sink pages' tokens, the last window_tokens tokens
+// (from the start of the page they begin in when that is the last page), the last page.
+std::vector<std::uint8_t> reference_kept(const test::SelCase& c, const select::SelectorConfig& cfg,
+                                         int b) {
+  const kv::PageTable t = c.table.table();
+  const int P = c.P, pages = t.num_pages(b);
+  const std::int64_t L = t.length(b, P);
+  const std::int64_t sink_end = std::min<std::int64_t>(cfg.sink_pages, pages) * P;
+  const std::int64_t last_start = static_cast<std::int64_t>(pages - 1) * P;
+  const std::int64_t tail =
+      cfg.window_tokens > 0 ? std::min(last_start, std::max<std::int64_t>(0, L - cfg.window_tokens))
+                            : last_start;
+  std::vector<std::uint8_t> in(static_cast<std::size_t>(L), 0);
+  for (std::int64_t x = 0; x < L; ++x) in[static_cast<std::size_t>(x)] = x < sink_end || x >= tail;
+  return in;
+}
+
+// The integer form of q head qh of sequence b, scaled as the selector does (q8: d values).
+kv::CodeQuery reference_query(const test::SelCase& c, int b, int qh, std::vector<std::int16_t>& q8) {
+  const float scale = 1.0f / std::sqrt(static_cast<float>(c.d));
+  const float* q = c.q.data() + (b * c.Hq + qh) * c.d;
+  std::vector<float> qs(static_cast<std::size_t>(c.d));
+  for (int ch = 0; ch < c.d; ++ch) qs[ch] = q[ch] * scale;
+  q8.resize(static_cast<std::size_t>(c.d));
+  return kv::code_query(qs.data(), c.d, q8.data());
+}
+
 std::vector<std::int32_t> reference_two_stage(const test::SelCase& c, const select::SelectorConfig& cfg,
                                               int b, int h) {
   const kv::PageTable t = c.table.table();
@@ -312,18 +339,10 @@ std::vector<std::int32_t> reference_two_stage(const test::SelCase& c, const sele
   const std::int64_t L = t.length(b, P);
   const float scale = 1.0f / std::sqrt(static_cast<float>(d));
   const auto phys = t.indices.subspan(static_cast<std::size_t>(t.indptr[b]), pages);
-  // Kept tokens: sink pages' tokens, the last window_tokens tokens (from the start of the
-  // page they begin in when that is the last page), the last page.
-  const std::int64_t sink_end = std::min<std::int64_t>(cfg.sink_pages, pages) * P;
-  const std::int64_t last_start = static_cast<std::int64_t>(pages - 1) * P;
-  const std::int64_t tail =
-      cfg.window_tokens > 0 ? std::min(last_start, std::max<std::int64_t>(0, L - cfg.window_tokens))
-                            : last_start;
-  std::vector<std::uint8_t> in(static_cast<std::size_t>(L), 0), page_in(pages, 0);
+  std::vector<std::uint8_t> in = reference_kept(c, cfg, b), page_in(pages, 0);
   int count = 0, kept_pages = 0;
   for (std::int64_t x = 0; x < L; ++x) {
-    if (x < sink_end || x >= tail) {
-      in[static_cast<std::size_t>(x)] = 1;
+    if (in[static_cast<std::size_t>(x)]) {
       ++count;
       if (!page_in[x / P]) ++kept_pages;
       page_in[x / P] = 1;
@@ -349,11 +368,8 @@ std::vector<std::int32_t> reference_two_stage(const test::SelCase& c, const sele
   // definition the batched scorer is held bit-equal to).
   const kv::PageCodesView pc = c.cache.page_codes();
   for (int i = 0; i < g; ++i) {
-    const float* q = c.q.data() + ((b * c.Hq) + h * g + i) * d;
-    std::vector<float> qs(d);
-    for (int ch = 0; ch < d; ++ch) qs[ch] = q[ch] * scale;
-    std::vector<std::int16_t> q8(d);
-    const kv::CodeQuery cq = kv::code_query(qs.data(), d, q8.data());
+    std::vector<std::int16_t> q8;
+    const kv::CodeQuery cq = reference_query(c, b, h * g + i, q8);
     std::vector<std::pair<double, std::int32_t>> items;
     for (int j = 0; j < pages; ++j) {
       if (!cand[j] || page_in[j]) continue;
@@ -517,7 +533,6 @@ TEST(TokenCodes, LogProbGroupRuleMatchesThePlainReference) {
                                           DType::f16, 2.0f, 0.5f, 0.7f, /*page_codes=*/true);
       const kv::PageTable t = c.table.table();
       const kv::PageCodesView pc = c.cache.page_codes();
-      const float scale = 1.0f / std::sqrt(32.0f);
       for (int trial = 0; trial < 4; ++trial) {
         select::SelectorConfig cfg;
         cfg.method = select::Method::token_codes;
@@ -532,16 +547,11 @@ TEST(TokenCodes, LogProbGroupRuleMatchesThePlainReference) {
           const int pages = t.num_pages(b);
           const std::int64_t L = t.length(b, P);
           const auto phys = t.indices.subspan(static_cast<std::size_t>(t.indptr[b]), pages);
-          const std::int64_t sink_end = std::min<std::int64_t>(cfg.sink_pages, pages) * P;
-          const std::int64_t tail = static_cast<std::int64_t>(pages - 1) * P;
           for (int h = 0; h < 2; ++h) {
             std::vector<double> agg(static_cast<std::size_t>(L), -std::numeric_limits<double>::infinity());
             for (int i = 0; i < g; ++i) {
-              const float* q = c.q.data() + ((b * c.Hq) + h * g + i) * 32;
-              std::vector<float> qs(32);
-              for (int ch = 0; ch < 32; ++ch) qs[ch] = q[ch] * scale;
-              std::vector<std::int16_t> q8(32);
-              const kv::CodeQuery cq = kv::code_query(qs.data(), 32, q8.data());
+              std::vector<std::int16_t> q8;
+              const kv::CodeQuery cq = reference_query(c, b, h * g + i, q8);
               std::vector<double> sc(static_cast<std::size_t>(L));
               double m = -std::numeric_limits<double>::infinity(), sum = 0;
               for (std::int64_t x = 0; x < L; ++x) {
@@ -553,11 +563,8 @@ TEST(TokenCodes, LogProbGroupRuleMatchesThePlainReference) {
               const double lse = m + std::log(sum);
               for (std::int64_t x = 0; x < L; ++x) agg[x] = std::max(agg[x], sc[x] - lse);
             }
-            std::vector<std::uint8_t> in(static_cast<std::size_t>(L), 0);
-            int count = 0;
-            for (std::int64_t x = 0; x < L; ++x) {
-              if (x < sink_end || x >= tail) in[x] = 1, ++count;
-            }
+            std::vector<std::uint8_t> in = reference_kept(c, cfg, b);
+            int count = static_cast<int>(std::count(in.begin(), in.end(), 1));
             const int cap = static_cast<int>(std::min<std::int64_t>(L, std::max<std::int64_t>(count, cfg.budget.tokens)));
             std::vector<std::pair<double, std::int32_t>> items;
             for (std::int64_t x = 0; x < L; ++x) items.push_back({agg[x], static_cast<std::int32_t>(x)});

@@ -281,6 +281,34 @@ __device__ __forceinline__ int block_exclusive_scan(int x, int* s_warp, int* tot
   return before + inc - x;
 }
 
+// Bitonic sort of np (a power of two) entries of shared memory, best first: key descending,
+// then (with indices) index ascending. Every thread of the CTA calls it; ends synchronised.
+template <bool kWithIndex>
+__device__ void bitonic_best_first(unsigned long long* key, std::int32_t* idx, int np) {
+  for (int k = 2; k <= np; k *= 2) {
+    for (int j = k / 2; j > 0; j /= 2) {
+      for (int t = threadIdx.x; t < np / 2; t += blockDim.x) {
+        const int a = 2 * t - (t & (j - 1));  // the lower element of pair t at distance j
+        const int c = a + j;
+        const bool up = (a & k) == 0;  // this block sorts best first
+        const unsigned long long ka = key[a], kc = key[c];
+        bool c_better = kc > ka;
+        if constexpr (kWithIndex) c_better = c_better || (kc == ka && idx[c] < idx[a]);
+        if (c_better == up) {  // (keys alone: equal keys may swap, which changes nothing)
+          key[a] = kc;
+          key[c] = ka;
+          if constexpr (kWithIndex) {
+            const std::int32_t ia = idx[a];
+            idx[a] = idx[c];
+            idx[c] = ia;
+          }
+        }
+      }
+      __syncthreads();
+    }
+  }
+}
+
 // ---- 5a. stage 2 on many keys: a sampled threshold, the keys above it, their exact rank ----
 // The rank below streams a segment's keys once per 8-bit digit from one CTA: fine for
 // two_stage's candidates, slow for token_codes' every token. First a threshold T from every
@@ -321,20 +349,7 @@ __global__ void __launch_bounds__(kRankThreads) sample_kernel(Params p) {
   for (int i = threadIdx.x; i < np; i += blockDim.x)
     s_sample[i] = i < m ? keys[static_cast<std::int64_t>(i) * S] : 0ull;
   __syncthreads();
-  for (int k = 2; k <= np; k *= 2) {  // bitonic, largest first
-    for (int j = k / 2; j > 0; j /= 2) {
-      for (int t = threadIdx.x; t < np / 2; t += blockDim.x) {
-        const int a = 2 * t - (t & (j - 1)), c = a + j;
-        const bool up = (a & k) == 0;
-        const unsigned long long ka = s_sample[a], kc = s_sample[c];
-        if ((kc > ka) == up && kc != ka) {
-          s_sample[a] = kc;
-          s_sample[c] = ka;
-        }
-      }
-      __syncthreads();
-    }
-  }
+  bitonic_best_first<false>(s_sample, nullptr, np);
   if (threadIdx.x == 0) p.thresh[seg] = s_sample[r];  // 0 (no threshold) if too few valid
 }
 
@@ -391,24 +406,7 @@ __global__ void __launch_bounds__(kRankThreads) rank_compact_kernel(Params p) {
     s_ci[i] = i < n ? ci[i] : 0x7fffffff;
   }
   __syncthreads();
-  for (int k = 2; k <= np; k *= 2) {  // bitonic, best first (key descending, index ascending)
-    for (int j = k / 2; j > 0; j /= 2) {
-      for (int t = threadIdx.x; t < np / 2; t += blockDim.x) {
-        const int a = 2 * t - (t & (j - 1)), c = a + j;
-        const bool up = (a & k) == 0;
-        const unsigned long long ka = s_ck[a], kc = s_ck[c];
-        const int ia = s_ci[a], ic = s_ci[c];
-        const bool c_better = kc > ka || (kc == ka && ic < ia);
-        if (c_better == up) {
-          s_ck[a] = kc;
-          s_ck[c] = ka;
-          s_ci[a] = ic;
-          s_ci[c] = ia;
-        }
-      }
-      __syncthreads();
-    }
-  }
+  bitonic_best_first<true>(s_ck, s_ci, np);
   std::int32_t* list = p.list2 + static_cast<std::int64_t>(seg) * p.depth2;
   for (int r = threadIdx.x; r < depth; r += blockDim.x) list[r] = s_ci[r];
   if (threadIdx.x == 0) p.len2[seg] = depth;
@@ -547,25 +545,7 @@ __global__ void __launch_bounds__(kRankThreads) rank_kernel(Params p) {
     s_idx[i] = 0x7fffffff;
   }
   __syncthreads();
-  for (int k = 2; k <= np; k *= 2) {
-    for (int j = k / 2; j > 0; j /= 2) {
-      for (int t = threadIdx.x; t < np / 2; t += blockDim.x) {
-        const int a = 2 * t - (t & (j - 1));  // the lower element of pair t at distance j
-        const int c = a + j;
-        const bool up = (a & k) == 0;  // this block sorts best first
-        const unsigned long long ka = s_key[a], kc = s_key[c];
-        const int ia = s_idx[a], ic = s_idx[c];
-        const bool c_better = kc > ka || (kc == ka && ic < ia);
-        if (c_better == up) {
-          s_key[a] = kc;
-          s_key[c] = ka;
-          s_idx[a] = ic;
-          s_idx[c] = ia;
-        }
-      }
-      __syncthreads();
-    }
-  }
+  bitonic_best_first<true>(s_key, s_idx, np);
   for (int r = threadIdx.x; r < n; r += blockDim.x) list[r] = s_idx[r];
   if (threadIdx.x == 0) *len = n;
 }

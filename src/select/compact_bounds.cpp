@@ -15,7 +15,6 @@
 
 namespace masskv::select {
 
-
 namespace {
 
 // The query side, split as the GPU kernel stages it: q+ = max(q, 0), q- = min(q, 0), and

@@ -100,6 +100,10 @@ inline bool pool_heads(const Context& X) {
   return per_head && (X.c.group == GroupRule::aggregate || X.c.group == GroupRule::log_prob ||
                       X.c.oracle_head_collapsed);
 }
+// Whether that pooling is of the rows' log-probabilities (GroupRule::log_prob, Ranked::log_prob).
+inline bool pool_log_prob(const Context& X) {
+  return pool_heads(X) && X.c.group == GroupRule::log_prob;
+}
 // Page bounds of q head i of G (kBound scorers, or a rule that scanned them).
 inline const float* bound_row(const Context& X, const Group& G, int i) {
   return head_row(X.bounds, X, G, i);

@@ -164,7 +164,7 @@ int select(const Context& X, const Group& G, Scratch& S, const Limits& L, double
   const Ranked r{.rank = S.rank.data(),
                  .rows = score_rows(X, G),
                  .aggregate = pool_heads(X),
-                 .log_prob = pool_heads(X) && X.c.group == GroupRule::log_prob,
+                 .log_prob = pool_log_prob(X),
                  .rank_is_mass = X.scorer->rank_is_mass};
   return fill_ranked(G, S, r, count, L.cap, kInf, L.floor);
 }

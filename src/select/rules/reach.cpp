@@ -34,7 +34,7 @@ int select(const Context& X, const Group& G, Scratch& S, const Limits& L, double
                  .eligible = kind == Budget::Kind::fixed ? nullptr : S.eligible.data(),
                  .rows = g,
                  .aggregate = pool_heads(X),
-                 .log_prob = pool_heads(X) && X.c.group == GroupRule::log_prob,
+                 .log_prob = pool_log_prob(X),
                  .rank_is_mass = false};
   const double p = mass ? c.budget.p : kInf;
   return fill_ranked(G, S, r, L.count, L.cap, p, L.floor);

@@ -20,7 +20,7 @@ int select(const Context& X, const Group& G, Scratch& S, const Limits& L, double
                  .mass = mass ? S.mass.data() : nullptr,
                  .rows = rows,
                  .aggregate = pool_heads(X),
-                 .log_prob = pool_heads(X) && X.c.group == GroupRule::log_prob,
+                 .log_prob = pool_log_prob(X),
                  .rank_is_mass = X.scorer->rank_is_mass};
   const double p = X.c.budget.kind == Budget::Kind::fixed ? kInf : X.c.budget.p;
   const int count = fill_ranked(G, S, r, L.count, L.cap, p, L.floor);

@@ -31,7 +31,7 @@ int select(const Context& X, const Group& G, Scratch& S, const Limits& L, double
                  .eligible = cands ? S.eligible.data() : nullptr,
                  .rows = g,
                  .aggregate = pool_heads(X),
-                 .log_prob = pool_heads(X) && X.c.group == GroupRule::log_prob,
+                 .log_prob = pool_log_prob(X),
                  .rank_is_mass = true};
   const double p = X.c.budget.kind == Budget::Kind::fixed ? kInf : X.c.budget.p;
   const int count = fill_ranked(G, S, r, L.count, L.cap, p, L.floor);
