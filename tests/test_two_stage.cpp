@@ -19,6 +19,7 @@
 #include "masskv/kv/page_codes.hpp"
 #include "masskv/select/page_bound.hpp"
 #include "masskv/select/selector.hpp"
+#include "select/log_prob.hpp"
 #include "selector_fixture.hpp"
 
 namespace masskv {
@@ -483,9 +484,10 @@ TEST(TwoStage, MatchesThePlainReferenceOfItsRule) {
   EXPECT_GT(whole_page_lists, 50);
 }
 
-// token_codes is two_stage without the page stage: the same lists as two_stage with every
-// eligible page a candidate (which the reference above checks) when the kept tokens fill
-// whole pages (no window: two_stage never takes the rest of a page a window starts in).
+// token_codes with the round robin is two_stage without the page stage: the same lists as
+// two_stage with every eligible page a candidate (which the reference above checks) when the
+// kept tokens fill whole pages (no window: two_stage never takes the rest of a page a window
+// starts in).
 TEST(TokenCodes, EqualsTwoStageWithEveryPageACandidate) {
   test::OneThread one;
   std::mt19937 rng(29);
@@ -497,6 +499,7 @@ TEST(TokenCodes, EqualsTwoStageWithEveryPageACandidate) {
       for (int trial = 0; trial < 4; ++trial) {
         select::SelectorConfig cfg;
         cfg.method = select::Method::token_codes;
+        cfg.group = select::GroupRule::union_heads;  // two_stage's rule
         cfg.budget = {select::Budget::Kind::fixed, 24 + 16 * trial, 0.9};
         cfg.sink_pages = trial % 3;
         select::SelectOutput got, want;
@@ -539,10 +542,12 @@ TEST(TokenCodes, LogProbGroupRuleMatchesThePlainReference) {
         cfg.group = select::GroupRule::log_prob;
         cfg.budget = {select::Budget::Kind::fixed, 24 + 16 * trial, 0.9};
         cfg.sink_pages = trial % 3;
-        select::SelectOutput got, uni;
+        select::SelectOutput got, uni, dflt;
         select::run_selector(c.args(), cfg, got);
         cfg.group = select::GroupRule::union_heads;
         select::run_selector(c.args(), cfg, uni);
+        cfg.group = select::GroupRule::method_default;  // token_codes' own: log_prob
+        select::run_selector(c.args(), cfg, dflt);
         for (int b = 0; b < c.B; ++b) {
           const int pages = t.num_pages(b);
           const std::int64_t L = t.length(b, P);
@@ -553,14 +558,17 @@ TEST(TokenCodes, LogProbGroupRuleMatchesThePlainReference) {
               std::vector<std::int16_t> q8;
               const kv::CodeQuery cq = reference_query(c, b, h * g + i, q8);
               std::vector<double> sc(static_cast<std::size_t>(L));
-              double m = -std::numeric_limits<double>::infinity(), sum = 0;
+              double m = -std::numeric_limits<double>::infinity();
               for (std::int64_t x = 0; x < L; ++x) {
                 sc[x] = kv::page_code_score(cq, pc.range(phys[x / P], h),
                                             pc.row(phys[x / P], h, static_cast<int>(x % P)), 32);
                 m = std::max(m, sc[x]);
               }
-              for (std::int64_t x = 0; x < L; ++x) sum += std::exp(sc[x] - m);
-              const double lse = m + std::log(sum);
+              // The rule's LSE (select/log_prob.hpp, checked against std::exp below), summed
+              // backwards: the integer sum does not depend on the order.
+              std::uint64_t sum = 0;
+              for (std::int64_t x = L - 1; x >= 0; --x) sum += select::lse_term(sc[x] - m);
+              const double lse = select::lse_finish(m, sum);
               for (std::int64_t x = 0; x < L; ++x) agg[x] = std::max(agg[x], sc[x] - lse);
             }
             std::vector<std::uint8_t> in = reference_kept(c, cfg, b);
@@ -579,6 +587,8 @@ TEST(TokenCodes, LogProbGroupRuleMatchesThePlainReference) {
             const auto x = got.selection.view().list(b, h);
             ASSERT_EQ(std::vector<std::int32_t>(x.begin(), x.end()), want)
                 << "P " << P << " g " << g << " trial " << trial << " b " << b << " h " << h;
+            const auto dl = dflt.selection.view().list(b, h);
+            ASSERT_EQ(std::vector<std::int32_t>(dl.begin(), dl.end()), want) << "the default rule";
             const auto u = uni.selection.view().list(b, h);
             differs_from_union += std::vector<std::int32_t>(u.begin(), u.end()) != want;
             ++lists;
@@ -589,6 +599,48 @@ TEST(TokenCodes, LogProbGroupRuleMatchesThePlainReference) {
   }
   EXPECT_EQ(lists, 2 * 3 * 4 * 5 * 2);
   EXPECT_GT(differs_from_union, 10);  // g > 1: another rule than the round robin
+}
+
+// The log-prob rule's LSE (select/log_prob.hpp: polynomial exp and log, an integer sum) against
+// a long-double LSE on random rows of many lengths and spreads: within n · 2^-41 + 1e-12 (each
+// term is rounded to 2^-40 of the best one's; the polynomials are good to ~1e-15). Its pieces
+// against std::exp / std::log: half a unit, 1e-14 relative.
+TEST(TokenCodes, LogProbLseMatchesALongDoubleReference) {
+  std::mt19937 rng(5);
+  int rows = 0;
+  for (int n : {1, 2, 7, 64, 1000, 40000}) {
+    for (double spread : {0.01, 1.0, 5.0, 30.0, 300.0}) {
+      std::normal_distribution<double> N(3.0, spread);
+      std::vector<double> x(static_cast<std::size_t>(n));
+      double m = -std::numeric_limits<double>::infinity();
+      for (double& v : x) m = std::max(m, v = N(rng));
+      std::uint64_t sum = 0;
+      long double ref = 0;
+      for (const double v : x) {
+        sum += select::lse_term(v - m);
+        ref += std::exp(static_cast<long double>(v - m));
+      }
+      const double want = static_cast<double>(m + std::log(ref));
+      EXPECT_NEAR(select::lse_finish(m, sum), want, n * 0x1p-41 + 1e-12)
+          << "n " << n << " spread " << spread;
+      ++rows;
+    }
+  }
+  EXPECT_EQ(rows, 30);
+  std::uniform_real_distribution<double> U(-27.5, 0.0);
+  for (int i = 0; i < 20000; ++i) {
+    const double v = i == 0 ? 0.0 : U(rng);
+    const double term = static_cast<double>(select::lse_term(v));
+    const double want = std::ldexp(std::exp(v), select::kLseFracBits);
+    ASSERT_LE(std::abs(term - want), 0.5 + 1e-14 * want) << v;  // rounding: half a unit
+  }
+  EXPECT_EQ(select::lse_term(-28.5), 0u);
+  EXPECT_EQ(select::lse_term(0.0), 1ull << select::kLseFracBits);
+  EXPECT_EQ(select::lse_term(std::numeric_limits<double>::quiet_NaN()), 0u);
+  for (const std::uint64_t s : {1ull, 2ull, 3ull, 1ull << 40, (1ull << 40) + 12345, 987654321ull << 20}) {
+    const double want = std::log(static_cast<double>(s)) - select::kLseFracBits * std::log(2.0);
+    EXPECT_NEAR(select::lse_finish(0.0, s), want, 1e-14 * std::max(1.0, std::abs(want))) << s;
+  }
 }
 
 TEST(TwoStage, FindsPlantedKeysThatAPageBoundRanksLow) {

@@ -48,10 +48,12 @@ using select::GroupRule;
 using select::MassSource;
 
 GroupRule parse_group(const std::string& s) {
+  if (s == "default") return GroupRule::method_default;
   if (s == "union") return GroupRule::union_heads;
   if (s == "aggregate") return GroupRule::aggregate;
   if (s == "log_prob") return GroupRule::log_prob;
-  fail(ErrorCode::invalid_argument, "group", "expected \"union\", \"aggregate\" or \"log_prob\", got \"",
+  fail(ErrorCode::invalid_argument, "group",
+       "expected \"default\", \"union\", \"aggregate\" or \"log_prob\", got \"",
        s, "\"");
 }
 
@@ -187,7 +189,7 @@ void bind_select(nb::module_& m) {
   m.def("select", &run_select, nb::arg("q").noconvert(), nb::arg("kv"), nb::kw_only(),
         nb::arg("method") = "quest", nb::arg("alpha") = 1.0, nb::arg("budget") = "fixed",
         nb::arg("budget_tokens") = 0, nb::arg("top_p") = 0.9, nb::arg("sink_pages") = 1,
-        nb::arg("window_tokens") = 0, nb::arg("group") = "union",
+        nb::arg("window_tokens") = 0, nb::arg("group") = "default",
         nb::arg("mass_source") = "page_gaussian", nb::arg("tau_margin") = 0.0,
         nb::arg("seed_pages") = 4, nb::arg("oracle_tokens") = false,
         nb::arg("oracle_head_collapsed") = false, nb::arg("scale") = 0.0f,
@@ -199,8 +201,9 @@ void bind_select(nb::module_& m) {
         "alpha: the attention the selection serves (1 = softmax, (1, 2] = entmax).\n"
         "budget: fixed (ceil(budget_tokens / page_size) pages) | top_p (estimated mass >=\n"
         "top_p, capped at budget_tokens; 0 = no cap) | adaptive (the selector's own rule).\n"
-        "sink_pages / window_tokens: always kept (so is the last page). group: union | aggregate | log_prob\n"
-        "(GQA). mass_source: page_gaussian | page_mean. bf16_bounds: take the page bounds from\n"
+        "sink_pages / window_tokens: always kept (so is the last page). group (GQA): default\n"
+        "(the method's: log_prob for token_codes, union otherwise) | union | aggregate |\n"
+        "log_prob. mass_source: page_gaussian | page_mean. bf16_bounds: take the page bounds from\n"
         "the outward-rounded bf16 store. Returns a SelectResult.");
 
   m.def("diagnose", &diagnose, nb::arg("q").noconvert(), nb::arg("kv"), nb::arg("selection").none(),

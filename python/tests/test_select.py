@@ -101,5 +101,8 @@ def test_log_prob_group_rule_selects_the_budget_and_refuses_unknown_rules(rng):
     u = masskv.select(q, kv, method="token_codes", group="union", budget_tokens=16)
     # the same count (the budget and the kept tokens), possibly other tokens
     np.testing.assert_array_equal(r.selection.count, u.selection.count)
+    # token_codes' own rule is log_prob
+    d = masskv.select(q, kv, method="token_codes", budget_tokens=16)
+    np.testing.assert_array_equal(d.selection.ids, r.selection.ids)
     with pytest.raises(masskv.Error, match="group"):
         masskv.select(q, kv, method="token_codes", group="median", budget_tokens=16)

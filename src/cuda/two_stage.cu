@@ -1,6 +1,7 @@
 // CUDA two-stage token selection (include/masskv/cuda/two_stage.hpp; the CPU rule:
 // src/select/rules/two_stage.cpp) and token_codes (factor 0: kernels 1-3 replaced by
-// all_pages_kernel). Six kernels per step:
+// all_pages_kernel; with log_prob the heads' keys are pooled per group before stage 2's ranking,
+// two_stage_pool.cu, and the group's one list replaces the round robin). Six kernels per step:
 //   1. bounds_kernel: the §2.3 bound of every eligible page (no kept token) per q head, from
 //      the bf16 store, in the CPU AVX2 scan's order (8 FMA chains of q+·M and of q-·m, the
 //      same horizontal sum, finish_bound's slack): the CPU's bits, as an ordered 32-bit key;
@@ -27,134 +28,14 @@
 #include "device.cuh"
 #include "masskv/cuda/two_stage.hpp"
 #include "masskv/error.hpp"
-#include "select/kept.hpp"
+#include "cta_select.cuh"
+#include "two_stage_common.cuh"
 
 namespace masskv::cuda {
 namespace two_stage_impl {
 namespace {
 
 using detail::check_cuda;
-
-constexpr int kMaxG = 8;          // q heads per kv head
-constexpr int kMaxDepth = 8192;   // ranked items per (q head, stage)
-constexpr int kRankThreads = 1024;
-constexpr int kTilePages = 32;    // bounds_kernel: pages per CTA
-constexpr int kScorePages = 4;    // score_kernel: candidate pages per CTA
-constexpr int kThreads = 256;
-constexpr int kMaxBitmapBytes = 224 * 1024;  // the merge kernels' bitmap (Hopper: 227 KB a CTA)
-constexpr int kSampleMax = 8192;    // stage 2: keys sampled per segment for its threshold
-constexpr int kCompactCap = 16384;  // stage 2: keys at or above the threshold ranked in smem
-
-enum ErrBit : unsigned {
-  kBadPhysical = 1u,
-  kBadIndptr = 2u,
-  kBadLastLen = 4u,
-  kBadCapacity = 8u,
-};
-
-struct Params {
-  const float* q;
-  std::int64_t q_s0, q_s1;
-  const std::int32_t* indptr;
-  const std::int32_t* indices;
-  const std::int32_t* last_len;
-  int B, Hq, Hkv, g, P;
-  const std::uint16_t* bmin;  // bf16 bits [page][kv head][d]
-  const std::uint16_t* bmax;
-  int bound_pages;
-  const std::uint8_t* codes;  // [page][kv head][slot][d / 4]
-  const std::uint8_t* rmin;   // the codes' ranges: [page][kv head][d] 8-bit codes
-  const std::uint8_t* rmax;
-  const float* rgrid;         // [page][kv head][2]: lo, step
-  int code_pages;
-  float scale, slack_f;
-  std::int64_t budget;
-  int sinks, window, factor;
-  int max_pages, cand_max, kmax;
-  std::uint32_t* keys1;  // [B * Hq][max_pages]
-  std::int32_t* list1;   // [B * Hq][cand_max]
-  std::int32_t* len1;    // [B * Hq]
-  std::int32_t* cand;    // [B * Hkv][cand_max]
-  std::int32_t* n_cand;  // [B * Hkv]
-  unsigned long long* keys2;  // [B * Hq][kmax]
-  std::int32_t* list2;        // [B * Hq][depth2]
-  std::int32_t* len2;         // [B * Hq]
-  unsigned long long* thresh;  // [B * Hq]: stage 2's sampled threshold (0: none)
-  int* ccount;                 // [B * Hq]: keys at or above it
-  unsigned long long* ckeys;   // [B * Hq][kCompactCap]: those keys and their indices
-  std::int32_t* cidx;
-  int depth2;
-  std::int32_t* out_ids;
-  std::int32_t* out_count;
-  int max_per_head;
-  unsigned* err;
-};
-
-// One (sequence)'s shape and the rule's counts (selectors.cpp run_selector / two_stage_group).
-struct Plan {
-  int pages = 0;
-  std::int64_t L = 0;
-  std::int64_t tok_first_end = 0, tok_last_begin = 0;  // kept tokens [0, fe) and [lb, L)
-  int pg_first_end = 0, pg_last_begin = 0;             // eligible pages [fe, lb)
-  int kept_pages = 0;
-  std::int64_t count0 = 0;  // kept tokens
-  std::int64_t cap = 0;     // tokens of the list
-  int m1 = 0;               // candidate pages stage 1 takes
-  int need = 0;             // tokens stage 2 takes
-  bool bad = false;
-};
-
-__device__ Plan plan_of(const Params& p, int b, bool flag) {
-  Plan s;
-  const int beg = p.indptr[b], end = p.indptr[b + 1];
-  const int pages = end - beg;
-  if (pages < 0 || pages > p.max_pages) {
-    if (flag) atomicOr(p.err, kBadIndptr);
-    s.bad = true;
-    return s;
-  }
-  if (pages == 0) return s;
-  const int last = p.last_len[b];
-  if (last < 1 || last > p.P) {
-    if (flag) atomicOr(p.err, kBadLastLen);
-    s.bad = true;
-    return s;
-  }
-  s.pages = pages;
-  s.L = static_cast<std::int64_t>(pages - 1) * p.P + last;
-  const select::KeptRanges<std::int64_t> kt =
-      select::kept_tokens(pages, s.L, p.P, p.sinks, p.window);
-  s.tok_first_end = kt.first_end;
-  s.tok_last_begin = kt.last_begin;
-  s.count0 = kt.count(s.L);
-  const select::KeptRanges<int> kp = select::kept_pages(pages, s.L, p.P, p.sinks, p.window);
-  s.pg_first_end = kp.first_end;
-  s.pg_last_begin = kp.last_begin;
-  s.kept_pages = kp.count(pages);
-  s.cap = min(s.L, max(s.count0, p.budget));
-  if (p.factor == 0) {
-    // token_codes: every page holding a token that is not kept (the window's partial page too).
-    const std::int64_t first = s.tok_first_end / p.P;
-    const std::int64_t end = (s.tok_last_begin + p.P - 1) / p.P;
-    s.m1 = end > first ? static_cast<int>(end - first) : 0;
-  } else {
-    // The CPU rule's count (select/kept.hpp), so the lists can agree.
-    s.m1 = static_cast<int>(
-        select::two_stage_candidates(pages, s.kept_pages, s.cap, p.P, p.factor));
-  }
-  s.need = static_cast<int>(s.cap - s.count0);
-  return s;
-}
-
-__device__ __forceinline__ std::uint32_t ordered_key(float x) {
-  const std::uint32_t u = __float_as_uint(__fadd_rn(x, 0.0f));  // -0 as +0 (a tie, as the CPU)
-  return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
-}
-__device__ __forceinline__ unsigned long long ordered_key64(double x) {
-  const unsigned long long u =
-      static_cast<unsigned long long>(__double_as_longlong(__dadd_rn(x, 0.0)));
-  return (u >> 63) ? ~u : (u | (1ull << 63));
-}
 
 // ---- 1. page bounds per q head ---------------------------------------------------------------
 
@@ -253,62 +134,6 @@ __global__ void __launch_bounds__(kThreads) bounds_kernel(Params p) {
 
 // ---- 2/5. ranked top lists -----------------------------------------------------------------
 
-// Exclusive scan over the CTA (kRankThreads or kThreads threads); returns the thread's
-// exclusive prefix, total in *total. s_warp: >= 32 ints of shared memory.
-__device__ __forceinline__ int block_exclusive_scan(int x, int* s_warp, int* total) {
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
-  int inc = x;
-#pragma unroll
-  for (int o = 1; o < 32; o *= 2) {
-    const int y = __shfl_up_sync(0xffffffffu, inc, o);
-    if (lane >= o) inc += y;
-  }
-  __syncthreads();  // s_warp free (a previous scan's readers are done)
-  if (lane == 31) s_warp[warp] = inc;
-  __syncthreads();
-  if (warp == 0) {
-    int v = lane < warps ? s_warp[lane] : 0;
-#pragma unroll
-    for (int o = 1; o < 32; o *= 2) {
-      const int y = __shfl_up_sync(0xffffffffu, v, o);
-      if (lane >= o) v += y;
-    }
-    if (lane < warps) s_warp[lane] = v;  // inclusive per warp
-  }
-  __syncthreads();
-  const int before = warp > 0 ? s_warp[warp - 1] : 0;
-  *total = s_warp[warps - 1];
-  return before + inc - x;
-}
-
-// Bitonic sort of np (a power of two) entries of shared memory, best first: key descending,
-// then (with indices) index ascending. Every thread of the CTA calls it; ends synchronised.
-template <bool kWithIndex>
-__device__ void bitonic_best_first(unsigned long long* key, std::int32_t* idx, int np) {
-  for (int k = 2; k <= np; k *= 2) {
-    for (int j = k / 2; j > 0; j /= 2) {
-      for (int t = threadIdx.x; t < np / 2; t += blockDim.x) {
-        const int a = 2 * t - (t & (j - 1));  // the lower element of pair t at distance j
-        const int c = a + j;
-        const bool up = (a & k) == 0;  // this block sorts best first
-        const unsigned long long ka = key[a], kc = key[c];
-        bool c_better = kc > ka;
-        if constexpr (kWithIndex) c_better = c_better || (kc == ka && idx[c] < idx[a]);
-        if (c_better == up) {  // (keys alone: equal keys may swap, which changes nothing)
-          key[a] = kc;
-          key[c] = ka;
-          if constexpr (kWithIndex) {
-            const std::int32_t ia = idx[a];
-            idx[a] = idx[c];
-            idx[c] = ia;
-          }
-        }
-      }
-      __syncthreads();
-    }
-  }
-}
-
 // ---- 5a. stage 2 on many keys: a sampled threshold, the keys above it, their exact rank ----
 // The rank below streams a segment's keys once per 8-bit digit from one CTA: fine for
 // two_stage's candidates, slow for token_codes' every token. First a threshold T from every
@@ -323,13 +148,15 @@ __device__ __forceinline__ bool compacted(const Params& p, int seg, int depth) {
   return T != 0ull && depth > 0 && c >= depth && c <= kCompactCap;
 }
 
-__device__ __forceinline__ int stage2_items(const Params& p, const Plan& s, int b, int h) {
-  return s.bad ? 0 : p.n_cand[b * p.Hkv + h] * p.P;
+// With log_prob only the group's first row (the pooled keys) is ranked.
+__device__ __forceinline__ bool pooled_away(const Params& p, int seg) {
+  return p.log_prob && (seg % p.Hq) % p.g != 0;
 }
 
 __global__ void __launch_bounds__(kRankThreads) sample_kernel(Params p) {
   extern __shared__ unsigned long long s_sample[];  // [kSampleMax]
   const int seg = blockIdx.x;
+  if (pooled_away(p, seg)) return;
   const int b = seg / p.Hq, qh = seg % p.Hq, h = qh / p.g;
   const Plan s = plan_of(p, b, false);
   const int hi = stage2_items(p, s, b, h);
@@ -344,19 +171,27 @@ __global__ void __launch_bounds__(kRankThreads) sample_kernel(Params p) {
     if (threadIdx.x == 0) p.thresh[seg] = 0ull;
     return;
   }
-  int np = 1;
-  while (np < m) np *= 2;
-  for (int i = threadIdx.x; i < np; i += blockDim.x)
-    s_sample[i] = i < m ? keys[static_cast<std::int64_t>(i) * S] : 0ull;
-  __syncthreads();
-  bitonic_best_first<false>(s_sample, nullptr, np);
-  if (threadIdx.x == 0) p.thresh[seg] = s_sample[r];  // 0 (no threshold) if too few valid
+  __shared__ int s_hist[256];
+  __shared__ int s_warp[32];
+  __shared__ RadixState s_radix;
+  int mine = 0;
+  for (int i = threadIdx.x; i < m; i += blockDim.x) {
+    s_sample[i] = keys[static_cast<std::int64_t>(i) * S];
+    mine += s_sample[i] != 0ull;
+  }
+  int valid = 0;
+  block_exclusive_scan(mine, s_warp, &valid);  // synchronises
+  // The (r + 1)-th best sample; no threshold (0) if too few are valid.
+  radix_select<64>([&](int i) { return s_sample[i]; }, 0, m, valid > r ? r + 1 : 0, s_hist,
+                   s_radix);
+  if (threadIdx.x == 0) p.thresh[seg] = valid > r ? s_radix.prefix : 0ull;
 }
 
 constexpr int kCompactPer = 4;  // keys per thread of compact_kernel
 
 __global__ void __launch_bounds__(kThreads) compact_kernel(Params p) {
   const int seg = blockIdx.y;
+  if (pooled_away(p, seg)) return;
   const unsigned long long T = p.thresh[seg];
   if (T == 0ull) return;
   const int b = seg / p.Hq, qh = seg % p.Hq, h = qh / p.g;
@@ -370,20 +205,27 @@ __global__ void __launch_bounds__(kThreads) compact_kernel(Params p) {
     const int i = base + j * kThreads + static_cast<int>(threadIdx.x);
     k[j] = i < hi ? keys[i] : 0ull;
   }
-  const int lane = threadIdx.x % 32;
+  // One global atomic per CTA: its count, then each thread's place after its CTA's base.
+  __shared__ int s_warp[32];
+  __shared__ int s_base;
+  int mine = 0;
+#pragma unroll
+  for (int j = 0; j < kCompactPer; ++j) mine += k[j] != 0ull && k[j] >= T;
+  int total = 0;
+  int at = block_exclusive_scan(mine, s_warp, &total);
+  if (total == 0) return;  // the whole CTA (total is uniform)
+  if (threadIdx.x == 0) s_base = atomicAdd(&p.ccount[seg], total);
+  __syncthreads();
+  at += s_base;
 #pragma unroll
   for (int j = 0; j < kCompactPer; ++j) {
     const int i = base + j * kThreads + static_cast<int>(threadIdx.x);
-    const bool take = k[j] != 0ull && k[j] >= T;
-    const unsigned ballot = __ballot_sync(0xffffffffu, take);
-    if (ballot == 0u) continue;
-    int first = 0;
-    if (lane == 0) first = atomicAdd(&p.ccount[seg], __popc(ballot));
-    first = __shfl_sync(0xffffffffu, first, 0);
-    const int at = first + __popc(ballot & ((1u << lane) - 1u));
-    if (take && at < kCompactCap) {
-      p.ckeys[static_cast<std::int64_t>(seg) * kCompactCap + at] = k[j];
-      p.cidx[static_cast<std::int64_t>(seg) * kCompactCap + at] = i;
+    if (k[j] != 0ull && k[j] >= T) {
+      if (at < kCompactCap) {
+        p.ckeys[static_cast<std::int64_t>(seg) * kCompactCap + at] = k[j];
+        p.cidx[static_cast<std::int64_t>(seg) * kCompactCap + at] = i;
+      }
+      ++at;
     }
   }
 }
@@ -391,24 +233,53 @@ __global__ void __launch_bounds__(kThreads) compact_kernel(Params p) {
 __global__ void __launch_bounds__(kRankThreads) rank_compact_kernel(Params p) {
   extern __shared__ unsigned long long s_ck[];  // [pow2 >= count]; then s_ci
   const int seg = blockIdx.x;
+  if (pooled_away(p, seg)) return;
   const int b = seg / p.Hq;
   const Plan s = plan_of(p, b, false);
   const int depth = min(s.need, p.depth2);
   if (!compacted(p, seg, depth)) return;
   const int n = p.ccount[seg];
+  const bool order = !p.log_prob;  // the round robin needs each list in order; one list does not
   int np = 1;
-  while (np < n) np *= 2;
+  while (order && np < n) np *= 2;
   std::int32_t* s_ci = reinterpret_cast<std::int32_t*>(s_ck + kCompactCap);
   const unsigned long long* ck = p.ckeys + static_cast<std::int64_t>(seg) * kCompactCap;
   const std::int32_t* ci = p.cidx + static_cast<std::int64_t>(seg) * kCompactCap;
-  for (int i = threadIdx.x; i < np; i += blockDim.x) {
+  for (int i = threadIdx.x; i < max(n, np); i += blockDim.x) {
     s_ck[i] = i < n ? ck[i] : 0ull;
     s_ci[i] = i < n ? ci[i] : 0x7fffffff;
   }
   __syncthreads();
-  bitonic_best_first<true>(s_ck, s_ci, np);
   std::int32_t* list = p.list2 + static_cast<std::int64_t>(seg) * p.depth2;
-  for (int r = threadIdx.x; r < depth; r += blockDim.x) list[r] = s_ci[r];
+  if (order) {
+    bitonic_best_first<true>(s_ck, s_ci, np);
+    for (int r = threadIdx.x; r < depth; r += blockDim.x) list[r] = s_ci[r];
+  } else {
+    // The best `depth` as a set: the depth-th key T by radix select; of the keys equal to T
+    // the need_eq of lowest index (a second select on the complemented index, only on a tie).
+    __shared__ int s_hist[256];
+    __shared__ int s_warp[32];
+    __shared__ RadixState s_radix;
+    __shared__ int s_n;
+    radix_select<64>([&](int i) { return s_ck[i]; }, 0, n, depth, s_hist, s_radix);
+    const unsigned long long T = s_radix.prefix;
+    const int need_eq = s_radix.remaining;
+    int eq = 0;
+    for (int i = threadIdx.x; i < n; i += blockDim.x) eq += s_ck[i] == T;
+    int n_eq = 0;
+    block_exclusive_scan(eq, s_warp, &n_eq);  // synchronises
+    const auto tie_key = [&](int i) {
+      return s_ck[i] == T ? static_cast<unsigned long long>(~static_cast<unsigned>(s_ci[i])) : 0ull;
+    };
+    radix_select<32>(tie_key, 0, n, n_eq > need_eq ? need_eq : 0, s_hist, s_radix);
+    const unsigned long long T2 = n_eq > need_eq ? s_radix.prefix : 0ull;
+    if (threadIdx.x == 0) s_n = 0;
+    __syncthreads();
+    for (int i = threadIdx.x; i < n; i += blockDim.x) {
+      const unsigned long long k = s_ck[i];
+      if (k > T || (k == T && tie_key(i) >= T2)) list[atomicAdd(&s_n, 1)] = s_ci[i];
+    }
+  }
   if (threadIdx.x == 0) p.len2[seg] = depth;
 }
 
@@ -419,8 +290,8 @@ __global__ void __launch_bounds__(kRankThreads) rank_kernel(Params p) {
   extern __shared__ unsigned long long s_key[];  // [pow2 >= depth]; then s_idx
   __shared__ int s_hist[256];
   __shared__ int s_warp[32];
-  __shared__ unsigned long long s_prefix;
-  __shared__ int s_remaining, s_n;
+  __shared__ RadixState s_radix;
+  __shared__ int s_n;
   const int seg = blockIdx.x;
   const int b = seg / p.Hq, qh = seg % p.Hq, h = qh / p.g;
   const Plan s = plan_of(p, b, false);
@@ -446,7 +317,9 @@ __global__ void __launch_bounds__(kRankThreads) rank_kernel(Params p) {
   }
   depth = min(depth, depth_max);
   if constexpr (kStage == 2) {
-    if (compacted(p, seg, depth)) return;  // rank_compact_kernel ranked it
+    // Ranked elsewhere (rank_compact_kernel, two_stage_pool.cu's bin_rank_kernel), or not.
+    if (pooled_away(p, seg) || (p.log_prob ? p.thresh[seg] != 0ull : compacted(p, seg, depth)))
+      return;
   }
   int pow2 = 1;
   while (pow2 < depth_max) pow2 *= 2;
@@ -458,63 +331,11 @@ __global__ void __launch_bounds__(kRankThreads) rank_kernel(Params p) {
   int valid = 0;
   block_exclusive_scan(mine, s_warp, &valid);
   const bool all = valid <= depth;
-  // Radix select, most significant digit first: the depth-th largest key T, and how many of
-  // the items equal to T are taken (the first by index).
-  if (threadIdx.x == 0) {
-    s_prefix = 0;
-    s_remaining = depth;
-  }
-  __syncthreads();
-  unsigned long long mask = 0;
-  constexpr int kBits = static_cast<int>(sizeof(Key)) * 8;
-  for (int shift = kBits - 8; shift >= 0 && !all && depth > 0; shift -= 8) {
-    for (int i = threadIdx.x; i < 256; i += blockDim.x) s_hist[i] = 0;
-    __syncthreads();
-    const unsigned long long prefix = s_prefix;
-    // Warp-aggregated: one shared atomic per distinct digit of a warp (the high digits of
-    // similar scores fall in one or two bins: per-item atomics there serialise).
-    for (int i0 = lo; i0 < hi; i0 += blockDim.x) {
-      const int i = i0 + threadIdx.x;
-      const unsigned long long k = i < hi ? static_cast<unsigned long long>(keys[i]) : 0ull;
-      const bool in = k != 0 && (k & mask) == prefix;
-      const int digit = in ? static_cast<int>((k >> shift) & 255) : 256 + static_cast<int>(threadIdx.x % 32);
-      const unsigned same = __match_any_sync(0xffffffffu, digit);
-      if (in && __ffs(same) - 1 == static_cast<int>(threadIdx.x % 32))
-        atomicAdd(&s_hist[digit], __popc(same));
-    }
-    __syncthreads();
-    if (threadIdx.x < 32) {
-      const int lane = threadIdx.x;
-      int c[8], sum = 0;
-#pragma unroll
-      for (int e = 0; e < 8; ++e) {
-        c[e] = s_hist[lane * 8 + e];
-        sum += c[e];
-      }
-      // Items in the bins of higher lanes.
-      int above = sum;
-#pragma unroll
-      for (int o = 1; o < 32; o *= 2) {
-        const int y = __shfl_down_sync(0xffffffffu, above, o);
-        if (lane + o < 32) above += y;
-      }
-      above -= sum;
-      const int rem = s_remaining;
-      int acc = above;
-#pragma unroll
-      for (int e = 7; e >= 0; --e) {
-        if (acc < rem && rem <= acc + c[e]) {
-          s_prefix = prefix | (static_cast<unsigned long long>(lane * 8 + e) << shift);
-          s_remaining = rem - acc;
-        }
-        acc += c[e];
-      }
-    }
-    mask |= 255ull << shift;
-    __syncthreads();
-  }
-  const unsigned long long T = s_prefix;
-  const int need_eq = s_remaining;
+  radix_select<static_cast<int>(sizeof(Key)) * 8>(
+      [&](int i) { return static_cast<unsigned long long>(keys[i]); }, lo, hi, all ? 0 : depth,
+      s_hist, s_radix);
+  const unsigned long long T = s_radix.prefix;
+  const int need_eq = s_radix.remaining;
   if (threadIdx.x == 0) s_n = 0;
   __syncthreads();
   // Collect: every valid item when all fit; else those above T and the first need_eq equal
@@ -676,20 +497,30 @@ __global__ void __launch_bounds__(kThreads) merge_kernel(Params p) {
   __shared__ int s_warp[32];
   __shared__ const std::int32_t* s_lists[kMaxG];
   __shared__ int s_n[kMaxG];
-  const int b = blockIdx.x / p.Hkv, h = blockIdx.x % p.Hkv, g = p.g;
+  const int b = blockIdx.x / p.Hkv, h = blockIdx.x % p.Hkv;
+  // log_prob: one list per group (its first head's row holds the pooled ranking).
+  const int g = kStage == 2 && p.log_prob ? 1 : p.g;
   const std::int64_t pair = static_cast<std::int64_t>(b) * p.Hkv + h;
   const Plan s = plan_of(p, b, false);
   const int items = kStage == 1 ? p.max_pages : p.kmax;
   const int words = (items + 31) / 32;
   for (int w = threadIdx.x; w < words; w += blockDim.x) s_bm[w] = 0u;
   if (threadIdx.x < g) {
-    const std::int64_t seg = static_cast<std::int64_t>(b) * p.Hq + h * g + threadIdx.x;
+    const std::int64_t seg = static_cast<std::int64_t>(b) * p.Hq + h * p.g + threadIdx.x;
     s_lists[threadIdx.x] = kStage == 1 ? p.list1 + seg * p.cand_max : p.list2 + seg * p.depth2;
     s_n[threadIdx.x] = s.bad ? 0 : (kStage == 1 ? p.len1[seg] : p.len2[seg]);
   }
   __syncthreads();
   const int need = s.bad ? 0 : (kStage == 1 ? s.m1 : s.need);
-  if (threadIdx.x < 32) round_robin(s_lists, s_n, g, need, s_bm);
+  if (g == 1) {  // one list (log_prob, or a q head per kv head): its best `need`, no turns
+    const int n = min(need, s_n[0]);
+    for (int r = threadIdx.x; r < n; r += blockDim.x) {
+      const int x = s_lists[0][r];  // a list holds distinct items
+      atomicOr(&s_bm[x >> 5], 1u << (x & 31));
+    }
+  } else if (threadIdx.x < 32) {
+    round_robin(s_lists, s_n, g, need, s_bm);
+  }
   __syncthreads();
   if constexpr (kStage == 1) {
     std::int32_t* out = p.cand + pair * p.cand_max;
@@ -726,35 +557,70 @@ __global__ void __launch_bounds__(kThreads) merge_kernel(Params p) {
   }
 }
 
-// ---- 1-3 for token_codes (factor 0): every page with a token that is not kept ------------------
+// ---- 1-3 for token_codes (factor 0): every page with a token that is not kept (every page with
+// log_prob) -------------------------------------------------------------------------------------
 
 __global__ void __launch_bounds__(kThreads) all_pages_kernel(Params p) {
   const int b = blockIdx.x / p.Hkv, h = blockIdx.x % p.Hkv;
   const std::int64_t pair = static_cast<std::int64_t>(b) * p.Hkv + h;
   const Plan s = plan_of(p, b, h == 0 && threadIdx.x == 0);
-  const int first = s.bad ? 0 : static_cast<int>(s.tok_first_end / p.P);
+  const int first = s.bad || p.log_prob ? 0 : static_cast<int>(s.tok_first_end / p.P);
   const int n = s.bad ? 0 : s.m1;
   for (int k = threadIdx.x; k < n; k += blockDim.x) p.cand[pair * p.cand_max + k] = first + k;
   if (threadIdx.x == 0) p.n_cand[pair] = n;
 }
 
 // ---- 4. candidate tokens on the 2-bit codes ---------------------------------------------------
+// One thread per token, every q head of the group at once. The integer score of
+// kv/page_codes.hpp, I_i = Σ_c q8_ic (3 a_c + code_c (b_c − a_c)), is summed as
+// A_i + Σ_c code_c u_ic with A_i = 3 Σ_c q8_ic a_c and u_ic = q8_ic (b_c − a_c) (|u| <= 127 · 255:
+// 16 bits) made once per page and head: the token's codes, spread to bytes, meet the packed
+// 16-bit u in __dp2a (two products a step). Integers: the same I in any order, so the CPU's.
+
+// Four 2-bit codes (a byte, channel c at bits 2c) into the four bytes of a word.
+__device__ __forceinline__ int spread_codes(unsigned byte) {
+  unsigned t = (byte | (byte << 12)) & 0x000F000Fu;
+  t = (t | (t << 6)) & 0x03030303u;
+  return static_cast<int>(t);
+}
 
 template <int kD>
 __global__ void __launch_bounds__(kThreads) score_kernel(Params p) {
+  constexpr int kPairs = kD / 2;
+  constexpr int kUStride = kMaxG * kPairs + 1;  // a page's u; +1: pages on different banks
   __shared__ int s_q8[kMaxG][kD];
   __shared__ int s_sum[kMaxG];
   __shared__ double s_unit[kMaxG];
-  __shared__ short s_b3[kScorePages][kD], s_df[kScorePages][kD];  // 3 a_c, b_c - a_c
+  __shared__ int s_u[kScorePages * kUStride];   // [page][head][pair]: two 16-bit u_ic
+  __shared__ int s_a[kScorePages][kMaxG];       // A_i
   __shared__ double s_base[kScorePages][kMaxG], s_third[kScorePages];
   __shared__ int s_phys[kScorePages];
+  __shared__ unsigned long long s_max[kMaxG];  // log_prob: the CTA's best key per head
   const int b = blockIdx.z, h = blockIdx.y, g = p.g, P = p.P;
   const std::int64_t pair = static_cast<std::int64_t>(b) * p.Hkv + h;
   const Plan s = plan_of(p, b, false);
   const int n_c = s.bad ? 0 : p.n_cand[pair];
-  const int c0 = static_cast<int>(blockIdx.x) * kScorePages;
+  const int per = p.score_pages;  // pages per CTA: per * P <= kThreads
+  const int c0 = static_cast<int>(blockIdx.x) * per;
   if (c0 >= n_c) return;  // the whole CTA
-  const int n = min(kScorePages, n_c - c0);
+  const int n = min(per, n_c - c0);
+  constexpr int kBytes = kD / 4;
+  // This thread's token (page t, slot): its codes loaded first, in flight while the queries and
+  // the pages' ranges are prepared (a bad page id reads nothing here; it is flagged below).
+  const int j = threadIdx.x;
+  const int t = j / P, slot = j % P;
+  const bool mine = j < n * P;
+  uint4 my_codes[kBytes / 16];
+  {
+    int id = -1;
+    if (mine) id = p.indices[p.indptr[b] + p.cand[pair * p.cand_max + c0 + t]];
+    const bool ok = id >= 0 && id < p.code_pages;
+    const uint4* row = reinterpret_cast<const uint4*>(
+        p.codes + ((static_cast<std::int64_t>(ok ? id : 0) * p.Hkv + h) * P + slot) * kBytes);
+#pragma unroll
+    for (int piece = 0; piece < kBytes / 16; ++piece)
+      my_codes[piece] = ok ? row[piece] : make_uint4(0u, 0u, 0u, 0u);
+  }
   // The queries' integer form (kv::code_query): qs = q * scale in f32, m = max |qs|,
   // q8 = RNE(qs * (127 / m)) clamped to [-127, 127], Q = sum q8, unit = m / 127.
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -791,69 +657,114 @@ __global__ void __launch_bounds__(kThreads) score_kernel(Params p) {
     }
     s_phys[threadIdx.x] = phys;
   }
+  if (threadIdx.x < kMaxG) s_max[threadIdx.x] = 0ull;
   __syncthreads();
-  // The pages' ranges: v_c = 3 a_c + code_c (b_c - a_c); base = lo · Q, third = step / 3.
-  for (int idx = threadIdx.x; idx < n * kD; idx += blockDim.x) {
-    const int t = idx / kD, c = idx % kD;
+  // A warp per page: lane l holds channels 4l .. 4l + 3 of its ranges (one 32-bit load each
+  // of a and b); per head the packed u of its two channel pairs and its share of A_i (then the
+  // warp's sum); lo · Q and step / 3.
+  for (int t = warp; t < n; t += kThreads / 32) {
     const int phys = s_phys[t];
-    int a = 0, bb = 0;
-    if (phys >= 0) {
-      const std::int64_t at = (static_cast<std::int64_t>(phys) * p.Hkv + h) * kD + c;
-      a = p.rmin[at];
-      bb = p.rmax[at];
+    unsigned ra = 0u, rb = 0u;
+    const bool has = lane < kD / 4;
+    if (phys >= 0 && has) {
+      const std::int64_t at = (static_cast<std::int64_t>(phys) * p.Hkv + h) * kD;
+      ra = reinterpret_cast<const unsigned*>(p.rmin + at)[lane];
+      rb = reinterpret_cast<const unsigned*>(p.rmax + at)[lane];
     }
-    s_b3[t][c] = static_cast<short>(3 * a);
-    s_df[t][c] = static_cast<short>(bb - a);
-  }
-  for (int idx = threadIdx.x; idx < n * (g + 1); idx += blockDim.x) {
-    const int t = idx / (g + 1), i = idx % (g + 1);
-    const int phys = s_phys[t];
-    float lo = 0.f, step = 0.f;
-    if (phys >= 0) {
-      const std::int64_t ph = static_cast<std::int64_t>(phys) * p.Hkv + h;
-      lo = p.rgrid[2 * ph];
-      step = p.rgrid[2 * ph + 1];
+    int a[4], df[4];
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      a[e] = static_cast<int>((ra >> (8 * e)) & 255u);
+      df[e] = static_cast<int>((rb >> (8 * e)) & 255u) - a[e];
     }
-    if (i == g) {
-      s_third[t] = __ddiv_rn(static_cast<double>(step), 3.0);
-    } else {
-      s_base[t][i] = __dmul_rn(static_cast<double>(lo), static_cast<double>(s_sum[i]));
+    int* u = s_u + t * kUStride;
+    for (int i = 0; i < g; ++i) {
+      int a3 = 0;
+      if (has) {
+        const int* q8 = s_q8[i] + 4 * lane;
+#pragma unroll
+        for (int e = 0; e < 4; ++e) a3 += q8[e] * (3 * a[e]);
+#pragma unroll
+        for (int e = 0; e < 4; e += 2) {
+          const int u0 = q8[e] * df[e], u1 = q8[e + 1] * df[e + 1];
+          u[i * kPairs + 2 * lane + e / 2] = static_cast<int>(
+              (static_cast<unsigned>(u0) & 0xffffu) | (static_cast<unsigned>(u1) << 16));
+        }
+      }
+      for (int o = 16; o > 0; o /= 2) a3 += __shfl_xor_sync(0xffffffffu, a3, o);
+      if (lane == 0) s_a[t][i] = a3;
+    }
+    if (lane < g) {
+      float lo = 0.f, step = 0.f;
+      if (phys >= 0) {
+        const std::int64_t ph = static_cast<std::int64_t>(phys) * p.Hkv + h;
+        lo = p.rgrid[2 * ph];
+        step = p.rgrid[2 * ph + 1];
+      }
+      s_base[t][lane] = __dmul_rn(static_cast<double>(lo), static_cast<double>(s_sum[lane]));
+      if (lane == 0) s_third[t] = __ddiv_rn(static_cast<double>(step), 3.0);
     }
   }
   __syncthreads();
-  constexpr int kBytes = kD / 4;
-  for (int idx = threadIdx.x; idx < n * P * g; idx += blockDim.x) {
-    const int t = idx / (P * g), slot = (idx / g) % P, i = idx % g;
-    const int phys = s_phys[t];
-    int I = 0;
-    if (phys >= 0) {
-      const uint4* row = reinterpret_cast<const uint4*>(
-          p.codes + ((static_cast<std::int64_t>(phys) * p.Hkv + h) * P + slot) * kBytes);
+  const int phys = mine ? s_phys[t] : -1;
+  int I[kMaxG];
 #pragma unroll
-      for (int piece = 0; piece < kBytes / 16; ++piece) {
-        const uint4 r = row[piece];
-        const unsigned words[4] = {r.x, r.y, r.z, r.w};
+  for (int i = 0; i < kMaxG; ++i) I[i] = 0;
+  if (phys >= 0) {
+    const int* u = s_u + t * kUStride;
 #pragma unroll
-        for (int wi = 0; wi < 4; ++wi) {
+    for (int piece = 0; piece < kBytes / 16; ++piece) {
+      const uint4 r = my_codes[piece];
+      const unsigned words[4] = {r.x, r.y, r.z, r.w};
 #pragma unroll
-          for (int e = 0; e < 16; ++e) {  // 16 channels a word, ascending (byte, then bits)
-            const int c = piece * 64 + wi * 16 + e;
-            const int code = static_cast<int>((words[wi] >> (2 * e)) & 3u);
-            I += s_q8[i][c] * (s_b3[t][c] + code * s_df[t][c]);
+      for (int wi = 0; wi < 4; ++wi) {
+#pragma unroll
+        for (int by = 0; by < 4; ++by) {  // channels c .. c + 3 (a byte of codes)
+          const int codes = spread_codes((words[wi] >> (8 * by)) & 0xffu);
+          const int pr = (piece * 64 + wi * 16 + by * 4) / 2;
+#pragma unroll
+          for (int i = 0; i < kMaxG; ++i) {
+            if (i < g) {
+              I[i] = __dp2a_lo(u[i * kPairs + pr], codes, I[i]);
+              I[i] = __dp2a_hi(u[i * kPairs + pr + 1], codes, I[i]);
+            }
           }
         }
       }
     }
-    // score = unit · (lo · Q + (step / 3) · I), each operation rounded once (the CPU's).
-    const double score =
-        __dmul_rn(s_unit[i], __dadd_rn(s_base[t][i], __dmul_rn(s_third[t], static_cast<double>(I))));
+  }
+  // A kept token is not ranked (token_codes' candidates can hold the window's partial page),
+  // but with log_prob it is scored: it is in its head's LSE (the pooling zeroes it after).
+  const std::int64_t token =
+      mine ? static_cast<std::int64_t>(p.cand[pair * p.cand_max + c0 + t]) * P + slot : -1;
+  const bool kept = token < s.tok_first_end || token >= s.tok_last_begin;
+  const bool ranked = mine && phys >= 0 && (p.log_prob ? token < s.L : !kept);
+  const std::int64_t pos = static_cast<std::int64_t>(c0) * P + j;
+#pragma unroll
+  for (int i = 0; i < kMaxG; ++i) {
+    if (i >= g) break;
+    unsigned long long key = 0ull;
+    if (ranked) {
+      // score = unit · (lo · Q + (step / 3) · I), each operation rounded once (the CPU's).
+      const double score = __dmul_rn(
+          s_unit[i], __dadd_rn(s_base[t][i],
+                               __dmul_rn(s_third[t], static_cast<double>(s_a[t][i] + I[i]))));
+      key = ordered_key64(score);
+    }
     const std::int64_t seg = static_cast<std::int64_t>(b) * p.Hq + h * g + i;
-    // A kept token is not ranked (token_codes' candidates can hold the window's partial page).
-    const std::int64_t token =
-        static_cast<std::int64_t>(p.cand[pair * p.cand_max + c0 + t]) * P + slot;
-    const bool kept = token < s.tok_first_end || token >= s.tok_last_begin;
-    p.keys2[seg * p.kmax + static_cast<std::int64_t>(c0 + t) * P + slot] =
-        phys >= 0 && !kept ? ordered_key64(score) : 0ull;
+    if (mine) p.keys2[seg * p.kmax + pos] = key;
+    if (p.log_prob) {  // the head's best key (two_stage_pool.cu's LSE): warp, CTA, then global
+      unsigned long long m = key;
+#pragma unroll
+      for (int o = 16; o > 0; o /= 2) m = max(m, __shfl_xor_sync(0xffffffffu, m, o));
+      if (lane == 0 && m != 0ull) atomicMax(&s_max[i], m);
+    }
+  }
+  if (p.log_prob) {
+    __syncthreads();
+    if (static_cast<int>(threadIdx.x) < g && s_max[threadIdx.x] != 0ull)
+      atomicMax(&p.lmax[static_cast<std::int64_t>(b) * p.Hq + h * g + threadIdx.x],
+                s_max[threadIdx.x]);
   }
 }
 
@@ -877,8 +788,8 @@ using namespace two_stage_impl;
 
 struct TwoStageWorkspace::Impl {
   detail::GrowBuffer<std::uint32_t> keys1;
-  detail::GrowBuffer<unsigned long long> keys2, thresh, ckeys;
-  detail::GrowBuffer<int> ccount;
+  detail::GrowBuffer<unsigned long long> keys2, thresh, ckeys, lmax, lsum;
+  detail::GrowBuffer<int> ccount, hist, bins;
   detail::GrowBuffer<std::int32_t> cidx;
   detail::GrowBuffer<std::int32_t> list1, len1, cand, n_cand, list2, len2;
   detail::ErrorFlag err;
@@ -938,6 +849,9 @@ void two_stage_select(const TwoStageSelectArgs& a, const TwoStageLaunch& launch)
           invalid_argument, "codes", "page codes and their ranges of the store's geometry needed");
   require(reinterpret_cast<std::uintptr_t>(a.codes.codes) % 16 == 0, invalid_argument, "codes",
           "must be 16-byte aligned");
+  require(reinterpret_cast<std::uintptr_t>(a.codes.range_min) % 4 == 0 &&
+              reinterpret_cast<std::uintptr_t>(a.codes.range_max) % 4 == 0,
+          invalid_argument, "codes", "the ranges must be 4-byte aligned");
   require(every_page || (reinterpret_cast<std::uintptr_t>(a.bounds.min) % 16 == 0 &&
                          reinterpret_cast<std::uintptr_t>(a.bounds.max) % 16 == 0),
           invalid_argument, "bounds", "must be 16-byte aligned");
@@ -952,6 +866,8 @@ void two_stage_select(const TwoStageSelectArgs& a, const TwoStageLaunch& launch)
   require(a.window_tokens >= 0, invalid_argument, "window_tokens", "must be >= 0");
   require(a.candidate_factor >= 0, invalid_argument, "candidate_factor",
           "must be >= 1, or 0 for every page (token_codes)");
+  require(!a.log_prob || a.candidate_factor == 0, unsupported, "log_prob",
+          "the log-prob pooling serves token_codes (candidate_factor 0) only");
   require(launch.max_pages_per_seq > 0, invalid_argument, "max_pages_per_seq", "must be > 0");
   require(std::isfinite(a.scale) && a.scale >= 0, invalid_argument, "scale",
           "must be finite and >= 0 (0: 1/sqrt(d))");
@@ -998,6 +914,12 @@ void two_stage_select(const TwoStageSelectArgs& a, const TwoStageLaunch& launch)
   ws.ccount.reserve(segs, "cudaMalloc(two-stage token thresholds)");
   ws.ckeys.reserve(segs * kCompactCap, "cudaMalloc(two-stage compacted keys)");
   ws.cidx.reserve(segs * kCompactCap, "cudaMalloc(two-stage compacted keys)");
+  if (a.log_prob) {
+    ws.lmax.reserve(segs, "cudaMalloc(two-stage log-prob max)");
+    ws.lsum.reserve(segs, "cudaMalloc(two-stage log-prob sum)");
+    ws.hist.reserve(segs * kBins, "cudaMalloc(two-stage log-prob histogram)");
+    ws.bins.reserve(segs * 3, "cudaMalloc(two-stage log-prob histogram)");
+  }
   ws.cand_size = pairs * cand_max;
   ws.count_size = pairs;
   ws.cand_stride = cand_max;
@@ -1044,6 +966,11 @@ void two_stage_select(const TwoStageSelectArgs& a, const TwoStageLaunch& launch)
   p.ckeys = ws.ckeys.data();
   p.cidx = ws.cidx.data();
   p.depth2 = depth2;
+  p.log_prob = a.log_prob ? 1 : 0;
+  p.lmax = ws.lmax.data();
+  p.lsum = ws.lsum.data();
+  p.hist = ws.hist.data();
+  p.bins = ws.bins.data();
   p.out_ids = a.ids.data();
   p.out_count = a.count.data();
   p.max_per_head = a.max_per_head;
@@ -1093,20 +1020,27 @@ void two_stage_select(const TwoStageSelectArgs& a, const TwoStageLaunch& launch)
     go(merge_kernel<1>, dim3(static_cast<unsigned>(pairs)), dim3(kThreads), merge1_smem, st, p,
        "two-stage page merge kernel");
   }
-  const dim3 sgrid((cand_max + kScorePages - 1) / kScorePages, Hkv, B);
+  // score_kernel: a thread per token, whole pages per CTA.
+  p.score_pages = std::max(1, std::min(kScorePages, kThreads / P));
+  if (a.log_prob) clear_log_prob(p, static_cast<int>(segs), st);  // the score kernel's max
+  const dim3 sgrid((cand_max + p.score_pages - 1) / p.score_pages, Hkv, B);
   if (d == 64) {
     go(score_kernel<64>, sgrid, dim3(kThreads), 0, st, p, "two-stage score kernel");
   } else {
     go(score_kernel<128>, sgrid, dim3(kThreads), 0, st, p, "two-stage score kernel");
   }
-  go(sample_kernel, dim3(static_cast<unsigned>(segs)), dim3(kRankThreads), kSampleMax * 8, st, p,
-     "two-stage token sample kernel");
-  const int per_cta = kThreads * kCompactPer;
-  go(compact_kernel, dim3(static_cast<unsigned>((kmax + per_cta - 1) / per_cta),
-                          static_cast<unsigned>(segs)),
-     dim3(kThreads), 0, st, p, "two-stage token compact kernel");
-  go(rank_compact_kernel, dim3(static_cast<unsigned>(segs)), dim3(kRankThreads),
-     static_cast<std::size_t>(kCompactCap) * 12, st, p, "two-stage compacted rank kernel");
+  if (a.log_prob) {  // the pooled keys, and their best by a histogram of log-probabilities
+    launch_log_prob_pool(p, static_cast<int>(segs), static_cast<int>(pairs), st);
+  } else {
+    go(sample_kernel, dim3(static_cast<unsigned>(segs)), dim3(kRankThreads), kSampleMax * 8, st,
+       p, "two-stage token sample kernel");
+    const int per_cta = kThreads * kCompactPer;
+    go(compact_kernel, dim3(static_cast<unsigned>((kmax + per_cta - 1) / per_cta),
+                            static_cast<unsigned>(segs)),
+       dim3(kThreads), 0, st, p, "two-stage token compact kernel");
+    go(rank_compact_kernel, dim3(static_cast<unsigned>(segs)), dim3(kRankThreads),
+       static_cast<std::size_t>(kCompactCap) * 12, st, p, "two-stage compacted rank kernel");
+  }
   go(rank_kernel<unsigned long long, 2>, dim3(static_cast<unsigned>(segs)),
          dim3(kRankThreads), rank2_smem, st, p, "two-stage token rank kernel");
   go(merge_kernel<2>, dim3(static_cast<unsigned>(pairs)), dim3(kThreads), merge2_smem, st, p,

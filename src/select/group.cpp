@@ -5,6 +5,7 @@
 #include <array>
 #include <cmath>
 
+#include "select/log_prob.hpp"
 #include "select/vec_math.hpp"
 
 namespace masskv::select::detail {
@@ -107,13 +108,14 @@ int fill_ranked(const Group& G, Scratch& S, const Ranked& r, int count, int cap,
     if (r.eligible) S.agg_elig.assign(static_cast<std::size_t>(n), 0);
     for (int i = 0; i < g; ++i) {
       const double* rank = r.rank + row(i);
-      double lse = 0;  // the row's log-sum-exp over the items (log_prob only)
+      double lse = 0;  // the row's log-sum-exp over the items (log_prob only): the GPU's bits
       if (r.log_prob) {
-        double m = -kInf, sum = 0;
+        double m = -kInf;
         for (int j = 0; j < n; ++j) m = std::max(m, rank[j]);
         if (m > -kInf) {
-          for (int j = 0; j < n; ++j) sum += std::exp(rank[j] - m);
-          lse = m + std::log(sum);
+          std::uint64_t sum = 0;
+          for (int j = 0; j < n; ++j) sum += lse_term(rank[j] - m);
+          lse = lse_finish(m, sum);
         }
       }
       for (int j = 0; j < n; ++j) {

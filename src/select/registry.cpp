@@ -34,6 +34,7 @@ struct MethodEntry {
   std::string_view name;
   const Scorer* scorer;  // null: reads nothing (dense)
   const Rule* rule;
+  GroupRule group = GroupRule::union_heads;  // GroupRule::method_default's meaning
 };
 
 // The order of the names in parse_method's message.
@@ -47,7 +48,7 @@ const MethodEntry kMethods[] = {
     {Method::oracle, "oracle", &scorer_exact, &rule_top_k},
     {Method::learned, "learned", &scorer_learned, &rule_top_k},
     {Method::two_stage, "two_stage", &scorer_page_codes, &rule_two_stage},
-    {Method::token_codes, "token_codes", &scorer_page_codes, &rule_top_k},
+    {Method::token_codes, "token_codes", &scorer_page_codes, &rule_top_k, GroupRule::log_prob},
 };
 
 const MethodEntry* entry_of(Method m) {
@@ -89,6 +90,11 @@ std::string capability_names(unsigned bits) {
 }
 
 }  // namespace
+
+GroupRule method_group(Method m) {
+  const MethodEntry* e = entry_of(m);
+  return e != nullptr ? e->group : GroupRule::union_heads;
+}
 
 Selector selector_for(const SelectorConfig& c) {
   const MethodEntry* e = entry_of(c.method);
@@ -156,3 +162,11 @@ void check_pair(const Selector& s, const SelectorConfig& c) {
 }
 
 }  // namespace masskv::select::detail
+
+namespace masskv::select {
+
+GroupRule resolved_group(const SelectorConfig& c) {
+  return c.group != GroupRule::method_default ? c.group : detail::method_group(c.method);
+}
+
+}  // namespace masskv::select

@@ -97,12 +97,13 @@ inline int score_rows(const Context& X, const Group& G) {
 // tests/selector_reference.hpp does the same). A scorer without kHeads has one row already.
 inline bool pool_heads(const Context& X) {
   const bool per_head = X.scorer && (X.scorer->provides & kHeads);
-  return per_head && (X.c.group == GroupRule::aggregate || X.c.group == GroupRule::log_prob ||
+  const GroupRule g = resolved_group(X.c);
+  return per_head && (g == GroupRule::aggregate || g == GroupRule::log_prob ||
                       X.c.oracle_head_collapsed);
 }
 // Whether that pooling is of the rows' log-probabilities (GroupRule::log_prob, Ranked::log_prob).
 inline bool pool_log_prob(const Context& X) {
-  return pool_heads(X) && X.c.group == GroupRule::log_prob;
+  return pool_heads(X) && resolved_group(X.c) == GroupRule::log_prob;
 }
 // Page bounds of q head i of G (kBound scorers, or a rule that scanned them).
 inline const float* bound_row(const Context& X, const Group& G, int i) {
@@ -113,6 +114,8 @@ inline const float* bound_row(const Context& X, const Group& G, int i) {
 // The method's {scorer, rule}, with SelectorConfig::scorer (when set) replacing the scorer.
 // Throws Error naming "scorer" for an unknown name.
 Selector selector_for(const SelectorConfig& c);
+// The method's own GQA rule (registry.cpp; resolved_group in selector.hpp).
+GroupRule method_group(Method m);
 // The method table's names, in its order (to_string, parse_method).
 std::string_view method_name(Method m);
 bool method_of(std::string_view name, Method& m);

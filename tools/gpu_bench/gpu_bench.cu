@@ -2691,6 +2691,9 @@ int run_bench(const char* json_path) {
         ts.factor = 0;  // token_codes: every page a candidate
         for (const TwoStageBenchRow& x : bench_two_stage(ts))
           rows.push_back({x.kind, sh.ctx, sh.batch, budget, x.us, x.bytes});
+        ts.log_prob = true;  // token_codes, the heads pooled by log-probability
+        for (const TwoStageBenchRow& x : bench_two_stage(ts))
+          rows.push_back({x.kind, sh.ctx, sh.batch, budget, x.us, x.bytes});
       }
       if (!compact_rows) continue;
       // Every compact row at 4096 tokens; at 2048 and 8192 the hierarchical selection (cover 2)
@@ -3059,7 +3062,7 @@ int main(int argc, char** argv) {
       "select-compact-check", "profile", "profile-select",  "profile-hier [N]",
       "profile-gauss",  "profile-phases", "bench OUT.json", "prefill-check",
       "prefill-bench OUT.json", "append-check", "extend-check", "decode-token-check",
-      "two-stage-check"};
+      "two-stage-check", "profile-two-stage"};
   const auto known = [&] {
     for (const std::string_view m : modes)
       if (m.substr(0, m.find(' ')) == mode) return true;
@@ -3108,6 +3111,7 @@ int main(int argc, char** argv) {
     if (mode == "extend-check") return run_extend_check() ? 1 : 0;
     if (mode == "decode-token-check") return run_decode_token_check() ? 1 : 0;
     if (mode == "two-stage-check") return run_two_stage_check() ? 1 : 0;
+    if (mode == "profile-two-stage") return run_profile_two_stage();
     if (mode == "prefill-bench")
       return run_prefill_bench(argc > 2 ? argv[2] : "bench_prefill.json");
   } catch (const Error& e) {

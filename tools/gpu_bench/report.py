@@ -326,18 +326,23 @@ def two_stage_table(rows, cudnn):
                      f"{us('gpu_token_codes_select_graph')} | "
                      f"{us('ours_sparse_token_codes_gpu_sel_graph')} | "
                      f"{vs('ours_sparse_token_codes_gpu_sel_graph')} | "
+                     f"{us('gpu_token_codes_lse_select_graph')} | "
+                     f"{us('ours_sparse_token_codes_lse_gpu_sel_graph')} | "
+                     f"{vs('ours_sparse_token_codes_lse_gpu_sel_graph')} | "
                      f"{us('ours_sparse_token_codes_token_decode_graph')} | "
-                     f"{us('ours_sparse_token_codes_gpu_sel_layers_graph')} |")
+                     f"{us('ours_sparse_token_codes_lse_gpu_sel_layers_graph')} |")
     if not lines:
         return []
     return captioned(
         "Two-stage selection (candidate_factor 4: pages by bound, merged round robin, then their "
-        "tokens on 2-bit codes) and token_codes (every token on its codes) + token decode, µs "
-        "(CUDA graph), beside cuDNN's dense decode and the flat and hierarchical Quest steps at "
-        "the same budget in tokens:",
+        "tokens on 2-bit codes) and token_codes (every token on its codes; the q heads merged "
+        "round robin, or pooled by log-probability: +lse) + token decode, µs (CUDA graph), "
+        "beside cuDNN's dense decode and the flat and hierarchical Quest steps at the same "
+        "budget in tokens:",
         ["context", "B", "Hq", "budget", "cuDNN dense", "flat Quest step", "hier step",
          "two-stage select", "two-stage step", "token_codes select", "token_codes step",
-         "token_codes vs cuDNN", "token decode alone", "token_codes step per layer (8-layer graph)"],
+         "token_codes vs cuDNN", "+lse select", "+lse step", "+lse vs cuDNN",
+         "token decode alone", "+lse step per layer (8-layer graph)"],
         lines)
 
 

@@ -308,6 +308,7 @@ struct TsCase {
   std::int64_t budget;
   int factor, sinks, window;
   bool ties;
+  bool log_prob;  // factor 0 only: GroupRule::log_prob in place of the round robin
 };
 
 struct TsStats {
@@ -375,6 +376,7 @@ int run_ts_case(const TsCase& c, std::uint64_t seed, cuda::TwoStageWorkspace& ws
   cfg.sink_pages = c.sinks;
   cfg.window_tokens = c.window;
   cfg.candidate_factor = c.factor == 0 ? cfg.candidate_factor : c.factor;
+  cfg.group = c.log_prob ? select::GroupRule::log_prob : select::GroupRule::union_heads;
   select::SelectOutput out;
   select::run_selector(a, cfg, out);
   const SelectionView want = out.selection.view();
@@ -397,6 +399,7 @@ int run_ts_case(const TsCase& c, std::uint64_t seed, cuda::TwoStageWorkspace& ws
   ta.sink_pages = c.sinks;
   ta.window_tokens = c.window;
   ta.candidate_factor = c.factor;
+  ta.log_prob = c.log_prob;
   ta.max_per_head = cap;
   ta.ids = {ids.p, ids.n};
   ta.count = {cnt.p, cnt.n};
@@ -437,12 +440,12 @@ int run_ts_case(const TsCase& c, std::uint64_t seed, cuda::TwoStageWorkspace& ws
           if (failures <= 3)
             std::printf(
                 "FAIL two-stage B=%d group=%d Hkv=%d d=%d L=%lld budget=%lld factor=%d sinks=%d "
-                "window=%d%s: list [%d][%d] count gpu %d cpu %zu, first difference at %d "
+                "window=%d%s%s: list [%d][%d] count gpu %d cpu %zu, first difference at %d "
                 "(gpu %d, cpu %d)\n",
                 c.B, c.group, c.Hkv, c.d,
                 static_cast<long long>(hc.table.table().length(b, c.P)),
                 static_cast<long long>(c.budget), c.factor, c.sinks, c.window,
-                c.ties ? " ties" : "", b, h, gn, w.size(), first_diff,
+                c.ties ? " ties" : "", c.log_prob ? " log_prob" : "", b, h, gn, w.size(), first_diff,
                 first_diff < gn ? gi[base + first_diff] : -1,
                 first_diff < static_cast<int>(w.size()) ? w[first_diff] : -1);
         }
@@ -474,29 +477,41 @@ int run_two_stage_check() {
     c.sinks = rng.below(3);
     c.window = rng.below(3) == 0 ? 0 : rng.below(400);
     c.ties = i % 5 == 4;
+    c.log_prob = false;
     cases.push_back(c);
+    if (c.factor == 0) {  // token_codes: the same case under the log-prob pooling too
+      c.log_prob = true;
+      cases.push_back(c);
+    }
   }
   // Edges: a budget past the sequence, 1-token sequences, every page a candidate, the largest
   // lists (4096 tokens, factor 8 at 32K), wide groups at 32K, a window past the sequence.
-  cases.push_back({2, 4, 2, 128, 16, 300, 4096, 4, 1, 0, false});
-  cases.push_back({3, 2, 2, 64, 16, 1, 64, 1, 0, 0, false});
-  cases.push_back({1, 4, 2, 128, 16, 2048, 512, 8, 1, 64, false});
-  cases.push_back({1, 4, 8, 128, 16, 32768, 4096, 8, 1, 0, false});
-  cases.push_back({1, 8, 4, 128, 16, 32768, 4096, 4, 2, 256, false});
-  cases.push_back({1, 4, 8, 128, 16, 32768, 4096, 4, 1, 0, true});
-  cases.push_back({2, 1, 8, 64, 16, 32768, 1024, 8, 0, 5000, false});
-  cases.push_back({1, 3, 2, 128, 16, 5000, 256, 2, 3, 100000, false});
+  cases.push_back({2, 4, 2, 128, 16, 300, 4096, 4, 1, 0, false, false});
+  cases.push_back({3, 2, 2, 64, 16, 1, 64, 1, 0, 0, false, false});
+  cases.push_back({1, 4, 2, 128, 16, 2048, 512, 8, 1, 64, false, false});
+  cases.push_back({1, 4, 8, 128, 16, 32768, 4096, 8, 1, 0, false, false});
+  cases.push_back({1, 8, 4, 128, 16, 32768, 4096, 4, 2, 256, false, false});
+  cases.push_back({1, 4, 8, 128, 16, 32768, 4096, 4, 1, 0, true, false});
+  cases.push_back({2, 1, 8, 64, 16, 32768, 1024, 8, 0, 5000, false, false});
+  cases.push_back({1, 3, 2, 128, 16, 5000, 256, 2, 3, 100000, false, false});
   // token_codes: windows that end inside a page (its other tokens are ranked), tied keys, a
   // 128K sequence, a window past the sequence.
-  cases.push_back({2, 4, 2, 128, 16, 32768, 4096, 0, 1, 100, false});
-  cases.push_back({1, 8, 2, 64, 16, 9000, 512, 0, 2, 37, true});
-  cases.push_back({1, 4, 2, 128, 16, 131072, 4096, 0, 1, 0, false});
-  cases.push_back({3, 1, 3, 64, 16, 3000, 64, 0, 0, 5, false});
-  cases.push_back({1, 2, 1, 64, 16, 700, 128, 0, 1, 100000, false});
+  cases.push_back({2, 4, 2, 128, 16, 32768, 4096, 0, 1, 100, false, false});
+  cases.push_back({1, 8, 2, 64, 16, 9000, 512, 0, 2, 37, true, false});
+  cases.push_back({1, 4, 2, 128, 16, 131072, 4096, 0, 1, 0, false, false});
+  cases.push_back({3, 1, 3, 64, 16, 3000, 64, 0, 0, 5, false, false});
+  cases.push_back({1, 2, 1, 64, 16, 700, 128, 0, 1, 100000, false, false});
+  // log_prob: the same edges, and the widest group over 128K with a budget near the cap.
+  cases.push_back({2, 4, 2, 128, 16, 32768, 4096, 0, 1, 100, false, true});
+  cases.push_back({1, 8, 2, 64, 16, 9000, 512, 0, 2, 37, true, true});
+  cases.push_back({1, 8, 1, 128, 16, 131072, 8000, 0, 1, 0, false, true});
+  cases.push_back({3, 1, 3, 64, 16, 3000, 64, 0, 0, 5, false, true});
+  cases.push_back({1, 2, 1, 64, 16, 700, 128, 0, 1, 100000, false, true});
+  cases.push_back({3, 3, 2, 64, 16, 1, 64, 0, 0, 0, false, true});
   std::printf(
       "two-stage-check: %zu cases (Hq/Hkv 1..8, d 64/128, page 16, lengths up to 128K, budgets "
-      "64..4096, factors 0 (token_codes) and 1..8, sinks 0..2, windows; every 5th with tied "
-      "keys) vs select::run_selector(two_stage with bounds_bf16, or token_codes): identical "
+      "64..8000, factors 0 (token_codes: round robin, log_prob) and 1..8, sinks 0..2, windows; "
+      "every 5th with tied keys) vs select::run_selector(two_stage with bounds_bf16, or token_codes): identical "
       "lists required\n",
       cases.size());
   const auto t0 = std::chrono::steady_clock::now();
@@ -561,6 +576,53 @@ int run_two_stage_check() {
       "two-stage-check: %s, %d failure(s); %ld/%ld lists identical, %ld tokens (%.1f s)\n",
       failures ? "FAILED" : "passed", failures, st.identical, st.lists, st.tokens, secs);
   return failures;
+}
+
+// ---- profile --------------------------------------------------------------------------------
+
+int run_profile_two_stage() {
+  // The bench's shape (B 1, Hq 32, Hkv 8, d 128, page 16, budget 4096, one sink page) on a host
+  // cache of random keys: token_codes with the round robin and with log_prob, each step timed
+  // by events (the per-kernel times: run under ncu).
+  for (const int L : {32768, 131072}) {
+    Rng rng(77);
+    HostCache hc = make_cache(rng, {L}, 8, 128, 16, DType::bf16, true, false);
+    const kv::SummariesView hsum = hc.cache->summaries();
+    const select::BoundStore store(hsum);
+    TsGpu g(store.view(), hc.cache->page_codes());
+    DevTable dt(hc.table);
+    std::vector<float> q = random_q(rng, 32 * 128, false);
+    DevBuf<float> dq = to_device(q);
+    const int pages = hc.table.table().num_pages(0);
+    const int cap = cuda::two_stage_capacity(pages, 16, 4096, 1, 0);
+    DevBuf<std::int32_t> ids(static_cast<std::size_t>(8) * cap), cnt(8);
+    cuda::TwoStageWorkspace ws;
+    for (const bool lp : {false, true}) {
+      cuda::TwoStageSelectArgs ta;
+      ta.q = View3<const float>::contiguous(dq.p, 1, 32, 128);
+      ta.table = dt.view();
+      ta.page_size = 16;
+      ta.bounds = g.store;
+      ta.codes = g.pc;
+      ta.budget_tokens = 4096;
+      ta.sink_pages = 1;
+      ta.window_tokens = 0;
+      ta.candidate_factor = 0;
+      ta.log_prob = lp;
+      ta.max_per_head = cap;
+      ta.ids = {ids.p, ids.n};
+      ta.count = {cnt.p, cnt.n};
+      cuda::TwoStageLaunch l;
+      l.workspace = &ws;
+      l.max_pages_per_seq = pages;
+      l.check_errors = false;
+      const double us = time_us(3, 20, [&](int) { cuda::two_stage_select(ta, l); });
+      ws.check(nullptr);
+      std::printf("profile-two-stage L=%d token_codes%s: %.1f us per select\n", L,
+                  lp ? "+lse" : "", us);
+    }
+  }
+  return 0;
 }
 
 // ---- bench ------------------------------------------------------------------------------------
@@ -682,6 +744,7 @@ std::vector<TwoStageBenchRow> bench_two_stage(const TwoStageBenchShape& s) {
     a.sink_pages = s.sink_pages;
     a.window_tokens = s.window_tokens;
     a.candidate_factor = s.factor;
+    a.log_prob = s.log_prob;
     a.max_per_head = cap;
     a.ids = {ids[r % rq].p, ids[r % rq].n};
     a.count = {cnt[r % rq].p, cnt[r % rq].n};
@@ -729,7 +792,7 @@ std::vector<TwoStageBenchRow> bench_two_stage(const TwoStageBenchShape& s) {
       (s.factor == 0 ? 0.0 : static_cast<double>(s.batch) * pages * s.hkv * s.d * 4) +
       cand * (s.d * 2.0 + 8.0 + s.page * s.d / 4.0);
   constexpr int kWarm = 10, kIters = 100;
-  const std::string tag = s.factor == 0 ? "token_codes" : "two_stage";
+  const std::string tag = s.factor != 0 ? "two_stage" : s.log_prob ? "token_codes_lse" : "token_codes";
   std::vector<TwoStageBenchRow> rows;
   const double sel_us = time_us(kWarm, kIters, [&](int i) { select(i, nullptr); });
   tws.check(nullptr);

@@ -18,6 +18,8 @@ int run_decode_token_check();
 // cuda::two_stage_select vs select::run_selector(Method::two_stage), list for list, identical;
 // returns the number of failures (printed).
 int run_two_stage_check();
+// token_codes' select at the bench's shape (32K, 128K), round robin and log_prob, timed.
+int run_profile_two_stage();
 
 // One bench shape's inputs (device memory unless said): the bf16 HND pool, its f32 summaries
 // (host: uploaded once), the bound store, per-rotation tables and queries.
@@ -25,6 +27,7 @@ struct TwoStageBenchShape {
   int ctx = 0, batch = 1, hq = 32, hkv = 8, d = 128, page = 16, pool_pages = 0;
   int budget = 4096, sink_pages = 1, window_tokens = 0;
   int factor = masskv::select::SelectorConfig{}.candidate_factor;  // the library's default
+  bool log_prob = false;  // factor 0: GroupRule::log_prob (rows tagged token_codes_lse)
   const void* k = nullptr;
   const void* v = nullptr;
   const float* host_min = nullptr;  // [pool_pages][hkv][d] f32 summaries, host

@@ -153,8 +153,11 @@ const Modifier kModifiers[] = {
      [](select::SelectorConfig& c) { c.rescore_factor = 2; }},
     {"lse", "token_codes",
      "one ranking per kv group: the max over its q heads of each head's log-probability, no "
-     "round robin",
+     "round robin (token_codes' default since 2026-12-06; rows keyed as before)",
      [](select::SelectorConfig& c) { c.group = select::GroupRule::log_prob; }},
+    {"rr", "token_codes", "the q heads' round robin (each head in turn takes its best token): "
+     "token_codes' rule before 2026-12-06",
+     [](select::SelectorConfig& c) { c.group = select::GroupRule::union_heads; }},
     // Any selector (method ""): the first layers dense, counted in the budget.
     {"dense1", "", "the first layer decodes densely, its reads counted in the budget",
      [](select::SelectorConfig& c) { c.dense_layers = 1; }},
@@ -430,7 +433,14 @@ struct RowTags {
 std::string row_tag_of_protocol(const MethodRow& m, const RowTags& t) {
   if (m.entmax) return t.settings + t.conversion;
   if (base_method(m.method) == "two_stage") return t.settings + t.two_stage + t.codes;
-  if (base_method(m.method) == "token_codes") return t.settings + t.codes;
+  if (base_method(m.method) == "token_codes") {
+    // Rows of plain "token_codes" written before its default rule became log_prob are the
+    // round robin's (now "token_codes+rr"): the default's rows carry "|lp" and never reuse them.
+    const std::vector<std::string>& mods = split_reselect(m.method).mods;
+    const bool explicit_rule = std::find(mods.begin(), mods.end(), "lse") != mods.end() ||
+                               std::find(mods.begin(), mods.end(), "rr") != mods.end();
+    return t.settings + t.codes + (explicit_rule ? "" : "|lp");
+  }
   if (is_prefill(m.method)) {
     const select::PrefillSelectConfig c;
     const std::string pf =
@@ -1049,7 +1059,7 @@ void register_eval(CLI::App& app, const std::string& cmdline) {
       ->delimiter(',')
       ->check(count_in(1, kMaxTokens));
   e->add_option("--methods", o->methods,
-                "dense, token_codes (the default selector: every token on its 2-bit page code), "
+                "dense, token_codes (the default selector: every token on its 2-bit page code, the q heads pooled by log-probability), "
                 "two_stage (candidate pages by the bound, then their tokens on the codes), "
                 "sink_recent, quest, top_p, oracle, learned "
                 "(with --selector-file), "

@@ -59,13 +59,15 @@ struct Budget {
 
 // GQA: one selection per kv group (docs/design.md §3). `union_heads` interleaves the q heads'
 // own rankings (round robin, each head's next best page) so every head gets its best pages;
-// `aggregate` ranks by one group score (max bound, mean estimated mass). Default: union,
-// because the §2.2 certificate is per q head and a union of per-head supports is exact for
-// each head, whereas an aggregate lets agreeing heads outvote the one head that disagrees.
-// `log_prob` ranks by the max over the q heads of each head's log-probability of the item (its
-// score minus the head's log-sum-exp over the group's items): one ranking, no round robin, for
-// logit-like scores (the selection lab, docs/results/lab-smollm2/group-rules/).
-enum class GroupRule { union_heads, aggregate, log_prob };
+// `aggregate` ranks by one group score (max bound, mean estimated mass). Union for the page
+// selectors, because the §2.2 certificate is per q head and a union of per-head supports is
+// exact for each head, whereas an aggregate lets agreeing heads outvote the one head that
+// disagrees. `log_prob` ranks by the max over the q heads of each head's log-probability of the
+// item (its score minus the head's log-sum-exp over the group's items, select/log_prob.hpp):
+// one ranking, no round robin, for logit-like scores — token_codes' rule (the selection lab,
+// docs/results/lab-smollm2/group-rules/; the development split and the GPU's merge-free
+// ranking, docs/eval.md). `method_default`: the method's own (resolved_group).
+enum class GroupRule { method_default, union_heads, aggregate, log_prob };
 
 // Source of a page's estimated mass for top_p (§2.4). `page_mean`: n_j e^{m_j} (biased low);
 // `page_gaussian`: n_j E[e^X] = n_j exp(m_j + v_j/2) for softmax, the Gaussian-model
@@ -83,7 +85,7 @@ struct SelectorConfig {
   Budget budget;
   int sink_pages = 1;     // always kept (0 allowed)
   int window_tokens = 0;  // pages covering the last W tokens always kept; so is the last page
-  GroupRule group = GroupRule::union_heads;
+  GroupRule group = GroupRule::method_default;
   MassSource mass_source = MassSource::page_gaussian;
   // gaussian_tau: keep page j when (alpha-1) U_j > tau_hat - margin (z units).
   double tau_margin = 0.0;
@@ -114,6 +116,10 @@ struct SelectorConfig {
   // quant_keys, recency, page_codes; others once registered. Empty: the method's own.
   std::string scorer;
 };
+
+// The GQA rule a config selects with: its `group`, or under GroupRule::method_default the
+// method's own (log_prob for token_codes, union_heads for every other method).
+GroupRule resolved_group(const SelectorConfig& c);
 
 struct SelectArgs {
   View3<const float> q;   // [B][Hq][d], Hq a multiple of the cache's kv heads

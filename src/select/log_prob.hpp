@@ -1,0 +1,139 @@
+// The log-sum-exp of GroupRule::log_prob (docs/design.md §3: a kv group's q heads pooled into
+// one ranking by the max over heads of score − the head's LSE over the sequence). One rule,
+// host and device: the CPU rule (select/group.cpp) and the CUDA token_codes kernels
+// (cuda/two_stage.cu) must compute the same LSE to the last bit, or a near tie between two heads'
+// tokens could be broken differently and the selections would disagree. So:
+//  - exp and log are fixed polynomials of IEEE operations, each rounded once (no library exp/log,
+//    whose last bits differ between glibc and CUDA; no mul-add contracted into an fma: device
+//    code uses the _rn intrinsics, host files including this are built -ffp-contract=off);
+//  - the sum of the exponentials is an integer (each term rounded to units of 2^-40), so any
+//    summation order (a CTA tree, atomics, a loop) gives the same total.
+// Accuracy is not the point (the LSE is off by at most n · 2^-41 for n tokens, from the
+// rounding of the terms; the polynomials are good to ~1e-15); determinism is.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+
+#include "core/host_device.hpp"
+
+namespace masskv::select {
+
+namespace log_prob_detail {
+
+MASSKV_HD inline double mul(double a, double b) {
+#if defined(__CUDA_ARCH__)
+  return __dmul_rn(a, b);
+#else
+  return a * b;
+#endif
+}
+MASSKV_HD inline double add(double a, double b) {
+#if defined(__CUDA_ARCH__)
+  return __dadd_rn(a, b);
+#else
+  return a + b;
+#endif
+}
+MASSKV_HD inline double div(double a, double b) {
+#if defined(__CUDA_ARCH__)
+  return __ddiv_rn(a, b);
+#else
+  return a / b;
+#endif
+}
+MASSKV_HD inline double round_even(double x) {
+#if defined(__CUDA_ARCH__)
+  return rint(x);
+#else
+  return std::rint(x);  // the default rounding mode: to nearest, ties to even
+#endif
+}
+
+// ln 2 split for the range reduction: kLn2Hi has 32 significant bits, so k · kLn2Hi is exact
+// for the |k| <= 64 used here.
+inline constexpr double kLn2Hi = 0x1.62e42fee00000p-1;
+inline constexpr double kLn2Lo = 0x1.a39ef35793c76p-33;
+inline constexpr double kLn2 = 0x1.62e42fefa39efp-1;
+inline constexpr double kLog2e = 0x1.71547652b82fep+0;
+inline constexpr double kSqrtHalf = 0x1.6a09e667f3bcdp-1;
+
+// e^r for |r| <= ln2 / 2: Taylor to r^12 (truncation < 3e-17), Horner.
+MASSKV_HD inline double exp_reduced(double r) {
+  double p = 0x1.1eed8eff8d898p-29;  // 1/12!
+  p = add(mul(p, r), 0x1.ae64567f544e4p-26);
+  p = add(mul(p, r), 0x1.27e4fb7789f5cp-22);
+  p = add(mul(p, r), 0x1.71de3a556c734p-19);
+  p = add(mul(p, r), 0x1.a01a01a01a01ap-16);
+  p = add(mul(p, r), 0x1.a01a01a01a01ap-13);
+  p = add(mul(p, r), 0x1.6c16c16c16c17p-10);
+  p = add(mul(p, r), 0x1.1111111111111p-7);
+  p = add(mul(p, r), 0x1.5555555555555p-5);
+  p = add(mul(p, r), 0x1.5555555555555p-3);
+  p = add(mul(p, r), 0x1.0000000000000p-1);
+  p = add(mul(p, r), 1.0);
+  return add(mul(p, r), 1.0);
+}
+
+// log f for f in [√½, √2): 2 atanh(u), u = (f − 1)/(f + 1), |u| <= 0.172; the odd series to
+// u^23 (truncation < 1e-19).
+MASSKV_HD inline double log_reduced(double f) {
+  const double u = div(add(f, -1.0), add(f, 1.0));
+  const double u2 = mul(u, u);
+  double s = 0x1.642c8590b2164p-5;  // 1/23
+  s = add(mul(s, u2), 0x1.8618618618618p-5);
+  s = add(mul(s, u2), 0x1.af286bca1af28p-5);
+  s = add(mul(s, u2), 0x1.e1e1e1e1e1e1ep-5);
+  s = add(mul(s, u2), 0x1.1111111111111p-4);
+  s = add(mul(s, u2), 0x1.3b13b13b13b14p-4);
+  s = add(mul(s, u2), 0x1.745d1745d1746p-4);
+  s = add(mul(s, u2), 0x1.c71c71c71c71cp-4);
+  s = add(mul(s, u2), 0x1.2492492492492p-3);
+  s = add(mul(s, u2), 0x1.999999999999ap-3);
+  s = add(mul(s, u2), 0x1.5555555555555p-2);
+  s = add(mul(s, u2), 1.0);
+  return mul(mul(2.0, u), s);
+}
+
+}  // namespace log_prob_detail
+
+// Fixed-point units of the sum: 2^-40. With the head's best token at e^0 = 2^40 units, a
+// sequence of up to 2^23 tokens sums below 2^63.
+inline constexpr int kLseFracBits = 40;
+
+// e^x in units of 2^-40, rounded to nearest (ties to even), for x = a token's score minus the
+// head's max (x <= 0). Terms below half a unit (x < −28.42) and NaN give 0.
+MASSKV_HD inline std::uint64_t lse_term(double x) {
+  using namespace log_prob_detail;
+  if (!(x > -28.5)) return 0;
+  if (x > 0) x = 0;
+  const double k = round_even(mul(x, kLog2e));  // in [−41, 0]
+  const double r = add(add(x, -mul(k, kLn2Hi)), -mul(k, kLn2Lo));
+  const double e = exp_reduced(r);  // e^x = 2^k · e
+#if defined(__CUDA_ARCH__)
+  return static_cast<std::uint64_t>(round_even(ldexp(e, static_cast<int>(k) + kLseFracBits)));
+#else
+  return static_cast<std::uint64_t>(round_even(std::ldexp(e, static_cast<int>(k) + kLseFracBits)));
+#endif
+}
+
+// The LSE of a head whose best score is m and whose lse_term sum is `sum` (>= 1 unit when m is
+// finite: the best token's own term is 2^40): m + log(sum · 2^-40).
+MASSKV_HD inline double lse_finish(double m, std::uint64_t sum) {
+  using namespace log_prob_detail;
+  if (sum == 0) return m;
+  int e = 0;
+#if defined(__CUDA_ARCH__)
+  double f = frexp(__ull2double_rn(sum), &e);  // sum = f · 2^e, f in [½, 1)
+#else
+  double f = std::frexp(static_cast<double>(sum), &e);
+#endif
+  if (f < kSqrtHalf) {
+    f = mul(f, 2.0);
+    e -= 1;
+  }
+  const double log_sum = add(mul(static_cast<double>(e - kLseFracBits), kLn2), log_reduced(f));
+  return add(m, log_sum);
+}
+
+}  // namespace masskv::select
