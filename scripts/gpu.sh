@@ -110,7 +110,8 @@ if [[ $do_bench -eq 1 ]]; then
 fi
 [[ $do_python -eq 0 ]] && exit "$check_rc"
 
-# Python: the module against torch and transformers (python3 there holds them).
+# Python: the module against torch and transformers (python3 there holds them). The GPU machine
+# reaches no package registry, so this is its own python3, not the .venv of scripts/setup.sh.
 SITE=${SITE:-/tmp/masskv-site}
 { if compgen -G ".whl/*.whl" >/dev/null; then
     python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target "$SITE" .whl/*.whl

@@ -9,6 +9,10 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 # The CLI alone: the test binary and CUDA objects are built by scripts/test.sh / scripts/gpu.sh.
 scripts/setup.sh --build-dir build --default-model --cli-only
+# The eval's plots (scripts/plot_eval.py) run with the python3 of the project's venv, where setup
+# installed the pinned matplotlib.
+source scripts/venv.sh
+use_venv main.sh
 # The entmax rows run the committed entmax conversion of SmolLM2 (docs/results/
 # entmax-conversion-smollm2), not plain entmax on the softmax-trained model, unless another
 # model or conversion is named.

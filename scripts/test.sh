@@ -19,6 +19,9 @@ done
 # OpenMP threads that spin at barriers starve each other on a busy 2-core machine (a test
 # that takes 5 s passive took 65 s spinning); tests never measure speed.
 export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-passive}
+# Every python3 below (pytest, the CLI checks, the CLI's plots) is the one of the project's venv
+# .venv/, which scripts/setup.sh makes with the pinned packages of requirements.txt.
+source scripts/venv.sh
 
 passed=0
 failed=0
@@ -87,7 +90,7 @@ run_pytest() {
   passed=$((passed + p)); failed=$((failed + f))
 }
 
-if scripts/setup.sh --build-dir build --models; then
+if scripts/setup.sh --build-dir build --models && use_venv test.sh; then
   run_gtest unit build/masskv_tests
   run_counted cli tests/cli/run.sh build/masskv
   # Every subcommand's numeric options just outside their ranges, huge, NaN, garbage (< 90 s).
@@ -97,9 +100,10 @@ else
   failed=$((failed + 1))
 fi
 
-# Python module: pip install . (incremental), then the NumPy tests; torch / transformers tests
-# skip themselves where those packages are absent (they run on the GPU machine).
-if scripts/setup.sh --no-build --python; then
+# Python module: pip install . into .venv (incremental), then the NumPy tests; torch /
+# transformers tests skip themselves where those packages are absent (they run on the GPU
+# machine).
+if scripts/setup.sh --no-build --python && use_venv test.sh; then
   run_pytest python python/tests
 else
   echo "test.sh: Python module build failed" >&2

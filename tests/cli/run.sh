@@ -10,6 +10,9 @@ fail=0
 tmp=$(mktemp -d)
 root=$(cd "$(dirname "$0")/../.." && pwd)  # the repository (committed selector files)
 trap 'rm -rf "$tmp"' EXIT
+# python3 below, and the CLI's plot and llama.cpp calls, run the project's venv (scripts/setup.sh
+# makes it, with matplotlib and the models).
+source "$root/scripts/venv.sh" && use_venv tests/cli/run.sh || exit 1
 
 check() {  # check NAME EXPECTED_RC GREP_PATTERN -- command...
   local name=$1 want=$2 pattern=$3; shift 4

@@ -260,8 +260,9 @@ std::vector<Row> bench_peer(const std::string& path, const BenchOptions& o,
     for (const auto& x : v) s += (s.empty() ? "" : ",") + fmt::format("{}", x);
     return s;
   };
-  const std::string cmd = fmt::format("python3 {} {} -p {} -n {} -d {} -t {} -r {} --seed {}",
-                                      shell_quote(script.string()), shell_quote(path), n_prompt,
+  const std::string cmd = fmt::format("{} {} {} -p {} -n {} -d {} -t {} -r {} --seed {}",
+                                      script_python(script), shell_quote(script.string()),
+                                      shell_quote(path), n_prompt,
                                       n_gen, join(depths), join(o.threads), o.reps, o.seed);
   fmt::print(stderr, "peer: {}\n", cmd);
   FILE* pipe = popen(cmd.c_str(), "r");
@@ -408,10 +409,13 @@ void run_bench_model(BenchOptions o, const CLI::App& app) {
           "depth + max(-p, -n) = ", longest, " exceeds the model's context ",
           mdl->config().n_ctx_train);
   // Before the long part: a missing peer is an error now, not after our rows.
-  require(o.peer.empty() || std::system("python3 -c 'import llama_cpp' >/dev/null 2>&1") == 0,
+  require(o.peer.empty() ||
+              std::system((script_python(find_script("llamacpp_bench.py")) +
+                           " -c 'import llama_cpp' >/dev/null 2>&1")
+                              .c_str()) == 0,
           ErrorCode::unsupported, "--peer",
-          "llama-cpp-python is not installed in python3: scripts/setup.sh --peer builds it "
-          "(30-60 min on 2 cores)");
+          "llama-cpp-python is not installed in the project's .venv (or python3): "
+          "scripts/setup.sh --peer builds it (30-60 min on 2 cores)");
   std::mt19937_64 rng(o.seed);
   std::vector<Row> rows;
   for (int t : o.threads) {

@@ -32,6 +32,12 @@ std::filesystem::path find_script(const std::string& script) {
   return {};
 }
 
+std::string script_python(const std::filesystem::path& script) {
+  const std::filesystem::path venv = script.parent_path().parent_path() / ".venv/bin/python3";
+  std::error_code ec;
+  return std::filesystem::exists(venv, ec) ? shell_quote(venv.string()) : "python3";
+}
+
 void run_plot_script(const std::string& command, const std::string& script,
                      const std::vector<std::string>& args) {
   const std::filesystem::path path = find_script(script);
@@ -39,14 +45,15 @@ void run_plot_script(const std::string& command, const std::string& script,
     fmt::print(stderr, "masskv {}: warning: scripts/{} not found; no plots\n", command, script);
     return;
   }
-  if (std::system("python3 -c 'import matplotlib' >/dev/null 2>&1") != 0) {
+  const std::string python = script_python(path);
+  if (std::system((python + " -c 'import matplotlib' >/dev/null 2>&1").c_str()) != 0) {
     fmt::print(stderr,
-               "masskv {}: warning: python3 with matplotlib not available "
-               "(python3 -m pip install matplotlib); no plots\n",
-               command);
+               "masskv {}: warning: {} has no matplotlib (scripts/setup.sh installs it into "
+               "the project's .venv); no plots\n",
+               command, python);
     return;
   }
-  std::string cmd = "python3 " + shell_quote(path.string());
+  std::string cmd = python + " " + shell_quote(path.string());
   for (const std::string& a : args) {
     cmd.push_back(' ');
     cmd.append(shell_quote(a));
