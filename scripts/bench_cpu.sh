@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
 # Runs the CPU attention benchmark and commits-ready results under bench/results/:
-# <date>-cpu-attn.md (command, date, machine, table) and .json.
+# <date>-cpu-attn.md (command, date, machine, table) and .json (its rows, -o json --out).
 #   scripts/bench_cpu.sh [extra masskv bench attn arguments]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh --build-dir build >/dev/null
 day=$(date -u +%Y-%m-%d)
 out=bench/results/$day-cpu-attn
-cmd=(build/masskv bench attn --json "$out.json" "$@")
+cmd=(build/masskv bench attn -o json --out "$out.json" "$@")
 {
   echo "# CPU attention benchmark, $day"
   echo

@@ -17,11 +17,11 @@ use_venv main.sh
 # entmax-conversion-smollm2), not plain entmax on the softmax-trained model, unless another
 # model or conversion is named.
 conversion=(--entmax-conversion docs/results/entmax-conversion-smollm2/smollm2-entmax1.5.gguf)
-out=(-o out/eval)
+out=(-O out/eval)
 for a in "$@"; do
   case "$a" in
     -m | --model | --model=* | --entmax-conversion | --entmax-conversion=*) conversion=() ;;
-    -o | --out-dir | --out-dir=*) out=() ;;
+    -O | --out-dir | --out-dir=*) out=() ;;
   esac
 done
 exec build/masskv eval "${out[@]}" "${conversion[@]}" "$@"

@@ -32,36 +32,68 @@ check version 0 '^masskv [0-9.]+ \(commit [0-9a-f]+(\+modified)?; (Release|Debug
 check bench-help 0 'attn' -- "$bin" bench --help
 check bench-attn-help 0 '--depth' -- "$bin" bench attn --help
 check no-subcommand 2 'subcommand' -- "$bin"
-# Every command's --help ends with examples (dump's are its own file's, not yet written).
+# Every command's --help ends with 2-3 examples that name only its options and pass its checks.
 for c in run perplexity bench "bench attn" "bench dist" "bench keys" "bench select" study reuse \
-    convert distill eval "selector init"; do
+    dump convert distill eval selector "selector init"; do
   check "help-examples-${c// /-}" 0 '^Examples:' -- "$bin" $c --help
+  check "help-examples-valid-${c// /-}" 0 '^examples ok' -- python3 "$root/tests/cli/help_examples.py" \
+    "$bin" $c
 done
+# One dialect (docs/cli.md); its old spellings are refused in tests/cli/sweep.sh.
+check dialect-ctx-suffix 0 'ctx-size=1024' -- "$bin" run -p hi -n 1 -c 1K --dry-run
+check dialect-model-unknown 2 '^masskv: error: --model: .*no such file' -- "$bin" run -m gemma4 \
+  --dry-run
+check dialect-models-unknown 2 '^masskv: error: --model' -- "$bin" bench -m smollm2,none.gguf \
+  --dry-run
 check bad-depth 2 '--depth' -- "$bin" bench attn -d 12x
-check bad-budget 2 '--budget' -- "$bin" bench attn -d 1K -b 3/2
+check bad-budget 2 '--budget' -- "$bin" bench attn -d 1K --budget 3/2
 check bad-dtype 2 '--kv-dtype' -- "$bin" bench attn -d 1K --kv-dtype fp8
 check bad-alpha 2 'alpha' -- "$bin" bench attn -d 1K --mapping entmax --alpha 2.5
 check bad-heads 2 '--hq' -- "$bin" bench attn -d 1K --hq 6 --hkv 4
-check tiny-bench 0 '\| 1024 \| 1 \| 1/8 \|' -- "$bin" bench attn -d 1K -t 1 -b 1/8 \
-  --min-seconds 0 -r 2 --hq 4 --hkv 2 --json "$tmp/b.json" --csv "$tmp/b.csv"
-check tiny-bench-json 0 '"sparse"' -- cat "$tmp/b.json"
-check tiny-bench-csv 0 '^sparse,1024,1,1/8,' -- cat "$tmp/b.csv"
-check tiny-bench-entmax 0 'entmax' -- "$bin" bench attn -d 2K -t 2 -b 1/4 --min-seconds 0 \
+check tiny-bench 0 '\| 1024 \| 1 \| 1/8 \|' -- "$bin" bench attn -d 1K -t 1 --budget 1/8 \
+  --min-seconds 0 -r 2 --hq 4 --hkv 2 -o csv --out "$tmp/b.csv"
+check tiny-bench-csv 0 '^sparse,1024,1,[0-9.e+-]+,[0-9.e+-]+,' -- cat "$tmp/b.csv"
+check tiny-bench-csv-numeric 0 '^numeric$' -- python3 -c "
+import csv
+rows = list(csv.DictReader(open('$tmp/b.csv')))
+num = lambda v: v == '' or float(v) == float(v)
+ok = {r['kind'] for r in rows} == {'dense', 'sparse'} and all(
+    num(v) for r in rows for k, v in r.items() if k not in ('kind', 'budget', 'kv_dtype', 'mapping'))
+print('numeric' if ok else rows)"
+check tiny-bench-json 0 '"kind": "sparse"' -- "$bin" bench attn -d 1K -t 0 --budget 1/8 \
+  --min-seconds 0 -r 2 --hq 4 --hkv 2 -o json
+check tiny-bench-entmax 0 'entmax' -- "$bin" bench attn -d 2K -t 2 --budget 1/4 --min-seconds 0 \
   -r 2 --hq 8 --hkv 2 --mapping entmax --alpha 1.5 --kv-dtype bf16
 
 # bench (model, llama-bench style): errors before any work, a tiny run in each format.
 check bench-model-help 0 '--n-depth' -- "$bin" bench --help
 check bench-model-zero 2 '-p/-n' -- "$bin" bench -p 0 -n 0
 check bench-model-reps 2 '^masskv: error.*-r' -- "$bin" bench -r 0
-check bench-model-too-deep 2 'exceeds the model' -- "$bin" bench -d 9000
+check bench-model-too-deep 2 'exceeds the context of smollm2' -- "$bin" bench -d 9000
 check bench-model-bad-format 2 'output' -- "$bin" bench -o xml
 check bench-model-tiny 0 '\| quest [0-9]+ \| tg4 @ d48 \|' -- "$bin" bench -p 16 -n 4 -d 0,48 -r 1 \
   --selector quest --budget 1/2
-check bench-model-json 0 '"tps_mean"' -- "$bin" bench -p 8 -n 2 -r 1 --json
+check bench-model-json 0 '"tps_sd"' -- "$bin" bench -p 8 -n 2 -r 1 -o json
+check bench-model-jsonl 0 '^2 rows, numeric$' -- bash -c "'$bin' bench -p 8 -n 2 -r 1 -o jsonl \
+  2>/dev/null | python3 -c '
+import json, sys
+rows = [json.loads(l) for l in sys.stdin]
+ok = all(isinstance(r[\"tps_mean\"], float) and isinstance(r[\"tps_sd\"], float) for r in rows)
+print(len(rows), \"rows,\", \"numeric\" if ok else rows)'"
+check bench-model-out 0 '^\| smollm2 \| .* \| pp8 \|' -- "$bin" bench -p 8 -n 0 -r 1 -o csv \
+  --out "$tmp/bench.csv"
+check bench-model-out-file 0 '^smollm2,llama,[0-9.]+,masskv,1,dense,pp8,0,8,[0-9.e+-]+,' -- \
+  cat "$tmp/bench.csv"
+check bench-model-out-no-symbols 1 '^0$' -- grep -cE '±|×' "$tmp/bench.csv"
+check bench-model-out-dir 2 '--out' -- "$bin" bench -p 8 -n 0 -r 1 -o csv --out "$tmp"
+if "$bin" run -m gemma3 -n 1 -p hi >/dev/null 2>&1; then  # bench: several -m, a group each
+  check bench-models 0 '\| smollm2 \| .* \| tg2 \|.*\| gemma3 \| .* \| tg2 \|' -- bash -c \
+    "'$bin' bench -m smollm2 -m gemma3 -p 8 -n 2 -r 1 2>/dev/null | tr '\n' ' '"
+fi
 check bench-model-batch 0 '\| tg2x3 \|' -- "$bin" bench -p 0 -n 2 -b 1,3 -r 1
 check bench-model-bad-batch 2 '-b' -- "$bin" bench -p 0 -n 2 -b 0
-check bench-model-csv 0 '^llama,[0-9.]+,masskv,1,dense,pp8,[0-9.e+-]+,[0-9.e+-]+,' -- "$bin" bench \
-  -p 8 -n 0 -r 1 --csv
+check bench-model-csv 0 '^smollm2,llama,[0-9.]+,masskv,1,dense,pp8,0,8,[0-9.e+-]+,[0-9.e+-]+,' -- \
+  "$bin" bench -p 8 -n 0 -r 1 -o csv
 check bench-model-all-cores 0 "\\| masskv \\| $(nproc) \\| dense \\| pp8 \\|" -- "$bin" bench -p 8 -n 0 \
   -r 1 -t 0
 if python3 -c 'import llama_cpp' 2>/dev/null; then
@@ -73,50 +105,59 @@ fi
 
 # dump: real q/k/v that study reads back; damaged files are errors naming the file.
 check dump-help 0 '--layers' -- "$bin" dump --help
-check dump-bad-layer 2 'layer 99 out of range' -- "$bin" dump -l 99 -d 64 -o "$tmp/dump"
-check dump-too-deep 2 'exceeds' -- "$bin" dump -d 9000 -o "$tmp/dump"
-check dump-tiny 0 'layer03.mkvd' -- "$bin" dump -d 96 -l 2,3 --steps 2 -t 1 -o "$tmp/dump"
+check dump-bad-layer 2 'layer 99 out of range' -- "$bin" dump --layers 99 -d 64 -O "$tmp/dump"
+check dump-too-deep 2 'exceeds' -- "$bin" dump -d 9000 -O "$tmp/dump"
+check dump-tiny 0 'layer03.mkvd' -- "$bin" dump -d 96 --layers 2,3 --steps 2 -t 1 -O "$tmp/dump"
 check study-dump 0 '\| dump:.*layer02.mkvd \| softmax \| quest \| 1/4 \|' -- "$bin" study \
-  --generators "dump:$tmp/dump/layer02.mkvd" -b 1/4 -m softmax -s quest --no-plots
+  --generators "dump:$tmp/dump/layer02.mkvd" --budget 1/4 --mapping softmax --selectors quest \
+  --no-plots
+check study-dump-csv 0 '^dump:.*layer02.mkvd,softmax,quest,1/4,0.25,' -- "$bin" study \
+  --generators "dump:$tmp/dump/layer02.mkvd" --budget 1/4 --mapping softmax --selectors quest \
+  --no-plots -o csv
 head -c 1000 "$tmp/dump/layer02.mkvd" > "$tmp/cut.mkvd"
 check study-dump-truncated 2 'truncated' -- "$bin" study --generators "dump:$tmp/cut.mkvd" \
-  -b 1/4 -m softmax -s quest --no-plots
+  --budget 1/4 --mapping softmax --selectors quest --no-plots
 check study-dump-not-a-dump 2 'not a masskv q/k/v dump' -- "$bin" study \
-  --generators "dump:$tmp/b.json" --no-plots
+  --generators "dump:$tmp/b.csv" --no-plots
 # Progress in logs: with stderr not a terminal, a line every MASSKV_PROGRESS_SECONDS (default 5).
 check progress-in-logs 0 '^study: [0-9]+/[0-9]+ \([0-9]+%\), .*/s, .* elapsed, ETA' -- env \
-  MASSKV_PROGRESS_SECONDS=0.001 "$bin" study -c 2K --steps 1 -g gaussian,needles -s quest \
-  -b 1/8,1/4 -m softmax --no-plots
+  MASSKV_PROGRESS_SECONDS=0.001 "$bin" study -c 2K --steps 1 --generators gaussian,needles \
+  --selectors quest --budget 1/8,1/4 --mapping softmax --no-plots
 # reuse: selections reused across steps and layers, on the dumps; its fresh rows are the study's.
 check reuse-help 0 '--ages' -- "$bin" reuse --help
 check reuse-tiny 0 '\| softmax \| quest \| 1/4 \| prev layer \|' -- "$bin" reuse \
-  -i "$tmp/dump/layer02.mkvd,$tmp/dump/layer03.mkvd" -s quest -b 1/4 -m softmax -a 1,4 \
-  --policy-cos 0.9 -o "$tmp/reuse" --no-plots
-check reuse-age-skipped 0 'age 4 skipped' -- "$bin" reuse -i "$tmp/dump/layer02.mkvd" -s quest \
-  -b 1/4 -m softmax -a 4 --no-plots
+  --inputs "$tmp/dump/layer02.mkvd,$tmp/dump/layer03.mkvd" --selectors quest --budget 1/4 \
+  --mapping softmax --ages 1,4 --policy-cos 0.9 -O "$tmp/reuse" --no-plots
+check reuse-age-skipped 0 'age 4 skipped' -- "$bin" reuse --inputs "$tmp/dump/layer02.mkvd" \
+  --selectors quest --budget 1/4 --mapping softmax --ages 4 --no-plots
+check reuse-jsonl 0 '"source":"fresh"' -- "$bin" reuse --inputs "$tmp/dump/layer02.mkvd" \
+  --selectors quest --budget 1/4 --mapping softmax --ages 1 --no-plots -o jsonl
 check reuse-step-row 0 '^3,softmax,quest,1/4,step −1,1,' -- cat "$tmp/reuse/reuse.csv"
 check reuse-policy-row 0 '^3,softmax,quest,1/4,R 16 cos 0.9,-2,' -- cat "$tmp/reuse/reuse.csv"
-"$bin" study --generators "dump:$tmp/dump/layer02.mkvd" -b 1/4 -m softmax -s quest --no-plots \
-  --json "$tmp/study.json" >/dev/null 2>&1
+"$bin" study --generators "dump:$tmp/dump/layer02.mkvd" --budget 1/4 --mapping softmax \
+  --selectors quest --no-plots -o json --out "$tmp/study.json" >/dev/null 2>&1
 check reuse-fresh-is-study 0 '^same$' -- python3 -c "
 import json
-s = [r for r in json.load(open('$tmp/study.json'))['rows'] if r['selector'] == 'quest']
+s = [r for r in json.load(open('$tmp/study.json')) if r['selector'] == 'quest']
 r = [r for r in json.load(open('$tmp/reuse/reuse.json'))['rows']
      if r['layer'] == 2 and r['source'] == 'fresh']
 ok = len(s) == len(r) == 1 and s[0]['delta'] == r[0]['delta'] and s[0]['recall'] == r[0]['recall']
 print('same' if ok else f'differ: {s} {r}')"
-check reuse-bad-age 2 '--ages' -- "$bin" reuse -i "$tmp/dump/layer02.mkvd" -a 0 --no-plots
-check reuse-q4 2 '--selectors' -- "$bin" reuse -i "$tmp/dump/layer02.mkvd" -s top_p_q4 --no-plots
-"$bin" dump -d 96 -l 2 --steps 1 -t 1 -o "$tmp/dump1" >/dev/null 2>&1
-check reuse-one-query 2 'at least 2' -- "$bin" reuse -i "$tmp/dump1/layer02.mkvd" --no-plots
+check reuse-bad-age 2 '--ages' -- "$bin" reuse --inputs "$tmp/dump/layer02.mkvd" --ages 0 \
+  --no-plots
+check reuse-q4 2 '--selectors' -- "$bin" reuse --inputs "$tmp/dump/layer02.mkvd" \
+  --selectors top_p_q4 --no-plots
+"$bin" dump -d 96 --layers 2 --steps 1 -t 1 -O "$tmp/dump1" >/dev/null 2>&1
+check reuse-one-query 2 'at least 2' -- "$bin" reuse --inputs "$tmp/dump1/layer02.mkvd" --no-plots
 check reuse-shapes 2 'shapes differ' -- "$bin" reuse \
-  -i "$tmp/dump/layer02.mkvd,$tmp/dump1/layer02.mkvd" --no-plots
+  --inputs "$tmp/dump/layer02.mkvd,$tmp/dump1/layer02.mkvd" --no-plots
 check run-bad-reselect 2 '--reselect-every' -- "$bin" run --reselect-every 0 -p hi
 # bench keys: selector key formats on the dumped keys.
 check bench-keys-help 0 '--formats' -- "$bin" bench keys --help
-check bench-keys-bad-format 2 '--formats' -- "$bin" bench keys -i "$tmp/dump/layer02.mkvd" -f fp4
+check bench-keys-bad-format 2 '--formats' -- "$bin" bench keys --dumps "$tmp/dump/layer02.mkvd" \
+  --formats fp4
 check bench-keys-tiny 0 '\| nvfp4 \| 5 \| 4.75 \| 40 \| 76 \|' -- "$bin" bench keys \
-  -i "$tmp/dump/layer02.mkvd" -b 1/2 --json "$tmp/keys.json"
+  --dumps "$tmp/dump/layer02.mkvd" --budget 1/2 -o json --out "$tmp/keys.json"
 check bench-keys-json 0 '"mass_recall"' -- cat "$tmp/keys.json"
 
 # distill: options checked before any work; a tiny run writes the selector, curves and summary.
@@ -128,13 +169,14 @@ check distill-bad-input 2 '--input' -- "$bin" distill --input values
 check distill-bad-groups 2 '--groups' -- "$bin" distill --groups heads
 check distill-rope-qk 2 'rope' -- "$bin" distill --rope
 check distill-tiny 0 '^\| 2 \| [0-9.]+ \| [0-9.]+ \|' -- "$bin" distill --layers 2 --tokens 96 \
-  --sequences 2 --queries 8 --steps 4 --dim 32 -t 1 -o "$tmp/distill/s.gguf" --cache-dir "$tmp/acts"
+  --sequences 2 --queries 8 --steps 4 --dim 32 -t 1 --out "$tmp/distill/s.gguf" \
+  --cache-dir "$tmp/acts"
 check distill-outputs 0 's_curves.csv' -- ls "$tmp/distill"
 # bench keys on the distilled selector's projections: d_s = 32 rows, layer 2 only.
 check bench-keys-selector 0 '\| int4 \| 4.5 \| 4.5 \| 18 \| 36 \|' -- "$bin" bench keys \
-  -i "$tmp/dump/layer02.mkvd" -b 1/2 --selector-file "$tmp/distill/s.gguf"
+  --dumps "$tmp/dump/layer02.mkvd" --budget 1/2 --selector-file "$tmp/distill/s.gguf"
 check bench-keys-selector-layer 2 'no layer 3' -- "$bin" bench keys \
-  -i "$tmp/dump/layer03.mkvd" --selector-file "$tmp/distill/s.gguf"
+  --dumps "$tmp/dump/layer03.mkvd" --selector-file "$tmp/distill/s.gguf"
 
 # eval: options checked before any work; a tiny run, its cache resumed, then widened.
 check eval-help 0 '--budgets' -- "$bin" eval --help
@@ -153,7 +195,7 @@ check eval-modifier-dry-run 0 'report_rows=3' -- "$bin" eval --methods dense,ora
   --budgets 1/16 --protocol strict --dry-run
 # One protocol keeps these runs short; eval-protocols runs both.
 ev=(--tasks niah_single_number --lengths 512 --samples 1 --budgets 1/8 -t 1 --no-plots
-    --protocol strict -o "$tmp/eval")
+    --protocol strict -O "$tmp/eval")
 check eval-tiny 0 '\| quest \| 1/8 \| softmax \|' -- "$bin" eval "${ev[@]}" --methods dense,quest
 check eval-tiny-files 0 'niah_single_number' -- cat "$tmp/eval/results.md" "$tmp/eval/results.csv"
 if python3 -c 'import matplotlib' 2>/dev/null; then  # the plots of the tiny run (one budget)
@@ -165,6 +207,23 @@ check eval-resumes 0 '2 results cached, 0 samples to run' -- \
 check eval-widens 0 '2 results cached, 1 samples to run' -- \
   "$bin" eval "${ev[@]}" --methods dense,quest,sink_recent
 check eval-cache-lines 0 '^3$' -- bash -c "wc -l < '$tmp/eval/cache.jsonl'"
+# token_codes' rule in one cache spelling: the default (log_prob) finds +lse's rows; the round
+# robin (+rr) is a row of its own, and finds the rows plain token_codes wrote before the change.
+evc=(--tasks niah_single_number --lengths 512 --samples 1 --budgets 1/8 -t 1 --no-plots
+     --protocol strict -O "$tmp/eval-tc")
+check eval-tc-lse 0 '0 results cached, 1 samples to run' -- "$bin" eval "${evc[@]}" \
+  --methods token_codes+lse
+check eval-tc-default-is-lse 0 '1 results cached, 0 samples to run' -- "$bin" eval "${evc[@]}" \
+  --methods token_codes
+check eval-tc-rr-apart 0 '0 results cached, 1 samples to run' -- "$bin" eval "${evc[@]}" \
+  --methods token_codes+rr
+check eval-tc-rr-old-rows 0 '1 results cached, 0 samples to run' -- bash -c "python3 -c \"
+import json
+for l in open('$tmp/eval-tc/cache.jsonl'):
+    r = json.loads(l)
+    if r['method'] == 'token_codes+rr': r['method'] = 'token_codes'; print(json.dumps(r))
+\" > '$tmp/eval-tc/old.jsonl' && '$bin' eval ${evc[*]} --methods token_codes+rr \
+  --cache '$tmp/eval-tc/old.jsonl'"
 # A run killed mid-write leaves a torn last record: it alone is recomputed, the others are
 # kept, and the file holds whole lines again. A record out of range is skipped, not reported.
 # (tests/test_line_file.cpp tears the file at every byte offset of its last record.)
@@ -184,14 +243,14 @@ check eval-cache-out-of-range 0 'skipped \(score: must be in \[0, 1\], got 7' --
   "${ev[@]}" --methods dense,quest,sink_recent --cache "$tmp/eval-torn/cache.jsonl" --report-only
 check eval-reselect 0 '\| quest@2 \| 1/8 \| softmax \|' -- "$bin" eval --tasks \
   niah_single_number --lengths 512 --samples 1 --budgets 1/8 -t 1 --no-plots --protocol strict \
-  --methods dense,quest@2,quest@4c0.9 -o "$tmp/eval-reselect"
+  --methods dense,quest@2,quest@4c0.9 -O "$tmp/eval-reselect"
 # One sample on 2 kernel threads: the same records as on one thread (timings aside).
 evw=(--tasks niah_single_number --lengths 512 --samples 1 --budgets 1/8 --no-plots
      --methods dense,quest,sink_recent --protocol strict)
 check eval-one-thread 0 '1 worker\(s\) × 1 thread\(s\)' -- "$bin" eval "${evw[@]}" -t 1 \
-  -o "$tmp/eval-1"
+  -O "$tmp/eval-1"
 check eval-workers 0 '1 worker\(s\) × 2 thread\(s\)' -- "$bin" eval "${evw[@]}" -t 2 \
-  --workers 1 -o "$tmp/eval-2"
+  --workers 1 -O "$tmp/eval-2"
 check eval-workers-same 0 '^same$' -- python3 -c "
 import json
 strip = lambda f: sorted(json.dumps({k: v for k, v in json.loads(l).items() if 'seconds' not in k},
@@ -200,7 +259,7 @@ a, b = strip('$tmp/eval-1/cache.jsonl'), strip('$tmp/eval-2/cache.jsonl')
 print('same' if a == b and len(a) == 3 else 'differ')"
 check eval-report-only 0 '2 results missing, not computed' -- "$bin" eval --tasks \
   niah_single_number --lengths 512 --samples 1 --budgets 1/8 --no-plots -t 1 --protocol strict \
-  --methods dense,quest,oracle,top_p --report-only -o "$tmp/eval-1"
+  --methods dense,quest,oracle,top_p --report-only -O "$tmp/eval-1"
 check eval-report-only-table 0 'incomplete.*2 of the 4' -- cat "$tmp/eval-1/results.md"
 check eval-report-only-wrote-nothing 0 '^3$' -- bash -c "wc -l < '$tmp/eval-1/cache.jsonl'"
 check eval-bad-workers 2 '--workers' -- "$bin" eval --workers -1
@@ -209,7 +268,7 @@ check eval-bad-protocol 2 '--protocol' -- "$bin" eval --protocol lenient
 # and the standard rows reuse nothing of the strict ones' cache entries.
 check eval-protocols 0 '\| standard \| two_stage \| 1/8 \| softmax \|.*\| strict \| two_stage' -- \
   bash -c "'$bin' eval --tasks niah_single_number --lengths 512 --samples 1 --budgets 1/8 -t 1 \
-  --no-plots --methods dense,two_stage -o '$tmp/eval-proto' | tr '\n' ' '"
+  --no-plots --methods dense,two_stage -O '$tmp/eval-proto' | tr '\n' ' '"
 check eval-protocols-records 0 '^standard 2 strict 2$' -- python3 -c "
 import json, collections
 c = collections.Counter(json.loads(l)['protocol'] for l in open('$tmp/eval-proto/cache.jsonl'))
@@ -233,7 +292,7 @@ check bench-prefill-dense 2 '--sparse-prefill' -- "$bin" bench -p 64 -n 0 --spar
 check bench-prefill-ttft 0 '\| pp200 \| sparse prefill index16 1/4 \| .*× \|' -- "$bin" bench \
   -p 200 -n 0 -r 1 --sparse-prefill index --prefill-k-block 16 --prefill-budget 1/4
 check bench-prefill-json 0 '"attended_fraction"' -- "$bin" bench -p 64 -n 0 -r 1 \
-  --sparse-prefill token --json
+  --sparse-prefill token -o json
 check bench-prefill-learned-no-file 2 '--selector-file' -- "$bin" bench -p 64 -n 0 \
   --sparse-prefill learned
 check bench-prefill-learned 0 '\| pp200 \| sparse prefill learned16 1/4 \| .*× \|' -- "$bin" \
@@ -243,12 +302,12 @@ check eval-prefill-learned-no-file 2 '--selector-file' -- "$bin" eval --methods 
 
 # learned selector: a file made without training, then run / bench / perplexity / eval with it.
 check selector-help 0 '--kind' -- "$bin" selector init --help
-check selector-bad-kind 2 '--kind' -- "$bin" selector init --kind magic -o "$tmp/x.gguf"
-check selector-bad-groups 2 '--groups' -- "$bin" selector init --groups 2 -o "$tmp/x.gguf"
+check selector-bad-kind 2 '--kind' -- "$bin" selector init --kind magic --out "$tmp/x.gguf"
+check selector-bad-groups 2 '--groups' -- "$bin" selector init --groups 2 --out "$tmp/x.gguf"
 check selector-init 0 'mean_score selector, input qk, 30 layer' -- "$bin" selector init \
-  --kind mean_score -o "$tmp/mean.gguf"
+  --kind mean_score --out "$tmp/mean.gguf"
 check selector-init-random 0 'random selector, input hidden, 2 layer.*rope' -- "$bin" selector \
-  init --kind random --input hidden --dim 16 --rope -l 3,7 -o "$tmp/rand.gguf"
+  init --kind random --input hidden --dim 16 --rope --layers 3,7 --out "$tmp/rand.gguf"
 check run-help-learned 0 '--selector-file' -- "$bin" run --help
 check run-learned-no-file 2 '--selector-file' -- "$bin" run -p hi -n 1 --selector learned
 check run-learned-missing 2 'missing.gguf' -- "$bin" run -p hi -n 1 --selector learned \
@@ -271,11 +330,16 @@ check bench-learned-tiny 0 '\| learned p0.9:[0-9]+ \| tg2 @ d64 \|' -- "$bin" be
 yes "The grass is green and the sky is blue. Here we go, there and back again." | head -40 \
   > "$tmp/text.txt"
 check ppl-learned-tiny 0 '\| learned \|' -- "$bin" perplexity -f "$tmp/text.txt" -c 64 \
-  --chunks 1 -t 1 --selector learned --selector-file "$tmp/mean.gguf" --budget 1/4
+  --chunks 1 -t 1 --selector learned --selector-file "$tmp/mean.gguf" --budget 1/4 -o json \
+  --out "$tmp/ppl.json"
+check ppl-json 0 '^ppl [0-9.]+ dense [0-9.]+$' -- python3 -c "
+import json
+[r] = json.load(open('$tmp/ppl.json'))
+print('ppl', r['ppl'], 'dense', r['ppl_dense'])"
 check eval-learned-no-file 2 '--selector-file' -- "$bin" eval --methods learned
 check eval-bad-top-p 2 '--budgets' -- "$bin" eval --budgets p0
 ev=(--tasks niah_single_number --lengths 512 --samples 1 -t 1 --no-plots --protocol strict
-    -o "$tmp/eval")
+    -O "$tmp/eval")
 check eval-learned-tiny 0 '\| learned \| p0.9 \| softmax \|' -- "$bin" eval "${ev[@]}" \
   --methods dense,learned,sink_recent --budgets 1/8,p0.9 --selector-file "$tmp/mean.gguf"
 check eval-learned-rows 0 '2 results cached, 0 samples' -- "$bin" eval "${ev[@]}" \
@@ -286,14 +350,14 @@ check eval-learned-new-file 0 '0 results cached, 1 samples' -- "$bin" eval "${ev
 for i in $(seq 40); do echo "Every package must specify the dependency information it needs."; done \
   > "$tmp/text.txt"
 check convert-help 0 '--entmax-conversion|--alpha' -- "$bin" convert --help
-check convert-bad-alpha 2 '--alpha' -- "$bin" convert --alpha 2.5 -o "$tmp/c.gguf"
-check convert-bad-proxy 2 '--proxy' -- "$bin" convert --proxy magic -o "$tmp/c.gguf"
-check convert-bad-scale 2 '--scales' -- "$bin" convert --scales 0 -o "$tmp/c.gguf"
+check convert-bad-alpha 2 '--alpha' -- "$bin" convert --alpha 2.5 --out "$tmp/c.gguf"
+check convert-bad-proxy 2 '--proxy' -- "$bin" convert --proxy magic --out "$tmp/c.gguf"
+check convert-bad-scale 2 '--scales' -- "$bin" convert --scales 0 --out "$tmp/c.gguf"
 check convert-too-many-tokens 2 '--tokens' -- "$bin" convert -f "$tmp/text.txt" --tokens 4K \
-  -o "$tmp/c.gguf"
-check convert-identity 0 'identity' -- "$bin" convert --identity --alpha 2 -o "$tmp/id.gguf"
+  --out "$tmp/c.gguf"
+check convert-identity 0 'identity' -- "$bin" convert --identity --alpha 2 --out "$tmp/id.gguf"
 check convert-tiny 0 'chosen: α 1.5' -- "$bin" convert -f "$tmp/text.txt" --tokens 128 -c 64 \
-  --queries 4 --scales 1.1 -t 1 -o "$tmp/conv.gguf"
+  --queries 4 --scales 1.1 -t 1 --out "$tmp/conv.gguf"
 check conv-missing 2 '^masskv: error.*--entmax-conversion' -- "$bin" run -n 1 \
   --entmax-conversion "$tmp/none.gguf"
 check conv-not-a-conversion 2 '^masskv: error.*--entmax-conversion' -- "$bin" run -n 1 \
@@ -306,12 +370,12 @@ check ppl-converted-tiny 0 '\| entmax2, t = 1 \(unconverted\) \| entmax_support 
 check run-converted-tiny 0 'attention converted entmax1.5' -- "$bin" run -n 3 -t 1 \
   --entmax-conversion "$tmp/conv.gguf"
 check eval-conversion-alpha 2 '--alpha' -- "$bin" eval --tasks niah_single_number --lengths 512 \
-  --entmax-conversion "$tmp/id.gguf" --alpha 1.5 -o "$tmp/eval-conv"
+  --entmax-conversion "$tmp/id.gguf" --alpha 1.5 -O "$tmp/eval-conv"
 # The conversion keys the entmax rows only: softmax rows of a run without it are reused (at
 # the same α: α is in every row's key), and its entmax rows are not mixed with plain ones.
 evc=(--tasks niah_single_number --lengths 512 --samples 1 --budgets 1/8 --no-plots -t 1
      --protocol strict --methods dense,dense_entmax --cache "$tmp/eval-1/cache.jsonl"
-     -o "$tmp/eval-conv")
+     -O "$tmp/eval-conv")
 check eval-conv-reuses-softmax 0 '1 results cached, 1 samples to run' -- "$bin" eval \
   "${evc[@]}" --entmax-conversion "$tmp/conv.gguf"
 check eval-conv-cached 0 '2 results cached, 0 samples to run' -- "$bin" eval "${evc[@]}" \

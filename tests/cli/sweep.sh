@@ -81,7 +81,7 @@ EOF
 bench --threads -1 $over_threads
 bench --n-prompt -1 1Q
 bench --n-gen -1 1.5
-bench --n-depth -1 2.5K
+bench --depth -1 2.5K
 bench --batch 0 257
 bench --repetitions 0 -3
 bench --prefill-k-block 8 256
@@ -90,12 +90,12 @@ EOF
   shape_rows bench:attn
   cat <<EOF
 bench:attn --depth 0 -1 3T
-bench:attn --threads 0 -1 $over_threads
+bench:attn --threads -1 $over_threads
 bench:attn --sink-pages -1
 bench:attn --window -1
 bench:attn --alpha 1 2.01 0.5
 bench:attn --min-seconds -0.1 3601
-bench:attn --repeat 0 1048577
+bench:attn --repetitions 0 1048577
 EOF
   shape_rows bench:dist
   cat <<EOF
@@ -108,22 +108,22 @@ EOF
   cat <<EOF
 bench:select --depth 0 -1
 bench:select --alpha 1 2.5
-bench:select --repeat 0 -1
+bench:select --repetitions 0 -1
 bench:keys --page 0 3 512
-bench:keys --top-p 0 1.5
+bench:keys --top-p-mass 0 1.5
 EOF
   shape_rows study
   cat <<EOF
-study --context 0 -5 1Q
+study --ctx-size 0 -5 1Q
 study --steps 0 4097
-study --top-p 0 1.5
+study --top-p-mass 0 1.5
 study --sink-pages -1
 study --window -1
 reuse --ages 0 -1
 reuse --policy-every 0 1048577
 reuse --policy-cos -1.5 1.5
 reuse --page 0 3 512
-reuse --top-p 0 1.5
+reuse --top-p-mass 0 1.5
 reuse --sink-pages -1
 reuse --window -1
 convert --alpha 1 2.5 0.9
@@ -158,7 +158,18 @@ selector:init --dim 0 4097
 dump --threads -1 $over_threads
 dump --steps 0 -1
 dump --samples 0 -1
+dump --depth 0 -1 1Q
 EOF
+  local c
+  for c in run perplexity bench dump distill convert eval selector:init; do
+    echo "$c --model gemma4 none.gguf"  # a known name or an existing GGUF file
+  done
+  for c in run bench bench:attn bench:dist bench:select study dump distill eval selector:init; do
+    echo "$c --seed -1 1.5 18446744073709551616"
+  done
+  for c in bench bench:attn bench:dist bench:keys bench:select perplexity study reuse; do
+    echo "$c --output xml txt"  # md, csv, json or jsonl
+  done
 }
 
 # Extra arguments a command needs to get as far as option parsing (required files).
@@ -166,11 +177,11 @@ base_of() {
   case $1 in
     run) echo "run -p hi -n 1" ;;
     perplexity) echo "perplexity -f $tmp/text.txt" ;;
-    bench:keys) echo "bench keys -i $tmp/text.txt" ;;
-    reuse) echo "reuse -i $tmp/text.txt --no-plots" ;;
-    convert) echo "convert -o $tmp/c.gguf" ;;
-    selector:init) echo "selector init -o $tmp/s.gguf" ;;
-    dump) echo "dump -o $tmp/dump" ;;
+    bench:keys) echo "bench keys --dumps $tmp/text.txt" ;;
+    reuse) echo "reuse --inputs $tmp/text.txt --no-plots" ;;
+    convert) echo "convert --out $tmp/c.gguf" ;;
+    selector:init) echo "selector init --out $tmp/s.gguf" ;;
+    dump) echo "dump -O $tmp/dump" ;;
     study) echo "study --no-plots" ;;
     *) echo "${1//:/ }" ;;
   esac
@@ -208,12 +219,76 @@ case_ context -- run -f "$tmp/long.txt" -n 1
 case_ context -- run -p hi -n 9000
 case_ --ctx-size -- run -p hi -n 1 -c 9000
 case_ --ctx-size -- perplexity -f "$tmp/long.txt" -c 16K
-case_ --ctx-size -- convert -c 16K --tokens 32K -o "$tmp/c.gguf"
+case_ --ctx-size -- convert -c 16K --tokens 32K --out "$tmp/c.gguf"
 case_ --lengths -- eval --lengths 1M
-case_ -d -- bench -d 9000 -p 8 -n 0
+case_ --depth -- bench -d 9000 -p 8 -n 0
+# --out: a file that can be written (not a folder, nothing but folders above it).
+case_ --out -- bench -p 8 -n 0 -o csv --out "$tmp"
+case_ --out -- study --no-plots -o json --out "$tmp/text.txt/s.json"
+case_ --out -- convert --out /
+case_ --out -- perplexity -f "$tmp/text.txt" -o json --out "$tmp"
+
+# Old spellings (docs/cli.md "Old spellings"): a letter that changed meaning or a retired name is
+# refused before any work with a message naming the new spelling.
+old_spellings() {  # NEW SPELLING | the old use
+  cat <<EOF
+--mapping|study -m softmax
+--mapping|reuse --inputs x.mkvd -m softmax
+--mapping|bench attn -m entmax
+--mapping|bench keys --dumps x.mkvd -m softmax
+--selectors|study -s quest
+--selectors|reuse --inputs x.mkvd -s quest
+--selectors|bench select -s quest
+--budget|study -b 1/8
+--budget|reuse --inputs x.mkvd -b 1/8
+--budget|bench attn -b 1/8
+--budget|bench dist -b 1/16
+--budget|bench keys --dumps x.mkvd -b 1/8
+--budget|bench select -b 1/8
+-O DIR|study -o out/study
+-O DIR|reuse --inputs x.mkvd -o out/reuse
+-O/--out-dir DIR|dump -o out/dump
+-O/--out-dir DIR|eval -o out/eval
+--out FILE|convert -o c.gguf
+--out FILE|distill -o s.gguf
+--out FILE|selector init -o s.gguf
+-o json|bench --json
+-o csv|bench --csv
+-o json|bench --json b.json
+-o json --out FILE|perplexity -f x.txt --json p.json
+-o json --out FILE|study --json s.json
+-o csv --out FILE|study --csv s.csv
+-o json --out FILE|bench attn --json a.json
+-o csv --out FILE|bench attn --csv a.csv
+-o json --out FILE|bench dist --json d.json
+-o json --out FILE|bench keys --dumps x.mkvd --json k.json
+-o json --out FILE|bench select --json s.json
+--formats|bench keys --dumps x.mkvd -f int4
+--dumps|bench keys -i x.mkvd
+--inputs|reuse -i x.mkvd
+--generators|study -g needles
+--ages|reuse --inputs x.mkvd -a 1
+--layers|dump -l 3
+--layers|selector init -l 3 --out s.gguf
+-c/--ctx-size|study --context 8K
+-f/--file|convert --text t.txt --out c.gguf
+-f/--file|eval --text t.txt
+--top-p-mass|study --top-p 0.9
+--top-p-mass|reuse --inputs x.mkvd --top-p 0.9
+--top-p-mass|bench keys --dumps x.mkvd --top-p 0.9
+-r/--repetitions|bench attn --repeat 3
+-r/--repetitions|bench select --repeat 3
+EOF
+}
+old=0
+while IFS='|' read -r now use; do
+  read -r -a words <<<"$use"
+  old=$((old + 1))
+  case_ "use $now" -- "${words[@]}"
+done < <(old_spellings)
 # Memory guards: shapes that would not fit say what they would need (no std::bad_alloc).
-case_ --context -- study -c 1000M --no-plots
-case_ --context -- study -c 100M --hq 64 --hkv 64 --head-dim 1024 --no-plots
+case_ --ctx-size -- study -c 1000M --no-plots
+case_ --ctx-size -- study -c 100M --hq 64 --hkv 64 --head-dim 1024 --no-plots
 case_ --depth -- bench attn -d 1000M
 case_ --depth -- bench dist -d 1000M
 case_ --depth -- bench select -d 1000M
@@ -236,9 +311,21 @@ dry bench dist -d 256K --batch 4
 dry bench select -d 256K --hq 1024 --hkv 8
 dry study -c 256K --hq 1024 --hkv 8 --steps 2
 dry eval --lengths 8K --samples 1048576 --methods dense,quest
-dry convert --tokens 1M -c 8K -o "$tmp/c.gguf"
+dry convert --tokens 1M -c 8K --out "$tmp/c.gguf"
 dry distill --tokens 8K --sequences 1000 --steps 1000000
-echo "sweep: $rows table rows, $((pass + fail)) cases in $((SECONDS - t0)) s"
+# The dialect's spellings (docs/cli.md), each through the checks.
+dry run -m smollm2 -p hi -n 1 -c 4K -s 7 -t 0
+dry perplexity -f "$tmp/long.txt" -c 1K -o jsonl --out "$tmp/ppl.jsonl"
+dry bench -m smollm2 -m smollm2 -p 1K -n 16 -d 0,1K -b 1,2 -r 2 -s 3 -o csv --out "$tmp/b.csv"
+dry bench attn -d 64K -t 0,1 --budget 1/16 -r 3 -s 2 -o jsonl
+dry bench dist -d 4K -b 2 --budget 1/16 -s 2 -o json --out "$tmp/dist.json"
+dry bench select -d 32K --selectors quest --budget 1/16 -r 3 -s 2 -o csv
+dry study -c 4K --generators needles --selectors quest --budget 1/8 --mapping softmax \
+  --top-p-mass 0.9 -s 2 -o json --out "$tmp/study.json" -O "$tmp/study" --no-plots
+dry eval -m smollm2 -f "$tmp/long.txt" -b 2 -s 2 -t 0 -O "$tmp/eval" --methods dense,quest
+dry convert -m smollm2 -f "$tmp/long.txt" -c 1K -t 0 --out "$tmp/conv.gguf"
+dry distill -m smollm2 -f "$tmp/long.txt" -s 2 -t 0 --out "$tmp/distill/s.gguf"
+echo "sweep: $rows table rows, $old old spellings, $((pass + fail)) cases in $((SECONDS - t0)) s"
 
 echo "$pass passed, $fail failed"
 [[ $fail -eq 0 ]]

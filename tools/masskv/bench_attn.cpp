@@ -15,13 +15,14 @@
 #include <string>
 #include <vector>
 
+#include "bench_cache.hpp"
+#include "checks.hpp"
 #include "commands.hpp"
+#include "dialect.hpp"
 #include "masskv/attn/decode.hpp"
 #include "masskv/error.hpp"
 #include "masskv/kv/cache.hpp"
 #include "masskv/select/page_bound.hpp"
-#include "bench_cache.hpp"
-#include "checks.hpp"
 #include "membw.hpp"
 #include "parse.hpp"
 #include "progress.hpp"
@@ -86,7 +87,7 @@ struct Options {
   double min_seconds = 0.25;
   int min_reps = 5;
   std::uint64_t seed = 1;
-  std::string json_path, csv_path;
+  Output out;
   bool dry_run = false;
 };
 
@@ -137,7 +138,8 @@ struct SparseRow {
   double kv_bytes, summary_bytes, dense_us, speedup, bytes_ratio;
 };
 
-void run(const Options& opt, const CLI::App& app) {
+void run(Options opt, const CLI::App& app) {
+  resolve_threads(opt.threads);
   const Mapping mapping = opt.mapping == "entmax" ? Mapping::entmax(opt.alpha) : Mapping::softmax();
   mapping.validate();
   const DType dtype = parse_dtype(opt.kv_dtype, "--kv-dtype");
@@ -274,72 +276,89 @@ void run(const Options& opt, const CLI::App& app) {
     }
   }
 
-  fmt::print("\n## masskv bench attn — CPU decode, {} KV, Hq={}, Hkv={}, d={}, page {}, {}\n\n",
-             opt.kv_dtype, opt.hq, opt.hkv, opt.head_dim, opt.page_size,
-             mapping.is_entmax() ? fmt::format("entmax α={}", opt.alpha) : "softmax");
-  for (std::size_t ti = 0; ti < opt.threads.size(); ++ti)
-    fmt::print("read bandwidth (1 GiB sum, {} thread(s)): {:.1f} GB/s\n", opt.threads[ti],
-               read_gbps[ti]);
-  fmt::print(
-      "memory per token: KV {:.0f} B, f32 summaries (min/max/mean/M2/count/max‖v‖) {:.1f} B, "
-      "bf16 bounds (min/max, outward rounded) {:.1f} B\n\n",
-      cache_bpt, summary_bpt, bound_bpt);
-  fmt::print("| context | threads | dense µs (median ± sd) | KV read MB | GB/s | % of read BW |\n");
-  fmt::print("|---:|---:|---:|---:|---:|---:|\n");
-  for (const auto& r : dense_rows)
-    fmt::print("| {} | {} | {:.0f} ± {:.0f} | {:.1f} | {:.1f} | {:.0f}% |\n", r.context, r.threads,
-               r.us.median, r.us.sd, r.bytes / 1e6, r.gbps, 100.0 * r.gbps / r.read_gbps);
-  fmt::print(
-      "\n| context | threads | budget | pages/head | select µs | sparse µs (select incl.) | KV "
-      "read MB | bounds read MB | speedup vs dense | bytes ratio | speedup / bytes ratio |\n");
-  fmt::print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
-  for (const auto& r : sparse_rows)
-    fmt::print("| {} | {} | {} | {:.0f} | {:.0f} | {:.0f} ± {:.0f} | {:.2f} | {:.2f} | {:.2f}× | "
-               "{:.2f}× | {:.2f} |\n",
-               r.context, r.threads, r.budget, r.pages_selected, r.select_us.median,
-               r.total_us.median, r.total_us.sd, r.kv_bytes / 1e6, r.summary_bytes / 1e6,
-               r.speedup, r.bytes_ratio, r.speedup / r.bytes_ratio);
-
-  if (!opt.json_path.empty() || !opt.csv_path.empty()) {
-    nlohmann::json j;
-    j["config"] = {{"kv_dtype", opt.kv_dtype}, {"hq", opt.hq},         {"hkv", opt.hkv},
-                   {"head_dim", opt.head_dim}, {"page_size", opt.page_size},
-                   {"mapping", opt.mapping},   {"alpha", opt.alpha},    {"sink_pages", opt.sink_pages},
-                   {"window", opt.window}};
-    j["read_gbps"] = nlohmann::json::array();
-    for (std::size_t ti = 0; ti < opt.threads.size(); ++ti)
-      j["read_gbps"].push_back({{"threads", opt.threads[ti]}, {"gbps", read_gbps[ti]}});
-    j["bytes_per_token"] = {{"kv", cache_bpt}, {"summaries_f32", summary_bpt},
-                            {"bounds_bf16", bound_bpt}};
-    for (const auto& r : dense_rows)
-      j["dense"].push_back({{"context", r.context}, {"threads", r.threads},
-                            {"us_median", r.us.median}, {"us_sd", r.us.sd}, {"reps", r.us.reps},
-                            {"bytes", r.bytes}, {"gbps", r.gbps}, {"read_gbps", r.read_gbps}});
-    for (const auto& r : sparse_rows)
-      j["sparse"].push_back({{"context", r.context}, {"threads", r.threads}, {"budget", r.budget},
-                             {"pages_per_head", r.pages_selected},
-                             {"select_us_median", r.select_us.median},
-                             {"us_median", r.total_us.median}, {"us_sd", r.total_us.sd},
-                             {"kv_bytes", r.kv_bytes}, {"bound_bytes", r.summary_bytes},
-                             {"dense_us", r.dense_us}, {"speedup", r.speedup},
-                             {"bytes_ratio", r.bytes_ratio}});
-    if (!opt.json_path.empty()) {
-      auto f = fmt::output_file(opt.json_path);
-      f.print("{}\n", j.dump(2));
-    }
-    if (!opt.csv_path.empty()) {
-      auto f = fmt::output_file(opt.csv_path);
-      f.print("kind,context,threads,budget,us_median,us_sd,kv_bytes,bound_bytes,gbps,speedup,"
-              "bytes_ratio\n");
-      for (const auto& r : dense_rows)
-        f.print("dense,{},{},1,{:.3f},{:.3f},{:.0f},0,{:.3f},1,1\n", r.context, r.threads,
-                r.us.median, r.us.sd, r.bytes, r.gbps);
-      for (const auto& r : sparse_rows)
-        f.print("sparse,{},{},{},{:.3f},{:.3f},{:.0f},{:.0f},,{:.3f},{:.3f}\n", r.context,
-                r.threads, r.budget, r.total_us.median, r.total_us.sd, r.kv_bytes,
-                r.summary_bytes, r.speedup, r.bytes_ratio);
-    }
+  // Every row carries the shape and the machine's read bandwidth at its thread count, so the
+  // csv/json rows stand alone.
+  const auto config = [&](Rows j, int threads) {
+    const auto ti = static_cast<std::size_t>(
+        std::find(opt.threads.begin(), opt.threads.end(), threads) - opt.threads.begin());
+    j["kv_dtype"] = opt.kv_dtype;
+    j["hq"] = opt.hq;
+    j["hkv"] = opt.hkv;
+    j["head_dim"] = opt.head_dim;
+    j["page_size"] = opt.page_size;
+    j["mapping"] = mapping.is_entmax() ? fmt::format("entmax{:g}", opt.alpha) : "softmax";
+    j["sink_pages"] = opt.sink_pages;
+    j["window"] = opt.window;
+    j["read_gbps"] = read_gbps[ti];
+    j["kv_bytes_per_token"] = cache_bpt;
+    j["summary_bytes_per_token"] = summary_bpt;
+    j["bound_bytes_per_token"] = bound_bpt;
+    return j;
+  };
+  Rows rows = Rows::array();
+  for (const auto& r : dense_rows) {
+    rows.push_back(config({{"kind", "dense"},
+                           {"context", r.context},
+                           {"threads", r.threads},
+                           {"us_median", r.us.median},
+                           {"us_mean", r.us.mean},
+                           {"us_sd", r.us.sd},
+                           {"reps", r.us.reps},
+                           {"kv_bytes", r.bytes},
+                           {"gbps", r.gbps}},
+                          r.threads));
   }
+  for (const auto& r : sparse_rows) {
+    rows.push_back(config({{"kind", "sparse"},
+                           {"context", r.context},
+                           {"threads", r.threads},
+                           {"budget", r.budget},
+                           {"us_median", r.total_us.median},
+                           {"us_mean", r.total_us.mean},
+                           {"us_sd", r.total_us.sd},
+                           {"reps", r.total_us.reps},
+                           {"kv_bytes", r.kv_bytes},
+                           {"bound_bytes", r.summary_bytes},
+                           {"pages_per_head", r.pages_selected},
+                           {"select_us_median", r.select_us.median},
+                           {"dense_us", r.dense_us},
+                           {"speedup", r.speedup},
+                           {"bytes_ratio", r.bytes_ratio}},
+                          r.threads));
+  }
+  write_results(opt.out, rows, [&](std::FILE* f) {
+    fmt::print(f,
+               "\n## masskv bench attn — CPU decode, {} KV, Hq={}, Hkv={}, d={}, page {}, {}\n\n",
+               opt.kv_dtype, opt.hq, opt.hkv, opt.head_dim, opt.page_size,
+               mapping.is_entmax() ? fmt::format("entmax α={}", opt.alpha) : "softmax");
+    for (std::size_t ti = 0; ti < opt.threads.size(); ++ti)
+      fmt::print(f, "read bandwidth (1 GiB sum, {} thread(s)): {:.1f} GB/s\n", opt.threads[ti],
+                 read_gbps[ti]);
+    fmt::print(
+        f,
+        "memory per token: KV {:.0f} B, f32 summaries (min/max/mean/M2/count/max‖v‖) {:.1f} B, "
+        "bf16 bounds (min/max, outward rounded) {:.1f} B\n\n",
+        cache_bpt, summary_bpt, bound_bpt);
+    fmt::print(
+        f, "| context | threads | dense µs (median ± sd) | KV read MB | GB/s | % of read BW |\n");
+    fmt::print(f, "|---:|---:|---:|---:|---:|---:|\n");
+    for (const auto& r : dense_rows)
+      fmt::print(f, "| {} | {} | {:.0f} ± {:.0f} | {:.1f} | {:.1f} | {:.0f}% |\n", r.context,
+                 r.threads, r.us.median, r.us.sd, r.bytes / 1e6, r.gbps,
+                 100.0 * r.gbps / r.read_gbps);
+    fmt::print(
+        f,
+        "\n| context | threads | budget | pages/head | select µs | sparse µs (select incl.) | KV "
+        "read MB | bounds read MB | speedup vs dense | bytes ratio | speedup / bytes ratio |\n");
+    fmt::print(f, "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+    for (const auto& r : sparse_rows)
+      fmt::print(f,
+                 "| {} | {} | {} | {:.0f} | {:.0f} | {:.0f} ± {:.0f} | {:.2f} | {:.2f} | {:.2f}× | "
+                 "{:.2f}× | {:.2f} |\n",
+                 r.context, r.threads, r.budget, r.pages_selected, r.select_us.median,
+                 r.total_us.median, r.total_us.sd, r.kv_bytes / 1e6, r.summary_bytes / 1e6,
+                 r.speedup, r.bytes_ratio, r.speedup / r.bytes_ratio);
+  });
 }
 
 }  // namespace
@@ -359,42 +378,30 @@ void register_bench(CLI::App& app) {
       "attn",
       "CPU decode attention: dense vs sparse (top-k pages on the bf16 page bound, selection "
       "time included), with this machine's read bandwidth measured in the same run");
-  attn->add_option("-d,--depth", opt->depths, "Context lengths (tokens; K/M suffixes allowed)")
-      ->delimiter(',')
-      ->check(count_in(1, kMaxTokens))
-      ->capture_default_str();
-  attn->add_option("-t,--threads", opt->threads, "Thread counts to run")
-      ->delimiter(',')
-      ->check(threads(1))
-      ->capture_default_str();
+  add_depths(attn, opt->depths, 1, "Context lengths (tokens)");
+  add_thread_list(attn, opt->threads, "Thread counts to run");
   add_head_shape(attn, opt->hq, opt->hkv, opt->head_dim, opt->page_size);
-  attn->add_option("--kv-dtype", opt->kv_dtype, "KV storage type: f32, f16, bf16")
-      ->capture_default_str();
-  attn->add_option("-b,--budget", opt->budgets, "Sparse budgets as fractions of the context")
+  add_kv_dtype(attn, opt->kv_dtype);
+  attn->add_option("--budget", opt->budgets, "Sparse budgets as fractions of the context")
       ->delimiter(',')
       ->capture_default_str();
   add_kept_items(attn, opt->sink_pages, opt->window);
   attn->add_option("--mapping", opt->mapping, "softmax or entmax")
       ->check(CLI::IsMember({"softmax", "entmax"}))
       ->capture_default_str();
-  attn->add_option("--alpha", opt->alpha, "entmax alpha")
-      ->check(real_in(1, 2, true))
-      ->capture_default_str();
+  add_alpha(attn, opt->alpha, "entmax alpha");
   attn->add_option("--min-seconds", opt->min_seconds, "Minimum timed seconds per row")
       ->check(real_in(0, 3600))
       ->capture_default_str();
-  attn->add_option("-r,--repeat", opt->min_reps, "Minimum repetitions per row")
-      ->check(int_in(1, 1 << 20))
-      ->capture_default_str();
-  attn->add_option("--seed", opt->seed, "Random seed")->capture_default_str();
-  attn->add_option("--json", opt->json_path, "Write results as JSON to this file");
-  attn->add_option("--csv", opt->csv_path, "Write results as CSV to this file");
+  add_repetitions(attn, opt->min_reps, "Minimum repetitions per row");
+  add_seed(attn, opt->seed, "Random seed");
+  add_output(attn, opt->out);
   add_dry_run(attn, opt->dry_run);
   attn->footer(
       "Examples:\n"
-      "  masskv bench attn -d 4K,32K -t 1,2 -b 1/16\n"
-      "  masskv bench attn -d 16K --mapping entmax --alpha 1.5 --kv-dtype bf16\n"
-      "  masskv bench attn -d 1M --hq 64 --dry-run");
+      "  masskv bench attn -d 4K,32K -t 1,2 --budget 1/16\n"
+      "  masskv bench attn -d 16K -t 0 -o csv --out attn.csv\n"
+      "  masskv bench attn -d 16K --mapping entmax --alpha 1.5 --kv-dtype bf16");
   attn->callback([opt, attn] { run(*opt, *attn); });
 }
 

@@ -15,12 +15,13 @@
 #include <vector>
 
 #include "bench_cache.hpp"
+#include "checks.hpp"
 #include "commands.hpp"
+#include "dialect.hpp"
 #include "masskv/attn/decode.hpp"
 #include "masskv/dist/decode.hpp"
 #include "masskv/dist/select.hpp"
 #include "masskv/select/page_bound.hpp"
-#include "checks.hpp"
 #include "parse.hpp"
 #include "progress.hpp"
 
@@ -35,7 +36,7 @@ struct DistOptions {
   std::string budget = "1/16";
   int max_candidates = dist::EntmaxTauConfig{}.max_candidates;
   std::uint64_t seed = 1;
-  std::string json_path;
+  Output out;
   bool dry_run = false;
 };
 
@@ -160,33 +161,31 @@ void run_dist(const DistOptions& opt, const CLI::App& app) {
     }
   }
 
-  fmt::print(
-      "| context | ranks | attention | mode | collectives | sent B/rank | received B/rank "
-      "| tau rounds | fallback heads | max rel diff vs 1 rank | step µs (threads) |\n");
-  fmt::print("| ---: | ---: | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n");
+  Rows j = Rows::array();
   for (const Row& r : rows) {
-    fmt::print("| {} | {} | {} | {} | {} | {} | {} | {} | {} | {:.2g} | {:.0f} |\n", r.context,
-               r.ranks, r.attention, r.mode, r.collectives, r.bytes_sent, r.bytes_received,
-               r.tau_rounds, r.fallback_heads, r.rel_diff, r.step_us);
+    j.push_back({{"context", r.context},
+                 {"ranks", r.ranks},
+                 {"attention", r.attention},
+                 {"mode", r.mode},
+                 {"collectives", r.collectives},
+                 {"bytes_sent", r.bytes_sent},
+                 {"bytes_received", r.bytes_received},
+                 {"tau_rounds", r.tau_rounds},
+                 {"fallback_heads", r.fallback_heads},
+                 {"rel_diff", r.rel_diff},
+                 {"step_us", r.step_us}});
   }
-  if (!opt.json_path.empty()) {
-    nlohmann::json j = nlohmann::json::array();
+  write_results(opt.out, j, [&](std::FILE* f) {
+    fmt::print(f,
+               "| context | ranks | attention | mode | collectives | sent B/rank | received B/rank "
+               "| tau rounds | fallback heads | max rel diff vs 1 rank | step µs (threads) |\n");
+    fmt::print(f, "| ---: | ---: | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n");
     for (const Row& r : rows) {
-      j.push_back({{"context", r.context},
-                   {"ranks", r.ranks},
-                   {"attention", r.attention},
-                   {"mode", r.mode},
-                   {"collectives", r.collectives},
-                   {"bytes_sent", r.bytes_sent},
-                   {"bytes_received", r.bytes_received},
-                   {"tau_rounds", r.tau_rounds},
-                   {"fallback_heads", r.fallback_heads},
-                   {"rel_diff", r.rel_diff},
-                   {"step_us", r.step_us}});
+      fmt::print(f, "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {:.2g} | {:.0f} |\n", r.context,
+                 r.ranks, r.attention, r.mode, r.collectives, r.bytes_sent, r.bytes_received,
+                 r.tau_rounds, r.fallback_heads, r.rel_diff, r.step_us);
     }
-    auto f = fmt::output_file(opt.json_path);
-    f.print("{}\n", j.dump(2));
-  }
+  });
 }
 
 }  // namespace
@@ -198,34 +197,29 @@ void register_bench_dist(CLI::App& bench) {
       "Context-parallel decode with threads as ranks: collectives and bytes exchanged per "
       "step (per rank) and the deviation from single-rank decode, for softmax and entmax, "
       "dense and Quest-sparse. Times are threads on this machine, not NCCL");
-  cmd->add_option("-d,--depth", opt->depths, "Context lengths (tokens; K/M suffixes allowed)")
-      ->delimiter(',')
-      ->check(count_in(1, kMaxTokens))
-      ->capture_default_str();
+  add_depths(cmd, opt->depths, 1, "Context lengths (tokens)");
   cmd->add_option("--ranks", opt->ranks, "Rank counts to run (threads)")
       ->delimiter(',')
       ->check(threads(1))
       ->capture_default_str();
-  cmd->add_option("--batch", opt->batch, "Sequences per step")
-      ->check(int_in(1, 4096))
-      ->capture_default_str();
+  add_batch(cmd, opt->batch, 1, 4096, "Sequences per step");
   add_head_shape(cmd, opt->hq, opt->hkv, opt->head_dim, opt->page_size);
-  cmd->add_option("--kv-dtype", opt->kv_dtype, "KV storage type: f32, f16, bf16")
-      ->capture_default_str();
-  cmd->add_option("-b,--budget", opt->budget, "Sparse budget as a fraction of the context")
+  add_kv_dtype(cmd, opt->kv_dtype);
+  cmd->add_option("--budget", opt->budget, "Sparse budget as a fraction of the context")
       ->capture_default_str();
   cmd->add_option("--max-candidates", opt->max_candidates,
                   "Entmax: candidate scores per rank and q head in the tau all-gather; heads "
                   "over it take batched-bisection rounds")
       ->check(int_in(1, 1 << 20))
       ->capture_default_str();
-  cmd->add_option("--seed", opt->seed, "Random seed")->capture_default_str();
-  cmd->add_option("--json", opt->json_path, "Write results as JSON to this file");
+  add_seed(cmd, opt->seed, "Random seed");
+  add_output(cmd, opt->out);
   add_dry_run(cmd, opt->dry_run);
   cmd->footer(
       "Examples:\n"
       "  masskv bench dist -d 4K --ranks 1,2,4\n"
-      "  masskv bench dist -d 32K --ranks 8 -b 1/32 --json dist.json");
+      "  masskv bench dist -d 32K --ranks 8 --budget 1/32 -o json --out dist.json\n"
+      "  masskv bench dist -d 256K -b 4 --dry-run");
   cmd->callback([opt, cmd] { run_dist(*opt, *cmd); });
 }
 

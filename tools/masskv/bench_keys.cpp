@@ -20,12 +20,14 @@
 
 #include "checks.hpp"
 #include "commands.hpp"
+#include "dialect.hpp"
 #include "masskv/error.hpp"
 #include "masskv/kv/cache.hpp"
 #include "masskv/kv/key_formats.hpp"
 #include "masskv/learn/project.hpp"
 #include "masskv/learn/selector.hpp"
 #include "masskv/select/selector.hpp"
+#include "model_options.hpp"
 #include "parse.hpp"
 #include "progress.hpp"
 #include "qkv_dump.hpp"
@@ -43,7 +45,7 @@ struct KeysOptions {
   double top_p = 0.9;
   std::string mapping = "softmax";
   std::string selector_file;
-  std::string json_path;
+  Output out;
 };
 
 // The dump's layer in the selector, checked against the dump's model; throws
@@ -236,30 +238,12 @@ void run_keys(const KeysOptions& o) {
   progress.finish();
 
   const QkvDump h = read_qkv_dump_header(o.dumps.front());
-  fmt::print(
-      "\n## masskv bench keys — {} dump(s) of {} ({} tokens, {} queries × {} q heads, {} kv "
-      "heads, d = {}), page {}, {}; k = {} of the pages, top-p {}\n\n",
-      o.dumps.size(), h.model, h.context, h.steps, h.hq, h.hkv, h.head_dim, o.page_size, o.mapping,
-      o.budget, o.top_p);
   // The row widths whose sizes are printed: the selector's d_s (and twice it), else the
   // models' head dims.
   const int d1 = selector ? selector_layer(*selector, h, o.dumps.front()).dim : 64, d2 = 2 * d1;
-  if (selector) {
-    fmt::print(
-        "Keys and queries: the d_s = {} projections of learned selector {} (scores q_s·k_s, one "
-        "head per selector group).\n\n",
-        d1, o.selector_file);
-  }
-  fmt::print(
-      "Bytes per token and kv head; recall against the bf16 keys' selection (mean over dumps, "
-      "queries and q heads; min in parentheses); score ns/token: selector_key_scores on this "
-      "CPU (the dot products on the codes, no mapping).\n\n");
-  fmt::print(
-      "| format | bits/value d={0} | d={1} | bytes/token d={0} | d={1} | bf16 / format d={0} | "
-      "d={1} | recall@k | mass@k | mass recall | score ns/token |\n"
-      "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n",
-      d1, d2);
-  nlohmann::json j;
+  // One row per format (means over dumps; kind "format"), then one per format and dump
+  // (kind "dump").
+  Rows rows = Rows::array(), dump_rows = Rows::array();
   for (KeyFormat f : formats) {
     double rk = 0, rk_min = 1, mk = 0, mr = 0, mr_min = 1, ns = 0;
     int n = 0;
@@ -272,48 +256,79 @@ void run_keys(const KeysOptions& o) {
       rk_min = std::min(rk_min, c.recall_k_min);
       mr_min = std::min(mr_min, c.mass_min);
       ++n;
-      j["cells"].push_back({{"dump", c.dump},
-                            {"format", kv::to_string(f)},
-                            {"recall_at_k", c.recall_k},
-                            {"recall_at_k_min", c.recall_k_min},
-                            {"mass_at_k", c.mass_k},
-                            {"mass_recall", c.mass},
-                            {"mass_recall_min", c.mass_min},
-                            {"score_ns_per_token", c.ns_per_token}});
+      dump_rows.push_back({{"kind", "dump"},
+                           {"format", kv::to_string(f)},
+                           {"dump", c.dump},
+                           {"recall_at_k", c.recall_k},
+                           {"recall_at_k_min", c.recall_k_min},
+                           {"mass_at_k", c.mass_k},
+                           {"mass_recall", c.mass},
+                           {"mass_recall_min", c.mass_min},
+                           {"score_ns_per_token", c.ns_per_token}});
     }
-    rk /= n;
-    mk /= n;
-    mr /= n;
-    ns /= n;
-    const auto bytes = [&](int dim) { return kv::row_bytes(f, dim); };
+    const auto bytes = [&](int dim) { return static_cast<double>(kv::row_bytes(f, dim)); };
     const auto ratio = [&](int dim) {
       return static_cast<double>(kv::row_bytes(KeyFormat::bf16, dim)) / bytes(dim);
     };
-    fmt::print(
-        "| {} | {:.3g} | {:.3g} | {} | {} | {:.2f}× | {:.2f}× | {:.4f} ({:.3f}) | {:.4f} | {:.4f} "
-        "({:.3f}) | {:.1f} |\n",
-        kv::to_string(f), 8 * kv::bytes_per_value(f, d1), 8 * kv::bytes_per_value(f, d2), bytes(d1),
-        bytes(d2), ratio(d1), ratio(d2), rk, rk_min, mk, mr, mr_min, ns);
-    j["formats"].push_back({{"format", kv::to_string(f)},
-                            {fmt::format("bytes_per_token_d{}", d1), bytes(d1)},
-                            {fmt::format("bytes_per_token_d{}", d2), bytes(d2)},
-                            {"recall_at_k", rk},
-                            {"recall_at_k_min", rk_min},
-                            {"mass_at_k", mk},
-                            {"mass_recall", mr},
-                            {"mass_recall_min", mr_min},
-                            {"score_ns_per_token", ns}});
+    rows.push_back({{"kind", "format"},
+                    {"format", kv::to_string(f)},
+                    {"dim", d1},
+                    {"bits_per_value", 8 * kv::bytes_per_value(f, d1)},
+                    {"bytes_per_token", bytes(d1)},
+                    {"bf16_over_format", ratio(d1)},
+                    {"dim2", d2},
+                    {"bits_per_value_dim2", 8 * kv::bytes_per_value(f, d2)},
+                    {"bytes_per_token_dim2", bytes(d2)},
+                    {"bf16_over_format_dim2", ratio(d2)},
+                    {"recall_at_k", rk / n},
+                    {"recall_at_k_min", rk_min},
+                    {"mass_at_k", mk / n},
+                    {"mass_recall", mr / n},
+                    {"mass_recall_min", mr_min},
+                    {"score_ns_per_token", ns / n},
+                    {"page_size", o.page_size},
+                    {"budget", o.budget},
+                    {"top_p_mass", o.top_p},
+                    {"mapping", o.mapping},
+                    {"selector_file", o.selector_file}});
   }
-  if (!o.json_path.empty()) {
-    j["config"] = {{"page_size", o.page_size},
-                   {"budget", o.budget},
-                   {"top_p", o.top_p},
-                   {"mapping", o.mapping},
-                   {"selector_file", o.selector_file},
-                   {"dumps", o.dumps}};
-    auto out = fmt::output_file(o.json_path);
-    out.print("{}\n", j.dump(1));
-  }
+  const std::size_t n_formats = rows.size();
+  for (auto& r : dump_rows) rows.push_back(r);
+  write_results(o.out, rows, [&](std::FILE* out) {
+    fmt::print(out,
+               "\n## masskv bench keys — {} dump(s) of {} ({} tokens, {} queries × {} q heads, {} "
+               "kv heads, d = {}), page {}, {}; k = {} of the pages, top-p {}\n\n",
+               o.dumps.size(), h.model, h.context, h.steps, h.hq, h.hkv, h.head_dim, o.page_size,
+               o.mapping, o.budget, o.top_p);
+    if (selector) {
+      fmt::print(out,
+                 "Keys and queries: the d_s = {} projections of learned selector {} (scores "
+                 "q_s·k_s, one head per selector group).\n\n",
+                 d1, o.selector_file);
+    }
+    fmt::print(out,
+               "Bytes per token and kv head; recall against the bf16 keys' selection (mean over "
+               "dumps, queries and q heads; min in parentheses); score ns/token: "
+               "selector_key_scores on this CPU (the dot products on the codes, no mapping).\n\n");
+    fmt::print(out,
+               "| format | bits/value d={0} | d={1} | bytes/token d={0} | d={1} | bf16 / format "
+               "d={0} | d={1} | recall@k | mass@k | mass recall | score ns/token |\n"
+               "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n",
+               d1, d2);
+    for (std::size_t i = 0; i < n_formats; ++i) {
+      const auto& r = rows[i];
+      fmt::print(out,
+                 "| {} | {:.3g} | {:.3g} | {} | {} | {:.2f}× | {:.2f}× | {:.4f} ({:.3f}) | {:.4f} "
+                 "| {:.4f} ({:.3f}) | {:.1f} |\n",
+                 r["format"].get<std::string>(), r["bits_per_value"].get<double>(),
+                 r["bits_per_value_dim2"].get<double>(), r["bytes_per_token"].get<double>(),
+                 r["bytes_per_token_dim2"].get<double>(), r["bf16_over_format"].get<double>(),
+                 r["bf16_over_format_dim2"].get<double>(), r["recall_at_k"].get<double>(),
+                 r["recall_at_k_min"].get<double>(), r["mass_at_k"].get<double>(),
+                 r["mass_recall"].get<double>(), r["mass_recall_min"].get<double>(),
+                 r["score_ns_per_token"].get<double>());
+    }
+  });
 }
 
 }  // namespace
@@ -325,31 +340,29 @@ void register_bench_keys(CLI::App& bench) {
       "Selector key formats (bf16, int4, mxfp4, nvfp4) on a model's real keys and queries "
       "(masskv dump files): bytes per token, and the page recall of quantised-key scores "
       "against bf16-key scores");
-  s->add_option("-i,--dumps", o->dumps, "Files written by masskv dump (comma-separated)")
+  s->add_option("--dumps", o->dumps, "Files written by masskv dump (comma-separated)")
       ->delimiter(',')
       ->required();
-  s->add_option("-f,--formats", o->formats,
+  s->add_option("--formats", o->formats,
                 "Formats compared with bf16: int4, mxfp4, nvfp4 (kv/key_formats.hpp)")
       ->delimiter(',')
       ->capture_default_str();
-  s->add_option("--page", o->page_size, "Page size (tokens)")
-      ->check(page_size())
+  add_page(s, o->page_size);
+  s->add_option("--budget", o->budget, "k of recall@k, as a fraction of the pages")
       ->capture_default_str();
-  s->add_option("-b,--budget", o->budget, "k of recall@k, as a fraction of the pages")
+  add_top_p_mass(s, o->top_p, "Mass of the reference page set of the mass recall");
+  s->add_option("--mapping", o->mapping, "Scores to masses: softmax or entmax<alpha>")
       ->capture_default_str();
-  s->add_option("--top-p", o->top_p, "Mass of the reference page set of the mass recall")
-      ->check(real_in(0, 1, true))
-      ->capture_default_str();
-  s->add_option("-m,--mapping", o->mapping, "Scores to masses: softmax or entmax<alpha>")
-      ->capture_default_str();
-  s->add_option("--selector-file", o->selector_file,
-                "Compare the formats on a learned selector's key cache instead (a qk-input "
-                "selector from masskv distill: its projections of the dumps' q and k)");
-  s->add_option("--json", o->json_path, "Write results as JSON to this file");
+  add_selector_file(s, o->selector_file,
+                    "Compare the formats on a learned selector's key cache instead (a qk-input "
+                    "selector from masskv distill: its projections of the dumps' q and k)");
+  add_output(s, o->out);
   s->footer(
       "Examples:\n"
-      "  masskv bench keys -i out/dump/layer02.mkvd\n"
-      "  masskv bench keys -i out/dump/layer02.mkvd -f int4,nvfp4 -b 1/8 --json keys.json");
+      "  masskv bench keys --dumps out/dump/layer02.mkvd\n"
+      "  masskv bench keys --dumps out/dump/layer02.mkvd --formats int4,nvfp4 --budget 1/8 "
+      "-o json --out keys.json\n"
+      "  masskv bench keys --dumps out/dump/layer02.mkvd --selector-file selector.gguf");
   s->callback([o] { run_keys(*o); });
 }
 

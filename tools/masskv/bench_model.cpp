@@ -13,7 +13,15 @@
 // dense TTFT / (dense time outside attention + dense attention time × the attended fraction),
 // the speed-up if sparse attention cost exactly its share of dense attention and nothing else
 // changed.
+// GCC 12 warns -Wrestrict inside CLI11's Formatter::make_option_usage (std::string's operator+)
+// when it is inlined into this file: a false positive of GCC 12's, which -Werror builds (CI)
+// would stop on.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wrestrict"
+#include <CLI/CLI.hpp>
+#pragma GCC diagnostic pop
 #include <fmt/core.h>
+#include <fmt/format.h>
 #include <omp.h>
 #include <sys/resource.h>
 #include <sys/wait.h>
@@ -34,6 +42,7 @@
 
 #include "checks.hpp"
 #include "commands.hpp"
+#include "dialect.hpp"
 #include "masskv/error.hpp"
 #include "masskv/model/locate.hpp"
 #include "masskv/model/model.hpp"
@@ -48,14 +57,15 @@ using Clock = std::chrono::steady_clock;
 using model::TokenId;
 
 struct BenchOptions {
-  ModelOptions m;
+  ModelOptions m;                              // m.model: unused, the models are `models`
+  std::vector<std::string> models{"smollm2"};  // one row group each
   std::vector<int> threads{1};
-  std::string prompt = "512", gen = "128";
+  std::int64_t prompt = 512, gen = 128;
   std::vector<std::string> depth{"0"};
   std::vector<int> batch{1};  // decode batch sizes (sessions per forward pass)
   int reps = 3;
-  std::string format = "md";  // md, json, csv
-  std::string peer;           // "" or llama.cpp
+  Output out;
+  std::string peer;  // "" or llama.cpp
   std::uint64_t seed = 1;
   // Sparse prefill of the ppN test (empty: dense only).
   std::string sparse_prefill, prefill_budget = "1/16";
@@ -66,6 +76,8 @@ struct BenchOptions {
 
 // One test result (ours or the peer's).
 struct Row {
+  std::string model, arch;  // -m as given (a name, or a file's name), the architecture
+  double size_mb = NAN;     // of the GGUF file (MiB)
   std::string backend, attention, test;
   int threads = 0;
   std::int64_t depth = 0, tokens = 0;
@@ -255,11 +267,7 @@ std::vector<Row> bench_peer(const std::string& path, const BenchOptions& o,
                             std::int64_t n_gen) {
   const std::filesystem::path script = find_script("llamacpp_bench.py");
   require(!script.empty(), ErrorCode::io, "--peer", "cannot find scripts/llamacpp_bench.py");
-  auto join = [](const auto& v) {
-    std::string s;
-    for (const auto& x : v) s += (s.empty() ? "" : ",") + fmt::format("{}", x);
-    return s;
-  };
+  auto join = [](const auto& v) { return fmt::format("{}", fmt::join(v, ",")); };
   const std::string cmd = fmt::format("{} {} {} -p {} -n {} -d {} -t {} -r {} --seed {}",
                                       script_python(script), shell_quote(script.string()),
                                       shell_quote(path), n_prompt,
@@ -287,59 +295,46 @@ std::string fmt_or_dash(double v, const char* spec) {
   return std::isnan(v) ? std::string("-") : fmt::format(fmt::runtime(spec), v);
 }
 
-void print_rows(const std::vector<Row>& rows, const std::string& model_name, double size_mb,
-                const std::string& format) {
-  if (format == "json") {
-    nlohmann::json all = nlohmann::json::array();
-    for (const Row& r : rows) {
-      nlohmann::json j{{"model", model_name},      {"size_mb", size_mb},   {"backend", r.backend},
-                       {"attention", r.attention}, {"threads", r.threads}, {"test", r.test},
-                       {"depth", r.depth},         {"tokens", r.tokens},   {"seconds", r.seconds},
-                       {"tps_mean", r.tps_mean()}, {"tps_sd", r.tps_sd()}};
-      auto put = [&](const char* k, double v) {
-        if (!std::isnan(v)) j[k] = v;
-      };
-      put("kv_bytes_per_token", r.kv_bytes);
-      put("summary_bytes_per_token", r.summary_bytes);
-      put("bytes_per_token", r.total_bytes);
-      put("dense_bytes_per_token", r.dense_bytes);
-      put("peak_rss_mb", r.peak_rss_mb);
-      put("ratio_vs_peer", r.ratio_vs_peer);
-      put("attention_seconds", r.attn_seconds);
-      put("select_seconds", r.select_seconds);
-      put("attended_fraction", r.attended);
-      all.push_back(j);
-    }
-    fmt::print("{}\n", all.dump(2));
-    return;
-  }
-  if (format == "csv") {
-    // Numbers only, one per field (mean and sd apart, ratios without ×, empty when absent), so a
-    // spreadsheet or pandas reads them; the markdown table is for people.
-    const auto num = [](double v) {
-      return std::isnan(v) ? std::string() : fmt::format("{:g}", v);
+// The rows for csv/json/jsonl: numbers only, one per field (tokens/s mean and sd apart, ratios
+// as plain numbers, per-repetition seconds as a list the CSV leaves out).
+Rows result_rows(const std::vector<Row>& rows) {
+  Rows all = Rows::array();
+  for (const Row& r : rows) {
+    Rows j{{"model", r.model},         {"arch", r.arch},       {"size_mib", r.size_mb},
+           {"backend", r.backend},     {"threads", r.threads}, {"attention", r.attention},
+           {"test", r.test},           {"depth", r.depth},     {"tokens", r.tokens},
+           {"tps_mean", r.tps_mean()}, {"tps_sd", r.tps_sd()}, {"seconds", r.seconds}};
+    auto put = [&](const char* k, double v) {
+      if (!std::isnan(v)) j[k] = v;
     };
-    fmt::print(
-        "model,size_mib,backend,threads,attention,test,tps_mean,tps_sd,kv_mb_per_token,"
-        "bytes_mb_per_token,dense_over_ours_bytes,ratio_vs_llama_cpp,peak_rss_mib\n");
-    for (const Row& r : rows) {
-      fmt::print("{},{:.1f},{},{},{},{},{:.4g},{:.4g},{},{},{},{},{}\n", model_name, size_mb,
-                 r.backend, r.threads, r.attention, r.name(), r.tps_mean(), r.tps_sd(),
-                 num(r.kv_bytes / 1e6), num(r.total_bytes / 1e6),
-                 num(r.dense_bytes / r.total_bytes), num(r.ratio_vs_peer), num(r.peak_rss_mb));
-    }
-    return;
+    put("kv_bytes_per_token", r.kv_bytes);
+    put("summary_bytes_per_token", r.summary_bytes);
+    put("bytes_per_token", r.total_bytes);
+    put("dense_bytes_per_token", r.dense_bytes);
+    put("dense_over_ours_bytes", r.dense_bytes / r.total_bytes);
+    put("ratio_vs_llama_cpp", r.ratio_vs_peer);
+    put("peak_rss_mib", r.peak_rss_mb);
+    put("attention_seconds", r.attn_seconds);
+    put("select_seconds", r.select_seconds);
+    put("attended_fraction", r.attended);
+    all.push_back(j);
   }
+  return all;
+}
+
+// The markdown table, for people: one row group per model, in the order of -m.
+void print_table(std::FILE* f, const std::vector<Row>& rows) {
   auto line = [&](const std::vector<std::string>& cells) {
     std::string s = "| ";
     for (std::size_t i = 0; i < cells.size(); ++i) s += (i ? " | " : "") + cells[i];
-    fmt::print("{} |\n", s);
+    fmt::print(f, "{} |\n", s);
   };
   line({"model", "size MiB", "backend", "threads", "attention", "test", "t/s", "KV MB/tok",
         "bytes MB/tok", "dense/ours bytes", "vs llama.cpp", "peak RSS MiB"});
-  fmt::print("| --- | ---: | --- | ---: | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |\n");
+  fmt::print(f,
+             "| --- | ---: | --- | ---: | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |\n");
   for (const Row& r : rows) {
-    line({model_name, fmt::format("{:.1f}", size_mb), r.backend, fmt::format("{}", r.threads),
+    line({r.model, fmt::format("{:.1f}", r.size_mb), r.backend, fmt::format("{}", r.threads),
           r.attention, r.name(), fmt::format("{:.2f} ± {:.2f}", r.tps_mean(), r.tps_sd()),
           fmt_or_dash(r.kv_bytes / 1e6, "{:.3f}"), fmt_or_dash(r.total_bytes / 1e6, "{:.2f}"),
           fmt_or_dash(r.dense_bytes / r.total_bytes, "{:.2f}×"),
@@ -356,58 +351,69 @@ double mean_seconds(const Row& r) {
 // Time to first token, dense against sparse prefill, each sparse ppN row next to the dense
 // row of its threads and depth: bound = dense / (dense outside attention + dense attention ×
 // attended fraction).
-void print_ttft(const std::vector<Row>& rows) {
+void print_ttft(std::FILE* f, const std::vector<Row>& rows) {
   bool header = false;
   for (const Row& sp : rows) {
     if (sp.backend != "masskv" || sp.test.rfind("pp", 0) != 0 || sp.attention == "dense") continue;
     for (const Row& d : rows) {
-      if (d.backend != sp.backend || d.test != sp.test || d.attention != "dense" ||
-          d.threads != sp.threads || d.depth != sp.depth) {
+      if (d.model != sp.model || d.backend != sp.backend || d.test != sp.test ||
+          d.attention != "dense" || d.threads != sp.threads || d.depth != sp.depth) {
         continue;
       }
       if (!header) {
         fmt::print(
-            "\n| threads | test | sparse prefill | dense TTFT s | attention s (of dense) | "
+            f,
+            "\n| model | threads | test | sparse prefill | dense TTFT s | attention s (of dense) | "
             "sparse TTFT s | attention s (of sparse) | selection s | attended % | speed-up | "
-            "bound | achieved / bound |\n| ---: | --- | --- | ---: | ---: | ---: | ---: | ---: "
-            "| ---: | ---: | ---: | ---: |\n");
+            "bound | achieved / bound |\n| --- | ---: | --- | --- | ---: | ---: | ---: | ---: "
+            "| ---: | ---: | ---: | ---: | ---: |\n");
         header = true;
       }
       const double td = mean_seconds(d), ts = mean_seconds(sp);
       const double bound = td / ((td - d.attn_seconds) + d.attn_seconds * sp.attended);
       fmt::print(
-          "| {} | {} | {} | {:.2f} | {:.2f} | {:.2f} | {:.2f} | {:.2f} | {:.1f} | {:.2f}× | "
+          f,
+          "| {} | {} | {} | {} | {:.2f} | {:.2f} | {:.2f} | {:.2f} | {:.2f} | {:.1f} | {:.2f}× | "
           "{:.2f}× | {:.2f} |\n",
-          sp.threads, sp.name(), sp.attention, td, d.attn_seconds, ts, sp.attn_seconds,
+          sp.model, sp.threads, sp.name(), sp.attention, td, d.attn_seconds, ts, sp.attn_seconds,
           sp.select_seconds, 100 * sp.attended, td / ts, bound, td / ts / bound);
     }
   }
 }
 
+// The name a model's rows carry: -m as given, or the file's name for a path.
+std::string model_label(const std::string& m) {
+  return std::filesystem::path(m).filename().string();
+}
+
 void run_bench_model(BenchOptions o, const CLI::App& app) {
-  // -t 0 is all cores, as in every command (the rows show the count it stood for).
-  for (int& t : o.threads) t = t == 0 ? omp_get_num_procs() : t;
-  // Ranges are checked by the options' validators; here the combinations, before the model.
+  resolve_threads(o.threads);
+  // Ranges are checked by the options' validators; here the combinations, before the models.
   if (!o.sparse_prefill.empty()) (void)sparse_prefill_config(o);  // bad options fail first
-  require(!o.threads.empty(), ErrorCode::invalid_argument, "-t", "needs at least one value");
-  require(!o.batch.empty(), ErrorCode::invalid_argument, "-b", "needs at least one value");
-  const std::int64_t n_prompt = o.prompt == "0" ? 0 : parse_count(o.prompt, "-p");
-  const std::int64_t n_gen = o.gen == "0" ? 0 : parse_count(o.gen, "-n");
+  require(!o.threads.empty(), ErrorCode::invalid_argument, "--threads", "needs at least one value");
+  require(!o.batch.empty(), ErrorCode::invalid_argument, "--batch", "needs at least one value");
+  require(!o.models.empty(), ErrorCode::invalid_argument, "--model", "needs at least one model");
+  const std::int64_t n_prompt = o.prompt, n_gen = o.gen;
   require(n_prompt + n_gen > 0, ErrorCode::invalid_argument, "-p/-n", "both are 0");
   std::vector<std::int64_t> depths;
-  for (const auto& d : o.depth) depths.push_back(d == "0" ? 0 : parse_count(d, "-d"));
+  for (const auto& d : o.depth) depths.push_back(d == "0" ? 0 : parse_count(d, "--depth"));
   const std::int64_t longest =
       *std::max_element(depths.begin(), depths.end()) + std::max(n_prompt, n_gen);
   validate(o.m, longest);
-  const std::string path = model::resolve_model(o.m.model).string();
-  if (dry_run_plan(o.dry_run, app,
-                   {{"model_path", path}, {"longest_sequence", std::to_string(longest)}})) {
-    return;
+  std::vector<std::string> paths;
+  for (const std::string& m : o.models) paths.push_back(model::resolve_model(m).string());
+  std::vector<std::pair<std::string, std::string>> plan;
+  for (const std::string& p : paths) plan.emplace_back("model_path", p);
+  plan.emplace_back("longest_sequence", std::to_string(longest));
+  if (dry_run_plan(o.dry_run, app, plan)) return;
+  // Every model is loaded and checked before the first row is timed.
+  std::vector<std::unique_ptr<model::Model>> models;
+  for (std::size_t i = 0; i < paths.size(); ++i) {
+    models.push_back(model::Model::load(paths[i]));
+    require(longest <= models.back()->config().n_ctx_train, ErrorCode::invalid_argument, "--depth",
+            "depth + max(-p, -n) = ", longest, " exceeds the context of ", o.models[i], ", ",
+            models.back()->config().n_ctx_train);
   }
-  auto mdl = model::Model::load(path);
-  require(longest <= mdl->config().n_ctx_train, ErrorCode::invalid_argument, "-d",
-          "depth + max(-p, -n) = ", longest, " exceeds the model's context ",
-          mdl->config().n_ctx_train);
   // Before the long part: a missing peer is an error now, not after our rows.
   require(o.peer.empty() ||
               std::system((script_python(find_script("llamacpp_bench.py")) +
@@ -416,72 +422,61 @@ void run_bench_model(BenchOptions o, const CLI::App& app) {
           ErrorCode::unsupported, "--peer",
           "llama-cpp-python is not installed in the project's .venv (or python3): "
           "scripts/setup.sh --peer builds it (30-60 min on 2 cores)");
-  std::mt19937_64 rng(o.seed);
   std::vector<Row> rows;
-  for (int t : o.threads) {
-    for (std::int64_t d : depths) {
-      auto r = bench_ours(*mdl, o, t, d, n_prompt, n_gen, rng);
-      rows.insert(rows.end(), r.begin(), r.end());
-    }
-  }
-  if (o.peer == "llama.cpp") {
-    const auto peer = bench_peer(path, o, depths, n_prompt, n_gen);
-    for (Row& r : rows) {
-      for (const Row& p : peer) {
-        if (p.test == r.test && p.depth == r.depth && p.threads == r.threads) {
-          r.ratio_vs_peer = r.tps_mean() / p.tps_mean();
-        }
+  for (std::size_t i = 0; i < models.size(); ++i) {
+    const model::Model& mdl = *models[i];
+    std::mt19937_64 rng(o.seed);  // each model's rows from the same token ids
+    std::vector<Row> group;
+    for (int t : o.threads) {
+      for (std::int64_t d : depths) {
+        auto r = bench_ours(mdl, o, t, d, n_prompt, n_gen, rng);
+        group.insert(group.end(), r.begin(), r.end());
       }
     }
-    rows.insert(rows.end(), peer.begin(), peer.end());
+    if (o.peer == "llama.cpp") {
+      const auto peer = bench_peer(paths[i], o, depths, n_prompt, n_gen);
+      for (Row& r : group) {
+        for (const Row& p : peer) {
+          if (p.test == r.test && p.depth == r.depth && p.threads == r.threads) {
+            r.ratio_vs_peer = r.tps_mean() / p.tps_mean();
+          }
+        }
+      }
+      group.insert(group.end(), peer.begin(), peer.end());
+    }
+    for (Row& r : group) {
+      r.model = model_label(o.models[i]);
+      r.arch = model::to_string(mdl.config().arch);
+      r.size_mb = static_cast<double>(std::filesystem::file_size(paths[i])) / (1024.0 * 1024.0);
+    }
+    rows.insert(rows.end(), group.begin(), group.end());
+    fmt::print(stderr,
+               "{}: weights read per decoded token: {:.2f} MB; dense/ours bytes is the bound on "
+               "the decode speed-up when decode is memory-bound\n",
+               o.models[i], mdl.weight_bytes_per_token() / 1e6);
   }
-  const double size_mb = static_cast<double>(std::filesystem::file_size(path)) / (1024.0 * 1024.0);
-  print_rows(rows, std::string(model::to_string(mdl->config().arch)), size_mb, o.format);
-  if (o.format == "md") print_ttft(rows);
-  const double w = mdl->weight_bytes_per_token();
-  fmt::print(stderr,
-             "weights read per decoded token: {:.2f} MB; dense/ours bytes is the bound on the "
-             "decode speed-up when decode is memory-bound\n",
-             w / 1e6);
+  write_results(o.out, result_rows(rows), [&](std::FILE* f) {
+    print_table(f, rows);
+    print_ttft(f, rows);
+  });
 }
 
 }  // namespace
 
 void register_bench_model(CLI::App& bench) {
   auto o = std::make_shared<BenchOptions>();
-  add_model_options(&bench, o->m, /*with_threads=*/false);
-  bench.add_option("-t,--threads", o->threads, "Thread counts (comma-separated; 0: all cores)")
-      ->delimiter(',')
-      ->check(threads())
-      ->capture_default_str();
-  bench.add_option("-p,--n-prompt", o->prompt, "Prompt tokens of the ppN test (0: skip)")
-      ->check(count_in(0, kMaxTokens))
-      ->capture_default_str();
-  bench.add_option("-n,--n-gen", o->gen, "Generated tokens of the tgN test (0: skip)")
-      ->check(count_in(0, kMaxTokens))
-      ->capture_default_str();
-  bench
-      .add_option("-d,--n-depth", o->depth, "Depths: tokens already in the cache (e.g. 0,2048,7K)")
-      ->delimiter(',')
-      ->check(count_in(0, kMaxTokens))
-      ->capture_default_str();
-  bench.add_option("-b,--batch", o->batch, "Decode batch sizes (tgNxB: B forks per pass)")
-      ->delimiter(',')
-      ->check(int_in(1, 256))
-      ->capture_default_str();
-  bench.add_option("-r,--repetitions", o->reps, "Repetitions of each test")
-      ->check(int_in(1, 1 << 20))
-      ->capture_default_str();
-  bench.add_option("-o,--output", o->format, "Output format: md, json, csv")
-      ->check(CLI::IsMember({"md", "json", "csv"}))
-      ->capture_default_str();
-  bench.add_flag_callback(
-      "--json", [o] { o->format = "json"; }, "Same as -o json");
-  bench.add_flag_callback(
-      "--csv", [o] { o->format = "csv"; }, "Same as -o csv");
+  add_models(&bench, o->models);
+  add_model_options(&bench, o->m, {.model = true, .threads = true});
+  add_thread_list(&bench, o->threads, "Thread counts");
+  add_prompt_tokens(&bench, o->prompt);
+  add_gen_tokens(&bench, o->gen);
+  add_depths(&bench, o->depth, 0, "Depths: tokens already in the cache (e.g. 0,2048,7K)");
+  add_batch_list(&bench, o->batch, 256, "Decode batch sizes (tgNxB: B forks per pass)");
+  add_repetitions(&bench, o->reps, "Repetitions of each test");
+  add_output(&bench, o->out);
   bench.add_option("--peer", o->peer, "Also run llama.cpp (llama-cpp-python) in the same run")
       ->check(CLI::IsMember({"llama.cpp"}));
-  bench.add_option("-s,--seed", o->seed, "Seed of the random token ids")->capture_default_str();
+  add_seed(&bench, o->seed, "Seed of the random token ids");
   bench.add_option("--sparse-prefill", o->sparse_prefill,
                    "Also run the ppN test with this sparse prefill (docs/prefill.md): token, "
                    "block, shared (oracles: need the dense pass), index (mean-pooled key blocks) "
@@ -506,7 +501,8 @@ void register_bench_model(CLI::App& bench) {
   bench.footer(
       "Examples:\n"
       "  masskv bench -p 512 -n 128 -t 0\n"
-      "  masskv bench -p 0 -n 64 -d 0,4K --selector quest --budget 1/16 -o csv\n"
+      "  masskv bench -m smollm2 -m gemma3 -p 0 -n 64 -d 0,4K --selector quest --budget 1/16 -o "
+      "csv\n"
       "  masskv bench attn -d 32K -t 1,2   (and bench dist, keys, select: --help each)");
   bench.callback([&bench, o] {
     if (bench.get_subcommands().empty()) run_bench_model(*o, bench);

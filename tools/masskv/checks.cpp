@@ -67,6 +67,7 @@ CLI::Validator count_in(std::int64_t lo, std::int64_t hi) {
           return fmt::format("expected a count like 4096, 32K or 1M in {}, got '{}'", range, s);
         }
         if (v < lo || v > hi) return fmt::format("{} is outside {}", s, range);
+        s = std::to_string(v);  // as a transform: "8K" -> "8192" for an integer option
         return {};
       },
       "COUNT in " + range);
@@ -113,7 +114,51 @@ void add_head_shape(CLI::App* app, int& hq, int& hkv, int& head_dim, int& page) 
   app->add_option("--head-dim", head_dim, "Head dimension")
       ->check(int_in(1, 1024))
       ->capture_default_str();
-  app->add_option("--page", page, "Page size (tokens)")->check(page_size())->capture_default_str();
+  add_page(app, page);
+}
+
+CLI::Option* add_page(CLI::App* app, int& page, const std::string& help) {
+  return app->add_option("--page", page, help)->check(page_size())->capture_default_str();
+}
+
+CLI::Option* add_alpha(CLI::App* app, double& alpha, const std::string& help) {
+  return app->add_option("--alpha", alpha, help)->check(real_in(1, 2, true))->capture_default_str();
+}
+
+CLI::Option* add_alpha(CLI::App* app, std::vector<double>& alphas, const std::string& help) {
+  return app->add_option("--alpha", alphas, help)
+      ->delimiter(',')
+      ->check(real_in(1, 2, true))
+      ->capture_default_str();
+}
+
+CLI::Option* add_top_p_mass(CLI::App* app, double& mass, const std::string& help) {
+  return app->add_option("--top-p-mass", mass, help)
+      ->check(real_in(0, 1, true))
+      ->capture_default_str();
+}
+
+CLI::Option* add_kv_dtype(CLI::App* app, std::string& dtype) {
+  return app->add_option("--kv-dtype", dtype, "KV storage type: f32, f16, bf16")
+      ->capture_default_str();
+}
+
+CLI::Option* add_budget_fractions(CLI::App* app, std::vector<std::string>& budgets) {
+  return app
+      ->add_option("--budget", budgets,
+                   "Budgets as fractions of the context (caps for the adaptive selectors)")
+      ->delimiter(',')
+      ->capture_default_str();
+}
+
+CLI::Option* add_mappings(CLI::App* app, std::vector<std::string>& mappings) {
+  return app->add_option("--mapping", mappings, "softmax, entmax<alpha> (entmax1.5, entmax2)")
+      ->delimiter(',')
+      ->capture_default_str();
+}
+
+CLI::Option* add_no_plots(CLI::App* app, bool& plots) {
+  return app->add_flag("!--no-plots", plots, "Skip the PNG plots");
 }
 
 void add_kept_items(CLI::App* app, int& sink_pages, int& window) {

@@ -19,7 +19,8 @@ inline constexpr std::int64_t kMaxTokens = (std::int64_t{1} << 31) - 1;
 CLI::Validator int_in(std::int64_t lo, std::int64_t hi);
 // A finite real in [lo, hi] ((lo, hi] when lo_open): NaN and infinities are refused.
 CLI::Validator real_in(double lo, double hi, bool lo_open = false);
-// A token count with an optional K/M suffix (parse_count) in [lo, hi].
+// A token count with an optional K/M suffix (parse_count) in [lo, hi]; attached with
+// ->transform() it also rewrites the value to digits, for an integer option.
 CLI::Validator count_in(std::int64_t lo, std::int64_t hi);
 // A KV page size: a power of two in [1, 256] (kv::CacheConfig's rule).
 CLI::Validator page_size();
@@ -28,6 +29,8 @@ CLI::Validator page_size();
 CLI::Validator threads(std::int64_t lo = 0);
 std::int64_t max_threads();  // 4 × the cores
 
+// --page: a KV page size (page_size()), for every command with pages.
+CLI::Option* add_page(CLI::App* app, int& page, const std::string& help = "Page size (tokens)");
 // --hq, --hkv, --head-dim and --page of the commands on synthetic or dumped shapes (bench attn,
 // bench dist, study, bench select): one definition with their ranges, [1, 1024] heads and dims
 // (past any real model's; larger shapes only stall the command), pages as page_size().
@@ -46,6 +49,21 @@ double require_memory(double bytes, const std::string& option, const std::string
 std::string format_bytes(double bytes);
 double physical_memory_bytes();
 
+// --alpha: an entmax α in (1, 2]; a list of them (convert).
+CLI::Option* add_alpha(CLI::App* app, double& alpha, const std::string& help);
+CLI::Option* add_alpha(CLI::App* app, std::vector<double>& alphas, const std::string& help);
+// --top-p-mass: the mass a top_p selector aims for, in (0, 1] (--top-p is run's sampling).
+CLI::Option* add_top_p_mass(
+    CLI::App* app, double& mass,
+    const std::string& help = "Target estimated mass of the top_p selector");
+// --kv-dtype: the KV storage type of the kernel benchmarks (f32, f16, bf16; parse_dtype).
+CLI::Option* add_kv_dtype(CLI::App* app, std::string& dtype);
+// --budget and --mapping as lists (study, reuse): fractions of the context, and softmax or
+// entmax<alpha> (parse_mapping).
+CLI::Option* add_budget_fractions(CLI::App* app, std::vector<std::string>& budgets);
+CLI::Option* add_mappings(CLI::App* app, std::vector<std::string>& mappings);
+// --no-plots: skip the PNG plots (plots is true unless given).
+CLI::Option* add_no_plots(CLI::App* app, bool& plots);
 // --dry-run on a subcommand: validate, print the plan, do no work.
 CLI::Option* add_dry_run(CLI::App* app, bool& flag);
 // The plan of a dry run on stdout: every option's value as given or defaulted, then `facts`

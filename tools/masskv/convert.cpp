@@ -13,6 +13,7 @@
 
 #include "checks.hpp"
 #include "commands.hpp"
+#include "dialect.hpp"
 #include "masskv/error.hpp"
 #include "masskv/learn/conversion.hpp"
 #include "masskv/model/locate.hpp"
@@ -30,7 +31,7 @@ struct ConvertCliOptions {
   std::string text;  // default: the Debian Policy Manual
   std::vector<double> alphas = {1.5};
   std::string tokens = "4096";
-  std::string ctx = "1024";
+  std::int64_t ctx = 1024;
   int queries = 64;
   std::string proxy = "both";
   std::vector<double> scales = {0.7, 0.85, 1.2, 1.4};
@@ -73,7 +74,7 @@ std::vector<std::vector<model::TokenId>> calibration_chunks(const model::Model& 
 void run_convert(const ConvertCliOptions& o, const CLI::App& app) {
   // Ranges (α, scales, counts, threads) are checked as the options are parsed (checks.hpp).
   set_threads(o.threads);
-  require(!o.out.empty(), ErrorCode::invalid_argument, "-o", "an output file is required");
+  require(!o.out.empty(), ErrorCode::invalid_argument, "--out", "an output file is required");
   learn::ConvertOptions co;
   co.alphas = o.alphas;
   if (o.proxy == "kl") {
@@ -87,7 +88,7 @@ void run_convert(const ConvertCliOptions& o, const CLI::App& app) {
   co.global_scales = o.scales;
   co.queries_per_chunk = o.queries;
   const std::int64_t tokens = parse_count(o.tokens, "--tokens");
-  const std::int64_t ctx = parse_count(o.ctx, "--ctx-size");
+  const std::int64_t ctx = o.ctx;
   require(o.identity || ctx <= tokens, ErrorCode::invalid_argument, "--ctx-size",
           "the chunk length must be in [16, --tokens], got ", ctx);
   const std::string path = model::resolve_model(o.model).string();
@@ -145,26 +146,18 @@ void register_convert(CLI::App& app) {
       "convert",
       "Fit an entmax conversion of a softmax-trained model (per-head temperatures, "
       "docs/design.md §2.10) on calibration text; use it with --entmax-conversion");
-  cmd->add_option("-m,--model", o->model,
-                  "Model: smollm2, gemma3 or a GGUF path")
-      ->capture_default_str();
-  cmd->add_option("-o,--output", o->out, "Output file (GGUF, general.architecture masskv-entmax)")
-      ->required();
-  cmd->add_option("--alpha", o->alphas,
-                  "Entmax α in (1, 2]; a list (1.25,1.5,2) fits each and keeps the lowest KL")
-      ->delimiter(',')
-      ->check(real_in(1, 2, true))
-      ->capture_default_str();
+  add_model(cmd, o->model);
+  add_out_file(cmd, o->out, "Output file (GGUF, general.architecture masskv-entmax)")->required();
+  add_alpha(cmd, o->alphas,
+            "Entmax α in (1, 2]; a list (1.25,1.5,2) fits each and keeps the lowest KL");
   cmd->add_option("--tokens", o->tokens,
                   "Calibration tokens, taken from the middle of the text on (the first half "
                   "stays held out for perplexity)")
       ->check(count_in(16, kMaxTokens))
       ->capture_default_str();
-  cmd->add_option("-c,--ctx-size", o->ctx,
-                  "Calibration chunk length (each chunk runs alone; at most --tokens and the "
-                  "model's context)")
-      ->check(count_in(16, kMaxTokens))
-      ->capture_default_str();
+  add_ctx_size(cmd, o->ctx, 16,
+               "Calibration chunk length (each chunk runs alone; at most --tokens and the "
+               "model's context)");
   cmd->add_option("--queries", o->queries,
                   "Query positions per chunk whose attention rows the per-head fit uses")
       ->check(int_in(1, 1 << 20))
@@ -178,19 +171,16 @@ void register_convert(CLI::App& app) {
       ->delimiter(',')
       ->check(real_in(0, 1000, true))
       ->capture_default_str();
-  cmd->add_option("-f,--text", o->text,
-                  "Calibration text (default: the Debian Policy Manual, debian-policy)");
-  cmd->add_option("-t,--threads", o->threads, "Threads (0: all cores)")
-      ->check(threads())
-      ->capture_default_str();
+  add_file(cmd, o->text, "Calibration text (default: the Debian Policy Manual, debian-policy)");
+  add_threads(cmd, o->threads);
   cmd->add_flag("--identity", o->identity,
                 "Fit nothing: write t = 1 on every head (plain α-entmax on the softmax-trained "
                 "model, the unconverted reference for perplexity and eval)");
   cmd->footer(
       "Examples:\n"
-      "  masskv convert -o out/conv.gguf\n"
-      "  masskv convert --alpha 1.25,1.5,2 --tokens 8K -c 1024 -o out/conv.gguf\n"
-      "  masskv convert --identity --alpha 1.5 -o out/identity.gguf");
+      "  masskv convert --out out/conv.gguf\n"
+      "  masskv convert --alpha 1.25,1.5,2 --tokens 8K -c 1024 --out out/conv.gguf\n"
+      "  masskv convert --identity --alpha 1.5 --out out/identity.gguf");
   add_dry_run(cmd, o->dry_run);
   cmd->callback([o, cmd] { run_convert(*o, *cmd); });
 }

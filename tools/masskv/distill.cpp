@@ -16,6 +16,7 @@
 
 #include "checks.hpp"
 #include "commands.hpp"
+#include "dialect.hpp"
 #include "masskv/error.hpp"
 #include "masskv/learn/activations.hpp"
 #include "masskv/learn/selector.hpp"
@@ -226,10 +227,8 @@ void register_distill(CLI::App& app) {
       "Distil learned selectors (docs/design.md §2.8) from a frozen model's dense attention on "
       "real text: per layer W_q, W_k with softmax((W_q x_q)·(W_k x_k)) ≈ the layer's attention "
       "(docs/learned.md)");
-  d->add_option("-m,--model", o->model,
-                "Model: smollm2 (SmolLM2-135M-Instruct), gemma3 (Gemma 3 270M) or a GGUF path")
-      ->capture_default_str();
-  d->add_option("-f,--file", o->text, "Text (default: the Debian Policy Manual)");
+  add_model(d, o->model);
+  add_file(d, o->text, "Text (default: the Debian Policy Manual)");
   d->add_option("--layers", o->layers,
                 "Layers, e.g. 0-29 or 3,5,7 (default: all; Gemma 3's sliding-window layers are "
                 "always skipped: decode keeps their window)");
@@ -274,13 +273,11 @@ void register_distill(CLI::App& app) {
   d->add_option("--eval-every", o->train.eval_every, "Steps between held-out points of the curve")
       ->check(int_in(1, 1 << 24))
       ->capture_default_str();
-  d->add_option("--seed", o->train.seed, "Seed (query positions, init, minibatches)")->capture_default_str();
-  d->add_option("-t,--threads", o->threads, "Threads (0: all cores)")
-      ->check(threads())
-      ->capture_default_str();
-  d->add_option("-o,--output", o->output,
-                "Selector file (GGUF); the loss curves (_curves.csv, _curves.png) and the summary "
-                "(_summary.md) go next to it")
+  add_seed(d, o->train.seed, "Seed (query positions, init, minibatches)");
+  add_threads(d, o->threads);
+  add_out_file(d, o->output,
+               "Selector file (GGUF); the loss curves (_curves.csv, _curves.png) and the summary "
+               "(_summary.md) go next to it")
       ->capture_default_str();
   d->add_option("--cache-dir", o->cache_dir,
                 "Activation files (default: ~/.cache/masskv/distill/<hash of the collection settings>)");
@@ -288,9 +285,9 @@ void register_distill(CLI::App& app) {
               "Keep the activation files (a rerun with the same collection settings reuses them)");
   d->footer(
       "Examples:\n"
-      "  masskv distill -o out/distill/selector.gguf\n"
+      "  masskv distill --out out/distill/selector.gguf\n"
       "  masskv distill --layers 2-5 --dim 32 --steps 200 -t 0\n"
-      "  masskv distill --input hidden --rope --groups kv -o out/distill/hidden.gguf");
+      "  masskv distill --input hidden --rope --groups kv --out out/distill/hidden.gguf");
   add_dry_run(d, o->dry_run);
   d->callback([o, d] { run_distill(*o, *d); });
 }

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "commands.hpp"
+#include "dialect.hpp"
 #include "masskv/error.hpp"
 #include "masskv/eval/runner.hpp"
 #include "masskv/eval/tasks.hpp"
@@ -163,7 +164,7 @@ void run_dump(const DumpOptions& o) {
     for (int l = 0; l < c.n_layer; ++l) layers.push_back(l);
   }
   for (int l : layers) {
-    require(l >= 0 && l < c.n_layer, ErrorCode::invalid_argument, "-l", "layer ", l,
+    require(l >= 0 && l < c.n_layer, ErrorCode::invalid_argument, "--layers", "layer ", l,
             " out of range (the model has ", c.n_layer, ")");
   }
   if (!o.tasks.empty()) {
@@ -194,17 +195,15 @@ void register_dump(CLI::App& app) {
       "dump",
       "Write a model's real q/k/v (per layer: the keys and values of a context of real text and "
       "the queries of the tokens after it) for masskv study --generators dump:FILE");
-  d->add_option("-m,--model", o->model,
-                "Model: smollm2 (SmolLM2-135M-Instruct), gemma3 (Gemma 3 270M) or a GGUF path")
-      ->capture_default_str();
-  d->add_option("-f,--file", o->text, "Text (default: the Debian Policy Manual)");
-  d->add_option("-d,--depth", o->depth, "Context tokens (K suffix allowed)")->capture_default_str();
-  d->add_option("-l,--layers", o->layers, "Layers to dump (comma-separated; default: all)")
+  add_model(d, o->model);
+  add_file(d, o->text, "Text (default: the Debian Policy Manual)");
+  add_depth(d, o->depth, "Context tokens");
+  d->add_option("--layers", o->layers, "Layers to dump (comma-separated; default: all)")
       ->delimiter(',');
   d->add_option("--steps", o->steps, "Query tokens after the context")->capture_default_str();
-  d->add_option("-t,--threads", o->threads, "Threads (0: all cores)")->capture_default_str();
-  d->add_option("-o,--out-dir", o->out_dir,
-                "Write layerNN.mkvd files here (with --task: one folder TASK-LENGTH-SAMPLE each)")
+  add_threads(d, o->threads);
+  add_out_dir(d, o->out_dir,
+              "Write layerNN.mkvd files here (with --task: one folder TASK-LENGTH-SAMPLE each)")
       ->capture_default_str();
   d->add_option("--task", o->tasks,
                 "Eval prompts instead of text: these tasks (comma-separated; masskv eval's "
@@ -215,9 +214,13 @@ void register_dump(CLI::App& app) {
       ->capture_default_str();
   d->add_option("--samples", o->samples, "With --task: samples per task and length (>= 1)")
       ->capture_default_str();
-  d->add_option("--seed", o->seed,
-                "With --task: seed of the prompts (default 9001, apart from the eval's seeds)")
-      ->capture_default_str();
+  add_seed(d, o->seed,
+           "With --task: seed of the prompts (default 9001, apart from the eval's seeds)");
+  d->footer(
+      "Examples:\n"
+      "  masskv dump -d 4K --layers 2,15 -O out/dump\n"
+      "  masskv dump -m gemma3 -d 2K --steps 16 -t 0 -O out/dump-gemma3\n"
+      "  masskv dump --task niah_single_number --length 2K --samples 2 -O out/dump-needles");
   d->callback([o] { run_dump(*o); });
 }
 

@@ -28,6 +28,7 @@
 
 #include "checks.hpp"
 #include "commands.hpp"
+#include "dialect.hpp"
 #include "masskv/error.hpp"
 #include "masskv/eval/runner.hpp"
 #include "masskv/eval/tasks.hpp"
@@ -35,6 +36,7 @@
 #include "masskv/learn/project.hpp"
 #include "masskv/line_file.hpp"
 #include "masskv/model/locate.hpp"
+#include "model_options.hpp"
 #include "parse.hpp"
 #include "plots.hpp"
 #include "progress.hpp"
@@ -435,7 +437,7 @@ std::string row_tag_of_protocol(const MethodRow& m, const RowTags& t) {
   if (base_method(m.method) == "two_stage") return t.settings + t.two_stage + t.codes;
   if (base_method(m.method) == "token_codes") {
     // Rows of plain "token_codes" written before its default rule became log_prob are the
-    // round robin's (now "token_codes+rr"): the default's rows carry "|lp" and never reuse them.
+    // round robin's (now "token_codes+rr", record_key): the default's rows carry "|lp".
     const std::vector<std::string>& mods = split_reselect(m.method).mods;
     const bool explicit_rule = std::find(mods.begin(), mods.end(), "lse") != mods.end() ||
                                std::find(mods.begin(), mods.end(), "rr") != mods.end();
@@ -458,8 +460,22 @@ std::string row_tag(const MethodRow& m, const RowTags& t) {
 
 std::string record_key(const std::string& model, const SampleId& s, const MethodRow& m,
                        const std::string& tag) {
-  return fmt::format("{}|{}|{}|{}|{}|{}|{}|{}", model, s.task, s.length, s.seed, s.index, m.method,
-                     m.budget, tag);
+  // token_codes' rule in one spelling: "+rr" is what plain "token_codes" meant before its
+  // default became log_prob (those rows have no "|lp" in their tag), and the default's rows
+  // ("|lp") are "+lse"'s. So each rule finds every row computed under it, whatever its name.
+  std::string method = m.method, t = tag;
+  if (base_method(method) == "token_codes") {
+    const auto at = method.find("+rr");
+    if (at != std::string::npos &&
+        (at + 3 == method.size() || method[at + 3] == '+' || method[at + 3] == '@'))
+      method.erase(at, 3);
+    if (const auto lp = t.find("|lp"); lp != std::string::npos) {
+      t.erase(lp, 3);
+      method.insert(std::string_view("token_codes").size(), "+lse");
+    }
+  }
+  return fmt::format("{}|{}|{}|{}|{}|{}|{}|{}", model, s.task, s.length, s.seed, s.index, method,
+                     m.budget, t);
 }
 
 // A record's values in their ranges and its method and budget ones this build knows: a
@@ -837,7 +853,7 @@ void run_eval(EvalOptions o, const std::string& cmdline, const CLI::App& app) {
                     {"samples_per_task_and_length", std::to_string(o.samples)}})) {
     return;
   }
-  const std::string text = needs_text ? load_text(o.text, "--text") : std::string();
+  const std::string text = needs_text ? load_text(o.text, "--file") : std::string();
   const int reserve = eval::template_overhead(*mdl, chat) + 2;
   const RowTags tags{settings_tag(o), selector_tag, conversion_tag(o),
                      fmt::format("|c{}", o.candidate_factor)};
@@ -1031,9 +1047,7 @@ void register_eval(CLI::App& app, const std::string& cmdline) {
       "eval",
       "Long-context tasks (RULER-style, generated from a seed) on a real model: dense against "
       "every selector at matched KV budgets; accuracy, KV read, certified δ bound, speed");
-  e->add_option("-m,--model", o->model,
-                "Model: smollm2 (SmolLM2-135M-Instruct), gemma3 (Gemma 3 270M) or a GGUF path")
-      ->capture_default_str();
+  add_model(e, o->model);
   auto* quick = e->add_flag("--quick", o->quick,
                             "The quick suite (default): niah_single_number, niah_multikey, "
                             "niah_multivalue, niah_single_uuid × 1K, 2K × 3 samples; dense, "
@@ -1082,51 +1096,35 @@ void register_eval(CLI::App& app, const std::string& cmdline) {
       ->delimiter(',');
   e->add_option("--samples", o->samples, "Samples per task and length (0: the preset's)")
       ->check(int_in(0, 1 << 20));
-  e->add_option("--seed", o->seed, "Seed of the generated samples")->capture_default_str();
-  e->add_option("-t,--threads", o->threads, "Threads in all (0: all cores)")
-      ->check(threads())
-      ->capture_default_str();
+  add_seed(e, o->seed, "Seed of the generated samples");
+  add_threads(e, o->threads, "Threads in all (0: all cores)");
   e->add_option("--workers", o->workers,
                 "Samples run at once, each on threads / workers kernel threads (0: one sample "
                 "per thread; fewer, for long samples on many cores)")
       ->check(int_in(0, max_threads()))
       ->capture_default_str();
-  e->add_option("--batch", o->batch,
-                "Methods decoded together per step, one forward pass for all (0: all of a "
-                "sample's; 1: one at a time)")
-      ->check(int_in(0, 1 << 16))
-      ->capture_default_str();
-  e->add_option("-o,--out-dir", o->out_dir,
-                "Write results.md, results.csv, results.json and PNG plots here")
+  add_batch(e, o->batch, 0, 1 << 16,
+            "Methods decoded together per step, one forward pass for all (0: all of a "
+            "sample's; 1: one at a time)");
+  add_out_dir(e, o->out_dir, "Write results.md, results.csv, results.json and PNG plots here")
       ->capture_default_str();
   e->add_option("--cache", o->cache, "Results cache (JSON lines; default OUT_DIR/cache.jsonl)");
-  e->add_option("--text", o->text,
-                "Real text for the haystacks (default: the Debian Policy Manual)");
-  e->add_option("--page", o->page_size, "KV page size (tokens)")
-      ->check(page_size())
-      ->capture_default_str();
+  add_file(e, o->text, "Real text for the haystacks (default: the Debian Policy Manual)");
+  add_page(e, o->page_size, "KV page size (tokens)");
   add_kept_items(e, o->sink_pages, o->window);
-  e->add_option("--top-p-mass", o->top_p_mass, "Target estimated mass of top_p")
-      ->check(real_in(0, 1, true))
-      ->capture_default_str();
-  e->add_option("--candidates", o->candidate_factor,
-                "two_stage: candidate pages (by the page bound) per page of the budget")
-      ->check(int_in(1, 1024))
-      ->capture_default_str();
-  e->add_option("--alpha", o->entmax_alpha, "α of the entmax rows")
-      ->check(real_in(1, 2, true))
-      ->capture_default_str()
-      ->each([o](const std::string&) { o->alpha_given = true; });
-  e->add_option("--entmax-conversion", o->entmax_conversion,
-                "Entmax rows run the converted entmax model of this `masskv convert` file (its "
-                "α and per-head temperatures) instead of plain entmax on the softmax model");
-  e->add_option("--selector-file", o->selector_file,
-                "The learned selector of the `learned` method (its hash keys the cache)");
-  e->add_option("--selector-key-format", o->selector_key_format,
-                "Storage of the learned selector's key cache: f32, bf16, int4, mxfp4 or nvfp4 "
-                "(docs/design.md §2.9; the 4-bit ones need d_s % 32 == 0, nvfp4 % 16)")
-      ->capture_default_str();
-  e->add_flag("!--no-plots", o->plots, "Skip the PNG plots");
+  add_top_p_mass(e, o->top_p_mass, "Target estimated mass of top_p");
+  add_candidates(e, o->candidate_factor);
+  add_alpha(e, o->entmax_alpha, "α of the entmax rows")->each([o](const std::string&) {
+    o->alpha_given = true;
+  });
+  add_entmax_conversion(e, o->entmax_conversion,
+                        "Entmax rows run the converted entmax model of this `masskv convert` "
+                        "file (its α and per-head temperatures) instead of plain entmax on the "
+                        "softmax model");
+  add_selector_file(e, o->selector_file,
+                    "The learned selector of the `learned` method (its hash keys the cache)");
+  add_selector_key_format(e, o->selector_key_format);
+  add_no_plots(e, o->plots);
   e->add_flag("--report-only", o->report_only,
               "Write the tables from the cache alone (a long run's state): missing results are "
               "not computed, each cell's n says how many samples it has");
@@ -1134,7 +1132,8 @@ void register_eval(CLI::App& app, const std::string& cmdline) {
   e->footer(
       "Examples:\n"
       "  masskv eval                 (the quick suite, out/eval)\n"
-      "  masskv eval --tasks niah_single_number --lengths 1K --methods dense,quest --budgets 1/16\n"
+      "  masskv eval --tasks niah_single_number --lengths 1K --methods dense,quest --budgets 1/16 "
+      "-O out/eval-one\n"
       "  masskv eval --full --report-only   (the tables of a long run so far, from its cache)");
   e->callback([o, cmdline, e] { run_eval(*o, cmdline, *e); });
 }

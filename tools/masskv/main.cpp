@@ -6,8 +6,9 @@
 #include <string>
 
 #include "commands.hpp"
-#include "masskv_version.hpp"  // generated: MASSKV_GIT_COMMIT
+#include "dialect.hpp"
 #include "masskv/error.hpp"
+#include "masskv_version.hpp"  // generated: MASSKV_GIT_COMMIT
 
 int main(int argc, char** argv) {
   CLI::App app{
@@ -32,6 +33,8 @@ int main(int argc, char** argv) {
   masskv::cli::register_eval(app, cmdline);
   masskv::cli::register_selector(app);
   try {
+    masskv::cli::refuse_old_spellings(app);
+    masskv::cli::check_dialect(app);  // one meaning per short letter (docs/cli.md)
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     // CLI11 prints the message (it names the option); every refusal of the command line exits

@@ -10,25 +10,45 @@
 #include <memory>
 #include <mutex>
 
+#include "checks.hpp"
+#include "dialect.hpp"
 #include "masskv/error.hpp"
 #include "masskv/learn/conversion.hpp"
 #include "masskv/learn/selector.hpp"
 #include "masskv/model/locate.hpp"
-#include "checks.hpp"
 #include "parse.hpp"
 #include "progress.hpp"
 
 namespace masskv::cli {
 
-void add_model_options(CLI::App* app, ModelOptions& o, bool with_threads) {
-  app->add_option("-m,--model", o.model,
-                  "Model: smollm2 (SmolLM2-135M-Instruct), gemma3 (Gemma 3 270M) or a GGUF path")
+CLI::Option* add_selector_file(CLI::App* app, std::string& file, const std::string& help) {
+  return app->add_option("--selector-file", file, help);
+}
+
+CLI::Option* add_selector_key_format(CLI::App* app, std::string& format) {
+  return app
+      ->add_option("--selector-key-format", format,
+                   "Storage of the learned selector's key cache: f32, bf16, int4, mxfp4 or "
+                   "nvfp4 (docs/design.md §2.9; the 4-bit ones need d_s % 32 == 0, nvfp4 % 16)")
       ->capture_default_str();
-  if (with_threads) {
-    app->add_option("-t,--threads", o.threads, "Threads (0: all cores)")
-        ->check(threads())
-        ->capture_default_str();
-  }
+}
+
+CLI::Option* add_candidates(CLI::App* app, int& factor) {
+  return app
+      ->add_option("--candidates", factor,
+                   "two_stage: candidate pages (by the page bound) per page of the budget, whose "
+                   "tokens are then ranked on 2-bit page codes")
+      ->check(int_in(1, 1024))
+      ->capture_default_str();
+}
+
+CLI::Option* add_entmax_conversion(CLI::App* app, std::string& file, const std::string& help) {
+  return app->add_option("--entmax-conversion", file, help);
+}
+
+void add_model_options(CLI::App* app, ModelOptions& o, OwnOptions own) {
+  if (!own.model) add_model(app, o.model);
+  if (!own.threads) add_threads(app, o.threads);
   app->add_option("--selector", o.selector,
                   "Decode attention: dense, token_codes (every token on its 2-bit page code), "
                   "two_stage (candidate pages by the bound, then their tokens on the codes), "
@@ -42,25 +62,14 @@ void add_model_options(CLI::App* app, ModelOptions& o, bool with_threads) {
       ->capture_default_str();
   app->add_option("--budget-min", o.budget_min,
                   "Top-p budgets: at least this many tokens (K_min; tokens or a fraction)");
-  app->add_option("--selector-file", o.selector_file,
-                  "--selector learned: the learned selector (GGUF from masskv distill or "
-                  "masskv selector init)");
-  app->add_option("--selector-key-format", o.selector_key_format,
-                  "--selector learned: storage of its key cache, f32, bf16, int4, mxfp4 or "
-                  "nvfp4 (the 4-bit ones need d_s % 32 == 0, nvfp4 % 16)")
-      ->capture_default_str();
+  add_selector_file(app, o.selector_file,
+                    "--selector learned: the learned selector (GGUF from masskv distill or "
+                    "masskv selector init)");
+  add_selector_key_format(app, o.selector_key_format);
   add_kept_items(app, o.sink_pages, o.window);
-  app->add_option("--top-p-mass", o.top_p_mass, "Target mass of the top_p selector")
-      ->check(real_in(0, 1, true))
-      ->capture_default_str();
-  app->add_option("--candidates", o.candidate_factor,
-                  "two_stage: candidate pages (by the page bound) per page of the budget, whose "
-                  "tokens are then ranked on 2-bit page codes")
-      ->check(int_in(1, 1024))
-      ->capture_default_str();
-  app->add_option("--page", o.page_size, "KV page size (tokens)")
-      ->check(page_size())
-      ->capture_default_str();
+  add_top_p_mass(app, o.top_p_mass, "Target mass of the top_p selector");
+  add_candidates(app, o.candidate_factor);
+  add_page(app, o.page_size, "KV page size (tokens)");
   app->add_option("--reselect-every", o.reselect_every,
                   "Decode steps one selection serves: each layer selects, then reuses that "
                   "selection (plus the pages appended since) for R - 1 steps")
@@ -71,9 +80,9 @@ void add_model_options(CLI::App* app, ModelOptions& o, bool with_threads) {
                   "this cosine from the one the selection was made for (-1: never)")
       ->check(real_in(-1, 1))
       ->capture_default_str();
-  app->add_option("--entmax-conversion", o.entmax_conversion,
-                  "Run the converted entmax model: a `masskv convert` file (α and per-head "
-                  "temperatures fitted to this model); enables --selector entmax_support");
+  add_entmax_conversion(app, o.entmax_conversion,
+                        "Run the converted entmax model: a `masskv convert` file (α and per-head "
+                        "temperatures fitted to this model); enables --selector entmax_support");
 }
 
 std::string set_attention(const ModelOptions& o, const model::Model& model,
@@ -203,7 +212,8 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
 }
 
 void set_threads(int threads) {
-  // Also the commands whose -t has no validator yet: never thousands of OpenMP threads.
+  // -t is checked when the command line is parsed (add_threads); this guard is for callers that
+  // set threads otherwise: never thousands of OpenMP threads.
   require(threads >= 0 && threads <= max_threads(), ErrorCode::invalid_argument, "--threads",
           "must be in [0, ", max_threads(), "] (4 × the cores; 0: all cores), got ", threads);
   if (threads > 0) omp_set_num_threads(threads);

@@ -34,10 +34,22 @@ struct ModelOptions {
   std::string entmax_conversion;  // a `masskv convert` file: run the converted entmax model
 };
 
-// Registers -m, -t (unless with_threads is false), --selector, --budget, --budget-min,
-// --selector-file, --selector-key-format, --sink-pages, --window, --top-p-mass, --page,
-// --reselect-every, --reselect-cos, --entmax-conversion.
-void add_model_options(CLI::App* app, ModelOptions& o, bool with_threads = true);
+// Which of the shared options a command registers itself instead (bench: several -m, a list
+// of -t).
+struct OwnOptions {
+  bool model = false;
+  bool threads = false;
+};
+// Registers -m, -t (unless the command owns them), --selector, --budget, --budget-min,
+// --selector-file, --selector-key-format, --sink-pages, --window, --top-p-mass, --candidates,
+// --page, --reselect-every, --reselect-cos, --entmax-conversion.
+void add_model_options(CLI::App* app, ModelOptions& o, OwnOptions own = {});
+// The options of the model commands that eval shares (one definition each); help texts where
+// eval's reading differs.
+CLI::Option* add_selector_file(CLI::App* app, std::string& file, const std::string& help);
+CLI::Option* add_selector_key_format(CLI::App* app, std::string& format);
+CLI::Option* add_candidates(CLI::App* app, int& factor);
+CLI::Option* add_entmax_conversion(CLI::App* app, std::string& file, const std::string& help);
 // The attention of the sessions: softmax (the model as trained), or with --entmax-conversion
 // the converted entmax model (mapping entmax(α) + the per-head temperatures), the file checked
 // against `model` (errors name --entmax-conversion). Returns the label of that attention for

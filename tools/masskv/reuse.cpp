@@ -21,6 +21,7 @@
 
 #include "checks.hpp"
 #include "commands.hpp"
+#include "dialect.hpp"
 #include "masskv/error.hpp"
 #include "masskv/select/compact_bounds.hpp"
 #include "masskv/select/diagnostics.hpp"
@@ -48,6 +49,7 @@ struct ReuseOptions {
   int page_size = 16;
   StudySelectorParams params;
   std::string out_dir;
+  Output out;
   bool plots = true;
 };
 
@@ -201,41 +203,42 @@ std::vector<Row> layer_means(const std::vector<Row>& rows) {
   return out;
 }
 
+// The rows of -o and of reuse.csv / reuse.json: one per layer, mapping, selector, budget and
+// source.
+Rows reuse_rows(const std::vector<Row>& rows) {
+  Rows out = Rows::array();
+  for (const Row& r : rows) {
+    out.push_back({{"layer", r.layer},
+                   {"mapping", r.mapping},
+                   {"selector", r.selector},
+                   {"budget", r.budget},
+                   {"source", r.source},
+                   {"age", r.age},
+                   {"tokens", r.m.tokens},
+                   {"delta", r.m.delta},
+                   {"delta_fresh", r.m.delta_fresh},
+                   {"delta_max", r.m.delta_max},
+                   {"recall", r.m.recall},
+                   {"rel_error", r.m.rel_error},
+                   {"overlap", r.m.overlap},
+                   {"heads", r.m.heads},
+                   {"selects", r.m.selects}});
+  }
+  return out;
+}
+
+// reuse.json (the command, the settings and the rows) and reuse.csv in -O DIR.
 void write_outputs(const std::vector<Row>& rows, const ReuseOptions& o, const std::string& cmd) {
   std::filesystem::create_directories(o.out_dir);
-  nlohmann::json j;
+  Rows j;
   j["command"] = cmd;
   j["config"] = {{"page_size", o.page_size},
                  {"top_p", o.params.top_p},
                  {"sink_pages", o.params.sink_pages},
                  {"window", o.params.window}};
-  auto csv = fmt::output_file(o.out_dir + "/reuse.csv");
-  csv.print(
-      "layer,mapping,selector,budget,source,age,tokens,delta,delta_fresh,delta_max,recall,"
-      "rel_error,overlap,heads,selects\n");
-  for (const Row& r : rows) {
-    j["rows"].push_back({{"layer", r.layer},
-                         {"mapping", r.mapping},
-                         {"selector", r.selector},
-                         {"budget", r.budget},
-                         {"source", r.source},
-                         {"age", r.age},
-                         {"tokens", r.m.tokens},
-                         {"delta", r.m.delta},
-                         {"delta_fresh", r.m.delta_fresh},
-                         {"delta_max", r.m.delta_max},
-                         {"recall", r.m.recall},
-                         {"rel_error", r.m.rel_error},
-                         {"overlap", r.m.overlap},
-                         {"heads", r.m.heads},
-                         {"selects", r.m.selects}});
-    csv.print("{},{},{},{},{},{},{:.2f},{:.6g},{:.6g},{:.6g},{:.6f},{:.6g},{:.6f},{},{:.6g}\n",
-              r.layer, r.mapping, r.selector, r.budget, r.source, r.age, r.m.tokens, r.m.delta,
-              r.m.delta_fresh, r.m.delta_max, r.m.recall, r.m.rel_error, r.m.overlap, r.m.heads,
-              r.m.selects);
-  }
-  auto f = fmt::output_file(o.out_dir + "/reuse.json");
-  f.print("{}\n", j.dump(1));
+  j["rows"] = reuse_rows(rows);
+  fmt::output_file(o.out_dir + "/reuse.csv").print("{}", to_csv(j["rows"]));
+  fmt::output_file(o.out_dir + "/reuse.json").print("{}\n", j.dump(1));
 }
 
 void run_reuse(const ReuseOptions& o, const std::string& cmdline) {
@@ -356,31 +359,37 @@ void run_reuse(const ReuseOptions& o, const std::string& cmdline) {
     }
   }
 
-  fmt::print(
-      "\n## masskv reuse — {} file(s), {} tokens of context, Hq={}, Hkv={}, d={}, page {}, {} "
-      "queries per file, top-p {}, sinks {} page(s), window {}\n\n",
-      o.inputs.size(), context, hq, hkv, head_dim, o.page_size, steps, o.params.top_p,
-      o.params.sink_pages, o.params.window);
-  fmt::print(
-      "Means over files (layers) and heads. source: fresh = selected for the evaluated query; "
-      "step −a = the selection made a decode steps earlier; prev layer = the previous layer's "
-      "selection (same kv head index). δ / fresh: against the fresh selections' δ on the same "
-      "queries and layers. overlap: share of the fresh selection's pages that the reused one "
-      "holds. R r cos c: the queries walked in order, a layer selecting again after r steps or "
-      "when a q head's query turns past cosine c from the selection's (reselect_every, "
-      "reselect_cos); selects: share of its steps that selected.\n\n");
-  fmt::print(
-      "| mapping | selector | budget | source | tokens | δ | δ / fresh | δ max | recall | err | "
-      "overlap | selects |\n|---|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|\n");
-  const std::vector<Row> means = layer_means(rows);
-  for (const Row& r : means) {
+  write_results(o.out, reuse_rows(rows), [&](std::FILE* f) {
     fmt::print(
-        "| {} | {} | {} | {} | {:.0f} | {:.4f} | {} | {:.3f} | {:.3f} | {:.4f} | {:.3f} | {} |\n",
-        r.mapping, r.selector, r.budget, r.source, r.m.tokens, r.m.delta,
-        r.m.delta_fresh > 0 ? fmt::format("{:.2f}", r.m.delta / r.m.delta_fresh) : "—",
-        r.m.delta_max, r.m.recall, r.m.rel_error, r.m.overlap,
-        r.m.selects >= 0 ? fmt::format("{:.2f}", r.m.selects) : "—");
-  }
+        f,
+        "\n## masskv reuse — {} file(s), {} tokens of context, Hq={}, Hkv={}, d={}, page {}, {} "
+        "queries per file, top-p {}, sinks {} page(s), window {}\n\n",
+        o.inputs.size(), context, hq, hkv, head_dim, o.page_size, steps, o.params.top_p,
+        o.params.sink_pages, o.params.window);
+    fmt::print(
+        f,
+        "Means over files (layers) and heads. source: fresh = selected for the evaluated query; "
+        "step −a = the selection made a decode steps earlier; prev layer = the previous layer's "
+        "selection (same kv head index). δ / fresh: against the fresh selections' δ on the same "
+        "queries and layers. overlap: share of the fresh selection's pages that the reused one "
+        "holds. R r cos c: the queries walked in order, a layer selecting again after r steps or "
+        "when a q head's query turns past cosine c from the selection's (reselect_every, "
+        "reselect_cos); selects: share of its steps that selected.\n\n");
+    fmt::print(
+        f,
+        "| mapping | selector | budget | source | tokens | δ | δ / fresh | δ max | recall | err | "
+        "overlap | selects |\n|---|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+    const std::vector<Row> means = layer_means(rows);
+    for (const Row& r : means) {
+      fmt::print(
+          f,
+          "| {} | {} | {} | {} | {:.0f} | {:.4f} | {} | {:.3f} | {:.3f} | {:.4f} | {:.3f} | {} |\n",
+          r.mapping, r.selector, r.budget, r.source, r.m.tokens, r.m.delta,
+          r.m.delta_fresh > 0 ? fmt::format("{:.2f}", r.m.delta / r.m.delta_fresh) : "—",
+          r.m.delta_max, r.m.recall, r.m.rel_error, r.m.overlap,
+          r.m.selects >= 0 ? fmt::format("{:.2f}", r.m.selects) : "—");
+    }
+  });
   if (!o.out_dir.empty()) {
     write_outputs(rows, o, cmdline);
     if (o.plots) run_plot_script("reuse", "plot_reuse.py", {o.out_dir + "/reuse.csv", o.out_dir});
@@ -396,23 +405,18 @@ void register_reuse(CLI::App& app, const std::string& cmdline) {
       "What a page selection loses when reused: made for an earlier decode step's query or by "
       "the previous layer, on a model's real q/k/v (masskv dump): dropped mass, recall, output "
       "error, overlap with a fresh selection");
-  r->add_option("-i,--inputs", o->inputs,
+  r->add_option("--inputs", o->inputs,
                 "Files written by masskv dump (comma-separated; consecutive layers also give the "
                 "previous-layer rows)")
       ->delimiter(',')
       ->required();
-  r->add_option("-s,--selectors", o->selectors,
+  r->add_option("--selectors", o->selectors,
                 "sink_recent, quest, top_p, gaussian_tau, entmax_support, oracle")
       ->delimiter(',')
       ->capture_default_str();
-  r->add_option("-b,--budget", o->budgets,
-                "Budgets as fractions of the context (caps for the adaptive selectors)")
-      ->delimiter(',')
-      ->capture_default_str();
-  r->add_option("-m,--mapping", o->mappings, "softmax, entmax<alpha> (entmax1.5, entmax2)")
-      ->delimiter(',')
-      ->capture_default_str();
-  r->add_option("-a,--ages", o->ages,
+  add_budget_fractions(r, o->budgets);
+  add_mappings(r, o->mappings);
+  r->add_option("--ages", o->ages,
                 "Decode steps between the selection's query and the evaluated one (each < the "
                 "dumps' --steps)")
       ->delimiter(',')
@@ -427,20 +431,19 @@ void register_reuse(CLI::App& app, const std::string& cmdline) {
                 "(reselect_cos; -1: steps only)")
       ->delimiter(',')
       ->check(real_in(-1, 1));
-  r->add_option("--page", o->page_size, "Page size (tokens)")
-      ->check(page_size())
-      ->capture_default_str();
-  r->add_option("--top-p", o->params.top_p, "Target estimated mass of the top_p selector")
-      ->check(real_in(0, 1, true))
-      ->capture_default_str();
+  add_page(r, o->page_size);
+  add_top_p_mass(r, o->params.top_p);
   add_kept_items(r, o->params.sink_pages, o->params.window);
-  r->add_option("-o,--out-dir", o->out_dir,
-                "Write reuse.csv, reuse.json and reuse_*.png (scripts/plot_reuse.py) here");
-  r->add_flag("!--no-plots", o->plots, "Skip the PNG plots");
+  add_output(r, o->out);
+  add_out_dir(r, o->out_dir,
+              "Write reuse.csv, reuse.json and reuse_*.png (scripts/plot_reuse.py) here");
+  add_no_plots(r, o->plots);
   r->footer(
       "Examples:\n"
-      "  masskv reuse -i out/dump/layer02.mkvd,out/dump/layer03.mkvd -o out/reuse\n"
-      "  masskv reuse -i out/dump/layer02.mkvd -s quest -b 1/8 -a 1,4,16 --no-plots");
+      "  masskv reuse --inputs out/dump/layer02.mkvd,out/dump/layer03.mkvd -O out/reuse\n"
+      "  masskv reuse --inputs out/dump/layer02.mkvd --selectors quest --budget 1/8 --ages 1,4,16 "
+      "--no-plots\n"
+      "  masskv reuse --inputs out/dump/layer02.mkvd -o csv --out reuse.csv --no-plots");
   r->callback([o, cmdline] { run_reuse(*o, cmdline); });
 }
 

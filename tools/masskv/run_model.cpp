@@ -17,6 +17,7 @@
 
 #include "checks.hpp"
 #include "commands.hpp"
+#include "dialect.hpp"
 #include "masskv/error.hpp"
 #include "masskv/model/chat_template.hpp"
 #include "masskv/model/locate.hpp"
@@ -154,7 +155,7 @@ struct PplOptions {
   std::int64_t ctx = 512;
   int chunks = 0;  // 0: all
   bool kl = false;
-  std::string json_path;
+  Output out;
   bool dry_run = false;
 };
 
@@ -265,54 +266,57 @@ void run_perplexity(const PplOptions& o, const CLI::App& app) {
   const double secs = seconds_since(t0);
   const double ppl_dense = std::exp(nll_dense / static_cast<double>(scored));
   const double ppl_cmp = compare ? std::exp(nll_cmp / static_cast<double>(scored)) : NAN;
-  fmt::print(
-      "| model | ctx | chunks | scored | attention | selector | budget | ppl dense softmax | "
-      "ppl | Δppl % | mean KL | max KL | top-1 same | KV read | certified | δ bound |\n");
-  fmt::print(
-      "| --- | ---: | ---: | ---: | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: "
-      "| ---: | ---: | ---: |\n");
-  const std::string name = model::to_string(mdl->config().arch).data();
-  if (!compare) {
-    fmt::print("| {} | {} | {} | {} | softmax | dense | - | {:.4f} | {:.4f} | - | - | - | - | 100% "
-               "| - | - |\n",
-               name, o.ctx, n_chunks, scored, ppl_dense, ppl_dense);
-  } else {
-    fmt::print(
-        "| {} | {} | {} | {} | {} | {} | {} | {:.4f} | {:.4f} | {:+.3f} | {} | {} | {:.2f}% "
-        "| {:.1f}% | {} | {} |\n",
-        name, o.ctx, n_chunks, scored, attention, sparse ? o.m.selector : "dense",
-        sparse ? std::to_string(cmp_so.selector->budget.tokens) : "-", ppl_dense, ppl_cmp,
-        100.0 * (ppl_cmp / ppl_dense - 1.0),
-        o.kl ? fmt::format("{:.3e}", kl_sum / static_cast<double>(scored)) : "-",
-        o.kl ? fmt::format("{:.3e}", kl_max) : "-",
-        100.0 * static_cast<double>(top1_same) / static_cast<double>(scored),
-        100.0 * kv_read / kv_total,
-        heads > 0 ? fmt::format("{:.1f}%", 100.0 * certified / heads) : "-",
-        heads > 0 ? fmt::format("{:.3g}", delta_sum / heads) : "-");
-  }
   fmt::print(stderr, "masskv perplexity: {} tokens scored in {:.1f} s\n", scored, secs);
-  if (!o.json_path.empty()) {
-    nlohmann::json j{{"model", path},         {"arch", name},     {"ctx", o.ctx},
-                     {"chunks", n_chunks},    {"scored", scored}, {"selector", o.m.selector},
-                     {"attention", attention}, {"ppl_dense", ppl_dense}};
-    if (!o.m.entmax_conversion.empty()) j["entmax_conversion"] = o.m.entmax_conversion;
-    if (compare) {
-      j["ppl"] = ppl_cmp;
-      j["top1_same"] = static_cast<double>(top1_same) / static_cast<double>(scored);
-      j["kv_read_fraction"] = kv_read / kv_total;
-      if (o.kl) {
-        j["kl_mean"] = kl_sum / static_cast<double>(scored);
-        j["kl_max"] = kl_max;
-      }
+  const std::string name = model::to_string(mdl->config().arch).data();
+  Rows j{{"model", path},          {"arch", name},          {"ctx", o.ctx},
+         {"chunks", n_chunks},     {"scored", scored},      {"selector", o.m.selector},
+         {"attention", attention}, {"ppl_dense", ppl_dense}};
+  if (!o.m.entmax_conversion.empty()) j["entmax_conversion"] = o.m.entmax_conversion;
+  if (compare) {
+    j["ppl"] = ppl_cmp;
+    j["top1_same"] = static_cast<double>(top1_same) / static_cast<double>(scored);
+    j["kv_read_fraction"] = kv_read / kv_total;
+    if (o.kl) {
+      j["kl_mean"] = kl_sum / static_cast<double>(scored);
+      j["kl_max"] = kl_max;
     }
-    if (sparse) {
-      j["budget_tokens"] = cmp_so.selector->budget.tokens;
-      j["certified_fraction"] = heads > 0 ? certified / heads : 0.0;
-      j["delta_bound_mean"] = heads > 0 ? delta_sum / heads : 0.0;
-    }
-    auto f = fmt::output_file(o.json_path);
-    f.print("{}\n", j.dump(2));
   }
+  if (sparse) {
+    j["budget_tokens"] = cmp_so.selector->budget.tokens;
+    j["certified_fraction"] = heads > 0 ? certified / heads : 0.0;
+    j["delta_bound_mean"] = heads > 0 ? delta_sum / heads : 0.0;
+  }
+  write_results(o.out, Rows::array({j}), [&](std::FILE* f) {
+    fmt::print(
+        f,
+        "| model | ctx | chunks | scored | attention | selector | budget | ppl dense softmax | "
+        "ppl | Δppl % | mean KL | max KL | top-1 same | KV read | certified | δ bound |\n");
+    fmt::print(
+        f,
+        "| --- | ---: | ---: | ---: | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: "
+        "| ---: | ---: | ---: |\n");
+    if (!compare) {
+      fmt::print(
+          f,
+          "| {} | {} | {} | {} | softmax | dense | - | {:.4f} | {:.4f} | - | - | - | - | 100% "
+          "| - | - |\n",
+          name, o.ctx, n_chunks, scored, ppl_dense, ppl_dense);
+    } else {
+      fmt::print(
+          f,
+          "| {} | {} | {} | {} | {} | {} | {} | {:.4f} | {:.4f} | {:+.3f} | {} | {} | {:.2f}% "
+          "| {:.1f}% | {} | {} |\n",
+          name, o.ctx, n_chunks, scored, attention, sparse ? o.m.selector : "dense",
+          sparse ? std::to_string(cmp_so.selector->budget.tokens) : "-", ppl_dense, ppl_cmp,
+          100.0 * (ppl_cmp / ppl_dense - 1.0),
+          o.kl ? fmt::format("{:.3e}", kl_sum / static_cast<double>(scored)) : "-",
+          o.kl ? fmt::format("{:.3e}", kl_max) : "-",
+          100.0 * static_cast<double>(top1_same) / static_cast<double>(scored),
+          100.0 * kv_read / kv_total,
+          heads > 0 ? fmt::format("{:.1f}%", 100.0 * certified / heads) : "-",
+          heads > 0 ? fmt::format("{:.3g}", delta_sum / heads) : "-");
+    }
+  });
 }
 
 }  // namespace
@@ -321,16 +325,11 @@ void register_model_commands(CLI::App& app) {
   auto ro = std::make_shared<RunOptions>();
   CLI::App* run = app.add_subcommand("run", "Generate text with a GGUF model (llama.cpp style)");
   add_model_options(run, ro->m);
-  run->add_option("-p,--prompt", ro->prompt, "Prompt")->capture_default_str();
-  run->add_option("-f,--file", ro->file, "Read the prompt from this file");
-  run->add_option("-n,--n-predict", ro->n_predict,
-                  "Tokens to generate (prompt + n at most the model's context)")
-      ->check(int_in(0, kMaxTokens))
-      ->capture_default_str();
-  run->add_option("-c,--ctx-size", ro->ctx,
-                  "KV capacity in tokens (0: prompt + n; at most the model's context)")
-      ->check(int_in(0, kMaxTokens))
-      ->capture_default_str();
+  add_prompt_text(run, ro->prompt);
+  add_file(run, ro->file, "Read the prompt from this file");
+  add_n_predict(run, ro->n_predict);
+  add_ctx_size(run, ro->ctx, 0,
+               "KV capacity in tokens (0: prompt + n; at most the model's context)");
   run->add_flag("--chat", ro->chat, "Wrap the prompt in the model's chat template");
   run->add_option("--system", ro->system, "System message (with --chat)");
   run->add_option("--temp", ro->temperature, "Temperature (0: greedy)")
@@ -342,7 +341,7 @@ void register_model_commands(CLI::App& app) {
   run->add_option("--top-p", ro->top_p, "Top-p (1: off)")
       ->check(real_in(0, 1, true))
       ->capture_default_str();
-  run->add_option("-s,--seed", ro->seed, "Sampling seed")->capture_default_str();
+  add_seed(run, ro->seed, "Sampling seed");
   add_dry_run(run, ro->dry_run);
   run->footer(
       "Examples:\n"
@@ -357,25 +356,22 @@ void register_model_commands(CLI::App& app) {
       "Perplexity of a text file; with --selector and/or --entmax-conversion also against "
       "dense softmax (KL, top-1, KV read, certified heads, δ bound)");
   add_model_options(ppl, po->m);
-  ppl->add_option("-f,--file", po->file, "Text file (e.g. the Debian Policy Manual, see README)")
-      ->required();
-  ppl->add_option("-c,--ctx-size", po->ctx,
-                  "Context per chunk, at most the model's; the second half is scored")
-      ->check(int_in(8, kMaxTokens))
-      ->capture_default_str();
+  add_file(ppl, po->file, "Text file (e.g. the Debian Policy Manual, see README)")->required();
+  add_ctx_size(ppl, po->ctx, 8,
+               "Context per chunk, at most the model's; the second half is scored");
   ppl->add_option("--chunks", po->chunks, "Chunks to evaluate (0: all)")
       ->check(int_in(0, 1 << 30))
       ->capture_default_str();
   ppl->add_flag("--kl", po->kl,
                 "KL divergence of the compared logits (--selector and/or --entmax-conversion) "
                 "against dense softmax");
-  ppl->add_option("--json", po->json_path, "Write the results as JSON to this file");
+  add_output(ppl, po->out);
   add_dry_run(ppl, po->dry_run);
   ppl->footer(
       "Examples:\n"
       "  masskv perplexity -f policy.txt -c 512 --chunks 4\n"
       "  masskv perplexity -f policy.txt -c 1024 --selector quest --budget 1/8 --kl\n"
-      "  masskv perplexity -f policy.txt --entmax-conversion conv.gguf --json ppl.json");
+      "  masskv perplexity -f policy.txt --entmax-conversion conv.gguf -o json --out ppl.json");
   ppl->callback([po, ppl] { run_perplexity(*po, *ppl); });
 }
 

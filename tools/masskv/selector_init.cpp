@@ -9,6 +9,7 @@
 
 #include "checks.hpp"
 #include "commands.hpp"
+#include "dialect.hpp"
 #include "masskv/error.hpp"
 #include "masskv/learn/construct.hpp"
 #include "masskv/model/locate.hpp"
@@ -58,15 +59,18 @@ void run_init(const InitOptions& o) {
 void register_selector(CLI::App& app) {
   auto* sel = app.add_subcommand("selector", "Learned-selector files (docs/design.md §2.8)");
   sel->require_subcommand(1);
+  sel->footer(
+      "Examples:\n"
+      "  masskv selector init --out out/mean.gguf\n"
+      "  masskv selector init --kind random --dim 16 --seed 3 --out out/random.gguf");
   auto o = std::make_shared<InitOptions>();
   auto* init = sel->add_subcommand(
       "init",
       "Write a selector made without training: mean_score (analytic, qk input: ŝ = the mean of "
       "the model's own q·k scores over the heads served; d_s = head_dim x kv heads per group) "
       "or random (seeded, for measuring the decode path)");
-  init->add_option("-m,--model", o->model,
-                   "Model: smollm2, gemma3 or a GGUF path (the selector is checked against it)")
-      ->capture_default_str();
+  add_model(init, o->model,
+            "Model: smollm2, gemma3 or a GGUF path (the selector is checked against it)");
   init->add_option("--kind", o->kind, "mean_score or random")->capture_default_str();
   init->add_option("--input", o->input, "random: qk (post-RoPE q/k) or hidden (attention input)")
       ->capture_default_str();
@@ -74,13 +78,14 @@ void register_selector(CLI::App& app) {
       ->capture_default_str();
   init->add_option("--dim", o->dim, "random: d_s")->check(int_in(1, 4096))->capture_default_str();
   init->add_flag("--rope", o->rope, "random, hidden input: RoPE on the d_s projections");
-  init->add_option("-l,--layers", o->layers, "Layers (default: all)")->delimiter(',');
-  init->add_option("--seed", o->seed, "random: seed")->capture_default_str();
-  init->add_option("-o,--output", o->out, "Selector file to write")->required();
+  init->add_option("--layers", o->layers, "Layers (default: all)")->delimiter(',');
+  add_seed(init, o->seed, "random: seed");
+  add_out_file(init, o->out, "Selector file to write")->required();
   init->footer(
       "Examples:\n"
-      "  masskv selector init --kind mean_score -o out/mean.gguf\n"
-      "  masskv selector init --kind random --input hidden --dim 16 --rope -l 3,7 -o out/r.gguf");
+      "  masskv selector init --kind mean_score --out out/mean.gguf\n"
+      "  masskv selector init --kind random --input hidden --dim 16 --rope --layers 3,7 "
+      "--out out/r.gguf");
   init->callback([o] { run_init(*o); });
 }
 

@@ -21,6 +21,7 @@
 
 #include "checks.hpp"
 #include "commands.hpp"
+#include "dialect.hpp"
 #include "masskv/attn/decode.hpp"
 #include "masskv/error.hpp"
 #include "masskv/kv/cache.hpp"
@@ -39,7 +40,7 @@ namespace {
 using select::Method;
 
 struct StudyOptions {
-  std::string context = "8K";
+  std::int64_t context = 8192;
   int hq = 8, hkv = 2, head_dim = 64, page_size = 16, steps = 2;
   std::vector<std::string> generators{"gaussian", "needles", "heavy", "drift", "sinks"};
   std::vector<std::string> selectors{"sink_recent",  "quest",          "top_p", "top_p_q4",
@@ -49,7 +50,8 @@ struct StudyOptions {
   double top_p = 0.95;
   int sink_pages = 1, window = 32;
   std::uint64_t seed = 1;
-  std::string out_dir, json_path, csv_path;
+  std::string out_dir;
+  Output out;
   bool dry_run = false;
   bool plots = true;
 };
@@ -177,8 +179,35 @@ double selector_bytes(const SelectorSpec& s, int pages, std::int64_t L, int d) {
   }
 }
 
+// The rows of -o and of study.csv / study.json: one per generator, mapping, selector, budget.
+Rows study_rows(const std::vector<Row>& rows) {
+  Rows out = Rows::array();
+  for (const auto& r : rows) {
+    out.push_back({{"generator", r.generator},
+                   {"mapping", r.mapping},
+                   {"selector", r.selector},
+                   {"budget", r.budget},
+                   {"budget_frac", r.budget_frac},
+                   {"tokens", r.tokens},
+                   {"tokens_frac", r.tokens_frac},
+                   {"bytes_frac", r.bytes_frac},
+                   {"delta", r.delta},
+                   {"delta_max", r.delta_max},
+                   {"delta_bound", r.delta_bound},
+                   {"recall", r.recall},
+                   {"rel_error", r.rel_error},
+                   {"error_bound", r.err_bound},
+                   {"certified", r.certified},
+                   {"tightness", r.tightness},
+                   {"bounds_held", r.held}});
+  }
+  return out;
+}
+
+// study.json (the command, the settings and the rows) and study.csv in -O DIR.
 void write_outputs(const std::vector<Row>& rows, const StudyOptions& o, const std::string& cmd) {
-  nlohmann::json j;
+  if (o.out_dir.empty()) return;
+  Rows j;
   j["command"] = cmd;
   j["config"] = {{"context", o.context},
                  {"hq", o.hq},
@@ -190,52 +219,10 @@ void write_outputs(const std::vector<Row>& rows, const StudyOptions& o, const st
                  {"sink_pages", o.sink_pages},
                  {"window", o.window},
                  {"seed", o.seed}};
-  for (const auto& r : rows) {
-    j["rows"].push_back({{"generator", r.generator},
-                         {"mapping", r.mapping},
-                         {"selector", r.selector},
-                         {"budget", r.budget},
-                         {"budget_frac", r.budget_frac},
-                         {"tokens", r.tokens},
-                         {"tokens_frac", r.tokens_frac},
-                         {"bytes_frac", r.bytes_frac},
-                         {"delta", r.delta},
-                         {"delta_max", r.delta_max},
-                         {"delta_bound", r.delta_bound},
-                         {"recall", r.recall},
-                         {"rel_error", r.rel_error},
-                         {"error_bound", r.err_bound},
-                         {"certified", r.certified},
-                         {"tightness", r.tightness},
-                         {"bounds_held", r.held}});
-  }
-  std::vector<std::string> json_paths, csv_paths;
-  if (!o.json_path.empty()) json_paths.push_back(o.json_path);
-  if (!o.csv_path.empty()) csv_paths.push_back(o.csv_path);
-  if (!o.out_dir.empty()) {
-    std::filesystem::create_directories(o.out_dir);
-    json_paths.push_back(o.out_dir + "/study.json");
-    csv_paths.push_back(o.out_dir + "/study.csv");
-  }
-  for (const auto& p : json_paths) {
-    auto f = fmt::output_file(p);
-    f.print("{}\n", j.dump(1));
-  }
-  for (const auto& p : csv_paths) {
-    auto f = fmt::output_file(p);
-    f.print(
-        "generator,mapping,selector,budget,budget_frac,tokens,tokens_frac,bytes_frac,delta,"
-        "delta_max,delta_bound,recall,rel_error,error_bound,certified,tightness,bounds_held\n");
-    for (const auto& r : rows) {
-      f.print(
-          "{},{},{},{},{:.6f},{:.1f},{:.6f},{:.6f},{:.6g},{:.6g},{:.6g},{:.6f},{:.6g},{:.6g},{:.4f}"
-          ","
-          "{:.4f},{}\n",
-          r.generator, r.mapping, r.selector, r.budget, r.budget_frac, r.tokens, r.tokens_frac,
-          r.bytes_frac, r.delta, r.delta_max, r.delta_bound, r.recall, r.rel_error, r.err_bound,
-          r.certified, r.tightness, r.held ? 1 : 0);
-    }
-  }
+  j["rows"] = study_rows(rows);
+  std::filesystem::create_directories(o.out_dir);
+  fmt::output_file(o.out_dir + "/study.json").print("{}\n", j.dump(1));
+  fmt::output_file(o.out_dir + "/study.csv").print("{}", to_csv(j["rows"]));
 }
 
 // Runs scripts/plot_study.py on the CSV.
@@ -266,7 +253,7 @@ StudyOptions with_dump_shapes(StudyOptions o) {
   for (const auto& gname : o.generators) {
     if (!is_dump(gname)) continue;
     const QkvDump h = read_qkv_dump_header(gname.substr(5));
-    const std::string ctx = std::to_string(h.context);
+    const std::int64_t ctx = h.context;
     require(first || (ctx == o.context && h.hq == o.hq && h.hkv == o.hkv &&
                       h.head_dim == o.head_dim && h.steps == o.steps),
             ErrorCode::invalid_argument, "--generators", gname,
@@ -289,10 +276,10 @@ double study_bytes(std::int64_t L, int hq, int hkv, int head_dim, int steps) {
 
 void run_study(const StudyOptions& o_in, const std::string& cmdline, const CLI::App& app) {
   const StudyOptions o = with_dump_shapes(o_in);
-  const std::int64_t L = parse_count(o.context, "--context");
+  const std::int64_t L = o.context;
   check_head_shape(o.hq, o.hkv);
   const double bytes = require_memory(study_bytes(L, o.hq, o.hkv, o.head_dim, o.steps),
-                                      "--context", "the keys, values and paged cache of --steps");
+                                      "--ctx-size", "the keys, values and paged cache of --steps");
   std::vector<Mapping> maps;
   for (const auto& m : o.mappings) maps.push_back(parse_mapping(m, "--mapping"));
   std::vector<SelectorSpec> methods;
@@ -401,45 +388,49 @@ void run_study(const StudyOptions& o_in, const std::string& cmdline, const CLI::
   }
   progress.finish();
 
-  fmt::print(
-      "\n## masskv study — {} tokens, Hq={}, Hkv={}, d={}, page {}, {} step(s) per "
-      "generator, top-p {}, sinks {} page(s), window {}\n\n",
-      L, o.hq, o.hkv, o.head_dim, o.page_size, o.steps, o.top_p, o.sink_pages, o.window);
-  fmt::print(
-      "δ: dropped mass (mean over heads and steps); recall: entmax support / softmax "
-      "90%-mass set; err: ‖o − ô‖/‖o‖; cert: heads certified exact; tight: Σδ / Σδ-bound; "
-      "bytes: (KV read + selector reads) / dense KV.\n\n");
-  fmt::print(
-      "| generator | mapping | selector | budget | tokens | bytes | δ | δ max | δ bound | "
-      "tight | recall | err | cert | bounds held |\n");
-  fmt::print("|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|:-:|\n");
-  for (const auto& r : rows) {
-    fmt::print(
-        "| {} | {} | {} | {} | {:.0f} | {:.4f} | {:.2e} | {:.2e} | {:.2e} | {:.2f} | {:.3f} | "
-        "{:.2e} | {:.2f} | {} |\n",
-        r.generator, r.mapping, r.selector, r.budget, r.tokens, r.bytes_frac, r.delta, r.delta_max,
-        r.delta_bound, r.tightness, r.recall, r.rel_error, r.certified, r.held ? "yes" : "**NO**");
-  }
-  // Tokens needed to reach δ <= target: the smallest budget in the sweep that does, per
-  // generator, mapping and selector (a coarse reading of the sweep).
-  fmt::print("\n### Smallest swept budget with mean δ ≤ 1% (tokens read, bytes fraction)\n\n");
-  fmt::print(
-      "| generator | mapping | selector | budget | tokens | bytes "
-      "|\n|---|---|---|---:|---:|---:|\n");
-  std::map<std::tuple<std::string, std::string, std::string>, const Row*> best;
-  for (const auto& r : rows) {
-    if (r.delta > 0.01 || r.selector == "dense") continue;
-    auto& b = best[{r.generator, r.mapping, r.selector}];
-    if (!b || r.tokens < b->tokens) b = &r;
-  }
-  for (const auto& [key, r] : best) {
-    fmt::print("| {} | {} | {} | {} | {:.0f} | {:.4f} |\n", r->generator, r->mapping, r->selector,
-               r->budget, r->tokens, r->bytes_frac);
-  }
+  const bool all_held = std::all_of(rows.begin(), rows.end(), [](const Row& r) { return r.held; });
+  write_results(o.out, study_rows(rows), [&](std::FILE* f) {
+    fmt::print(f,
+               "\n## masskv study — {} tokens, Hq={}, Hkv={}, d={}, page {}, {} step(s) per "
+               "generator, top-p {}, sinks {} page(s), window {}\n\n",
+               L, o.hq, o.hkv, o.head_dim, o.page_size, o.steps, o.top_p, o.sink_pages, o.window);
+    fmt::print(f,
+               "δ: dropped mass (mean over heads and steps); recall: entmax support / softmax "
+               "90%-mass set; err: ‖o − ô‖/‖o‖; cert: heads certified exact; tight: Σδ / Σδ-bound; "
+               "bytes: (KV read + selector reads) / dense KV.\n\n");
+    fmt::print(f,
+               "| generator | mapping | selector | budget | tokens | bytes | δ | δ max | δ bound | "
+               "tight | recall | err | cert | bounds held |\n");
+    fmt::print(f, "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|:-:|\n");
+    for (const auto& r : rows) {
+      fmt::print(
+          f,
+          "| {} | {} | {} | {} | {:.0f} | {:.4f} | {:.2e} | {:.2e} | {:.2e} | {:.2f} | {:.3f} | "
+          "{:.2e} | {:.2f} | {} |\n",
+          r.generator, r.mapping, r.selector, r.budget, r.tokens, r.bytes_frac, r.delta,
+          r.delta_max, r.delta_bound, r.tightness, r.recall, r.rel_error, r.certified,
+          r.held ? "yes" : "**NO**");
+    }
+    // Tokens needed to reach δ <= target: the smallest budget in the sweep that does, per
+    // generator, mapping and selector (a coarse reading of the sweep).
+    fmt::print(f, "\n### Smallest swept budget with mean δ ≤ 1% (tokens read, bytes fraction)\n\n");
+    fmt::print(f,
+               "| generator | mapping | selector | budget | tokens | bytes "
+               "|\n|---|---|---|---:|---:|---:|\n");
+    std::map<std::tuple<std::string, std::string, std::string>, const Row*> best;
+    for (const auto& r : rows) {
+      if (r.delta > 0.01 || r.selector == "dense") continue;
+      auto& b = best[{r.generator, r.mapping, r.selector}];
+      if (!b || r.tokens < b->tokens) b = &r;
+    }
+    for (const auto& [key, r] : best) {
+      fmt::print(f, "| {} | {} | {} | {} | {:.0f} | {:.4f} |\n", r->generator, r->mapping,
+                 r->selector, r->budget, r->tokens, r->bytes_frac);
+    }
+    fmt::print(f, "\nevery certified bound held: {}\n", all_held ? "yes" : "NO");
+  });
   write_outputs(rows, o, cmdline);
   make_plots(o);
-  const bool all_held = std::all_of(rows.begin(), rows.end(), [](const Row& r) { return r.held; });
-  fmt::print("\nevery certified bound held: {}\n", all_held ? "yes" : "NO");
 }
 
 // ---- bench select ---------------------------------------------------------------------------
@@ -452,7 +443,7 @@ struct BenchOptions {
   double alpha = 1.5;
   int reps = 5;
   std::uint64_t seed = 1;
-  std::string json_path;
+  Output out;
   bool dry_run = false;
 };
 
@@ -545,30 +536,31 @@ void run_bench(const BenchOptions& o, const CLI::App& app) {
     }
   }
   progress.finish();
-  fmt::print(
-      "\n## masskv bench select — CPU, f16 KV, Hq={}, Hkv={}, d={}, page {}, entmax α={}, "
-      "budget cap {} (drifting keys)\n\n",
-      o.hq, o.hkv, o.head_dim, o.page_size, o.alpha, o.budget);
-  fmt::print(
-      "| context | selector | select µs | pages/head | sparse decode µs | dense decode µs | "
-      "saved µs | select / saved |\n|---:|---|---:|---:|---:|---:|---:|---:|\n");
-  nlohmann::json j;
+  Rows j = Rows::array();
   for (const auto& r : rows) {
-    const double saved = r.dense_us - r.sparse_us;
-    fmt::print("| {} | {} | {:.0f} | {:.0f} | {:.0f} | {:.0f} | {:.0f} | {:.2f} |\n", r.context,
-               r.selector, r.select_us, r.pages, r.sparse_us, r.dense_us, saved,
-               saved > 0 ? r.select_us / saved : INFINITY);
-    j["rows"].push_back({{"context", r.context},
-                         {"selector", r.selector},
-                         {"select_us", r.select_us},
-                         {"pages_per_head", r.pages},
-                         {"sparse_us", r.sparse_us},
-                         {"dense_us", r.dense_us}});
+    j.push_back({{"context", r.context},
+                 {"selector", r.selector},
+                 {"select_us", r.select_us},
+                 {"pages_per_head", r.pages},
+                 {"sparse_us", r.sparse_us},
+                 {"dense_us", r.dense_us},
+                 {"saved_us", r.dense_us - r.sparse_us}});
   }
-  if (!o.json_path.empty()) {
-    auto f = fmt::output_file(o.json_path);
-    f.print("{}\n", j.dump(1));
-  }
+  write_results(o.out, j, [&](std::FILE* f) {
+    fmt::print(f,
+               "\n## masskv bench select — CPU, f16 KV, Hq={}, Hkv={}, d={}, page {}, entmax α={}, "
+               "budget cap {} (drifting keys)\n\n",
+               o.hq, o.hkv, o.head_dim, o.page_size, o.alpha, o.budget);
+    fmt::print(f,
+               "| context | selector | select µs | pages/head | sparse decode µs | dense decode µs "
+               "| saved µs | select / saved |\n|---:|---|---:|---:|---:|---:|---:|---:|\n");
+    for (const auto& r : rows) {
+      const double saved = r.dense_us - r.sparse_us;
+      fmt::print(f, "| {} | {} | {:.0f} | {:.0f} | {:.0f} | {:.0f} | {:.0f} | {:.2f} |\n",
+                 r.context, r.selector, r.select_us, r.pages, r.sparse_us, r.dense_us, saved,
+                 saved > 0 ? r.select_us / saved : INFINITY);
+    }
+  });
 }
 
 }  // namespace
@@ -579,48 +571,39 @@ void register_study(CLI::App& app, const std::string& cmdline) {
       "study",
       "Selectors x budgets on synthetic attention inputs (softmax and entmax): dropped "
       "mass, recall, output error, certificates, bytes read; table, CSV/JSON, PNG plots");
-  s->add_option("-c,--context", o->context, "Context length (tokens; K/M suffixes)")
-      ->check(count_in(1, kMaxTokens))
-      ->capture_default_str();
+  add_ctx_size(s, o->context, 1, "Context length (tokens)");
   add_head_shape(s, o->hq, o->hkv, o->head_dim, o->page_size);
   s->add_option("--steps", o->steps, "Decode steps (independent sequences) per generator")
       ->check(int_in(1, 4096))
       ->capture_default_str();
-  s->add_option("-g,--generators", o->generators,
+  s->add_option("--generators", o->generators,
                 "Inputs: synthetic gaussian, needles, heavy, drift, sinks; or dump:FILE, a model's "
-                "real q/k/v written by masskv dump (its shapes replace --context, --hq, --hkv, "
+                "real q/k/v written by masskv dump (its shapes replace --ctx-size, --hq, --hkv, "
                 "--head-dim, --steps)")
       ->delimiter(',')
       ->capture_default_str();
-  s->add_option("-s,--selectors", o->selectors,
+  s->add_option("--selectors", o->selectors,
                 "sink_recent, quest, top_p, top_p_q4 (top_p with page masses from scores on INT4 "
                 "selector keys), gaussian_tau, entmax_support, oracle (dense always)")
       ->delimiter(',')
       ->capture_default_str();
-  s->add_option("-b,--budget", o->budgets,
-                "Budgets as fractions of the context (caps for the "
-                "adaptive selectors)")
-      ->delimiter(',')
-      ->capture_default_str();
-  s->add_option("-m,--mapping", o->mappings, "softmax, entmax<alpha> (entmax1.5, entmax2)")
-      ->delimiter(',')
-      ->capture_default_str();
-  s->add_option("--top-p", o->top_p, "Target estimated mass of the top_p selector")
-      ->check(real_in(0, 1, true))
-      ->capture_default_str();
+  add_budget_fractions(s, o->budgets);
+  add_mappings(s, o->mappings);
+  add_top_p_mass(s, o->top_p);
   add_kept_items(s, o->sink_pages, o->window);
-  s->add_option("--seed", o->seed, "Random seed")->capture_default_str();
-  s->add_option("-o,--out-dir", o->out_dir,
-                "Write study.csv, study.json and PNG plots (scripts/plot_study.py) here");
-  s->add_option("--json", o->json_path, "Write results as JSON to this file");
-  s->add_option("--csv", o->csv_path, "Write results as CSV to this file");
-  s->add_flag("!--no-plots", o->plots, "Skip the PNG plots");
+  add_seed(s, o->seed, "Random seed");
+  add_output(s, o->out);
+  add_out_dir(s, o->out_dir,
+              "Write study.csv, study.json and PNG plots (scripts/plot_study.py) here");
+  add_no_plots(s, o->plots);
   add_dry_run(s, o->dry_run);
   s->footer(
       "Examples:\n"
-      "  masskv study -o docs/results\n"
-      "  masskv study -c 32K -g needles,drift -s quest,top_p -b 1/32,1/16 -m softmax --no-plots\n"
-      "  masskv study -g dump:out/dump/layer02.mkvd -s quest -b 1/8 --no-plots");
+      "  masskv study -O docs/results\n"
+      "  masskv study -c 32K --generators needles,drift --selectors quest,top_p --budget 1/32,1/16 "
+      "--mapping softmax -o csv --no-plots\n"
+      "  masskv study --generators dump:out/dump/layer02.mkvd --selectors quest --budget 1/8 "
+      "--no-plots");
   s->callback([o, cmdline, s] { run_study(*o, cmdline, *s); });
 
   auto b = std::make_shared<BenchOptions>();
@@ -629,29 +612,23 @@ void register_study(CLI::App& app, const std::string& cmdline) {
       "select",
       "Selector cost per decode step next to the attention time it saves (dense vs "
       "sparse decode on its selection), same run");
-  sel->add_option("-d,--depth", b->depths, "Context lengths")
-      ->delimiter(',')
-      ->check(count_in(1, kMaxTokens))
-      ->capture_default_str();
+  add_depths(sel, b->depths, 1, "Context lengths");
   add_head_shape(sel, b->hq, b->hkv, b->head_dim, b->page_size);
-  sel->add_option("-b,--budget", b->budget, "Budget (cap) as a fraction of the context")
+  sel->add_option("--budget", b->budget, "Budget (cap) as a fraction of the context")
       ->capture_default_str();
-  sel->add_option("-s,--selectors", b->selectors, "Selectors to time")
+  sel->add_option("--selectors", b->selectors, "Selectors to time")
       ->delimiter(',')
       ->capture_default_str();
-  sel->add_option("--alpha", b->alpha, "entmax alpha of the attention")
-      ->check(real_in(1, 2, true))
-      ->capture_default_str();
-  sel->add_option("-r,--repeat", b->reps, "Timed repetitions (median reported)")
-      ->check(int_in(1, 1 << 20))
-      ->capture_default_str();
-  sel->add_option("--seed", b->seed, "Random seed")->capture_default_str();
-  sel->add_option("--json", b->json_path, "Write results as JSON to this file");
+  add_alpha(sel, b->alpha, "entmax alpha of the attention");
+  add_repetitions(sel, b->reps, "Timed repetitions (median reported)");
+  add_seed(sel, b->seed, "Random seed");
+  add_output(sel, b->out);
   add_dry_run(sel, b->dry_run);
   sel->footer(
       "Examples:\n"
       "  masskv bench select -d 32K,128K\n"
-      "  masskv bench select -d 64K -s quest,gaussian_tau -b 1/16 -r 9");
+      "  masskv bench select -d 64K --selectors quest,gaussian_tau --budget 1/16 -r 9\n"
+      "  masskv bench select -d 32K -o json --out select.json");
   sel->callback([b, sel] { run_bench(*b, *sel); });
 }
 
