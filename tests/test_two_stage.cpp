@@ -634,6 +634,18 @@ TEST(TokenCodes, LogProbLseMatchesALongDoubleReference) {
     const double want = std::ldexp(std::exp(v), select::kLseFracBits);
     ASSERT_LE(std::abs(term - want), 0.5 + 1e-14 * want) << v;  // rounding: half a unit
   }
+  // The AVX2 sum gives the portable one's integer (rows of every length mod 4, NaN, +inf
+  // scores above the max, block edges).
+  if (cpu::has_avx2()) {
+    for (int n : {0, 1, 3, 4, 5, 4095, 4096, 4099, 10001}) {
+      std::normal_distribution<double> N(0.0, 6.0);
+      std::vector<double> x(static_cast<std::size_t>(n));
+      for (double& v : x) v = N(rng);
+      if (n > 5) x[3] = std::numeric_limits<double>::quiet_NaN(), x[5] = 40.0, x[2] = -0.0;
+      EXPECT_EQ(select::detail::lse_sum_avx2(x.data(), n, 0.5),
+                select::lse_sum_portable(x.data(), n, 0.5)) << n;
+    }
+  }
   EXPECT_EQ(select::lse_term(-28.5), 0u);
   EXPECT_EQ(select::lse_term(0.0), 1ull << select::kLseFracBits);
   EXPECT_EQ(select::lse_term(std::numeric_limits<double>::quiet_NaN()), 0u);

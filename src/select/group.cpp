@@ -5,6 +5,7 @@
 #include <array>
 #include <cmath>
 
+#include "core/cpu_features.hpp"
 #include "select/log_prob.hpp"
 #include "select/vec_math.hpp"
 
@@ -83,6 +84,11 @@ double log_count(double n) {
                                                   : std::log(n);
 }
 
+std::uint64_t lse_sum(const double* v, std::int64_t n, double m) {
+  if (cpu::has_avx2() && cpu::simd_allowed()) return lse_sum_avx2(v, n, m);
+  return lse_sum_portable(v, n, m);
+}
+
 int fill_ranked(const Group& G, Scratch& S, const Ranked& r, int count, int cap, double p,
                 int floor) {
   const int n = G.n;
@@ -113,9 +119,7 @@ int fill_ranked(const Group& G, Scratch& S, const Ranked& r, int count, int cap,
         double m = -kInf;
         for (int j = 0; j < n; ++j) m = std::max(m, rank[j]);
         if (m > -kInf) {
-          std::uint64_t sum = 0;
-          for (int j = 0; j < n; ++j) sum += lse_term(rank[j] - m);
-          lse = lse_finish(m, sum);
+          lse = lse_finish(m, lse_sum(rank, n, m));
         }
       }
       for (int j = 0; j < n; ++j) {

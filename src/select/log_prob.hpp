@@ -12,6 +12,7 @@
 // rounding of the terms; the polynomials are good to ~1e-15); determinism is.
 #pragma once
 
+#include <bit>
 #include <cmath>
 #include <cstdint>
 
@@ -42,11 +43,21 @@ MASSKV_HD inline double div(double a, double b) {
   return a / b;
 #endif
 }
+// x rounded to an integer, to nearest with ties to even, for |x| < 2^51: x + 1.5 · 2^52 lands
+// where doubles are integers (the addition rounds as rint would), and the subtraction is
+// exact. Two additions: no library call, so the CPU's loop vectorises.
 MASSKV_HD inline double round_even(double x) {
+  constexpr double kMagic = 0x1.8p52;
+  return add(add(x, kMagic), -kMagic);
+}
+
+// 2^n for n in [-1022, 1023], from its bits (exact).
+MASSKV_HD inline double pow2(int n) {
+  const auto bits = static_cast<std::uint64_t>(n + 1023) << 52;
 #if defined(__CUDA_ARCH__)
-  return rint(x);
+  return __longlong_as_double(static_cast<long long>(bits));
 #else
-  return std::rint(x);  // the default rounding mode: to nearest, ties to even
+  return std::bit_cast<double>(bits);
 #endif
 }
 
@@ -103,18 +114,34 @@ inline constexpr int kLseFracBits = 40;
 
 // e^x in units of 2^-40, rounded to nearest (ties to even), for x = a token's score minus the
 // head's max (x <= 0). Terms below half a unit (x < −28.42) and NaN give 0.
-MASSKV_HD inline std::uint64_t lse_term(double x) {
+// The same as a double (an integer in [0, 2^40], exact): a loop of these sums exactly in any
+// order while its total stays below 2^53 (lse_sum_units), and vectorises on the CPU.
+MASSKV_HD inline double lse_units(double x) {
   using namespace log_prob_detail;
-  if (!(x > -28.5)) return 0;
-  if (x > 0) x = 0;
-  const double k = round_even(mul(x, kLog2e));  // in [−41, 0]
-  const double r = add(add(x, -mul(k, kLn2Hi)), -mul(k, kLn2Lo));
+  const bool live = x > -28.5;  // false for NaN too
+  const double xc = live ? (x > 0 ? 0.0 : x) : 0.0;
+  const double k = round_even(mul(xc, kLog2e));  // in [−41, 0]
+  const double r = add(add(xc, -mul(k, kLn2Hi)), -mul(k, kLn2Lo));
   const double e = exp_reduced(r);  // e^x = 2^k · e
-#if defined(__CUDA_ARCH__)
-  return static_cast<std::uint64_t>(round_even(ldexp(e, static_cast<int>(k) + kLseFracBits)));
-#else
-  return static_cast<std::uint64_t>(round_even(std::ldexp(e, static_cast<int>(k) + kLseFracBits)));
-#endif
+  const double units = round_even(mul(e, pow2(static_cast<int>(k) + kLseFracBits)));
+  return live ? units : 0.0;
+}
+MASSKV_HD inline std::uint64_t lse_term(double x) {
+  return static_cast<std::uint64_t>(lse_units(x));
+}
+
+// Σ_j lse_term(v[j] − m) over n values, on the host (portable: lse_sum in group.cpp picks the
+// AVX2 form where it runs): blocks of 4096 summed as doubles (each block's total < 2^53:
+// exact), the blocks as integers. The GPU's integer sums give the same.
+inline std::uint64_t lse_sum_portable(const double* v, std::int64_t n, double m) {
+  std::uint64_t sum = 0;
+  for (std::int64_t j0 = 0; j0 < n; j0 += 4096) {
+    const std::int64_t j1 = j0 + 4096 < n ? j0 + 4096 : n;
+    double block = 0;
+    for (std::int64_t j = j0; j < j1; ++j) block += lse_units(log_prob_detail::add(v[j], -m));
+    sum += static_cast<std::uint64_t>(block);
+  }
+  return sum;
 }
 
 // The LSE of a head whose best score is m and whose lse_term sum is `sum` (>= 1 unit when m is
@@ -135,5 +162,12 @@ MASSKV_HD inline double lse_finish(double m, std::uint64_t sum) {
   const double log_sum = add(mul(static_cast<double>(e - kLseFracBits), kLn2), log_reduced(f));
   return add(m, log_sum);
 }
+
+namespace detail {
+// The AVX2 form of lse_sum_portable (log_prob_avx2.cpp; bit-equal), and the one group.cpp calls:
+// AVX2 where the CPU has it (core/cpu_features.hpp), else portable.
+std::uint64_t lse_sum_avx2(const double* v, std::int64_t n, double m);
+std::uint64_t lse_sum(const double* v, std::int64_t n, double m);
+}  // namespace detail
 
 }  // namespace masskv::select
