@@ -5,6 +5,7 @@
 
 #include <cuda_runtime.h>
 
+#include <cstddef>
 #include <cstdint>
 
 #include "select/kept.hpp"
@@ -158,6 +159,9 @@ __device__ __forceinline__ int stage2_items(const Params& p, const Plan& s, int 
 // takes each head's max); launch_log_prob_pool after it: each head's LSE, then the group's
 // pooled keys into its first head's row of keys2. segs = B * Hq, pairs = B * Hkv.
 void clear_log_prob(const Params& p, int segs, cudaStream_t stream);
+// The merge of stage 1 (candidate pages) or 2 (the output list), two_stage_merge.cu: pairs =
+// B * Hkv CTAs, smem their bitmap's bytes.
+void launch_merge(int stage, const Params& p, int pairs, std::size_t smem, cudaStream_t stream);
 // launch_log_prob_pool also ranks: the histogram's cut bin, the items above it into the list,
 // the cut bin's items sorted in shared memory (rank_kernel ranks a group where that bin
 // overflows kCompactCap: thresh 0).
