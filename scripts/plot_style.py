@@ -16,9 +16,10 @@ _FIXED = {
     "top_p_q4": "#ffbb78",
     "oracle": "#2ca02c",
     "learned": "#9467bd",
-    "entmax_support": "#d62728",
+    "entmax_support": "#7f3b08",
     "gaussian_tau": "#e377c2",
     "two_stage": "#17becf",
+    "token_codes": "#d62728",  # the default selector: red, apart from the oracle's green
     "prefill_token": "#bcbd22",
 }
 _TAB20 = ["#1f77b4", "#aec7e8", "#ff7f0e", "#ffbb78", "#2ca02c", "#98df8a", "#d62728", "#ff9896",
