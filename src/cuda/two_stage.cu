@@ -681,8 +681,16 @@ void two_stage_select(const TwoStageSelectArgs& a, const TwoStageLaunch& launch)
   require(a.window_tokens >= 0, invalid_argument, "window_tokens", "must be >= 0");
   require(a.candidate_factor >= 0, invalid_argument, "candidate_factor",
           "must be >= 1, or 0 for every page (token_codes)");
-  require(!a.log_prob || a.candidate_factor == 0, unsupported, "log_prob",
-          "the log-prob pooling serves token_codes (candidate_factor 0) only");
+  // The CPU methods' own rules (select::resolved_group): token_codes log_prob, two_stage union.
+  const select::GroupRule group =
+      a.group != select::GroupRule::method_default ? a.group
+      : a.candidate_factor == 0                    ? select::GroupRule::log_prob
+                                                   : select::GroupRule::union_heads;
+  require(group == select::GroupRule::union_heads ||
+              (group == select::GroupRule::log_prob && a.candidate_factor == 0),
+          unsupported, "group",
+          "the GPU serves the round robin, and the log-prob pooling with candidate_factor 0");
+  const bool log_prob = group == select::GroupRule::log_prob;
   require(launch.max_pages_per_seq > 0, invalid_argument, "max_pages_per_seq", "must be > 0");
   require(std::isfinite(a.scale) && a.scale >= 0, invalid_argument, "scale",
           "must be finite and >= 0 (0: 1/sqrt(d))");
@@ -729,7 +737,7 @@ void two_stage_select(const TwoStageSelectArgs& a, const TwoStageLaunch& launch)
   ws.ccount.reserve(segs, "cudaMalloc(two-stage token thresholds)");
   ws.ckeys.reserve(segs * kCompactCap, "cudaMalloc(two-stage compacted keys)");
   ws.cidx.reserve(segs * kCompactCap, "cudaMalloc(two-stage compacted keys)");
-  if (a.log_prob) {
+  if (log_prob) {
     ws.lmax.reserve(segs, "cudaMalloc(two-stage log-prob max)");
     ws.lsum.reserve(segs, "cudaMalloc(two-stage log-prob sum)");
     ws.hist.reserve(segs * kBins, "cudaMalloc(two-stage log-prob histogram)");
@@ -781,7 +789,7 @@ void two_stage_select(const TwoStageSelectArgs& a, const TwoStageLaunch& launch)
   p.ckeys = ws.ckeys.data();
   p.cidx = ws.cidx.data();
   p.depth2 = depth2;
-  p.log_prob = a.log_prob ? 1 : 0;
+  p.log_prob = log_prob ? 1 : 0;
   p.lmax = ws.lmax.data();
   p.lsum = ws.lsum.data();
   p.hist = ws.hist.data();
@@ -825,14 +833,14 @@ void two_stage_select(const TwoStageSelectArgs& a, const TwoStageLaunch& launch)
   }
   // score_kernel: a thread per token, whole pages per CTA.
   p.score_pages = std::max(1, std::min(kScorePages, kThreads / P));
-  if (a.log_prob) clear_log_prob(p, static_cast<int>(segs), st);  // the score kernel's max
+  if (log_prob) clear_log_prob(p, static_cast<int>(segs), st);  // the score kernel's max
   const dim3 sgrid((cand_max + p.score_pages - 1) / p.score_pages, Hkv, B);
   if (d == 64) {
     go(score_kernel<64>, sgrid, dim3(kThreads), 0, st, p, "two-stage score kernel");
   } else {
     go(score_kernel<128>, sgrid, dim3(kThreads), 0, st, p, "two-stage score kernel");
   }
-  if (a.log_prob) {  // the pooled keys, and their best by a histogram of log-probabilities
+  if (log_prob) {  // the pooled keys, and their best by a histogram of log-probabilities
     launch_log_prob_pool(p, static_cast<int>(segs), static_cast<int>(pairs), st);
   } else {
     go(sample_kernel, dim3(static_cast<unsigned>(segs)), dim3(kRankThreads), kSampleMax * 8, st,

@@ -376,7 +376,11 @@ int run_ts_case(const TsCase& c, std::uint64_t seed, cuda::TwoStageWorkspace& ws
   cfg.sink_pages = c.sinks;
   cfg.window_tokens = c.window;
   cfg.candidate_factor = c.factor == 0 ? cfg.candidate_factor : c.factor;
-  cfg.group = c.log_prob ? select::GroupRule::log_prob : select::GroupRule::union_heads;
+  // The methods' defaults on both sides (token_codes: log_prob; two_stage: the round robin),
+  // and token_codes' round robin named where the case asks for it.
+  const select::GroupRule group = c.factor == 0 && !c.log_prob ? select::GroupRule::union_heads
+                                                               : select::GroupRule::method_default;
+  cfg.group = group;
   select::SelectOutput out;
   select::run_selector(a, cfg, out);
   const SelectionView want = out.selection.view();
@@ -399,7 +403,7 @@ int run_ts_case(const TsCase& c, std::uint64_t seed, cuda::TwoStageWorkspace& ws
   ta.sink_pages = c.sinks;
   ta.window_tokens = c.window;
   ta.candidate_factor = c.factor;
-  ta.log_prob = c.log_prob;
+  ta.group = group;
   ta.max_per_head = cap;
   ta.ids = {ids.p, ids.n};
   ta.count = {cnt.p, cnt.n};
@@ -542,7 +546,7 @@ int run_two_stage_check() {
     ta.q = View3<const float>::contiguous(dq.p, 1, 1, 64);
     ta.table = dt.view();
     ta.bounds = g.store;
-      ta.codes = g.pc;
+    ta.codes = g.pc;
     ta.budget_tokens = 128;
     ta.ids = {ids.p, ids.n};
     ta.count = {cnt.p, cnt.n};
@@ -568,6 +572,17 @@ int run_two_stage_check() {
     if (!names("max_per_head")) {
       ++failures;
       std::printf("FAIL two-stage: short output lists did not raise 'max_per_head'\n");
+    }
+    ta.max_per_head = 400;
+    ta.ids = {ids.p, ids.n};
+    for (const select::GroupRule rule :
+         {select::GroupRule::aggregate, select::GroupRule::log_prob}) {
+      ta.group = rule;  // aggregate never; log_prob with a page stage never
+      ta.candidate_factor = 4;
+      if (!names("group")) {
+        ++failures;
+        std::printf("FAIL two-stage: an unserved GQA rule did not raise 'group'\n");
+      }
     }
   }
   const double secs =
@@ -608,7 +623,7 @@ int run_profile_two_stage() {
       ta.sink_pages = 1;
       ta.window_tokens = 0;
       ta.candidate_factor = 0;
-      ta.log_prob = lp;
+      ta.group = lp ? select::GroupRule::log_prob : select::GroupRule::union_heads;
       ta.max_per_head = cap;
       ta.ids = {ids.p, ids.n};
       ta.count = {cnt.p, cnt.n};
@@ -744,7 +759,7 @@ std::vector<TwoStageBenchRow> bench_two_stage(const TwoStageBenchShape& s) {
     a.sink_pages = s.sink_pages;
     a.window_tokens = s.window_tokens;
     a.candidate_factor = s.factor;
-    a.log_prob = s.log_prob;
+    a.group = s.log_prob ? select::GroupRule::log_prob : select::GroupRule::union_heads;
     a.max_per_head = cap;
     a.ids = {ids[r % rq].p, ids[r % rq].n};
     a.count = {cnt[r % rq].p, cnt[r % rq].n};

@@ -22,6 +22,7 @@
 
 #include "masskv/kv/paged_kv.hpp"
 #include "masskv/select/page_bound.hpp"
+#include "masskv/select/selector.hpp"
 #include "masskv/tensor.hpp"
 
 struct CUstream_st;
@@ -74,10 +75,12 @@ struct TwoStageSelectArgs {
   int sink_pages = 1;
   int window_tokens = 0;
   int candidate_factor = 4;  // 0: every page (token_codes)
-  // select::GroupRule::log_prob (candidate_factor 0 only): one ranking per kv group, each
-  // token's max over the group's q heads of its score − the head's LSE over every token
-  // (select/log_prob.hpp, the CPU's bits), in place of the heads' round robin.
-  bool log_prob = false;
+  // The GQA rule, as select::SelectorConfig::group: method_default is the CPU method's own —
+  // log_prob for token_codes (candidate_factor 0: one ranking per kv group, each token's max
+  // over the group's q heads of its score − the head's LSE over every token, select/
+  // log_prob.hpp, the CPU's bits), the heads' round robin (union_heads) for two_stage. log_prob
+  // serves factor 0 only; aggregate is not served.
+  select::GroupRule group = select::GroupRule::method_default;
   // Output, device: ids [B][Hkv][max_per_head] (ascending logical token ids, -1 padded) and
   // count [B][Hkv]; size max_per_head with two_stage_capacity.
   int max_per_head = 0;
@@ -97,7 +100,7 @@ struct TwoStageLaunch {
 
 // Validates the host-side shape of the arguments (throws masskv::Error naming the argument:
 // "workspace", "q", "head_dim", "bounds", "codes", "indptr", "last_page_len",
-// "page_size", "budget_tokens", "sink_pages", "window_tokens", "candidate_factor", "log_prob",
+// "page_size", "budget_tokens", "sink_pages", "window_tokens", "candidate_factor", "group",
 // "max_pages_per_seq", "max_per_head", "ids", "count", "scale") and selects. Served: head_dim
 // 64, 128; q heads per kv head <= 8; lists of at most 8192 tokens; at most 8192 candidate pages
 // (candidate_factor x ceil(cap / page_size)) with a factor, and with factor 0 sequences of
