@@ -224,6 +224,10 @@ for l in open('$tmp/eval-tc/cache.jsonl'):
     if r['method'] == 'token_codes+rr': r['method'] = 'token_codes'; print(json.dumps(r))
 \" > '$tmp/eval-tc/old.jsonl' && '$bin' eval ${evc[*]} --methods token_codes+rr \
   --cache '$tmp/eval-tc/old.jsonl'"
+# ... and results.json's records carry the run's spelling, not the cached line's.
+check eval-tc-records-spelling 0 '^token_codes\+rr$' -- python3 -c "
+import json
+print(*sorted({r['method'] for r in json.load(open('$tmp/eval-tc/results.json'))['records']}))"
 # A run killed mid-write leaves a torn last record: it alone is recomputed, the others are
 # kept, and the file holds whole lines again. A record out of range is skipped, not reported.
 # (tests/test_line_file.cpp tears the file at every byte offset of its last record.)

@@ -1012,6 +1012,10 @@ void run_eval(EvalOptions o, const std::string& cmdline, const CLI::App& app) {
           if (const Record* r = cache.find(record_key(model_name, id, row, row_tag(row, tags)))) {
             c.add(*r);
             records.push_back(*r);
+            // The row's spelling, not the cached record's: a record found under another
+            // spelling of the same rule (record_key: token_codes' old rows as "+rr") is
+            // reported as what this run asked for.
+            records.back().method = row.method;
           }
         }
         cells.push_back(c);
