@@ -1,0 +1,142 @@
+// `masskv eval`'s report rows (eval_rows.hpp): the modifier table, the method spellings' parse
+// and the rows of a run.
+#include "eval_rows.hpp"
+
+#include <fmt/core.h>
+
+#include <charconv>
+#include <cstdlib>
+
+#include "masskv/error.hpp"
+#include "parse.hpp"
+
+namespace masskv::cli {
+namespace {
+
+const Modifier kModifiers[] = {
+    {"tokens", "oracle", "the oracle's top tokens in place of its top pages",
+     [](select::SelectorConfig& c) { c.oracle_tokens = true; }},
+    {"pages", "two_stage", "whole pages ranked by their best token in place of single tokens",
+     [](select::SelectorConfig& c) { c.two_stage_pages = true; }},
+    {"keys", "two_stage", "the candidates' tokens on their stored keys, a reference for the codes",
+     [](select::SelectorConfig& c) { c.scorer = "token_keys"; }},
+    {"all", "two_stage", "every page a candidate, no page stage: a reference",
+     [](select::SelectorConfig& c) { c.candidate_factor = 1 << 20; }},
+    {"mean", "two_stage", "candidate pages by q·mu, the page mean, in place of the bound",
+     [](select::SelectorConfig& c) { c.two_stage_pages_by = select::TwoStagePages::mean; }},
+    {"gauss", "two_stage", "candidate pages by q·mu + v/2, the Gaussian page model",
+     [](select::SelectorConfig& c) { c.two_stage_pages_by = select::TwoStagePages::gauss; }},
+    {"rescore", "two_stage", "the codes' best 2 × the free budget rescored on their stored keys",
+     [](select::SelectorConfig& c) { c.rescore_factor = 2; }},
+    {"lse", "token_codes",
+     "one ranking per kv group: the max over its q heads of each head's log-probability, no "
+     "round robin (token_codes' default since 2026-12-06; rows keyed as before)",
+     [](select::SelectorConfig& c) { c.group = select::GroupRule::log_prob; }},
+    {"rr", "token_codes", "the q heads' round robin (each head in turn takes its best token): "
+     "token_codes' rule before 2026-12-06",
+     [](select::SelectorConfig& c) { c.group = select::GroupRule::union_heads; }},
+    // Any selector (method ""): the first layers dense, counted in the budget.
+    {"dense1", "", "the first layer decodes densely, its reads counted in the budget",
+     [](select::SelectorConfig& c) { c.dense_layers = 1; }},
+    {"dense2", "", "the first two layers decode densely, counted in the budget",
+     [](select::SelectorConfig& c) { c.dense_layers = 2; }},
+};
+
+// "oracle+tokens (the oracle's top tokens ...), ...": --methods' help, from the table.
+}  // namespace
+
+std::string modifier_help() {
+  std::string out;
+  for (const Modifier& m : kModifiers) {
+    out += fmt::format("{}{}+{} ({})", out.empty() ? "" : ", ", m.method.empty() ? "METHOD" : m.method,
+                       m.name, m.help);
+  }
+  return out;
+}
+
+const Modifier& modifier_of(const std::string& spec, const std::string& base,
+                            const std::string& mod) {
+  for (const Modifier& m : kModifiers) {
+    if (m.name != mod) continue;
+    require(m.method.empty() || m.method == base, ErrorCode::invalid_argument, "--methods", "'",
+            spec, "': +", mod, " applies to ", m.method, " only");
+    require(!m.method.empty() || (base != "dense" && base != "dense_entmax" &&
+                                  base.rfind("prefill_", 0) != 0),
+            ErrorCode::invalid_argument, "--methods", "'", spec, "': +", mod,
+            " applies to decode selectors (not dense or sparse prefill rows)");
+    return m;
+  }
+  std::string known;
+  for (const Modifier& m : kModifiers)
+    known += fmt::format(" {}+{}", m.method.empty() ? "METHOD" : m.method, m.name);
+  fail(ErrorCode::invalid_argument, "--methods", "'", spec, "': unknown modifier '+", mod,
+       "' (known:", known, ")");
+}
+
+Reselect split_reselect(const std::string& m) {
+  const auto at = m.find('@');
+  Reselect r{m.substr(0, at), {}, 1, -1};
+  for (auto plus = r.method.rfind('+'); plus != std::string::npos; plus = r.method.rfind('+')) {
+    r.mods.insert(r.mods.begin(), r.method.substr(plus + 1));
+    r.method.resize(plus);
+  }
+  for (const std::string& mod : r.mods) (void)modifier_of(m, r.method, mod);
+  if (at == std::string::npos) return r;
+  r.every = 0;
+  const std::string rest = m.substr(at + 1);
+  const char* const end = rest.data() + rest.size();
+  const auto [p, ec] = std::from_chars(rest.data(), end, r.every);
+  bool ok = ec == std::errc() && r.every >= 1;
+  if (ok && p != end) {
+    const std::string c(p + 1, end);
+    char* stop = nullptr;
+    r.min_cos = std::strtod(c.c_str(), &stop);
+    ok = *p == 'c' && !c.empty() && stop == c.c_str() + c.size() && r.min_cos >= -1 &&
+         r.min_cos <= 1;
+  }
+  require(ok, ErrorCode::invalid_argument, "--methods", "'", m,
+          "': write METHOD@R or METHOD@RcCOS (R decode steps >= 1, COS in [-1, 1])");
+  return r;
+}
+std::string base_method(const std::string& m) { return split_reselect(m).method; }
+
+bool is_dense(const std::string& m) { return m == "dense" || m == "dense_entmax"; }
+bool is_prefill(const std::string& m) { return m.rfind("prefill_", 0) == 0; }
+bool takes_top_p(const std::string& m) {
+  return m == "learned" || m == "top_p" || m == "oracle" || m == "quest";
+}
+bool needs_entmax(const std::string& m) {
+  return m == "dense_entmax" || m == "entmax_support" || m == "gaussian_tau";
+}
+
+std::vector<MethodRow> method_rows(const std::vector<std::string>& methods,
+                                   const std::vector<std::string>& budgets,
+                                   const std::vector<eval::Protocol>& protocols) {
+  std::vector<MethodRow> rows;
+  for (const eval::Protocol protocol : protocols) {
+  for (const std::string& m : methods) {
+    const std::string base = split_reselect(m).method;
+    require(m.find('@') == std::string::npos || (!is_dense(base) && !is_prefill(base)),
+            ErrorCode::invalid_argument, "--methods", "'", m,
+            "': @R (reuse a selection) applies to decode selectors only");
+    if (is_prefill(base)) {
+      (void)parse_prefill_row(base, "--methods");
+    } else if (!is_dense(base)) {
+      (void)select::parse_method(base, "--methods");
+    }
+    if (is_dense(base)) {
+      rows.push_back({m, "-", needs_entmax(base), protocol});
+      continue;
+    }
+    for (const std::string& b : budgets) {
+      if (is_top_p_budget(b) && !takes_top_p(base)) continue;  // no mass estimate to stop on
+      if (is_top_p_budget(b) && is_prefill(base)) continue;
+      rows.push_back({m, b, needs_entmax(base), protocol});
+    }
+  }
+  }
+  return rows;
+}
+
+
+}  // namespace masskv::cli
