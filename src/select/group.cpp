@@ -89,6 +89,23 @@ std::uint64_t lse_sum(const double* v, std::int64_t n, double m) {
   return lse_sum_portable(v, n, m);
 }
 
+namespace {
+
+// The row's LSE as select/log_prob.hpp defines it (the GPU's bits); 0 for an empty row. The
+// max in four independent lanes (a max is exact in any order).
+double row_lse(const double* v, int n) {
+  double m4[4] = {-kInf, -kInf, -kInf, -kInf};
+  int j = 0;
+  for (; j + 4 <= n; j += 4) {
+    for (int l = 0; l < 4; ++l) m4[l] = std::max(m4[l], v[j + l]);
+  }
+  for (; j < n; ++j) m4[0] = std::max(m4[0], v[j]);
+  const double m = std::max(std::max(m4[0], m4[1]), std::max(m4[2], m4[3]));
+  return m > -kInf ? lse_finish(m, lse_sum(v, n, m)) : 0.0;
+}
+
+}  // namespace
+
 int fill_ranked(const Group& G, Scratch& S, const Ranked& r, int count, int cap, double p,
                 int floor) {
   const int n = G.n;
@@ -114,20 +131,21 @@ int fill_ranked(const Group& G, Scratch& S, const Ranked& r, int count, int cap,
     if (r.eligible) S.agg_elig.assign(static_cast<std::size_t>(n), 0);
     for (int i = 0; i < g; ++i) {
       const double* rank = r.rank + row(i);
-      double lse = 0;  // the row's log-sum-exp over the items (log_prob only): the GPU's bits
-      if (r.log_prob) {
-        double m = -kInf;
-        for (int j = 0; j < n; ++j) m = std::max(m, rank[j]);
-        if (m > -kInf) {
-          lse = lse_finish(m, lse_sum(rank, n, m));
-        }
+      double* agg = S.agg_rank.data();
+      // One tight loop per pooling (they vectorise; the branches stay outside).
+      if (r.rank_is_mass) {
+        for (int j = 0; j < n; ++j) agg[j] += rank[j] / g;
+      } else if (r.log_prob) {  // the max over heads of the head's log-probability
+        const double lse = row_lse(rank, n);
+        for (int j = 0; j < n; ++j) agg[j] = std::max(agg[j], rank[j] - lse);
+      } else {
+        for (int j = 0; j < n; ++j) agg[j] = std::max(agg[j], rank[j]);
       }
-      for (int j = 0; j < n; ++j) {
-        S.agg_rank[j] = r.rank_is_mass ? S.agg_rank[j] + rank[j] / g
-                        : r.log_prob   ? std::max(S.agg_rank[j], rank[j] - lse)
-                                       : std::max(S.agg_rank[j], rank[j]);
-        if (r.mass) S.agg_mass[j] += r.mass[row(i) + j] / g;
-        if (r.eligible) S.agg_elig[j] |= r.eligible[row(i) + j];
+      if (r.mass) {
+        for (int j = 0; j < n; ++j) S.agg_mass[j] += r.mass[row(i) + j] / g;
+      }
+      if (r.eligible) {
+        for (int j = 0; j < n; ++j) S.agg_elig[j] |= r.eligible[row(i) + j];
       }
     }
     nv = 1;
