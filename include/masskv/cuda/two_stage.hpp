@@ -1,18 +1,18 @@
-// CUDA two-stage token selection (select::Method::two_stage, src/select/selectors.cpp
-// two_stage_group) with the same lists as the CPU selector given the same inputs: stage 1 ranks
-// every page that holds no always-kept token by its §2.3 bound (the outward-rounded bf16 store,
-// the CPU's bounds_bf16 path, bit for bit) per q head, and merges the q heads' rankings round
-// robin (each head in turn takes its best page not yet taken) up to candidate_factor x
-// ceil(cap / page_size) pages; stage 2 scores the candidate pages' tokens per q head on the
-// page codes (kv/page_codes.hpp: 2-bit codes on 8-bit ranges, the integer score; the same
-// doubles as kv::page_code_score), ranks them
-// per head (ties to the lower token id) and merges those rankings the same way up to the cap;
-// the kept tokens (sink pages, the window, the last page: select/kept.hpp) are always in.
-// With candidate_factor 0 it is select::Method::token_codes: no page stage (the bound store is
-// not read), every page holding a token that is not kept is a candidate, and the kept tokens
-// of the window's partial page are not ranked: the CPU's token_codes lists.
-// Output: a token Selection (ascending logical token ids, -1 padded) that cuda::decode
-// serves. Six kernels, no host round trip: a step can be captured in a CUDA graph. Every
+// CUDA two-stage token selection (select::Method::two_stage, src/select/rules/two_stage.cpp)
+// with the same lists as the CPU selector given the same inputs: stage 1 ranks every page that
+// holds no always-kept token by its §2.3 bound (the outward-rounded bf16 store, the CPU's
+// bounds_bf16 path, bit for bit) per q head, and merges the q heads' rankings round robin (each
+// head in turn takes its best page not yet taken) up to candidate_factor x ceil(cap /
+// page_size) pages; stage 2 scores the candidate pages' tokens per q head on the page codes
+// (kv/page_codes.hpp: 2-bit codes on 8-bit ranges, the integer score; the same doubles as
+// kv::page_code_score), ranks them per head (ties to the lower token id) and merges those
+// rankings the same way up to the cap; the kept tokens (sink pages, the window, the last page:
+// select/kept.hpp) are always in. With candidate_factor 0 it is select::Method::token_codes: no
+// page stage (the bound store is not read), and by default (group) its own GQA rule, the
+// log-prob pooling: every token scored, the q heads' scores pooled per kv group by the max of
+// score − the head's LSE (select/log_prob.hpp, the CPU's bits), one ranking per group: the
+// CPU's token_codes lists. Output: a token Selection (ascending logical token ids, -1 padded)
+// that cuda::decode serves. No host round trip: a step can be captured in a CUDA graph. Every
 // pointer and span in the args is *device* memory.
 #pragma once
 
