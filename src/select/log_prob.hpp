@@ -69,21 +69,23 @@ inline constexpr double kLn2 = 0x1.62e42fefa39efp-1;
 inline constexpr double kLog2e = 0x1.71547652b82fep+0;
 inline constexpr double kSqrtHalf = 0x1.6a09e667f3bcdp-1;
 
+// e^r's Taylor coefficients to r^12, Horner's order: 1/12!, 1/11!, ..., 1/2!, 1, 1 (one list
+// for exp_reduced and the AVX2 sum, log_prob_avx2.cpp, which must run the same operations).
+inline constexpr int kExpTerms = 13;
+MASSKV_HD constexpr double exp_coeff(int i) {
+  constexpr double c[kExpTerms] = {
+      0x1.1eed8eff8d898p-29, 0x1.ae64567f544e4p-26, 0x1.27e4fb7789f5cp-22, 0x1.71de3a556c734p-19,
+      0x1.a01a01a01a01ap-16, 0x1.a01a01a01a01ap-13, 0x1.6c16c16c16c17p-10, 0x1.1111111111111p-7,
+      0x1.5555555555555p-5,  0x1.5555555555555p-3,  0x1.0000000000000p-1,  1.0,
+      1.0};
+  return c[i];
+}
+
 // e^r for |r| <= ln2 / 2: Taylor to r^12 (truncation < 3e-17), Horner.
 MASSKV_HD inline double exp_reduced(double r) {
-  double p = 0x1.1eed8eff8d898p-29;  // 1/12!
-  p = add(mul(p, r), 0x1.ae64567f544e4p-26);
-  p = add(mul(p, r), 0x1.27e4fb7789f5cp-22);
-  p = add(mul(p, r), 0x1.71de3a556c734p-19);
-  p = add(mul(p, r), 0x1.a01a01a01a01ap-16);
-  p = add(mul(p, r), 0x1.a01a01a01a01ap-13);
-  p = add(mul(p, r), 0x1.6c16c16c16c17p-10);
-  p = add(mul(p, r), 0x1.1111111111111p-7);
-  p = add(mul(p, r), 0x1.5555555555555p-5);
-  p = add(mul(p, r), 0x1.5555555555555p-3);
-  p = add(mul(p, r), 0x1.0000000000000p-1);
-  p = add(mul(p, r), 1.0);
-  return add(mul(p, r), 1.0);
+  double p = exp_coeff(0);
+  for (int i = 1; i < kExpTerms; ++i) p = add(mul(p, r), exp_coeff(i));
+  return p;
 }
 
 // log f for f in [√½, √2): 2 atanh(u), u = (f − 1)/(f + 1), |u| <= 0.172; the odd series to

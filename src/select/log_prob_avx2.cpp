@@ -13,14 +13,8 @@ std::uint64_t lse_sum_avx2(const double* v, std::int64_t n, double m) {
   const __m256d vm = _mm256_set1_pd(-m), zero = _mm256_setzero_pd(),
                 cut = _mm256_set1_pd(-28.5), magic = _mm256_set1_pd(0x1.8p52),
                 nmagic = _mm256_set1_pd(-0x1.8p52), log2e = _mm256_set1_pd(kLog2e),
-                hi = _mm256_set1_pd(kLn2Hi), lo = _mm256_set1_pd(kLn2Lo),
-                one = _mm256_set1_pd(1.0);
+                hi = _mm256_set1_pd(kLn2Hi), lo = _mm256_set1_pd(kLn2Lo);
   const __m128i bias = _mm_set1_epi32(1023 + kLseFracBits);
-  static constexpr double kC[] = {0x1.ae64567f544e4p-26, 0x1.27e4fb7789f5cp-22,
-                                  0x1.71de3a556c734p-19, 0x1.a01a01a01a01ap-16,
-                                  0x1.a01a01a01a01ap-13, 0x1.6c16c16c16c17p-10,
-                                  0x1.1111111111111p-7,  0x1.5555555555555p-5,
-                                  0x1.5555555555555p-3,  0x1.0000000000000p-1};
   // Exact negation (a sign flip, as the portable -x).
   const __m256d sign = _mm256_set1_pd(-0.0);
   std::uint64_t sum = 0;
@@ -37,10 +31,9 @@ std::uint64_t lse_sum_avx2(const double* v, std::int64_t n, double m) {
       const __m256d r =
           _mm256_add_pd(_mm256_add_pd(xc, _mm256_xor_pd(_mm256_mul_pd(k, hi), sign)),
                         _mm256_xor_pd(_mm256_mul_pd(k, lo), sign));
-      __m256d p = _mm256_set1_pd(0x1.1eed8eff8d898p-29);
-      for (const double c : kC) p = _mm256_add_pd(_mm256_mul_pd(p, r), _mm256_set1_pd(c));
-      p = _mm256_add_pd(_mm256_mul_pd(p, r), one);
-      p = _mm256_add_pd(_mm256_mul_pd(p, r), one);
+      __m256d p = _mm256_set1_pd(exp_coeff(0));  // exp_reduced's Horner steps
+      for (int i = 1; i < kExpTerms; ++i)
+        p = _mm256_add_pd(_mm256_mul_pd(p, r), _mm256_set1_pd(exp_coeff(i)));
       // 2^(k + 40) from its bits (k is an integer in [-41, 0]: the conversion is exact).
       const __m256i e = _mm256_slli_epi64(
           _mm256_cvtepi32_epi64(_mm_add_epi32(_mm256_cvtpd_epi32(k), bias)), 52);
