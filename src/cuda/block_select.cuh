@@ -1,6 +1,6 @@
 // Block-wide selection helpers of the CUDA selectors (prefill_index.cu's block top-k,
-// select.cu's hierarchical page top-k and top-p): the need-th largest of a CTA's keys by radix
-// selection, an exclusive prefix sum over the CTA, and an ordered compaction.
+// select_hier.cu's hierarchical page top-k, select_top_p.cu's top-p): the need-th largest of a
+// CTA's keys by radix selection, an exclusive prefix sum over the CTA, and an ordered compaction.
 #pragma once
 
 #include <cstdint>

@@ -1,6 +1,6 @@
-// CUDA helpers shared by decode.cu and select.cu: error mapping, the SM count, programmatic
-// dependent launch, L1 prefetch hints, phase stamps (stamps.hpp), the workspaces' growable
-// device buffer and their device error flag.
+// CUDA helpers shared by the decode and selection files: error mapping, the SM count,
+// programmatic dependent launch, L1 prefetch hints, phase stamps (stamps.hpp), the workspaces'
+// growable device buffer and their device error flag.
 #pragma once
 
 #include <cuda_runtime.h>

@@ -1,8 +1,8 @@
 // The always-kept items of one sequence (docs/design.md §3): the sink pages, the pages covering
 // the last window_tokens tokens, and the last page. One rule, host and device, for the CPU
 // selectors (group.hpp, topk_rank.hpp), context parallelism (dist/select.cpp, through
-// topk_split) and the CUDA kernels (cuda/select.cu, cuda/extend_kept_math.hpp); every path must
-// keep the same items for the selections to agree bit for bit.
+// topk_split) and the CUDA kernels (cuda/select_common.cuh, cuda/extend_kept_math.hpp); every
+// path must keep the same items for the selections to agree bit for bit.
 #pragma once
 
 #include <cstdint>
