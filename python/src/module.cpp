@@ -6,6 +6,9 @@
 #include "bindings.hpp"
 #include "masskv/error.hpp"
 #if MASSKV_PY_CUDA
+#include <cstdlib>
+#include <string_view>
+
 #include "masskv/cuda/arch.hpp"
 #endif
 
@@ -61,9 +64,18 @@ NB_MODULE(_masskv, m) {
   // decode then runs on CUDA tensors, and cuda_quest_select exists.
   m.attr("has_cuda") = MASSKV_PY_CUDA != 0;
 #if MASSKV_PY_CUDA
+  // MASSKV_CUDA_PATHS=sm80 forces the sm_80 paths (the library reads no environment: the module
+  // passes it on before any CUDA call); unset, empty or auto: by the device. Another value fails
+  // the import (masskv::Error naming MASSKV_CUDA_PATHS).
+  if (const char* e = std::getenv("MASSKV_CUDA_PATHS");
+      e != nullptr && *e != 0 && std::string_view(e) != "auto") {
+    masskv::require(std::string_view(e) == "sm80", masskv::ErrorCode::invalid_argument,
+                    "MASSKV_CUDA_PATHS", "must be auto or sm80, not '", e, "'");
+    masskv::cuda::set_cuda_paths(masskv::cuda::CudaPaths::sm80);
+  }
   m.def("cuda_hopper_paths", &masskv::cuda::hopper_paths,
         "Whether the CUDA kernels take their Hopper (sm_90) paths on the current device: "
         "False on an sm_80 GPU, for a build without sm_90 code, or under MASSKV_CUDA_PATHS=sm80 "
-        "(docs/gpu.md, \"Architectures\"). Raises masskv.Error for another MASSKV_CUDA_PATHS.");
+        "(docs/gpu.md, \"Architectures\"); the import fails for another MASSKV_CUDA_PATHS.");
 #endif
 }

@@ -1,7 +1,6 @@
 // Which code paths the current device and this build allow (include/masskv/cuda/arch.hpp).
 #include <algorithm>
-#include <cstdlib>
-#include <string_view>
+#include <mutex>
 
 #include "device.cuh"
 
@@ -15,19 +14,27 @@ using detail::check_cuda;
 // JIT-compiled for it). Never launched.
 __global__ void arch_probe_kernel() {}
 
-bool forced_sm80() {
-  const char* e = std::getenv("MASSKV_CUDA_PATHS");
-  if (e == nullptr || *e == 0 || std::string_view(e) == "auto") return false;
-  require(std::string_view(e) == "sm80", ErrorCode::invalid_argument, "MASSKV_CUDA_PATHS",
-          "must be auto or sm80, not '", e, "'");
-  return true;
-}
+// set_cuda_paths' value, and whether hopper_paths has read it (then it is fixed).
+std::mutex paths_mu;
+CudaPaths paths_set = CudaPaths::automatic;
+bool paths_read = false;
 
 }  // namespace
 
+void set_cuda_paths(CudaPaths paths) {
+  const std::lock_guard<std::mutex> lock(paths_mu);
+  require(!paths_read || paths == paths_set, ErrorCode::invalid_argument, "paths",
+          "set_cuda_paths comes before the library's first CUDA call (hopper_paths has decided)");
+  paths_set = paths;
+}
+
 bool hopper_paths() {
   static const bool hopper = [] {
-    if (forced_sm80()) return false;
+    {
+      const std::lock_guard<std::mutex> lock(paths_mu);
+      paths_read = true;
+      if (paths_set == CudaPaths::sm80) return false;
+    }
     const int major = detail::device_attr(cudaDevAttrComputeCapabilityMajor, "compute capability");
     cudaFuncAttributes attr{};
     check_cuda(cudaFuncGetAttributes(&attr, arch_probe_kernel),

@@ -36,7 +36,7 @@ using cuda::hopper_paths;
 
 // Host: the shared memory per block a kernel may use on the current device (the opt-in limit,
 // static and dynamic together); on the sm_80 paths at most an sm_80 GPU's 163 KB, so the GPU
-// check on a Hopper GPU with MASSKV_CUDA_PATHS=sm80 meets an A100's limit (arch.cu).
+// check on a Hopper GPU with the sm_80 paths forced meets an A100's limit (arch.cu).
 std::size_t smem_optin();
 // Host: raises fn's dynamic shared-memory limit to `bytes`; throws masskv::Error
 // (unsupported, "shared memory") naming `what` when bytes and fn's static shared memory

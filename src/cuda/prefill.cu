@@ -17,9 +17,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
-#include <cstdlib>
 #include <mutex>
-#include <string_view>
 #include <type_traits>
 
 #include "decode_common.cuh"  // cp.async helpers
@@ -927,37 +925,25 @@ KernelInfo prepare(DType dtype, int d, int heads, Kind kind, int pass = kSoftmax
 bool is_pow2(int x) { return x > 0 && (x & (x - 1)) == 0; }
 
 // q heads per CTA of the mma.sync and wgmma kernels: 4 when the group allows (each key tile read
-// once per 4 heads), else 2 or 1. MASSKV_PREFILL_HEADS (1, 2, 4) caps it, for comparing the
-// variants on a device (the warp-specialised kernel always takes 4: with it, set
-// MASSKV_PREFILL_KERNEL=wgmma too).
-int heads_per_cta(int group) {
-  static const int cap = [] {
-    const char* e = std::getenv("MASSKV_PREFILL_HEADS");
-    const int v = e ? std::atoi(e) : 4;
-    return v == 1 || v == 2 ? v : 4;
-  }();
+// once per 4 heads), else 2 or 1; at most cap (PrefillLaunch::max_heads_per_cta: 1, 2 or 4).
+int heads_per_cta(int group, int cap) {
   for (int h = cap; h > 1; h /= 2)
     if (group % h == 0) return h;
   return 1;
 }
 // d = 128 runs the warp-specialised kernel (4 q heads per CTA) when 4 divides the group, else
 // the wgmma kernel with heads_per_cta's q heads per CTA (one warpgroup each: 4 when the group
-// allows, else 2 or 1); d = 64 the mma.sync kernel. MASSKV_PREFILL_KERNEL=wgmma or =mma selects
-// the older kernels for d = 128, for comparing them on a device. Before sm_90 (hopper_paths):
-// the mma.sync kernel for every d. More q heads per CTA is faster, and every wgmma form beats
-// mma.sync except 1 head (docs/gpu-results.md, tuning notes).
-Kind kernel_kind(int d, int group) {
-  static const int forced = [] {
-    const char* e = std::getenv("MASSKV_PREFILL_KERNEL");
-    if (e == nullptr) return 0;
-    const std::string_view v(e);
-    return v == "mma" ? 1 : v == "wgmma" ? 2 : 0;
-  }();
-  if (d != 128 || forced == 1) return Kind::mma;
-  require(forced != 2 || detail::hopper_paths(), ErrorCode::unsupported, "MASSKV_PREFILL_KERNEL",
+// allows, else 2 or 1); d = 64 the mma.sync kernel. PrefillLaunch::kernel may select the older
+// kernels for d = 128 (wgmma or mma), for comparing them on a device. Before sm_90
+// (hopper_paths): the mma.sync kernel for every d. More q heads per CTA is faster, and every
+// wgmma form beats mma.sync except 1 head (docs/gpu-results.md, tuning notes).
+Kind kernel_kind(int d, int group, PrefillLaunch::Kernel forced) {
+  using enum PrefillLaunch::Kernel;
+  if (d != 128 || forced == mma) return Kind::mma;
+  require(forced != wgmma || detail::hopper_paths(), ErrorCode::unsupported, "kernel",
           "the wgmma kernels need sm_90a");
   if (!detail::hopper_paths()) return Kind::mma;
-  if (forced == 2 || group % 4 != 0) return Kind::wgmma;
+  if (forced == wgmma || group % 4 != 0) return Kind::wgmma;
   return Kind::ws;
 }
 bool aligned16(const void* ptr) { return reinterpret_cast<std::uintptr_t>(ptr) % 16 == 0; }
@@ -1062,6 +1048,10 @@ void prefill(const PrefillArgs& a, const PrefillLaunch& launch) {
   require(a.scale >= 0 && std::isfinite(a.scale), ErrorCode::invalid_argument, "scale",
           "must be finite and >= 0 (0: 1/sqrt(d))");
   if (a.mapping.is_entmax()) a.mapping.validate();  // throws naming "alpha"
+  require(launch.max_heads_per_cta == 1 || launch.max_heads_per_cta == 2 ||
+              launch.max_heads_per_cta == 4,
+          ErrorCode::invalid_argument, "max_heads_per_cta", "must be 1, 2 or 4, got ",
+          launch.max_heads_per_cta);
 
   Params p{};
   const PrefillBlockSelection* sel = a.selection;
@@ -1093,8 +1083,9 @@ void prefill(const PrefillArgs& a, const PrefillLaunch& launch) {
 
   const bool entmax = a.mapping.is_entmax();
   const int group = Hq / Hkv;
-  const Kind kind = entmax ? Kind::mma : kernel_kind(d, group);
-  const int heads = entmax ? 1 : kind == Kind::ws ? 4 : heads_per_cta(group);
+  const Kind kind = entmax ? Kind::mma : kernel_kind(d, group, launch.kernel);
+  const int heads =
+      entmax ? 1 : kind == Kind::ws ? 4 : heads_per_cta(group, launch.max_heads_per_cta);
   p.t = seq_tables(c, a.q_indptr, total_q, launch.max_q_per_seq);
   p.q = a.q.data;
   p.q_s0 = a.q.s0;

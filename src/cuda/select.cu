@@ -119,7 +119,7 @@ void hier_launch(const HierSelectArgs& h, const SelectLaunch& launch, const TopP
   // walks the group list (one group a warp; every other page key zeroed first), or every tile
   // of the sequence under the group mask (unchosen tiles: keys 0, nothing read).
   Prepared pp = prepare(a, launch, true);
-  const bool list_mode = hier_list_mode(launch.max_pages_per_seq);
+  const bool list_mode = hier_list_mode(launch.hier_scan, launch.max_pages_per_seq);
   if (list_mode) {
     const int list_chunk = pp.score_threads / 32;  // groups per CTA
     pp.p.tile_ids = ws.gids.data();
@@ -127,7 +127,7 @@ void hier_launch(const HierSelectArgs& h, const SelectLaunch& launch, const TopP
     pp.p.tile_stride = gcap;
     pp.p.chunk_pages = list_chunk * kWarpPages;
     pp.score_grid.x = (gcap + list_chunk - 1) / list_chunk;
-    set_score_kernel(pp);
+    set_score_kernel(pp, launch.score_hot_tiles);
   } else {
     pp.p.tile_mask = ws.gmask.data();
     pp.p.mask_stride = max_groups;
@@ -241,8 +241,7 @@ void hier_launch(const HierSelectArgs& h, const SelectLaunch& launch, const TopP
   }
   if (entmax_rank) detail::launch_group_tau(tp, stream);
   const FusedPlan fused =
-      launch.hier_kernel == SelectLaunch::HierKernel::fused ||
-              (launch.hier_kernel == SelectLaunch::HierKernel::automatic && hier_fused_wanted())
+      launch.hier_kernel == SelectLaunch::HierKernel::fused
           ? hier_fused_plan(a.q.n2, a.bounds8.min != nullptr, a.q.n1 / h.groups.num_kv_heads,
                             max_groups, gcap, B * h.groups.num_kv_heads)
           : FusedPlan{};

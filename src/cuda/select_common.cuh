@@ -209,7 +209,7 @@ using ScoreFn = void (*)(SelParams);
 // the first step of a shape no CUDA call is made (stream capture).
 struct ScorePlan {
   ScoreFn fn = nullptr;      // a warp scores one or two tiles (loops by 2: small code)
-  ScoreFn fn_hot = nullptr;  // a warp scores hot_tiles() or more (loops fully unrolled)
+  ScoreFn fn_hot = nullptr;  // a warp scores score_hot_tiles or more (loops fully unrolled)
   int warps = 0;
   std::size_t smem = 0;
   int ctas_per_sm = 1;
@@ -240,23 +240,22 @@ Prepared prepare(const QuestSelectArgs& a, const SelectLaunch& launch, bool outp
 void check_policy(const select::TopkPolicy& pol);
 
 // select_score.cu: the scoring kernel's plan for (head_dim, group, store), the pages a CTA
-// scores, and the kernel (plain or fully unrolled) for a prepared chunk.
+// scores, and the kernel for a prepared chunk (the fully unrolled one from hot_tiles tiles a
+// warp: SelectLaunch::score_hot_tiles).
 ScorePlan score_plan(int d, int group, bool u8);
 int plan_score_chunk(int pairs, int max_pages, int ctas_per_sm);
-int hot_tiles();
-void set_score_kernel(Prepared& pr);
+void set_score_kernel(Prepared& pr, int hot_tiles);
 
 // select_topk.cu: the cluster (c CTAs) and block kernels, the keys a CTA caches, the cluster
-// size a launch takes, and the launch (after the scoring kernel).
+// size planned for a launch, and the launch (after the scoring kernel).
 TopkFn topk_kernel(int c);
 TopkFn block_topk_kernel();
 int key_cache_cap();
 int plan_topk_cluster(int pairs, int max_pages);
-bool use_cluster_topk();
 void launch_topk(const Prepared& pr, cudaStream_t stream);
 
 // select_hier.cu: the one-kernel path's plan and launch, the page top-k over the chosen
-// groups, and which scan the page pass takes.
+// groups, and whether the page pass walks the group list (SelectLaunch::hier_scan).
 struct FusedPlan {
   void (*fn)(SelParams, SelParams, std::int32_t*, std::int32_t*, int, int) = nullptr;
   int ctas = 0;  // the cluster (grid.x)
@@ -272,8 +271,7 @@ void launch_hier_fused(const FusedPlan& f, const SelParams& gp, const SelParams&
                        int batch, cudaStream_t stream);
 void launch_hier_page_topk(const SelParams& p, const std::int32_t* gids, const std::int32_t* gcount,
                            int gstride, dim3 grid, cudaStream_t stream);
-bool hier_list_mode(int max_pages);
-bool hier_fused_wanted();
+bool hier_list_mode(SelectLaunch::HierScan scan, int max_pages);
 
 // select_top_p.cu: the shared memory its kernel may use (limit raised once), and its launches.
 std::size_t top_p_room();

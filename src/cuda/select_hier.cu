@@ -10,10 +10,8 @@
 
 #include <algorithm>
 #include <bit>
-#include <cstdlib>
 #include <map>
 #include <mutex>
-#include <string_view>
 #include <tuple>
 
 #include "block_select.cuh"
@@ -356,27 +354,11 @@ void launch_hier_page_topk(const SelParams& p, const std::int32_t* gids,
 // How hier_select's page pass finds the chosen groups' pages: walking the group list (list) or
 // every tile of the sequence under the group mask (mask). List mode zeroes every page key first
 // (one more node), so it pays only on long sequences: list from 16384 pages a sequence
-// (docs/gpu-results.md, tuning notes); MASSKV_HIER_SCAN=list or =mask forces one (the check
+// (docs/gpu-results.md, tuning notes); SelectLaunch::hier_scan may force either (the check
 // runs both).
-bool hier_list_mode(int max_pages) {
-  static const int forced = [] {
-    const char* e = std::getenv("MASSKV_HIER_SCAN");
-    if (e == nullptr) return 0;
-    return std::string_view(e) == "list" ? 1 : std::string_view(e) == "mask" ? 2 : 0;
-  }();
-  return forced == 1 || (forced == 0 && max_pages >= 16384);
-}
-
-// MASSKV_HIER_FUSED=1: SelectLaunch::HierKernel::automatic takes hier_fused_kernel where it
-// serves (hier_fused_plan); unset or 0: the separate launches, the default because they measured
-// faster (fewer CTAs per scan in the fused kernel, and every CTA ranks all the group keys
-// itself; docs/gpu-results.md, tuning notes).
-bool hier_fused_wanted() {
-  static const bool on = [] {
-    const char* e = std::getenv("MASSKV_HIER_FUSED");
-    return e != nullptr && std::string_view(e) == "1";
-  }();
-  return on;
+bool hier_list_mode(SelectLaunch::HierScan scan, int max_pages) {
+  using enum SelectLaunch::HierScan;
+  return scan == list || (scan == automatic && max_pages >= 16384);
 }
 
 }  // namespace masskv::cuda::select_impl

@@ -134,6 +134,12 @@ Prepared prepare(const QuestSelectArgs& a, const SelectLaunch& launch, bool outp
           "the host's bound on pages per sequence is required");
   require(launch.chunk_pages >= 0 && launch.chunk_pages % kChunkAlign == 0,
           invalid_argument, "chunk_pages", "must be 0 or a multiple of ", kChunkAlign);
+  require(launch.score_hot_tiles >= 1, invalid_argument, "score_hot_tiles", "must be >= 1, got ",
+          launch.score_hot_tiles);
+  const int forced_cluster = launch.topk_cluster;
+  require(forced_cluster == 0 || forced_cluster == 1 || forced_cluster == 2 ||
+              forced_cluster == 4 || forced_cluster == 8,
+          invalid_argument, "topk_cluster", "must be 0, 1, 2, 4 or 8, got ", forced_cluster);
   if (outputs) {
     require(a.max_per_head >= 0, invalid_argument, "max_per_head", "must be >= 0");
     require(a.ids.size() == static_cast<std::size_t>(B) * Hkv * a.max_per_head &&
@@ -202,16 +208,18 @@ Prepared prepare(const QuestSelectArgs& a, const SelectLaunch& launch, bool outp
   // The block kernel where one CTA per pair is the plan; clusters where the plan splits a
   // pair's pages (long sequences), where they beat it (docs/gpu-results.md, tuning notes).
   // Before sm_90 (no clusters) the block kernel serves every length.
-  require(detail::hopper_paths() || !use_cluster_topk(), unsupported, "MASSKV_TOPK",
+  const bool cluster = launch.topk_kernel == SelectLaunch::TopkKernel::cluster;
+  require(detail::hopper_paths() || !cluster, unsupported, "topk_kernel",
           "the cluster top-k needs sm_90 (thread-block clusters)");
-  const int planned =
-      detail::hopper_paths() ? plan_topk_cluster(B * Hkv, launch.max_pages_per_seq) : 1;
-  pr.block_topk = !use_cluster_topk() && planned == 1;
+  const int planned = !detail::hopper_paths() ? 1
+                      : forced_cluster != 0   ? forced_cluster
+                                            : plan_topk_cluster(B * Hkv, launch.max_pages_per_seq);
+  pr.block_topk = !cluster && planned == 1;
   const int tc = pr.block_topk ? 1 : planned;
   pr.topk_grid = dim3(tc, Hkv, B);
   pr.topk = pr.block_topk ? block_topk_kernel() : topk_kernel(tc);
   pr.plan = splan;
-  set_score_kernel(pr);
+  set_score_kernel(pr, launch.score_hot_tiles);
   pr.score_threads = splan.warps * 32;
   pr.smem = splan.smem;
   // A CTA's slice of the candidates (whole warps), cached up to key_cache_cap() keys.

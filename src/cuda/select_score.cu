@@ -5,7 +5,6 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
-#include <cstdlib>
 #include <mutex>
 
 #include "select_common.cuh"
@@ -100,23 +99,12 @@ int plan_score_chunk(int pairs, int max_pages, int ctas_per_sm) {
   return std::max(cp, kChunkAlign);
 }
 
-// Tiles per scoring warp from which the fully unrolled kernel is faster (8: measured against 3
-// and 64, docs/gpu-results.md, tuning notes). MASSKV_SCORE_HOT_TILES=n overrides it
-// (profile-phases compares values side by side).
-int hot_tiles() {
-  static const int v = [] {
-    const char* e = std::getenv("MASSKV_SCORE_HOT_TILES");
-    const int n = e != nullptr ? std::atoi(e) : 0;
-    return n > 0 ? n : 8;
-  }();
-  return v;
-}
-
 // The scoring kernel for the chunk p.chunk_pages (pages, or 16 × list entries a CTA): the
-// unrolled one where each warp has hot_tiles() tiles or more.
-void set_score_kernel(Prepared& pr) {
+// unrolled one where each warp has hot_tiles tiles or more (SelectLaunch::score_hot_tiles:
+// from there the unrolled kernel is faster).
+void set_score_kernel(Prepared& pr, int hot_tiles) {
   const int tiles = (pr.p.chunk_pages / kWarpPages + pr.plan.warps - 1) / pr.plan.warps;
-  pr.score = tiles >= hot_tiles() ? pr.plan.fn_hot : pr.plan.fn;
+  pr.score = tiles >= hot_tiles ? pr.plan.fn_hot : pr.plan.fn;
 }
 
 }  // namespace masskv::cuda::select_impl

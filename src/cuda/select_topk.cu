@@ -2,8 +2,8 @@
 // the kept pages (sinks, window, last page: select/kept.hpp), then the best keys of the others,
 // ties to the lower page id as the CPU, written ascending, -1 padded, with the count.
 //  - quest_topk_block_kernel (the default where the plan gives one CTA per pair, i.e. up to
-//    ~16K pages per sequence; the cluster kernel beyond, or with MASSKV_TOPK=cluster or
-//    MASSKV_TOPK_CLUSTER): one CTA per (sequence, kv head), launched with programmatic
+//    ~16K pages per sequence; the cluster kernel beyond, or where SelectLaunch::topk_kernel or
+//    topk_cluster asks for it): one CTA per (sequence, kv head), launched with programmatic
 //    dependent launch; radix passes of 2048 equal-width bins over the window of key values
 //    still holding the threshold (min..max at first: at most 3 passes).
 //  - quest_topk_kernel: a cluster of C CTAs (1024 threads each; C = 8, 4, 2 or 1 by how many
@@ -18,9 +18,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
-#include <cstdlib>
 #include <mutex>
-#include <string_view>
 
 #include "select_common.cuh"
 
@@ -491,13 +489,6 @@ TopkFn topk_kernel(int c) {
 // more than one CTA's scan on short sequences (docs/gpu-results.md, tuning notes).
 constexpr int kTopkMinSlice = 8192;
 int plan_topk_cluster(int pairs, int max_pages) {
-  // MASSKV_TOPK_CLUSTER=1|2|4|8 forces the size (the GPU check runs every size on every case).
-  static const int forced = [] {
-    const char* e = std::getenv("MASSKV_TOPK_CLUSTER");
-    const int v = e != nullptr ? std::atoi(e) : 0;
-    return v == 1 || v == 2 || v == 4 || v == 8 ? v : 0;
-  }();
-  if (forced != 0) return forced;
   int c = kTopkMaxCluster;
   while (c > 1 && (static_cast<std::int64_t>(pairs) * c > device_sms() ||
                    max_pages / c < kTopkMinSlice))
@@ -523,17 +514,6 @@ TopkFn block_topk_kernel() {
                              "the block top-k");
   });
   return quest_topk_block_kernel;
-}
-
-// Which top-k runs: the block kernel (default), or the cluster kernel when
-// MASSKV_TOPK=cluster or MASSKV_TOPK_CLUSTER forces a cluster size (the GPU check runs both).
-bool use_cluster_topk() {
-  static const bool cluster = [] {
-    const char* e = std::getenv("MASSKV_TOPK");
-    const char* c = std::getenv("MASSKV_TOPK_CLUSTER");
-    return (e != nullptr && std::string_view(e) == "cluster") || (c != nullptr && *c != 0);
-  }();
-  return cluster;
 }
 
 // The top-k launch: the block kernel may start while the scoring kernel finishes (it waits

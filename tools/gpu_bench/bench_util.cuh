@@ -5,6 +5,9 @@
 #include <cuda_runtime.h>
 
 #include "masskv/cuda/arch.hpp"
+#include "masskv/cuda/prefill.hpp"
+#include "masskv/cuda/select.hpp"
+#include "masskv/error.hpp"
 #include "masskv/kv/paged_kv.hpp"
 #include "masskv/selection.hpp"
 
@@ -155,6 +158,62 @@ inline masskv::kv::PagedKVView bf16_hnd_pool(const void* k, const void* v, int n
 inline bool bench_fused_rows() {
   const char* e = std::getenv("MASSKV_BENCH_FUSED");
   return (e == nullptr || std::string_view(e) != "0") && masskv::cuda::hopper_paths();
+}
+
+// The paths the environment asks for (include/masskv/cuda/arch.hpp): MASSKV_CUDA_PATHS=sm80 the
+// sm_80 paths on any device (scripts/gpu.sh --sm80); unset, empty or auto: by the device. Throws
+// masskv::Error for another value. main sets it before any CUDA call.
+inline masskv::cuda::CudaPaths env_cuda_paths() {
+  const char* e = std::getenv("MASSKV_CUDA_PATHS");
+  if (e == nullptr || *e == 0 || std::string_view(e) == "auto")
+    return masskv::cuda::CudaPaths::automatic;
+  masskv::require(std::string_view(e) == "sm80", masskv::ErrorCode::invalid_argument,
+                  "MASSKV_CUDA_PATHS", "must be auto or sm80, not '", e, "'");
+  return masskv::cuda::CudaPaths::sm80;
+}
+
+// A selection launch with the library's tuning switches read from the environment (the library
+// reads none; scripts/gpu.sh sets these to check every path, profile-phases to compare them):
+// MASSKV_TOPK=cluster, or MASSKV_TOPK_CLUSTER set, runs the cluster top-k, at 1, 2, 4 or 8 CTAs
+// where MASSKV_TOPK_CLUSTER says so (else planned); MASSKV_HIER_SCAN=list|mask; MASSKV_HIER_FUSED=1
+// the fused hierarchical kernel (for launches that do not name one); MASSKV_SCORE_HOT_TILES=n.
+inline masskv::cuda::SelectLaunch env_select_launch() {
+  using L = masskv::cuda::SelectLaunch;
+  L l;
+  const char* topk = std::getenv("MASSKV_TOPK");
+  const char* cluster = std::getenv("MASSKV_TOPK_CLUSTER");
+  if ((topk != nullptr && std::string_view(topk) == "cluster") ||
+      (cluster != nullptr && *cluster != 0))
+    l.topk_kernel = L::TopkKernel::cluster;
+  const int c = cluster != nullptr ? std::atoi(cluster) : 0;
+  l.topk_cluster = c == 1 || c == 2 || c == 4 || c == 8 ? c : 0;
+  if (const char* e = std::getenv("MASSKV_HIER_SCAN"); e != nullptr) {
+    const std::string_view v(e);
+    l.hier_scan = v == "list"   ? L::HierScan::list
+                  : v == "mask" ? L::HierScan::mask
+                                : L::HierScan::automatic;
+  }
+  if (const char* e = std::getenv("MASSKV_HIER_FUSED"); e != nullptr && std::string_view(e) == "1")
+    l.hier_kernel = L::HierKernel::fused;
+  if (const char* e = std::getenv("MASSKV_SCORE_HOT_TILES"); e != nullptr && std::atoi(e) > 0)
+    l.score_hot_tiles = std::atoi(e);
+  return l;
+}
+
+// A prefill launch with its kernel switches from the environment (for comparing the kernels
+// on a device): MASSKV_PREFILL_KERNEL=wgmma|mma, MASSKV_PREFILL_HEADS=1|2 (q heads per CTA).
+inline masskv::cuda::PrefillLaunch env_prefill_launch() {
+  using L = masskv::cuda::PrefillLaunch;
+  L l;
+  if (const char* e = std::getenv("MASSKV_PREFILL_KERNEL"); e != nullptr) {
+    const std::string_view v(e);
+    l.kernel = v == "mma" ? L::Kernel::mma : v == "wgmma" ? L::Kernel::wgmma : L::Kernel::automatic;
+  }
+  if (const char* e = std::getenv("MASSKV_PREFILL_HEADS"); e != nullptr) {
+    const int v = std::atoi(e);
+    l.max_heads_per_cta = v == 1 || v == 2 ? v : 4;
+  }
+  return l;
 }
 
 // Times fn(iteration) with one event pair per launch; median in microseconds.

@@ -120,7 +120,7 @@ struct GpuOut {
 GpuOut run_gpu(const ExtendCase& c, int max_out, int max_pages) {
   DeviceCase dc(c, max_out);
   cuda::SelectWorkspace ws;
-  cuda::SelectLaunch l;
+  cuda::SelectLaunch l = env_select_launch();
   l.workspace = &ws;
   l.max_pages_per_seq = max_pages;
   GpuOut o;
@@ -217,7 +217,7 @@ int run_extend_check() {
     t.max_out = 264;
     const DeviceCase dc(t, t.max_out);
     cuda::SelectWorkspace ws;
-    cuda::SelectLaunch l;
+    cuda::SelectLaunch l = env_select_launch();
     l.workspace = &ws;  // the default stream, which time_us's events time
     l.max_pages_per_seq = 8192;
     l.check_errors = false;

@@ -833,7 +833,7 @@ void run_gpu_select(SelGpu& g, const SelData& sd, cuda::SelectWorkspace& ws,
                     std::vector<std::uint32_t>& keys, int chunk_pages = 0) {
   CK(cudaMemset(g.ids.p, 0x7f, g.ids.n * sizeof(std::int32_t)));  // poison
   CK(cudaMemset(g.count.p, 0x7f, g.count.n * sizeof(std::int32_t)));
-  cuda::SelectLaunch l;
+  cuda::SelectLaunch l = env_select_launch();
   l.workspace = &ws;
   l.max_pages_per_seq = sd.max_pages;
   l.chunk_pages = chunk_pages;
@@ -1353,7 +1353,7 @@ int run_compact_check() {
     setup_sel_gpu(sd, g);
     const kv::PageTable table{sd.indptr, sd.indices, sd.last};
     const auto qv = View3<const float>::contiguous(sd.q.data(), c.batch, c.hq, c.d);
-    cuda::SelectLaunch l;
+    cuda::SelectLaunch l = env_select_launch();
     l.workspace = &ws;
     l.max_pages_per_seq = sd.max_pages;
     l.chunk_pages = i % 2 ? 64 : 0;
@@ -1760,7 +1760,7 @@ int run_select_selftest() {
       DevBuf<std::int32_t> big(static_cast<std::size_t>(3) * 8 * cap);
       a.max_per_head = cap;
       a.ids = {big.p, big.n};
-      cuda::SelectLaunch l;
+      cuda::SelectLaunch l = env_select_launch();
       l.workspace = &ws;
       l.max_pages_per_seq = sd.max_pages;
       cuda::quest_select(a, l);
@@ -1777,7 +1777,7 @@ int run_select_selftest() {
       expect(all, "budget >= pages selects every page");
     }
     // Errors: host-side arguments, then bad data through the device flag.
-    cuda::SelectLaunch l;
+    cuda::SelectLaunch l = env_select_launch();
     l.workspace = &ws;
     l.max_pages_per_seq = sd.max_pages;
     auto throws = [&](const char* name, const char* argument, const std::function<void()>& f) {
@@ -1948,7 +1948,7 @@ int run_select_selftest() {
     sa.max_per_head = cap;
     sa.ids = {ids.p, ids.n};
     sa.count = {cnt.p, cnt.n};
-    cuda::SelectLaunch sl;
+    cuda::SelectLaunch sl = env_select_launch();
     sl.workspace = &ws;
     sl.max_pages_per_seq = mp;
     bool same = false;
@@ -2503,7 +2503,7 @@ int run_bench(const char* json_path) {
         sa.count = {g_cnt[r].p, g_cnt[r].n};
         return sa;
       };
-      cuda::SelectLaunch sl;
+      cuda::SelectLaunch sl = env_select_launch();
       sl.workspace = &sws;
       sl.max_pages_per_seq = pages;
       sl.check_errors = false;
@@ -2973,7 +2973,7 @@ int run_profile_gauss() {
   const MomentData md = make_moments(sd, 6);
   const MomentGpu mg = upload_moments(select::MomentStore(md.view(sd.c.hkv, sd.c.d), table, 64));
   cuda::SelectWorkspace ws;
-  cuda::SelectLaunch l;
+  cuda::SelectLaunch l = env_select_launch();
   l.workspace = &ws;
   l.max_pages_per_seq = sd.max_pages;
   l.check_errors = false;
@@ -2997,7 +2997,7 @@ int run_profile_select(int hier_only = 0) {
   for (const int ctx : {131072, 1048576}) {
     const int pages = ctx / P, rot = pool_pages / pages;
     for (const bool shuffled : {true, false}) {
-      cuda::SelectLaunch sl;
+      cuda::SelectLaunch sl = env_select_launch();
       sl.workspace = &sws;
       sl.max_pages_per_seq = pages;
       sl.check_errors = false;
@@ -3075,6 +3075,7 @@ int main(int argc, char** argv) {
     return 2;
   }
   try {
+    cuda::set_cuda_paths(env_cuda_paths());
     // Which paths the mode runs (include/masskv/cuda/arch.hpp), first in each log.
     std::printf("masskv_gpu_bench %s: %s paths\n", mode.c_str(),
                 cuda::hopper_paths() ? "Hopper (sm_90)" : "sm_80");

@@ -266,7 +266,7 @@ int run_indexer(PData& pd, PGpu& g, cuda::PrefillWorkspace& ws) {
   ia.max_per_row = pd.max_per_row;
   ia.ids = {g.ids.p, g.ids.n};
   ia.count = {g.count.p, g.count.n};
-  cuda::PrefillLaunch launch;
+  cuda::PrefillLaunch launch = env_prefill_launch();
   launch.workspace = &ws;
   launch.max_q_per_seq = pd.max_q;
   cuda::prefill_index(ia, launch);
@@ -410,7 +410,7 @@ constexpr double kTolLse = 1e-4;  // |lse - ref| / max(1, |ref|)
 PErr run_prefill(const PData& pd, PGpu& g, cuda::PrefillWorkspace& ws) {
   PErr e;
   const int hq = pd.c.hkv * pd.c.group;
-  cuda::PrefillLaunch launch;
+  cuda::PrefillLaunch launch = env_prefill_launch();
   launch.workspace = &ws;
   launch.max_q_per_seq = pd.max_q;
   std::vector<float> first_o, first_lse;
@@ -521,7 +521,7 @@ int error_cases(cuda::PrefillWorkspace& ws) {
   PGpu g;
   setup_gpu(pd, g);
   upload_selection(pd, g);
-  cuda::PrefillLaunch launch;
+  cuda::PrefillLaunch launch = env_prefill_launch();
   launch.workspace = &ws;
   launch.max_q_per_seq = pd.max_q;
   bool ok = true;
@@ -723,7 +723,7 @@ int run_prefill_bench(const char* json_path) {
     a.out = {out.p, DType::bf16, static_cast<std::int64_t>(Hq) * d, d};
     a.lse = {lse.p, lse.n};
     cuda::PrefillWorkspace ws;
-    cuda::PrefillLaunch launch;
+    cuda::PrefillLaunch launch = env_prefill_launch();
     launch.workspace = &ws;
     launch.max_q_per_seq = L;
     launch.check_errors = false;

@@ -68,6 +68,16 @@ struct PrefillLaunch {
   int max_q_per_seq = 0;
   // true: wait and check the error flag (throws). false: call workspace->check later.
   bool check_errors = true;
+  // prefill's kernel for head_dim 128 (64, and entmax, always run mma.sync): automatic (the
+  // warp-specialised kernel where 4 divides the group, else wgmma; mma.sync on the sm_80
+  // paths: docs/gpu-results.md, tuning notes), or wgmma (sm_90a: unsupported on the sm_80
+  // paths) or mma, for comparing them on a device. Same results within the stated tolerances.
+  enum class Kernel { automatic, wgmma, mma };
+  Kernel kernel = Kernel::automatic;
+  // The most q heads a CTA of the mma.sync and wgmma kernels serves (4, 2 or 1; fewer where
+  // the group does not divide), for comparing the variants (the warp-specialised kernel
+  // always takes 4: with a cap, set kernel = wgmma too).
+  int max_heads_per_cta = 4;
 };
 
 // Where the output goes: f32, or the input dtype (bf16/f16), [total_q][Hq][d], unit stride on d.
@@ -106,7 +116,7 @@ struct PrefillArgs {
 // Q·Kᵀ sweep on the mma.sync kernel with one q head per CTA.
 // Validates what the host can see (throws masskv::Error naming the argument: "workspace",
 // "dtype", "head_dim", "q", "q_indptr", "cache", "stride", "page_size", "out", "lse",
-// "scale", "max_q_per_seq", "block_selection", "alpha"). Served: head_dim 64 and 128, any GQA ratio
+// "scale", "max_q_per_seq", "block_selection", "alpha", "max_heads_per_cta", "kernel"). Served: head_dim 64 and 128, any GQA ratio
 // (q heads a multiple of kv heads; a CTA serves 4 q heads of a group when the group size is
 // a multiple of 4, else 2 or 1, and reads each key tile once for them).
 void prefill(const PrefillArgs& args, const PrefillLaunch& launch);

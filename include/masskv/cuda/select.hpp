@@ -101,10 +101,28 @@ struct SelectLaunch {
   // head)) where it serves: head_dim 64/128, cover x budget <= 8192 pages, and 8 bytes per
   // group of max_pages_per_seq / 16 in shared memory (up to ~7M tokens at 16-token pages);
   // elsewhere the separate launches (SelectWorkspace::last_hier_fused says which ran).
-  // automatic: fused when MASSKV_HIER_FUSED=1, else separate (the separate launches measured
-  // faster: docs/gpu-results.md, tuning notes).
+  // automatic: separate (the separate launches measured faster: docs/gpu-results.md, tuning
+  // notes).
   enum class HierKernel { automatic, separate, fused };
   HierKernel hier_kernel = HierKernel::automatic;
+  // Tiles per scoring warp from which the fully unrolled scoring kernel runs (>= 1; 8 measured
+  // best against 3 and 64: docs/gpu-results.md, tuning notes). Same keys either way.
+  int score_hot_tiles = 8;
+  // The flat top-k (and hier_select's page top-k where the chosen groups hold more than 8192
+  // pages): `automatic` takes one CTA per (sequence, kv head) up to ~16K pages a sequence and a
+  // thread-block cluster beyond (where each measured faster: docs/gpu-results.md, tuning
+  // notes); `cluster` the cluster kernel at every length (sm_90: unsupported on the sm_80
+  // paths). topk_cluster: the cluster's CTAs, 1, 2, 4 or 8 (1 under automatic: the one-CTA
+  // kernel), or 0 to plan them. Same lists either way (the GPU check runs every size).
+  enum class TopkKernel { automatic, cluster };
+  TopkKernel topk_kernel = TopkKernel::automatic;
+  int topk_cluster = 0;
+  // hier_select's page pass finds the chosen groups' pages by walking their list (`list`) or
+  // every tile of the sequence under the group mask (`mask`); automatic: list from 16384 pages
+  // a sequence (list mode zeroes every page key first: it pays only on long sequences). Same
+  // lists either way.
+  enum class HierScan { automatic, list, mask };
+  HierScan hier_scan = HierScan::automatic;
   // Profiling: a device array of stamps::kEntries (masskv/cuda/stamps.hpp) the kernels write
   // their phase times into; null (the default) writes nothing.
   std::uint64_t* phase_stamps = nullptr;
@@ -114,7 +132,8 @@ struct SelectLaunch {
 // shape of the arguments (throws masskv::Error naming the argument: "workspace", "q",
 // "head_dim", "bounds", "indptr", "last_page_len", "page_size", "budget_pages",
 // "sink_pages", "window_tokens", "max_pages_per_seq", "max_per_head", "ids", "count",
-// "scale", "chunk_pages"). Served: head_dim 64, 128, 256; group * head_dim <= 8192.
+// "scale", "chunk_pages", "score_hot_tiles", "topk_cluster", "topk_kernel"). Served: head_dim
+// 64, 128, 256; group * head_dim <= 8192.
 void quest_select(const QuestSelectArgs& args, const SelectLaunch& launch);
 
 // The scoring kernel alone (keys into the workspace; ids/count not written, may be empty).
