@@ -74,18 +74,19 @@ def quant_sym(k: np.ndarray, bits: int, group: int = 32) -> np.ndarray:
     return (np.clip(np.round(g / s), -qmax, qmax) * s).reshape(t, h, d)
 
 
-def round_ranges8(lo: np.ndarray, hi: np.ndarray):
+def round_ranges8(lo: np.ndarray, hi: np.ndarray, levels: int = 255):
     """The ranges on one 8-bit affine grid per (group, kv head) over its channels (the
     BoundStore8 layout of select/compact_bounds.hpp): mins rounded down, maxes up."""
     g_lo = lo.min(axis=-1, keepdims=True)
     g_hi = hi.max(axis=-1, keepdims=True)
-    step = (g_hi - g_lo) / 255
+    step = (g_hi - g_lo) / levels
     step[step == 0] = 1
     return (g_lo + np.floor((lo - g_lo) / step) * step,
-            g_lo + np.minimum(np.ceil((hi - g_lo) / step), 255) * step)
+            g_lo + np.minimum(np.ceil((hi - g_lo) / step), levels) * step)
 
 
-def quant_channel_page(k: np.ndarray, bits: int, group: int = PAGE, r8: bool = False) -> np.ndarray:
+def quant_channel_page(k: np.ndarray, bits: int, group: int = PAGE, r8: bool = False,
+                       range_levels: int = 255) -> np.ndarray:
     """Per (group of tokens, kv head, channel) asymmetric quantisation (KIVI's key layout): the
     group's min/max per channel are the scale, `bits` codes per value; r8: those ranges stored
     on an 8-bit grid (round_ranges8)."""
@@ -97,7 +98,7 @@ def quant_channel_page(k: np.ndarray, bits: int, group: int = PAGE, r8: bool = F
     lo = pg.min(axis=1, keepdims=True)
     hi = pg.max(axis=1, keepdims=True)
     if r8:
-        lo, hi = round_ranges8(lo, hi)
+        lo, hi = round_ranges8(lo, hi, range_levels)
     levels = 2 ** bits - 1
     s = (hi - lo) / levels
     s[s == 0] = 1
@@ -298,6 +299,92 @@ def make_two_token(lo_key, hi_key, c):
     return f
 
 
+def make_token_channels(key, frac, how, agg="lse"):
+    """Tokens scored on a subset of each kv group's channels (a fraction `frac` of d), so the
+    codes and ranges of the other channels are never read: chosen every step from the group's
+    query, by sum over heads of |q_c| (`q`, SparQ's rule) or of |q_c| times the channel's mean
+    page range over the context (`qr`); or once per layer and head from the keys alone, by the
+    mean page range (`r`, a static store). Pooled across heads by `agg` as make_token_agg."""
+    def f(state, q, h):
+        k = state[key][:, h]                                   # [ctx][d]
+        d = k.shape[1]
+        r = max(1, int(round(d * frac)))
+        rng = state["stats"]["max"][:, h] - state["stats"]["min"][:, h]
+        spread = rng.mean(0)                                   # [d]
+        if how == "q":
+            imp = np.abs(q).sum(0)
+        elif how == "qr":
+            imp = np.abs(q).sum(0) * spread
+        else:
+            imp = spread
+        ch = np.argsort(-imp, kind="stable")[:r]
+        s = q[:, ch] @ k[:, ch].T
+        if agg == "lse":
+            m = s.max(-1, keepdims=True)
+            s = s - (m + np.log(np.exp(s - m).sum(-1, keepdims=True)))
+            return np.repeat(s.max(0, keepdims=True), q.shape[0], axis=0)
+        return s
+    return f
+
+
+def cascade_bytes(d, r, cand_tokens, cand_groups, ctx, n_groups, group):
+    """What a two-pass code ranking reads with the layouts that make each pass contiguous, as a
+    fraction of the dense f16 K+V: pass 1 the r chosen channels' codes and 8-bit ranges of
+    every token from a channel-major copy ([kv head][channel][page]: each channel's words in a
+    row), and every page's grid (lo, step); pass 2 the candidates' whole token-major code rows
+    (d / 4 bytes each) and the whole 8-bit ranges (2 d bytes) of every page holding one."""
+    pass1 = r * (ctx / 4 + 2 * n_groups) + 8 * n_groups
+    pass2 = cand_tokens * d / 4 + cand_groups * 2 * d
+    return (pass1 + pass2) / (4.0 * d * ctx)
+
+
+def make_token_cascade(key, frac, c, lse_from, block=1, pages=False, name=None, group=PAGE):
+    """Two passes on the same codes: every token on the group's `frac` of channels with the
+    largest sum over heads of |q_c| (make_token_channels), pooled by the heads'
+    log-probabilities; its best c x budget tokens rescored on all channels (the other
+    channels' codes and ranges read for those tokens only) and pooled again, the heads'
+    log-sum-exp taken over the candidates (`cand`) or from the first pass (`first`)."""
+    def f(state, q, h):
+        k = state[key][:, h]
+        d = k.shape[1]
+        r = max(1, int(round(d * frac)))
+        # Channels chosen in blocks of `block` adjacent channels (a block's codes of a page
+        # are contiguous in a block-major layout), by the block's sum of |q|.
+        imp = np.abs(q).sum(0).reshape(d // block, block).sum(1)
+        blocks = np.argsort(-imp, kind="stable")[:max(1, r // block)]
+        ch = (blocks[:, None] * block + np.arange(block)[None, :]).ravel()
+        s1 = q[:, ch] @ k[:, ch].T                              # [g][ctx]
+        m1 = s1.max(-1, keepdims=True)
+        lse1 = m1 + np.log(np.exp(s1 - m1).sum(-1, keepdims=True))
+        pooled = (s1 - lse1).max(0)
+        kept = kept_mask(k.shape[0], k.shape[0], "token")
+        want = min(k.shape[0], c * state["cap_pages"] * PAGE)
+        if pages:  # whole pages by their best token: c x the budget's pages
+            n = (k.shape[0] + PAGE - 1) // PAGE
+            pp = np.full(n * PAGE, -np.inf)
+            pp[:k.shape[0]] = pooled
+            pin = union_fill(pp.reshape(n, PAGE).max(1)[None, :], kept_mask(n, k.shape[0], "page"),
+                             min(n, 2 + c * state["cap_pages"]))
+            cand = np.repeat(pin, PAGE)[:k.shape[0]]
+        else:
+            cand = union_fill(pooled[None, :], kept, want)
+        if name:  # bytes as stored (see cascade_bytes), per kv head and token of the context
+            n_groups = (k.shape[0] + group - 1) // group
+            touched = np.unique(np.nonzero(cand)[0] // group).size
+            state.setdefault("dyn_bytes", {}).setdefault(name, []).append(
+                cascade_bytes(d, r, int(cand.sum()), touched, k.shape[0], n_groups, group))
+        s2 = q @ k[cand].T
+        if lse_from == "cand":
+            m2 = s2.max(-1, keepdims=True)
+            lse2 = m2 + np.log(np.exp(s2 - m2).sum(-1, keepdims=True))
+        else:
+            lse2 = lse1
+        out = np.full(k.shape[0], -np.inf)
+        out[cand] = (s2 - lse2).max(0)
+        return np.repeat(out[None, :], q.shape[0], axis=0)
+    return f
+
+
 SKETCHES = {
     "k": lambda k: k,
     "int4": lambda k: quant_sym(k, 4),
@@ -308,6 +395,9 @@ SKETCHES = {
     "kivi2r8": lambda k: quant_channel_page(k, 2, PAGE, True),
     "kivi1r8": lambda k: quant_channel_page(k, 1, PAGE, True),
     "kivi2g64r8": lambda k: quant_channel_page(k, 2, 64, True),
+    "kivi2g32r8": lambda k: quant_channel_page(k, 2, 32, True),
+    "kivi2r4": lambda k: quant_channel_page(k, 2, PAGE, True, 15),
+    "kivi2r5": lambda k: quant_channel_page(k, 2, PAGE, True, 31),
     "kivi1g64r8": lambda k: quant_channel_page(k, 1, 64, True),
     "st2": lambda k: quant_channel_static(k, 2),
     "st2c": lambda k: quant_channel_static(k, 2, 0.005),
@@ -333,6 +423,9 @@ def sketch_bytes(name: str, d: int) -> float:
         "kivi2r8": d / 4 + (2 * d + 8) / PAGE,   # codes + 8-bit ranges and their grid
         "kivi1r8": d / 8 + (2 * d + 8) / PAGE,
         "kivi2g64r8": d / 4 + (2 * d + 8) / 64,
+        "kivi2g32r8": d / 4 + (2 * d + 8) / 32,
+        "kivi2r4": d / 4 + (d + 8) / PAGE,
+        "kivi2r5": d / 4 + (10 * d / 8 + 8) / PAGE,
         "kivi1g64r8": d / 8 + (2 * d + 8) / 64,
         "st2": d / 4, "st2c": d / 4, "st3c": 3 * d / 8, "st1c": d / 8,
         "kivi3g64": 3 * d / 8 + 2 * 2 * d / 64,
@@ -372,7 +465,19 @@ def build_methods(d: int) -> dict[str, Method]:
                 f"tt{c}_{lo_sk}_{hi_sk}", "token",
                 sketch_bytes(lo_sk, d) + c / 16 * (d / 8) / (4.0 * d), (lo_sk, hi_sk),
                 make_two_token(lo_sk, hi_sk, c))
-    for sk in ("kivi2", "kivi2r8"):
+    for c in (2, 3, 4, 6):
+        for frac in (0.5, 0.375, 0.25):
+            nm = f"phys{c}c{int(frac * 1000)}_kivi2r8"
+            add(nm, "token", float("nan"), make_token_cascade("kivi2r8", frac, c, "cand", name=nm),
+                "kivi2r8")
+    for sk, grp in (("kivi2g32r8", 32), ("kivi2r4", PAGE), ("kivi2r5", PAGE)):
+        full = sketch_bytes(sk, d) - 8 / grp / (4.0 * d)
+        for c in (2, 4):
+            for frac in (0.5, 0.25):
+                add(f"cas{c}cand{int(frac * 1000)}_{sk}", "token",
+                    frac * full + 8 / grp / (4.0 * d) + c / 16 * (1 - frac) * full,
+                    make_token_cascade(sk, frac, c, "cand"), sk)
+    for sk in ("kivi2", "kivi2r8", "kivi2g32r8", "kivi2r4", "kivi2r5"):
         b = sketch_bytes(sk, d)
         add(f"tok_{sk}_q8", "token", b, make_token_q8(sk), sk)
         add(f"tok_{sk}_pool", "token", b, make_token_pooled(sk, "mean"), sk)
@@ -380,6 +485,25 @@ def build_methods(d: int) -> dict[str, Method]:
         add(f"tok_{sk}_aggmax", "token", b, make_token_agg(sk, "max"), sk)
         add(f"tok_{sk}_agglse", "token", b, make_token_agg(sk, "lse"), sk)
         add(f"tok_{sk}_aggtop", "token", b, make_token_agg(sk, "top"), sk)
+    full = sketch_bytes("kivi2r8", d) - 8 / PAGE / (4.0 * d)     # codes + ranges, no grid
+    for frac in (0.5, 0.25):
+        for c in (2, 4, 8):
+            b = frac * full + 8 / PAGE / (4.0 * d) + c / 16 * (1 - frac) * full
+            for lf in ("cand", "first"):
+                add(f"cas{c}{lf}{int(frac * 1000)}_kivi2r8", "token", b,
+                    make_token_cascade("kivi2r8", frac, c, lf), "kivi2r8")
+            add(f"cas{c}pg{int(frac * 1000)}_kivi2r8", "token", b,
+                make_token_cascade("kivi2r8", frac, c, "cand", 1, True), "kivi2r8")
+            for blk in (4, 8, 16):
+                add(f"cas{c}cand{int(frac * 1000)}b{blk}_kivi2r8", "token", b,
+                    make_token_cascade("kivi2r8", frac, c, "cand", blk), "kivi2r8")
+    for frac in (0.5, 0.375, 0.25):
+        b = frac * sketch_bytes("kivi2r8", d) + (1 - frac) * 8 / PAGE / (4.0 * d)
+        for how in ("q", "qr", "r"):
+            add(f"tokch{how}{int(frac * 1000)}_kivi2r8", "token", b,
+                make_token_channels("kivi2r8", frac, how), "kivi2r8")
+            add(f"tokch{how}{int(frac * 1000)}_kivi2r8_rr", "token", b,
+                make_token_channels("kivi2r8", frac, how, "rr"), "kivi2r8")
     for sk in ("st2", "st2c", "st3c", "st1c", "int4", "int2", "kivi2", "kivi1", "kivi2g64", "kivi3g64", "sign", "pca8", "pca4", "k",
                "kivi2r8", "kivi1r8", "kivi2g64r8", "kivi1g64r8"):
         b = sketch_bytes(sk, d)
@@ -469,6 +593,7 @@ def main() -> int:
     acc: dict = {}
     t0 = time.time()
     methods = None
+    dyn_bytes: dict = {}
     for fi, path in enumerate(files):
         h, q, k = read_dump(path)
         d, hq, hkv, ctx = h["head_dim"], h["hq"], h["hkv"], h["context"]
@@ -481,7 +606,7 @@ def main() -> int:
                     ap.error(f"--methods: unknown {unknown}; known: {sorted(methods)}")
                 methods = {m: methods[m] for m in a.methods.split(",") if m in methods}
         scale = 1.0 / math.sqrt(d)
-        state = {"stats": page_stats(k)}
+        state = {"stats": page_stats(k), "dyn_bytes": dyn_bytes}
         for m in methods.values():
             for sk in (m.prepare if isinstance(m.prepare, tuple) else (m.prepare,)):
                 if sk and sk not in state:
@@ -545,6 +670,8 @@ def main() -> int:
                   end="" if sys.stderr.isatty() else "\n", file=sys.stderr, flush=True)
     print(file=sys.stderr)
     sel_bytes = {m.name: m.sel_bytes for m in methods.values()}
+    for name, xs in dyn_bytes.items():  # measured per selection where a method counts its reads
+        sel_bytes[name] = float(np.mean(xs))
     sel_bytes["oracle_page"] = sel_bytes["oracle_token"] = 0.5
     rows = []
     for (name, b), per_layer in acc.items():
