@@ -219,6 +219,17 @@ void expect_codes_current(const kv::PagedKVCache& cache, std::span<const kv::Seq
           const std::uint8_t* got = pc.row(phys, h, slot);
           ASSERT_TRUE(std::equal(want.begin(), want.end(), got))
               << "seq " << b << " page " << j << " head " << h << " slot " << slot;
+          // The channel-major copy holds the same codes.
+          for (int c = 0; c < d; ++c) {
+            const std::uint8_t* w = pc.chan_row(h, c) + static_cast<std::int64_t>(phys) * pc.chan_word_bytes();
+            ASSERT_EQ((w[slot >> 2] >> (2 * (slot & 3))) & 3, (got[c >> 2] >> (2 * (c & 3))) & 3)
+                << "channel-major copy: page " << j << " head " << h << " slot " << slot << " c " << c;
+          }
+        }
+        for (int c = 0; c < d; ++c) {
+          const std::uint8_t* rr = pc.chan_range_row(h, c) + 2 * static_cast<std::int64_t>(phys);
+          ASSERT_EQ(rr[0], r.a[c]);
+          ASSERT_EQ(rr[1], r.b[c]);
         }
       }
     }
@@ -599,6 +610,153 @@ TEST(TokenCodes, LogProbGroupRuleMatchesThePlainReference) {
   }
   EXPECT_EQ(lists, 2 * 3 * 4 * 5 * 2);
   EXPECT_GT(differs_from_union, 10);  // g > 1: another rule than the round robin
+}
+
+// token_codes in two passes (SelectorConfig::code_channels < 1) against a plain reference of
+// its rule: pass 1 on the chosen channels (the largest sums over the group's heads of |q_c|,
+// ties to the lower channel) decoded from the token-major rows, pooled by the heads'
+// log-probabilities; the kept tokens and the best others up to code_candidates × cap; pass 2
+// the full scores of those, each head's LSE over them, pooled and filled to the cap. With
+// candidates to spare it equals the one-pass lists.
+TEST(TokenCodes, TwoPassesMatchThePlainReferenceOfTheirRule) {
+  test::OneThread one;
+  std::mt19937 rng(37);
+  constexpr double inf = std::numeric_limits<double>::infinity();
+  int lists = 0, differs_from_one_pass = 0;
+  for (int P : {4, 16}) {
+    for (int g : {1, 3, 4}) {
+      test::SelCase c = test::random_case(rng, {1, 17, 113, 300, 777}, 2 * g, 2, 32, P,
+                                          DType::f16, 2.0f, 0.5f, 0.7f, /*page_codes=*/true);
+      const kv::PageTable t = c.table.table();
+      const kv::PageCodesView pc = c.cache.page_codes();
+      for (int trial = 0; trial < 4; ++trial) {
+        select::SelectorConfig cfg;
+        cfg.method = select::Method::token_codes;
+        cfg.budget = {select::Budget::Kind::fixed, 24 + 16 * trial, 0.9};
+        cfg.sink_pages = trial % 3;
+        cfg.code_channels = trial % 2 ? 0.375 : 0.5;
+        cfg.code_candidates = 1 + trial % 3;
+        select::SelectOutput got, one_pass, spare;
+        select::run_selector(c.args(), cfg, got);
+        select::SelectorConfig all = cfg;
+        all.code_candidates = 1 << 20;  // every token a candidate: the one-pass ranking
+        select::run_selector(c.args(), all, spare);
+        all.code_channels = 1;
+        select::run_selector(c.args(), all, one_pass);
+        const int r = static_cast<int>(std::lround(cfg.code_channels * 32));
+        for (int b = 0; b < c.B; ++b) {
+          const int pages = t.num_pages(b);
+          const std::int64_t L = t.length(b, P);
+          const auto phys = t.indices.subspan(static_cast<std::size_t>(t.indptr[b]), pages);
+          for (int h = 0; h < 2; ++h) {
+            std::vector<std::pair<double, std::int32_t>> w;
+            for (int x = 0; x < 32; ++x) {
+              double s = 0;
+              for (int i = 0; i < g; ++i) s += std::fabs(c.q[(static_cast<std::size_t>(b) * 2 * g + h * g + i) * 32 + x]);
+              w.push_back({s, x});
+            }
+            std::vector<std::int32_t> ch = ranked(w);
+            ch.resize(static_cast<std::size_t>(r));
+            std::vector<std::uint8_t> in = reference_kept(c, cfg, b);
+            int count = static_cast<int>(std::count(in.begin(), in.end(), 1));
+            const int cap = static_cast<int>(std::min<std::int64_t>(L, std::max<std::int64_t>(count, cfg.budget.tokens)));
+            std::vector<std::vector<double>> full(static_cast<std::size_t>(g));
+            std::vector<double> pooled(static_cast<std::size_t>(L), -inf);
+            for (int i = 0; i < g; ++i) {
+              std::vector<std::int16_t> q8;
+              const kv::CodeQuery cq = reference_query(c, b, h * g + i, q8);
+              std::int32_t Q1 = 0;
+              for (const std::int32_t x : ch) Q1 += q8[x];
+              std::vector<double> part(static_cast<std::size_t>(L));
+              full[i].resize(static_cast<std::size_t>(L));
+              for (std::int64_t x = 0; x < L; ++x) {
+                const kv::PageRange8 rg = pc.range(phys[x / P], h);
+                const std::uint8_t* row = pc.row(phys[x / P], h, static_cast<int>(x % P));
+                std::int32_t I = 0;
+                for (const std::int32_t cc : ch) {
+                  const int code = (row[cc >> 2] >> (2 * (cc & 3))) & 3;
+                  I += q8[cc] * (3 * rg.a[cc] + code * (rg.b[cc] - rg.a[cc]));
+                }
+                part[x] = cq.unit * (static_cast<double>(rg.lo) * Q1 + static_cast<double>(rg.step) / 3.0 * I);
+                full[i][x] = kv::page_code_score(cq, rg, row, 32);
+              }
+              const double m = *std::max_element(part.begin(), part.end());
+              std::uint64_t sum = 0;
+              for (std::int64_t x = 0; x < L; ++x) sum += select::lse_term(part[x] - m);
+              const double lse = select::lse_finish(m, sum);
+              for (std::int64_t x = 0; x < L; ++x) pooled[x] = std::max(pooled[x], part[x] - lse);
+            }
+            std::vector<std::uint8_t> cand = in;
+            const std::int64_t want_n = std::min<std::int64_t>(L, static_cast<std::int64_t>(cfg.code_candidates) * cap);
+            std::int64_t nc = count;
+            std::vector<std::pair<double, std::int32_t>> items;
+            for (std::int64_t x = 0; x < L; ++x) items.push_back({pooled[x], static_cast<std::int32_t>(x)});
+            for (const std::int32_t x : ranked(items)) {
+              if (nc >= want_n) break;
+              if (!cand[x]) cand[x] = 1, ++nc;
+            }
+            std::vector<double> agg(static_cast<std::size_t>(L), -inf);
+            for (int i = 0; i < g; ++i) {
+              double m = -inf;
+              for (std::int64_t x = 0; x < L; ++x) m = cand[x] ? std::max(m, full[i][x]) : m;
+              std::uint64_t sum = 0;
+              for (std::int64_t x = 0; x < L; ++x) sum += cand[x] ? select::lse_term(full[i][x] - m) : 0;
+              const double lse = select::lse_finish(m, sum);
+              for (std::int64_t x = 0; x < L; ++x) {
+                if (cand[x]) agg[x] = std::max(agg[x], full[i][x] - lse);
+              }
+            }
+            items.clear();
+            for (std::int64_t x = 0; x < L; ++x) items.push_back({agg[x], static_cast<std::int32_t>(x)});
+            for (const std::int32_t x : ranked(items)) {
+              if (count >= cap) break;
+              if (!in[x]) in[x] = 1, ++count;
+            }
+            std::vector<std::int32_t> want;
+            for (std::int64_t x = 0; x < L; ++x) {
+              if (in[x]) want.push_back(static_cast<std::int32_t>(x));
+            }
+            const auto x = got.selection.view().list(b, h);
+            ASSERT_EQ(std::vector<std::int32_t>(x.begin(), x.end()), want)
+                << "P " << P << " g " << g << " trial " << trial << " b " << b << " h " << h;
+            const auto o = one_pass.selection.view().list(b, h);
+            const auto sp = spare.selection.view().list(b, h);
+            ASSERT_EQ(std::vector<std::int32_t>(sp.begin(), sp.end()),
+                      std::vector<std::int32_t>(o.begin(), o.end()))
+                << "candidates to spare: the one-pass lists";
+            differs_from_one_pass += std::vector<std::int32_t>(o.begin(), o.end()) != want;
+            ++lists;
+          }
+        }
+      }
+    }
+  }
+  EXPECT_EQ(lists, 2 * 3 * 4 * 5 * 2);
+  EXPECT_GT(differs_from_one_pass, 5);  // the first pass changes some lists
+}
+
+TEST(TokenCodes, TwoPassesRefuseBadSettingsNamingThem) {
+  std::mt19937 rng(3);
+  test::SelCase c = test::random_case(rng, {100}, 4, 2, 32, 16, DType::f16, 2.0f, 0.5f, 0.7f,
+                                      /*page_codes=*/true);
+  select::SelectorConfig cfg;
+  cfg.method = select::Method::token_codes;
+  cfg.budget = {select::Budget::Kind::fixed, 32, 0.9};
+  select::SelectOutput out;
+  for (double f : {0.0, -0.5, 1.5, std::nan("")}) {
+    cfg.code_channels = f;
+    test::expect_error([&] { select::run_selector(c.args(), cfg, out); },
+                       ErrorCode::invalid_argument, "code_channels");
+  }
+  cfg.code_channels = 0.5;
+  cfg.code_candidates = 0;
+  test::expect_error([&] { select::run_selector(c.args(), cfg, out); },
+                     ErrorCode::invalid_argument, "code_candidates");
+  cfg.code_candidates = 2;
+  select::SelectArgs a = c.args();
+  a.page_codes.chan_codes = nullptr;  // a view made by hand, without the copy
+  test::expect_error([&] { select::run_selector(a, cfg, out); }, ErrorCode::invalid_argument,
+                     "page_codes");
 }
 
 // The log-prob rule's LSE (select/log_prob.hpp: polynomial exp and log, an integer sum) against

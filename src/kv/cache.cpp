@@ -100,6 +100,8 @@ struct PagedKVCache::Impl {
   std::size_t pcode_row = 0;                          // bytes of one row of page codes
   std::vector<std::uint8_t> prange_min, prange_max;   // page code ranges [page][head][d]
   std::vector<float> prange_grid;                     // [page][head][2]: lo, step
+  std::vector<std::uint8_t> ccodes, cranges;          // channel-major copies (PageCodesView)
+  std::size_t cword = 0;                              // bytes of one channel of one page
   std::vector<float> pcode_key, pcode_lo, pcode_hi;   // scratch: a key, a range's bounds (f32)
   std::vector<std::uint8_t> pr_a, pr_b;               // scratch: a new range's codes
   std::vector<std::byte> krows;                       // key rows [page][group][slot][row]
@@ -146,6 +148,9 @@ struct PagedKVCache::Impl {
       prange_min.assign(static_cast<std::size_t>(pages) * H * d, 0);
       prange_max.assign(prange_min.size(), 0);
       prange_grid.assign(static_cast<std::size_t>(pages) * H * 2, 0.0f);
+      cword = static_cast<std::size_t>((P + 3) / 4);
+      ccodes.assign(static_cast<std::size_t>(pages) * H * d * cword, 0);
+      cranges.assign(static_cast<std::size_t>(pages) * H * d * 2, 0);
       for (auto* buf : {&pcode_key, &pcode_lo, &pcode_hi}) buf->resize(static_cast<std::size_t>(d));
       pr_a.resize(static_cast<std::size_t>(d));
       pr_b.resize(static_cast<std::size_t>(d));
@@ -231,6 +236,14 @@ struct PagedKVCache::Impl {
                   prange_min.begin() + static_cast<std::ptrdiff_t>(p * nr));
       std::copy_n(prange_max.begin() + static_cast<std::ptrdiff_t>(old * nr), nr,
                   prange_max.begin() + static_cast<std::ptrdiff_t>(p * nr));
+      for (int h = 0; h < cfg.num_kv_heads; ++h) {
+        for (int c = 0; c < cfg.head_dim; ++c) {
+          std::copy_n(ccodes.begin() + static_cast<std::ptrdiff_t>(chan_at(old, h, c) * cword), cword,
+                      ccodes.begin() + static_cast<std::ptrdiff_t>(chan_at(p, h, c) * cword));
+          std::copy_n(cranges.begin() + static_cast<std::ptrdiff_t>(chan_at(old, h, c) * 2), 2,
+                      cranges.begin() + static_cast<std::ptrdiff_t>(chan_at(p, h, c) * 2));
+        }
+      }
       const std::size_t ng = static_cast<std::size_t>(cfg.num_kv_heads) * 2;
       std::copy_n(prange_grid.begin() + static_cast<std::ptrdiff_t>(old * ng), ng,
                   prange_grid.begin() + static_cast<std::ptrdiff_t>(p * ng));
@@ -336,6 +349,33 @@ struct PagedKVCache::Impl {
       for (int c = 0; c < d; ++c) pcode_key[static_cast<std::size_t>(c)] = to_f32(ks[c]);
       encode_page_codes(pcode_key.data(), pcode_lo.data(), pcode_hi.data(), d,
                         pcodes.data() + (ph * cfg.page_size + slot) * pcode_row);
+    }
+    copy_to_channels(page, h, moved ? 0 : last, last);
+  }
+
+  // Index of (page, head, channel) in the channel-major copies: [head][channel][page].
+  std::size_t chan_at(std::int32_t page, int h, int c) const {
+    return (static_cast<std::size_t>(h) * cfg.head_dim + static_cast<std::size_t>(c)) *
+               static_cast<std::size_t>(cfg.capacity_pages) +
+           static_cast<std::size_t>(page);
+  }
+
+  // The channel-major copy of (page, head)'s ranges and of its rows [from, last] (PageCodesView).
+  void copy_to_channels(std::int32_t page, int h, int from, int last) {
+    const int d = cfg.head_dim;
+    const std::size_t ph = static_cast<std::size_t>(page) * cfg.num_kv_heads + h;
+    for (int c = 0; c < d; ++c) {
+      const std::size_t at = chan_at(page, h, c);
+      cranges[2 * at] = prange_min[ph * d + c];
+      cranges[2 * at + 1] = prange_max[ph * d + c];
+      std::uint8_t* word = ccodes.data() + at * cword;
+      for (int slot = from; slot <= last; ++slot) {
+        const std::uint8_t* row = pcodes.data() + (ph * cfg.page_size + slot) * pcode_row;
+        const int code = (row[c >> 2] >> (2 * (c & 3))) & 3;
+        std::uint8_t& byte = word[slot >> 2];
+        const int shift = 2 * (slot & 3);
+        byte = static_cast<std::uint8_t>((byte & ~(3 << shift)) | (code << shift));
+      }
     }
   }
 
@@ -523,7 +563,8 @@ PageCodesView PagedKVCache::page_codes() const {
   if (!m.cfg.page_codes) return {};
   return {m.pcodes.data(),     m.cfg.capacity_pages, m.cfg.num_kv_heads,
           m.cfg.page_size,     m.cfg.head_dim,       m.prange_min.data(),
-          m.prange_max.data(), m.prange_grid.data()};
+          m.prange_max.data(), m.prange_grid.data(), m.ccodes.data(),
+          m.cranges.data()};
 }
 
 SelectorKeysView PagedKVCache::selector_keys() const {

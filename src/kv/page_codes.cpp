@@ -6,6 +6,7 @@
 #include <limits>
 
 #include "core/cpu_features.hpp"
+#include "masskv/kv/paged_kv.hpp"
 #include "kv/page_codes_kernels.hpp"
 
 namespace masskv::kv {
@@ -144,6 +145,33 @@ double page_code_score(const CodeQuery& q, const PageRange8& r, const std::uint8
   const double base = static_cast<double>(r.lo) * static_cast<double>(q.sum);
   const double third = static_cast<double>(r.step) / 3.0;
   return q.unit * (base + third * static_cast<double>(I));
+}
+
+void channel_code_sums(const PageCodesView& pc, int head, const std::int32_t* phys,
+                       std::int64_t n, const std::int32_t* ch, int r, const CodeQuery* q, int nh,
+                       std::int32_t* I) {
+  const int P = pc.page_size, wb = pc.chan_word_bytes();
+  const std::int64_t pages = (n + P - 1) / P;
+  for (int k = 0; k < r; ++k) {  // channel by channel: each a contiguous run of words
+    const int c = ch[k];
+    const std::uint8_t* words = pc.chan_row(head, c);
+    const std::uint8_t* ranges = pc.chan_range_row(head, c);
+    for (std::int64_t j = 0; j < pages; ++j) {
+      const std::int64_t at = phys[j];
+      const std::uint8_t* w = words + at * wb;
+      const int a = ranges[2 * at], width = ranges[2 * at + 1] - a;
+      const int slots = static_cast<int>(std::min<std::int64_t>(P, n - j * P));
+      for (int i = 0; i < nh; ++i) {
+        const int qc = q[i].q8[c];
+        if (qc == 0) continue;
+        std::int32_t* out = I + static_cast<std::int64_t>(i) * n + j * P;
+        for (int t = 0; t < slots; ++t) {
+          const int v = 3 * a + ((w[t >> 2] >> (2 * (t & 3))) & 3) * width;
+          out[t] += qc * v;
+        }
+      }
+    }
+  }
 }
 
 void page_code_scores(const CodeQuery* q, int nh, const PageRange8& r, const std::uint8_t* rows,

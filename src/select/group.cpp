@@ -106,6 +106,11 @@ double row_lse(const double* v, int n) {
 
 }  // namespace
 
+void pool_log_prob(const double* rank, int n, double* agg) {
+  const double lse = row_lse(rank, n);
+  for (int j = 0; j < n; ++j) agg[j] = std::max(agg[j], rank[j] - lse);
+}
+
 int fill_ranked(const Group& G, Scratch& S, const Ranked& r, int count, int cap, double p,
                 int floor) {
   const int n = G.n;
@@ -136,8 +141,7 @@ int fill_ranked(const Group& G, Scratch& S, const Ranked& r, int count, int cap,
       if (r.rank_is_mass) {
         for (int j = 0; j < n; ++j) agg[j] += rank[j] / g;
       } else if (r.log_prob) {  // the max over heads of the head's log-probability
-        const double lse = row_lse(rank, n);
-        for (int j = 0; j < n; ++j) agg[j] = std::max(agg[j], rank[j] - lse);
+        pool_log_prob(rank, n, agg);
       } else {
         for (int j = 0; j < n; ++j) agg[j] = std::max(agg[j], rank[j]);
       }

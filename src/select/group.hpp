@@ -136,6 +136,10 @@ struct Scratch {
 int fill(std::vector<Voter>& voters, std::size_t nv, std::vector<std::uint8_t>& in,
          std::span<const std::int32_t> kept, int count, int cap, double p, int floor);
 
+// GroupRule::log_prob's pooling of one head's row of n ranks: agg[j] = max(agg[j], rank[j] −
+// the row's LSE) (select/log_prob.hpp's LSE; −inf ranks add nothing to it). Start agg at −inf.
+void pool_log_prob(const double* rank, int n, double* agg);
+
 // w <- exp(w - max w) / sum: masses from log-weights.
 void normalise_log(std::span<double> w);
 // w <- w / sum (unchanged when the sum is 0).

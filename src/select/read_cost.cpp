@@ -2,6 +2,7 @@
 #include "masskv/select/read_cost.hpp"
 
 #include <algorithm>
+#include <cmath>
 
 #include "masskv/kv/key_formats.hpp"
 #include "masskv/kv/page_codes.hpp"
@@ -44,8 +45,25 @@ double selector_read_bytes(const SelectorConfig& c, const kv::PageTable& t, cons
       case Method::learned:
         bytes += L * s.learned_row_bytes;
         break;
-      case Method::token_codes:  // every page's code range (8-bit), every code
-        bytes += H * (P * ranges + L * kv::page_code_bytes(s.head_dim));
+      case Method::token_codes:
+        if (c.code_channels < 1) {
+          // Two passes: the chosen channels' codes and ranges of every page from the
+          // channel-major copy, every page's grid; then the candidates' whole code rows and
+          // the whole ranges of the pages holding them — at most one page per candidate (an
+          // upper bound: the candidates share pages, 3.6 to a page in the selection lab).
+          const int r = std::clamp(static_cast<int>(std::lround(c.code_channels * d)), 1,
+                                   s.head_dim);
+          const double word = (s.page_size + 3) / 4;
+          const std::int64_t kept_n =
+              kept_tokens(pages, length, s.page_size, c.sink_pages, c.window_tokens).count(length);
+          const std::int64_t cap = std::min(length, std::max(kept_n, c.budget.tokens));
+          const double cand = static_cast<double>(std::min<std::int64_t>(
+              length, static_cast<std::int64_t>(c.code_candidates) * cap));
+          bytes += H * (r * P * (word + 2.0) + P * 8.0 +
+                        cand * kv::page_code_bytes(s.head_dim) + std::min(P, cand) * 2.0 * d);
+        } else {  // every page's code range (8-bit), every code
+          bytes += H * (P * ranges + L * kv::page_code_bytes(s.head_dim));
+        }
         break;
       case Method::two_stage: {
         // Stage 1 reads every page's bounds; stage 2 the code ranges of the candidate pages

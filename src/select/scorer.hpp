@@ -41,6 +41,9 @@ struct Want {
   // Items to rank (kListed scorers only): rows are then [row][items.size()] in list order.
   // Empty: every item of the group.
   std::span<const std::int32_t> items = {};
+  // The rule's cap on the group's items (0: not given), for scorers whose work depends on it
+  // (page_codes' two passes).
+  int cap = 0;
 };
 
 struct Scorer {

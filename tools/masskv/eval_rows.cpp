@@ -35,6 +35,14 @@ const Modifier kModifiers[] = {
     {"rr", "token_codes", "the q heads' round robin (each head in turn takes its best token): "
      "token_codes' rule before 2026-12-06",
      [](select::SelectorConfig& c) { c.group = select::GroupRule::union_heads; }},
+    {"twopass", "token_codes",
+     "two passes: every token on the 3/8 of the channels with the largest |q| (the codes' "
+     "channel-major copy), its best 2 × the budget on every channel "
+     "(docs/results/lab-smollm2/cascade/)",
+     [](select::SelectorConfig& c) {
+       c.code_channels = 0.375;
+       c.code_candidates = 2;
+     }},
     // Any selector (method ""): the first layers dense, counted in the budget.
     {"dense1", "", "the first layer decodes densely, its reads counted in the budget",
      [](select::SelectorConfig& c) { c.dense_layers = 1; }},

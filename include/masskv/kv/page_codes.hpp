@@ -71,4 +71,14 @@ void page_code_scores(const CodeQuery* q, int nh, const PageRange8& r, const std
                       const std::int32_t* slots, int n, int d, double* out,
                       std::size_t out_stride);
 
+struct PageCodesView;
+
+// The first pass of token_codes' two passes (select::SelectorConfig::code_channels), from the
+// channel-major copy: I[i * n + t] += Σ_{c in ch} q[i].q8[c] · v_tc for the n tokens of kv head
+// `head` held by pages phys[0..) in logical order (token t in page t / page_size), v_tc the
+// decoded level 3 a_c + code_c (b_c − a_c) of the definition above. Exact int32.
+void channel_code_sums(const PageCodesView& pc, int head, const std::int32_t* phys,
+                       std::int64_t n, const std::int32_t* ch, int r, const CodeQuery* q, int nh,
+                       std::int32_t* I);
+
 }  // namespace masskv::kv

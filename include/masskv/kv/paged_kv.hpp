@@ -122,10 +122,27 @@ struct PageCodesView {
   const std::uint8_t* range_max = nullptr;  // [page][kv_head][head_dim]
   const float* grid = nullptr;              // [page][kv_head][2]: lo, step
 
+  // The same codes and ranges channel-major, so that a scorer reading a subset of the channels
+  // (token_codes' first pass, SelectorConfig::code_channels) reads each chosen channel of every
+  // page as one contiguous run: chan_codes [kv_head][channel][page][(page_size + 3) / 4] (slot s
+  // at byte s / 4, bits 2 (s % 4)), chan_ranges [kv_head][channel][page][2] (a, b).
+  const std::uint8_t* chan_codes = nullptr;
+  const std::uint8_t* chan_ranges = nullptr;
+
   bool empty() const { return codes == nullptr; }
   const std::uint8_t* row(std::int32_t page, int head, int slot) const {
     return codes + ((static_cast<std::int64_t>(page) * num_kv_heads + head) * page_size + slot) *
                        ((head_dim + 3) / 4);
+  }
+  int chan_word_bytes() const { return (page_size + 3) / 4; }
+  // Channel c of kv head `head`: every page's code bytes ([page][chan_word_bytes()]) and ranges
+  // ([page][2]).
+  const std::uint8_t* chan_row(int head, int c) const {
+    return chan_codes + (static_cast<std::int64_t>(head) * head_dim + c) * num_pages *
+                            chan_word_bytes();
+  }
+  const std::uint8_t* chan_range_row(int head, int c) const {
+    return chan_ranges + (static_cast<std::int64_t>(head) * head_dim + c) * num_pages * 2;
   }
   PageRange8 range(std::int32_t page, int head) const {
     const std::int64_t ph = static_cast<std::int64_t>(page) * num_kv_heads + head;

@@ -14,7 +14,7 @@ namespace {
 int select(const Context& X, const Group& G, Scratch& S, const Limits& L, double* estimate,
            std::uint8_t&) {
   const bool mass = (X.scorer->provides & kMass) != 0;
-  X.scorer->score(X, G, S, Want{.rank = true, .mass = mass});
+  X.scorer->score(X, G, S, Want{.rank = true, .mass = mass, .cap = L.cap});
   const int rows = score_rows(X, G);
   const Ranked r{.rank = S.rank.data(),
                  .mass = mass ? S.mass.data() : nullptr,

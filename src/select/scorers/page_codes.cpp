@@ -2,14 +2,19 @@
 // each key, per channel, as one of four levels of its page's range on an 8-bit grid; the score
 // in integers), page by page with every q head at once. It ranks the tokens of a given list
 // (two_stage's candidates) or every token (token_codes), reading their codes and the ranges.
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
 #include "masskv/error.hpp"
 #include "masskv/kv/page_codes.hpp"
+#include "masskv/kv/paged_kv.hpp"
 #include "select/scorer.hpp"
 
 namespace masskv::select::detail {
 namespace {
 
-void check(const SelectArgs& a, const SelectorConfig&) {
+void check(const SelectArgs& a, const SelectorConfig& c) {
   using enum ErrorCode;
   const kv::PageCodesView& pc = a.page_codes;
   require(!pc.empty(), invalid_argument, "page_codes",
@@ -19,42 +24,145 @@ void check(const SelectArgs& a, const SelectorConfig&) {
           shape_mismatch, "page_codes", "shape differs from the cache's");
   require(pc.range_min != nullptr && pc.range_max != nullptr && pc.grid != nullptr,
           invalid_argument, "page_codes", "the ranges (range_min, range_max, grid) are missing");
+  require(c.code_channels > 0 && c.code_channels <= 1, invalid_argument, "code_channels",
+          "must be in (0, 1], got ", c.code_channels);
+  require(c.code_channels == 1 || c.code_candidates >= 1, invalid_argument, "code_candidates",
+          "must be >= 1, got ", c.code_candidates);
+  require(c.code_channels == 1 || (pc.chan_codes != nullptr && pc.chan_ranges != nullptr),
+          invalid_argument, "page_codes",
+          "two passes (code_channels < 1) read the codes' channel-major copy (chan_codes, "
+          "chan_ranges), which is missing");
 }
 
-void score(const Context& X, const Group& G, Scratch& S, const Want& want) {
-  thread_local std::vector<float> qs;
-  thread_local std::vector<std::int16_t> q8;
-  thread_local std::vector<kv::CodeQuery> cq;
-  thread_local std::vector<std::int32_t> slots;
-  S.mass.clear();
-  if (!want.rank) return;
-  const int P = G.page_size, g = G.g, d = X.d;
-  const std::span<const std::int32_t> items = want.items;
-  const int K = items.empty() ? G.n : static_cast<int>(items.size());
-  auto item = [&](int k) { return items.empty() ? k : items[static_cast<std::size_t>(k)]; };
-  S.rank.resize(static_cast<std::size_t>(g) * static_cast<std::size_t>(K));
+// Each q head's integer form, once per group (qs: scratch of d floats).
+void group_queries(const Context& X, const Group& G, std::vector<float>& qs,
+                   std::vector<std::int16_t>& q8, std::vector<kv::CodeQuery>& cq) {
+  const int g = G.g, d = X.d;
   qs.resize(static_cast<std::size_t>(d));
   q8.resize(static_cast<std::size_t>(g) * static_cast<std::size_t>(d));
   cq.resize(static_cast<std::size_t>(g));
-  slots.resize(static_cast<std::size_t>(P));
-  for (int i = 0; i < g; ++i) {  // each q head's integer form, once per group
+  for (int i = 0; i < g; ++i) {
     const float* q = qrow(X, G.b, G.h * X.gsize + i);
     for (int x = 0; x < d; ++x) qs[static_cast<std::size_t>(x)] = q[x] * X.scale;
     cq[static_cast<std::size_t>(i)] =
         kv::code_query(qs.data(), d, q8.data() + static_cast<std::size_t>(i) * d);
   }
+}
+
+// Full scores of the listed tokens (ascending), page by page with every q head at once:
+// out[i * stride + k] for the k-th item.
+void score_items(const Context& X, const Group& G, const kv::CodeQuery* cq,
+                 std::span<const std::int32_t> items, int K, double* out, std::size_t stride) {
+  thread_local std::vector<std::int32_t> slots;
+  const int P = G.page_size;
+  slots.resize(static_cast<std::size_t>(P));
+  auto item = [&](int k) { return items.empty() ? k : items[static_cast<std::size_t>(k)]; };
   const kv::PageCodesView& pc = X.a.page_codes;
-  for (int k = 0; k < K;) {  // page by page, every head at once
+  for (int k = 0; k < K;) {
     const int j = item(k) / P;
     const std::int32_t phys = G.phys[static_cast<std::size_t>(j)];
     int n = 0;
     for (; n < P && k + n < K && item(k + n) / P == j; ++n) {
       slots[static_cast<std::size_t>(n)] = item(k + n) - j * P;
     }
-    kv::page_code_scores(cq.data(), g, pc.range(phys, G.h), pc.row(phys, G.h, 0), slots.data(), n,
-                         d, rank_row(S, K, 0) + k, static_cast<std::size_t>(K));
+    kv::page_code_scores(cq, G.g, pc.range(phys, G.h), pc.row(phys, G.h, 0), slots.data(), n,
+                         X.d, out + k, stride);
     k += n;
   }
+}
+
+// SelectorConfig::code_channels < 1: pass 1 on the group's chosen channels for every token,
+// pooled by the heads' log-probabilities; its best code_candidates × cap tokens (with the kept
+// ones) scored on every channel; the other tokens ranked -inf, so that the rule's pooling takes
+// each head's LSE over the candidates.
+void score_two_passes(const Context& X, const Group& G, Scratch& S, const Want& want,
+                      std::vector<kv::CodeQuery>& cq, const std::vector<std::int16_t>& q8) {
+  thread_local std::vector<double> weight, pooled;
+  thread_local std::vector<std::int32_t> ch, sums, cand, best;
+  thread_local std::vector<std::uint8_t> open;
+  thread_local std::vector<kv::CodeQuery> part;
+  thread_local std::vector<double> full;
+  const int n = G.n, g = G.g, d = X.d, P = G.page_size;
+  const auto N = static_cast<std::size_t>(n);
+  // The chosen channels: the largest sums over the heads of |q_c| (ties: the lower channel).
+  weight.assign(static_cast<std::size_t>(d), 0.0);
+  for (int i = 0; i < g; ++i) {
+    const float* q = qrow(X, G.b, G.h * X.gsize + i);
+    for (int c = 0; c < d; ++c) weight[static_cast<std::size_t>(c)] += std::fabs(q[c]);
+  }
+  const int r = std::clamp(static_cast<int>(std::lround(X.c.code_channels * d)), 1, d);
+  order_by(weight.data(), d, nullptr, r, ch);
+  std::sort(ch.begin(), ch.end());  // memory order
+  // Pass 1: integer sums over the chosen channels, then the definition's f64 operations with
+  // the chosen channels' Q.
+  part.assign(cq.begin(), cq.end());
+  for (int i = 0; i < g; ++i) {
+    std::int32_t Q = 0;
+    for (const std::int32_t c : ch) Q += q8[static_cast<std::size_t>(i) * d + c];
+    part[static_cast<std::size_t>(i)].sum = Q;
+  }
+  sums.assign(static_cast<std::size_t>(g) * N, 0);
+  kv::channel_code_sums(X.a.page_codes, G.h, G.phys.data(), n, ch.data(), r, part.data(), g,
+                        sums.data());
+  S.rank.resize(static_cast<std::size_t>(g) * N);
+  pooled.assign(N, -kInf);
+  for (int i = 0; i < g; ++i) {
+    const kv::CodeQuery& cq1 = part[static_cast<std::size_t>(i)];
+    double* row = rank_row(S, n, i);
+    const std::int32_t* I = sums.data() + static_cast<std::size_t>(i) * N;
+    for (int j = 0; j * P < n; ++j) {
+      const kv::PageRange8 rg = X.a.page_codes.range(G.phys[static_cast<std::size_t>(j)], G.h);
+      const double base = static_cast<double>(rg.lo) * static_cast<double>(cq1.sum);
+      const double third = static_cast<double>(rg.step) / 3.0;
+      for (int t = j * P; t < std::min(n, (j + 1) * P); ++t) {
+        row[t] = cq1.unit * (base + third * static_cast<double>(I[t]));
+      }
+    }
+    pool_log_prob(row, n, pooled.data());
+  }
+  // The candidates: the kept tokens and the pooled ranking's best others, up to
+  // code_candidates × cap in all.
+  const int want_n = static_cast<int>(
+      std::min<std::int64_t>(n, static_cast<std::int64_t>(X.c.code_candidates) * want.cap));
+  open.resize(N);
+  int kept = 0;
+  for (std::size_t t = 0; t < N; ++t) {
+    open[t] = S.in[t] ? 0 : 1;
+    kept += S.in[t] ? 1 : 0;
+  }
+  order_by(pooled.data(), n, open.data(), std::max(0, want_n - kept), best);
+  cand.clear();
+  for (std::size_t t = 0; t < N; ++t) {
+    if (S.in[t]) cand.push_back(static_cast<std::int32_t>(t));
+  }
+  cand.insert(cand.end(), best.begin(), best.end());
+  std::sort(cand.begin(), cand.end());
+  // Pass 2: every channel of the candidates (today's scores), -inf for the rest.
+  const int K = static_cast<int>(cand.size());
+  full.resize(static_cast<std::size_t>(g) * static_cast<std::size_t>(K));
+  score_items(X, G, cq.data(), cand, K, full.data(), static_cast<std::size_t>(K));
+  std::fill(S.rank.begin(), S.rank.end(), -kInf);
+  for (int i = 0; i < g; ++i) {
+    double* row = rank_row(S, n, i);
+    const double* f = full.data() + static_cast<std::size_t>(i) * K;
+    for (int k = 0; k < K; ++k) row[cand[static_cast<std::size_t>(k)]] = f[k];
+  }
+}
+
+void score(const Context& X, const Group& G, Scratch& S, const Want& want) {
+  thread_local std::vector<float> qs;
+  thread_local std::vector<std::int16_t> q8;
+  thread_local std::vector<kv::CodeQuery> cq;
+  S.mass.clear();
+  if (!want.rank) return;
+  group_queries(X, G, qs, q8, cq);
+  if (X.c.code_channels < 1 && want.items.empty() && want.cap > 0) {
+    score_two_passes(X, G, S, want, cq, q8);
+    return;
+  }
+  const int K = want.items.empty() ? G.n : static_cast<int>(want.items.size());
+  S.rank.resize(static_cast<std::size_t>(G.g) * static_cast<std::size_t>(K));
+  score_items(X, G, cq.data(), want.items, K, rank_row(S, K, 0), static_cast<std::size_t>(K));
 }
 
 }  // namespace
