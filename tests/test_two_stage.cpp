@@ -317,6 +317,40 @@ std::vector<std::int32_t> ranked(const std::vector<std::pair<double, std::int32_
   return ids;
 }
 
+// GroupRule::log_prob's pooling of one head's scores over the items x with live[x] (every item
+// when live is empty): agg[x] = max(agg[x], sc[x] − the head's LSE over them), the LSE of
+// select/log_prob.hpp (checked against std::exp in LogProbLseMatchesALongDoubleReference) summed
+// backwards: the integer sum does not depend on the order.
+void reference_pool_log_prob(const std::vector<double>& sc, const std::vector<std::uint8_t>& live,
+                             std::vector<double>& agg) {
+  const auto on = [&](std::size_t x) { return live.empty() || live[x] != 0; };
+  double m = -std::numeric_limits<double>::infinity();
+  for (std::size_t x = 0; x < sc.size(); ++x) m = on(x) ? std::max(m, sc[x]) : m;
+  std::uint64_t sum = 0;
+  for (std::size_t x = sc.size(); x-- > 0;) sum += on(x) ? select::lse_term(sc[x] - m) : 0;
+  const double lse = select::lse_finish(m, sum);
+  for (std::size_t x = 0; x < sc.size(); ++x) {
+    if (on(x)) agg[x] = std::max(agg[x], sc[x] - lse);
+  }
+}
+
+// One ranking by `score` filled into `in` (count items in) up to `cap`; returns the count.
+int reference_fill_by(const std::vector<double>& score, std::vector<std::uint8_t>& in, int count,
+                      int cap) {
+  std::vector<std::pair<double, std::int32_t>> items;
+  for (std::size_t x = 0; x < score.size(); ++x) items.push_back({score[x], static_cast<std::int32_t>(x)});
+  return reference_fill({ranked(items)}, in, count, cap);
+}
+
+// The items of `in`, ascending: a selection list.
+std::vector<std::int32_t> ids_in(const std::vector<std::uint8_t>& in) {
+  std::vector<std::int32_t> ids;
+  for (std::size_t x = 0; x < in.size(); ++x) {
+    if (in[x]) ids.push_back(static_cast<std::int32_t>(x));
+  }
+  return ids;
+}
+
 // Kept tokens of sequence b (in[x] = 1): sink pages' tokens, the last window_tokens tokens
 // (from the start of the page they begin in when that is the last page), the last page.
 std::vector<std::uint8_t> reference_kept(const test::SelCase& c, const select::SelectorConfig& cfg,
@@ -431,11 +465,7 @@ std::vector<std::int32_t> reference_two_stage(const test::SelCase& c, const sele
   } else {
     reference_fill(orders, in, count, cap);
   }
-  std::vector<std::int32_t> list;
-  for (std::int64_t x = 0; x < L; ++x) {
-    if (in[static_cast<std::size_t>(x)]) list.push_back(static_cast<std::int32_t>(x));
-  }
-  return list;
+  return ids_in(in);
 }
 
 TEST(TwoStage, MatchesThePlainReferenceOfItsRule) {
@@ -569,32 +599,17 @@ TEST(TokenCodes, LogProbGroupRuleMatchesThePlainReference) {
               std::vector<std::int16_t> q8;
               const kv::CodeQuery cq = reference_query(c, b, h * g + i, q8);
               std::vector<double> sc(static_cast<std::size_t>(L));
-              double m = -std::numeric_limits<double>::infinity();
               for (std::int64_t x = 0; x < L; ++x) {
                 sc[x] = kv::page_code_score(cq, pc.range(phys[x / P], h),
                                             pc.row(phys[x / P], h, static_cast<int>(x % P)), 32);
-                m = std::max(m, sc[x]);
               }
-              // The rule's LSE (select/log_prob.hpp, checked against std::exp below), summed
-              // backwards: the integer sum does not depend on the order.
-              std::uint64_t sum = 0;
-              for (std::int64_t x = L - 1; x >= 0; --x) sum += select::lse_term(sc[x] - m);
-              const double lse = select::lse_finish(m, sum);
-              for (std::int64_t x = 0; x < L; ++x) agg[x] = std::max(agg[x], sc[x] - lse);
+              reference_pool_log_prob(sc, {}, agg);
             }
             std::vector<std::uint8_t> in = reference_kept(c, cfg, b);
-            int count = static_cast<int>(std::count(in.begin(), in.end(), 1));
+            const int count = static_cast<int>(std::count(in.begin(), in.end(), 1));
             const int cap = static_cast<int>(std::min<std::int64_t>(L, std::max<std::int64_t>(count, cfg.budget.tokens)));
-            std::vector<std::pair<double, std::int32_t>> items;
-            for (std::int64_t x = 0; x < L; ++x) items.push_back({agg[x], static_cast<std::int32_t>(x)});
-            for (const std::int32_t x : ranked(items)) {
-              if (count >= cap) break;
-              if (!in[x]) in[x] = 1, ++count;
-            }
-            std::vector<std::int32_t> want;
-            for (std::int64_t x = 0; x < L; ++x) {
-              if (in[x]) want.push_back(static_cast<std::int32_t>(x));
-            }
+            reference_fill_by(agg, in, count, cap);
+            const std::vector<std::int32_t> want = ids_in(in);
             const auto x = got.selection.view().list(b, h);
             ASSERT_EQ(std::vector<std::int32_t>(x.begin(), x.end()), want)
                 << "P " << P << " g " << g << " trial " << trial << " b " << b << " h " << h;
@@ -658,7 +673,7 @@ TEST(TokenCodes, TwoPassesMatchThePlainReferenceOfTheirRule) {
             std::vector<std::int32_t> ch = ranked(w);
             ch.resize(static_cast<std::size_t>(r));
             std::vector<std::uint8_t> in = reference_kept(c, cfg, b);
-            int count = static_cast<int>(std::count(in.begin(), in.end(), 1));
+            const int count = static_cast<int>(std::count(in.begin(), in.end(), 1));
             const int cap = static_cast<int>(std::min<std::int64_t>(L, std::max<std::int64_t>(count, cfg.budget.tokens)));
             std::vector<std::vector<double>> full(static_cast<std::size_t>(g));
             std::vector<double> pooled(static_cast<std::size_t>(L), -inf);
@@ -680,42 +695,15 @@ TEST(TokenCodes, TwoPassesMatchThePlainReferenceOfTheirRule) {
                 part[x] = cq.unit * (static_cast<double>(rg.lo) * Q1 + static_cast<double>(rg.step) / 3.0 * I);
                 full[i][x] = kv::page_code_score(cq, rg, row, 32);
               }
-              const double m = *std::max_element(part.begin(), part.end());
-              std::uint64_t sum = 0;
-              for (std::int64_t x = 0; x < L; ++x) sum += select::lse_term(part[x] - m);
-              const double lse = select::lse_finish(m, sum);
-              for (std::int64_t x = 0; x < L; ++x) pooled[x] = std::max(pooled[x], part[x] - lse);
+              reference_pool_log_prob(part, {}, pooled);
             }
             std::vector<std::uint8_t> cand = in;
             const std::int64_t want_n = std::min<std::int64_t>(L, static_cast<std::int64_t>(cfg.code_candidates) * cap);
-            std::int64_t nc = count;
-            std::vector<std::pair<double, std::int32_t>> items;
-            for (std::int64_t x = 0; x < L; ++x) items.push_back({pooled[x], static_cast<std::int32_t>(x)});
-            for (const std::int32_t x : ranked(items)) {
-              if (nc >= want_n) break;
-              if (!cand[x]) cand[x] = 1, ++nc;
-            }
+            reference_fill_by(pooled, cand, count, static_cast<int>(want_n));
             std::vector<double> agg(static_cast<std::size_t>(L), -inf);
-            for (int i = 0; i < g; ++i) {
-              double m = -inf;
-              for (std::int64_t x = 0; x < L; ++x) m = cand[x] ? std::max(m, full[i][x]) : m;
-              std::uint64_t sum = 0;
-              for (std::int64_t x = 0; x < L; ++x) sum += cand[x] ? select::lse_term(full[i][x] - m) : 0;
-              const double lse = select::lse_finish(m, sum);
-              for (std::int64_t x = 0; x < L; ++x) {
-                if (cand[x]) agg[x] = std::max(agg[x], full[i][x] - lse);
-              }
-            }
-            items.clear();
-            for (std::int64_t x = 0; x < L; ++x) items.push_back({agg[x], static_cast<std::int32_t>(x)});
-            for (const std::int32_t x : ranked(items)) {
-              if (count >= cap) break;
-              if (!in[x]) in[x] = 1, ++count;
-            }
-            std::vector<std::int32_t> want;
-            for (std::int64_t x = 0; x < L; ++x) {
-              if (in[x]) want.push_back(static_cast<std::int32_t>(x));
-            }
+            for (int i = 0; i < g; ++i) reference_pool_log_prob(full[i], cand, agg);
+            reference_fill_by(agg, in, count, cap);
+            const std::vector<std::int32_t> want = ids_in(in);
             const auto x = got.selection.view().list(b, h);
             ASSERT_EQ(std::vector<std::int32_t>(x.begin(), x.end()), want)
                 << "P " << P << " g " << g << " trial " << trial << " b " << b << " h " << h;

@@ -371,7 +371,7 @@ struct PagedKVCache::Impl {
       std::uint8_t* word = ccodes.data() + at * cword;
       for (int slot = from; slot <= last; ++slot) {
         const std::uint8_t* row = pcodes.data() + (ph * cfg.page_size + slot) * pcode_row;
-        const int code = (row[c >> 2] >> (2 * (c & 3))) & 3;
+        const int code = code_of(row, c);
         std::uint8_t& byte = word[slot >> 2];
         const int shift = 2 * (slot & 3);
         byte = static_cast<std::uint8_t>((byte & ~(3 << shift)) | (code << shift));

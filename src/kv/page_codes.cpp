@@ -21,8 +21,6 @@ std::uint8_t level(float x, float lo, float hi) {
   return static_cast<std::uint8_t>(t <= 0 ? 0 : t >= 3 ? 3 : t);
 }
 
-int code_at(const std::uint8_t* codes, int c) { return (codes[c >> 2] >> (2 * (c & 3))) & 3; }
-
 }  // namespace
 
 float dequant8(std::uint8_t code, float lo, float step) {
@@ -112,7 +110,7 @@ void encode_page_codes(const float* x, const float* lo, const float* hi, int d,
 
 void decode_page_codes(const std::uint8_t* codes, const PageRange8& r, int d, float* out) {
   for (int c = 0; c < d; ++c) {
-    const int v = 3 * r.a[c] + code_at(codes, c) * (r.b[c] - r.a[c]);
+    const int v = 3 * r.a[c] + code_of(codes, c) * (r.b[c] - r.a[c]);
     out[c] = static_cast<float>(r.lo + static_cast<double>(r.step) * v / 3.0);
   }
 }
@@ -139,12 +137,9 @@ CodeQuery code_query(const float* q, int d, std::int16_t* q8) {
 double page_code_score(const CodeQuery& q, const PageRange8& r, const std::uint8_t* codes, int d) {
   std::int32_t I = 0;
   for (int c = 0; c < d; ++c) {
-    I += q.q8[c] * (3 * r.a[c] + code_at(codes, c) * (r.b[c] - r.a[c]));
+    I += q.q8[c] * (3 * r.a[c] + code_of(codes, c) * (r.b[c] - r.a[c]));
   }
-  // The definition's f64 operations, in its order (kv/page_codes.hpp).
-  const double base = static_cast<double>(r.lo) * static_cast<double>(q.sum);
-  const double third = static_cast<double>(r.step) / 3.0;
-  return q.unit * (base + third * static_cast<double>(I));
+  return code_score(q.unit, q.sum, r, I);
 }
 
 void channel_code_sums(const PageCodesView& pc, int head, const std::int32_t* phys,
@@ -166,7 +161,7 @@ void channel_code_sums(const PageCodesView& pc, int head, const std::int32_t* ph
         if (qc == 0) continue;
         std::int32_t* out = I + static_cast<std::int64_t>(i) * n + j * P;
         for (int t = 0; t < slots; ++t) {
-          const int v = 3 * a + ((w[t >> 2] >> (2 * (t & 3))) & 3) * width;
+          const int v = 3 * a + code_of(w, t) * width;
           out[t] += qc * v;
         }
       }

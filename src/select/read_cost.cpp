@@ -3,10 +3,12 @@
 
 #include <algorithm>
 #include <cmath>
+#include <utility>
 
 #include "masskv/kv/key_formats.hpp"
 #include "masskv/kv/page_codes.hpp"
 #include "select/kept.hpp"
+#include "select/scorer.hpp"
 
 namespace masskv::select {
 
@@ -20,6 +22,13 @@ double selector_read_bytes(const SelectorConfig& c, const kv::PageTable& t, cons
     const int pages = t.num_pages(b);
     const std::int64_t length = t.length(b, s.page_size);
     const double P = pages, L = static_cast<double>(length);
+    // The token rules' cap: the budget, or the kept tokens when they are more (and its kept
+    // count).
+    const auto token_cap = [&] {
+      const std::int64_t kept_n =
+          kept_tokens(pages, length, s.page_size, c.sink_pages, c.window_tokens).count(length);
+      return std::pair{kept_n, std::min(length, std::max(kept_n, c.budget.tokens))};
+    };
     switch (c.method) {
       case Method::dense:
       case Method::sink_recent:
@@ -51,14 +60,10 @@ double selector_read_bytes(const SelectorConfig& c, const kv::PageTable& t, cons
           // channel-major copy, every page's grid; then the candidates' whole code rows and
           // the whole ranges of the pages holding them — at most one page per candidate (an
           // upper bound: the candidates share pages, 3.6 to a page in the selection lab).
-          const int r = std::clamp(static_cast<int>(std::lround(c.code_channels * d)), 1,
-                                   s.head_dim);
+          const int r = detail::code_channel_count(c, s.head_dim);
           const double word = (s.page_size + 3) / 4;
-          const std::int64_t kept_n =
-              kept_tokens(pages, length, s.page_size, c.sink_pages, c.window_tokens).count(length);
-          const std::int64_t cap = std::min(length, std::max(kept_n, c.budget.tokens));
-          const double cand = static_cast<double>(std::min<std::int64_t>(
-              length, static_cast<std::int64_t>(c.code_candidates) * cap));
+          const std::int64_t cap = token_cap().second;
+          const double cand = static_cast<double>(detail::code_candidate_count(c, length, cap));
           bytes += H * (r * P * (word + 2.0) + P * 8.0 +
                         cand * kv::page_code_bytes(s.head_dim) + std::min(P, cand) * 2.0 * d);
         } else {  // every page's code range (8-bit), every code
@@ -67,13 +72,10 @@ double selector_read_bytes(const SelectorConfig& c, const kv::PageTable& t, cons
         break;
       case Method::two_stage: {
         // Stage 1 reads every page's bounds; stage 2 the code ranges of the candidate pages
-        // and the codes of their tokens. The
-        // cap is the rule's: the budget, or the kept tokens when they are more.
+        // and the codes of their tokens.
         const KeptRanges<int> kept =
             kept_pages(pages, length, s.page_size, c.sink_pages, c.window_tokens);
-        const std::int64_t kept_tokens_n =
-            kept_tokens(pages, length, s.page_size, c.sink_pages, c.window_tokens).count(length);
-        const std::int64_t cap = std::min(length, std::max(kept_tokens_n, c.budget.tokens));
+        const auto [kept_tokens_n, cap] = token_cap();
         const double cand = static_cast<double>(two_stage_candidates(
             pages, kept.count(pages), cap, s.page_size, c.candidate_factor));
         bytes += H * (P * bounds + std::max(0.0, cand) * (ranges + s.page_size *

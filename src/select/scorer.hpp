@@ -5,6 +5,8 @@
 // needs. The table from Method to {scorer, rule} is registry.cpp.
 #pragma once
 
+#include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <span>
 #include <string>
@@ -45,6 +47,17 @@ struct Want {
   // (page_codes' two passes).
   int cap = 0;
 };
+
+// Channels of token_codes' first pass (SelectorConfig::code_channels): round(f · d), at least
+// one.
+inline int code_channel_count(const SelectorConfig& c, int d) {
+  return std::clamp(static_cast<int>(std::lround(c.code_channels * d)), 1, d);
+}
+// Tokens its second pass rescores (the kept ones among them), for a rule's cap of `cap` of n.
+inline std::int64_t code_candidate_count(const SelectorConfig& c, std::int64_t n,
+                                         std::int64_t cap) {
+  return std::min<std::int64_t>(n, static_cast<std::int64_t>(c.code_candidates) * cap);
+}
 
 struct Scorer {
   std::string_view name;  // unique; SelectorConfig::scorer names it

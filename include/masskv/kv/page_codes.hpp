@@ -33,6 +33,12 @@ namespace masskv::kv {
 
 constexpr int page_code_bytes(int head_dim) { return (head_dim + 3) / 4; }
 
+// Code i of a packed run of 2-bit codes (byte i / 4, bits 2 (i % 4)): channel i of a row, or
+// slot i of a channel-major word (PageCodesView::chan_codes).
+inline int code_of(const std::uint8_t* packed, int i) {
+  return (packed[i >> 2] >> (2 * (i & 3))) & 3;
+}
+
 // The value of an 8-bit range code: fma(code, step, lo) in f32, one rounding.
 float dequant8(std::uint8_t code, float lo, float step);
 
@@ -62,6 +68,13 @@ struct CodeQuery {
   double unit = 0;       // max |q| / 127
 };
 CodeQuery code_query(const float* q, int d, std::int16_t* q8);
+// The definition's four f64 operations, in its order, from the integer sums: unit · (lo · Q +
+// (step / 3) · I), for a query of scale `unit` whose channels sum to Q (those the sum I covers).
+inline double code_score(double unit, std::int32_t Q, const PageRange8& r, std::int32_t I) {
+  const double base = static_cast<double>(r.lo) * static_cast<double>(Q);
+  const double third = static_cast<double>(r.step) / 3.0;
+  return unit * (base + third * static_cast<double>(I));
+}
 // The score of one row of codes (the reference every batched form equals).
 double page_code_score(const CodeQuery& q, const PageRange8& r, const std::uint8_t* codes, int d);
 // Many rows of one page under many queries at once, bit-equal to page_code_score (SIMD where

@@ -90,7 +90,7 @@ void score_two_passes(const Context& X, const Group& G, Scratch& S, const Want& 
     const float* q = qrow(X, G.b, G.h * X.gsize + i);
     for (int c = 0; c < d; ++c) weight[static_cast<std::size_t>(c)] += std::fabs(q[c]);
   }
-  const int r = std::clamp(static_cast<int>(std::lround(X.c.code_channels * d)), 1, d);
+  const int r = code_channel_count(X.c, d);
   order_by(weight.data(), d, nullptr, r, ch);
   std::sort(ch.begin(), ch.end());  // memory order
   // Pass 1: integer sums over the chosen channels, then the definition's f64 operations with
@@ -112,29 +112,23 @@ void score_two_passes(const Context& X, const Group& G, Scratch& S, const Want& 
     const std::int32_t* I = sums.data() + static_cast<std::size_t>(i) * N;
     for (int j = 0; j * P < n; ++j) {
       const kv::PageRange8 rg = X.a.page_codes.range(G.phys[static_cast<std::size_t>(j)], G.h);
-      const double base = static_cast<double>(rg.lo) * static_cast<double>(cq1.sum);
-      const double third = static_cast<double>(rg.step) / 3.0;
       for (int t = j * P; t < std::min(n, (j + 1) * P); ++t) {
-        row[t] = cq1.unit * (base + third * static_cast<double>(I[t]));
+        row[t] = kv::code_score(cq1.unit, cq1.sum, rg, I[t]);
       }
     }
     pool_log_prob(row, n, pooled.data());
   }
   // The candidates: the kept tokens and the pooled ranking's best others, up to
   // code_candidates × cap in all.
-  const int want_n = static_cast<int>(
-      std::min<std::int64_t>(n, static_cast<std::int64_t>(X.c.code_candidates) * want.cap));
+  const int want_n = static_cast<int>(code_candidate_count(X.c, n, want.cap));
   open.resize(N);
-  int kept = 0;
-  for (std::size_t t = 0; t < N; ++t) {
-    open[t] = S.in[t] ? 0 : 1;
-    kept += S.in[t] ? 1 : 0;
-  }
-  order_by(pooled.data(), n, open.data(), std::max(0, want_n - kept), best);
   cand.clear();
   for (std::size_t t = 0; t < N; ++t) {
+    open[t] = S.in[t] ? 0 : 1;
     if (S.in[t]) cand.push_back(static_cast<std::int32_t>(t));
   }
+  order_by(pooled.data(), n, open.data(), std::max(0, want_n - static_cast<int>(cand.size())),
+           best);
   cand.insert(cand.end(), best.begin(), best.end());
   std::sort(cand.begin(), cand.end());
   // Pass 2: every channel of the candidates (today's scores), -inf for the rest.
