@@ -184,6 +184,64 @@ TEST(PageCodes, BatchedScoresAreBitEqualToTheRowScore) {
   EXPECT_EQ(checked, 7 * 8 * (1 + 7 + 8 + 9 + 16 + 40));
 }
 
+// The first pass's channel sums (portable, AVX2 where the CPU has it, and the dispatcher) equal
+// the sums decoded from the token-major rows, for page sizes with and without the AVX2 path,
+// partial last pages, any channel subset and zero query levels.
+TEST(PageCodes, ChannelSumsEqualTheSumsOfTheTokenMajorRows) {
+  std::mt19937 rng(41);
+  int checked = 0;
+  for (int P : {4, 8, 16, 32}) {
+    for (int d : {16, 32}) {
+      test::SelCase c = test::random_case(rng, {5, 33, 130}, 4, 2, d, P, DType::f16, 2.0f, 0.5f,
+                                          0.7f, /*page_codes=*/true);
+      const kv::PageTable t = c.table.table();
+      const kv::PageCodesView pc = c.cache.page_codes();
+      const int nh = 2;
+      std::vector<std::int16_t> q8(static_cast<std::size_t>(nh) * d);
+      std::vector<kv::CodeQuery> cq(static_cast<std::size_t>(nh));
+      for (int i = 0; i < nh; ++i) {
+        cq[i] = kv::code_query(c.q.data() + static_cast<std::size_t>(i) * d, d, q8.data() + i * d);
+      }
+      q8[3] = 0;  // a zero level adds nothing
+      for (int b = 0; b < c.B; ++b) {
+        const std::int64_t n = t.length(b, P);
+        const std::int32_t* phys = t.indices.data() + t.indptr[b];
+        for (int h = 0; h < 2; ++h) {
+          std::vector<std::int32_t> ch;
+          for (int x = 0; x < d; ++x) {
+            if (rng() % 3 != 0 || x == 3) ch.push_back(x);
+          }
+          const int r = static_cast<int>(ch.size());
+          std::vector<std::int32_t> want(static_cast<std::size_t>(nh * n), 0);
+          for (int i = 0; i < nh; ++i) {
+            for (std::int64_t x = 0; x < n; ++x) {
+              const kv::PageRange8 rg = pc.range(phys[x / P], h);
+              const std::uint8_t* row = pc.row(phys[x / P], h, static_cast<int>(x % P));
+              for (const std::int32_t cc : ch) {
+                want[i * n + x] += q8[i * d + cc] * (3 * rg.a[cc] + kv::code_of(row, cc) * (rg.b[cc] - rg.a[cc]));
+              }
+            }
+          }
+          std::vector<std::int32_t> got(want.size(), 0), portable(want.size(), 0), simd;
+          kv::channel_code_sums(pc, h, phys, n, ch.data(), r, cq.data(), nh, got.data());
+          kv::detail::channel_code_sums_portable(pc, h, phys, n, ch.data(), r, cq.data(), nh,
+                                                 portable.data());
+          EXPECT_EQ(got, want) << "P " << P << " d " << d << " b " << b << " h " << h;
+          EXPECT_EQ(portable, want) << "P " << P << " d " << d << " b " << b << " h " << h;
+          if (cpu::has_avx2() && P % 8 == 0) {
+            simd.assign(want.size(), 0);
+            kv::detail::channel_code_sums_avx2(pc, h, phys, n, ch.data(), r, cq.data(), nh,
+                                               simd.data());
+            EXPECT_EQ(simd, want) << "P " << P << " d " << d << " b " << b << " h " << h;
+          }
+          ++checked;
+        }
+      }
+    }
+  }
+  EXPECT_EQ(checked, 4 * 2 * 3 * 2);
+}
+
 // Every (page, head, slot) of every live sequence holds the encoding of its stored key under
 // the page's current summary range on its 8-bit grid.
 template <class T>
@@ -700,6 +758,13 @@ TEST(TokenCodes, TwoPassesMatchThePlainReferenceOfTheirRule) {
             std::vector<std::uint8_t> cand = in;
             const std::int64_t want_n = std::min<std::int64_t>(L, static_cast<std::int64_t>(cfg.code_candidates) * cap);
             reference_fill_by(pooled, cand, count, static_cast<int>(want_n));
+            std::set<std::int64_t> cand_pages;  // whose ranges pass 2 reads
+            for (std::int64_t x = 0; x < L; ++x) {
+              if (cand[static_cast<std::size_t>(x)]) cand_pages.insert(x / P);
+            }
+            ASSERT_EQ(got.code_pages[static_cast<std::size_t>(b) * 2 + h],
+                      static_cast<std::int32_t>(cand_pages.size()));
+            ASSERT_EQ(one_pass.code_pages[static_cast<std::size_t>(b) * 2 + h], -1);
             std::vector<double> agg(static_cast<std::size_t>(L), -inf);
             for (int i = 0; i < g; ++i) reference_pool_log_prob(full[i], cand, agg);
             reference_fill_by(agg, in, count, cap);

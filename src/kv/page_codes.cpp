@@ -142,7 +142,9 @@ double page_code_score(const CodeQuery& q, const PageRange8& r, const std::uint8
   return code_score(q.unit, q.sum, r, I);
 }
 
-void channel_code_sums(const PageCodesView& pc, int head, const std::int32_t* phys,
+namespace detail {
+
+void channel_code_sums_portable(const PageCodesView& pc, int head, const std::int32_t* phys,
                        std::int64_t n, const std::int32_t* ch, int r, const CodeQuery* q, int nh,
                        std::int32_t* I) {
   const int P = pc.page_size, wb = pc.chan_word_bytes();
@@ -166,6 +168,18 @@ void channel_code_sums(const PageCodesView& pc, int head, const std::int32_t* ph
         }
       }
     }
+  }
+}
+
+}  // namespace detail
+
+void channel_code_sums(const PageCodesView& pc, int head, const std::int32_t* phys,
+                       std::int64_t n, const std::int32_t* ch, int r, const CodeQuery* q, int nh,
+                       std::int32_t* I) {
+  if (pc.page_size % 8 == 0 && cpu::has_avx2() && cpu::simd_allowed()) {
+    detail::channel_code_sums_avx2(pc, head, phys, n, ch, r, q, nh, I);
+  } else {
+    detail::channel_code_sums_portable(pc, head, phys, n, ch, r, q, nh, I);
   }
 }
 

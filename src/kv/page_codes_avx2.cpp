@@ -112,4 +112,43 @@ void page_code_scores_avx2(const CodeQuery* q, int nh, const PageRange8& r,
   }
 }
 
+void channel_code_sums_avx2(const PageCodesView& pc, int head, const std::int32_t* phys,
+                            std::int64_t n, const std::int32_t* ch, int r, const CodeQuery* q,
+                            int nh, std::int32_t* I) {
+  const int P = pc.page_size, wb = pc.chan_word_bytes();
+  const std::int64_t pages = (n + P - 1) / P;
+  const __m256i shift = _mm256_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14);
+  const __m256i mask = _mm256_set1_epi32(3);
+  // Page by page, so that the page's slice of I (nh x P sums) stays in L1 across the
+  // channels; each channel's words and ranges are one stream in page order.
+  for (std::int64_t j = 0; j < pages; ++j) {
+    const std::int64_t at = phys[j];
+    const int slots = static_cast<int>(std::min<std::int64_t>(P, n - j * P));
+    const int whole = slots / 8 * 8;
+    for (int k = 0; k < r; ++k) {
+      const int c = ch[k];
+      const std::uint8_t* w = pc.chan_row(head, c) + at * wb;
+      const std::uint8_t* rg = pc.chan_range_row(head, c) + 2 * at;
+      const int a = rg[0], width = rg[1] - rg[0];
+      for (int i = 0; i < nh; ++i) {
+        const int qc = q[i].q8[c];
+        if (qc == 0) continue;
+        const std::int32_t base = 3 * a * qc, per_code = width * qc;
+        const __m256i vbase = _mm256_set1_epi32(base), vper = _mm256_set1_epi32(per_code);
+        std::int32_t* out = I + static_cast<std::int64_t>(i) * n + j * P;
+        for (int t = 0; t < whole; t += 8) {
+          std::uint16_t bits = 0;  // slots t .. t + 7: bytes t / 4 and t / 4 + 1
+          std::memcpy(&bits, w + t / 4, 2);
+          const __m256i code =
+              _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32(bits), shift), mask);
+          const __m256i add = _mm256_add_epi32(vbase, _mm256_mullo_epi32(code, vper));
+          __m256i* o = reinterpret_cast<__m256i*>(out + t);
+          _mm256_storeu_si256(o, _mm256_add_epi32(_mm256_loadu_si256(o), add));
+        }
+        for (int t = whole; t < slots; ++t) out[t] += base + code_of(w, t) * per_code;
+      }
+    }
+  }
+}
+
 }  // namespace masskv::kv::detail

@@ -299,7 +299,8 @@ SelectionView LayerAttention::choose(const AttentionCall& call, AttentionScratch
   select::run_selector(sa, *used, w.sel_out);
   const select::ReadShape shape{Hkv, D, ps, call.cache.key_row_bytes_per_token()};
   stats.selector_rows +=
-      select::selector_read_bytes(*used, view.table, shape) / select::dense_row_bytes(D);
+      select::selector_read_bytes(*used, view.table, shape, w.sel_out.code_pages) /
+      select::dense_row_bytes(D);
   if (opt.reselect_every > 1) {
     r.selection = w.sel_out.selection;
     r.length = len;

@@ -123,6 +123,7 @@ struct Scratch {
   std::vector<double> rank, mass, agg_rank, agg_mass;  // rank/mass: [rows][items]
   std::vector<double> tau;                             // [g]: the scorer's tau_hat per head
   std::vector<Voter> voters;
+  int code_pages = -1;  // SelectOutput::code_pages of the group (set by the scorer)
   static Scratch& get() {
     thread_local Scratch s;
     return s;

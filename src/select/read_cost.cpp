@@ -12,7 +12,8 @@
 
 namespace masskv::select {
 
-double selector_read_bytes(const SelectorConfig& c, const kv::PageTable& t, const ReadShape& s) {
+double selector_read_bytes(const SelectorConfig& c, const kv::PageTable& t, const ReadShape& s,
+                           std::span<const std::int32_t> code_pages) {
   const double d = s.head_dim, H = s.num_kv_heads;
   const double bounds = 4.0 * d, moments = 4.0 * d;  // per page and kv head
   // The page codes' ranges: 8-bit min and max codes per channel and their f32 grid (lo, step).
@@ -58,14 +59,22 @@ double selector_read_bytes(const SelectorConfig& c, const kv::PageTable& t, cons
         if (c.code_channels < 1) {
           // Two passes: the chosen channels' codes and ranges of every page from the
           // channel-major copy, every page's grid; then the candidates' whole code rows and
-          // the whole ranges of the pages holding them — at most one page per candidate (an
-          // upper bound: the candidates share pages, 3.6 to a page in the selection lab).
+          // the whole ranges of the pages holding them: as counted by the selector, else at
+          // most one page per candidate (an upper bound: the candidates share pages).
           const int r = detail::code_channel_count(c, s.head_dim);
           const double word = (s.page_size + 3) / 4;
           const std::int64_t cap = token_cap().second;
           const double cand = static_cast<double>(detail::code_candidate_count(c, length, cap));
-          bytes += H * (r * P * (word + 2.0) + P * 8.0 +
-                        cand * kv::page_code_bytes(s.head_dim) + std::min(P, cand) * 2.0 * d);
+          double range_pages = H * std::min(P, cand);
+          const auto at = static_cast<std::size_t>(b) * static_cast<std::size_t>(H);
+          if (code_pages.size() >= at + static_cast<std::size_t>(H) && code_pages[at] >= 0) {
+            range_pages = 0;
+            for (std::size_t h = 0; h < static_cast<std::size_t>(H); ++h) {
+              range_pages += code_pages[at + h];
+            }
+          }
+          bytes += H * (r * P * (word + 2.0) + P * 8.0 + cand * kv::page_code_bytes(s.head_dim)) +
+                   range_pages * 2.0 * d;
         } else {  // every page's code range (8-bit), every code
           bytes += H * (P * ranges + L * kv::page_code_bytes(s.head_dim));
         }

@@ -221,6 +221,7 @@ void run_selector(const SelectArgs& args, const SelectorConfig& config, SelectOu
                       max_cap);
   out.estimate.assign(static_cast<std::size_t>(B) * X.Hq, std::numeric_limits<double>::quiet_NaN());
   out.certified.assign(static_cast<std::size_t>(B) * X.Hkv, 0);
+  out.code_pages.assign(static_cast<std::size_t>(B) * X.Hkv, -1);
   const int tasks = static_cast<int>(groups.size());
   const std::vector<Group>& work = groups;
   const std::vector<Limits>& work_limits = limits;
@@ -233,8 +234,10 @@ void run_selector(const SelectArgs& args, const SelectorConfig& config, SelectOu
     std::fill(S.in.begin(), S.in.begin() + k.first_end, 1);
     std::fill(S.in.begin() + k.last_begin, S.in.end(), 1);
     double* est = out.estimate.data() + static_cast<std::size_t>(G.b) * X.Hq + G.h * X.gsize;
+    S.code_pages = -1;
     pick.rule->select(X, G, S, work_limits[static_cast<std::size_t>(task)], est,
                       out.certified[static_cast<std::size_t>(task)]);
+    out.code_pages[static_cast<std::size_t>(task)] = S.code_pages;
     const std::span<std::int32_t> slots = out.selection.slots(G.b, G.h);
     int w = 0;
     for (int j = 0; j < G.n; ++j) {

@@ -11,6 +11,7 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 
 #include "masskv/kv/paged_kv.hpp"
 #include "masskv/select/selector.hpp"
@@ -24,8 +25,11 @@ struct ReadShape {
 };
 
 // Selector bytes of one decode step over every sequence of `table`, for `config`.
+// `code_pages`: the selection's SelectOutput::code_pages ([B][Hkv]), the pages token_codes'
+// second pass read; empty (or -1) counts one page per candidate, an upper bound.
 double selector_read_bytes(const SelectorConfig& config, const kv::PageTable& table,
-                           const ReadShape& shape);
+                           const ReadShape& shape,
+                           std::span<const std::int32_t> code_pages = {});
 // Bytes of one dense f16 K+V row (one token, one kv head): the unit the reads are reported in.
 constexpr double dense_row_bytes(int head_dim) { return 4.0 * head_dim; }
 

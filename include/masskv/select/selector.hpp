@@ -158,6 +158,9 @@ struct SelectOutput {
   std::vector<double> estimate;
   // entmax_support: 1 where the selector's own certificate held for every head of the group.
   std::vector<std::uint8_t> certified;  // [B][Hkv]
+  // token_codes in two passes: the pages whose code ranges the second pass read (those
+  // holding its candidates), [B][Hkv]; -1 for every other selector. What read_cost counts.
+  std::vector<std::int32_t> code_pages;
 };
 
 // Validates (throws masskv::Error naming the argument) and selects. Results do not depend on

@@ -131,8 +131,13 @@ void score_two_passes(const Context& X, const Group& G, Scratch& S, const Want& 
            best);
   cand.insert(cand.end(), best.begin(), best.end());
   std::sort(cand.begin(), cand.end());
-  // Pass 2: every channel of the candidates (today's scores), -inf for the rest.
+  // Pass 2: every channel of the candidates (today's scores), -inf for the rest. It reads the
+  // ranges of the pages holding them (counted for read_cost).
   const int K = static_cast<int>(cand.size());
+  S.code_pages = 0;
+  for (std::size_t k = 0; k < cand.size(); ++k) {
+    if (k == 0 || cand[k] / P != cand[k - 1] / P) ++S.code_pages;
+  }
   full.resize(static_cast<std::size_t>(g) * static_cast<std::size_t>(K));
   score_items(X, G, cq.data(), cand, K, full.data(), static_cast<std::size_t>(K));
   std::fill(S.rank.begin(), S.rank.end(), -kInf);
