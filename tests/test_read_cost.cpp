@@ -33,6 +33,7 @@ TEST(ReadCost, CountsTheFormatsEachSelectorReads) {
   // token_codes: every page's code range (8-bit min + max codes, f32 lo + step) and every
   // token's codes (d / 4 bytes).
   c.method = Method::token_codes;
+  c.code_channels = 1;  // one pass
   EXPECT_EQ(selector_read_bytes(c, t, s), H * pages * (2 * d + 8) + H * tokens * (d / 4));
   // token_codes in two passes (24 of 64 channels, 2 x the cap): per page the chosen channels'
   // codes (a 4-byte word of 16 slots) and range codes (2 bytes) and the f32 grid (8 bytes);

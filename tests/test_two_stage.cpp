@@ -598,6 +598,7 @@ TEST(TokenCodes, EqualsTwoStageWithEveryPageACandidate) {
       for (int trial = 0; trial < 4; ++trial) {
         select::SelectorConfig cfg;
         cfg.method = select::Method::token_codes;
+        cfg.code_channels = 1;  // one pass, as two_stage's token stage
         cfg.group = select::GroupRule::union_heads;  // two_stage's rule
         cfg.budget = {select::Budget::Kind::fixed, 24 + 16 * trial, 0.9};
         cfg.sink_pages = trial % 3;
@@ -638,6 +639,7 @@ TEST(TokenCodes, LogProbGroupRuleMatchesThePlainReference) {
       for (int trial = 0; trial < 4; ++trial) {
         select::SelectorConfig cfg;
         cfg.method = select::Method::token_codes;
+        cfg.code_channels = 1;  // one pass: every token scored on every channel
         cfg.group = select::GroupRule::log_prob;
         cfg.budget = {select::Budget::Kind::fixed, 24 + 16 * trial, 0.9};
         cfg.sink_pages = trial % 3;

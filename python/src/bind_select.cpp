@@ -75,7 +75,7 @@ SelectResult run_select(InArray q, const KV& kv, const std::string& method, doub
                         int sink_pages, int window_tokens, const std::string& group,
                         const std::string& mass_source, double tau_margin, int seed_pages,
                         bool oracle_tokens, bool oracle_head_collapsed, float scale,
-                        bool bf16_bounds) {
+                        bool bf16_bounds, double code_channels, int code_candidates) {
   const Cache& cache = kv.require_cache("a selector");
   select::SelectorConfig cfg =
       selector_config(method, alpha, budget, budget_tokens, top_p, sink_pages, window_tokens);
@@ -85,6 +85,8 @@ SelectResult run_select(InArray q, const KV& kv, const std::string& method, doub
   cfg.seed_pages = seed_pages;
   cfg.oracle_tokens = oracle_tokens;
   cfg.oracle_head_collapsed = oracle_head_collapsed;
+  cfg.code_channels = code_channels;
+  cfg.code_candidates = code_candidates;
 
   select::SelectArgs a;
   a.q = view3_f32(q, "q");
@@ -194,6 +196,8 @@ void bind_select(nb::module_& m) {
         nb::arg("seed_pages") = 4, nb::arg("oracle_tokens") = false,
         nb::arg("oracle_head_collapsed") = false, nb::arg("scale") = 0.0f,
         nb::arg("bf16_bounds") = false,
+        nb::arg("code_channels") = select::SelectorConfig{}.code_channels,
+        nb::arg("code_candidates") = select::SelectorConfig{}.code_candidates,
         "Runs one selector (select::run_selector) for the decode step with queries q\n"
         "(float32 (B, Hq, d)) over kv, which must come from PagedKVCache.view (the selectors\n"
         "read its page summaries).\n\n"
@@ -204,7 +208,9 @@ void bind_select(nb::module_& m) {
         "sink_pages / window_tokens: always kept (so is the last page). group (GQA): default\n"
         "(the method's: log_prob for token_codes, union otherwise) | union | aggregate |\n"
         "log_prob. mass_source: page_gaussian | page_mean. bf16_bounds: take the page bounds from\n"
-        "the outward-rounded bf16 store. Returns a SelectResult.");
+        "the outward-rounded bf16 store. code_channels / code_candidates: token_codes' two\n"
+        "passes (every token on that share of the channels, then code_candidates x the budget\n"
+        "on every channel; code_channels = 1: one pass). Returns a SelectResult.");
 
   m.def("diagnose", &diagnose, nb::arg("q").noconvert(), nb::arg("kv"), nb::arg("selection").none(),
         nb::kw_only(), nb::arg("alpha") = 1.0, nb::arg("scale") = 0.0f, nb::arg("study") = false,

@@ -106,3 +106,22 @@ def test_log_prob_group_rule_selects_the_budget_and_refuses_unknown_rules(rng):
     np.testing.assert_array_equal(d.selection.ids, r.selection.ids)
     with pytest.raises(masskv.Error, match="group"):
         masskv.select(q, kv, method="token_codes", group="median", budget_tokens=16)
+
+
+def test_token_codes_two_passes_are_the_default_and_one_pass_stays_reachable(rng):
+    cache, seqs = random_cache(rng, [300, 77], num_kv_heads=2, page_size=16, page_codes=True)
+    q = rng.standard_normal((2, 4, 64), dtype=np.float32)
+    kv = cache.view(seqs)
+    two = masskv.select(q, kv, method="token_codes", budget_tokens=32)
+    spelled = masskv.select(q, kv, method="token_codes", budget_tokens=32, code_channels=0.375,
+                            code_candidates=2)
+    np.testing.assert_array_equal(two.selection.ids, spelled.selection.ids)
+    one = masskv.select(q, kv, method="token_codes", budget_tokens=32, code_channels=1.0)
+    check_selection(one.selection, cache, seqs)
+    # every token a candidate: the second pass ranks as one pass does
+    spare = masskv.select(q, kv, method="token_codes", budget_tokens=32, code_candidates=1000)
+    np.testing.assert_array_equal(spare.selection.ids, one.selection.ids)
+    with pytest.raises(masskv.Error, match="code_channels"):
+        masskv.select(q, kv, method="token_codes", budget_tokens=32, code_channels=0.0)
+    with pytest.raises(masskv.Error, match="code_candidates"):
+        masskv.select(q, kv, method="token_codes", budget_tokens=32, code_candidates=0)

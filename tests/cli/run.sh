@@ -73,6 +73,16 @@ check bench-model-too-deep 2 'exceeds the context of smollm2' -- "$bin" bench -d
 check bench-model-bad-format 2 'output' -- "$bin" bench -o xml
 check bench-model-tiny 0 '\| quest [0-9]+ \| tg4 @ d48 \|' -- "$bin" bench -p 16 -n 4 -d 0,48 -r 1 \
   --selector quest --budget 1/2
+# --selector takes eval's METHOD+MOD spellings: the two-pass token codes run; a wrong one is
+# refused by name before any work.
+check bench-model-twopass 0 '\| token_codes\+twopass [0-9]+ \| tg4 @ d48 \|' -- "$bin" bench -p 16 \
+  -n 4 -d 48 -r 1 --selector token_codes+twopass --budget 1/2
+check bench-model-bad-modifier 2 '--selector.*\+twopass applies to token_codes only' -- "$bin" \
+  bench -p 16 -n 4 --selector quest+twopass
+check run-unknown-modifier 2 "--selector.*unknown modifier '\+foo'" -- "$bin" run -n 1 -p hi \
+  --selector token_codes+foo
+check run-dense-modifier 2 '--selector.*applies to decode selectors' -- "$bin" run -n 1 -p hi \
+  --selector dense+dense1
 check bench-model-json 0 '"tps_sd"' -- "$bin" bench -p 8 -n 2 -r 1 -o json
 check bench-model-jsonl 0 '^2 rows, numeric$' -- bash -c "'$bin' bench -p 8 -n 2 -r 1 -o jsonl \
   2>/dev/null | python3 -c '
@@ -228,6 +238,21 @@ for l in open('$tmp/eval-tc/cache.jsonl'):
 check eval-tc-records-spelling 0 '^token_codes\+rr$' -- python3 -c "
 import json
 print(*sorted({r['method'] for r in json.load(open('$tmp/eval-tc/results.json'))['records']}))"
+# Two passes became token_codes' default later: plain token_codes finds +twopass's rows, and
+# +onepass finds the rows plain token_codes wrote before (one pass, no "|2p" in their tag).
+check eval-tc-twopass-is-default 0 '1 results cached, 0 samples to run' -- "$bin" eval \
+  "${evc[@]}" --methods token_codes+twopass
+check eval-tc-onepass-apart 0 '0 results cached, 1 samples to run' -- "$bin" eval "${evc[@]}" \
+  --methods token_codes+onepass
+check eval-tc-onepass-old-rows 0 '1 results cached, 0 samples to run' -- bash -c "python3 -c \"
+import json
+for l in open('$tmp/eval-tc/cache.jsonl'):
+    r = json.loads(l)
+    if r['method'] == 'token_codes+onepass': r['method'] = 'token_codes'; print(json.dumps(r))
+\" > '$tmp/eval-tc/old1.jsonl' && '$bin' eval ${evc[*]} --methods token_codes+onepass \
+  --cache '$tmp/eval-tc/old1.jsonl'"
+check eval-tc-old-rows-not-twopass 0 '0 results cached, 1 samples to run' -- "$bin" eval \
+  "${evc[@]}" --methods token_codes --cache "$tmp/eval-tc/old1.jsonl"
 # A run killed mid-write leaves a torn last record: it alone is recomputed, the others are
 # kept, and the file holds whole lines again. A record out of range is skipped, not reported.
 # (tests/test_line_file.cpp tears the file at every byte offset of its last record.)

@@ -376,6 +376,7 @@ int run_ts_case(const TsCase& c, std::uint64_t seed, cuda::TwoStageWorkspace& ws
   cfg.sink_pages = c.sinks;
   cfg.window_tokens = c.window;
   cfg.candidate_factor = c.factor == 0 ? cfg.candidate_factor : c.factor;
+  cfg.code_channels = 1;  // the GPU's token_codes is the one-pass rule (two passes: CPU only)
   // The methods' defaults on both sides (token_codes: log_prob; two_stage: the round robin),
   // and token_codes' round robin named where the case asks for it.
   const select::GroupRule group = c.factor == 0 && !c.log_prob ? select::GroupRule::union_heads

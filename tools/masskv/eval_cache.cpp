@@ -103,10 +103,12 @@ std::string row_tag_of_protocol(const MethodRow& m, const RowTags& t) {
   if (base_method(m.method) == "token_codes") {
     // Rows of plain "token_codes" written before its default rule became log_prob are the
     // round robin's (now "token_codes+rr", record_key): the default's rows carry "|lp".
+    // Two passes became the default later still: rows say "|2p" when they ran two passes, so
+    // that the rows written before (one pass unless spelled "+twopass") keep their meaning.
     const std::vector<std::string>& mods = split_reselect(m.method).mods;
-    const bool explicit_rule = std::find(mods.begin(), mods.end(), "lse") != mods.end() ||
-                               std::find(mods.begin(), mods.end(), "rr") != mods.end();
-    return t.settings + t.codes + (explicit_rule ? "" : "|lp");
+    const auto has = [&](const char* x) { return std::find(mods.begin(), mods.end(), x) != mods.end(); };
+    const bool explicit_rule = has("lse") || has("rr");
+    return t.settings + t.codes + (explicit_rule ? "" : "|lp") + (has("onepass") ? "" : "|2p");
   }
   if (is_prefill(m.method)) {
     const select::PrefillSelectConfig c;
@@ -125,21 +127,43 @@ std::string row_tag(const MethodRow& m, const RowTags& t) {
   return row_tag_of_protocol(m, t) + proto;
 }
 
+namespace {
+
+// Removes modifier `mod` ("+name") from a method spelling; whether it was there.
+bool erase_modifier(std::string& method, std::string_view mod) {
+  for (auto at = method.find(mod); at != std::string::npos; at = method.find(mod, at + 1)) {
+    const std::size_t end = at + mod.size();
+    if (end == method.size() || method[end] == '+' || method[end] == '@') {
+      method.erase(at, mod.size());
+      return true;
+    }
+  }
+  return false;
+}
+
+}  // namespace
+
 std::string record_key(const std::string& model, const SampleId& s, const MethodRow& m,
                        const std::string& tag) {
   // token_codes' rule in one spelling: "+rr" is what plain "token_codes" meant before its
   // default became log_prob (those rows have no "|lp" in their tag), and the default's rows
   // ("|lp") are "+lse"'s. So each rule finds every row computed under it, whatever its name.
+  // The passes likewise: "+twopass" (spelled, or "|2p" in the tag) ends the key, "+onepass"
+  // (the rows before two passes became the default) is left out.
   std::string method = m.method, t = tag;
   if (base_method(method) == "token_codes") {
-    const auto at = method.find("+rr");
-    if (at != std::string::npos &&
-        (at + 3 == method.size() || method[at + 3] == '+' || method[at + 3] == '@'))
-      method.erase(at, 3);
+    (void)erase_modifier(method, "+rr");
     if (const auto lp = t.find("|lp"); lp != std::string::npos) {
       t.erase(lp, 3);
       method.insert(std::string_view("token_codes").size(), "+lse");
     }
+    bool two = erase_modifier(method, "+twopass");
+    (void)erase_modifier(method, "+onepass");
+    if (const auto p = t.find("|2p"); p != std::string::npos) {
+      t.erase(p, 3);
+      two = true;
+    }
+    if (two) method.insert(std::min(method.find('@'), method.size()), "+twopass");
   }
   return fmt::format("{}|{}|{}|{}|{}|{}|{}|{}", model, s.task, s.length, s.seed, s.index, method,
                      m.budget, t);

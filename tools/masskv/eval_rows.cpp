@@ -6,6 +6,7 @@
 
 #include <charconv>
 #include <cstdlib>
+#include <tuple>
 
 #include "masskv/error.hpp"
 #include "parse.hpp"
@@ -38,11 +39,15 @@ const Modifier kModifiers[] = {
     {"twopass", "token_codes",
      "two passes: every token on the 3/8 of the channels with the largest |q| (the codes' "
      "channel-major copy), its best 2 × the budget on every channel "
-     "(docs/results/lab-smollm2/cascade/)",
+     "(docs/results/lab-smollm2/cascade/); token_codes' default since 2026-12-06",
      [](select::SelectorConfig& c) {
        c.code_channels = 0.375;
        c.code_candidates = 2;
      }},
+    {"onepass", "token_codes",
+     "one pass: every token on every channel (token_codes before 2026-12-06: selector reads "
+     "9.6 % of the dense bytes against two passes' 6.1 %)",
+     [](select::SelectorConfig& c) { c.code_channels = 1; }},
     // Any selector (method ""): the first layers dense, counted in the budget.
     {"dense1", "", "the first layer decodes densely, its reads counted in the budget",
      [](select::SelectorConfig& c) { c.dense_layers = 1; }},
@@ -63,32 +68,40 @@ std::string modifier_help() {
 }
 
 const Modifier& modifier_of(const std::string& spec, const std::string& base,
-                            const std::string& mod) {
+                            const std::string& mod, const char* option) {
   for (const Modifier& m : kModifiers) {
     if (m.name != mod) continue;
-    require(m.method.empty() || m.method == base, ErrorCode::invalid_argument, "--methods", "'",
+    require(m.method.empty() || m.method == base, ErrorCode::invalid_argument, option, "'",
             spec, "': +", mod, " applies to ", m.method, " only");
     require(!m.method.empty() || (base != "dense" && base != "dense_entmax" &&
                                   base.rfind("prefill_", 0) != 0),
-            ErrorCode::invalid_argument, "--methods", "'", spec, "': +", mod,
+            ErrorCode::invalid_argument, option, "'", spec, "': +", mod,
             " applies to decode selectors (not dense or sparse prefill rows)");
     return m;
   }
   std::string known;
   for (const Modifier& m : kModifiers)
     known += fmt::format(" {}+{}", m.method.empty() ? "METHOD" : m.method, m.name);
-  fail(ErrorCode::invalid_argument, "--methods", "'", spec, "': unknown modifier '+", mod,
+  fail(ErrorCode::invalid_argument, option, "'", spec, "': unknown modifier '+", mod,
        "' (known:", known, ")");
+}
+
+std::pair<std::string, std::vector<std::string>> split_modifiers(const std::string& spec,
+                                                                 const char* option) {
+  std::string base = spec;
+  std::vector<std::string> mods;
+  for (auto plus = base.rfind('+'); plus != std::string::npos; plus = base.rfind('+')) {
+    mods.insert(mods.begin(), base.substr(plus + 1));
+    base.resize(plus);
+  }
+  for (const std::string& mod : mods) (void)modifier_of(spec, base, mod, option);
+  return {base, mods};
 }
 
 Reselect split_reselect(const std::string& m) {
   const auto at = m.find('@');
   Reselect r{m.substr(0, at), {}, 1, -1};
-  for (auto plus = r.method.rfind('+'); plus != std::string::npos; plus = r.method.rfind('+')) {
-    r.mods.insert(r.mods.begin(), r.method.substr(plus + 1));
-    r.method.resize(plus);
-  }
-  for (const std::string& mod : r.mods) (void)modifier_of(m, r.method, mod);
+  std::tie(r.method, r.mods) = split_modifiers(r.method, "--methods");
   if (at == std::string::npos) return r;
   r.every = 0;
   const std::string rest = m.substr(at + 1);

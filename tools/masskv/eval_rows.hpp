@@ -4,6 +4,7 @@
 
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "masskv/eval/runner.hpp"
@@ -36,9 +37,13 @@ struct Modifier {
 // The --methods help text of the modifiers (from the table in eval_rows.cpp).
 std::string modifier_help();
 // The modifier `mod` of method spelling `spec` (base method `base`); throws Error naming
-// --methods if unknown or not for `base`.
+// `option` (--methods, or run/perplexity/bench's --selector) if unknown or not for `base`.
 const Modifier& modifier_of(const std::string& spec, const std::string& base,
-                            const std::string& mod);
+                            const std::string& mod, const char* option = "--methods");
+// "token_codes+twopass+dense1" into its base method and its modifiers in the order written
+// (checked against the table; throws Error naming `option`).
+std::pair<std::string, std::vector<std::string>> split_modifiers(const std::string& spec,
+                                                                 const char* option);
 // "quest+mod@8c0.9" into its base, modifiers and reuse; throws Error naming --methods.
 Reselect split_reselect(const std::string& m);
 std::string base_method(const std::string& m);

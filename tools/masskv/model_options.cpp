@@ -12,6 +12,7 @@
 
 #include "checks.hpp"
 #include "dialect.hpp"
+#include "eval_rows.hpp"
 #include "masskv/error.hpp"
 #include "masskv/learn/conversion.hpp"
 #include "masskv/learn/selector.hpp"
@@ -53,7 +54,8 @@ void add_model_options(CLI::App* app, ModelOptions& o, OwnOptions own) {
                   "Decode attention: dense, token_codes (every token on its 2-bit page code), "
                   "two_stage (candidate pages by the bound, then their tokens on the codes), "
                   "sink_recent, quest, top_p, gaussian_tau, oracle, "
-                  "learned (with --selector-file) (gemma3: global layers only)")
+                  "learned (with --selector-file) (gemma3: global layers only); modifiers as "
+                  "eval's --methods, e.g. token_codes+twopass")
       ->capture_default_str();
   app->add_option("--budget", o.budget,
                   "Selector budget: tokens (e.g. 1024, 2K) or a fraction of the context (1/8); "
@@ -104,9 +106,11 @@ std::string set_attention(const ModelOptions& o, const model::Model& model,
 
 std::optional<select::SelectorConfig> selector_config(const ModelOptions& o, std::int64_t context,
                                                       const Mapping& mapping) {
-  if (o.selector == "dense") return std::nullopt;
+  // METHOD+MOD spellings as eval's --methods (eval_rows.cpp's modifier table).
+  const auto [base, mods] = split_modifiers(o.selector, "--selector");
+  if (base == "dense") return std::nullopt;
   select::SelectorConfig c;
-  c.method = select::parse_method(o.selector, "--selector");
+  c.method = select::parse_method(base, "--selector");
   require((c.method != select::Method::entmax_support && c.method != select::Method::gaussian_tau) ||
               mapping.is_entmax(),
           ErrorCode::unsupported, "--selector", o.selector,
@@ -145,6 +149,7 @@ std::optional<select::SelectorConfig> selector_config(const ModelOptions& o, std
       (c.method == select::Method::entmax_support || c.method == select::Method::gaussian_tau)) {
     c.budget.kind = select::Budget::Kind::adaptive;
   }
+  for (const std::string& mod : mods) modifier_of(o.selector, base, mod, "--selector").apply(c);
   return c;
 }
 
@@ -165,7 +170,9 @@ void validate(const ModelOptions& o, std::int64_t context) {
   (void)selector_config(o, context, mapping);
   (void)parse_budget(o.budget, context, "--budget");  // also when --selector dense ignores it
   (void)kv::parse_row_format(o.selector_key_format, "--selector-key-format");
-  require(o.selector != "learned" || !o.selector_file.empty(), ErrorCode::invalid_argument,
+  require(split_modifiers(o.selector, "--selector").first != "learned" ||
+              !o.selector_file.empty(),
+          ErrorCode::invalid_argument,
           "--selector-file", "--selector learned needs a selector file");
   require(o.selector_file.empty() || std::filesystem::is_regular_file(o.selector_file),
           ErrorCode::io, "--selector-file", "cannot read ", o.selector_file);
@@ -188,7 +195,7 @@ std::string selector_label(const ModelOptions& o, const std::optional<select::Se
   if (!c) return "dense";
   std::string every = o.reselect_every > 1 ? fmt::format(" @{}", o.reselect_every) : "";
   if (o.reselect_every > 1 && o.reselect_cos > -1) every += fmt::format("c{:g}", o.reselect_cos);
-  if (c->budget.kind == select::Budget::Kind::top_p && o.selector != "top_p") {
+  if (c->budget.kind == select::Budget::Kind::top_p && c->method != select::Method::top_p) {
     return c->budget.tokens > 0
                ? fmt::format("{} p{:g}:{}{}", o.selector, c->budget.p, c->budget.tokens, every)
                : fmt::format("{} p{:g}{}", o.selector, c->budget.p, every);

@@ -107,13 +107,14 @@ struct SelectorConfig {
   // two_stage: 0 = off; r >= 1: the code rankings' best r × (cap - kept) tokens, merged, are
   // scored again on their stored keys (exact q·k) and those scores choose (a third stage).
   int rescore_factor = 0;
-  // token_codes in two passes (docs/results/lab-smollm2/cascade/): 1 = one pass over every
-  // channel (the default). f in (0, 1): pass 1 scores every token on the kv group's
+  // token_codes in two passes (docs/results/lab-smollm2/cascade/; the default, 3/8 of the
+  // channels and 2 × the cap, chosen on the development split, docs/eval.md): 1 = one pass
+  // over every channel. f in (0, 1): pass 1 scores every token on the kv group's
   // round(f · d) channels with the largest sum over its q heads of |q_c| (from the codes'
   // channel-major copy), the heads pooled by their log-probabilities; its best
   // code_candidates × the cap tokens (the kept ones among them) are scored again on every
   // channel — today's score, bit for bit — and only those are ranked.
-  double code_channels = 1.0;
+  double code_channels = 0.375;
   int code_candidates = 2;
   // Model sessions: the first dense_layers layers decode densely and are counted in the
   // budget — the selecting layers' budget in tokens shrinks so that the layers together read
