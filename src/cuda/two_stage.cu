@@ -19,6 +19,9 @@
 //      (two_stage_pool.cu) the heads' keys pooled per group and one binned ranking instead;
 //   6. merge (stage 2): the round robin to the cap (one list with log_prob: no turns), then the
 //      list (kept tokens, the chosen candidates, ascending) into the output.
+// token_codes in two passes (code_channels < 1): two_stage_twopass.cu's first pass picks the
+// candidate tokens (a bitmap) and their pages; then 4-6 run on those pages, score_kernel
+// scoring only the candidates (the others are not ranked, as the CPU's -inf).
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -553,7 +556,12 @@ __global__ void __launch_bounds__(kThreads) score_kernel(Params p) {
   const std::int64_t token =
       mine ? static_cast<std::int64_t>(p.cand[pair * p.cand_max + c0 + t]) * P + slot : -1;
   const bool kept = token < s.tok_first_end || token >= s.tok_last_begin;
-  const bool ranked = mine && phys >= 0 && (p.log_prob ? token < s.L : !kept);
+  // Two passes: only the first pass's candidates (the kept tokens among them) are scored.
+  const bool candidate =
+      p.cmask == nullptr ||
+      (mine && token < s.L &&
+       ((p.cmask[pair * p.mask_words + (token >> 5)] >> (token & 31)) & 1u) != 0u);
+  const bool ranked = mine && phys >= 0 && (p.log_prob ? token < s.L : !kept) && candidate;
   const std::int64_t pos = static_cast<std::int64_t>(c0) * P + j;
 #pragma unroll
   for (int i = 0; i < kMaxG; ++i) {
@@ -607,6 +615,11 @@ struct TwoStageWorkspace::Impl {
   detail::GrowBuffer<int> ccount, hist, bins;
   detail::GrowBuffer<std::int32_t> cidx;
   detail::GrowBuffer<std::int32_t> list1, len1, cand, n_cand, list2, len2;
+  // token_codes' two passes (two_stage_twopass.cu).
+  detail::GrowBuffer<unsigned> cmask;
+  detail::GrowBuffer<std::int32_t> ch;
+  detail::GrowBuffer<int> q8, q1;
+  detail::GrowBuffer<double> qunit;
   detail::ErrorFlag err;
   std::size_t cand_size = 0, count_size = 0;
   int cand_stride = 0;
@@ -691,6 +704,23 @@ void two_stage_select(const TwoStageSelectArgs& a, const TwoStageLaunch& launch)
           unsupported, "group",
           "the GPU serves the round robin, and the log-prob pooling with candidate_factor 0");
   const bool log_prob = group == select::GroupRule::log_prob;
+  // Two passes (token_codes only; the CPU scorer's checks, select/scorers/page_codes.cpp).
+  require(a.code_channels > 0 && a.code_channels <= 1, invalid_argument, "code_channels",
+          "must be in (0, 1], got ", a.code_channels);
+  require(a.code_channels == 1 || a.code_candidates >= 1, invalid_argument, "code_candidates",
+          "must be >= 1, got ", a.code_candidates);
+  const bool two_pass = every_page && a.code_channels < 1;
+  require(!two_pass || (a.codes.chan_codes != nullptr && a.codes.chan_ranges != nullptr),
+          invalid_argument, "codes",
+          "two passes (code_channels < 1) read the codes' channel-major copy (chan_codes, "
+          "chan_ranges), which is missing");
+  require(!two_pass || (reinterpret_cast<std::uintptr_t>(a.codes.chan_codes) % 4 == 0 &&
+                        reinterpret_cast<std::uintptr_t>(a.codes.chan_ranges) % 2 == 0),
+          invalid_argument, "codes",
+          "the channel-major copy must be 4-byte aligned (its ranges 2-byte aligned)");
+  // select::detail::code_channel_count (select/scorer.hpp): round(f · d), at least one.
+  const int chan_r =
+      two_pass ? std::clamp(static_cast<int>(std::lround(a.code_channels * d)), 1, d) : 0;
   require(launch.max_pages_per_seq > 0, invalid_argument, "max_pages_per_seq", "must be > 0");
   require(std::isfinite(a.scale) && a.scale >= 0, invalid_argument, "scale",
           "must be finite and >= 0 (0: 1/sqrt(d))");
@@ -721,6 +751,14 @@ void two_stage_select(const TwoStageSelectArgs& a, const TwoStageLaunch& launch)
   const int g = Hq / Hkv;
   const int kmax = cand_max * P;
   const int depth2 = std::max(1, capmax);
+  // The first pass's list: min(L, code_candidates x cap) tokens less the kept ones, at most.
+  const int depth1 =
+      two_pass ? static_cast<int>(std::max<std::int64_t>(
+                     1, std::min<std::int64_t>(static_cast<std::int64_t>(max_pages) * P,
+                                               static_cast<std::int64_t>(a.code_candidates) *
+                                                   capmax)))
+               : 0;
+  const int mask_words = two_pass ? (max_pages * P + 31) / 32 : 0;
   TwoStageWorkspace::Impl& ws = launch.workspace->impl();
   const std::size_t segs = static_cast<std::size_t>(B) * Hq, pairs = static_cast<std::size_t>(B) * Hkv;
   if (!every_page) {
@@ -731,13 +769,21 @@ void two_stage_select(const TwoStageSelectArgs& a, const TwoStageLaunch& launch)
   ws.cand.reserve(pairs * cand_max, "cudaMalloc(two-stage candidates)");
   ws.n_cand.reserve(pairs, "cudaMalloc(two-stage candidates)");
   ws.keys2.reserve(segs * kmax, "cudaMalloc(two-stage token keys)");
-  ws.list2.reserve(segs * depth2, "cudaMalloc(two-stage token lists)");
+  ws.list2.reserve(segs * static_cast<std::size_t>(std::max(depth2, depth1)),
+                   "cudaMalloc(two-stage token lists)");
   ws.len2.reserve(segs, "cudaMalloc(two-stage token lists)");
   ws.thresh.reserve(segs, "cudaMalloc(two-stage token thresholds)");
   ws.ccount.reserve(segs, "cudaMalloc(two-stage token thresholds)");
   ws.ckeys.reserve(segs * kCompactCap, "cudaMalloc(two-stage compacted keys)");
   ws.cidx.reserve(segs * kCompactCap, "cudaMalloc(two-stage compacted keys)");
-  if (log_prob) {
+  if (two_pass) {
+    ws.cmask.reserve(pairs * mask_words, "cudaMalloc(token_codes candidates)");
+    ws.ch.reserve(pairs * d, "cudaMalloc(token_codes channels)");
+    ws.q8.reserve(segs * d, "cudaMalloc(token_codes channels)");
+    ws.q1.reserve(segs, "cudaMalloc(token_codes channels)");
+    ws.qunit.reserve(segs, "cudaMalloc(token_codes channels)");
+  }
+  if (log_prob || two_pass) {
     ws.lmax.reserve(segs, "cudaMalloc(two-stage log-prob max)");
     ws.lsum.reserve(segs, "cudaMalloc(two-stage log-prob sum)");
     ws.hist.reserve(segs * kBins, "cudaMalloc(two-stage log-prob histogram)");
@@ -817,7 +863,31 @@ void two_stage_select(const TwoStageSelectArgs& a, const TwoStageLaunch& launch)
   }();
   (void)ready;
 
-  if (every_page) {
+  // score_kernel (and the first pass): a thread per token, whole pages per CTA.
+  p.score_pages = std::max(1, std::min(kScorePages, kThreads / P));
+  if (two_pass) {
+    // The first pass: every page (its Params: log_prob, the ranking's count from
+    // code_candidates, its own list depth), then the candidates' bitmap and pages.
+    Params p1 = p;
+    p1.log_prob = 1;
+    p1.pick = a.code_candidates;
+    p1.depth2 = depth1;
+    p1.r = chan_r;
+    p1.chan_codes = a.codes.chan_codes;
+    p1.chan_ranges = a.codes.chan_ranges;
+    p1.ch = ws.ch.data();
+    p1.q8 = ws.q8.data();
+    p1.q1 = ws.q1.data();
+    p1.qunit = ws.qunit.data();
+    p1.cmask = ws.cmask.data();
+    p1.mask_words = mask_words;
+    go(all_pages_kernel, dim3(static_cast<unsigned>(pairs)), dim3(kThreads), 0, st, p1,
+       "token_codes candidate kernel");
+    launch_first_pass(p1, d, static_cast<int>(segs), static_cast<int>(pairs), st);
+    // The second pass: the candidates' pages (n_cand, cand), their tokens in the bitmap alone.
+    p.cmask = ws.cmask.data();
+    p.mask_words = mask_words;
+  } else if (every_page) {
     go(all_pages_kernel, dim3(static_cast<unsigned>(pairs)), dim3(kThreads), 0, st, p,
        "token_codes candidate kernel");
   } else {
@@ -831,8 +901,6 @@ void two_stage_select(const TwoStageSelectArgs& a, const TwoStageLaunch& launch)
        rank1_smem, st, p, "two-stage page rank kernel");
     launch_merge(1, p, static_cast<int>(pairs), merge1_smem, st);
   }
-  // score_kernel: a thread per token, whole pages per CTA.
-  p.score_pages = std::max(1, std::min(kScorePages, kThreads / P));
   if (log_prob) clear_log_prob(p, static_cast<int>(segs), st);  // the score kernel's max
   const dim3 sgrid((cand_max + p.score_pages - 1) / p.score_pages, Hkv, B);
   if (d == 64) {

@@ -75,6 +75,21 @@ struct Params {
   std::int32_t* out_count;
   int max_per_head;
   unsigned* err;
+  // token_codes in two passes (two_stage_twopass.cu; select::SelectorConfig::code_channels < 1).
+  // pick > 0 marks the first pass's Params: its ranking takes min(L, pick x cap) tokens in all
+  // (the kept ones among them), code_candidates of the CPU rule; 0 everywhere else.
+  int pick;
+  int r;                          // the first pass's channels per kv group
+  const std::uint8_t* chan_codes;  // the codes' channel-major copy (kv::PageCodesView)
+  const std::uint8_t* chan_ranges;
+  std::int32_t* ch;        // [B * Hkv][d]: the chosen channels, ascending (r of them)
+  int* q8;                 // [B * Hq][d]: each q head's int8 levels (kv::code_query)
+  int* q1;                 // [B * Hq]: their sum over the chosen channels (Q of the first pass)
+  double* qunit;           // [B * Hq]: max |q| / 127
+  // The candidates of the second pass: a bit per token, [B * Hkv][mask_words] (null: one pass,
+  // every token of the candidate pages is scored).
+  unsigned* cmask;
+  int mask_words;
 };
 
 // One (sequence)'s shape and the rule's counts (selectors.cpp run_selector / two_stage_group).
@@ -131,7 +146,12 @@ __device__ inline Plan plan_of(const Params& p, int b, bool flag) {
     s.m1 = static_cast<int>(
         select::two_stage_candidates(pages, s.kept_pages, s.cap, p.P, p.factor));
   }
-  s.need = static_cast<int>(s.cap - s.count0);
+  // The first of two passes takes min(L, pick x cap) tokens with the kept ones
+  // (select::detail::code_candidate_count): those beyond the kept.
+  s.need = p.pick > 0 ? static_cast<int>(max(std::int64_t{0},
+                                             min(s.L, static_cast<std::int64_t>(p.pick) * s.cap) -
+                                                 s.count0))
+                      : static_cast<int>(s.cap - s.count0);
   return s;
 }
 
@@ -166,5 +186,10 @@ void launch_merge(int stage, const Params& p, int pairs, std::size_t smem, cudaS
 // the cut bin's items sorted in shared memory (rank_kernel ranks a group where that bin
 // overflows kCompactCap: thresh 0).
 void launch_log_prob_pool(const Params& p, int segs, int pairs, cudaStream_t stream);
+// token_codes' first pass (two_stage_twopass.cu), after all_pages_kernel with p1 (every page,
+// log_prob): the channels, every token's score on them, the log-prob pooling and its best
+// p1.pick x cap tokens, then the candidates: p1.cmask (with the kept tokens) and p1.cand /
+// n_cand (the pages holding them, ascending) for the second pass. d: 64 or 128.
+void launch_first_pass(const Params& p1, int d, int segs, int pairs, cudaStream_t stream);
 
 }  // namespace masskv::cuda::two_stage_impl

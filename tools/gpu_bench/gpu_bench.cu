@@ -2694,6 +2694,16 @@ int run_bench(const char* json_path) {
         ts.log_prob = true;  // token_codes, the heads pooled by log-probability
         for (const TwoStageBenchRow& x : bench_two_stage(ts))
           rows.push_back({x.kind, sh.ctx, sh.batch, budget, x.us, x.bytes});
+        // token_codes in two passes (rows ..._2p): 3/8 of the channels for every token, its
+        // best 2 x budget tokens on every channel (the CPU default, the selection lab's
+        // cascade), both rules.
+        ts.code_channels = 0.375;
+        ts.code_candidates = 2;
+        for (const bool lp : {false, true}) {
+          ts.log_prob = lp;
+          for (const TwoStageBenchRow& x : bench_two_stage(ts))
+            rows.push_back({x.kind, sh.ctx, sh.batch, budget, x.us, x.bytes});
+        }
       }
       if (!compact_rows) continue;
       // Every compact row at 4096 tokens; at 2048 and 8192 the hierarchical selection (cover 2)

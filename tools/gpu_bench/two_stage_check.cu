@@ -11,7 +11,13 @@
 //    and counts identical (-1 padding included), a rerun identical, on random shapes (Hq/Hkv
 //    1..8, d 64/128, page 16, lengths up to 32K, budgets 64..4096, factors 1..8, sinks,
 //    windows), keys with many exact ties; the flag names "indptr" and "max_per_head".
-//  - bench_two_stage: the bench's "two_stage select + token decode" rows.
+//    token_codes' cases again in two passes (code_channels 0.375 / 0.5 x code_candidates 1..3,
+//    and edges: every token a candidate, 1 channel, every channel, page sizes 1..64), the CPU
+//    configured the same and the channel-major copy uploaded: lists identical, and the second
+//    pass's pages (the workspace's candidate counts) equal to SelectOutput::code_pages; the
+//    settings refused by name ("code_channels", "code_candidates", "codes").
+//  - profile-two-stage: token_codes' select timed at the bench's shape, one pass and two passes.
+// The bench rows (bench_two_stage) are two_stage_bench.cu.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -22,6 +28,7 @@
 #include <memory>
 #include <numeric>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "bench_util.cuh"
@@ -309,16 +316,25 @@ struct TsCase {
   int factor, sinks, window;
   bool ties;
   bool log_prob;  // factor 0 only: GroupRule::log_prob in place of the round robin
+  // factor 0 only: besides one pass, the two-pass settings kTwoPasses (the same cache and
+  // queries, the CPU configured the same), and `extra` ones.
+  bool two_pass = false;
+  std::vector<std::pair<double, int>> extra = {};
 };
+
+// token_codes' two passes: (code_channels, code_candidates).
+const std::pair<double, int> kTwoPasses[] = {{0.375, 1}, {0.375, 2}, {0.375, 3},
+                                             {0.5, 1},   {0.5, 2},   {0.5, 3}};
 
 struct TsStats {
   long lists = 0, identical = 0, tokens = 0;
+  long lists_2p = 0, identical_2p = 0, code_pages_2p = 0;  // two passes (code_pages: equal)
 };
 
 // The device copies of a host cache's selector inputs.
 struct TsGpu {
   DevBuf<std::uint16_t> bmin, bmax;
-  DevBuf<std::uint8_t> codes, rmin, rmax;
+  DevBuf<std::uint8_t> codes, rmin, rmax, chan_codes, chan_ranges;
   DevBuf<float> grid;
   select::BoundStoreView store;
   kv::PageCodesView pc;
@@ -349,6 +365,20 @@ struct TsGpu {
     pc.range_min = rmin.p;
     pc.range_max = rmax.p;
     pc.grid = grid.p;
+    // The channel-major copy (token_codes' first pass), where the cache keeps one.
+    pc.chan_codes = nullptr;
+    pc.chan_ranges = nullptr;
+    if (hpc.chan_codes != nullptr && hpc.chan_ranges != nullptr) {
+      const std::size_t per = static_cast<std::size_t>(hpc.num_kv_heads) * hpc.head_dim *
+                              static_cast<std::size_t>(hpc.num_pages);
+      const std::size_t ncc = per * static_cast<std::size_t>(hpc.chan_word_bytes());
+      chan_codes = DevBuf<std::uint8_t>(ncc);
+      chan_codes.upload(hpc.chan_codes, ncc);
+      chan_ranges = DevBuf<std::uint8_t>(2 * per);
+      chan_ranges.upload(hpc.chan_ranges, 2 * per);
+      pc.chan_codes = chan_codes.p;
+      pc.chan_ranges = chan_ranges.p;
+    }
   }
 };
 
@@ -369,23 +399,10 @@ int run_ts_case(const TsCase& c, std::uint64_t seed, cuda::TwoStageWorkspace& ws
   a.summaries = hsum;
   a.bounds_bf16 = &sv;
   a.page_codes = hc.cache->page_codes();
-  select::SelectorConfig cfg;
-  // Factor 0 is token_codes (every page a candidate, no page stage).
-  cfg.method = c.factor == 0 ? select::Method::token_codes : select::Method::two_stage;
-  cfg.budget = {select::Budget::Kind::fixed, c.budget, 0.9};
-  cfg.sink_pages = c.sinks;
-  cfg.window_tokens = c.window;
-  cfg.candidate_factor = c.factor == 0 ? cfg.candidate_factor : c.factor;
-  cfg.code_channels = 1;  // the GPU's token_codes is the one-pass rule (two passes: CPU only)
-  // The methods' defaults on both sides (token_codes: log_prob; two_stage: the round robin),
-  // and token_codes' round robin named where the case asks for it.
-  const select::GroupRule group = c.factor == 0 && !c.log_prob ? select::GroupRule::union_heads
-                                                               : select::GroupRule::method_default;
-  cfg.group = group;
-  select::SelectOutput out;
-  select::run_selector(a, cfg, out);
-  const SelectionView want = out.selection.view();
-
+  // One pass (code_channels 1), then token_codes' two passes where the case asks.
+  std::vector<std::pair<double, int>> passes = {{1.0, 2}};
+  if (c.factor == 0 && c.two_pass) passes.insert(passes.end(), std::begin(kTwoPasses), std::end(kTwoPasses));
+  if (c.factor == 0) passes.insert(passes.end(), c.extra.begin(), c.extra.end());
   TsGpu g(sv, a.page_codes);
   DevTable dt(hc.table);
   DevBuf<float> dq = to_device(q);
@@ -394,65 +411,105 @@ int run_ts_case(const TsCase& c, std::uint64_t seed, cuda::TwoStageWorkspace& ws
   const int cap = cuda::two_stage_capacity(max_pages, c.P, c.budget, c.sinks, c.window);
   DevBuf<std::int32_t> ids(static_cast<std::size_t>(c.B) * c.Hkv * cap),
       cnt(static_cast<std::size_t>(c.B) * c.Hkv);
-  cuda::TwoStageSelectArgs ta;
-  ta.q = View3<const float>::contiguous(dq.p, c.B, Hq, c.d);
-  ta.table = dt.view();
-  ta.page_size = c.P;
-  ta.bounds = g.store;
-  ta.codes = g.pc;
-  ta.budget_tokens = c.budget;
-  ta.sink_pages = c.sinks;
-  ta.window_tokens = c.window;
-  ta.candidate_factor = c.factor;
-  ta.group = group;
-  ta.max_per_head = cap;
-  ta.ids = {ids.p, ids.n};
-  ta.count = {cnt.p, cnt.n};
-  cuda::TwoStageLaunch l;
-  l.workspace = &ws;
-  l.max_pages_per_seq = max_pages;
   int failures = 0;
-  std::vector<std::int32_t> first_ids;
-  for (int run = 0; run < 2; ++run) {
-    cuda::two_stage_select(ta, l);
-    const std::vector<std::int32_t> gi = ids.download(), gc = cnt.download();
-    if (run == 1) {
-      if (gi != first_ids) {
-        ++failures;
-        std::printf("FAIL two-stage: a rerun gave other lists\n");
-      }
-      break;
-    }
-    first_ids = gi;
-    for (int b = 0; b < c.B; ++b) {
-      for (int h = 0; h < c.Hkv; ++h) {
-        const auto w = want.list(b, h);
-        const std::size_t base = (static_cast<std::size_t>(b) * c.Hkv + h) * cap;
-        bool same = gc[static_cast<std::size_t>(b) * c.Hkv + h] == static_cast<int>(w.size()) &&
-                    static_cast<int>(w.size()) <= cap;
-        for (std::size_t i = 0; same && i < w.size(); ++i) same = gi[base + i] == w[i];
-        for (int i = static_cast<int>(w.size()); same && i < cap; ++i) same = gi[base + i] == -1;
-        ++st.lists;
-        st.identical += same;
-        st.tokens += static_cast<long>(w.size());
-        if (!same) {
+  for (const auto& [channels, cands] : passes) {
+    const bool two = channels < 1;
+    select::SelectorConfig cfg;
+    // Factor 0 is token_codes (every page a candidate, no page stage).
+    cfg.method = c.factor == 0 ? select::Method::token_codes : select::Method::two_stage;
+    cfg.budget = {select::Budget::Kind::fixed, c.budget, 0.9};
+    cfg.sink_pages = c.sinks;
+    cfg.window_tokens = c.window;
+    cfg.candidate_factor = c.factor == 0 ? cfg.candidate_factor : c.factor;
+    // The methods' defaults on both sides (token_codes: log_prob; two_stage: the round robin),
+    // and token_codes' round robin named where the case asks for it.
+    const select::GroupRule group = c.factor == 0 && !c.log_prob
+                                        ? select::GroupRule::union_heads
+                                        : select::GroupRule::method_default;
+    cfg.group = group;
+    cfg.code_channels = channels;
+    cfg.code_candidates = cands;
+    select::SelectOutput out;
+    select::run_selector(a, cfg, out);
+    const SelectionView want = out.selection.view();
+
+    cuda::TwoStageSelectArgs ta;
+    ta.q = View3<const float>::contiguous(dq.p, c.B, Hq, c.d);
+    ta.table = dt.view();
+    ta.page_size = c.P;
+    ta.bounds = g.store;
+    ta.codes = g.pc;
+    ta.budget_tokens = c.budget;
+    ta.sink_pages = c.sinks;
+    ta.window_tokens = c.window;
+    ta.candidate_factor = c.factor;
+    ta.group = group;
+    ta.code_channels = channels;
+    ta.code_candidates = cands;
+    ta.max_per_head = cap;
+    ta.ids = {ids.p, ids.n};
+    ta.count = {cnt.p, cnt.n};
+    cuda::TwoStageLaunch l;
+    l.workspace = &ws;
+    l.max_pages_per_seq = max_pages;
+    std::vector<std::int32_t> first_ids;
+    for (int run = 0; run < 2; ++run) {
+      cuda::two_stage_select(ta, l);
+      const std::vector<std::int32_t> gi = ids.download(), gc = cnt.download();
+      if (run == 1) {
+        if (gi != first_ids) {
           ++failures;
-          int first_diff = 0;
-          const int gn = gc[static_cast<std::size_t>(b) * c.Hkv + h];
-          while (first_diff < static_cast<int>(w.size()) && first_diff < gn &&
-                 gi[base + first_diff] == w[first_diff])
-            ++first_diff;
-          if (failures <= 3)
-            std::printf(
-                "FAIL two-stage B=%d group=%d Hkv=%d d=%d L=%lld budget=%lld factor=%d sinks=%d "
-                "window=%d%s%s: list [%d][%d] count gpu %d cpu %zu, first difference at %d "
-                "(gpu %d, cpu %d)\n",
-                c.B, c.group, c.Hkv, c.d,
-                static_cast<long long>(hc.table.table().length(b, c.P)),
-                static_cast<long long>(c.budget), c.factor, c.sinks, c.window,
-                c.ties ? " ties" : "", c.log_prob ? " log_prob" : "", b, h, gn, w.size(), first_diff,
-                first_diff < gn ? gi[base + first_diff] : -1,
-                first_diff < static_cast<int>(w.size()) ? w[first_diff] : -1);
+          std::printf("FAIL two-stage: a rerun gave other lists%s\n", two ? " (two passes)" : "");
+        }
+        break;
+      }
+      first_ids = gi;
+      // Two passes: the second pass's pages (the workspace's candidate counts) are the CPU's
+      // SelectOutput::code_pages.
+      std::vector<std::int32_t> gpages;
+      if (two) {
+        gpages.resize(ws.candidate_counts().size());
+        CK(cudaMemcpy(gpages.data(), ws.candidate_counts().data(), gpages.size() * 4,
+                      cudaMemcpyDeviceToHost));
+      }
+      for (int b = 0; b < c.B; ++b) {
+        for (int h = 0; h < c.Hkv; ++h) {
+          const std::size_t pair = static_cast<std::size_t>(b) * c.Hkv + h;
+          const auto w = want.list(b, h);
+          const std::size_t base = pair * cap;
+          bool same = gc[pair] == static_cast<int>(w.size()) && static_cast<int>(w.size()) <= cap;
+          for (std::size_t i = 0; same && i < w.size(); ++i) same = gi[base + i] == w[i];
+          for (int i = static_cast<int>(w.size()); same && i < cap; ++i) same = gi[base + i] == -1;
+          const bool pages_same = !two || (pair < gpages.size() && gpages[pair] == out.code_pages[pair]);
+          ++st.lists;
+          st.identical += same;
+          st.tokens += static_cast<long>(w.size());
+          if (two) {
+            ++st.lists_2p;
+            st.identical_2p += same;
+            st.code_pages_2p += pages_same;
+          }
+          if (!same || !pages_same) {
+            ++failures;
+            int first_diff = 0;
+            const int gn = gc[pair];
+            while (first_diff < static_cast<int>(w.size()) && first_diff < gn &&
+                   gi[base + first_diff] == w[first_diff])
+              ++first_diff;
+            if (failures <= 3)
+              std::printf(
+                  "FAIL two-stage B=%d group=%d Hkv=%d d=%d P=%d L=%lld budget=%lld factor=%d "
+                  "sinks=%d window=%d%s%s code_channels=%g code_candidates=%d: list [%d][%d] "
+                  "count gpu %d cpu %zu, first difference at %d (gpu %d, cpu %d); code pages "
+                  "gpu %d cpu %d\n",
+                  c.B, c.group, c.Hkv, c.d, c.P,
+                  static_cast<long long>(hc.table.table().length(b, c.P)),
+                  static_cast<long long>(c.budget), c.factor, c.sinks, c.window,
+                  c.ties ? " ties" : "", c.log_prob ? " log_prob" : "", channels, cands, b, h,
+                  gn, w.size(), first_diff, first_diff < gn ? gi[base + first_diff] : -1,
+                  first_diff < static_cast<int>(w.size()) ? w[first_diff] : -1,
+                  pair < gpages.size() ? gpages[pair] : -1, out.code_pages[pair]);
+          }
         }
       }
     }
@@ -513,11 +570,39 @@ int run_two_stage_check() {
   cases.push_back({3, 1, 3, 64, 16, 3000, 64, 0, 0, 5, false, true});
   cases.push_back({1, 2, 1, 64, 16, 700, 128, 0, 1, 100000, false, true});
   cases.push_back({3, 3, 2, 64, 16, 1, 64, 0, 0, 0, false, true});
+  // Every token_codes case above again in two passes (kTwoPasses), both rules.
+  for (TsCase& c : cases) c.two_pass = c.factor == 0;
+  // Two passes' own edges, both rules: every token a candidate (code_candidates x cap >= L),
+  // one chosen channel and every channel, 1-token sequences, g 8 with tied keys and a window
+  // ending inside a page, and page sizes other than 16 (the first pass's byte-wise words below
+  // 16, several words a page above).
+  for (const bool lp : {false, true}) {
+    TsCase e{1, 4, 2, 128, 16, 3000, 1024, 0, 1, 50, false, lp};
+    e.extra = {{0.5, 1 << 20}, {0.375, 3}, {0.01, 2}, {0.999, 2}};
+    cases.push_back(e);
+    e = {2, 3, 2, 64, 16, 700, 64, 0, 0, 0, false, lp};
+    e.extra = {{0.01, 1}, {0.999, 3}};
+    cases.push_back(e);
+    e = {3, 3, 2, 64, 16, 1, 64, 0, 0, 0, false, lp};
+    e.two_pass = true;
+    cases.push_back(e);
+    e = {1, 8, 2, 128, 16, 9000, 1024, 0, 1, 100, true, lp};
+    e.two_pass = true;
+    cases.push_back(e);
+    for (const int P : {1, 4, 8, 32, 64}) {
+      e = {2, 4, 2, P % 2 ? 64 : 128, P, P == 1 ? 1500 : 5000, 512, 0, 1, 37, P == 8, lp};
+      e.extra = {{0.375, 2}, {0.5, 3}};
+      cases.push_back(e);
+    }
+  }
   std::printf(
-      "two-stage-check: %zu cases (Hq/Hkv 1..8, d 64/128, page 16, lengths up to 128K, budgets "
-      "64..8000, factors 0 (token_codes: round robin, log_prob) and 1..8, sinks 0..2, windows; "
-      "every 5th with tied keys) vs select::run_selector(two_stage with bounds_bf16, or token_codes): identical "
-      "lists required\n",
+      "two-stage-check: %zu cases (Hq/Hkv 1..8, d 64/128, page 16 (token_codes' two passes: "
+      "1..64 too), lengths up to 128K, budgets 64..8000, factors 0 (token_codes: round robin, "
+      "log_prob; one pass and two passes, code_channels 0.375/0.5 x code_candidates 1..3 and "
+      "edges) and 1..8, sinks 0..2, windows; every 5th with tied keys) vs "
+      "select::run_selector(two_stage with bounds_bf16, or token_codes with the same "
+      "code_channels / code_candidates): identical lists (and two passes' code_pages) "
+      "required\n",
       cases.size());
   const auto t0 = std::chrono::steady_clock::now();
   cuda::TwoStageWorkspace ws;
@@ -585,12 +670,37 @@ int run_two_stage_check() {
         std::printf("FAIL two-stage: an unserved GQA rule did not raise 'group'\n");
       }
     }
+    // Two passes' settings (token_codes): the CPU's ranges, and the channel-major copy.
+    ta.group = select::GroupRule::method_default;
+    ta.candidate_factor = 0;
+    for (const double f : {0.0, -0.5, 1.5, std::nan("")}) {
+      ta.code_channels = f;
+      if (!names("code_channels")) {
+        ++failures;
+        std::printf("FAIL two-stage: code_channels %g did not raise 'code_channels'\n", f);
+      }
+    }
+    ta.code_channels = 0.5;
+    ta.code_candidates = 0;
+    if (!names("code_candidates")) {
+      ++failures;
+      std::printf("FAIL two-stage: code_candidates 0 did not raise 'code_candidates'\n");
+    }
+    ta.code_candidates = 2;
+    ta.codes.chan_codes = nullptr;
+    if (!names("codes")) {
+      ++failures;
+      std::printf("FAIL two-stage: two passes without the channel-major copy did not raise "
+                  "'codes'\n");
+    }
   }
   const double secs =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   std::printf(
-      "two-stage-check: %s, %d failure(s); %ld/%ld lists identical, %ld tokens (%.1f s)\n",
-      failures ? "FAILED" : "passed", failures, st.identical, st.lists, st.tokens, secs);
+      "two-stage-check: %s, %d failure(s); %ld/%ld lists identical, %ld tokens; two passes: "
+      "%ld/%ld lists identical, %ld/%ld code_pages equal (%.1f s)\n",
+      failures ? "FAILED" : "passed", failures, st.identical, st.lists, st.tokens,
+      st.identical_2p, st.lists_2p, st.code_pages_2p, st.lists_2p, secs);
   return failures;
 }
 
@@ -613,6 +723,10 @@ int run_profile_two_stage() {
     const int cap = cuda::two_stage_capacity(pages, 16, 4096, 1, 0);
     DevBuf<std::int32_t> ids(static_cast<std::size_t>(8) * cap), cnt(8);
     cuda::TwoStageWorkspace ws;
+    // One pass, then two passes (token_codes_2p: code_channels 0.5 and 0.375, 2 candidates
+    // per cap token).
+    const std::pair<double, int> settings[] = {{1.0, 2}, {0.5, 2}, {0.375, 2}};
+    for (const auto& [channels, cands] : settings)
     for (const bool lp : {false, true}) {
       cuda::TwoStageSelectArgs ta;
       ta.q = View3<const float>::contiguous(dq.p, 1, 32, 128);
@@ -625,6 +739,8 @@ int run_profile_two_stage() {
       ta.window_tokens = 0;
       ta.candidate_factor = 0;
       ta.group = lp ? select::GroupRule::log_prob : select::GroupRule::union_heads;
+      ta.code_channels = channels;
+      ta.code_candidates = cands;
       ta.max_per_head = cap;
       ta.ids = {ids.p, ids.n};
       ta.count = {cnt.p, cnt.n};
@@ -634,214 +750,15 @@ int run_profile_two_stage() {
       l.check_errors = false;
       const double us = time_us(3, 20, [&](int) { cuda::two_stage_select(ta, l); });
       ws.check(nullptr);
-      std::printf("profile-two-stage L=%d token_codes%s: %.1f us per select\n", L,
-                  lp ? "+lse" : "", us);
+      if (channels < 1) {
+        std::printf("profile-two-stage L=%d token_codes_2p%s (code_channels %g, code_candidates "
+                    "%d): %.1f us per select\n",
+                    L, lp ? "+lse" : "", channels, cands, us);
+      } else {
+        std::printf("profile-two-stage L=%d token_codes%s: %.1f us per select\n", L,
+                    lp ? "+lse" : "", us);
+      }
     }
   }
   return 0;
-}
-
-// ---- bench ------------------------------------------------------------------------------------
-
-namespace {
-
-// The 2-bit codes of a bf16 HND pool's keys under their pages' 8-bit ranges (kv/page_codes.hpp's
-// rule: l, u = fma(code, step, lo) of the range codes; RNE(3 (x - l) / (u - l)) clamped to
-// [0, 3], 0 for an empty range).
-__global__ void encode_codes_kernel(const std::uint16_t* k, const std::uint8_t* rmin,
-                                    const std::uint8_t* rmax, const float* grid,
-                                    std::uint8_t* codes, int hkv, int page, int d) {
-  const int pg = blockIdx.x, h = blockIdx.y;
-  const int bytes = d / 4;
-  const std::int64_t ph = static_cast<std::int64_t>(pg) * hkv + h;
-  const float lo0 = grid[2 * ph], step = grid[2 * ph + 1];
-  for (int idx = threadIdx.x; idx < page * bytes; idx += blockDim.x) {
-    const int slot = idx / bytes, byte = idx % bytes;
-    const std::int64_t row = (ph * page + slot) * d;
-    unsigned out = 0;
-    for (int i = 0; i < 4; ++i) {
-      const int c = 4 * byte + i;
-      const float x = __uint_as_float(static_cast<unsigned>(k[row + c]) << 16);
-      const float lo = fmaf(static_cast<float>(rmin[ph * d + c]), step, lo0);
-      const float hi = fmaf(static_cast<float>(rmax[ph * d + c]), step, lo0);
-      unsigned lvl = 0;
-      if (hi > lo) {
-        const float t = rintf(3.0f * ((x - lo) / (hi - lo)));
-        lvl = t <= 0.f ? 0u : t >= 3.f ? 3u : static_cast<unsigned>(t);
-      }
-      out |= lvl << (2 * i);
-    }
-    codes[(ph * page + slot) * bytes + byte] = static_cast<std::uint8_t>(out);
-  }
-}
-
-template <class F>
-double graph_us(int rot, int warmup, int iters, F&& step) {
-  cudaStream_t st;
-  CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
-  const std::vector<cudaGraphExec_t> execs = capture_graphs(rot, st, step);
-  for (int i = 0; i < warmup; ++i) CK(cudaGraphLaunch(execs[i % rot], st));
-  std::vector<cudaEvent_t> ev(2 * iters);
-  for (auto& e : ev) CK(cudaEventCreate(&e));
-  for (int i = 0; i < iters; ++i) {
-    CK(cudaEventRecord(ev[2 * i], st));
-    CK(cudaGraphLaunch(execs[i % rot], st));
-    CK(cudaEventRecord(ev[2 * i + 1], st));
-  }
-  CK(cudaStreamSynchronize(st));
-  std::vector<float> ms(iters);
-  for (int i = 0; i < iters; ++i) CK(cudaEventElapsedTime(&ms[i], ev[2 * i], ev[2 * i + 1]));
-  for (auto& e : ev) CK(cudaEventDestroy(e));
-  for (auto& x : execs) CK(cudaGraphExecDestroy(x));
-  CK(cudaStreamDestroy(st));
-  return median(ms) * 1000.0;
-}
-
-}  // namespace
-
-std::vector<TwoStageBenchRow> bench_two_stage(const TwoStageBenchShape& s) {
-  // The pool's code ranges (rounded on the host from its f32 summaries) and codes on the
-  // device, made once per pool.
-  static DevBuf<std::uint8_t> drmin, drmax, dcodes;
-  static DevBuf<float> dgrid;
-  static const void* made_for = nullptr;
-  const std::size_t nr = static_cast<std::size_t>(s.pool_pages) * s.hkv * s.d;
-  if (made_for != s.k) {
-    std::vector<std::uint8_t> ra(nr), rb(nr);
-    std::vector<float> grid(2 * static_cast<std::size_t>(s.pool_pages) * s.hkv);
-    for (std::size_t ph = 0; ph < static_cast<std::size_t>(s.pool_pages) * s.hkv; ++ph)
-      kv::round_range8(s.host_min + ph * s.d, s.host_max + ph * s.d, s.d, ra.data() + ph * s.d,
-                       rb.data() + ph * s.d, grid.data() + 2 * ph);
-    drmin = DevBuf<std::uint8_t>(nr);
-    drmax = DevBuf<std::uint8_t>(nr);
-    dgrid = DevBuf<float>(grid.size());
-    drmin.upload(ra.data(), nr);
-    drmax.upload(rb.data(), nr);
-    dgrid.upload(grid.data(), grid.size());
-    dcodes = DevBuf<std::uint8_t>(static_cast<std::size_t>(s.pool_pages) * s.hkv * s.page * s.d / 4);
-    encode_codes_kernel<<<dim3(s.pool_pages, s.hkv), 256>>>(
-        static_cast<const std::uint16_t*>(s.k), drmin.p, drmax.p, dgrid.p, dcodes.p, s.hkv,
-        s.page, s.d);
-    CK(cudaGetLastError());
-    CK(cudaDeviceSynchronize());
-    made_for = s.k;
-  }
-  kv::PageCodesView pc;
-  pc.codes = dcodes.p;
-  pc.num_pages = s.pool_pages;
-  pc.num_kv_heads = s.hkv;
-  pc.page_size = s.page;
-  pc.head_dim = s.d;
-  pc.range_min = drmin.p;
-  pc.range_max = drmax.p;
-  pc.grid = dgrid.p;
-
-  const int pages = s.ctx / s.page;
-  const int rq = static_cast<int>(s.q.size()), rt = static_cast<int>(s.tables.size());
-  const int cap = cuda::two_stage_capacity(pages, s.page, s.budget, s.sink_pages, s.window_tokens);
-  std::vector<DevBuf<std::int32_t>> ids, cnt;
-  std::vector<SelectionView> views;
-  for (int r = 0; r < rq; ++r) {
-    ids.emplace_back(static_cast<std::size_t>(s.batch) * s.hkv * cap);
-    cnt.emplace_back(static_cast<std::size_t>(s.batch) * s.hkv);
-  }
-  for (int r = 0; r < rq; ++r)
-    views.push_back({SelectionView::Unit::token, s.batch, s.hkv, cap,
-                     {ids[r].p, ids[r].n}, {cnt[r].p, cnt[r].n}});
-  cuda::TwoStageWorkspace tws;
-  const auto sel_args = [&](int r) {
-    cuda::TwoStageSelectArgs a;
-    a.q = View3<const float>::contiguous(s.q[r % rq], s.batch, s.hq, s.d);
-    a.table = s.tables[r % rt];
-    a.page_size = s.page;
-    a.bounds = s.store;
-    a.codes = pc;
-    a.budget_tokens = s.budget;
-    a.sink_pages = s.sink_pages;
-    a.window_tokens = s.window_tokens;
-    a.candidate_factor = s.factor;
-    a.group = s.log_prob ? select::GroupRule::log_prob : select::GroupRule::union_heads;
-    a.max_per_head = cap;
-    a.ids = {ids[r % rq].p, ids[r % rq].n};
-    a.count = {cnt[r % rq].p, cnt[r % rq].n};
-    return a;
-  };
-  const auto select = [&](int r, cudaStream_t st) {
-    cuda::TwoStageLaunch l;
-    l.stream = st;
-    l.workspace = &tws;
-    l.max_pages_per_seq = pages;
-    l.check_errors = false;
-    cuda::two_stage_select(sel_args(r), l);
-  };
-  DevBuf<float> out(static_cast<std::size_t>(s.batch) * s.hq * s.d), lse(static_cast<std::size_t>(s.batch) * s.hq);
-  const auto decode = [&](int r, cudaStream_t st) {
-    attn::DecodeArgs a;
-    a.q = View3<const float>::contiguous(s.q[r % rq], s.batch, s.hq, s.d);
-    a.cache = bf16_hnd_pool(s.k, s.v, s.pool_pages, s.hkv, s.page, s.d, s.tables[r % rt]);
-    a.out = View3<float>::contiguous(out.p, s.batch, s.hq, s.d);
-    a.lse_or_tau = {lse.p, lse.n};
-    a.selection = &views[r % rq];
-    cuda::DecodeLaunch l;
-    l.stream = st;
-    l.workspace = s.decode_ws;
-    l.max_pages_per_seq = pages;
-    l.check_errors = false;
-    cuda::decode(a, l);
-  };
-  // Held tokens and candidate pages per step (for the bytes), errors checked once.
-  double held = 0, cand = 0;
-  for (int r = 0; r < rq; ++r) {
-    select(r, nullptr);
-    tws.check(nullptr);
-    for (int c : cnt[r].download()) held += c;
-    std::vector<std::int32_t> nc(tws.candidate_counts().size());
-    CK(cudaMemcpy(nc.data(), tws.candidate_counts().data(), nc.size() * 4, cudaMemcpyDeviceToHost));
-    for (int c : nc) cand += c;
-  }
-  held /= rq;
-  cand /= rq;
-  const double kv_bytes = held * s.d * 2 * 2;
-  // Stage 1 reads the bf16 bound store (not with factor 0); stage 2 the candidates' 8-bit
-  // ranges (2 d + 8 bytes) and codes.
-  const double sel_bytes =
-      (s.factor == 0 ? 0.0 : static_cast<double>(s.batch) * pages * s.hkv * s.d * 4) +
-      cand * (s.d * 2.0 + 8.0 + s.page * s.d / 4.0);
-  constexpr int kWarm = 10, kIters = 100;
-  const std::string tag = s.factor != 0 ? "two_stage" : s.log_prob ? "token_codes_lse" : "token_codes";
-  std::vector<TwoStageBenchRow> rows;
-  const double sel_us = time_us(kWarm, kIters, [&](int i) { select(i, nullptr); });
-  tws.check(nullptr);
-  rows.push_back({"gpu_" + tag + "_select", sel_us, sel_bytes});
-  const double sel_graph = graph_us(rq, kWarm, kIters, select);
-  rows.push_back({"gpu_" + tag + "_select_graph", sel_graph, sel_bytes});
-  const double step = graph_us(rq, kWarm, kIters, [&](int r, cudaStream_t st) {
-    select(r, st);
-    decode(r, st);
-  });
-  tws.check(nullptr);
-  s.decode_ws->check(nullptr);
-  rows.push_back({"ours_sparse_" + tag + "_gpu_sel_graph", step, kv_bytes + sel_bytes});
-  const double dec = graph_us(rq, kWarm, kIters, decode);
-  s.decode_ws->check(nullptr);
-  rows.push_back({"ours_sparse_" + tag + "_token_decode_graph", dec, kv_bytes});
-  const int layers = std::min(8, rq);
-  const double lay = graph_us(1, kWarm, kIters, [&](int, cudaStream_t st) {
-                       for (int l = 0; l < layers; ++l) {
-                         select(l, st);
-                         decode(l, st);
-                       }
-                     }) /
-                     layers;
-  tws.check(nullptr);
-  s.decode_ws->check(nullptr);
-  rows.push_back({"ours_sparse_" + tag + "_gpu_sel_layers_graph", lay, kv_bytes + sel_bytes});
-  std::printf(
-      "  %s ctx=%7d B=%2d budget=%5d factor %d: select %.1f us (graph %.1f), select + "
-      "token decode (graph) %.1f us, token decode alone (graph) %.1f us, per layer in a %d-layer "
-      "graph %.1f us; %.0f tokens held, %.0f candidate pages per step; %.1f MB selector reads\n",
-      tag.c_str(), s.ctx, s.batch, s.budget, s.factor, sel_us, sel_graph, step, dec, layers, lay,
-      held, cand,
-      sel_bytes / 1e6);
-  return rows;
 }

@@ -1,5 +1,6 @@
-// masskv_gpu_bench's two-stage part (two_stage_check.cu): the token-selection decode and the
-// two-stage selection against the CPU, and the bench's "two_stage select + token decode" rows.
+// masskv_gpu_bench's two-stage part: the token-selection decode and the two-stage selection
+// against the CPU (two_stage_check.cu), and the bench's "two_stage select + token decode" rows
+// (two_stage_bench.cu).
 #pragma once
 
 #include <cstdint>
@@ -18,7 +19,8 @@ int run_decode_token_check();
 // cuda::two_stage_select vs select::run_selector(Method::two_stage), list for list, identical;
 // returns the number of failures (printed).
 int run_two_stage_check();
-// token_codes' select at the bench's shape (32K, 128K), round robin and log_prob, timed.
+// token_codes' select at the bench's shape (32K, 128K), round robin and log_prob, one pass and
+// two passes (code_channels 0.5 / 0.375, code_candidates 2), timed.
 int run_profile_two_stage();
 
 // One bench shape's inputs (device memory unless said): the bf16 HND pool, its f32 summaries
@@ -28,6 +30,10 @@ struct TwoStageBenchShape {
   int budget = 4096, sink_pages = 1, window_tokens = 0;
   int factor = masskv::select::SelectorConfig{}.candidate_factor;  // the library's default
   bool log_prob = false;  // factor 0: GroupRule::log_prob (rows tagged token_codes_lse)
+  // factor 0: token_codes in two passes when code_channels < 1 (rows tagged ..._2p; the
+  // codes' channel-major copy is made on the device once per pool).
+  double code_channels = 1.0;
+  int code_candidates = 2;
   const void* k = nullptr;
   const void* v = nullptr;
   const float* host_min = nullptr;  // [pool_pages][hkv][d] f32 summaries, host

@@ -68,6 +68,9 @@ struct TwoStageSelectArgs {
   // Stage 2: the device page codes and their ranges (kv::PagedKVCache::page_codes()'s arrays
   // copied: codes [page][kv_head][slot][head_dim / 4] bytes, range_min / range_max
   // [page][kv_head][head_dim], grid [page][kv_head][2]). Same pool geometry as the bound store.
+  // Two passes (code_channels < 1) read the channel-major copy too: chan_codes
+  // [kv_head][head_dim][page][(page_size + 3) / 4] (4-byte aligned), chan_ranges
+  // [kv_head][head_dim][page][2] (2-byte aligned), num_pages pages, as the cache's.
   kv::PageCodesView codes;
   float scale = 0;  // 0 means 1/sqrt(d), as the CPU selector
   // select::SelectorConfig's: a fixed budget in tokens (> 0), sinks, window, candidate factor.
@@ -81,6 +84,18 @@ struct TwoStageSelectArgs {
   // log_prob.hpp, the CPU's bits), the heads' round robin (union_heads) for two_stage. log_prob
   // serves factor 0 only; aggregate is not served.
   select::GroupRule group = select::GroupRule::method_default;
+  // token_codes (candidate_factor 0) in two passes, as select::SelectorConfig's (the same
+  // defaults: 3/8 of the channels, 2 × the cap): 1 = one pass over every channel. f in (0, 1):
+  // pass 1 scores every token on
+  // the kv group's round(f · d) channels of largest Σ over its q heads of |q_c| (ties to the
+  // lower channel), read from the codes' channel-major copy (codes.chan_codes / chan_ranges,
+  // required then), the heads pooled by their log-probabilities; its best code_candidates ×
+  // the cap tokens with the kept ones are scored on every channel (the one-pass scores, bit for
+  // bit) and only those are ranked, by the group rule (log_prob: each head's LSE over the
+  // candidates; union_heads: the round robin): the CPU's lists. With a page stage (factor >= 1)
+  // they are not read (the CPU's two_stage ranks its listed candidates in one pass).
+  double code_channels = 0.375;
+  int code_candidates = 2;
   // Output, device: ids [B][Hkv][max_per_head] (ascending logical token ids, -1 padded) and
   // count [B][Hkv]; size max_per_head with two_stage_capacity.
   int max_per_head = 0;
@@ -101,7 +116,8 @@ struct TwoStageLaunch {
 // Validates the host-side shape of the arguments (throws masskv::Error naming the argument:
 // "workspace", "q", "head_dim", "bounds", "codes", "indptr", "last_page_len",
 // "page_size", "budget_tokens", "sink_pages", "window_tokens", "candidate_factor", "group",
-// "max_pages_per_seq", "max_per_head", "ids", "count", "scale") and selects. Served: head_dim
+// "code_channels", "code_candidates", "max_pages_per_seq", "max_per_head", "ids", "count",
+// "scale") and selects. Two passes serve the log_prob and union_heads rules. Served: head_dim
 // 64, 128; q heads per kv head <= 8; lists of at most 8192 tokens; at most 8192 candidate pages
 // (candidate_factor x ceil(cap / page_size)) with a factor, and with factor 0 sequences of
 // up to 1,835,008 tokens (the token merge's 224 KB bitmap).
