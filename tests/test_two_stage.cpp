@@ -185,12 +185,13 @@ TEST(PageCodes, BatchedScoresAreBitEqualToTheRowScore) {
 }
 
 // The first pass's channel sums (portable, AVX2 where the CPU has it, and the dispatcher) equal
-// the sums decoded from the token-major rows, for page sizes with and without the AVX2 path,
+// the sums decoded from the token-major rows, for page sizes with and without the AVX2 path
+// (8 to 64; 128 falls back to the portable loop),
 // partial last pages, any channel subset and zero query levels.
 TEST(PageCodes, ChannelSumsEqualTheSumsOfTheTokenMajorRows) {
   std::mt19937 rng(41);
   int checked = 0;
-  for (int P : {4, 8, 16, 32}) {
+  for (int P : {4, 8, 16, 32, 64, 128}) {
     for (int d : {16, 32}) {
       test::SelCase c = test::random_case(rng, {5, 33, 130}, 4, 2, d, P, DType::f16, 2.0f, 0.5f,
                                           0.7f, /*page_codes=*/true);
@@ -239,7 +240,7 @@ TEST(PageCodes, ChannelSumsEqualTheSumsOfTheTokenMajorRows) {
       }
     }
   }
-  EXPECT_EQ(checked, 4 * 2 * 3 * 2);
+  EXPECT_EQ(checked, 6 * 2 * 3 * 2);
 }
 
 // Every (page, head, slot) of every live sequence holds the encoding of its stored key under

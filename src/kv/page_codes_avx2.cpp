@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <tuple>
 #include <vector>
 
 #include "kv/page_codes_kernels.hpp"
@@ -112,41 +113,80 @@ void page_code_scores_avx2(const CodeQuery* q, int nh, const PageRange8& r,
   }
 }
 
+namespace {
+
+// One page's sums for every head, NV vectors of 8 slots (page_size = 8 NV): each head's
+// accumulators stay in registers across the r channels and are stored once.
+template <int NV>
+void page_sums(const std::uint8_t* const* words, const std::uint8_t* const* ranges,
+               const std::int16_t* q8, int r, int nh, std::int64_t at, int wb, std::int32_t* I,
+               std::int64_t n, std::int64_t first) {
+  const __m256i shift = _mm256_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14);
+  const __m256i mask = _mm256_set1_epi32(3);
+  for (int i = 0; i < nh; ++i) {
+    __m256i acc[NV];
+    for (int v = 0; v < NV; ++v) acc[v] = _mm256_setzero_si256();
+    const std::int16_t* qi = q8 + static_cast<std::ptrdiff_t>(i) * r;
+    for (int k = 0; k < r; ++k) {
+      const int qc = qi[k];
+      if (qc == 0) continue;
+      const std::uint8_t* rg = ranges[k] + 2 * at;
+      const __m256i base = _mm256_set1_epi32(3 * rg[0] * qc);
+      const __m256i per = _mm256_set1_epi32((rg[1] - rg[0]) * qc);
+      const std::uint8_t* w = words[k] + at * wb;
+      for (int v = 0; v < NV; ++v) {
+        std::uint16_t bits = 0;  // slots 8 v .. 8 v + 7: bytes 2 v, 2 v + 1
+        std::memcpy(&bits, w + 2 * v, 2);
+        const __m256i code =
+            _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32(bits), shift), mask);
+        acc[v] = _mm256_add_epi32(acc[v], _mm256_add_epi32(base, _mm256_mullo_epi32(code, per)));
+      }
+    }
+    std::int32_t* out = I + static_cast<std::int64_t>(i) * n + first;
+    const std::int64_t slots = std::min<std::int64_t>(8 * NV, n - first);
+    if (slots == 8 * NV) {
+      for (int v = 0; v < NV; ++v) {
+        __m256i* o = reinterpret_cast<__m256i*>(out + 8 * v);
+        _mm256_storeu_si256(o, _mm256_add_epi32(_mm256_loadu_si256(o), acc[v]));
+      }
+    } else {  // the partial last page
+      alignas(32) std::int32_t tmp[8 * NV];
+      for (int v = 0; v < NV; ++v) _mm256_store_si256(reinterpret_cast<__m256i*>(tmp + 8 * v), acc[v]);
+      for (std::int64_t t = 0; t < slots; ++t) out[t] += tmp[t];
+    }
+  }
+}
+
+}  // namespace
+
 void channel_code_sums_avx2(const PageCodesView& pc, int head, const std::int32_t* phys,
                             std::int64_t n, const std::int32_t* ch, int r, const CodeQuery* q,
                             int nh, std::int32_t* I) {
   const int P = pc.page_size, wb = pc.chan_word_bytes();
+  if (P != 8 && P != 16 && P != 32 && P != 64) {
+    channel_code_sums_portable(pc, head, phys, n, ch, r, q, nh, I);
+    return;
+  }
+  // Each chosen channel's rows and each head's levels on them, gathered once.
+  thread_local std::vector<const std::uint8_t*> words, ranges;
+  thread_local std::vector<std::int16_t> q8;
+  words.resize(static_cast<std::size_t>(r));
+  ranges.resize(static_cast<std::size_t>(r));
+  q8.resize(static_cast<std::size_t>(r) * static_cast<std::size_t>(nh));
+  for (int k = 0; k < r; ++k) {
+    words[static_cast<std::size_t>(k)] = pc.chan_row(head, ch[k]);
+    ranges[static_cast<std::size_t>(k)] = pc.chan_range_row(head, ch[k]);
+    for (int i = 0; i < nh; ++i) q8[static_cast<std::size_t>(i) * r + k] = q[i].q8[ch[k]];
+  }
   const std::int64_t pages = (n + P - 1) / P;
-  const __m256i shift = _mm256_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14);
-  const __m256i mask = _mm256_set1_epi32(3);
-  // Page by page, so that the page's slice of I (nh x P sums) stays in L1 across the
-  // channels; each channel's words and ranges are one stream in page order.
   for (std::int64_t j = 0; j < pages; ++j) {
-    const std::int64_t at = phys[j];
-    const int slots = static_cast<int>(std::min<std::int64_t>(P, n - j * P));
-    const int whole = slots / 8 * 8;
-    for (int k = 0; k < r; ++k) {
-      const int c = ch[k];
-      const std::uint8_t* w = pc.chan_row(head, c) + at * wb;
-      const std::uint8_t* rg = pc.chan_range_row(head, c) + 2 * at;
-      const int a = rg[0], width = rg[1] - rg[0];
-      for (int i = 0; i < nh; ++i) {
-        const int qc = q[i].q8[c];
-        if (qc == 0) continue;
-        const std::int32_t base = 3 * a * qc, per_code = width * qc;
-        const __m256i vbase = _mm256_set1_epi32(base), vper = _mm256_set1_epi32(per_code);
-        std::int32_t* out = I + static_cast<std::int64_t>(i) * n + j * P;
-        for (int t = 0; t < whole; t += 8) {
-          std::uint16_t bits = 0;  // slots t .. t + 7: bytes t / 4 and t / 4 + 1
-          std::memcpy(&bits, w + t / 4, 2);
-          const __m256i code =
-              _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32(bits), shift), mask);
-          const __m256i add = _mm256_add_epi32(vbase, _mm256_mullo_epi32(code, vper));
-          __m256i* o = reinterpret_cast<__m256i*>(out + t);
-          _mm256_storeu_si256(o, _mm256_add_epi32(_mm256_loadu_si256(o), add));
-        }
-        for (int t = whole; t < slots; ++t) out[t] += base + code_of(w, t) * per_code;
-      }
+    const auto args = std::tuple{words.data(), ranges.data(), q8.data(), r, nh,
+                                 static_cast<std::int64_t>(phys[j]), wb, I, n, j * P};
+    switch (P) {
+      case 8: std::apply(page_sums<1>, args); break;
+      case 16: std::apply(page_sums<2>, args); break;
+      case 32: std::apply(page_sums<4>, args); break;
+      default: std::apply(page_sums<8>, args); break;
     }
   }
 }

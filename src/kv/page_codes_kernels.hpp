@@ -29,10 +29,11 @@ void page_code_scores_avx2(const CodeQuery* q, int nh, const PageRange8& r,
                            const std::uint8_t* rows, const std::int32_t* slots, int n, int d,
                            double* out, std::size_t out_stride);
 
-// channel_code_sums: channel by channel over every page, and AVX2 (page_size % 8 == 0): page
-// by page, eight slots of a channel's word at a time (each 2-bit code shifted into its lane),
-// I += q8_c (3 a_c) + code · q8_c (b_c − a_c), the same exact int32 sums. Enter the AVX2 one
-// only after cpu::has_avx2().
+// channel_code_sums: channel by channel over every page, and AVX2 (page_size 8 to 64; other
+// sizes go to the portable loop): page by page and head by head, the page's slots in 1–8
+// vectors of eight held in registers across the chosen channels (each 2-bit code shifted into
+// its lane), += q8_c (3 a_c) + code · q8_c (b_c − a_c), stored once: the same exact int32
+// sums. Enter the AVX2 one only after cpu::has_avx2().
 void channel_code_sums_portable(const PageCodesView& pc, int head, const std::int32_t* phys,
                                 std::int64_t n, const std::int32_t* ch, int r, const CodeQuery* q,
                                 int nh, std::int32_t* I);
