@@ -5,7 +5,6 @@
 
 #include <algorithm>
 #include <cstring>
-#include <tuple>
 #include <vector>
 
 #include "kv/page_codes_kernels.hpp"
@@ -178,16 +177,11 @@ void channel_code_sums_avx2(const PageCodesView& pc, int head, const std::int32_
     ranges[static_cast<std::size_t>(k)] = pc.chan_range_row(head, ch[k]);
     for (int i = 0; i < nh; ++i) q8[static_cast<std::size_t>(i) * r + k] = q[i].q8[ch[k]];
   }
+  const auto sums = P == 8 ? page_sums<1> : P == 16 ? page_sums<2> : P == 32 ? page_sums<4>
+                                                                        : page_sums<8>;
   const std::int64_t pages = (n + P - 1) / P;
   for (std::int64_t j = 0; j < pages; ++j) {
-    const auto args = std::tuple{words.data(), ranges.data(), q8.data(), r, nh,
-                                 static_cast<std::int64_t>(phys[j]), wb, I, n, j * P};
-    switch (P) {
-      case 8: std::apply(page_sums<1>, args); break;
-      case 16: std::apply(page_sums<2>, args); break;
-      case 32: std::apply(page_sums<4>, args); break;
-      default: std::apply(page_sums<8>, args); break;
-    }
+    sums(words.data(), ranges.data(), q8.data(), r, nh, phys[j], wb, I, n, j * P);
   }
 }
 
