@@ -197,11 +197,16 @@ TEST(PageCodes, ChannelSumsEqualTheSumsOfTheTokenMajorRows) {
                                           0.7f, /*page_codes=*/true);
       const kv::PageTable t = c.table.table();
       const kv::PageCodesView pc = c.cache.page_codes();
-      const int nh = 2;
+      // 1-9 heads: the SIMD sums take heads four at a time.
+      const int nh = 1 + static_cast<int>(rng() % 9);
+      std::normal_distribution<float> normal(0.0f, 1.0f);
+      std::vector<float> qs(static_cast<std::size_t>(nh) * d);
+      for (float& x : qs) x = normal(rng);
+      qs[static_cast<std::size_t>(d) - 1] = 40.0f;  // one level at the extreme, 127
       std::vector<std::int16_t> q8(static_cast<std::size_t>(nh) * d);
       std::vector<kv::CodeQuery> cq(static_cast<std::size_t>(nh));
       for (int i = 0; i < nh; ++i) {
-        cq[i] = kv::code_query(c.q.data() + static_cast<std::size_t>(i) * d, d, q8.data() + i * d);
+        cq[i] = kv::code_query(qs.data() + static_cast<std::size_t>(i) * d, d, q8.data() + i * d);
       }
       q8[3] = 0;  // a zero level adds nothing
       for (int b = 0; b < c.B; ++b) {

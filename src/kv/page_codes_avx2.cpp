@@ -114,46 +114,73 @@ void page_code_scores_avx2(const CodeQuery* q, int nh, const PageRange8& r,
 
 namespace {
 
-// One page's sums for every head, NV vectors of 8 slots (page_size = 8 NV): each head's
-// accumulators stay in registers across the r channels and are stored once.
-template <int NV>
-void page_sums(const std::uint8_t* const* words, const std::uint8_t* const* ranges,
-               const std::int16_t* q8, int r, int nh, std::int64_t at, int wb, std::int32_t* I,
-               std::int64_t n, std::int64_t first) {
+// The first pass's sums I = Σ_k q_k (3 a_k + code_k (b_k − a_k)) split into the page's base
+// Σ_k 3 a_k q_k (one integer per head) and Σ_k code_k w_k, w_k = q_k (b_k − a_k). |w_k| <=
+// 127 · 255 < 2^15, so two channels' codes and weights share the halves of a 32-bit lane and one
+// madd gives a token both products (exact int32, as the portable sums).
+struct PageSumsScratch {
+  std::vector<std::int16_t> a, width;  // the page's a_k and b_k − a_k, padded to whole vectors
+  std::vector<std::int16_t> w;         // [head][rpad]: w_k
+  std::vector<std::int32_t> base;      // [head]
+  std::vector<std::uint32_t> bits;     // [vector][pair]: two channels' 16 code bits
+};
+
+// HB heads' sums of one page: NV vectors of 8 slots (page_size = 8 NV), accumulators held in
+// registers across the channel pairs.
+template <int NV, int HB>
+void page_block(const PageSumsScratch& S, int pairs, int rpad, int h0, std::int32_t* I,
+                std::int64_t n, std::int64_t first) {
   const __m256i shift = _mm256_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14);
-  const __m256i mask = _mm256_set1_epi32(3);
-  for (int i = 0; i < nh; ++i) {
-    __m256i acc[NV];
-    for (int v = 0; v < NV; ++v) acc[v] = _mm256_setzero_si256();
-    const std::int16_t* qi = q8 + static_cast<std::ptrdiff_t>(i) * r;
-    for (int k = 0; k < r; ++k) {
-      const int qc = qi[k];
-      if (qc == 0) continue;
-      const std::uint8_t* rg = ranges[k] + 2 * at;
-      const __m256i base = _mm256_set1_epi32(3 * rg[0] * qc);
-      const __m256i per = _mm256_set1_epi32((rg[1] - rg[0]) * qc);
-      const std::uint8_t* w = words[k] + at * wb;
-      for (int v = 0; v < NV; ++v) {
-        std::uint16_t bits = 0;  // slots 8 v .. 8 v + 7: bytes 2 v, 2 v + 1
-        std::memcpy(&bits, w + 2 * v, 2);
-        const __m256i code =
-            _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32(bits), shift), mask);
-        acc[v] = _mm256_add_epi32(acc[v], _mm256_add_epi32(base, _mm256_mullo_epi32(code, per)));
+  const __m256i mask = _mm256_set1_epi32(0x00030003);
+  const std::int64_t slots = std::min<std::int64_t>(8 * NV, n - first);
+  for (int v = 0; v < NV; ++v) {
+    __m256i acc[HB];
+    for (int h = 0; h < HB; ++h) acc[h] = _mm256_set1_epi32(S.base[static_cast<std::size_t>(h0 + h)]);
+    const std::uint32_t* bits = S.bits.data() + static_cast<std::size_t>(v) * pairs;
+    for (int m = 0; m < pairs; ++m) {
+      // Lane t: channel 2m's code of slot 8v + t in the low half, channel 2m + 1's in the high.
+      const __m256i codes = _mm256_and_si256(
+          _mm256_srlv_epi32(_mm256_set1_epi32(static_cast<int>(bits[m])), shift), mask);
+      for (int h = 0; h < HB; ++h) {
+        std::int32_t wp;
+        std::memcpy(&wp, S.w.data() + static_cast<std::size_t>(h0 + h) * rpad + 2 * m, 4);
+        acc[h] = _mm256_add_epi32(acc[h], _mm256_madd_epi16(codes, _mm256_set1_epi32(wp)));
       }
     }
-    std::int32_t* out = I + static_cast<std::int64_t>(i) * n + first;
-    const std::int64_t slots = std::min<std::int64_t>(8 * NV, n - first);
-    if (slots == 8 * NV) {
-      for (int v = 0; v < NV; ++v) {
-        __m256i* o = reinterpret_cast<__m256i*>(out + 8 * v);
-        _mm256_storeu_si256(o, _mm256_add_epi32(_mm256_loadu_si256(o), acc[v]));
+    for (int h = 0; h < HB; ++h) {
+      std::int32_t* out = I + static_cast<std::int64_t>(h0 + h) * n + first + 8 * v;
+      const std::int64_t left = slots - 8 * v;
+      if (left >= 8) {
+        __m256i* o = reinterpret_cast<__m256i*>(out);
+        _mm256_storeu_si256(o, _mm256_add_epi32(_mm256_loadu_si256(o), acc[h]));
+      } else {  // the partial last page
+        alignas(32) std::int32_t tmp[8];
+        _mm256_store_si256(reinterpret_cast<__m256i*>(tmp), acc[h]);
+        for (std::int64_t t = 0; t < left; ++t) out[t] += tmp[t];
       }
-    } else {  // the partial last page
-      alignas(32) std::int32_t tmp[8 * NV];
-      for (int v = 0; v < NV; ++v) _mm256_store_si256(reinterpret_cast<__m256i*>(tmp + 8 * v), acc[v]);
-      for (std::int64_t t = 0; t < slots; ++t) out[t] += tmp[t];
     }
   }
+}
+
+template <int NV>
+void page_heads(const PageSumsScratch& S, int pairs, int rpad, int nh, std::int32_t* I,
+                std::int64_t n, std::int64_t first) {
+  for (int h0 = 0; h0 < nh; h0 += 4) {
+    switch (std::min(4, nh - h0)) {
+      case 1: page_block<NV, 1>(S, pairs, rpad, h0, I, n, first); break;
+      case 2: page_block<NV, 2>(S, pairs, rpad, h0, I, n, first); break;
+      case 3: page_block<NV, 3>(S, pairs, rpad, h0, I, n, first); break;
+      default: page_block<NV, 4>(S, pairs, rpad, h0, I, n, first); break;
+    }
+  }
+}
+
+// Horizontal sum of eight int32 lanes.
+std::int32_t hsum(__m256i x) {
+  __m128i s = _mm_add_epi32(_mm256_castsi256_si128(x), _mm256_extracti128_si256(x, 1));
+  s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4e));
+  s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xb1));
+  return _mm_cvtsi128_si32(s);
 }
 
 }  // namespace
@@ -166,22 +193,62 @@ void channel_code_sums_avx2(const PageCodesView& pc, int head, const std::int32_
     channel_code_sums_portable(pc, head, phys, n, ch, r, q, nh, I);
     return;
   }
-  // Each chosen channel's rows and each head's levels on them, gathered once.
+  const int NV = P / 8, pairs = (r + 1) / 2, rpad = (r + 15) / 16 * 16;
+  // Each chosen channel's rows and each head's levels on them, gathered once (zero padded: a
+  // zero weight adds nothing).
   thread_local std::vector<const std::uint8_t*> words, ranges;
   thread_local std::vector<std::int16_t> q8;
+  thread_local PageSumsScratch S;
   words.resize(static_cast<std::size_t>(r));
   ranges.resize(static_cast<std::size_t>(r));
-  q8.resize(static_cast<std::size_t>(r) * static_cast<std::size_t>(nh));
+  q8.assign(static_cast<std::size_t>(rpad) * static_cast<std::size_t>(nh), 0);
   for (int k = 0; k < r; ++k) {
     words[static_cast<std::size_t>(k)] = pc.chan_row(head, ch[k]);
     ranges[static_cast<std::size_t>(k)] = pc.chan_range_row(head, ch[k]);
-    for (int i = 0; i < nh; ++i) q8[static_cast<std::size_t>(i) * r + k] = q[i].q8[ch[k]];
+    for (int i = 0; i < nh; ++i) q8[static_cast<std::size_t>(i) * rpad + k] = q[i].q8[ch[k]];
   }
-  const auto sums = P == 8 ? page_sums<1> : P == 16 ? page_sums<2> : P == 32 ? page_sums<4>
-                                                                        : page_sums<8>;
+  S.a.assign(static_cast<std::size_t>(rpad), 0);
+  S.width.assign(static_cast<std::size_t>(rpad), 0);
+  S.w.assign(static_cast<std::size_t>(rpad) * static_cast<std::size_t>(nh), 0);
+  S.base.assign(static_cast<std::size_t>(nh), 0);
+  S.bits.assign(static_cast<std::size_t>(NV) * pairs, 0);
+  const auto heads = P == 8 ? page_heads<1> : P == 16 ? page_heads<2> : P == 32 ? page_heads<4>
+                                                                         : page_heads<8>;
   const std::int64_t pages = (n + P - 1) / P;
   for (std::int64_t j = 0; j < pages; ++j) {
-    sums(words.data(), ranges.data(), q8.data(), r, nh, phys[j], wb, I, n, j * P);
+    const std::int64_t at = phys[j];
+    for (int k = 0; k < r; ++k) {
+      const std::uint8_t* rg = ranges[static_cast<std::size_t>(k)] + 2 * at;
+      S.a[static_cast<std::size_t>(k)] = rg[0];
+      S.width[static_cast<std::size_t>(k)] = static_cast<std::int16_t>(rg[1] - rg[0]);
+    }
+    for (int i = 0; i < nh; ++i) {
+      __m256i base = _mm256_setzero_si256();
+      for (int k = 0; k < rpad; k += 16) {
+        const __m256i qv = _mm256_loadu_si256(
+            reinterpret_cast<const __m256i*>(q8.data() + static_cast<std::size_t>(i) * rpad + k));
+        const __m256i av = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(S.a.data() + k));
+        const __m256i dv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(S.width.data() + k));
+        base = _mm256_add_epi32(base, _mm256_madd_epi16(av, qv));
+        _mm256_storeu_si256(
+            reinterpret_cast<__m256i*>(S.w.data() + static_cast<std::size_t>(i) * rpad + k),
+            _mm256_mullo_epi16(dv, qv));
+      }
+      S.base[static_cast<std::size_t>(i)] = 3 * hsum(base);
+    }
+    for (int m = 0; m < pairs; ++m) {
+      const std::uint8_t* lo = words[static_cast<std::size_t>(2 * m)] + at * wb;
+      const std::uint8_t* hi =
+          2 * m + 1 < r ? words[static_cast<std::size_t>(2 * m + 1)] + at * wb : nullptr;
+      for (int v = 0; v < NV; ++v) {
+        std::uint16_t b0 = 0, b1 = 0;
+        std::memcpy(&b0, lo + 2 * v, 2);
+        if (hi) std::memcpy(&b1, hi + 2 * v, 2);
+        S.bits[static_cast<std::size_t>(v) * pairs + m] =
+            static_cast<std::uint32_t>(b0) | (static_cast<std::uint32_t>(b1) << 16);
+      }
+    }
+    heads(S, pairs, rpad, nh, I, n, j * P);
   }
 }
 

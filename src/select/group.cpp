@@ -111,52 +111,115 @@ void pool_log_prob(const double* rank, int n, double* agg) {
   for (int j = 0; j < n; ++j) agg[j] = std::max(agg[j], rank[j] - lse);
 }
 
+namespace {
+
+// The voters' lists, `cap` deep, from rank rows of m columns: one voter per row, or one for the
+// pooled row (Ranked::aggregate). Returns the voter count.
+std::size_t make_voters(Scratch& S, const Ranked& r, int m, int cap) {
+  const auto row = [m](int i) { return static_cast<std::size_t>(i) * static_cast<std::size_t>(m); };
+  if (!r.aggregate) {
+    const auto nv = static_cast<std::size_t>(r.rows);
+    if (S.voters.size() < nv) S.voters.resize(nv);
+    for (int i = 0; i < r.rows; ++i) {
+      order_by(r.rank + row(i), m, r.eligible ? r.eligible + row(i) : nullptr, cap,
+               S.voters[static_cast<std::size_t>(i)].order);
+      S.voters[static_cast<std::size_t>(i)].mass = r.mass ? r.mass + row(i) : nullptr;
+    }
+    return nv;
+  }
+  const int g = r.rows;
+  S.agg_rank.assign(static_cast<std::size_t>(m), r.rank_is_mass ? 0.0 : -kInf);
+  if (r.mass) S.agg_mass.assign(static_cast<std::size_t>(m), 0.0);
+  if (r.eligible) S.agg_elig.assign(static_cast<std::size_t>(m), 0);
+  for (int i = 0; i < g; ++i) {
+    const double* rank = r.rank + row(i);
+    double* agg = S.agg_rank.data();
+    // One tight loop per pooling (they vectorise; the branches stay outside).
+    if (r.rank_is_mass) {
+      for (int j = 0; j < m; ++j) agg[j] += rank[j] / g;
+    } else if (r.log_prob) {  // the max over heads of the head's log-probability
+      pool_log_prob(rank, m, agg);
+    } else {
+      for (int j = 0; j < m; ++j) agg[j] = std::max(agg[j], rank[j]);
+    }
+    if (r.mass) {
+      for (int j = 0; j < m; ++j) S.agg_mass[j] += r.mass[row(i) + j] / g;
+    }
+    if (r.eligible) {
+      for (int j = 0; j < m; ++j) S.agg_elig[j] |= r.eligible[row(i) + j];
+    }
+  }
+  if (S.voters.empty()) S.voters.resize(1);
+  order_by(S.agg_rank.data(), m, r.eligible ? S.agg_elig.data() : nullptr, cap,
+           S.voters[0].order);
+  S.voters[0].mass = r.mass ? S.agg_mass.data() : nullptr;
+  return 1;
+}
+
+// Voters of rows over a subset (Ranked::items, without mass or eligibility rows), their lists
+// mapped to item ids. They equal the lists of the full rows (−inf for every unlisted item)
+// when each holds `cap` listed items ranked above −inf: an unlisted item would rank after
+// them. Otherwise returns 0 and the caller ranks the full rows.
+std::size_t listed_voters(Scratch& S, const Ranked& r, int cap) {
+  const int K = static_cast<int>(r.items.size());
+  if (K < cap || r.mass || r.eligible) return 0;
+  const std::size_t nv = make_voters(S, r, K, cap);
+  for (std::size_t v = 0; v < nv; ++v) {
+    std::vector<std::int32_t>& order = S.voters[v].order;
+    if (!order.empty()) {
+      const double* rank = r.aggregate ? S.agg_rank.data()
+                                       : r.rank + v * static_cast<std::size_t>(K);
+      if (!(rank[order.back()] > -kInf)) return 0;
+    }
+  }
+  for (std::size_t v = 0; v < nv; ++v) {
+    for (std::int32_t& j : S.voters[v].order) j = r.items[static_cast<std::size_t>(j)];
+  }
+  return nv;
+}
+
+// Rows over a subset spread to rows of every item (rank −inf, mass 0, not eligible
+// elsewhere), in `full` (rank, mass, eligible per row).
+Ranked spread_rows(const Group& G, const Ranked& r, std::vector<double>& rank,
+                   std::vector<double>& mass, std::vector<std::uint8_t>& eligible) {
+  const auto n = static_cast<std::size_t>(G.n), K = r.items.size();
+  const auto rows = static_cast<std::size_t>(r.rows);
+  rank.assign(rows * n, -kInf);
+  if (r.mass) mass.assign(rows * n, 0.0);
+  if (r.eligible) eligible.assign(rows * n, 0);
+  for (std::size_t i = 0; i < rows; ++i) {
+    for (std::size_t k = 0; k < K; ++k) {
+      const std::size_t to = i * n + static_cast<std::size_t>(r.items[k]);
+      rank[to] = r.rank[i * K + k];
+      if (r.mass) mass[to] = r.mass[i * K + k];
+      if (r.eligible) eligible[to] = r.eligible[i * K + k];
+    }
+  }
+  Ranked full = r;
+  full.items = {};
+  full.rank = rank.data();
+  full.mass = r.mass ? mass.data() : nullptr;
+  full.eligible = r.eligible ? eligible.data() : nullptr;
+  return full;
+}
+
+}  // namespace
+
 int fill_ranked(const Group& G, Scratch& S, const Ranked& r, int count, int cap, double p,
                 int floor) {
   const int n = G.n;
-  const auto row = [n](int i) { return static_cast<std::size_t>(i) * static_cast<std::size_t>(n); };
   // Items already in, ascending: the masses they hold start each voter's count.
   S.kept.clear();
   for (int j = 0; j < n; ++j) {
     if (S.in[static_cast<std::size_t>(j)]) S.kept.push_back(j);
   }
   std::size_t nv = 0;
-  if (!r.aggregate) {
-    nv = static_cast<std::size_t>(r.rows);
-    if (S.voters.size() < nv) S.voters.resize(nv);
-    for (int i = 0; i < r.rows; ++i) {
-      order_by(r.rank + row(i), n, r.eligible ? r.eligible + row(i) : nullptr, cap,
-               S.voters[static_cast<std::size_t>(i)].order);
-      S.voters[static_cast<std::size_t>(i)].mass = r.mass ? r.mass + row(i) : nullptr;
-    }
-  } else {
-    const int g = r.rows;
-    S.agg_rank.assign(static_cast<std::size_t>(n), r.rank_is_mass ? 0.0 : -kInf);
-    if (r.mass) S.agg_mass.assign(static_cast<std::size_t>(n), 0.0);
-    if (r.eligible) S.agg_elig.assign(static_cast<std::size_t>(n), 0);
-    for (int i = 0; i < g; ++i) {
-      const double* rank = r.rank + row(i);
-      double* agg = S.agg_rank.data();
-      // One tight loop per pooling (they vectorise; the branches stay outside).
-      if (r.rank_is_mass) {
-        for (int j = 0; j < n; ++j) agg[j] += rank[j] / g;
-      } else if (r.log_prob) {  // the max over heads of the head's log-probability
-        pool_log_prob(rank, n, agg);
-      } else {
-        for (int j = 0; j < n; ++j) agg[j] = std::max(agg[j], rank[j]);
-      }
-      if (r.mass) {
-        for (int j = 0; j < n; ++j) S.agg_mass[j] += r.mass[row(i) + j] / g;
-      }
-      if (r.eligible) {
-        for (int j = 0; j < n; ++j) S.agg_elig[j] |= r.eligible[row(i) + j];
-      }
-    }
-    nv = 1;
-    if (S.voters.empty()) S.voters.resize(1);
-    order_by(S.agg_rank.data(), n, r.eligible ? S.agg_elig.data() : nullptr, cap,
-             S.voters[0].order);
-    S.voters[0].mass = r.mass ? S.agg_mass.data() : nullptr;
+  if (r.items.empty()) {
+    nv = make_voters(S, r, n, cap);
+  } else if (nv = listed_voters(S, r, cap); nv == 0) {
+    thread_local std::vector<double> rank, mass;
+    thread_local std::vector<std::uint8_t> eligible;
+    nv = make_voters(S, spread_rows(G, r, rank, mass, eligible), n, cap);
   }
   return fill(S.voters, nv, S.in, S.kept, count, cap, p, floor);
 }

@@ -48,25 +48,25 @@ int item_cap(const Group& G, const Budget& budget, int kept, bool tokens, bool f
 // Items a top-p selection holds at least (K_min of §2.8), within [kept, cap].
 int item_floor(const Group& G, const Budget& budget, int kept, int cap, bool tokens);
 
-// A ranking of one voter (a q head, or the group's aggregate): candidate items best first,
-// ties to the lower id. Only the first `limit` are needed by a fill of at most `limit`:
-// nth_element finds them in O(n), and only those are sorted. (rank, id) pairs are sorted in
-// place rather than ids through the rank array, which costs a cache miss per comparison.
-// When the limit is a small part of n (token selectors: 1/16 of every token), a threshold from
-// every 16th rank first keeps only the items that can be among the best `limit`: the same
-// list, from about a third of the items (if fewer than `limit` pass, all of them are ranked).
+// The best `limit` items of a ranking (ties to the lower id) among the eligible ones, in no
+// order: items[0..k) of the returned buffer (thread-local, valid until the next call), k =
+// min(limit, eligible items). (rank, id) pairs are partitioned in place rather than ids through
+// the rank array, which costs a cache miss per comparison. When the limit is at most 1 /
+// `sample_ratio` of n, a threshold from every 16th rank first keeps only the items that can be
+// among the best: the same set, from about 1.5 limit + 128 items (if fewer than `limit` pass,
+// all of them are partitioned).
+struct RankedItem {
+  double r;
+  std::int32_t id;
+};
+inline bool better_item(const RankedItem& x, const RankedItem& y) {
+  return x.r > y.r || (x.r == y.r && x.id < y.id);
+}
 template <class R>
-void order_by(const R* rank, int n, const std::uint8_t* eligible, int limit,
-              std::vector<std::int32_t>& ids) {
-  struct Item {
-    double r;
-    std::int32_t id;
-  };
-  thread_local std::vector<Item> items;
+std::span<RankedItem> best_items(const R* rank, int n, const std::uint8_t* eligible, int limit,
+                                 int sample_ratio) {
+  thread_local std::vector<RankedItem> items;
   thread_local std::vector<double> sample;
-  auto better = [](const Item& x, const Item& y) {
-    return x.r > y.r || (x.r == y.r && x.id < y.id);
-  };
   constexpr int kStride = 16;
   const auto push_all = [&] {
     items.clear();
@@ -75,7 +75,7 @@ void order_by(const R* rank, int n, const std::uint8_t* eligible, int limit,
     }
   };
   bool done = false;
-  if (limit > 0 && n >= 8 * kStride && n / limit >= 8) {
+  if (limit > 0 && n >= 8 * kStride && n / limit >= sample_ratio) {
     sample.clear();
     for (int j = 0; j < n; j += kStride) {
       if (!eligible || eligible[j]) sample.push_back(static_cast<double>(rank[j]));
@@ -100,12 +100,21 @@ void order_by(const R* rank, int n, const std::uint8_t* eligible, int limit,
   const std::size_t k = std::min<std::size_t>(items.size(), static_cast<std::size_t>(limit));
   if (k < items.size()) {
     std::nth_element(items.begin(), items.begin() + static_cast<std::ptrdiff_t>(k), items.end(),
-                     better);
-    items.resize(k);
+                     better_item);
   }
-  std::sort(items.begin(), items.end(), better);
-  ids.resize(items.size());
-  for (std::size_t i = 0; i < items.size(); ++i) ids[i] = items[i].id;
+  return {items.data(), k};
+}
+
+// A ranking of one voter (a q head, or the group's aggregate): candidate items best first,
+// ties to the lower id. Only the first `limit` are needed by a fill of at most `limit`. The
+// threshold pays when the limit is a small part of n (token selectors: 1/16 of every token).
+template <class R>
+void order_by(const R* rank, int n, const std::uint8_t* eligible, int limit,
+              std::vector<std::int32_t>& ids) {
+  const std::span<RankedItem> best = best_items(rank, n, eligible, limit, 8);
+  std::sort(best.begin(), best.end(), better_item);
+  ids.resize(best.size());
+  for (std::size_t i = 0; i < best.size(); ++i) ids[i] = best[i].id;
 }
 
 struct Voter {
@@ -124,6 +133,10 @@ struct Scratch {
   std::vector<double> tau;                             // [g]: the scorer's tau_hat per head
   std::vector<Voter> voters;
   int code_pages = -1;  // SelectOutput::code_pages of the group (set by the scorer)
+  // The items rank's rows hold when a scorer ranked a subset (page_codes' two passes, for a
+  // rule that gave Want::cap): rows [rows][listed.size()], ascending ids, every other item
+  // ranked −inf. Empty: rows of every item. run_selector clears it before each group.
+  std::vector<std::int32_t> listed;
   static Scratch& get() {
     thread_local Scratch s;
     return s;
@@ -188,6 +201,9 @@ inline double* mass_row(Scratch& S, int n, int i) {
 // the group), optional mass rows and per-row eligibility ([rows][n]).
 struct Ranked {
   const double* rank = nullptr;
+  // Rows over these items only (ascending; Scratch::listed), every other item ranked −inf;
+  // empty: rows of G.n items. The rows of mass and eligible (if given) are then of them too.
+  std::span<const std::int32_t> items = {};
   const double* mass = nullptr;
   const std::uint8_t* eligible = nullptr;
   int rows = 0;

@@ -44,7 +44,8 @@ struct Want {
   // Empty: every item of the group.
   std::span<const std::int32_t> items = {};
   // The rule's cap on the group's items (0: not given), for scorers whose work depends on it
-  // (page_codes' two passes).
+  // (page_codes' two passes). A rule that gives it takes rows over a subset of the items
+  // (Scratch::listed, Ranked::items).
   int cap = 0;
 };
 

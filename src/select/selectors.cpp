@@ -235,6 +235,7 @@ void run_selector(const SelectArgs& args, const SelectorConfig& config, SelectOu
     std::fill(S.in.begin() + k.last_begin, S.in.end(), 1);
     double* est = out.estimate.data() + static_cast<std::size_t>(G.b) * X.Hq + G.h * X.gsize;
     S.code_pages = -1;
+    S.listed.clear();
     pick.rule->select(X, G, S, work_limits[static_cast<std::size_t>(task)], est,
                       out.certified[static_cast<std::size_t>(task)]);
     out.code_pages[static_cast<std::size_t>(task)] = S.code_pages;

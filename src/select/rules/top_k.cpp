@@ -17,6 +17,7 @@ int select(const Context& X, const Group& G, Scratch& S, const Limits& L, double
   X.scorer->score(X, G, S, Want{.rank = true, .mass = mass, .cap = L.cap});
   const int rows = score_rows(X, G);
   const Ranked r{.rank = S.rank.data(),
+                 .items = S.listed,
                  .mass = mass ? S.mass.data() : nullptr,
                  .rows = rows,
                  .aggregate = pool_heads(X),

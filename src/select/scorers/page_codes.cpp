@@ -73,15 +73,14 @@ void score_items(const Context& X, const Group& G, const kv::CodeQuery* cq,
 
 // SelectorConfig::code_channels < 1: pass 1 on the group's chosen channels for every token,
 // pooled by the heads' log-probabilities; its best code_candidates × cap tokens (with the kept
-// ones) scored on every channel; the other tokens ranked -inf, so that the rule's pooling takes
-// each head's LSE over the candidates.
+// ones) scored on every channel: rows over them only (Scratch::listed), the other tokens
+// ranked −inf, so that the rule's pooling takes each head's LSE over the candidates.
 void score_two_passes(const Context& X, const Group& G, Scratch& S, const Want& want,
                       std::vector<kv::CodeQuery>& cq, const std::vector<std::int16_t>& q8) {
   thread_local std::vector<double> weight, pooled;
-  thread_local std::vector<std::int32_t> ch, sums, cand, best;
+  thread_local std::vector<std::int32_t> ch, sums, cand;
   thread_local std::vector<std::uint8_t> open;
   thread_local std::vector<kv::CodeQuery> part;
-  thread_local std::vector<double> full;
   const int n = G.n, g = G.g, d = X.d, P = G.page_size;
   const auto N = static_cast<std::size_t>(n);
   // The chosen channels: the largest sums over the heads of |q_c| (ties: the lower channel).
@@ -118,34 +117,33 @@ void score_two_passes(const Context& X, const Group& G, Scratch& S, const Want& 
     }
     pool_log_prob(row, n, pooled.data());
   }
-  // The candidates: the kept tokens and the pooled ranking's best others, up to
+  // The candidates, ascending: the kept tokens and the pooled ranking's best others, up to
   // code_candidates × cap in all.
   const int want_n = static_cast<int>(code_candidate_count(X.c, n, want.cap));
+  int kept = 0;
   open.resize(N);
-  cand.clear();
   for (std::size_t t = 0; t < N; ++t) {
     open[t] = S.in[t] ? 0 : 1;
-    if (S.in[t]) cand.push_back(static_cast<std::int32_t>(t));
+    kept += S.in[t];
   }
-  order_by(pooled.data(), n, open.data(), std::max(0, want_n - static_cast<int>(cand.size())),
-           best);
-  cand.insert(cand.end(), best.begin(), best.end());
-  std::sort(cand.begin(), cand.end());
-  // Pass 2: every channel of the candidates (today's scores), -inf for the rest. It reads the
-  // ranges of the pages holding them (counted for read_cost).
+  for (const RankedItem& x : best_items(pooled.data(), n, open.data(), std::max(0, want_n - kept), 3)) {
+    open[static_cast<std::size_t>(x.id)] = 2;
+  }
+  cand.clear();
+  for (std::size_t t = 0; t < N; ++t) {
+    if (S.in[t] || open[t] == 2) cand.push_back(static_cast<std::int32_t>(t));
+  }
+  // Pass 2: every channel of the candidates (today's scores): the rule's rows over them only
+  // (the rest rank −inf). It reads the ranges of the pages holding them (counted for
+  // read_cost).
   const int K = static_cast<int>(cand.size());
   S.code_pages = 0;
   for (std::size_t k = 0; k < cand.size(); ++k) {
     if (k == 0 || cand[k] / P != cand[k - 1] / P) ++S.code_pages;
   }
-  full.resize(static_cast<std::size_t>(g) * static_cast<std::size_t>(K));
-  score_items(X, G, cq.data(), cand, K, full.data(), static_cast<std::size_t>(K));
-  std::fill(S.rank.begin(), S.rank.end(), -kInf);
-  for (int i = 0; i < g; ++i) {
-    double* row = rank_row(S, n, i);
-    const double* f = full.data() + static_cast<std::size_t>(i) * K;
-    for (int k = 0; k < K; ++k) row[cand[static_cast<std::size_t>(k)]] = f[k];
-  }
+  S.rank.resize(static_cast<std::size_t>(g) * static_cast<std::size_t>(K));
+  score_items(X, G, cq.data(), cand, K, S.rank.data(), static_cast<std::size_t>(K));
+  S.listed.assign(cand.begin(), cand.end());
 }
 
 void score(const Context& X, const Group& G, Scratch& S, const Want& want) {
