@@ -121,6 +121,34 @@ TEST(PageCodes, SimdEncodingIsBitEqualToThePortableOne) {
 
 // The batched scores (every query of a page at once; AVX2 where the CPU has it) are bit-equal
 // to page_code_score row by row: the integers are exact, the last f64 operations in one order.
+// The first pass's scores from its sums: code_score per row, the SIMD form bit-equal.
+TEST(PageCodes, RowsOfScoresFromSumsAreBitEqualToCodeScore) {
+  std::mt19937 rng(14);
+  std::uniform_int_distribution<std::int32_t> sum(-4000000, 4000000);
+  std::uniform_real_distribution<float> grid(-8.0f, 8.0f);
+  int checked = 0;
+  for (int n : {0, 1, 3, 4, 5, 8, 16, 37, 64}) {
+    for (int trial = 0; trial < 20; ++trial) {
+      const kv::PageRange8 r{.lo = grid(rng), .step = std::fabs(grid(rng)) / 100.0f};
+      const double unit = std::fabs(grid(rng)) / 127.0;
+      const std::int32_t Q = sum(rng) / 1000;
+      std::vector<std::int32_t> I(static_cast<std::size_t>(n));
+      for (auto& x : I) x = sum(rng);
+      std::vector<double> got(I.size()), want(I.size());
+      for (int t = 0; t < n; ++t) want[t] = kv::code_score(unit, Q, r, I[t]);
+      kv::code_scores(unit, Q, r, I.data(), n, got.data());
+      EXPECT_EQ(got, want) << "n " << n;
+      if (cpu::has_avx2()) {
+        std::fill(got.begin(), got.end(), 0.0);
+        kv::detail::code_scores_avx2(unit, Q, r, I.data(), n, got.data());
+        EXPECT_EQ(got, want) << "n " << n;
+      }
+      ++checked;
+    }
+  }
+  EXPECT_EQ(checked, 9 * 20);
+}
+
 TEST(PageCodes, BatchedScoresAreBitEqualToTheRowScore) {
   std::mt19937 rng(12);
   std::normal_distribution<float> N(0.0f, 1.0f);

@@ -171,7 +171,21 @@ void channel_code_sums_portable(const PageCodesView& pc, int head, const std::in
   }
 }
 
+void code_scores_portable(double unit, std::int32_t Q, const PageRange8& r,
+                          const std::int32_t* I, int n, double* out) {
+  for (int t = 0; t < n; ++t) out[t] = code_score(unit, Q, r, I[t]);
+}
+
 }  // namespace detail
+
+void code_scores(double unit, std::int32_t Q, const PageRange8& r, const std::int32_t* I, int n,
+                 double* out) {
+  if (cpu::has_avx2() && cpu::simd_allowed()) {
+    detail::code_scores_avx2(unit, Q, r, I, n, out);
+  } else {
+    detail::code_scores_portable(unit, Q, r, I, n, out);
+  }
+}
 
 void channel_code_sums(const PageCodesView& pc, int head, const std::int32_t* phys,
                        std::int64_t n, const std::int32_t* ch, int r, const CodeQuery* q, int nh,

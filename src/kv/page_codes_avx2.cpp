@@ -48,9 +48,12 @@ void page_code_scores_avx2(const CodeQuery* q, int nh, const PageRange8& r,
   base3.resize(static_cast<std::size_t>(d));
   diff.resize(static_cast<std::size_t>(d));
   zero.assign(static_cast<std::size_t>(bytes), 0);
-  for (int c = 0; c < d; ++c) {
-    base3[static_cast<std::size_t>(c)] = static_cast<std::int16_t>(3 * r.a[c]);
-    diff[static_cast<std::size_t>(c)] = static_cast<std::int16_t>(r.b[c] - r.a[c]);
+  for (int c = 0; c < d; c += 16) {  // d % 16 == 0
+    const __m256i a = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(r.a + c)));
+    const __m256i b = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(r.b + c)));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(base3.data() + c),
+                        _mm256_add_epi16(a, _mm256_add_epi16(a, a)));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(diff.data() + c), _mm256_sub_epi16(b, a));
   }
   // Unpacking 16 channels (4 bytes): every 16-bit lane j takes byte j / 4, then field j % 4 is
   // brought to bits 6-7 by a multiply (x 4^(3 - j % 4)) and shifted down.
@@ -110,6 +113,20 @@ void page_code_scores_avx2(const CodeQuery* q, int nh, const PageRange8& r,
       for (int t = 0; t < m; ++t) o[t] = res[t];
     }
   }
+}
+
+void code_scores_avx2(double unit, std::int32_t Q, const PageRange8& r, const std::int32_t* I,
+                      int n, double* out) {
+  // code_score's operations in its order: unit · (lo · Q + (step / 3) · I).
+  const __m256d base = _mm256_set1_pd(static_cast<double>(r.lo) * static_cast<double>(Q));
+  const __m256d third = _mm256_set1_pd(static_cast<double>(r.step) / 3.0);
+  const __m256d u = _mm256_set1_pd(unit);
+  int t = 0;
+  for (; t + 4 <= n; t += 4) {
+    const __m256d i = _mm256_cvtepi32_pd(_mm_loadu_si128(reinterpret_cast<const __m128i*>(I + t)));
+    _mm256_storeu_pd(out + t, _mm256_mul_pd(u, _mm256_add_pd(base, _mm256_mul_pd(third, i))));
+  }
+  for (; t < n; ++t) out[t] = code_score(unit, Q, r, I[t]);
 }
 
 namespace {

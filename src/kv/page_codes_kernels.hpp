@@ -29,6 +29,12 @@ void page_code_scores_avx2(const CodeQuery* q, int nh, const PageRange8& r,
                            const std::uint8_t* rows, const std::int32_t* slots, int n, int d,
                            double* out, std::size_t out_stride);
 
+// code_scores: code_score per row, and AVX2 four rows at a time (bit-equal).
+void code_scores_portable(double unit, std::int32_t Q, const PageRange8& r,
+                          const std::int32_t* I, int n, double* out);
+void code_scores_avx2(double unit, std::int32_t Q, const PageRange8& r, const std::int32_t* I,
+                      int n, double* out);
+
 // channel_code_sums: channel by channel over every page, and AVX2 (page_size 8 to 64; other
 // sizes go to the portable loop): page by page and head by head, the page's slots in 1–8
 // vectors of eight held in registers across the chosen channels (each 2-bit code shifted into

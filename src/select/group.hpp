@@ -59,9 +59,12 @@ struct RankedItem {
   double r;
   std::int32_t id;
 };
-inline bool better_item(const RankedItem& x, const RankedItem& y) {
-  return x.r > y.r || (x.r == y.r && x.id < y.id);
-}
+struct BetterItem {  // a type, not a function pointer, so that the sorts inline it
+  bool operator()(const RankedItem& x, const RankedItem& y) const {
+    return x.r > y.r || (x.r == y.r && x.id < y.id);
+  }
+};
+inline constexpr BetterItem better_item{};
 template <class R>
 std::span<RankedItem> best_items(const R* rank, int n, const std::uint8_t* eligible, int limit,
                                  int sample_ratio) {

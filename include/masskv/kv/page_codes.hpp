@@ -75,6 +75,9 @@ inline double code_score(double unit, std::int32_t Q, const PageRange8& r, std::
   const double third = static_cast<double>(r.step) / 3.0;
   return unit * (base + third * static_cast<double>(I));
 }
+// code_score of n rows of one page: out[t] for the sum I[t] (SIMD where the CPU has it).
+void code_scores(double unit, std::int32_t Q, const PageRange8& r, const std::int32_t* I, int n,
+                 double* out);
 // The score of one row of codes (the reference every batched form equals).
 double page_code_score(const CodeQuery& q, const PageRange8& r, const std::uint8_t* codes, int d);
 // Many rows of one page under many queries at once, bit-equal to page_code_score (SIMD where

@@ -111,9 +111,8 @@ void score_two_passes(const Context& X, const Group& G, Scratch& S, const Want& 
     const std::int32_t* I = sums.data() + static_cast<std::size_t>(i) * N;
     for (int j = 0; j * P < n; ++j) {
       const kv::PageRange8 rg = X.a.page_codes.range(G.phys[static_cast<std::size_t>(j)], G.h);
-      for (int t = j * P; t < std::min(n, (j + 1) * P); ++t) {
-        row[t] = kv::code_score(cq1.unit, cq1.sum, rg, I[t]);
-      }
+      const int t0 = j * P;
+      kv::code_scores(cq1.unit, cq1.sum, rg, I + t0, std::min(n - t0, P), row + t0);
     }
     pool_log_prob(row, n, pooled.data());
   }
