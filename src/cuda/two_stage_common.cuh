@@ -106,6 +106,15 @@ struct Plan {
   bool bad = false;
 };
 
+// The physical page of page-table entry `at`; -1 (kBadPhysical flagged) when it is not a page
+// of a pool of `pool` pages.
+__device__ inline int checked_phys(const Params& p, int at, int pool) {
+  const int id = p.indices[at];
+  if (id >= 0 && id < pool) return id;
+  atomicOr(p.err, kBadPhysical);
+  return -1;
+}
+
 __device__ inline Plan plan_of(const Params& p, int b, bool flag) {
   Plan s;
   const int beg = p.indptr[b], end = p.indptr[b + 1];

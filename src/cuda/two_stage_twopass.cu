@@ -129,13 +129,8 @@ __global__ void __launch_bounds__(kThreads) pass1_kernel(Params p) {
   if (threadIdx.x < kScorePages) {
     int phys = -1;
     if (static_cast<int>(threadIdx.x) < n) {
-      const int page = p.cand[pair * p.cand_max + c0 + threadIdx.x];
-      const int id = p.indices[p.indptr[b] + page];
-      if (id >= 0 && id < p.code_pages) {
-        phys = id;
-      } else {
-        atomicOr(p.err, kBadPhysical);
-      }
+      phys = checked_phys(p, p.indptr[b] + p.cand[pair * p.cand_max + c0 + threadIdx.x],
+                          p.code_pages);
     }
     s_phys[threadIdx.x] = phys;
   }

@@ -2047,40 +2047,6 @@ __global__ void moments_kernel(const std::uint16_t* k, int heads, int page, int 
   m2[o] = static_cast<float>(acc);
 }
 
-// The same steps replayed from CUDA graphs (one graph per rotation, captured after warm-up so
-// the workspace and kernel attributes exist): shows what launch overhead costs the step.
-template <class F>
-double time_graph_us(int rot, int warmup, int iters, F&& step) {
-  cudaStream_t st;
-  CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
-  const std::vector<cudaGraphExec_t> execs = capture_graphs(rot, st, step);
-  for (int i = 0; i < warmup; ++i) CK(cudaGraphLaunch(execs[i % rot], st));
-  std::vector<cudaEvent_t> ev(2 * iters);
-  for (auto& e : ev) CK(cudaEventCreate(&e));
-  for (int i = 0; i < iters; ++i) {
-    CK(cudaEventRecord(ev[2 * i], st));
-    CK(cudaGraphLaunch(execs[i % rot], st));
-    CK(cudaEventRecord(ev[2 * i + 1], st));
-  }
-  CK(cudaStreamSynchronize(st));
-  std::vector<float> ms(iters);
-  for (int i = 0; i < iters; ++i) CK(cudaEventElapsedTime(&ms[i], ev[2 * i], ev[2 * i + 1]));
-  for (auto& e : ev) CK(cudaEventDestroy(e));
-  for (auto& x : execs) CK(cudaGraphExecDestroy(x));
-  CK(cudaStreamDestroy(st));
-  return median(ms) * 1000.0;
-}
-
-// Per step, with `layers` steps (step(0 .. layers - 1)) in one CUDA graph, as a model's decode
-// graph holds every layer's attention: the graph's launch and completion are paid once for all
-// of them, not once per step as in time_graph_us.
-template <class F>
-double time_layers_graph_us(int layers, int warmup, int iters, F&& step) {
-  return time_graph_us(1, warmup, iters, [&](int, cudaStream_t st) {
-           for (int l = 0; l < layers; ++l) step(l, st);
-         }) /
-         layers;
-}
 constexpr int kLayers = 8;  // the "_layers_graph" rows: steps per graph
 
 struct Row {

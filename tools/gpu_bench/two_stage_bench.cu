@@ -83,28 +83,6 @@ __global__ void channel_major_kernel(const std::uint8_t* codes, const std::uint8
   }
 }
 
-template <class F>
-double graph_us(int rot, int warmup, int iters, F&& step) {
-  cudaStream_t st;
-  CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
-  const std::vector<cudaGraphExec_t> execs = capture_graphs(rot, st, step);
-  for (int i = 0; i < warmup; ++i) CK(cudaGraphLaunch(execs[i % rot], st));
-  std::vector<cudaEvent_t> ev(2 * iters);
-  for (auto& e : ev) CK(cudaEventCreate(&e));
-  for (int i = 0; i < iters; ++i) {
-    CK(cudaEventRecord(ev[2 * i], st));
-    CK(cudaGraphLaunch(execs[i % rot], st));
-    CK(cudaEventRecord(ev[2 * i + 1], st));
-  }
-  CK(cudaStreamSynchronize(st));
-  std::vector<float> ms(iters);
-  for (int i = 0; i < iters; ++i) CK(cudaEventElapsedTime(&ms[i], ev[2 * i], ev[2 * i + 1]));
-  for (auto& e : ev) CK(cudaEventDestroy(e));
-  for (auto& x : execs) CK(cudaGraphExecDestroy(x));
-  CK(cudaStreamDestroy(st));
-  return median(ms) * 1000.0;
-}
-
 }  // namespace
 
 std::vector<TwoStageBenchRow> bench_two_stage(const TwoStageBenchShape& s) {
@@ -252,26 +230,23 @@ std::vector<TwoStageBenchRow> bench_two_stage(const TwoStageBenchShape& s) {
   const double sel_us = time_us(kWarm, kIters, [&](int i) { select(i, nullptr); });
   tws.check(nullptr);
   rows.push_back({"gpu_" + tag + "_select", sel_us, sel_bytes});
-  const double sel_graph = graph_us(rq, kWarm, kIters, select);
+  const double sel_graph = time_graph_us(rq, kWarm, kIters, select);
   rows.push_back({"gpu_" + tag + "_select_graph", sel_graph, sel_bytes});
-  const double step = graph_us(rq, kWarm, kIters, [&](int r, cudaStream_t st) {
+  const double step = time_graph_us(rq, kWarm, kIters, [&](int r, cudaStream_t st) {
     select(r, st);
     decode(r, st);
   });
   tws.check(nullptr);
   s.decode_ws->check(nullptr);
   rows.push_back({"ours_sparse_" + tag + "_gpu_sel_graph", step, kv_bytes + sel_bytes});
-  const double dec = graph_us(rq, kWarm, kIters, decode);
+  const double dec = time_graph_us(rq, kWarm, kIters, decode);
   s.decode_ws->check(nullptr);
   rows.push_back({"ours_sparse_" + tag + "_token_decode_graph", dec, kv_bytes});
   const int layers = std::min(8, rq);
-  const double lay = graph_us(1, kWarm, kIters, [&](int, cudaStream_t st) {
-                       for (int l = 0; l < layers; ++l) {
-                         select(l, st);
-                         decode(l, st);
-                       }
-                     }) /
-                     layers;
+  const double lay = time_layers_graph_us(layers, kWarm, kIters, [&](int l, cudaStream_t st) {
+    select(l, st);
+    decode(l, st);
+  });
   tws.check(nullptr);
   s.decode_ws->check(nullptr);
   rows.push_back({"ours_sparse_" + tag + "_gpu_sel_layers_graph", lay, kv_bytes + sel_bytes});
