@@ -179,7 +179,7 @@ std::size_t listed_voters(Scratch& S, const Ranked& r, int cap) {
 }
 
 // Rows over a subset spread to rows of every item (rank −inf, mass 0, not eligible
-// elsewhere), in `full` (rank, mass, eligible per row).
+// elsewhere), held in the given buffers; returns `r` pointing at them.
 Ranked spread_rows(const Group& G, const Ranked& r, std::vector<double>& rank,
                    std::vector<double>& mass, std::vector<std::uint8_t>& eligible) {
   const auto n = static_cast<std::size_t>(G.n), K = r.items.size();

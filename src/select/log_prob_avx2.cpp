@@ -25,8 +25,8 @@ std::uint64_t lse_sum_avx2(const double* v, std::int64_t n, double m) {
     for (std::int64_t j = j0; j < j1; j += 4) {
       const __m256d x = _mm256_add_pd(_mm256_loadu_pd(v + j), vm);
       const __m256d live = _mm256_cmp_pd(x, cut, _CMP_GT_OQ);  // false for NaN
-      // Four dead terms add 0: skip them (most of a row, where it is −inf outside a few
-      // candidates, as token_codes' second pass leaves it).
+      // Four dead terms add 0: skip them (most of a row that is −inf outside a few items, as
+      // the full rows fill_ranked spreads from a subset's).
       if (_mm256_movemask_pd(live) == 0) continue;
       const __m256d xc = _mm256_and_pd(live, _mm256_min_pd(x, zero));  // x > 0 -> 0
       const __m256d k =

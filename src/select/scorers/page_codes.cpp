@@ -78,7 +78,7 @@ void score_items(const Context& X, const Group& G, const kv::CodeQuery* cq,
 void score_two_passes(const Context& X, const Group& G, Scratch& S, const Want& want,
                       std::vector<kv::CodeQuery>& cq, const std::vector<std::int16_t>& q8) {
   thread_local std::vector<double> weight, pooled;
-  thread_local std::vector<std::int32_t> ch, sums, cand;
+  thread_local std::vector<std::int32_t> ch, sums;
   thread_local std::vector<std::uint8_t> open;
   thread_local std::vector<kv::CodeQuery> part;
   const int n = G.n, g = G.g, d = X.d, P = G.page_size;
@@ -116,8 +116,8 @@ void score_two_passes(const Context& X, const Group& G, Scratch& S, const Want& 
     }
     pool_log_prob(row, n, pooled.data());
   }
-  // The candidates, ascending: the kept tokens and the pooled ranking's best others, up to
-  // code_candidates × cap in all.
+  // The candidates, ascending, straight into the rule's item list: the kept tokens and the
+  // pooled ranking's best others (marked 2 in `open`), up to code_candidates × cap in all.
   const int want_n = static_cast<int>(code_candidate_count(X.c, n, want.cap));
   int kept = 0;
   open.resize(N);
@@ -125,9 +125,11 @@ void score_two_passes(const Context& X, const Group& G, Scratch& S, const Want& 
     open[t] = S.in[t] ? 0 : 1;
     kept += S.in[t];
   }
-  for (const RankedItem& x : best_items(pooled.data(), n, open.data(), std::max(0, want_n - kept), 3)) {
+  const int others = std::max(0, want_n - kept);
+  for (const RankedItem& x : best_items(pooled.data(), n, open.data(), others, 3)) {
     open[static_cast<std::size_t>(x.id)] = 2;
   }
+  std::vector<std::int32_t>& cand = S.listed;
   cand.clear();
   for (std::size_t t = 0; t < N; ++t) {
     if (S.in[t] || open[t] == 2) cand.push_back(static_cast<std::int32_t>(t));
@@ -142,7 +144,6 @@ void score_two_passes(const Context& X, const Group& G, Scratch& S, const Want& 
   }
   S.rank.resize(static_cast<std::size_t>(g) * static_cast<std::size_t>(K));
   score_items(X, G, cq.data(), cand, K, S.rank.data(), static_cast<std::size_t>(K));
-  S.listed.assign(cand.begin(), cand.end());
 }
 
 void score(const Context& X, const Group& G, Scratch& S, const Want& want) {
