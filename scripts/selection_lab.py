@@ -338,7 +338,20 @@ def cascade_bytes(d, r, cand_tokens, cand_groups, ctx, n_groups, group):
     return (pass1 + pass2) / (4.0 * d * ctx)
 
 
-def make_token_cascade(key, frac, c, lse_from, block=1, pages=False, name=None, group=PAGE):
+def channel_importance(state, q, h, how):
+    """Each channel's weight in the first pass's choice: Σ_h |q_c| (`q`, SparQ's rule), times the
+    channel's mean page range (`qr`) or its standard deviation over the context (`qs`): a channel
+    whose keys barely vary moves no token's rank, however large q is on it."""
+    imp = np.abs(q).sum(0)
+    if how == "qr":
+        imp = imp * (state["stats"]["max"][:, h] - state["stats"]["min"][:, h]).mean(0)
+    elif how == "qs":
+        imp = imp * state["k"][:, h].std(0)
+    return imp
+
+
+def make_token_cascade(key, frac, c, lse_from, block=1, pages=False, name=None, group=PAGE,
+                       how="q"):
     """Two passes on the same codes: every token on the group's `frac` of channels with the
     largest sum over heads of |q_c| (make_token_channels), pooled by the heads'
     log-probabilities; its best c x budget tokens rescored on all channels (the other
@@ -350,7 +363,7 @@ def make_token_cascade(key, frac, c, lse_from, block=1, pages=False, name=None, 
         r = max(1, int(round(d * frac)))
         # Channels chosen in blocks of `block` adjacent channels (a block's codes of a page
         # are contiguous in a block-major layout), by the block's sum of |q|.
-        imp = np.abs(q).sum(0).reshape(d // block, block).sum(1)
+        imp = channel_importance(state, q, h, how).reshape(d // block, block).sum(1)
         blocks = np.argsort(-imp, kind="stable")[:max(1, r // block)]
         ch = (blocks[:, None] * block + np.arange(block)[None, :]).ravel()
         s1 = q[:, ch] @ k[:, ch].T                              # [g][ctx]
@@ -470,6 +483,11 @@ def build_methods(d: int) -> dict[str, Method]:
             nm = f"phys{c}c{int(frac * 1000)}_kivi2r8"
             add(nm, "token", float("nan"), make_token_cascade("kivi2r8", frac, c, "cand", name=nm),
                 "kivi2r8")
+            for how in ("qr", "qs"):
+                nm2 = f"phys{c}c{int(frac * 1000)}{how}_kivi2r8"
+                add(nm2, "token", float("nan"),
+                    make_token_cascade("kivi2r8", frac, c, "cand", name=nm2, how=how),
+                    ("kivi2r8", "k") if how == "qs" else "kivi2r8")
     for sk, grp in (("kivi2g32r8", 32), ("kivi2r4", PAGE), ("kivi2r5", PAGE)):
         full = sketch_bytes(sk, d) - 8 / grp / (4.0 * d)
         for c in (2, 4):

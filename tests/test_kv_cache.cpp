@@ -51,6 +51,42 @@ float stored(const T* p, int c) {
   return to_f32(p[c]);
 }
 
+// The last page's spread row (PageCodesView::chan_spread) against the population standard
+// deviation of the sequence's stored keys, two passes in long double. Tolerance: the row's f32
+// rounding, plus what the f64 Welford sums can lose where the spread is small against the
+// channel's largest |x| = M (an error e in the variance moves the deviation by <= sqrt(e);
+// e <= ~n · 2^-53 · M²).
+void check_spread(const PagedKVCache& cache, const PagedKVView& view, int b, const Shadow& sh) {
+  const CacheConfig& cfg = cache.config();
+  const int H = cfg.num_kv_heads, d = cfg.head_dim, P = cfg.page_size;
+  const PageCodesView pc = cache.page_codes();
+  ASSERT_NE(pc.chan_spread, nullptr);
+  const std::int32_t last = view.table.page(b, view.table.num_pages(b) - 1);
+  const auto n = static_cast<std::size_t>(sh.length);
+  for (int h = 0; h < H; ++h) {
+    const float* row = pc.spread_row(last, h);
+    for (int c = 0; c < d; ++c) {
+      std::vector<long double> x(n);
+      long double mean = 0, M = 0;
+      visit_dtype(cfg.dtype, [&](auto tag) {
+        using T = decltype(tag);
+        for (std::size_t t = 0; t < n; ++t) {
+          x[t] = to_f32(from_f32<T>(sh.k[(t * H + h) * d + c]));  // the stored key
+          mean += x[t];
+          M = std::max(M, std::fabs(x[t]));
+        }
+      });
+      mean /= static_cast<long double>(n);
+      long double var = 0;
+      for (const long double v : x) var += (v - mean) * (v - mean);
+      const double ref = static_cast<double>(std::sqrt(var / static_cast<long double>(n)));
+      const double tol = 0x1p-23 * ref + 4 * std::sqrt(static_cast<double>(n) * 0x1p-53) * double(M);
+      ASSERT_LE(std::fabs(row[c] - ref), tol)
+          << "spread, seq " << b << " head " << h << " c " << c << " n " << n << " P " << P;
+    }
+  }
+}
+
 // Checks stored K/V of every sequence against the shadow and every page summary against
 // recompute_summary. Tolerances (u = 2^-24, n tokens in the page, M = max |x| of the
 // channel in the page): min/max bit-equal; mean: n·u·M (each Welford step rounds the mean
@@ -73,6 +109,9 @@ void check_cache(const PagedKVCache& cache, const std::map<SeqId, Shadow>& shado
   for (std::size_t b = 0; b < ids.size(); ++b) {
     const Shadow& sh = shadows.at(ids[b]);
     ASSERT_EQ(view.table.length(static_cast<int>(b), P), sh.length);
+    if (cfg.page_codes) {
+      ASSERT_NO_FATAL_FAILURE(check_spread(cache, view, static_cast<int>(b), sh));
+    }
     for (int j = 0; j < view.table.num_pages(static_cast<int>(b)); ++j) {
       const std::int32_t page = view.table.page(static_cast<int>(b), j);
       const int len = view.table.page_len(static_cast<int>(b), j, P);
@@ -151,6 +190,7 @@ void run_random_ops(const Grid& g, unsigned seed) {
   cfg.dtype = g.dtype;
   cfg.layout = g.layout;
   cfg.capacity_pages = g.page_size >= 64 ? 24 : 160;
+  cfg.page_codes = seed % 3 == 0;  // and the spread rows (check_spread) on a third of the grids
   PagedKVCache cache(cfg);
   const int H = cfg.num_kv_heads, d = cfg.head_dim, P = cfg.page_size;
   std::mt19937 rng(seed);

@@ -37,12 +37,13 @@ TEST(ReadCost, CountsTheFormatsEachSelectorReads) {
   EXPECT_EQ(selector_read_bytes(c, t, s), H * pages * (2 * d + 8) + H * tokens * (d / 4));
   // token_codes in two passes (24 of 64 channels, 2 x the cap): per page the chosen channels'
   // codes (a 4-byte word of 16 slots) and range codes (2 bytes) and the f32 grid (8 bytes);
-  // the candidates' code rows; the full ranges (2 d bytes) of the pages holding them. Sequence
-  // 0 keeps 20 tokens, cap 32: 64 candidates; sequence 1's 16 tokens are all kept: 16.
+  // the candidates' code rows; the full ranges (2 d bytes) of the pages holding them; the last
+  // page's f32 spread row (4 d bytes), per sequence and kv head. Sequence 0 keeps 20 tokens,
+  // cap 32: 64 candidates; sequence 1's 16 tokens are all kept: 16.
   c.code_channels = 0.375;
   c.code_candidates = 2;
   c.budget = {Budget::Kind::fixed, 32, 0.9};
-  const double pass1 = H * (24 * 8 * (4 + 2) + 8 * 8), rows = H * (64 + 16) * (d / 4);
+  const double pass1 = H * (24 * 8 * (4 + 2) + 8 * 8) + 2 * H * 4 * d, rows = H * (64 + 16) * (d / 4);
   // Without the selector's count: one page per candidate, at most every page (7 + 1 a head).
   EXPECT_EQ(selector_read_bytes(c, t, s), pass1 + rows + H * 8 * 2 * d);
   // As counted ([B][Hkv]): 3 + 4 pages of sequence 0, 1 + 1 of sequence 1.
@@ -51,6 +52,9 @@ TEST(ReadCost, CountsTheFormatsEachSelectorReads) {
   // Another selector's -1 counts the bound.
   const std::vector<std::int32_t> none{-1, -1, -1, -1};
   EXPECT_EQ(selector_read_bytes(c, t, s, none), pass1 + rows + H * 8 * 2 * d);
+  c.code_channel_spread = false;  // the |q| rule reads no spread row
+  EXPECT_EQ(selector_read_bytes(c, t, s, counted), pass1 - 2 * H * 4 * d + rows + 9 * 2 * d);
+  c.code_channel_spread = true;
   c.code_channels = 1;
   c.budget = {};
   // two_stage: every bound, the candidate pages' code ranges and their tokens' codes: sequence 0

@@ -731,7 +731,7 @@ TEST(TokenCodes, TwoPassesMatchThePlainReferenceOfTheirRule) {
   test::OneThread one;
   std::mt19937 rng(37);
   constexpr double inf = std::numeric_limits<double>::infinity();
-  int lists = 0, differs_from_one_pass = 0;
+  int lists = 0, differs_from_one_pass = 0, differs_by_rule = 0;
   for (int P : {4, 16}) {
     for (int g : {1, 3, 4}) {
       test::SelCase c = test::random_case(rng, {1, 17, 113, 300, 777}, 2 * g, 2, 32, P,
@@ -745,8 +745,12 @@ TEST(TokenCodes, TwoPassesMatchThePlainReferenceOfTheirRule) {
         cfg.sink_pages = trial % 3;
         cfg.code_channels = trial % 2 ? 0.375 : 0.5;
         cfg.code_candidates = 1 + trial % 3;
-        select::SelectOutput got, one_pass, spare;
+        cfg.code_channel_spread = trial != 2;  // trial 2: the channels by |q| alone
+        select::SelectOutput got, one_pass, spare, qonly;
         select::run_selector(c.args(), cfg, got);
+        select::SelectorConfig by_q = cfg;
+        by_q.code_channel_spread = false;
+        select::run_selector(c.args(), by_q, qonly);
         select::SelectorConfig all = cfg;
         all.code_candidates = 1 << 20;  // every token a candidate: the one-pass ranking
         select::run_selector(c.args(), all, spare);
@@ -762,6 +766,8 @@ TEST(TokenCodes, TwoPassesMatchThePlainReferenceOfTheirRule) {
             for (int x = 0; x < 32; ++x) {
               double s = 0;
               for (int i = 0; i < g; ++i) s += std::fabs(c.q[(static_cast<std::size_t>(b) * 2 * g + h * g + i) * 32 + x]);
+              // The spread row of the last page (its values: PagedKVCache's own test).
+              if (cfg.code_channel_spread) s *= static_cast<double>(pc.spread_row(phys[pages - 1], h)[x]);
               w.push_back({s, x});
             }
             std::vector<std::int32_t> ch = ranked(w);
@@ -814,6 +820,8 @@ TEST(TokenCodes, TwoPassesMatchThePlainReferenceOfTheirRule) {
                       std::vector<std::int32_t>(o.begin(), o.end()))
                 << "candidates to spare: the one-pass lists";
             differs_from_one_pass += std::vector<std::int32_t>(o.begin(), o.end()) != want;
+            const auto qo = qonly.selection.view().list(b, h);
+            differs_by_rule += std::vector<std::int32_t>(qo.begin(), qo.end()) != want;
             ++lists;
           }
         }
@@ -822,6 +830,7 @@ TEST(TokenCodes, TwoPassesMatchThePlainReferenceOfTheirRule) {
   }
   EXPECT_EQ(lists, 2 * 3 * 4 * 5 * 2);
   EXPECT_GT(differs_from_one_pass, 5);  // the first pass changes some lists
+  EXPECT_GT(differs_by_rule, 5) << "the spread changes the channels of some lists";
 }
 
 TEST(TokenCodes, TwoPassesRefuseBadSettingsNamingThem) {
@@ -846,6 +855,12 @@ TEST(TokenCodes, TwoPassesRefuseBadSettingsNamingThem) {
   a.page_codes.chan_codes = nullptr;  // a view made by hand, without the copy
   test::expect_error([&] { select::run_selector(a, cfg, out); }, ErrorCode::invalid_argument,
                      "page_codes");
+  a = c.args();
+  a.page_codes.chan_spread = nullptr;  // without the spread rows: only the |q| rule runs
+  test::expect_error([&] { select::run_selector(a, cfg, out); }, ErrorCode::invalid_argument,
+                     "page_codes");
+  cfg.code_channel_spread = false;
+  EXPECT_NO_THROW(select::run_selector(a, cfg, out));
 }
 
 // The log-prob rule's LSE (select/log_prob.hpp: polynomial exp and log, an integer sum) against

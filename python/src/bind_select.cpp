@@ -75,7 +75,8 @@ SelectResult run_select(InArray q, const KV& kv, const std::string& method, doub
                         int sink_pages, int window_tokens, const std::string& group,
                         const std::string& mass_source, double tau_margin, int seed_pages,
                         bool oracle_tokens, bool oracle_head_collapsed, float scale,
-                        bool bf16_bounds, double code_channels, int code_candidates) {
+                        bool bf16_bounds, double code_channels, int code_candidates,
+                        bool code_channel_spread) {
   const Cache& cache = kv.require_cache("a selector");
   select::SelectorConfig cfg =
       selector_config(method, alpha, budget, budget_tokens, top_p, sink_pages, window_tokens);
@@ -87,6 +88,7 @@ SelectResult run_select(InArray q, const KV& kv, const std::string& method, doub
   cfg.oracle_head_collapsed = oracle_head_collapsed;
   cfg.code_channels = code_channels;
   cfg.code_candidates = code_candidates;
+  cfg.code_channel_spread = code_channel_spread;
 
   select::SelectArgs a;
   a.q = view3_f32(q, "q");
@@ -198,6 +200,7 @@ void bind_select(nb::module_& m) {
         nb::arg("bf16_bounds") = false,
         nb::arg("code_channels") = select::SelectorConfig{}.code_channels,
         nb::arg("code_candidates") = select::SelectorConfig{}.code_candidates,
+        nb::arg("code_channel_spread") = select::SelectorConfig{}.code_channel_spread,
         "Runs one selector (select::run_selector) for the decode step with queries q\n"
         "(float32 (B, Hq, d)) over kv, which must come from PagedKVCache.view (the selectors\n"
         "read its page summaries).\n\n"
@@ -210,7 +213,9 @@ void bind_select(nb::module_& m) {
         "log_prob. mass_source: page_gaussian | page_mean. bf16_bounds: take the page bounds from\n"
         "the outward-rounded bf16 store. code_channels / code_candidates: token_codes' two\n"
         "passes (every token on that share of the channels, then code_candidates x the budget\n"
-        "on every channel; code_channels = 1: one pass). Returns a SelectResult.");
+        "on every channel; code_channels = 1: one pass). code_channel_spread: the first pass's\n"
+        "channels by sum over the heads of |q_c| times the keys' spread on c (False: |q| alone).\n"
+        "Returns a SelectResult.");
 
   m.def("diagnose", &diagnose, nb::arg("q").noconvert(), nb::arg("kv"), nb::arg("selection").none(),
         nb::kw_only(), nb::arg("alpha") = 1.0, nb::arg("scale") = 0.0f, nb::arg("study") = false,

@@ -114,8 +114,10 @@ def test_token_codes_two_passes_are_the_default_and_one_pass_stays_reachable(rng
     kv = cache.view(seqs)
     two = masskv.select(q, kv, method="token_codes", budget_tokens=32)
     spelled = masskv.select(q, kv, method="token_codes", budget_tokens=32, code_channels=0.375,
-                            code_candidates=2)
+                            code_candidates=2, code_channel_spread=True)
     np.testing.assert_array_equal(two.selection.ids, spelled.selection.ids)
+    by_q = masskv.select(q, kv, method="token_codes", budget_tokens=32, code_channel_spread=False)
+    check_selection(by_q.selection, cache, seqs)
     one = masskv.select(q, kv, method="token_codes", budget_tokens=32, code_channels=1.0)
     check_selection(one.selection, cache, seqs)
     # every token a candidate: the second pass ranks as one pass does

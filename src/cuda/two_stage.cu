@@ -704,6 +704,10 @@ void two_stage_select(const TwoStageSelectArgs& a, const TwoStageLaunch& launch)
           invalid_argument, "codes",
           "two passes (code_channels < 1) read the codes' channel-major copy (chan_codes, "
           "chan_ranges), which is missing");
+  require(!two_pass || !a.code_channel_spread || a.codes.chan_spread != nullptr, invalid_argument,
+          "codes",
+          "two passes weighing channels by their spread (code_channel_spread) read the codes' "
+          "chan_spread rows, which are missing");
   require(!two_pass || (reinterpret_cast<std::uintptr_t>(a.codes.chan_codes) % 4 == 0 &&
                         reinterpret_cast<std::uintptr_t>(a.codes.chan_ranges) % 2 == 0),
           invalid_argument, "codes",
@@ -865,6 +869,7 @@ void two_stage_select(const TwoStageSelectArgs& a, const TwoStageLaunch& launch)
     p1.r = chan_r;
     p1.chan_codes = a.codes.chan_codes;
     p1.chan_ranges = a.codes.chan_ranges;
+    p1.chan_spread = a.code_channel_spread ? a.codes.chan_spread : nullptr;
     p1.ch = ws.ch.data();
     p1.q8 = ws.q8.data();
     p1.q1 = ws.q1.data();

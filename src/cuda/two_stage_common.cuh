@@ -82,6 +82,9 @@ struct Params {
   int r;                          // the first pass's channels per kv group
   const std::uint8_t* chan_codes;  // the codes' channel-major copy (kv::PageCodesView)
   const std::uint8_t* chan_ranges;
+  // The channels' spread rows [page][Hkv][d] (kv::PageCodesView::chan_spread): the weights are
+  // Σ_h |q_hc| times the row of the sequence's last page; null: Σ_h |q_hc| alone.
+  const float* chan_spread;
   std::int32_t* ch;        // [B * Hkv][d]: the chosen channels, ascending (r of them)
   int* q8;                 // [B * Hq][d]: each q head's int8 levels (kv::code_query)
   int* q1;                 // [B * Hq]: their sum over the chosen channels (Q of the first pass)

@@ -5,7 +5,7 @@
 // second pass. The first pass, per (sequence b, kv head h):
 //   1. chan_kernel (a CTA per (b, h)): each q head's int8 levels (kv::code_query, as score_kernel
 //      makes them) and unit; the channels' weights Σ_i |q_ic| (f64, heads in order: the CPU's
-//      sums), the r = round(code_channels · d) largest (ties to the lower channel) in ascending
+//      sums; times the last page's spread row, codes.chan_spread, under code_channel_spread), the r = round(code_channels · d) largest (ties to the lower channel) in ascending
 //      order, and each head's Q over them;
 //   2. pass1_kernel (whole pages per CTA, a thread per token): the integer sums over the chosen
 //      channels from the codes' channel-major copy (each chosen channel's word and range of the
@@ -58,12 +58,23 @@ __global__ void __launch_bounds__(kThreads) chan_kernel(Params p) {
     }
     if (lane == 0) p.qunit[seg0 + i] = zero ? 0.0 : __ddiv_rn(static_cast<double>(m), 127.0);
   }
-  // The weights: Σ over the heads, in head order, of |q_c| (the unscaled q, as the CPU).
+  // The weights: Σ over the heads, in head order, of |q_c| (the unscaled q, as the CPU), times
+  // the channel's spread over the sequence's keys (its last page's row) when given.
   if (threadIdx.x < kD) {
     double w = 0.0;
     for (int i = 0; i < g; ++i)
       w = __dadd_rn(w, static_cast<double>(fabsf(p.q[b * p.q_s0 + (h * g + i) * p.q_s1 +
                                                      threadIdx.x])));
+    if (p.chan_spread != nullptr) {
+      const int end = p.indptr[b + 1];
+      // A bad table is flagged by plan_of in the other kernels; the weights then do not matter.
+      const int phys = end > p.indptr[b] ? checked_phys(p, end - 1, p.code_pages) : -1;
+      if (phys >= 0) {
+        w = __dmul_rn(w, static_cast<double>(
+                             p.chan_spread[(static_cast<std::int64_t>(phys) * p.Hkv + h) * kD +
+                                           threadIdx.x]));
+      }
+    }
     s_w[threadIdx.x] = w;
   }
   __syncthreads();

@@ -85,6 +85,9 @@ struct PagedKVCache::Impl {
     std::vector<std::int32_t> pages;  // physical ids in token order
     std::int64_t length = 0;
     bool alive = false;
+    // With page codes: Welford's mean and M2 of every stored key, [head][d] (f64), whose
+    // standard deviations go to the last page's row of cspread after each append.
+    std::vector<double> kmean, km2;
   };
 
   CacheConfig cfg;
@@ -102,6 +105,7 @@ struct PagedKVCache::Impl {
   std::vector<float> prange_grid;                     // [page][head][2]: lo, step
   std::vector<std::uint8_t> ccodes, cranges;          // channel-major copies (PageCodesView)
   std::size_t cword = 0;                              // bytes of one channel of one page
+  std::vector<float> cspread;                         // [page][head][d] (PageCodesView)
   std::vector<float> pcode_key, pcode_lo, pcode_hi;   // scratch: a key, a range's bounds (f32)
   std::vector<std::uint8_t> pr_a, pr_b;               // scratch: a new range's codes
   std::vector<std::byte> krows;                       // key rows [page][group][slot][row]
@@ -151,6 +155,7 @@ struct PagedKVCache::Impl {
       cword = static_cast<std::size_t>((P + 3) / 4);
       ccodes.assign(static_cast<std::size_t>(pages) * H * d * cword, 0);
       cranges.assign(static_cast<std::size_t>(pages) * H * d * 2, 0);
+      cspread.assign(static_cast<std::size_t>(pages) * H * d, 0.0f);
       for (auto* buf : {&pcode_key, &pcode_lo, &pcode_hi}) buf->resize(static_cast<std::size_t>(d));
       pr_a.resize(static_cast<std::size_t>(d));
       pr_b.resize(static_cast<std::size_t>(d));
@@ -244,6 +249,8 @@ struct PagedKVCache::Impl {
                       cranges.begin() + static_cast<std::ptrdiff_t>(chan_at(p, h, c) * 2));
         }
       }
+      std::copy_n(cspread.begin() + static_cast<std::ptrdiff_t>(old * nr), nr,
+                  cspread.begin() + static_cast<std::ptrdiff_t>(p * nr));
       const std::size_t ng = static_cast<std::size_t>(cfg.num_kv_heads) * 2;
       std::copy_n(prange_grid.begin() + static_cast<std::ptrdiff_t>(old * ng), ng,
                   prange_grid.begin() + static_cast<std::ptrdiff_t>(p * ng));
@@ -379,6 +386,38 @@ struct PagedKVCache::Impl {
     }
   }
 
+  // Folds the stored key of (page, slot) into s's running moments (s.length counts it).
+  template <class T>
+  void fold_spread(Sequence& s, std::int32_t page, int slot) {
+    const int H = cfg.num_kv_heads, d = cfg.head_dim;
+    const std::size_t hd = static_cast<std::size_t>(H) * d;
+    if (s.kmean.size() != hd) {
+      s.kmean.assign(hd, 0.0);
+      s.km2.assign(hd, 0.0);
+    }
+    const T* kp = static_cast<const T*>(static_cast<const void*>(k.get()));
+    const double n = static_cast<double>(s.length);
+    for (int h = 0; h < H; ++h) {
+      const T* ks = kp + pool.offset(page, h, slot);
+      double* mean = s.kmean.data() + static_cast<std::size_t>(h) * d;
+      double* m2 = s.km2.data() + static_cast<std::size_t>(h) * d;
+      for (int c = 0; c < d; ++c) {
+        const double x = to_f32(ks[c]);
+        const double delta = x - mean[c];
+        mean[c] += delta / n;
+        m2[c] += delta * (x - mean[c]);
+      }
+    }
+  }
+
+  // The standard deviations of s's keys so far into its last page's row (PageCodesView).
+  void write_spread(const Sequence& s) {
+    const std::size_t hd = static_cast<std::size_t>(cfg.num_kv_heads) * cfg.head_dim;
+    float* row = cspread.data() + static_cast<std::size_t>(s.pages.back()) * hd;
+    const double n = static_cast<double>(s.length);
+    for (std::size_t i = 0; i < hd; ++i) row[i] = static_cast<float>(std::sqrt(s.km2[i] / n));
+  }
+
   bool shared_partial(const Sequence& s) const {
     return s.length % cfg.page_size != 0 && refcount[s.pages.back()] > 1;
   }
@@ -452,6 +491,10 @@ struct PagedKVCache::Impl {
       write_token<T>(s.pages.back(), slot, kin.data() + t * tok, vin.data() + t * tok);
       if (row_tok > 0) write_rows(s.pages.back(), slot, rin.data() + static_cast<std::size_t>(t) * row_tok);
       ++s.length;
+      if (cfg.page_codes) {
+        fold_spread<T>(s, s.pages.back(), slot);
+        if (slot == P - 1 || t == n - 1) write_spread(s);
+      }
     }
   }
 };
@@ -466,7 +509,7 @@ const CacheConfig& PagedKVCache::config() const { return impl_->cfg; }
 SeqId PagedKVCache::create() {
   require(impl_->seqs.size() < static_cast<std::size_t>(std::numeric_limits<SeqId>::max()),
           ErrorCode::out_of_range, "seq", "sequence ids exhausted");
-  impl_->seqs.push_back({{}, 0, true});
+  impl_->seqs.push_back({{}, 0, true, {}, {}});
   return static_cast<SeqId>(impl_->seqs.size() - 1);
 }
 
@@ -477,6 +520,8 @@ SeqId PagedKVCache::fork(SeqId parent) {
   for (std::int32_t page : p.pages) ++impl_->refcount[page];
   impl_->seqs[child].pages = p.pages;
   impl_->seqs[child].length = p.length;
+  impl_->seqs[child].kmean = p.kmean;
+  impl_->seqs[child].km2 = p.km2;
   return child;
 }
 
@@ -486,6 +531,8 @@ void PagedKVCache::free(SeqId seq) {
   s.pages.clear();
   s.pages.shrink_to_fit();
   s.length = 0;
+  s.kmean = {};
+  s.km2 = {};
   s.alive = false;
 }
 
@@ -564,7 +611,7 @@ PageCodesView PagedKVCache::page_codes() const {
   return {m.pcodes.data(),     m.cfg.capacity_pages, m.cfg.num_kv_heads,
           m.cfg.page_size,     m.cfg.head_dim,       m.prange_min.data(),
           m.prange_max.data(), m.prange_grid.data(), m.ccodes.data(),
-          m.cranges.data()};
+          m.cranges.data(),    m.cspread.data()};
 }
 
 SelectorKeysView PagedKVCache::selector_keys() const {

@@ -75,6 +75,7 @@ double selector_read_bytes(const SelectorConfig& c, const kv::PageTable& t, cons
           }
           bytes += H * (r * P * (word + 2.0) + P * 8.0 + cand * kv::page_code_bytes(s.head_dim)) +
                    range_pages * 2.0 * d;
+          if (c.code_channel_spread) bytes += H * 4.0 * d;  // the last page's f32 spread row
         } else {  // every page's code range (8-bit), every code
           bytes += H * (P * ranges + L * kv::page_code_bytes(s.head_dim));
         }

@@ -253,6 +253,20 @@ for l in open('$tmp/eval-tc/cache.jsonl'):
   --cache '$tmp/eval-tc/old1.jsonl'"
 check eval-tc-old-rows-not-twopass 0 '0 results cached, 1 samples to run' -- "$bin" eval \
   "${evc[@]}" --methods token_codes --cache "$tmp/eval-tc/old1.jsonl"
+# The first pass's channels took the keys' spread later still: rows tagged "|2p" (channels by
+# |q| alone) are +qonly's, not the default's.
+check eval-tc-qonly-apart 0 '0 results cached, 1 samples to run' -- "$bin" eval "${evc[@]}" \
+  --methods token_codes+qonly
+check eval-tc-qonly-old-rows 0 '1 results cached, 0 samples to run' -- bash -c "python3 -c \"
+import json
+for l in open('$tmp/eval-tc/cache.jsonl'):
+    r = json.loads(l)
+    if r['method'] in ('token_codes', 'token_codes+lse') and r['settings'].endswith('|2ps'):
+        r['settings'] = r['settings'][:-1]; print(json.dumps(r))
+\" > '$tmp/eval-tc/old2.jsonl' && '$bin' eval ${evc[*]} --methods token_codes+twopass+qonly \
+  --cache '$tmp/eval-tc/old2.jsonl'"
+check eval-tc-qonly-not-default 0 '0 results cached, 1 samples to run' -- "$bin" eval \
+  "${evc[@]}" --methods token_codes --cache "$tmp/eval-tc/old2.jsonl"
 # A run killed mid-write leaves a torn last record: it alone is recomputed, the others are
 # kept, and the file holds whole lines again. A record out of range is skipped, not reported.
 # (tests/test_line_file.cpp tears the file at every byte offset of its last record.)

@@ -89,7 +89,7 @@ std::vector<TwoStageBenchRow> bench_two_stage(const TwoStageBenchShape& s) {
   // The pool's code ranges (rounded on the host from its f32 summaries) and codes on the
   // device, made once per pool.
   static DevBuf<std::uint8_t> drmin, drmax, dcodes, dchan_codes, dchan_ranges;
-  static DevBuf<float> dgrid;
+  static DevBuf<float> dgrid, dspread;
   static const void* made_for = nullptr;
   static const void* chan_made_for = nullptr;
   const std::size_t nr = static_cast<std::size_t>(s.pool_pages) * s.hkv * s.d;
@@ -132,11 +132,19 @@ std::vector<TwoStageBenchRow> bench_two_stage(const TwoStageBenchShape& s) {
                                                              s.pool_pages, s.hkv, s.page, s.d);
     CK(cudaGetLastError());
     CK(cudaDeviceSynchronize());
+    // The spread rows the first pass weighs channels by: for timing, each page's range / 4 as
+    // its row (the selection's work does not depend on the values; two-stage-check compares
+    // the cache's own rows against the CPU).
+    std::vector<float> spread(nr);
+    for (std::size_t i = 0; i < nr; ++i) spread[i] = (s.host_max[i] - s.host_min[i]) / 4;
+    dspread = DevBuf<float>(nr);
+    dspread.upload(spread.data(), nr);
     chan_made_for = s.k;
   }
   if (two_pass) {
     pc.chan_codes = dchan_codes.p;
     pc.chan_ranges = dchan_ranges.p;
+    pc.chan_spread = dspread.p;
   }
 
   const int pages = s.ctx / s.page;

@@ -12,6 +12,7 @@
 //    1..8, d 64/128, page 16, lengths up to 32K, budgets 64..4096, factors 1..8, sinks,
 //    windows), keys with many exact ties; the flag names "indptr" and "max_per_head".
 //    token_codes' cases again in two passes (code_channels 0.375 / 0.5 x code_candidates 1..3,
+//    the channels weighed by the keys' spread, and two settings by |q| alone,
 //    and edges: every token a candidate, 1 channel, every channel, page sizes 1..64), the CPU
 //    configured the same and the channel-major copy uploaded: lists identical, and the second
 //    pass's pages (the workspace's candidate counts) equal to SelectOutput::code_pages; the
@@ -309,6 +310,13 @@ int run_decode_token_check() {
 
 namespace {
 
+// One setting of token_codes' two passes (code_channels 1: one pass).
+struct TwoPass {
+  double channels;
+  int candidates;
+  bool spread;  // code_channel_spread
+};
+
 struct TsCase {
   int B, group, Hkv, d, P;
   int max_len;
@@ -319,12 +327,13 @@ struct TsCase {
   // factor 0 only: besides one pass, the two-pass settings kTwoPasses (the same cache and
   // queries, the CPU configured the same), and `extra` ones.
   bool two_pass = false;
-  std::vector<std::pair<double, int>> extra = {};
+  std::vector<TwoPass> extra = {};
 };
 
-// token_codes' two passes: (code_channels, code_candidates).
-const std::pair<double, int> kTwoPasses[] = {{0.375, 1}, {0.375, 2}, {0.375, 3},
-                                             {0.5, 1},   {0.5, 2},   {0.5, 3}};
+// token_codes' two passes: (code_channels, code_candidates, code_channel_spread).
+const TwoPass kTwoPasses[] = {{0.375, 1, true}, {0.375, 2, true},  {0.375, 3, true},
+                              {0.5, 1, true},   {0.5, 2, true},    {0.5, 3, true},
+                              {0.375, 2, false}, {0.5, 3, false}};
 
 struct TsStats {
   long lists = 0, identical = 0, tokens = 0;
@@ -335,7 +344,7 @@ struct TsStats {
 struct TsGpu {
   DevBuf<std::uint16_t> bmin, bmax;
   DevBuf<std::uint8_t> codes, rmin, rmax, chan_codes, chan_ranges;
-  DevBuf<float> grid;
+  DevBuf<float> grid, chan_spread;
   select::BoundStoreView store;
   kv::PageCodesView pc;
   TsGpu(const select::BoundStoreView& hs, const kv::PageCodesView& hpc) {
@@ -379,6 +388,12 @@ struct TsGpu {
       pc.chan_codes = chan_codes.p;
       pc.chan_ranges = chan_ranges.p;
     }
+    pc.chan_spread = nullptr;
+    if (hpc.chan_spread != nullptr) {  // the spread rows the first pass weighs channels by
+      chan_spread = DevBuf<float>(nr);
+      chan_spread.upload(hpc.chan_spread, nr);
+      pc.chan_spread = chan_spread.p;
+    }
   }
 };
 
@@ -400,7 +415,7 @@ int run_ts_case(const TsCase& c, std::uint64_t seed, cuda::TwoStageWorkspace& ws
   a.bounds_bf16 = &sv;
   a.page_codes = hc.cache->page_codes();
   // One pass (code_channels 1), then token_codes' two passes where the case asks.
-  std::vector<std::pair<double, int>> passes = {{1.0, 2}};
+  std::vector<TwoPass> passes = {{1.0, 2, true}};
   if (c.factor == 0 && c.two_pass) passes.insert(passes.end(), std::begin(kTwoPasses), std::end(kTwoPasses));
   if (c.factor == 0) passes.insert(passes.end(), c.extra.begin(), c.extra.end());
   TsGpu g(sv, a.page_codes);
@@ -412,7 +427,7 @@ int run_ts_case(const TsCase& c, std::uint64_t seed, cuda::TwoStageWorkspace& ws
   DevBuf<std::int32_t> ids(static_cast<std::size_t>(c.B) * c.Hkv * cap),
       cnt(static_cast<std::size_t>(c.B) * c.Hkv);
   int failures = 0;
-  for (const auto& [channels, cands] : passes) {
+  for (const auto& [channels, cands, spread] : passes) {
     const bool two = channels < 1;
     select::SelectorConfig cfg;
     // Factor 0 is token_codes (every page a candidate, no page stage).
@@ -429,6 +444,7 @@ int run_ts_case(const TsCase& c, std::uint64_t seed, cuda::TwoStageWorkspace& ws
     cfg.group = group;
     cfg.code_channels = channels;
     cfg.code_candidates = cands;
+    cfg.code_channel_spread = spread;
     select::SelectOutput out;
     select::run_selector(a, cfg, out);
     const SelectionView want = out.selection.view();
@@ -446,6 +462,7 @@ int run_ts_case(const TsCase& c, std::uint64_t seed, cuda::TwoStageWorkspace& ws
     ta.group = group;
     ta.code_channels = channels;
     ta.code_candidates = cands;
+    ta.code_channel_spread = spread;
     ta.max_per_head = cap;
     ta.ids = {ids.p, ids.n};
     ta.count = {cnt.p, cnt.n};
@@ -499,13 +516,14 @@ int run_ts_case(const TsCase& c, std::uint64_t seed, cuda::TwoStageWorkspace& ws
             if (failures <= 3)
               std::printf(
                   "FAIL two-stage B=%d group=%d Hkv=%d d=%d P=%d L=%lld budget=%lld factor=%d "
-                  "sinks=%d window=%d%s%s code_channels=%g code_candidates=%d: list [%d][%d] "
+                  "sinks=%d window=%d%s%s code_channels=%g code_candidates=%d%s: list [%d][%d] "
                   "count gpu %d cpu %zu, first difference at %d (gpu %d, cpu %d); code pages "
                   "gpu %d cpu %d\n",
                   c.B, c.group, c.Hkv, c.d, c.P,
                   static_cast<long long>(hc.table.table().length(b, c.P)),
                   static_cast<long long>(c.budget), c.factor, c.sinks, c.window,
-                  c.ties ? " ties" : "", c.log_prob ? " log_prob" : "", channels, cands, b, h,
+                  c.ties ? " ties" : "", c.log_prob ? " log_prob" : "", channels, cands,
+                  two && !spread ? " by |q|" : "", b, h,
                   gn, w.size(), first_diff, first_diff < gn ? gi[base + first_diff] : -1,
                   first_diff < static_cast<int>(w.size()) ? w[first_diff] : -1,
                   pair < gpages.size() ? gpages[pair] : -1, out.code_pages[pair]);
@@ -578,10 +596,10 @@ int run_two_stage_check() {
   // 16, several words a page above).
   for (const bool lp : {false, true}) {
     TsCase e{1, 4, 2, 128, 16, 3000, 1024, 0, 1, 50, false, lp};
-    e.extra = {{0.5, 1 << 20}, {0.375, 3}, {0.01, 2}, {0.999, 2}};
+    e.extra = {{0.5, 1 << 20, true}, {0.375, 3, true}, {0.01, 2, true}, {0.999, 2, false}};
     cases.push_back(e);
     e = {2, 3, 2, 64, 16, 700, 64, 0, 0, 0, false, lp};
-    e.extra = {{0.01, 1}, {0.999, 3}};
+    e.extra = {{0.01, 1, true}, {0.999, 3, true}};
     cases.push_back(e);
     e = {3, 3, 2, 64, 16, 1, 64, 0, 0, 0, false, lp};
     e.two_pass = true;
@@ -591,7 +609,7 @@ int run_two_stage_check() {
     cases.push_back(e);
     for (const int P : {1, 4, 8, 32, 64}) {
       e = {2, 4, 2, P % 2 ? 64 : 128, P, P == 1 ? 1500 : 5000, 512, 0, 1, 37, P == 8, lp};
-      e.extra = {{0.375, 2}, {0.5, 3}};
+      e.extra = {{0.375, 2, true}, {0.5, 3, false}};
       cases.push_back(e);
     }
   }
@@ -687,6 +705,13 @@ int run_two_stage_check() {
       std::printf("FAIL two-stage: code_candidates 0 did not raise 'code_candidates'\n");
     }
     ta.code_candidates = 2;
+    const float* spread_rows = ta.codes.chan_spread;
+    ta.codes.chan_spread = nullptr;
+    if (!names("codes")) {
+      ++failures;
+      std::printf("FAIL two-stage: two passes without the spread rows did not raise 'codes'\n");
+    }
+    ta.codes.chan_spread = spread_rows;
     ta.codes.chan_codes = nullptr;
     if (!names("codes")) {
       ++failures;

@@ -108,7 +108,10 @@ std::string row_tag_of_protocol(const MethodRow& m, const RowTags& t) {
     const std::vector<std::string>& mods = split_reselect(m.method).mods;
     const auto has = [&](const char* x) { return std::find(mods.begin(), mods.end(), x) != mods.end(); };
     const bool explicit_rule = has("lse") || has("rr");
-    return t.settings + t.codes + (explicit_rule ? "" : "|lp") + (has("onepass") ? "" : "|2p");
+    // And the first pass's channels weighed by the keys' spread later again: "|2ps"; "|2p"
+    // rows weighed them by |q| alone (now "+qonly").
+    const char* passes = has("onepass") ? "" : has("qonly") ? "|2p" : "|2ps";
+    return t.settings + t.codes + (explicit_rule ? "" : "|lp") + passes;
   }
   if (is_prefill(m.method)) {
     const select::PrefillSelectConfig c;
@@ -148,8 +151,9 @@ std::string record_key(const std::string& model, const SampleId& s, const Method
   // token_codes' rule in one spelling: "+rr" is what plain "token_codes" meant before its
   // default became log_prob (those rows have no "|lp" in their tag), and the default's rows
   // ("|lp") are "+lse"'s. So each rule finds every row computed under it, whatever its name.
-  // The passes likewise: "+twopass" (spelled, or "|2p" in the tag) ends the key, "+onepass"
-  // (the rows before two passes became the default) is left out.
+  // The passes likewise: "+twopass" (spelled, or "|2ps" in the tag) ends the key, "+onepass"
+  // (the rows before two passes became the default) is left out; "|2p" rows ran two passes
+  // with the channels by |q| alone: "+twopass+qonly".
   std::string method = m.method, t = tag;
   if (base_method(method) == "token_codes") {
     (void)erase_modifier(method, "+rr");
@@ -159,11 +163,17 @@ std::string record_key(const std::string& model, const SampleId& s, const Method
     }
     bool two = erase_modifier(method, "+twopass");
     (void)erase_modifier(method, "+onepass");
-    if (const auto p = t.find("|2p"); p != std::string::npos) {
-      t.erase(p, 3);
+    bool qonly = erase_modifier(method, "+qonly");
+    if (const auto p = t.find("|2ps"); p != std::string::npos) {
+      t.erase(p, 4);
       two = true;
+    } else if (const auto p2 = t.find("|2p"); p2 != std::string::npos) {
+      t.erase(p2, 3);
+      two = qonly = true;
     }
-    if (two) method.insert(std::min(method.find('@'), method.size()), "+twopass");
+    if (two) {
+      method.insert(std::min(method.find('@'), method.size()), qonly ? "+twopass+qonly" : "+twopass");
+    }
   }
   return fmt::format("{}|{}|{}|{}|{}|{}|{}|{}", model, s.task, s.length, s.seed, s.index, method,
                      m.budget, t);

@@ -37,13 +37,17 @@ const Modifier kModifiers[] = {
      "token_codes' rule before 2026-12-06",
      [](select::SelectorConfig& c) { c.group = select::GroupRule::union_heads; }},
     {"twopass", "token_codes",
-     "two passes: every token on the 3/8 of the channels with the largest |q| (the codes' "
+     "two passes: every token on the 3/8 of the channels with the largest |q| × key spread (the codes' "
      "channel-major copy), its best 2 × the budget on every channel "
      "(docs/results/lab-smollm2/cascade/); token_codes' default since 2026-12-06",
      [](select::SelectorConfig& c) {
        c.code_channels = 0.375;
        c.code_candidates = 2;
      }},
+    {"qonly", "token_codes",
+     "two passes with the first pass's channels by the heads' |q| alone (SparQ's rule; "
+     "token_codes' default 2026-12-06 until the keys' spread joined it the same day)",
+     [](select::SelectorConfig& c) { c.code_channel_spread = false; }},
     {"onepass", "token_codes",
      "one pass: every token on every channel (token_codes before 2026-12-06: selector reads "
      "9.6 % of the dense bytes against two passes' 6.1 %)",

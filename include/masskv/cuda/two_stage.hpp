@@ -96,6 +96,10 @@ struct TwoStageSelectArgs {
   // they are not read (the CPU's two_stage ranks its listed candidates in one pass).
   double code_channels = 0.375;
   int code_candidates = 2;
+  // The first pass's channel weights, as select::SelectorConfig::code_channel_spread: Σ_h
+  // |q_hc| times the channel's spread row of the sequence's last page (codes.chan_spread,
+  // [page][kv_head][head_dim] f32, required then), or false: Σ_h |q_hc| alone.
+  bool code_channel_spread = true;
   // Output, device: ids [B][Hkv][max_per_head] (ascending logical token ids, -1 padded) and
   // count [B][Hkv]; size max_per_head with two_stage_capacity.
   int max_per_head = 0;

@@ -128,6 +128,12 @@ struct PageCodesView {
   // at byte s / 4, bits 2 (s % 4)), chan_ranges [kv_head][channel][page][2] (a, b).
   const std::uint8_t* chan_codes = nullptr;
   const std::uint8_t* chan_ranges = nullptr;
+  // Per (page, kv head) the standard deviation of each channel over every key of the sequence
+  // up to that page's last written slot (population, from f64 Welford sums, rounded to f32):
+  // [page][kv_head][head_dim]. The first pass weighs channels by it
+  // (SelectorConfig::code_channel_spread), reading the row of the sequence's last page only.
+  // Pages are shared only between sequences with the same prefix, so a row is every sharer's.
+  const float* chan_spread = nullptr;
 
   bool empty() const { return codes == nullptr; }
   const std::uint8_t* row(std::int32_t page, int head, int slot) const {
@@ -143,6 +149,9 @@ struct PageCodesView {
   }
   const std::uint8_t* chan_range_row(int head, int c) const {
     return chan_ranges + (static_cast<std::int64_t>(head) * head_dim + c) * num_pages * 2;
+  }
+  const float* spread_row(std::int32_t page, int head) const {
+    return chan_spread + (static_cast<std::int64_t>(page) * num_kv_heads + head) * head_dim;
   }
   PageRange8 range(std::int32_t page, int head) const {
     const std::int64_t ph = static_cast<std::int64_t>(page) * num_kv_heads + head;

@@ -116,6 +116,12 @@ struct SelectorConfig {
   // channel — today's score, bit for bit — and only those are ranked.
   double code_channels = 0.375;
   int code_candidates = 2;
+  // The first pass's channel weights: Σ_h |q_hc| times the standard deviation of channel c
+  // over the sequence's keys (kv::PageCodesView::chan_spread; the default since 2026-12-06: a
+  // channel whose keys barely vary moves no token's rank, whatever q is on it — on Gemma 3,
+  // whose large-|q| channels are such, |q| alone left out heavy tokens in 6 % of the heads,
+  // docs/results/lab-gemma3/), or false: Σ_h |q_hc| alone (SparQ's rule, the rule before).
+  bool code_channel_spread = true;
   // Model sessions: the first dense_layers layers decode densely and are counted in the
   // budget — the selecting layers' budget in tokens shrinks so that the layers together read
   // the budget's rows (select/read_cost.hpp budget_beside_dense_layers). 0: every layer selects.

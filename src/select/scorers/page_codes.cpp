@@ -28,6 +28,10 @@ void check(const SelectArgs& a, const SelectorConfig& c) {
           "must be in (0, 1], got ", c.code_channels);
   require(c.code_channels == 1 || c.code_candidates >= 1, invalid_argument, "code_candidates",
           "must be >= 1, got ", c.code_candidates);
+  require(c.code_channels == 1 || !c.code_channel_spread || pc.chan_spread != nullptr,
+          invalid_argument, "page_codes",
+          "two passes weighing channels by their spread (code_channel_spread) read the codes' "
+          "chan_spread rows, which are missing");
   require(c.code_channels == 1 || (pc.chan_codes != nullptr && pc.chan_ranges != nullptr),
           invalid_argument, "page_codes",
           "two passes (code_channels < 1) read the codes' channel-major copy (chan_codes, "
@@ -83,11 +87,17 @@ void score_two_passes(const Context& X, const Group& G, Scratch& S, const Want& 
   thread_local std::vector<kv::CodeQuery> part;
   const int n = G.n, g = G.g, d = X.d, P = G.page_size;
   const auto N = static_cast<std::size_t>(n);
-  // The chosen channels: the largest sums over the heads of |q_c| (ties: the lower channel).
+  // The chosen channels: the largest sums over the heads of |q_c| (ties: the lower channel),
+  // each times the channel's spread over the sequence's keys (its last page's row) when
+  // SelectorConfig::code_channel_spread.
   weight.assign(static_cast<std::size_t>(d), 0.0);
   for (int i = 0; i < g; ++i) {
     const float* q = qrow(X, G.b, G.h * X.gsize + i);
     for (int c = 0; c < d; ++c) weight[static_cast<std::size_t>(c)] += std::fabs(q[c]);
+  }
+  if (X.c.code_channel_spread) {
+    const float* sd = X.a.page_codes.spread_row(G.phys.back(), G.h);
+    for (int c = 0; c < d; ++c) weight[static_cast<std::size_t>(c)] *= static_cast<double>(sd[c]);
   }
   const int r = code_channel_count(X.c, d);
   order_by(weight.data(), d, nullptr, r, ch);
