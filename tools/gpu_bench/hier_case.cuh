@@ -1,4 +1,4 @@
-// The rotated selection cases that profile-select (gpu_bench.cu) and profile-phases (phases.cu)
+// The rotated selection cases that profile-select (profiles.cu) and profile-phases (phases.cu)
 // time: random bf16 page summaries over a pool, and per rotation a B = 1 page table into it, a
 // q, and the group store rebuilt on the device from that rotation's pages, with a 4096-token
 // Quest policy (sink 1 page, window 64) and cover 2 for the hierarchical selection.
