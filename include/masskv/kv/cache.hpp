@@ -32,7 +32,9 @@ struct CacheConfig {
   bool has_selector_keys() const { return selector_keys || int4_selector_keys; }
   // Also keep page codes of every key (kv/page_codes.hpp): what token_codes and two_stage
   // score tokens on. head_dim / 4 bytes per token and kv head, plus each page's 8-bit range
-  // (2 head_dim + 8 bytes per page and kv head).
+  // (2 head_dim + 8 bytes per page and kv head); the same codes and ranges channel-major; and
+  // per page and kv head the f32 spread row (4 head_dim bytes: the keys' standard deviation per
+  // channel over the sequence so far, PageCodesView::chan_spread, from per-sequence f64 sums).
   bool page_codes = false;
   // A learned selector's key cache (kv/key_rows.hpp, docs/design.md §2.8): per token
   // key_row_groups rows of key_row_dim projected values, in the KV's pages (shared by forks,
