@@ -80,13 +80,21 @@ void CacheConfig::validate() const {
   if (key_row_groups > 0) check_row_dim(key_row_format, key_row_dim, "key_row_dim");
 }
 
+// One step of Welford's update with x, the n-th value, in f64: the page summaries' (from their
+// f32 state) and a sequence's moments (page codes' spread rows) both take it.
+inline void welford_step(double x, double n, double& mean, double& m2) {
+  const double delta = x - mean;
+  mean += delta / n;
+  m2 += delta * (x - mean);
+}
+
 struct PagedKVCache::Impl {
   struct Sequence {
     std::vector<std::int32_t> pages;  // physical ids in token order
     std::int64_t length = 0;
     bool alive = false;
-    // With page codes: Welford's mean and M2 of every stored key, [head][d] (f64), whose
-    // standard deviations go to the last page's row of cspread after each append.
+    // With page codes: Welford's mean and M2 of every stored key, [head][d] (f64; sized by
+    // create), whose standard deviations go to the last page's row of cspread.
     std::vector<double> kmean, km2;
   };
 
@@ -281,13 +289,16 @@ struct PagedKVCache::Impl {
 
   // Writes one token's k and v for every head into `slot` of `page` and folds the stored
   // (converted) key into the page summaries: min/max exactly, mean/M2 by Welford's update
-  // computed in f64 from the f32 state, max ||v|| rounded up.
+  // computed in f64 from the f32 state, max ||v|| rounded up; with page codes also into the
+  // moments of `seq` (whose length counts the token already).
   template <class T>
-  void write_token(std::int32_t page, int slot, const float* k_tok, const float* v_tok) {
+  void write_token(std::int32_t page, int slot, const float* k_tok, const float* v_tok,
+                   Sequence& seq) {
     const int H = cfg.num_kv_heads, d = cfg.head_dim;
     T* kp = static_cast<T*>(static_cast<void*>(k.get()));
     T* vp = static_cast<T*>(static_cast<void*>(v.get()));
     const double n = count[page] + 1;
+    const double n_seq = static_cast<double>(seq.length);
     for (int h = 0; h < H; ++h) {
       T* ks = kp + pool.offset(page, h, slot);
       T* vs = vp + pool.offset(page, h, slot);
@@ -298,6 +309,8 @@ struct PagedKVCache::Impl {
       float* mx = smax.data() + base;
       float* mean = smean.data() + base;
       float* m2 = sm2.data() + base;
+      double* seq_mean = cfg.page_codes ? seq.kmean.data() + static_cast<std::size_t>(h) * d : nullptr;
+      double* seq_m2 = cfg.page_codes ? seq.km2.data() + static_cast<std::size_t>(h) * d : nullptr;
       double vnorm2 = 0;
       for (int c = 0; c < d; ++c) {
         ks[c] = from_f32<T>(kin[c]);
@@ -305,10 +318,11 @@ struct PagedKVCache::Impl {
         const float x = to_f32(ks[c]);
         mn[c] = min_rule(x, mn[c]);
         mx[c] = max_rule(x, mx[c]);
-        const double delta = x - static_cast<double>(mean[c]);
-        const double new_mean = mean[c] + delta / n;
-        m2[c] = static_cast<float>(m2[c] + delta * (x - new_mean));
-        mean[c] = static_cast<float>(new_mean);
+        double page_mean = mean[c], page_m2 = m2[c];
+        welford_step(x, n, page_mean, page_m2);
+        mean[c] = static_cast<float>(page_mean);
+        m2[c] = static_cast<float>(page_m2);
+        if (seq_mean != nullptr) welford_step(x, n_seq, seq_mean[c], seq_m2[c]);
         const double y = to_f32(vs[c]);
         vnorm2 += y * y;
       }
@@ -382,30 +396,6 @@ struct PagedKVCache::Impl {
         std::uint8_t& byte = word[slot >> 2];
         const int shift = 2 * (slot & 3);
         byte = static_cast<std::uint8_t>((byte & ~(3 << shift)) | (code << shift));
-      }
-    }
-  }
-
-  // Folds the stored key of (page, slot) into s's running moments (s.length counts it).
-  template <class T>
-  void fold_spread(Sequence& s, std::int32_t page, int slot) {
-    const int H = cfg.num_kv_heads, d = cfg.head_dim;
-    const std::size_t hd = static_cast<std::size_t>(H) * d;
-    if (s.kmean.size() != hd) {
-      s.kmean.assign(hd, 0.0);
-      s.km2.assign(hd, 0.0);
-    }
-    const T* kp = static_cast<const T*>(static_cast<const void*>(k.get()));
-    const double n = static_cast<double>(s.length);
-    for (int h = 0; h < H; ++h) {
-      const T* ks = kp + pool.offset(page, h, slot);
-      double* mean = s.kmean.data() + static_cast<std::size_t>(h) * d;
-      double* m2 = s.km2.data() + static_cast<std::size_t>(h) * d;
-      for (int c = 0; c < d; ++c) {
-        const double x = to_f32(ks[c]);
-        const double delta = x - mean[c];
-        mean[c] += delta / n;
-        m2[c] += delta * (x - mean[c]);
       }
     }
   }
@@ -488,13 +478,10 @@ struct PagedKVCache::Impl {
     for (int t = 0; t < n; ++t) {
       const int slot = static_cast<int>(s.length % P);
       if (slot == 0) s.pages.push_back(take_page());
-      write_token<T>(s.pages.back(), slot, kin.data() + t * tok, vin.data() + t * tok);
-      if (row_tok > 0) write_rows(s.pages.back(), slot, rin.data() + static_cast<std::size_t>(t) * row_tok);
       ++s.length;
-      if (cfg.page_codes) {
-        fold_spread<T>(s, s.pages.back(), slot);
-        if (slot == P - 1 || t == n - 1) write_spread(s);
-      }
+      write_token<T>(s.pages.back(), slot, kin.data() + t * tok, vin.data() + t * tok, s);
+      if (row_tok > 0) write_rows(s.pages.back(), slot, rin.data() + static_cast<std::size_t>(t) * row_tok);
+      if (cfg.page_codes && (slot == P - 1 || t == n - 1)) write_spread(s);
     }
   }
 };
@@ -509,7 +496,11 @@ const CacheConfig& PagedKVCache::config() const { return impl_->cfg; }
 SeqId PagedKVCache::create() {
   require(impl_->seqs.size() < static_cast<std::size_t>(std::numeric_limits<SeqId>::max()),
           ErrorCode::out_of_range, "seq", "sequence ids exhausted");
-  impl_->seqs.push_back({{}, 0, true, {}, {}});
+  // Page codes: the sequence's key moments, one per head and channel.
+  const std::size_t hd = impl_->cfg.page_codes ? static_cast<std::size_t>(impl_->cfg.num_kv_heads) *
+                                                     static_cast<std::size_t>(impl_->cfg.head_dim)
+                                               : 0;
+  impl_->seqs.push_back({{}, 0, true, std::vector<double>(hd), std::vector<double>(hd)});
   return static_cast<SeqId>(impl_->seqs.size() - 1);
 }
 

@@ -312,12 +312,7 @@ int run_compact_check() {
     std::vector<std::int32_t> ids, cnt;
     std::vector<std::uint32_t> keys, ckeys;
     // 8-bit.
-    kv::SummariesView sv;
-    sv.min = sd.smin.data();
-    sv.max = sd.smax.data();
-    sv.num_pages = sd.pool_pages;
-    sv.num_kv_heads = c.hkv;
-    sv.head_dim = c.d;
+    const kv::SummariesView sv = summaries_of(sd);
     const select::BoundStore8 store8(sv);
     SelectionStorage cpu8;
     select::quest_select8(qv, table, c.page, store8.view(), c.scale, c.pol, cpu8, &ckeys,

@@ -64,6 +64,17 @@ struct SelData {
   int max_pages = 0;
 };
 
+// The f32 min/max summaries of a case's pool, as the CPU stores read them.
+inline kv::SummariesView summaries_of(const SelData& sd) {
+  kv::SummariesView sv;
+  sv.min = sd.smin.data();
+  sv.max = sd.smax.data();
+  sv.num_pages = sd.pool_pages;
+  sv.num_kv_heads = sd.c.hkv;
+  sv.head_dim = sd.c.d;
+  return sv;
+}
+
 inline void build_sel_case(SelData& sd, std::uint64_t seed) {
   const SelCase& c = sd.c;
   Rng rng(seed);
@@ -108,13 +119,7 @@ inline void build_sel_case(SelData& sd, std::uint64_t seed) {
       }
     }
   }
-  kv::SummariesView sv;
-  sv.min = sd.smin.data();
-  sv.max = sd.smax.data();
-  sv.num_pages = sd.pool_pages;
-  sv.num_kv_heads = c.hkv;
-  sv.head_dim = c.d;
-  sd.store = select::BoundStore(sv);
+  sd.store = select::BoundStore(summaries_of(sd));
   sd.q.resize(static_cast<std::size_t>(c.batch) * c.hq * c.d);
   for (float& x : sd.q) x = rng.sym(3.f);
 }
