@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# On the GPU machine: build the CUDA library + masskv_gpu_bench, run the CUDA-vs-f64-reference
-# check, the benchmark, the torch SDPA peers, and write the joined report under $OUT
+# On the GPU machine: build the CUDA library, masskv_gpu_tests and masskv_gpu_bench, run the GPU
+# tests (every CUDA kernel against the CPU references; check.log ends "N passed, N failed"), the
+# benchmark, the torch SDPA peers, and write the joined report under $OUT
 # (build.log check.log bench.log bench_ours.json bench_prefill.json bench_torch.json report.md
 # report.json prefill.md prefill.json phases.log),
 # then the Python tests CI cannot run (PyTorch tensors, the transformers integration) with the
@@ -31,63 +32,36 @@ mkdir -p "$OUT"
 BUILD=${BUILD:-build-gpu}
 { date -u +%Y-%m-%dT%H:%M:%SZ; nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem \
   --format=csv; nvcc --version | tail -1; } 2>&1 | tee "$OUT/check.log"
-# GPU_BENCH=path: a masskv_gpu_bench built elsewhere (same sources) instead of building here.
-if [[ -n "${GPU_BENCH:-}" ]]; then
-  mkdir -p "$BUILD" && cp "$GPU_BENCH" "$BUILD/masskv_gpu_bench" && echo "prebuilt $GPU_BENCH" \
-    > "$OUT/build.log"
+# GPU_BENCH=path and GPU_TESTS=path: masskv_gpu_bench and masskv_gpu_tests built elsewhere (same
+# sources) instead of building here (both or neither).
+if [[ -n "${GPU_BENCH:-}" || -n "${GPU_TESTS:-}" ]]; then
+  [[ -n "${GPU_BENCH:-}" && -n "${GPU_TESTS:-}" ]] \
+    || { echo "gpu.sh: set GPU_BENCH and GPU_TESTS together" >&2; exit 2; }
+  mkdir -p "$BUILD" && cp "$GPU_BENCH" "$BUILD/masskv_gpu_bench" \
+    && cp "$GPU_TESTS" "$BUILD/masskv_gpu_tests" \
+    && echo "prebuilt $GPU_BENCH $GPU_TESTS" > "$OUT/build.log"
 else
   { cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DMASSKV_TOOLS=OFF -DMASSKV_CUDA=ON \
     -DCMAKE_CUDA_ARCHITECTURES="${CUDA_ARCHS:-90a}" \
-    && ninja -C "$BUILD" -j"$(nproc)" masskv_gpu_bench; } > "$OUT/build.log" 2>&1 \
+    && ninja -C "$BUILD" -j"$(nproc)" masskv_gpu_tests masskv_gpu_bench; } > "$OUT/build.log" 2>&1 \
     || { tail -40 "$OUT/build.log"; exit 2; }
 fi
 check_rc=0
-if [[ $do_check -eq 1 && $prefill_only -eq 1 ]]; then
-  "$BUILD/masskv_gpu_bench" prefill-check 2>&1 | tee -a "$OUT/check.log"
+if [[ $do_check -eq 1 ]]; then
+  # Every check in its own process (a faulting kernel fails its test, not the run), the
+  # selection checks again under each launch variant (masskv_gpu_tests --list).
+  "$BUILD/masskv_gpu_tests" $([[ $prefill_only -eq 1 ]] && echo prefill) 2>&1 \
+    | tee -a "$OUT/check.log"
   check_rc=${PIPESTATUS[0]}
-  echo "check exit status: $check_rc"
-elif [[ $do_check -eq 1 ]]; then
-  "$BUILD/masskv_gpu_bench" check 2>&1 | tee -a "$OUT/check.log"
-  check_rc=${PIPESTATUS[0]}
-  # The top-k's cluster size follows the sequence length; check every size on every case
-  # (Hopper only: before sm_90 the block top-k serves every length).
-  for c in $([[ $sm80 -eq 0 ]] && echo 1 2 4 8); do
-    echo "select check with MASSKV_TOPK_CLUSTER=$c" | tee -a "$OUT/check.log"
-    MASSKV_TOPK_CLUSTER=$c "$BUILD/masskv_gpu_bench" select-check 2>&1 | tail -3 \
+  # A failing (or faulting) kernel must not take the benchmark's process down with it: the bench
+  # leaves out the rows of the fused hierarchical selection and of the two-stage selection when
+  # their tests failed.
+  if grep -q '^FAILED: select-compact/hier-fused$' "$OUT/check.log"; then
+    export MASSKV_BENCH_FUSED=0
+    echo "the fused hierarchical selection failed its check: the bench leaves its rows out" \
       | tee -a "$OUT/check.log"
-    [[ ${PIPESTATUS[0]} -ne 0 ]] && check_rc=1
-  done
-  # The hierarchical page pass has two scans (a mask over every tile, or the group list) chosen
-  # by the sequence length; check each on every case.
-  for m in mask list; do
-    echo "select-compact check with MASSKV_HIER_SCAN=$m" | tee -a "$OUT/check.log"
-    MASSKV_HIER_SCAN=$m "$BUILD/masskv_gpu_bench" select-compact-check 2>&1 | tail -2 \
-      | tee -a "$OUT/check.log"
-    [[ ${PIPESTATUS[0]} -ne 0 ]] && check_rc=1
-  done
-  # hier_select in one kernel (SelectLaunch::HierKernel::fused) as every call's default,
-  # so the entmax-aware and adaptive selections run through it too (Hopper only).
-  if [[ $sm80 -eq 0 ]]; then
-    echo "select-compact check with MASSKV_HIER_FUSED=1" | tee -a "$OUT/check.log"
-    MASSKV_HIER_FUSED=1 "$BUILD/masskv_gpu_bench" select-compact-check 2>&1 | tail -2 \
-      | tee -a "$OUT/check.log"
-    if [[ ${PIPESTATUS[0]} -ne 0 ]]; then
-      check_rc=1
-      # A failing (or faulting) fused kernel must not take the benchmark's process down with it.
-      export MASSKV_BENCH_FUSED=0
-      echo "the fused hierarchical selection failed its check: the bench leaves its rows out" \
-        | tee -a "$OUT/check.log"
-    fi
   fi
-  # Token-selection decode and the two-stage selection (two_stage_check.cu), each in its own
-  # process; a failing two-stage selection leaves its bench rows out.
-  echo "decode-token-check" | tee -a "$OUT/check.log"
-  "$BUILD/masskv_gpu_bench" decode-token-check 2>&1 | tail -4 | tee -a "$OUT/check.log"
-  [[ ${PIPESTATUS[0]} -ne 0 ]] && check_rc=1
-  echo "two-stage-check" | tee -a "$OUT/check.log"
-  "$BUILD/masskv_gpu_bench" two-stage-check 2>&1 | tail -5 | tee -a "$OUT/check.log"
-  if [[ ${PIPESTATUS[0]} -ne 0 ]]; then
-    check_rc=1
+  if grep -q '^FAILED: two-stage$' "$OUT/check.log"; then
     export MASSKV_BENCH_TWO_STAGE=0
     echo "the two-stage selection failed its check: the bench leaves its rows out" \
       | tee -a "$OUT/check.log"

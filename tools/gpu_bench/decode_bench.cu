@@ -18,8 +18,8 @@
 #include <string>
 #include <vector>
 
-#include "append_check.hpp"
-#include "bench_util.cuh"
+#include "append_target.cuh"
+#include "gpu_util.cuh"
 #include "hier_case.cuh"
 #include "masskv/attn/decode.hpp"
 #include "masskv/cuda/arch.hpp"
@@ -29,7 +29,7 @@
 #include "masskv/select/compact_bounds.hpp"
 #include "masskv/select/page_bound.hpp"
 #include "select/kept.hpp"
-#include "two_stage_check.hpp"
+#include "two_stage_bench.hpp"
 #include "compact_stores.cuh"
 #include "gpu_bench.hpp"
 
@@ -519,7 +519,7 @@ int run_bench(const char* json_path) {
         sa.count = {g_cnt[r].p, g_cnt[r].n};
         return sa;
       };
-      cuda::SelectLaunch sl = env_select_launch();
+      cuda::SelectLaunch sl = select_launch();
       sl.workspace = &sws;
       sl.max_pages_per_seq = pages;
       sl.check_errors = false;

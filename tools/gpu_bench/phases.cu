@@ -15,7 +15,7 @@
 #include <string>
 #include <vector>
 
-#include "bench_util.cuh"
+#include "gpu_util.cuh"
 #include "hier_case.cuh"
 #include "masskv/cuda/decode.hpp"
 #include "masskv/cuda/select.hpp"
@@ -161,7 +161,7 @@ int run_profile_phases() {
       Hq, Hkv, d, P);
   for (const int ctx : {8192, 131072, 1048576}) {
     const int pages = ctx / P, rot = std::min(8, pool_pages / pages);
-    cuda::SelectLaunch sl = env_select_launch();
+    cuda::SelectLaunch sl = select_launch();
     sl.workspace = &sws;
     sl.max_pages_per_seq = pages;
     sl.check_errors = false;

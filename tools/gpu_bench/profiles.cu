@@ -18,7 +18,7 @@
 #include <string>
 #include <vector>
 
-#include "bench_util.cuh"
+#include "gpu_util.cuh"
 #include "hier_case.cuh"
 #include "masskv/attn/decode.hpp"
 #include "masskv/cuda/arch.hpp"
@@ -119,7 +119,7 @@ int run_profile_gauss() {
   const MomentData md = make_moments(sd, 6);
   const MomentGpu mg = upload_moments(select::MomentStore(md.view(sd.c.hkv, sd.c.d), table, 64));
   cuda::SelectWorkspace ws;
-  cuda::SelectLaunch l = env_select_launch();
+  cuda::SelectLaunch l = select_launch();
   l.workspace = &ws;
   l.max_pages_per_seq = sd.max_pages;
   l.check_errors = false;
@@ -143,7 +143,7 @@ int run_profile_select(int hier_only) {
   for (const int ctx : {131072, 1048576}) {
     const int pages = ctx / P, rot = pool_pages / pages;
     for (const bool shuffled : {true, false}) {
-      cuda::SelectLaunch sl = env_select_launch();
+      cuda::SelectLaunch sl = select_launch();
       sl.workspace = &sws;
       sl.max_pages_per_seq = pages;
       sl.check_errors = false;

@@ -1,7 +1,7 @@
-// masskv_gpu_bench's two-stage bench rows (two_stage_check.hpp bench_two_stage): the
+// masskv_gpu_bench's two-stage bench rows (two_stage_bench.hpp bench_two_stage): the
 // "two_stage select + token decode" rows, token_codes (one pass and two passes: *_2p) beside
 // them. The codes, their ranges and the two passes' channel-major copy are made on the device
-// from the bench's bf16 pool.
+// from the bench's bf16 pool. Also profile-two-stage, on a host cache of random keys.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -11,13 +11,14 @@
 #include <string>
 #include <vector>
 
-#include "bench_util.cuh"
+#include "gpu_util.cuh"
 #include "masskv/attn/decode.hpp"
 #include "masskv/cuda/decode.hpp"
 #include "masskv/cuda/two_stage.hpp"
 #include "masskv/kv/page_codes.hpp"
 #include "masskv/select/selector.hpp"
-#include "two_stage_check.hpp"
+#include "ts_case.cuh"
+#include "two_stage_bench.hpp"
 
 using namespace masskv;
 
@@ -133,7 +134,7 @@ std::vector<TwoStageBenchRow> bench_two_stage(const TwoStageBenchShape& s) {
     CK(cudaGetLastError());
     CK(cudaDeviceSynchronize());
     // The spread rows the first pass weighs channels by: for timing, each page's range / 4 as
-    // its row (the selection's work does not depend on the values; two-stage-check compares
+    // its row (the selection's work does not depend on the values; the two-stage test compares
     // the cache's own rows against the CPU).
     std::vector<float> spread(nr);
     for (std::size_t i = 0; i < nr; ++i) spread[i] = (s.host_max[i] - s.host_min[i]) / 4;
@@ -270,4 +271,63 @@ std::vector<TwoStageBenchRow> bench_two_stage(const TwoStageBenchShape& s) {
       held, cand,
       sel_bytes / 1e6);
   return rows;
+}
+
+// ---- profile --------------------------------------------------------------------------------
+
+int run_profile_two_stage() {
+  // The bench's shape (B 1, Hq 32, Hkv 8, d 128, page 16, budget 4096, one sink page) on a host
+  // cache of random keys: token_codes with the round robin and with log_prob, each step timed
+  // by events (the per-kernel times: run under ncu).
+  for (const int L : {32768, 131072}) {
+    Rng rng(77);
+    HostCache hc = make_cache(rng, {L}, 8, 128, 16, DType::bf16, true, false);
+    const kv::SummariesView hsum = hc.cache->summaries();
+    const select::BoundStore store(hsum);
+    TsGpu g(store.view(), hc.cache->page_codes());
+    DevTable dt(hc.table);
+    std::vector<float> q = random_q(rng, 32 * 128, false);
+    DevBuf<float> dq = to_device(q);
+    const int pages = hc.table.table().num_pages(0);
+    const int cap = cuda::two_stage_capacity(pages, 16, 4096, 1, 0);
+    DevBuf<std::int32_t> ids(static_cast<std::size_t>(8) * cap), cnt(8);
+    cuda::TwoStageWorkspace ws;
+    // One pass, then two passes (token_codes_2p: code_channels 0.5 and 0.375, 2 candidates
+    // per cap token).
+    const std::pair<double, int> settings[] = {{1.0, 2}, {0.5, 2}, {0.375, 2}};
+    for (const auto& [channels, cands] : settings)
+    for (const bool lp : {false, true}) {
+      cuda::TwoStageSelectArgs ta;
+      ta.q = View3<const float>::contiguous(dq.p, 1, 32, 128);
+      ta.table = dt.view();
+      ta.page_size = 16;
+      ta.bounds = g.store;
+      ta.codes = g.pc;
+      ta.budget_tokens = 4096;
+      ta.sink_pages = 1;
+      ta.window_tokens = 0;
+      ta.candidate_factor = 0;
+      ta.group = lp ? select::GroupRule::log_prob : select::GroupRule::union_heads;
+      ta.code_channels = channels;
+      ta.code_candidates = cands;
+      ta.max_per_head = cap;
+      ta.ids = {ids.p, ids.n};
+      ta.count = {cnt.p, cnt.n};
+      cuda::TwoStageLaunch l;
+      l.workspace = &ws;
+      l.max_pages_per_seq = pages;
+      l.check_errors = false;
+      const double us = time_us(3, 20, [&](int) { cuda::two_stage_select(ta, l); });
+      ws.check(nullptr);
+      if (channels < 1) {
+        std::printf("profile-two-stage L=%d token_codes_2p%s (code_channels %g, code_candidates "
+                    "%d): %.1f us per select\n",
+                    L, lp ? "+lse" : "", channels, cands, us);
+      } else {
+        std::printf("profile-two-stage L=%d token_codes%s: %.1f us per select\n", L,
+                    lp ? "+lse" : "", us);
+      }
+    }
+  }
+  return 0;
 }

@@ -1,4 +1,4 @@
-// masskv_gpu_bench's append part: cuda::append against kv::PagedKVCache::append (the pool, the
+// masskv_gpu_tests append: cuda::append against kv::PagedKVCache::append (the pool, the
 // f32 summaries, the count, max ‖v‖) and select::BoundStore (the bf16 bound store and W), bit
 // for bit, over a grid of shapes with tokens crossing pages; the error flag on bad ids and
 // non-finite inputs; and the append's time at the benchmark shape.
@@ -9,59 +9,14 @@
 #include <cstring>
 #include <vector>
 
-#include "append_check.hpp"
-#include "bench_util.cuh"
+#include "append_target.cuh"
+#include "gpu_util.cuh"
 #include "masskv/cuda/append.hpp"
 #include "masskv/error.hpp"
 #include "masskv/kv/cache.hpp"
 #include "masskv/select/page_bound.hpp"
 
 using namespace masskv;
-
-AppendTarget::AppendTarget(int pages_, int heads_, int d_, bool bound_store)
-    : pages(pages_), heads(heads_), d(d_) {
-  const std::size_t sums = static_cast<std::size_t>(pages) * heads * d;
-  const std::size_t ph = static_cast<std::size_t>(pages) * heads;
-  min = DevBuf<float>(sums);
-  max = DevBuf<float>(sums);
-  mean = DevBuf<float>(sums);
-  m2 = DevBuf<float>(sums);
-  vnorm = DevBuf<float>(ph);
-  count = DevBuf<std::int32_t>(pages);
-  if (bound_store) {
-    bmin = DevBuf<std::uint16_t>(sums);
-    bmax = DevBuf<std::uint16_t>(sums);
-    wmax = DevBuf<float>(ph);
-  }
-}
-
-cuda::AppendArgs AppendTarget::args(void* k_pool, void* v_pool, DType dtype, int page_size,
-                                    std::int64_t stride_page, std::int64_t stride_head,
-                                    std::int64_t stride_slot) {
-  cuda::AppendArgs a;
-  a.k_pool = k_pool;
-  a.v_pool = v_pool;
-  a.dtype = dtype;
-  a.stride_page = stride_page;
-  a.stride_head = stride_head;
-  a.stride_slot = stride_slot;
-  a.num_pages = pages;
-  a.num_kv_heads = heads;
-  a.page_size = page_size;
-  a.head_dim = d;
-  a.min = min.p;
-  a.max = max.p;
-  a.mean = mean.p;
-  a.m2 = m2.p;
-  a.count = count.p;
-  a.max_vnorm = vnorm.p;
-  if (bmin.p != nullptr) {
-    a.bound_min = reinterpret_cast<bf16*>(bmin.p);
-    a.bound_max = reinterpret_cast<bf16*>(bmax.p);
-    a.bound_wmax = wmax.p;
-  }
-  return a;
-}
 
 namespace {
 

@@ -1,4 +1,5 @@
-// masskv_gpu_bench select-selftest.
+// masskv_gpu_tests select-selftest: GPU Quest selection's ties, budget edges, determinism,
+// errors, CUDA graphs, and select + decode end to end.
 #include <cuda_runtime.h>
 #include <omp.h>
 
@@ -17,7 +18,7 @@
 #include <string>
 #include <vector>
 
-#include "bench_util.cuh"
+#include "gpu_util.cuh"
 #include "hier_case.cuh"
 #include "masskv/attn/decode.hpp"
 #include "masskv/cuda/arch.hpp"
@@ -29,7 +30,7 @@
 #include "select/kept.hpp"
 #include "decode_case.cuh"
 #include "sel_case.cuh"
-#include "gpu_bench.hpp"
+#include "checks.hpp"
 
 using namespace masskv;
 
@@ -126,7 +127,7 @@ int run_select_selftest() {
       DevBuf<std::int32_t> big(static_cast<std::size_t>(3) * 8 * cap);
       a.max_per_head = cap;
       a.ids = {big.p, big.n};
-      cuda::SelectLaunch l = env_select_launch();
+      cuda::SelectLaunch l = select_launch();
       l.workspace = &ws;
       l.max_pages_per_seq = sd.max_pages;
       cuda::quest_select(a, l);
@@ -143,7 +144,7 @@ int run_select_selftest() {
       expect(all, "budget >= pages selects every page");
     }
     // Errors: host-side arguments, then bad data through the device flag.
-    cuda::SelectLaunch l = env_select_launch();
+    cuda::SelectLaunch l = select_launch();
     l.workspace = &ws;
     l.max_pages_per_seq = sd.max_pages;
     auto throws = [&](const char* name, const char* argument, const std::function<void()>& f) {
@@ -314,7 +315,7 @@ int run_select_selftest() {
     sa.max_per_head = cap;
     sa.ids = {ids.p, ids.n};
     sa.count = {cnt.p, cnt.n};
-    cuda::SelectLaunch sl = env_select_launch();
+    cuda::SelectLaunch sl = select_launch();
     sl.workspace = &ws;
     sl.max_pages_per_seq = mp;
     bool same = false;

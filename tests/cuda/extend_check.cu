@@ -1,4 +1,4 @@
-// masskv_gpu_bench's extend_kept part: a selection made at an earlier length, extended on the
+// masskv_gpu_tests extend-kept: a selection made at an earlier length, extended on the
 // GPU (cuda::extend_kept) and on the CPU (select::extend_kept), must give the same lists and
 // counts (-1 padding included) on random tables and lists; bad lists, too small outputs and
 // bad tables set the flag and leave the affected lists empty; then the kernel's time at the
@@ -10,8 +10,8 @@
 #include <string>
 #include <vector>
 
-#include "bench_util.cuh"
-#include "extend_check.hpp"
+#include "gpu_util.cuh"
+#include "checks.hpp"
 #include "masskv/cuda/select.hpp"
 #include "masskv/error.hpp"
 #include "masskv/kv/cache.hpp"
@@ -120,7 +120,7 @@ struct GpuOut {
 GpuOut run_gpu(const ExtendCase& c, int max_out, int max_pages) {
   DeviceCase dc(c, max_out);
   cuda::SelectWorkspace ws;
-  cuda::SelectLaunch l = env_select_launch();
+  cuda::SelectLaunch l = select_launch();
   l.workspace = &ws;
   l.max_pages_per_seq = max_pages;
   GpuOut o;
@@ -217,7 +217,7 @@ int run_extend_check() {
     t.max_out = 264;
     const DeviceCase dc(t, t.max_out);
     cuda::SelectWorkspace ws;
-    cuda::SelectLaunch l = env_select_launch();
+    cuda::SelectLaunch l = select_launch();
     l.workspace = &ws;  // the default stream, which time_us's events time
     l.max_pages_per_seq = 8192;
     l.check_errors = false;

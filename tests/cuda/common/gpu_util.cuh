@@ -1,5 +1,6 @@
-// What the GPU bench's check and benchmark files share: the CUDA error check, a seeded RNG, a
-// device buffer, random bf16 fills, and event timing (median).
+// What the GPU checks (tests/cuda, masskv_gpu_tests) and the GPU bench (tools/gpu_bench) share:
+// the CUDA error check, a seeded RNG, a device buffer, random bf16 fills, event timing (median),
+// and the launch settings every selection and prefill call runs with.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -206,8 +207,9 @@ inline masskv::cuda::CudaPaths env_cuda_paths() {
   return masskv::cuda::CudaPaths::sm80;
 }
 
-// A selection launch with the library's tuning switches read from the environment (the library
-// reads none; scripts/gpu.sh sets these to check every path, profile-phases to compare them):
+// masskv_gpu_bench's selection launch, its tuning switches read from the environment (the
+// library reads none; profile-phases and the bench compare the paths by them; masskv_gpu_tests
+// sets its variants' launches itself):
 // MASSKV_TOPK=cluster, or MASSKV_TOPK_CLUSTER set, runs the cluster top-k, at 1, 2, 4 or 8 CTAs
 // where MASSKV_TOPK_CLUSTER says so (else planned); MASSKV_HIER_SCAN=list|mask; MASSKV_HIER_FUSED=1
 // the fused hierarchical kernel (for launches that do not name one); MASSKV_SCORE_HOT_TILES=n.
@@ -269,3 +271,16 @@ double time_us(int warmup, int iters, F&& fn) {
 }
 
 }  // namespace
+
+// The selection and prefill launches every check and bench row runs with (one per process:
+// inline, outside the anonymous namespace). masskv_gpu_bench's main sets them from the
+// environment (env_select_launch, env_prefill_launch); masskv_gpu_tests per test variant (each
+// top-k cluster size, each hierarchical scan, the fused hierarchical kernel).
+inline masskv::cuda::SelectLaunch& select_launch() {
+  static masskv::cuda::SelectLaunch launch;
+  return launch;
+}
+inline masskv::cuda::PrefillLaunch& prefill_launch() {
+  static masskv::cuda::PrefillLaunch launch;
+  return launch;
+}

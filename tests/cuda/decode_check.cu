@@ -1,5 +1,5 @@
-// masskv_gpu_bench check / decode-check: every CUDA decode kernel against the CPU f64 reference
-// on the case grid (decode_case.cuh).
+// masskv_gpu_tests decode: every CUDA decode kernel against the CPU f64 reference on the case
+// grid (common/decode_case.cuh).
 #include <cuda_runtime.h>
 #include <omp.h>
 
@@ -18,7 +18,7 @@
 #include <string>
 #include <vector>
 
-#include "bench_util.cuh"
+#include "gpu_util.cuh"
 #include "hier_case.cuh"
 #include "masskv/attn/decode.hpp"
 #include "masskv/cuda/arch.hpp"
@@ -29,11 +29,11 @@
 #include "masskv/select/page_bound.hpp"
 #include "select/kept.hpp"
 #include "decode_case.cuh"
-#include "gpu_bench.hpp"
+#include "checks.hpp"
 
 using namespace masskv;
 
-int run_check() {
+int run_decode_check() {
   std::vector<Case> cases;
   const int lens[] = {1, 17, 1000, 4097, 65537};
   int idx = 0;
@@ -271,7 +271,7 @@ int run_check() {
     std::printf("  clean run after errors: o_err=%.3e %s\n", e.o, clean ? "ok" : "FAIL");
     if (!ok || !clean) ++failures;
   }
-  std::printf("CHECK %s: %d failure(s)\n", failures ? "FAILED" : "PASSED", failures);
-  return failures ? 1 : 0;
+  std::printf("decode check %s: %d failure(s)\n", failures ? "FAILED" : "passed", failures);
+  return failures;
 }
 

@@ -20,7 +20,7 @@
 #include <string>
 #include <vector>
 
-#include "bench_util.cuh"
+#include "gpu_util.cuh"
 #include "hier_case.cuh"
 #include "masskv/attn/decode.hpp"
 #include "masskv/cuda/arch.hpp"

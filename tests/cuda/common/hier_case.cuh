@@ -11,7 +11,7 @@
 #include <utility>
 #include <vector>
 
-#include "bench_util.cuh"
+#include "gpu_util.cuh"
 #include "masskv/cuda/select.hpp"
 
 namespace {

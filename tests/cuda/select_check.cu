@@ -1,4 +1,4 @@
-// masskv_gpu_bench select-check: GPU Quest selection against the CPU selector (sel_case.cuh).
+// masskv_gpu_tests select: GPU Quest selection against the CPU selector (common/sel_case.cuh).
 #include <cuda_runtime.h>
 #include <omp.h>
 
@@ -17,7 +17,7 @@
 #include <string>
 #include <vector>
 
-#include "bench_util.cuh"
+#include "gpu_util.cuh"
 #include "hier_case.cuh"
 #include "masskv/attn/decode.hpp"
 #include "masskv/cuda/arch.hpp"
@@ -28,7 +28,7 @@
 #include "masskv/select/page_bound.hpp"
 #include "select/kept.hpp"
 #include "sel_case.cuh"
-#include "gpu_bench.hpp"
+#include "checks.hpp"
 
 using namespace masskv;
 

@@ -1,4 +1,4 @@
-// masskv_gpu_bench select-compact-check: 8-bit and hierarchical GPU selection against their CPU
+// masskv_gpu_tests select-compact: 8-bit and hierarchical GPU selection against their CPU
 // references, bit for bit.
 #include <cuda_runtime.h>
 #include <omp.h>
@@ -18,7 +18,7 @@
 #include <string>
 #include <vector>
 
-#include "bench_util.cuh"
+#include "gpu_util.cuh"
 #include "hier_case.cuh"
 #include "masskv/attn/decode.hpp"
 #include "masskv/cuda/arch.hpp"
@@ -29,7 +29,7 @@
 #include "masskv/select/page_bound.hpp"
 #include "select/kept.hpp"
 #include "compact_stores.cuh"
-#include "gpu_bench.hpp"
+#include "checks.hpp"
 
 using namespace masskv;
 
@@ -305,7 +305,7 @@ int run_compact_check() {
     setup_sel_gpu(sd, g);
     const kv::PageTable table{sd.indptr, sd.indices, sd.last};
     const auto qv = View3<const float>::contiguous(sd.q.data(), c.batch, c.hq, c.d);
-    cuda::SelectLaunch l = env_select_launch();
+    cuda::SelectLaunch l = select_launch();
     l.workspace = &ws;
     l.max_pages_per_seq = sd.max_pages;
     l.chunk_pages = i % 2 ? 64 : 0;

@@ -1,10 +1,10 @@
-// masskv_gpu_bench's two-stage part:
-//  - decode-token-check: cuda::decode over token selections (SelectionView::Unit::token, the
+// The two-stage checks (masskv_gpu_tests):
+//  - decode-token: cuda::decode over token selections (SelectionView::Unit::token, the
 //    gather split-K kernel of src/cuda/decode_tokens.cu) against attn::decode_reference (f64)
 //    and attn::decode (the CPU kernels) on the same bf16/f16 KV, random selections (empty,
 //    sparse, dense lists), several shapes, the decode check's tolerances; a bad token id must
 //    set the flag ("selection").
-//  - two-stage-check: cuda::two_stage_select against select::run_selector(Method::two_stage)
+//  - two-stage: cuda::two_stage_select against select::run_selector(Method::two_stage)
 //    with bounds_bf16 (the store the GPU reads), and with factor 0 against Method::token_codes,
 //    on host caches built with CacheConfig::page_codes (the CPU cache computes the codes and
 //    their ranges; uploaded as they are): lists
@@ -17,8 +17,8 @@
 //    configured the same and the channel-major copy uploaded: lists identical, and the second
 //    pass's pages (the workspace's candidate counts) equal to SelectOutput::code_pages; the
 //    settings refused by name ("code_channels", "code_candidates", "codes").
-//  - profile-two-stage: token_codes' select timed at the bench's shape, one pass and two passes.
-// The bench rows (bench_two_stage) are two_stage_bench.cu.
+// The host caches and their device copies are common/ts_case.cuh; the bench rows and
+// profile-two-stage are tools/gpu_bench/two_stage_bench.cu.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -32,7 +32,7 @@
 #include <utility>
 #include <vector>
 
-#include "bench_util.cuh"
+#include "gpu_util.cuh"
 #include "masskv/attn/decode.hpp"
 #include "masskv/cuda/decode.hpp"
 #include "masskv/cuda/two_stage.hpp"
@@ -42,7 +42,8 @@
 #include "masskv/kv/page_codes.hpp"
 #include "masskv/select/page_bound.hpp"
 #include "masskv/select/selector.hpp"
-#include "two_stage_check.hpp"
+#include "checks.hpp"
+#include "ts_case.cuh"
 
 using namespace masskv;
 
@@ -50,79 +51,6 @@ namespace {
 
 constexpr double kTolO = 1e-3;    // as the decode check: ||o - ref||_inf / ||ref||_inf
 constexpr double kTolLse = 1e-4;  // |lse - ref| / max(1, |ref|)
-
-double normal(Rng& rng) {
-  const double u1 = std::max(rng.uniform(), 1e-300), u2 = rng.uniform();
-  return std::sqrt(-2.0 * std::log(u1)) * std::cos(6.283185307179586 * u2);
-}
-
-// A host cache of B sequences of the given lengths, appended in interleaved pieces (so the
-// sequences' physical pages interleave). tie_keys: keys and values in {-1, 0, 1} (many equal
-// bounds and code scores: the tie rules run).
-struct HostCache {
-  std::unique_ptr<kv::PagedKVCache> cache;
-  std::vector<kv::SeqId> seqs;
-  kv::PageTableStorage table;
-};
-HostCache make_cache(Rng& rng, const std::vector<int>& lengths, int Hkv, int d, int P, DType dt,
-                     bool codes, bool tie_keys) {
-  HostCache h;
-  kv::CacheConfig cfg;
-  cfg.num_kv_heads = Hkv;
-  cfg.head_dim = d;
-  cfg.page_size = P;
-  cfg.dtype = dt;
-  cfg.layout = kv::Layout::HND;
-  cfg.page_codes = codes;
-  int pages = 0;
-  for (int L : lengths) pages += (L + P - 1) / P + 1;
-  cfg.capacity_pages = pages + 1;
-  h.cache = std::make_unique<kv::PagedKVCache>(cfg);
-  for (std::size_t b = 0; b < lengths.size(); ++b) h.seqs.push_back(h.cache->create());
-  std::vector<int> have(lengths.size(), 0);
-  // Channel scales: some channels wide, some narrow (ranges differ across channels).
-  std::vector<double> cs(static_cast<std::size_t>(d));
-  for (double& x : cs) x = 0.3 + 2.0 * rng.uniform();
-  bool more = true;
-  while (more) {
-    more = false;
-    for (std::size_t b = 0; b < lengths.size(); ++b) {
-      const int left = lengths[b] - have[b];
-      if (left <= 0) continue;
-      const int n = std::min(left, 1 + rng.below(3 * P));
-      std::vector<float> k(static_cast<std::size_t>(n) * Hkv * d), v(k.size());
-      for (std::size_t i = 0; i < k.size(); ++i) {
-        if (tie_keys) {
-          k[i] = static_cast<float>(rng.below(3) - 1);
-          v[i] = static_cast<float>(rng.below(3) - 1);
-        } else {
-          k[i] = static_cast<float>(normal(rng) * cs[i % d] + 0.2 * cs[(i + 7) % d]);
-          v[i] = static_cast<float>(normal(rng));
-        }
-      }
-      h.cache->append(h.seqs[b], k, v, n);
-      have[b] += n;
-      more = more || have[b] < lengths[b];
-    }
-  }
-  h.table = h.cache->page_table(h.seqs);
-  return h;
-}
-
-std::vector<float> random_q(Rng& rng, std::size_t n, bool ties) {
-  std::vector<float> q(n);
-  for (float& x : q) x = ties ? static_cast<float>(rng.below(3) - 1) : static_cast<float>(normal(rng) * 1.5);
-  return q;
-}
-
-struct DevTable {
-  DevBuf<std::int32_t> indptr, indices, last;
-  explicit DevTable(const kv::PageTableStorage& t)
-      : indptr(to_device(t.indptr)), indices(to_device(t.indices)), last(to_device(t.last_page_len)) {}
-  kv::PageTable view() const {
-    return {{indptr.p, indptr.n}, {indices.p, indices.n}, {last.p, last.n}};
-  }
-};
 
 // ---- decode over token selections -----------------------------------------------------------
 
@@ -251,7 +179,7 @@ int run_decode_token_check() {
   cases.push_back({1, 16, 1, 128, 16, DType::bf16, 40000, 0.1});  // two head groups, long
   cases.push_back({2, 4, 2, 128, 1, DType::f16, 2000, 0.5});      // 1-token pages
   cases.push_back({1, 4, 8, 128, 16, DType::bf16, 70000, 0.06});  // 4K-token lists
-  std::printf("decode-token-check: %zu cases x chunk {planned, 3, 64} tokens; tolerances "
+  std::printf("decode-token: %zu cases x chunk {planned, 3, 64} tokens; tolerances "
               "||o-ref||inf/||ref||inf <= %.0e (f64 reference and the CPU attn::decode), "
               "|lse-ref|/max(1,|ref|) <= %.0e\n",
               cases.size(), kTolO, kTolLse);
@@ -301,7 +229,7 @@ int run_decode_token_check() {
   const double secs =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   std::printf(
-      "decode-token-check: %s, %d failure(s); %ld lists; worst o err bf16 %.3g f16 %.3g (%.1f s)\n",
+      "decode-token: %s, %d failure(s); %ld lists; worst o err bf16 %.3g f16 %.3g (%.1f s)\n",
       failures ? "FAILED" : "passed", failures, lists, worst[0], worst[1], secs);
   return failures;
 }
@@ -338,63 +266,6 @@ const TwoPass kTwoPasses[] = {{0.375, 1, true}, {0.375, 2, true},  {0.375, 3, tr
 struct TsStats {
   long lists = 0, identical = 0, tokens = 0;
   long lists_2p = 0, identical_2p = 0, code_pages_2p = 0;  // two passes (code_pages: equal)
-};
-
-// The device copies of a host cache's selector inputs.
-struct TsGpu {
-  DevBuf<std::uint16_t> bmin, bmax;
-  DevBuf<std::uint8_t> codes, rmin, rmax, chan_codes, chan_ranges;
-  DevBuf<float> grid, chan_spread;
-  select::BoundStoreView store;
-  kv::PageCodesView pc;
-  TsGpu(const select::BoundStoreView& hs, const kv::PageCodesView& hpc) {
-    const std::size_t n = static_cast<std::size_t>(hs.num_pages) * hs.num_kv_heads * hs.head_dim;
-    bmin = DevBuf<std::uint16_t>(n);
-    bmax = DevBuf<std::uint16_t>(n);
-    bmin.upload(reinterpret_cast<const std::uint16_t*>(hs.min), n);
-    bmax.upload(reinterpret_cast<const std::uint16_t*>(hs.max), n);
-    store = hs;
-    store.min = reinterpret_cast<const bf16*>(bmin.p);
-    store.max = reinterpret_cast<const bf16*>(bmax.p);
-    store.wmax = nullptr;
-    const std::size_t nc = static_cast<std::size_t>(hpc.num_pages) * hpc.num_kv_heads *
-                           hpc.page_size * kv::page_code_bytes(hpc.head_dim);
-    const std::size_t nr = static_cast<std::size_t>(hpc.num_pages) * hpc.num_kv_heads * hpc.head_dim;
-    const std::size_t ng = static_cast<std::size_t>(hpc.num_pages) * hpc.num_kv_heads * 2;
-    codes = DevBuf<std::uint8_t>(nc);
-    codes.upload(hpc.codes, nc);
-    rmin = DevBuf<std::uint8_t>(nr);
-    rmin.upload(hpc.range_min, nr);
-    rmax = DevBuf<std::uint8_t>(nr);
-    rmax.upload(hpc.range_max, nr);
-    grid = DevBuf<float>(ng);
-    grid.upload(hpc.grid, ng);
-    pc = hpc;
-    pc.codes = codes.p;
-    pc.range_min = rmin.p;
-    pc.range_max = rmax.p;
-    pc.grid = grid.p;
-    // The channel-major copy (token_codes' first pass), where the cache keeps one.
-    pc.chan_codes = nullptr;
-    pc.chan_ranges = nullptr;
-    if (hpc.chan_codes != nullptr && hpc.chan_ranges != nullptr) {
-      const std::size_t per = static_cast<std::size_t>(hpc.num_kv_heads) * hpc.head_dim *
-                              static_cast<std::size_t>(hpc.num_pages);
-      const std::size_t ncc = per * static_cast<std::size_t>(hpc.chan_word_bytes());
-      chan_codes = DevBuf<std::uint8_t>(ncc);
-      chan_codes.upload(hpc.chan_codes, ncc);
-      chan_ranges = DevBuf<std::uint8_t>(2 * per);
-      chan_ranges.upload(hpc.chan_ranges, 2 * per);
-      pc.chan_codes = chan_codes.p;
-      pc.chan_ranges = chan_ranges.p;
-    }
-    pc.chan_spread = nullptr;
-    if (hpc.chan_spread != nullptr) {  // the spread rows the first pass weighs channels by
-      chan_spread = DevBuf<float>(nr);
-      chan_spread.upload(hpc.chan_spread, nr);
-      pc.chan_spread = chan_spread.p;
-    }
-  }
 };
 
 int run_ts_case(const TsCase& c, std::uint64_t seed, cuda::TwoStageWorkspace& ws, TsStats& st) {
@@ -614,7 +485,7 @@ int run_two_stage_check() {
     }
   }
   std::printf(
-      "two-stage-check: %zu cases (Hq/Hkv 1..8, d 64/128, page 16 (token_codes' two passes: "
+      "two-stage: %zu cases (Hq/Hkv 1..8, d 64/128, page 16 (token_codes' two passes: "
       "1..64 too), lengths up to 128K, budgets 64..8000, factors 0 (token_codes: round robin, "
       "log_prob; one pass and two passes, code_channels 0.375/0.5 x code_candidates 1..3 and "
       "edges) and 1..8, sinks 0..2, windows; every 5th with tied keys) vs "
@@ -722,68 +593,9 @@ int run_two_stage_check() {
   const double secs =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   std::printf(
-      "two-stage-check: %s, %d failure(s); %ld/%ld lists identical, %ld tokens; two passes: "
+      "two-stage: %s, %d failure(s); %ld/%ld lists identical, %ld tokens; two passes: "
       "%ld/%ld lists identical, %ld/%ld code_pages equal (%.1f s)\n",
       failures ? "FAILED" : "passed", failures, st.identical, st.lists, st.tokens,
       st.identical_2p, st.lists_2p, st.code_pages_2p, st.lists_2p, secs);
   return failures;
-}
-
-// ---- profile --------------------------------------------------------------------------------
-
-int run_profile_two_stage() {
-  // The bench's shape (B 1, Hq 32, Hkv 8, d 128, page 16, budget 4096, one sink page) on a host
-  // cache of random keys: token_codes with the round robin and with log_prob, each step timed
-  // by events (the per-kernel times: run under ncu).
-  for (const int L : {32768, 131072}) {
-    Rng rng(77);
-    HostCache hc = make_cache(rng, {L}, 8, 128, 16, DType::bf16, true, false);
-    const kv::SummariesView hsum = hc.cache->summaries();
-    const select::BoundStore store(hsum);
-    TsGpu g(store.view(), hc.cache->page_codes());
-    DevTable dt(hc.table);
-    std::vector<float> q = random_q(rng, 32 * 128, false);
-    DevBuf<float> dq = to_device(q);
-    const int pages = hc.table.table().num_pages(0);
-    const int cap = cuda::two_stage_capacity(pages, 16, 4096, 1, 0);
-    DevBuf<std::int32_t> ids(static_cast<std::size_t>(8) * cap), cnt(8);
-    cuda::TwoStageWorkspace ws;
-    // One pass, then two passes (token_codes_2p: code_channels 0.5 and 0.375, 2 candidates
-    // per cap token).
-    const std::pair<double, int> settings[] = {{1.0, 2}, {0.5, 2}, {0.375, 2}};
-    for (const auto& [channels, cands] : settings)
-    for (const bool lp : {false, true}) {
-      cuda::TwoStageSelectArgs ta;
-      ta.q = View3<const float>::contiguous(dq.p, 1, 32, 128);
-      ta.table = dt.view();
-      ta.page_size = 16;
-      ta.bounds = g.store;
-      ta.codes = g.pc;
-      ta.budget_tokens = 4096;
-      ta.sink_pages = 1;
-      ta.window_tokens = 0;
-      ta.candidate_factor = 0;
-      ta.group = lp ? select::GroupRule::log_prob : select::GroupRule::union_heads;
-      ta.code_channels = channels;
-      ta.code_candidates = cands;
-      ta.max_per_head = cap;
-      ta.ids = {ids.p, ids.n};
-      ta.count = {cnt.p, cnt.n};
-      cuda::TwoStageLaunch l;
-      l.workspace = &ws;
-      l.max_pages_per_seq = pages;
-      l.check_errors = false;
-      const double us = time_us(3, 20, [&](int) { cuda::two_stage_select(ta, l); });
-      ws.check(nullptr);
-      if (channels < 1) {
-        std::printf("profile-two-stage L=%d token_codes_2p%s (code_channels %g, code_candidates "
-                    "%d): %.1f us per select\n",
-                    L, lp ? "+lse" : "", channels, cands, us);
-      } else {
-        std::printf("profile-two-stage L=%d token_codes%s: %.1f us per select\n", L,
-                    lp ? "+lse" : "", us);
-      }
-    }
-  }
-  return 0;
 }

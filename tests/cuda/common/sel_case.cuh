@@ -21,7 +21,7 @@
 #include <string>
 #include <vector>
 
-#include "bench_util.cuh"
+#include "gpu_util.cuh"
 #include "hier_case.cuh"
 #include "masskv/attn/decode.hpp"
 #include "masskv/cuda/arch.hpp"
@@ -306,7 +306,7 @@ inline void run_gpu_select(SelGpu& g, const SelData& sd, cuda::SelectWorkspace& 
                     std::vector<std::uint32_t>& keys, int chunk_pages = 0) {
   CK(cudaMemset(g.ids.p, 0x7f, g.ids.n * sizeof(std::int32_t)));  // poison
   CK(cudaMemset(g.count.p, 0x7f, g.count.n * sizeof(std::int32_t)));
-  cuda::SelectLaunch l = env_select_launch();
+  cuda::SelectLaunch l = select_launch();
   l.workspace = &ws;
   l.max_pages_per_seq = sd.max_pages;
   l.chunk_pages = chunk_pages;

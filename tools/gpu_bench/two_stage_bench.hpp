@@ -1,6 +1,5 @@
-// masskv_gpu_bench's two-stage part: the token-selection decode and the two-stage selection
-// against the CPU (two_stage_check.cu), and the bench's "two_stage select + token decode" rows
-// (two_stage_bench.cu).
+// masskv_gpu_bench's two-stage part (two_stage_bench.cu): the bench's "two_stage select + token
+// decode" rows and profile-two-stage. The checks are tests/cuda/two_stage_check.cu.
 #pragma once
 
 #include <cstdint>
@@ -13,12 +12,6 @@
 #include "masskv/select/selector.hpp"
 #include "masskv/tensor.hpp"
 
-// cuda::decode over token selections vs attn::decode_reference (f64) and attn::decode (CPU),
-// random selections and shapes; returns the number of failures (printed).
-int run_decode_token_check();
-// cuda::two_stage_select vs select::run_selector(Method::two_stage), list for list, identical;
-// returns the number of failures (printed).
-int run_two_stage_check();
 // token_codes' select at the bench's shape (32K, 128K), round robin and log_prob, one pass and
 // two passes (code_channels 0.5 / 0.375, code_candidates 2), timed.
 int run_profile_two_stage();
