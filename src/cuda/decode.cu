@@ -71,14 +71,8 @@ __global__ void __launch_bounds__(kThreads, kG <= 4 ? 4 : 2) decode_chunk_kernel
 
   float qf[kG][8];  // base-2 logits
   load_q<kG>(p, c, lane_dim, qf);
-  float m[kG], l[kG], acc[kG][8];
-#pragma unroll
-  for (int g = 0; g < kG; ++g) {
-    m[g] = -INFINITY;
-    l[g] = 0.f;
-#pragma unroll
-    for (int j = 0; j < 8; ++j) acc[g][j] = 0.f;
-  }
+  SoftmaxState<kG> state;
+  state.init();
   __syncthreads();
 
   const std::int64_t head_off = c.kvh * p.stride_head + lane_dim;
@@ -105,36 +99,7 @@ __global__ void __launch_bounds__(kThreads, kG <= 4 ? 4 : 2) decode_chunk_kernel
       ok[u] = token_ok(p, s_len, n_pages, rg + tile * kTileTokens + u * kRowGroups);
     float s[kU][kG];
     score_rows<kBf16, kG, kU, kLanesPerRow>(st, 2 * kThreads, qf, s);
-    // Online softmax update (base 2). Masked tokens score -inf and carry zero V. The running
-    // output is rescaled only when a head's max grows (rare after the first tiles).
-    float pw[kU][kG];
-#pragma unroll
-    for (int g = 0; g < kG; ++g) {
-      float mt = m[g];
-#pragma unroll
-      for (int u = 0; u < kU; ++u) mt = ok[u] ? fmaxf(mt, s[u][g]) : mt;
-      if (mt > m[g]) {
-        const float corr = exp2f(m[g] - mt);  // m = -inf gives 0: nothing accumulated yet
-        l[g] *= corr;
-#pragma unroll
-        for (int j = 0; j < 8; ++j) acc[g][j] *= corr;
-        m[g] = mt;
-      }
-#pragma unroll
-      for (int u = 0; u < kU; ++u) {
-        pw[u][g] = ok[u] ? exp2f(s[u][g] - mt) : 0.f;
-        l[g] += pw[u][g];
-      }
-    }
-#pragma unroll
-    for (int u = 0; u < kU; ++u) {
-      float vf[8];
-      to_float8<kBf16>(st[(2 * u + 1) * kThreads], vf);
-#pragma unroll
-      for (int g = 0; g < kG; ++g)
-#pragma unroll
-        for (int j = 0; j < 8; ++j) acc[g][j] = fmaf(pw[u][g], vf[j], acc[g][j]);
-    }
+    state.template update<kBf16, kU>(st, kThreads, ok, s);
   };
   stream_tiles(n_tiles, issue, compute);
 
@@ -143,15 +108,7 @@ __global__ void __launch_bounds__(kThreads, kG <= 4 ? 4 : 2) decode_chunk_kernel
   float* s_acc = reinterpret_cast<float*>(s_stage);  // [kRowGroups][kG][kD]
   float* s_m = s_acc + kRowGroups * kG * kD;         // [kRowGroups][kG]
   float* s_l = s_m + kRowGroups * kG;
-#pragma unroll
-  for (int g = 0; g < kG; ++g) {
-#pragma unroll
-    for (int j = 0; j < 8; ++j) s_acc[(rg * kG + g) * kD + lane_dim + j] = acc[g][j];
-    if (lane_dim == 0) {
-      s_m[rg * kG + g] = m[g];
-      s_l[rg * kG + g] = l[g];
-    }
-  }
+  state.template store<kD>(rg, lane_dim, s_acc, s_m, s_l);
   __syncthreads();
   write_chunk_softmax<kG, kD>(p, c, kRowGroups, s_acc, s_m, s_l);
 }

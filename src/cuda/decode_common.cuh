@@ -356,6 +356,78 @@ __device__ __forceinline__ void score_rows(const uint4* k_rows, int row_stride,
   }
 }
 
+// A row group's running softmax state for its kG q heads (base 2: the scores are base-2
+// logits): max m, sum l, and the unnormalised output over the lane's 8 dims. The gather decode
+// (decode_tokens.cu) and the page decode (decode.cu) share it, and write_chunk_softmax merges
+// what store() leaves in shared memory.
+template <int kG>
+struct SoftmaxState {
+  float m[kG], l[kG], acc[kG][8];
+
+  __device__ __forceinline__ void init() {
+#pragma unroll
+    for (int g = 0; g < kG; ++g) {
+      m[g] = -INFINITY;
+      l[g] = 0.f;
+#pragma unroll
+      for (int j = 0; j < 8; ++j) acc[g][j] = 0.f;
+    }
+  }
+
+  // Folds in kU staged rows: their scores s (score_rows), the staged ring slot `rows` (16 bytes
+  // per lane: row u's K at rows[2u * row_stride], its V at rows[(2u + 1) * row_stride]), ok[u]
+  // false for a masked row (no weight; its staged V is zeros). The running output is rescaled
+  // only when a head's max grows (rare after the first tiles).
+  template <bool kBf16, int kU>
+  __device__ __forceinline__ void update(const uint4* rows, int row_stride, const bool (&ok)[kU],
+                                         const float (&s)[kU][kG]) {
+    float pw[kU][kG];
+#pragma unroll
+    for (int g = 0; g < kG; ++g) {
+      float mt = m[g];
+#pragma unroll
+      for (int u = 0; u < kU; ++u) mt = ok[u] ? fmaxf(mt, s[u][g]) : mt;
+      if (mt > m[g]) {
+        const float corr = exp2f(m[g] - mt);  // m = -inf gives 0: nothing accumulated yet
+        l[g] *= corr;
+#pragma unroll
+        for (int j = 0; j < 8; ++j) acc[g][j] *= corr;
+        m[g] = mt;
+      }
+#pragma unroll
+      for (int u = 0; u < kU; ++u) {
+        pw[u][g] = ok[u] ? exp2f(s[u][g] - mt) : 0.f;
+        l[g] += pw[u][g];
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < kU; ++u) {
+      float vf[8];
+      to_float8<kBf16>(rows[(2 * u + 1) * row_stride], vf);
+#pragma unroll
+      for (int g = 0; g < kG; ++g)
+#pragma unroll
+        for (int j = 0; j < 8; ++j) acc[g][j] = fmaf(pw[u][g], vf[j], acc[g][j]);
+    }
+  }
+
+  // Row group rg's state into the merge area ([n_groups][kG][kD] outputs, [n_groups][kG] m and
+  // l) that write_chunk_softmax reads; the caller syncs the CTA before and after.
+  template <int kD>
+  __device__ __forceinline__ void store(int rg, int lane_dim, float* s_acc, float* s_m,
+                                        float* s_l) const {
+#pragma unroll
+    for (int g = 0; g < kG; ++g) {
+#pragma unroll
+      for (int j = 0; j < 8; ++j) s_acc[(rg * kG + g) * kD + lane_dim + j] = acc[g][j];
+      if (lane_dim == 0) {
+        s_m[rg * kG + g] = m[g];
+        s_l[rg * kG + g] = l[g];
+      }
+    }
+  }
+};
+
 // 16-byte asynchronous copy global -> shared (L2 only, no L1 allocation: each KV byte is used
 // once); src_bytes 0 writes zeros (masked tokens) without reading.
 __device__ __forceinline__ void cp_async16(void* smem, const void* gmem, int src_bytes) {
