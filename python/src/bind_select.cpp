@@ -9,6 +9,7 @@
 #include "cuda_calls.hpp"
 #include "kv_objects.hpp"
 #include "masskv/error.hpp"
+#include "masskv/kv/engine_pages.hpp"
 #include "masskv/select/diagnostics.hpp"
 #include "masskv/select/page_bound.hpp"
 #include "masskv/select/selector.hpp"
@@ -179,6 +180,60 @@ nb::dict diagnose(InArray q, const KV& kv, const Selection* selection, double al
   return out;
 }
 
+kv::EngineLists parse_engine_lists(const std::string& s) {
+  if (s == "per_kv_head") return kv::EngineLists::per_kv_head;
+  if (s == "head_union") return kv::EngineLists::head_union;
+  fail(ErrorCode::invalid_argument, "lists", "unknown grouping '", s,
+       "' (per_kv_head | head_union)");
+}
+
+// masskv.engine_pages: the CPU path here, the CUDA one in cuda_calls.cpp (same arrays).
+nb::dict engine_pages_py(const Selection& sel, const KV& kv, const std::string& lists_name,
+                         int max_per_list, bool csr, int max_pages_per_seq, nb::handle stream) {
+  const kv::EngineLists lists = parse_engine_lists(lists_name);
+  if (sel.device != kv.device) {
+    throw nb::value_error(("selection: lists are on " + device_string(sel.device) +
+                           ", the KV on " + device_string(kv.device))
+                              .c_str());
+  }
+  require(max_per_list >= 0, ErrorCode::invalid_argument, "max_per_list", "must be >= 0, got ",
+          max_per_list);
+  // Default: room for any list (a union holds at most every kv head's pages).
+  const SelectionView sv = sel.view();
+  if (max_per_list == 0)
+    max_per_list = lists == kv::EngineLists::head_union ? sv.num_kv_heads * sv.max_per_head
+                                                        : sv.max_per_head;
+#if MASSKV_PY_CUDA
+  if (kv.device != kCpu)
+    return engine_pages_cuda(sel, kv, lists, max_per_list, csr, max_pages_per_seq, stream);
+#endif
+  (void)max_pages_per_seq;
+  (void)stream;
+  const kv::PagedKVView view = kv.checked();
+  const auto L = static_cast<std::size_t>(
+      kv::engine_list_count(lists, view.table.batch(), sv.num_kv_heads));
+  const auto K = static_cast<std::size_t>(max_per_list);
+  kv::EnginePagesOut out;
+  out.max_per_list = max_per_list;
+  std::int32_t *ids = nullptr, *count = nullptr, *indptr = nullptr, *indices = nullptr,
+               *last = nullptr;
+  nb::dict d;
+  d["ids"] = new_numpy<std::int32_t>({L, K}, &ids);
+  d["count"] = new_numpy<std::int32_t>({L}, &count);
+  out.ids = {ids, L * K};
+  out.count = {count, L};
+  if (csr) {
+    d["indptr"] = new_numpy<std::int32_t>({L + 1}, &indptr);
+    d["indices"] = new_numpy<std::int32_t>({L * K}, &indices);
+    d["last_page_len"] = new_numpy<std::int32_t>({L}, &last);
+    out.indptr = {indptr, L + 1};
+    out.indices = {indices, L * K};
+    out.last_page_len = {last, L};
+  }
+  kv::engine_pages(sv, view.table, view.page_size, lists, out);
+  return d;
+}
+
 }  // namespace
 
 void bind_select(nb::module_& m) {
@@ -226,6 +281,20 @@ void bind_select(nb::module_& m) {
         "margin, tau_lo, eps, tau_or_lse, delta_bound, error_bound (float64); study=True also\n"
         "reads every key for delta, recall, abs_error, rel_error (NaN otherwise), support, and\n"
         "bounds_held (bool: every bound held).");
+
+  m.def("engine_pages", &engine_pages_py, nb::arg("selection"), nb::arg("kv"), nb::kw_only(),
+        nb::arg("lists") = "per_kv_head", nb::arg("max_per_list") = 0, nb::arg("csr") = true,
+        nb::arg("max_pages_per_seq") = 0, nb::arg("stream").none() = nb::none(),
+        "A page selection in the shape a serving engine's paged decode kernel takes\n"
+        "(kv::engine_pages / cuda::engine_pages, docs/engine.md): the lists' *physical* page\n"
+        "ids of kv's page table, in sequence order. lists: per_kv_head (B * H_kv lists) or\n"
+        "head_union (B lists: the union of each sequence's kv heads' lists). Returns a dict of\n"
+        "int32 arrays on the selection's device (NumPy on the CPU, torch on CUDA): ids\n"
+        "(lists, max_per_list) -1 padded, count (lists,), and with csr=True FlashInfer's page\n"
+        "table of the selection: indptr (lists + 1,), indices (lists * max_per_list,; the\n"
+        "rest -1), last_page_len (lists,). max_per_list 0: max_per_head (per_kv_head) or\n"
+        "H_kv * max_per_head (head_union). CUDA: max_pages_per_seq bounds the pages a\n"
+        "sequence holds (0: every page of the table); stream as decode's.");
 
 #if MASSKV_PY_CUDA
   m.def("cuda_quest_select", &quest_select_cuda, nb::arg("q").noconvert(), nb::arg("kv"),

@@ -217,6 +217,47 @@ nb::object quest_select_cuda(const InArray& q, const KV& kv, const InArray& boun
   return nb::type<Selection>()(ids_obj, count_obj, "page");
 }
 
+nb::dict engine_pages_cuda(const Selection& sel, const KV& kv, kv::EngineLists lists,
+                           int max_per_list, bool csr, int max_pages_per_seq, nb::handle stream) {
+  const Device device = kv.device;
+  const kv::PagedKVView view = kv.checked();
+  cuda::EnginePagesArgs a;
+  a.selection = sel.view();
+  a.table = view.table;
+  a.page_size = view.page_size;
+  a.lists = lists;
+  const auto L = static_cast<std::size_t>(
+      kv::engine_list_count(lists, view.table.batch(), a.selection.num_kv_heads));
+  const auto K = static_cast<std::size_t>(max_per_list);
+  nb::dict d;
+  d["ids"] = torch_empty({L, K}, "int32", device, "ids");
+  d["count"] = torch_empty({L}, "int32", device, "count");
+  if (csr) {
+    d["indptr"] = torch_empty({L + 1}, "int32", device, "indptr");
+    d["indices"] = torch_empty({L * K}, "int32", device, "indices");
+    d["last_page_len"] = torch_empty({L}, "int32", device, "last_page_len");
+  }
+  // The outputs as spans (fresh contiguous int32 tensors: no checks needed beyond the import).
+  const auto span_of = [&](const char* key) {
+    OutArray arr = as_output(d[key], key);
+    return std::span<std::int32_t>(static_cast<std::int32_t*>(arr.data()), arr.size());
+  };
+  a.out.max_per_list = max_per_list;
+  a.out.ids = span_of("ids");
+  a.out.count = span_of("count");
+  if (csr) {
+    a.out.indptr = span_of("indptr");
+    a.out.indices = span_of("indices");
+    a.out.last_page_len = span_of("last_page_len");
+  }
+  cuda::SelectLaunch launch;
+  launch.stream = resolve_stream(stream, device);
+  launch.max_pages_per_seq = pages_bound(max_pages_per_seq, view);
+  launch.check_errors = true;
+  run_on_device<cuda::SelectWorkspace>(device, launch, [&] { cuda::engine_pages(a, launch); });
+  return d;
+}
+
 }  // namespace masskv::py
 
 #endif

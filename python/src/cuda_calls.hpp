@@ -7,6 +7,7 @@
 
 #include "arrays.hpp"
 #include "kv_objects.hpp"
+#include "masskv/kv/engine_pages.hpp"
 #include "masskv/mapping.hpp"
 
 namespace masskv::py {
@@ -23,6 +24,11 @@ nb::object quest_select_cuda(const InArray& q, const KV& kv, const InArray& boun
                              int sink_pages, int window_tokens, float scale,
                              int max_pages_per_seq, nb::handle ids, nb::handle count,
                              nb::handle stream);
+
+// masskv.engine_pages over lists and a page table on a CUDA device (cuda::engine_pages) into
+// torch int32 tensors; the dict of the CPU path.
+nb::dict engine_pages_cuda(const Selection& sel, const KV& kv, kv::EngineLists lists,
+                           int max_per_list, bool csr, int max_pages_per_seq, nb::handle stream);
 
 }  // namespace masskv::py
 

@@ -116,6 +116,45 @@ def test_gpu_quest_selection_equals_cpu_and_sparse_decode_matches(rng, budget):
     np.testing.assert_allclose(out.cpu().numpy(), ref, atol=ATOL["bf16"], rtol=0)
 
 
+@pytest.mark.parametrize("lists", ["per_kv_head", "head_union"])
+def test_gpu_engine_pages_equal_the_cpu_and_compose_with_decode(rng, lists):
+    """A GPU selection handed to an engine (docs/engine.md): the device's lists are the CPU's,
+    and decoding the gathered pages through their own page table gives the sparse decode."""
+    cache, seqs = random_cache(rng, [700, 90, 333], num_kv_heads=2, head_dim=128, page_size=16,
+                               dtype="bf16")
+    kv, t = device_kv(cache, seqs)
+    q = torch.from_numpy(rng.standard_normal((3, 8, 128), dtype=np.float32)).cuda()
+    mn, mx = cache.bf16_bounds()
+    sel = masskv.cuda_quest_select(q, kv, torch.from_numpy(mn).view(torch.bfloat16).cuda(),
+                                   torch.from_numpy(mx).view(torch.bfloat16).cuda(),
+                                   budget_tokens=64, sink_pages=1, window_tokens=16)
+    gpu = masskv.engine_pages(sel, kv, lists=lists)
+    cpu_sel = masskv.Selection(sel.ids.cpu().numpy(), sel.count.cpu().numpy(), "page")
+    cpu = masskv.engine_pages(cpu_sel, cache.view(seqs), lists=lists)
+    for key in ("ids", "count", "indptr", "indices", "last_page_len"):
+        assert gpu[key].is_cuda
+        np.testing.assert_array_equal(gpu[key].cpu().numpy(), cpu[key], err_msg=key)
+    if lists == "head_union":
+        # The engine's kernel reading the union's page table densely (every kv head the union's
+        # pages) equals masskv's decode over the union as a logical selection of every head.
+        n = int(gpu["indptr"][-1].item())
+        pool = lambda a: torch.from_numpy(a.copy()).view(torch.bfloat16).cuda()
+        sub = masskv.KV.from_arrays(pool(cache.k_pool), pool(cache.v_pool), gpu["indptr"],
+                                    gpu["indices"][:n].contiguous(), gpu["last_page_len"])
+        out, _ = masskv.decode(q, sub)
+        ids, count = cpu_sel.ids, cpu_sel.count
+        width = ids.shape[2] * ids.shape[1]
+        uids = np.full((3, 2, width), -1, dtype=np.int32)
+        ucount = np.zeros((3, 2), dtype=np.int32)
+        for b in range(3):
+            u = sorted(set().union(*[ids[b, h, :count[b, h]].tolist() for h in range(2)]))
+            uids[b, :, :len(u)] = u
+            ucount[b, :] = len(u)
+        ref, _ = masskv.decode_reference(q.cpu().numpy(), cache.view(seqs),
+                                         selection=masskv.Selection(uids, ucount, "page"))
+        np.testing.assert_allclose(out.cpu().numpy(), ref, atol=ATOL["bf16"], rtol=0)
+
+
 def test_misplaced_and_bad_inputs_are_rejected(rng):
     cache, seqs = random_cache(rng, [100], page_size=16, dtype="f16")
     kv, t = device_kv(cache, seqs)

@@ -68,6 +68,7 @@ enum ErrBit : unsigned {
   kBadMomentSlot = 32u,
   kBadMomentIndptr = 64u,
   kBadSelection = 128u,
+  kBadListCapacity = 256u,  // engine_pages: a list longer than max_per_list
 };
 
 struct SelParams {

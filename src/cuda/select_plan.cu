@@ -58,6 +58,9 @@ void SelectWorkspace::check(CUstream_st* stream) const {
   if (flag & kBadSelection)
     fail(ErrorCode::invalid_argument, "selection",
          "a list that is not ascending, or holds a page beyond its sequence, was met on the GPU");
+  if (flag & kBadListCapacity)
+    fail(ErrorCode::invalid_argument, "max_per_list",
+         "an engine page list holds more pages than the output's lists (engine_pages)");
   if (flag & kBadCapacity)
     fail(ErrorCode::shape_mismatch, "max_per_head",
          "a selection holds more pages than the output lists (see select_capacity)");

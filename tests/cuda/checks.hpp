@@ -23,3 +23,5 @@ int run_prefill_check();
 int run_append_check();
 // cuda::extend_kept against select::extend_kept, list for list (extend_check.cu).
 int run_extend_check();
+// cuda::engine_pages against kv::engine_pages, entry for entry (engine_pages_check.cu).
+int run_engine_pages_check();

@@ -56,6 +56,7 @@ std::vector<GpuTest> all_tests() {
   t.push_back({"append", run_append_check});
   t.push_back({"extend-kept", run_extend_check});
   t.push_back({"two-stage", run_two_stage_check});
+  t.push_back({"engine-pages", run_engine_pages_check});
   // The newest kernels last. The hierarchical page pass has two scans chosen by the sequence
   // length: each on every case; then the hierarchical selection in one kernel for every call
   // (the entmax-aware and adaptive selections run through it too).

@@ -11,9 +11,11 @@
 #include <memory>
 #include <span>
 
+#include "masskv/kv/engine_pages.hpp"
 #include "masskv/kv/paged_kv.hpp"
 #include "masskv/select/compact_bounds.hpp"
 #include "masskv/select/page_bound.hpp"
+#include "masskv/selection.hpp"
 #include "masskv/tensor.hpp"
 
 struct CUstream_st;
@@ -35,7 +37,9 @@ class SelectWorkspace {
   // met bad data: out_of_range "indices" (a physical page outside the bound store),
   // "indptr" (a decreasing indptr, one past indices.size(), or a sequence with more pages
   // than SelectLaunch::max_pages_per_seq), "last_page_len" (outside [1, page_size]),
-  // "max_per_head" (a selection longer than the output lists), non_finite "q" (a NaN bound:
+  // "max_per_head" (a selection longer than the output lists), "max_per_list" (engine_pages:
+  // a list longer than the output's), "selection" (a list that is not ascending ids of its
+  // sequence's pages), non_finite "q" (a NaN bound:
   // the CPU selector rejects non-finite q up front; the GPU cannot read q on the host).
   // The lists of the affected (sequence, kv head) pairs are then empty (count 0, all -1).
   void check(CUstream_st* stream) const;
@@ -249,6 +253,26 @@ struct ExtendKeptArgs {
 };
 // launch.max_pages_per_seq bounds the pages per sequence (longer: "indptr").
 void extend_kept(const ExtendKeptArgs& args, const SelectLaunch& launch);
+
+// A page selection handed to a serving engine (kv::engine_pages' arrays, entry for entry, on the
+// device; docs/engine.md): physical page ids in sequence order per (sequence, kv head) or per
+// sequence (the union of its kv heads' lists), padded and as a FlashInfer page table. Two small
+// kernels on launch.stream, no host sync, nothing allocated after the first call of a shape: it
+// can be captured in a CUDA graph with the selection that feeds it.
+struct EnginePagesArgs {
+  SelectionView selection;  // device spans: a page selection (quest_select's / hier_select's)
+  kv::PageTable table;      // device spans: the engine's page table of the sequences
+  int page_size = 16;
+  kv::EngineLists lists = kv::EngineLists::per_kv_head;
+  kv::EnginePagesOut out;   // device spans
+};
+// Host checks as kv::check_engine_pages_shape (throws masskv::Error naming the argument, and
+// "workspace", "max_pages_per_seq"); launch.max_pages_per_seq bounds the pages per sequence
+// (longer: "indptr"; head_union keeps a bit per page of it in shared memory, up to ~1.8M pages).
+// On the device, a list that is not ascending ids of its sequence's pages ("selection"), a bad
+// indptr or last_page_len, or a list longer than max_per_list ("max_per_list") sets the flag
+// (launch.workspace->check) and leaves that list empty.
+void engine_pages(const EnginePagesArgs& args, const SelectLaunch& launch);
 
 // An upper bound, computable on the host, of the selected pages of any sequence with at most
 // max_pages_per_seq pages (size max_per_head with it): min(max_pages, max(budget, kept)),
