@@ -1,5 +1,6 @@
 // Decode-step append on the GPU (include/masskv/cuda/append.hpp): one CTA per (sequence, kv
-// head), one thread per channel. The arithmetic mirrors src/kv/cache.cpp (write_token) and
+// head), one thread per channel; and summarize_pages, the same stores rebuilt from a page's
+// stored tokens. The arithmetic mirrors src/kv/cache.cpp (write_token) and
 // src/select/page_bound.cpp (BoundStore::round_page) operation by operation, so the results
 // are bit-equal to the CPU's: f64 Welford with explicit _rn intrinsics (no FMA contraction),
 // the ‖v‖² sum in channel order by one thread, the same rounding helpers.
@@ -18,7 +19,7 @@ namespace {
 
 using detail::check_cuda;
 
-enum AppendErr : unsigned { kBadPage = 1u, kBadSlot = 2u, kBadK = 4u, kBadV = 8u };
+enum AppendErr : unsigned { kBadPage = 1u, kBadSlot = 2u, kBadK = 4u, kBadV = 8u, kBadTokens = 16u };
 constexpr int kMaxDim = 256;
 
 struct Params {
@@ -76,6 +77,41 @@ __device__ __forceinline__ float round_up_to_f32(double x) {
   return f;
 }
 
+// One stored key x folded into a channel's running summaries (f32 state between tokens, the
+// step in f64), as kv::welford_step: n the token's count in its page (1 for the first).
+__device__ __forceinline__ void summary_step(float x, double n, float& mn, float& mx,
+                                             float& mean, float& m2) {
+  mn = x < mn ? x : mn;
+  mx = x > mx ? x : mx;
+  // delta = x - mean; new_mean = mean + delta / n; m2 += delta * (x - new_mean).
+  const double delta = __dsub_rn(static_cast<double>(x), static_cast<double>(mean));
+  const double new_mean = __dadd_rn(static_cast<double>(mean), __ddiv_rn(delta, n));
+  const double m2n = __dadd_rn(static_cast<double>(m2),
+                               __dmul_rn(delta, __dsub_rn(static_cast<double>(x), new_mean)));
+  mean = __double2float_rn(new_mean);
+  m2 = __double2float_rn(m2n);
+}
+
+// ‖v‖ of a token rounded up to f32, from its channels' squares (thread 0; in channel order, as
+// the CPU sums).
+__device__ __forceinline__ float vnorm_of(const double* s_v2, int d) {
+  double v2 = 0;
+  for (int i = 0; i < d; ++i) v2 = __dadd_rn(v2, s_v2[i]);
+  return round_up_to_f32(__dsqrt_rn(v2));
+}
+
+// The bf16 bound store's row of channel c from its min/max (rounded outward); returns the
+// channel's W term max(|lo|, |hi|).
+__device__ __forceinline__ float write_bound(const Params& p, std::int64_t at, float mn,
+                                            float mx) {
+  const std::uint16_t lo = bf16_down(mn), hi = bf16_up(mx);
+  p.bmin[at] = lo;
+  p.bmax[at] = hi;
+  const float a = fabsf(__uint_as_float(static_cast<unsigned>(lo) << 16));
+  const float b = fabsf(__uint_as_float(static_cast<unsigned>(hi) << 16));
+  return a > b ? a : b;
+}
+
 template <bool kBf16>
 __global__ void __launch_bounds__(kMaxDim) append_kernel(Params p) {
   __shared__ double s_v2[kMaxDim];
@@ -118,38 +154,22 @@ __global__ void __launch_bounds__(kMaxDim) append_kernel(Params p) {
   if (c < d) {
     static_cast<std::uint16_t*>(p.k_pool)[kv_off + c] = kb;
     static_cast<std::uint16_t*>(p.v_pool)[kv_off + c] = vb;
-    const float mn0 = fresh ? INFINITY : p.mn[sum_off + c];
-    const float mx0 = fresh ? -INFINITY : p.mx[sum_off + c];
-    const float mean0 = fresh ? 0.f : p.mean[sum_off + c];
-    const float m20 = fresh ? 0.f : p.m2[sum_off + c];
-    const float mn = x < mn0 ? x : mn0;
-    const float mx = x > mx0 ? x : mx0;
-    // delta = x - mean; new_mean = mean + delta / n; m2 += delta * (x - new_mean).
-    const double delta = __dsub_rn(static_cast<double>(x), static_cast<double>(mean0));
-    const double new_mean = __dadd_rn(static_cast<double>(mean0), __ddiv_rn(delta, n));
-    const double m2 =
-        __dadd_rn(static_cast<double>(m20),
-                  __dmul_rn(delta, __dsub_rn(static_cast<double>(x), new_mean)));
+    float mn = fresh ? INFINITY : p.mn[sum_off + c];
+    float mx = fresh ? -INFINITY : p.mx[sum_off + c];
+    float mean = fresh ? 0.f : p.mean[sum_off + c];
+    float m2 = fresh ? 0.f : p.m2[sum_off + c];
+    summary_step(x, n, mn, mx, mean, m2);
     p.mn[sum_off + c] = mn;
     p.mx[sum_off + c] = mx;
-    p.mean[sum_off + c] = __double2float_rn(new_mean);
-    p.m2[sum_off + c] = __double2float_rn(m2);
+    p.mean[sum_off + c] = mean;
+    p.m2[sum_off + c] = m2;
     s_v2[c] = __dmul_rn(static_cast<double>(y), static_cast<double>(y));
-    if (p.bmin != nullptr) {
-      const std::uint16_t lo = bf16_down(mn), hi = bf16_up(mx);
-      p.bmin[sum_off + c] = lo;
-      p.bmax[sum_off + c] = hi;
-      const float a = fabsf(__uint_as_float(static_cast<unsigned>(lo) << 16));
-      const float bb = fabsf(__uint_as_float(static_cast<unsigned>(hi) << 16));
-      s_w[c] = a > bb ? a : bb;
-    }
+    if (p.bmin != nullptr) s_w[c] = write_bound(p, sum_off + c, mn, mx);
   }
   __syncthreads();
   if (c == 0) {
-    double v2 = 0;  // in channel order, as the CPU sums
-    for (int i = 0; i < d; ++i) v2 = __dadd_rn(v2, s_v2[i]);
     float& vmax = p.vnorm[static_cast<std::int64_t>(page) * p.num_kv_heads + h];
-    const float r = round_up_to_f32(__dsqrt_rn(v2));
+    const float r = vnorm_of(s_v2, d);
     const float old = fresh ? 0.f : vmax;
     vmax = old > r ? old : r;  // std::max(old, r)
     if (p.bmin != nullptr) {
@@ -161,31 +181,82 @@ __global__ void __launch_bounds__(kMaxDim) append_kernel(Params p) {
   }
 }
 
-}  // namespace
-
-struct AppendWorkspace::Impl {
-  detail::ErrorFlag err;
-};
-
-AppendWorkspace::AppendWorkspace() : impl_(std::make_unique<Impl>()) {}
-AppendWorkspace::~AppendWorkspace() = default;
-
-void AppendWorkspace::check(CUstream_st* stream) const {
-  const unsigned flag = impl_->err.take(stream, "append step");
-  if (flag == 0) return;
-  if (flag & kBadPage)
-    fail(ErrorCode::out_of_range, "page", "a page id outside [0, num_pages) was met on the GPU");
-  if (flag & kBadSlot)
-    fail(ErrorCode::out_of_range, "slot", "a slot outside [0, page_size) was met on the GPU");
-  fail(ErrorCode::non_finite, flag & kBadK ? "k" : "v",
-       "NaN or inf, or a value that overflows the cache dtype (the token was not appended)");
+// summarize_pages: one CTA per (listed page, kv head), one thread per channel: the page's
+// stored tokens folded in slot order by append_kernel's arithmetic (summary_step, vnorm_of,
+// write_bound), from a fresh page, so the stores get the bits of appending them one by one.
+template <bool kBf16>
+__global__ void __launch_bounds__(kMaxDim) summarize_kernel(Params p) {
+  __shared__ double s_v2[kMaxDim];
+  __shared__ float s_w[kMaxDim];
+  __shared__ int s_ok;
+  const int i = blockIdx.x / p.num_kv_heads, h = blockIdx.x % p.num_kv_heads;
+  const int c = threadIdx.x, d = p.head_dim;
+  const std::int32_t page = p.page[i], len = p.slot[i];  // slot: the page's token count here
+  if (page < 0 || page >= p.num_pages || len < 1 || len > p.page_size) {
+    if (c == 0) atomicOr(p.err, (page < 0 || page >= p.num_pages) ? kBadPage : kBadTokens);
+    return;
+  }
+  const auto* kp = static_cast<const std::uint16_t*>(p.k_pool);
+  const auto* vp = static_cast<const std::uint16_t*>(p.v_pool);
+  // Stored values finite on every head of the page (each CTA checks them all, so a page with a
+  // bad value keeps its old stores on every head).
+  if (c == 0) s_ok = 1;
+  __syncthreads();
+  unsigned bad = 0;
+  for (int j = c; j < p.num_kv_heads * len * d; j += blockDim.x) {
+    const int hh = j / (len * d), t = (j / d) % len, cc = j % d;
+    const std::int64_t at = page * p.stride_page + hh * p.stride_head + t * p.stride_slot + cc;
+    if (!isfinite(stored_value<kBf16>(kp[at]))) bad |= kBadK;
+    if (!isfinite(stored_value<kBf16>(vp[at]))) bad |= kBadV;
+  }
+  if (bad != 0) {
+    if (h == 0) atomicOr(p.err, bad);
+    s_ok = 0;
+  }
+  __syncthreads();
+  if (!s_ok) return;
+  const std::int64_t kv_off = page * p.stride_page + h * p.stride_head;
+  const std::int64_t sum_off = (static_cast<std::int64_t>(page) * p.num_kv_heads + h) * d;
+  float mn = INFINITY, mx = -INFINITY, mean = 0.f, m2 = 0.f, vmax = 0.f;
+  for (int t = 0; t < len; ++t) {
+    if (c < d) {
+      const float x = stored_value<kBf16>(kp[kv_off + t * p.stride_slot + c]);
+      const float y = stored_value<kBf16>(vp[kv_off + t * p.stride_slot + c]);
+      summary_step(x, static_cast<double>(t) + 1.0, mn, mx, mean, m2);
+      s_v2[c] = __dmul_rn(static_cast<double>(y), static_cast<double>(y));
+    }
+    __syncthreads();
+    if (c == 0) {
+      const float r = vnorm_of(s_v2, d);
+      vmax = vmax > r ? vmax : r;
+    }
+    __syncthreads();  // s_v2 is rewritten by the next token
+  }
+  if (c < d) {
+    p.mn[sum_off + c] = mn;
+    p.mx[sum_off + c] = mx;
+    p.mean[sum_off + c] = mean;
+    p.m2[sum_off + c] = m2;
+    if (p.bmin != nullptr) s_w[c] = write_bound(p, sum_off + c, mn, mx);
+  }
+  __syncthreads();
+  if (c == 0) {
+    p.vnorm[static_cast<std::int64_t>(page) * p.num_kv_heads + h] = vmax;
+    if (p.bmin != nullptr) {
+      float w = 0;
+      for (int j = 0; j < d; ++j) w = s_w[j] > w ? s_w[j] : w;
+      p.wmax[static_cast<std::int64_t>(page) * p.num_kv_heads + h] = w;
+    }
+    if (h == 0) p.count[page] = len;
+  }
 }
 
-void append(const AppendArgs& a, AppendWorkspace& ws, CUstream_st* stream, bool check_errors) {
+// The stores' host checks and their kernel parameters (append and summarize_pages).
+Params store_params(const SummaryStores& a, unsigned* err) {
   using enum ErrorCode;
   require(a.dtype == DType::bf16 || a.dtype == DType::f16, unsupported, "dtype",
           "the GPU append writes f16 or bf16 pools");
-  const int B = a.k.n0, H = a.num_kv_heads, d = a.head_dim;
+  const int H = a.num_kv_heads, d = a.head_dim;
   require(d > 0 && d <= kMaxDim, unsupported, "head_dim", "must be in [1, ", kMaxDim, "], got ", d);
   require(H > 0 && a.num_pages > 0 && a.page_size > 0, invalid_argument, "cache",
           "needs kv heads, pages and a page size");
@@ -194,25 +265,9 @@ void append(const AppendArgs& a, AppendWorkspace& ws, CUstream_st* stream, bool 
   require((a.bound_min == nullptr) == (a.bound_max == nullptr) &&
               (a.bound_min == nullptr) == (a.bound_wmax == nullptr),
           invalid_argument, "bound_min", "the bf16 store needs min, max and wmax together");
-  require(a.k.n1 == H && a.k.n2 == d && a.k.data, shape_mismatch, "k", "must be [B][kv heads][d]");
-  require(a.v.n0 == B && a.v.n1 == H && a.v.n2 == d && a.v.data, shape_mismatch, "v",
-          "must be k's shape");
-  require(a.page.size() == static_cast<std::size_t>(B), shape_mismatch, "page",
-          "needs one entry per sequence");
-  require(a.slot.size() == static_cast<std::size_t>(B), shape_mismatch, "slot",
-          "needs one entry per sequence");
   require(a.stride_slot >= d && a.stride_page > 0 && a.stride_head > 0, invalid_argument,
           "stride", "pool strides must be positive, stride_slot >= head_dim");
-  if (B == 0) return;
   Params p{};
-  p.k = a.k.data;
-  p.v = a.v.data;
-  p.k_s0 = a.k.s0;
-  p.k_s1 = a.k.s1;
-  p.v_s0 = a.v.s0;
-  p.v_s1 = a.v.s1;
-  p.page = a.page.data();
-  p.slot = a.slot.data();
   p.k_pool = a.k_pool;
   p.v_pool = a.v_pool;
   p.stride_page = a.stride_page;
@@ -231,7 +286,54 @@ void append(const AppendArgs& a, AppendWorkspace& ws, CUstream_st* stream, bool 
   p.bmin = reinterpret_cast<std::uint16_t*>(a.bound_min);
   p.bmax = reinterpret_cast<std::uint16_t*>(a.bound_max);
   p.wmax = a.bound_wmax;
-  p.err = ws.impl().err.get();
+  p.err = err;
+  return p;
+}
+
+}  // namespace
+
+struct AppendWorkspace::Impl {
+  detail::ErrorFlag err;
+};
+
+AppendWorkspace::AppendWorkspace() : impl_(std::make_unique<Impl>()) {}
+AppendWorkspace::~AppendWorkspace() = default;
+
+void AppendWorkspace::check(CUstream_st* stream) const {
+  const unsigned flag = impl_->err.take(stream, "append step");
+  if (flag == 0) return;
+  if (flag & kBadPage)
+    fail(ErrorCode::out_of_range, "page", "a page id outside [0, num_pages) was met on the GPU");
+  if (flag & kBadSlot)
+    fail(ErrorCode::out_of_range, "slot", "a slot outside [0, page_size) was met on the GPU");
+  if (flag & kBadTokens)
+    fail(ErrorCode::out_of_range, "tokens",
+         "a page's token count outside [1, page_size] was met on the GPU (summarize_pages)");
+  fail(ErrorCode::non_finite, flag & kBadK ? "k" : "v",
+       "NaN or inf, or a value that overflows the cache dtype (the token was not appended, or "
+       "the page's stores not rebuilt)");
+}
+
+void append(const AppendArgs& a, AppendWorkspace& ws, CUstream_st* stream, bool check_errors) {
+  using enum ErrorCode;
+  Params p = store_params(a, ws.impl().err.get());
+  const int B = a.k.n0, H = a.num_kv_heads, d = a.head_dim;
+  require(a.k.n1 == H && a.k.n2 == d && a.k.data, shape_mismatch, "k", "must be [B][kv heads][d]");
+  require(a.v.n0 == B && a.v.n1 == H && a.v.n2 == d && a.v.data, shape_mismatch, "v",
+          "must be k's shape");
+  require(a.page.size() == static_cast<std::size_t>(B), shape_mismatch, "page",
+          "needs one entry per sequence");
+  require(a.slot.size() == static_cast<std::size_t>(B), shape_mismatch, "slot",
+          "needs one entry per sequence");
+  if (B == 0) return;
+  p.k = a.k.data;
+  p.v = a.v.data;
+  p.k_s0 = a.k.s0;
+  p.k_s1 = a.k.s1;
+  p.v_s0 = a.v.s0;
+  p.v_s1 = a.v.s1;
+  p.page = a.page.data();
+  p.slot = a.slot.data();
   const int threads = (d + 31) / 32 * 32;
   if (a.dtype == DType::bf16) {
     append_kernel<true><<<B * H, threads, 0, stream>>>(p);
@@ -239,6 +341,28 @@ void append(const AppendArgs& a, AppendWorkspace& ws, CUstream_st* stream, bool 
     append_kernel<false><<<B * H, threads, 0, stream>>>(p);
   }
   check_cuda(cudaGetLastError(), "append kernel launch");
+  if (check_errors) ws.check(stream);
+}
+
+void summarize_pages(const SummaryStores& stores, std::span<const std::int32_t> pages,
+                     std::span<const std::int32_t> tokens, AppendWorkspace& ws,
+                     CUstream_st* stream, bool check_errors) {
+  using enum ErrorCode;
+  Params p = store_params(stores, ws.impl().err.get());
+  require(tokens.size() == pages.size(), shape_mismatch, "tokens", "needs one entry per page (",
+          pages.size(), "), got ", tokens.size());
+  const std::size_t blocks = pages.size() * static_cast<std::size_t>(stores.num_kv_heads);
+  require(blocks <= 0x7fffffffu, unsupported, "pages", "too many pages for one launch");
+  if (pages.empty()) return;
+  p.page = pages.data();
+  p.slot = tokens.data();
+  const int threads = (stores.head_dim + 31) / 32 * 32;
+  if (stores.dtype == DType::bf16) {
+    summarize_kernel<true><<<static_cast<unsigned>(blocks), threads, 0, stream>>>(p);
+  } else {
+    summarize_kernel<false><<<static_cast<unsigned>(blocks), threads, 0, stream>>>(p);
+  }
+  check_cuda(cudaGetLastError(), "summarize_pages kernel launch");
   if (check_errors) ws.check(stream);
 }
 

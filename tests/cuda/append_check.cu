@@ -1,6 +1,7 @@
 // masskv_gpu_tests append: cuda::append against kv::PagedKVCache::append (the pool, the
 // f32 summaries, the count, max ‖v‖) and select::BoundStore (the bf16 bound store and W), bit
-// for bit, over a grid of shapes with tokens crossing pages; the error flag on bad ids and
+// for bit, over a grid of shapes with tokens crossing pages; then cuda::summarize_pages over
+// every page of the same pool (poisoned stores, shuffled page order), the same bits again; the error flag on bad ids and
 // non-finite inputs; and the append's time at the benchmark shape.
 #include <cuda_runtime.h>
 
@@ -61,11 +62,17 @@ std::string run_case(const AppendCase& c, std::uint64_t seed) {
   DevBuf<std::uint16_t> gk(slots), gv(slots);
   AppendTarget g(cfg.capacity_pages, c.heads, c.d, true);
   // Garbage everywhere first: a fresh page must be reset by the kernel, not found clean.
-  for (void* p : {static_cast<void*>(g.min.p), static_cast<void*>(g.max.p),
-                  static_cast<void*>(g.mean.p), static_cast<void*>(g.m2.p)})
-    CK(cudaMemset(p, 0x5a, sums * sizeof(float)));
-  CK(cudaMemset(g.vnorm.p, 0x7f, ph * sizeof(float)));
-  CK(cudaMemset(g.count.p, 0x33, cfg.capacity_pages * sizeof(std::int32_t)));
+  const auto poison = [&] {
+    for (void* p : {static_cast<void*>(g.min.p), static_cast<void*>(g.max.p),
+                    static_cast<void*>(g.mean.p), static_cast<void*>(g.m2.p)})
+      CK(cudaMemset(p, 0x5a, sums * sizeof(float)));
+    CK(cudaMemset(g.vnorm.p, 0x7f, ph * sizeof(float)));
+    CK(cudaMemset(g.count.p, 0x33, cfg.capacity_pages * sizeof(std::int32_t)));
+    CK(cudaMemset(g.bmin.p, 0x11, sums * sizeof(std::uint16_t)));
+    CK(cudaMemset(g.bmax.p, 0x22, sums * sizeof(std::uint16_t)));
+    CK(cudaMemset(g.wmax.p, 0x44, ph * sizeof(float)));
+  };
+  poison();
 
   kv::PagedKVView geometry;  // the pool's strides (the cache's own layout rule)
   geometry.num_kv_heads = c.heads;
@@ -110,37 +117,60 @@ std::string run_case(const AppendCase& c, std::uint64_t seed) {
   const kv::SummariesView cs = cache.summaries();
   const select::BoundStore store(cs);
   const select::BoundStoreView bs = store.view();
-  const std::vector<std::uint16_t> k_pool = gk.download(), v_pool = gv.download();
-  const std::vector<float> mn = g.min.download(), mx = g.max.download(), mean = g.mean.download(),
-                           m2 = g.m2.download(), vn = g.vnorm.download(), w = g.wmax.download();
-  const std::vector<std::int32_t> count = g.count.download();
-  const std::vector<std::uint16_t> bmin = g.bmin.download(), bmax = g.bmax.download();
   const auto* ck = static_cast<const std::uint16_t*>(cv.k);
   const auto* cvv = static_cast<const std::uint16_t*>(cv.v);
-  for (int b = 0; b < c.batch; ++b) {
-    for (int lp = 0; lp < table.table().num_pages(b); ++lp) {
-      const std::int32_t pg = table.table().page(b, lp);
-      if (count[pg] != cs.count[pg]) return "count differs";
-      for (int h = 0; h < c.heads; ++h) {
-        const std::int64_t s = cs.at(pg, h);
-        if (!same_bits(&mn[s], cs.min + s, c.d) || !same_bits(&mx[s], cs.max + s, c.d))
-          return "min/max differ";
-        if (!same_bits(&mean[s], cs.mean + s, c.d)) return "mean differs";
-        if (!same_bits(&m2[s], cs.m2 + s, c.d)) return "M2 differs";
-        const std::size_t ph_i = static_cast<std::size_t>(pg) * c.heads + h;
-        if (!same_bits(&vn[ph_i], cs.max_vnorm + ph_i, 1)) return "max |v| differs";
-        if (!same_bits(&bmin[s], reinterpret_cast<const std::uint16_t*>(bs.min) + s, c.d) ||
-            !same_bits(&bmax[s], reinterpret_cast<const std::uint16_t*>(bs.max) + s, c.d))
-          return "bf16 bound store differs";
-        if (!same_bits(&w[ph_i], bs.wmax + ph_i, 1)) return "bound W differs";
-        for (int sl = 0; sl < cs.count[pg]; ++sl) {
-          const std::int64_t o = cv.offset(pg, h, sl);
-          if (!same_bits(&k_pool[o], ck + o, c.d) || !same_bits(&v_pool[o], cvv + o, c.d))
-            return "pool K/V differ";
+  // The GPU's pool and stores against the CPU cache's, bit for bit.
+  const auto compare = [&]() -> std::string {
+    const std::vector<std::uint16_t> k_pool = gk.download(), v_pool = gv.download();
+    const std::vector<float> mn = g.min.download(), mx = g.max.download(),
+                             mean = g.mean.download(), m2 = g.m2.download(),
+                             vn = g.vnorm.download(), w = g.wmax.download();
+    const std::vector<std::int32_t> count = g.count.download();
+    const std::vector<std::uint16_t> bmin = g.bmin.download(), bmax = g.bmax.download();
+    for (int b = 0; b < c.batch; ++b) {
+      for (int lp = 0; lp < table.table().num_pages(b); ++lp) {
+        const std::int32_t pg = table.table().page(b, lp);
+        if (count[pg] != cs.count[pg]) return "count differs";
+        for (int h = 0; h < c.heads; ++h) {
+          const std::int64_t s = cs.at(pg, h);
+          if (!same_bits(&mn[s], cs.min + s, c.d) || !same_bits(&mx[s], cs.max + s, c.d))
+            return "min/max differ";
+          if (!same_bits(&mean[s], cs.mean + s, c.d)) return "mean differs";
+          if (!same_bits(&m2[s], cs.m2 + s, c.d)) return "M2 differs";
+          const std::size_t ph_i = static_cast<std::size_t>(pg) * c.heads + h;
+          if (!same_bits(&vn[ph_i], cs.max_vnorm + ph_i, 1)) return "max |v| differs";
+          if (!same_bits(&bmin[s], reinterpret_cast<const std::uint16_t*>(bs.min) + s, c.d) ||
+              !same_bits(&bmax[s], reinterpret_cast<const std::uint16_t*>(bs.max) + s, c.d))
+            return "bf16 bound store differs";
+          if (!same_bits(&w[ph_i], bs.wmax + ph_i, 1)) return "bound W differs";
+          for (int sl = 0; sl < cs.count[pg]; ++sl) {
+            const std::int64_t o = cv.offset(pg, h, sl);
+            if (!same_bits(&k_pool[o], ck + o, c.d) || !same_bits(&v_pool[o], cvv + o, c.d))
+              return "pool K/V differ";
+          }
         }
       }
     }
+    return {};
+  };
+  if (std::string why = compare(); !why.empty()) return why;
+
+  // summarize_pages: every page's stores rebuilt from the pool (as for pages an engine wrote
+  // itself) over poisoned stores, in shuffled page order: the same bits again.
+  std::vector<std::int32_t> pages, tokens;
+  for (const std::int32_t pg : table.indices) {
+    pages.push_back(pg);
+    tokens.push_back(cs.count[pg]);
   }
+  for (std::size_t i = pages.size(); i > 1; --i) {
+    const std::size_t j = static_cast<std::size_t>(rng.below(static_cast<int>(i)));
+    std::swap(pages[i - 1], pages[j]);
+    std::swap(tokens[i - 1], tokens[j]);
+  }
+  poison();
+  DevBuf<std::int32_t> dpages = to_device(pages), dtokens = to_device(tokens);
+  cuda::summarize_pages(a, {dpages.p, dpages.n}, {dtokens.p, dtokens.n}, ws);
+  if (std::string why = compare(); !why.empty()) return "summarize_pages: " + why;
   return {};
 }
 
@@ -195,6 +225,37 @@ int error_cases() {
       ++failures;
       break;
     }
+  }
+  // summarize_pages: a page outside the pool, token counts outside [1, page_size], a stored
+  // NaN (that page's stores are left as they were).
+  const auto expect_sum = [&](int page, int tokens, ErrorCode code, const char* arg) {
+    DevBuf<std::int32_t> dp = to_device(std::vector<std::int32_t>{page});
+    DevBuf<std::int32_t> dt = to_device(std::vector<std::int32_t>{tokens});
+    try {
+      cuda::summarize_pages(a, {dp.p, 1}, {dt.p, 1}, ws);
+      std::printf("FAIL summarize_pages page=%d tokens=%d: no error\n", page, tokens);
+      ++failures;
+    } catch (const Error& e) {
+      if (e.code() != code || e.argument() != arg) {
+        std::printf("FAIL summarize_pages error case: got %s\n", e.what());
+        ++failures;
+      }
+    }
+  };
+  expect_sum(pages, 1, ErrorCode::out_of_range, "page");
+  expect_sum(0, 0, ErrorCode::out_of_range, "tokens");
+  expect_sum(0, P + 1, ErrorCode::out_of_range, "tokens");
+  const std::int32_t marker = 777;
+  CK(cudaMemcpy(g.count.p + 1, &marker, sizeof marker, cudaMemcpyHostToDevice));
+  const std::uint16_t nan_bits = 0x7fc0;  // bf16 NaN, page 1, kv head 1, slot 0, channel 3
+  CK(cudaMemcpy(gk.p + static_cast<std::size_t>(H) * P * d + static_cast<std::size_t>(P) * d + 3,
+                &nan_bits, sizeof nan_bits, cudaMemcpyHostToDevice));
+  expect_sum(1, 1, ErrorCode::non_finite, "k");
+  std::int32_t after = 0;
+  CK(cudaMemcpy(&after, g.count.p + 1, sizeof after, cudaMemcpyDeviceToHost));
+  if (after != marker) {
+    std::printf("FAIL summarize_pages: a page with a stored NaN had its stores rewritten\n");
+    ++failures;
   }
   // Host-side shape errors.
   try {

@@ -12,6 +12,11 @@
 // passes the physical page and the slot of each sequence's token. Slot 0 starts a page: its
 // summaries are reset first (the CPU's take_page), other slots continue them. Pages of one call
 // must be distinct. Unwritten slots are not zeroed (kernels mask them, §3).
+//
+// summarize_pages rebuilds the same stores for pages whose tokens someone else wrote (a serving
+// engine's own append kernel, docs/engine.md): every listed page's summaries from its stored
+// tokens, folded in slot order by the same arithmetic, so they have the bits appending those
+// tokens one by one would give.
 #pragma once
 
 #include <cstdint>
@@ -32,9 +37,10 @@ class AppendWorkspace {
   ~AppendWorkspace();
   AppendWorkspace(const AppendWorkspace&) = delete;
   AppendWorkspace& operator=(const AppendWorkspace&) = delete;
-  // Waits for `stream`, reads and clears the flag; throws Error(out_of_range, "page" / "slot")
-  // for an id outside the pool or the page, Error(non_finite, "k" / "v") for a NaN or inf
-  // input or one that overflows the cache dtype. Tokens with bad ids or values were not written.
+  // Waits for `stream`, reads and clears the flag; throws Error(out_of_range, "page" / "slot" /
+  // "tokens") for an id outside the pool or the page, Error(non_finite, "k" / "v") for a NaN or
+  // inf input or one that overflows the cache dtype. Tokens with bad ids or values were not
+  // written.
   void check(CUstream_st* stream) const;
 
   struct Impl;
@@ -44,27 +50,31 @@ class AppendWorkspace {
   std::unique_ptr<Impl> impl_;
 };
 
-struct AppendArgs {
-  View3<const float> k, v;               // [B][Hkv][d] f32, unit stride on d (device)
-  std::span<const std::int32_t> page;    // [B] physical page of each token (device)
-  std::span<const std::int32_t> slot;    // [B] its slot in the page (device)
-  // The pool (device), f16 or bf16, strides in elements as kv::PagedKVView.
+// The pool and the summary stores an append or a refresh writes (device memory).
+struct SummaryStores {
+  // The pool, f16 or bf16, strides in elements as kv::PagedKVView.
   void* k_pool = nullptr;
   void* v_pool = nullptr;
   DType dtype = DType::bf16;
   std::int64_t stride_page = 0, stride_head = 0, stride_slot = 0;
   int num_pages = 0, num_kv_heads = 0, page_size = 0, head_dim = 0;
-  // Summaries (device), kv::SummariesView's layout: [page][kv head][d], [page], [page][kv head].
+  // Summaries, kv::SummariesView's layout: [page][kv head][d], [page], [page][kv head].
   float* min = nullptr;
   float* max = nullptr;
   float* mean = nullptr;
   float* m2 = nullptr;
   std::int32_t* count = nullptr;
   float* max_vnorm = nullptr;
-  // Optional bf16 bound store (device), select::BoundStoreView's layout; null: not kept.
+  // Optional bf16 bound store, select::BoundStoreView's layout; null: not kept.
   bf16* bound_min = nullptr;
   bf16* bound_max = nullptr;
   float* bound_wmax = nullptr;  // [page][kv head]; required with the store
+};
+
+struct AppendArgs : SummaryStores {
+  View3<const float> k, v;               // [B][Hkv][d] f32, unit stride on d (device)
+  std::span<const std::int32_t> page;    // [B] physical page of each token (device)
+  std::span<const std::int32_t> slot;    // [B] its slot in the page (device)
 };
 
 // Validates shapes on the host (Error(shape_mismatch / invalid_argument / unsupported) naming
@@ -72,5 +82,14 @@ struct AppendArgs {
 // workspace.check(stream).
 void append(const AppendArgs& args, AppendWorkspace& workspace, CUstream_st* stream = nullptr,
             bool check_errors = true);
+
+// The stores of `pages` rebuilt from the pool (device spans, one entry per page): tokens[i] valid
+// tokens of page pages[i], in [1, page_size]; pages distinct. One kernel on `stream`; with
+// check_errors, waits and calls workspace.check(stream): Error(out_of_range, "page" /
+// "tokens") for an id outside the pool or a count outside [1, page_size], Error(non_finite,
+// "k" / "v") for a stored NaN or inf; such a page's stores are not written.
+void summarize_pages(const SummaryStores& stores, std::span<const std::int32_t> pages,
+                     std::span<const std::int32_t> tokens, AppendWorkspace& workspace,
+                     CUstream_st* stream = nullptr, bool check_errors = true);
 
 }  // namespace masskv::cuda
