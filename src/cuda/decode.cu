@@ -153,8 +153,6 @@ __device__ __forceinline__ void merge_warp(const Params& p, int d, int b, int hq
 // It reads the selection's counts (seq_units) before its wait: the chunk kernel allows it to
 // launch only after every chunk CTA's own wait, so the selection grid has completed by then.
 __global__ void __launch_bounds__(kThreads) merge_kernel(Params p, int d) {
-  __shared__ float s_w[kMaxChunks];
-  __shared__ float s_red[kThreads];
   const int b = blockIdx.x / p.num_q_heads, hq = blockIdx.x % p.num_q_heads;
   const int kvh = hq / p.group;
   int num_pages, last_len;
@@ -170,40 +168,7 @@ __global__ void __launch_bounds__(kThreads) merge_kernel(Params p, int d) {
     return;
   }
 
-  float mx = -INFINITY;
-  for (int c = threadIdx.x; c < n_chunks; c += kThreads) mx = fmaxf(mx, p.part_w[slot0 + c]);
-  s_red[threadIdx.x] = mx;
-  __syncthreads();
-  for (int w = kThreads / 2; w > 0; w /= 2) {
-    if (threadIdx.x < w) s_red[threadIdx.x] = fmaxf(s_red[threadIdx.x], s_red[threadIdx.x + w]);
-    __syncthreads();
-  }
-  mx = s_red[0];
-  for (int c = threadIdx.x; c < n_chunks; c += kThreads)
-    s_w[c] = mx == -INFINITY ? 0.f : expf(p.part_w[slot0 + c] - mx);
-  __syncthreads();
-  float wsum = 0.f;
-  for (int c = 0; c < n_chunks; ++c) wsum += s_w[c];
-  for (int dim = threadIdx.x; dim < d; dim += kThreads) {
-    float o = 0.f;
-    if (wsum > 0.f) {
-      // The partial is loaded whatever its weight and dropped by a select, not a branch: the
-      // loads of an unrolled group are then independent and in flight together (a branch
-      // around each load serialised them, ~0.4 µs of latency per chunk). Same FMAs, same
-      // order, same bits as skipping zero-weight chunks.
-      const float* po = p.part_o + slot0 * d + dim;
-#pragma unroll 8
-      for (int c = 0; c < n_chunks; ++c) {
-        const float x = po[static_cast<std::int64_t>(c) * d];
-        o = s_w[c] != 0.f ? fmaf(s_w[c], x, o) : o;
-      }
-      o /= wsum;
-    }
-    p.out[b * p.o_s0 + hq * p.o_s1 + dim] = o;
-  }
-  if (threadIdx.x == 0 && p.lse) {
-    p.lse[b * p.num_q_heads + hq] = wsum > 0.f ? mx + logf(wsum) : -INFINITY;
-  }
+  merge_chunks(p, d, b, hq, n_chunks, slot0);
   stamp(p.stamps, stamps::decode_merge, stamps::kExit);
 }
 

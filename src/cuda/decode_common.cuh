@@ -502,6 +502,52 @@ __device__ __forceinline__ void write_chunk_softmax(const Params& p, const Chunk
   }
 }
 
+// The merge of one (sequence b, q head hq)'s n_chunks split-K partials (§2.6), after the chunk
+// kernel's grid: lse = logsumexp_c lse_c, o = sum_c e^{lse_c - lse} o_c / sum_c e^{lse_c - lse},
+// in chunk order (a max tree over the CTA, then a serial weight sum: the same bits on every
+// run). Empty chunks (lse -inf) weigh 0; all empty gives o = 0, lse = -inf. The merge kernels
+// of the page decode and the gather decode (decode.cu, decode_tokens.cu); every thread of the
+// CTA (kThreads) calls it.
+__device__ __forceinline__ void merge_chunks(const Params& p, int d, int b, int hq, int n_chunks,
+                                             std::int64_t slot0) {
+  __shared__ float s_w[kMaxChunks];
+  __shared__ float s_red[kThreads];
+  float mx = -INFINITY;
+  for (int c = threadIdx.x; c < n_chunks; c += kThreads) mx = fmaxf(mx, p.part_w[slot0 + c]);
+  s_red[threadIdx.x] = mx;
+  __syncthreads();
+  for (int w = kThreads / 2; w > 0; w /= 2) {
+    if (threadIdx.x < w) s_red[threadIdx.x] = fmaxf(s_red[threadIdx.x], s_red[threadIdx.x + w]);
+    __syncthreads();
+  }
+  mx = s_red[0];
+  for (int c = threadIdx.x; c < n_chunks; c += kThreads)
+    s_w[c] = mx == -INFINITY ? 0.f : expf(p.part_w[slot0 + c] - mx);
+  __syncthreads();
+  float wsum = 0.f;
+  for (int c = 0; c < n_chunks; ++c) wsum += s_w[c];
+  for (int dim = threadIdx.x; dim < d; dim += kThreads) {
+    float o = 0.f;
+    if (wsum > 0.f) {
+      // The partial is loaded whatever its weight and dropped by a select, not a branch: the
+      // loads of an unrolled group are then independent and in flight together (a branch
+      // around each load serialised them, ~0.4 µs of latency per chunk). Same FMAs, same
+      // order, same bits as skipping zero-weight chunks.
+      const float* po = p.part_o + slot0 * d + dim;
+#pragma unroll 8
+      for (int c = 0; c < n_chunks; ++c) {
+        const float x = po[static_cast<std::int64_t>(c) * d];
+        o = s_w[c] != 0.f ? fmaf(s_w[c], x, o) : o;
+      }
+      o /= wsum;
+    }
+    p.out[b * p.o_s0 + hq * p.o_s1 + dim] = o;
+  }
+  if (threadIdx.x == 0 && p.lse) {
+    p.lse[b * p.num_q_heads + hq] = wsum > 0.f ? mx + logf(wsum) : -INFINITY;
+  }
+}
+
 // Host: q heads per CTA for a GQA group (1, 2, 4 or 8; larger groups run in head groups of 8).
 inline int kernel_group(int group) {
   const int g = group < kMaxGroup ? group : kMaxGroup;

@@ -126,8 +126,6 @@ __global__ void __launch_bounds__(kThreads, kG <= 4 ? 4 : 2) token_chunk_kernel(
 // The chunks of one (sequence, q head) merged (§2.6), in chunk order: lse = logsumexp_c lse_c,
 // o = sum_c e^{lse_c - lse} o_c / sum_c e^{lse_c - lse}; no chunk with tokens: o = 0, lse -inf.
 __global__ void __launch_bounds__(kThreads) token_merge_kernel(Params p, int d) {
-  __shared__ float s_w[kMaxChunks];
-  __shared__ float s_red[kThreads];
   const int b = blockIdx.x / p.num_q_heads, hq = blockIdx.x % p.num_q_heads;
   const int kvh = hq / p.group;
   int num_pages, last_len;
@@ -135,35 +133,7 @@ __global__ void __launch_bounds__(kThreads) token_merge_kernel(Params p, int d) 
   const int n_chunks = min(p.num_chunks, (units + p.chunk_pages - 1) / p.chunk_pages);
   const std::int64_t slot0 = (static_cast<std::int64_t>(b) * p.num_q_heads + hq) * p.num_chunks;
   wait_for_predecessor();  // the chunk kernel's partials
-  float mx = -INFINITY;
-  for (int ch = threadIdx.x; ch < n_chunks; ch += kThreads) mx = fmaxf(mx, p.part_w[slot0 + ch]);
-  s_red[threadIdx.x] = mx;
-  __syncthreads();
-  for (int w = kThreads / 2; w > 0; w /= 2) {
-    if (threadIdx.x < w) s_red[threadIdx.x] = fmaxf(s_red[threadIdx.x], s_red[threadIdx.x + w]);
-    __syncthreads();
-  }
-  mx = s_red[0];
-  for (int ch = threadIdx.x; ch < n_chunks; ch += kThreads)
-    s_w[ch] = mx == -INFINITY ? 0.f : expf(p.part_w[slot0 + ch] - mx);
-  __syncthreads();
-  float wsum = 0.f;
-  for (int ch = 0; ch < n_chunks; ++ch) wsum += s_w[ch];
-  for (int dim = threadIdx.x; dim < d; dim += kThreads) {
-    float o = 0.f;
-    if (wsum > 0.f) {
-      const float* po = p.part_o + slot0 * d + dim;
-      for (int ch = 0; ch < n_chunks; ++ch) {
-        const float x = po[static_cast<std::int64_t>(ch) * d];
-        o = s_w[ch] != 0.f ? fmaf(s_w[ch], x, o) : o;
-      }
-      o /= wsum;
-    }
-    p.out[b * p.o_s0 + hq * p.o_s1 + dim] = o;
-  }
-  if (threadIdx.x == 0 && p.lse) {
-    p.lse[b * p.num_q_heads + hq] = wsum > 0.f ? mx + logf(wsum) : -INFINITY;
-  }
+  merge_chunks(p, d, b, hq, n_chunks, slot0);
 }
 
 struct MakeTokenKernel {
