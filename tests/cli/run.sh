@@ -267,6 +267,19 @@ for l in open('$tmp/eval-tc/cache.jsonl'):
   --cache '$tmp/eval-tc/old2.jsonl'"
 check eval-tc-qonly-not-default 0 '0 results cached, 1 samples to run' -- "$bin" eval \
   "${evc[@]}" --methods token_codes --cache "$tmp/eval-tc/old2.jsonl"
+# Rows that spell "+twopass" with no "|2p"/"|2ps" in their tag (sessions 23-24 wrote them) chose
+# the channels by |q| too: +qonly's, never the default's.
+python3 -c "
+import json
+for l in open('$tmp/eval-tc/cache.jsonl'):
+    r = json.loads(l)
+    if r['method'] in ('token_codes', 'token_codes+lse') and r['settings'].endswith('|2ps'):
+        r['settings'] = r['settings'][:-4]; r['method'] += '+twopass'; print(json.dumps(r))
+" > "$tmp/eval-tc/old3.jsonl"
+check eval-tc-spelled-twopass-is-qonly 0 '1 results cached, 0 samples to run' -- "$bin" eval \
+  "${evc[@]}" --methods token_codes+qonly --cache "$tmp/eval-tc/old3.jsonl"
+check eval-tc-spelled-twopass-not-default 0 '0 results cached, 1 samples to run' -- "$bin" eval \
+  "${evc[@]}" --methods token_codes --cache "$tmp/eval-tc/old3.jsonl"
 # A run killed mid-write leaves a torn last record: it alone is recomputed, the others are
 # kept, and the file holds whole lines again. A record out of range is skipped, not reported.
 # (tests/test_line_file.cpp tears the file at every byte offset of its last record.)

@@ -152,8 +152,9 @@ std::string record_key(const std::string& model, const SampleId& s, const Method
   // default became log_prob (those rows have no "|lp" in their tag), and the default's rows
   // ("|lp") are "+lse"'s. So each rule finds every row computed under it, whatever its name.
   // The passes likewise: "+twopass" (spelled, or "|2ps" in the tag) ends the key, "+onepass"
-  // (the rows before two passes became the default) is left out; "|2p" rows ran two passes
-  // with the channels by |q| alone: "+twopass+qonly".
+  // (the rows before two passes became the default) is left out; "|2p" rows, and rows that
+  // spell "+twopass" with neither tag (written before the tags), ran two passes with the
+  // channels by |q| alone: "+twopass+qonly".
   std::string method = m.method, t = tag;
   if (base_method(method) == "token_codes") {
     (void)erase_modifier(method, "+rr");
@@ -170,6 +171,10 @@ std::string record_key(const std::string& model, const SampleId& s, const Method
     } else if (const auto p2 = t.find("|2p"); p2 != std::string::npos) {
       t.erase(p2, 3);
       two = qonly = true;
+    } else if (two) {
+      // "+twopass" spelled on a row tagged neither way: written before the tags, when two passes
+      // chose the channels by |q| alone (eval-standard-smollm2's sessions 23-24 rows).
+      qonly = true;
     }
     if (two) {
       method.insert(std::min(method.find('@'), method.size()), qonly ? "+twopass+qonly" : "+twopass");
