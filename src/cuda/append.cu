@@ -112,6 +112,31 @@ __device__ __forceinline__ float write_bound(const Params& p, std::int64_t at, f
   return a > b ? a : b;
 }
 
+// Channel c's new summaries into the stores at `at` ((page, kv head) row + c), and its bound
+// store row with its W term into s_w[c] (append_kernel and summarize_kernel).
+__device__ __forceinline__ void store_channel(const Params& p, std::int64_t at, int c, float mn,
+                                              float mx, float mean, float m2, float* s_w) {
+  p.mn[at] = mn;
+  p.mx[at] = mx;
+  p.mean[at] = mean;
+  p.m2[at] = m2;
+  if (p.bmin != nullptr) s_w[c] = write_bound(p, at, mn, mx);
+}
+
+// Thread 0, after store_channel on every channel and a barrier: the (page, kv head)'s max ‖v‖,
+// its bound store's W (max over the channels' terms) and, from kv head 0, the page's count.
+__device__ __forceinline__ void store_head(const Params& p, std::int32_t page, int h, int d,
+                                           float vmax, const float* s_w, std::int32_t count) {
+  const std::int64_t ph = static_cast<std::int64_t>(page) * p.num_kv_heads + h;
+  p.vnorm[ph] = vmax;
+  if (p.bmin != nullptr) {
+    float w = 0;
+    for (int i = 0; i < d; ++i) w = s_w[i] > w ? s_w[i] : w;
+    p.wmax[ph] = w;
+  }
+  if (h == 0) p.count[page] = count;
+}
+
 template <bool kBf16>
 __global__ void __launch_bounds__(kMaxDim) append_kernel(Params p) {
   __shared__ double s_v2[kMaxDim];
@@ -159,25 +184,14 @@ __global__ void __launch_bounds__(kMaxDim) append_kernel(Params p) {
     float mean = fresh ? 0.f : p.mean[sum_off + c];
     float m2 = fresh ? 0.f : p.m2[sum_off + c];
     summary_step(x, n, mn, mx, mean, m2);
-    p.mn[sum_off + c] = mn;
-    p.mx[sum_off + c] = mx;
-    p.mean[sum_off + c] = mean;
-    p.m2[sum_off + c] = m2;
     s_v2[c] = __dmul_rn(static_cast<double>(y), static_cast<double>(y));
-    if (p.bmin != nullptr) s_w[c] = write_bound(p, sum_off + c, mn, mx);
+    store_channel(p, sum_off + c, c, mn, mx, mean, m2, s_w);
   }
   __syncthreads();
   if (c == 0) {
-    float& vmax = p.vnorm[static_cast<std::int64_t>(page) * p.num_kv_heads + h];
     const float r = vnorm_of(s_v2, d);
-    const float old = fresh ? 0.f : vmax;
-    vmax = old > r ? old : r;  // std::max(old, r)
-    if (p.bmin != nullptr) {
-      float w = 0;
-      for (int i = 0; i < d; ++i) w = s_w[i] > w ? s_w[i] : w;
-      p.wmax[static_cast<std::int64_t>(page) * p.num_kv_heads + h] = w;
-    }
-    if (h == 0) p.count[page] = slot + 1;
+    const float old = fresh ? 0.f : p.vnorm[static_cast<std::int64_t>(page) * p.num_kv_heads + h];
+    store_head(p, page, h, d, old > r ? old : r, s_w, slot + 1);  // std::max(old, r)
   }
 }
 
@@ -232,23 +246,9 @@ __global__ void __launch_bounds__(kMaxDim) summarize_kernel(Params p) {
     }
     __syncthreads();  // s_v2 is rewritten by the next token
   }
-  if (c < d) {
-    p.mn[sum_off + c] = mn;
-    p.mx[sum_off + c] = mx;
-    p.mean[sum_off + c] = mean;
-    p.m2[sum_off + c] = m2;
-    if (p.bmin != nullptr) s_w[c] = write_bound(p, sum_off + c, mn, mx);
-  }
+  if (c < d) store_channel(p, sum_off + c, c, mn, mx, mean, m2, s_w);
   __syncthreads();
-  if (c == 0) {
-    p.vnorm[static_cast<std::int64_t>(page) * p.num_kv_heads + h] = vmax;
-    if (p.bmin != nullptr) {
-      float w = 0;
-      for (int j = 0; j < d; ++j) w = s_w[j] > w ? s_w[j] : w;
-      p.wmax[static_cast<std::int64_t>(page) * p.num_kv_heads + h] = w;
-    }
-    if (h == 0) p.count[page] = len;
-  }
+  if (c == 0) store_head(p, page, h, d, vmax, s_w, len);
 }
 
 // The stores' host checks and their kernel parameters (append and summarize_pages).
