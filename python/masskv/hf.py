@@ -18,9 +18,13 @@ history that transformers' own cache hands over):
   (masskv.decode with the selection). method="dense" reproduces transformers' attention.
 
 Limits (checked, never silently wrong): batch rows must have no padding (all rows the same
-length), no attention dropout, no logit soft-capping or sliding window. The kernels are CPU
-kernels: tensors on a GPU are copied to the CPU (float32) and the output copied back; the
-transformers cache still holds the dense KV (masskv mirrors it; the reading is sparse).
+length), no attention dropout, no logit soft-capping or sliding window. CPU tensors run the CPU
+kernels. CUDA tensors (a CUDA build of masskv) stay on the GPU (masskv.hf_cuda): one
+masskv.torch_cache.TorchPagedCache per model holds every layer in bf16/f16, the prefill is
+transformers' own SDPA, and decode is GPU Quest selection + masskv's CUDA decode (methods
+"dense" and "quest"); the selection of each layer is left in `last_selection[layer]` as device
+tensors (ids, count), with no host sync. Either way the transformers cache still holds the
+dense KV (masskv mirrors it; the reading is sparse).
 
 Lifetime: the mirrored caches belong to the model's attention modules, not to this object:
 register() puts this object into transformers' process-wide registry, which lives until the
@@ -69,10 +73,12 @@ class MasskvAttention:
     dtype: str = "f32"
     max_tokens: int = 4096
     last_selected_fraction: dict[int, float] = field(default_factory=dict)
+    last_selection: dict[int, Any] = field(default_factory=dict)
     # attention module -> its mirrored cache; weak keys, so that a cache lives as long as the
     # model that fills it and not as long as transformers' registry (see the module docstring).
     _states: weakref.WeakKeyDictionary = field(default_factory=weakref.WeakKeyDictionary,
                                                init=False, repr=False, compare=False)
+    _cuda: Any = field(default=None, init=False, repr=False, compare=False)
 
     def register(self, name: str = "masskv") -> str:
         """Registers this object under `name` with transformers' AttentionInterface."""
@@ -92,6 +98,9 @@ class MasskvAttention:
         """Forgets every mirrored sequence (a new generate() call does this by itself)."""
         self._states.clear()
         self.last_selected_fraction.clear()
+        self.last_selection.clear()
+        if self._cuda is not None:
+            self._cuda.clear()
 
     # -- the attention function -------------------------------------------------------------
     def __call__(self, module: Any, query, key, value, attention_mask, scaling=None,
@@ -108,6 +117,14 @@ class MasskvAttention:
         scale = float(scaling) if scaling is not None else 1.0 / math.sqrt(d)
         self._check_no_padding(attention_mask, B, T, S)
 
+        if query.is_cuda and masskv.has_cuda:
+            if self._cuda is None:
+                from masskv.hf_cuda import CudaLayers
+
+                self._cuda = CudaLayers()
+            with torch.no_grad():
+                return self._cuda(self, module, query, key, value, attention_mask, scale,
+                                  **kwargs)
         with torch.no_grad():
             state = self._sync(module, key, value, T)
             q = query.detach().to("cpu", torch.float32)

@@ -125,15 +125,16 @@ attn::DecodeArgs decode_args(const InArray& q, const KV& kv, double alpha, float
 
 nb::tuple decode(InArray q, const KV& kv, double alpha, float scale, const Selection* selection,
                  nb::handle out, nb::handle lse_or_tau, int chunk_pages, const std::string& impl,
-                 int max_pages_per_seq, nb::handle stream) {
+                 int max_pages_per_seq, nb::handle stream, bool check) {
 #if MASSKV_PY_CUDA
   if (kv.device != kCpu) {
     return decode_cuda(q, kv, mapping_of(alpha), scale, selection, out, lse_or_tau,
-                       max_pages_per_seq, stream);
+                       max_pages_per_seq, stream, check);
   }
 #endif
-  if (max_pages_per_seq != 0 || !stream.is_none()) {
-    throw nb::value_error("max_pages_per_seq / stream: CUDA decode only (this KV is on the CPU)");
+  if (max_pages_per_seq != 0 || !stream.is_none() || !check) {
+    throw nb::value_error(
+        "max_pages_per_seq / stream / check: CUDA decode only (this KV is on the CPU)");
   }
   if (selection != nullptr && selection->device != kCpu) {
     throw nb::value_error(("selection: lists are on " + device_string(selection->device) +
@@ -254,7 +255,8 @@ constexpr const char* kDecodeDoc =
     "allocated with torch when None. max_pages_per_seq bounds the pages of any sequence (0:\n"
     "the page table's length) to size the split-K grid without reading the device table;\n"
     "stream: a cudaStream_t as int (None: torch's current stream when torch is loaded, else\n"
-    "the default stream). Waits for the step and raises masskv.Error on a bad page id.";
+    "the default stream). Waits for the step and raises masskv.Error on a bad page id;\n"
+    "check=False returns at once and leaves that to masskv.cuda_check (CUDA graphs).";
 
 constexpr const char* kPrefillDoc =
     "Causal prefill over `kv`: the queries of sequence b are rows q_indptr[b]..q_indptr[b+1]\n"
@@ -317,12 +319,12 @@ void bind_attn(nb::module_& m) {
         nb::arg("alpha") = 1.0, nb::arg("scale") = 0.0f, nb::arg("selection").none() = nb::none(),
         nb::arg("out").none() = nb::none(), nb::arg("lse_or_tau").none() = nb::none(),
         nb::arg("chunk_pages") = 64, nb::arg("impl") = "fast", nb::arg("max_pages_per_seq") = 0,
-        nb::arg("stream").none() = nb::none(),
+        nb::arg("stream").none() = nb::none(), nb::arg("check") = true,
         nb::sig("def decode(q: numpy.typing.ArrayLike, kv: KV, *, alpha: float = 1.0, scale: float "
                 "= 0.0, "
                 "selection: Selection | None = None, out: numpy.typing.ArrayLike | None = None, "
                 "lse_or_tau: numpy.typing.ArrayLike | None = None, chunk_pages: int = 64, impl: "
-                "str = 'fast', max_pages_per_seq: int = 0, stream: int | None = None) "
+                "str = 'fast', max_pages_per_seq: int = 0, stream: int | None = None, check: bool = True) "
                 "-> tuple[numpy.typing.ArrayLike, numpy.typing.ArrayLike]"),
         kDecodeDoc);
   m.def("decode_reference", &decode_reference, nb::arg("q").noconvert(), nb::arg("kv"),

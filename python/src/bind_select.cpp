@@ -189,7 +189,8 @@ kv::EngineLists parse_engine_lists(const std::string& s) {
 
 // masskv.engine_pages: the CPU path here, the CUDA one in cuda_calls.cpp (same arrays).
 nb::dict engine_pages_py(const Selection& sel, const KV& kv, const std::string& lists_name,
-                         int max_per_list, bool csr, int max_pages_per_seq, nb::handle stream) {
+                         int max_per_list, bool csr, int max_pages_per_seq, nb::handle stream,
+                         bool check) {
   const kv::EngineLists lists = parse_engine_lists(lists_name);
   if (sel.device != kv.device) {
     throw nb::value_error(("selection: lists are on " + device_string(sel.device) +
@@ -205,10 +206,13 @@ nb::dict engine_pages_py(const Selection& sel, const KV& kv, const std::string& 
                                                         : sv.max_per_head;
 #if MASSKV_PY_CUDA
   if (kv.device != kCpu)
-    return engine_pages_cuda(sel, kv, lists, max_per_list, csr, max_pages_per_seq, stream);
+    return engine_pages_cuda(sel, kv, lists, max_per_list, csr, max_pages_per_seq, stream,
+                             check);
 #endif
-  (void)max_pages_per_seq;
-  (void)stream;
+  if (max_pages_per_seq != 0 || !stream.is_none() || !check) {
+    throw nb::value_error(
+        "max_pages_per_seq / stream / check: CUDA only (this selection is on the CPU)");
+  }
   const kv::PagedKVView view = kv.checked();
   const auto L = static_cast<std::size_t>(
       kv::engine_list_count(lists, view.table.batch(), sv.num_kv_heads));
@@ -285,6 +289,7 @@ void bind_select(nb::module_& m) {
   m.def("engine_pages", &engine_pages_py, nb::arg("selection"), nb::arg("kv"), nb::kw_only(),
         nb::arg("lists") = "per_kv_head", nb::arg("max_per_list") = 0, nb::arg("csr") = true,
         nb::arg("max_pages_per_seq") = 0, nb::arg("stream").none() = nb::none(),
+        nb::arg("check") = true,
         "A page selection in the shape a serving engine's paged decode kernel takes\n"
         "(kv::engine_pages / cuda::engine_pages, docs/engine.md): the lists' *physical* page\n"
         "ids of kv's page table, in sequence order. lists: per_kv_head (B * H_kv lists) or\n"
@@ -294,7 +299,7 @@ void bind_select(nb::module_& m) {
         "table of the selection: indptr (lists + 1,), indices (lists * max_per_list,; the\n"
         "rest -1), last_page_len (lists,). max_per_list 0: max_per_head (per_kv_head) or\n"
         "H_kv * max_per_head (head_union). CUDA: max_pages_per_seq bounds the pages a\n"
-        "sequence holds (0: every page of the table); stream as decode's.");
+        "sequence holds (0: every page of the table); stream and check as decode's.");
 
 #if MASSKV_PY_CUDA
   m.def("cuda_quest_select", &quest_select_cuda, nb::arg("q").noconvert(), nb::arg("kv"),
@@ -302,18 +307,20 @@ void bind_select(nb::module_& m) {
         nb::arg("budget_tokens"), nb::arg("sink_pages") = 1, nb::arg("window_tokens") = 0,
         nb::arg("scale") = 0.0f, nb::arg("max_pages_per_seq") = 0,
         nb::arg("ids").none() = nb::none(), nb::arg("count").none() = nb::none(),
-        nb::arg("stream").none() = nb::none(),
+        nb::arg("stream").none() = nb::none(), nb::arg("check") = true,
         nb::sig("def cuda_quest_select(q: numpy.typing.ArrayLike, kv: KV, bounds_min: "
                 "numpy.typing.ArrayLike, bounds_max: numpy.typing.ArrayLike, *, budget_tokens: "
                 "int, sink_pages: int = 1, window_tokens: int = 0, scale: float = 0.0, "
                 "max_pages_per_seq: int = 0, ids: numpy.typing.ArrayLike | None = None, count: "
-                "numpy.typing.ArrayLike | None = None, stream: int | None = None) -> Selection"),
+                "numpy.typing.ArrayLike | None = None, stream: int | None = None, check: bool = True) "
+                "-> Selection"),
         "Quest page selection on the GPU (cuda::quest_select; no host round trip): the same\n"
         "pages as select(method=\"quest\", bf16_bounds=True) on the CPU. q: float32 (B, Hq, d)\n"
         "and kv (KV.from_arrays over CUDA tensors) on one device; bounds_min / bounds_max:\n"
         "bfloat16 (pages, H_kv, d) on that device (PagedKVCache.bf16_bounds() moved there).\n"
         "ids / count: int32 outputs (B, H_kv, >= capacity) / (B, H_kv), allocated with torch\n"
-        "when None. Returns a Selection over them, for decode(..., selection=...).");
+        "when None. Returns a Selection over them, for decode(..., selection=...). stream and\n"
+        "check as decode's.");
 #endif
 }
 

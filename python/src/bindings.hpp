@@ -21,6 +21,9 @@ void bind_cache(nb::module_& m);
 void bind_attn(nb::module_& m);
 void bind_select(nb::module_& m);
 void bind_model(nb::module_& m);
+#if MASSKV_PY_CUDA
+void bind_cuda_stores(nb::module_& m);  // cuda_stores.cpp: cuda_append, cuda_summarize_pages, cuda_check
+#endif
 
 // alpha == 1 is softmax; alpha in (1, 2] is alpha-entmax (docs/design.md §2.1). Anything else
 // raises masskv.Error (a ValueError) naming "alpha".

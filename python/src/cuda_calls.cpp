@@ -13,6 +13,7 @@
 #include <string>
 #include <utility>
 
+#include "cuda_device.hpp"
 #include "masskv/cuda/decode.hpp"
 #include "masskv/cuda/select.hpp"
 #include "masskv/error.hpp"
@@ -22,74 +23,6 @@ namespace masskv::py {
 namespace {
 
 using namespace nb::literals;
-
-// Makes `device` current for this thread (kernels launch on the current device).
-void set_device(Device device) {
-  const cudaError_t e = cudaSetDevice(device);
-  if (e != cudaSuccess) {
-    fail(ErrorCode::invalid_argument, "kv", "cudaSetDevice(", device,
-         ") failed: ", cudaGetErrorString(e));
-  }
-}
-
-// A new torch tensor on `device`: the CUDA path's default outputs (the C++ side cannot own
-// device memory that Python code then holds).
-nb::object torch_empty(std::initializer_list<std::size_t> shape, const char* dtype, Device device,
-                       const char* name) {
-  nb::object torch;
-  try {
-    torch = nb::module_::import_("torch");
-  } catch (nb::python_error&) {
-    throw nb::value_error((std::string(name) +
-                           ": torch is not importable to allocate the CUDA output; pass " +
-                           name + "= an array on " + device_string(device))
-                              .c_str());
-  }
-  nb::list dims;
-  for (std::size_t s : shape) dims.append(s);
-  return torch.attr("empty")(nb::tuple(dims), "dtype"_a = torch.attr(dtype),
-                             "device"_a = "cuda:" + std::to_string(device));
-}
-
-// The stream a call runs on: the caller's, else torch's current stream on `device` when torch is
-// loaded (so the step orders after the torch work that filled q), else the default stream.
-CUstream_st* resolve_stream(nb::handle stream, Device device) {
-  if (!stream.is_none()) return reinterpret_cast<CUstream_st*>(nb::cast<std::uintptr_t>(stream));
-  nb::dict modules = nb::borrow<nb::dict>(nb::module_::import_("sys").attr("modules"));
-  if (!modules.contains("torch")) return nullptr;
-  nb::object s = modules["torch"].attr("cuda").attr("current_stream")(device);
-  return reinterpret_cast<CUstream_st*>(nb::cast<std::uintptr_t>(s.attr("cuda_stream")));
-}
-
-// One workspace per (device, stream), as the kernels' contract asks; its mutex serialises the
-// Python threads that share it (the GIL is released during the step). Never destroyed: at
-// interpreter exit the CUDA runtime may already be unloaded, and freeing then would fail.
-template <class W>
-struct Slot {
-  std::mutex mutex;
-  W workspace;
-};
-
-template <class W>
-Slot<W>& workspace_for(Device device, CUstream_st* stream) {
-  static std::mutex registry_mutex;
-  static auto* registry = new std::map<std::pair<Device, CUstream_st*>, Slot<W>*>();
-  std::lock_guard lock(registry_mutex);
-  Slot<W>*& slot = (*registry)[{device, stream}];
-  if (slot == nullptr) slot = new Slot<W>();
-  return *slot;
-}
-
-// Runs `step(workspace)` on `device` without the GIL, holding the (device, stream) workspace.
-template <class W, class Launch, class Step>
-void run_on_device(Device device, Launch& launch, Step&& step) {
-  nb::gil_scoped_release nogil;
-  Slot<W>& slot = workspace_for<W>(device, launch.stream);
-  std::lock_guard lock(slot.mutex);
-  launch.workspace = &slot.workspace;
-  set_device(device);
-  step();
-}
 
 // Host bound on pages per sequence: the caller's, else every page of the table.
 int pages_bound(int max_pages_per_seq, const kv::PagedKVView& v) {
@@ -110,9 +43,21 @@ void require_cuda_kv(const KV& kv, const char* what) {
 
 }  // namespace
 
+select::TopkPolicy quest_policy(std::int64_t budget_tokens, int sink_pages, int window_tokens,
+                                int page_size) {
+  if (budget_tokens <= 0) {
+    fail(ErrorCode::invalid_argument, "budget_tokens", "must be > 0, got ", budget_tokens);
+  }
+  select::TopkPolicy p;
+  p.budget_pages = static_cast<int>((budget_tokens + page_size - 1) / page_size);
+  p.sink_pages = sink_pages;
+  p.window_tokens = window_tokens;
+  return p;
+}
+
 nb::tuple decode_cuda(const InArray& q, const KV& kv, Mapping mapping, float scale,
                       const Selection* selection, nb::handle out, nb::handle lse_or_tau,
-                      int max_pages_per_seq, nb::handle stream) {
+                      int max_pages_per_seq, nb::handle stream, bool check) {
   const Device device = kv.device;
   attn::DecodeArgs a;
   a.q = view3_f32(q, "q", device);
@@ -143,7 +88,7 @@ nb::tuple decode_cuda(const InArray& q, const KV& kv, Mapping mapping, float sca
   cuda::DecodeLaunch launch;
   launch.stream = resolve_stream(stream, device);
   launch.max_pages_per_seq = pages_bound(max_pages_per_seq, a.cache);
-  launch.check_errors = true;
+  launch.check_errors = check;
   run_on_device<cuda::DecodeWorkspace>(device, launch, [&] { cuda::decode(a, launch); });
   return nb::make_tuple(out_obj, lse_obj);
 }
@@ -152,7 +97,7 @@ nb::object quest_select_cuda(const InArray& q, const KV& kv, const InArray& boun
                              const InArray& bounds_max, std::int64_t budget_tokens,
                              int sink_pages, int window_tokens, float scale,
                              int max_pages_per_seq, nb::handle ids, nb::handle count,
-                             nb::handle stream) {
+                             nb::handle stream, bool check) {
   require_cuda_kv(kv, "cuda_quest_select");
   const Device device = kv.device;
   const kv::PagedKVView view = kv.checked();
@@ -179,18 +124,12 @@ nb::object quest_select_cuda(const InArray& q, const KV& kv, const InArray& boun
   a.bounds.num_kv_heads = view.num_kv_heads;
   a.bounds.head_dim = view.head_dim;
   a.scale = scale;
-  if (budget_tokens <= 0) {
-    fail(ErrorCode::invalid_argument, "budget_tokens", "must be > 0, got ", budget_tokens);
-  }
-  a.policy.budget_pages =
-      static_cast<int>((budget_tokens + view.page_size - 1) / view.page_size);
-  a.policy.sink_pages = sink_pages;
-  a.policy.window_tokens = window_tokens;
+  a.policy = quest_policy(budget_tokens, sink_pages, window_tokens, view.page_size);
 
   cuda::SelectLaunch launch;
   launch.stream = resolve_stream(stream, device);
   launch.max_pages_per_seq = pages_bound(max_pages_per_seq, view);
-  launch.check_errors = true;
+  launch.check_errors = check;
   a.max_per_head = cuda::select_capacity(launch.max_pages_per_seq, view.page_size, a.policy);
 
   const auto B = static_cast<std::size_t>(view.table.batch()),
@@ -218,7 +157,8 @@ nb::object quest_select_cuda(const InArray& q, const KV& kv, const InArray& boun
 }
 
 nb::dict engine_pages_cuda(const Selection& sel, const KV& kv, kv::EngineLists lists,
-                           int max_per_list, bool csr, int max_pages_per_seq, nb::handle stream) {
+                           int max_per_list, bool csr, int max_pages_per_seq, nb::handle stream,
+                           bool check) {
   const Device device = kv.device;
   const kv::PagedKVView view = kv.checked();
   cuda::EnginePagesArgs a;
@@ -253,7 +193,7 @@ nb::dict engine_pages_cuda(const Selection& sel, const KV& kv, kv::EngineLists l
   cuda::SelectLaunch launch;
   launch.stream = resolve_stream(stream, device);
   launch.max_pages_per_seq = pages_bound(max_pages_per_seq, view);
-  launch.check_errors = true;
+  launch.check_errors = check;
   run_on_device<cuda::SelectWorkspace>(device, launch, [&] { cuda::engine_pages(a, launch); });
   return d;
 }

@@ -9,13 +9,19 @@
 #include "kv_objects.hpp"
 #include "masskv/kv/engine_pages.hpp"
 #include "masskv/mapping.hpp"
+#include "masskv/select/page_bound.hpp"
 
 namespace masskv::py {
 
 // masskv.decode for kv.device >= 0. Returns (out, lse_or_tau) like the CPU path.
 nb::tuple decode_cuda(const InArray& q, const KV& kv, Mapping mapping, float scale,
                       const Selection* selection, nb::handle out, nb::handle lse_or_tau,
-                      int max_pages_per_seq, nb::handle stream);
+                      int max_pages_per_seq, nb::handle stream, bool check);
+
+// The GPU Quest policy of a token budget: ceil(budget_tokens / page_size) pages besides the kept
+// ones (sinks, window, last page). Error(invalid_argument, "budget_tokens") unless > 0.
+select::TopkPolicy quest_policy(std::int64_t budget_tokens, int sink_pages, int window_tokens,
+                                int page_size);
 
 // masskv.cuda_quest_select: the GPU Quest selector (cuda::quest_select) over bf16 page bounds
 // already on the device. Returns a Selection borrowing device int32 ids/count.
@@ -23,12 +29,13 @@ nb::object quest_select_cuda(const InArray& q, const KV& kv, const InArray& boun
                              const InArray& bounds_max, std::int64_t budget_tokens,
                              int sink_pages, int window_tokens, float scale,
                              int max_pages_per_seq, nb::handle ids, nb::handle count,
-                             nb::handle stream);
+                             nb::handle stream, bool check);
 
 // masskv.engine_pages over lists and a page table on a CUDA device (cuda::engine_pages) into
-// torch int32 tensors; the dict of the CPU path.
+// torch int32 tensors; the dict of the CPU path. check: wait and raise (else masskv.cuda_check).
 nb::dict engine_pages_cuda(const Selection& sel, const KV& kv, kv::EngineLists lists,
-                           int max_per_list, bool csr, int max_pages_per_seq, nb::handle stream);
+                           int max_per_list, bool csr, int max_pages_per_seq, nb::handle stream,
+                           bool check);
 
 }  // namespace masskv::py
 

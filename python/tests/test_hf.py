@@ -9,8 +9,9 @@ transformers = pytest.importorskip("transformers")
 import masskv.hf  # noqa: E402
 
 
-def tiny_llama(attn):
-    cfg = transformers.LlamaConfig(vocab_size=128, hidden_size=128, intermediate_size=256,
+def tiny_llama(attn, head_dim=32):
+    """2 layers, 4 q heads, 2 kv heads of head_dim (the CUDA kernels serve 64, 128, 256)."""
+    cfg = transformers.LlamaConfig(vocab_size=128, hidden_size=4 * head_dim, intermediate_size=256,
                                    num_hidden_layers=2, num_attention_heads=4,
                                    num_key_value_heads=2, max_position_embeddings=512)
     torch.manual_seed(0)
@@ -69,3 +70,54 @@ def test_padding_is_rejected():
     with pytest.raises(ValueError, match="padded"):
         with torch.no_grad():
             model(ids, attention_mask=mask)
+
+
+cuda = pytest.mark.skipif(not (masskv.has_cuda and torch.cuda.is_available()),
+                          reason="needs a CUDA build of masskv and a GPU")
+
+
+def greedy(model, prompt, steps):
+    """Greedy tokens and the logits of every step (the model's own cache)."""
+    logits = step_logits(model, prompt, steps)
+    return logits.argmax(-1), logits
+
+
+@cuda
+def test_cuda_tensors_stay_on_the_gpu_and_match_sdpa():
+    """A bf16 Llama on the GPU: masskv dense decode gives transformers SDPA's greedy tokens with
+    logits within bf16 noise; Quest with a budget covering everything gives dense's logits; the
+    GPU cache (not the CPU one) holds the tokens."""
+    prompt = torch.randint(0, 128, (2, 45), generator=torch.Generator().manual_seed(3)).cuda()
+    ref_model = tiny_llama("sdpa", 64).cuda().to(torch.bfloat16)
+    ref_tok, ref = greedy(ref_model, prompt, 8)
+    dense = masskv.hf.MasskvAttention(method="dense", page_size=16)
+    model = tiny_llama(dense.register("masskv_cuda_dense"), 64).cuda().to(torch.bfloat16)
+    got_tok, got = greedy(model, prompt, 8)
+    assert torch.equal(got_tok, ref_tok)
+    torch.testing.assert_close(got.float(), ref.float(), atol=0.1, rtol=0)
+    assert not dense._states and dense._cuda is not None  # nothing mirrored on the CPU
+    full = masskv.hf.MasskvAttention(method="quest", budget_tokens=4096, page_size=16)
+    full_tok, full_logits = greedy(
+        tiny_llama(full.register("masskv_cuda_full"), 64).cuda().to(torch.bfloat16), prompt, 8)
+    assert torch.equal(full_tok, got_tok)
+    torch.testing.assert_close(full_logits.float(), got.float(), atol=2e-2, rtol=0)
+
+
+@cuda
+def test_cuda_quest_reads_a_budget():
+    attn = masskv.hf.MasskvAttention(method="quest", budget_tokens=32, sink_pages=1,
+                                     page_size=16)
+    model = tiny_llama(attn.register("masskv_cuda_sparse"), 64).cuda().to(torch.bfloat16)
+    prompt = torch.randint(0, 128, (1, 300), generator=torch.Generator().manual_seed(4)).cuda()
+    logits = step_logits(model, prompt, 3)
+    assert torch.isfinite(logits.float()).all()
+    ids, count = attn.last_selection[1]
+    assert ids.is_cuda and int(count.max()) * 16 < 300 / 2
+
+
+@cuda
+def test_cuda_unsupported_method_is_named():
+    attn = masskv.hf.MasskvAttention(method="top_p")
+    model = tiny_llama(attn.register("masskv_cuda_top_p"), 64).cuda()
+    with pytest.raises(ValueError, match="on CUDA tensors the methods are dense, quest"):
+        step_logits(model, torch.randint(0, 128, (1, 20)).cuda(), 1)

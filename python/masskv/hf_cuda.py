@@ -1,0 +1,123 @@
+"""The CUDA path of masskv.hf.MasskvAttention: tensors on a GPU stay there.
+
+Each model (its config object) gets one masskv.torch_cache.TorchPagedCache holding every
+layer. The first layer of a forward call that sees new tokens begins the step (the host takes
+the pages once for all layers); every layer appends its new keys and values on the device.
+T > 1 (a prefill chunk): dense causal attention by transformers' own SDPA function over the
+history it hands over. T == 1 (decode): GPU Quest selection over the bf16 page bounds, then
+sparse decode (masskv's CUDA kernels), or dense decode for method "dense".
+"""
+
+from __future__ import annotations
+
+import weakref
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+import masskv
+from masskv.torch_cache import TorchPagedCache
+
+GPU_METHODS = ("dense", "quest")
+
+
+@dataclass
+class _ModelState:
+    cache: TorchPagedCache
+    seqs: list[int]
+
+
+class CudaLayers:
+    """Per-model GPU caches of one MasskvAttention (weak keys: a cache goes with its model)."""
+
+    def __init__(self) -> None:
+        self._states: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+    def clear(self) -> None:
+        self._states.clear()
+
+    def __call__(self, attn: Any, module: Any, query, key, value, attention_mask,
+                 scale: float, **kwargs):
+        if attn.method not in GPU_METHODS:
+            raise ValueError(f"masskv attention: on CUDA tensors the methods are "
+                             f"{', '.join(GPU_METHODS)}; got {attn.method!r} (the CPU path "
+                             "serves every selector)")
+        if attn.method == "quest" and attn.budget_tokens <= 0:
+            raise ValueError("masskv attention: method 'quest' on the GPU needs budget_tokens > 0")
+        if attn.budget != "fixed":
+            raise ValueError(f"masskv attention: on the GPU the budget is 'fixed' (got "
+                             f"{attn.budget!r})")
+        T = query.shape[2]
+        layer = int(getattr(module, "layer_idx", 0))
+        state = self._sync(attn, module, key, value, T)
+        if T > 1:
+            if attn.alpha != 1.0:
+                raise ValueError("masskv attention: an entmax (alpha != 1) prefill on the GPU is "
+                                 "not served yet; run the CPU path")
+            from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+            return sdpa_attention_forward(module, query, key, value, attention_mask,
+                                          scaling=scale, **kwargs)
+        q = query[:, :, 0, :].float().contiguous()
+        cache = state.cache
+        selection = None
+        if attn.method == "quest":
+            selection = cache.select(layer, q, budget_tokens=attn.budget_tokens,
+                                     sink_pages=attn.sink_pages,
+                                     window_tokens=attn.window_tokens, scale=scale)
+            attn.last_selection[layer] = selection
+        out, _ = cache.decode(layer, q, selection, alpha=attn.alpha, scale=scale)
+        return out[:, None].to(query.dtype), None
+
+    def _sync(self, attn: Any, module: Any, key, value, new_tokens: int) -> _ModelState:
+        """Appends this layer's new keys/values ([B, Hkv, S, d], the full history) to the model's
+        GPU cache, beginning the step when this layer is the first to see them."""
+        B, Hkv, S, d = key.shape
+        config = getattr(module, "config", None)
+        layers = getattr(config, "num_hidden_layers", None)
+        if config is None or not isinstance(layers, int):
+            raise ValueError("masskv attention: on the GPU the module must carry its model's "
+                             "config (module.config.num_hidden_layers)")
+        layer = int(getattr(module, "layer_idx", 0))
+        state = self._states.get(config)
+        if state is not None:
+            # Holds the history but this call's new tokens (an earlier layer may have appended
+            # them already: then have == S); anything else is a new generation: start over.
+            have = state.cache.length(state.seqs[0])
+            if len(state.seqs) != B or not S - new_tokens <= have <= S:
+                del self._states[config]
+                state = None
+        if state is None:
+            state = self._new_state(attn, config, layers, key)
+        cache = state.cache
+        have = cache.length(state.seqs[0])
+        if have < S:
+            try:
+                cache.begin_step(state.seqs, S - have)
+            except masskv.Error as e:
+                if e.code != "out_of_memory":
+                    raise
+                # Pool full: a cache twice as large, filled from the full history of every
+                # layer (this is the step's first layer; the others append key[:, :, :S] too).
+                attn.max_tokens = 2 * max(attn.max_tokens, S)
+                del self._states[config], state, cache
+                state = self._new_state(attn, config, layers, key)
+                cache = state.cache
+                cache.begin_step(state.seqs, S)
+        T = cache.step_tokens
+        k = key[:, :, S - T:S].transpose(1, 2)
+        v = value[:, :, S - T:S].transpose(1, 2)
+        cache.append(layer, k, v)
+        return state
+
+    def _new_state(self, attn: Any, config: Any, layers: int, key) -> _ModelState:
+        B, Hkv, S, d = key.shape
+        P = attn.page_size
+        pages = B * (-(-max(S, attn.max_tokens) // P) + 1)
+        dtype = key.dtype if key.dtype in (torch.bfloat16, torch.float16) else torch.bfloat16
+        cache = TorchPagedCache(layers, Hkv, d, pages, page_size=P, dtype=dtype,
+                                device=key.device, bounds=attn.method == "quest")
+        state = _ModelState(cache, [cache.create() for _ in range(B)])
+        self._states[config] = state
+        return state

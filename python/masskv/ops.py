@@ -1,0 +1,182 @@
+"""masskv's kernels as PyTorch custom operators (``torch.ops.masskv.*``), for torch.compile and
+CUDA graphs.
+
+Importing this module registers the operators (it needs torch). Each one takes tensors and plain
+scalars only (no masskv objects cross the graph), and each has a fake implementation that
+gives the output shapes without running anything, so ``torch.compile`` can trace through it:
+
+* ``masskv::decode(q, k_pool, v_pool, indptr, indices, last_page_len, sel_ids, sel_count,
+  layout, alpha, scale, max_pages_per_seq) -> (out, lse_or_tau)``: decode attention of one
+  query token per sequence over a paged pool (dense when ``sel_ids`` is None, else over the
+  page lists); CPU tensors run the CPU kernels, CUDA tensors the CUDA ones.
+* ``masskv::quest_select(q, k_pool, v_pool, indptr, indices, last_page_len, bound_min,
+  bound_max, layout, budget_tokens, sink_pages, window_tokens, scale, max_pages_per_seq)
+  -> (ids, count)``: Quest page selection on the GPU (CUDA tensors only).
+* ``masskv::append(...)`` / ``masskv::summarize_pages(...)``: the GPU append of a decode step
+  and the summary refresh of pages written elsewhere, in place (CUDA tensors only).
+
+Errors: in eager mode each CUDA call waits and raises ``masskv.Error`` for what its kernel
+flagged (a page id outside the pool, a non-finite key). While a CUDA graph is being captured
+the calls do not wait (a wait would break the capture); call ``masskv.ops.check()`` after
+replaying the graph to raise what the kernels flagged.
+
+See docs/torch.md.
+"""
+
+from typing import Optional
+
+import torch
+
+import masskv
+
+__all__ = ["append", "check", "decode", "quest_select", "summarize_pages"]
+
+_SUMMARY_KEYS = ("min", "max", "mean", "m2", "count", "max_vnorm")
+_BOUND_KEYS = ("bound_min", "bound_max", "bound_wmax")
+
+
+def _eager_check(t: torch.Tensor) -> bool:
+    """Whether a CUDA call on t's device may wait for its result (not while capturing)."""
+    return not (t.is_cuda and torch.cuda.is_current_stream_capturing())
+
+
+def _require_cuda(op: str, t: torch.Tensor, name: str) -> None:
+    if not masskv.has_cuda:
+        raise RuntimeError(f"masskv::{op}: this masskv build has no CUDA kernels "
+                           "(pip install . -C cmake.define.MASSKV_CUDA=ON)")
+    if not t.is_cuda:
+        raise ValueError(f"masskv::{op}: {name} is on {t.device}; this operator runs on CUDA "
+                         "tensors")
+
+
+def _kv(k_pool, v_pool, indptr, indices, last_page_len, layout: str):
+    return masskv.KV.from_arrays(k_pool, v_pool, indptr, indices, last_page_len, layout=layout)
+
+
+@torch.library.custom_op("masskv::decode", mutates_args=())
+def decode(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, indptr: torch.Tensor,
+           indices: torch.Tensor, last_page_len: torch.Tensor, sel_ids: Optional[torch.Tensor],
+           sel_count: Optional[torch.Tensor], layout: str = "NHD", alpha: float = 1.0,
+           scale: float = 0.0, max_pages_per_seq: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """Decode attention (masskv.decode) as an operator: q float32 (B, Hq, d); the pool
+    (pages, page_size, H_kv, d) for NHD or (pages, H_kv, page_size, d) for HND; the int32
+    page table; sel_ids / sel_count int32 (B, H_kv, K) / (B, H_kv) page lists or None (dense).
+    Returns float32 out (B, Hq, d) and lse_or_tau (B, Hq)."""
+    kv = _kv(k_pool, v_pool, indptr, indices, last_page_len, layout)
+    if (sel_ids is None) != (sel_count is None):
+        raise ValueError("masskv::decode: pass sel_ids and sel_count together (or neither)")
+    sel = None if sel_ids is None else masskv.Selection(sel_ids, sel_count, "page")
+    if q.is_cuda:
+        return masskv.decode(q, kv, alpha=alpha, scale=scale, selection=sel,
+                             max_pages_per_seq=max_pages_per_seq, check=_eager_check(q))
+    out = torch.empty(q.shape, dtype=torch.float32)
+    lse = torch.empty(q.shape[:2], dtype=torch.float32)
+    masskv.decode(q, kv, alpha=alpha, scale=scale, selection=sel, out=out, lse_or_tau=lse)
+    return out, lse
+
+
+@decode.register_fake
+def _decode_fake(q, k_pool, v_pool, indptr, indices, last_page_len, sel_ids, sel_count,
+                 layout="NHD", alpha=1.0, scale=0.0, max_pages_per_seq=0):
+    return (q.new_empty(q.shape, dtype=torch.float32),
+            q.new_empty(q.shape[:2], dtype=torch.float32))
+
+
+def _page_size(k_pool: torch.Tensor, layout: str) -> int:
+    return int(k_pool.shape[1] if layout == "NHD" else k_pool.shape[2])
+
+
+@torch.library.custom_op("masskv::quest_select", mutates_args=())
+def quest_select(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor,
+                 indptr: torch.Tensor, indices: torch.Tensor, last_page_len: torch.Tensor,
+                 bound_min: torch.Tensor, bound_max: torch.Tensor, layout: str,
+                 budget_tokens: int, sink_pages: int = 1, window_tokens: int = 0,
+                 scale: float = 0.0,
+                 max_pages_per_seq: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """Quest page selection on the GPU (masskv.cuda_quest_select) as an operator. Returns int32
+    ids (B, H_kv, capacity) -1 padded and count (B, H_kv); capacity is
+    masskv.cuda_select_capacity(max_pages_per_seq, page_size, budget_tokens, sink_pages,
+    window_tokens), so max_pages_per_seq must be given (> 0)."""
+    _require_cuda("quest_select", q, "q")
+    if max_pages_per_seq <= 0:
+        raise ValueError("masskv::quest_select: max_pages_per_seq must be > 0 (it fixes the "
+                         "output's shape)")
+    kv = _kv(k_pool, v_pool, indptr, indices, last_page_len, layout)
+    sel = masskv.cuda_quest_select(q, kv, bound_min, bound_max, budget_tokens=budget_tokens,
+                                   sink_pages=sink_pages, window_tokens=window_tokens,
+                                   scale=scale, max_pages_per_seq=max_pages_per_seq,
+                                   check=_eager_check(q))
+    return sel.ids, sel.count
+
+
+@quest_select.register_fake
+def _quest_select_fake(q, k_pool, v_pool, indptr, indices, last_page_len, bound_min, bound_max,
+                       layout, budget_tokens, sink_pages=1, window_tokens=0, scale=0.0,
+                       max_pages_per_seq=0):
+    cap = masskv.cuda_select_capacity(max_pages_per_seq, _page_size(k_pool, layout),
+                                      budget_tokens, sink_pages, window_tokens)
+    B, H = int(indptr.shape[0]) - 1, int(bound_min.shape[1])
+    return (q.new_empty((B, H, cap), dtype=torch.int32),
+            q.new_empty((B, H), dtype=torch.int32))
+
+
+def _stores(k_pool, v_pool, layout, mn, mx, mean, m2, count, max_vnorm, bound_min, bound_max,
+            bound_wmax) -> dict:
+    d = dict(k_pool=k_pool, v_pool=v_pool, layout=layout, min=mn, max=mx, mean=mean, m2=m2,
+             count=count, max_vnorm=max_vnorm)
+    if bound_min is not None:
+        d.update(bound_min=bound_min, bound_max=bound_max, bound_wmax=bound_wmax)
+    return d
+
+
+_STORE_ARGS = ("k_pool", "v_pool", "mn", "mx", "mean", "m2", "count", "max_vnorm", "bound_min",
+               "bound_max", "bound_wmax")
+
+
+@torch.library.custom_op("masskv::append", mutates_args=_STORE_ARGS)
+def append(k_pool: torch.Tensor, v_pool: torch.Tensor, mn: torch.Tensor, mx: torch.Tensor,
+           mean: torch.Tensor, m2: torch.Tensor, count: torch.Tensor, max_vnorm: torch.Tensor,
+           bound_min: Optional[torch.Tensor], bound_max: Optional[torch.Tensor],
+           bound_wmax: Optional[torch.Tensor], k: torch.Tensor, v: torch.Tensor,
+           page: torch.Tensor, slot: torch.Tensor, layout: str = "NHD") -> None:
+    """One decode step's append (masskv.cuda_append) in place: k, v float32 (B, H_kv, d) into
+    physical page page[b], slot slot[b] (int32 (B,)), with every summary store updated."""
+    _require_cuda("append", k, "k")
+    masskv.cuda_append(_stores(k_pool, v_pool, layout, mn, mx, mean, m2, count, max_vnorm,
+                               bound_min, bound_max, bound_wmax),
+                       k, v, page, slot, check=_eager_check(k))
+
+
+@append.register_fake
+def _append_fake(*args, **kwargs) -> None:
+    return None
+
+
+@torch.library.custom_op("masskv::summarize_pages", mutates_args=_STORE_ARGS[2:])
+def summarize_pages(k_pool: torch.Tensor, v_pool: torch.Tensor, mn: torch.Tensor,
+                    mx: torch.Tensor, mean: torch.Tensor, m2: torch.Tensor, count: torch.Tensor,
+                    max_vnorm: torch.Tensor, bound_min: Optional[torch.Tensor],
+                    bound_max: Optional[torch.Tensor], bound_wmax: Optional[torch.Tensor],
+                    pages: torch.Tensor, tokens: torch.Tensor, layout: str = "NHD") -> None:
+    """The summaries of pages whose tokens were written into the pool directly
+    (masskv.cuda_summarize_pages): page pages[i] holds tokens[i] tokens (int32)."""
+    _require_cuda("summarize_pages", pages, "pages")
+    masskv.cuda_summarize_pages(_stores(k_pool, v_pool, layout, mn, mx, mean, m2, count,
+                                        max_vnorm, bound_min, bound_max, bound_wmax),
+                                pages, tokens, check=_eager_check(pages))
+
+
+@summarize_pages.register_fake
+def _summarize_fake(*args, **kwargs) -> None:
+    return None
+
+
+def check(device=None) -> None:
+    """Raises masskv.Error for what the CUDA kernels of captured (graph) calls flagged on
+    `device` (default: the current one) and torch's current stream there; waits for it."""
+    if device is None:
+        idx = torch.cuda.current_device()
+    else:
+        idx = torch.device("cuda", device).index if isinstance(device, int) else device.index
+        idx = torch.cuda.current_device() if idx is None else idx
+    masskv.cuda_check(idx, torch.cuda.current_stream(idx).cuda_stream)

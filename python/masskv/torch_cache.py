@@ -1,0 +1,376 @@
+"""A paged KV cache over PyTorch CUDA tensors: every layer's K/V pool, page summaries and bf16
+bound store on the GPU, the page allocation on the host (docs/torch.md).
+
+One object holds all layers of a model: the sequences, their pages and the page table are the
+same in every layer, so the host work of a step (taking pages, writing the page table) is done
+once per step (``begin_step``) and each layer then appends, selects and decodes on the device
+through the ``torch.ops.masskv`` operators (masskv.ops), with no host round trip::
+
+    cache = TorchPagedCache(num_layers, num_kv_heads, head_dim, capacity_pages=4096)
+    seqs = [cache.create() for _ in range(B)]
+    cache.begin_step(seqs, T)                  # host: pages for T new tokens per sequence
+    for layer in range(num_layers):
+        cache.append(layer, k, v)              # (B, T, H_kv, d) each
+        ids, count = cache.select(layer, q, budget_tokens=2048)
+        out, lse = cache.decode(layer, q, (ids, count))
+
+The page table and the positions of a step live in buffers that are kept per batch size, so a
+decode step of a fixed batch (begin_step outside, the layers inside) can be captured in a CUDA
+graph; give ``max_pages_per_seq`` then, so that the kernels' grids do not change between steps.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+import masskv
+from masskv import ops
+
+__all__ = ["TorchPagedCache"]
+
+_POOL_DTYPES = (torch.bfloat16, torch.float16)
+
+
+@dataclass
+class _Seq:
+    pages: list[int] = field(default_factory=list)
+    length: int = 0
+
+
+@dataclass
+class _Step:
+    seqs: list[int]
+    tokens: int
+    page: torch.Tensor       # int32 (B * tokens,) physical page of each new token, row-major (b, t)
+    slot: torch.Tensor       # int32 (B * tokens,)
+    touched: torch.Tensor    # int32 pages the step wrote (distinct), for the summary refresh
+    touched_tokens: torch.Tensor  # int32 tokens each of them holds after the step
+    indptr: torch.Tensor
+    indices: torch.Tensor
+    last_page_len: torch.Tensor
+    max_pages: int
+
+
+def _error(msg: str, code: str, argument: str) -> masskv.Error:
+    e = masskv.Error(msg)
+    e.code, e.argument = code, argument
+    return e
+
+
+class TorchPagedCache:
+    """Paged K/V of every layer on one CUDA device, with the summary stores the GPU selectors read.
+
+    num_layers, num_kv_heads, head_dim: the model's; capacity_pages: physical pages per layer
+    (page_size tokens each; all layers take the same pages); dtype: torch.bfloat16 or
+    torch.float16; layout: "NHD" (pool (layers, pages, page_size, H_kv, d)) or "HND" (layers,
+    pages, H_kv, page_size, d); bounds: keep the bf16 bound store that ``select`` (GPU Quest)
+    scans; max_pages_per_seq: a fixed bound on the pages of any sequence for the kernels' grids
+    (None: the current longest sequence, recomputed each step).
+    """
+
+    def __init__(self, num_layers: int, num_kv_heads: int, head_dim: int, capacity_pages: int,
+                 *, page_size: int = 16, dtype: torch.dtype = torch.bfloat16,
+                 device: torch.device | str | int | None = None, layout: str = "NHD",
+                 bounds: bool = True, max_pages_per_seq: int | None = None):
+        for name, val in (("num_layers", num_layers), ("num_kv_heads", num_kv_heads),
+                          ("head_dim", head_dim), ("capacity_pages", capacity_pages),
+                          ("page_size", page_size)):
+            if not isinstance(val, int) or val < 1:
+                raise ValueError(f"{name}: must be a positive int, got {val!r}")
+        if dtype not in _POOL_DTYPES:
+            raise TypeError(f"dtype: expected torch.bfloat16 or torch.float16, got {dtype}")
+        if layout not in ("NHD", "HND"):
+            raise ValueError(f'layout: expected "NHD" or "HND", got {layout!r}')
+        if max_pages_per_seq is not None and (not isinstance(max_pages_per_seq, int)
+                                              or max_pages_per_seq < 1):
+            raise ValueError(f"max_pages_per_seq: must be None or a positive int, got "
+                             f"{max_pages_per_seq!r}")
+        dev = torch.device("cuda") if device is None else torch.device(device)
+        if dev.type == "cuda" and dev.index is None:
+            dev = torch.device("cuda", torch.cuda.current_device())
+        if dev.type != "cuda":
+            raise ValueError(f"device: TorchPagedCache lives on a CUDA device, got {dev} "
+                             "(masskv.PagedKVCache is the CPU cache)")
+        self.num_layers, self.num_kv_heads, self.head_dim = num_layers, num_kv_heads, head_dim
+        self.capacity_pages, self.page_size = capacity_pages, page_size
+        self.dtype, self.device, self.layout = dtype, dev, layout
+        self.max_pages_per_seq = max_pages_per_seq
+        L, N, P, H, d = num_layers, capacity_pages, page_size, num_kv_heads, head_dim
+        pool = (L, N, P, H, d) if layout == "NHD" else (L, N, H, P, d)
+        f32 = dict(dtype=torch.float32, device=dev)
+        self.k_pool = torch.zeros(pool, dtype=dtype, device=dev)
+        self.v_pool = torch.zeros(pool, dtype=dtype, device=dev)
+        self.min = torch.zeros((L, N, H, d), **f32)
+        self.max = torch.zeros((L, N, H, d), **f32)
+        self.mean = torch.zeros((L, N, H, d), **f32)
+        self.m2 = torch.zeros((L, N, H, d), **f32)
+        self.count = torch.zeros((L, N), dtype=torch.int32, device=dev)
+        self.max_vnorm = torch.zeros((L, N, H), **f32)
+        self.bound_min = self.bound_max = self.bound_wmax = None
+        if bounds:
+            self.bound_min = torch.zeros((L, N, H, d), dtype=torch.bfloat16, device=dev)
+            self.bound_max = torch.zeros((L, N, H, d), dtype=torch.bfloat16, device=dev)
+            self.bound_wmax = torch.zeros((L, N, H), **f32)
+        self._free = list(range(N - 1, -1, -1))  # a stack: page 0 is taken first
+        self._refs = [0] * N
+        self._seqs: dict[int, _Seq] = {}
+        self._next_id = 0
+        self._step: _Step | None = None
+        self._table_bufs: dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
+        self._pos_bufs: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]] = {}
+
+    # -- sequences (host) --------------------------------------------------------------------
+    def create(self) -> int:
+        """A new empty sequence; returns its id."""
+        sid = self._next_id
+        self._next_id += 1
+        self._seqs[sid] = _Seq()
+        return sid
+
+    def _seq(self, sid: int) -> _Seq:
+        try:
+            return self._seqs[sid]
+        except (KeyError, TypeError):
+            raise ValueError(f"seq: no sequence {sid!r} in this cache") from None
+
+    def length(self, sid: int) -> int:
+        return self._seq(sid).length
+
+    def free(self, sid: int) -> None:
+        """Forgets a sequence; its pages return to the pool when no fork shares them."""
+        for p in self._seq(sid).pages:
+            self._release(p)
+        del self._seqs[sid]
+        self._step = None
+
+    def fork(self, sid: int) -> int:
+        """A new sequence sharing sid's tokens (its pages, copy-on-write)."""
+        src = self._seq(sid)
+        new = self.create()
+        self._seqs[new] = _Seq(list(src.pages), src.length)
+        for p in src.pages:
+            self._refs[p] += 1
+        return new
+
+    @property
+    def free_pages(self) -> int:
+        return len(self._free)
+
+    def _take(self) -> int:
+        if not self._free:
+            raise _error(f"capacity_pages: all {self.capacity_pages} pages are in use",
+                         "out_of_memory", "capacity_pages")
+        p = self._free.pop()
+        self._refs[p] = 1
+        return p
+
+    def _release(self, p: int) -> None:
+        self._refs[p] -= 1
+        if self._refs[p] == 0:
+            self._free.append(p)
+
+    def _own_last_page(self, s: _Seq) -> None:
+        """Copy-on-write: a partly filled last page that a fork shares is copied before an
+        append writes into it (every layer's tokens and summaries)."""
+        if not s.pages or s.length % self.page_size == 0:
+            return
+        old = s.pages[-1]
+        if self._refs[old] == 1:
+            return
+        new = self._take()
+        for t in self._stores_all():
+            t[:, new].copy_(t[:, old])
+        self._release(old)
+        s.pages[-1] = new
+
+    def _stores_all(self) -> list[torch.Tensor]:
+        ts = [self.k_pool, self.v_pool, self.min, self.max, self.mean, self.m2, self.count,
+              self.max_vnorm]
+        if self.bound_min is not None:
+            ts += [self.bound_min, self.bound_max, self.bound_wmax]
+        return ts
+
+    # -- a step (host, once for all layers) ----------------------------------------------------
+    def begin_step(self, seqs: list[int], tokens: int = 1) -> None:
+        """Takes the pages for `tokens` new tokens of each sequence in `seqs` (the batch rows, in
+        order) and writes the step's positions and page table to the device. The lengths
+        advance now; every layer then appends its keys and values with ``append``."""
+        if not isinstance(tokens, int) or tokens < 1:
+            raise ValueError(f"tokens: must be a positive int, got {tokens!r}")
+        rows = [self._seq(s) for s in seqs]
+        if not rows:
+            raise ValueError("seqs: empty batch")
+        if len(set(seqs)) != len(seqs):
+            raise ValueError("seqs: a sequence appears twice in one step")
+        P = self.page_size
+        need = sum(-(-(s.length + tokens) // P) - len(s.pages) for s in rows)
+        if need > len(self._free):
+            raise _error(f"capacity_pages: the step needs {need} new pages, {len(self._free)} "
+                         f"of {self.capacity_pages} are free", "out_of_memory", "capacity_pages")
+        page, slot, touched, touched_tokens = [], [], [], []
+        for s in rows:
+            self._own_last_page(s)
+            first_page = s.length // P
+            for pos in range(s.length, s.length + tokens):
+                if pos // P == len(s.pages):
+                    s.pages.append(self._take())
+                page.append(s.pages[pos // P])
+                slot.append(pos % P)
+            s.length += tokens
+            for j in range(first_page, len(s.pages)):
+                touched.append(s.pages[j])
+                touched_tokens.append(min(P, s.length - j * P))
+        B = len(rows)
+        max_pages = max(len(s.pages) for s in rows)
+        if self.max_pages_per_seq is not None and max_pages > self.max_pages_per_seq:
+            raise _error(f"max_pages_per_seq: a sequence holds {max_pages} pages, more than "
+                         f"the fixed bound {self.max_pages_per_seq}", "out_of_range",
+                         "max_pages_per_seq")
+        indptr, indices, last = self._table_buffers(B)
+        ptr, ids = [0], []
+        for s in rows:
+            ids.extend(s.pages)
+            ptr.append(len(ids))
+        i32 = dict(dtype=torch.int32)
+        indptr.copy_(torch.tensor(ptr, **i32))
+        indices[:len(ids)].copy_(torch.tensor(ids, **i32))
+        last.copy_(torch.tensor([s.length - (len(s.pages) - 1) * P for s in rows], **i32))
+        pg, sl = self._pos_buffers(B, tokens)
+        pg.copy_(torch.tensor(page, **i32))
+        sl.copy_(torch.tensor(slot, **i32))
+        self._step = _Step(list(seqs), tokens, pg, sl,
+                           torch.tensor(touched, **i32).to(self.device),
+                           torch.tensor(touched_tokens, **i32).to(self.device),
+                           indptr, indices, last, max_pages)
+
+    def _table_buffers(self, B: int):
+        if B not in self._table_bufs:
+            i32 = dict(dtype=torch.int32, device=self.device)
+            self._table_bufs[B] = (torch.zeros(B + 1, **i32),
+                                   torch.full((self.capacity_pages,), -1, **i32),
+                                   torch.ones(B, **i32))
+        return self._table_bufs[B]
+
+    def _pos_buffers(self, B: int, tokens: int):
+        if (B, tokens) not in self._pos_bufs:
+            i32 = dict(dtype=torch.int32, device=self.device)
+            self._pos_bufs[(B, tokens)] = (torch.zeros(B * tokens, **i32),
+                                           torch.zeros(B * tokens, **i32))
+        return self._pos_bufs[(B, tokens)]
+
+    def _current(self) -> _Step:
+        if self._step is None:
+            raise RuntimeError("TorchPagedCache: no step begun (call begin_step(seqs, tokens) "
+                               "first; free() ends the current step)")
+        return self._step
+
+    @property
+    def step_tokens(self) -> int:
+        """New tokens per sequence of the current step."""
+        return self._current().tokens
+
+    @property
+    def step_max_pages(self) -> int:
+        """The grid bound the step's kernels get: max_pages_per_seq, else the longest sequence."""
+        st = self._current()
+        return self.max_pages_per_seq or st.max_pages
+
+    def table(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The step's page table (FlashInfer's CSR): int32 indptr (B + 1,), indices
+        (capacity_pages,; the used prefix indptr[B]), last_page_len (B,), on the device."""
+        st = self._current()
+        return st.indptr, st.indices, st.last_page_len
+
+    # -- per layer (device) --------------------------------------------------------------------
+    def stores(self, layer: int) -> dict:
+        """Layer `layer`'s pool and stores as masskv.cuda_append takes them."""
+        self._check_layer(layer)
+        d = dict(k_pool=self.k_pool[layer], v_pool=self.v_pool[layer], layout=self.layout,
+                 min=self.min[layer], max=self.max[layer], mean=self.mean[layer],
+                 m2=self.m2[layer], count=self.count[layer], max_vnorm=self.max_vnorm[layer])
+        if self.bound_min is not None:
+            d.update(bound_min=self.bound_min[layer], bound_max=self.bound_max[layer],
+                     bound_wmax=self.bound_wmax[layer])
+        return d
+
+    def _store_args(self, layer: int) -> tuple:
+        b = (None, None, None) if self.bound_min is None else (
+            self.bound_min[layer], self.bound_max[layer], self.bound_wmax[layer])
+        return (self.k_pool[layer], self.v_pool[layer], self.min[layer], self.max[layer],
+                self.mean[layer], self.m2[layer], self.count[layer], self.max_vnorm[layer], *b)
+
+    def _check_layer(self, layer: int) -> None:
+        if not isinstance(layer, int) or not 0 <= layer < self.num_layers:
+            raise ValueError(f"layer: expected an int in [0, {self.num_layers}), got {layer!r}")
+
+    def append(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> None:
+        """Writes the step's new keys and values of `layer`: k, v (B, tokens, H_kv, d) float
+        tensors on the cache's device, and updates the page summaries. One token per sequence
+        folds it into its page (masskv::append, the decode step); more rewrite the pool rows
+        and rebuild the touched pages' summaries (masskv::summarize_pages): the same bits
+        either way."""
+        st = self._current()
+        self._check_layer(layer)
+        B, T, H, d = len(st.seqs), st.tokens, self.num_kv_heads, self.head_dim
+        for name, t in (("k", k), ("v", v)):
+            if not isinstance(t, torch.Tensor):
+                raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
+            if tuple(t.shape) != (B, T, H, d):
+                raise ValueError(f"{name}: expected shape {(B, T, H, d)} (batch, the step's "
+                                 f"tokens, H_kv, d), got {tuple(t.shape)}")
+            if t.device != self.device:
+                raise ValueError(f"{name}: on {t.device}, the cache on {self.device}")
+            if not t.dtype.is_floating_point:
+                raise TypeError(f"{name}: expected a floating dtype, got {t.dtype}")
+        args = self._store_args(layer)
+        if T == 1:
+            torch.ops.masskv.append(*args, k[:, 0].float().contiguous(),
+                                    v[:, 0].float().contiguous(), st.page, st.slot, self.layout)
+            return
+        # Many tokens (a prefill): the pool rows by index, then the touched pages' summaries
+        # from the stored tokens. Rounding to the pool's dtype is torch's round-to-nearest-even,
+        # as the append kernel's; a value that overflows it is stored as inf and then flagged
+        # by the refresh (masskv.Error non_finite).
+        kp, vp = self.k_pool[layer], self.v_pool[layer]
+        if self.layout == "HND":
+            kp, vp = kp.transpose(1, 2), vp.transpose(1, 2)  # views: [page][slot][head][d]
+        idx = (st.page.long(), st.slot.long())
+        kp[idx] = k.reshape(B * T, H, d).to(self.dtype)
+        vp[idx] = v.reshape(B * T, H, d).to(self.dtype)
+        torch.ops.masskv.summarize_pages(*args, st.touched, st.touched_tokens, self.layout)
+
+    def kv(self, layer: int) -> masskv.KV:
+        """Layer `layer` as a masskv.KV over the step's page table (for masskv.decode etc.)."""
+        self._check_layer(layer)
+        return masskv.KV.from_arrays(self.k_pool[layer], self.v_pool[layer], *self.table(),
+                                     layout=self.layout)
+
+    def select(self, layer: int, q: torch.Tensor, *, budget_tokens: int, sink_pages: int = 1,
+               window_tokens: int = 0, scale: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:
+        """GPU Quest page selection for the step's queries q (float32 (B, Hq, d)): int32 page
+        lists ids (B, H_kv, capacity) -1 padded and count (B, H_kv)."""
+        if self.bound_min is None:
+            raise ValueError("select: this cache keeps no bound store (bounds=False)")
+        self._check_layer(layer)
+        return torch.ops.masskv.quest_select(
+            q, self.k_pool[layer], self.v_pool[layer], *self.table(), self.bound_min[layer],
+            self.bound_max[layer], self.layout, budget_tokens, sink_pages, window_tokens, scale,
+            self.step_max_pages)
+
+    def decode(self, layer: int, q: torch.Tensor,
+               selection: tuple[torch.Tensor, torch.Tensor] | None = None, *,
+               alpha: float = 1.0, scale: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:
+        """Decode attention of the step's queries q (float32 (B, Hq, d)) over layer `layer`:
+        dense, or over selection = (ids, count) from ``select``. Returns float32 out (B, Hq, d)
+        and lse_or_tau (B, Hq)."""
+        self._check_layer(layer)
+        ids, count = (None, None) if selection is None else selection
+        return torch.ops.masskv.decode(q, self.k_pool[layer], self.v_pool[layer], *self.table(),
+                                       ids, count, self.layout, alpha, scale,
+                                       self.step_max_pages)
+
+
+# The operators are registered by importing masskv.ops (above); keep the name used.
+_ = ops

@@ -1,0 +1,259 @@
+// masskv.cuda_append / cuda_summarize_pages / cuda_check (CUDA builds only): the GPU append of
+// a decode step and the summary refresh of pages written elsewhere, over torch tensors that the
+// caller owns (masskv.torch_cache.TorchPagedCache, or an engine's own pool), and the deferred
+// error check of calls made with check=False (CUDA graphs: the flag is read after the replay).
+#include "bindings.hpp"
+
+#if MASSKV_PY_CUDA
+
+#include <array>
+#include <cstdint>
+#include <string>
+
+#include "cuda_calls.hpp"
+#include "cuda_device.hpp"
+#include "masskv/cuda/append.hpp"
+#include "masskv/cuda/decode.hpp"
+#include "masskv/cuda/select.hpp"
+#include "masskv/error.hpp"
+
+namespace masskv::py {
+
+void check_device_errors(Device device, CUstream_st* stream) {
+  // Each kind's own messages (decode: "indices" / "selection" / ...; select; append).
+  on_device<cuda::AppendWorkspace>(device, stream, [&](auto& w) { w.check(stream); });
+  on_device<cuda::SelectWorkspace>(device, stream, [&](auto& w) { w.check(stream); });
+  on_device<cuda::DecodeWorkspace>(device, stream, [&](auto& w) { w.check(stream); });
+}
+
+namespace {
+
+// The keys a stores dict may hold; anything else is a typo and fails (never ignored).
+constexpr std::array kStoreKeys{"k_pool", "v_pool",    "layout",    "min",       "max",
+                                "mean",   "m2",        "count",     "max_vnorm", "bound_min",
+                                "bound_max", "bound_wmax"};
+
+InArray store_array(const nb::dict& d, const char* key) {
+  if (!d.contains(key)) {
+    throw nb::value_error(
+        (std::string("stores: missing '") + key +
+         "' (keys: k_pool, v_pool, min, max, mean, m2, count, max_vnorm; optional layout, "
+         "bound_min, bound_max, bound_wmax)")
+            .c_str());
+  }
+  return as_array(d[key], key);
+}
+
+// A C-contiguous array of dtype e on `device` with exactly `shape`.
+template <std::size_t N>
+void require_store(const InArray& a, Elem e, const char* name, Device device,
+                   const std::array<std::size_t, N>& shape) {
+  require_flat(a, e, name, device);
+  bool ok = a.ndim() == N;
+  for (std::size_t i = 0; ok && i < N; ++i) ok = a.shape(i) == shape[i];
+  if (!ok) {
+    std::string want = "(";
+    for (std::size_t i = 0; i < N; ++i) want += (i ? ", " : "") + std::to_string(shape[i]);
+    throw nb::value_error((std::string(name) + ": expected " + elem_name(e) + " " + want +
+                           "), got " + shape_string(a))
+                              .c_str());
+  }
+}
+
+template <class T>
+T* mutable_data(const InArray& a) {
+  return static_cast<T*>(const_cast<void*>(a.data()));
+}
+
+// The pool and the summary stores of a dict of tensors, all on one CUDA device (returned).
+cuda::SummaryStores stores_of(const nb::dict& d, Device& device) {
+  for (auto [key, value] : d) {
+    const std::string k = nb::cast<std::string>(key);
+    bool known = false;
+    for (const char* s : kStoreKeys) known = known || k == s;
+    if (!known) throw nb::value_error(("stores: unknown key '" + k + "'").c_str());
+  }
+  const std::string layout = d.contains("layout") ? nb::cast<std::string>(d["layout"]) : "NHD";
+  if (layout != "NHD" && layout != "HND") {
+    fail(ErrorCode::invalid_argument, "layout", "expected \"NHD\" or \"HND\", got \"", layout,
+         "\"");
+  }
+  const InArray k = store_array(d, "k_pool"), v = store_array(d, "v_pool");
+  device = device_of(k, "k_pool");
+  if (device == kCpu) {
+    throw nb::value_error("k_pool: on the CPU; the CUDA append runs on CUDA tensors "
+                          "(PagedKVCache.append is the CPU one)");
+  }
+  require_device(v, device, "v_pool");
+  cuda::SummaryStores s;
+  if (k.dtype() == dlpack_dtype(Elem::bf16)) {
+    s.dtype = DType::bf16;
+  } else if (k.dtype() == dlpack_dtype(Elem::f16)) {
+    s.dtype = DType::f16;
+  } else {
+    throw nb::type_error(
+        ("k_pool: expected bfloat16 or float16, got " + dtype_name(k.dtype())).c_str());
+  }
+  require_ndim(k, 4, "k_pool");
+  for (std::size_t i = 0; i < 4; ++i) {
+    if (v.dtype() != k.dtype() || v.ndim() != 4 || v.shape(i) != k.shape(i) ||
+        v.stride(i) != k.stride(i)) {
+      throw nb::value_error(("v_pool: dtype / shape " + shape_string(v) +
+                             " / strides differ from k_pool's " + shape_string(k))
+                                .c_str());
+    }
+  }
+  if (k.stride(3) != 1) throw nb::value_error("k_pool: the head_dim axis (last) must be contiguous");
+  const bool nhd = layout == "NHD";  // [page][slot][head][d], else [page][head][slot][d]
+  s.k_pool = mutable_data<void>(k);
+  s.v_pool = mutable_data<void>(v);
+  s.num_pages = dim_int(k, 0, "k_pool");
+  s.page_size = dim_int(k, nhd ? 1 : 2, "k_pool");
+  s.num_kv_heads = dim_int(k, nhd ? 2 : 1, "k_pool");
+  s.head_dim = dim_int(k, 3, "k_pool");
+  s.stride_page = k.stride(0);
+  s.stride_slot = k.stride(nhd ? 1 : 2);
+  s.stride_head = k.stride(nhd ? 2 : 1);
+  const auto P = static_cast<std::size_t>(s.num_pages), H = static_cast<std::size_t>(s.num_kv_heads),
+             D = static_cast<std::size_t>(s.head_dim);
+  const std::array<std::size_t, 3> phd{P, H, D};
+  const std::array<std::size_t, 2> ph{P, H};
+  float** f3[] = {&s.min, &s.max, &s.mean, &s.m2};
+  const char* f3_names[] = {"min", "max", "mean", "m2"};
+  for (int i = 0; i < 4; ++i) {
+    const InArray a = store_array(d, f3_names[i]);
+    require_store(a, Elem::f32, f3_names[i], device, phd);
+    *f3[i] = mutable_data<float>(a);
+  }
+  const InArray count = store_array(d, "count");
+  require_store(count, Elem::i32, "count", device, std::array<std::size_t, 1>{P});
+  s.count = mutable_data<std::int32_t>(count);
+  const InArray vnorm = store_array(d, "max_vnorm");
+  require_store(vnorm, Elem::f32, "max_vnorm", device, ph);
+  s.max_vnorm = mutable_data<float>(vnorm);
+  const bool any_bound = d.contains("bound_min") || d.contains("bound_max") ||
+                         d.contains("bound_wmax");
+  if (any_bound) {
+    const InArray lo = store_array(d, "bound_min"), hi = store_array(d, "bound_max"),
+                  w = store_array(d, "bound_wmax");
+    require_store(lo, Elem::bf16, "bound_min", device, phd);
+    require_store(hi, Elem::bf16, "bound_max", device, phd);
+    require_store(w, Elem::f32, "bound_wmax", device, ph);
+    s.bound_min = mutable_data<bf16>(lo);
+    s.bound_max = mutable_data<bf16>(hi);
+    s.bound_wmax = mutable_data<float>(w);
+  }
+  return s;
+}
+
+std::span<const std::int32_t> ids_of(const InArray& a, const char* name, Device device,
+                                     std::size_t n) {
+  const std::span<const std::int32_t> s = flat_span<std::int32_t>(a, Elem::i32, name, device);
+  if (s.size() != n) {
+    throw nb::value_error((std::string(name) + ": expected " + std::to_string(n) +
+                           " int32 entries, got " + std::to_string(s.size()))
+                              .c_str());
+  }
+  return s;
+}
+
+void append_py(const nb::dict& stores, const InArray& k, const InArray& v, const InArray& page,
+               const InArray& slot, nb::handle stream, bool check) {
+  Device device = kCpu;
+  cuda::AppendArgs a;
+  static_cast<cuda::SummaryStores&>(a) = stores_of(stores, device);
+  a.k = view3_f32(k, "k", device);
+  a.v = view3_f32(v, "v", device);
+  const auto B = static_cast<std::size_t>(a.k.n0);
+  a.page = ids_of(page, "page", device, B);
+  a.slot = ids_of(slot, "slot", device, B);
+  CUstream_st* s = resolve_stream(stream, device);
+  on_device<cuda::AppendWorkspace>(device, s,
+                                   [&](auto& w) { cuda::append(a, w, s, check); });
+}
+
+void summarize_py(const nb::dict& stores, const InArray& pages, const InArray& tokens,
+                  nb::handle stream, bool check) {
+  Device device = kCpu;
+  const cuda::SummaryStores st = stores_of(stores, device);
+  const std::span<const std::int32_t> p =
+      flat_span<std::int32_t>(pages, Elem::i32, "pages", device);
+  const std::span<const std::int32_t> t = ids_of(tokens, "tokens", device, p.size());
+  CUstream_st* s = resolve_stream(stream, device);
+  on_device<cuda::AppendWorkspace>(
+      device, s, [&](auto& w) { cuda::summarize_pages(st, p, t, w, s, check); });
+}
+
+void check_py(int device, nb::handle stream) {
+  if (device < 0) {
+    int current = 0;
+    if (cudaGetDevice(&current) != cudaSuccess) current = 0;
+    device = current;
+  }
+  check_device_errors(device, resolve_stream(stream, device));
+}
+
+int select_capacity_py(int max_pages_per_seq, int page_size, std::int64_t budget_tokens,
+                       int sink_pages, int window_tokens) {
+  require(max_pages_per_seq >= 1, ErrorCode::invalid_argument, "max_pages_per_seq",
+          "must be >= 1, got ", max_pages_per_seq);
+  require(page_size >= 1, ErrorCode::invalid_argument, "page_size", "must be >= 1, got ",
+          page_size);
+  return cuda::select_capacity(
+      max_pages_per_seq, page_size,
+      quest_policy(budget_tokens, sink_pages, window_tokens, page_size));
+}
+
+constexpr const char* kStoresDoc =
+    "stores: a dict of CUDA tensors of one device: k_pool, v_pool (bfloat16 or float16,\n"
+    "(pages, page_size, H_kv, d) for layout \"NHD\" (the default) or (pages, H_kv, page_size,\n"
+    "d) for \"HND\"; same strides, contiguous last axis); the page summaries min, max, mean,\n"
+    "m2 (float32 (pages, H_kv, d)), count (int32 (pages,)), max_vnorm (float32 (pages,\n"
+    "H_kv)); optionally the bf16 bound store the GPU Quest selector scans: bound_min,\n"
+    "bound_max (bfloat16 (pages, H_kv, d)), bound_wmax (float32 (pages, H_kv)). Every store\n"
+    "C-contiguous. stream: a cudaStream_t as int (None: torch's current stream). check:\n"
+    "wait and raise masskv.Error for a bad id or a non-finite value; False leaves the flag\n"
+    "for masskv.cuda_check (CUDA graph capture).";
+
+}  // namespace
+
+void bind_cuda_stores(nb::module_& m) {
+  m.def("cuda_append", &append_py, nb::arg("stores"), nb::arg("k").noconvert(),
+        nb::arg("v").noconvert(), nb::arg("page").noconvert(), nb::arg("slot").noconvert(),
+        nb::kw_only(), nb::arg("stream").none() = nb::none(), nb::arg("check") = true,
+        nb::sig("def cuda_append(stores: dict, k: numpy.typing.ArrayLike, v: "
+                "numpy.typing.ArrayLike, page: numpy.typing.ArrayLike, slot: "
+                "numpy.typing.ArrayLike, *, stream: int | None = None, check: bool = True) "
+                "-> None"),
+        (std::string("One decode step's append on the GPU (cuda::append): token b's k[b], v[b]\n"
+                     "(float32 (B, H_kv, d)) into physical page page[b], slot slot[b] (int32\n"
+                     "(B,)), folded into that page's summaries (slot 0 resets them); the same\n"
+                     "bits as PagedKVCache.append on the CPU. Pages of one call must differ.\n") +
+         kStoresDoc)
+            .c_str());
+  m.def("cuda_summarize_pages", &summarize_py, nb::arg("stores"), nb::arg("pages").noconvert(),
+        nb::arg("tokens").noconvert(), nb::kw_only(), nb::arg("stream").none() = nb::none(),
+        nb::arg("check") = true,
+        nb::sig("def cuda_summarize_pages(stores: dict, pages: numpy.typing.ArrayLike, tokens: "
+                "numpy.typing.ArrayLike, *, stream: int | None = None, check: bool = True) -> "
+                "None"),
+        (std::string("Rebuilds the summaries of pages written by someone else "
+                     "(cuda::summarize_pages):\n"
+                     "page pages[i] (int32, distinct) holds tokens[i] tokens in slots 0.. of the\n"
+                     "pool; its stores get the bits appending those tokens one by one gives.\n") +
+         kStoresDoc)
+            .c_str());
+  m.def("cuda_select_capacity", &select_capacity_py, nb::arg("max_pages_per_seq"),
+        nb::arg("page_size"), nb::arg("budget_tokens"), nb::arg("sink_pages") = 1,
+        nb::arg("window_tokens") = 0,
+        "The list length cuda_quest_select gives its ids (B, H_kv, capacity) for these\n"
+        "arguments (cuda::select_capacity): size preallocated outputs with it (CUDA graphs).");
+  m.def("cuda_check", &check_py, nb::arg("device") = -1, nb::arg("stream").none() = nb::none(),
+        "Waits for `stream` on `device` (-1: the current device) and raises masskv.Error for\n"
+        "what the kernels of calls made there with check=False flagged (decode, selection,\n"
+        "append: a bad page id, a non-finite value); clears the flags.");
+}
+
+}  // namespace masskv::py
+
+#endif

@@ -1,0 +1,225 @@
+"""torch.ops.masskv (masskv.ops): the operators against masskv.decode / the float64 reference,
+their fake implementations (torch.library.opcheck, torch.compile tracing), and on a CUDA build
+with a GPU the append / summary / selection operators against the CPU cache. Skipped where
+torch is absent (CI)."""
+
+import numpy as np
+import pytest
+
+import masskv
+from conftest import random_cache
+
+torch = pytest.importorskip("torch")
+ops = pytest.importorskip("masskv.ops")
+
+cuda = pytest.mark.skipif(not (masskv.has_cuda and torch.cuda.is_available()),
+                          reason="needs a CUDA build of masskv and a GPU")
+
+
+def torch_table(cache, seqs, device="cpu"):
+    t = cache.page_table(seqs)
+    return [torch.from_numpy(t[k]).to(device) for k in ("indptr", "indices", "last_page_len")]
+
+
+def torch_pools(cache, device="cpu"):
+    k, v = (torch.from_numpy(a.copy()) for a in (cache.k_pool, cache.v_pool))
+    if cache.dtype == "bf16":
+        k, v = k.view(torch.bfloat16), v.view(torch.bfloat16)
+    return k.to(device), v.to(device)
+
+
+@pytest.mark.parametrize("dtype,layout", [("f32", "HND"), ("bf16", "NHD"), ("f16", "HND")])
+@pytest.mark.parametrize("selected", [False, True])
+def test_decode_op_matches_reference(rng, dtype, layout, selected):
+    cache, seqs = random_cache(rng, [37, 5, 64], num_kv_heads=2, head_dim=64, page_size=8,
+                               dtype=dtype, layout=layout)
+    kv = cache.view(seqs)
+    q = torch.randn(3, 6, 64)
+    sel = None
+    if selected:
+        sel = masskv.select(q.numpy(), kv, method="quest", budget_tokens=16).selection
+    ref, ref_lse = masskv.decode_reference(q.numpy(), kv, selection=sel)
+    ids = None if sel is None else torch.from_numpy(np.array(sel.ids))
+    cnt = None if sel is None else torch.from_numpy(np.array(sel.count))
+    k, v = torch_pools(cache)
+    out, lse = torch.ops.masskv.decode(q, k, v, *torch_table(cache, seqs), ids, cnt, layout,
+                                       1.0, 0.0, 0)
+    np.testing.assert_allclose(out.numpy(), ref, atol=3e-5)
+    np.testing.assert_allclose(lse.numpy(), ref_lse, atol=3e-5)
+
+
+def test_decode_op_entmax(rng):
+    cache, seqs = random_cache(rng, [29, 40], page_size=4)
+    q = torch.randn(2, 4, 64) * 3
+    ref, ref_tau = masskv.decode_reference(q.numpy(), cache.view(seqs), alpha=1.5)
+    k, v = torch_pools(cache)
+    out, tau = torch.ops.masskv.decode(q, k, v, *torch_table(cache, seqs), None, None, "HND",
+                                       1.5, 0.0, 0)
+    np.testing.assert_allclose(out.numpy(), ref, atol=3e-5)
+    np.testing.assert_allclose(tau.numpy(), ref_tau, atol=3e-5)
+
+
+def test_decode_op_opcheck(rng):
+    """The schema, the fake implementation and autograd registration agree with the kernel."""
+    cache, seqs = random_cache(rng, [21, 9], page_size=4)
+    k, v = torch_pools(cache)
+    q = torch.randn(2, 4, 64)
+    torch.library.opcheck(torch.ops.masskv.decode.default,
+                          (q, k, v, *torch_table(cache, seqs), None, None, "HND", 1.0, 0.0, 0))
+
+
+def test_decode_op_traces_under_compile(rng):
+    """torch.compile traces through the fake implementation (no graph break) and the compiled
+    call gives the eager result."""
+    cache, seqs = random_cache(rng, [33], page_size=4)
+    k, v = torch_pools(cache)
+    table = torch_table(cache, seqs)
+
+    def step(q):
+        out, _ = torch.ops.masskv.decode(q * 2, k, v, *table, None, None, "HND", 1.0, 0.0, 0)
+        return out + 1
+
+    q = torch.randn(1, 4, 64)
+    compiled = torch.compile(step, backend="aot_eager", fullgraph=True)
+    assert torch.equal(compiled(q), step(q))
+
+
+def test_decode_op_bad_inputs(rng):
+    cache, seqs = random_cache(rng, [10], page_size=4)
+    k, v = torch_pools(cache)
+    table = torch_table(cache, seqs)
+    q = torch.randn(1, 4, 64)
+    with pytest.raises(ValueError, match="sel_ids and sel_count together"):
+        torch.ops.masskv.decode(q, k, v, *table, torch.zeros(1, 2, 1, dtype=torch.int32), None,
+                                "HND", 1.0, 0.0, 0)
+    with pytest.raises(TypeError, match="q: expected dtype float32"):
+        torch.ops.masskv.decode(q.double(), k, v, *table, None, None, "HND", 1.0, 0.0, 0)
+    with pytest.raises(masskv.Error, match="alpha"):
+        torch.ops.masskv.decode(q, k, v, *table, None, None, "HND", 3.0, 0.0, 0)
+
+
+@pytest.mark.skipif(masskv.has_cuda, reason="a CPU-only build")
+def test_cuda_ops_need_a_cuda_build(rng):
+    cache, seqs = random_cache(rng, [10], page_size=4)
+    k, v = torch_pools(cache)
+    with pytest.raises(RuntimeError, match="no CUDA kernels"):
+        torch.ops.masskv.quest_select(torch.randn(1, 4, 64), k, v, *torch_table(cache, seqs),
+                                      k, k, "HND", 8, 1, 0, 0.0, 4)
+
+
+# -- CUDA: the stores operators against the CPU cache --------------------------------------------
+
+def cpu_cache_like(tc, lengths, rng):
+    """A CPU PagedKVCache with tc's shape filled with the same random tokens appended to tc by
+    begin_step/append in chunks; returns (cpu cache, its seqs, tc seqs)."""
+    cpu = masskv.PagedKVCache(tc.num_kv_heads, tc.head_dim, tc.capacity_pages,
+                              page_size=tc.page_size, dtype="bf16", layout=tc.layout)
+    cpu_seqs = [cpu.create() for _ in lengths]
+    gpu_seqs = [tc.create() for _ in lengths]
+    return cpu, cpu_seqs, gpu_seqs
+
+
+@cuda
+@pytest.mark.parametrize("layout", ["NHD", "HND"])
+def test_torch_cache_append_matches_cpu_cache(rng, layout):
+    """Prefill chunks (summarize_pages) then decode tokens (append) give the CPU cache's bits:
+    pools, min/max, count, and the bf16 bound store the GPU selector scans."""
+    from masskv.torch_cache import TorchPagedCache
+
+    H, d, P = 2, 64, 16
+    tc = TorchPagedCache(1, H, d, 64, page_size=P, layout=layout)
+    cpu, cs, gs = cpu_cache_like(tc, [0, 0], rng)
+    for T in (37, 1, 1, 20, 1):
+        k = rng.standard_normal((2, T, H, d), dtype=np.float32)
+        v = rng.standard_normal((2, T, H, d), dtype=np.float32)
+        tc.begin_step(gs, T)
+        tc.append(0, torch.from_numpy(k).cuda(), torch.from_numpy(v).cuda())
+        for b, s in enumerate(cs):
+            cpu.append(s, k[b], v[b])
+    torch.cuda.synchronize()
+    t = cpu.page_table(cs)
+    gi, _, gl = (x.cpu().numpy() for x in tc.table())
+    assert np.array_equal(gi, t["indptr"]) and np.array_equal(gl, t["last_page_len"])
+    g_pages = tc.table()[1][:gi[-1]].cpu().numpy()
+    c_pages = t["indices"]
+    k_gpu = tc.k_pool[0].view(torch.int16).cpu().numpy()[g_pages]
+    k_cpu = cpu.k_pool.view(np.int16)[c_pages]
+    assert np.array_equal(k_gpu, k_cpu)
+    lo, hi = cpu.bf16_bounds()
+    assert np.array_equal(tc.bound_min[0].view(torch.int16).cpu().numpy()[g_pages],
+                          lo.view(np.int16)[c_pages])
+    assert np.array_equal(tc.bound_max[0].view(torch.int16).cpu().numpy()[g_pages],
+                          hi.view(np.int16)[c_pages])
+
+
+@cuda
+def test_torch_cache_select_and_decode_match_cpu(rng):
+    from masskv.torch_cache import TorchPagedCache
+
+    H, d, P = 2, 128, 16
+    tc = TorchPagedCache(2, H, d, 256, page_size=P)
+    cpu, cs, gs = cpu_cache_like(tc, [0, 0, 0], rng)
+    k = rng.standard_normal((3, 900, H, d), dtype=np.float32)
+    v = rng.standard_normal((3, 900, H, d), dtype=np.float32)
+    tc.begin_step(gs, 900)
+    for layer in range(2):
+        tc.append(layer, torch.from_numpy(k).cuda(), torch.from_numpy(v).cuda())
+    for b, s in enumerate(cs):
+        cpu.append(s, k[b], v[b])
+    q = torch.randn(3, 8, d, device="cuda")
+    ids, count = tc.select(1, q, budget_tokens=128)
+    ref = masskv.select(q.cpu().numpy(), cpu.view(cs), method="quest", group="aggregate",
+                        bf16_bounds=True, budget_tokens=128).selection
+    assert np.array_equal(count.cpu().numpy(), ref.count)
+    K = ref.ids.shape[2]
+    assert np.array_equal(ids.cpu().numpy()[:, :, :K], ref.ids)
+    out, lse = tc.decode(1, q, (ids, count))
+    ref_out, ref_lse = masskv.decode_reference(q.cpu().numpy(), cpu.view(cs), selection=ref)
+    np.testing.assert_allclose(out.cpu().numpy(), ref_out, atol=2e-3)
+    np.testing.assert_allclose(lse.cpu().numpy(), ref_lse, atol=2e-3)
+
+
+@cuda
+def test_torch_cache_fork_copies_on_write(rng):
+    from masskv.torch_cache import TorchPagedCache
+
+    tc = TorchPagedCache(1, 1, 64, 8, page_size=16)
+    a = tc.create()
+    tc.begin_step([a], 20)
+    tc.append(0, torch.randn(1, 20, 1, 64, device="cuda"), torch.randn(1, 20, 1, 64, device="cuda"))
+    b = tc.fork(a)
+    before = tc.k_pool[0].clone()
+    tc.begin_step([b], 1)
+    tc.append(0, torch.randn(1, 1, 1, 64, device="cuda"), torch.randn(1, 1, 1, 64, device="cuda"))
+    # a's pages are untouched; b wrote into a copy of the shared last page.
+    a_pages = tc._seqs[a].pages
+    assert torch.equal(tc.k_pool[0][a_pages], before[a_pages])
+    assert tc._seqs[b].pages[0] == a_pages[0] and tc._seqs[b].pages[1] != a_pages[1]
+    tc.free(a)
+    tc.free(b)
+    assert tc.free_pages == 8
+
+
+@cuda
+def test_captured_step_defers_errors_to_check(rng):
+    """Under CUDA graph capture the operators do not wait; a bad page id in the table is then
+    raised by masskv.ops.check() after the replay."""
+    from masskv.torch_cache import TorchPagedCache
+
+    tc = TorchPagedCache(1, 2, 64, 16, page_size=16, max_pages_per_seq=4)
+    s = tc.create()
+    tc.begin_step([s], 30)
+    tc.append(0, torch.randn(1, 30, 2, 64, device="cuda"), torch.randn(1, 30, 2, 64, device="cuda"))
+    q = torch.randn(1, 4, 64, device="cuda")
+    tc.decode(0, q)  # warm-up: sizes the workspace outside the capture
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        out, _ = tc.decode(0, q)
+    g.replay()
+    ops.check()
+    ref, _ = tc.decode(0, q)
+    assert torch.equal(out, ref)
+    tc.table()[1][0] = 999  # a page id outside the pool
+    g.replay()
+    with pytest.raises(masskv.Error, match="indices"):
+        ops.check()
