@@ -17,8 +17,10 @@ gives the output shapes without running anything, so ``torch.compile`` can trace
 
 Errors: in eager mode each CUDA call waits and raises ``masskv.Error`` for what its kernel
 flagged (a page id outside the pool, a non-finite key). While a CUDA graph is being captured
-the calls do not wait (a wait would break the capture); call ``masskv.ops.check()`` after
-replaying the graph to raise what the kernels flagged.
+the calls do not wait (a wait would break the capture); call ``masskv.ops.check(stream)`` after
+replaying the graph to raise what the kernels flagged. The kernels' workspaces are per
+(device, stream) and grow on the first call of a shape: warm up on the stream you then capture
+on (``torch.cuda.graph(g, stream=s)``), and pass that stream to ``check``.
 
 See docs/torch.md.
 """
@@ -171,12 +173,11 @@ def _summarize_fake(*args, **kwargs) -> None:
     return None
 
 
-def check(device=None) -> None:
-    """Raises masskv.Error for what the CUDA kernels of captured (graph) calls flagged on
-    `device` (default: the current one) and torch's current stream there; waits for it."""
-    if device is None:
-        idx = torch.cuda.current_device()
-    else:
-        idx = torch.device("cuda", device).index if isinstance(device, int) else device.index
-        idx = torch.cuda.current_device() if idx is None else idx
-    masskv.cuda_check(idx, torch.cuda.current_stream(idx).cuda_stream)
+def check(stream=None) -> None:
+    """Raises masskv.Error for what the CUDA kernels of captured (graph) calls flagged, and
+    clears the flags. stream: the torch.cuda.Stream the graph was captured on (the kernels'
+    workspaces, flags included, are per stream; default: the current stream). Waits for the
+    whole device first, so that a replay on any stream has finished."""
+    s = torch.cuda.current_stream() if stream is None else stream
+    torch.cuda.synchronize(s.device)
+    masskv.cuda_check(s.device.index, s.cuda_stream)

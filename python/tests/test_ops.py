@@ -211,15 +211,18 @@ def test_captured_step_defers_errors_to_check(rng):
     tc.begin_step([s], 30)
     tc.append(0, torch.randn(1, 30, 2, 64, device="cuda"), torch.randn(1, 30, 2, 64, device="cuda"))
     q = torch.randn(1, 4, 64, device="cuda")
-    tc.decode(0, q)  # warm-up: sizes the workspace outside the capture
+    side = torch.cuda.Stream()  # warm-up and capture on one stream: its workspace is sized
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        ref, _ = tc.decode(0, q)
+    torch.cuda.current_stream().wait_stream(side)
     g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
+    with torch.cuda.graph(g, stream=side):
         out, _ = tc.decode(0, q)
     g.replay()
-    ops.check()
-    ref, _ = tc.decode(0, q)
+    ops.check(side)
     assert torch.equal(out, ref)
     tc.table()[1][0] = 999  # a page id outside the pool
     g.replay()
     with pytest.raises(masskv.Error, match="indices"):
-        ops.check()
+        ops.check(side)
