@@ -1,0 +1,452 @@
+"""Whole-model decode on one GPU: dense attention against masskv's sparse decode, in the same
+model code, both captured in one CUDA graph per step, in the same run on the same card.
+
+Random-init weights (bf16): these figures are speed only, never quality (the quality tables are
+the CPU eval's). The model is a plain PyTorch Llama-style decoder written here (RMSNorm, RoPE,
+GQA attention, SwiGLU; Qwen3's q/k norms), shaped as Llama-3.1-8B or Qwen3-8B. The KV of the
+decode rows is filled with random values instead of a prefill, and only the last token's logits
+are computed. A step at context `ctx` appends token ctx (the first slot of a fresh page, so the
+replayed step is idempotent) and attends over ctx + 1 tokens:
+
+* dense: a static cache [layers][B][H_kv][ctx + 1][d], torch SDPA with native GQA
+  (enable_gqa=True, no mask), the faster of the cuDNN and flash backends;
+* masskv: masskv.torch_cache.TorchPagedCache (page 16), per layer the append kernel, GPU Quest
+  selection with a fresh selection every step (budget tokens, 1 sink page, no window), and
+  masskv's CUDA decode over the selected pages.
+
+Printed beside each ratio: the bytes bound of each path (the weights read once, the embedding
+table excluded; the KV read; masskv: the selected pages plus the bf16 bound store the selection
+scans) at the read ceiling measured in the same run, and the attention µs per layer (the
+attention of every layer alone in one graph). `--check` first compares one eager step of masskv
+(dense decode, then a budget covering every page) against SDPA on the same KV (a 4K context).
+
+Usage:
+  python3 tools/gpu_bench/e2e.py OUT_PREFIX [--models llama8b,qwen8b]
+      [--cells 1x32768,1x131072,1x262144,8x32768] [--budgets 2048,4096] [--iters 20] [--check]
+  python3 tools/gpu_bench/e2e.py OUT_PREFIX --tiny --device cpu   (the dense path's self-test)
+Writes OUT_PREFIX.json ({card, date, command, rows: [{model, phase, batch, ctx, budget,
+dense_ms, masskv_ms, bytes_bound_ms, ...}]}) and OUT_PREFIX.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import math
+import statistics
+import sys
+import time
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+
+@dataclass(frozen=True)
+class Shape:
+    name: str
+    layers: int
+    hidden: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    inter: int
+    vocab: int
+    qk_norm: bool
+    rope_theta: float
+
+    def kv_bytes_per_token(self) -> int:  # K and V of every layer, bf16
+        return self.layers * 2 * self.kv_heads * self.head_dim * 2
+
+
+SHAPES = {
+    "llama8b": Shape("Llama-3.1-8B", 32, 4096, 32, 8, 128, 14336, 128256, False, 500000.0),
+    "qwen8b": Shape("Qwen3-8B", 36, 4096, 32, 8, 128, 12288, 151936, True, 1000000.0),
+    "tiny": Shape("tiny", 2, 256, 4, 2, 64, 512, 1000, True, 10000.0),
+}
+PAGE = 16
+
+
+class Model:
+    """Random bf16 weights of `shape` and its decode step with a pluggable attention."""
+
+    def __init__(self, shape: Shape, device: torch.device, dtype=torch.bfloat16, seed: int = 0):
+        g = torch.Generator(device=device).manual_seed(seed)
+        s = shape
+        self.s, self.device, self.dtype = s, device, dtype
+
+        def w(*dims, scale=None):
+            t = torch.randn(*dims, generator=g, device=device, dtype=dtype)
+            return t.mul_(scale if scale is not None else 1.0 / math.sqrt(dims[-1]))
+
+        qkv = (s.heads + 2 * s.kv_heads) * s.head_dim
+        self.embed = w(s.vocab, s.hidden, scale=1.0)
+        self.layers = []
+        for _ in range(s.layers):
+            self.layers.append(dict(
+                ln1=torch.ones(s.hidden, device=device, dtype=dtype),
+                wqkv=w(qkv, s.hidden), wo=w(s.hidden, s.heads * s.head_dim),
+                qn=torch.ones(s.head_dim, device=device, dtype=dtype),
+                kn=torch.ones(s.head_dim, device=device, dtype=dtype),
+                ln2=torch.ones(s.hidden, device=device, dtype=dtype),
+                wgu=w(2 * s.inter, s.hidden), wdown=w(s.hidden, s.inter)))
+        self.norm = torch.ones(s.hidden, device=device, dtype=dtype)
+        self.lm_head = w(s.vocab, s.hidden)
+        half = s.head_dim // 2
+        self.inv_freq = 1.0 / (s.rope_theta ** (torch.arange(half, device=device,
+                                                             dtype=torch.float32) / half))
+
+    def weight_bytes(self) -> int:
+        """Bytes a step reads of the weights (the embedding table excluded: one row a token)."""
+        n = sum(t.numel() for layer in self.layers for t in layer.values())
+        return 2 * (n + self.norm.numel() + self.lm_head.numel())
+
+    @staticmethod
+    def rms(x, wt, eps=1e-6):
+        xf = x.float()
+        return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype) * wt
+
+    def rope(self, x, cos, sin):  # x [B, H, d]; cos, sin [B, 1, d/2]
+        x1, x2 = x.float().chunk(2, dim=-1)
+        return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), -1).to(x.dtype)
+
+    def qkv(self, layer: int, h, cos, sin):
+        s, L = self.s, self.layers[layer]
+        B = h.shape[0]
+        qkv = self.rms(h, L["ln1"]) @ L["wqkv"].T
+        q, k, v = qkv.split([s.heads * s.head_dim, s.kv_heads * s.head_dim,
+                             s.kv_heads * s.head_dim], -1)
+        q = q.view(B, s.heads, s.head_dim)
+        k = k.view(B, s.kv_heads, s.head_dim)
+        v = v.view(B, s.kv_heads, s.head_dim)
+        if s.qk_norm:
+            q, k = self.rms(q, L["qn"]), self.rms(k, L["kn"])
+        return self.rope(q, cos, sin), self.rope(k, cos, sin), v
+
+    def step(self, tokens, pos, attention):
+        """Logits [B, vocab] of one decode step: tokens, pos int64 [B]; attention(layer, q, k,
+        v) -> [B, H, d] (q [B, H, d], k and v [B, H_kv, d], the new token's)."""
+        s = self.s
+        B = tokens.shape[0]
+        h = self.embed[tokens]
+        ang = pos.float()[:, None, None] * self.inv_freq
+        cos, sin = ang.cos(), ang.sin()
+        for i, L in enumerate(self.layers):
+            q, k, v = self.qkv(i, h, cos, sin)
+            o = attention(i, q, k, v)
+            h = h + o.reshape(B, s.heads * s.head_dim).to(h.dtype) @ L["wo"].T
+            g, u = (self.rms(h, L["ln2"]) @ L["wgu"].T).chunk(2, -1)
+            h = h + (F.silu(g) * u) @ L["wdown"].T
+        return self.rms(h, self.norm) @ self.lm_head.T
+
+
+class DenseKV:
+    """A static cache of ctx + 1 tokens per layer; the step writes token ctx and attends."""
+
+    def __init__(self, shape: Shape, B: int, ctx: int, device, kv=None, backend=None):
+        s = shape
+        self.ctx, self.backend = ctx, backend
+        dims = (s.layers, B, s.kv_heads, ctx + 1, s.head_dim)
+        if kv is None:
+            self.k = torch.randn(dims, device=device, dtype=torch.bfloat16)
+            self.v = torch.randn(dims, device=device, dtype=torch.bfloat16)
+        else:
+            self.k, self.v = kv
+
+    def __call__(self, layer, q, k, v):
+        from torch.nn.attention import sdpa_kernel
+
+        self.k[layer][:, :, self.ctx] = k
+        self.v[layer][:, :, self.ctx] = v
+        ctx = sdpa_kernel([self.backend]) if self.backend is not None else _null()
+        with ctx:
+            o = F.scaled_dot_product_attention(q[:, :, None], self.k[layer], self.v[layer],
+                                               enable_gqa=True)
+        return o[:, :, 0]
+
+
+class _null:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *a):
+        return False
+
+
+class MasskvKV:
+    """masskv's paged cache filled with ctx random tokens per sequence; the step appends token
+    ctx (slot 0 of a fresh page), selects (fresh, every step) and decodes."""
+
+    def __init__(self, shape: Shape, B: int, ctx: int, device, budget: int | None,
+                 kv=None):
+        from masskv.torch_cache import TorchPagedCache
+
+        s = shape
+        if ctx % PAGE:
+            raise ValueError(f"ctx must be a multiple of {PAGE} (the step's token opens a page)")
+        pages = B * (ctx // PAGE + 1)
+        self.cache = TorchPagedCache(s.layers, s.kv_heads, s.head_dim, pages, page_size=PAGE,
+                                     device=device, bounds=budget is not None,
+                                     max_pages_per_seq=ctx // PAGE + 1)
+        self.budget = budget
+        self.seqs = [self.cache.create() for _ in range(B)]
+        self.cache.begin_step(self.seqs, ctx)
+        for layer in range(s.layers):
+            if kv is None:
+                k = torch.randn(B, ctx, s.kv_heads, s.head_dim, device=device,
+                                dtype=torch.bfloat16)
+                v = torch.randn_like(k)
+            else:  # the dense cache's values, [B][H_kv][ctx][d] -> [B][ctx][H_kv][d]
+                k = kv[0][layer][:, :, :ctx].transpose(1, 2)
+                v = kv[1][layer][:, :, :ctx].transpose(1, 2)
+            self.cache.append(layer, k, v)
+            del k, v
+        self.cache.begin_step(self.seqs, 1)
+
+    def __call__(self, layer, q, k, v):
+        c = self.cache
+        c.append(layer, k[:, None], v[:, None])
+        qf = q.float().contiguous()
+        sel = None
+        if self.budget is not None:
+            sel = c.select(layer, qf, budget_tokens=self.budget)
+        out, _ = c.decode(layer, qf, sel)
+        return out
+
+    def pages_read_bound(self, shape: Shape, B: int, ctx: int) -> int:
+        """Bytes a step reads besides the weights: the selected pages' K/V (the budget plus the
+        sink page and the last page, at most every page) and the bound store scanned (bf16
+        min + max of every page)."""
+        s = shape
+        pages = ctx // PAGE + 1
+        per_page_kv = 2 * PAGE * s.kv_heads * s.head_dim * 2
+        per_page_bounds = 2 * s.kv_heads * s.head_dim * 2 + 4 * s.kv_heads
+        if self.budget is None:
+            return s.layers * B * pages * per_page_kv
+        sel = min(pages, -(-self.budget // PAGE) + 2)
+        return s.layers * B * (sel * per_page_kv + pages * per_page_bounds)
+
+
+def read_ceiling_gbs(device) -> float:
+    """Bytes per second of a read-bound reduction over 4 GiB (the bytes bounds' denominator)."""
+    x = torch.ones(2 ** 31, device=device, dtype=torch.bfloat16)
+    for _ in range(3):
+        x.sum(dtype=torch.float32)
+    ts = []
+    for _ in range(10):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        x.sum(dtype=torch.float32)
+        b.record()
+        torch.cuda.synchronize()
+        ts.append(a.elapsed_time(b) / 1e3)
+    del x
+    return 2 ** 32 / statistics.median(ts)
+
+
+def graph_ms(fn, iters: int) -> float:
+    """Median ms of one replay of a CUDA graph of fn() (warm-up and capture on one side stream,
+    as masskv's workspaces are per stream); masskv's deferred checks run after the replays."""
+    from masskv import ops
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(2):
+            fn()
+    torch.cuda.current_stream().wait_stream(side)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g, stream=side):
+        fn()
+    for _ in range(3):
+        g.replay()
+    ts = []
+    for _ in range(iters):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        g.replay()
+        b.record()
+        torch.cuda.synchronize()
+        ts.append(a.elapsed_time(b))
+    ops.check(side)
+    del g
+    return statistics.median(ts)
+
+
+def step_inputs(model: Model, B: int, ctx: int):
+    tokens = torch.randint(0, model.s.vocab, (B,), device=model.device)
+    pos = torch.full((B,), ctx, device=model.device, dtype=torch.long)
+    return tokens, pos
+
+
+def attention_only(model: Model, attn, B: int):
+    """fn() running every layer's attention on fixed q, k, v (the model's shapes)."""
+    s = model.s
+    q = torch.randn(B, s.heads, s.head_dim, device=model.device, dtype=torch.bfloat16)
+    k = torch.randn(B, s.kv_heads, s.head_dim, device=model.device, dtype=torch.bfloat16)
+    v = torch.randn_like(k)
+    return lambda: [attn(i, q, k, v) for i in range(s.layers)]
+
+
+def dense_backends():
+    from torch.nn.attention import SDPBackend
+
+    return [("cudnn", SDPBackend.CUDNN_ATTENTION), ("flash", SDPBackend.FLASH_ATTENTION)]
+
+
+def check(model: Model, log) -> None:
+    """One eager step at a 4K context: masskv dense decode and masskv Quest with a budget
+    covering every page against SDPA on the same KV (bf16 noise only)."""
+    B, ctx = 2, 4096
+    tokens, pos = step_inputs(model, B, ctx)
+    dense = DenseKV(model.s, B, ctx, model.device)
+    with torch.no_grad():
+        ref = model.step(tokens, pos, dense).float()
+        for budget in (None, ctx + PAGE):
+            got = model.step(tokens, pos, MasskvKV(model.s, B, ctx, model.device, budget,
+                                                   kv=(dense.k, dense.v))).float()
+            err = ((got - ref).abs().max() / ref.abs().max()).item()
+            same = (got.argmax(-1) == ref.argmax(-1)).float().mean().item()
+            log(f"check {model.s.name} masskv {'dense' if budget is None else 'quest(all)'} vs "
+                f"SDPA: max |Δlogit| / max |logit| = {err:.2e}, same argmax {same:.0%}")
+            if err > 2e-2:
+                raise SystemExit(f"check failed: relative logit error {err:.2e} > 2e-2")
+
+
+def run_cell(model: Model, B: int, ctx: int, budgets, iters: int, ceiling: float, log):
+    s, dev = model.s, model.device
+    tokens, pos = step_inputs(model, B, ctx)
+    wbytes = model.weight_bytes()
+    dense_bytes = wbytes + B * (ctx + 1) * s.kv_bytes_per_token()
+    best = None
+    with torch.no_grad():
+        dense = DenseKV(s, B, ctx, dev)
+        for name, be in dense_backends():
+            dense.backend = be
+            try:
+                ms = graph_ms(lambda: model.step(tokens, pos, dense), iters)
+                att = graph_ms(attention_only(model, dense, B), iters) * 1e3 / s.layers
+            except RuntimeError as e:  # a backend that does not serve the shape
+                log(f"  dense {name}: not served ({str(e).splitlines()[0][:120]})")
+                continue
+            log(f"  dense SDPA {name}: {ms:.3f} ms/token, attention {att:.1f} us/layer")
+            if best is None or ms < best[1]:
+                best = (name, ms, att)
+        del dense
+        torch.cuda.empty_cache()
+        rows = []
+        for budget in budgets:
+            mk = MasskvKV(s, B, ctx, dev, budget)
+            ms = graph_ms(lambda: model.step(tokens, pos, mk), iters)
+            att = graph_ms(attention_only(model, mk, B), iters) * 1e3 / s.layers
+            sparse_bytes = wbytes + mk.pages_read_bound(s, B, ctx)
+            row = dict(model=s.name, phase="decode", batch=B, ctx=ctx, budget=budget,
+                       dense_ms=round(best[1], 4), masskv_ms=round(ms, 4),
+                       bytes_bound_ms=round(sparse_bytes / ceiling * 1e3, 4),
+                       dense_bytes_bound_ms=round(dense_bytes / ceiling * 1e3, 4),
+                       speedup=round(best[1] / ms, 3), dense_backend=best[0],
+                       dense_attention_us_per_layer=round(best[2], 2),
+                       masskv_attention_us_per_layer=round(att, 2),
+                       weights_gb=round(wbytes / 1e9, 3),
+                       dense_kv_gb=round((dense_bytes - wbytes) / 1e9, 3),
+                       masskv_read_gb=round((sparse_bytes - wbytes) / 1e9, 3))
+            log(f"  masskv quest {budget}: {ms:.3f} ms/token ({row['speedup']:.2f}x dense), "
+                f"attention {att:.1f} us/layer; bounds dense {row['dense_bytes_bound_ms']} ms, "
+                f"masskv {row['bytes_bound_ms']} ms")
+            rows.append(row)
+            del mk
+            torch.cuda.empty_cache()
+    return rows
+
+
+def markdown(meta, rows) -> str:
+    out = [f"# Whole-model decode, dense vs masskv ({meta['card']}, {meta['date']})", "",
+           "Random-init bf16 weights: speed only. Both paths one CUDA graph per step, fresh "
+           "selection every step; bytes bounds at the measured read ceiling "
+           f"({meta['read_ceiling_tbs']:.2f} TB/s).", "", f"`{meta['command']}`", "",
+           "| model | B | ctx | budget | dense ms/token (SDPA) | masskv ms/token | × | dense "
+           "bound ms | masskv bound ms | attention µs/layer dense / masskv |",
+           "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
+    for r in rows:
+        out.append(f"| {r['model']} | {r['batch']} | {r['ctx']} | {r['budget']} | "
+                   f"{r['dense_ms']:.3f} ({r['dense_backend']}) | {r['masskv_ms']:.3f} | "
+                   f"{r['speedup']:.2f} | {r['dense_bytes_bound_ms']:.3f} | "
+                   f"{r['bytes_bound_ms']:.3f} | {r['dense_attention_us_per_layer']:.1f} / "
+                   f"{r['masskv_attention_us_per_layer']:.1f} |")
+    return "\n".join(out) + "\n"
+
+
+def parse_cells(text: str):
+    cells = []
+    for c in text.split(","):
+        try:
+            b, ctx = c.lower().split("x")
+            cells.append((int(b), int(ctx)))
+        except ValueError:
+            raise SystemExit(f"--cells: expected BxCTX items (1x131072), got {c!r}") from None
+    return cells
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("out", help="output prefix: OUT.json and OUT.md")
+    ap.add_argument("--models", default="llama8b,qwen8b")
+    ap.add_argument("--cells", default="1x32768,1x131072,1x262144,8x32768")
+    ap.add_argument("--budgets", default="2048,4096")
+    ap.add_argument("--iters", type=int, default=20)
+    ap.add_argument("--check", action="store_true", help="masskv vs SDPA logits first")
+    ap.add_argument("--tiny", action="store_true", help="the tiny shape (self-test)")
+    ap.add_argument("--device", default="cuda")
+    a = ap.parse_args(argv)
+    dev = torch.device(a.device)
+    log = lambda m: print(m, flush=True)  # noqa: E731
+    if dev.type == "cpu":  # the dense path's self-test: shapes, finite logits
+        m = Model(SHAPES["tiny"], dev, torch.float32)
+        tokens, pos = step_inputs(m, 2, 64)
+        kv = DenseKV(m.s, 2, 64, dev)
+        kv.k, kv.v = kv.k.float(), kv.v.float()
+        logits = m.step(tokens, pos, kv)
+        assert logits.shape == (2, m.s.vocab) and torch.isfinite(logits).all()
+        log(f"cpu self-test: logits {tuple(logits.shape)} finite")
+        return 0
+    models = ["tiny"] if a.tiny else [x for x in a.models.split(",") if x]
+    for x in models:
+        if x not in SHAPES:
+            raise SystemExit(f"--models: unknown {x!r} (known: {', '.join(SHAPES)})")
+    budgets = [int(x) for x in a.budgets.split(",")]
+    cells = parse_cells(a.cells)
+    ceiling = read_ceiling_gbs(dev)
+    meta = dict(card=torch.cuda.get_device_name(dev),
+                date=datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+                command="python3 " + " ".join(sys.argv), read_ceiling_tbs=ceiling / 1e12,
+                torch=torch.__version__)
+    log(f"{meta['card']}: read ceiling {ceiling / 1e12:.2f} TB/s")
+    rows = []
+    for name in models:
+        t0 = time.time()
+        model = Model(SHAPES[name], dev)
+        if a.check:
+            check(model, log)
+        for B, ctx in cells:
+            need = model.weight_bytes() + 1.5 * B * (ctx + 1) * model.s.kv_bytes_per_token()
+            free = torch.cuda.mem_get_info(dev)[0] + model.weight_bytes()
+            if need > 0.95 * free:
+                log(f"{model.s.name} B {B} ctx {ctx}: skipped, needs ~{need / 2**30:.0f} GiB")
+                continue
+            log(f"{model.s.name} B {B} ctx {ctx}")
+            rows += run_cell(model, B, ctx, budgets, a.iters, ceiling, log)
+        del model
+        torch.cuda.empty_cache()
+        log(f"{name}: {time.time() - t0:.0f} s")
+    with open(a.out + ".json", "w") as f:
+        json.dump(dict(meta, rows=rows), f, indent=1)
+    with open(a.out + ".md", "w") as f:
+        f.write(markdown(meta, rows))
+    log(markdown(meta, rows))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
