@@ -70,12 +70,6 @@ std::vector<float> random_row(std::mt19937& rng, int d, float magnitude) {
   return x;
 }
 
-float f32_at(const std::uint8_t* p) {
-  float f;
-  std::memcpy(&f, p, sizeof f);
-  return f;
-}
-
 double max_abs(const std::vector<float>& x, int from, int n) {
   double m = 0;
   for (int i = from; i < from + n; ++i) m = std::max(m, std::fabs(static_cast<double>(x[i])));
@@ -88,7 +82,6 @@ void check_round_trip(KeyFormat f, const std::vector<float>& x, const Row& r,
                       const std::vector<float>& y, const std::string& where) {
   const int d = static_cast<int>(x.size());
   std::vector<double> S(static_cast<std::size_t>(d), 0.0);  // effective scale of each value
-  double g = 0;
   if (f == KeyFormat::int4) {
     for (int b = 0; b < d / 32; ++b) {
       const std::uint16_t bits =
@@ -105,18 +98,11 @@ void check_round_trip(KeyFormat f, const std::vector<float>& x, const Row& r,
       EXPECT_EQ(r.scales[static_cast<std::size_t>(b)], X + 127) << where;
       std::fill_n(S.begin() + 32 * b, 32, std::ldexp(1.0, X));
     }
-  } else if (f == KeyFormat::nvfp4) {
-    const double a = max_abs(x, 0, d);
-    double want = 0x1p-126;  // smallest power of two >= a / 2688, from below
-    while (2688.0 * want < a) want *= 2;
-    g = f32_at(r.scales.data() + d / 16);
-    EXPECT_EQ(g, want) << where;
+  } else if (f == KeyFormat::nvfp4) {  // tensor scale 1: S = the E4M3 block scale
     for (int b = 0; b < d / 16; ++b) {
       const std::uint8_t s = r.scales[static_cast<std::size_t>(b)];
-      EXPECT_EQ(s, fp::f32_to_e4m3(static_cast<float>(max_abs(x, 16 * b, 16)) /
-                                   static_cast<float>(6 * g)))
-          << where;
-      std::fill_n(S.begin() + 16 * b, 16, g * fp::e4m3_to_f32(s));
+      EXPECT_EQ(s, fp::f32_to_e4m3(static_cast<float>(max_abs(x, 16 * b, 16)) / 6.0f)) << where;
+      std::fill_n(S.begin() + 16 * b, 16, static_cast<double>(fp::e4m3_to_f32(s)));
     }
   }
   for (int i = 0; i < d; ++i) {
@@ -137,8 +123,7 @@ void check_round_trip(KeyFormat f, const std::vector<float>& x, const Row& r,
         if (f == KeyFormat::mxfp4) {
           EXPECT_LT(err, 2 * s) << where;
         } else {  // the consequences stated in key_formats.hpp
-          const double sb = s / g;
-          EXPECT_LE(err, std::max(s, sb >= 0x1p-6 ? 0.41 * s : 6 * g * 0x1p-10 * (1 + 0x1p-20)))
+          EXPECT_LE(err, std::max(s, s >= 0x1p-6 ? 0.41 * s : 6 * 0x1p-10 * (1 + 0x1p-20)))
               << where;
         }
         EXPECT_EQ(std::signbit(y[i]), std::signbit(x[i])) << where << " i=" << i;
@@ -155,6 +140,8 @@ TEST(KeyFormats, RoundTripIsWithinEachFormatsBound) {
     for (int d : {16, 32, 48, 64, 96, 128, 256}) {
       if (d % kv::key_block(f) != 0) continue;
       for (float mag : {1e-6f, 1e-3f, 1.0f, 300.0f, 1e4f}) {
+        // nvfp4's range is 2688 (tensor scale 1): the rows with the 40x outlier stay in it.
+        if (f == KeyFormat::nvfp4 && mag > 60.0f) mag = mag > 1e3f ? 60.0f : 20.0f;
         for (int rep = 0; rep < 12; ++rep) {
           const std::vector<float> x = random_row(rng, d, mag);
           const Row r = encode(f, x);
@@ -305,8 +292,8 @@ TEST(KeyFormats, MxBlocksTakeTheSpecScaleAndSaturate) {
   EXPECT_EQ(r.codes[1] & 0x0f, 3);
 }
 
-TEST(KeyFormats, NvBlocksTakeAPowerOfTwoRowScaleAndE4M3BlockScales) {
-  // Row max 2688 = 6 * 448: g = 1; block 0's scale is 448 (0x7e), block 1's max 6 gives 1 (0x38).
+TEST(KeyFormats, NvBlocksTakeE4M3BlockScalesAtTensorScaleOne) {
+  // Block 0's max 2688 = 6 * 448 gives the scale 448 (0x7e), block 1's max 6 gives 1 (0x38).
   std::vector<float> x(32, 0.0f);
   x[0] = 2688.0f;
   x[1] = -896.0f;  // 2 * 448: code 4 | 8
@@ -314,22 +301,32 @@ TEST(KeyFormats, NvBlocksTakeAPowerOfTwoRowScaleAndE4M3BlockScales) {
   x[17] = 1.25f;  // a tie: 1
   x[18] = -0.0f;
   Row r = encode(KeyFormat::nvfp4, x);
-  EXPECT_EQ(f32_at(r.scales.data() + 2), 1.0f);
+  ASSERT_EQ(r.scales.size(), 2u);  // one E4M3 byte per 16 values, nothing per row
   EXPECT_EQ(r.scales[0], 0x7e);
   EXPECT_EQ(r.scales[1], 0x38);
   EXPECT_EQ(r.codes[0], 0xc7);
   EXPECT_EQ(r.codes[8], 0x27);
   EXPECT_EQ(r.codes[9] & 0x0f, 8);  // -0 keeps its sign
-  // Row max 1: g = 2^-11 (2688 * 2^-11 = 1.3125 >= 1 > 2688 * 2^-12); 1 / (6 g) = 341.33
-  // rounds to the E4M3 352 (0x7b, spacing 32 in [256, 512)); S = 352 * 2^-11 = 0.171875 and
-  // 1 / S = 5.82 rounds to 6: x̂ = 1.03125.
+  // Block max 1: 1 / 6 = 0.1667 rounds to the E4M3 0.171875 (0x23: 1.375 * 2^-3, spacing
+  // 2^-6 in [0.125, 0.25)); 1 / S = 5.82 rounds to 6: x̂ = 1.03125.
   std::vector<float> one(16, 0.0f);
   one[0] = 1.0f;
   r = encode(KeyFormat::nvfp4, one);
-  EXPECT_EQ(f32_at(r.scales.data() + 1), 0x1p-11f);
-  EXPECT_EQ(r.scales[0], 0x7b);
+  EXPECT_EQ(r.scales[0], 0x23);
   EXPECT_EQ(r.codes[0], 0x07);
   EXPECT_EQ(decode(KeyFormat::nvfp4, r, 16)[0], 1.03125f);
+  // A block max of 0.03 (below 6 * 2^-6): 0.03 / 6 = 2.56 * 2^-9 rounds to the subnormal
+  // scale 3 * 2^-9 (0x03); 0.03 / S = 5.12 rounds to 6, an absolute error <= 6 * 2^-10.
+  std::vector<float> small(16, 0.0f);
+  small[0] = 0.03f;
+  r = encode(KeyFormat::nvfp4, small);
+  EXPECT_EQ(r.scales[0], 0x03);
+  EXPECT_LE(std::fabs(decode(KeyFormat::nvfp4, r, 16)[0] - 0.03f), 6 * 0x1p-10);
+  // Beyond 2688: no encoding.
+  x[0] = std::nextafter(2688.0f, 3000.0f);
+  EXPECT_FALSE(kv::key_encodable(KeyFormat::nvfp4, x[0]));
+  EXPECT_TRUE(kv::key_encodable(KeyFormat::nvfp4, 2688.0f));
+  test::expect_error([&] { (void)encode(KeyFormat::nvfp4, x); }, ErrorCode::out_of_range, "k");
 }
 
 // f64 sum of q times the decoded values, and of the magnitudes (for the tolerance).
@@ -401,7 +398,7 @@ TEST(KeyFormats, RowsRejectBadDimsNonFiniteAndOutOfRangeKeys) {
                          ErrorCode::invalid_argument, "d");
     }
   }
-  x[9] = FLT_MAX;  // beyond int4's 7 * 65504, bf16's largest, and nvfp4's 2^127; mxfp4 has it
+  x[9] = FLT_MAX;  // beyond int4's 7 * 65504, bf16's largest, and nvfp4's 2688; mxfp4 has it
   for (KeyFormat f : {KeyFormat::bf16, KeyFormat::int4, KeyFormat::nvfp4}) {
     EXPECT_FALSE(kv::key_encodable(f, FLT_MAX));
     test::expect_error([&] { kv::quantize_row(f, x.data(), 64, codes.data(), scales.data()); },
@@ -416,17 +413,18 @@ TEST(KeyFormats, RowsRejectBadDimsNonFiniteAndOutOfRangeKeys) {
 }
 
 TEST(KeyFormats, BytesPerToken) {
-  // Per kv head and token: codes + scales (nvfp4 adds its f32 row scale).
-  const int want64[] = {128, 32 + 4, 32 + 2, 32 + 4 + 4};
-  const int want128[] = {256, 64 + 8, 64 + 4, 64 + 8 + 4};
+  // Per kv head and token: codes + scales.
+  const int want64[] = {128, 32 + 4, 32 + 2, 32 + 4};
+  const int want128[] = {256, 64 + 8, 64 + 4, 64 + 8};
   for (int i = 0; i < 4; ++i) {
     EXPECT_EQ(kv::row_bytes(kFormats[i], 64), want64[i]);
     EXPECT_EQ(kv::row_bytes(kFormats[i], 128), want128[i]);
   }
   EXPECT_DOUBLE_EQ(8 * kv::bytes_per_value(KeyFormat::int4, 128), 4.5);
   EXPECT_DOUBLE_EQ(8 * kv::bytes_per_value(KeyFormat::mxfp4, 128), 4.25);
-  EXPECT_DOUBLE_EQ(8 * kv::bytes_per_value(KeyFormat::nvfp4, 128), 4.75);
-  EXPECT_DOUBLE_EQ(8 * kv::bytes_per_value(KeyFormat::nvfp4, 64), 5.0);
+  EXPECT_DOUBLE_EQ(8 * kv::bytes_per_value(KeyFormat::nvfp4, 128), 4.5);
+  EXPECT_DOUBLE_EQ(8 * kv::bytes_per_value(KeyFormat::nvfp4, 64), 4.5);
+  EXPECT_DOUBLE_EQ(8 * kv::bytes_per_value(KeyFormat::nvfp4, 32), 4.5);  // 18 B: 3.56x bf16
   for (KeyFormat f : kFormats) {
     kv::CacheConfig cfg;
     cfg.num_kv_heads = 3;
@@ -514,7 +512,7 @@ TEST(SelectorKeyStore, ConfigChecksTheFormatAgainstTheHeadDim) {
   kv::PagedKVCache c(keys_config(KeyFormat::nvfp4, DType::f32, 16));
   const kv::SeqId s = c.create();
   std::vector<float> k(32, 1.0f), v(32, 1.0f);
-  k[20] = 0x1p127f * 1.5f;
+  k[20] = 3000.0f;  // beyond 6 * 448
   test::expect_error([&] { c.append(s, k, v, 1); }, ErrorCode::out_of_range, "k");
   EXPECT_EQ(c.length(s), 0);
 }

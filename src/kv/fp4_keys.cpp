@@ -100,21 +100,6 @@ float max_abs(const float* x, int n) {
   return m;
 }
 
-float load_f32(const std::uint8_t* p) {
-  float f;
-  std::memcpy(&f, p, sizeof f);  // little-endian hosts only (x86-64, aarch64)
-  return f;
-}
-
-// NVFP4's row scale g: the smallest power of two with max_row <= 6 * 448 * g, >= 2^-126.
-// 2688 * 2^(ilogb - 12) < 2^ilogb <= a, so the loop starts below and runs once or twice.
-int nvfp4_row_exponent(float a) {
-  if (!(a > 0)) return -126;
-  int e = std::ilogb(a) - 12;
-  while (std::ldexp(2688.0, e) < static_cast<double>(a)) ++e;
-  return std::max(e, -126);
-}
-
 }  // namespace
 
 namespace fp {
@@ -187,22 +172,19 @@ void dequantize_mxfp4(const std::uint8_t* codes, const std::uint8_t* scales, int
 
 void quantize_nvfp4(const float* x, int d, std::uint8_t* codes, std::uint8_t* scales) {
   const float a = max_abs(x, d);
-  require(a <= 0x1p127f, ErrorCode::out_of_range, "k", "max |k| = ", a,
-          " exceeds the nvfp4 selector key range (2^127)");
-  const float g = std::ldexp(1.0f, nvfp4_row_exponent(a));
+  require(a <= kNvfp4Max, ErrorCode::out_of_range, "k", "max |k| = ", a,
+          " exceeds the nvfp4 selector key range (6 * 448 = 2688 at tensor scale 1)");
   for (int b0 = 0; b0 < d; b0 += 16) {
-    // <= 448 since max_b <= max_row <= 2688 g: the E4M3 scale never saturates.
-    const std::uint8_t s = fp::f32_to_e4m3(max_abs(x + b0, 16) / (6.0f * g));
+    // <= 448 since max_b <= 2688: the E4M3 scale never saturates.
+    const std::uint8_t s = fp::f32_to_e4m3(max_abs(x + b0, 16) / 6.0f);
     scales[b0 / 16] = s;
-    encode_e2m1(x + b0, 16, g * kE4M3Table[s], codes + b0 / 2);
+    encode_e2m1(x + b0, 16, kE4M3Table[s], codes + b0 / 2);
   }
-  std::memcpy(scales + d / 16, &g, sizeof g);
 }
 
 void dequantize_nvfp4(const std::uint8_t* codes, const std::uint8_t* scales, int d, float* out) {
-  const float g = load_f32(scales + d / 16);
   for (int b0 = 0; b0 < d; b0 += 16) {
-    decode_e2m1(codes + b0 / 2, 16, g * kE4M3Table[scales[b0 / 16]], out + b0);
+    decode_e2m1(codes + b0 / 2, 16, kE4M3Table[scales[b0 / 16]], out + b0);
   }
 }
 
@@ -221,7 +203,7 @@ float dot_nvfp4_portable(const float* q, const std::uint8_t* codes, const std::u
   for (int b0 = 0; b0 < d; b0 += 16) {
     total += dot_e2m1_twice(q + b0, codes + b0 / 2, 16) * kE4M3Table[scales[b0 / 16]];
   }
-  return total * (0.5f * load_f32(scales + d / 16));
+  return 0.5f * total;
 }
 
 }  // namespace detail

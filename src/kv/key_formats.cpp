@@ -78,7 +78,7 @@ bool key_encodable(KeyFormat f, float x) {
     case KeyFormat::int4:
       return std::isfinite(f16_to_f32(f32_to_f16(a / 7.0f)));
     case KeyFormat::nvfp4:
-      return a <= 0x1p127f;
+      return a <= kNvfp4Max;
     default:
       return std::isfinite(a);
   }

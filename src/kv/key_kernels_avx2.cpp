@@ -106,9 +106,7 @@ float dot_nvfp4_avx2(const float* q, const std::uint8_t* codes, const std::uint8
     const __m256 a0 = fma16(q + b0, lo, _mm256_setzero_ps());
     total = _mm256_fmadd_ps(_mm256_set1_ps(kE4M3Value[scales[b0 / 16]]), a0, total);
   }
-  float g;
-  std::memcpy(&g, scales + d / 16, sizeof g);
-  return hsum(total) * (0.5f * g);
+  return 0.5f * hsum(total);
 }
 
 }  // namespace masskv::kv::detail

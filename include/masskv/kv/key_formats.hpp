@@ -42,18 +42,17 @@
 //   bound  : max |x| < 8S, so |x - x̂| < 2S <= max_i |x_i| / 2 (the spec's floor rule
 //            saturates values in (6S, 8S); others round to the finer grid it buys).
 //                                                     4.25 bits per value.
-// nvfp4 (NVIDIA NVFP4: E2M1 values, E4M3 scale per 16, one f32 second-level scale; d % 16 == 0):
-//   row    : g = the smallest power of two with max_row |x| <= 6 * 448 * g (NVIDIA's recipe
-//            amax / (6 * 448), rounded up to a power of two so S and x̂ are exact in f32),
-//            clamped to >= 2^-126. One f32 per ROW, not per tensor: an append then never
-//            rescales earlier rows. Stored after the block scales, 4 bytes.
-//   block  : s_b = E4M3 RNE of f32(max_b |x| / (6 g)) (<= 448, so never saturating);
-//            S = g s_b, 1 byte per block.
+// nvfp4 (NVIDIA NVFP4: E2M1 values, E4M3 scale per 16, and NVFP4's f32 second-level scale,
+// which is per tensor: here the key cache of a layer is the tensor and its scale is fixed at 1,
+// so no row is ever rescaled by a later append and nothing per row is stored; d % 16 == 0):
+//   block  : s_b = E4M3 RNE of f32(max_b |x| / 6) (<= 448 within the range, so never
+//            saturating); S = s_b, 1 byte per block.
 //   bound  : |x| - 6S <= 0.41 S for a normal s_b (E4M3 rounds relatively by <= 2^-4), and
-//            <= 6 g 2^-10 (1 + 2^-20) for a subnormal or zero s_b (a block whose max is
-//            below about 2^-15 of the row's).
-//   range  : rows with max |x| > 2^127 have no encoding.  4.5 + 32 / d bits per value
-//            (5 at d = 64, 4.75 at d = 128).
+//            <= 6 * 2^-10 (1 + 2^-20) for a subnormal or zero s_b (a block whose max is below
+//            6 * 2^-6 = 0.09375: there the error is absolute, at most about 0.0059).
+//   range  : rows with max |x| > kNvfp4Max = 6 * 448 = 2688 have no encoding (the largest
+//            block the E4M3 scale reaches). 4.5 bits per value, as int4 (a scale per row would
+//            add 32 / d bits: docs/design.md §2.9).
 #pragma once
 
 #include <cstdint>
@@ -62,6 +61,9 @@
 namespace masskv::kv {
 
 enum class KeyFormat : std::uint8_t { bf16, int4, mxfp4, nvfp4 };
+
+// The largest magnitude an nvfp4 row may hold: 6 (E2M1) * 448 (E4M3) at tensor scale 1.
+inline constexpr float kNvfp4Max = 2688.0f;
 
 std::string_view to_string(KeyFormat f) noexcept;
 // Parses "bf16" | "int4" | "mxfp4" | "nvfp4"; throws Error(invalid_argument, argument).
@@ -79,7 +81,7 @@ constexpr int scale_bytes(KeyFormat f, int d) {
     case KeyFormat::mxfp4:
       return d / 32;
     case KeyFormat::nvfp4:
-      return d / 16 + 4;
+      return d / 16;
     default:
       return 0;
   }
@@ -93,7 +95,7 @@ constexpr double bytes_per_value(KeyFormat f, int d) {
 // Throws Error(invalid_argument, argument) unless d > 0 and d % key_block(f) == 0.
 void check_key_dim(KeyFormat f, int d, std::string_view argument);
 // Whether a row holding a value of magnitude |x| (finite) can be encoded: the range limits
-// above (int4: f16(|x| / 7) finite; bf16: bf16(|x|) finite; nvfp4: |x| <= 2^127).
+// above (int4: f16(|x| / 7) finite; bf16: bf16(|x|) finite; nvfp4: |x| <= kNvfp4Max).
 bool key_encodable(KeyFormat f, float x);
 
 // Encodes k[0..d) into codes[code_bytes(f, d)] and scales[scale_bytes(f, d)] (bf16: scales
