@@ -4,6 +4,7 @@
 #include "masskv/model/learned_selector.hpp"
 
 #include <algorithm>
+#include <cmath>
 
 #include "masskv/error.hpp"
 #include "masskv/model/model.hpp"
@@ -77,6 +78,31 @@ std::vector<double> rope_inv_freq(const model::ModelConfig& c, int layer, int di
   return model::ops::rope_inv_freq(base, dim, scale);
 }
 
+namespace {
+
+// The normalised Walsh-Hadamard transform of each 32-value block of o[0..dim), in f64 with
+// one rounding to f32 per value (H / sqrt(32) is orthonormal and its own inverse).
+void rotate_blocks(float* o, std::size_t dim) {
+  constexpr int B = 32;
+  const double norm = 1.0 / std::sqrt(static_cast<double>(B));
+  for (std::size_t b0 = 0; b0 + B <= dim; b0 += B) {
+    double t[B];
+    for (int i = 0; i < B; ++i) t[i] = o[b0 + static_cast<std::size_t>(i)];
+    for (int h = 1; h < B; h *= 2) {
+      for (int i = 0; i < B; i += 2 * h) {
+        for (int j = i; j < i + h; ++j) {
+          const double a = t[j], c = t[j + h];
+          t[j] = a + c;
+          t[j + h] = a - c;
+        }
+      }
+    }
+    for (int i = 0; i < B; ++i) o[b0 + static_cast<std::size_t>(i)] = static_cast<float>(t[i] * norm);
+  }
+}
+
+}  // namespace
+
 void project(const Selector& s, const LayerSelector& l, Side side, const float* x, std::size_t n,
              std::span<const std::int64_t> positions, const std::vector<double>& inv_freq,
              float* out, std::vector<float>& scratch) {
@@ -109,6 +135,7 @@ void project(const Selector& s, const LayerSelector& l, Side side, const float* 
       float* o = out + (t * G + g) * dim;
       std::copy_n(ys + t * dim, dim, o);
       if (l.rope) rope.apply(o, t, /*neox=*/false);
+      if (dim % 32 == 0) rotate_blocks(o, dim);
     }
   }
 }

@@ -75,7 +75,11 @@ std::vector<double> rope_inv_freq(const model::ModelConfig& config, int layer, i
 
 enum class Side { query, key };
 
-// out[t][g][d_s] = W_side[g] x_t^(g) for n rows, then RoPE at positions[t] when layer.rope.
+// out[t][g][d_s] = W_side[g] x_t^(g) for n rows, then RoPE at positions[t] when layer.rope,
+// then, when d_s % 32 == 0, the normalised Walsh-Hadamard transform of each 32-value block: an
+// orthonormal map applied to both sides, so every score q_s · k_s is unchanged up to rounding,
+// while an outlier dimension is spread over its block before the 4-bit key row formats
+// quantise it with one scale per block (docs/design.md §2.9).
 // x rows: qk input, query side: the q heads [n][n_head][head_dim] (group g takes its heads);
 // qk input, key side: the k heads [n][n_head_kv][head_dim]; hidden input: the attention input
 // [n][n_embd] (every group reads all of it). One row: f32 mat-vec; more: the prefill GEMM
