@@ -33,7 +33,7 @@ namespace fp = kv::fp;
 using select::Budget;
 
 constexpr KeyFormat kFormats[] = {KeyFormat::bf16, KeyFormat::int4, KeyFormat::mxfp4,
-                                  KeyFormat::nvfp4};
+                                  KeyFormat::nvfp4, KeyFormat::mxfp8};
 constexpr double kE2M1Grid[8] = {0, 0.5, 1, 1.5, 2, 3, 4, 6};
 
 struct Row {
@@ -98,6 +98,15 @@ void check_round_trip(KeyFormat f, const std::vector<float>& x, const Row& r,
       EXPECT_EQ(r.scales[static_cast<std::size_t>(b)], X + 127) << where;
       std::fill_n(S.begin() + 32 * b, 32, std::ldexp(1.0, X));
     }
+  } else if (f == KeyFormat::mxfp8) {  // X = floor(log2 max) - 8
+    for (int b = 0; b < d / 32; ++b) {
+      const double a = max_abs(x, 32 * b, 32);
+      int e = 0;
+      std::frexp(a, &e);
+      const int X = a > 0 ? std::max(e - 1 - 8, -127) : -127;
+      EXPECT_EQ(r.scales[static_cast<std::size_t>(b)], X + 127) << where;
+      std::fill_n(S.begin() + 32 * b, 32, std::ldexp(1.0, X));
+    }
   } else if (f == KeyFormat::nvfp4) {  // tensor scale 1: S = the E4M3 block scale
     for (int b = 0; b < d / 16; ++b) {
       const std::uint8_t s = r.scales[static_cast<std::size_t>(b)];
@@ -129,6 +138,16 @@ void check_round_trip(KeyFormat f, const std::vector<float>& x, const Row& r,
         EXPECT_EQ(std::signbit(y[i]), std::signbit(x[i])) << where << " i=" << i;
         break;
       }
+      case KeyFormat::mxfp8: {  // key_formats.hpp's bound, and x̂ / S is an E4M3 value
+        EXPECT_LE(err, a <= 448 * s ? std::max(0x1p-4 * a, 0x1p-10 * s) : a - 448 * s)
+            << where << " i=" << i;
+        const double v = static_cast<double>(y[i]) / s;
+        EXPECT_EQ(static_cast<double>(fp::e4m3_to_f32(fp::f32_to_e4m3(static_cast<float>(v)))),
+                  v)
+            << where;
+        EXPECT_EQ(std::signbit(y[i]), std::signbit(x[i])) << where << " i=" << i;
+        break;
+      }
     }
   }
 }
@@ -154,7 +173,7 @@ TEST(KeyFormats, RoundTripIsWithinEachFormatsBound) {
       }
     }
   }
-  EXPECT_EQ(rows, 5 * 12 * (7 + 5 + 5 + 7));
+  EXPECT_EQ(rows, 5 * 12 * (7 + 5 + 5 + 7 + 5));
 }
 
 TEST(KeyFormats, ZeroAndNegativeZeroRowsDecodeToSignedZeros) {
@@ -292,6 +311,47 @@ TEST(KeyFormats, MxBlocksTakeTheSpecScaleAndSaturate) {
   EXPECT_EQ(r.codes[1] & 0x0f, 3);
 }
 
+TEST(KeyFormats, Mxfp8BlocksTakeThePowerOfTwoScaleAndE4M3Values) {
+  // Block max 3: floor(log2 3) = 1, X = -7, S = 2^-7; 3 / S = 384 is E4M3 0x7c (1.5 * 2^8).
+  std::vector<float> x(32, 0.0f);
+  x[0] = 3.0f;
+  x[1] = -1.0f;                 // 128 = 2^7: 0x70 | 0x80
+  x[2] = 0x1p-7f * 1.0625f;     // 1.0625: a tie between 1 and 1.125 -> 1 (0x38)
+  x[3] = 0x1p-7f * 0x1p-10f;    // 2^-10: half the smallest subnormal 2^-9 -> 0 (ties even)
+  x[4] = -0.0f;
+  Row r = encode(KeyFormat::mxfp8, x);
+  ASSERT_EQ(r.codes.size(), 32u);
+  ASSERT_EQ(r.scales.size(), 1u);
+  EXPECT_EQ(r.scales[0], 127 - 7);
+  EXPECT_EQ(r.codes[0], 0x7c);
+  EXPECT_EQ(r.codes[1], 0xf0);
+  EXPECT_EQ(r.codes[2], 0x38);
+  EXPECT_EQ(r.codes[3], 0x00);
+  EXPECT_EQ(r.codes[4], 0x80);
+  // Values in (448 S, 512 S) saturate: max 3.9 gives S = 2^-7 and 3.9 / S = 499.2 -> 448.
+  x[0] = 3.9f;
+  r = encode(KeyFormat::mxfp8, x);
+  EXPECT_EQ(r.codes[0], 0x7e);
+  EXPECT_EQ(decode(KeyFormat::mxfp8, r, 32)[0], 3.5f);
+}
+
+TEST(KeyFormats, Mxfp8DotReadsEveryE4M3CodeExactly) {
+  // The AVX2 kernel converts codes through f16 bits (key_kernels_avx2.cpp): every non-NaN code,
+  // subnormals included, must give its table value at any scale.
+  if (!cpu::has_avx2()) GTEST_SKIP() << "no AVX2";
+  std::vector<float> q(32, 0.0f);
+  q[5] = 1.0f;
+  std::vector<std::uint8_t> codes(32, 0), scales{127 - 20};  // S = 2^-20
+  for (int c = 0; c < 256; ++c) {
+    if ((c & 0x7f) == 0x7f) continue;  // NaN
+    codes[5] = static_cast<std::uint8_t>(c);
+    const float want = fp::e4m3_to_f32(static_cast<std::uint8_t>(c)) * 0x1p-20f;
+    EXPECT_EQ(kv::detail::dot_mxfp8_avx2(q.data(), codes.data(), scales.data(), 32), want) << c;
+    EXPECT_EQ(kv::detail::dot_mxfp8_portable(q.data(), codes.data(), scales.data(), 32), want)
+        << c;
+  }
+}
+
 TEST(KeyFormats, NvBlocksTakeE4M3BlockScalesAtTensorScaleOne) {
   // Block 0's max 2688 = 6 * 448 gives the scale 448 (0x7e), block 1's max 6 gives 1 (0x38).
   std::vector<float> x(32, 0.0f);
@@ -349,7 +409,8 @@ TEST(KeyFormats, DotOnTheCodesMatchesF64OfTheDecodedKeys) {
       {KeyFormat::bf16, kv::detail::dot_bf16_portable, kv::detail::dot_bf16_avx2},
       {KeyFormat::int4, kv::detail::dot_int4_portable, kv::detail::dot_int4_avx2},
       {KeyFormat::mxfp4, kv::detail::dot_mxfp4_portable, kv::detail::dot_mxfp4_avx2},
-      {KeyFormat::nvfp4, kv::detail::dot_nvfp4_portable, kv::detail::dot_nvfp4_avx2}};
+      {KeyFormat::nvfp4, kv::detail::dot_nvfp4_portable, kv::detail::dot_nvfp4_avx2},
+      {KeyFormat::mxfp8, kv::detail::dot_mxfp8_portable, kv::detail::dot_mxfp8_avx2}};
   std::mt19937 rng(13);
   std::normal_distribution<float> N(0.0f, 1.0f);
   int checked = 0;
@@ -376,7 +437,7 @@ TEST(KeyFormats, DotOnTheCodesMatchesF64OfTheDecodedKeys) {
       }
     }
   }
-  EXPECT_EQ(checked, 40 * (7 + 5 + 5 + 7));
+  EXPECT_EQ(checked, 40 * (7 + 5 + 5 + 7 + 5));
 }
 
 TEST(KeyFormats, RowsRejectBadDimsNonFiniteAndOutOfRangeKeys) {
@@ -407,6 +468,9 @@ TEST(KeyFormats, RowsRejectBadDimsNonFiniteAndOutOfRangeKeys) {
   EXPECT_TRUE(kv::key_encodable(KeyFormat::mxfp4, FLT_MAX));
   const Row r = encode(KeyFormat::mxfp4, x);
   EXPECT_EQ(r.scales[0], 125 + 127);  // X = 127 - 2
+  EXPECT_TRUE(kv::key_encodable(KeyFormat::mxfp8, FLT_MAX));
+  EXPECT_EQ(encode(KeyFormat::mxfp8, x).scales[0], 119 + 127);  // X = 127 - 8
+  EXPECT_EQ(kv::parse_key_format("mxfp8", "--formats"), KeyFormat::mxfp8);
   EXPECT_EQ(kv::parse_key_format("nvfp4", "--formats"), KeyFormat::nvfp4);
   test::expect_error([] { kv::parse_key_format("fp4", "--formats"); }, ErrorCode::invalid_argument,
                      "--formats");
@@ -414,9 +478,9 @@ TEST(KeyFormats, RowsRejectBadDimsNonFiniteAndOutOfRangeKeys) {
 
 TEST(KeyFormats, BytesPerToken) {
   // Per kv head and token: codes + scales.
-  const int want64[] = {128, 32 + 4, 32 + 2, 32 + 4};
-  const int want128[] = {256, 64 + 8, 64 + 4, 64 + 8};
-  for (int i = 0; i < 4; ++i) {
+  const int want64[] = {128, 32 + 4, 32 + 2, 32 + 4, 64 + 2};
+  const int want128[] = {256, 64 + 8, 64 + 4, 64 + 8, 128 + 4};
+  for (int i = 0; i < 5; ++i) {
     EXPECT_EQ(kv::row_bytes(kFormats[i], 64), want64[i]);
     EXPECT_EQ(kv::row_bytes(kFormats[i], 128), want128[i]);
   }
@@ -425,6 +489,7 @@ TEST(KeyFormats, BytesPerToken) {
   EXPECT_DOUBLE_EQ(8 * kv::bytes_per_value(KeyFormat::nvfp4, 128), 4.5);
   EXPECT_DOUBLE_EQ(8 * kv::bytes_per_value(KeyFormat::nvfp4, 64), 4.5);
   EXPECT_DOUBLE_EQ(8 * kv::bytes_per_value(KeyFormat::nvfp4, 32), 4.5);  // 18 B: 3.56x bf16
+  EXPECT_DOUBLE_EQ(8 * kv::bytes_per_value(KeyFormat::mxfp8, 32), 8.25);  // 33 B: 1.94x
   for (KeyFormat f : kFormats) {
     kv::CacheConfig cfg;
     cfg.num_kv_heads = 3;
@@ -640,7 +705,7 @@ TEST(TopPQuantKeys, ValidSelectionsWithinBudgetsAndTheMassOfTheDecodedKeys) {
       }
     }
   }
-  EXPECT_EQ(checked, 4 * 48);
+  EXPECT_EQ(checked, 5 * 48);
 }
 
 TEST(TopPQuantKeys, SelectorKeyScoresAreTheDotsOfTheStoredRows) {

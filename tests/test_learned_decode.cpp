@@ -127,10 +127,12 @@ TEST(KeyRows, BadRowsAndConfigsThrow) {
 // kv::quantize_row / dequantize_row give, forks share it, and score_rows on the codes equals
 // the f64 dot with the decoded values within (dim + 4) 2^-24 Σ|q x̂| (f32 sums per block).
 TEST(KeyRows, FourBitFormatsStoreQuantisedRowsAndScoreThem) {
-  for (const kv::RowFormat f : {kv::RowFormat::int4, kv::RowFormat::mxfp4, kv::RowFormat::nvfp4}) {
+  for (const kv::RowFormat f : {kv::RowFormat::int4, kv::RowFormat::mxfp4, kv::RowFormat::nvfp4,
+                                kv::RowFormat::mxfp8}) {
     SCOPED_TRACE(to_string(f));
     const kv::KeyFormat kf = f == kv::RowFormat::int4    ? kv::KeyFormat::int4
                              : f == kv::RowFormat::mxfp4 ? kv::KeyFormat::mxfp4
+                             : f == kv::RowFormat::mxfp8 ? kv::KeyFormat::mxfp8
                                                          : kv::KeyFormat::nvfp4;
     std::mt19937 rng(11);
     const int G = 2, dim = 64, tok = 2 * 8, n = 9;

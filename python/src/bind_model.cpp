@@ -220,7 +220,7 @@ void bind_model(nb::module_& m) {
           "diagnostics: certified delta bounds per step in last_stats; fork_pages: spare pages\n"
           "per layer for sessions forked from this one; selector_file: a learned selector\n"
           "(masskv distill) whose key cache the session keeps, in selector_key_format (f32,\n"
-          "bf16, int4, mxfp4, nvfp4), for method='learned'.")
+          "bf16, int4, mxfp4, nvfp4, mxfp8), for method='learned'.")
       .def("generate", &generate, nb::arg("prompt"), nb::arg("n_predict") = 64, nb::kw_only(),
            nb::arg("chat") = false, nb::arg("method") = "dense", nb::arg("budget_tokens") = 1024,
            nb::arg("temperature") = 0.0f, nb::arg("top_k") = 40, nb::arg("top_p") = 0.95f,

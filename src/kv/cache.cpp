@@ -63,7 +63,7 @@ void CacheConfig::validate() const {
           "dtype", "unknown dtype ", static_cast<int>(dtype));
   require(layout == Layout::HND || layout == Layout::NHD, invalid_argument, "layout",
           "unknown layout ", static_cast<int>(layout));
-  require(selector_key_format <= KeyFormat::nvfp4, invalid_argument, "selector_key_format",
+  require(selector_key_format <= KeyFormat::mxfp8, invalid_argument, "selector_key_format",
           "unknown selector key format ", static_cast<int>(selector_key_format));
   if (int4_selector_keys) {
     require(selector_key_format == KeyFormat::int4, invalid_argument, "int4_selector_keys",
@@ -75,7 +75,7 @@ void CacheConfig::validate() const {
   require(key_row_groups >= 0 && key_row_dim >= 0 && (key_row_groups > 0) == (key_row_dim > 0),
           invalid_argument, "key_row_groups", "key rows need groups > 0 and dim > 0 (or both 0), got ",
           key_row_groups, " x ", key_row_dim);
-  require(key_row_format <= RowFormat::nvfp4, invalid_argument, "key_row_format",
+  require(key_row_format <= RowFormat::mxfp8, invalid_argument, "key_row_format",
           "unknown format ", static_cast<int>(key_row_format));
   if (key_row_groups > 0) check_row_dim(key_row_format, key_row_dim, "key_row_dim");
 }

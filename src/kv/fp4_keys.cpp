@@ -1,5 +1,5 @@
-// The FP4 selector key formats, MXFP4 and NVFP4, and the minifloats they are made of (E2M1
-// values, E8M0 and E4M3 scales): masskv/kv/key_formats.hpp defines them.
+// The minifloat selector key formats, MXFP4, NVFP4 and MXFP8 (E4M3), and the minifloats they are
+// made of (E2M1 and E4M3 values, E8M0 and E4M3 scales): masskv/kv/key_formats.hpp defines them.
 #include <algorithm>
 #include <array>
 #include <cmath>
@@ -186,6 +186,37 @@ void dequantize_nvfp4(const std::uint8_t* codes, const std::uint8_t* scales, int
   for (int b0 = 0; b0 < d; b0 += 16) {
     decode_e2m1(codes + b0 / 2, 16, kE4M3Table[scales[b0 / 16]], out + b0);
   }
+}
+
+void quantize_mxfp8(const float* x, int d, std::uint8_t* codes, std::uint8_t* scales) {
+  for (int b0 = 0; b0 < d; b0 += 32) {
+    const float a = max_abs(x + b0, 32);
+    // X = floor(log2 max) - 8 (E4M3's largest power of two is 2^8), clamped to E8M0.
+    const std::uint8_t s = fp::e8m0_of_exponent(a > 0 ? std::ilogb(a) - 8 : -127);
+    scales[b0 / 32] = s;
+    const float S = kE8M0Table[s];
+    // x / S is exact (S a power of two, the quotient a normal f32 for every block this rule
+    // gives), so E4M3's RNE is the only rounding; beyond 448 it saturates.
+    for (int i = 0; i < 32; ++i) codes[b0 + i] = fp::f32_to_e4m3(x[b0 + i] / S);
+  }
+}
+
+void dequantize_mxfp8(const std::uint8_t* codes, const std::uint8_t* scales, int d, float* out) {
+  for (int b0 = 0; b0 < d; b0 += 32) {
+    const float S = kE8M0Table[scales[b0 / 32]];
+    for (int i = 0; i < 32; ++i) out[b0 + i] = S * kE4M3Table[codes[b0 + i]];
+  }
+}
+
+float dot_mxfp8_portable(const float* q, const std::uint8_t* codes, const std::uint8_t* scales,
+                         int d) {
+  float total = 0;
+  for (int b0 = 0; b0 < d; b0 += 32) {
+    float acc = 0;
+    for (int i = 0; i < 32; ++i) acc += q[b0 + i] * kE4M3Table[codes[b0 + i]];
+    total += acc * kE8M0Table[scales[b0 / 32]];
+  }
+  return total;
 }
 
 float dot_mxfp4_portable(const float* q, const std::uint8_t* codes, const std::uint8_t* scales,

@@ -15,5 +15,7 @@ void quantize_mxfp4(const float* x, int d, std::uint8_t* codes, std::uint8_t* sc
 void dequantize_mxfp4(const std::uint8_t* codes, const std::uint8_t* scales, int d, float* out);
 void quantize_nvfp4(const float* x, int d, std::uint8_t* codes, std::uint8_t* scales);
 void dequantize_nvfp4(const std::uint8_t* codes, const std::uint8_t* scales, int d, float* out);
+void quantize_mxfp8(const float* x, int d, std::uint8_t* codes, std::uint8_t* scales);
+void dequantize_mxfp8(const std::uint8_t* codes, const std::uint8_t* scales, int d, float* out);
 
 }  // namespace masskv::kv::detail

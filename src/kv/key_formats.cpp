@@ -52,16 +52,19 @@ std::string_view to_string(KeyFormat f) noexcept {
       return "mxfp4";
     case KeyFormat::nvfp4:
       return "nvfp4";
+    case KeyFormat::mxfp8:
+      return "mxfp8";
   }
   return "?";
 }
 
 KeyFormat parse_key_format(std::string_view name, std::string_view argument) {
-  for (KeyFormat f : {KeyFormat::bf16, KeyFormat::int4, KeyFormat::mxfp4, KeyFormat::nvfp4}) {
+  for (KeyFormat f : {KeyFormat::bf16, KeyFormat::int4, KeyFormat::mxfp4, KeyFormat::nvfp4,
+                      KeyFormat::mxfp8}) {
     if (name == to_string(f)) return f;
   }
   fail(ErrorCode::invalid_argument, argument, "unknown selector key format '", name,
-       "' (bf16, int4, mxfp4, nvfp4)");
+       "' (bf16, int4, mxfp4, nvfp4, mxfp8)");
 }
 
 void check_key_dim(KeyFormat f, int d, std::string_view argument) {
@@ -103,6 +106,8 @@ void quantize_row(KeyFormat f, const float* k, int d, std::uint8_t* codes, std::
       return detail::quantize_mxfp4(k, d, codes, scales);
     case KeyFormat::nvfp4:
       return detail::quantize_nvfp4(k, d, codes, scales);
+    case KeyFormat::mxfp8:
+      return detail::quantize_mxfp8(k, d, codes, scales);
   }
 }
 
@@ -118,6 +123,8 @@ void dequantize_row(KeyFormat f, const std::uint8_t* codes, const std::uint8_t* 
       return detail::dequantize_mxfp4(codes, scales, d, out);
     case KeyFormat::nvfp4:
       return detail::dequantize_nvfp4(codes, scales, d, out);
+    case KeyFormat::mxfp8:
+      return detail::dequantize_mxfp8(codes, scales, d, out);
   }
 }
 
@@ -132,6 +139,8 @@ DotRowFn dot_row_kernel(KeyFormat f) {
       return simd ? detail::dot_mxfp4_avx2 : detail::dot_mxfp4_portable;
     case KeyFormat::nvfp4:
       return simd ? detail::dot_nvfp4_avx2 : detail::dot_nvfp4_portable;
+    case KeyFormat::mxfp8:
+      return simd ? detail::dot_mxfp8_avx2 : detail::dot_mxfp8_portable;
   }
   fail(ErrorCode::invalid_argument, "f", "unknown selector key format ", static_cast<int>(f));
 }

@@ -21,6 +21,9 @@ float dot_mxfp4_avx2(const float* q, const std::uint8_t* codes, const std::uint8
 float dot_nvfp4_portable(const float* q, const std::uint8_t* codes, const std::uint8_t* scales,
                          int d);
 float dot_nvfp4_avx2(const float* q, const std::uint8_t* codes, const std::uint8_t* scales, int d);
+float dot_mxfp8_portable(const float* q, const std::uint8_t* codes, const std::uint8_t* scales,
+                         int d);
+float dot_mxfp8_avx2(const float* q, const std::uint8_t* codes, const std::uint8_t* scales, int d);
 
 // Twice the E2M1 value of each code (integers -12..12), the table both FP4 dots index, and
 // the values of every E4M3 and E8M0 code (NaN codes: NaN), for the block scales.

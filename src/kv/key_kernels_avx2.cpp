@@ -109,4 +109,28 @@ float dot_nvfp4_avx2(const float* q, const std::uint8_t* codes, const std::uint8
   return 0.5f * hsum(total);
 }
 
+// 8 E4M3 codes as f32 / 256: the code's bits placed in an f16 (sign to bit 15, exponent and
+// mantissa shifted left by 7) are the same value times 2^-8 — f16's bias is 8 more than
+// E4M3's, and E4M3's subnormals (m 2^-9) land on f16's (m 2^7 2^-24) — so F16C converts them
+// exactly (the NaN codes are never stored).
+inline __m256 e4m3x8_over_256(const std::uint8_t* codes) {
+  const __m128i c = _mm_cvtepu8_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(codes)));
+  const __m128i sign = _mm_slli_epi16(_mm_and_si128(c, _mm_set1_epi16(0x80)), 8);
+  const __m128i mag = _mm_slli_epi16(_mm_and_si128(c, _mm_set1_epi16(0x7f)), 7);
+  return _mm256_cvtph_ps(_mm_or_si128(sign, mag));
+}
+
+float dot_mxfp8_avx2(const float* q, const std::uint8_t* codes, const std::uint8_t* scales, int d) {
+  __m256 total = _mm256_setzero_ps();
+  for (int b0 = 0; b0 < d; b0 += 32) {
+    __m256 acc = _mm256_setzero_ps();
+    for (int i = 0; i < 32; i += 8) {
+      acc = _mm256_fmadd_ps(_mm256_loadu_ps(q + b0 + i), e4m3x8_over_256(codes + b0 + i), acc);
+    }
+    const float s = 256.0f * kE8M0Value[scales[b0 / 32]];  // exact: mxfp8 scales are <= 2^119
+    total = _mm256_fmadd_ps(_mm256_set1_ps(s), acc, total);
+  }
+  return hsum(total);
+}
+
 }  // namespace masskv::kv::detail

@@ -19,8 +19,9 @@ bool quantised(RowFormat f) { return f != RowFormat::f32 && f != RowFormat::bf16
 
 // The key_formats.hpp format of a quantised row format.
 KeyFormat key_format(RowFormat f) {
-  return f == RowFormat::int4 ? KeyFormat::int4
+  return f == RowFormat::int4    ? KeyFormat::int4
          : f == RowFormat::mxfp4 ? KeyFormat::mxfp4
+         : f == RowFormat::mxfp8 ? KeyFormat::mxfp8
                                  : KeyFormat::nvfp4;
 }
 
@@ -41,17 +42,19 @@ std::string_view to_string(RowFormat f) noexcept {
       return "mxfp4";
     case RowFormat::nvfp4:
       return "nvfp4";
+    case RowFormat::mxfp8:
+      return "mxfp8";
   }
   return "?";
 }
 
 RowFormat parse_row_format(std::string_view name, std::string_view argument) {
   for (RowFormat f : {RowFormat::f32, RowFormat::bf16, RowFormat::int4, RowFormat::mxfp4,
-                      RowFormat::nvfp4}) {
+                      RowFormat::nvfp4, RowFormat::mxfp8}) {
     if (name == to_string(f)) return f;
   }
   fail(ErrorCode::invalid_argument, argument, "unknown selector key format '", name,
-       "' (f32, bf16, int4, mxfp4, nvfp4)");
+       "' (f32, bf16, int4, mxfp4, nvfp4, mxfp8)");
 }
 
 void check_row_dim(RowFormat f, int dim, std::string_view argument) {

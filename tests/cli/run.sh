@@ -166,7 +166,7 @@ check run-bad-reselect 2 '--reselect-every' -- "$bin" run --reselect-every 0 -p 
 check bench-keys-help 0 '--formats' -- "$bin" bench keys --help
 check bench-keys-bad-format 2 '--formats' -- "$bin" bench keys --dumps "$tmp/dump/layer02.mkvd" \
   --formats fp4
-check bench-keys-tiny 0 '\| nvfp4 \| 5 \| 4.75 \| 40 \| 76 \|' -- "$bin" bench keys \
+check bench-keys-tiny 0 '\| nvfp4 \| 4.5 \| 4.5 \| 36 \| 72 \|' -- "$bin" bench keys \
   --dumps "$tmp/dump/layer02.mkvd" --budget 1/2 -o json --out "$tmp/keys.json"
 check bench-keys-json 0 '"mass_recall"' -- cat "$tmp/keys.json"
 

@@ -39,7 +39,7 @@ using kv::KeyFormat;
 
 struct KeysOptions {
   std::vector<std::string> dumps;
-  std::vector<std::string> formats{"int4", "mxfp4", "nvfp4"};
+  std::vector<std::string> formats{"int4", "mxfp4", "nvfp4", "mxfp8"};
   int page_size = 16;
   std::string budget = "1/16";
   double top_p = 0.9;
@@ -337,14 +337,14 @@ void register_bench_keys(CLI::App& bench) {
   auto o = std::make_shared<KeysOptions>();
   auto* s = bench.add_subcommand(
       "keys",
-      "Selector key formats (bf16, int4, mxfp4, nvfp4) on a model's real keys and queries "
+      "Selector key formats (bf16, int4, mxfp4, nvfp4, mxfp8) on a model's real keys and queries "
       "(masskv dump files): bytes per token, and the page recall of quantised-key scores "
       "against bf16-key scores");
   s->add_option("--dumps", o->dumps, "Files written by masskv dump (comma-separated)")
       ->delimiter(',')
       ->required();
   s->add_option("--formats", o->formats,
-                "Formats compared with bf16: int4, mxfp4, nvfp4 (kv/key_formats.hpp)")
+                "Formats compared with bf16: int4, mxfp4, nvfp4, mxfp8 (kv/key_formats.hpp)")
       ->delimiter(',')
       ->capture_default_str();
   add_page(s, o->page_size);

@@ -29,8 +29,9 @@ CLI::Option* add_selector_file(CLI::App* app, std::string& file, const std::stri
 CLI::Option* add_selector_key_format(CLI::App* app, std::string& format) {
   return app
       ->add_option("--selector-key-format", format,
-                   "Storage of the learned selector's key cache: f32, bf16, int4, mxfp4 or "
-                   "nvfp4 (docs/design.md §2.9; the 4-bit ones need d_s % 32 == 0, nvfp4 % 16)")
+                   "Storage of the learned selector's key cache: f32, bf16, int4, mxfp4, nvfp4 "
+                   "or mxfp8 (docs/design.md §2.9; the block formats need d_s % 32 == 0, "
+                   "nvfp4 % 16)")
       ->capture_default_str();
 }
 

@@ -53,6 +53,16 @@
 //   range  : rows with max |x| > kNvfp4Max = 6 * 448 = 2688 have no encoding (the largest
 //            block the E4M3 scale reaches). 4.5 bits per value, as int4 (a scale per row would
 //            add 32 / d bits: docs/design.md §2.9).
+//
+// mxfp8 (OCP MX v1.0 MXFP8 with E4M3 elements: E4M3 values, E8M0 shared scale per 32;
+// d % 32 == 0; DeepSeek's DSA indexer keeps its keys in FP8 E4M3 too):
+//   scale  : S = 2^X, X = floor(log2 max_i |x_i|) - 8 (E4M3's largest power of two is 2^8),
+//            clamped to >= -127; X = -127 for an all-zero block. E8M0, 1 byte per block.
+//   values : v_i = E4M3 RNE of x_i / S (exact quotient), saturating to +-448 (|x| / S < 512,
+//            so only values in (448 S, 512 S) saturate); 1 byte each. Decoded x̂_i = S v_i.
+//   bound  : |x - x̂| <= max(2^-4 |x|, 2^-10 S) when |x| <= 448 S (E4M3 rounds relatively by
+//            <= 2^-4, subnormals absolutely by half their spacing 2^-9), |x| - 448 S (< 64 S)
+//            beyond.                                 8.25 bits per value (1.94x under bf16).
 #pragma once
 
 #include <cstdint>
@@ -60,25 +70,28 @@
 
 namespace masskv::kv {
 
-enum class KeyFormat : std::uint8_t { bf16, int4, mxfp4, nvfp4 };
+enum class KeyFormat : std::uint8_t { bf16, int4, mxfp4, nvfp4, mxfp8 };
 
 // The largest magnitude an nvfp4 row may hold: 6 (E2M1) * 448 (E4M3) at tensor scale 1.
 inline constexpr float kNvfp4Max = 2688.0f;
 
 std::string_view to_string(KeyFormat f) noexcept;
-// Parses "bf16" | "int4" | "mxfp4" | "nvfp4"; throws Error(invalid_argument, argument).
+// Parses "bf16" | "int4" | "mxfp4" | "nvfp4" | "mxfp8"; throws Error(invalid_argument, argument).
 KeyFormat parse_key_format(std::string_view name, std::string_view argument);
 
 // Values per block: a row's d must be a positive multiple.
 constexpr int key_block(KeyFormat f) {
   return f == KeyFormat::bf16 ? 1 : f == KeyFormat::nvfp4 ? 16 : 32;
 }
-constexpr int code_bytes(KeyFormat f, int d) { return f == KeyFormat::bf16 ? 2 * d : d / 2; }
+constexpr int code_bytes(KeyFormat f, int d) {
+  return f == KeyFormat::bf16 ? 2 * d : f == KeyFormat::mxfp8 ? d : d / 2;
+}
 constexpr int scale_bytes(KeyFormat f, int d) {
   switch (f) {
     case KeyFormat::int4:
       return 2 * (d / 32);
     case KeyFormat::mxfp4:
+    case KeyFormat::mxfp8:
       return d / 32;
     case KeyFormat::nvfp4:
       return d / 16;

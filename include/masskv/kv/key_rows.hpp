@@ -12,12 +12,13 @@
 
 namespace masskv::kv {
 
-enum class RowFormat : std::uint8_t { f32, bf16, int4, mxfp4, nvfp4 };
+enum class RowFormat : std::uint8_t { f32, bf16, int4, mxfp4, nvfp4, mxfp8 };
 std::string_view to_string(RowFormat f) noexcept;
-// "f32" | "bf16" | "int4" | "mxfp4" | "nvfp4"; throws Error(invalid_argument, argument).
+// "f32" | "bf16" | "int4" | "mxfp4" | "nvfp4" | "mxfp8"; throws Error(invalid_argument,
+// argument).
 RowFormat parse_row_format(std::string_view name, std::string_view argument);
 // Throws Error(invalid_argument, argument) unless dim > 0 fits the format's blocks (the
-// 4-bit formats: a multiple of 32, NVFP4 of 16).
+// block formats: a multiple of 32, NVFP4 of 16).
 void check_row_dim(RowFormat f, int dim, std::string_view argument);
 
 // Bytes of one encoded row of `dim` values.
