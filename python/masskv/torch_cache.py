@@ -205,7 +205,9 @@ class TorchPagedCache:
         if len(set(seqs)) != len(seqs):
             raise ValueError("seqs: a sequence appears twice in one step")
         P = self.page_size
-        need = sum(-(-(s.length + tokens) // P) - len(s.pages) for s in rows)
+        # New pages, plus a copy of each partly filled last page a fork still shares.
+        need = sum(-(-(s.length + tokens) // P) - len(s.pages)
+                   + (s.length % P != 0 and self._refs[s.pages[-1]] > 1) for s in rows)
         if need > len(self._free):
             raise _error(f"capacity_pages: the step needs {need} new pages, {len(self._free)} "
                          f"of {self.capacity_pages} are free", "out_of_memory", "capacity_pages")
