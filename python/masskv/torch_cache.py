@@ -67,7 +67,9 @@ class TorchPagedCache:
     torch.float16; layout: "NHD" (pool (layers, pages, page_size, H_kv, d)) or "HND" (layers,
     pages, H_kv, page_size, d); bounds: keep the bf16 bound store that ``select`` (GPU Quest)
     scans; max_pages_per_seq: a fixed bound on the pages of any sequence for the kernels' grids
-    (None: the current longest sequence, recomputed each step).
+    (None: the current longest sequence, recomputed each step). On a CPU device only the page
+    bookkeeping, the page table and ``decode`` run (the append and selection operators are CUDA
+    kernels; masskv.PagedKVCache is the CPU cache).
     """
 
     def __init__(self, num_layers: int, num_kv_heads: int, head_dim: int, capacity_pages: int,
@@ -90,9 +92,9 @@ class TorchPagedCache:
         dev = torch.device("cuda") if device is None else torch.device(device)
         if dev.type == "cuda" and dev.index is None:
             dev = torch.device("cuda", torch.cuda.current_device())
-        if dev.type != "cuda":
-            raise ValueError(f"device: TorchPagedCache lives on a CUDA device, got {dev} "
-                             "(masskv.PagedKVCache is the CPU cache)")
+        if dev.type not in ("cuda", "cpu"):
+            raise ValueError(f"device: a CUDA device (or the CPU, where only the page "
+                             f"bookkeeping and decode run), got {dev}")
         self.num_layers, self.num_kv_heads, self.head_dim = num_layers, num_kv_heads, head_dim
         self.capacity_pages, self.page_size = capacity_pages, page_size
         self.dtype, self.device, self.layout = dtype, dev, layout
@@ -279,11 +281,18 @@ class TorchPagedCache:
         st = self._current()
         return self.max_pages_per_seq or st.max_pages
 
-    def table(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """The step's page table (FlashInfer's CSR): int32 indptr (B + 1,), indices
-        (capacity_pages,; the used prefix indptr[B]), last_page_len (B,), on the device."""
+    def table(self, full: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The step's page table (FlashInfer's CSR): int32 indptr (B + 1,), indices, last_page_len
+        (B,), on the cache's device. indices holds indptr[B] entries, or with full=True the whole
+        (capacity_pages,) buffer whose prefix they are: the same storage every step, which a
+        captured CUDA graph keeps (the CUDA kernels read only the prefix indptr gives)."""
         st = self._current()
-        return st.indptr, st.indices, st.last_page_len
+        n = len(st.indices) if full else sum(len(self._seqs[s].pages) for s in st.seqs)
+        return st.indptr, st.indices[:n], st.last_page_len
+
+    def _kernel_table(self):
+        # CUDA: the whole buffer (graph-safe); the CPU's checks want the exact prefix.
+        return self.table(full=self.device.type == "cuda")
 
     # -- per layer (device) --------------------------------------------------------------------
     def stores(self, layer: int) -> dict:
@@ -346,8 +355,8 @@ class TorchPagedCache:
     def kv(self, layer: int) -> masskv.KV:
         """Layer `layer` as a masskv.KV over the step's page table (for masskv.decode etc.)."""
         self._check_layer(layer)
-        return masskv.KV.from_arrays(self.k_pool[layer], self.v_pool[layer], *self.table(),
-                                     layout=self.layout)
+        return masskv.KV.from_arrays(self.k_pool[layer], self.v_pool[layer],
+                                     *self._kernel_table(), layout=self.layout)
 
     def select(self, layer: int, q: torch.Tensor, *, budget_tokens: int, sink_pages: int = 1,
                window_tokens: int = 0, scale: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:
@@ -357,7 +366,7 @@ class TorchPagedCache:
             raise ValueError("select: this cache keeps no bound store (bounds=False)")
         self._check_layer(layer)
         return torch.ops.masskv.quest_select(
-            q, self.k_pool[layer], self.v_pool[layer], *self.table(), self.bound_min[layer],
+            q, self.k_pool[layer], self.v_pool[layer], *self._kernel_table(), self.bound_min[layer],
             self.bound_max[layer], self.layout, budget_tokens, sink_pages, window_tokens, scale,
             self.step_max_pages)
 
@@ -369,9 +378,9 @@ class TorchPagedCache:
         and lse_or_tau (B, Hq)."""
         self._check_layer(layer)
         ids, count = (None, None) if selection is None else selection
-        return torch.ops.masskv.decode(q, self.k_pool[layer], self.v_pool[layer], *self.table(),
-                                       ids, count, self.layout, alpha, scale,
-                                       self.step_max_pages)
+        return torch.ops.masskv.decode(q, self.k_pool[layer], self.v_pool[layer],
+                                       *self._kernel_table(), ids, count, self.layout, alpha,
+                                       scale, self.step_max_pages)
 
 
 # The operators are registered by importing masskv.ops (above); keep the name used.

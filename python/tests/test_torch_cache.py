@@ -1,0 +1,102 @@
+"""masskv.torch_cache.TorchPagedCache's host side on the CPU: page allocation, the page table of
+a step, fork with copy-on-write, free, capacity errors, and decode over pool rows written by
+hand against the float64 reference. The device side (append, summaries, selection) runs in
+test_ops.py on the GPU machine. Skipped where torch is absent (CI)."""
+
+import numpy as np
+import pytest
+
+import masskv
+
+torch = pytest.importorskip("torch")
+from masskv.torch_cache import TorchPagedCache  # noqa: E402
+
+
+def cpu_cache(**kw):
+    args = dict(page_size=4, device="cpu", bounds=False)
+    args.update(kw)
+    return TorchPagedCache(2, 2, 64, 16, **args)
+
+
+def table(c):
+    indptr, indices, last = (t.numpy().copy() for t in c.table())
+    return indptr, indices[:indptr[-1]], last
+
+
+def test_a_step_takes_pages_and_writes_the_page_table():
+    c = cpu_cache()
+    a, b = c.create(), c.create()
+    c.begin_step([a, b], 6)                     # 2 pages each (4 + 2)
+    indptr, indices, last = table(c)
+    assert indptr.tolist() == [0, 2, 4] and last.tolist() == [2, 2]
+    assert sorted(indices.tolist()) == [0, 1, 2, 3]
+    assert c.step_tokens == 6 and c.step_max_pages == 2 and c.free_pages == 12
+    c.begin_step([b], 3)                        # b: 9 tokens, 3 pages; the batch is [b] now
+    indptr, indices, last = table(c)
+    assert indptr.tolist() == [0, 3] and last.tolist() == [1]
+    assert c.length(a) == 6 and c.length(b) == 9
+
+
+def test_fork_shares_pages_and_copies_a_partial_last_page_on_write():
+    c = cpu_cache()
+    a = c.create()
+    c.begin_step([a], 6)
+    c.k_pool[:, :2] = torch.arange(2 * 4 * 2 * 64, dtype=torch.float32).view(2, 4, 2, 64).to(
+        torch.bfloat16)[None]
+    b = c.fork(a)
+    assert c.free_pages == 14                   # nothing new yet: both share 2 pages
+    c.begin_step([b], 1)                        # b writes into its partial page: a copy first
+    assert c.free_pages == 13
+    pa, pb = c._seqs[a].pages, c._seqs[b].pages
+    assert pa[0] == pb[0] and pa[1] != pb[1]
+    assert torch.equal(c.k_pool[:, pb[1]], c.k_pool[:, pa[1]])   # every layer copied
+    c.free(a)
+    c.free(b)
+    assert c.free_pages == 16
+
+
+def test_capacity_is_checked_before_anything_changes():
+    c = cpu_cache()
+    s = c.create()
+    with pytest.raises(masskv.Error, match="needs 17 new pages") as e:
+        c.begin_step([s], 65)
+    assert e.value.code == "out_of_memory" and c.length(s) == 0 and c.free_pages == 16
+    c = cpu_cache(max_pages_per_seq=2)
+    s = c.create()
+    with pytest.raises(masskv.Error, match="max_pages_per_seq"):
+        c.begin_step([s], 9)
+
+
+def test_bad_arguments_are_named():
+    c = cpu_cache()
+    s = c.create()
+    with pytest.raises(ValueError, match="seq: no sequence 7"):
+        c.begin_step([7], 1)
+    with pytest.raises(ValueError, match="appears twice"):
+        c.begin_step([s, s], 1)
+    with pytest.raises(ValueError, match="tokens: must be a positive int"):
+        c.begin_step([s], 0)
+    with pytest.raises(RuntimeError, match="no step begun"):
+        c.table()
+    c.begin_step([s], 2)
+    with pytest.raises(ValueError, match=r"k: expected shape \(1, 2, 2, 64\)"):
+        c.append(0, torch.zeros(1, 3, 2, 64), torch.zeros(1, 3, 2, 64))
+    with pytest.raises(ValueError, match="layer: expected an int in"):
+        c.decode(5, torch.zeros(1, 4, 64))
+    with pytest.raises(TypeError, match="dtype"):
+        TorchPagedCache(1, 2, 64, 4, device="cpu", dtype=torch.float32)
+
+
+def test_decode_over_hand_written_rows_matches_the_reference():
+    rng = np.random.default_rng(3)
+    c = cpu_cache(layout="HND")
+    a, b = c.create(), c.create()
+    c.begin_step([a, b], 7)
+    kv_pages = torch.from_numpy(rng.standard_normal((2, 16, 2, 4, 64), dtype=np.float32))
+    c.k_pool.copy_(kv_pages.to(torch.bfloat16))
+    c.v_pool.copy_((kv_pages * 0.5).to(torch.bfloat16))
+    q = torch.randn(2, 4, 64)
+    out, lse = c.decode(1, q)
+    ref, ref_lse = masskv.decode_reference(q.numpy(), c.kv(1))
+    np.testing.assert_allclose(out.numpy(), ref, atol=3e-5)
+    np.testing.assert_allclose(lse.numpy(), ref_lse, atol=3e-5)
