@@ -23,16 +23,18 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter,
                                  epilog=__doc__.split("\n\n", 2)[2])
-    ap.add_argument("results", help="results.json of masskv eval")
+    ap.add_argument("results", nargs="+", help="results.json files of masskv eval")
     ap.add_argument("--method", required=True, help="the method to judge (e.g. two_stage)")
     ap.add_argument("--against", default="", help="dense or oracle (default: the weaker of the two)")
     ap.add_argument("--min-dense", type=float, default=0.2, help="cells where dense scores >= this")
     ap.add_argument("--boot", type=int, default=10000, help="bootstrap draws")
     a = ap.parse_args()
-    try:
-        recs = json.load(open(a.results))["records"]
-    except (OSError, KeyError, json.JSONDecodeError) as e:
-        ap.error(f"{a.results}: {e}")
+    recs = []
+    for path in a.results:
+        try:
+            recs += json.load(open(path))["records"]
+        except (OSError, KeyError, json.JSONDecodeError) as e:
+            ap.error(f"{path}: {e}")
     # score[(protocol, budget-of-method, method)][(task, length, index)]
     by = defaultdict(dict)
     for r in recs:
