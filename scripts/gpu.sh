@@ -5,9 +5,10 @@
 # (build.log check.log bench.log bench_ours.json bench_prefill.json bench_torch.json report.md
 # report.json prefill.md prefill.json phases.log),
 # then the Python tests CI cannot run (PyTorch tensors, the transformers integration) with the
-# module built there (python.log). Wheels the machine lacks (nanobind, scikit-build-core) travel
+# module built there (python.log), and with --e2e the whole-model decode table
+# (tools/gpu_bench/e2e.py: e2e.md, e2e.json, e2e.log; E2E_ARGS adds its options). Wheels the machine lacks (nanobind, scikit-build-core) travel
 # in .whl/ (see docs/python.md). Exit status: the check's, or pytest's when the check passed.
-#   scripts/gpu.sh [--no-check] [--no-bench] [--no-python] [--prefill-only] [--sm80]   (stages to
+#   scripts/gpu.sh [--no-check] [--no-bench] [--no-python] [--e2e] [--prefill-only] [--sm80]   (stages to
 #   skip: the device allows 10 minutes per call, so a long session splits the stages over calls
 #   on the warm machine; --prefill-only: check and bench the prefill kernels alone, no Python;
 #   --sm80: the sm_80 paths (MASSKV_CUDA_PATHS=sm80, no cluster or fused-selection runs); with
@@ -15,15 +16,16 @@
 #   binary of sm_80 PTX alone, the sm_80 code itself, JIT-compiled for this GPU)
 set -uo pipefail
 cd "$(dirname "$0")/.."
-do_check=1; do_bench=1; do_python=1; prefill_only=0; sm80=0
+do_check=1; do_bench=1; do_python=1; do_e2e=0; prefill_only=0; sm80=0
 for a in "$@"; do
   case "$a" in
     --no-check) do_check=0 ;;
     --no-bench) do_bench=0 ;;
     --no-python) do_python=0 ;;
+    --e2e) do_e2e=1 ;;
     --prefill-only) prefill_only=1; do_python=0 ;;
     --sm80) sm80=1; export MASSKV_CUDA_PATHS=sm80 ;;
-    -h|--help) sed -n '2,14p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,16p' "$0"; exit 0 ;;
     *) echo "gpu.sh: unknown option $a" >&2; exit 2 ;;
   esac
 done
@@ -34,7 +36,9 @@ BUILD=${BUILD:-build-gpu}
   --format=csv; nvcc --version | tail -1; } 2>&1 | tee "$OUT/check.log"
 # GPU_BENCH=path and GPU_TESTS=path: masskv_gpu_bench and masskv_gpu_tests built elsewhere (same
 # sources) instead of building here (both or neither).
-if [[ -n "${GPU_BENCH:-}" || -n "${GPU_TESTS:-}" ]]; then
+if [[ $do_check -eq 0 && $do_bench -eq 0 ]]; then
+  echo "no check or bench stage: masskv_gpu_tests / masskv_gpu_bench not built" > "$OUT/build.log"
+elif [[ -n "${GPU_BENCH:-}" || -n "${GPU_TESTS:-}" ]]; then
   [[ -n "${GPU_BENCH:-}" && -n "${GPU_TESTS:-}" ]] \
     || { echo "gpu.sh: set GPU_BENCH and GPU_TESTS together" >&2; exit 2; }
   mkdir -p "$BUILD" && cp "$GPU_BENCH" "$BUILD/masskv_gpu_bench" \
@@ -82,7 +86,7 @@ if [[ $do_bench -eq 1 ]]; then
   # Where a B = 1 step's time goes, kernel phase by phase (docs/gpu.md).
   [[ $prefill_only -eq 0 ]] && "$BUILD/masskv_gpu_bench" profile-phases > "$OUT/phases.log" 2>&1
 fi
-[[ $do_python -eq 0 ]] && exit "$check_rc"
+[[ $do_python -eq 0 && $do_e2e -eq 0 ]] && exit "$check_rc"
 
 # Python: the module against torch and transformers (python3 there holds them). The GPU machine
 # reaches no package registry, so this is its own python3, not the .venv of scripts/setup.sh.
@@ -94,10 +98,16 @@ SITE=${SITE:-/tmp/masskv-site}
   PYTHONPATH="$SITE" CMAKE_BUILD_PARALLEL_LEVEL="$(nproc)" python3 -m pip install -q \
     --no-build-isolation --no-deps --no-index --target "$SITE" \
     -C cmake.define.MASSKV_CUDA=ON -C build-dir=build/py-cuda . &&
-  PYTHONPATH="$SITE" PYTHONUNBUFFERED=1 python3 -X faulthandler -m pytest -v -p no:cacheprovider \
-    python/tests; } > "$OUT/python.log" 2>&1
+  { [[ $do_python -eq 0 ]] || PYTHONPATH="$SITE" PYTHONUNBUFFERED=1 python3 -X faulthandler \
+    -m pytest -v -p no:cacheprovider python/tests; }; } > "$OUT/python.log" 2>&1
 py_rc=$?
 tail -30 "$OUT/python.log"
 echo "pytest exit status: $py_rc"
+if [[ $do_e2e -eq 1 && $py_rc -eq 0 ]]; then
+  # shellcheck disable=SC2086  # E2E_ARGS: several options
+  PYTHONPATH="$SITE" PYTHONUNBUFFERED=1 python3 tools/gpu_bench/e2e.py "$OUT/e2e" --check \
+    ${E2E_ARGS:-} 2>&1 | tee "$OUT/e2e.log"
+  py_rc=${PIPESTATUS[0]}
+fi
 [[ $check_rc -ne 0 ]] && exit "$check_rc"
 exit "$py_rc"
