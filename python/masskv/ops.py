@@ -12,6 +12,9 @@ gives the output shapes without running anything, so ``torch.compile`` can trace
 * ``masskv::quest_select(q, k_pool, v_pool, indptr, indices, last_page_len, bound_min,
   bound_max, layout, budget_tokens, sink_pages, window_tokens, scale, max_pages_per_seq)
   -> (ids, count)``: Quest page selection on the GPU (CUDA tensors only).
+* ``masskv::hier_select(..., group_min, group_max, group_indptr, group_indices, ...)``:
+  hierarchical Quest (groups of 16 pages first), and ``masskv::update_groups(...)`` that keeps
+  the group store (CUDA tensors only).
 * ``masskv::append(...)`` / ``masskv::summarize_pages(...)``: the GPU append of a decode step
   and the summary refresh of pages written elsewhere, in place (CUDA tensors only).
 
@@ -31,7 +34,8 @@ import torch
 
 import masskv
 
-__all__ = ["append", "check", "decode", "quest_select", "summarize_pages"]
+__all__ = ["append", "check", "decode", "hier_select", "quest_select", "summarize_pages",
+           "update_groups"]
 
 _SUMMARY_KEYS = ("min", "max", "mean", "m2", "count", "max_vnorm")
 _BOUND_KEYS = ("bound_min", "bound_max", "bound_wmax")
@@ -120,6 +124,60 @@ def _quest_select_fake(q, k_pool, v_pool, indptr, indices, last_page_len, bound_
     B, H = int(indptr.shape[0]) - 1, int(bound_min.shape[1])
     return (q.new_empty((B, H, cap), dtype=torch.int32),
             q.new_empty((B, H), dtype=torch.int32))
+
+
+@torch.library.custom_op("masskv::hier_select", mutates_args=())
+def hier_select(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor,
+                indptr: torch.Tensor, indices: torch.Tensor, last_page_len: torch.Tensor,
+                bound_min: torch.Tensor, bound_max: torch.Tensor, group_min: torch.Tensor,
+                group_max: torch.Tensor, group_indptr: torch.Tensor, group_indices: torch.Tensor,
+                layout: str, budget_tokens: int, sink_pages: int = 1, window_tokens: int = 0,
+                scale: float = 0.0, cover: float = 2.0,
+                max_pages_per_seq: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """Hierarchical Quest on the GPU (masskv.cuda_hier_select): the group store (16 pages a
+    group, masskv::update_groups keeps it) first, then the chosen groups' pages. Output as
+    quest_select's."""
+    _require_cuda("hier_select", q, "q")
+    if max_pages_per_seq <= 0:
+        raise ValueError("masskv::hier_select: max_pages_per_seq must be > 0 (it fixes the "
+                         "output's shape)")
+    kv = _kv(k_pool, v_pool, indptr, indices, last_page_len, layout)
+    sel = masskv.cuda_hier_select(q, kv, bound_min, bound_max, group_min, group_max,
+                                  group_indptr, group_indices, budget_tokens=budget_tokens,
+                                  sink_pages=sink_pages, window_tokens=window_tokens,
+                                  scale=scale, cover=cover,
+                                  max_pages_per_seq=max_pages_per_seq, check=_eager_check(q))
+    return sel.ids, sel.count
+
+
+@hier_select.register_fake
+def _hier_select_fake(q, k_pool, v_pool, indptr, indices, last_page_len, bound_min, bound_max,
+                      group_min, group_max, group_indptr, group_indices, layout, budget_tokens,
+                      sink_pages=1, window_tokens=0, scale=0.0, cover=2.0, max_pages_per_seq=0):
+    return _quest_select_fake(q, k_pool, v_pool, indptr, indices, last_page_len, bound_min,
+                              bound_max, layout, budget_tokens, sink_pages, window_tokens, scale,
+                              max_pages_per_seq)
+
+
+@torch.library.custom_op("masskv::update_groups", mutates_args=("group_min", "group_max"))
+def update_groups(k_pool: torch.Tensor, v_pool: torch.Tensor, indptr: torch.Tensor,
+                  indices: torch.Tensor, last_page_len: torch.Tensor, bound_min: torch.Tensor,
+                  bound_max: torch.Tensor, group_min: torch.Tensor, group_max: torch.Tensor,
+                  group_indptr: torch.Tensor, group_indices: torch.Tensor, layout: str,
+                  last_only: bool, max_pages_per_seq: int = 0) -> None:
+    """The group store recomputed from the page store (masskv.cuda_update_groups), in place:
+    every group of the table's sequences, or each one's last group (last_only)."""
+    _require_cuda("update_groups", group_min, "group_min")
+    kv = _kv(k_pool, v_pool, indptr, indices, last_page_len, layout)
+    masskv.cuda_update_groups(kv, bound_min, bound_max, group_min, group_max, group_indptr,
+                              group_indices, last_only=last_only,
+                              max_pages_per_seq=max_pages_per_seq,
+                              check=_eager_check(group_min))
+
+
+@update_groups.register_fake
+def _update_groups_fake(*args, **kwargs) -> None:
+    return None
 
 
 def _stores(k_pool, v_pool, layout, mn, mx, mean, m2, count, max_vnorm, bound_min, bound_max,

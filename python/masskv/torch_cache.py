@@ -31,12 +31,14 @@ from masskv import ops
 __all__ = ["TorchPagedCache"]
 
 _POOL_DTYPES = (torch.bfloat16, torch.float16)
+GROUP_PAGES = 16  # pages per group of the hierarchical selection (the GPU serves 16)
 
 
 @dataclass
 class _Seq:
     pages: list[int] = field(default_factory=list)
     length: int = 0
+    groups: list[int] = field(default_factory=list)  # group-store slots, one per 16 pages
 
 
 @dataclass
@@ -51,6 +53,12 @@ class _Step:
     indices: torch.Tensor
     last_page_len: torch.Tensor
     max_pages: int
+    group_indptr: torch.Tensor | None = None
+    group_indices: torch.Tensor | None = None
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
 
 
 def _error(msg: str, code: str, argument: str) -> masskv.Error:
@@ -66,7 +74,8 @@ class TorchPagedCache:
     (page_size tokens each; all layers take the same pages); dtype: torch.bfloat16 or
     torch.float16; layout: "NHD" (pool (layers, pages, page_size, H_kv, d)) or "HND" (layers,
     pages, H_kv, page_size, d); bounds: keep the bf16 bound store that ``select`` (GPU Quest)
-    scans; max_pages_per_seq: a fixed bound on the pages of any sequence for the kernels' grids
+    scans; groups: also keep the group store of hierarchical selection (``select(...,
+    hierarchical=True)``: 16 pages a group, refreshed on every append); max_pages_per_seq: a fixed bound on the pages of any sequence for the kernels' grids
     (None: the current longest sequence, recomputed each step). On a CPU device only the page
     bookkeeping, the page table and ``decode`` run (the append and selection operators are CUDA
     kernels; masskv.PagedKVCache is the CPU cache).
@@ -75,7 +84,8 @@ class TorchPagedCache:
     def __init__(self, num_layers: int, num_kv_heads: int, head_dim: int, capacity_pages: int,
                  *, page_size: int = 16, dtype: torch.dtype = torch.bfloat16,
                  device: torch.device | str | int | None = None, layout: str = "NHD",
-                 bounds: bool = True, max_pages_per_seq: int | None = None):
+                 bounds: bool = True, groups: bool = False,
+                 max_pages_per_seq: int | None = None):
         for name, val in (("num_layers", num_layers), ("num_kv_heads", num_kv_heads),
                           ("head_dim", head_dim), ("capacity_pages", capacity_pages),
                           ("page_size", page_size)):
@@ -83,6 +93,8 @@ class TorchPagedCache:
                 raise ValueError(f"{name}: must be a positive int, got {val!r}")
         if dtype not in _POOL_DTYPES:
             raise TypeError(f"dtype: expected torch.bfloat16 or torch.float16, got {dtype}")
+        if groups and not bounds:
+            raise ValueError("groups: the group store is built from the bound store (bounds=True)")
         if layout not in ("NHD", "HND"):
             raise ValueError(f'layout: expected "NHD" or "HND", got {layout!r}')
         if max_pages_per_seq is not None and (not isinstance(max_pages_per_seq, int)
@@ -115,6 +127,15 @@ class TorchPagedCache:
             self.bound_min = torch.zeros((L, N, H, d), dtype=torch.bfloat16, device=dev)
             self.bound_max = torch.zeros((L, N, H, d), dtype=torch.bfloat16, device=dev)
             self.bound_wmax = torch.zeros((L, N, H), **f32)
+        self.group_min = self.group_max = None
+        # Group slots: every sequence's pages in groups of 16, plus a partial last group each
+        # (64 sequences' worth of headroom).
+        self.group_slots = -(-N // GROUP_PAGES) + 64 if groups else 0
+        if groups:
+            self.group_min = torch.zeros((L, self.group_slots, H, d), dtype=torch.bfloat16,
+                                         device=dev)
+            self.group_max = torch.zeros_like(self.group_min)
+        self._gfree = list(range(self.group_slots - 1, -1, -1))
         self._free = list(range(N - 1, -1, -1))  # a stack: page 0 is taken first
         self._refs = [0] * N
         self._seqs: dict[int, _Seq] = {}
@@ -142,16 +163,27 @@ class TorchPagedCache:
 
     def free(self, sid: int) -> None:
         """Forgets a sequence; its pages return to the pool when no fork shares them."""
-        for p in self._seq(sid).pages:
+        s = self._seq(sid)
+        for p in s.pages:
             self._release(p)
+        self._gfree.extend(reversed(s.groups))
         del self._seqs[sid]
         self._step = None
 
     def fork(self, sid: int) -> int:
         """A new sequence sharing sid's tokens (its pages, copy-on-write)."""
         src = self._seq(sid)
+        if len(src.groups) > len(self._gfree):
+            raise _error(f"group slots: the fork needs {len(src.groups)}, "
+                         f"{len(self._gfree)} are free", "out_of_memory", "capacity_pages")
         new = self.create()
-        self._seqs[new] = _Seq(list(src.pages), src.length)
+        groups = [self._gfree.pop() for _ in src.groups]
+        if groups:  # a sequence's groups are its own (its last one changes on append): copy
+            to = torch.tensor(groups, device=self.device)
+            fr = torch.tensor(src.groups, device=self.device)
+            self.group_min[:, to] = self.group_min[:, fr]
+            self.group_max[:, to] = self.group_max[:, fr]
+        self._seqs[new] = _Seq(list(src.pages), src.length, groups)
         for p in src.pages:
             self._refs[p] += 1
         return new
@@ -208,11 +240,17 @@ class TorchPagedCache:
             raise ValueError("seqs: a sequence appears twice in one step")
         P = self.page_size
         # New pages, plus a copy of each partly filled last page a fork still shares.
-        need = sum(-(-(s.length + tokens) // P) - len(s.pages)
+        need = sum(_cdiv(s.length + tokens, P) - len(s.pages)
                    + (s.length % P != 0 and self._refs[s.pages[-1]] > 1) for s in rows)
         if need > len(self._free):
             raise _error(f"capacity_pages: the step needs {need} new pages, {len(self._free)} "
                          f"of {self.capacity_pages} are free", "out_of_memory", "capacity_pages")
+        gneed = (sum(_cdiv(_cdiv(s.length + tokens, P), GROUP_PAGES) - len(s.groups)
+                     for s in rows) if self.group_min is not None else 0)
+        if gneed > len(self._gfree):
+            raise _error(f"group slots: the step needs {gneed} new group slots, "
+                         f"{len(self._gfree)} of {self.group_slots} are free", "out_of_memory",
+                         "capacity_pages")
         page, slot, touched, touched_tokens = [], [], [], []
         for s in rows:
             self._own_last_page(s)
@@ -223,6 +261,9 @@ class TorchPagedCache:
                 page.append(s.pages[pos // P])
                 slot.append(pos % P)
             s.length += tokens
+            while self.group_min is not None and \
+                    len(s.groups) * GROUP_PAGES < len(s.pages):
+                s.groups.append(self._gfree.pop())
             for j in range(first_page, len(s.pages)):
                 touched.append(s.pages[j])
                 touched_tokens.append(min(P, s.length - j * P))
@@ -248,6 +289,15 @@ class TorchPagedCache:
                            torch.tensor(touched, **i32).to(self.device),
                            torch.tensor(touched_tokens, **i32).to(self.device),
                            indptr, indices, last, max_pages)
+        if self.group_min is not None:
+            gptr, gids = self._group_buffers(B)
+            ptr, ids = [0], []
+            for s in rows:
+                ids.extend(s.groups)
+                ptr.append(len(ids))
+            gptr.copy_(torch.tensor(ptr, **i32))
+            gids[:len(ids)].copy_(torch.tensor(ids, **i32))
+            self._step.group_indptr, self._step.group_indices = gptr, gids
 
     def _table_buffers(self, B: int):
         if B not in self._table_bufs:
@@ -256,6 +306,14 @@ class TorchPagedCache:
                                    torch.full((self.capacity_pages,), -1, **i32),
                                    torch.ones(B, **i32))
         return self._table_bufs[B]
+
+    def _group_buffers(self, B: int):
+        key = ("groups", B)
+        if key not in self._pos_bufs:
+            i32 = dict(dtype=torch.int32, device=self.device)
+            self._pos_bufs[key] = (torch.zeros(B + 1, **i32),
+                                   torch.full((self.group_slots,), -1, **i32))
+        return self._pos_bufs[key]
 
     def _pos_buffers(self, B: int, tokens: int):
         if (B, tokens) not in self._pos_bufs:
@@ -339,6 +397,7 @@ class TorchPagedCache:
         if T == 1:
             torch.ops.masskv.append(*args, k[:, 0].float().contiguous(),
                                     v[:, 0].float().contiguous(), st.page, st.slot, self.layout)
+            self._update_groups(layer, last_only=True)
             return
         # Many tokens (a prefill): the pool rows by index, then the touched pages' summaries
         # from the stored tokens. Rounding to the pool's dtype is torch's round-to-nearest-even,
@@ -351,6 +410,18 @@ class TorchPagedCache:
         kp[idx] = k.reshape(B * T, H, d).to(self.dtype)
         vp[idx] = v.reshape(B * T, H, d).to(self.dtype)
         torch.ops.masskv.summarize_pages(*args, st.touched, st.touched_tokens, self.layout)
+        self._update_groups(layer, last_only=False)
+
+    def _update_groups(self, layer: int, last_only: bool) -> None:
+        """The group store of `layer` from its page store: each sequence's last group after a
+        token was folded in, every group after a chunk (a decode step touches only the last)."""
+        if self.group_min is None:
+            return
+        st = self._current()
+        torch.ops.masskv.update_groups(
+            self.k_pool[layer], self.v_pool[layer], *self._kernel_table(), self.bound_min[layer],
+            self.bound_max[layer], self.group_min[layer], self.group_max[layer], st.group_indptr,
+            st.group_indices, self.layout, last_only, self.step_max_pages)
 
     def kv(self, layer: int) -> masskv.KV:
         """Layer `layer` as a masskv.KV over the step's page table (for masskv.decode etc.)."""
@@ -359,12 +430,24 @@ class TorchPagedCache:
                                      *self._kernel_table(), layout=self.layout)
 
     def select(self, layer: int, q: torch.Tensor, *, budget_tokens: int, sink_pages: int = 1,
-               window_tokens: int = 0, scale: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:
+               window_tokens: int = 0, scale: float = 0.0, hierarchical: bool = False,
+               cover: float = 2.0) -> tuple[torch.Tensor, torch.Tensor]:
         """GPU Quest page selection for the step's queries q (float32 (B, Hq, d)): int32 page
-        lists ids (B, H_kv, capacity) -1 padded and count (B, H_kv)."""
+        lists ids (B, H_kv, capacity) -1 padded and count (B, H_kv). hierarchical: the group
+        store first (the cache needs groups=True), then only the chosen groups' pages."""
         if self.bound_min is None:
             raise ValueError("select: this cache keeps no bound store (bounds=False)")
         self._check_layer(layer)
+        if hierarchical:
+            if self.group_min is None:
+                raise ValueError("select: hierarchical selection needs the group store "
+                                 "(TorchPagedCache(..., groups=True))")
+            st = self._current()
+            return torch.ops.masskv.hier_select(
+                q, self.k_pool[layer], self.v_pool[layer], *self._kernel_table(),
+                self.bound_min[layer], self.bound_max[layer], self.group_min[layer],
+                self.group_max[layer], st.group_indptr, st.group_indices, self.layout,
+                budget_tokens, sink_pages, window_tokens, scale, cover, self.step_max_pages)
         return torch.ops.masskv.quest_select(
             q, self.k_pool[layer], self.v_pool[layer], *self._kernel_table(), self.bound_min[layer],
             self.bound_max[layer], self.layout, budget_tokens, sink_pages, window_tokens, scale,

@@ -321,6 +321,32 @@ void bind_select(nb::module_& m) {
         "ids / count: int32 outputs (B, H_kv, >= capacity) / (B, H_kv), allocated with torch\n"
         "when None. Returns a Selection over them, for decode(..., selection=...). stream and\n"
         "check as decode's.");
+  m.def("cuda_hier_select", &hier_select_cuda, nb::arg("q").noconvert(), nb::arg("kv"),
+        nb::arg("bounds_min").noconvert(), nb::arg("bounds_max").noconvert(),
+        nb::arg("group_min").noconvert(), nb::arg("group_max").noconvert(),
+        nb::arg("group_indptr").noconvert(), nb::arg("group_indices").noconvert(),
+        nb::kw_only(), nb::arg("budget_tokens"), nb::arg("sink_pages") = 1,
+        nb::arg("window_tokens") = 0, nb::arg("scale") = 0.0f, nb::arg("cover") = 2.0,
+        nb::arg("max_pages_per_seq") = 0, nb::arg("ids").none() = nb::none(),
+        nb::arg("count").none() = nb::none(), nb::arg("stream").none() = nb::none(),
+        nb::arg("check") = true,
+        "Hierarchical Quest on the GPU (cuda::hier_select): the group store is scanned first,\n"
+        "the best groups of each (sequence, kv head) kept (enough for cover x the budget, and\n"
+        "the last group), then only their pages are scored and the page top-k selects as cuda_quest_select does. group_min /\n"
+        "group_max: bfloat16 (slots, H_kv, d), 16 pages a group (cuda_update_groups keeps them);\n"
+        "group_indptr (B + 1,) / group_indices: int32, sequence b's group i in slot\n"
+        "group_indices[group_indptr[b] + i]. Other arguments and the result as\n"
+        "cuda_quest_select's.");
+  m.def("cuda_update_groups", &update_groups_cuda, nb::arg("kv"),
+        nb::arg("bounds_min").noconvert(), nb::arg("bounds_max").noconvert(),
+        nb::arg("group_min").noconvert(), nb::arg("group_max").noconvert(),
+        nb::arg("group_indptr").noconvert(), nb::arg("group_indices").noconvert(),
+        nb::kw_only(), nb::arg("last_only") = false, nb::arg("max_pages_per_seq") = 0,
+        nb::arg("stream").none() = nb::none(), nb::arg("check") = true,
+        "The group store of cuda_hier_select recomputed on the GPU from the bf16 page store\n"
+        "(cuda::update_groups: elementwise min / max over each group's 16 pages): every group\n"
+        "of kv's sequences, or only each one's last group (last_only: after a decode step's\n"
+        "append). stream and check as decode's.");
 #endif
 }
 

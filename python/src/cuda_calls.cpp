@@ -93,47 +93,71 @@ nb::tuple decode_cuda(const InArray& q, const KV& kv, Mapping mapping, float sca
   return nb::make_tuple(out_obj, lse_obj);
 }
 
-nb::object quest_select_cuda(const InArray& q, const KV& kv, const InArray& bounds_min,
-                             const InArray& bounds_max, std::int64_t budget_tokens,
-                             int sink_pages, int window_tokens, float scale,
-                             int max_pages_per_seq, nb::handle ids, nb::handle count,
-                             nb::handle stream, bool check) {
-  require_cuda_kv(kv, "cuda_quest_select");
-  const Device device = kv.device;
-  const kv::PagedKVView view = kv.checked();
+namespace {
+
+// A bf16 store [rows][H_kv][head_dim] on `device` (page bounds: rows = the pool's pages; group
+// bounds: the group slots, rows < 0 = any).
+void require_bf16_store(const InArray& a, const char* name, Device device,
+                        const kv::PagedKVView& view, long rows) {
+  require_flat(a, Elem::bf16, name, device);
+  require_ndim(a, 3, name);
+  if ((rows >= 0 && a.shape(0) != static_cast<std::size_t>(rows)) ||
+      a.shape(1) != static_cast<std::size_t>(view.num_kv_heads) ||
+      a.shape(2) != static_cast<std::size_t>(view.head_dim)) {
+    throw nb::value_error((std::string(name) + ": expected (" +
+                           (rows >= 0 ? std::to_string(rows) : std::string("rows")) + ", H_kv, head_dim) = (" +
+                           (rows >= 0 ? std::to_string(rows) + ", " : std::string("..., ")) +
+                           std::to_string(view.num_kv_heads) + ", " +
+                           std::to_string(view.head_dim) + ") bfloat16, got " + shape_string(a))
+                              .c_str());
+  }
+}
+
+select::BoundStoreView bound_view(const InArray& lo, const InArray& hi, const kv::PagedKVView& v) {
+  select::BoundStoreView b;
+  b.min = static_cast<const bf16*>(lo.data());
+  b.max = static_cast<const bf16*>(hi.data());
+  b.num_pages = static_cast<int>(lo.shape(0));
+  b.num_kv_heads = v.num_kv_heads;
+  b.head_dim = v.head_dim;
+  return b;
+}
+
+// The page-level arguments every GPU Quest selection takes (flat and hierarchical), and its
+// launch: the kv's table, the bf16 page store, q, the policy of a token budget.
+cuda::QuestSelectArgs page_args(const InArray& q, const kv::PagedKVView& view, Device device,
+                                const InArray& bounds_min, const InArray& bounds_max,
+                                std::int64_t budget_tokens, int sink_pages, int window_tokens,
+                                float scale) {
   cuda::QuestSelectArgs a;
   a.q = view3_f32(q, "q", device);
   a.table = view.table;
   a.page_size = view.page_size;
-  for (auto [arr, name] : {std::pair{&bounds_min, "bounds_min"}, std::pair{&bounds_max, "bounds_max"}}) {
-    require_flat(*arr, Elem::bf16, name, device);
-    require_ndim(*arr, 3, name);
-    if (arr->shape(0) != static_cast<std::size_t>(view.num_pages) ||
-        arr->shape(1) != static_cast<std::size_t>(view.num_kv_heads) ||
-        arr->shape(2) != static_cast<std::size_t>(view.head_dim)) {
-      throw nb::value_error((std::string(name) + ": expected (num_pages, H_kv, head_dim) = (" +
-                             std::to_string(view.num_pages) + ", " +
-                             std::to_string(view.num_kv_heads) + ", " +
-                             std::to_string(view.head_dim) + "), got " + shape_string(*arr))
-                                .c_str());
-    }
-  }
-  a.bounds.min = static_cast<const bf16*>(bounds_min.data());
-  a.bounds.max = static_cast<const bf16*>(bounds_max.data());
-  a.bounds.num_pages = view.num_pages;
-  a.bounds.num_kv_heads = view.num_kv_heads;
-  a.bounds.head_dim = view.head_dim;
+  require_bf16_store(bounds_min, "bounds_min", device, view, view.num_pages);
+  require_bf16_store(bounds_max, "bounds_max", device, view, view.num_pages);
+  a.bounds = bound_view(bounds_min, bounds_max, view);
   a.scale = scale;
   a.policy = quest_policy(budget_tokens, sink_pages, window_tokens, view.page_size);
+  return a;
+}
 
+cuda::SelectLaunch select_launch(nb::handle stream, Device device, int max_pages_per_seq,
+                                 const kv::PagedKVView& view, bool check) {
   cuda::SelectLaunch launch;
   launch.stream = resolve_stream(stream, device);
   launch.max_pages_per_seq = pages_bound(max_pages_per_seq, view);
   launch.check_errors = check;
-  a.max_per_head = cuda::select_capacity(launch.max_pages_per_seq, view.page_size, a.policy);
+  return launch;
+}
 
-  const auto B = static_cast<std::size_t>(view.table.batch()),
-             H = static_cast<std::size_t>(view.num_kv_heads),
+// The selection's outputs: the caller's ids / count, or new torch tensors of the capacity
+// select_capacity gives; sets a.ids, a.count, a.max_per_head.
+std::pair<nb::object, nb::object> list_outputs(cuda::QuestSelectArgs& a,
+                                               const cuda::SelectLaunch& launch, Device device,
+                                               nb::handle ids, nb::handle count) {
+  a.max_per_head = cuda::select_capacity(launch.max_pages_per_seq, a.page_size, a.policy);
+  const auto B = static_cast<std::size_t>(a.table.batch()),
+             H = static_cast<std::size_t>(a.bounds.num_kv_heads),
              K = static_cast<std::size_t>(a.max_per_head);
   nb::object ids_obj = ids.is_none() ? torch_empty({B, H, K}, "int32", device, "ids")
                                      : nb::borrow(ids);
@@ -152,8 +176,81 @@ nb::object quest_select_cuda(const InArray& q, const KV& kv, const InArray& boun
   a.max_per_head = static_cast<int>(ids_keep.shape(2));
   a.ids = {static_cast<std::int32_t*>(ids_keep.data()), ids_keep.size()};
   a.count = {static_cast<std::int32_t*>(count_keep.data()), count_keep.size()};
+  return {ids_obj, count_obj};
+}
+
+}  // namespace
+
+nb::object quest_select_cuda(const InArray& q, const KV& kv, const InArray& bounds_min,
+                             const InArray& bounds_max, std::int64_t budget_tokens,
+                             int sink_pages, int window_tokens, float scale,
+                             int max_pages_per_seq, nb::handle ids, nb::handle count,
+                             nb::handle stream, bool check) {
+  require_cuda_kv(kv, "cuda_quest_select");
+  const Device device = kv.device;
+  const kv::PagedKVView view = kv.checked();
+  cuda::QuestSelectArgs a = page_args(q, view, device, bounds_min, bounds_max, budget_tokens,
+                                      sink_pages, window_tokens, scale);
+  cuda::SelectLaunch launch = select_launch(stream, device, max_pages_per_seq, view, check);
+  auto [ids_obj, count_obj] = list_outputs(a, launch, device, ids, count);
   run_on_device<cuda::SelectWorkspace>(device, launch, [&] { cuda::quest_select(a, launch); });
   return nb::type<Selection>()(ids_obj, count_obj, "page");
+}
+
+nb::object hier_select_cuda(const InArray& q, const KV& kv, const InArray& bounds_min,
+                            const InArray& bounds_max, const InArray& group_min,
+                            const InArray& group_max, const InArray& group_indptr,
+                            const InArray& group_indices, std::int64_t budget_tokens,
+                            int sink_pages, int window_tokens, float scale, double cover,
+                            int max_pages_per_seq, nb::handle ids, nb::handle count,
+                            nb::handle stream, bool check) {
+  require_cuda_kv(kv, "cuda_hier_select");
+  const Device device = kv.device;
+  const kv::PagedKVView view = kv.checked();
+  cuda::HierSelectArgs h;
+  h.pages = page_args(q, view, device, bounds_min, bounds_max, budget_tokens, sink_pages,
+                      window_tokens, scale);
+  require_bf16_store(group_min, "group_min", device, view, -1);
+  require_bf16_store(group_max, "group_max", device, view,
+                     static_cast<long>(group_min.shape(0)));
+  h.groups = bound_view(group_min, group_max, view);
+  h.group_indptr = flat_span<std::int32_t>(group_indptr, Elem::i32, "group_indptr", device);
+  h.group_indices = flat_span<std::int32_t>(group_indices, Elem::i32, "group_indices", device);
+  if (h.group_indptr.size() != view.table.indptr.size()) {
+    throw nb::value_error(("group_indptr: expected batch + 1 = " +
+                           std::to_string(view.table.indptr.size()) + " entries, got " +
+                           std::to_string(h.group_indptr.size()))
+                              .c_str());
+  }
+  h.cover = cover;
+  cuda::SelectLaunch launch = select_launch(stream, device, max_pages_per_seq, view, check);
+  auto [ids_obj, count_obj] = list_outputs(h.pages, launch, device, ids, count);
+  run_on_device<cuda::SelectWorkspace>(device, launch, [&] { cuda::hier_select(h, launch); });
+  return nb::type<Selection>()(ids_obj, count_obj, "page");
+}
+
+void update_groups_cuda(const KV& kv, const InArray& bounds_min, const InArray& bounds_max,
+                        const InArray& group_min, const InArray& group_max,
+                        const InArray& group_indptr, const InArray& group_indices,
+                        bool last_only, int max_pages_per_seq, nb::handle stream, bool check) {
+  require_cuda_kv(kv, "cuda_update_groups");
+  const Device device = kv.device;
+  const kv::PagedKVView view = kv.checked();
+  require_bf16_store(bounds_min, "bounds_min", device, view, view.num_pages);
+  require_bf16_store(bounds_max, "bounds_max", device, view, view.num_pages);
+  require_bf16_store(group_min, "group_min", device, view, -1);
+  require_bf16_store(group_max, "group_max", device, view, static_cast<long>(group_min.shape(0)));
+  cuda::GroupUpdateArgs g;
+  g.table = view.table;
+  g.pages = bound_view(bounds_min, bounds_max, view);
+  g.group_indptr = flat_span<std::int32_t>(group_indptr, Elem::i32, "group_indptr", device);
+  g.group_indices = flat_span<std::int32_t>(group_indices, Elem::i32, "group_indices", device);
+  g.group_min = static_cast<bf16*>(const_cast<void*>(group_min.data()));
+  g.group_max = static_cast<bf16*>(const_cast<void*>(group_max.data()));
+  g.group_slots = static_cast<int>(group_min.shape(0));
+  g.last_only = last_only;
+  cuda::SelectLaunch launch = select_launch(stream, device, max_pages_per_seq, view, check);
+  run_on_device<cuda::SelectWorkspace>(device, launch, [&] { cuda::update_groups(g, launch); });
 }
 
 nb::dict engine_pages_cuda(const Selection& sel, const KV& kv, kv::EngineLists lists,

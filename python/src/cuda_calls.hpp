@@ -31,6 +31,22 @@ nb::object quest_select_cuda(const InArray& q, const KV& kv, const InArray& boun
                              int max_pages_per_seq, nb::handle ids, nb::handle count,
                              nb::handle stream, bool check);
 
+// masskv.cuda_hier_select: hierarchical Quest on the GPU (cuda::hier_select) over the page
+// store and a group store (16 pages a group) with its group table; the same output.
+nb::object hier_select_cuda(const InArray& q, const KV& kv, const InArray& bounds_min,
+                            const InArray& bounds_max, const InArray& group_min,
+                            const InArray& group_max, const InArray& group_indptr,
+                            const InArray& group_indices, std::int64_t budget_tokens,
+                            int sink_pages, int window_tokens, float scale, double cover,
+                            int max_pages_per_seq, nb::handle ids, nb::handle count,
+                            nb::handle stream, bool check);
+
+// masskv.cuda_update_groups: the group store recomputed from the page store (cuda::update_groups).
+void update_groups_cuda(const KV& kv, const InArray& bounds_min, const InArray& bounds_max,
+                        const InArray& group_min, const InArray& group_max,
+                        const InArray& group_indptr, const InArray& group_indices,
+                        bool last_only, int max_pages_per_seq, nb::handle stream, bool check);
+
 // masskv.engine_pages over lists and a page table on a CUDA device (cuda::engine_pages) into
 // torch int32 tensors; the dict of the CPU path. check: wait and raise (else masskv.cuda_check).
 nb::dict engine_pages_cuda(const Selection& sel, const KV& kv, kv::EngineLists lists,

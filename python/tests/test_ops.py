@@ -226,3 +226,25 @@ def test_captured_step_defers_errors_to_check(rng):
     g.replay()
     with pytest.raises(masskv.Error, match="indices"):
         ops.check(side)
+
+
+@cuda
+def test_hierarchical_selection_with_every_group_is_flat_quest(rng):
+    """With cover large enough to keep every group, hierarchical Quest reads every page and must
+    give flat Quest's lists; with a small cover it still fills the budget."""
+    from masskv.torch_cache import TorchPagedCache
+
+    H, d = 2, 128
+    tc = TorchPagedCache(1, H, d, 512, page_size=16, groups=True)
+    seqs = [tc.create() for _ in range(2)]
+    tc.begin_step(seqs, 3000)
+    k = torch.randn(2, 3000, H, d, device="cuda")
+    tc.append(0, k, torch.randn_like(k))
+    tc.begin_step(seqs, 1)  # a decode step: the last group refreshed by the append kernel path
+    tc.append(0, torch.randn(2, 1, H, d, device="cuda"), torch.randn(2, 1, H, d, device="cuda"))
+    q = torch.randn(2, 8, d, device="cuda")
+    flat_ids, flat_count = tc.select(0, q, budget_tokens=256)
+    ids, count = tc.select(0, q, budget_tokens=256, hierarchical=True, cover=1000.0)
+    assert torch.equal(count, flat_count) and torch.equal(ids, flat_ids)
+    ids, count = tc.select(0, q, budget_tokens=256, hierarchical=True, cover=2.0)
+    assert int(count.min()) >= 256 // 16

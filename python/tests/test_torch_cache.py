@@ -100,3 +100,30 @@ def test_decode_over_hand_written_rows_matches_the_reference():
     ref, ref_lse = masskv.decode_reference(q.numpy(), c.kv(1))
     np.testing.assert_allclose(out.numpy(), ref, atol=3e-5)
     np.testing.assert_allclose(lse.numpy(), ref_lse, atol=3e-5)
+
+
+def test_group_slots_follow_the_pages_and_forks_copy_them():
+    c = TorchPagedCache(2, 2, 64, 64, page_size=4, device="cpu", groups=True)
+    a = c.create()
+    c.begin_step([a], 40)                       # 10 pages: 1 group of 16
+    st = c._current()
+    assert st.group_indptr.tolist() == [0, 1] and len(c._seqs[a].groups) == 1
+    c.begin_step([a], 30)                       # 70 tokens, 18 pages: 2 groups
+    g = c._seqs[a].groups
+    assert len(g) == 2 and c._current().group_indices[:2].tolist() == g
+    c.group_min[:, g] = torch.randn(2, 2, 2, 64).to(torch.bfloat16)
+    b = c.fork(a)
+    gb = c._seqs[b].groups
+    assert set(gb).isdisjoint(g) and torch.equal(c.group_min[:, gb], c.group_min[:, g])
+    c.begin_step([a, b], 1)
+    assert c._current().group_indptr.tolist() == [0, 2, 4]
+    free = len(c._gfree)
+    c.free(b)
+    assert len(c._gfree) == free + 2
+    with pytest.raises(ValueError, match="bounds=True"):
+        TorchPagedCache(1, 2, 64, 8, device="cpu", bounds=False, groups=True)
+    c = TorchPagedCache(1, 2, 64, 8, device="cpu")
+    s = c.create()
+    c.begin_step([s], 3)
+    with pytest.raises(ValueError, match="groups=True"):
+        c.select(0, torch.zeros(1, 4, 64), budget_tokens=16, hierarchical=True)
