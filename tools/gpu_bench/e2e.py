@@ -10,9 +10,10 @@ replayed step is idempotent) and attends over ctx + 1 tokens:
 
 * dense: a static cache [layers][B][H_kv][ctx + 1][d], torch SDPA with native GQA
   (enable_gqa=True, no mask), the faster of the cuDNN and flash backends;
-* masskv: masskv.torch_cache.TorchPagedCache (page 16), per layer the append kernel, GPU Quest
-  selection with a fresh selection every step (budget tokens, 1 sink page, no window), and
-  masskv's CUDA decode over the selected pages.
+* masskv: masskv.torch_cache.TorchPagedCache (page 16), per layer the append kernel, a fresh GPU
+  selection every step (budget tokens, 1 sink page, no window) — hierarchical Quest (`hier`:
+  groups of 16 pages first, cover 2) or flat Quest (`quest`) — and masskv's CUDA decode over
+  the selected pages.
 
 Printed beside each ratio: the bytes bound of each path (the weights read once, the embedding
 table excluded; the KV read; masskv: the selected pages plus the bf16 bound store the selection
@@ -22,7 +23,8 @@ attention of every layer alone in one graph). `--check` first compares one eager
 
 Usage:
   python3 tools/gpu_bench/e2e.py OUT_PREFIX [--models llama8b,qwen8b]
-      [--cells 1x32768,1x131072,1x262144,8x32768] [--budgets 2048,4096] [--iters 20] [--check]
+      [--cells 1x32768,1x131072,1x262144,8x32768] [--budgets 2048,4096] [--methods hier,quest]
+      [--iters 20] [--check]
   python3 tools/gpu_bench/e2e.py OUT_PREFIX --tiny --device cpu   (the dense path's self-test)
 Writes OUT_PREFIX.json ({card, date, command, rows: [{model, phase, batch, ctx, budget,
 dense_ms, masskv_ms, bytes_bound_ms, ...}]}) and OUT_PREFIX.md.
@@ -179,15 +181,17 @@ class MasskvKV:
     ctx (slot 0 of a fresh page), selects (fresh, every step) and decodes."""
 
     def __init__(self, shape: Shape, B: int, ctx: int, device, budget: int | None,
-                 kv=None):
+                 kv=None, method: str = "hier"):
         from masskv.torch_cache import TorchPagedCache
 
         s = shape
         if ctx % PAGE:
             raise ValueError(f"ctx must be a multiple of {PAGE} (the step's token opens a page)")
         pages = B * (ctx // PAGE + 1)
+        self.hier = method == "hier"
         self.cache = TorchPagedCache(s.layers, s.kv_heads, s.head_dim, pages, page_size=PAGE,
                                      device=device, bounds=budget is not None,
+                                     groups=budget is not None and self.hier,
                                      max_pages_per_seq=ctx // PAGE + 1)
         self.budget = budget
         self.seqs = [self.cache.create() for _ in range(B)]
@@ -210,7 +214,7 @@ class MasskvKV:
         qf = q.float().contiguous()
         sel = None
         if self.budget is not None:
-            sel = c.select(layer, qf, budget_tokens=self.budget)
+            sel = c.select(layer, qf, budget_tokens=self.budget, hierarchical=self.hier)
         out, _ = c.decode(layer, qf, sel)
         return out
 
@@ -225,7 +229,13 @@ class MasskvKV:
         if self.budget is None:
             return s.layers * B * pages * per_page_kv
         sel = min(pages, -(-self.budget // PAGE) + 2)
-        return s.layers * B * (sel * per_page_kv + pages * per_page_bounds)
+        if not self.hier:
+            return s.layers * B * (sel * per_page_kv + pages * per_page_bounds)
+        # Hierarchical: every group's bounds, then the pages of the kept groups (cover 2: about
+        # twice the budget's pages, plus the last group).
+        groups = -(-pages // 16)
+        scanned = min(pages, 2 * (sel - 2) + 16 + 16)
+        return s.layers * B * (sel * per_page_kv + (groups + scanned) * per_page_bounds)
 
 
 def read_ceiling_gbs(device) -> float:
@@ -296,25 +306,26 @@ def dense_backends():
 
 
 def check(model: Model, log) -> None:
-    """One eager step at a 4K context: masskv dense decode and masskv Quest with a budget
-    covering every page against SDPA on the same KV (bf16 noise only)."""
+    """One eager step at a 4K context: masskv dense decode, and flat and hierarchical Quest with
+    a budget covering every page, against SDPA on the same KV (bf16 noise only)."""
     B, ctx = 2, 4096
     tokens, pos = step_inputs(model, B, ctx)
     dense = DenseKV(model.s, B, ctx, model.device)
     with torch.no_grad():
         ref = model.step(tokens, pos, dense).float()
-        for budget in (None, ctx + PAGE):
+        for budget, method in ((None, "dense"), (ctx + PAGE, "quest"), (ctx + PAGE, "hier")):
             got = model.step(tokens, pos, MasskvKV(model.s, B, ctx, model.device, budget,
-                                                   kv=(dense.k, dense.v))).float()
+                                                   kv=(dense.k, dense.v), method=method)).float()
             err = ((got - ref).abs().max() / ref.abs().max()).item()
             same = (got.argmax(-1) == ref.argmax(-1)).float().mean().item()
-            log(f"check {model.s.name} masskv {'dense' if budget is None else 'quest(all)'} vs "
-                f"SDPA: max |Δlogit| / max |logit| = {err:.2e}, same argmax {same:.0%}")
+            log(f"check {model.s.name} masskv {method} (all pages) vs SDPA: max |Δlogit| / "
+                f"max |logit| = {err:.2e}, same argmax {same:.0%}")
             if err > 2e-2:
                 raise SystemExit(f"check failed: relative logit error {err:.2e} > 2e-2")
 
 
-def run_cell(model: Model, B: int, ctx: int, budgets, iters: int, ceiling: float, log):
+def run_cell(model: Model, B: int, ctx: int, budgets, methods, iters: int, ceiling: float,
+             log):
     s, dev = model.s, model.device
     tokens, pos = step_inputs(model, B, ctx)
     wbytes = model.weight_bytes()
@@ -333,15 +344,19 @@ def run_cell(model: Model, B: int, ctx: int, budgets, iters: int, ceiling: float
             log(f"  dense SDPA {name}: {ms:.3f} ms/token, attention {att:.1f} us/layer")
             if best is None or ms < best[1]:
                 best = (name, ms, att)
-        del dense
+        dense = None  # free the dense cache before the paged one is filled
         torch.cuda.empty_cache()
         rows = []
-        for budget in budgets:
-            mk = MasskvKV(s, B, ctx, dev, budget)
+        if best is None:
+            log(f"  no SDPA backend served B {B} ctx {ctx}: the cell is left out")
+            return rows
+        for method, budget in [(m, b) for m in methods for b in budgets]:
+            mk = MasskvKV(s, B, ctx, dev, budget, method=method)
             ms = graph_ms(lambda: model.step(tokens, pos, mk), iters)
             att = graph_ms(attention_only(model, mk, B), iters) * 1e3 / s.layers
             sparse_bytes = wbytes + mk.pages_read_bound(s, B, ctx)
             row = dict(model=s.name, phase="decode", batch=B, ctx=ctx, budget=budget,
+                       method=method,
                        dense_ms=round(best[1], 4), masskv_ms=round(ms, 4),
                        bytes_bound_ms=round(sparse_bytes / ceiling * 1e3, 4),
                        dense_bytes_bound_ms=round(dense_bytes / ceiling * 1e3, 4),
@@ -351,11 +366,11 @@ def run_cell(model: Model, B: int, ctx: int, budgets, iters: int, ceiling: float
                        weights_gb=round(wbytes / 1e9, 3),
                        dense_kv_gb=round((dense_bytes - wbytes) / 1e9, 3),
                        masskv_read_gb=round((sparse_bytes - wbytes) / 1e9, 3))
-            log(f"  masskv quest {budget}: {ms:.3f} ms/token ({row['speedup']:.2f}x dense), "
+            log(f"  masskv {method} {budget}: {ms:.3f} ms/token ({row['speedup']:.2f}x dense), "
                 f"attention {att:.1f} us/layer; bounds dense {row['dense_bytes_bound_ms']} ms, "
                 f"masskv {row['bytes_bound_ms']} ms")
             rows.append(row)
-            del mk
+            mk = None
             torch.cuda.empty_cache()
     return rows
 
@@ -365,11 +380,11 @@ def markdown(meta, rows) -> str:
            "Random-init bf16 weights: speed only. Both paths one CUDA graph per step, fresh "
            "selection every step; bytes bounds at the measured read ceiling "
            f"({meta['read_ceiling_tbs']:.2f} TB/s).", "", f"`{meta['command']}`", "",
-           "| model | B | ctx | budget | dense ms/token (SDPA) | masskv ms/token | × | dense "
-           "bound ms | masskv bound ms | attention µs/layer dense / masskv |",
-           "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
+           "| model | B | ctx | selection | budget | dense ms/token (SDPA) | masskv ms/token | × | "
+           "dense bound ms | masskv bound ms | attention µs/layer dense / masskv |",
+           "| --- | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
     for r in rows:
-        out.append(f"| {r['model']} | {r['batch']} | {r['ctx']} | {r['budget']} | "
+        out.append(f"| {r['model']} | {r['batch']} | {r['ctx']} | {r['method']} | {r['budget']} | "
                    f"{r['dense_ms']:.3f} ({r['dense_backend']}) | {r['masskv_ms']:.3f} | "
                    f"{r['speedup']:.2f} | {r['dense_bytes_bound_ms']:.3f} | "
                    f"{r['bytes_bound_ms']:.3f} | {r['dense_attention_us_per_layer']:.1f} / "
@@ -395,6 +410,8 @@ def main(argv=None) -> int:
     ap.add_argument("--models", default="llama8b,qwen8b")
     ap.add_argument("--cells", default="1x32768,1x131072,1x262144,8x32768")
     ap.add_argument("--budgets", default="2048,4096")
+    ap.add_argument("--methods", default="hier,quest",
+                    help="masskv selections: hier (hierarchical Quest), quest (flat)")
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--check", action="store_true", help="masskv vs SDPA logits first")
     ap.add_argument("--tiny", action="store_true", help="the tiny shape (self-test)")
@@ -416,6 +433,10 @@ def main(argv=None) -> int:
         if x not in SHAPES:
             raise SystemExit(f"--models: unknown {x!r} (known: {', '.join(SHAPES)})")
     budgets = [int(x) for x in a.budgets.split(",")]
+    methods = [x for x in a.methods.split(",") if x]
+    for x in methods:
+        if x not in ("hier", "quest"):
+            raise SystemExit(f"--methods: unknown {x!r} (hier, quest)")
     cells = parse_cells(a.cells)
     ceiling = read_ceiling_gbs(dev)
     meta = dict(card=torch.cuda.get_device_name(dev),
@@ -436,7 +457,7 @@ def main(argv=None) -> int:
                 log(f"{model.s.name} B {B} ctx {ctx}: skipped, needs ~{need / 2**30:.0f} GiB")
                 continue
             log(f"{model.s.name} B {B} ctx {ctx}")
-            rows += run_cell(model, B, ctx, budgets, a.iters, ceiling, log)
+            rows += run_cell(model, B, ctx, budgets, methods, a.iters, ceiling, log)
         del model
         torch.cuda.empty_cache()
         log(f"{name}: {time.time() - t0:.0f} s")
