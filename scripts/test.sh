@@ -105,6 +105,8 @@ fi
 # machine).
 if scripts/setup.sh --no-build --python && use_venv test.sh; then
   run_pytest python python/tests
+  # The CUDA half of the bindings, which the module built here leaves out: compiled for syntax.
+  run_counted python-cuda scripts/check_py_cuda.sh
 else
   echo "test.sh: Python module build failed" >&2
   failed=$((failed + 1))
