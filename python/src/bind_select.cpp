@@ -9,6 +9,7 @@
 #include "cuda_calls.hpp"
 #include "kv_objects.hpp"
 #include "masskv/error.hpp"
+#include "engine_outputs.hpp"
 #include "masskv/kv/engine_pages.hpp"
 #include "masskv/select/diagnostics.hpp"
 #include "masskv/select/page_bound.hpp"
@@ -216,24 +217,13 @@ nb::dict engine_pages_py(const Selection& sel, const KV& kv, const std::string& 
   const kv::PagedKVView view = kv.checked();
   const auto L = static_cast<std::size_t>(
       kv::engine_list_count(lists, view.table.batch(), sv.num_kv_heads));
-  const auto K = static_cast<std::size_t>(max_per_list);
   kv::EnginePagesOut out;
-  out.max_per_list = max_per_list;
-  std::int32_t *ids = nullptr, *count = nullptr, *indptr = nullptr, *indices = nullptr,
-               *last = nullptr;
-  nb::dict d;
-  d["ids"] = new_numpy<std::int32_t>({L, K}, &ids);
-  d["count"] = new_numpy<std::int32_t>({L}, &count);
-  out.ids = {ids, L * K};
-  out.count = {count, L};
-  if (csr) {
-    d["indptr"] = new_numpy<std::int32_t>({L + 1}, &indptr);
-    d["indices"] = new_numpy<std::int32_t>({L * K}, &indices);
-    d["last_page_len"] = new_numpy<std::int32_t>({L}, &last);
-    out.indptr = {indptr, L + 1};
-    out.indices = {indices, L * K};
-    out.last_page_len = {last, L};
-  }
+  nb::dict d = engine_outputs(L, static_cast<std::size_t>(max_per_list), csr, out,
+                              [](const char*, std::vector<std::size_t> shape) {
+                                std::int32_t* data = nullptr;
+                                nb::object o = new_numpy<std::int32_t>(std::move(shape), &data);
+                                return std::pair{o, data};
+                              });
   kv::engine_pages(sv, view.table, view.page_size, lists, out);
   return d;
 }

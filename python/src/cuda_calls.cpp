@@ -14,6 +14,7 @@
 #include <utility>
 
 #include "cuda_device.hpp"
+#include "engine_outputs.hpp"
 #include "masskv/cuda/decode.hpp"
 #include "masskv/cuda/select.hpp"
 #include "masskv/error.hpp"
@@ -265,28 +266,15 @@ nb::dict engine_pages_cuda(const Selection& sel, const KV& kv, kv::EngineLists l
   a.lists = lists;
   const auto L = static_cast<std::size_t>(
       kv::engine_list_count(lists, view.table.batch(), a.selection.num_kv_heads));
-  const auto K = static_cast<std::size_t>(max_per_list);
-  nb::dict d;
-  d["ids"] = torch_empty({L, K}, "int32", device, "ids");
-  d["count"] = torch_empty({L}, "int32", device, "count");
-  if (csr) {
-    d["indptr"] = torch_empty({L + 1}, "int32", device, "indptr");
-    d["indices"] = torch_empty({L * K}, "int32", device, "indices");
-    d["last_page_len"] = torch_empty({L}, "int32", device, "last_page_len");
-  }
-  // The outputs as spans (fresh contiguous int32 tensors: no checks needed beyond the import).
-  const auto span_of = [&](const char* key) {
-    OutArray arr = as_output(d[key], key);
-    return std::span<std::int32_t>(static_cast<std::int32_t*>(arr.data()), arr.size());
-  };
-  a.out.max_per_list = max_per_list;
-  a.out.ids = span_of("ids");
-  a.out.count = span_of("count");
-  if (csr) {
-    a.out.indptr = span_of("indptr");
-    a.out.indices = span_of("indices");
-    a.out.last_page_len = span_of("last_page_len");
-  }
+  nb::dict d = engine_outputs(
+      L, static_cast<std::size_t>(max_per_list), csr, a.out,
+      [&](const char* name, std::vector<std::size_t> shape) {
+        // A fresh contiguous int32 tensor: no checks needed beyond the import.
+        nb::object o = shape.size() == 2 ? torch_empty({shape[0], shape[1]}, "int32", device, name)
+                                         : torch_empty({shape[0]}, "int32", device, name);
+        OutArray arr = as_output(o, name);
+        return std::pair{o, static_cast<std::int32_t*>(arr.data())};
+      });
   cuda::SelectLaunch launch;
   launch.stream = resolve_stream(stream, device);
   launch.max_pages_per_seq = pages_bound(max_pages_per_seq, view);
