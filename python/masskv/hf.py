@@ -60,6 +60,8 @@ class MasskvAttention:
     masskv.select (alpha 1 = softmax, (1, 2] = alpha-entmax attention). page_size and dtype
     configure the per-layer PagedKVCache; max_tokens sizes its pool (it grows on demand).
     After each decode step `last_selected_fraction[layer]` holds the fraction of tokens read.
+    hierarchical: on CUDA tensors, method "quest" selects hierarchically (groups of 16 pages
+    first: the cheaper scan at long contexts; docs/torch.md).
     """
 
     method: str = "dense"
@@ -69,6 +71,7 @@ class MasskvAttention:
     top_p: float = 0.9
     sink_pages: int = 1
     window_tokens: int = 0
+    hierarchical: bool = False
     page_size: int = 16
     dtype: str = "f32"
     max_tokens: int = 4096

@@ -65,7 +65,8 @@ class CudaLayers:
         if attn.method == "quest":
             selection = cache.select(layer, q, budget_tokens=attn.budget_tokens,
                                      sink_pages=attn.sink_pages,
-                                     window_tokens=attn.window_tokens, scale=scale)
+                                     window_tokens=attn.window_tokens, scale=scale,
+                                     hierarchical=attn.hierarchical)
             attn.last_selection[layer] = selection
         out, _ = cache.decode(layer, q, selection, alpha=attn.alpha, scale=scale)
         return out[:, None].to(query.dtype), None
@@ -117,7 +118,8 @@ class CudaLayers:
         pages = B * (-(-max(S, attn.max_tokens) // P) + 1)
         dtype = key.dtype if key.dtype in (torch.bfloat16, torch.float16) else torch.bfloat16
         cache = TorchPagedCache(layers, Hkv, d, pages, page_size=P, dtype=dtype,
-                                device=key.device, bounds=attn.method == "quest")
+                                device=key.device, bounds=attn.method == "quest",
+                                groups=attn.method == "quest" and attn.hierarchical)
         state = _ModelState(cache, [cache.create() for _ in range(B)])
         self._states[config] = state
         return state

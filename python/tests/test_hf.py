@@ -104,10 +104,12 @@ def test_cuda_tensors_stay_on_the_gpu_and_match_sdpa():
 
 
 @cuda
-def test_cuda_quest_reads_a_budget():
+@pytest.mark.parametrize("hierarchical", [False, True])
+def test_cuda_quest_reads_a_budget(hierarchical):
     attn = masskv.hf.MasskvAttention(method="quest", budget_tokens=32, sink_pages=1,
-                                     page_size=16)
-    model = tiny_llama(attn.register("masskv_cuda_sparse"), 64).cuda().to(torch.bfloat16)
+                                     page_size=16, hierarchical=hierarchical)
+    model = tiny_llama(attn.register(f"masskv_cuda_sparse_{hierarchical}"), 64).cuda().to(
+        torch.bfloat16)
     prompt = torch.randint(0, 128, (1, 300), generator=torch.Generator().manual_seed(4)).cuda()
     logits = step_logits(model, prompt, 3)
     assert torch.isfinite(logits.float()).all()
