@@ -238,6 +238,42 @@ class MasskvKV:
         return s.layers * B * (sel * per_page_kv + (groups + scanned) * per_page_bounds)
 
 
+def transformers_ms(shape: Shape, B: int, ctx: int, device, iters: int) -> float:
+    """transformers' own decode step of the same shape (random bf16 init, eager, SDPA, its
+    DynamicCache filled with ctx random tokens): median ms per token over `iters` steps, each
+    appending one token (its cache concatenates, as in generate())."""
+    import transformers
+
+    s = shape
+    cls, cfg_cls = ((transformers.Qwen3ForCausalLM, transformers.Qwen3Config) if s.qk_norm
+                    else (transformers.LlamaForCausalLM, transformers.LlamaConfig))
+    cfg = cfg_cls(vocab_size=s.vocab, hidden_size=s.hidden, intermediate_size=s.inter,
+                  num_hidden_layers=s.layers, num_attention_heads=s.heads,
+                  num_key_value_heads=s.kv_heads, head_dim=s.head_dim,
+                  max_position_embeddings=ctx + iters + 16)
+    cfg._attn_implementation = "sdpa"
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    with torch.device(device):
+        model = cls(cfg).to(dtype).eval()
+    cache = transformers.DynamicCache(config=cfg)
+    for layer in range(s.layers):
+        k = torch.randn(B, s.kv_heads, ctx, s.head_dim, device=device, dtype=dtype)
+        cache.update(k, torch.randn_like(k), layer)
+    tok = torch.randint(0, s.vocab, (B, 1), device=device)
+    ts = []
+    with torch.no_grad():
+        for i in range(iters + 2):
+            pos = torch.full((B, 1), ctx + i, device=device, dtype=torch.long)
+            t0 = time.perf_counter()
+            model(input_ids=tok, position_ids=pos, past_key_values=cache, use_cache=True,
+                  logits_to_keep=1)
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            if i >= 2:
+                ts.append((time.perf_counter() - t0) * 1e3)
+    return statistics.median(ts)
+
+
 def read_ceiling_gbs(device) -> float:
     """Bytes per second of a read-bound reduction over 4 GiB (the bytes bounds' denominator)."""
     x = torch.ones(2 ** 31, device=device, dtype=torch.bfloat16)
@@ -325,12 +361,20 @@ def check(model: Model, log) -> None:
 
 
 def run_cell(model: Model, B: int, ctx: int, budgets, methods, iters: int, ceiling: float,
-             log):
+             log, hf: bool = False):
     s, dev = model.s, model.device
     tokens, pos = step_inputs(model, B, ctx)
     wbytes = model.weight_bytes()
     dense_bytes = wbytes + B * (ctx + 1) * s.kv_bytes_per_token()
     best = None
+    hf_ms = None
+    if hf:
+        try:
+            hf_ms = transformers_ms(s, B, ctx, dev, 5)
+            log(f"  transformers (eager, SDPA, DynamicCache): {hf_ms:.2f} ms/token")
+        except (RuntimeError, ImportError) as e:
+            log(f"  transformers: not run ({str(e).splitlines()[0][:120]})")
+        torch.cuda.empty_cache()
     with torch.no_grad():
         dense = DenseKV(s, B, ctx, dev)
         for name, be in dense_backends():
@@ -363,6 +407,7 @@ def run_cell(model: Model, B: int, ctx: int, budgets, methods, iters: int, ceili
                        speedup=round(best[1] / ms, 3), dense_backend=best[0],
                        dense_attention_us_per_layer=round(best[2], 2),
                        masskv_attention_us_per_layer=round(att, 2),
+                       transformers_ms=None if hf_ms is None else round(hf_ms, 3),
                        weights_gb=round(wbytes / 1e9, 3),
                        dense_kv_gb=round((dense_bytes - wbytes) / 1e9, 3),
                        masskv_read_gb=round((sparse_bytes - wbytes) / 1e9, 3))
@@ -381,14 +426,16 @@ def markdown(meta, rows) -> str:
            "selection every step; bytes bounds at the measured read ceiling "
            f"({meta['read_ceiling_tbs']:.2f} TB/s).", "", f"`{meta['command']}`", "",
            "| model | B | ctx | selection | budget | dense ms/token (SDPA) | masskv ms/token | × | "
-           "dense bound ms | masskv bound ms | attention µs/layer dense / masskv |",
-           "| --- | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
+           "dense bound ms | masskv bound ms | attention µs/layer dense / masskv | transformers "
+           "ms/token (eager) |",
+           "| --- | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | --- | ---: |"]
     for r in rows:
         out.append(f"| {r['model']} | {r['batch']} | {r['ctx']} | {r['method']} | {r['budget']} | "
                    f"{r['dense_ms']:.3f} ({r['dense_backend']}) | {r['masskv_ms']:.3f} | "
                    f"{r['speedup']:.2f} | {r['dense_bytes_bound_ms']:.3f} | "
                    f"{r['bytes_bound_ms']:.3f} | {r['dense_attention_us_per_layer']:.1f} / "
-                   f"{r['masskv_attention_us_per_layer']:.1f} |")
+                   f"{r['masskv_attention_us_per_layer']:.1f} | "
+                   f"{'-' if r.get('transformers_ms') is None else r['transformers_ms']} |")
     return "\n".join(out) + "\n"
 
 
@@ -414,6 +461,8 @@ def main(argv=None) -> int:
                     help="masskv selections: hier (hierarchical Quest), quest (flat)")
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--check", action="store_true", help="masskv vs SDPA logits first")
+    ap.add_argument("--transformers", action="store_true",
+                    help="also time transformers' own model (eager) at each cell")
     ap.add_argument("--tiny", action="store_true", help="the tiny shape (self-test)")
     ap.add_argument("--device", default="cuda")
     a = ap.parse_args(argv)
@@ -427,6 +476,8 @@ def main(argv=None) -> int:
         logits = m.step(tokens, pos, kv)
         assert logits.shape == (2, m.s.vocab) and torch.isfinite(logits).all()
         log(f"cpu self-test: logits {tuple(logits.shape)} finite")
+        if a.transformers:
+            log(f"cpu self-test: transformers {transformers_ms(m.s, 2, 64, dev, 2):.1f} ms/token")
         return 0
     models = ["tiny"] if a.tiny else [x for x in a.models.split(",") if x]
     for x in models:
@@ -457,7 +508,8 @@ def main(argv=None) -> int:
                 log(f"{model.s.name} B {B} ctx {ctx}: skipped, needs ~{need / 2**30:.0f} GiB")
                 continue
             log(f"{model.s.name} B {B} ctx {ctx}")
-            rows += run_cell(model, B, ctx, budgets, methods, a.iters, ceiling, log)
+            rows += run_cell(model, B, ctx, budgets, methods, a.iters, ceiling, log,
+                             hf=a.transformers)
         del model
         torch.cuda.empty_cache()
         log(f"{name}: {time.time() - t0:.0f} s")
