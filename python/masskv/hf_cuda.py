@@ -29,13 +29,20 @@ class _ModelState:
 
 
 class CudaLayers:
-    """Per-model GPU caches of one MasskvAttention (weak keys: a cache goes with its model)."""
+    """Per-model GPU caches of one MasskvAttention. Keyed by the identity of the model's config
+    (shared by its layers; transformers' configs define __eq__, so they cannot be dict keys
+    themselves), and dropped when that config is collected, so a cache goes with its model."""
 
     def __init__(self) -> None:
-        self._states: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+        self._states: dict[int, _ModelState] = {}
+        self._watched: set[int] = set()  # configs with a finalizer that forgets their state
 
     def clear(self) -> None:
         self._states.clear()
+
+    def _forget(self, key: int) -> None:
+        self._states.pop(key, None)
+        self._watched.discard(key)
 
     def __call__(self, attn: Any, module: Any, query, key, value, attention_mask,
                  scale: float, **kwargs):
@@ -81,13 +88,13 @@ class CudaLayers:
             raise ValueError("masskv attention: on the GPU the module must carry its model's "
                              "config (module.config.num_hidden_layers)")
         layer = int(getattr(module, "layer_idx", 0))
-        state = self._states.get(config)
+        state = self._states.get(id(config))
         if state is not None:
             # Holds the history but this call's new tokens (an earlier layer may have appended
             # them already: then have == S); anything else is a new generation: start over.
             have = state.cache.length(state.seqs[0])
             if len(state.seqs) != B or not S - new_tokens <= have <= S:
-                del self._states[config]
+                del self._states[id(config)]
                 state = None
         if state is None:
             state = self._new_state(attn, config, layers, key)
@@ -102,7 +109,7 @@ class CudaLayers:
                 # Pool full: a cache twice as large, filled from the full history of every
                 # layer (this is the step's first layer; the others append key[:, :, :S] too).
                 attn.max_tokens = 2 * max(attn.max_tokens, S)
-                del self._states[config], state, cache
+                del self._states[id(config)], state, cache
                 state = self._new_state(attn, config, layers, key)
                 cache = state.cache
                 cache.begin_step(state.seqs, S)
@@ -121,5 +128,9 @@ class CudaLayers:
                                 device=key.device, bounds=attn.method == "quest",
                                 groups=attn.method == "quest" and attn.hierarchical)
         state = _ModelState(cache, [cache.create() for _ in range(B)])
-        self._states[config] = state
+        key = id(config)
+        if key not in self._watched:  # forget the state when the config (the model) goes
+            self._watched.add(key)
+            weakref.finalize(config, self._forget, key)
+        self._states[key] = state
         return state

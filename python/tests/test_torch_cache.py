@@ -127,3 +127,49 @@ def test_group_slots_follow_the_pages_and_forks_copy_them():
     c.begin_step([s], 3)
     with pytest.raises(ValueError, match="groups=True"):
         c.select(0, torch.zeros(1, 4, 64), budget_tokens=16, hierarchical=True)
+
+
+def test_transformers_gpu_layers_keep_one_cache_per_model(monkeypatch):
+    """masskv.hf_cuda's bookkeeping on CPU tensors (the append operator is CUDA-only, so it is
+    stubbed): one cache per model config, a step begun once for all layers, a new generation
+    detected, the pool regrown from the full history when full, the state gone with the model."""
+    import gc
+    import types
+
+    from masskv.hf_cuda import CudaLayers
+
+    appended = []
+    monkeypatch.setattr(TorchPagedCache, "append",
+                        lambda self, layer, k, v: appended.append((layer, tuple(k.shape))))
+    attn = types.SimpleNamespace(method="dense", page_size=4, max_tokens=16, hierarchical=False)
+
+    class Config:  # transformers' configs define __eq__ and are unhashable: so is this one
+        num_hidden_layers = 2
+
+        def __eq__(self, other):
+            return self is other
+
+    cfg = Config()
+    mods = [types.SimpleNamespace(config=cfg, layer_idx=i) for i in range(2)]
+    layers = CudaLayers()
+
+    def call(S, T):
+        k = torch.zeros(2, 2, S, 64, dtype=torch.bfloat16)
+        for m in mods:
+            layers._sync(attn, m, k, k, T)
+
+    call(10, 10)                                # prefill: one step for both layers
+    state = layers._states[id(cfg)]
+    assert state.cache.length(state.seqs[0]) == 10 and appended == [(0, (2, 10, 2, 64)),
+                                                                   (1, (2, 10, 2, 64))]
+    call(11, 1)                                 # a decode step
+    assert layers._states[id(cfg)] is state and state.cache.length(state.seqs[1]) == 11
+    call(24, 13)                                # beyond the pool (10 pages: 16 tokens + 1 a row)
+    grown = layers._states[id(cfg)]
+    assert grown is not state and grown.cache.length(grown.seqs[0]) == 24
+    assert appended[-2:] == [(0, (2, 24, 2, 64)), (1, (2, 24, 2, 64))]  # the whole history
+    call(5, 5)                                  # a new generation: a new cache
+    assert layers._states[id(cfg)].cache.length(layers._states[id(cfg)].seqs[0]) == 5
+    del cfg, mods, state, grown
+    gc.collect()
+    assert not layers._states and not layers._watched
