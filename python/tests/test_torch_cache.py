@@ -170,6 +170,6 @@ def test_transformers_gpu_layers_keep_one_cache_per_model(monkeypatch):
     assert appended[-2:] == [(0, (2, 24, 2, 64)), (1, (2, 24, 2, 64))]  # the whole history
     call(5, 5)                                  # a new generation: a new cache
     assert layers._states[id(cfg)].cache.length(layers._states[id(cfg)].seqs[0]) == 5
-    del cfg, mods, state, grown
+    cfg = mods = state = grown = None  # the model goes
     gc.collect()
     assert not layers._states and not layers._watched
