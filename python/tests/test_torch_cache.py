@@ -173,3 +173,33 @@ def test_transformers_gpu_layers_keep_one_cache_per_model(monkeypatch):
     cfg = mods = state = grown = None  # the model goes
     gc.collect()
     assert not layers._states and not layers._watched
+
+
+@pytest.mark.parametrize("layout", ["NHD", "HND"])
+def test_a_chunk_lands_in_its_pages_and_slots(monkeypatch, layout):
+    """append's chunk path writes token t of row b into its page and slot (the summaries'
+    refresh after it is a CUDA operator, stubbed here: test_ops.py checks it on the GPU)."""
+    calls = []
+    monkeypatch.setattr(torch.ops.masskv, "summarize_pages",
+                        lambda *a: calls.append((a[-3].tolist(), a[-2].tolist())))
+    c = cpu_cache(layout=layout)
+    a, b = c.create(), c.create()
+    c.begin_step([a, b], 3)
+    c.append(1, torch.randn(2, 3, 2, 64), torch.randn(2, 3, 2, 64))
+    k = torch.randn(2, 6, 2, 64)
+    c.begin_step([a, b], 6)
+    c.append(1, k, -k)
+    pool = c.k_pool[1] if layout == "NHD" else c.k_pool[1].transpose(1, 2)  # [page][slot][h][d]
+    vpool = c.v_pool[1] if layout == "NHD" else c.v_pool[1].transpose(1, 2)
+    for row, s in enumerate((a, b)):
+        pages = c._seqs[s].pages
+        for t in range(6):
+            pos = 3 + t
+            got = pool[pages[pos // 4], pos % 4]
+            assert torch.equal(got, k[row, t].to(torch.bfloat16)), (row, t)
+            assert torch.equal(vpool[pages[pos // 4], pos % 4], (-k[row, t]).to(torch.bfloat16))
+    # The refresh covers the touched pages with their token counts: 3..8 -> pages 0 (4), 1 (4),
+    # 2 (1) of each row.
+    touched, tokens = calls[-1]
+    assert tokens == [4, 4, 1, 4, 4, 1]
+    assert touched == c._seqs[a].pages + c._seqs[b].pages
