@@ -123,3 +123,51 @@ def test_cuda_unsupported_method_is_named():
     model = tiny_llama(attn.register("masskv_cuda_top_p"), 64).cuda()
     with pytest.raises(ValueError, match="on CUDA tensors the methods are dense, quest"):
         step_logits(model, torch.randint(0, 128, (1, 20)).cuda(), 1)
+
+
+def test_gpu_path_flow_on_cpu_tensors(monkeypatch):
+    """masskv.hf_cuda's control flow, run on CPU tensors: the GPU path's append is a CUDA
+    kernel, so it is replaced by a plain pool write here (no summaries: method dense reads none);
+    the rest is the real code — one cache per model, the step begun by the first layer, the
+    prefill by transformers' SDPA, the decode by masskv's decode operator (its CPU kernel) over
+    the bf16 pool. Greedy tokens must be eager's, logits within bf16 noise."""
+    from transformers import AttentionInterface
+
+    from masskv.hf_cuda import CudaLayers
+    from masskv.torch_cache import TorchPagedCache
+
+    def write_rows(self, layer, k, v):  # the pool part of TorchPagedCache.append
+        st = self._current()
+        B, T, H, d = k.shape
+        idx = (st.page.long(), st.slot.long())
+        self.k_pool[layer][idx] = k.reshape(B * T, H, d).to(self.dtype)
+        self.v_pool[layer][idx] = v.reshape(B * T, H, d).to(self.dtype)
+
+    monkeypatch.setattr(TorchPagedCache, "append", write_rows)
+    layers = CudaLayers()
+    attn = masskv.hf.MasskvAttention(method="dense", page_size=4)
+
+    def fn(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kw):
+        return layers(attn, module, query, key, value, attention_mask, scaling, **kw)
+
+    AttentionInterface.register("masskv_gpu_flow", fn)
+    try:
+        from transformers import AttentionMaskInterface
+        from transformers.masking_utils import sdpa_mask
+
+        AttentionMaskInterface.register("masskv_gpu_flow", sdpa_mask)
+    except ImportError:
+        pass
+    prompt = torch.randint(0, 128, (2, 23), generator=torch.Generator().manual_seed(5))
+    ref = step_logits(tiny_llama("eager", 64), prompt, 5)
+    model = tiny_llama("masskv_gpu_flow", 64)
+    got = step_logits(model, prompt, 5)
+    assert torch.equal(got.argmax(-1), ref.argmax(-1))
+    torch.testing.assert_close(got, ref, atol=5e-2, rtol=0)
+    (state,) = layers._states.values()           # one cache for the model's two layers
+    assert state.cache.length(state.seqs[0]) == 23 + 5 and state.cache.dtype == torch.bfloat16
+    del model                                    # the cache goes with the model
+    import gc
+
+    gc.collect()
+    assert not layers._states
