@@ -50,8 +50,9 @@ class _Step:
     touched: torch.Tensor    # int32 pages the step wrote (distinct), for the summary refresh
     touched_tokens: torch.Tensor  # int32 tokens each of them holds after the step
     indptr: torch.Tensor
-    indices: torch.Tensor
+    indices: torch.Tensor     # the whole index buffer; its first `used` entries are the table
     last_page_len: torch.Tensor
+    used: int
     max_pages: int
     group_indptr: torch.Tensor | None = None
     group_indices: torch.Tensor | None = None
@@ -59,6 +60,18 @@ class _Step:
 
 def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
+
+
+def _fill_csr(lists: list[list[int]], indptr: torch.Tensor, indices: torch.Tensor) -> int:
+    """Writes lists back to back into the CSR buffers (indptr (len + 1,), the index buffer's
+    prefix); returns how many indices that is."""
+    ptr, ids = [0], []
+    for ls in lists:
+        ids.extend(ls)
+        ptr.append(len(ids))
+    indptr.copy_(torch.tensor(ptr, dtype=torch.int32))
+    indices[:len(ids)].copy_(torch.tensor(ids, dtype=torch.int32))
+    return len(ids)
 
 
 def _error(msg: str, code: str, argument: str) -> masskv.Error:
@@ -141,8 +154,7 @@ class TorchPagedCache:
         self._seqs: dict[int, _Seq] = {}
         self._next_id = 0
         self._step: _Step | None = None
-        self._table_bufs: dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
-        self._pos_bufs: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]] = {}
+        self._bufs: dict[tuple, tuple[torch.Tensor, ...]] = {}
 
     # -- sequences (host) --------------------------------------------------------------------
     def create(self) -> int:
@@ -220,6 +232,8 @@ class TorchPagedCache:
         s.pages[-1] = new
 
     def _stores_all(self) -> list[torch.Tensor]:
+        """Every layer's pool and stores, in the operators' argument order (the bound store
+        last, when kept)."""
         ts = [self.k_pool, self.v_pool, self.min, self.max, self.mean, self.m2, self.count,
               self.max_vnorm]
         if self.bound_min is not None:
@@ -273,54 +287,30 @@ class TorchPagedCache:
             raise _error(f"max_pages_per_seq: a sequence holds {max_pages} pages, more than "
                          f"the fixed bound {self.max_pages_per_seq}", "out_of_range",
                          "max_pages_per_seq")
-        indptr, indices, last = self._table_buffers(B)
-        ptr, ids = [0], []
-        for s in rows:
-            ids.extend(s.pages)
-            ptr.append(len(ids))
         i32 = dict(dtype=torch.int32)
-        indptr.copy_(torch.tensor(ptr, **i32))
-        indices[:len(ids)].copy_(torch.tensor(ids, **i32))
+        indptr, indices, last = self._buffers(("table", B), [(B + 1, 0),
+                                                            (self.capacity_pages, -1), (B, 1)])
+        used = _fill_csr([s.pages for s in rows], indptr, indices)
         last.copy_(torch.tensor([s.length - (len(s.pages) - 1) * P for s in rows], **i32))
-        pg, sl = self._pos_buffers(B, tokens)
+        pg, sl = self._buffers(("pos", B, tokens), [(B * tokens, 0), (B * tokens, 0)])
         pg.copy_(torch.tensor(page, **i32))
         sl.copy_(torch.tensor(slot, **i32))
         self._step = _Step(list(seqs), tokens, pg, sl,
                            torch.tensor(touched, **i32).to(self.device),
                            torch.tensor(touched_tokens, **i32).to(self.device),
-                           indptr, indices, last, max_pages)
+                           indptr, indices, last, used, max_pages)
         if self.group_min is not None:
-            gptr, gids = self._group_buffers(B)
-            ptr, ids = [0], []
-            for s in rows:
-                ids.extend(s.groups)
-                ptr.append(len(ids))
-            gptr.copy_(torch.tensor(ptr, **i32))
-            gids[:len(ids)].copy_(torch.tensor(ids, **i32))
+            gptr, gids = self._buffers(("groups", B), [(B + 1, 0), (self.group_slots, -1)])
+            _fill_csr([s.groups for s in rows], gptr, gids)
             self._step.group_indptr, self._step.group_indices = gptr, gids
 
-    def _table_buffers(self, B: int):
-        if B not in self._table_bufs:
-            i32 = dict(dtype=torch.int32, device=self.device)
-            self._table_bufs[B] = (torch.zeros(B + 1, **i32),
-                                   torch.full((self.capacity_pages,), -1, **i32),
-                                   torch.ones(B, **i32))
-        return self._table_bufs[B]
-
-    def _group_buffers(self, B: int):
-        key = ("groups", B)
-        if key not in self._pos_bufs:
-            i32 = dict(dtype=torch.int32, device=self.device)
-            self._pos_bufs[key] = (torch.zeros(B + 1, **i32),
-                                   torch.full((self.group_slots,), -1, **i32))
-        return self._pos_bufs[key]
-
-    def _pos_buffers(self, B: int, tokens: int):
-        if (B, tokens) not in self._pos_bufs:
-            i32 = dict(dtype=torch.int32, device=self.device)
-            self._pos_bufs[(B, tokens)] = (torch.zeros(B * tokens, **i32),
-                                           torch.zeros(B * tokens, **i32))
-        return self._pos_bufs[(B, tokens)]
+    def _buffers(self, key: tuple, specs: list[tuple[int, int]]) -> tuple[torch.Tensor, ...]:
+        """Device int32 buffers (size, fill value) kept per key (a batch size, a step's shape):
+        every step of that shape writes the same storage, which a captured graph keeps."""
+        if key not in self._bufs:
+            self._bufs[key] = tuple(torch.full((n,), v, dtype=torch.int32, device=self.device)
+                                    for n, v in specs)
+        return self._bufs[key]
 
     def _current(self) -> _Step:
         if self._step is None:
@@ -345,30 +335,18 @@ class TorchPagedCache:
         (capacity_pages,) buffer whose prefix they are: the same storage every step, which a
         captured CUDA graph keeps (the CUDA kernels read only the prefix indptr gives)."""
         st = self._current()
-        n = len(st.indices) if full else sum(len(self._seqs[s].pages) for s in st.seqs)
-        return st.indptr, st.indices[:n], st.last_page_len
+        return st.indptr, st.indices if full else st.indices[:st.used], st.last_page_len
 
     def _kernel_table(self):
         # CUDA: the whole buffer (graph-safe); the CPU's checks want the exact prefix.
         return self.table(full=self.device.type == "cuda")
 
     # -- per layer (device) --------------------------------------------------------------------
-    def stores(self, layer: int) -> dict:
-        """Layer `layer`'s pool and stores as masskv.cuda_append takes them."""
-        self._check_layer(layer)
-        d = dict(k_pool=self.k_pool[layer], v_pool=self.v_pool[layer], layout=self.layout,
-                 min=self.min[layer], max=self.max[layer], mean=self.mean[layer],
-                 m2=self.m2[layer], count=self.count[layer], max_vnorm=self.max_vnorm[layer])
-        if self.bound_min is not None:
-            d.update(bound_min=self.bound_min[layer], bound_max=self.bound_max[layer],
-                     bound_wmax=self.bound_wmax[layer])
-        return d
-
     def _store_args(self, layer: int) -> tuple:
-        b = (None, None, None) if self.bound_min is None else (
-            self.bound_min[layer], self.bound_max[layer], self.bound_wmax[layer])
-        return (self.k_pool[layer], self.v_pool[layer], self.min[layer], self.max[layer],
-                self.mean[layer], self.m2[layer], self.count[layer], self.max_vnorm[layer], *b)
+        """Layer `layer`'s pool and stores as the operators take them (None for a bound store
+        not kept)."""
+        ts = [t[layer] for t in self._stores_all()]
+        return (*ts, *[None] * (len(ops._STORE_ARGS) - len(ts)))
 
     def _check_layer(self, layer: int) -> None:
         if not isinstance(layer, int) or not 0 <= layer < self.num_layers:
@@ -400,17 +378,23 @@ class TorchPagedCache:
             self._update_groups(layer, last_only=True)
             return
         # Many tokens (a prefill): the pool rows by index, then the touched pages' summaries
-        # from the stored tokens. Rounding to the pool's dtype is torch's round-to-nearest-even,
-        # as the append kernel's; a value that overflows it is stored as inf and then flagged
-        # by the refresh (masskv.Error non_finite).
+        # from the stored tokens. A value that overflows the pool's dtype is stored as inf and
+        # then flagged by the refresh (masskv.Error non_finite).
+        self._write_rows(layer, k, v)
+        torch.ops.masskv.summarize_pages(*args, st.touched, st.touched_tokens, self.layout)
+        self._update_groups(layer, last_only=False)
+
+    def _write_rows(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> None:
+        """The step's tokens k, v (B, T, H_kv, d) into their pool slots of `layer`, rounded to the
+        pool's dtype by torch's round-to-nearest-even, as the append kernel rounds."""
+        st = self._current()
+        B, T, H, d = k.shape
         kp, vp = self.k_pool[layer], self.v_pool[layer]
         if self.layout == "HND":
             kp, vp = kp.transpose(1, 2), vp.transpose(1, 2)  # views: [page][slot][head][d]
         idx = (st.page.long(), st.slot.long())
         kp[idx] = k.reshape(B * T, H, d).to(self.dtype)
         vp[idx] = v.reshape(B * T, H, d).to(self.dtype)
-        torch.ops.masskv.summarize_pages(*args, st.touched, st.touched_tokens, self.layout)
-        self._update_groups(layer, last_only=False)
 
     def _update_groups(self, layer: int, last_only: bool) -> None:
         """The group store of `layer` from its page store: each sequence's last group after a
@@ -464,7 +448,3 @@ class TorchPagedCache:
         return torch.ops.masskv.decode(q, self.k_pool[layer], self.v_pool[layer],
                                        *self._kernel_table(), ids, count, self.layout, alpha,
                                        scale, self.step_max_pages)
-
-
-# The operators are registered by importing masskv.ops (above); keep the name used.
-_ = ops

@@ -33,13 +33,13 @@ const Cache& KV::require_cache(const char* what) const {
   return *cache;
 }
 
-namespace {
-
 kv::Layout parse_layout(const std::string& s) {
   if (s == "HND") return kv::Layout::HND;
   if (s == "NHD") return kv::Layout::NHD;
   fail(ErrorCode::invalid_argument, "layout", "expected \"HND\" or \"NHD\", got \"", s, "\"");
 }
+
+namespace {
 
 // Pool shape in the cache's layout: HND [page][head][slot][d], NHD [page][slot][head][d].
 std::vector<std::size_t> pool_shape(const kv::CacheConfig& c) {

@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <string>
 
+#include "masskv/kv/paged_kv.hpp"
 #include "masskv/mapping.hpp"
 #include "masskv/select/selector.hpp"
 
@@ -25,6 +26,8 @@ void bind_model(nb::module_& m);
 void bind_cuda_stores(nb::module_& m);  // cuda_stores.cpp: cuda_append, cuda_summarize_pages, cuda_check
 #endif
 
+// "HND" | "NHD" as kv::Layout; anything else raises masskv.Error naming "layout".
+kv::Layout parse_layout(const std::string& s);
 // alpha == 1 is softmax; alpha in (1, 2] is alpha-entmax (docs/design.md §2.1). Anything else
 // raises masskv.Error (a ValueError) naming "alpha".
 Mapping mapping_of(double alpha);

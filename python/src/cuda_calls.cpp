@@ -270,8 +270,7 @@ nb::dict engine_pages_cuda(const Selection& sel, const KV& kv, kv::EngineLists l
       L, static_cast<std::size_t>(max_per_list), csr, a.out,
       [&](const char* name, std::vector<std::size_t> shape) {
         // A fresh contiguous int32 tensor: no checks needed beyond the import.
-        nb::object o = shape.size() == 2 ? torch_empty({shape[0], shape[1]}, "int32", device, name)
-                                         : torch_empty({shape[0]}, "int32", device, name);
+        nb::object o = torch_empty(shape, "int32", device, name);
         OutArray arr = as_output(o, name);
         return std::pair{o, static_cast<std::int32_t*>(arr.data())};
       });

@@ -7,11 +7,11 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
-#include <initializer_list>
 #include <map>
 #include <mutex>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "arrays.hpp"
 #include "masskv/error.hpp"
@@ -29,8 +29,8 @@ inline void set_device(Device device) {
 
 // A new torch tensor on `device`: the CUDA path's default outputs (the C++ side cannot own
 // device memory that Python code then holds).
-inline nb::object torch_empty(std::initializer_list<std::size_t> shape, const char* dtype, Device device,
-                       const char* name) {
+inline nb::object torch_empty(const std::vector<std::size_t>& shape, const char* dtype,
+                              Device device, const char* name) {
   nb::object torch;
   try {
     torch = nb::module_::import_("torch");

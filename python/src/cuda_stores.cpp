@@ -73,11 +73,8 @@ cuda::SummaryStores stores_of(const nb::dict& d, Device& device) {
     for (const char* s : kStoreKeys) known = known || k == s;
     if (!known) throw nb::value_error(("stores: unknown key '" + k + "'").c_str());
   }
-  const std::string layout = d.contains("layout") ? nb::cast<std::string>(d["layout"]) : "NHD";
-  if (layout != "NHD" && layout != "HND") {
-    fail(ErrorCode::invalid_argument, "layout", "expected \"NHD\" or \"HND\", got \"", layout,
-         "\"");
-  }
+  const kv::Layout layout =
+      parse_layout(d.contains("layout") ? nb::cast<std::string>(d["layout"]) : "NHD");
   const InArray k = store_array(d, "k_pool"), v = store_array(d, "v_pool");
   device = device_of(k, "k_pool");
   if (device == kCpu) {
@@ -104,7 +101,7 @@ cuda::SummaryStores stores_of(const nb::dict& d, Device& device) {
     }
   }
   if (k.stride(3) != 1) throw nb::value_error("k_pool: the head_dim axis (last) must be contiguous");
-  const bool nhd = layout == "NHD";  // [page][slot][head][d], else [page][head][slot][d]
+  const bool nhd = layout == kv::Layout::NHD;  // [page][slot][head][d], else [page][head][slot][d]
   s.k_pool = mutable_data<void>(k);
   s.v_pool = mutable_data<void>(v);
   s.num_pages = dim_int(k, 0, "k_pool");

@@ -136,14 +136,8 @@ def test_gpu_path_flow_on_cpu_tensors(monkeypatch):
     from masskv.hf_cuda import CudaLayers
     from masskv.torch_cache import TorchPagedCache
 
-    def write_rows(self, layer, k, v):  # the pool part of TorchPagedCache.append
-        st = self._current()
-        B, T, H, d = k.shape
-        idx = (st.page.long(), st.slot.long())
-        self.k_pool[layer][idx] = k.reshape(B * T, H, d).to(self.dtype)
-        self.v_pool[layer][idx] = v.reshape(B * T, H, d).to(self.dtype)
-
-    monkeypatch.setattr(TorchPagedCache, "append", write_rows)
+    # The append without its summaries: the pool part of TorchPagedCache.append alone.
+    monkeypatch.setattr(TorchPagedCache, "append", TorchPagedCache._write_rows)
     layers = CudaLayers()
     attn = masskv.hf.MasskvAttention(method="dense", page_size=4)
 
