@@ -23,8 +23,9 @@ kernels. CUDA tensors (a CUDA build of masskv) stay on the GPU (masskv.hf_cuda):
 masskv.torch_cache.TorchPagedCache per model holds every layer in bf16/f16, the prefill is
 transformers' own SDPA, and decode is GPU Quest selection + masskv's CUDA decode (methods
 "dense" and "quest"); the selection of each layer is left in `last_selection[layer]` as device
-tensors (ids, count), with no host sync. Either way the transformers cache still holds the
-dense KV (masskv mirrors it; the reading is sparse).
+tensors (ids, count), with no host sync. Either way transformers' own cache still holds the
+dense KV (masskv mirrors it; the reading is sparse), unless the model runs with
+masskv.hf_cache.MasskvCache (GPU): then the paged cache is the only copy.
 
 Lifetime: the mirrored caches belong to the model's attention modules, not to this object:
 register() puts this object into transformers' process-wide registry, which lives until the
@@ -115,12 +116,15 @@ class MasskvAttention:
         if kwargs.get("sliding_window") or kwargs.get("softcap"):
             raise ValueError("masskv attention: sliding window / soft-capping not supported")
         B, Hq, T, d = query.shape
-        S = key.shape[2]
         layer = int(getattr(module, "layer_idx", 0))
+        # With masskv.hf_cache.MasskvCache the keys of a decode step are the new token's alone;
+        # the mask spans the whole history.
+        owner = getattr(key, "_masskv_cache", None)
+        S = owner.get_seq_length(layer) if owner is not None else key.shape[2]
         scale = float(scaling) if scaling is not None else 1.0 / math.sqrt(d)
         self._check_no_padding(attention_mask, B, T, S)
 
-        if query.is_cuda and masskv.has_cuda:
+        if (query.is_cuda and masskv.has_cuda) or owner is not None:
             if self._cuda is None:
                 from masskv.hf_cuda import CudaLayers
 

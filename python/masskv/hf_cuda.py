@@ -4,7 +4,8 @@ Each model (its config object) gets one masskv.torch_cache.TorchPagedCache holdi
 layer. The first layer of a forward call that sees new tokens begins the step (the host takes
 the pages once for all layers); every layer appends its new keys and values on the device.
 T > 1 (a prefill chunk): dense causal attention by transformers' own SDPA function over the
-history it hands over. T == 1 (decode): GPU Quest selection over the bf16 page bounds, then
+history it hands over (from masskv.hf_cache.MasskvCache, if the model runs with it: then
+the keys are in the paged cache already and nothing is appended here). T == 1 (decode): GPU Quest selection over the bf16 page bounds, then
 sparse decode (masskv's CUDA kernels), or dense decode for method "dense".
 """
 
@@ -18,6 +19,11 @@ import torch
 
 import masskv
 from masskv.torch_cache import TorchPagedCache
+
+try:  # transformers' Cache subclass (no dense copy); absent with an old transformers
+    from masskv.hf_cache import MasskvCache
+except ImportError:
+    MasskvCache = None
 
 GPU_METHODS = ("dense", "quest")
 
@@ -57,7 +63,11 @@ class CudaLayers:
                              f"{attn.budget!r})")
         T = query.shape[2]
         layer = int(getattr(module, "layer_idx", 0))
-        state = self._sync(attn, module, key, value, T)
+        owner = MasskvCache.owning(key) if MasskvCache is not None else None
+        if owner is not None:  # transformers' cache is masskv's: the keys are in already
+            state = _ModelState(owner.paged, owner.seqs)
+        else:
+            state = self._sync(attn, module, key, value, T)
         if T > 1:
             if attn.alpha != 1.0:
                 raise ValueError("masskv attention: an entmax (alpha != 1) prefill on the GPU is "

@@ -32,6 +32,10 @@ __all__ = ["TorchPagedCache"]
 
 _POOL_DTYPES = (torch.bfloat16, torch.float16)
 GROUP_PAGES = 16  # pages per group of the hierarchical selection (the GPU serves 16)
+# The per-page tensors, (layers, pages, ...) each, in the operators' argument order (the bound
+# store last, absent when not kept).
+_PAGE_STORES = ("k_pool", "v_pool", "min", "max", "mean", "m2", "count", "max_vnorm",
+                "bound_min", "bound_max", "bound_wmax")
 
 
 @dataclass
@@ -204,6 +208,35 @@ class TorchPagedCache:
     def free_pages(self) -> int:
         return len(self._free)
 
+    def grow(self, capacity_pages: int) -> None:
+        """Enlarges the pool to capacity_pages pages per layer (and the group store to match),
+        keeping every sequence, page id and stored value. The tensors are new, so a CUDA graph
+        captured before must be captured again, and the current step ends (begin the next one)."""
+        if not isinstance(capacity_pages, int) or capacity_pages < self.capacity_pages:
+            raise ValueError(f"capacity_pages: must be an int >= the current "
+                             f"{self.capacity_pages}, got {capacity_pages!r}")
+        N, old_n = capacity_pages, self.capacity_pages
+
+        def larger(t: torch.Tensor, n: int) -> torch.Tensor:
+            out = torch.zeros((t.shape[0], n, *t.shape[2:]), dtype=t.dtype, device=t.device)
+            out[:, :t.shape[1]].copy_(t)
+            return out
+
+        for name in _PAGE_STORES:
+            if getattr(self, name) is not None:
+                setattr(self, name, larger(getattr(self, name), N))
+        self._free = list(range(N - 1, old_n - 1, -1)) + self._free
+        self._refs += [0] * (N - old_n)
+        self.capacity_pages = N
+        if self.group_min is not None:
+            slots = -(-N // GROUP_PAGES) + 64
+            self.group_min = larger(self.group_min, slots)
+            self.group_max = larger(self.group_max, slots)
+            self._gfree = list(range(slots - 1, self.group_slots - 1, -1)) + self._gfree
+            self.group_slots = slots
+        self._bufs.clear()  # the page table's index buffer is capacity_pages long
+        self._step = None
+
     def _take(self) -> int:
         if not self._free:
             raise _error(f"capacity_pages: all {self.capacity_pages} pages are in use",
@@ -234,11 +267,7 @@ class TorchPagedCache:
     def _stores_all(self) -> list[torch.Tensor]:
         """Every layer's pool and stores, in the operators' argument order (the bound store
         last, when kept)."""
-        ts = [self.k_pool, self.v_pool, self.min, self.max, self.mean, self.m2, self.count,
-              self.max_vnorm]
-        if self.bound_min is not None:
-            ts += [self.bound_min, self.bound_max, self.bound_wmax]
-        return ts
+        return [t for t in (getattr(self, n) for n in _PAGE_STORES) if t is not None]
 
     # -- a step (host, once for all layers) ----------------------------------------------------
     def begin_step(self, seqs: list[int], tokens: int = 1) -> None:
@@ -395,6 +424,26 @@ class TorchPagedCache:
         idx = (st.page.long(), st.slot.long())
         kp[idx] = k.reshape(B * T, H, d).to(self.dtype)
         vp[idx] = v.reshape(B * T, H, d).to(self.dtype)
+
+    def history(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Every stored key and value of the step's sequences in layer `layer`, as (B, S, H_kv,
+        d) tensors of the pool's dtype (a copy; the sequences must be of one length S): what a
+        prefill chunk after earlier tokens attends to."""
+        st = self._current()
+        self._check_layer(layer)
+        rows = [self._seq(s) for s in st.seqs]
+        S = rows[0].length
+        if any(r.length != S for r in rows):
+            raise ValueError("history: the step's sequences differ in length "
+                             f"({sorted({r.length for r in rows})})")
+        pages = torch.tensor([r.pages for r in rows], dtype=torch.long, device=self.device)
+        out = []
+        for pool in (self.k_pool[layer], self.v_pool[layer]):
+            if self.layout == "HND":
+                pool = pool.transpose(1, 2)  # [page][slot][head][d]
+            t = pool[pages]                  # (B, pages, P, H, d)
+            out.append(t.reshape(len(rows), -1, self.num_kv_heads, self.head_dim)[:, :S])
+        return out[0], out[1]
 
     def _update_groups(self, layer: int, last_only: bool) -> None:
         """The group store of `layer` from its page store: each sequence's last group after a

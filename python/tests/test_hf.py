@@ -165,3 +165,85 @@ def test_gpu_path_flow_on_cpu_tensors(monkeypatch):
 
     gc.collect()
     assert not layers._states
+
+
+def cache_logits(model, chunks, steps, cache):
+    """Logits of every prefill chunk's last token and of every greedy step, with `cache` as
+    transformers' cache."""
+    out = []
+    with torch.no_grad():
+        for c in chunks:
+            r = model(c, past_key_values=cache, use_cache=True)
+            out.append(r.logits[:, -1])
+        tok = r.logits[:, -1:].argmax(-1)
+        for _ in range(steps):
+            r = model(tok, past_key_values=cache, use_cache=True)
+            out.append(r.logits[:, -1])
+            tok = r.logits[:, -1:].argmax(-1)
+    return torch.stack(out)
+
+
+def test_masskv_cache_flow_on_cpu_tensors(monkeypatch):
+    """masskv.hf_cache.MasskvCache as the model's cache (no dense copy), run on CPU tensors with
+    the append replaced by its pool write (as above): a prompt in two chunks (the second
+    attends to the first through the pool's history), then greedy steps decoded from the pool.
+    The pool starts at 8 tokens a row and grows. Logits as eager's within bf16 noise, the same
+    greedy tokens; no layer keeps tensors of its own."""
+    from masskv.hf_cache import MasskvCache
+    from masskv.torch_cache import TorchPagedCache
+
+    monkeypatch.setattr(TorchPagedCache, "append", TorchPagedCache._write_rows)
+    attn = masskv.hf.MasskvAttention(method="dense", page_size=4)
+    model = tiny_llama(attn.register("masskv_cache_flow"), 64)
+    prompt = torch.randint(0, 128, (2, 23), generator=torch.Generator().manual_seed(6))
+    eager = tiny_llama("eager", 64)
+    ref = cache_logits(eager, [prompt[:, :15], prompt[:, 15:]], 5,
+                       transformers.DynamicCache(config=eager.config))
+    cache = MasskvCache(attn, model.config, max_tokens=8)
+    got = cache_logits(model, [prompt[:, :15], prompt[:, 15:]], 5, cache)
+    assert torch.equal(got.argmax(-1), ref.argmax(-1))
+    torch.testing.assert_close(got, ref, atol=5e-2, rtol=0)
+    assert cache.get_seq_length() == 23 + 5 and cache.batch_size == 2
+    assert cache.paged.capacity_pages > 2 * (8 // 4 + 1)       # it grew
+    assert all(layer.keys is None for layer in cache.layers)   # no dense copy
+    assert not attn._states                                    # nothing mirrored either
+    with pytest.raises(ValueError, match="batch of 1 rows"):
+        with torch.no_grad():
+            model(prompt[:1, :3], past_key_values=cache)
+    cache.reset()
+    assert cache.get_seq_length() == 0 and cache.paged.free_pages == cache.paged.capacity_pages
+
+
+def test_masskv_cache_rejects_what_it_cannot_serve():
+    from masskv.hf_cache import MasskvCache
+
+    attn = masskv.hf.MasskvAttention(method="dense")
+    with pytest.raises(ValueError, match="config"):
+        MasskvCache(attn, object())
+    cache = MasskvCache(attn, tiny_llama("eager").config)
+    with pytest.raises(NotImplementedError, match="beam search"):
+        cache.reorder_cache(torch.tensor([0]))
+    with pytest.raises(ValueError, match="max_tokens"):
+        MasskvCache(attn, tiny_llama("eager").config, max_tokens=0)
+
+
+@cuda
+@pytest.mark.parametrize("method, budget_tokens", [("dense", 0), ("quest", 4096)])
+def test_cuda_masskv_cache_matches_sdpa(method, budget_tokens):
+    """On the GPU with MasskvCache: generate() gives SDPA's greedy tokens (budget covering
+    everything for quest), and the only KV is masskv's pool."""
+    from masskv.hf_cache import MasskvCache
+
+    prompt = torch.randint(0, 128, (2, 45), generator=torch.Generator().manual_seed(7)).cuda()
+    ref_model = tiny_llama("sdpa", 64).cuda().to(torch.bfloat16)
+    ref_tok, ref = greedy(ref_model, prompt, 8)
+    attn = masskv.hf.MasskvAttention(method=method, budget_tokens=budget_tokens, page_size=16)
+    model = tiny_llama(attn.register(f"masskv_cuda_cache_{method}"), 64).cuda().to(torch.bfloat16)
+    cache = MasskvCache(attn, model.config, max_tokens=32)
+    got = cache_logits(model, [prompt[:, :30], prompt[:, 30:]], 8, cache)
+    assert torch.equal(got[1:].argmax(-1), ref.argmax(-1))
+    torch.testing.assert_close(got[1:].float(), ref.float(), atol=0.1, rtol=0)
+    assert all(layer.keys is None for layer in cache.layers)
+    gen = model.generate(prompt, past_key_values=MasskvCache(attn, model.config),
+                         max_new_tokens=8, do_sample=False)
+    assert torch.equal(gen[:, 45:], ref_tok[:8].T)  # ref_tok: (steps + 1, batch)

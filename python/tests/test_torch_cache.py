@@ -203,3 +203,38 @@ def test_a_chunk_lands_in_its_pages_and_slots(monkeypatch, layout):
     touched, tokens = calls[-1]
     assert tokens == [4, 4, 1, 4, 4, 1]
     assert touched == c._seqs[a].pages + c._seqs[b].pages
+
+
+@pytest.mark.parametrize("layout", ["NHD", "HND"])
+def test_history_and_grow_keep_every_stored_row(layout):
+    """history() gives back each row's tokens in order; grow() keeps the sequences, their pages
+    and every stored value (pool and stores), adds free pages and group slots, and ends the
+    step."""
+    c = cpu_cache(layout=layout, bounds=True, groups=True)
+    a, b = c.create(), c.create()
+    k1, k2 = torch.randn(2, 5, 2, 64), torch.randn(2, 7, 2, 64)
+    c.begin_step([a, b], 5)
+    c._write_rows(0, k1, 2 * k1)
+    c.begin_step([a, b], 7)
+    c._write_rows(0, k2, 2 * k2)
+    hk, hv = c.history(0)
+    want = torch.cat([k1, k2], 1).to(torch.bfloat16)
+    assert hk.shape == (2, 12, 2, 64) and torch.equal(hk, want) and torch.equal(hv, 2 * want)
+    c.min[1, 3] = 7.0
+    c.bound_max[0, 2] = 3.0
+    pages, slots, used = c._seqs[a].pages[:], c.group_slots, 16 - c.free_pages
+    c.grow(40)
+    assert c.capacity_pages == 40 and c.free_pages == 40 - used and c.k_pool.shape[1] == 40
+    assert c._seqs[a].pages == pages and c.group_slots > slots
+    assert float(c.min[1, 3].max()) == 7.0 and float(c.bound_max[0, 2].max()) == 3.0
+    with pytest.raises(RuntimeError, match="no step begun"):
+        c.history(0)
+    c.begin_step([a, b], 1)
+    hk, _ = c.history(0)
+    assert torch.equal(hk[:, :12], want)
+    assert c._seqs[a].pages[-1] not in pages     # the new page comes from the pool (any free)
+    with pytest.raises(ValueError, match="capacity_pages"):
+        c.grow(10)
+    c.begin_step([a], 2)
+    with pytest.raises(ValueError, match="differ in length"):
+        c.begin_step([a, b], 1) or c.history(0)

@@ -1,0 +1,195 @@
+"""A transformers ``Cache`` whose keys and values live only in masskv's paged GPU cache.
+
+With ``MasskvAttention`` alone, transformers' own cache still holds the dense KV and masskv keeps
+a paged copy beside it (twice the memory). ``MasskvCache`` replaces transformers' cache: each
+layer's ``update`` appends the new keys and values to one ``masskv.torch_cache.TorchPagedCache``
+(every layer, bf16/f16, page summaries for the selectors) and keeps nothing else::
+
+    attn = masskv.hf.MasskvAttention(method="quest", budget_tokens=2048)
+    model = AutoModelForCausalLM.from_pretrained(path, torch_dtype=torch.bfloat16,
+                                                 attn_implementation=attn.register()).cuda()
+    cache = masskv.hf_cache.MasskvCache(attn, model.config, max_tokens=prompt_len + 256)
+    out = model.generate(prompt, past_key_values=cache, max_new_tokens=256)
+
+What ``update`` hands to the attention function: the new keys/values for a decode step (the
+attention reads the pool: selection + sparse decode), the full history for a prefill chunk (the
+new tokens alone when there was none, else gathered from the pool) for transformers' SDPA.
+The tensors it returns carry the cache (attribute ``_masskv_cache``), which is how masskv's
+attention function knows not to append them again; any other attention implementation sees
+them as usual (the history for a prefill, the new token only for a decode step, which is not
+what an eager/SDPA function expects: use the cache with masskv's attention only).
+
+The pool grows when a step needs more pages (a copy of every layer's pool, so a captured CUDA
+graph must be captured again); give ``max_tokens`` to size it once. Beam search (reordering the
+batch), cropping and offloading are not served: they raise ``NotImplementedError``.
+"""
+
+from __future__ import annotations
+
+import weakref
+from typing import Any
+
+import torch
+from transformers.cache_utils import Cache, CacheLayerMixin
+
+import masskv
+from masskv.torch_cache import TorchPagedCache
+
+__all__ = ["MasskvCache"]
+
+
+class _Layer(CacheLayerMixin):
+    """One layer's view of the shared paged cache: no tensors of its own."""
+
+    is_compileable = False
+    is_sliding = False
+    is_croppable = False
+
+    def __init__(self, owner: MasskvCache, layer: int):
+        super().__init__()
+        self._owner = weakref.ref(owner)  # the Cache holds its layers, not the other way round
+        self.layer = layer
+
+    def lazy_initialization(self, key_states, value_states) -> None:
+        self.is_initialized = True
+
+    def update(self, key_states, value_states, *args, **kwargs):
+        self.is_initialized = True
+        return self._owner()._update(self.layer, key_states, value_states)
+
+    def get_mask_sizes(self, query_length) -> tuple[int, int]:
+        # transformers < 5.2x passed cache_position (a tensor of the new positions) here.
+        if isinstance(query_length, torch.Tensor):
+            query_length = int(query_length.shape[0])
+        return self.get_seq_length() + int(query_length), 0
+
+    def get_seq_length(self) -> int:
+        return self._owner()._lengths[self.layer]
+
+    def get_max_length(self) -> int:
+        return -1
+
+    def reset(self) -> None:
+        self._owner().reset()
+
+    def offload(self):
+        raise NotImplementedError("MasskvCache: offloading is not served (the pool is on the GPU)")
+
+    def prefetch(self):
+        raise NotImplementedError("MasskvCache: offloading is not served (the pool is on the GPU)")
+
+    def reorder_cache(self, beam_idx) -> None:
+        raise NotImplementedError("MasskvCache: beam search (reordering the batch) is not served; "
+                                  "use greedy or sampling")
+
+    def crop(self, tokens_to_remove: int) -> None:
+        raise NotImplementedError("MasskvCache: cropping is not served (assisted decoding needs it)")
+
+    def batch_repeat_interleave(self, repeats: int) -> None:
+        raise NotImplementedError("MasskvCache: expanding the batch is not served")
+
+    def batch_select_indices(self, indices) -> None:
+        raise NotImplementedError("MasskvCache: selecting batch rows is not served")
+
+
+class MasskvCache(Cache):
+    """transformers' cache for a model whose attention is ``MasskvAttention`` on CUDA tensors:
+    the keys and values of every layer in one ``TorchPagedCache`` and nowhere else.
+
+    attn: the MasskvAttention the model runs (its page_size, method and hierarchical decide the
+    stores); config: the model's config (num_hidden_layers, num_key_value_heads, head_dim or
+    hidden_size / num_attention_heads); max_tokens: tokens per sequence to size the pool for
+    (it grows beyond); dtype / device: the pool's (default: those of the first keys appended).
+    """
+
+    def __init__(self, attn: Any, config: Any, *, max_tokens: int | None = None,
+                 dtype: torch.dtype | None = None, device: torch.device | str | None = None):
+        layers = getattr(config, "num_hidden_layers", None)
+        kv_heads = getattr(config, "num_key_value_heads", None) or \
+            getattr(config, "num_attention_heads", None)
+        if not isinstance(layers, int) or layers < 1 or not isinstance(kv_heads, int):
+            raise ValueError("config: expected a transformers model config with "
+                             "num_hidden_layers and num_key_value_heads")
+        if max_tokens is not None and (not isinstance(max_tokens, int) or max_tokens < 1):
+            raise ValueError(f"max_tokens: must be None or a positive int, got {max_tokens!r}")
+        super().__init__(layers=[_Layer(self, i) for i in range(layers)])
+        self.attn = attn
+        self.num_kv_heads = kv_heads
+        self.max_tokens = max_tokens or attn.max_tokens
+        self.dtype = dtype
+        self.device = None if device is None else torch.device(device)
+        self.paged: TorchPagedCache | None = None
+        self.seqs: list[int] = []
+        self._lengths = [0] * layers
+
+    # -- what transformers asks ----------------------------------------------------------------
+    @property
+    def batch_size(self) -> int:
+        return len(self.seqs) if self.paged is not None else -1
+
+    def reset(self) -> None:
+        """Forgets every sequence (the pool is kept for the next generation)."""
+        if self.paged is not None:
+            for s in self.seqs:
+                self.paged.free(s)
+        self.seqs = []
+        self._lengths = [0] * len(self.layers)
+
+    # -- the work ----------------------------------------------------------------------------
+    def _new_paged(self, B: int, Hkv: int, d: int, dtype, device) -> TorchPagedCache:
+        P = self.attn.page_size
+        if dtype not in (torch.bfloat16, torch.float16):
+            dtype = torch.bfloat16
+        quest = self.attn.method == "quest"
+        return TorchPagedCache(len(self.layers), Hkv, d, B * (-(-self.max_tokens // P) + 1),
+                               page_size=P, dtype=dtype, device=device, bounds=quest,
+                               groups=quest and self.attn.hierarchical)
+
+    def _update(self, layer: int, key: torch.Tensor, value: torch.Tensor):
+        """key, value [B, Hkv, T, d]: this layer's new tokens. The first layer to see them takes
+        the pages (begin_step); each appends. Returns the tensors the attention function gets."""
+        B, Hkv, T, d = key.shape
+        if Hkv != self.num_kv_heads:
+            raise ValueError(f"MasskvCache: keys with {Hkv} kv heads, the config says "
+                             f"{self.num_kv_heads}")
+        if self.paged is None:
+            self.paged = self._new_paged(B, Hkv, d, self.dtype or key.dtype,
+                                         self.device or key.device)
+        paged = self.paged
+        if not self.seqs:
+            self.seqs = [paged.create() for _ in range(B)]
+        elif len(self.seqs) != B:
+            raise ValueError(f"MasskvCache: a batch of {B} rows, the cache holds {len(self.seqs)} "
+                             "(reset() it, or a new MasskvCache, for another batch)")
+        have = self._lengths[layer]
+        stored = paged.length(self.seqs[0])
+        if have == stored:  # the first layer to see this step's tokens
+            self._begin(T)
+        elif have + T != stored or paged.step_tokens != T:
+            raise ValueError(f"MasskvCache: layer {layer} holds {have} tokens and appends {T}, "
+                             f"the cache {stored}: the layers went out of step")
+        paged.append(layer, key.transpose(1, 2), value.transpose(1, 2))
+        self._lengths[layer] = have + T
+        if T == 1 or have == 0:
+            k, v = key, value
+        else:  # a chunk after earlier tokens: SDPA needs the history, gathered from the pool
+            k, v = (t.transpose(1, 2).to(key.dtype) for t in paged.history(layer))
+        k._masskv_cache = self
+        return k, v
+
+    def _begin(self, T: int) -> None:
+        """Takes the step's pages, growing the pool until they fit (begin_step raises before it
+        changes anything when they do not)."""
+        while True:
+            try:
+                self.paged.begin_step(self.seqs, T)
+                return
+            except masskv.Error as e:
+                if e.code != "out_of_memory":
+                    raise
+                self.paged.grow(2 * self.paged.capacity_pages)
+
+    @staticmethod
+    def owning(key: torch.Tensor) -> MasskvCache | None:
+        """The MasskvCache that returned `key` from its update, if any."""
+        return getattr(key, "_masskv_cache", None)
