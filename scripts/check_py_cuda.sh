@@ -29,7 +29,8 @@ PY
 )
 [[ -n "$cmd" ]] || { echo "check_py_cuda: bind_select.cpp is not in $db" >&2; exit 2; }
 passed=0; failed=0
-for f in python/src/cuda_calls.cpp python/src/cuda_stores.cpp python/src/bind_select.cpp \
+for f in python/src/cuda_calls.cpp python/src/cuda_stores.cpp python/src/cuda_prefill.cpp \
+         python/src/bind_select.cpp \
          python/src/bind_attn.cpp python/src/module.cpp; do
   if eval "$cmd -isystem $cuda_inc -Werror -fsyntax-only $f"; then
     echo "PASS $f"; passed=$((passed + 1))

@@ -63,6 +63,9 @@ class MasskvAttention:
     After each decode step `last_selected_fraction[layer]` holds the fraction of tokens read.
     hierarchical: on CUDA tensors, method "quest" selects hierarchically (groups of 16 pages
     first: the cheaper scan at long contexts; docs/torch.md).
+    prefill: on CUDA tensors, who attends a prefill chunk: "sdpa" (transformers' own SDPA) or
+    "masskv" (masskv's CUDA prefill over the paged cache: dense, or block-sparse with
+    prefill_budget_tokens > 0 key tokens per 64-query block; head_dim 64 or 128).
     """
 
     method: str = "dense"
@@ -73,6 +76,8 @@ class MasskvAttention:
     sink_pages: int = 1
     window_tokens: int = 0
     hierarchical: bool = False
+    prefill: str = "sdpa"
+    prefill_budget_tokens: int = 0
     page_size: int = 16
     dtype: str = "f32"
     max_tokens: int = 4096

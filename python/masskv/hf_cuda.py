@@ -4,9 +4,11 @@ Each model (its config object) gets one masskv.torch_cache.TorchPagedCache holdi
 layer. The first layer of a forward call that sees new tokens begins the step (the host takes
 the pages once for all layers); every layer appends its new keys and values on the device.
 T > 1 (a prefill chunk): dense causal attention by transformers' own SDPA function over the
-history it hands over (from masskv.hf_cache.MasskvCache, if the model runs with it: then
-the keys are in the paged cache already and nothing is appended here). T == 1 (decode): GPU Quest selection over the bf16 page bounds, then
-sparse decode (masskv's CUDA kernels), or dense decode for method "dense".
+history it hands over, or with prefill="masskv" masskv's CUDA prefill over the paged cache
+(dense or block-sparse). T == 1 (decode): GPU Quest selection over the bf16 page bounds, then
+sparse decode (masskv's CUDA kernels), or dense decode for method "dense". When the model runs
+with masskv.hf_cache.MasskvCache, the keys are in the paged cache already and nothing is
+appended here.
 """
 
 from __future__ import annotations
@@ -58,6 +60,12 @@ class CudaLayers:
                              "serves every selector)")
         if attn.method == "quest" and attn.budget_tokens <= 0:
             raise ValueError("masskv attention: method 'quest' on the GPU needs budget_tokens > 0")
+        if attn.prefill not in ("sdpa", "masskv"):
+            raise ValueError(f"masskv attention: prefill is 'sdpa' or 'masskv', got "
+                             f"{attn.prefill!r}")
+        if attn.prefill == "masskv" and query.shape[-1] not in (64, 128):
+            raise ValueError(f"masskv attention: masskv's CUDA prefill serves head_dim 64 and "
+                             f"128, got {query.shape[-1]} (use prefill='sdpa')")
         if attn.budget != "fixed":
             raise ValueError(f"masskv attention: on the GPU the budget is 'fixed' (got "
                              f"{attn.budget!r})")
@@ -72,6 +80,11 @@ class CudaLayers:
             if attn.alpha != 1.0:
                 raise ValueError("masskv attention: an entmax (alpha != 1) prefill on the GPU is "
                                  "not served yet; run the CPU path")
+            if attn.prefill == "masskv":
+                q = query.transpose(1, 2).to(state.cache.dtype)
+                out, _ = state.cache.prefill(layer, q, budget_tokens=attn.prefill_budget_tokens,
+                                             scale=scale)
+                return out.to(query.dtype), None
             from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
             return sdpa_attention_forward(module, query, key, value, attention_mask,

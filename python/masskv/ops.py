@@ -17,6 +17,9 @@ gives the output shapes without running anything, so ``torch.compile`` can trace
   the group store (CUDA tensors only).
 * ``masskv::append(...)`` / ``masskv::summarize_pages(...)``: the GPU append of a decode step
   and the summary refresh of pages written elsewhere, in place (CUDA tensors only).
+* ``masskv::prefill(q, k_pool, v_pool, indptr, indices, last_page_len, q_indptr,
+  q_block_indptr, layout, max_q_per_seq, scale, budget_blocks, ...) -> (out, lse)``: causal
+  prefill of the new tokens, dense or block-sparse with the block indexer (CUDA tensors only).
 
 Errors: in eager mode each CUDA call waits and raises ``masskv.Error`` for what its kernel
 flagged (a page id outside the pool, a non-finite key). While a CUDA graph is being captured
@@ -34,8 +37,8 @@ import torch
 
 import masskv
 
-__all__ = ["append", "check", "decode", "hier_select", "quest_select", "summarize_pages",
-           "update_groups"]
+__all__ = ["append", "check", "decode", "hier_select", "prefill", "quest_select",
+           "summarize_pages", "update_groups"]
 
 _SUMMARY_KEYS = ("min", "max", "mean", "m2", "count", "max_vnorm")
 _BOUND_KEYS = ("bound_min", "bound_max", "bound_wmax")
@@ -229,6 +232,36 @@ def summarize_pages(k_pool: torch.Tensor, v_pool: torch.Tensor, mn: torch.Tensor
 @summarize_pages.register_fake
 def _summarize_fake(*args, **kwargs) -> None:
     return None
+
+
+@torch.library.custom_op("masskv::prefill", mutates_args=())
+def prefill(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, indptr: torch.Tensor,
+            indices: torch.Tensor, last_page_len: torch.Tensor, q_indptr: torch.Tensor,
+            q_block_indptr: Optional[torch.Tensor], layout: str, max_q_per_seq: int,
+            scale: float = 0.0, budget_blocks: int = 0, q_blocks: int = 0, q_block: int = 64,
+            k_block: int = 64, sink_blocks: int = 1,
+            max_kv_len: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """Causal softmax prefill on the GPU (masskv.cuda_prefill) as an operator: q (total_q, Hq,
+    d) in the pool's dtype, sequence b's rows q_indptr[b]..q_indptr[b+1] (its last tokens,
+    already in the pool); dense (budget_blocks 0) or block-sparse from the mean-pooled block
+    indexer (budget_blocks key blocks per query block and kv head, with q_block_indptr,
+    q_blocks and max_kv_len). Returns out (total_q, Hq, d) in q's dtype and float32 lse
+    (total_q, Hq)."""
+    _require_cuda("prefill", q, "q")
+    kv = _kv(k_pool, v_pool, indptr, indices, last_page_len, layout)
+    out, lse, _, _ = masskv.cuda_prefill(
+        q, q_indptr, kv, scale=scale, budget_blocks=budget_blocks,
+        q_block_indptr=q_block_indptr, q_blocks=q_blocks, q_block=q_block, k_block=k_block,
+        sink_blocks=sink_blocks, max_q_per_seq=max_q_per_seq, max_kv_len=max_kv_len,
+        check=_eager_check(q))
+    return out, lse
+
+
+@prefill.register_fake
+def _prefill_fake(q, k_pool, v_pool, indptr, indices, last_page_len, q_indptr, q_block_indptr,
+                  layout, max_q_per_seq, scale=0.0, budget_blocks=0, q_blocks=0, q_block=64,
+                  k_block=64, sink_blocks=1, max_kv_len=0):
+    return q.new_empty(q.shape), q.new_empty(q.shape[:2], dtype=torch.float32)
 
 
 def check(stream=None) -> None:

@@ -486,6 +486,36 @@ class TorchPagedCache:
             self.bound_max[layer], self.layout, budget_tokens, sink_pages, window_tokens, scale,
             self.step_max_pages)
 
+    def prefill(self, layer: int, q: torch.Tensor, *, budget_tokens: int = 0,
+                block: int = 64, sink_blocks: int = 1,
+                scale: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:
+        """Causal prefill of the step's tokens over layer `layer` (after ``append``): q (B,
+        tokens, Hq, d) in the pool's dtype. budget_tokens 0: dense; > 0: block-sparse, each
+        block of `block` queries (64 or 128) reads the sink blocks, its own block and the best
+        others by the mean-pooled indexer, budget_tokens // block key blocks in all. Returns out
+        (B, tokens, Hq, d) in the pool's dtype and float32 lse (B, tokens, Hq)."""
+        st = self._current()
+        self._check_layer(layer)
+        B, T = len(st.seqs), st.tokens
+        if not isinstance(q, torch.Tensor) or q.dim() != 4 or tuple(q.shape[:2]) != (B, T):
+            raise ValueError(f"q: expected a (B={B}, tokens={T}, Hq, d) tensor")
+        if q.dtype != self.dtype:
+            raise TypeError(f"q: expected {self.dtype} (the pool's dtype), got {q.dtype}")
+        if not isinstance(budget_tokens, int) or budget_tokens < 0:
+            raise ValueError(f"budget_tokens: must be an int >= 0, got {budget_tokens!r}")
+        nqb = _cdiv(T, block)
+        q_indptr, qb_indptr = self._buffers(("prefill", B, T, block), [(B + 1, 0), (B + 1, 0)])
+        q_indptr.copy_(torch.arange(0, (B + 1) * T, T, dtype=torch.int32))
+        qb_indptr.copy_(torch.arange(0, (B + 1) * nqb, nqb, dtype=torch.int32))
+        max_len = max(self._seq(s).length for s in st.seqs)
+        blocks = _cdiv(budget_tokens, block) if budget_tokens else 0
+        Hq, d = q.shape[2], q.shape[3]
+        out, lse = torch.ops.masskv.prefill(
+            q.reshape(B * T, Hq, d), self.k_pool[layer], self.v_pool[layer],
+            *self._kernel_table(), q_indptr, qb_indptr if blocks else None, self.layout, T,
+            scale, blocks, B * nqb, block, block, sink_blocks, max_len)
+        return out.view(B, T, Hq, d), lse.view(B, T, Hq)
+
     def decode(self, layer: int, q: torch.Tensor,
                selection: tuple[torch.Tensor, torch.Tensor] | None = None, *,
                alpha: float = 1.0, scale: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:

@@ -24,6 +24,7 @@ void bind_select(nb::module_& m);
 void bind_model(nb::module_& m);
 #if MASSKV_PY_CUDA
 void bind_cuda_stores(nb::module_& m);  // cuda_stores.cpp: cuda_append, cuda_summarize_pages, cuda_check
+void bind_cuda_prefill(nb::module_& m);  // cuda_prefill.cpp: cuda_prefill
 #endif
 
 // "HND" | "NHD" as kv::Layout; anything else raises masskv.Error naming "layout".

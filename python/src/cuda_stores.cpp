@@ -14,6 +14,7 @@
 #include "cuda_device.hpp"
 #include "masskv/cuda/append.hpp"
 #include "masskv/cuda/decode.hpp"
+#include "masskv/cuda/prefill.hpp"
 #include "masskv/cuda/select.hpp"
 #include "masskv/error.hpp"
 
@@ -24,6 +25,7 @@ void check_device_errors(Device device, CUstream_st* stream) {
   on_device<cuda::AppendWorkspace>(device, stream, [&](auto& w) { w.check(stream); });
   on_device<cuda::SelectWorkspace>(device, stream, [&](auto& w) { w.check(stream); });
   on_device<cuda::DecodeWorkspace>(device, stream, [&](auto& w) { w.check(stream); });
+  on_device<cuda::PrefillWorkspace>(device, stream, [&](auto& w) { w.check(stream); });
 }
 
 namespace {
@@ -248,7 +250,7 @@ void bind_cuda_stores(nb::module_& m) {
   m.def("cuda_check", &check_py, nb::arg("device") = -1, nb::arg("stream").none() = nb::none(),
         "Waits for `stream` on `device` (-1: the current device) and raises masskv.Error for\n"
         "what the kernels of calls made there with check=False flagged (decode, selection,\n"
-        "append: a bad page id, a non-finite value); clears the flags.");
+        "append, prefill: a bad page id, a non-finite value); clears the flags.");
 }
 
 }  // namespace masskv::py

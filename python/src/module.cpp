@@ -78,5 +78,6 @@ NB_MODULE(_masskv, m) {
         "False on an sm_80 GPU, for a build without sm_90 code, or under MASSKV_CUDA_PATHS=sm80 "
         "(docs/gpu.md, \"Architectures\"); the import fails for another MASSKV_CUDA_PATHS.");
   masskv::py::bind_cuda_stores(m);
+  masskv::py::bind_cuda_prefill(m);
 #endif
 }

@@ -247,3 +247,19 @@ def test_cuda_masskv_cache_matches_sdpa(method, budget_tokens):
     gen = model.generate(prompt, past_key_values=MasskvCache(attn, model.config),
                          max_new_tokens=8, do_sample=False)
     assert torch.equal(gen[:, 45:], ref_tok[:8].T)  # ref_tok: (steps + 1, batch)
+
+
+@cuda
+@pytest.mark.parametrize("budget", [0, 4096])
+def test_cuda_masskv_prefill_gives_sdpa_tokens(budget):
+    """prefill="masskv": the prompt attended by masskv's CUDA prefill (dense, or block-sparse
+    with a budget covering every block) gives SDPA's greedy tokens, logits within bf16 noise."""
+    prompt = torch.randint(0, 128, (2, 150), generator=torch.Generator().manual_seed(8)).cuda()
+    ref_tok, ref = greedy(tiny_llama("sdpa", 64).cuda().to(torch.bfloat16), prompt, 4)
+    attn = masskv.hf.MasskvAttention(method="dense", prefill="masskv",
+                                     prefill_budget_tokens=budget)
+    model = tiny_llama(attn.register(f"masskv_cuda_prefill_{budget}"), 64).cuda().to(
+        torch.bfloat16)
+    got_tok, got = greedy(model, prompt, 4)
+    assert torch.equal(got_tok, ref_tok)
+    torch.testing.assert_close(got.float(), ref.float(), atol=0.1, rtol=0)

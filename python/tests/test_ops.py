@@ -256,3 +256,91 @@ def test_hierarchical_selection_with_every_group_is_flat_quest(rng):
     assert torch.equal(count, flat_count) and torch.equal(ids, flat_ids)
     ids, count = tc.select(0, q, budget_tokens=256, hierarchical=True, cover=2.0)
     assert int(count.min()) >= 256 // 16
+
+
+def prefill_reference(k, v, q, history, allowed=None, block=64):
+    """f32 causal softmax attention of q (T, Hq, d) at positions history.. over k, v (S, Hkv,
+    d); allowed: bool (query blocks, Hkv, key blocks) or None (every causal key)."""
+    T, Hq, d = q.shape
+    S, Hkv, _ = k.shape
+    g = Hq // Hkv
+    s = torch.einsum("thd,shd->hts", q.float(), k.float().repeat_interleave(g, 1)) / d ** 0.5
+    pos = torch.arange(history, history + T, device=q.device)
+    mask = torch.arange(S, device=q.device)[None, :] <= pos[:, None]           # (T, S)
+    mask = mask[None].expand(Hq, T, S).clone()
+    if allowed is not None:
+        a = allowed.repeat_interleave(g, 1)                                     # (qb, Hq, kb)
+        a = a.repeat_interleave(block, 0)[:T].repeat_interleave(block, 2)[..., :S]
+        mask &= a.permute(1, 0, 2)
+    s = s.masked_fill(~mask, float("-inf"))
+    lse = torch.logsumexp(s, -1)
+    out = torch.einsum("hts,shd->thd", torch.softmax(s, -1), v.float().repeat_interleave(g, 1))
+    return out, lse.T
+
+
+@cuda
+@pytest.mark.parametrize("layout", ["NHD", "HND"])
+def test_cuda_prefill_dense_and_sparse_match_reference(rng, layout):
+    """masskv's CUDA prefill over a TorchPagedCache after earlier tokens: dense against an f32
+    torch reference on the same bf16 keys; block-sparse with a budget covering every block gives
+    the dense output; with a small budget, the reference restricted to the listed blocks (the
+    sink and diagonal blocks always among them)."""
+    from masskv.torch_cache import TorchPagedCache
+
+    B, H, Hq, d, P, hist, T = 2, 2, 8, 64, 16, 100, 150
+    tc = TorchPagedCache(1, H, d, 64, page_size=P, layout=layout)
+    seqs = [tc.create() for _ in range(B)]
+    for n in (hist, T):
+        tc.begin_step(seqs, n)
+        tc.append(0, torch.randn(B, n, H, d, device="cuda"), torch.randn(B, n, H, d, device="cuda"))
+    q = torch.randn(B, T, Hq, d, device="cuda").to(torch.bfloat16)
+    k_all, v_all = tc.history(0)
+    out, lse = tc.prefill(0, q)
+    for b in range(B):
+        ref, ref_lse = prefill_reference(k_all[b], v_all[b], q[b], hist)
+        torch.testing.assert_close(out[b].float(), ref, atol=1e-2, rtol=0)
+        torch.testing.assert_close(lse[b], ref_lse, atol=5e-3, rtol=0)
+    full, _ = tc.prefill(0, q, budget_tokens=64 * 8)
+    torch.testing.assert_close(full.float(), out.float(), atol=1e-2, rtol=0)
+    # Small budget: 4 key blocks of 64 per query block and kv head (the sink, the one or two
+    # diagonal blocks, the best others).
+    nqb = -(-T // 64)
+    q_indptr = torch.arange(0, (B + 1) * T, T, dtype=torch.int32, device="cuda")
+    qb_indptr = torch.arange(0, (B + 1) * nqb, nqb, dtype=torch.int32, device="cuda")
+    o2, l2, ids, count = masskv.cuda_prefill(
+        q.reshape(B * T, Hq, d), q_indptr, tc.kv(0), budget_blocks=4, q_block_indptr=qb_indptr,
+        q_blocks=B * nqb, max_q_per_seq=T, max_kv_len=hist + T)
+    kb = -(-(hist + T) // 64)
+    for b in range(B):
+        allowed = torch.zeros(nqb, H, kb, dtype=torch.bool, device="cuda")
+        for i in range(nqb):
+            for h in range(H):
+                lst = ids[b * nqb + i, h, :int(count[b * nqb + i, h])].long()
+                assert int(count[b * nqb + i, h]) <= 4 and bool((lst[1:] > lst[:-1]).all())
+                assert 0 in lst.tolist() and (hist + 64 * i) // 64 in lst.tolist()
+                allowed[i, h, lst] = True
+        ref, ref_lse = prefill_reference(k_all[b], v_all[b], q[b], hist, allowed)
+        got = o2.view(B, T, Hq, d)[b]
+        torch.testing.assert_close(got.float(), ref, atol=1e-2, rtol=0)
+        torch.testing.assert_close(l2.view(B, T, Hq)[b], ref_lse, atol=5e-3, rtol=0)
+
+
+@cuda
+def test_cuda_prefill_bad_inputs_are_named():
+    from masskv.torch_cache import TorchPagedCache
+
+    tc = TorchPagedCache(1, 2, 64, 16, page_size=16)
+    s = tc.create()
+    tc.begin_step([s], 20)
+    with pytest.raises(TypeError, match="q: expected torch.bfloat16"):
+        tc.prefill(0, torch.randn(1, 20, 4, 64, device="cuda"))
+    with pytest.raises(ValueError, match="q: expected a"):
+        tc.prefill(0, torch.randn(1, 5, 4, 64, device="cuda").to(torch.bfloat16))
+    q = torch.randn(20, 4, 64, device="cuda").to(torch.bfloat16)
+    qi = torch.tensor([0, 20], dtype=torch.int32, device="cuda")
+    with pytest.raises(ValueError, match="q_block_indptr"):
+        masskv.cuda_prefill(q, qi, tc.kv(0), budget_blocks=2, max_q_per_seq=20, max_kv_len=20)
+    with pytest.raises(masskv.Error, match="max_q_per_seq"):
+        masskv.cuda_prefill(q, qi, tc.kv(0))
+    with pytest.raises(TypeError, match="q"):
+        masskv.cuda_prefill(q.float(), qi, tc.kv(0), max_q_per_seq=20)

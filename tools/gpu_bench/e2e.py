@@ -24,10 +24,11 @@ attention of every layer alone in one graph). `--check` first compares one eager
 Usage:
   python3 tools/gpu_bench/e2e.py OUT_PREFIX [--models llama8b,qwen8b]
       [--cells 1x32768,1x131072,1x262144,8x32768] [--budgets 2048,4096] [--methods hier,quest]
-      [--iters 20] [--check]
+      [--iters 20] [--check] [--prefill-cells 1x32768,1x131072 --prefill-budgets 4096,0]
   python3 tools/gpu_bench/e2e.py OUT_PREFIX --tiny --device cpu   (the dense path's self-test)
 Writes OUT_PREFIX.json ({card, date, command, rows: [{model, phase, batch, ctx, budget,
-dense_ms, masskv_ms, bytes_bound_ms, ...}]}) and OUT_PREFIX.md.
+dense_ms, masskv_ms, bytes_bound_ms, ...}]}; prefill rows: TTFT in the ms fields, e2e_prefill.py)
+and OUT_PREFIX.md.
 """
 
 from __future__ import annotations
@@ -43,6 +44,8 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+
+import e2e_prefill
 
 
 @dataclass(frozen=True)
@@ -68,6 +71,7 @@ SHAPES = {
     "tiny": Shape("tiny", 2, 256, 4, 2, 64, 512, 1000, True, 10000.0),
 }
 PAGE = 16
+MLP_ROWS = 16384
 
 
 class Model:
@@ -126,20 +130,27 @@ class Model:
             q, k = self.rms(q, L["qn"]), self.rms(k, L["kn"])
         return self.rope(q, cos, sin), self.rope(k, cos, sin), v
 
-    def step(self, tokens, pos, attention):
-        """Logits [B, vocab] of one decode step: tokens, pos int64 [B]; attention(layer, q, k,
-        v) -> [B, H, d] (q [B, H, d], k and v [B, H_kv, d], the new token's)."""
+    def step(self, tokens, pos, attention, keep=None):
+        """Logits of token rows: tokens, pos int64 [N] (a decode step: one row per sequence; a
+        prefill: every prompt token); attention(layer, q, k, v) -> [N, H, d] (q [N, H, d], k
+        and v [N, H_kv, d], the rows'). keep: the rows whose logits are computed (None: all;
+        a prefill keeps each sequence's last, as logits_to_keep=1 does)."""
         s = self.s
-        B = tokens.shape[0]
+        N = tokens.shape[0]
         h = self.embed[tokens]
         ang = pos.float()[:, None, None] * self.inv_freq
         cos, sin = ang.cos(), ang.sin()
         for i, L in enumerate(self.layers):
             q, k, v = self.qkv(i, h, cos, sin)
             o = attention(i, q, k, v)
-            h = h + o.reshape(B, s.heads * s.head_dim).to(h.dtype) @ L["wo"].T
-            g, u = (self.rms(h, L["ln2"]) @ L["wgu"].T).chunk(2, -1)
-            h = h + (F.silu(g) * u) @ L["wdown"].T
+            h = h + o.reshape(N, s.heads * s.head_dim).to(h.dtype) @ L["wo"].T
+            # The MLP in row chunks: a 128K-token prefill's [N, 2 * inter] would be 7 GB.
+            for r in range(0, N, MLP_ROWS):
+                x = h[r:r + MLP_ROWS]
+                g, u = (self.rms(x, L["ln2"]) @ L["wgu"].T).chunk(2, -1)
+                x += (F.silu(g) * u) @ L["wdown"].T
+        if keep is not None:
+            h = h[keep]
         return self.rms(h, self.norm) @ self.lm_head.T
 
 
@@ -429,13 +440,14 @@ def markdown(meta, rows) -> str:
            "dense bound ms | masskv bound ms | attention µs/layer dense / masskv | transformers "
            "ms/token (eager) |",
            "| --- | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | --- | ---: |"]
-    for r in rows:
+    for r in (r for r in rows if r["phase"] == "decode"):
         out.append(f"| {r['model']} | {r['batch']} | {r['ctx']} | {r['method']} | {r['budget']} | "
                    f"{r['dense_ms']:.3f} ({r['dense_backend']}) | {r['masskv_ms']:.3f} | "
                    f"{r['speedup']:.2f} | {r['dense_bytes_bound_ms']:.3f} | "
                    f"{r['bytes_bound_ms']:.3f} | {r['dense_attention_us_per_layer']:.1f} / "
                    f"{r['masskv_attention_us_per_layer']:.1f} | "
                    f"{'-' if r.get('transformers_ms') is None else r['transformers_ms']} |")
+    out += e2e_prefill.markdown([r for r in rows if r["phase"] == "prefill"])
     return "\n".join(out) + "\n"
 
 
@@ -460,6 +472,11 @@ def main(argv=None) -> int:
     ap.add_argument("--methods", default="hier,quest",
                     help="masskv selections: hier (hierarchical Quest), quest (flat)")
     ap.add_argument("--iters", type=int, default=20)
+    ap.add_argument("--prefill-cells", default="",
+                    help="BxT prompts whose TTFT is timed (e2e_prefill.py), e.g. 1x32768,1x131072")
+    ap.add_argument("--prefill-budgets", default="4096,0",
+                    help="masskv prefill key tokens per query block (0: masskv's dense prefill)")
+    ap.add_argument("--prefill-iters", type=int, default=3)
     ap.add_argument("--check", action="store_true", help="masskv vs SDPA logits first")
     ap.add_argument("--transformers", action="store_true",
                     help="also time transformers' own model (eager) at each cell")
@@ -476,6 +493,21 @@ def main(argv=None) -> int:
         logits = m.step(tokens, pos, kv)
         assert logits.shape == (2, m.s.vocab) and torch.isfinite(logits).all()
         log(f"cpu self-test: logits {tuple(logits.shape)} finite")
+        # A 40-token prefill's last logits equal a decode step of its last token over the
+        # K/V the prefill wrote (the model's row handling, the kept rows, the MLP chunks).
+        from torch.nn.attention import SDPBackend
+
+        B, T = 2, 40
+        pre = e2e_prefill.DensePrefill(m.s, B, T, dev, SDPBackend.MATH, torch.float32)
+        tokens, pos, keep = e2e_prefill.prompt_inputs(m, B, T)
+        global MLP_ROWS
+        MLP_ROWS, rows = 16, MLP_ROWS  # chunk boundaries inside the 80 rows
+        got = m.step(tokens, pos, pre, keep=keep)
+        MLP_ROWS = rows
+        step = DenseKV(m.s, B, T - 1, dev, kv=(pre.k.clone(), pre.v.clone()))
+        ref = m.step(tokens[keep], pos[keep], step)
+        torch.testing.assert_close(got, ref, atol=1e-4, rtol=1e-4)
+        log(f"cpu self-test: prefill's last logits = the decode step's ({tuple(got.shape)})")
         if a.transformers:
             log(f"cpu self-test: transformers {transformers_ms(m.s, 2, 64, dev, 2):.1f} ms/token")
         return 0
@@ -489,6 +521,8 @@ def main(argv=None) -> int:
         if x not in ("hier", "quest"):
             raise SystemExit(f"--methods: unknown {x!r} (hier, quest)")
     cells = parse_cells(a.cells)
+    prefill_cells = parse_cells(a.prefill_cells) if a.prefill_cells else []
+    prefill_budgets = [int(x) for x in a.prefill_budgets.split(",") if x]
     ceiling = read_ceiling_gbs(dev)
     meta = dict(card=torch.cuda.get_device_name(dev),
                 date=datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
@@ -510,6 +544,15 @@ def main(argv=None) -> int:
             log(f"{model.s.name} B {B} ctx {ctx}")
             rows += run_cell(model, B, ctx, budgets, methods, a.iters, ceiling, log,
                              hf=a.transformers)
+        for B, T in prefill_cells:
+            log(f"{model.s.name} prefill B {B} T {T}")
+            try:
+                rows += e2e_prefill.run_prefill_cell(model, B, T, prefill_budgets,
+                                                     a.prefill_iters, ceiling, log,
+                                                     dense_backends())
+            except torch.cuda.OutOfMemoryError as e:
+                log(f"  prefill B {B} T {T}: out of memory ({str(e).splitlines()[0][:100]})")
+                torch.cuda.empty_cache()
         del model
         torch.cuda.empty_cache()
         log(f"{name}: {time.time() - t0:.0f} s")
