@@ -238,3 +238,18 @@ def test_history_and_grow_keep_every_stored_row(layout):
     c.begin_step([a], 2)
     with pytest.raises(ValueError, match="differ in length"):
         c.begin_step([a, b], 1) or c.history(0)
+
+
+def test_prefill_checks_its_query_before_any_kernel():
+    c = cpu_cache()
+    s = c.create()
+    c.begin_step([s], 20)
+    with pytest.raises(TypeError, match="q: expected torch.bfloat16"):
+        c.prefill(0, torch.randn(1, 20, 4, 64))
+    with pytest.raises(ValueError, match=r"q: expected a \(B=1, tokens=20"):
+        c.prefill(0, torch.randn(1, 5, 4, 64).to(torch.bfloat16))
+    with pytest.raises(ValueError, match="budget_tokens"):
+        c.prefill(0, torch.randn(1, 20, 4, 64).to(torch.bfloat16), budget_tokens=-1)
+    # The operator itself runs on CUDA tensors only.
+    with pytest.raises((RuntimeError, ValueError), match="CUDA"):
+        c.prefill(0, torch.randn(1, 20, 4, 64).to(torch.bfloat16))
