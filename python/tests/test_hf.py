@@ -212,6 +212,12 @@ def test_masskv_cache_flow_on_cpu_tensors(monkeypatch):
             model(prompt[:1, :3], past_key_values=cache)
     cache.reset()
     assert cache.get_seq_length() == 0 and cache.paged.free_pages == cache.paged.capacity_pages
+    # generate() with it: eager's greedy tokens.
+    with torch.no_grad():
+        want = eager.generate(prompt, max_new_tokens=6, do_sample=False)
+        got = model.generate(prompt, past_key_values=MasskvCache(attn, model.config),
+                             max_new_tokens=6, do_sample=False)
+    assert torch.equal(got, want)
 
 
 def test_masskv_cache_rejects_what_it_cannot_serve():
