@@ -103,7 +103,8 @@ SITE=${SITE:-/tmp/masskv-site}
 py_rc=$?
 tail -30 "$OUT/python.log"
 echo "pytest exit status: $py_rc"
-if [[ $do_e2e -eq 1 && $py_rc -eq 0 ]]; then
+# E2E_ALWAYS=1: the table even when a Python test failed (its own --check still guards it).
+if [[ $do_e2e -eq 1 && ( $py_rc -eq 0 || -n "${E2E_ALWAYS:-}" ) ]]; then
   # shellcheck disable=SC2086  # E2E_ARGS: several options
   PYTHONPATH="$SITE" PYTHONUNBUFFERED=1 python3 tools/gpu_bench/e2e.py "$OUT/e2e" --check \
     ${E2E_ARGS:-} 2>&1 | tee "$OUT/e2e.log"
