@@ -249,10 +249,13 @@ class MasskvKV:
         return s.layers * B * (sel * per_page_kv + (groups + scanned) * per_page_bounds)
 
 
-def transformers_ms(shape: Shape, B: int, ctx: int, device, iters: int) -> float:
+def transformers_ms(shape: Shape, B: int, ctx: int, device, iters: int,
+                    masskv_budget: int | None = None) -> float:
     """transformers' own decode step of the same shape (random bf16 init, eager, SDPA, its
     DynamicCache filled with ctx random tokens): median ms per token over `iters` steps, each
-    appending one token (its cache concatenates, as in generate())."""
+    appending one token (its cache concatenates, as in generate()). masskv_budget: the same
+    model with masskv.hf's attention (hierarchical Quest at that budget) and its
+    masskv.hf_cache.MasskvCache instead (no dense copy): what a transformers user gets."""
     import transformers
 
     s = shape
@@ -264,9 +267,17 @@ def transformers_ms(shape: Shape, B: int, ctx: int, device, iters: int) -> float
                   max_position_embeddings=ctx + iters + 16)
     cfg._attn_implementation = "sdpa"
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    if masskv_budget is not None:
+        import masskv.hf
+        from masskv.hf_cache import MasskvCache
+
+        attn = masskv.hf.MasskvAttention(method="quest", budget_tokens=masskv_budget,
+                                         hierarchical=True, page_size=PAGE)
+        cfg._attn_implementation = attn.register("masskv_e2e")
     with torch.device(device):
         model = cls(cfg).to(dtype).eval()
-    cache = transformers.DynamicCache(config=cfg)
+    cache = (transformers.DynamicCache(config=cfg) if masskv_budget is None else
+             MasskvCache(attn, cfg, max_tokens=ctx + iters + 16))
     for layer in range(s.layers):
         k = torch.randn(B, s.kv_heads, ctx, s.head_dim, device=device, dtype=dtype)
         cache.update(k, torch.randn_like(k), layer)
@@ -379,6 +390,7 @@ def run_cell(model: Model, B: int, ctx: int, budgets, methods, iters: int, ceili
     dense_bytes = wbytes + B * (ctx + 1) * s.kv_bytes_per_token()
     best = None
     hf_ms = None
+    hf_mk = {}
     if hf:
         try:
             hf_ms = transformers_ms(s, B, ctx, dev, 5)
@@ -386,6 +398,14 @@ def run_cell(model: Model, B: int, ctx: int, budgets, methods, iters: int, ceili
         except (RuntimeError, ImportError) as e:
             log(f"  transformers: not run ({str(e).splitlines()[0][:120]})")
         torch.cuda.empty_cache()
+        for budget in budgets:
+            try:
+                hf_mk[budget] = transformers_ms(s, B, ctx, dev, 5, masskv_budget=budget)
+                log(f"  transformers + masskv (eager, hierarchical Quest {budget}, "
+                    f"MasskvCache): {hf_mk[budget]:.2f} ms/token")
+            except (RuntimeError, ImportError, ValueError) as e:
+                log(f"  transformers + masskv: not run ({str(e).splitlines()[0][:120]})")
+            torch.cuda.empty_cache()
     with torch.no_grad():
         dense = DenseKV(s, B, ctx, dev)
         for name, be in dense_backends():
@@ -419,6 +439,8 @@ def run_cell(model: Model, B: int, ctx: int, budgets, methods, iters: int, ceili
                        dense_attention_us_per_layer=round(best[2], 2),
                        masskv_attention_us_per_layer=round(att, 2),
                        transformers_ms=None if hf_ms is None else round(hf_ms, 3),
+                       transformers_masskv_ms=(round(hf_mk[budget], 3) if budget in hf_mk
+                                               else None),
                        weights_gb=round(wbytes / 1e9, 3),
                        dense_kv_gb=round((dense_bytes - wbytes) / 1e9, 3),
                        masskv_read_gb=round((sparse_bytes - wbytes) / 1e9, 3))
@@ -438,15 +460,16 @@ def markdown(meta, rows) -> str:
            f"({meta['read_ceiling_tbs']:.2f} TB/s).", "", f"`{meta['command']}`", "",
            "| model | B | ctx | selection | budget | dense ms/token (SDPA) | masskv ms/token | × | "
            "dense bound ms | masskv bound ms | attention µs/layer dense / masskv | transformers "
-           "ms/token (eager) |",
-           "| --- | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | --- | ---: |"]
+           "ms/token (eager) | transformers + masskv ms/token (eager) |",
+           "| --- | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | --- | ---: | ---: |"]
     for r in (r for r in rows if r["phase"] == "decode"):
         out.append(f"| {r['model']} | {r['batch']} | {r['ctx']} | {r['method']} | {r['budget']} | "
                    f"{r['dense_ms']:.3f} ({r['dense_backend']}) | {r['masskv_ms']:.3f} | "
                    f"{r['speedup']:.2f} | {r['dense_bytes_bound_ms']:.3f} | "
                    f"{r['bytes_bound_ms']:.3f} | {r['dense_attention_us_per_layer']:.1f} / "
                    f"{r['masskv_attention_us_per_layer']:.1f} | "
-                   f"{'-' if r.get('transformers_ms') is None else r['transformers_ms']} |")
+                   f"{'-' if r.get('transformers_ms') is None else r['transformers_ms']} | "
+                   f"{r.get('transformers_masskv_ms') or '-'} |")
     out += e2e_prefill.markdown([r for r in rows if r["phase"] == "prefill"])
     return "\n".join(out) + "\n"
 
@@ -479,7 +502,8 @@ def main(argv=None) -> int:
     ap.add_argument("--prefill-iters", type=int, default=3)
     ap.add_argument("--check", action="store_true", help="masskv vs SDPA logits first")
     ap.add_argument("--transformers", action="store_true",
-                    help="also time transformers' own model (eager) at each cell")
+                    help="also time transformers' own model (eager) at each cell, and the same "
+                         "model with masskv's attention and MasskvCache at each budget")
     ap.add_argument("--tiny", action="store_true", help="the tiny shape (self-test)")
     ap.add_argument("--device", default="cuda")
     a = ap.parse_args(argv)
