@@ -489,16 +489,21 @@ class TorchPagedCache:
     def prefill(self, layer: int, q: torch.Tensor, *, budget_tokens: int = 0,
                 block: int = 64, sink_blocks: int = 1,
                 scale: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:
-        """Causal prefill of the step's tokens over layer `layer` (after ``append``): q (B,
-        tokens, Hq, d) in the pool's dtype. budget_tokens 0: dense; > 0: block-sparse, each
-        block of `block` queries (64 or 128) reads the sink blocks, its own block and the best
-        others by the mean-pooled indexer, budget_tokens // block key blocks in all. Returns out
-        (B, tokens, Hq, d) in the pool's dtype and float32 lse (B, tokens, Hq)."""
+        """Causal prefill over layer `layer` of the last T tokens of each of the step's
+        sequences (after ``append``; usually the step's own tokens): q (B, T, Hq, d) in the
+        pool's dtype. budget_tokens 0: dense; > 0: block-sparse, each block of `block` queries
+        (64 or 128) reads the sink blocks, its own block and the best others by the mean-pooled
+        indexer, budget_tokens // block key blocks in all. Returns out (B, T, Hq, d) in the
+        pool's dtype and float32 lse (B, T, Hq)."""
         st = self._current()
         self._check_layer(layer)
-        B, T = len(st.seqs), st.tokens
-        if not isinstance(q, torch.Tensor) or q.dim() != 4 or tuple(q.shape[:2]) != (B, T):
-            raise ValueError(f"q: expected a (B={B}, tokens={T}, Hq, d) tensor")
+        B = len(st.seqs)
+        shortest = min(self._seq(s).length for s in st.seqs)
+        if not isinstance(q, torch.Tensor) or q.dim() != 4 or q.shape[0] != B or \
+                not 1 <= q.shape[1] <= shortest:
+            raise ValueError(f"q: expected a (B={B}, T, Hq, d) tensor, 1 <= T <= {shortest} "
+                             "(the shortest sequence)")
+        T = int(q.shape[1])
         if q.dtype != self.dtype:
             raise TypeError(f"q: expected {self.dtype} (the pool's dtype), got {q.dtype}")
         if not isinstance(budget_tokens, int) or budget_tokens < 0:

@@ -302,6 +302,8 @@ def test_cuda_prefill_dense_and_sparse_match_reference(rng, layout):
         torch.testing.assert_close(lse[b], ref_lse, atol=5e-3, rtol=0)
     full, _ = tc.prefill(0, q, budget_tokens=64 * 8)
     torch.testing.assert_close(full.float(), out.float(), atol=1e-2, rtol=0)
+    last, _ = tc.prefill(0, q[:, -50:].contiguous())  # only the last 50 tokens' queries
+    torch.testing.assert_close(last.float(), out[:, -50:].float(), atol=1e-2, rtol=0)
     # Small budget: 4 key blocks of 64 per query block and kv head (the sink, the one or two
     # diagonal blocks, the best others).
     nqb = -(-T // 64)
@@ -335,7 +337,7 @@ def test_cuda_prefill_bad_inputs_are_named():
     with pytest.raises(TypeError, match="q: expected torch.bfloat16"):
         tc.prefill(0, torch.randn(1, 20, 4, 64, device="cuda"))
     with pytest.raises(ValueError, match="q: expected a"):
-        tc.prefill(0, torch.randn(1, 5, 4, 64, device="cuda").to(torch.bfloat16))
+        tc.prefill(0, torch.randn(1, 21, 4, 64, device="cuda").to(torch.bfloat16))
     q = torch.randn(20, 4, 64, device="cuda").to(torch.bfloat16)
     qi = torch.tensor([0, 20], dtype=torch.int32, device="cuda")
     with pytest.raises(ValueError, match="q_block_indptr"):

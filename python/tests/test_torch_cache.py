@@ -246,8 +246,8 @@ def test_prefill_checks_its_query_before_any_kernel():
     c.begin_step([s], 20)
     with pytest.raises(TypeError, match="q: expected torch.bfloat16"):
         c.prefill(0, torch.randn(1, 20, 4, 64))
-    with pytest.raises(ValueError, match=r"q: expected a \(B=1, tokens=20"):
-        c.prefill(0, torch.randn(1, 5, 4, 64).to(torch.bfloat16))
+    with pytest.raises(ValueError, match=r"q: expected a \(B=1, T, Hq, d\) tensor, 1 <= T <= 20"):
+        c.prefill(0, torch.randn(1, 21, 4, 64).to(torch.bfloat16))
     with pytest.raises(ValueError, match="budget_tokens"):
         c.prefill(0, torch.randn(1, 20, 4, 64).to(torch.bfloat16), budget_tokens=-1)
     # The operator itself runs on CUDA tensors only.
