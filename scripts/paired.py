@@ -13,6 +13,7 @@ dense), unless --against names one.
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
 import random
 import sys
@@ -23,7 +24,9 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter,
                                  epilog=__doc__.split("\n\n", 2)[2])
-    ap.add_argument("results", nargs="+", help="results.json files of masskv eval")
+    ap.add_argument("results", nargs="+",
+                    help="results.json files of masskv eval (or results.json.gz: the large ones "
+                         "are committed gzipped, docs/eval.md)")
     ap.add_argument("--method", required=True, help="the method to judge (e.g. two_stage)")
     ap.add_argument("--against", default="", help="dense or oracle (default: the weaker of the two)")
     ap.add_argument("--min-dense", type=float, default=0.2, help="cells where dense scores >= this")
@@ -32,8 +35,9 @@ def main() -> int:
     recs = []
     for path in a.results:
         try:
-            recs += json.load(open(path))["records"]
-        except (OSError, KeyError, json.JSONDecodeError) as e:
+            with (gzip.open(path, "rt") if path.endswith(".gz") else open(path)) as f:
+                recs += json.load(f)["records"]
+        except (OSError, KeyError, json.JSONDecodeError, EOFError) as e:
             ap.error(f"{path}: {e}")
     # score[(protocol, budget-of-method, method)][(task, length, index)]
     by = defaultdict(dict)
