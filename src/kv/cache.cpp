@@ -3,6 +3,7 @@
 // max ||v|| for the §2.5 error bound), updated in O(d) per appended token.
 #include "masskv/kv/cache.hpp"
 #include "masskv/kv/page_codes.hpp"
+#include "kv/page_codes_math.hpp"
 
 #include <algorithm>
 #include <cmath>
@@ -80,13 +81,10 @@ void CacheConfig::validate() const {
   if (key_row_groups > 0) check_row_dim(key_row_format, key_row_dim, "key_row_dim");
 }
 
-// One step of Welford's update with x, the n-th value, in f64: the page summaries' (from their
-// f32 state) and a sequence's moments (page codes' spread rows) both take it.
-inline void welford_step(double x, double n, double& mean, double& m2) {
-  const double delta = x - mean;
-  mean += delta / n;
-  m2 += delta * (x - mean);
-}
+// One step of Welford's update (kv/page_codes_math.hpp, shared with the CUDA encoder): the
+// page summaries' (from their f32 state) and a sequence's moments (page codes' spread rows)
+// both take it.
+using codes_math::welford_step;
 
 struct PagedKVCache::Impl {
   struct Sequence {

@@ -8,64 +8,19 @@
 #include "core/cpu_features.hpp"
 #include "masskv/kv/paged_kv.hpp"
 #include "kv/page_codes_kernels.hpp"
+#include "kv/page_codes_math.hpp"
 
 namespace masskv::kv {
 
-namespace {
-
-std::uint8_t level(float x, float lo, float hi) {
-  if (!(hi > lo)) return 0;
-  // rint: round to nearest even in the default rounding mode; the clamp only guards keys a
-  // caller passes outside [lo, hi].
-  const float t = std::rint(3.0f * ((x - lo) / (hi - lo)));
-  return static_cast<std::uint8_t>(t <= 0 ? 0 : t >= 3 ? 3 : t);
-}
-
-}  // namespace
+using codes_math::level;
 
 float dequant8(std::uint8_t code, float lo, float step) {
-  return std::fma(static_cast<float>(code), step, lo);
+  return codes_math::dequant8(code, lo, step);
 }
 
 void round_range8(const float* m, const float* M, int d, std::uint8_t* a, std::uint8_t* b,
                   float* grid) {
-  bool finite = true;
-  float lo = std::numeric_limits<float>::infinity(), hi = -lo;
-  for (int c = 0; c < d; ++c) {
-    finite = finite && std::isfinite(m[c]) && std::isfinite(M[c]);
-    lo = std::min(lo, m[c]);
-    hi = std::max(hi, M[c]);
-  }
-  if (!finite || !(lo <= hi)) {  // a page without tokens: no key to bound
-    grid[0] = grid[1] = 0.f;
-    std::fill_n(a, d, std::uint8_t{0});
-    std::fill_n(b, d, std::uint8_t{0});
-    return;
-  }
-  float step = 0.f;
-  if (hi > lo) {
-    step = static_cast<float>((static_cast<double>(hi) - lo) / 255.0);
-    const float inf = std::numeric_limits<float>::infinity();
-    while (dequant8(255, lo, step) < hi) step = std::nextafter(step, inf);
-  }
-  grid[0] = lo;
-  grid[1] = step;
-  for (int c = 0; c < d; ++c) {
-    int cm = 0, cM = 255;
-    if (step > 0) {
-      cm = std::clamp(static_cast<int>(std::floor((static_cast<double>(m[c]) - lo) / step)), 0, 255);
-      cM = std::clamp(static_cast<int>(std::ceil((static_cast<double>(M[c]) - lo) / step)), 0, 255);
-    } else {
-      cM = 0;
-    }
-    // The quotients above are a first guess; the loops make the codes exact for the f32 grid.
-    while (cm > 0 && dequant8(static_cast<std::uint8_t>(cm), lo, step) > m[c]) --cm;
-    while (cm < 255 && dequant8(static_cast<std::uint8_t>(cm + 1), lo, step) <= m[c]) ++cm;
-    while (cM < 255 && dequant8(static_cast<std::uint8_t>(cM), lo, step) < M[c]) ++cM;
-    while (cM > 0 && dequant8(static_cast<std::uint8_t>(cM - 1), lo, step) >= M[c]) --cM;
-    a[c] = static_cast<std::uint8_t>(cm);
-    b[c] = static_cast<std::uint8_t>(cM);
-  }
+  codes_math::round_range8(m, M, d, a, b, grid);
 }
 
 void range_bounds(const PageRange8& r, int d, float* lo_out, float* hi_out) {

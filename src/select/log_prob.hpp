@@ -22,27 +22,11 @@ namespace masskv::select {
 
 namespace log_prob_detail {
 
-MASSKV_HD inline double mul(double a, double b) {
-#if defined(__CUDA_ARCH__)
-  return __dmul_rn(a, b);
-#else
-  return a * b;
-#endif
-}
-MASSKV_HD inline double add(double a, double b) {
-#if defined(__CUDA_ARCH__)
-  return __dadd_rn(a, b);
-#else
-  return a + b;
-#endif
-}
-MASSKV_HD inline double div(double a, double b) {
-#if defined(__CUDA_ARCH__)
-  return __ddiv_rn(a, b);
-#else
-  return a / b;
-#endif
-}
+// The f64 operations rounded once each (core/host_device.hpp).
+using hd::add;
+using hd::div;
+using hd::mul;
+
 // x rounded to an integer, to nearest with ties to even, for |x| < 2^51: x + 1.5 · 2^52 lands
 // where doubles are integers (the addition rounds as rint would), and the subtraction is
 // exact. Two additions: no library call, so the CPU's loop vectorises.
