@@ -11,6 +11,7 @@
 #include <cstdint>
 
 #include "device.cuh"
+#include "kv/page_codes_math.hpp"
 #include "masskv/cuda/append.hpp"
 #include "masskv/error.hpp"
 
@@ -251,6 +252,101 @@ __global__ void __launch_bounds__(kMaxDim) summarize_kernel(Params p) {
   if (c == 0) store_head(p, page, h, d, vmax, s_w, len);
 }
 
+// encode_page_codes: one CTA per (listed page, kv head). Thread 0 rounds the page's f32 min/max
+// onto its 8-bit grid (kv/page_codes_math.hpp, the CPU's function); then every thread encodes
+// bytes: the token-major rows (4 channels a byte) and the channel-major words (4 slots a byte).
+template <bool kBf16>
+__global__ void __launch_bounds__(kMaxDim) encode_codes_kernel(Params p, PageCodesStores out) {
+  __shared__ std::uint8_t s_a[kMaxDim], s_b[kMaxDim];
+  __shared__ float s_lo[kMaxDim], s_hi[kMaxDim], s_grid[2];
+  const int i = blockIdx.x / p.num_kv_heads, h = blockIdx.x % p.num_kv_heads;
+  const int d = p.head_dim, P = p.page_size;
+  const std::int32_t page = p.page[i], len = p.slot[i];  // slot: the page's token count here
+  if (page < 0 || page >= p.num_pages || len < 1 || len > P) {
+    if (threadIdx.x == 0)
+      atomicOr(p.err, (page < 0 || page >= p.num_pages) ? kBadPage : kBadTokens);
+    return;
+  }
+  const std::int64_t ph = static_cast<std::int64_t>(page) * p.num_kv_heads + h;
+  if (threadIdx.x == 0) kv::codes_math::round_range8(p.mn + ph * d, p.mx + ph * d, d, s_a, s_b, s_grid);
+  __syncthreads();
+  const std::int64_t chan0 = static_cast<std::int64_t>(h) * d;  // [kv head][channel][page]
+  for (int c = threadIdx.x; c < d; c += blockDim.x) {
+    s_lo[c] = kv::codes_math::dequant8(s_a[c], s_grid[0], s_grid[1]);
+    s_hi[c] = kv::codes_math::dequant8(s_b[c], s_grid[0], s_grid[1]);
+    out.range_min[ph * d + c] = s_a[c];
+    out.range_max[ph * d + c] = s_b[c];
+    const std::int64_t at = (chan0 + c) * p.num_pages + page;
+    out.chan_ranges[2 * at] = s_a[c];
+    out.chan_ranges[2 * at + 1] = s_b[c];
+  }
+  if (threadIdx.x == 0) {
+    out.grid[2 * ph] = s_grid[0];
+    out.grid[2 * ph + 1] = s_grid[1];
+  }
+  __syncthreads();
+  const auto* kp = static_cast<const std::uint16_t*>(p.k_pool);
+  const std::int64_t kv_off = page * p.stride_page + h * p.stride_head;
+  const auto level = [&](int t, int c) -> unsigned {
+    const float x = stored_value<kBf16>(kp[kv_off + t * p.stride_slot + c]);
+    return kv::codes_math::level(x, s_lo[c], s_hi[c]);
+  };
+  const int cb = (d + 3) / 4, wb = (P + 3) / 4;
+  for (int j = threadIdx.x; j < len * cb; j += blockDim.x) {  // token-major: row t, byte k
+    const int t = j / cb, k = j % cb;
+    unsigned byte = 0;
+    for (int q = 0; q < 4 && 4 * k + q < d; ++q) byte |= level(t, 4 * k + q) << (2 * q);
+    out.codes[(ph * P + t) * cb + k] = static_cast<std::uint8_t>(byte);
+  }
+  for (int j = threadIdx.x; j < d * wb; j += blockDim.x) {  // channel-major: channel c, word w
+    const int c = j / wb, w = j % wb;
+    unsigned byte = 0;
+    for (int q = 0; q < 4 && 4 * w + q < len; ++q) byte |= level(4 * w + q, c) << (2 * q);
+    out.chan_codes[((chan0 + c) * p.num_pages + page) * wb + w] = static_cast<std::uint8_t>(byte);
+  }
+}
+
+// update_spread: one CTA per (sequence, kv head), one thread per channel, the step's tokens in
+// position order (the CPU cache's write_token / write_spread).
+template <bool kBf16>
+__global__ void __launch_bounds__(kMaxDim) spread_kernel(Params p, const std::int32_t* indptr,
+                                                         const std::int32_t* indices,
+                                                         const std::int32_t* last_page_len,
+                                                         int tokens, double* mean, double* m2,
+                                                         float* spread) {
+  const int b = blockIdx.x / p.num_kv_heads, h = blockIdx.x % p.num_kv_heads;
+  const int c = threadIdx.x, d = p.head_dim, P = p.page_size;
+  const std::int32_t first = indptr[b], pages = indptr[b + 1] - first;
+  const std::int64_t len =
+      pages > 0 ? static_cast<std::int64_t>(pages - 1) * P + last_page_len[b] : 0;
+  if (pages < 1 || last_page_len[b] < 1 || last_page_len[b] > P || len < tokens) {
+    if (c == 0 && h == 0) atomicOr(p.err, kBadTokens);
+    return;
+  }
+  if (c >= d) return;
+  const auto* kp = static_cast<const std::uint16_t*>(p.k_pool);
+  const std::int64_t mi = (static_cast<std::int64_t>(b) * p.num_kv_heads + h) * d + c;
+  double mu = mean[mi], s2 = m2[mi];
+  for (std::int64_t pos = len - tokens; pos < len; ++pos) {
+    const std::int32_t page = indices[first + pos / P];
+    const int slot = static_cast<int>(pos % P);
+    if (page < 0 || page >= p.num_pages) {
+      if (c == 0) atomicOr(p.err, kBadPage);
+      return;
+    }
+    const float x =
+        stored_value<kBf16>(kp[page * p.stride_page + h * p.stride_head + slot * p.stride_slot + c]);
+    const double n = static_cast<double>(pos + 1);
+    kv::codes_math::welford_step(static_cast<double>(x), n, mu, s2);
+    if (slot == P - 1 || pos == len - 1) {
+      spread[(static_cast<std::int64_t>(page) * p.num_kv_heads + h) * d + c] =
+          __double2float_rn(__dsqrt_rn(__ddiv_rn(s2, n)));
+    }
+  }
+  mean[mi] = mu;
+  m2[mi] = s2;
+}
+
 // The stores' host checks and their kernel parameters (append and summarize_pages).
 Params store_params(const SummaryStores& a, unsigned* err) {
   using enum ErrorCode;
@@ -363,6 +459,57 @@ void summarize_pages(const SummaryStores& stores, std::span<const std::int32_t> 
     summarize_kernel<false><<<static_cast<unsigned>(blocks), threads, 0, stream>>>(p);
   }
   check_cuda(cudaGetLastError(), "summarize_pages kernel launch");
+  if (check_errors) ws.check(stream);
+}
+
+void encode_page_codes(const SummaryStores& stores, const PageCodesStores& codes,
+                       std::span<const std::int32_t> pages, std::span<const std::int32_t> tokens,
+                       AppendWorkspace& ws, CUstream_st* stream, bool check_errors) {
+  using enum ErrorCode;
+  Params p = store_params(stores, ws.impl().err.get());
+  require(tokens.size() == pages.size(), shape_mismatch, "tokens", "needs one entry per page (",
+          pages.size(), "), got ", tokens.size());
+  require(codes.codes && codes.range_min && codes.range_max && codes.grid && codes.chan_codes &&
+              codes.chan_ranges,
+          invalid_argument, "codes", "every page-code store is required");
+  const std::size_t blocks = pages.size() * static_cast<std::size_t>(stores.num_kv_heads);
+  require(blocks <= 0x7fffffffu, unsupported, "pages", "too many pages for one launch");
+  if (pages.empty()) return;
+  p.page = pages.data();
+  p.slot = tokens.data();
+  if (stores.dtype == DType::bf16) {
+    encode_codes_kernel<true><<<static_cast<unsigned>(blocks), 128, 0, stream>>>(p, codes);
+  } else {
+    encode_codes_kernel<false><<<static_cast<unsigned>(blocks), 128, 0, stream>>>(p, codes);
+  }
+  check_cuda(cudaGetLastError(), "encode_page_codes kernel launch");
+  if (check_errors) ws.check(stream);
+}
+
+void update_spread(const SummaryStores& stores, std::span<const std::int32_t> indptr,
+                   std::span<const std::int32_t> indices,
+                   std::span<const std::int32_t> last_page_len, int tokens, double* mean,
+                   double* m2, float* spread, AppendWorkspace& ws, CUstream_st* stream,
+                   bool check_errors) {
+  using enum ErrorCode;
+  Params p = store_params(stores, ws.impl().err.get());
+  require(!indptr.empty() && last_page_len.size() + 1 == indptr.size(), shape_mismatch,
+          "last_page_len", "needs one entry per sequence (indptr has B + 1)");
+  require(tokens >= 1, invalid_argument, "tokens", "must be >= 1, got ", tokens);
+  require(mean && m2 && spread, invalid_argument, "spread", "mean, m2 and spread are required");
+  const std::size_t blocks =
+      last_page_len.size() * static_cast<std::size_t>(stores.num_kv_heads);
+  require(blocks <= 0x7fffffffu, unsupported, "indptr", "too many sequences for one launch");
+  if (blocks == 0) return;
+  const int threads = (stores.head_dim + 31) / 32 * 32;
+  if (stores.dtype == DType::bf16) {
+    spread_kernel<true><<<static_cast<unsigned>(blocks), threads, 0, stream>>>(
+        p, indptr.data(), indices.data(), last_page_len.data(), tokens, mean, m2, spread);
+  } else {
+    spread_kernel<false><<<static_cast<unsigned>(blocks), threads, 0, stream>>>(
+        p, indptr.data(), indices.data(), last_page_len.data(), tokens, mean, m2, spread);
+  }
+  check_cuda(cudaGetLastError(), "update_spread kernel launch");
   if (check_errors) ws.check(stream);
 }
 

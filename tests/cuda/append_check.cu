@@ -1,10 +1,12 @@
 // masskv_gpu_tests append: cuda::append against kv::PagedKVCache::append (the pool, the
-// f32 summaries, the count, max ‖v‖) and select::BoundStore (the bf16 bound store and W), bit
+// f32 summaries, the count, max ‖v‖), select::BoundStore (the bf16 bound store and W) and, after
+// each step, cuda::encode_page_codes and cuda::update_spread against the cache's page codes, bit
 // for bit, over a grid of shapes with tokens crossing pages; then cuda::summarize_pages over
 // every page of the same pool (poisoned stores, shuffled page order), the same bits again; the error flag on bad ids and
 // non-finite inputs; and the append's time at the benchmark shape.
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -15,6 +17,7 @@
 #include "masskv/cuda/append.hpp"
 #include "masskv/error.hpp"
 #include "masskv/kv/cache.hpp"
+#include "masskv/kv/paged_kv.hpp"
 #include "masskv/select/page_bound.hpp"
 
 using namespace masskv;
@@ -42,6 +45,54 @@ bool same_bits(const T* a, const T* b, std::size_t n) {
   return std::memcmp(a, b, n * sizeof(T)) == 0;
 }
 
+// The GPU's page codes against the CPU cache's (kv::PageCodesView), bit for bit over the
+// written slots of every page of `table`: ranges, grid, token-major rows, the channel-major
+// copies (a word's unwritten slots masked) and the spread rows.
+std::string compare_codes(const kv::PageCodesView& pc, const kv::PageTableStorage& table,
+                          const DevBuf<std::uint8_t>& gcodes, const DevBuf<std::uint8_t>& gra,
+                          const DevBuf<std::uint8_t>& grb, const DevBuf<float>& ggrid,
+                          const DevBuf<std::uint8_t>& gcc, const DevBuf<std::uint8_t>& gcr,
+                          const DevBuf<float>& gspread) {
+  const std::vector<std::uint8_t> codes = gcodes.download(), ra = gra.download(),
+                                  rb = grb.download(), cc = gcc.download(), cr = gcr.download();
+  const std::vector<float> grid = ggrid.download(), spread = gspread.download();
+  const int H = pc.num_kv_heads, d = pc.head_dim, P = pc.page_size, cb = (d + 3) / 4;
+  const int wb = pc.chan_word_bytes();
+  const kv::PageTable t = table.table();
+  for (int b = 0; b < t.batch(); ++b) {
+    const int n = t.num_pages(b);
+    for (int lp = 0; lp < n; ++lp) {
+      const std::int32_t pg = t.page(b, lp);
+      const int count = lp + 1 < n ? P : t.last_page_len[b];
+      for (int h = 0; h < H; ++h) {
+        const std::size_t ph = static_cast<std::size_t>(pg) * H + h;
+        if (!same_bits(&grid[2 * ph], pc.grid + 2 * ph, 2)) return "grid differs";
+        if (!same_bits(&ra[ph * d], pc.range_min + ph * d, d) ||
+            !same_bits(&rb[ph * d], pc.range_max + ph * d, d))
+          return "range codes differ";
+        for (int sl = 0; sl < count; ++sl) {
+          if (!same_bits(&codes[(ph * P + sl) * cb], pc.row(pg, h, sl), cb))
+            return "token-major codes differ";
+        }
+        for (int ch = 0; ch < d; ++ch) {
+          const std::size_t at = (static_cast<std::size_t>(h) * d + ch) * pc.num_pages + pg;
+          if (cr[2 * at] != pc.chan_ranges[2 * at] || cr[2 * at + 1] != pc.chan_ranges[2 * at + 1])
+            return "channel-major ranges differ";
+          for (int w = 0; w < wb; ++w) {
+            const int valid = std::min(4, count - 4 * w);
+            if (valid <= 0) break;
+            const unsigned mask = (1u << (2 * valid)) - 1u;
+            if (((cc[at * wb + w] ^ pc.chan_codes[at * wb + w]) & mask) != 0)
+              return "channel-major codes differ";
+          }
+        }
+        if (!same_bits(&spread[ph * d], pc.spread_row(pg, h), d)) return "spread row differs";
+      }
+    }
+  }
+  return {};
+}
+
 // One case: the CPU cache and the GPU arrays take the same tokens; returns a failure reason or
 // an empty string.
 std::string run_case(const AppendCase& c, std::uint64_t seed) {
@@ -52,6 +103,7 @@ std::string run_case(const AppendCase& c, std::uint64_t seed) {
   cfg.dtype = c.dtype;
   cfg.layout = c.layout;
   cfg.capacity_pages = c.batch * ((c.steps + c.page - 1) / c.page) + 3;
+  cfg.page_codes = true;  // the GPU's encode_page_codes / update_spread are compared too
   kv::PagedKVCache cache(cfg);
   std::vector<kv::SeqId> seqs;
   for (int b = 0; b < c.batch; ++b) seqs.push_back(cache.create());
@@ -87,6 +139,18 @@ std::string run_case(const AppendCase& c, std::uint64_t seed) {
   const std::size_t tok = static_cast<std::size_t>(c.batch) * c.heads * c.d;
   DevBuf<float> dk(tok), dv(tok);
   DevBuf<std::int32_t> dpage(c.batch), dslot(c.batch);
+  // Page codes on the GPU (cuda::encode_page_codes after each append, cuda::update_spread with
+  // the step's page table), in kv::PageCodesView's layout.
+  const int cb = (c.d + 3) / 4, wb = (c.page + 3) / 4;
+  DevBuf<std::uint8_t> gcodes(ph * c.page * cb), gra(sums), grb(sums),
+      gcc(static_cast<std::size_t>(c.heads) * c.d * cfg.capacity_pages * wb), gcr(2 * sums);
+  DevBuf<float> ggrid(2 * ph), gspread(sums);
+  DevBuf<double> gmean(static_cast<std::size_t>(c.batch) * c.heads * c.d),
+      gm2(static_cast<std::size_t>(c.batch) * c.heads * c.d);
+  CK(cudaMemset(gmean.p, 0, gmean.n * sizeof(double)));
+  CK(cudaMemset(gm2.p, 0, gm2.n * sizeof(double)));
+  CK(cudaMemset(gcc.p, 0, gcc.n));
+  const cuda::PageCodesStores gpc{gcodes.p, gra.p, grb.p, ggrid.p, gcc.p, gcr.p};
   for (int t = 0; t < c.steps; ++t) {
     std::vector<float> hk(tok), hv(tok);
     for (float& x : hk) x = token_value(rng);
@@ -109,6 +173,17 @@ std::string run_case(const AppendCase& c, std::uint64_t seed) {
     a.page = {dpage.p, static_cast<std::size_t>(c.batch)};
     a.slot = {dslot.p, static_cast<std::size_t>(c.batch)};
     cuda::append(a, ws, nullptr, t + 1 == c.steps);  // the flag is checked once, at the end
+    std::vector<std::int32_t> filled(c.batch);
+    for (int b = 0; b < c.batch; ++b) filled[b] = slot[b] + 1;
+    DevBuf<std::int32_t> dfilled = to_device(filled);
+    cuda::encode_page_codes(a, gpc, {dpage.p, dpage.n}, {dfilled.p, dfilled.n}, ws, nullptr,
+                            t + 1 == c.steps);
+    const kv::PageTableStorage step_table = cache.page_table(seqs);
+    DevBuf<std::int32_t> dptr = to_device(step_table.indptr),
+                         didx = to_device(step_table.indices),
+                         dlast = to_device(step_table.last_page_len);
+    cuda::update_spread(a, {dptr.p, dptr.n}, {didx.p, didx.n}, {dlast.p, dlast.n}, 1, gmean.p,
+                        gm2.p, gspread.p, ws, nullptr, t + 1 == c.steps);
   }
   CK(cudaDeviceSynchronize());
 
@@ -154,6 +229,10 @@ std::string run_case(const AppendCase& c, std::uint64_t seed) {
     return {};
   };
   if (std::string why = compare(); !why.empty()) return why;
+  if (std::string why = compare_codes(cache.page_codes(), table, gcodes, gra, grb, ggrid, gcc, gcr,
+                                      gspread);
+      !why.empty())
+    return "page codes: " + why;
 
   // summarize_pages: every page's stores rebuilt from the pool (as for pages an engine wrote
   // itself) over poisoned stores, in shuffled page order: the same bits again.

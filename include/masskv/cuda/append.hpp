@@ -92,4 +92,42 @@ void summarize_pages(const SummaryStores& stores, std::span<const std::int32_t> 
                      std::span<const std::int32_t> tokens, AppendWorkspace& workspace,
                      CUstream_st* stream = nullptr, bool check_errors = true);
 
+// Page codes (kv/page_codes.hpp's definition, docs/design.md §2.9b), kv::PageCodesView's layout,
+// device memory: what token_codes' selection on the GPU reads (cuda::two_stage_select).
+struct PageCodesStores {
+  std::uint8_t* codes = nullptr;        // [page][kv head][slot][(head_dim + 3) / 4]
+  std::uint8_t* range_min = nullptr;    // [page][kv head][head_dim]
+  std::uint8_t* range_max = nullptr;    // [page][kv head][head_dim]
+  float* grid = nullptr;                // [page][kv head][2]: lo, step
+  std::uint8_t* chan_codes = nullptr;   // [kv head][head_dim][page][(page_size + 3) / 4]
+  std::uint8_t* chan_ranges = nullptr;  // [kv head][head_dim][page][2]
+};
+
+// The page codes of the listed pages (device spans as summarize_pages': pages[i] holds tokens[i]
+// tokens; distinct) from the pool and the f32 min/max of `stores` (after append or
+// summarize_pages wrote them): each (page, kv head)'s range on its 8-bit grid, the codes of its
+// slots [0, tokens[i]) and their channel-major copies (a channel-major word's slots past
+// tokens[i] get code 0; the token-major rows past it are not written) — the bits
+// kv::PagedKVCache keeps with CacheConfig::page_codes (the arithmetic is
+// kv/page_codes_math.hpp's, host and device). A decode step passes the pages it appended to
+// (re-encoding a page under an unchanged range gives the same codes). One kernel on `stream`;
+// bad ids or counts set the workspace's flag as summarize_pages does.
+void encode_page_codes(const SummaryStores& stores, const PageCodesStores& codes,
+                       std::span<const std::int32_t> pages, std::span<const std::int32_t> tokens,
+                       AppendWorkspace& workspace, CUstream_st* stream = nullptr,
+                       bool check_errors = true);
+
+// The spread rows (kv::PageCodesView::chan_spread, [page][kv head][head_dim] f32) of a step:
+// for each sequence b of the page table (device spans: indptr [B + 1], indices,
+// last_page_len [B]), its last `tokens` keys (already in the pool) folded in position order
+// into its f64 Welford moments mean / m2 ([B][kv head][head_dim], device, the caller's, kept
+// per sequence between steps: zeros for a new one), and at each page's last slot and at the
+// sequence's last token the population deviation sqrt(m2 / n), rounded to f32, written to
+// that page's row — kv::PagedKVCache's rows. max_pages_per_seq bounds the table's rows (host).
+void update_spread(const SummaryStores& stores, std::span<const std::int32_t> indptr,
+                   std::span<const std::int32_t> indices,
+                   std::span<const std::int32_t> last_page_len, int tokens, double* mean,
+                   double* m2, float* spread, AppendWorkspace& workspace,
+                   CUstream_st* stream = nullptr, bool check_errors = true);
+
 }  // namespace masskv::cuda
