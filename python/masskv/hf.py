@@ -21,8 +21,8 @@ Limits (checked, never silently wrong): batch rows must have no padding (all row
 length), no attention dropout, no logit soft-capping or sliding window. CPU tensors run the CPU
 kernels. CUDA tensors (a CUDA build of masskv) stay on the GPU (masskv.hf_cuda): one
 masskv.torch_cache.TorchPagedCache per model holds every layer in bf16/f16, the prefill is
-transformers' own SDPA, and decode is GPU Quest selection + masskv's CUDA decode (methods
-"dense" and "quest"); the selection of each layer is left in `last_selection[layer]` as device
+transformers' own SDPA (or masskv's, prefill="masskv"), and decode is GPU selection + masskv's
+CUDA decode (methods "dense", "quest" and "token_codes"); the selection of each layer is left in `last_selection[layer]` as device
 tensors (ids, count), with no host sync. Either way transformers' own cache still holds the
 dense KV (masskv mirrors it; the reading is sparse), unless the model runs with
 masskv.hf_cache.MasskvCache (GPU): then the paged cache is the only copy.

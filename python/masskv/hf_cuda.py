@@ -5,8 +5,9 @@ layer. The first layer of a forward call that sees new tokens begins the step (t
 the pages once for all layers); every layer appends its new keys and values on the device.
 T > 1 (a prefill chunk): dense causal attention by transformers' own SDPA function over the
 history it hands over, or with prefill="masskv" masskv's CUDA prefill over the paged cache
-(dense or block-sparse). T == 1 (decode): GPU Quest selection over the bf16 page bounds, then
-sparse decode (masskv's CUDA kernels), or dense decode for method "dense". When the model runs
+(dense or block-sparse). T == 1 (decode): GPU selection — Quest over the bf16 page bounds, or
+token_codes over the page codes (tokens) — then sparse decode (masskv's CUDA kernels), or dense
+decode for method "dense". When the model runs
 with masskv.hf_cache.MasskvCache, the keys are in the paged cache already and nothing is
 appended here.
 """
@@ -27,7 +28,14 @@ try:  # transformers' Cache subclass (no dense copy); absent with an old transfo
 except ImportError:
     MasskvCache = None
 
-GPU_METHODS = ("dense", "quest")
+GPU_METHODS = ("dense", "quest", "token_codes")
+
+
+def cache_stores(attn: Any) -> dict:
+    """The TorchPagedCache stores a MasskvAttention's method reads."""
+    quest = attn.method == "quest"
+    return dict(bounds=quest, groups=quest and attn.hierarchical,
+                codes=attn.method == "token_codes")
 
 
 @dataclass
@@ -58,8 +66,9 @@ class CudaLayers:
             raise ValueError(f"masskv attention: on CUDA tensors the methods are "
                              f"{', '.join(GPU_METHODS)}; got {attn.method!r} (the CPU path "
                              "serves every selector)")
-        if attn.method == "quest" and attn.budget_tokens <= 0:
-            raise ValueError("masskv attention: method 'quest' on the GPU needs budget_tokens > 0")
+        if attn.method != "dense" and attn.budget_tokens <= 0:
+            raise ValueError(f"masskv attention: method {attn.method!r} on the GPU needs "
+                             "budget_tokens > 0")
         if attn.prefill not in ("sdpa", "masskv"):
             raise ValueError(f"masskv attention: prefill is 'sdpa' or 'masskv', got "
                              f"{attn.prefill!r}")
@@ -92,13 +101,14 @@ class CudaLayers:
         q = query[:, :, 0, :].float().contiguous()
         cache = state.cache
         selection = None
-        if attn.method == "quest":
+        if attn.method != "dense":
             selection = cache.select(layer, q, budget_tokens=attn.budget_tokens,
                                      sink_pages=attn.sink_pages,
                                      window_tokens=attn.window_tokens, scale=scale,
-                                     hierarchical=attn.hierarchical)
+                                     hierarchical=attn.hierarchical, method=attn.method)
             attn.last_selection[layer] = selection
-        out, _ = cache.decode(layer, q, selection, alpha=attn.alpha, scale=scale)
+        out, _ = cache.decode(layer, q, selection, alpha=attn.alpha, scale=scale,
+                              unit="token" if attn.method == "token_codes" else "page")
         return out[:, None].to(query.dtype), None
 
     def _sync(self, attn: Any, module: Any, key, value, new_tokens: int) -> _ModelState:
@@ -148,8 +158,7 @@ class CudaLayers:
         pages = B * (-(-max(S, attn.max_tokens) // P) + 1)
         dtype = key.dtype if key.dtype in (torch.bfloat16, torch.float16) else torch.bfloat16
         cache = TorchPagedCache(layers, Hkv, d, pages, page_size=P, dtype=dtype,
-                                device=key.device, bounds=attn.method == "quest",
-                                groups=attn.method == "quest" and attn.hierarchical)
+                                device=key.device, **cache_stores(attn))
         state = _ModelState(cache, [cache.create() for _ in range(B)])
         key = id(config)
         if key not in self._watched:  # forget the state when the config (the model) goes

@@ -17,6 +17,9 @@ gives the output shapes without running anything, so ``torch.compile`` can trace
   the group store (CUDA tensors only).
 * ``masskv::append(...)`` / ``masskv::summarize_pages(...)``: the GPU append of a decode step
   and the summary refresh of pages written elsewhere, in place (CUDA tensors only).
+* ``masskv::encode_page_codes(...)`` / ``masskv::update_spread(...)`` keep token_codes' page
+  codes and spread rows on the GPU; ``masskv::token_codes_select(...) -> (ids, count)`` is
+  token_codes' selection there (token lists; CUDA tensors only).
 * ``masskv::prefill(q, k_pool, v_pool, indptr, indices, last_page_len, q_indptr,
   q_block_indptr, layout, max_q_per_seq, scale, budget_blocks, ...) -> (out, lse)``: causal
   prefill of the new tokens, dense or block-sparse with the block indexer (CUDA tensors only).
@@ -37,8 +40,9 @@ import torch
 
 import masskv
 
-__all__ = ["append", "check", "decode", "hier_select", "prefill", "quest_select",
-           "summarize_pages", "update_groups"]
+__all__ = ["append", "check", "decode", "encode_page_codes", "hier_select", "prefill",
+           "quest_select", "summarize_pages", "token_codes_select", "update_groups",
+           "update_spread"]
 
 _SUMMARY_KEYS = ("min", "max", "mean", "m2", "count", "max_vnorm")
 _BOUND_KEYS = ("bound_min", "bound_max", "bound_wmax")
@@ -66,15 +70,16 @@ def _kv(k_pool, v_pool, indptr, indices, last_page_len, layout: str):
 def decode(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, indptr: torch.Tensor,
            indices: torch.Tensor, last_page_len: torch.Tensor, sel_ids: Optional[torch.Tensor],
            sel_count: Optional[torch.Tensor], layout: str = "NHD", alpha: float = 1.0,
-           scale: float = 0.0, max_pages_per_seq: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+           scale: float = 0.0, max_pages_per_seq: int = 0,
+           sel_unit: str = "page") -> tuple[torch.Tensor, torch.Tensor]:
     """Decode attention (masskv.decode) as an operator: q float32 (B, Hq, d); the pool
     (pages, page_size, H_kv, d) for NHD or (pages, H_kv, page_size, d) for HND; the int32
-    page table; sel_ids / sel_count int32 (B, H_kv, K) / (B, H_kv) page lists or None (dense).
-    Returns float32 out (B, Hq, d) and lse_or_tau (B, Hq)."""
+    page table; sel_ids / sel_count int32 (B, H_kv, K) / (B, H_kv) lists of sel_unit ("page"
+    or "token" ids) or None (dense). Returns float32 out (B, Hq, d) and lse_or_tau (B, Hq)."""
     kv = _kv(k_pool, v_pool, indptr, indices, last_page_len, layout)
     if (sel_ids is None) != (sel_count is None):
         raise ValueError("masskv::decode: pass sel_ids and sel_count together (or neither)")
-    sel = None if sel_ids is None else masskv.Selection(sel_ids, sel_count, "page")
+    sel = None if sel_ids is None else masskv.Selection(sel_ids, sel_count, sel_unit)
     if q.is_cuda:
         return masskv.decode(q, kv, alpha=alpha, scale=scale, selection=sel,
                              max_pages_per_seq=max_pages_per_seq, check=_eager_check(q))
@@ -86,7 +91,7 @@ def decode(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, indptr: 
 
 @decode.register_fake
 def _decode_fake(q, k_pool, v_pool, indptr, indices, last_page_len, sel_ids, sel_count,
-                 layout="NHD", alpha=1.0, scale=0.0, max_pages_per_seq=0):
+                 layout="NHD", alpha=1.0, scale=0.0, max_pages_per_seq=0, sel_unit="page"):
     return (q.new_empty(q.shape, dtype=torch.float32),
             q.new_empty(q.shape[:2], dtype=torch.float32))
 
@@ -232,6 +237,94 @@ def summarize_pages(k_pool: torch.Tensor, v_pool: torch.Tensor, mn: torch.Tensor
 @summarize_pages.register_fake
 def _summarize_fake(*args, **kwargs) -> None:
     return None
+
+
+_CODE_ARGS = ("codes", "range_min", "range_max", "grid", "chan_codes", "chan_ranges",
+              "chan_spread")
+
+
+def _codes(codes, range_min, range_max, grid, chan_codes, chan_ranges, chan_spread) -> dict:
+    return dict(codes=codes, range_min=range_min, range_max=range_max, grid=grid,
+                chan_codes=chan_codes, chan_ranges=chan_ranges, chan_spread=chan_spread)
+
+
+@torch.library.custom_op("masskv::encode_page_codes", mutates_args=_CODE_ARGS[:6])
+def encode_page_codes(k_pool: torch.Tensor, v_pool: torch.Tensor, mn: torch.Tensor,
+                      mx: torch.Tensor, mean: torch.Tensor, m2: torch.Tensor,
+                      count: torch.Tensor, max_vnorm: torch.Tensor, codes: torch.Tensor,
+                      range_min: torch.Tensor, range_max: torch.Tensor, grid: torch.Tensor,
+                      chan_codes: torch.Tensor, chan_ranges: torch.Tensor,
+                      chan_spread: torch.Tensor, pages: torch.Tensor, tokens: torch.Tensor,
+                      layout: str = "NHD") -> None:
+    """token_codes' page codes of the listed pages (masskv.cuda_encode_page_codes), in place:
+    page pages[i] holds tokens[i] tokens (int32)."""
+    _require_cuda("encode_page_codes", pages, "pages")
+    masskv.cuda_encode_page_codes(
+        _stores(k_pool, v_pool, layout, mn, mx, mean, m2, count, max_vnorm, None, None, None),
+        _codes(codes, range_min, range_max, grid, chan_codes, chan_ranges, chan_spread),
+        pages, tokens, check=_eager_check(pages))
+
+
+@encode_page_codes.register_fake
+def _encode_fake(*args, **kwargs) -> None:
+    return None
+
+
+@torch.library.custom_op("masskv::update_spread", mutates_args=("chan_spread", "mean_seq",
+                                                                 "m2_seq"))
+def update_spread(k_pool: torch.Tensor, v_pool: torch.Tensor, mn: torch.Tensor,
+                  mx: torch.Tensor, mean: torch.Tensor, m2: torch.Tensor, count: torch.Tensor,
+                  max_vnorm: torch.Tensor, codes: torch.Tensor, range_min: torch.Tensor,
+                  range_max: torch.Tensor, grid: torch.Tensor, chan_codes: torch.Tensor,
+                  chan_ranges: torch.Tensor, chan_spread: torch.Tensor, indptr: torch.Tensor,
+                  indices: torch.Tensor, last_page_len: torch.Tensor, tokens: int,
+                  mean_seq: torch.Tensor, m2_seq: torch.Tensor, layout: str = "NHD") -> None:
+    """The spread rows of a step (masskv.cuda_update_spread), in place: each sequence's last
+    `tokens` keys folded into its float64 moments mean_seq / m2_seq (B, H_kv, d)."""
+    _require_cuda("update_spread", indptr, "indptr")
+    masskv.cuda_update_spread(
+        _stores(k_pool, v_pool, layout, mn, mx, mean, m2, count, max_vnorm, None, None, None),
+        _codes(codes, range_min, range_max, grid, chan_codes, chan_ranges, chan_spread),
+        indptr, indices, last_page_len, tokens, mean_seq, m2_seq, check=_eager_check(indptr))
+
+
+@update_spread.register_fake
+def _spread_fake(*args, **kwargs) -> None:
+    return None
+
+
+@torch.library.custom_op("masskv::token_codes_select", mutates_args=())
+def token_codes_select(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor,
+                       indptr: torch.Tensor, indices: torch.Tensor, last_page_len: torch.Tensor,
+                       codes: torch.Tensor, range_min: torch.Tensor, range_max: torch.Tensor,
+                       grid: torch.Tensor, chan_codes: torch.Tensor, chan_ranges: torch.Tensor,
+                       chan_spread: torch.Tensor, layout: str, budget_tokens: int,
+                       sink_pages: int = 1, window_tokens: int = 0, scale: float = 0.0,
+                       max_pages_per_seq: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """token_codes on the GPU (masskv.cuda_token_codes_select): int32 token lists ids (B, H_kv,
+    capacity) -1 padded and count (B, H_kv); capacity from max_pages_per_seq (> 0)."""
+    _require_cuda("token_codes_select", q, "q")
+    if max_pages_per_seq <= 0:
+        raise ValueError("masskv::token_codes_select: max_pages_per_seq must be > 0 (it fixes "
+                         "the output's shape)")
+    kv = _kv(k_pool, v_pool, indptr, indices, last_page_len, layout)
+    sel = masskv.cuda_token_codes_select(
+        q, kv, _codes(codes, range_min, range_max, grid, chan_codes, chan_ranges, chan_spread),
+        budget_tokens=budget_tokens, sink_pages=sink_pages, window_tokens=window_tokens,
+        scale=scale, max_pages_per_seq=max_pages_per_seq, check=_eager_check(q))
+    return sel.ids, sel.count
+
+
+@token_codes_select.register_fake
+def _token_codes_fake(q, k_pool, v_pool, indptr, indices, last_page_len, codes, range_min,
+                      range_max, grid, chan_codes, chan_ranges, chan_spread, layout,
+                      budget_tokens, sink_pages=1, window_tokens=0, scale=0.0,
+                      max_pages_per_seq=0):
+    cap = masskv.cuda_token_codes_capacity(max_pages_per_seq, _page_size(k_pool, layout),
+                                           budget_tokens, sink_pages, window_tokens)
+    B, H = int(indptr.shape[0]) - 1, int(range_min.shape[1])
+    return (q.new_empty((B, H, cap), dtype=torch.int32),
+            q.new_empty((B, H), dtype=torch.int32))
 
 
 @torch.library.custom_op("masskv::prefill", mutates_args=())

@@ -60,6 +60,8 @@ class _Step:
     max_pages: int
     group_indptr: torch.Tensor | None = None
     group_indices: torch.Tensor | None = None
+    mean_seq: torch.Tensor | None = None  # page codes: the batch's f64 key moments
+    m2_seq: torch.Tensor | None = None
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -101,7 +103,7 @@ class TorchPagedCache:
     def __init__(self, num_layers: int, num_kv_heads: int, head_dim: int, capacity_pages: int,
                  *, page_size: int = 16, dtype: torch.dtype = torch.bfloat16,
                  device: torch.device | str | int | None = None, layout: str = "NHD",
-                 bounds: bool = True, groups: bool = False,
+                 bounds: bool = True, groups: bool = False, codes: bool = False,
                  max_pages_per_seq: int | None = None):
         for name, val in (("num_layers", num_layers), ("num_kv_heads", num_kv_heads),
                           ("head_dim", head_dim), ("capacity_pages", capacity_pages),
@@ -152,6 +154,25 @@ class TorchPagedCache:
             self.group_min = torch.zeros((L, self.group_slots, H, d), dtype=torch.bfloat16,
                                          device=dev)
             self.group_max = torch.zeros_like(self.group_min)
+        # token_codes' page codes (kv::PageCodesView's layout per layer; ops.encode_page_codes
+        # keeps them from the pool and min/max, ops.update_spread the spread rows from each
+        # sequence's f64 key moments, kept per sequence in self._moments).
+        self.code_stores: dict[str, torch.Tensor] | None = None
+        if codes:
+            if head_dim not in (64, 128):
+                raise ValueError(f"codes: token_codes on the GPU serves head_dim 64 and 128, got "
+                                 f"{head_dim}")
+            u8 = dict(dtype=torch.uint8, device=dev)
+            cb, wb = -(-d // 4), -(-P // 4)
+            self.code_stores = dict(
+                codes=torch.zeros((L, N, H, P, cb), **u8),
+                range_min=torch.zeros((L, N, H, d), **u8),
+                range_max=torch.zeros((L, N, H, d), **u8),
+                grid=torch.zeros((L, N, H, 2), **f32),
+                chan_codes=torch.zeros((L, H, d, N, wb), **u8),
+                chan_ranges=torch.zeros((L, H, d, N, 2), **u8),
+                chan_spread=torch.zeros((L, N, H, d), **f32))
+        self._moments: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
         self._gfree = list(range(self.group_slots - 1, -1, -1))
         self._free = list(range(N - 1, -1, -1))  # a stack: page 0 is taken first
         self._refs = [0] * N
@@ -166,6 +187,10 @@ class TorchPagedCache:
         sid = self._next_id
         self._next_id += 1
         self._seqs[sid] = _Seq()
+        if self.code_stores is not None:
+            shape = (self.num_layers, self.num_kv_heads, self.head_dim)
+            self._moments[sid] = (torch.zeros(shape, dtype=torch.float64, device=self.device),
+                                  torch.zeros(shape, dtype=torch.float64, device=self.device))
         return sid
 
     def _seq(self, sid: int) -> _Seq:
@@ -183,7 +208,9 @@ class TorchPagedCache:
         for p in s.pages:
             self._release(p)
         self._gfree.extend(reversed(s.groups))
+        self._end_moments()
         del self._seqs[sid]
+        self._moments.pop(sid, None)
         self._step = None
 
     def fork(self, sid: int) -> int:
@@ -200,6 +227,9 @@ class TorchPagedCache:
             self.group_min[:, to] = self.group_min[:, fr]
             self.group_max[:, to] = self.group_max[:, fr]
         self._seqs[new] = _Seq(list(src.pages), src.length, groups)
+        if self.code_stores is not None:  # the key moments so far are the source's
+            self._end_moments()
+            self._moments[new] = tuple(t.clone() for t in self._moments[sid])
         for p in src.pages:
             self._refs[p] += 1
         return new
@@ -234,6 +264,16 @@ class TorchPagedCache:
             self.group_max = larger(self.group_max, slots)
             self._gfree = list(range(slots - 1, self.group_slots - 1, -1)) + self._gfree
             self.group_slots = slots
+        if self.code_stores is not None:
+            self._end_moments()
+            for name, t in self.code_stores.items():
+                if name.startswith("chan_") and name != "chan_spread":  # [L][H][d][page][...]
+                    out = torch.zeros((*t.shape[:3], N, *t.shape[4:]), dtype=t.dtype,
+                                      device=t.device)
+                    out[:, :, :, :t.shape[3]].copy_(t)
+                    self.code_stores[name] = out
+                else:
+                    self.code_stores[name] = larger(t, N)
         self._bufs.clear()  # the page table's index buffer is capacity_pages long
         self._step = None
 
@@ -324,10 +364,14 @@ class TorchPagedCache:
         pg, sl = self._buffers(("pos", B, tokens), [(B * tokens, 0), (B * tokens, 0)])
         pg.copy_(torch.tensor(page, **i32))
         sl.copy_(torch.tensor(slot, **i32))
+        self._end_moments()
         self._step = _Step(list(seqs), tokens, pg, sl,
                            torch.tensor(touched, **i32).to(self.device),
                            torch.tensor(touched_tokens, **i32).to(self.device),
                            indptr, indices, last, used, max_pages)
+        if self.code_stores is not None:  # the batch's key moments, [layer][b][H][d]
+            self._step.mean_seq = torch.stack([self._moments[s][0] for s in seqs], 1)
+            self._step.m2_seq = torch.stack([self._moments[s][1] for s in seqs], 1)
         if self.group_min is not None:
             gptr, gids = self._buffers(("groups", B), [(B + 1, 0), (self.group_slots, -1)])
             _fill_csr([s.groups for s in rows], gptr, gids)
@@ -405,6 +449,7 @@ class TorchPagedCache:
             torch.ops.masskv.append(*args, k[:, 0].float().contiguous(),
                                     v[:, 0].float().contiguous(), st.page, st.slot, self.layout)
             self._update_groups(layer, last_only=True)
+            self._update_codes(layer)
             return
         # Many tokens (a prefill): the pool rows by index, then the touched pages' summaries
         # from the stored tokens. A value that overflows the pool's dtype is stored as inf and
@@ -412,6 +457,7 @@ class TorchPagedCache:
         self._write_rows(layer, k, v)
         torch.ops.masskv.summarize_pages(*args, st.touched, st.touched_tokens, self.layout)
         self._update_groups(layer, last_only=False)
+        self._update_codes(layer)
 
     def _write_rows(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> None:
         """The step's tokens k, v (B, T, H_kv, d) into their pool slots of `layer`, rounded to the
@@ -424,6 +470,28 @@ class TorchPagedCache:
         idx = (st.page.long(), st.slot.long())
         kp[idx] = k.reshape(B * T, H, d).to(self.dtype)
         vp[idx] = v.reshape(B * T, H, d).to(self.dtype)
+
+    def _end_moments(self) -> None:
+        """The current step's batch moments back into each sequence's (page codes)."""
+        st = self._step
+        if st is None or st.mean_seq is None:
+            return
+        for i, sid in enumerate(st.seqs):
+            if sid in self._moments:
+                self._moments[sid] = (st.mean_seq[:, i].clone(), st.m2_seq[:, i].clone())
+        st.mean_seq = st.m2_seq = None
+
+    def _update_codes(self, layer: int) -> None:
+        """Layer `layer`'s page codes of the step's pages and its spread rows."""
+        if self.code_stores is None:
+            return
+        st = self._current()
+        stores = self._store_args(layer)[:8]
+        codes = [self.code_stores[n][layer] for n in ops._CODE_ARGS]
+        torch.ops.masskv.encode_page_codes(*stores, *codes, st.touched, st.touched_tokens,
+                                           self.layout)
+        torch.ops.masskv.update_spread(*stores, *codes, *self._kernel_table(), st.tokens,
+                                       st.mean_seq[layer], st.m2_seq[layer], self.layout)
 
     def history(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Every stored key and value of the step's sequences in layer `layer`, as (B, S, H_kv,
@@ -464,10 +532,23 @@ class TorchPagedCache:
 
     def select(self, layer: int, q: torch.Tensor, *, budget_tokens: int, sink_pages: int = 1,
                window_tokens: int = 0, scale: float = 0.0, hierarchical: bool = False,
-               cover: float = 2.0) -> tuple[torch.Tensor, torch.Tensor]:
-        """GPU Quest page selection for the step's queries q (float32 (B, Hq, d)): int32 page
-        lists ids (B, H_kv, capacity) -1 padded and count (B, H_kv). hierarchical: the group
-        store first (the cache needs groups=True), then only the chosen groups' pages."""
+               cover: float = 2.0, method: str = "quest") -> tuple[torch.Tensor, torch.Tensor]:
+        """GPU selection for the step's queries q (float32 (B, Hq, d)): int32 lists ids (B,
+        H_kv, capacity) -1 padded and count (B, H_kv). method "quest": pages by the bf16 bound
+        store (hierarchical: the group store first, the cache needs groups=True, then only the
+        chosen groups' pages); "token_codes": tokens ranked on the page codes (codes=True),
+        the lists decode takes with unit="token"."""
+        if method == "token_codes":
+            if self.code_stores is None:
+                raise ValueError("select: token_codes reads the page codes "
+                                 "(TorchPagedCache(..., codes=True))")
+            self._check_layer(layer)
+            return torch.ops.masskv.token_codes_select(
+                q, self.k_pool[layer], self.v_pool[layer], *self._kernel_table(),
+                *[self.code_stores[n][layer] for n in ops._CODE_ARGS], self.layout,
+                budget_tokens, sink_pages, window_tokens, scale, self.step_max_pages)
+        if method != "quest":
+            raise ValueError(f'select: method is "quest" or "token_codes", got {method!r}')
         if self.bound_min is None:
             raise ValueError("select: this cache keeps no bound store (bounds=False)")
         self._check_layer(layer)
@@ -523,12 +604,13 @@ class TorchPagedCache:
 
     def decode(self, layer: int, q: torch.Tensor,
                selection: tuple[torch.Tensor, torch.Tensor] | None = None, *,
-               alpha: float = 1.0, scale: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:
+               alpha: float = 1.0, scale: float = 0.0,
+               unit: str = "page") -> tuple[torch.Tensor, torch.Tensor]:
         """Decode attention of the step's queries q (float32 (B, Hq, d)) over layer `layer`:
-        dense, or over selection = (ids, count) from ``select``. Returns float32 out (B, Hq, d)
-        and lse_or_tau (B, Hq)."""
+        dense, or over selection = (ids, count) from ``select`` (unit "token" for
+        method="token_codes"'s lists). Returns float32 out (B, Hq, d) and lse_or_tau (B, Hq)."""
         self._check_layer(layer)
         ids, count = (None, None) if selection is None else selection
         return torch.ops.masskv.decode(q, self.k_pool[layer], self.v_pool[layer],
                                        *self._kernel_table(), ids, count, self.layout, alpha,
-                                       scale, self.step_max_pages)
+                                       scale, self.step_max_pages, unit)

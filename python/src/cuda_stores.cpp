@@ -16,6 +16,8 @@
 #include "masskv/cuda/decode.hpp"
 #include "masskv/cuda/prefill.hpp"
 #include "masskv/cuda/select.hpp"
+#include "masskv/cuda/two_stage.hpp"
+#include "kv_objects.hpp"
 #include "masskv/error.hpp"
 
 namespace masskv::py {
@@ -26,6 +28,7 @@ void check_device_errors(Device device, CUstream_st* stream) {
   on_device<cuda::SelectWorkspace>(device, stream, [&](auto& w) { w.check(stream); });
   on_device<cuda::DecodeWorkspace>(device, stream, [&](auto& w) { w.check(stream); });
   on_device<cuda::PrefillWorkspace>(device, stream, [&](auto& w) { w.check(stream); });
+  on_device<cuda::TwoStageWorkspace>(device, stream, [&](auto& w) { w.check(stream); });
 }
 
 namespace {
@@ -183,6 +186,159 @@ void summarize_py(const nb::dict& stores, const InArray& pages, const InArray& t
       device, s, [&](auto& w) { cuda::summarize_pages(st, p, t, w, s, check); });
 }
 
+// The page-code stores of a dict of CUDA tensors on `device` for the pool `st` describes
+// (kv::PageCodesView's layout, each C-contiguous): codes uint8 (pages, H_kv, page_size,
+// ceil(d / 4)), range_min / range_max uint8 (pages, H_kv, d), grid float32 (pages, H_kv, 2),
+// chan_codes uint8 (H_kv, d, pages, ceil(page_size / 4)), chan_ranges uint8 (H_kv, d, pages, 2),
+// chan_spread float32 (pages, H_kv, d).
+struct CodesArrays {
+  cuda::PageCodesStores out;
+  float* spread = nullptr;
+  kv::PageCodesView view() const {
+    kv::PageCodesView v;
+    v.codes = out.codes;
+    v.range_min = out.range_min;
+    v.range_max = out.range_max;
+    v.grid = out.grid;
+    v.chan_codes = out.chan_codes;
+    v.chan_ranges = out.chan_ranges;
+    v.chan_spread = spread;
+    return v;
+  }
+};
+
+constexpr std::array kCodeKeys{"codes", "range_min", "range_max", "grid", "chan_codes",
+                               "chan_ranges", "chan_spread"};
+
+CodesArrays codes_of(const nb::dict& d, int num_pages, int heads, int page_size, int dim,
+                     Device device) {
+  for (auto [key, value] : d) {
+    const std::string k = nb::cast<std::string>(key);
+    bool known = false;
+    for (const char* c : kCodeKeys) known = known || k == c;
+    if (!known) throw nb::value_error(("codes: unknown key '" + k + "'").c_str());
+  }
+  const auto get = [&](const char* key) {
+    if (!d.contains(key)) {
+      throw nb::value_error((std::string("codes: missing '") + key +
+                             "' (keys: codes, range_min, range_max, grid, chan_codes, "
+                             "chan_ranges, chan_spread)")
+                                .c_str());
+    }
+    return as_array(d[key], key);
+  };
+  const auto N = static_cast<std::size_t>(num_pages), H = static_cast<std::size_t>(heads),
+             P = static_cast<std::size_t>(page_size), D = static_cast<std::size_t>(dim);
+  const std::size_t cb = (D + 3) / 4, wb = (P + 3) / 4;
+  CodesArrays c;
+  const InArray codes = get("codes"), lo = get("range_min"), hi = get("range_max"),
+                grid = get("grid"), cc = get("chan_codes"), cr = get("chan_ranges"),
+                sp = get("chan_spread");
+  require_store(codes, Elem::u8, "codes", device, std::array<std::size_t, 4>{N, H, P, cb});
+  require_store(lo, Elem::u8, "range_min", device, std::array<std::size_t, 3>{N, H, D});
+  require_store(hi, Elem::u8, "range_max", device, std::array<std::size_t, 3>{N, H, D});
+  require_store(grid, Elem::f32, "grid", device, std::array<std::size_t, 3>{N, H, 2});
+  require_store(cc, Elem::u8, "chan_codes", device, std::array<std::size_t, 4>{H, D, N, wb});
+  require_store(cr, Elem::u8, "chan_ranges", device, std::array<std::size_t, 4>{H, D, N, 2});
+  require_store(sp, Elem::f32, "chan_spread", device, std::array<std::size_t, 3>{N, H, D});
+  c.out = {mutable_data<std::uint8_t>(codes), mutable_data<std::uint8_t>(lo),
+           mutable_data<std::uint8_t>(hi),    mutable_data<float>(grid),
+           mutable_data<std::uint8_t>(cc),    mutable_data<std::uint8_t>(cr)};
+  c.spread = mutable_data<float>(sp);
+  return c;
+}
+
+void encode_codes_py(const nb::dict& stores, const nb::dict& codes, const InArray& pages,
+                     const InArray& tokens, nb::handle stream, bool check) {
+  Device device = kCpu;
+  const cuda::SummaryStores st = stores_of(stores, device);
+  const CodesArrays c =
+      codes_of(codes, st.num_pages, st.num_kv_heads, st.page_size, st.head_dim, device);
+  const std::span<const std::int32_t> p =
+      flat_span<std::int32_t>(pages, Elem::i32, "pages", device);
+  const std::span<const std::int32_t> t = ids_of(tokens, "tokens", device, p.size());
+  CUstream_st* s = resolve_stream(stream, device);
+  on_device<cuda::AppendWorkspace>(
+      device, s, [&](auto& w) { cuda::encode_page_codes(st, c.out, p, t, w, s, check); });
+}
+
+void update_spread_py(const nb::dict& stores, const nb::dict& codes, const InArray& indptr,
+                      const InArray& indices, const InArray& last_page_len, int tokens,
+                      const InArray& mean, const InArray& m2, nb::handle stream, bool check) {
+  Device device = kCpu;
+  const cuda::SummaryStores st = stores_of(stores, device);
+  const CodesArrays c =
+      codes_of(codes, st.num_pages, st.num_kv_heads, st.page_size, st.head_dim, device);
+  const std::span<const std::int32_t> ptr =
+      flat_span<std::int32_t>(indptr, Elem::i32, "indptr", device);
+  if (ptr.empty()) throw nb::value_error("indptr: needs B + 1 >= 1 entries");
+  const std::size_t B = ptr.size() - 1;
+  const std::span<const std::int32_t> idx =
+      flat_span<std::int32_t>(indices, Elem::i32, "indices", device);
+  const std::span<const std::int32_t> last = ids_of(last_page_len, "last_page_len", device, B);
+  const std::array<std::size_t, 3> bhd{B, static_cast<std::size_t>(st.num_kv_heads),
+                                       static_cast<std::size_t>(st.head_dim)};
+  require_store(mean, Elem::f64, "mean", device, bhd);
+  require_store(m2, Elem::f64, "m2", device, bhd);
+  CUstream_st* s = resolve_stream(stream, device);
+  on_device<cuda::AppendWorkspace>(device, s, [&](auto& w) {
+    cuda::update_spread(st, ptr, idx, last, tokens, mutable_data<double>(mean),
+                        mutable_data<double>(m2), c.spread, w, s, check);
+  });
+}
+
+// token_codes' selection on the GPU (cuda::two_stage_select with no page stage): every token of
+// kv's sequences ranked on the page codes, two passes, the q heads pooled by log-probability —
+// the CPU's token_codes lists. Returns a token Selection over torch int32 ids / count.
+nb::object token_codes_select_py(const InArray& q, const KV& kv, const nb::dict& codes,
+                                 std::int64_t budget_tokens, int sink_pages, int window_tokens,
+                                 float scale, int max_pages_per_seq, nb::handle stream,
+                                 bool check) {
+  if (kv.device == kCpu) {
+    throw nb::value_error("kv: the pool is on the CPU; cuda_token_codes_select runs on CUDA "
+                          "tensors (masskv.select(method=\"token_codes\") is the CPU one)");
+  }
+  const Device device = kv.device;
+  const kv::PagedKVView view = kv.checked();
+  const CodesArrays c =
+      codes_of(codes, view.num_pages, view.num_kv_heads, view.page_size, view.head_dim, device);
+  cuda::TwoStageSelectArgs a;
+  a.q = view3_f32(q, "q", device);
+  a.table = view.table;
+  a.page_size = view.page_size;
+  a.codes = c.view();
+  a.codes.num_pages = view.num_pages;
+  a.codes.num_kv_heads = view.num_kv_heads;
+  a.codes.page_size = view.page_size;
+  a.codes.head_dim = view.head_dim;
+  a.scale = scale;
+  a.budget_tokens = budget_tokens;
+  a.sink_pages = sink_pages;
+  a.window_tokens = window_tokens;
+  a.candidate_factor = 0;  // token_codes: no page stage
+  cuda::TwoStageLaunch launch;
+  launch.stream = resolve_stream(stream, device);
+  require(max_pages_per_seq >= 0, ErrorCode::invalid_argument, "max_pages_per_seq",
+          "must be >= 0, got ", max_pages_per_seq);
+  launch.max_pages_per_seq = max_pages_per_seq > 0
+                                 ? max_pages_per_seq
+                                 : std::max<int>(1, static_cast<int>(view.table.indices.size()));
+  launch.check_errors = check;
+  a.max_per_head = cuda::two_stage_capacity(launch.max_pages_per_seq, view.page_size,
+                                            budget_tokens, sink_pages, window_tokens);
+  const auto B = static_cast<std::size_t>(view.table.batch()),
+             H = static_cast<std::size_t>(view.num_kv_heads),
+             K = static_cast<std::size_t>(a.max_per_head);
+  nb::object ids_obj = torch_empty({B, H, K}, "int32", device, "ids");
+  nb::object count_obj = torch_empty({B, H}, "int32", device, "count");
+  OutArray ids_keep = as_output(ids_obj, "ids"), count_keep = as_output(count_obj, "count");
+  a.ids = {static_cast<std::int32_t*>(ids_keep.data()), ids_keep.size()};
+  a.count = {static_cast<std::int32_t*>(count_keep.data()), count_keep.size()};
+  run_on_device<cuda::TwoStageWorkspace>(device, launch,
+                                         [&] { cuda::two_stage_select(a, launch); });
+  return nb::type<Selection>()(ids_obj, count_obj, "token");
+}
+
 void check_py(int device, nb::handle stream) {
   if (device < 0) {
     int current = 0;
@@ -242,6 +398,44 @@ void bind_cuda_stores(nb::module_& m) {
                      "pool; its stores get the bits appending those tokens one by one gives.\n") +
          kStoresDoc)
             .c_str());
+  m.def("cuda_encode_page_codes", &encode_codes_py, nb::arg("stores"), nb::arg("codes"),
+        nb::arg("pages").noconvert(), nb::arg("tokens").noconvert(), nb::kw_only(),
+        nb::arg("stream").none() = nb::none(), nb::arg("check") = true,
+        nb::sig("def cuda_encode_page_codes(stores: dict, codes: dict, pages: "
+                "numpy.typing.ArrayLike, tokens: numpy.typing.ArrayLike, *, stream: int | None "
+                "= None, check: bool = True) -> None"),
+        "token_codes' page codes of the listed pages (cuda::encode_page_codes): page pages[i]\n"
+        "holds tokens[i] tokens; its 8-bit range from the f32 min/max of `stores`, the codes\n"
+        "of its keys and their channel-major copies, into `codes` (a dict of CUDA tensors:\n"
+        "codes uint8 (pages, H_kv, page_size, ceil(d / 4)), range_min / range_max uint8 (pages,\n"
+        "H_kv, d), grid float32 (pages, H_kv, 2), chan_codes uint8 (H_kv, d, pages,\n"
+        "ceil(page_size / 4)), chan_ranges uint8 (H_kv, d, pages, 2), chan_spread float32\n"
+        "(pages, H_kv, d)): the bits PagedKVCache(page_codes=True) keeps. stores as\n"
+        "cuda_append's; stream and check as decode's.");
+  m.def("cuda_update_spread", &update_spread_py, nb::arg("stores"), nb::arg("codes"),
+        nb::arg("indptr").noconvert(), nb::arg("indices").noconvert(),
+        nb::arg("last_page_len").noconvert(), nb::arg("tokens"), nb::arg("mean").noconvert(),
+        nb::arg("m2").noconvert(), nb::kw_only(), nb::arg("stream").none() = nb::none(),
+        nb::arg("check") = true,
+        "The spread rows of a step (cuda::update_spread): each sequence's last `tokens` keys\n"
+        "folded into its float64 Welford moments mean / m2 ((B, H_kv, d), kept by the caller\n"
+        "per sequence), the deviation rows written into codes['chan_spread'] at page ends and\n"
+        "at the last token.");
+  m.def("cuda_token_codes_select", &token_codes_select_py, nb::arg("q").noconvert(),
+        nb::arg("kv"), nb::arg("codes"), nb::kw_only(), nb::arg("budget_tokens"),
+        nb::arg("sink_pages") = 1, nb::arg("window_tokens") = 0, nb::arg("scale") = 0.0f,
+        nb::arg("max_pages_per_seq") = 0, nb::arg("stream").none() = nb::none(),
+        nb::arg("check") = true,
+        "token_codes on the GPU (cuda::two_stage_select, no page stage): every token ranked on\n"
+        "its page code, two passes, the q heads of a kv group pooled by log-probability — the\n"
+        "CPU's token_codes lists. q float32 (B, Hq, d); codes as cuda_encode_page_codes'.\n"
+        "Returns a token Selection (int32 ids (B, H_kv, capacity) -1 padded, count (B, H_kv))\n"
+        "for decode(..., selection=...).");
+  m.def("cuda_token_codes_capacity", &cuda::two_stage_capacity, nb::arg("max_pages_per_seq"),
+        nb::arg("page_size"), nb::arg("budget_tokens"), nb::arg("sink_pages") = 1,
+        nb::arg("window_tokens") = 0,
+        "The list length cuda_token_codes_select gives its ids (B, H_kv, capacity) for these\n"
+        "arguments (cuda::two_stage_capacity).");
   m.def("cuda_select_capacity", &select_capacity_py, nb::arg("max_pages_per_seq"),
         nb::arg("page_size"), nb::arg("budget_tokens"), nb::arg("sink_pages") = 1,
         nb::arg("window_tokens") = 0,

@@ -234,7 +234,8 @@ def test_masskv_cache_rejects_what_it_cannot_serve():
 
 
 @cuda
-@pytest.mark.parametrize("method, budget_tokens", [("dense", 0), ("quest", 4096)])
+@pytest.mark.parametrize("method, budget_tokens", [("dense", 0), ("quest", 4096),
+                                                   ("token_codes", 4096)])
 def test_cuda_masskv_cache_matches_sdpa(method, budget_tokens):
     """On the GPU with MasskvCache: generate() gives SDPA's greedy tokens (budget covering
     everything for quest), and the only KV is masskv's pool."""

@@ -188,6 +188,44 @@ def test_torch_cache_select_and_decode_match_cpu(rng):
 
 
 @cuda
+@pytest.mark.parametrize("chunks", [(900,), (300, 1, 1, 250, 1)])
+def test_torch_cache_token_codes_match_cpu(rng, chunks):
+    """codes=True: page codes kept on the GPU (encode_page_codes, update_spread) after chunks
+    and single tokens; token_codes' GPU lists equal the CPU selector's on a CPU cache with the
+    same tokens (PagedKVCache(page_codes=True)), and decode over them matches the reference."""
+    from masskv.torch_cache import TorchPagedCache
+
+    H, d, P = 2, 128, 16
+    tc = TorchPagedCache(2, H, d, 256, page_size=P, bounds=False, codes=True)
+    cpu = masskv.PagedKVCache(H, d, 256, page_size=P, dtype="bf16", layout=tc.layout,
+                              page_codes=True)
+    cs = [cpu.create() for _ in range(3)]
+    gs = [tc.create() for _ in range(3)]
+    for T in chunks:
+        k = rng.standard_normal((3, T, H, d), dtype=np.float32)
+        v = rng.standard_normal((3, T, H, d), dtype=np.float32)
+        tc.begin_step(gs, T)
+        for layer in range(2):
+            tc.append(layer, torch.from_numpy(k).cuda(), torch.from_numpy(v).cuda())
+        for b, s in enumerate(cs):
+            cpu.append(s, k[b], v[b])
+    q = torch.randn(3, 8, d, device="cuda")
+    ids, count = tc.select(1, q, budget_tokens=128, method="token_codes")
+    ref = masskv.select(q.cpu().numpy(), cpu.view(cs), method="token_codes",
+                        budget_tokens=128).selection
+    got_count, got_ids = count.cpu().numpy(), ids.cpu().numpy()
+    assert np.array_equal(got_count, ref.count)
+    for b in range(3):
+        for h in range(H):
+            n = int(ref.count[b, h])
+            assert np.array_equal(got_ids[b, h, :n], ref.ids[b, h, :n]), (b, h)
+    out, lse = tc.decode(1, q, (ids, count), unit="token")
+    ref_out, ref_lse = masskv.decode_reference(q.cpu().numpy(), cpu.view(cs), selection=ref)
+    np.testing.assert_allclose(out.cpu().numpy(), ref_out, atol=2e-3)
+    np.testing.assert_allclose(lse.cpu().numpy(), ref_lse, atol=2e-3)
+
+
+@cuda
 def test_torch_cache_fork_copies_on_write(rng):
     from masskv.torch_cache import TorchPagedCache
 

@@ -253,3 +253,32 @@ def test_prefill_checks_its_query_before_any_kernel():
     # The operator itself runs on CUDA tensors only.
     with pytest.raises((RuntimeError, ValueError), match="CUDA"):
         c.prefill(0, torch.randn(1, 20, 4, 64).to(torch.bfloat16))
+
+
+def test_page_code_stores_follow_the_sequences():
+    """codes=True: the page-code stores' shapes, each sequence's f64 key moments (a fork
+    copies its source's; a step gathers the batch's and gives them back at the next step) and
+    grow() enlarging the channel-major stores along their page axis."""
+    c = cpu_cache(codes=True)
+    st = c.code_stores
+    assert st["codes"].shape == (2, 16, 2, 4, 16) and st["chan_codes"].shape == (2, 2, 64, 16, 1)
+    a = c.create()
+    c.begin_step([a], 5)
+    c._step.mean_seq[:, 0] += 3.0                  # as update_spread would write
+    b = c.fork(a)                                 # ends the step's moments first
+    assert float(c._moments[b][0].min()) == 3.0 and float(c._moments[a][0].max()) == 3.0
+    c.begin_step([a, b], 1)
+    assert c._step.mean_seq.shape == (2, 2, 2, 64)
+    c._step.m2_seq[:, 1] = 7.0
+    c.begin_step([b], 1)
+    assert float(c._moments[b][1].min()) == 7.0 and float(c._moments[a][1].max()) == 0.0
+    c.grow(24)
+    assert c.code_stores["chan_codes"].shape[3] == 24
+    assert c.code_stores["chan_ranges"].shape == (2, 2, 64, 24, 2)
+    assert c.code_stores["grid"].shape == (2, 24, 2, 2)
+    c.free(a)
+    assert a not in c._moments
+    with pytest.raises(ValueError, match="head_dim 64 and 128"):
+        TorchPagedCache(1, 1, 32, 4, device="cpu", bounds=False, codes=True)
+    with pytest.raises(ValueError, match="codes=True"):
+        cpu_cache().select(0, torch.zeros(1, 2, 64), budget_tokens=8, method="token_codes")

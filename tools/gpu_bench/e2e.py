@@ -200,9 +200,11 @@ class MasskvKV:
             raise ValueError(f"ctx must be a multiple of {PAGE} (the step's token opens a page)")
         pages = B * (ctx // PAGE + 1)
         self.hier = method == "hier"
+        self.codes = method == "codes"
+        sparse = budget is not None
         self.cache = TorchPagedCache(s.layers, s.kv_heads, s.head_dim, pages, page_size=PAGE,
-                                     device=device, bounds=budget is not None,
-                                     groups=budget is not None and self.hier,
+                                     device=device, bounds=sparse and not self.codes,
+                                     groups=sparse and self.hier, codes=sparse and self.codes,
                                      max_pages_per_seq=ctx // PAGE + 1)
         self.budget = budget
         self.seqs = [self.cache.create() for _ in range(B)]
@@ -225,8 +227,9 @@ class MasskvKV:
         qf = q.float().contiguous()
         sel = None
         if self.budget is not None:
-            sel = c.select(layer, qf, budget_tokens=self.budget, hierarchical=self.hier)
-        out, _ = c.decode(layer, qf, sel)
+            sel = c.select(layer, qf, budget_tokens=self.budget, hierarchical=self.hier,
+                           method="token_codes" if self.codes else "quest")
+        out, _ = c.decode(layer, qf, sel, unit="token" if self.codes else "page")
         return out
 
     def pages_read_bound(self, shape: Shape, B: int, ctx: int) -> int:
@@ -239,6 +242,15 @@ class MasskvKV:
         per_page_bounds = 2 * s.kv_heads * s.head_dim * 2 + 4 * s.kv_heads
         if self.budget is None:
             return s.layers * B * pages * per_page_kv
+        if self.codes:
+            # token_codes' two passes: 3/8 of every token's 2-bit codes and of every page's
+            # 8-bit ranges, then 2 x the budget's tokens' whole codes (and their pages' ranges,
+            # at most one page a token); the budget's K/V rows.
+            d, tokens = s.head_dim, ctx + 1
+            first = 0.375 * (tokens * d / 4 + pages * 2 * d) + pages * 8
+            second = 2 * self.budget * (d / 4 + 2 * d)
+            kv_rows = min(tokens, self.budget + 2 * PAGE) * 2 * d * 2
+            return int(s.layers * B * s.kv_heads * (first + second + kv_rows))
         sel = min(pages, -(-self.budget // PAGE) + 2)
         if not self.hier:
             return s.layers * B * (sel * per_page_kv + pages * per_page_bounds)
@@ -363,23 +375,36 @@ def dense_backends():
     return [("cudnn", SDPBackend.CUDNN_ATTENTION), ("flash", SDPBackend.FLASH_ATTENTION)]
 
 
-def check(model: Model, log) -> None:
-    """One eager step at a 4K context: masskv dense decode, and flat and hierarchical Quest with
-    a budget covering every page, against SDPA on the same KV (bf16 noise only)."""
+def check(model: Model, log, methods) -> list:
+    """One eager step at a 4K context: masskv dense decode, and each selection of `methods` with
+    a budget covering every token, against SDPA on the same KV (bf16 noise only). Dense, flat
+    and hierarchical Quest must pass (else the run stops); a failing `codes` is left out of the
+    table. Returns the methods that passed."""
     B, ctx = 2, 4096
     tokens, pos = step_inputs(model, B, ctx)
     dense = DenseKV(model.s, B, ctx, model.device)
+    passed = []
     with torch.no_grad():
         ref = model.step(tokens, pos, dense).float()
-        for budget, method in ((None, "dense"), (ctx + PAGE, "quest"), (ctx + PAGE, "hier")):
-            got = model.step(tokens, pos, MasskvKV(model.s, B, ctx, model.device, budget,
-                                                   kv=(dense.k, dense.v), method=method)).float()
-            err = ((got - ref).abs().max() / ref.abs().max()).item()
-            same = (got.argmax(-1) == ref.argmax(-1)).float().mean().item()
-            log(f"check {model.s.name} masskv {method} (all pages) vs SDPA: max |Δlogit| / "
+        cases = [(None, "dense")] + [(ctx + PAGE, m)
+                                     for m in dict.fromkeys(("quest", "hier", *methods))]
+        for budget, method in cases:
+            try:
+                got = model.step(tokens, pos, MasskvKV(model.s, B, ctx, model.device, budget,
+                                                       kv=(dense.k, dense.v),
+                                                       method=method)).float()
+                err = ((got - ref).abs().max() / ref.abs().max()).item()
+                same = (got.argmax(-1) == ref.argmax(-1)).float().mean().item()
+            except RuntimeError as e:  # masskv.Error is a RuntimeError too
+                err, same = float("inf"), 0.0
+                log(f"check {model.s.name} masskv {method}: {str(e).splitlines()[0][:160]}")
+            log(f"check {model.s.name} masskv {method} (all tokens) vs SDPA: max |Δlogit| / "
                 f"max |logit| = {err:.2e}, same argmax {same:.0%}")
-            if err > 2e-2:
+            if err <= 2e-2:
+                passed.append(method)
+            elif method != "codes":
                 raise SystemExit(f"check failed: relative logit error {err:.2e} > 2e-2")
+    return passed
 
 
 def run_cell(model: Model, B: int, ctx: int, budgets, methods, iters: int, ceiling: float,
@@ -493,7 +518,8 @@ def main(argv=None) -> int:
     ap.add_argument("--cells", default="1x32768,1x131072,1x262144,8x32768")
     ap.add_argument("--budgets", default="2048,4096")
     ap.add_argument("--methods", default="hier,quest",
-                    help="masskv selections: hier (hierarchical Quest), quest (flat)")
+                    help="masskv selections: hier (hierarchical Quest), quest (flat), codes "
+                         "(token_codes: the quality default, tokens on the page codes)")
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--prefill-cells", default="",
                     help="BxT prompts whose TTFT is timed (e2e_prefill.py), e.g. 1x32768,1x131072")
@@ -542,8 +568,8 @@ def main(argv=None) -> int:
     budgets = [int(x) for x in a.budgets.split(",")]
     methods = [x for x in a.methods.split(",") if x]
     for x in methods:
-        if x not in ("hier", "quest"):
-            raise SystemExit(f"--methods: unknown {x!r} (hier, quest)")
+        if x not in ("hier", "quest", "codes"):
+            raise SystemExit(f"--methods: unknown {x!r} (hier, quest, codes)")
     cells = parse_cells(a.cells)
     prefill_cells = parse_cells(a.prefill_cells) if a.prefill_cells else []
     prefill_budgets = [int(x) for x in a.prefill_budgets.split(",") if x]
@@ -558,7 +584,8 @@ def main(argv=None) -> int:
         t0 = time.time()
         model = Model(SHAPES[name], dev)
         if a.check:
-            check(model, log)
+            ok = check(model, log, methods)
+            methods = [m for m in methods if m in ok]
         for B, ctx in cells:
             need = model.weight_bytes() + 1.5 * B * (ctx + 1) * model.s.kv_bytes_per_token()
             free = torch.cuda.mem_get_info(dev)[0] + model.weight_bytes()
