@@ -12,8 +12,9 @@ replayed step is idempotent) and attends over ctx + 1 tokens:
   (enable_gqa=True, no mask), the faster of the cuDNN and flash backends;
 * masskv: masskv.torch_cache.TorchPagedCache (page 16), per layer the append kernel, a fresh GPU
   selection every step (budget tokens, 1 sink page, no window) — hierarchical Quest (`hier`:
-  groups of 16 pages first, cover 2) or flat Quest (`quest`) — and masskv's CUDA decode over
-  the selected pages.
+  groups of 16 pages first, cover 2), flat Quest (`quest`) or token_codes (`codes`: tokens on
+  the page codes, refreshed after each append; the CPU eval's quality default) — and masskv's
+  CUDA decode over the selected pages (or tokens).
 
 Printed beside each ratio: the bytes bound of each path (the weights read once, the embedding
 table excluded; the KV read; masskv: the selected pages plus the bf16 bound store the selection
