@@ -140,11 +140,10 @@ class MasskvCache(Cache):
         P = self.attn.page_size
         if dtype not in (torch.bfloat16, torch.float16):
             dtype = torch.bfloat16
-        from masskv.hf_cuda import cache_stores
-
         return TorchPagedCache(len(self.layers), Hkv, d, B * (-(-self.max_tokens // P) + 1),
                                page_size=P, dtype=dtype, device=device,
-                               **cache_stores(self.attn))
+                               **TorchPagedCache.stores_for(self.attn.method,
+                                                            self.attn.hierarchical))
 
     def _update(self, layer: int, key: torch.Tensor, value: torch.Tensor):
         """key, value [B, Hkv, T, d]: this layer's new tokens. The first layer to see them takes

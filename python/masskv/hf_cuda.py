@@ -31,13 +31,6 @@ except ImportError:
 GPU_METHODS = ("dense", "quest", "token_codes")
 
 
-def cache_stores(attn: Any) -> dict:
-    """The TorchPagedCache stores a MasskvAttention's method reads."""
-    quest = attn.method == "quest"
-    return dict(bounds=quest, groups=quest and attn.hierarchical,
-                codes=attn.method == "token_codes")
-
-
 @dataclass
 class _ModelState:
     cache: TorchPagedCache
@@ -158,7 +151,8 @@ class CudaLayers:
         pages = B * (-(-max(S, attn.max_tokens) // P) + 1)
         dtype = key.dtype if key.dtype in (torch.bfloat16, torch.float16) else torch.bfloat16
         cache = TorchPagedCache(layers, Hkv, d, pages, page_size=P, dtype=dtype,
-                                device=key.device, **cache_stores(attn))
+                                device=key.device,
+                                **TorchPagedCache.stores_for(attn.method, attn.hierarchical))
         state = _ModelState(cache, [cache.create() for _ in range(B)])
         key = id(config)
         if key not in self._watched:  # forget the state when the config (the model) goes

@@ -181,6 +181,13 @@ class TorchPagedCache:
         self._step: _Step | None = None
         self._bufs: dict[tuple, tuple[torch.Tensor, ...]] = {}
 
+    @staticmethod
+    def stores_for(method: str, hierarchical: bool = False) -> dict:
+        """The constructor's store options a selection method reads: "quest" the bound store
+        (and with hierarchical the group store), "token_codes" the page codes, "dense" none."""
+        quest = method == "quest"
+        return dict(bounds=quest, groups=quest and hierarchical, codes=method == "token_codes")
+
     # -- sequences (host) --------------------------------------------------------------------
     def create(self) -> int:
         """A new empty sequence; returns its id."""
