@@ -221,7 +221,8 @@ class TorchPagedCache:
         self._step = None
 
     def fork(self, sid: int) -> int:
-        """A new sequence sharing sid's tokens (its pages, copy-on-write)."""
+        """A new sequence sharing sid's tokens (its pages, copy-on-write). With codes=True it
+        ends the current step (begin the next one)."""
         src = self._seq(sid)
         if len(src.groups) > len(self._gfree):
             raise _error(f"group slots: the fork needs {len(src.groups)}, "
@@ -237,6 +238,7 @@ class TorchPagedCache:
         if self.code_stores is not None:  # the key moments so far are the source's
             self._end_moments()
             self._moments[new] = tuple(t.clone() for t in self._moments[sid])
+            self._step = None  # as free(): the next step is begun anew
         for p in src.pages:
             self._refs[p] += 1
         return new
