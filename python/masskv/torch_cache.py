@@ -378,9 +378,19 @@ class TorchPagedCache:
                            torch.tensor(touched, **i32).to(self.device),
                            torch.tensor(touched_tokens, **i32).to(self.device),
                            indptr, indices, last, used, max_pages)
-        if self.code_stores is not None:  # the batch's key moments, [layer][b][H][d]
-            self._step.mean_seq = torch.stack([self._moments[s][0] for s in seqs], 1)
-            self._step.m2_seq = torch.stack([self._moments[s][1] for s in seqs], 1)
+        if self.code_stores is not None:
+            # The batch's key moments, [layer][b][H][d], in buffers kept per batch size (the
+            # storage a captured step keeps, as the page table's).
+            key = ("moments", B)
+            if key not in self._bufs:
+                shape = (self.num_layers, B, self.num_kv_heads, self.head_dim)
+                self._bufs[key] = tuple(torch.zeros(shape, dtype=torch.float64,
+                                                    device=self.device) for _ in range(2))
+            mean_b, m2_b = self._bufs[key]
+            for i, sid in enumerate(seqs):
+                mean_b[:, i].copy_(self._moments[sid][0])
+                m2_b[:, i].copy_(self._moments[sid][1])
+            self._step.mean_seq, self._step.m2_seq = mean_b, m2_b
         if self.group_min is not None:
             gptr, gids = self._buffers(("groups", B), [(B + 1, 0), (self.group_slots, -1)])
             _fill_csr([s.groups for s in rows], gptr, gids)
@@ -487,7 +497,8 @@ class TorchPagedCache:
             return
         for i, sid in enumerate(st.seqs):
             if sid in self._moments:
-                self._moments[sid] = (st.mean_seq[:, i].clone(), st.m2_seq[:, i].clone())
+                self._moments[sid][0].copy_(st.mean_seq[:, i])
+                self._moments[sid][1].copy_(st.m2_seq[:, i])
         st.mean_seq = st.m2_seq = None
 
     def _update_codes(self, layer: int) -> None:
