@@ -452,9 +452,15 @@ def run_cell(model: Model, B: int, ctx: int, budgets, methods, iters: int, ceili
             log(f"  no SDPA backend served B {B} ctx {ctx}: the cell is left out")
             return rows
         for method, budget in [(m, b) for m in methods for b in budgets]:
-            mk = MasskvKV(s, B, ctx, dev, budget, method=method)
-            ms = graph_ms(lambda: model.step(tokens, pos, mk), iters)
-            att = graph_ms(attention_only(model, mk, B), iters) * 1e3 / s.layers
+            try:
+                mk = MasskvKV(s, B, ctx, dev, budget, method=method)
+                ms = graph_ms(lambda: model.step(tokens, pos, mk), iters)
+                att = graph_ms(attention_only(model, mk, B), iters) * 1e3 / s.layers
+            except RuntimeError as e:  # one method's failure leaves the others' rows
+                log(f"  masskv {method} {budget}: failed ({str(e).splitlines()[0][:160]})")
+                mk = None
+                torch.cuda.empty_cache()
+                continue
             sparse_bytes = wbytes + mk.pages_read_bound(s, B, ctx)
             row = dict(model=s.name, phase="decode", batch=B, ctx=ctx, budget=budget,
                        method=method,
