@@ -124,10 +124,15 @@ def run_prefill_cell(model, B: int, T: int, budgets, iters: int, ceiling: float,
             return rows
         kv_bytes = B * T * s.kv_bytes_per_token()
         for budget in budgets:
-            mk = MasskvPrefill(s, B, T, dev, budget)
-            ms = ttft_ms(model, mk, inputs, iters)
-            mk = None
-            torch.cuda.empty_cache()
+            try:
+                mk = MasskvPrefill(s, B, T, dev, budget)
+                ms = ttft_ms(model, mk, inputs, iters)
+            except RuntimeError as e:  # one budget's failure leaves the others' rows
+                log(f"  prefill masskv {budget}: failed ({str(e).splitlines()[0][:160]})")
+                continue
+            finally:
+                mk = None
+                torch.cuda.empty_cache()
             keys = T / 2 if budget == 0 else min(T / 2, budget)
             row = dict(model=s.name, phase="prefill", batch=B, ctx=T, budget=budget,
                        method="dense" if budget == 0 else "block-indexer",
