@@ -13,7 +13,8 @@ layer's ``update`` appends the new keys and values to one ``masskv.torch_cache.T
 
 What ``update`` hands to the attention function: the new keys/values for a decode step (the
 attention reads the pool: selection + sparse decode), the full history for a prefill chunk (the
-new tokens alone when there was none, else gathered from the pool) for transformers' SDPA.
+new tokens alone when there was none, else gathered from the pool) for transformers' SDPA, and
+the new ones alone with ``prefill="masskv"`` (masskv's prefill reads the pool).
 The tensors it returns carry the cache (attribute ``_masskv_cache``), which is how masskv's
 attention function knows not to append them again; any other attention implementation sees
 them as usual (the history for a prefill, the new token only for a decode step, which is not
@@ -170,8 +171,8 @@ class MasskvCache(Cache):
                              f"the cache {stored}: the layers went out of step")
         paged.append(layer, key.transpose(1, 2), value.transpose(1, 2))
         self._lengths[layer] = have + T
-        if T == 1 or have == 0:
-            k, v = key, value
+        if T == 1 or have == 0 or getattr(self.attn, "prefill", "sdpa") == "masskv":
+            k, v = key, value  # masskv's prefill reads the pool itself
         else:  # a chunk after earlier tokens: SDPA needs the history, gathered from the pool
             k, v = (t.transpose(1, 2).to(key.dtype) for t in paged.history(layer))
         k._masskv_cache = self

@@ -374,10 +374,14 @@ class TorchPagedCache:
         pg.copy_(torch.tensor(page, **i32))
         sl.copy_(torch.tensor(slot, **i32))
         self._end_moments()
-        self._step = _Step(list(seqs), tokens, pg, sl,
-                           torch.tensor(touched, **i32).to(self.device),
-                           torch.tensor(touched_tokens, **i32).to(self.device),
-                           indptr, indices, last, used, max_pages)
+        # The touched pages in buffers kept per shape too: a captured decode step (one page a
+        # sequence) reads them on every replay.
+        tp, tt = self._buffers(("touched", B, tokens, len(touched)),
+                               [(len(touched), 0), (len(touched), 0)])
+        tp.copy_(torch.tensor(touched, **i32))
+        tt.copy_(torch.tensor(touched_tokens, **i32))
+        self._step = _Step(list(seqs), tokens, pg, sl, tp, tt, indptr, indices, last, used,
+                           max_pages)
         if self.code_stores is not None:
             # The batch's key moments, [layer][b][H][d], in buffers kept per batch size (the
             # storage a captured step keeps, as the page table's).
@@ -594,7 +598,7 @@ class TorchPagedCache:
         sequences (after ``append``; usually the step's own tokens): q (B, T, Hq, d) in the
         pool's dtype. budget_tokens 0: dense; > 0: block-sparse, each block of `block` queries
         (64 or 128) reads the sink blocks, its own block and the best others by the mean-pooled
-        indexer, budget_tokens // block key blocks in all. Returns out (B, T, Hq, d) in the
+        indexer, ceil(budget_tokens / block) key blocks in all. Returns out (B, T, Hq, d) in the
         pool's dtype and float32 lse (B, T, Hq)."""
         st = self._current()
         self._check_layer(layer)

@@ -404,7 +404,9 @@ void AppendWorkspace::check(CUstream_st* stream) const {
     fail(ErrorCode::out_of_range, "slot", "a slot outside [0, page_size) was met on the GPU");
   if (flag & kBadTokens)
     fail(ErrorCode::out_of_range, "tokens",
-         "a page's token count outside [1, page_size] was met on the GPU (summarize_pages)");
+         "a page's token count outside [1, page_size] (summarize_pages, encode_page_codes), or "
+         "a sequence shorter than the step's tokens or a bad last_page_len (update_spread), was "
+         "met on the GPU");
   fail(ErrorCode::non_finite, flag & kBadK ? "k" : "v",
        "NaN or inf, or a value that overflows the cache dtype (the token was not appended, or "
        "the page's stores not rebuilt)");

@@ -1,7 +1,7 @@
 // masskv_gpu_tests append: cuda::append against kv::PagedKVCache::append (the pool, the
 // f32 summaries, the count, max ‖v‖), select::BoundStore (the bf16 bound store and W) and, after
-// each step, cuda::encode_page_codes and cuda::update_spread against the cache's page codes, bit
-// for bit, over a grid of shapes with tokens crossing pages; then cuda::summarize_pages over
+// each step, cuda::encode_page_codes and cuda::update_spread against the cache's page codes (after
+// every step), bit for bit, over a grid of shapes with tokens crossing pages; then cuda::summarize_pages over
 // every page of the same pool (poisoned stores, shuffled page order), the same bits again; the error flag on bad ids and
 // non-finite inputs; and the append's time at the benchmark shape.
 #include <cuda_runtime.h>
@@ -184,6 +184,11 @@ std::string run_case(const AppendCase& c, std::uint64_t seed) {
                          dlast = to_device(step_table.last_page_len);
     cuda::update_spread(a, {dptr.p, dptr.n}, {didx.p, didx.n}, {dlast.p, dlast.n}, 1, gmean.p,
                         gm2.p, gspread.p, ws, nullptr, t + 1 == c.steps);
+    // After every step: a page's codes change while it fills (its range widens).
+    if (std::string why = compare_codes(cache.page_codes(), step_table, gcodes, gra, grb, ggrid,
+                                        gcc, gcr, gspread);
+        !why.empty())
+      return "page codes after step " + std::to_string(t) + ": " + why;
   }
   CK(cudaDeviceSynchronize());
 
@@ -229,10 +234,6 @@ std::string run_case(const AppendCase& c, std::uint64_t seed) {
     return {};
   };
   if (std::string why = compare(); !why.empty()) return why;
-  if (std::string why = compare_codes(cache.page_codes(), table, gcodes, gra, grb, ggrid, gcc, gcr,
-                                      gspread);
-      !why.empty())
-    return "page codes: " + why;
 
   // summarize_pages: every page's stores rebuilt from the pool (as for pages an engine wrote
   // itself) over poisoned stores, in shuffled page order: the same bits again.

@@ -123,7 +123,8 @@ void encode_page_codes(const SummaryStores& stores, const PageCodesStores& codes
 // into its f64 Welford moments mean / m2 ([B][kv head][head_dim], device, the caller's, kept
 // per sequence between steps: zeros for a new one), and at each page's last slot and at the
 // sequence's last token the population deviation sqrt(m2 / n), rounded to f32, written to
-// that page's row — kv::PagedKVCache's rows. max_pages_per_seq bounds the table's rows (host).
+// that page's row — kv::PagedKVCache's rows. A sequence shorter than `tokens`, or a bad
+// last_page_len or page id, sets the workspace's flag ("tokens" / "page").
 void update_spread(const SummaryStores& stores, std::span<const std::int32_t> indptr,
                    std::span<const std::int32_t> indices,
                    std::span<const std::int32_t> last_page_len, int tokens, double* mean,
