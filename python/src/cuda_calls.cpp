@@ -21,11 +21,6 @@
 
 namespace masskv::py {
 
-namespace {
-
-using namespace nb::literals;
-
-// Host bound on pages per sequence: the caller's, else every page of the table.
 int pages_bound(int max_pages_per_seq, const kv::PagedKVView& v) {
   if (max_pages_per_seq < 0) {
     fail(ErrorCode::invalid_argument, "max_pages_per_seq", "must be >= 0, got ",
@@ -42,7 +37,6 @@ void require_cuda_kv(const KV& kv, const char* what) {
                             .c_str());
 }
 
-}  // namespace
 
 select::TopkPolicy quest_policy(std::int64_t budget_tokens, int sink_pages, int window_tokens,
                                 int page_size) {
@@ -269,10 +263,7 @@ nb::dict engine_pages_cuda(const Selection& sel, const KV& kv, kv::EngineLists l
   nb::dict d = engine_outputs(
       L, static_cast<std::size_t>(max_per_list), csr, a.out,
       [&](const char* name, std::vector<std::size_t> shape) {
-        // A fresh contiguous int32 tensor: no checks needed beyond the import.
-        nb::object o = torch_empty(shape, "int32", device, name);
-        OutArray arr = as_output(o, name);
-        return std::pair{o, static_cast<std::int32_t*>(arr.data())};
+        return torch_int32(shape, device, name);
       });
   cuda::SelectLaunch launch;
   launch.stream = resolve_stream(stream, device);

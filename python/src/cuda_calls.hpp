@@ -13,6 +13,13 @@
 
 namespace masskv::py {
 
+// Host bound on pages per sequence: the caller's max_pages_per_seq, else every page of the
+// table (Error(invalid_argument, "max_pages_per_seq") when negative).
+int pages_bound(int max_pages_per_seq, const kv::PagedKVView& v);
+
+// Raises ValueError naming `what` when kv's pool is on the CPU.
+void require_cuda_kv(const KV& kv, const char* what);
+
 // masskv.decode for kv.device >= 0. Returns (out, lse_or_tau) like the CPU path.
 nb::tuple decode_cuda(const InArray& q, const KV& kv, Mapping mapping, float scale,
                       const Selection* selection, nb::handle out, nb::handle lse_or_tau,

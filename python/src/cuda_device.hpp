@@ -47,6 +47,15 @@ inline nb::object torch_empty(const std::vector<std::size_t>& shape, const char*
                              "device"_a = "cuda:" + std::to_string(device));
 }
 
+// A fresh C-contiguous int32 torch tensor on `device` and its data (the lists and counts the
+// CUDA selections write): nothing to check beyond the allocation.
+inline std::pair<nb::object, std::int32_t*> torch_int32(const std::vector<std::size_t>& shape,
+                                                        Device device, const char* name) {
+  nb::object o = torch_empty(shape, "int32", device, name);
+  OutArray arr = as_output(o, name);
+  return {o, static_cast<std::int32_t*>(arr.data())};
+}
+
 // The stream a call runs on: the caller's, else torch's current stream on `device` when torch is
 // loaded (so the step orders after the torch work that filled q), else the default stream.
 inline CUstream_st* resolve_stream(nb::handle stream, Device device) {

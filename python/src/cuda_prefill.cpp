@@ -9,7 +9,9 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <tuple>
 
+#include "cuda_calls.hpp"
 #include "cuda_device.hpp"
 #include "kv_objects.hpp"
 #include "masskv/cuda/prefill.hpp"
@@ -47,28 +49,12 @@ View3<const std::uint16_t> view3_half(const InArray& a, Elem e, const char* name
   return v;
 }
 
-// A writable int32 output of exactly n elements, C-contiguous on `device`.
-std::span<std::int32_t> out_span_i32(const nb::object& obj, const char* name, std::size_t n,
-                                     OutArray& keep, Device device) {
-  keep = as_output(obj, name);
-  require_flat(InArray(keep), Elem::i32, name, device);
-  if (keep.size() != n) {
-    throw nb::value_error((std::string(name) + ": expected " + std::to_string(n) +
-                           " elements, got " + std::to_string(keep.size()))
-                              .c_str());
-  }
-  return {static_cast<std::int32_t*>(keep.data()), n};
-}
-
 nb::tuple prefill_py(const InArray& q, const InArray& q_indptr, const KV& kv, float scale,
                      int budget_blocks, std::optional<InArray> q_block_indptr, int q_blocks,
                      int q_block, int k_block, int sink_blocks, int max_q_per_seq,
                      int max_kv_len, nb::handle out, nb::handle lse, nb::handle stream,
                      bool check) {
-  if (kv.device == kCpu) {
-    throw nb::value_error("kv: the pool is on the CPU; cuda_prefill runs on CUDA tensors "
-                          "(masskv.prefill is the CPU path)");
-  }
+  require_cuda_kv(kv, "cuda_prefill");
   const Device device = kv.device;
   cuda::PrefillArgs a;
   a.cache = kv.checked();
@@ -85,7 +71,7 @@ nb::tuple prefill_py(const InArray& q, const InArray& q_indptr, const KV& kv, fl
                                      : nb::borrow(out);
   nb::object lse_obj = lse.is_none() ? torch_empty({T, Hq}, "float32", device, "lse")
                                      : nb::borrow(lse);
-  OutArray out_keep, lse_keep, ids_keep, count_keep;
+  OutArray out_keep, lse_keep;
   out_keep = as_output(out_obj, "out");
   const View3<const std::uint16_t> ov = view3_half(InArray(out_keep), e, "out", device);
   if (ov.n0 != a.q.n0 || ov.n1 != a.q.n1 || ov.n2 != a.q.n2) {
@@ -116,8 +102,10 @@ nb::tuple prefill_py(const InArray& q, const InArray& q_indptr, const KV& kv, fl
         cuda::prefill_index_capacity(max_kv_len, q_block, k_block, budget_blocks, sink_blocks);
     const auto H = static_cast<std::size_t>(a.cache.num_kv_heads);
     const auto R = static_cast<std::size_t>(q_blocks), C = static_cast<std::size_t>(cap);
-    ids_obj = torch_empty({R, H, C}, "int32", device, "block_ids");
-    count_obj = torch_empty({R, H}, "int32", device, "block_count");
+    std::int32_t* ids = nullptr;
+    std::int32_t* counts = nullptr;
+    std::tie(ids_obj, ids) = torch_int32({R, H, C}, device, "block_ids");
+    std::tie(count_obj, counts) = torch_int32({R, H}, device, "block_count");
     ia.q = a.q;
     ia.q_indptr = a.q_indptr;
     ia.cache = a.cache;
@@ -129,8 +117,8 @@ nb::tuple prefill_py(const InArray& q, const InArray& q_indptr, const KV& kv, fl
     ia.q_block_indptr =
         flat_span<std::int32_t>(*q_block_indptr, Elem::i32, "q_block_indptr", device);
     ia.max_per_row = cap;
-    ia.ids = out_span_i32(ids_obj, "block_ids", R * H * C, ids_keep, device);
-    ia.count = out_span_i32(count_obj, "block_count", R * H, count_keep, device);
+    ia.ids = {ids, R * H * C};
+    ia.count = {counts, R * H};
     sel.q_block = q_block;
     sel.k_block = k_block;
     sel.num_heads = static_cast<int>(H);

@@ -294,10 +294,7 @@ nb::object token_codes_select_py(const InArray& q, const KV& kv, const nb::dict&
                                  std::int64_t budget_tokens, int sink_pages, int window_tokens,
                                  float scale, int max_pages_per_seq, nb::handle stream,
                                  bool check) {
-  if (kv.device == kCpu) {
-    throw nb::value_error("kv: the pool is on the CPU; cuda_token_codes_select runs on CUDA "
-                          "tensors (masskv.select(method=\"token_codes\") is the CPU one)");
-  }
+  require_cuda_kv(kv, "cuda_token_codes_select");
   const Device device = kv.device;
   const kv::PagedKVView view = kv.checked();
   const CodesArrays c =
@@ -318,22 +315,17 @@ nb::object token_codes_select_py(const InArray& q, const KV& kv, const nb::dict&
   a.candidate_factor = 0;  // token_codes: no page stage
   cuda::TwoStageLaunch launch;
   launch.stream = resolve_stream(stream, device);
-  require(max_pages_per_seq >= 0, ErrorCode::invalid_argument, "max_pages_per_seq",
-          "must be >= 0, got ", max_pages_per_seq);
-  launch.max_pages_per_seq = max_pages_per_seq > 0
-                                 ? max_pages_per_seq
-                                 : std::max<int>(1, static_cast<int>(view.table.indices.size()));
+  launch.max_pages_per_seq = pages_bound(max_pages_per_seq, view);
   launch.check_errors = check;
   a.max_per_head = cuda::two_stage_capacity(launch.max_pages_per_seq, view.page_size,
                                             budget_tokens, sink_pages, window_tokens);
   const auto B = static_cast<std::size_t>(view.table.batch()),
              H = static_cast<std::size_t>(view.num_kv_heads),
              K = static_cast<std::size_t>(a.max_per_head);
-  nb::object ids_obj = torch_empty({B, H, K}, "int32", device, "ids");
-  nb::object count_obj = torch_empty({B, H}, "int32", device, "count");
-  OutArray ids_keep = as_output(ids_obj, "ids"), count_keep = as_output(count_obj, "count");
-  a.ids = {static_cast<std::int32_t*>(ids_keep.data()), ids_keep.size()};
-  a.count = {static_cast<std::int32_t*>(count_keep.data()), count_keep.size()};
+  auto [ids_obj, ids] = torch_int32({B, H, K}, device, "ids");
+  auto [count_obj, counts] = torch_int32({B, H}, device, "count");
+  a.ids = {ids, B * H * K};
+  a.count = {counts, B * H};
   run_on_device<cuda::TwoStageWorkspace>(device, launch,
                                          [&] { cuda::two_stage_select(a, launch); });
   return nb::type<Selection>()(ids_obj, count_obj, "token");
