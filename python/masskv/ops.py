@@ -100,6 +100,14 @@ def _page_size(k_pool: torch.Tensor, layout: str) -> int:
     return int(k_pool.shape[1] if layout == "NHD" else k_pool.shape[2])
 
 
+def _lists_fake(q: torch.Tensor, indptr: torch.Tensor, heads: int, cap: int):
+    """A selection's outputs for the fake implementations: int32 ids (B, heads, cap), count
+    (B, heads), B from the page table."""
+    B = int(indptr.shape[0]) - 1
+    return (q.new_empty((B, heads, cap), dtype=torch.int32),
+            q.new_empty((B, heads), dtype=torch.int32))
+
+
 @torch.library.custom_op("masskv::quest_select", mutates_args=())
 def quest_select(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor,
                  indptr: torch.Tensor, indices: torch.Tensor, last_page_len: torch.Tensor,
@@ -129,9 +137,7 @@ def _quest_select_fake(q, k_pool, v_pool, indptr, indices, last_page_len, bound_
                        max_pages_per_seq=0):
     cap = masskv.cuda_select_capacity(max_pages_per_seq, _page_size(k_pool, layout),
                                       budget_tokens, sink_pages, window_tokens)
-    B, H = int(indptr.shape[0]) - 1, int(bound_min.shape[1])
-    return (q.new_empty((B, H, cap), dtype=torch.int32),
-            q.new_empty((B, H), dtype=torch.int32))
+    return _lists_fake(q, indptr, int(bound_min.shape[1]), cap)
 
 
 @torch.library.custom_op("masskv::hier_select", mutates_args=())
@@ -322,9 +328,7 @@ def _token_codes_fake(q, k_pool, v_pool, indptr, indices, last_page_len, codes, 
                       max_pages_per_seq=0):
     cap = masskv.cuda_token_codes_capacity(max_pages_per_seq, _page_size(k_pool, layout),
                                            budget_tokens, sink_pages, window_tokens)
-    B, H = int(indptr.shape[0]) - 1, int(range_min.shape[1])
-    return (q.new_empty((B, H, cap), dtype=torch.int32),
-            q.new_empty((B, H), dtype=torch.int32))
+    return _lists_fake(q, indptr, int(range_min.shape[1]), cap)
 
 
 @torch.library.custom_op("masskv::prefill", mutates_args=())

@@ -109,6 +109,16 @@ def test_cuda_ops_need_a_cuda_build(rng):
 
 # -- CUDA: the stores operators against the CPU cache --------------------------------------------
 
+def assert_same_lists(ids, count, ref):
+    """GPU lists (torch ids (B, H, K), count (B, H)) equal to a CPU Selection's, entry for entry
+    within each list's count."""
+    got_count, got_ids = count.cpu().numpy(), ids.cpu().numpy()
+    assert np.array_equal(got_count, ref.count)
+    for b, h in np.ndindex(*got_count.shape):
+        n = int(ref.count[b, h])
+        assert np.array_equal(got_ids[b, h, :n], ref.ids[b, h, :n]), (b, h)
+
+
 def cpu_cache_like(tc, lengths, rng):
     """A CPU PagedKVCache with tc's shape filled with the same random tokens appended to tc by
     begin_step/append in chunks; returns (cpu cache, its seqs, tc seqs)."""
@@ -175,12 +185,7 @@ def test_torch_cache_select_and_decode_match_cpu(rng):
     ids, count = tc.select(1, q, budget_tokens=128)
     ref = masskv.select(q.cpu().numpy(), cpu.view(cs), method="quest", group="aggregate",
                         bf16_bounds=True, budget_tokens=128).selection
-    got_count, got_ids = count.cpu().numpy(), ids.cpu().numpy()
-    assert np.array_equal(got_count, ref.count)
-    for b in range(3):
-        for h in range(H):
-            n = int(ref.count[b, h])
-            assert np.array_equal(got_ids[b, h, :n], ref.ids[b, h, :n]), (b, h)
+    assert_same_lists(ids, count, ref)
     out, lse = tc.decode(1, q, (ids, count))
     ref_out, ref_lse = masskv.decode_reference(q.cpu().numpy(), cpu.view(cs), selection=ref)
     np.testing.assert_allclose(out.cpu().numpy(), ref_out, atol=2e-3)
@@ -213,12 +218,7 @@ def test_torch_cache_token_codes_match_cpu(rng, chunks):
     ids, count = tc.select(1, q, budget_tokens=128, method="token_codes")
     ref = masskv.select(q.cpu().numpy(), cpu.view(cs), method="token_codes",
                         budget_tokens=128).selection
-    got_count, got_ids = count.cpu().numpy(), ids.cpu().numpy()
-    assert np.array_equal(got_count, ref.count)
-    for b in range(3):
-        for h in range(H):
-            n = int(ref.count[b, h])
-            assert np.array_equal(got_ids[b, h, :n], ref.ids[b, h, :n]), (b, h)
+    assert_same_lists(ids, count, ref)
     out, lse = tc.decode(1, q, (ids, count), unit="token")
     ref_out, ref_lse = masskv.decode_reference(q.cpu().numpy(), cpu.view(cs), selection=ref)
     np.testing.assert_allclose(out.cpu().numpy(), ref_out, atol=2e-3)
