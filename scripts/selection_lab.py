@@ -351,14 +351,18 @@ def channel_importance(state, q, h, how):
 
 
 def make_token_cascade(key, frac, c, lse_from, block=1, pages=False, name=None, group=PAGE,
-                       how="q", reuse=1):
+                       how="q", reuse=1, pool1="lse"):
     """Two passes on the same codes: every token on the group's `frac` of channels with the
     largest sum over heads of |q_c| (make_token_channels), pooled by the heads'
     log-probabilities; its best c x budget tokens rescored on all channels (the other
     channels' codes and ranges read for those tokens only) and pooled again, the heads'
     log-sum-exp taken over the candidates (`cand`) or from the first pass (`first`). reuse R:
     the first pass runs at every R-th decode step only, its candidates serving the next R - 1
-    steps (the second pass is fresh every step): what amortising the first pass would cost."""
+    steps (the second pass is fresh every step): what amortising the first pass would cost.
+    pool1: how the first pass pools the heads — `lse` (each head's log-probabilities, the
+    library's rule), `max` (each head's score less its own maximum: no exponentials), `sum` (one
+    score per token from the group's summed query, its channels chosen by |Σ_h q_c| · σ_c: a
+    g-th of the multiply-adds and no exponentials)."""
     def f(state, q, h):
         if reuse > 1 and state["step"] % reuse:
             cand = state["cand_cache"][(name, h)]
@@ -387,12 +391,16 @@ def make_token_cascade(key, frac, c, lse_from, block=1, pages=False, name=None, 
         r = max(1, int(round(d * frac)))
         # Channels chosen in blocks of `block` adjacent channels (a block's codes of a page
         # are contiguous in a block-major layout), by the block's sum of |q|.
-        imp = channel_importance(state, q, h, how).reshape(d // block, block).sum(1)
+        q1 = q.sum(0, keepdims=True) if pool1 == "sum" else q
+        imp = channel_importance(state, q1, h, how).reshape(d // block, block).sum(1)
         blocks = np.argsort(-imp, kind="stable")[:max(1, r // block)]
         ch = (blocks[:, None] * block + np.arange(block)[None, :]).ravel()
-        s1 = q[:, ch] @ k[:, ch].T                              # [g][ctx]
+        s1 = q1[:, ch] @ k[:, ch].T                             # [g or 1][ctx]
         m1 = s1.max(-1, keepdims=True)
-        lse1 = m1 + np.log(np.exp(s1 - m1).sum(-1, keepdims=True))
+        if pool1 == "lse":
+            lse1 = m1 + np.log(np.exp(s1 - m1).sum(-1, keepdims=True))
+        else:
+            lse1 = m1
         pooled = (s1 - lse1).max(0)
         kept = kept_mask(k.shape[0], k.shape[0], "token")
         want = min(k.shape[0], c * state["cap_pages"] * PAGE)
@@ -512,6 +520,12 @@ def build_methods(d: int) -> dict[str, Method]:
                 add(nm2, "token", float("nan"),
                     make_token_cascade("kivi2r8", frac, c, "cand", name=nm2, how=how),
                     ("kivi2r8", "k") if how == "qs" else "kivi2r8")
+                for p1 in ("max", "sum"):  # a cheaper first pass (CPU cost)
+                    nm4 = f"{nm2}_p1{p1}"
+                    add(nm4, "token", float("nan"),
+                        make_token_cascade("kivi2r8", frac, c, "cand", name=nm4, how=how,
+                                           pool1=p1),
+                        ("kivi2r8", "k") if how == "qs" else "kivi2r8")
                 for R in (2, 4, 8, 16):  # the first pass amortised over R steps
                     nm3 = f"{nm2}_reuse{R}"
                     add(nm3, "token", float("nan"),
