@@ -225,7 +225,7 @@ std::vector<Row> bench_ours(const model::Model& mdl, const BenchOptions& o, int 
     const auto b = static_cast<std::size_t>(B);
     const auto toks = random_tokens(rng, cfg.n_vocab, n_gen * B);
     std::vector<float> batch_logits(b * static_cast<std::size_t>(cfg.n_vocab));
-    double read = 0, total = 0, steps = 0;
+    double read = 0, total = 0, selector = 0, steps = 0;
     for (int rep = -1; rep < o.reps; ++rep) {
       std::vector<model::Session> forks;
       std::vector<model::Session*> batch;
@@ -239,19 +239,17 @@ std::vector<Row> bench_ours(const model::Model& mdl, const BenchOptions& o, int 
         for (const model::Session& f : forks) {
           read += f.last_decode_stats().kv_tokens_read;
           total += f.last_decode_stats().kv_tokens_total;
+          selector += f.last_decode_stats().selector_rows;
           steps += 1;
         }
       }
       if (rep >= 0) r.seconds.push_back(seconds_since(t0));
     }
-    // The selector reads over the whole context of every step (sparse only): the page
-    // summaries, or a learned selector's key cache (its listed layers).
-    const double mean_pos = static_cast<double>(depth) + static_cast<double>(n_gen + 1) / 2.0;
+    // What the selectors read besides the selected rows, as each step counted it
+    // (select/read_cost.hpp: the layers that selected, the stores their method reads), in
+    // units of one dense K+V row.
     r.kv_bytes = read / steps * row_bytes;
-    const bool learned = so.selector && so.selector->method == select::Method::learned;
-    r.summary_bytes = !so.selector ? 0.0
-                      : learned    ? base.learned_key_bytes_per_token() * mean_pos
-                                   : base.summary_bytes_per_token() * mean_pos;
+    r.summary_bytes = selector / steps * row_bytes;
     const double weights = mdl.weight_bytes_per_token() / B;  // a batch's rows share them
     r.total_bytes = weights + r.kv_bytes + r.summary_bytes;
     r.dense_bytes = weights + total / steps * row_bytes;
