@@ -33,7 +33,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import struct
 import sys
 import time
@@ -539,7 +538,7 @@ def build_methods(d: int) -> dict[str, Method]:
                 add(f"cas{c}cand{int(frac * 1000)}_{sk}", "token",
                     frac * full + 8 / grp / (4.0 * d) + c / 16 * (1 - frac) * full,
                     make_token_cascade(sk, frac, c, "cand"), sk)
-    for sk in ("kivi2", "kivi2r8", "kivi2g32r8", "kivi2r4", "kivi2r5"):
+    for sk in ("kivi2", "kivi2r8", "kivi2g32r8", "kivi2r4", "kivi2r5", "k"):
         b = sketch_bytes(sk, d)
         add(f"tok_{sk}_q8", "token", b, make_token_q8(sk), sk)
         add(f"tok_{sk}_pool", "token", b, make_token_pooled(sk, "mean"), sk)
@@ -575,6 +574,37 @@ def build_methods(d: int) -> dict[str, Method]:
     return M
 
 
+def make_indexer_method(path: Path, d: int, hkv: int) -> Method:
+    """A learned token indexer from scripts/indexer_lab.py (method idx_<file stem>): its scores s_t of every token, one
+    ranking per kv group (mode group) or per layer (mode layer, shared by the kv heads). Reads
+    counted as its key rows in bf16 (DS values a token per kv head, or per layer)."""
+    from indexer_lab import index_scores, parse_shape
+    z = np.load(path)
+    meta = json.loads(str(z["meta"]))
+    shape = parse_shape(meta["shape"])
+    mode = meta["mode"]
+    W = {k: z[k] for k in z.files if k != "meta"}
+    name = f"idx_{path.stem}"  # the file's name: one shape may be trained several ways
+    per_token = 2 * shape["ds"] / (hkv if mode == "layer" else 1)
+
+    def f(state, q, h):
+        L = state["layer"]
+        if mode == "layer":
+            key = ("idx", name, state["step"])
+            if key not in state:
+                prm = {n: W[f"L{L}_all_{n}"] for n in ("A", "B", "W", "b", "P", "a") if f"L{L}_all_{n}" in W}
+                kk = state["k"].reshape(state["k"].shape[0], -1)
+                state[key] = index_scores(prm, shape["kind"], state["q_step"].reshape(1, -1), kk, np)[0]
+            s = state[key]
+        else:
+            g = state["hq"] // state["hkv"]
+            prm = {n: W[f"L{L}_h{h}_{n}"] for n in ("A", "B", "W", "b", "P", "a") if f"L{L}_h{h}_{n}" in W}
+            qg = state["q_step"][h * g:(h + 1) * g].reshape(1, -1)
+            s = index_scores(prm, shape["kind"], qg, state["k"][:, h], np)[0]
+        return np.repeat(s[None, :], q.shape[0], axis=0)
+    return Method(name, "token", per_token / (4.0 * d), None, f)
+
+
 # ---- selection rule -------------------------------------------------------------------------
 
 def union_fill(scores: np.ndarray, kept: np.ndarray, cap: int) -> np.ndarray:
@@ -584,7 +614,6 @@ def union_fill(scores: np.ndarray, kept: np.ndarray, cap: int) -> np.ndarray:
     count = int(inn.sum())
     if count >= cap:
         return inn
-    want = cap - count
     orders = [np.lexsort((np.arange(n), -s))[: cap + 1] for s in scores]
     pos = [0] * len(orders)
     progress = True
@@ -636,6 +665,8 @@ def main() -> int:
     ap.add_argument("--methods", default="", help="comma-separated subset (default: all)")
     ap.add_argument("--layers", default="", help="comma-separated layer subset (default: all)")
     ap.add_argument("-o", "--out-dir", type=Path, default=None, help="write lab.md / lab.json / PNGs here")
+    ap.add_argument("--indexers", default="", help="learned indexers (scripts/indexer_lab.py .npz files, "
+                    "comma-separated): each a method idx_FILESTEM")
     a = ap.parse_args()
     budgets = [parse_budget(b) for b in a.budgets.split(",")]
     for b in budgets:
@@ -667,8 +698,12 @@ def main() -> int:
                 if unknown:
                     ap.error(f"--methods: unknown {unknown}; known: {sorted(methods)}")
                 methods = {m: methods[m] for m in a.methods.split(",") if m in methods}
+            for path_i in [x for x in a.indexers.split(",") if x]:
+                m = make_indexer_method(Path(path_i), d, hkv)
+                methods[m.name] = m
         scale = 1.0 / math.sqrt(d)
-        state = {"stats": page_stats(k), "dyn_bytes": dyn_bytes}
+        state = {"stats": page_stats(k), "dyn_bytes": dyn_bytes, "layer": h["layer"], "k": k,
+                 "hq": hq, "hkv": hkv}
         for m in methods.values():
             for sk in (m.prepare if isinstance(m.prepare, tuple) else (m.prepare,)):
                 if sk and sk not in state:
@@ -681,6 +716,7 @@ def main() -> int:
             state["cap_pages"] = cap_pages
             for s in range(q.shape[0]):
                 state["step"] = s
+                state["q_step"] = q[s]                            # [hq][d], unscaled
                 for kh in range(hkv):
                     qs = q[s, kh * g:(kh + 1) * g] * scale      # [g][d]
                     logits = qs @ k[:, kh].T                      # [g][ctx]
