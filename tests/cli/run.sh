@@ -118,6 +118,23 @@ check dump-help 0 '--layers' -- "$bin" dump --help
 check dump-bad-layer 2 'layer 99 out of range' -- "$bin" dump --layers 99 -d 64 -O "$tmp/dump"
 check dump-too-deep 2 'exceeds' -- "$bin" dump -d 9000 -O "$tmp/dump"
 check dump-tiny 0 'layer03.mkvd' -- "$bin" dump -d 96 --layers 2,3 --steps 2 -t 1 -O "$tmp/dump"
+# --prompts: JSON lines of the caller's own; a bad line is an error naming the file and line.
+printf '%s\n' '{"name": "p1", "prompt": "The box is red. The cup is blue.\nQuestion: What colour is the cup?\nAnswer:", "answer": " blue"}' > "$tmp/prompts.jsonl"
+check dump-prompts 0 'p1/layer01.mkvd' -- "$bin" dump --prompts "$tmp/prompts.jsonl" --layers 1 \
+  -t 1 -O "$tmp/dump-prompts"
+printf '%s\n' '{"name": "p1", "prompt": "x"}' > "$tmp/prompts-bad.jsonl"
+check dump-prompts-no-answer 2 'line 1: "answer" must be a non-empty string' -- "$bin" dump \
+  --prompts "$tmp/prompts-bad.jsonl" --layers 1 -O "$tmp/dump-prompts"
+printf '%s\n%s\n' '{"name": "a", "prompt": "x", "answer": "y"}' 'not json' > "$tmp/prompts-bad.jsonl"
+check dump-prompts-not-json 2 'line 2: not a JSON object' -- "$bin" dump \
+  --prompts "$tmp/prompts-bad.jsonl" --layers 1 -O "$tmp/dump-prompts"
+printf '%s\n%s\n' '{"name": "a", "prompt": "x", "answer": "y"}' '{"name": "a", "prompt": "z", "answer": "y"}' > "$tmp/prompts-bad.jsonl"
+check dump-prompts-twice 2 "the name 'a' is used twice" -- "$bin" dump \
+  --prompts "$tmp/prompts-bad.jsonl" --layers 1 -O "$tmp/dump-prompts"
+check dump-prompts-missing 2 'no such file' -- "$bin" dump --prompts "$tmp/nope.jsonl" \
+  -O "$tmp/dump-prompts"
+check dump-prompts-and-task 2 'not both' -- "$bin" dump --prompts "$tmp/prompts.jsonl" \
+  --task niah_single_number -O "$tmp/dump-prompts"
 check study-dump 0 '\| dump:.*layer02.mkvd \| softmax \| quest \| 1/4 \|' -- "$bin" study \
   --generators "dump:$tmp/dump/layer02.mkvd" --budget 1/4 --mapping softmax --selectors quest \
   --no-plots

@@ -3,14 +3,19 @@
 // the STEPS tokens that follow it (format: qkv_dump.hpp). With --task, the context is instead a
 // whole eval prompt (chat template, haystack, question, answer prefix) and the queries are those
 // of its gold answer, teacher-forced: the positions where the field's standard protocol decodes
-// sparsely and where a selector must find the needle.
+// sparsely and where a selector must find the needle. With --prompts, the same for prompts of
+// the caller's own (JSON lines), tokenized as written.
 #include <fmt/core.h>
+
+#include <nlohmann/json.hpp>
 
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
+#include <fstream>
 #include <map>
 #include <memory>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -45,6 +50,8 @@ struct DumpOptions {
   // Seeds of the lab's prompts: kept apart from the eval's reported samples (the eval derives
   // its seeds from --seed 1), so a ranking is chosen on other prompts than it is judged on.
   std::uint64_t seed = 9001;
+  // Prompt-file mode (--prompts): JSON lines {"name", "prompt", "answer"}, tokenized as written.
+  std::string prompts;
 };
 
 // Writes one file per requested layer into `dir`; tokens [0, depth) are the context whose
@@ -144,6 +151,60 @@ void dump_tasks(model::Model& mdl, const std::string& path, const DumpOptions& o
   }
 }
 
+// --prompts: each JSON line's prompt tokenized as written (the model's BOS, no chat template:
+// prompts from generators and templates the eval does not use, for training indexers) and its
+// answer after it; the answer's tokens are the queries. One folder per line, named by "name".
+// Every line is checked before the first is dumped.
+void dump_prompts(model::Model& mdl, const std::string& path, const DumpOptions& o,
+                  const std::vector<int>& layers) {
+  struct Prompt {
+    std::string name;
+    std::vector<model::TokenId> ids;
+    std::int64_t depth = 0;
+  };
+  std::ifstream in(o.prompts);
+  require(in.good(), ErrorCode::io, "--prompts", "cannot open ", o.prompts);
+  const model::Tokenizer& tok = mdl.tokenizer();
+  std::vector<Prompt> prompts;
+  std::set<std::string> names;
+  std::string line;
+  for (int n = 1; std::getline(in, line); ++n) {
+    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+    const nlohmann::json j = nlohmann::json::parse(line, nullptr, false);
+    require(!j.is_discarded() && j.is_object(), ErrorCode::invalid_argument, "--prompts",
+            o.prompts, " line ", n, ": not a JSON object");
+    for (const char* field : {"prompt", "answer"}) {
+      require(j.contains(field) && j[field].is_string() && !j[field].get<std::string>().empty(),
+              ErrorCode::invalid_argument, "--prompts", o.prompts, " line ", n, ": \"", field,
+              "\" must be a non-empty string");
+    }
+    Prompt p;
+    p.name = j.contains("name") && j["name"].is_string() ? j["name"].get<std::string>()
+                                                         : fmt::format("prompt-{}", n);
+    require(!p.name.empty() && p.name.find('/') == std::string::npos && p.name != "." &&
+                p.name != "..",
+            ErrorCode::invalid_argument, "--prompts", o.prompts, " line ", n,
+            ": \"name\" must be a folder name, got '", p.name, "'");
+    require(names.insert(p.name).second, ErrorCode::invalid_argument, "--prompts", o.prompts,
+            " line ", n, ": the name '", p.name, "' is used twice");
+    p.ids = tok.encode(j["prompt"].get<std::string>(), tok.add_bos_default(), false);
+    p.depth = static_cast<std::int64_t>(p.ids.size());
+    const std::vector<model::TokenId> ans = tok.encode(j["answer"].get<std::string>(), false, false);
+    p.ids.insert(p.ids.end(), ans.begin(), ans.end());
+    require(static_cast<std::int64_t>(p.ids.size()) <= mdl.config().n_ctx_train,
+            ErrorCode::invalid_argument, "--prompts", o.prompts, " line ", n,
+            ": prompt + answer = ", p.ids.size(), " tokens exceeds the model's context ",
+            mdl.config().n_ctx_train);
+    prompts.push_back(std::move(p));
+  }
+  require(!prompts.empty(), ErrorCode::invalid_argument, "--prompts", o.prompts,
+          ": no prompt lines");
+  for (const Prompt& p : prompts) {
+    dump_tokens(mdl, path, p.ids, p.depth, layers, fmt::format("{}/{}", o.out_dir, p.name),
+                fmt::format("dump {}", p.name));
+  }
+}
+
 void run_dump(const DumpOptions& o) {
   set_threads(o.threads);
   require(o.steps >= 1, ErrorCode::invalid_argument, "--steps", "must be >= 1");
@@ -152,6 +213,10 @@ void run_dump(const DumpOptions& o) {
   require(o.samples >= 1, ErrorCode::invalid_argument, "--samples", "must be >= 1, got ",
           o.samples);
   for (const std::string& t : o.tasks) eval::find_task(t, "--task");
+  require(o.prompts.empty() || o.tasks.empty(), ErrorCode::invalid_argument, "--prompts",
+          "give --prompts or --task, not both");
+  require(o.prompts.empty() || std::filesystem::is_regular_file(o.prompts), ErrorCode::io,
+          "--prompts", "no such file: ", o.prompts);
   for (const std::string& len : o.lengths) {
     require(parse_count(len, "--length") >= 256, ErrorCode::invalid_argument, "--length",
             "must be >= 256 tokens, got ", len);
@@ -169,6 +234,10 @@ void run_dump(const DumpOptions& o) {
   }
   if (!o.tasks.empty()) {
     dump_tasks(*mdl, path, o, layers);
+    return;
+  }
+  if (!o.prompts.empty()) {
+    dump_prompts(*mdl, path, o, layers);
     return;
   }
   const std::int64_t total = depth + o.steps;
@@ -216,11 +285,15 @@ void register_dump(CLI::App& app) {
       ->capture_default_str();
   add_seed(d, o->seed,
            "With --task: seed of the prompts (default 9001, apart from the eval's seeds)");
+  d->add_option("--prompts", o->prompts,
+                "Prompts of your own instead of text: a JSON-lines file of {\"name\", \"prompt\", "
+                "\"answer\"}, each prompt tokenized as written (no chat template), its answer's "
+                "tokens the queries; one folder NAME each (scripts/make_retrieval_prompts.py)");
   d->footer(
       "Examples:\n"
       "  masskv dump -d 4K --layers 2,15 -O out/dump\n"
-      "  masskv dump -m gemma3 -d 2K --steps 16 -t 0 -O out/dump-gemma3\n"
-      "  masskv dump --task niah_single_number --length 2K --samples 2 -O out/dump-needles");
+      "  masskv dump --task niah_single_number --length 2K --samples 2 -O out/dump-needles\n"
+      "  masskv dump --prompts prompts.jsonl -O out/dump-train");
   d->callback([o] { run_dump(*o); });
 }
 
