@@ -31,7 +31,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from selection_lab import read_dump  # noqa: E402  (one reader of the dump format)
+from lab_dump import read_dump  # noqa: E402  (the one reader of the dump format)
 
 
 def parse_shape(s: str) -> dict:

@@ -33,7 +33,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import struct
 import sys
 import time
 from dataclasses import dataclass
@@ -42,22 +41,10 @@ from pathlib import Path
 
 import numpy as np
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from lab_dump import read_dump  # noqa: E402  (the one reader of the dump format)
+
 PAGE = 16
-
-
-def read_dump(path: Path):
-    with open(path, "rb") as f:
-        magic = f.read(8)
-        if magic != b"MKVDUMP1":
-            raise SystemExit(f"{path}: not a masskv dump (magic {magic!r})")
-        (hlen,) = struct.unpack("<Q", f.read(8))
-        h = json.loads(f.read(hlen))
-        d, hq, hkv, ctx, steps = h["head_dim"], h["hq"], h["hkv"], h["context"], h["steps"]
-        q = np.fromfile(f, dtype="<f4", count=steps * hq * d).reshape(steps, hq, d)
-        k = np.fromfile(f, dtype="<f4", count=ctx * hkv * d).reshape(ctx, hkv, d)
-    if k.shape[0] != ctx:
-        raise SystemExit(f"{path}: truncated")
-    return h, q.astype(np.float64), k.astype(np.float64)
 
 
 # ---- key sketches: what a token-level ranking reads instead of the f16 key -----------------
