@@ -118,6 +118,9 @@ check dump-help 0 '--layers' -- "$bin" dump --help
 check dump-bad-layer 2 'layer 99 out of range' -- "$bin" dump --layers 99 -d 64 -O "$tmp/dump"
 check dump-too-deep 2 'exceeds' -- "$bin" dump -d 9000 -O "$tmp/dump"
 check dump-tiny 0 'layer03.mkvd' -- "$bin" dump -d 96 --layers 2,3 --steps 2 -t 1 -O "$tmp/dump"
+# bench select times the page-code selectors too (the cache keeps the codes when one is asked).
+check bench-select-codes 0 '\| 2048 \| token_codes \| [0-9]+ \| 128 \|' -- "$bin" bench select \
+  -d 2K --hq 4 --hkv 2 --head-dim 64 --budget 1/16 --selectors quest,token_codes -r 1
 # --prompts: JSON lines of the caller's own; a bad line is an error naming the file and line.
 printf '%s\n' '{"name": "p1", "prompt": "The box is red. The cup is blue.\nQuestion: What colour is the cup?\nAnswer:", "answer": " blue"}' > "$tmp/prompts.jsonl"
 check dump-prompts 0 'p1/layer01.mkvd' -- "$bin" dump --prompts "$tmp/prompts.jsonl" --layers 1 \

@@ -499,6 +499,10 @@ void run_bench(const BenchOptions& o, const CLI::App& app) {
     cfg.page_size = o.page_size;
     cfg.dtype = DType::f16;
     cfg.capacity_pages = static_cast<int>((L + o.page_size - 1) / o.page_size);
+    // token_codes and two_stage score on the page codes, kept on append when any selector asks.
+    for (const auto& name : o.selectors) {
+      cfg.page_codes |= select::needs_page_codes(parse_selector(name, "--selectors").method);
+    }
     kv::PagedKVCache cache(cfg);
     const kv::SeqId s = cache.create();
     cache.append(s, in.k[0], in.v[0], static_cast<int>(L));
@@ -522,6 +526,7 @@ void run_bench(const BenchOptions& o, const CLI::App& app) {
       sa.q = a.q;
       sa.cache = a.cache;
       sa.summaries = cache.summaries();
+      sa.page_codes = cache.page_codes();
       select::SelectOutput so_out;
       const double sel_us = median_us(o.reps, [&] { select::run_selector(sa, sc, so_out); });
       const SelectionView sel = so_out.selection.view();
@@ -552,7 +557,7 @@ void run_bench(const BenchOptions& o, const CLI::App& app) {
                "budget cap {} (drifting keys)\n\n",
                o.hq, o.hkv, o.head_dim, o.page_size, o.alpha, o.budget);
     fmt::print(f,
-               "| context | selector | select µs | pages/head | sparse decode µs | dense decode µs "
+               "| context | selector | select µs | items/head | sparse decode µs | dense decode µs "
                "| saved µs | select / saved |\n|---:|---|---:|---:|---:|---:|---:|---:|\n");
     for (const auto& r : rows) {
       const double saved = r.dense_us - r.sparse_us;
