@@ -110,6 +110,26 @@ void dump_tokens(model::Model& mdl, const std::string& path, std::span<const mod
   }
 }
 
+// A prompt's tokens with its answer's after them (the teacher-forced queries): `depth` is the
+// prompt's length, the dump's context. Throws Error naming `option` (after `where`, e.g. a
+// file's line) when the whole does not fit the model's context.
+struct PromptAnswer {
+  std::vector<model::TokenId> ids;
+  std::int64_t depth = 0;
+};
+PromptAnswer with_answer(const model::Model& mdl, std::vector<model::TokenId> prompt,
+                         const std::string& answer, const char* option,
+                         const std::string& where = {}) {
+  PromptAnswer pa{std::move(prompt), 0};
+  pa.depth = static_cast<std::int64_t>(pa.ids.size());
+  const std::vector<model::TokenId> ans = mdl.tokenizer().encode(answer, false, false);
+  pa.ids.insert(pa.ids.end(), ans.begin(), ans.end());
+  require(static_cast<std::int64_t>(pa.ids.size()) <= mdl.config().n_ctx_train,
+          ErrorCode::invalid_argument, option, where, "prompt + answer = ", pa.ids.size(),
+          " tokens exceeds the model's context ", mdl.config().n_ctx_train);
+  return pa;
+}
+
 // --task: for each (task, length, sample) the prompt as the eval builds it and the gold answer
 // after it; the answer's tokens are the queries. Several answers (multi-value tasks) are
 // written as the model is asked to give them, comma-separated.
@@ -136,16 +156,12 @@ void dump_tasks(model::Model& mdl, const std::string& path, const DumpOptions& o
         const eval::PromptTokens p = eval::tokenize_sample(mdl, chat, sample);
         std::vector<model::TokenId> ids = p.context;
         ids.insert(ids.end(), p.rest.begin(), p.rest.end());
-        const auto depth = static_cast<std::int64_t>(ids.size());
         std::string answer;
         for (const std::string& a : sample.answers) answer += (answer.empty() ? " " : ", ") + a;
-        const std::vector<model::TokenId> ans = tok.encode(answer, false, false);
-        ids.insert(ids.end(), ans.begin(), ans.end());
-        require(static_cast<std::int64_t>(ids.size()) <= mdl.config().n_ctx_train,
-                ErrorCode::invalid_argument, "--length", "prompt + answer = ", ids.size(),
-                " tokens exceeds the model's context ", mdl.config().n_ctx_train);
+        const PromptAnswer pa = with_answer(mdl, std::move(ids), answer, "--length");
         const std::string dir = fmt::format("{}/{}-{}-{}", o.out_dir, task, L, i);
-        dump_tokens(mdl, path, ids, depth, layers, dir, fmt::format("dump {} {} #{}", task, L, i));
+        dump_tokens(mdl, path, pa.ids, pa.depth, layers, dir,
+                    fmt::format("dump {} {} #{}", task, L, i));
       }
     }
   }
@@ -159,8 +175,7 @@ void dump_prompts(model::Model& mdl, const std::string& path, const DumpOptions&
                   const std::vector<int>& layers) {
   struct Prompt {
     std::string name;
-    std::vector<model::TokenId> ids;
-    std::int64_t depth = 0;
+    PromptAnswer tokens;
   };
   std::ifstream in(o.prompts);
   require(in.good(), ErrorCode::io, "--prompts", "cannot open ", o.prompts);
@@ -187,21 +202,17 @@ void dump_prompts(model::Model& mdl, const std::string& path, const DumpOptions&
             ": \"name\" must be a folder name, got '", p.name, "'");
     require(names.insert(p.name).second, ErrorCode::invalid_argument, "--prompts", o.prompts,
             " line ", n, ": the name '", p.name, "' is used twice");
-    p.ids = tok.encode(j["prompt"].get<std::string>(), tok.add_bos_default(), false);
-    p.depth = static_cast<std::int64_t>(p.ids.size());
-    const std::vector<model::TokenId> ans = tok.encode(j["answer"].get<std::string>(), false, false);
-    p.ids.insert(p.ids.end(), ans.begin(), ans.end());
-    require(static_cast<std::int64_t>(p.ids.size()) <= mdl.config().n_ctx_train,
-            ErrorCode::invalid_argument, "--prompts", o.prompts, " line ", n,
-            ": prompt + answer = ", p.ids.size(), " tokens exceeds the model's context ",
-            mdl.config().n_ctx_train);
+    p.tokens = with_answer(mdl,
+                           tok.encode(j["prompt"].get<std::string>(), tok.add_bos_default(), false),
+                           j["answer"].get<std::string>(), "--prompts",
+                           fmt::format("{} line {}: ", o.prompts, n));
     prompts.push_back(std::move(p));
   }
   require(!prompts.empty(), ErrorCode::invalid_argument, "--prompts", o.prompts,
           ": no prompt lines");
   for (const Prompt& p : prompts) {
-    dump_tokens(mdl, path, p.ids, p.depth, layers, fmt::format("{}/{}", o.out_dir, p.name),
-                fmt::format("dump {}", p.name));
+    dump_tokens(mdl, path, p.tokens.ids, p.tokens.depth, layers,
+                fmt::format("{}/{}", o.out_dir, p.name), fmt::format("dump {}", p.name));
   }
 }
 
