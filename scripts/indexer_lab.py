@@ -7,6 +7,8 @@ per-layer indexers on a model's real q/k (`masskv dump` of real text), then scor
 
 Shapes (q = the q heads' vectors concatenated, k a key; both as the dump stores them, after RoPE):
   bilDS        s_t = (A q) · (B k_t), A: DS × |q|, B: DS × |k| (today's distilled selector's form)
+  projDS       s_t = (P Σ_h a_h q_h) · (P k_t): one projection for both sides, started from the keys'
+               top-DS principal directions (group mode only)
   dsaNHxDS     s_t = Σ_j w_j(q) ReLU((A_j q) · (B k_t)), w(q) = W q + b: NH small heads sharing one
                key projection, each weighted by the query (DeepSeek's DSA lightning indexer form)
 Modes: `group` fits one indexer per kv group (its g q heads, its kv head's keys: one ranking per kv
@@ -44,7 +46,7 @@ def parse_shape(s: str) -> dict:
     m = re.fullmatch(r"dsa(\d+)x(\d+)", s)
     if m:
         return dict(kind="dsa", nh=int(m.group(1)), ds=int(m.group(2)))
-    raise SystemExit(f"--shape: {s!r} is not bilDS or dsaNHxDS (e.g. bil16, dsa4x16)")
+    raise SystemExit(f"--shape: {s!r} is not bilDS, projDS or dsaNHxDS (e.g. bil16, proj32, dsa4x16)")
 
 
 def index_scores(params: dict, kind: str, q, k, xp):
@@ -129,7 +131,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("dirs", nargs="+", type=Path, help="training dump folders (layerNN.mkvd)")
-    ap.add_argument("--shape", default="bil16", help="bilDS or dsaNHxDS (default bil16)")
+    ap.add_argument("--shape", default="bil16", help="bilDS, projDS or dsaNHxDS (default bil16)")
     ap.add_argument("--mode", choices=("group", "layer"), default="group")
     ap.add_argument("--iters", type=int, default=200, help="Adam steps per indexer (default 200)")
     ap.add_argument("--lr", type=float, default=0.005)
@@ -139,6 +141,9 @@ def main() -> int:
     ap.add_argument("-o", "--out", type=Path, required=True, help="the indexers (.npz)")
     a = ap.parse_args()
     shape = parse_shape(a.shape)
+    if shape["kind"] == "proj" and a.mode == "layer":
+        # proj sums the q heads of one kv group against that kv head's keys: per group only.
+        ap.error("--shape projDS needs --mode group")
     import torch
     torch.set_num_threads(a.threads)
     by_layer: dict[int, list[Path]] = {}
