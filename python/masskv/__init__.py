@@ -30,8 +30,13 @@ from ._masskv import (
     softmax,
 )
 
-if has_cuda:  # CUDA build: Quest selection on the GPU (decode dispatches on the KV's device)
-    from ._masskv import cuda_hopper_paths, cuda_quest_select  # noqa: F401
+from . import _masskv as _ext
+
+# CUDA build: every `cuda_*` binding (selection, page stores, prefill, checks on CUDA tensors;
+# decode dispatches on the KV's device). Taken from the extension by name, so a binding added
+# in python/src is exported without a second list here to keep in step.
+CUDA_FUNCTIONS = tuple(sorted(n for n in dir(_ext) if n.startswith("cuda_"))) if has_cuda else ()
+globals().update({n: getattr(_ext, n) for n in CUDA_FUNCTIONS})
 
 # The selector names accepted by `select(method=...)`.
 METHODS = ("dense", "sink_recent", "quest", "top_p", "entmax_support", "gaussian_tau", "oracle",
@@ -59,6 +64,5 @@ __all__ = [
     "select",
     "softmax",
 ]
-if has_cuda:
-    __all__ += ["cuda_hopper_paths", "cuda_quest_select"]
+__all__ += list(CUDA_FUNCTIONS)
 __version__ = "0.1.0"
