@@ -167,20 +167,31 @@ def test_gpu_path_flow_on_cpu_tensors(monkeypatch):
     assert not layers._states
 
 
-def cache_logits(model, chunks, steps, cache):
+def cache_logits(model, chunks, steps, cache, tokens=None):
     """Logits of every prefill chunk's last token and of every greedy step, with `cache` as
-    transformers' cache."""
+    transformers' cache. tokens (steps, batch): the tokens fed (teacher forcing), so that a
+    near tie that bf16 rounding breaks the other way does not change every later step."""
     out = []
     with torch.no_grad():
         for c in chunks:
             r = model(c, past_key_values=cache, use_cache=True)
             out.append(r.logits[:, -1])
         tok = r.logits[:, -1:].argmax(-1)
-        for _ in range(steps):
+        for i in range(steps):
+            if tokens is not None:
+                tok = tokens[i][:, None]
             r = model(tok, past_key_values=cache, use_cache=True)
             out.append(r.logits[:, -1])
             tok = r.logits[:, -1:].argmax(-1)
     return torch.stack(out)
+
+
+def decisive_steps(logits, margin):
+    """How many leading steps of greedy `logits` (steps, batch, vocab) pick their token by at
+    least `margin` in every row: past the first closer call, bf16 rounding may pick the other."""
+    top2 = logits.float().topk(2, dim=-1).values
+    clear = ((top2[..., 0] - top2[..., 1]) >= margin).all(-1)
+    return int(clear.int().cumprod(0).sum())
 
 
 def test_masskv_cache_flow_on_cpu_tensors(monkeypatch):
@@ -247,13 +258,16 @@ def test_cuda_masskv_cache_matches_sdpa(method, budget_tokens):
     attn = masskv.hf.MasskvAttention(method=method, budget_tokens=budget_tokens, page_size=16)
     model = tiny_llama(attn.register(f"masskv_cuda_cache_{method}"), 64).cuda().to(torch.bfloat16)
     cache = MasskvCache(attn, model.config, max_tokens=32)
-    got = cache_logits(model, [prompt[:, :30], prompt[:, 30:]], 8, cache)
-    assert torch.equal(got[1:].argmax(-1), ref.argmax(-1))
+    # SDPA's tokens fed to both: the logits of every step are compared on the same inputs.
+    got = cache_logits(model, [prompt[:, :30], prompt[:, 30:]], 8, cache, tokens=ref_tok)
     torch.testing.assert_close(got[1:].float(), ref.float(), atol=0.1, rtol=0)
+    # Greedy choices agree up to the first step SDPA itself picks by less than twice that noise.
+    n = decisive_steps(ref, 0.2)
+    assert torch.equal(got[1:1 + n].argmax(-1), ref_tok[:n])
     assert all(layer.keys is None for layer in cache.layers)
     gen = model.generate(prompt, past_key_values=MasskvCache(attn, model.config),
                          max_new_tokens=8, do_sample=False)
-    assert torch.equal(gen[:, 45:], ref_tok[:8].T)  # ref_tok: (steps + 1, batch)
+    assert torch.equal(gen[:, 45:45 + n], ref_tok[:n].T)  # ref_tok: (steps + 1, batch)
 
 
 @cuda
