@@ -103,6 +103,7 @@ class Model:
         half = s.head_dim // 2
         self.inv_freq = 1.0 / (s.rope_theta ** (torch.arange(half, device=device,
                                                              dtype=torch.float32) / half))
+        self._fused, self.fused = None, False
 
     def weight_bytes(self) -> int:
         """Bytes a step reads of the weights (the embedding table excluded: one row a token)."""
@@ -118,8 +119,10 @@ class Model:
         x1, x2 = x.float().chunk(2, dim=-1)
         return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), -1).to(x.dtype)
 
-    def qkv(self, layer: int, h, cos, sin):
-        s, L = self.s, self.layers[layer]
+    def qkv(self, h, L, cos, sin):
+        """Attention input of one layer (weights L): RMS norm, the fused q/k/v projection,
+        q/k norm where the shape has it, RoPE."""
+        s = self.s
         B = h.shape[0]
         qkv = self.rms(h, L["ln1"]) @ L["wqkv"].T
         q, k, v = qkv.split([s.heads * s.head_dim, s.kv_heads * s.head_dim,
@@ -131,6 +134,25 @@ class Model:
             q, k = self.rms(q, L["qn"]), self.rms(k, L["kn"])
         return self.rope(q, cos, sin), self.rope(k, cos, sin), v
 
+    def mlp(self, x, L):
+        g, u = (self.rms(x, L["ln2"]) @ L["wgu"].T).chunk(2, -1)
+        return (F.silu(g) * u) @ L["wdown"].T
+
+    def post(self, h, o, L):
+        """The rest of one layer after attention (o [N, H * d]): output projection, MLP."""
+        h = h + o.to(h.dtype) @ L["wo"].T
+        return h + self.mlp(h, L)
+
+    def fuse(self, on: bool = True) -> None:
+        """Decode steps through torch.compile'd qkv() and post(): the ~45 element-wise kernels
+        a layer (norms, RoPE, SiLU, casts) fused into a few, for both paths alike — eager, they
+        cost more than the attention at B 1 (bench/results/2026-12-07-h100-e2e.md). Compiled
+        per decode shape at the first call (the graph's warm-up); prefill stays eager."""
+        if on and self._fused is None:
+            self._fused = (torch.compile(self.qkv, fullgraph=True, dynamic=False),
+                           torch.compile(self.post, fullgraph=True, dynamic=False))
+        self.fused = on
+
     def step(self, tokens, pos, attention, keep=None):
         """Logits of token rows: tokens, pos int64 [N] (a decode step: one row per sequence; a
         prefill: every prompt token); attention(layer, q, k, v) -> [N, H, d] (q [N, H, d], k
@@ -138,18 +160,21 @@ class Model:
         a prefill keeps each sequence's last, as logits_to_keep=1 does)."""
         s = self.s
         N = tokens.shape[0]
+        qkv, post = self._fused if self.fused else (self.qkv, self.post)
         h = self.embed[tokens]
         ang = pos.float()[:, None, None] * self.inv_freq
         cos, sin = ang.cos(), ang.sin()
         for i, L in enumerate(self.layers):
-            q, k, v = self.qkv(i, h, cos, sin)
-            o = attention(i, q, k, v)
-            h = h + o.reshape(N, s.heads * s.head_dim).to(h.dtype) @ L["wo"].T
-            # The MLP in row chunks: a 128K-token prefill's [N, 2 * inter] would be 7 GB.
+            q, k, v = qkv(h, L, cos, sin)
+            o = attention(i, q, k, v).reshape(N, s.heads * s.head_dim)
+            if N <= MLP_ROWS:
+                h = post(h, o, L)
+                continue
+            # A prefill: the MLP in row chunks (a 128K-token prompt's [N, 2 * inter] is 7 GB).
+            h = h + o.to(h.dtype) @ L["wo"].T
             for r in range(0, N, MLP_ROWS):
                 x = h[r:r + MLP_ROWS]
-                g, u = (self.rms(x, L["ln2"]) @ L["wgu"].T).chunk(2, -1)
-                x += (F.silu(g) * u) @ L["wdown"].T
+                x += self.mlp(x, L)
         if keep is not None:
             h = h[keep]
         return self.rms(h, self.norm) @ self.lm_head.T
@@ -407,7 +432,15 @@ def check(model: Model, log, methods) -> list:
     with torch.no_grad():
         exact = model.step(tokens, pos, ExactKV(model.s, B, ctx, model.device,
                                                 kv=(dense.k, dense.v))).float()
-        sdpa_err, sdpa_same = distance(model.step(tokens, pos, dense).float(), exact)
+        sdpa = model.step(tokens, pos, dense).float()
+        sdpa_err, sdpa_same = distance(sdpa, exact)
+        if model.fused:  # the compiled model code: as near the float32 step as the eager one
+            model.fused = False
+            eager_err, _ = distance(model.step(tokens, pos, dense).float(), exact)
+            model.fused = True
+            log(f"check {model.s.name} compiled model code vs float32 attention: {sdpa_err:.2e} "
+                f"(eager {eager_err:.2e})")
+            sdpa_err = max(sdpa_err, eager_err)
         bar = max(2e-2, 2 * sdpa_err)
         log(f"check {model.s.name} SDPA (bf16) vs float32 attention: max |Δlogit| / max |logit| "
             f"= {sdpa_err:.2e}, same argmax {sdpa_same:.0%}; masskv's bar {bar:.2e}")
@@ -511,8 +544,10 @@ def run_cell(model: Model, B: int, ctx: int, budgets, methods, iters: int, ceili
 
 def markdown(meta, rows) -> str:
     out = [f"# Whole-model decode, dense vs masskv ({meta['card']}, {meta['date']})", "",
-           "Random-init bf16 weights: speed only. Both paths one CUDA graph per step, fresh "
-           "selection every step; bytes bounds at the measured read ceiling "
+           "Random-init bf16 weights: speed only. Both paths one CUDA graph per step, the "
+           + ("model code torch.compile'd (norms, RoPE, MLP fused)" if meta.get("compiled")
+              else "model code eager (not compiled)")
+           + ", fresh selection every step; bytes bounds at the measured read ceiling "
            f"({meta['read_ceiling_tbs']:.2f} TB/s).", "", f"`{meta['command']}`", "",
            "| model | B | ctx | selection | budget | dense ms/token (SDPA) | masskv ms/token | × | "
            "dense bound ms | masskv bound ms | attention µs/layer dense / masskv | transformers "
@@ -561,6 +596,9 @@ def main(argv=None) -> int:
     ap.add_argument("--transformers", action="store_true",
                     help="also time transformers' own model (eager) at each cell, and the same "
                          "model with masskv's attention and MasskvCache at each budget")
+    ap.add_argument("--compile", action="store_true",
+                    help="decode steps of both paths through torch.compile'd model code (the "
+                         "norms, RoPE and MLP fused; Model.fuse); prefill stays eager")
     ap.add_argument("--tiny", action="store_true", help="the tiny shape (self-test)")
     ap.add_argument("--device", default="cuda")
     a = ap.parse_args(argv)
@@ -608,12 +646,13 @@ def main(argv=None) -> int:
     meta = dict(card=torch.cuda.get_device_name(dev),
                 date=datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
                 command="python3 " + " ".join(sys.argv), read_ceiling_tbs=ceiling / 1e12,
-                torch=torch.__version__)
+                torch=torch.__version__, compiled=a.compile)
     log(f"{meta['card']}: read ceiling {ceiling / 1e12:.2f} TB/s")
     rows = []
     for name in models:
         t0 = time.time()
         model = Model(SHAPES[name], dev)
+        model.fuse(a.compile)
         if a.check:
             ok = check(model, log, methods)
             methods = [m for m in methods if m in ok]
@@ -626,6 +665,7 @@ def main(argv=None) -> int:
             log(f"{model.s.name} B {B} ctx {ctx}")
             rows += run_cell(model, B, ctx, budgets, methods, a.iters, ceiling, log,
                              hf=a.transformers)
+        model.fuse(False)
         for B, T in prefill_cells:
             log(f"{model.s.name} prefill B {B} T {T}")
             try:
