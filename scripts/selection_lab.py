@@ -336,6 +336,25 @@ def channel_importance(state, q, h, how):
     return imp
 
 
+def rescore_candidates(state, q, h, cand, key, name, group=PAGE, first_pass_bytes=0.0):
+    """The second pass of a cascade: the candidates (bool [ctx]) scored on every channel of the
+    `key` codes, each head's log-probabilities over the candidates, pooled by the max over heads
+    (the library's rule); the others -inf. Counts its reads (plus `first_pass_bytes`, per kv
+    head and context token) under `name`."""
+    k = state[key][:, h]
+    n_groups = (k.shape[0] + group - 1) // group
+    touched = np.unique(np.nonzero(cand)[0] // group).size
+    state.setdefault("dyn_bytes", {}).setdefault(name, []).append(
+        first_pass_bytes
+        + cascade_bytes(k.shape[1], 0, int(cand.sum()), touched, k.shape[0], n_groups, group))
+    s2 = q @ k[cand].T
+    m2 = s2.max(-1, keepdims=True)
+    lse2 = m2 + np.log(np.exp(s2 - m2).sum(-1, keepdims=True))
+    out = np.full(k.shape[0], -np.inf)
+    out[cand] = (s2 - lse2).max(0)
+    return np.repeat(out[None, :], q.shape[0], axis=0)
+
+
 def make_token_cascade(key, frac, c, lse_from, block=1, pages=False, name=None, group=PAGE,
                        how="q", reuse=1, pool1="lse"):
     """Two passes on the same codes: every token on the group's `frac` of channels with the
@@ -359,17 +378,7 @@ def make_token_cascade(key, frac, c, lse_from, block=1, pages=False, name=None, 
         return out
 
     def second_pass(state, q, h, cand):
-        k = state[key][:, h]
-        n_groups = (k.shape[0] + group - 1) // group
-        touched = np.unique(np.nonzero(cand)[0] // group).size
-        state.setdefault("dyn_bytes", {}).setdefault(name, []).append(
-            cascade_bytes(k.shape[1], 0, int(cand.sum()), touched, k.shape[0], n_groups, group))
-        s2 = q @ k[cand].T
-        m2 = s2.max(-1, keepdims=True)
-        lse2 = m2 + np.log(np.exp(s2 - m2).sum(-1, keepdims=True))
-        out = np.full(k.shape[0], -np.inf)
-        out[cand] = (s2 - lse2).max(0)
-        return np.repeat(out[None, :], q.shape[0], axis=0)
+        return rescore_candidates(state, q, h, cand, key, name, group)
 
     def first_pass(state, q, h):
         k = state[key][:, h]
@@ -561,10 +570,11 @@ def build_methods(d: int) -> dict[str, Method]:
     return M
 
 
-def make_indexer_method(path: Path, d: int, hkv: int) -> Method:
+def make_indexer_method(path: Path, d: int, hkv: int, cascade: int = 0) -> Method:
     """A learned token indexer from scripts/indexer_lab.py (method idx_<file stem>): its scores s_t of every token, one
     ranking per kv group (mode group) or per layer (mode layer, shared by the kv heads). Reads
-    counted as its key rows in bf16 (DS values a token per kv head, or per layer)."""
+    counted as its key rows in bf16 (DS values a token per kv head, or per layer). cascade c > 0:
+    the indexer as the first pass of the default's cascade instead (method idx_<stem>_cas<c>)."""
     from indexer_lab import index_scores, parse_shape
     z = np.load(path)
     meta = json.loads(str(z["meta"]))
@@ -589,7 +599,20 @@ def make_indexer_method(path: Path, d: int, hkv: int) -> Method:
             qg = state["q_step"][h * g:(h + 1) * g].reshape(1, -1)
             s = index_scores(prm, shape["kind"], qg, state["k"][:, h], np)[0]
         return np.repeat(s[None, :], q.shape[0], axis=0)
-    return Method(name, "token", per_token / (4.0 * d), None, f)
+    if not cascade:
+        return Method(name, "token", per_token / (4.0 * d), None, f)
+    # As a cascade's first pass: its best c x budget tokens (after the kept rows) rescored on the
+    # default's codes (rescore_candidates); reads its keys (4-bit: DS / 2 bytes a token) plus
+    # the candidates' codes.
+    cname = f"{name}_cas{cascade}"
+
+    def g(state, q, h):
+        s = f(state, q, h)[:1]
+        ctx = s.shape[1]
+        cand = union_fill(s, kept_mask(ctx, ctx, "token"), min(ctx, cascade * state["cap_pages"] * PAGE))
+        first = per_token / 4 / (4.0 * d)
+        return rescore_candidates(state, q, h, cand, "kivi2r8", cname, first_pass_bytes=first)
+    return Method(cname, "token", float("nan"), "kivi2r8", g)
 
 
 # ---- selection rule -------------------------------------------------------------------------
@@ -654,8 +677,19 @@ def main() -> int:
     ap.add_argument("-o", "--out-dir", type=Path, default=None, help="write lab.md / lab.json / PNGs here")
     ap.add_argument("--indexers", default="", help="learned indexers (scripts/indexer_lab.py .npz files, "
                     "comma-separated): each a method idx_FILESTEM")
+    ap.add_argument("--indexer-cascade", default="", help="candidate factors C (comma-separated): each "
+                    "indexer also as the first pass of the default's cascade, its best C x budget "
+                    "tokens rescored on the codes (method idx_FILESTEM_casC)")
     a = ap.parse_args()
     budgets = [parse_budget(b) for b in a.budgets.split(",")]
+    try:
+        cascades = [int(x) for x in a.indexer_cascade.split(",") if x]
+    except ValueError:
+        ap.error(f"--indexer-cascade: expected whole numbers, got {a.indexer_cascade!r}")
+    if any(c < 1 for c in cascades):
+        ap.error("--indexer-cascade: factors must be >= 1")
+    if cascades and not a.indexers:
+        ap.error("--indexer-cascade needs --indexers")
     for b in budgets:
         if not (0 < b <= 1):
             ap.error(f"--budgets: {b} is not in (0, 1]")
@@ -686,8 +720,9 @@ def main() -> int:
                     ap.error(f"--methods: unknown {unknown}; known: {sorted(methods)}")
                 methods = {m: methods[m] for m in a.methods.split(",") if m in methods}
             for path_i in [x for x in a.indexers.split(",") if x]:
-                m = make_indexer_method(Path(path_i), d, hkv)
-                methods[m.name] = m
+                for c in [0] + cascades:
+                    m = make_indexer_method(Path(path_i), d, hkv, c)
+                    methods[m.name] = m
         scale = 1.0 / math.sqrt(d)
         state = {"stats": page_stats(k), "dyn_bytes": dyn_bytes, "layer": h["layer"], "k": k,
                  "hq": hq, "hkv": hkv}
