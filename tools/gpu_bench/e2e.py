@@ -115,13 +115,14 @@ class Model:
         xf = x.float()
         return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype) * wt
 
-    def rope(self, x, cos, sin):  # x [B, H, d]; cos, sin [B, 1, d/2]
+    def rope(self, x, cos, sin, dtype=None):  # x [B, H, d]; cos, sin [B, 1, d/2]
         x1, x2 = x.float().chunk(2, dim=-1)
-        return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), -1).to(x.dtype)
+        return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), -1).to(dtype or x.dtype)
 
-    def qkv(self, h, L, cos, sin):
+    def qkv(self, h, L, cos, sin, out_dtype=None):
         """Attention input of one layer (weights L): RMS norm, the fused q/k/v projection,
-        q/k norm where the shape has it, RoPE."""
+        q/k norm where the shape has it, RoPE; q, k, v in out_dtype (None: the model's), the
+        attention's input type written by the same kernels (no cast kernels after them)."""
         s = self.s
         B = h.shape[0]
         qkv = self.rms(h, L["ln1"]) @ L["wqkv"].T
@@ -132,7 +133,8 @@ class Model:
         v = v.view(B, s.kv_heads, s.head_dim)
         if s.qk_norm:
             q, k = self.rms(q, L["qn"]), self.rms(k, L["kn"])
-        return self.rope(q, cos, sin), self.rope(k, cos, sin), v
+        t = out_dtype or h.dtype
+        return self.rope(q, cos, sin, t), self.rope(k, cos, sin, t), v.to(t)
 
     def mlp(self, x, L):
         g, u = (self.rms(x, L["ln2"]) @ L["wgu"].T).chunk(2, -1)
@@ -164,8 +166,10 @@ class Model:
         h = self.embed[tokens]
         ang = pos.float()[:, None, None] * self.inv_freq
         cos, sin = ang.cos(), ang.sin()
+        # masskv's kernels take float32 q / k / v (MasskvKV.qkv_dtype), SDPA the model's dtype.
+        out_dtype = getattr(attention, "qkv_dtype", None)
         for i, L in enumerate(self.layers):
-            q, k, v = qkv(h, L, cos, sin)
+            q, k, v = qkv(h, L, cos, sin, out_dtype)
             o = attention(i, q, k, v).reshape(N, s.heads * s.head_dim)
             if N <= MLP_ROWS:
                 h = post(h, o, L)
@@ -229,6 +233,8 @@ class MasskvKV:
     """masskv's paged cache filled with ctx random tokens per sequence; the step appends token
     ctx (slot 0 of a fresh page), selects (fresh, every step) and decodes."""
 
+    qkv_dtype = torch.float32  # what append, selection and decode take: no casts in the step
+
     def __init__(self, shape: Shape, B: int, ctx: int, device, budget: int | None,
                  kv=None, method: str = "hier"):
         from masskv.torch_cache import TorchPagedCache
@@ -245,6 +251,7 @@ class MasskvKV:
                                      groups=sparse and self.hier, codes=sparse and self.codes,
                                      max_pages_per_seq=ctx // PAGE + 1)
         self.budget = budget
+        self.stop = None  # "append" / "select": the step ends there (run_cell's phase split)
         self.seqs = [self.cache.create() for _ in range(B)]
         self.cache.begin_step(self.seqs, ctx)
         for layer in range(s.layers):
@@ -262,11 +269,15 @@ class MasskvKV:
     def __call__(self, layer, q, k, v):
         c = self.cache
         c.append(layer, k[:, None], v[:, None])
+        if self.stop == "append":
+            return None
         qf = q.float().contiguous()
         sel = None
         if self.budget is not None:
             sel = c.select(layer, qf, budget_tokens=self.budget, hierarchical=self.hier,
                            method="token_codes" if self.codes else "quest")
+        if self.stop == "select":
+            return None
         out, _ = c.decode(layer, qf, sel, unit="token" if self.codes else "page")
         return out
 
@@ -399,10 +410,12 @@ def step_inputs(model: Model, B: int, ctx: int):
 
 
 def attention_only(model: Model, attn, B: int):
-    """fn() running every layer's attention on fixed q, k, v (the model's shapes)."""
+    """fn() running every layer's attention on fixed q, k, v (the model's shapes, in the type
+    the model code hands that attention)."""
     s = model.s
-    q = torch.randn(B, s.heads, s.head_dim, device=model.device, dtype=torch.bfloat16)
-    k = torch.randn(B, s.kv_heads, s.head_dim, device=model.device, dtype=torch.bfloat16)
+    t = getattr(attn, "qkv_dtype", None) or torch.bfloat16
+    q = torch.randn(B, s.heads, s.head_dim, device=model.device, dtype=t)
+    k = torch.randn(B, s.kv_heads, s.head_dim, device=model.device, dtype=t)
     v = torch.randn_like(k)
     return lambda: [attn(i, q, k, v) for i in range(s.layers)]
 
@@ -466,7 +479,7 @@ def check(model: Model, log, methods) -> list:
 
 
 def run_cell(model: Model, B: int, ctx: int, budgets, methods, iters: int, ceiling: float,
-             log, hf: bool = False):
+             log, hf: bool = False, phases: bool = False):
     s, dev = model.s, model.device
     tokens, pos = step_inputs(model, B, ctx)
     wbytes = model.weight_bytes()
@@ -518,6 +531,17 @@ def run_cell(model: Model, B: int, ctx: int, budgets, methods, iters: int, ceili
                 mk = None
                 torch.cuda.empty_cache()
                 continue
+            split = {}
+            if phases:  # the attention's µs a layer up to each phase: append, + select, + decode
+                try:
+                    for stop in ("append", "select"):
+                        mk.stop = stop
+                        split[stop] = graph_ms(attention_only(model, mk, B), iters) * 1e3 / s.layers
+                finally:
+                    mk.stop = None
+                log(f"    phases: append {split['append']:.1f}, select "
+                    f"{split['select'] - split['append']:.1f}, decode {att - split['select']:.1f} "
+                    f"us/layer")
             sparse_bytes = wbytes + mk.pages_read_bound(s, B, ctx)
             row = dict(model=s.name, phase="decode", batch=B, ctx=ctx, budget=budget,
                        method=method,
@@ -527,6 +551,10 @@ def run_cell(model: Model, B: int, ctx: int, budgets, methods, iters: int, ceili
                        speedup=round(best[1] / ms, 3), dense_backend=best[0],
                        dense_attention_us_per_layer=round(best[2], 2),
                        masskv_attention_us_per_layer=round(att, 2),
+                       **({f"masskv_{k}_us_per_layer": round(v, 2) for k, v in
+                           (("append", split["append"]),
+                            ("select", split["select"] - split["append"]),
+                            ("decode", att - split["select"]))} if split else {}),
                        transformers_ms=None if hf_ms is None else round(hf_ms, 3),
                        transformers_masskv_ms=(round(hf_mk[budget], 3) if budget in hf_mk
                                                else None),
@@ -599,6 +627,9 @@ def main(argv=None) -> int:
     ap.add_argument("--compile", action="store_true",
                     help="decode steps of both paths through torch.compile'd model code (the "
                          "norms, RoPE and MLP fused; Model.fuse); prefill stays eager")
+    ap.add_argument("--phases", action="store_true",
+                    help="also split masskv's attention time a layer into append, selection and "
+                         "decode (graphs that stop after each; row fields masskv_*_us_per_layer)")
     ap.add_argument("--tiny", action="store_true", help="the tiny shape (self-test)")
     ap.add_argument("--device", default="cuda")
     a = ap.parse_args(argv)
@@ -664,7 +695,7 @@ def main(argv=None) -> int:
                 continue
             log(f"{model.s.name} B {B} ctx {ctx}")
             rows += run_cell(model, B, ctx, budgets, methods, a.iters, ceiling, log,
-                             hf=a.transformers)
+                             hf=a.transformers, phases=a.phases)
         model.fuse(False)
         for B, T in prefill_cells:
             log(f"{model.s.name} prefill B {B} T {T}")
