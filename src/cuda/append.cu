@@ -268,7 +268,20 @@ __global__ void __launch_bounds__(kMaxDim) encode_codes_kernel(Params p, PageCod
     return;
   }
   const std::int64_t ph = static_cast<std::int64_t>(page) * p.num_kv_heads + h;
-  if (threadIdx.x == 0) kv::codes_math::round_range8(p.mn + ph * d, p.mx + ph * d, d, s_a, s_b, s_grid);
+  // The grid is one serial pass over the channels (thread 0); each channel's codes, with their
+  // f64 quotients and correction loops, are independent (a thread each; thread 0 alone took
+  // tens of µs a page, the whole step's append for token_codes).
+  __shared__ bool s_ok;
+  if (threadIdx.x == 0) s_ok = kv::codes_math::range8_grid(p.mn + ph * d, p.mx + ph * d, d, s_grid);
+  __syncthreads();
+  for (int c = threadIdx.x; c < d; c += blockDim.x) {
+    if (s_ok) {
+      kv::codes_math::range8_channel(p.mn[ph * d + c], p.mx[ph * d + c], s_grid[0], s_grid[1],
+                                     s_a[c], s_b[c]);
+    } else {
+      s_a[c] = s_b[c] = 0;
+    }
+  }
   __syncthreads();
   const std::int64_t chan0 = static_cast<std::int64_t>(h) * d;  // [kv head][channel][page]
   for (int c = threadIdx.x; c < d; c += blockDim.x) {

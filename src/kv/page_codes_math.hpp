@@ -28,11 +28,11 @@ MASSKV_HD inline std::uint8_t level(float x, float lo, float hi) {
   return static_cast<std::uint8_t>(t <= 0 ? 0 : t >= 3 ? 3 : t);
 }
 
-// The f32 summary min m / max M (d values, stride 1) onto the page's 8-bit grid: a, b (d codes
-// each) and grid[0] = lo, grid[1] = step (kv/page_codes.hpp's definition). Non-finite summaries
-// (a page without tokens) give all zeros.
-MASSKV_HD inline void round_range8(const float* m, const float* M, int d, std::uint8_t* a,
-                                   std::uint8_t* b, float* grid) {
+// The page's 8-bit grid from its f32 summary min m / max M (d values, stride 1): grid[0] = lo =
+// min_c m_c, grid[1] = step, the smallest f32 at or above (hi - lo) / 255 whose code 255 reaches
+// hi (kv/page_codes.hpp's definition). False for non-finite summaries (a page without tokens):
+// then grid is zeros and every code 0.
+MASSKV_HD inline bool range8_grid(const float* m, const float* M, int d, float* grid) {
   bool ok = true;
   float lo = INFINITY, hi = -INFINITY;
   for (int c = 0; c < d; ++c) {
@@ -42,8 +42,7 @@ MASSKV_HD inline void round_range8(const float* m, const float* M, int d, std::u
   }
   if (!ok || !(lo <= hi)) {
     grid[0] = grid[1] = 0.f;
-    for (int c = 0; c < d; ++c) a[c] = b[c] = 0;
-    return;
+    return false;
   }
   float step = 0.f;
   if (hi > lo) {
@@ -53,25 +52,44 @@ MASSKV_HD inline void round_range8(const float* m, const float* M, int d, std::u
   }
   grid[0] = lo;
   grid[1] = step;
+  return true;
+}
+
+// One channel's codes on the grid (lo, step): a = the largest code at or below m, b = the
+// smallest at or above M. Channels are independent, so a GPU encoder runs them in parallel.
+MASSKV_HD inline void range8_channel(float m, float M, float lo, float step, std::uint8_t& a,
+                                     std::uint8_t& b) {
+  int cm = 0, cM = 255;
+  if (step > 0) {
+    const double fm = floor(hd::div(hd::add(static_cast<double>(m), -static_cast<double>(lo)),
+                                    static_cast<double>(step)));
+    const double fM = ceil(hd::div(hd::add(static_cast<double>(M), -static_cast<double>(lo)),
+                                   static_cast<double>(step)));
+    cm = fm < 0 ? 0 : fm > 255 ? 255 : static_cast<int>(fm);
+    cM = fM < 0 ? 0 : fM > 255 ? 255 : static_cast<int>(fM);
+  } else {
+    cM = 0;
+  }
+  // The quotients above are a first guess; the loops make the codes exact for the f32 grid.
+  while (cm > 0 && dequant8(static_cast<std::uint8_t>(cm), lo, step) > m) --cm;
+  while (cm < 255 && dequant8(static_cast<std::uint8_t>(cm + 1), lo, step) <= m) ++cm;
+  while (cM < 255 && dequant8(static_cast<std::uint8_t>(cM), lo, step) < M) ++cM;
+  while (cM > 0 && dequant8(static_cast<std::uint8_t>(cM - 1), lo, step) >= M) --cM;
+  a = static_cast<std::uint8_t>(cm);
+  b = static_cast<std::uint8_t>(cM);
+}
+
+// The f32 summary min m / max M (d values, stride 1) onto the page's 8-bit grid: a, b (d codes
+// each) and grid = (lo, step) (range8_grid, then range8_channel for each channel).
+MASSKV_HD inline void round_range8(const float* m, const float* M, int d, std::uint8_t* a,
+                                   std::uint8_t* b, float* grid) {
+  const bool ok = range8_grid(m, M, d, grid);
   for (int c = 0; c < d; ++c) {
-    int cm = 0, cM = 255;
-    if (step > 0) {
-      const double fm = floor(hd::div(hd::add(static_cast<double>(m[c]), -static_cast<double>(lo)),
-                                      static_cast<double>(step)));
-      const double fM = ceil(hd::div(hd::add(static_cast<double>(M[c]), -static_cast<double>(lo)),
-                                     static_cast<double>(step)));
-      cm = fm < 0 ? 0 : fm > 255 ? 255 : static_cast<int>(fm);
-      cM = fM < 0 ? 0 : fM > 255 ? 255 : static_cast<int>(fM);
+    if (ok) {
+      range8_channel(m[c], M[c], grid[0], grid[1], a[c], b[c]);
     } else {
-      cM = 0;
+      a[c] = b[c] = 0;
     }
-    // The quotients above are a first guess; the loops make the codes exact for the f32 grid.
-    while (cm > 0 && dequant8(static_cast<std::uint8_t>(cm), lo, step) > m[c]) --cm;
-    while (cm < 255 && dequant8(static_cast<std::uint8_t>(cm + 1), lo, step) <= m[c]) ++cm;
-    while (cM < 255 && dequant8(static_cast<std::uint8_t>(cM), lo, step) < M[c]) ++cM;
-    while (cM > 0 && dequant8(static_cast<std::uint8_t>(cM - 1), lo, step) >= M[c]) --cM;
-    a[c] = static_cast<std::uint8_t>(cm);
-    b[c] = static_cast<std::uint8_t>(cM);
   }
 }
 
