@@ -15,7 +15,8 @@ Modes: `group` fits one indexer per kv group (its g q heads, its kv head's keys:
 head); `layer` one per layer (every q head, every kv head's key concatenated: one ranking shared by
 the layer's kv heads, DS values a token instead of DS per kv head).
 Target and loss: the mean over the ranked q heads of their softmax attention p (scale 1/sqrt(d)),
-KL(p || softmax(s)) over the context, summed over query steps; Adam, full batch. The lab then ranks
+KL(p || softmax(s)) over the context, summed over query steps (--loss kl), or the mass that scores
+below a cascade's candidate cut (--loss mass, --cut), or both; Adam, full batch. The lab then ranks
 tokens by s (the kept rows as every method) and measures recall of the token oracle's mass.
 A prototype loop (torch on the CPU); a winner becomes a library selector trained by
 `masskv distill` and is judged by `masskv eval`.
@@ -75,8 +76,22 @@ def groups_of(h: dict, mode: str):
     return [(f"h{kh}", list(range(kh * g, (kh + 1) * g)), [kh]) for kh in range(hkv)]
 
 
-def fit(examples, shape: dict, iters: int, lr: float, seed: int, verbose: bool = False):
-    """examples: [(q [steps][|q|], k [ctx][|k|], p [steps][ctx])]; returns numpy params, loss."""
+def mass_loss(s, p, cut: float):
+    """The share of the attention mass p whose tokens score below the candidate cut: the cut is
+    the score of rank cut x ctx / 16 (a cascade's first pass keeps that many), each token's miss
+    softened by softplus((s_cut - s_t) / T), T a tenth of the scores' spread (detached, so
+    scaling s changes nothing). What a first pass is for: the heavy tokens above the cut."""
+    import torch
+    m = max(1, min(s.shape[-1], int(round(cut * s.shape[-1] / 16))))
+    kth = torch.topk(s, m, dim=-1).values[:, -1:].detach()
+    T = 0.1 * s.std(-1, keepdim=True).detach().clamp_min(1e-6)
+    return (p * torch.nn.functional.softplus((kth - s) / T)).sum(-1).mean()
+
+
+def fit(examples, shape: dict, iters: int, lr: float, seed: int, verbose: bool = False,
+        loss_kind: str = "kl", cut: float = 4.0):
+    """examples: [(q [steps][|q|], k [ctx][|k|], p [steps][ctx])]; returns numpy params, loss.
+    loss_kind: kl (KL(p || softmax(s))), mass (mass_loss at `cut`), kl+mass (their sum)."""
     import torch
     gen = torch.Generator().manual_seed(seed)
     dq, dk = examples[0][0].shape[1], examples[0][1].shape[1]
@@ -108,14 +123,17 @@ def fit(examples, shape: dict, iters: int, lr: float, seed: int, verbose: bool =
         loss = 0.0
         for q, k, p in data:
             s = index_scores(P, shape["kind"], q / sq, k / sk, torch)
-            logq = torch.log_softmax(s, -1)
-            loss = loss - (p * logq).sum(-1).mean() + (p * torch.log(p.clamp_min(1e-30))).sum(-1).mean()
+            if loss_kind != "mass":
+                logq = torch.log_softmax(s, -1)
+                loss = loss - (p * logq).sum(-1).mean() + (p * torch.log(p.clamp_min(1e-30))).sum(-1).mean()
+            if loss_kind != "kl":
+                loss = loss + mass_loss(s, p, cut)
         loss = loss / len(data)
         loss.backward()
         opt.step()
         loss_v = float(loss.detach())
         if verbose and (it % 50 == 0 or it == iters - 1):
-            print(f"    iter {it}: KL {loss_v:.4f}", file=sys.stderr)
+            print(f"    iter {it}: loss {loss_v:.4f}", file=sys.stderr)
     out = {n: t.detach().numpy().astype(np.float64) for n, t in P.items()}
     if shape["kind"] == "proj":  # s(q/sq, k/sk) = s(q, k) with a / (sq sk)
         out["a"] = out["a"] / (sq * sk)
@@ -136,6 +154,12 @@ def main() -> int:
     ap.add_argument("--iters", type=int, default=200, help="Adam steps per indexer (default 200)")
     ap.add_argument("--lr", type=float, default=0.005)
     ap.add_argument("--layers", default="", help="comma-separated layer subset (default: all)")
+    ap.add_argument("--loss", choices=("kl", "mass", "kl+mass"), default="kl",
+                    help="kl: KL(p || softmax(s)); mass: the attention mass scored below the "
+                         "candidate cut (mass_loss); kl+mass: both (default kl)")
+    ap.add_argument("--cut", type=float, default=4.0,
+                    help="the mass loss's cut: rank CUT x ctx / 16, a cascade's candidates "
+                         "(default 4)")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("-v", "--verbose", action="store_true", help="print the loss every 50 steps")
     ap.add_argument("-o", "--out", type=Path, required=True, help="the indexers (.npz)")
@@ -171,18 +195,19 @@ def main() -> int:
                 p /= p.sum(-1, keepdims=True)
                 ex.append((q[:, qh].reshape(q.shape[0], -1), k[:, kh].reshape(k.shape[0], -1),
                            p.mean(1)))
-            params, loss = fit(ex, shape, a.iters, a.lr, seed=L, verbose=a.verbose)
+            params, loss = fit(ex, shape, a.iters, a.lr, seed=L, verbose=a.verbose,
+                               loss_kind=a.loss, cut=a.cut)
             for n, v in params.items():
                 arrays[f"L{L}_{name}_{n}"] = v
             losses[f"L{L}_{name}"] = loss
         el = time.time() - t0
-        print(f"[{li + 1}/{len(layers)}] layer {L}: KL {np.mean([v for k, v in losses.items() if k.startswith(f'L{L}_')]):.3f}"
+        print(f"[{li + 1}/{len(layers)}] layer {L}: loss {np.mean([v for k, v in losses.items() if k.startswith(f'L{L}_')]):.3f}"
               f"  {el:.0f}s, ETA {el / (li + 1) * (len(layers) - li - 1):.0f}s", file=sys.stderr, flush=True)
     meta = dict(shape=a.shape, mode=a.mode, iters=a.iters, lr=a.lr, train=[str(d) for d in a.dirs],
-                layers=layers, kl=losses)
+                layers=layers, loss=a.loss, cut=a.cut, final_loss=losses)
     a.out.parent.mkdir(parents=True, exist_ok=True)
     np.savez(a.out, meta=json.dumps(meta), **arrays)
-    print(f"wrote {a.out}: {len(arrays)} arrays, mean KL {np.mean(list(losses.values())):.3f}")
+    print(f"wrote {a.out}: {len(arrays)} arrays, mean {a.loss} loss {np.mean(list(losses.values())):.3f}")
     return 0
 
 
