@@ -50,13 +50,19 @@ def parse_shape(s: str) -> dict:
     raise SystemExit(f"--shape: {s!r} is not bilDS, projDS or dsaNHxDS (e.g. bil16, proj32, dsa4x16)")
 
 
-def index_scores(params: dict, kind: str, q, k, xp):
-    """s [steps][ctx] from q [steps][|q|] and k [ctx][|k|] (numpy or torch arrays)."""
+def index_scores(params: dict, kind: str, q, k, xp, key_quant=None):
+    """s [steps][ctx] from q [steps][|q|] and k [ctx][|k|] (numpy or torch arrays). key_quant:
+    applied to the indexer's keys [ctx][ds] (what a cache of them would store), e.g. 4-bit."""
     if kind == "proj":  # one projection P for both sides, of the heads' weighted query sum
         d = params["P"].shape[1]
         qbar = (q.reshape(q.shape[0], -1, d) * params["a"][None, :, None]).sum(1)
-        return (qbar @ params["P"].T) @ (k @ params["P"].T).T
+        kp = k @ params["P"].T
+        if key_quant is not None:
+            kp = key_quant(kp)
+        return (qbar @ params["P"].T) @ kp.T
     kp = k @ params["B"].T                                        # [ctx][ds]
+    if key_quant is not None:
+        kp = key_quant(kp)
     if kind == "bil":
         return (q @ params["A"].T) @ kp.T
     nh = params["W"].shape[0]

@@ -570,19 +570,29 @@ def build_methods(d: int) -> dict[str, Method]:
     return M
 
 
-def make_indexer_method(path: Path, d: int, hkv: int, cascade: int = 0) -> Method:
+def make_indexer_method(path: Path, d: int, hkv: int, cascade: int = 0, key_bits: int = 0) -> Method:
     """A learned token indexer from scripts/indexer_lab.py (method idx_<file stem>): its scores s_t of every token, one
     ranking per kv group (mode group) or per layer (mode layer, shared by the kv heads). Reads
     counted as its key rows in bf16 (DS values a token per kv head, or per layer). cascade c > 0:
-    the indexer as the first pass of the default's cascade instead (method idx_<stem>_cas<c>)."""
+    the indexer as the first pass of the default's cascade instead (method idx_<stem>_cas<c>).
+    key_bits 4: its keys stored in INT4 (a scale per 32 values or per row if shorter: quant_sym),
+    counted as stored (method idx_<stem>_k4...)."""
     from indexer_lab import index_scores, parse_shape
     z = np.load(path)
     meta = json.loads(str(z["meta"]))
     shape = parse_shape(meta["shape"])
     mode = meta["mode"]
     W = {k: z[k] for k in z.files if k != "meta"}
-    name = f"idx_{path.stem}"  # the file's name: one shape may be trained several ways
-    per_token = 2 * shape["ds"] / (hkv if mode == "layer" else 1)
+    name = f"idx_{path.stem}" + (f"_k{key_bits}" if key_bits else "")  # one shape, several trainings
+    ds = shape["ds"]
+    group = min(32, ds)
+
+    def stored(kp):  # the indexer's keys [ctx][ds] as an INT cache holds them
+        return quant_sym(kp[:, None, :], key_bits, group=group)[:, 0]
+    quant = stored if key_bits else None
+    # Bytes a row: the codes and an f16 scale per group, or bf16.
+    row = ds * key_bits / 8 + 2 * ds / group if key_bits else 2 * ds
+    per_token = row / (hkv if mode == "layer" else 1)
 
     def f(state, q, h):
         L = state["layer"]
@@ -591,26 +601,27 @@ def make_indexer_method(path: Path, d: int, hkv: int, cascade: int = 0) -> Metho
             if key not in state:
                 prm = {n: W[f"L{L}_all_{n}"] for n in ("A", "B", "W", "b", "P", "a") if f"L{L}_all_{n}" in W}
                 kk = state["k"].reshape(state["k"].shape[0], -1)
-                state[key] = index_scores(prm, shape["kind"], state["q_step"].reshape(1, -1), kk, np)[0]
+                state[key] = index_scores(prm, shape["kind"], state["q_step"].reshape(1, -1), kk, np,
+                                          quant)[0]
             s = state[key]
         else:
             g = state["hq"] // state["hkv"]
             prm = {n: W[f"L{L}_h{h}_{n}"] for n in ("A", "B", "W", "b", "P", "a") if f"L{L}_h{h}_{n}" in W}
             qg = state["q_step"][h * g:(h + 1) * g].reshape(1, -1)
-            s = index_scores(prm, shape["kind"], qg, state["k"][:, h], np)[0]
+            s = index_scores(prm, shape["kind"], qg, state["k"][:, h], np, quant)[0]
         return np.repeat(s[None, :], q.shape[0], axis=0)
     if not cascade:
         return Method(name, "token", per_token / (4.0 * d), None, f)
     # As a cascade's first pass: its best c x budget tokens (after the kept rows) rescored on the
-    # default's codes (rescore_candidates); reads its keys (4-bit: DS / 2 bytes a token) plus
-    # the candidates' codes.
+    # default's codes (rescore_candidates); reads its keys (as stored with key_bits, else counted
+    # at 4 bits without scales, the layout's size: DS / 2 bytes a token) plus the candidates' codes.
     cname = f"{name}_cas{cascade}"
 
     def g(state, q, h):
         s = f(state, q, h)[:1]
         ctx = s.shape[1]
         cand = union_fill(s, kept_mask(ctx, ctx, "token"), min(ctx, cascade * state["cap_pages"] * PAGE))
-        first = per_token / 4 / (4.0 * d)
+        first = (per_token if key_bits else per_token / 4) / (4.0 * d)
         return rescore_candidates(state, q, h, cand, "kivi2r8", cname, first_pass_bytes=first)
     return Method(cname, "token", float("nan"), "kivi2r8", g)
 
@@ -677,6 +688,9 @@ def main() -> int:
     ap.add_argument("-o", "--out-dir", type=Path, default=None, help="write lab.md / lab.json / PNGs here")
     ap.add_argument("--indexers", default="", help="learned indexers (scripts/indexer_lab.py .npz files, "
                     "comma-separated): each a method idx_FILESTEM")
+    ap.add_argument("--indexer-key-bits", type=int, default=0, choices=(0, 4, 8),
+                    help="store the indexers' keys in INT4 / INT8 (quant_sym) before scoring, "
+                         "counted as stored (method names get _k4 / _k8; 0: float)")
     ap.add_argument("--indexer-cascade", default="", help="candidate factors C (comma-separated): each "
                     "indexer also as the first pass of the default's cascade, its best C x budget "
                     "tokens rescored on the codes (method idx_FILESTEM_casC)")
@@ -721,7 +735,7 @@ def main() -> int:
                 methods = {m: methods[m] for m in a.methods.split(",") if m in methods}
             for path_i in [x for x in a.indexers.split(",") if x]:
                 for c in [0] + cascades:
-                    m = make_indexer_method(Path(path_i), d, hkv, c)
+                    m = make_indexer_method(Path(path_i), d, hkv, c, a.indexer_key_bits)
                     methods[m.name] = m
         scale = 1.0 / math.sqrt(d)
         state = {"stats": page_stats(k), "dyn_bytes": dyn_bytes, "layer": h["layer"], "k": k,
