@@ -594,22 +594,25 @@ def make_indexer_method(path: Path, d: int, hkv: int, cascade: int = 0, key_bits
     row = ds * key_bits / 8 + 2 * ds / group if key_bits else 2 * ds
     per_token = row / (hkv if mode == "layer" else 1)
 
+    def scores(state, h):
+        """The indexer's s [ctx] at this step for kv head h, made once per step and file (the
+        layer mode's ranking is shared by its kv heads; a cascade reuses the plain method's)."""
+        part = "all" if mode == "layer" else f"h{h}"
+        key = ("idx", name, state["step"], part)
+        if key not in state:
+            L = state["layer"]
+            prm = {n: W[f"L{L}_{part}_{n}"] for n in ("A", "B", "W", "b", "P", "a")
+                   if f"L{L}_{part}_{n}" in W}
+            if mode == "layer":
+                qs, kk = state["q_step"].reshape(1, -1), state["k"].reshape(state["k"].shape[0], -1)
+            else:
+                g = state["hq"] // state["hkv"]
+                qs, kk = state["q_step"][h * g:(h + 1) * g].reshape(1, -1), state["k"][:, h]
+            state[key] = index_scores(prm, shape["kind"], qs, kk, np, quant)[0]
+        return state[key]
+
     def f(state, q, h):
-        L = state["layer"]
-        if mode == "layer":
-            key = ("idx", name, state["step"])
-            if key not in state:
-                prm = {n: W[f"L{L}_all_{n}"] for n in ("A", "B", "W", "b", "P", "a") if f"L{L}_all_{n}" in W}
-                kk = state["k"].reshape(state["k"].shape[0], -1)
-                state[key] = index_scores(prm, shape["kind"], state["q_step"].reshape(1, -1), kk, np,
-                                          quant)[0]
-            s = state[key]
-        else:
-            g = state["hq"] // state["hkv"]
-            prm = {n: W[f"L{L}_h{h}_{n}"] for n in ("A", "B", "W", "b", "P", "a") if f"L{L}_h{h}_{n}" in W}
-            qg = state["q_step"][h * g:(h + 1) * g].reshape(1, -1)
-            s = index_scores(prm, shape["kind"], qg, state["k"][:, h], np, quant)[0]
-        return np.repeat(s[None, :], q.shape[0], axis=0)
+        return np.repeat(scores(state, h)[None, :], q.shape[0], axis=0)
     if not cascade:
         return Method(name, "token", per_token / (4.0 * d), None, f)
     # As a cascade's first pass: its best c x budget tokens (after the kept rows) rescored on the
@@ -618,7 +621,7 @@ def make_indexer_method(path: Path, d: int, hkv: int, cascade: int = 0, key_bits
     cname = f"{name}_cas{cascade}"
 
     def g(state, q, h):
-        s = f(state, q, h)[:1]
+        s = scores(state, h)[None, :]
         ctx = s.shape[1]
         cand = union_fill(s, kept_mask(ctx, ctx, "token"), min(ctx, cascade * state["cap_pages"] * PAGE))
         first = (per_token if key_bits else per_token / 4) / (4.0 * d)

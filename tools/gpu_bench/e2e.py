@@ -198,10 +198,13 @@ class DenseKV:
             self.k, self.v = kv
 
     def __call__(self, layer, q, k, v):
-        from torch.nn.attention import sdpa_kernel
-
         self.k[layer][:, :, self.ctx] = k
         self.v[layer][:, :, self.ctx] = v
+        return self.attend(layer, q)
+
+    def attend(self, layer, q):
+        from torch.nn.attention import sdpa_kernel
+
         ctx = sdpa_kernel([self.backend]) if self.backend is not None else _null()
         with ctx:
             o = F.scaled_dot_product_attention(q[:, :, None], self.k[layer], self.v[layer],
@@ -213,9 +216,7 @@ class ExactKV(DenseKV):
     """DenseKV's step with the attention in float32 (the math kernel on upcast rows): the
     yardstick that tells a bf16 decoder's rounding from an error (check())."""
 
-    def __call__(self, layer, q, k, v):
-        self.k[layer][:, :, self.ctx] = k
-        self.v[layer][:, :, self.ctx] = v
+    def attend(self, layer, q):
         o = F.scaled_dot_product_attention(q[:, :, None].float(), self.k[layer].float(),
                                            self.v[layer].float(), enable_gqa=True)
         return o[:, :, 0].to(q.dtype)
@@ -531,17 +532,19 @@ def run_cell(model: Model, B: int, ctx: int, budgets, methods, iters: int, ceili
                 mk = None
                 torch.cuda.empty_cache()
                 continue
-            split = {}
-            if phases:  # the attention's µs a layer up to each phase: append, + select, + decode
+            phase_us = {}
+            if phases:  # graphs that stop after the append and after the selection
+                upto = {}
                 try:
                     for stop in ("append", "select"):
                         mk.stop = stop
-                        split[stop] = graph_ms(attention_only(model, mk, B), iters) * 1e3 / s.layers
+                        upto[stop] = graph_ms(attention_only(model, mk, B), iters) * 1e3 / s.layers
                 finally:
                     mk.stop = None
-                log(f"    phases: append {split['append']:.1f}, select "
-                    f"{split['select'] - split['append']:.1f}, decode {att - split['select']:.1f} "
-                    f"us/layer")
+                phase_us = dict(append=upto["append"], select=upto["select"] - upto["append"],
+                                decode=att - upto["select"])
+                log("    phases: " + ", ".join(f"{k} {v:.1f}" for k, v in phase_us.items())
+                    + " us/layer")
             sparse_bytes = wbytes + mk.pages_read_bound(s, B, ctx)
             row = dict(model=s.name, phase="decode", batch=B, ctx=ctx, budget=budget,
                        method=method,
@@ -551,10 +554,7 @@ def run_cell(model: Model, B: int, ctx: int, budgets, methods, iters: int, ceili
                        speedup=round(best[1] / ms, 3), dense_backend=best[0],
                        dense_attention_us_per_layer=round(best[2], 2),
                        masskv_attention_us_per_layer=round(att, 2),
-                       **({f"masskv_{k}_us_per_layer": round(v, 2) for k, v in
-                           (("append", split["append"]),
-                            ("select", split["select"] - split["append"]),
-                            ("decode", att - split["select"]))} if split else {}),
+                       **{f"masskv_{k}_us_per_layer": round(v, 2) for k, v in phase_us.items()},
                        transformers_ms=None if hf_ms is None else round(hf_ms, 3),
                        transformers_masskv_ms=(round(hf_mk[budget], 3) if budget in hf_mk
                                                else None),
