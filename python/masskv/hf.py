@@ -17,8 +17,11 @@ history that transformers' own cache hands over):
 * T == 1 (decode): the selector picks pages (masskv.select), then sparse decode reads only them
   (masskv.decode with the selection). method="dense" reproduces transformers' attention.
 
-Limits (checked, never silently wrong): batch rows must have no padding (all rows the same
-length), no attention dropout, no logit soft-capping or sliding window. CPU tensors run the CPU
+Padded batches: rows padded on the left (transformers' way for generation, tokenizer
+padding_side="left") keep only their tokens in masskv's caches; the padding columns are read
+from the attention mask of each prefill chunk (a host read; a decode step appends one token to
+every row and reads no mask). Limits (checked, never silently wrong): no padding anywhere but
+on the left, no attention dropout, no logit soft-capping or sliding window. CPU tensors run the CPU
 kernels. CUDA tensors (a CUDA build of masskv) stay on the GPU (masskv.hf_cuda): one
 masskv.torch_cache.TorchPagedCache per model holds every layer in bf16/f16, the prefill is
 transformers' own SDPA (or masskv's, prefill="masskv"), and decode is GPU selection + masskv's
@@ -51,6 +54,34 @@ __all__ = ["MasskvAttention"]
 class _LayerState:
     cache: masskv.PagedKVCache
     seqs: list[int]
+    columns: int = 0  # key columns of transformers' history mirrored (padding included)
+
+
+def real_counts(mask, B: int, T: int, S: int) -> list[int] | None:
+    """How many of the last T of the S key columns of each batch row are tokens rather than
+    padding, read from transformers' attention mask (4D [B, 1, T', S'] boolean or additive, or
+    2D [B, S']); None when every column is a token. Only left padding is served: a row's
+    tokens must be its last columns (ValueError otherwise). Reads the mask on the host."""
+    if mask is None:
+        return None
+    import torch
+
+    if mask.dim() == 4:
+        m = mask[:, 0, -1, -S:]  # the last query row sees every key column but the padding
+        visible = m if m.dtype == torch.bool else m == 0
+    elif mask.dim() == 2:
+        visible = mask[:, -S:] != 0
+    else:
+        raise ValueError(f"masskv attention: an attention mask of {mask.dim()} dimensions")
+    visible = visible.expand(B, S).cpu()
+    if bool(visible.all()):
+        return None
+    n = visible.sum(1)
+    if not torch.equal(visible, torch.arange(S)[None, :] >= S - n[:, None]):
+        raise ValueError("masskv attention: a padded batch must be padded on the left (a row's "
+                         "tokens are its last columns; tokenizer.padding_side='left'), and "
+                         "no column masked inside a row")
+    return n.clamp(max=T).tolist()
 
 
 @dataclass
@@ -127,7 +158,8 @@ class MasskvAttention:
         owner = getattr(key, "_masskv_cache", None)
         S = owner.get_seq_length(layer) if owner is not None else key.shape[2]
         scale = float(scaling) if scaling is not None else 1.0 / math.sqrt(d)
-        self._check_no_padding(attention_mask, B, T, S)
+        # A decode step appends one token to every row and reads no mask (no host sync).
+        counts = real_counts(attention_mask, B, T, S) if T > 1 else None
 
         if (query.is_cuda and masskv.has_cuda) or owner is not None:
             if self._cuda is None:
@@ -136,48 +168,45 @@ class MasskvAttention:
                 self._cuda = CudaLayers()
             with torch.no_grad():
                 return self._cuda(self, module, query, key, value, attention_mask, scale,
-                                  **kwargs)
+                                  counts, **kwargs)
         with torch.no_grad():
-            state = self._sync(module, key, value, T)
+            state = self._sync(module, key, value, T, counts, attention_mask)
             q = query.detach().to("cpu", torch.float32)
             if T == 1:
                 out = self._decode(layer, state, q[:, :, 0, :].contiguous(), scale)
                 out = out[:, None]  # [B, 1, Hq, d]
             else:
-                rows = q.permute(0, 2, 1, 3).reshape(B * T, Hq, d).contiguous()
-                q_indptr = np.arange(0, (B + 1) * T, T, dtype=np.int32)
-                res = torch.empty((B * T, Hq, d), dtype=torch.float32)
-                masskv.prefill(rows, q_indptr, state.cache.view(state.seqs), alpha=self.alpha,
-                               scale=scale, out=res)
-                out = res.reshape(B, T, Hq, d)
+                rows = q.permute(0, 2, 1, 3).reshape(B * T, Hq, d)
+                # Each row's own queries (its last n[b] columns), rows without any left out.
+                n = [T] * B if counts is None else counts
+                rows_in = [b for b in range(B) if n[b] > 0]
+                keep = torch.cat([torch.arange(b * T + T - n[b], b * T + T) for b in rows_in])
+                q_indptr = np.concatenate([[0], np.cumsum([n[b] for b in rows_in])]).astype(
+                    np.int32)
+                res = torch.empty((int(q_indptr[-1]), Hq, d), dtype=torch.float32)
+                masskv.prefill(rows[keep].contiguous(), q_indptr,
+                               state.cache.view([state.seqs[b] for b in rows_in]),
+                               alpha=self.alpha, scale=scale, out=res)
+                out = torch.zeros((B * T, Hq, d), dtype=torch.float32)
+                out[keep] = res  # padding rows' outputs: 0 (no token reads them)
+                out = out.reshape(B, T, Hq, d)
         return out.to(device=query.device, dtype=query.dtype), None
 
     # -- pieces -----------------------------------------------------------------------------
-    @staticmethod
-    def _check_no_padding(mask, B: int, T: int, S: int) -> None:
-        if mask is None:
-            return
-        m = mask[..., -T:, -S:] if mask.dim() == 4 else mask
-        if m.dtype.is_floating_point:
-            visible = m[..., -1, :] == 0 if m.dim() == 4 else m != 0
-        else:
-            visible = m[..., -1, :] if m.dim() == 4 else m
-        if not bool(visible.all()):
-            raise ValueError("masskv attention: padded batches are not supported: every row "
-                             "must be unpadded and of the same length")
-
     def _new_cache(self, num_kv_heads: int, d: int, tokens: int, B: int) -> _LayerState:
         pages = B * (-(-max(tokens, self.max_tokens) // self.page_size) + 1)
         cache = masskv.PagedKVCache(num_kv_heads, d, pages, page_size=self.page_size,
                                     dtype=self.dtype)
         return _LayerState(cache, [cache.create() for _ in range(B)])
 
-    def _sync(self, module: Any, key, value, new_tokens: int) -> _LayerState:
+    def _sync(self, module: Any, key, value, new_tokens: int, counts, mask) -> _LayerState:
         """Mirrors key/value ([B, Hkv, S, d], the full history) into the module's paged cache.
 
-        The cache must hold exactly the first S - new_tokens tokens (the previous call's);
+        The cache must hold exactly the first S - new_tokens columns (the previous call's);
         otherwise a new generation started (or the history changed) and the layer's cache is
         rebuilt from the full history, so it never drifts from what transformers holds.
+        counts: real_counts of the new columns (None: all are tokens); each row appends its
+        own, the last of the new columns.
         """
         import torch
 
@@ -187,25 +216,29 @@ class MasskvAttention:
         except TypeError:  # None or an object without weak references: nothing to tie it to
             raise ValueError("masskv attention: the module argument must be the model's "
                              f"attention module (an nn.Module), got {type(module).__name__}") from None
-        if state is not None and (len(state.seqs) != B or
-                                  state.cache.length(state.seqs[0]) != S - new_tokens):
+        if state is not None and (len(state.seqs) != B or state.columns != S - new_tokens):
             state = None
         if state is None:
             state = self._new_cache(Hkv, d, S, B)
             self._states[module] = state
-        have = state.cache.length(state.seqs[0])
-        k = key[:, :, have:S].detach().to("cpu", torch.float32).permute(0, 2, 1, 3)
-        v = value[:, :, have:S].detach().to("cpu", torch.float32).permute(0, 2, 1, 3)
+            if new_tokens < S:  # the whole history: its padding from the mask
+                counts, new_tokens = real_counts(mask, B, S, S), S
+        n = [new_tokens] * B if counts is None else counts
+        k = key[:, :, S - new_tokens:S].detach().to("cpu", torch.float32).permute(0, 2, 1, 3)
+        v = value[:, :, S - new_tokens:S].detach().to("cpu", torch.float32).permute(0, 2, 1, 3)
         try:
             for b, s in enumerate(state.seqs):
-                state.cache.append(s, k[b].contiguous(), v[b].contiguous())
+                if n[b]:
+                    state.cache.append(s, k[b, new_tokens - n[b]:].contiguous(),
+                                       v[b, new_tokens - n[b]:].contiguous())
         except masskv.Error as e:
             if e.code != "out_of_memory":
                 raise
             # Pool full: rebuild twice as large from the full history transformers holds.
             self.max_tokens = 2 * max(self.max_tokens, S)
             del self._states[module]
-            return self._sync(module, key, value, S)
+            return self._sync(module, key, value, S, real_counts(mask, B, S, S), mask)
+        state.columns = S
         return state
 
     def _decode(self, layer: int, state: _LayerState, q, scale: float):

@@ -42,9 +42,12 @@ __all__ = ["MasskvCache"]
 class _Layer(CacheLayerMixin):
     """One layer's view of the shared paged cache: no tensors of its own."""
 
-    is_compileable = False
     is_sliding = False
     is_croppable = False
+
+    @property
+    def is_compileable(self) -> bool:  # generate() compiles the decode step of a static cache
+        return self._owner().static
 
     def __init__(self, owner: MasskvCache, layer: int):
         super().__init__()
@@ -58,10 +61,13 @@ class _Layer(CacheLayerMixin):
         self.is_initialized = True
         return self._owner()._update(self.layer, key_states, value_states)
 
-    def get_mask_sizes(self, query_length) -> tuple[int, int]:
+    def get_mask_sizes(self, query_length, *args) -> tuple[int, int]:
         # transformers < 5.2x passed cache_position (a tensor of the new positions) here.
         if isinstance(query_length, torch.Tensor):
             query_length = int(query_length.shape[0])
+        owner = self._owner()
+        if owner.static and query_length == 1:  # one shape for every decode step
+            return owner.max_tokens, 0
         return self.get_seq_length() + int(query_length), 0
 
     def get_seq_length(self) -> int:
@@ -104,7 +110,8 @@ class MasskvCache(Cache):
     """
 
     def __init__(self, attn: Any, config: Any, *, max_tokens: int | None = None,
-                 dtype: torch.dtype | None = None, device: torch.device | str | None = None):
+                 dtype: torch.dtype | None = None, device: torch.device | str | None = None,
+                 static: bool = False):
         layers = getattr(config, "num_hidden_layers", None)
         kv_heads = getattr(config, "num_key_value_heads", None) or \
             getattr(config, "num_attention_heads", None)
@@ -113,28 +120,50 @@ class MasskvCache(Cache):
                              "num_hidden_layers and num_key_value_heads")
         if max_tokens is not None and (not isinstance(max_tokens, int) or max_tokens < 1):
             raise ValueError(f"max_tokens: must be None or a positive int, got {max_tokens!r}")
+        if static and max_tokens is None:
+            raise ValueError("static: give max_tokens (the pool is sized once: a captured graph "
+                             "keeps its tensors)")
+        if static and attn.method == "token_codes":
+            raise ValueError("static: token_codes keeps per-step key moments on the host; static "
+                             "decode steps serve methods dense and quest")
         super().__init__(layers=[_Layer(self, i) for i in range(layers)])
         self.attn = attn
         self.num_kv_heads = kv_heads
         self.max_tokens = max_tokens or attn.max_tokens
         self.dtype = dtype
         self.device = None if device is None else torch.device(device)
+        self.static = bool(static)
         self.paged: TorchPagedCache | None = None
         self.seqs: list[int] = []
-        self._lengths = [0] * layers
+        self._lengths = [0] * layers  # key columns each layer has seen (padding included)
+        self._columns = 0             # key columns of the step begun last
+        self._pending: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
 
     # -- what transformers asks ----------------------------------------------------------------
     @property
     def batch_size(self) -> int:
         return len(self.seqs) if self.paged is not None else -1
 
+    def sync(self) -> None:
+        """Brings the host's view up to date after static decode steps (which advance on the
+        device only, get_seq_length() standing still meanwhile): a host read."""
+        if self.paged is None or not self.paged.static_active:
+            return
+        steps = self.paged.static_steps()
+        self.paged.end_static()
+        self._lengths = [n + steps for n in self._lengths]
+        self._columns += steps
+
     def reset(self) -> None:
         """Forgets every sequence (the pool is kept for the next generation)."""
+        self.sync()
         if self.paged is not None:
             for s in self.seqs:
                 self.paged.free(s)
         self.seqs = []
         self._lengths = [0] * len(self.layers)
+        self._columns = 0
+        self._pending.clear()
 
     # -- the work ----------------------------------------------------------------------------
     def _new_paged(self, B: int, Hkv: int, d: int, dtype, device) -> TorchPagedCache:
@@ -147,12 +176,20 @@ class MasskvCache(Cache):
                                                             self.attn.hierarchical))
 
     def _update(self, layer: int, key: torch.Tensor, value: torch.Tensor):
-        """key, value [B, Hkv, T, d]: this layer's new tokens. The first layer to see them takes
-        the pages (begin_step); each appends. Returns the tensors the attention function gets."""
+        """key, value [B, Hkv, T, d]: this layer's new columns. A decode step (T == 1) appends
+        them now (the first layer to see them takes the pages); a prefill chunk's wait for
+        ``commit``, which masskv's attention calls with the chunk's padding. Returns the tensors
+        the attention function gets."""
         B, Hkv, T, d = key.shape
         if Hkv != self.num_kv_heads:
             raise ValueError(f"MasskvCache: keys with {Hkv} kv heads, the config says "
                              f"{self.num_kv_heads}")
+        if self.static and T == 1 and self.seqs:
+            return self._static_update(layer, key, value)
+        self.sync()
+        if self._pending:
+            raise ValueError("MasskvCache: a prefill chunk was never committed (the cache serves "
+                             "masskv's attention only: attn_implementation=attn.register())")
         if self.paged is None:
             self.paged = self._new_paged(B, Hkv, d, self.dtype or key.dtype,
                                          self.device or key.device)
@@ -163,22 +200,78 @@ class MasskvCache(Cache):
             raise ValueError(f"MasskvCache: a batch of {B} rows, the cache holds {len(self.seqs)} "
                              "(reset() it, or a new MasskvCache, for another batch)")
         have = self._lengths[layer]
-        stored = paged.length(self.seqs[0])
-        if have == stored:  # the first layer to see this step's tokens
-            self._begin(T)
-        elif have + T != stored or paged.step_tokens != T:
-            raise ValueError(f"MasskvCache: layer {layer} holds {have} tokens and appends {T}, "
-                             f"the cache {stored}: the layers went out of step")
-        paged.append(layer, key.transpose(1, 2), value.transpose(1, 2))
+        if have not in (self._columns, self._columns - T):
+            raise ValueError(f"MasskvCache: layer {layer} holds {have} columns and adds {T}, "
+                             f"the cache {self._columns}: the layers went out of step")
+        if T == 1:
+            self._append(layer, key, value, None, have + 1)
+        else:
+            self._pending[layer] = (key, value)
         self._lengths[layer] = have + T
-        if T == 1 or have == 0 or getattr(self.attn, "prefill", "sdpa") == "masskv":
-            k, v = key, value  # masskv's prefill reads the pool itself
-        else:  # a chunk after earlier tokens: SDPA needs the history, gathered from the pool
-            k, v = (t.transpose(1, 2).to(key.dtype) for t in paged.history(layer))
-        k._masskv_cache = self
-        return k, v
+        key._masskv_cache = self
+        return key, value
 
-    def _begin(self, T: int) -> None:
+    def _static_update(self, layer: int, key: torch.Tensor, value: torch.Tensor):
+        """A static decode step: device work only (no host sync, no Python state that changes
+        from step to step), so that the whole model step can be captured in a CUDA graph."""
+        paged = self.paged
+        if len(self.seqs) != key.shape[0]:
+            raise ValueError(f"MasskvCache: a batch of {key.shape[0]} rows, the cache holds "
+                             f"{len(self.seqs)}")
+        if layer == 0:
+            if not paged.static_active:  # the first decode step after a prefill
+                self.begin_static()
+            paged.static_step()
+        paged.append(layer, key.transpose(1, 2), value.transpose(1, 2))
+        key._masskv_cache = self
+        return key, value
+
+    @torch.compiler.disable
+    def begin_static(self) -> None:
+        """Takes the pages of the static decode steps up to max_tokens (host work, once after a
+        prefill; the first decode step does it otherwise): call it before compiling or
+        capturing the decode step, so that the traced step holds device work only."""
+        if not self.static:
+            raise ValueError("begin_static: this MasskvCache is not static (static=True)")
+        if self.paged is None or not self.seqs:
+            raise ValueError("begin_static: nothing prefilled yet")
+        if self._pending:
+            raise ValueError("begin_static: a prefill chunk was never committed")
+        if self.paged.static_active:
+            return
+        self.paged.begin_static(self.seqs, self.max_tokens)
+        for t in self.paged.static_tensors():  # CUDA graphs of torch.compile need fixed addresses
+            torch._dynamo.mark_static_address(t)
+
+    def commit(self, layer: int, counts: list[int] | None) -> None:
+        """Appends layer `layer`'s pending prefill chunk: counts[b] tokens of row b, the last
+        of its columns (masskv.hf.real_counts; None: every column)."""
+        try:
+            key, value = self._pending.pop(layer)
+        except KeyError:
+            raise ValueError(f"MasskvCache: layer {layer} has no prefill chunk to commit") from None
+        self._append(layer, key, value, counts, self._lengths[layer])
+
+    def history(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Layer `layer`'s keys and values [B, Hkv, S, d] over all S columns it has seen, each
+        row's tokens at the end of its columns and 0 in its padding (what SDPA attends to in a
+        prefill chunk after earlier ones; a copy from the pool)."""
+        k, v = self.paged.history(layer, width=self._lengths[layer])
+        return k.transpose(1, 2), v.transpose(1, 2)
+
+    def _append(self, layer: int, key: torch.Tensor, value: torch.Tensor, counts,
+                end: int) -> None:
+        """Appends key, value [B, Hkv, T, d] of `layer`, whose columns end at `end`; the first
+        layer to reach `end` begins the step."""
+        T = key.shape[2]
+        if self._columns < end:
+            self._begin(T if counts is None else counts)
+            self._columns = end
+        n = self.paged.step_tokens  # the step's tokens are the last n columns
+        self.paged.append(layer, key[:, :, T - n:].transpose(1, 2),
+                          value[:, :, T - n:].transpose(1, 2))
+
+    def _begin(self, T: int | list[int]) -> None:
         """Takes the step's pages, growing the pool until they fit (begin_step raises before it
         changes anything when they do not)."""
         while True:

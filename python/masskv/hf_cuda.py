@@ -21,6 +21,7 @@ from typing import Any
 import torch
 
 import masskv
+from masskv.hf import real_counts
 from masskv.torch_cache import TorchPagedCache
 
 try:  # transformers' Cache subclass (no dense copy); absent with an old transformers
@@ -35,6 +36,7 @@ GPU_METHODS = ("dense", "quest", "token_codes")
 class _ModelState:
     cache: TorchPagedCache
     seqs: list[int]
+    columns: int = 0  # key columns of transformers' history mirrored (padding included)
 
 
 class CudaLayers:
@@ -54,7 +56,8 @@ class CudaLayers:
         self._watched.discard(key)
 
     def __call__(self, attn: Any, module: Any, query, key, value, attention_mask,
-                 scale: float, **kwargs):
+                 scale: float, counts: list[int] | None = None, **kwargs):
+        """counts: masskv.hf.real_counts of a prefill chunk (None: no padding)."""
         if attn.method not in GPU_METHODS:
             raise ValueError(f"masskv attention: on CUDA tensors the methods are "
                              f"{', '.join(GPU_METHODS)}; got {attn.method!r} (the CPU path "
@@ -71,24 +74,34 @@ class CudaLayers:
         if attn.budget != "fixed":
             raise ValueError(f"masskv attention: on the GPU the budget is 'fixed' (got "
                              f"{attn.budget!r})")
-        T = query.shape[2]
+        B, T = query.shape[0], query.shape[2]
         layer = int(getattr(module, "layer_idx", 0))
         owner = MasskvCache.owning(key) if MasskvCache is not None else None
-        if owner is not None:  # transformers' cache is masskv's: the keys are in already
+        if owner is not None:  # transformers' cache is masskv's: it holds the keys
+            if T > 1:
+                owner.commit(layer, counts)  # a prefill chunk's tokens, padding left out
             state = _ModelState(owner.paged, owner.seqs)
         else:
-            state = self._sync(attn, module, key, value, T)
+            state = self._sync(attn, module, key, value, T, counts, attention_mask)
         if T > 1:
             if attn.alpha != 1.0:
                 raise ValueError("masskv attention: an entmax (alpha != 1) prefill on the GPU is "
                                  "not served yet; run the CPU path")
             if attn.prefill == "masskv":
-                q = query.transpose(1, 2).to(state.cache.dtype)
+                # The step's tokens are the last step_tokens columns (fewer than T when every
+                # row of a padded batch has padding in this chunk).
+                n = state.cache.step_tokens
+                q = query[:, :, T - n:].transpose(1, 2).to(state.cache.dtype)
                 out, _ = state.cache.prefill(layer, q, budget_tokens=attn.prefill_budget_tokens,
                                              scale=scale)
+                if n < T:
+                    out = torch.cat([out.new_zeros((B, T - n, *out.shape[2:])), out], 1)
                 return out.to(query.dtype), None
             from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
+            if owner is not None and owner.get_seq_length(layer) > T:
+                # A chunk after earlier ones: SDPA reads the history, gathered from the pool.
+                key, value = (t.to(query.dtype) for t in owner.history(layer))
             return sdpa_attention_forward(module, query, key, value, attention_mask,
                                           scaling=scale, **kwargs)
         q = query[:, :, 0, :].float().contiguous()
@@ -104,9 +117,11 @@ class CudaLayers:
                               unit="token" if attn.method == "token_codes" else "page")
         return out[:, None].to(query.dtype), None
 
-    def _sync(self, attn: Any, module: Any, key, value, new_tokens: int) -> _ModelState:
+    def _sync(self, attn: Any, module: Any, key, value, new_tokens: int, counts,
+              mask) -> _ModelState:
         """Appends this layer's new keys/values ([B, Hkv, S, d], the full history) to the model's
-        GPU cache, beginning the step when this layer is the first to see them."""
+        GPU cache, beginning the step when this layer is the first to see them. counts: how
+        many of the new columns of each row are tokens (the last ones; None: all)."""
         B, Hkv, S, d = key.shape
         config = getattr(module, "config", None)
         layers = getattr(config, "num_hidden_layers", None)
@@ -116,29 +131,33 @@ class CudaLayers:
         layer = int(getattr(module, "layer_idx", 0))
         state = self._states.get(id(config))
         if state is not None:
-            # Holds the history but this call's new tokens (an earlier layer may have appended
-            # them already: then have == S); anything else is a new generation: start over.
-            have = state.cache.length(state.seqs[0])
-            if len(state.seqs) != B or not S - new_tokens <= have <= S:
+            # Holds the history but this call's new columns (an earlier layer may have
+            # appended them already: then columns == S); anything else is a new generation:
+            # start over.
+            if len(state.seqs) != B or state.columns not in (S - new_tokens, S):
                 del self._states[id(config)]
                 state = None
         if state is None:
             state = self._new_state(attn, config, layers, key)
+            if new_tokens < S:  # the whole history: its padding from the mask
+                counts, new_tokens = real_counts(mask, B, S, S), S
         cache = state.cache
-        have = cache.length(state.seqs[0])
-        if have < S:
+        if state.columns < S:
             try:
-                cache.begin_step(state.seqs, S - have)
+                cache.begin_step(state.seqs, new_tokens if counts is None else counts)
             except masskv.Error as e:
                 if e.code != "out_of_memory":
                     raise
                 # Pool full: a cache twice as large, filled from the full history of every
                 # layer (this is the step's first layer; the others append key[:, :, :S] too).
+                full = [cache.length(s) + (new_tokens if counts is None else c)
+                        for s, c in zip(state.seqs, counts or [0] * B)]
                 attn.max_tokens = 2 * max(attn.max_tokens, S)
                 del self._states[id(config)], state, cache
                 state = self._new_state(attn, config, layers, key)
                 cache = state.cache
-                cache.begin_step(state.seqs, S)
+                cache.begin_step(state.seqs, full)
+            state.columns = S
         T = cache.step_tokens
         k = key[:, :, S - T:S].transpose(1, 2)
         v = value[:, :, S - T:S].transpose(1, 2)

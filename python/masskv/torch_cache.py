@@ -43,14 +43,29 @@ class _Seq:
     pages: list[int] = field(default_factory=list)
     length: int = 0
     groups: list[int] = field(default_factory=list)  # group-store slots, one per 16 pages
+    reserved: list[int] = field(default_factory=list)   # static steps: pages taken ahead
+    greserved: list[int] = field(default_factory=list)  # and group slots
+
+
+@dataclass
+class _Static:
+    """Device state of static decode steps (begin_static): each row's pages and group slots up
+    to max_tokens, taken ahead, and its length, advanced on the device."""
+    rows: list[_Seq]
+    lengths: torch.Tensor     # int32 (B,)
+    start: list[int]          # the host lengths when it began
+    row_pages: torch.Tensor   # int32 (B, pages a row)
+    row_groups: torch.Tensor | None
+    iota: torch.Tensor        # int32 arange(B * pages a row)
 
 
 @dataclass
 class _Step:
     seqs: list[int]
-    tokens: int
-    page: torch.Tensor       # int32 (B * tokens,) physical page of each new token, row-major (b, t)
-    slot: torch.Tensor       # int32 (B * tokens,)
+    tokens: int              # the most new tokens of any row: append's k, v are (B, tokens, ...)
+    counts: list[int]        # new tokens of each row, right-aligned in those tensors
+    page: torch.Tensor       # int32 (sum(counts),) physical page of each new token, row-major (b, t)
+    slot: torch.Tensor       # int32 (sum(counts),)
     touched: torch.Tensor    # int32 pages the step wrote (distinct), for the summary refresh
     touched_tokens: torch.Tensor  # int32 tokens each of them holds after the step
     indptr: torch.Tensor
@@ -62,6 +77,12 @@ class _Step:
     group_indices: torch.Tensor | None = None
     mean_seq: torch.Tensor | None = None  # page codes: the batch's f64 key moments
     m2_seq: torch.Tensor | None = None
+    src: torch.Tensor | None = None  # int64 rows of the (B * tokens) new rows that are written
+    #                                  (None: every row: all counts equal tokens)
+
+    @property
+    def uniform(self) -> bool:
+        return self.src is None
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -78,6 +99,17 @@ def _fill_csr(lists: list[list[int]], indptr: torch.Tensor, indices: torch.Tenso
     indptr.copy_(torch.tensor(ptr, dtype=torch.int32))
     indices[:len(ids)].copy_(torch.tensor(ids, dtype=torch.int32))
     return len(ids)
+
+
+def _fill_rows(counts: torch.Tensor, indptr: torch.Tensor, out: torch.Tensor,
+               rows: torch.Tensor, iota: torch.Tensor) -> None:
+    """On the device, no host sync: the CSR of the first counts[b] entries of each row of
+    `rows` (B, W): indptr (B + 1,), out's first B * W entries (past indptr[B]: filler)."""
+    B, W = rows.shape
+    indptr[1:].copy_(counts.cumsum(0))
+    row = torch.searchsorted(indptr[1:], iota, right=True).clamp_(max=B - 1)
+    col = (iota - indptr[row]).clamp_(0, W - 1)
+    out[:B * W].copy_(rows.view(-1)[row.long() * W + col.long()])
 
 
 def _error(msg: str, code: str, argument: str) -> masskv.Error:
@@ -179,6 +211,7 @@ class TorchPagedCache:
         self._seqs: dict[int, _Seq] = {}
         self._next_id = 0
         self._step: _Step | None = None
+        self._static: _Static | None = None
         self._bufs: dict[tuple, tuple[torch.Tensor, ...]] = {}
 
     @staticmethod
@@ -207,10 +240,13 @@ class TorchPagedCache:
             raise ValueError(f"seq: no sequence {sid!r} in this cache") from None
 
     def length(self, sid: int) -> int:
+        """Tokens of a sequence (after static steps: read from the device, which ends them)."""
+        self.end_static()
         return self._seq(sid).length
 
     def free(self, sid: int) -> None:
         """Forgets a sequence; its pages return to the pool when no fork shares them."""
+        self.end_static()
         s = self._seq(sid)
         for p in s.pages:
             self._release(p)
@@ -223,6 +259,7 @@ class TorchPagedCache:
     def fork(self, sid: int) -> int:
         """A new sequence sharing sid's tokens (its pages, copy-on-write). With codes=True it
         ends the current step (begin the next one)."""
+        self.end_static()
         src = self._seq(sid)
         if len(src.groups) > len(self._gfree):
             raise _error(f"group slots: the fork needs {len(src.groups)}, "
@@ -251,6 +288,7 @@ class TorchPagedCache:
         """Enlarges the pool to capacity_pages pages per layer (and the group store to match),
         keeping every sequence, page id and stored value. The tensors are new, so a CUDA graph
         captured before must be captured again, and the current step ends (begin the next one)."""
+        self.end_static()
         if not isinstance(capacity_pages, int) or capacity_pages < self.capacity_pages:
             raise ValueError(f"capacity_pages: must be an int >= the current "
                              f"{self.capacity_pages}, got {capacity_pages!r}")
@@ -319,40 +357,45 @@ class TorchPagedCache:
         return [t for t in (getattr(self, n) for n in _PAGE_STORES) if t is not None]
 
     # -- a step (host, once for all layers) ----------------------------------------------------
-    def begin_step(self, seqs: list[int], tokens: int = 1) -> None:
+    def begin_step(self, seqs: list[int], tokens: int | list[int] = 1) -> None:
         """Takes the pages for `tokens` new tokens of each sequence in `seqs` (the batch rows, in
         order) and writes the step's positions and page table to the device. The lengths
-        advance now; every layer then appends its keys and values with ``append``."""
-        if not isinstance(tokens, int) or tokens < 1:
-            raise ValueError(f"tokens: must be a positive int, got {tokens!r}")
-        rows = [self._seq(s) for s in seqs]
-        if not rows:
-            raise ValueError("seqs: empty batch")
-        if len(set(seqs)) != len(seqs):
-            raise ValueError("seqs: a sequence appears twice in one step")
+        advance now; every layer then appends its keys and values with ``append``.
+
+        tokens: one count for every row, or a list of counts per row (rows of a padded batch:
+        each >= 0, at least one > 0). With a list, ``append`` takes (B, max(tokens), H_kv, d)
+        tensors whose row b holds its tokens[b] new tokens at the end (left padding, as
+        transformers pads a batch for generation); the rest of the row is not stored."""
+        self.end_static()
+        rows = self._batch(seqs)
+        counts = self._step_counts(tokens, len(rows))
+        tokens = max(counts)
         P = self.page_size
         # New pages, plus a copy of each partly filled last page a fork still shares.
-        need = sum(_cdiv(s.length + tokens, P) - len(s.pages)
-                   + (s.length % P != 0 and self._refs[s.pages[-1]] > 1) for s in rows)
+        need = sum(_cdiv(s.length + n, P) - len(s.pages)
+                   + (n > 0 and s.length % P != 0 and self._refs[s.pages[-1]] > 1)
+                   for s, n in zip(rows, counts))
         if need > len(self._free):
             raise _error(f"capacity_pages: the step needs {need} new pages, {len(self._free)} "
                          f"of {self.capacity_pages} are free", "out_of_memory", "capacity_pages")
-        gneed = (sum(_cdiv(_cdiv(s.length + tokens, P), GROUP_PAGES) - len(s.groups)
-                     for s in rows) if self.group_min is not None else 0)
+        gneed = (sum(_cdiv(_cdiv(s.length + n, P), GROUP_PAGES) - len(s.groups)
+                     for s, n in zip(rows, counts)) if self.group_min is not None else 0)
         if gneed > len(self._gfree):
             raise _error(f"group slots: the step needs {gneed} new group slots, "
                          f"{len(self._gfree)} of {self.group_slots} are free", "out_of_memory",
                          "capacity_pages")
         page, slot, touched, touched_tokens = [], [], [], []
-        for s in rows:
+        for s, n in zip(rows, counts):
+            if n == 0:
+                continue
             self._own_last_page(s)
             first_page = s.length // P
-            for pos in range(s.length, s.length + tokens):
+            for pos in range(s.length, s.length + n):
                 if pos // P == len(s.pages):
                     s.pages.append(self._take())
                 page.append(s.pages[pos // P])
                 slot.append(pos % P)
-            s.length += tokens
+            s.length += n
             while self.group_min is not None and \
                     len(s.groups) * GROUP_PAGES < len(s.pages):
                 s.groups.append(self._gfree.pop())
@@ -370,9 +413,17 @@ class TorchPagedCache:
                                                             (self.capacity_pages, -1), (B, 1)])
         used = _fill_csr([s.pages for s in rows], indptr, indices)
         last.copy_(torch.tensor([s.length - (len(s.pages) - 1) * P for s in rows], **i32))
-        pg, sl = self._buffers(("pos", B, tokens), [(B * tokens, 0), (B * tokens, 0)])
-        pg.copy_(torch.tensor(page, **i32))
-        sl.copy_(torch.tensor(slot, **i32))
+        src = None
+        if any(n != tokens for n in counts):  # which of the (B * tokens) rows are new tokens
+            src = torch.tensor([b * tokens + t for b, n in enumerate(counts)
+                                for t in range(tokens - n, tokens)], dtype=torch.long,
+                               device=self.device)
+            pg = torch.tensor(page, **i32).to(self.device)
+            sl = torch.tensor(slot, **i32).to(self.device)
+        else:  # buffers kept per shape: a captured decode step reads them on every replay
+            pg, sl = self._buffers(("pos", B, tokens), [(B * tokens, 0), (B * tokens, 0)])
+            pg.copy_(torch.tensor(page, **i32))
+            sl.copy_(torch.tensor(slot, **i32))
         self._end_moments()
         # The touched pages in buffers kept per shape too: a captured decode step (one page a
         # sequence) reads them on every replay.
@@ -380,8 +431,8 @@ class TorchPagedCache:
                                [(len(touched), 0), (len(touched), 0)])
         tp.copy_(torch.tensor(touched, **i32))
         tt.copy_(torch.tensor(touched_tokens, **i32))
-        self._step = _Step(list(seqs), tokens, pg, sl, tp, tt, indptr, indices, last, used,
-                           max_pages)
+        self._step = _Step(list(seqs), tokens, counts, pg, sl, tp, tt, indptr, indices, last,
+                           used, max_pages, src=src)
         if self.code_stores is not None:
             # The batch's key moments, [layer][b][H][d], in buffers kept per batch size (the
             # storage a captured step keeps, as the page table's).
@@ -399,6 +450,147 @@ class TorchPagedCache:
             gptr, gids = self._buffers(("groups", B), [(B + 1, 0), (self.group_slots, -1)])
             _fill_csr([s.groups for s in rows], gptr, gids)
             self._step.group_indptr, self._step.group_indices = gptr, gids
+
+    def _batch(self, seqs: list[int]) -> list[_Seq]:
+        rows = [self._seq(s) for s in seqs]
+        if not rows:
+            raise ValueError("seqs: empty batch")
+        if len(set(seqs)) != len(seqs):
+            raise ValueError("seqs: a sequence appears twice in one step")
+        return rows
+
+    # -- static decode steps (device only, for CUDA graphs of a whole model step) -------------
+    @property
+    def static_active(self) -> bool:
+        return self._static is not None
+
+    def begin_static(self, seqs: list[int], max_tokens: int) -> None:
+        """Decode steps of a fixed batch that run on the device alone: takes each row's pages
+        and group slots up to max_tokens tokens now, so that ``static_step`` (one token a row,
+        no host work, no host sync) can begin every later step inside a captured graph. The
+        grids are fixed (max_pages_per_seq = ceil(max_tokens / page_size)). The host's
+        lengths catch up when the static steps end (``end_static``, which every host-side
+        method calls first); the pages not used go back then. Not with codes=True."""
+        if self.code_stores is not None:
+            raise ValueError("begin_static: token_codes' key moments (codes=True) are kept on "
+                             "the host each step; static steps serve dense and quest")
+        if not isinstance(max_tokens, int) or max_tokens < 1:
+            raise ValueError(f"max_tokens: must be a positive int, got {max_tokens!r}")
+        self.end_static()
+        rows = self._batch(seqs)
+        P = self.page_size
+        Pm = _cdiv(max_tokens, P)
+        if self.max_pages_per_seq is not None and self.max_pages_per_seq < Pm:
+            raise ValueError(f"max_tokens: {Pm} pages a row, more than max_pages_per_seq "
+                             f"{self.max_pages_per_seq}")
+        if max(s.length for s in rows) >= max_tokens:
+            raise _error(f"max_tokens: a row holds {max(s.length for s in rows)} tokens, no room "
+                         f"for a step within {max_tokens}", "out_of_range", "max_tokens")
+        need = sum(Pm - len(s.pages) + (s.length % P != 0 and self._refs[s.pages[-1]] > 1)
+                   for s in rows)
+        Gm = _cdiv(Pm, GROUP_PAGES) if self.group_min is not None else 0
+        gneed = sum(Gm - len(s.groups) for s in rows) if Gm else 0
+        if need > len(self._free) or gneed > len(self._gfree):
+            raise _error(f"capacity_pages: static steps up to {max_tokens} tokens a row need "
+                         f"{need} more pages ({len(self._free)} free) and {gneed} group slots "
+                         f"({len(self._gfree)} free)", "out_of_memory", "capacity_pages")
+        for s in rows:
+            self._own_last_page(s)
+            s.reserved = [self._take() for _ in range(Pm - len(s.pages))]
+            s.greserved = [self._gfree.pop() for _ in range(Gm - len(s.groups))] if Gm else []
+        i32 = dict(dtype=torch.int32, device=self.device)
+        B = len(rows)
+        row_groups = (torch.tensor([s.groups + s.greserved for s in rows], **i32) if Gm
+                      else None)
+        self._static = _Static(rows, torch.tensor([s.length for s in rows], **i32),
+                               [s.length for s in rows],
+                               torch.tensor([s.pages + s.reserved for s in rows], **i32),
+                               row_groups, torch.arange(B * Pm, **i32))
+        z = lambda n: torch.zeros(n, **i32)  # noqa: E731
+        self._step = _Step(list(seqs), 1, [1] * B, z(B), z(B), z(B), torch.ones(B, **i32),
+                           z(B + 1), z(B * Pm), z(B), B * Pm, Pm)
+        if Gm:
+            self._step.group_indptr, self._step.group_indices = z(B + 1), z(B * Gm)
+
+    def static_step(self) -> None:
+        """Begins a decode step of the static batch on the device (one token a row): its page
+        and slot, the lengths, the page table and the group table, all in the same tensors
+        every step (what a captured graph replays). Call before the step's first append."""
+        sc, st = self._static, self._step
+        if sc is None:
+            raise RuntimeError("static_step: no static steps begun (begin_static)")
+        P = self.page_size
+        pos = sc.lengths
+        st.page.copy_(sc.row_pages.gather(1, (pos // P).long()[:, None])[:, 0])
+        st.slot.copy_(pos % P)
+        pos.add_(1)
+        pages = (pos + P - 1) // P
+        st.last_page_len.copy_(pos - (pages - 1) * P)
+        _fill_rows(pages, st.indptr, st.indices, sc.row_pages, sc.iota)
+        if sc.row_groups is not None:
+            groups = (pages + GROUP_PAGES - 1) // GROUP_PAGES
+            _fill_rows(groups, st.group_indptr, st.group_indices, sc.row_groups,
+                       sc.iota[:sc.row_groups.numel()])
+
+    def end_static(self) -> None:
+        """Ends static steps: reads the lengths from the device (a host sync), gives the pages
+        and group slots taken ahead but not used back, and ends the step."""
+        sc = self._static
+        if sc is None:
+            return
+        self._static = None
+        P = self.page_size
+        for s, n in zip(sc.rows, sc.lengths.tolist()):
+            pages, groups = s.pages + s.reserved, s.groups + s.greserved
+            k = _cdiv(n, P)
+            s.length, s.pages, s.reserved = n, pages[:k], []
+            for p in pages[k:]:
+                self._release(p)
+            if groups:
+                g = _cdiv(k, GROUP_PAGES)
+                s.groups, s.greserved = groups[:g], []
+                self._gfree.extend(reversed(groups[g:]))
+        self._step = None
+
+    def static_tensors(self) -> list[torch.Tensor]:
+        """Every tensor a static step reads or writes (the pool, the stores, the step's
+        buffers): torch.compile's CUDA graphs need their addresses fixed
+        (torch._dynamo.mark_static_address)."""
+        st, sc = self._current(), self._static
+        out = [*self._stores_all(), st.page, st.slot, st.indptr, st.indices, st.last_page_len]
+        if self.group_min is not None:
+            out += [self.group_min, self.group_max, st.group_indptr, st.group_indices]
+        if sc is not None:
+            out += [sc.lengths, sc.row_pages, sc.iota]
+            if sc.row_groups is not None:
+                out.append(sc.row_groups)
+        return out
+
+    def static_steps(self) -> int:
+        """Static decode steps run since begin_static (a host read of the device lengths; 0
+        when none are active)."""
+        sc = self._static
+        return 0 if sc is None else int(sc.lengths[0]) - sc.start[0]
+
+    def _step_counts(self, tokens, B: int) -> list[int]:
+        """begin_step's tokens as a count per row (checked before anything changes)."""
+        if isinstance(tokens, bool) or not isinstance(tokens, (int, list, tuple)):
+            raise TypeError(f"tokens: expected an int or a list of ints, got "
+                            f"{type(tokens).__name__}")
+        if isinstance(tokens, int):
+            if tokens < 1:
+                raise ValueError(f"tokens: must be a positive int, got {tokens!r}")
+            return [tokens] * B
+        counts = list(tokens)
+        if len(counts) != B:
+            raise ValueError(f"tokens: {len(counts)} counts for a batch of {B} rows")
+        if any(isinstance(n, bool) or not isinstance(n, int) or n < 0 for n in counts) or \
+                max(counts) < 1:
+            raise ValueError(f"tokens: counts must be ints >= 0, at least one > 0; got {counts}")
+        if self.code_stores is not None and len(set(counts)) > 1:
+            raise ValueError("tokens: token_codes' key moments (codes=True) take one count for "
+                             f"every row of a step; got {counts}")
+        return counts
 
     def _buffers(self, key: tuple, specs: list[tuple[int, int]]) -> tuple[torch.Tensor, ...]:
         """Device int32 buffers (size, fill value) kept per key (a batch size, a step's shape):
@@ -420,6 +612,11 @@ class TorchPagedCache:
         return self._current().tokens
 
     @property
+    def step_counts(self) -> list[int]:
+        """New tokens of each row of the current step."""
+        return list(self._current().counts)
+
+    @property
     def step_max_pages(self) -> int:
         """The grid bound the step's kernels get: max_pages_per_seq, else the longest sequence."""
         st = self._current()
@@ -431,7 +628,11 @@ class TorchPagedCache:
         (capacity_pages,) buffer whose prefix they are: the same storage every step, which a
         captured CUDA graph keeps (the CUDA kernels read only the prefix indptr gives)."""
         st = self._current()
-        return st.indptr, st.indices if full else st.indices[:st.used], st.last_page_len
+        if full:
+            return st.indptr, st.indices, st.last_page_len
+        # Static steps write the table on the device: its length is read back (a host sync).
+        used = st.used if self._static is None else int(st.indptr[-1])
+        return st.indptr, st.indices[:used], st.last_page_len
 
     def _kernel_table(self):
         # CUDA: the whole buffer (graph-safe); the CPU's checks want the exact prefix.
@@ -468,7 +669,7 @@ class TorchPagedCache:
             if not t.dtype.is_floating_point:
                 raise TypeError(f"{name}: expected a floating dtype, got {t.dtype}")
         args = self._store_args(layer)
-        if T == 1:
+        if T == 1 and st.uniform:
             torch.ops.masskv.append(*args, k[:, 0].float().contiguous(),
                                     v[:, 0].float().contiguous(), st.page, st.slot, self.layout)
             self._update_groups(layer, last_only=True)
@@ -491,8 +692,11 @@ class TorchPagedCache:
         if self.layout == "HND":
             kp, vp = kp.transpose(1, 2), vp.transpose(1, 2)  # views: [page][slot][head][d]
         idx = (st.page.long(), st.slot.long())
-        kp[idx] = k.reshape(B * T, H, d).to(self.dtype)
-        vp[idx] = v.reshape(B * T, H, d).to(self.dtype)
+        k, v = k.reshape(B * T, H, d), v.reshape(B * T, H, d)
+        if not st.uniform:  # a padded batch: the rows' new tokens only
+            k, v = k[st.src], v[st.src]
+        kp[idx] = k.to(self.dtype)
+        vp[idx] = v.to(self.dtype)
 
     def _end_moments(self) -> None:
         """The current step's batch moments back into each sequence's (page codes)."""
@@ -517,24 +721,37 @@ class TorchPagedCache:
         torch.ops.masskv.update_spread(*stores, *codes, *self._kernel_table(), st.tokens,
                                        st.mean_seq[layer], st.m2_seq[layer], self.layout)
 
-    def history(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def history(self, layer: int, width: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """Every stored key and value of the step's sequences in layer `layer`, as (B, S, H_kv,
-        d) tensors of the pool's dtype (a copy; the sequences must be of one length S): what a
-        prefill chunk after earlier tokens attends to."""
+        d) tensors of the pool's dtype (a copy): what a prefill chunk after earlier tokens
+        attends to. Sequences of one length S; or, with `width` >= the longest, each row's
+        tokens at the end of a (B, width, H_kv, d) tensor whose other entries are 0 (a
+        left-padded batch, the padding columns being masked by the caller)."""
         st = self._current()
         self._check_layer(layer)
         rows = [self._seq(s) for s in st.seqs]
-        S = rows[0].length
-        if any(r.length != S for r in rows):
-            raise ValueError("history: the step's sequences differ in length "
-                             f"({sorted({r.length for r in rows})})")
-        pages = torch.tensor([r.pages for r in rows], dtype=torch.long, device=self.device)
+        longest = max(r.length for r in rows)
+        if width is None:
+            if any(r.length != longest for r in rows):
+                raise ValueError("history: the step's sequences differ in length "
+                                 f"({sorted({r.length for r in rows})}); give width")
+            width = longest
+        elif not isinstance(width, int) or width < longest:
+            raise ValueError(f"width: must be an int >= the longest sequence ({longest}), got "
+                             f"{width!r}")
+        P, H, d = self.page_size, self.num_kv_heads, self.head_dim
+        # Row b's token j sits at column width - length_b + j.
+        at = [(r.pages[j // P], j % P, b * width + width - r.length + j)
+              for b, r in enumerate(rows) for j in range(r.length)]
+        page, slot, dst = (torch.tensor(c, dtype=torch.long, device=self.device)
+                           for c in (zip(*at) if at else ([], [], [])))
         out = []
         for pool in (self.k_pool[layer], self.v_pool[layer]):
             if self.layout == "HND":
                 pool = pool.transpose(1, 2)  # [page][slot][head][d]
-            t = pool[pages]                  # (B, pages, P, H, d)
-            out.append(t.reshape(len(rows), -1, self.num_kv_heads, self.head_dim)[:, :S])
+            t = torch.zeros((len(rows) * width, H, d), dtype=pool.dtype, device=self.device)
+            t[dst] = pool[page, slot]
+            out.append(t.view(len(rows), width, H, d))
         return out[0], out[1]
 
     def _update_groups(self, layer: int, last_only: bool) -> None:
@@ -599,12 +816,21 @@ class TorchPagedCache:
         pool's dtype. budget_tokens 0: dense; > 0: block-sparse, each block of `block` queries
         (64 or 128) reads the sink blocks, its own block and the best others by the mean-pooled
         indexer, ceil(budget_tokens / block) key blocks in all. Returns out (B, T, Hq, d) in the
-        pool's dtype and float32 lse (B, T, Hq)."""
+        pool's dtype and float32 lse (B, T, Hq). After a step of a padded batch (begin_step
+        with a count per row), T is the step's tokens and row b's queries are its last
+        counts[b] rows of q, as append took them; the other rows of out are 0, of lse -inf."""
         st = self._current()
         self._check_layer(layer)
+        if self._static is not None:
+            raise RuntimeError("prefill: static decode steps are running (begin_step ends them)")
         B = len(st.seqs)
         shortest = min(self._seq(s).length for s in st.seqs)
-        if not isinstance(q, torch.Tensor) or q.dim() != 4 or q.shape[0] != B or \
+        if not st.uniform:
+            if not isinstance(q, torch.Tensor) or q.dim() != 4 or q.shape[0] != B or \
+                    q.shape[1] != st.tokens:
+                raise ValueError(f"q: expected a (B={B}, T={st.tokens}, Hq, d) tensor (the "
+                                 "step's tokens; each row's own at its end)")
+        elif not isinstance(q, torch.Tensor) or q.dim() != 4 or q.shape[0] != B or \
                 not 1 <= q.shape[1] <= shortest:
             raise ValueError(f"q: expected a (B={B}, T, Hq, d) tensor, 1 <= T <= {shortest} "
                              "(the shortest sequence)")
@@ -613,17 +839,33 @@ class TorchPagedCache:
             raise TypeError(f"q: expected {self.dtype} (the pool's dtype), got {q.dtype}")
         if not isinstance(budget_tokens, int) or budget_tokens < 0:
             raise ValueError(f"budget_tokens: must be an int >= 0, got {budget_tokens!r}")
-        nqb = _cdiv(T, block)
-        q_indptr, qb_indptr = self._buffers(("prefill", B, T, block), [(B + 1, 0), (B + 1, 0)])
-        q_indptr.copy_(torch.arange(0, (B + 1) * T, T, dtype=torch.int32))
-        qb_indptr.copy_(torch.arange(0, (B + 1) * nqb, nqb, dtype=torch.int32))
+        Hq, d = q.shape[2], q.shape[3]
+        rows = q.reshape(B * T, Hq, d)
+        counts = [T] * B if st.uniform else st.counts
+        if st.uniform:
+            nqb = _cdiv(T, block)
+            q_indptr, qb_indptr = self._buffers(("prefill", B, T, block),
+                                                [(B + 1, 0), (B + 1, 0)])
+            q_indptr.copy_(torch.arange(0, (B + 1) * T, T, dtype=torch.int32))
+            qb_indptr.copy_(torch.arange(0, (B + 1) * nqb, nqb, dtype=torch.int32))
+        else:  # only each row's own queries, back to back
+            rows = rows[st.src]
+            ptr = torch.tensor([0] + counts, dtype=torch.int32).cumsum(0, dtype=torch.int32)
+            bptr = torch.tensor([0] + [_cdiv(n, block) for n in counts],
+                                dtype=torch.int32).cumsum(0, dtype=torch.int32)
+            q_indptr, qb_indptr = ptr.to(self.device), bptr.to(self.device)
+        q_blocks = sum(_cdiv(n, block) for n in counts)
         max_len = max(self._seq(s).length for s in st.seqs)
         blocks = _cdiv(budget_tokens, block) if budget_tokens else 0
-        Hq, d = q.shape[2], q.shape[3]
         out, lse = torch.ops.masskv.prefill(
-            q.reshape(B * T, Hq, d), self.k_pool[layer], self.v_pool[layer],
+            rows, self.k_pool[layer], self.v_pool[layer],
             *self._kernel_table(), q_indptr, qb_indptr if blocks else None, self.layout, T,
-            scale, blocks, B * nqb, block, block, sink_blocks, max_len)
+            scale, blocks, q_blocks, block, block, sink_blocks, max_len)
+        if not st.uniform:
+            full = torch.zeros((B * T, Hq, d), dtype=out.dtype, device=out.device)
+            full_lse = torch.full((B * T, Hq), -float("inf"), dtype=lse.dtype, device=lse.device)
+            full[st.src], full_lse[st.src] = out, lse
+            out, lse = full, full_lse
         return out.view(B, T, Hq, d), lse.view(B, T, Hq)
 
     def decode(self, layer: int, q: torch.Tensor,

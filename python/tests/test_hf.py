@@ -60,16 +60,70 @@ def test_sparse_selector_reads_fewer_tokens():
     assert attn.last_selected_fraction[1] < 0.2
 
 
-def test_padding_is_rejected():
+def padded_batch(B=3, S=19, pads=(0, 5, 11), seed=11):
+    """Token ids and a left-padding mask: row b's first pads[b] columns are padding (id 0)."""
+    ids = torch.randint(1, 128, (B, S), generator=torch.Generator().manual_seed(seed))
+    mask = torch.ones(B, S, dtype=torch.long)
+    for b, p in enumerate(pads):
+        mask[b, :p] = 0
+    return ids.masked_fill(mask == 0, 0), mask
+
+
+def padded_logits(model, ids, mask, cuts, steps, cache, tokens=None):
+    """Logits of the last column of every prefill chunk (ids split at `cuts`) and of `steps`
+    greedy steps (or the fed `tokens` (steps, B)), with transformers' left-padding convention:
+    the mask over every column so far, positions counting each row's tokens only."""
+    out, pos = [], (mask.cumsum(-1) - 1).clamp(min=0)
+    edges = [0, *cuts, ids.shape[1]]
+    with torch.no_grad():
+        for a, b in zip(edges, edges[1:]):
+            r = model(ids[:, a:b], attention_mask=mask[:, :b], position_ids=pos[:, a:b],
+                      past_key_values=cache, use_cache=True)
+            out.append(r.logits[:, -1])
+        tok, last = r.logits[:, -1:].argmax(-1), pos[:, -1:]
+        for i in range(steps):
+            if tokens is not None:
+                tok = tokens[i][:, None]
+            mask = torch.cat([mask, torch.ones_like(tok)], 1)
+            last = last + 1
+            r = model(tok, attention_mask=mask, position_ids=last, past_key_values=cache,
+                      use_cache=True)
+            out.append(r.logits[:, -1])
+            tok = r.logits[:, -1:].argmax(-1)
+    return torch.stack(out)
+
+
+@pytest.mark.parametrize("method, budget_tokens", [("dense", 0), ("quest", 4096)])
+def test_left_padded_batch_matches_eager(method, budget_tokens):
+    """Rows of different lengths, padded on the left (one row's padding spans the first
+    prefill chunk): masskv's CPU path keeps only the tokens and gives eager's logits, in
+    generate() and chunk by chunk."""
+    attn = masskv.hf.MasskvAttention(method=method, budget_tokens=budget_tokens, page_size=4)
+    model = tiny_llama(attn.register(f"masskv_padded_{method}"))
+    eager = tiny_llama("eager")
+    ids, mask = padded_batch()
+    ref = padded_logits(eager, ids, mask, [8], 4, transformers.DynamicCache(config=eager.config))
+    got = padded_logits(model, ids, mask, [8], 4, transformers.DynamicCache(config=model.config))
+    # Row 2's first chunk is all padding: its last column is no token (no logits to compare).
+    torch.testing.assert_close(got[0, :2], ref[0, :2], atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(got[1:], ref[1:], atol=1e-4, rtol=1e-4)
+    (state,) = [s for m, s in attn._states.items() if m.layer_idx == 0]
+    assert [state.cache.length(s) for s in state.seqs] == [19 + 4, 14 + 4, 8 + 4]
+    kw = dict(attention_mask=mask, max_new_tokens=5, do_sample=False, pad_token_id=0)
+    with torch.no_grad():
+        assert torch.equal(model.generate(ids, **kw), eager.generate(ids, **kw))
+
+
+def test_padding_not_on_the_left_is_rejected():
     attn = masskv.hf.MasskvAttention()
-    name = attn.register("masskv_pad_test")
-    model = tiny_llama(name)
+    model = tiny_llama(attn.register("masskv_pad_test"))
     ids = torch.randint(0, 128, (2, 8))
-    mask = torch.ones(2, 8, dtype=torch.long)
-    mask[1, :3] = 0
-    with pytest.raises(ValueError, match="padded"):
-        with torch.no_grad():
-            model(ids, attention_mask=mask)
+    for cols in (slice(5, 8), slice(2, 4)):  # right padding; a hole inside a row
+        mask = torch.ones(2, 8, dtype=torch.long)
+        mask[1, cols] = 0
+        with pytest.raises(ValueError, match="padded on the left"):
+            with torch.no_grad():
+                model(ids, attention_mask=mask)
 
 
 cuda = pytest.mark.skipif(not (masskv.has_cuda and torch.cuda.is_available()),
@@ -231,6 +285,91 @@ def test_masskv_cache_flow_on_cpu_tensors(monkeypatch):
     assert torch.equal(got, want)
 
 
+@pytest.mark.parametrize("own_cache", [False, True])
+def test_gpu_path_flow_serves_a_left_padded_batch(monkeypatch, own_cache):
+    """The GPU path's flow (append stubbed by its pool write, as above) on a left-padded batch
+    in two prefill chunks, one row all padding in the first: with transformers' cache
+    (CudaLayers mirrors each row's tokens) and with MasskvCache (the pool alone; the second
+    chunk's SDPA reads the history gathered from it). Eager's logits within bf16 noise, and
+    the pool holds each row's tokens only."""
+    from masskv.hf_cache import MasskvCache
+    from masskv.torch_cache import TorchPagedCache
+
+    monkeypatch.setattr(TorchPagedCache, "append", TorchPagedCache._write_rows)
+    attn = masskv.hf.MasskvAttention(method="dense", page_size=4)
+    name = attn.register(f"masskv_padded_flow_{own_cache}")
+    if not own_cache:  # the CUDA branch on CPU tensors, as test_gpu_path_flow_on_cpu_tensors
+        from transformers import AttentionInterface
+
+        from masskv.hf_cuda import CudaLayers
+
+        attn._cuda = CudaLayers()
+
+        def fn(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kw):
+            B, _, T, _ = query.shape
+            counts = masskv.hf.real_counts(attention_mask, B, T, key.shape[2]) if T > 1 \
+                else None
+            return attn._cuda(attn, module, query, key, value, attention_mask, scaling,
+                              counts, **kw)
+
+        AttentionInterface.register(name, fn)
+    model = tiny_llama(name, 64)
+    eager = tiny_llama("eager", 64)
+    ids, mask = padded_batch()
+    ref = padded_logits(eager, ids, mask, [8], 4, transformers.DynamicCache(config=eager.config))
+    cache = (MasskvCache(attn, model.config, max_tokens=8) if own_cache
+             else transformers.DynamicCache(config=model.config))
+    got = padded_logits(model, ids, mask, [8], 4, cache)
+    torch.testing.assert_close(got[0, :2], ref[0, :2], atol=5e-2, rtol=0)
+    torch.testing.assert_close(got[1:], ref[1:], atol=5e-2, rtol=0)
+    if own_cache:
+        paged, seqs = cache.paged, cache.seqs
+        assert cache.get_seq_length() == 19 + 4
+    else:
+        (state,) = attn._cuda._states.values()
+        paged, seqs = state.cache, state.seqs
+    assert [paged.length(s) for s in seqs] == [19 + 4, 14 + 4, 8 + 4]
+
+
+def test_static_masskv_cache_flow_on_cpu_tensors(monkeypatch):
+    """MasskvCache(static=True) on CPU tensors (append stubbed by its pool write): the decode
+    steps advance on the device alone (TorchPagedCache.static_step; get_seq_length stands
+    still until sync()), a later prefill chunk ends them, and every logit is eager's within
+    bf16 noise; generate() gives eager's tokens."""
+    from masskv.hf_cache import MasskvCache
+    from masskv.torch_cache import TorchPagedCache
+
+    monkeypatch.setattr(TorchPagedCache, "append", TorchPagedCache._write_rows)
+    attn = masskv.hf.MasskvAttention(method="dense", page_size=4)
+    model = tiny_llama(attn.register("masskv_static_flow"), 64)
+    eager = tiny_llama("eager", 64)
+    prompt = torch.randint(0, 128, (2, 23), generator=torch.Generator().manual_seed(9))
+    cache = MasskvCache(attn, model.config, max_tokens=48, static=True)
+    assert cache.layers[0].is_compileable
+    ref_cache = transformers.DynamicCache(config=eager.config)
+    ref = cache_logits(eager, [prompt[:, :15]], 5, ref_cache)
+    got = cache_logits(model, [prompt[:, :15]], 5, cache)
+    torch.testing.assert_close(got, ref, atol=5e-2, rtol=0)
+    assert cache.paged.static_active and cache.get_seq_length() == 15   # not read back yet
+    cache.sync()
+    assert cache.get_seq_length() == 20 and not cache.paged.static_active
+    # A second turn: a chunk after the decode steps, then more steps.
+    turn = prompt[:, 15:]
+    ref2 = cache_logits(eager, [turn], 3, ref_cache)
+    got2 = cache_logits(model, [turn], 3, cache)
+    torch.testing.assert_close(got2, ref2, atol=5e-2, rtol=0)
+    cache.sync()
+    assert cache.get_seq_length() == 31 and [cache.paged.length(s) for s in cache.seqs] == [31, 31]
+    with pytest.raises(ValueError, match="give max_tokens"):
+        MasskvCache(attn, model.config, static=True)
+    with torch.no_grad():
+        want = eager.generate(prompt, max_new_tokens=6, do_sample=False)
+        got = model.generate(prompt, max_new_tokens=6, do_sample=False,
+                             past_key_values=MasskvCache(attn, model.config, max_tokens=64,
+                                                         static=True))
+    assert torch.equal(got, want)
+
+
 def test_masskv_cache_rejects_what_it_cannot_serve():
     from masskv.hf_cache import MasskvCache
 
@@ -284,3 +423,78 @@ def test_cuda_masskv_prefill_gives_sdpa_tokens(budget):
     got_tok, got = greedy(model, prompt, 4)
     assert torch.equal(got_tok, ref_tok)
     torch.testing.assert_close(got.float(), ref.float(), atol=0.1, rtol=0)
+
+
+@cuda
+@pytest.mark.parametrize("method, hierarchical, prefill, own_cache", [
+    ("dense", False, "sdpa", False), ("quest", True, "sdpa", True),
+    ("quest", False, "masskv", True), ("dense", False, "masskv", False)])
+def test_cuda_left_padded_batch_matches_sdpa(method, hierarchical, prefill, own_cache):
+    """A left-padded bf16 batch on the GPU (one row all padding in the first prefill chunk):
+    SDPA's logits within bf16 noise on SDPA's tokens (budget covering everything), and each
+    row's pool holds its tokens only; token_codes (one token count a step) names the limit."""
+    from masskv.hf_cache import MasskvCache
+
+    ids, mask = padded_batch(S=150, pads=(0, 40, 90))
+    ids, mask = ids.cuda(), mask.cuda()
+    ref_model = tiny_llama("sdpa", 64).cuda().to(torch.bfloat16)
+    ref = padded_logits(ref_model, ids, mask, [64], 6,
+                        transformers.DynamicCache(config=ref_model.config))
+    tokens = ref[2:].argmax(-1)  # SDPA's greedy tokens, fed to both
+    ref = padded_logits(ref_model, ids, mask, [64], 6,
+                        transformers.DynamicCache(config=ref_model.config), tokens)
+    attn = masskv.hf.MasskvAttention(method=method, budget_tokens=4096 if method != "dense"
+                                     else 0, hierarchical=hierarchical, prefill=prefill)
+    model = tiny_llama(attn.register(f"masskv_cuda_pad_{method}_{prefill}_{own_cache}"),
+                       64).cuda().to(torch.bfloat16)
+    cache = (MasskvCache(attn, model.config) if own_cache
+             else transformers.DynamicCache(config=model.config))
+    got = padded_logits(model, ids, mask, [64], 6, cache, tokens)
+    # Row 2's first chunk is all padding: its last column is no token.
+    torch.testing.assert_close(got[0, :2].float(), ref[0, :2].float(), atol=0.1, rtol=0)
+    torch.testing.assert_close(got[1:].float(), ref[1:].float(), atol=0.1, rtol=0)
+    if own_cache:
+        paged, seqs = cache.paged, cache.seqs
+    else:
+        (state,) = attn._cuda._states.values()
+        paged, seqs = state.cache, state.seqs
+    assert [paged.length(s) for s in seqs] == [156, 116, 66]
+    codes = masskv.hf.MasskvAttention(method="token_codes", budget_tokens=4096)
+    model = tiny_llama(codes.register("masskv_cuda_pad_codes"), 64).cuda().to(torch.bfloat16)
+    with pytest.raises(ValueError, match="token_codes' key moments"):
+        padded_logits(model, ids, mask, [], 1, MasskvCache(codes, model.config))
+
+
+@cuda
+@pytest.mark.parametrize("hierarchical", [False, True])
+def test_cuda_static_masskv_cache_under_reduce_overhead(hierarchical):
+    """MasskvCache(static=True): the model's decode step under torch.compile(mode=
+    "reduce-overhead") (CUDA graphs; every step's page table written on the device) gives
+    SDPA's logits within bf16 noise on SDPA's tokens (budget covering everything), the same
+    greedy picks up to SDPA's first close call, and the lengths advance on the device."""
+    from masskv.hf_cache import MasskvCache
+
+    prompt = torch.randint(0, 128, (2, 45), generator=torch.Generator().manual_seed(12)).cuda()
+    ref_tok, ref = greedy(tiny_llama("sdpa", 64).cuda().to(torch.bfloat16), prompt, 8)
+    attn = masskv.hf.MasskvAttention(method="quest", budget_tokens=4096,
+                                     hierarchical=hierarchical)
+    model = tiny_llama(attn.register(f"masskv_cuda_static_{hierarchical}"), 64).cuda().to(
+        torch.bfloat16)
+    cache = MasskvCache(attn, model.config, max_tokens=128, static=True)
+    with torch.no_grad():
+        out = [model(prompt, past_key_values=cache, use_cache=True).logits[:, -1]]
+        cache.begin_static()
+        step = torch.compile(model, mode="reduce-overhead")
+        for i in range(8):
+            pos = torch.full((2, 1), 45 + i, device="cuda", dtype=torch.long)
+            r = step(input_ids=ref_tok[i][:, None], position_ids=pos, past_key_values=cache,
+                     use_cache=True)
+            out.append(r.logits[:, -1].clone())
+    masskv.ops.check(torch.cuda.current_stream())  # nothing flagged by the replayed kernels
+    got = torch.stack(out)
+    torch.testing.assert_close(got.float(), ref.float(), atol=0.1, rtol=0)
+    n = decisive_steps(ref, 0.2)
+    assert torch.equal(got[:n].argmax(-1), ref_tok[:n])
+    assert cache.get_seq_length() == 45   # static steps advance on the device only
+    cache.sync()
+    assert cache.get_seq_length() == 53 and [cache.paged.length(s) for s in cache.seqs] == [53, 53]

@@ -153,10 +153,10 @@ def test_transformers_gpu_layers_keep_one_cache_per_model(monkeypatch):
     mods = [types.SimpleNamespace(config=cfg, layer_idx=i) for i in range(2)]
     layers = CudaLayers()
 
-    def call(S, T):
+    def call(S, T, counts=None, mask=None):
         k = torch.zeros(2, 2, S, 64, dtype=torch.bfloat16)
         for m in mods:
-            layers._sync(attn, m, k, k, T)
+            layers._sync(attn, m, k, k, T, counts, mask)
 
     call(10, 10)                                # prefill: one step for both layers
     state = layers._states[id(cfg)]
@@ -170,7 +170,20 @@ def test_transformers_gpu_layers_keep_one_cache_per_model(monkeypatch):
     assert appended[-2:] == [(0, (2, 24, 2, 64)), (1, (2, 24, 2, 64))]  # the whole history
     call(5, 5)                                  # a new generation: a new cache
     assert layers._states[id(cfg)].cache.length(layers._states[id(cfg)].seqs[0]) == 5
-    cfg = mods = state = grown = None  # the model goes
+    # A left-padded batch: row 1's first 3 columns are padding; only tokens are kept, also
+    # when the pool is regrown from the full history (its padding read from the mask).
+    mask = torch.ones(2, 60, dtype=torch.long)
+    mask[1, :3] = 0
+    call(6, 6, [6, 3])
+    padded = layers._states[id(cfg)]
+    assert [padded.cache.length(s) for s in padded.seqs] == [6, 3]
+    call(7, 1, None, mask[:, :7])
+    assert [padded.cache.length(s) for s in padded.seqs] == [7, 4]
+    call(60, 53, [53, 53], mask)                # beyond the pool: the whole history again
+    grown = layers._states[id(cfg)]
+    assert grown is not padded and [grown.cache.length(s) for s in grown.seqs] == [60, 57]
+    assert appended[-1] == (1, (2, 60, 2, 64))
+    cfg = mods = state = grown = padded = None  # the model goes
     gc.collect()
     assert not layers._states and not layers._watched
 
@@ -238,6 +251,122 @@ def test_history_and_grow_keep_every_stored_row(layout):
     c.begin_step([a], 2)
     with pytest.raises(ValueError, match="differ in length"):
         c.begin_step([a, b], 1) or c.history(0)
+
+
+@pytest.mark.parametrize("layout", ["NHD", "HND"])
+def test_a_padded_step_keeps_each_rows_own_tokens(monkeypatch, layout):
+    """begin_step with a count per row (a left-padded batch): row b takes counts[b] tokens, the
+    last of its columns in append's (B, max, H, d) tensors; pages, slots, the summaries'
+    touched pages and the page table follow; history(width) right-aligns each row; prefill
+    takes each row's own queries only; bad counts are named before anything changes."""
+    calls = []
+    monkeypatch.setattr(torch.ops.masskv, "summarize_pages",
+                        lambda *a: calls.append((a[-3].tolist(), a[-2].tolist())))
+    c = cpu_cache(layout=layout)
+    a, b, e = c.create(), c.create(), c.create()
+    k = torch.randn(3, 6, 2, 64)
+    c.begin_step([a, b, e], [6, 2, 0])
+    assert c.step_tokens == 6 and c.step_counts == [6, 2, 0]
+    c.append(0, k, -k)
+    assert [c.length(s) for s in (a, b, e)] == [6, 2, 0]
+    assert calls[-1] == (c._seqs[a].pages + c._seqs[b].pages, [4, 2, 2])
+    indptr, _, last = table(c)
+    assert indptr.tolist() == [0, 2, 3, 3] and last[:2].tolist() == [2, 2]
+    c.begin_step([a, b, e], 1)                  # a decode step: one token each (uniform)
+    k1 = torch.randn(3, 1, 2, 64)
+    c._write_rows(0, k1, k1)
+    hk, hv = c.history(0, width=9)
+    bf = torch.bfloat16
+    want_b = torch.cat([torch.zeros(6, 2, 64), k[1, 4:], k1[1]]).to(bf)
+    assert hk.shape == (3, 9, 2, 64) and torch.equal(hk[1], want_b)
+    assert torch.equal(hk[0, 2:], torch.cat([k[0], k1[0]]).to(bf)) and not hk[0, :2].any()
+    assert torch.equal(hk[2, 8], k1[2, 0].to(bf)) and not hk[2, :8].any()
+    assert torch.equal(hv[0, 2:], torch.cat([-k[0], k1[0]]).to(bf))
+    with pytest.raises(ValueError, match=r"differ in length \(\[1, 3, 7\]\); give width"):
+        c.history(0)
+    with pytest.raises(ValueError, match="width: must be an int >= the longest"):
+        c.history(0, width=6)
+    c.begin_step([a, b, e], [0, 3, 1])
+    with pytest.raises(ValueError, match=r"q: expected a \(B=3, T=3, Hq, d\) tensor"):
+        c.prefill(0, torch.randn(3, 2, 4, 64).to(bf))
+    seen = {}
+
+    def fake_prefill(q, *args):
+        seen["q"], seen["indptr"], seen["blocks"] = q, args[5].tolist(), args[6].tolist()
+        return torch.ones(q.shape), torch.zeros(q.shape[:2])
+
+    monkeypatch.setattr(torch.ops.masskv, "prefill", fake_prefill)
+    q = torch.randn(3, 3, 4, 64).to(bf)
+    out, lse = c.prefill(0, q, budget_tokens=64)
+    assert torch.equal(seen["q"], torch.cat([q[1], q[2, 2:]])) and seen["indptr"] == [0, 0, 3, 4]
+    assert seen["blocks"] == [0, 0, 1, 2]
+    assert not out[0].any() and out[1].all() and not out[2, :2].any() and out[2, 2].all()
+    assert torch.isinf(lse[0]).all() and not lse[1].any()
+    for bad, msg in (([1, 2], "2 counts for a batch of 3"), ([0, 0, 0], "at least one > 0"),
+                     ([1, -1, 1], "counts must be ints >= 0"), ("3", "an int or a list")):
+        with pytest.raises((ValueError, TypeError), match=msg):
+            c.begin_step([a, b, e], bad)
+    assert [c.length(s) for s in (a, b, e)] == [7, 6, 2]  # nothing changed
+    coded = cpu_cache(codes=True)
+    s1, s2 = coded.create(), coded.create()
+    with pytest.raises(ValueError, match="token_codes' key moments"):
+        coded.begin_step([s1, s2], [3, 2])
+
+
+def test_static_steps_run_on_the_device_and_hand_back_to_the_host():
+    """begin_static / static_step: decode steps whose page, slot, lengths, page table and group
+    table are written by device ops alone (what a captured graph replays). The tables equal
+    what the host would write for the same pages, decode over them equals decode over a twin
+    cache stepped on the host, and end_static gives the unused pages back."""
+    def make():
+        return TorchPagedCache(2, 2, 64, 64, page_size=4, device="cpu", bounds=True,
+                               groups=True)
+
+    c, twin = make(), make()
+    gen = torch.Generator().manual_seed(3)
+    k0 = torch.randn(2, 9, 2, 64, generator=gen)
+    seqs, tseqs = [c.create(), c.create()], [twin.create(), twin.create()]
+    for cache, ss in ((c, seqs), (twin, tseqs)):
+        cache.begin_step(ss, [5, 9])
+        cache._write_rows(0, k0, -k0)
+    free0 = c.free_pages
+    c.begin_static(seqs, 24)                    # 6 pages a row: 4 + 3 taken ahead
+    assert c.static_active and c.free_pages == free0 - 7 and c.step_max_pages == 6
+    q = torch.randn(2, 4, 64, generator=gen)
+    for step in range(6):
+        k1 = torch.randn(2, 1, 2, 64, generator=gen)
+        c.static_step()
+        c._write_rows(0, k1, -k1)
+        twin.begin_step(tseqs, 1)
+        twin._write_rows(0, k1, -k1)
+        n = [5 + step + 1, 9 + step + 1]
+        pages = [-(-x // 4) for x in n]
+        indptr, indices, last = table(c)
+        rows = c._static.row_pages
+        assert indptr.tolist() == [0, pages[0], sum(pages)]
+        assert indices.tolist() == rows[0, :pages[0]].tolist() + rows[1, :pages[1]].tolist()
+        assert last.tolist() == [x - (p - 1) * 4 for x, p in zip(n, pages)]
+        assert c._step.group_indptr.tolist() == [0, 1, 2]
+        assert c._step.group_indices[:2].tolist() == c._static.row_groups[:, 0].tolist()
+        out, lse = c.decode(0, q)
+        want, want_lse = twin.decode(0, q)
+        torch.testing.assert_close(out, want, atol=0, rtol=0)
+    assert c.static_steps() == 6
+    with pytest.raises(RuntimeError, match="static decode steps are running"):
+        c.prefill(0, torch.zeros(2, 1, 4, 64, dtype=torch.bfloat16))
+    assert [c.length(s) for s in seqs] == [11, 15] and not c.static_active
+    assert c.free_pages == free0 - 2           # a: 2 -> 3 pages, b: 3 -> 4; the rest back
+    c.begin_step(seqs, 1)                      # the host goes on from the device's lengths
+    twin.begin_step(tseqs, 1)
+    for got, want in zip(c.history(0, width=16), twin.history(0, width=16)):
+        assert torch.equal(got, want)
+    with pytest.raises(RuntimeError, match="no static steps begun"):
+        c.static_step()
+    with pytest.raises(masskv.Error, match="no room"):
+        c.begin_static(seqs, 12)
+    coded = cpu_cache(codes=True)
+    with pytest.raises(ValueError, match="static steps serve dense and quest"):
+        coded.begin_static([coded.create()], 8)
 
 
 def test_prefill_checks_its_query_before_any_kernel():

@@ -312,12 +312,14 @@ class MasskvKV:
 
 
 def transformers_ms(shape: Shape, B: int, ctx: int, device, iters: int,
-                    masskv_budget: int | None = None) -> float:
+                    masskv_budget: int | None = None, compiled: bool = False) -> float:
     """transformers' own decode step of the same shape (random bf16 init, eager, SDPA, its
     DynamicCache filled with ctx random tokens): median ms per token over `iters` steps, each
     appending one token (its cache concatenates, as in generate()). masskv_budget: the same
     model with masskv.hf's attention (hierarchical Quest at that budget) and its
-    masskv.hf_cache.MasskvCache instead (no dense copy): what a transformers user gets."""
+    masskv.hf_cache.MasskvCache instead (no dense copy): what a transformers user gets.
+    compiled: the model under torch.compile(mode="reduce-overhead") (CUDA graphs) with static
+    shapes: transformers' StaticCache (its SDPA gets a mask), or MasskvCache(static=True)."""
     import transformers
 
     s = shape
@@ -338,22 +340,37 @@ def transformers_ms(shape: Shape, B: int, ctx: int, device, iters: int,
         cfg._attn_implementation = attn.register("masskv_e2e")
     with torch.device(device):
         model = cls(cfg).to(dtype).eval()
-    cache = (transformers.DynamicCache(config=cfg) if masskv_budget is None else
-             MasskvCache(attn, cfg, max_tokens=ctx + iters + 16))
+    warm = 4 if compiled else 2  # reduce-overhead records its graphs after a warm-up
+    room = ctx + iters + warm + 16
+    if masskv_budget is not None:
+        cache = MasskvCache(attn, cfg, max_tokens=room, static=compiled)
+    elif compiled:
+        cache = transformers.StaticCache(config=cfg, max_cache_len=room)
+    else:
+        cache = transformers.DynamicCache(config=cfg)
     for layer in range(s.layers):
         k = torch.randn(B, s.kv_heads, ctx, s.head_dim, device=device, dtype=dtype)
-        cache.update(k, torch.randn_like(k), layer)
+        cache.update(k, torch.randn_like(k), layer,
+                     {"cache_position": torch.arange(ctx, device=device)})
+        if masskv_budget is not None:
+            cache.commit(layer, None)  # no attention call here to commit the chunk
+    step = model
+    if compiled:
+        if masskv_budget is not None:
+            cache.begin_static()  # the static steps' pages, before the step is traced
+        step = torch.compile(model, mode="reduce-overhead")
     tok = torch.randint(0, s.vocab, (B, 1), device=device)
     ts = []
     with torch.no_grad():
-        for i in range(iters + 2):
+        for i in range(iters + warm):
             pos = torch.full((B, 1), ctx + i, device=device, dtype=torch.long)
+            kw = {"cache_position": pos[0]} if compiled and masskv_budget is None else {}
             t0 = time.perf_counter()
-            model(input_ids=tok, position_ids=pos, past_key_values=cache, use_cache=True,
-                  logits_to_keep=1)
+            step(input_ids=tok, position_ids=pos, past_key_values=cache, use_cache=True,
+                 logits_to_keep=1, **kw)
             if device.type == "cuda":
                 torch.cuda.synchronize(device)
-            if i >= 2:
+            if i >= warm:
                 ts.append((time.perf_counter() - t0) * 1e3)
     return statistics.median(ts)
 
@@ -486,22 +503,27 @@ def run_cell(model: Model, B: int, ctx: int, budgets, methods, iters: int, ceili
     wbytes = model.weight_bytes()
     dense_bytes = wbytes + B * (ctx + 1) * s.kv_bytes_per_token()
     best = None
-    hf_ms = None
-    hf_mk = {}
-    if hf:
+    hf_ms = {}   # compiled (False / True) -> ms
+    hf_mk = {}   # (budget, compiled) -> ms
+    modes = {False: "eager, SDPA, DynamicCache", True: "reduce-overhead, SDPA, StaticCache"}
+    mk_modes = {False: "eager, MasskvCache", True: "reduce-overhead, MasskvCache(static=True)"}
+    for compiled in (False, True) if hf else ():
         try:
-            hf_ms = transformers_ms(s, B, ctx, dev, 5)
-            log(f"  transformers (eager, SDPA, DynamicCache): {hf_ms:.2f} ms/token")
-        except (RuntimeError, ImportError) as e:
-            log(f"  transformers: not run ({str(e).splitlines()[0][:120]})")
+            hf_ms[compiled] = transformers_ms(s, B, ctx, dev, 5, compiled=compiled)
+            log(f"  transformers ({modes[compiled]}): {hf_ms[compiled]:.2f} ms/token")
+        except Exception as e:  # noqa: BLE001 -- a bench row, not a check: say why, go on
+            log(f"  transformers ({modes[compiled]}): not run "
+                f"({type(e).__name__}: {str(e).splitlines()[0][:160] if str(e) else ''})")
         torch.cuda.empty_cache()
         for budget in budgets:
             try:
-                hf_mk[budget] = transformers_ms(s, B, ctx, dev, 5, masskv_budget=budget)
-                log(f"  transformers + masskv (eager, hierarchical Quest {budget}, "
-                    f"MasskvCache): {hf_mk[budget]:.2f} ms/token")
-            except (RuntimeError, ImportError, ValueError) as e:
-                log(f"  transformers + masskv: not run ({str(e).splitlines()[0][:120]})")
+                hf_mk[budget, compiled] = transformers_ms(s, B, ctx, dev, 5, masskv_budget=budget,
+                                                          compiled=compiled)
+                log(f"  transformers + masskv (hierarchical Quest {budget}, "
+                    f"{mk_modes[compiled]}): {hf_mk[budget, compiled]:.2f} ms/token")
+            except Exception as e:  # noqa: BLE001
+                log(f"  transformers + masskv ({mk_modes[compiled]}): not run "
+                    f"({type(e).__name__}: {str(e).splitlines()[0][:160] if str(e) else ''})")
             torch.cuda.empty_cache()
     with torch.no_grad():
         dense = DenseKV(s, B, ctx, dev)
@@ -555,9 +577,10 @@ def run_cell(model: Model, B: int, ctx: int, budgets, methods, iters: int, ceili
                        dense_attention_us_per_layer=round(best[2], 2),
                        masskv_attention_us_per_layer=round(att, 2),
                        **{f"masskv_{k}_us_per_layer": round(v, 2) for k, v in phase_us.items()},
-                       transformers_ms=None if hf_ms is None else round(hf_ms, 3),
-                       transformers_masskv_ms=(round(hf_mk[budget], 3) if budget in hf_mk
-                                               else None),
+                       transformers_ms=_ms(hf_ms.get(False)),
+                       transformers_masskv_ms=_ms(hf_mk.get((budget, False))),
+                       transformers_compiled_ms=_ms(hf_ms.get(True)),
+                       transformers_masskv_compiled_ms=_ms(hf_mk.get((budget, True))),
                        weights_gb=round(wbytes / 1e9, 3),
                        dense_kv_gb=round((dense_bytes - wbytes) / 1e9, 3),
                        masskv_read_gb=round((sparse_bytes - wbytes) / 1e9, 3))
@@ -570,6 +593,10 @@ def run_cell(model: Model, B: int, ctx: int, budgets, methods, iters: int, ceili
     return rows
 
 
+def _ms(x: float | None) -> float | None:
+    return None if x is None else round(x, 3)
+
+
 def markdown(meta, rows) -> str:
     out = [f"# Whole-model decode, dense vs masskv ({meta['card']}, {meta['date']})", "",
            "Random-init bf16 weights: speed only. Both paths one CUDA graph per step, the "
@@ -579,7 +606,8 @@ def markdown(meta, rows) -> str:
            f"({meta['read_ceiling_tbs']:.2f} TB/s).", "", f"`{meta['command']}`", "",
            "| model | B | ctx | selection | budget | dense ms/token (SDPA) | masskv ms/token | × | "
            "dense bound ms | masskv bound ms | attention µs/layer dense / masskv | transformers "
-           "ms/token (eager) | transformers + masskv ms/token (eager) |",
+           "ms/token (eager / reduce-overhead) | transformers + masskv ms/token (eager / "
+           "reduce-overhead, static) |",
            "| --- | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | --- | ---: | ---: |"]
     for r in (r for r in rows if r["phase"] == "decode"):
         out.append(f"| {r['model']} | {r['batch']} | {r['ctx']} | {r['method']} | {r['budget']} | "
@@ -587,10 +615,17 @@ def markdown(meta, rows) -> str:
                    f"{r['speedup']:.2f} | {r['dense_bytes_bound_ms']:.3f} | "
                    f"{r['bytes_bound_ms']:.3f} | {r['dense_attention_us_per_layer']:.1f} / "
                    f"{r['masskv_attention_us_per_layer']:.1f} | "
-                   f"{'-' if r.get('transformers_ms') is None else r['transformers_ms']} | "
-                   f"{r.get('transformers_masskv_ms') or '-'} |")
+                   f"{_pair(r, 'transformers_ms', 'transformers_compiled_ms')} | "
+                   f"{_pair(r, 'transformers_masskv_ms', 'transformers_masskv_compiled_ms')} |")
     out += e2e_prefill.markdown([r for r in rows if r["phase"] == "prefill"])
     return "\n".join(out) + "\n"
+
+
+def _pair(r: dict, a: str, b: str) -> str:
+    x, y = r.get(a), r.get(b)
+    if x is None and y is None:
+        return "-"
+    return f"{'-' if x is None else x} / {'-' if y is None else y}"
 
 
 def parse_cells(text: str):
@@ -622,8 +657,10 @@ def main(argv=None) -> int:
     ap.add_argument("--prefill-iters", type=int, default=3)
     ap.add_argument("--check", action="store_true", help="masskv vs SDPA logits first")
     ap.add_argument("--transformers", action="store_true",
-                    help="also time transformers' own model (eager) at each cell, and the same "
-                         "model with masskv's attention and MasskvCache at each budget")
+                    help="also time transformers' own model at each cell (eager, and under "
+                         "torch.compile reduce-overhead with static shapes), and the same model "
+                         "with masskv's attention and MasskvCache at each budget (eager; static "
+                         "under reduce-overhead)")
     ap.add_argument("--compile", action="store_true",
                     help="decode steps of both paths through torch.compile'd model code (the "
                          "norms, RoPE and MLP fused; Model.fuse); prefill stays eager")
