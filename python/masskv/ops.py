@@ -207,18 +207,32 @@ _STORE_ARGS = ("k_pool", "v_pool", "mn", "mx", "mean", "m2", "count", "max_vnorm
                "bound_max", "bound_wmax")
 
 
-@torch.library.custom_op("masskv::append", mutates_args=_STORE_ARGS)
+@torch.library.custom_op("masskv::append",
+                         mutates_args=(*_STORE_ARGS, "group_min", "group_max"))
 def append(k_pool: torch.Tensor, v_pool: torch.Tensor, mn: torch.Tensor, mx: torch.Tensor,
            mean: torch.Tensor, m2: torch.Tensor, count: torch.Tensor, max_vnorm: torch.Tensor,
            bound_min: Optional[torch.Tensor], bound_max: Optional[torch.Tensor],
            bound_wmax: Optional[torch.Tensor], k: torch.Tensor, v: torch.Tensor,
-           page: torch.Tensor, slot: torch.Tensor, layout: str = "NHD") -> None:
+           page: torch.Tensor, slot: torch.Tensor, layout: str = "NHD",
+           group_min: Optional[torch.Tensor] = None, group_max: Optional[torch.Tensor] = None,
+           indptr: Optional[torch.Tensor] = None, indices: Optional[torch.Tensor] = None,
+           group_indptr: Optional[torch.Tensor] = None,
+           group_indices: Optional[torch.Tensor] = None) -> None:
     """One decode step's append (masskv.cuda_append) in place: k, v float32 (B, H_kv, d) into
-    physical page page[b], slot slot[b] (int32 (B,)), with every summary store updated."""
+    physical page page[b], slot slot[b] (int32 (B,)), with every summary store updated; with
+    group_min / group_max and the step's page and group tables, each sequence's last group of
+    the group store refreshed too (update_groups' bits with last_only, one launch fewer)."""
     _require_cuda("append", k, "k")
+    groups = None
+    if group_min is not None or group_max is not None:
+        groups = dict(group_min=group_min, group_max=group_max, indptr=indptr, indices=indices,
+                      group_indptr=group_indptr, group_indices=group_indices)
+        if any(t is None for t in groups.values()):
+            raise ValueError("masskv::append: the group refresh takes group_min, group_max, "
+                             "indptr, indices, group_indptr and group_indices together")
     masskv.cuda_append(_stores(k_pool, v_pool, layout, mn, mx, mean, m2, count, max_vnorm,
                                bound_min, bound_max, bound_wmax),
-                       k, v, page, slot, check=_eager_check(k))
+                       k, v, page, slot, check=_eager_check(k), groups=groups)
 
 
 @append.register_fake

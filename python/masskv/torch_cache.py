@@ -670,9 +670,13 @@ class TorchPagedCache:
                 raise TypeError(f"{name}: expected a floating dtype, got {t.dtype}")
         args = self._store_args(layer)
         if T == 1 and st.uniform:
+            # The group store's last groups are refreshed by the append kernel itself (one
+            # launch fewer a layer than update_groups after it).
+            groups = ((self.group_min[layer], self.group_max[layer], *self._kernel_table()[:2],
+                       st.group_indptr, st.group_indices) if self.group_min is not None else ())
             torch.ops.masskv.append(*args, k[:, 0].float().contiguous(),
-                                    v[:, 0].float().contiguous(), st.page, st.slot, self.layout)
-            self._update_groups(layer, last_only=True)
+                                    v[:, 0].float().contiguous(), st.page, st.slot, self.layout,
+                                    *groups)
             self._update_codes(layer)
             return
         # Many tokens (a prefill): the pool rows by index, then the touched pages' summaries

@@ -159,8 +159,47 @@ std::span<const std::int32_t> ids_of(const InArray& a, const char* name, Device 
   return s;
 }
 
+// cuda_append's groups= dict: the group store and the step's page and group tables
+// (cuda::GroupRefresh).
+cuda::GroupRefresh groups_of(const nb::dict& d, const cuda::SummaryStores& st, Device device,
+                             std::size_t batch) {
+  constexpr std::array keys{"group_min", "group_max", "indptr", "indices", "group_indptr",
+                            "group_indices", "group_pages"};
+  for (auto [key, value] : d) {
+    const std::string k = nb::cast<std::string>(key);
+    bool known = false;
+    for (const char* s : keys) known = known || k == s;
+    if (!known) throw nb::value_error(("groups: unknown key '" + k + "'").c_str());
+  }
+  for (const char* k : {"group_min", "group_max", "indptr", "indices", "group_indptr",
+                        "group_indices"}) {
+    if (!d.contains(k)) throw nb::value_error((std::string("groups: missing '") + k + "'").c_str());
+  }
+  if (st.bound_min == nullptr)
+    throw nb::value_error("groups: the group refresh reads the bound store (bound_min, ...)");
+  cuda::GroupRefresh g;
+  const InArray lo = nb::cast<InArray>(d["group_min"]), hi = nb::cast<InArray>(d["group_max"]);
+  require_flat(lo, Elem::bf16, "group_min", device);
+  require_ndim(lo, 3, "group_min");
+  const std::array<std::size_t, 3> shape{lo.shape(0), static_cast<std::size_t>(st.num_kv_heads),
+                                         static_cast<std::size_t>(st.head_dim)};
+  require_store(lo, Elem::bf16, "group_min", device, shape);
+  require_store(hi, Elem::bf16, "group_max", device, shape);
+  g.min = mutable_data<bf16>(lo);
+  g.max = mutable_data<bf16>(hi);
+  g.slots = static_cast<int>(shape[0]);
+  g.group_pages = d.contains("group_pages") ? nb::cast<int>(d["group_pages"]) : 16;
+  g.indptr = ids_of(nb::cast<InArray>(d["indptr"]), "indptr", device, batch + 1);
+  g.indices = flat_span<std::int32_t>(nb::cast<InArray>(d["indices"]), Elem::i32, "indices",
+                                      device);
+  g.group_indptr = ids_of(nb::cast<InArray>(d["group_indptr"]), "group_indptr", device, batch + 1);
+  g.group_indices = flat_span<std::int32_t>(nb::cast<InArray>(d["group_indices"]), Elem::i32,
+                                            "group_indices", device);
+  return g;
+}
+
 void append_py(const nb::dict& stores, const InArray& k, const InArray& v, const InArray& page,
-               const InArray& slot, nb::handle stream, bool check) {
+               const InArray& slot, nb::handle stream, bool check, nb::handle groups) {
   Device device = kCpu;
   cuda::AppendArgs a;
   static_cast<cuda::SummaryStores&>(a) = stores_of(stores, device);
@@ -169,6 +208,10 @@ void append_py(const nb::dict& stores, const InArray& k, const InArray& v, const
   const auto B = static_cast<std::size_t>(a.k.n0);
   a.page = ids_of(page, "page", device, B);
   a.slot = ids_of(slot, "slot", device, B);
+  if (!groups.is_none()) {
+    if (!nb::isinstance<nb::dict>(groups)) throw nb::type_error("groups: expected a dict or None");
+    a.groups = groups_of(nb::borrow<nb::dict>(groups), a, device, B);
+  }
   CUstream_st* s = resolve_stream(stream, device);
   on_device<cuda::AppendWorkspace>(device, s,
                                    [&](auto& w) { cuda::append(a, w, s, check); });
@@ -368,14 +411,20 @@ void bind_cuda_stores(nb::module_& m) {
   m.def("cuda_append", &append_py, nb::arg("stores"), nb::arg("k").noconvert(),
         nb::arg("v").noconvert(), nb::arg("page").noconvert(), nb::arg("slot").noconvert(),
         nb::kw_only(), nb::arg("stream").none() = nb::none(), nb::arg("check") = true,
+        nb::arg("groups").none() = nb::none(),
         nb::sig("def cuda_append(stores: dict, k: numpy.typing.ArrayLike, v: "
                 "numpy.typing.ArrayLike, page: numpy.typing.ArrayLike, slot: "
-                "numpy.typing.ArrayLike, *, stream: int | None = None, check: bool = True) "
-                "-> None"),
+                "numpy.typing.ArrayLike, *, stream: int | None = None, check: bool = True, "
+                "groups: dict | None = None) -> None"),
         (std::string("One decode step's append on the GPU (cuda::append): token b's k[b], v[b]\n"
                      "(float32 (B, H_kv, d)) into physical page page[b], slot slot[b] (int32\n"
                      "(B,)), folded into that page's summaries (slot 0 resets them); the same\n"
-                     "bits as PagedKVCache.append on the CPU. Pages of one call must differ.\n") +
+                     "bits as PagedKVCache.append on the CPU. Pages of one call must differ.\n"
+                     "groups: also refresh each sequence's last group of the group store\n"
+                     "(cuda::GroupRefresh; cuda_update_groups' bits with last_only, one launch\n"
+                     "fewer): a dict of group_min / group_max (bfloat16 (slots, H_kv, d)), the\n"
+                     "step's page table indptr / indices and group table group_indptr /\n"
+                     "group_indices (int32), optional group_pages (16).\n") +
          kStoresDoc)
             .c_str());
   m.def("cuda_summarize_pages", &summarize_py, nb::arg("stores"), nb::arg("pages").noconvert(),

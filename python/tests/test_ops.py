@@ -296,6 +296,36 @@ def test_hierarchical_selection_with_every_group_is_flat_quest(rng):
     assert int(count.min()) >= 256 // 16
 
 
+@cuda
+def test_decode_steps_keep_the_group_store_as_update_groups_rebuilds_it():
+    """Decode steps refresh each sequence's last group inside the append kernel (no
+    update_groups launch): after steps that cross group boundaries (16 pages of 4 tokens),
+    every group equals update_groups' rebuild of all groups from the bound store, bit for bit."""
+    from masskv.torch_cache import TorchPagedCache
+
+    H, d = 2, 64
+    tc = TorchPagedCache(1, H, d, 256, page_size=4, groups=True)
+    seqs = [tc.create() for _ in range(3)]
+    tc.begin_step(seqs, [50, 61, 3])
+    k = torch.randn(3, 61, H, d, device="cuda")
+    tc.append(0, k, torch.randn_like(k))
+    for _ in range(90):  # 50 + 90 = 140 tokens: 35 pages, groups 0..2 of row 0
+        tc.begin_step(seqs, 1)
+        tc.append(0, torch.randn(3, 1, H, d, device="cuda"), torch.randn(3, 1, H, d, device="cuda"))
+    got_min, got_max = tc.group_min[0].clone(), tc.group_max[0].clone()
+    st = tc._current()
+    tc.group_min[0].fill_(7.0)
+    tc.group_max[0].fill_(7.0)
+    torch.ops.masskv.update_groups(tc.k_pool[0], tc.v_pool[0], *tc.table(full=True),
+                                   tc.bound_min[0], tc.bound_max[0], tc.group_min[0],
+                                   tc.group_max[0], st.group_indptr, st.group_indices, "NHD",
+                                   False, tc.step_max_pages)
+    used = st.group_indices[:int(st.group_indptr[-1])].long()
+    assert used.numel() == 3 + 3 + 2 and used.unique().numel() == used.numel()  # 35, 38, 24 pages
+    for got, want in ((got_min, tc.group_min[0]), (got_max, tc.group_max[0])):
+        assert torch.equal(got[used].view(torch.int16), want[used].view(torch.int16))
+
+
 def prefill_reference(k, v, q, history, allowed=None, block=64):
     """f32 causal softmax attention of q (T, Hq, d) at positions history.. over k, v (S, Hkv,
     d); allowed: bool (query blocks, Hkv, key blocks) or None (every causal key)."""

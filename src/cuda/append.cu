@@ -11,6 +11,7 @@
 #include <cstdint>
 
 #include "device.cuh"
+#include "group_row.cuh"
 #include "kv/page_codes_math.hpp"
 #include "masskv/cuda/append.hpp"
 #include "masskv/error.hpp"
@@ -20,7 +21,9 @@ namespace {
 
 using detail::check_cuda;
 
-enum AppendErr : unsigned { kBadPage = 1u, kBadSlot = 2u, kBadK = 4u, kBadV = 8u, kBadTokens = 16u };
+enum AppendErr : unsigned {
+  kBadPage = 1u, kBadSlot = 2u, kBadK = 4u, kBadV = 8u, kBadTokens = 16u, kBadGroups = 32u
+};
 constexpr int kMaxDim = 256;
 
 struct Params {
@@ -38,6 +41,10 @@ struct Params {
   std::uint16_t *bmin, *bmax;
   float* wmax;
   unsigned* err;
+  // GroupRefresh (gmn null: none)
+  std::uint16_t *gmn, *gmx;
+  const std::int32_t *g_indptr, *g_indices, *g_gindptr, *g_gindices;
+  int g_slots, g_pages, g_nnz, g_gnnz;
 };
 
 // Stored value of x in the cache dtype (round to nearest even, as kv::from_f32) and back.
@@ -138,6 +145,28 @@ __device__ __forceinline__ void store_head(const Params& p, std::int32_t page, i
   if (h == 0) p.count[page] = count;
 }
 
+// Channel c of sequence b's last group, kv head h, from the bound store (the token's own page
+// row written by this thread just before): GroupRefresh, update_groups' bits.
+__device__ __forceinline__ void refresh_group(const Params& p, int b, int h, int c,
+                                              std::int32_t page) {
+  const int begin = p.g_indptr[b], end = p.g_indptr[b + 1];
+  const int gbegin = p.g_gindptr[b], gend = p.g_gindptr[b + 1];
+  const int n = end - begin, ng = (n + p.g_pages - 1) / p.g_pages;
+  const bool ok = n >= 1 && begin >= 0 && end <= p.g_nnz && gbegin >= 0 && gend <= p.g_gnnz &&
+                  gend - gbegin == ng && p.g_indices[end - 1] == page;
+  const int slot = ok ? p.g_gindices[gend - 1] : -1;
+  std::uint16_t lo, hi;
+  if (slot < 0 || slot >= p.g_slots ||
+      !detail::group_row(p.g_indices + begin, (ng - 1) * p.g_pages, n, p.num_pages,
+                         p.num_kv_heads, p.head_dim, h, c, p.bmin, p.bmax, lo, hi)) {
+    if (c == 0) atomicOr(p.err, kBadGroups);
+    return;
+  }
+  const std::int64_t go = (static_cast<std::int64_t>(slot) * p.num_kv_heads + h) * p.head_dim + c;
+  p.gmn[go] = lo;
+  p.gmx[go] = hi;
+}
+
 template <bool kBf16>
 __global__ void __launch_bounds__(kMaxDim) append_kernel(Params p) {
   __shared__ double s_v2[kMaxDim];
@@ -187,6 +216,7 @@ __global__ void __launch_bounds__(kMaxDim) append_kernel(Params p) {
     summary_step(x, n, mn, mx, mean, m2);
     s_v2[c] = __dmul_rn(static_cast<double>(y), static_cast<double>(y));
     store_channel(p, sum_off + c, c, mn, mx, mean, m2, s_w);
+    if (p.gmn != nullptr) refresh_group(p, b, h, c, page);
   }
   __syncthreads();
   if (c == 0) {
@@ -415,6 +445,10 @@ void AppendWorkspace::check(CUstream_st* stream) const {
     fail(ErrorCode::out_of_range, "page", "a page id outside [0, num_pages) was met on the GPU");
   if (flag & kBadSlot)
     fail(ErrorCode::out_of_range, "slot", "a slot outside [0, page_size) was met on the GPU");
+  if (flag & kBadGroups)
+    fail(ErrorCode::out_of_range, "group_indices",
+         "the page or group table of the group refresh does not end at the appended page, or "
+         "holds an id outside the pool / the group store (met on the GPU)");
   if (flag & kBadTokens)
     fail(ErrorCode::out_of_range, "tokens",
          "a page's token count outside [1, page_size] (summarize_pages, encode_page_codes), or "
@@ -445,6 +479,25 @@ void append(const AppendArgs& a, AppendWorkspace& ws, CUstream_st* stream, bool 
   p.v_s1 = a.v.s1;
   p.page = a.page.data();
   p.slot = a.slot.data();
+  if (const GroupRefresh& g = a.groups; g.min != nullptr || g.max != nullptr) {
+    require(g.min != nullptr && g.max != nullptr && a.bound_min != nullptr, invalid_argument,
+            "groups", "the group refresh needs both group stores and the bound store");
+    require(g.slots > 0 && g.group_pages >= 1, invalid_argument, "groups",
+            "needs slots > 0 and group_pages >= 1");
+    require(g.indptr.size() == static_cast<std::size_t>(B) + 1 &&
+                g.group_indptr.size() == static_cast<std::size_t>(B) + 1,
+            shape_mismatch, "groups", "indptr and group_indptr need batch + 1 entries");
+    p.gmn = reinterpret_cast<std::uint16_t*>(g.min);
+    p.gmx = reinterpret_cast<std::uint16_t*>(g.max);
+    p.g_indptr = g.indptr.data();
+    p.g_indices = g.indices.data();
+    p.g_gindptr = g.group_indptr.data();
+    p.g_gindices = g.group_indices.data();
+    p.g_slots = g.slots;
+    p.g_pages = g.group_pages;
+    p.g_nnz = static_cast<int>(g.indices.size());
+    p.g_gnnz = static_cast<int>(g.group_indices.size());
+  }
   const int threads = (d + 31) / 32 * 32;
   if (a.dtype == DType::bf16) {
     append_kernel<true><<<B * H, threads, 0, stream>>>(p);

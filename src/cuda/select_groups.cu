@@ -5,17 +5,14 @@
 #include <cmath>
 #include <cstdint>
 
+#include "group_row.cuh"
 #include "select_common.cuh"
 
 namespace masskv::cuda::select_impl {
 namespace {
 
-__device__ __forceinline__ float bf16_bits_to_float(std::uint16_t x) {
-  return __uint_as_float(static_cast<unsigned>(x) << 16);
-}
-
 // grid (groups or 1, kv heads, batch), blockDim = head_dim (<= 256): thread c reduces channel
-// c over the group's pages. Min and max of bf16 values are bf16 values: the bits are copied.
+// c over the group's pages (detail::group_row).
 __global__ void group_update_kernel(GroupParams p) {
   const int h = blockIdx.y, b = blockIdx.z, c = threadIdx.x;
   const int begin = p.indptr[b], end = p.indptr[b + 1];
@@ -33,27 +30,12 @@ __global__ void group_update_kernel(GroupParams p) {
     if (c == 0) atomicOr(p.err, kBadPhysical);
     return;
   }
-  float lo = INFINITY, hi = -INFINITY;
-  std::uint16_t lo_bits = 0x7f80u, hi_bits = 0xff80u;  // +inf, -inf
-  const int j1 = min(n, (gi + 1) * p.group_pages);
-  for (int j = gi * p.group_pages; j < j1; ++j) {
-    const int phys = p.indices[begin + j];
-    if (phys < 0 || phys >= p.pool_pages) {
-      if (c == 0) atomicOr(p.err, kBadPhysical);
-      return;
-    }
-    const std::int64_t o = (static_cast<std::int64_t>(phys) * p.num_kv_heads + h) * p.head_dim + c;
-    const std::uint16_t a = p.mn[o], z = p.mx[o];
-    const float fa = bf16_bits_to_float(a), fz = bf16_bits_to_float(z);
-    // std::min / std::max order: the first of equal values stays (-0 vs +0 as the CPU).
-    if (fa < lo) {
-      lo = fa;
-      lo_bits = a;
-    }
-    if (hi < fz) {
-      hi = fz;
-      hi_bits = z;
-    }
+  std::uint16_t lo_bits, hi_bits;
+  if (!detail::group_row(p.indices + begin, gi * p.group_pages, min(n, (gi + 1) * p.group_pages),
+                         p.pool_pages, p.num_kv_heads, p.head_dim, h, c, p.mn, p.mx, lo_bits,
+                         hi_bits)) {
+    if (c == 0) atomicOr(p.err, kBadPhysical);
+    return;
   }
   const std::int64_t go = (static_cast<std::int64_t>(slot) * p.num_kv_heads + h) * p.head_dim + c;
   p.gmn[go] = lo_bits;

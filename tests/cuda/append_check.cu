@@ -15,6 +15,7 @@
 #include "append_target.cuh"
 #include "gpu_util.cuh"
 #include "masskv/cuda/append.hpp"
+#include "masskv/cuda/select.hpp"
 #include "masskv/error.hpp"
 #include "masskv/kv/cache.hpp"
 #include "masskv/kv/paged_kv.hpp"
@@ -151,6 +152,22 @@ std::string run_case(const AppendCase& c, std::uint64_t seed) {
   CK(cudaMemset(gm2.p, 0, gm2.n * sizeof(double)));
   CK(cudaMemset(gcc.p, 0, gcc.n));
   const cuda::PageCodesStores gpc{gcodes.p, gra.p, grb.p, ggrid.p, gcc.p, gcr.p};
+  // The group store refreshed by the append itself (GroupRefresh), groups of 2 pages so that
+  // sequences cross groups: sequence b's group i in slot b * max_groups + i. Poisoned first.
+  const int group_pages = 2, max_groups = cfg.capacity_pages / group_pages + 2;
+  const std::size_t gsz = static_cast<std::size_t>(c.batch) * max_groups * c.heads * c.d;
+  DevBuf<std::uint16_t> fused_min(gsz), fused_max(gsz);
+  CK(cudaMemset(fused_min.p, 0x33, gsz * 2));
+  CK(cudaMemset(fused_max.p, 0x33, gsz * 2));
+  const auto group_table = [&](const kv::PageTableStorage& t) {
+    std::vector<std::int32_t> ptr{0}, ids;
+    for (int b = 0; b < c.batch; ++b) {
+      const int ng = (t.table().num_pages(b) + group_pages - 1) / group_pages;
+      for (int i = 0; i < ng; ++i) ids.push_back(b * max_groups + i);
+      ptr.push_back(static_cast<std::int32_t>(ids.size()));
+    }
+    return std::pair{ptr, ids};
+  };
   for (int t = 0; t < c.steps; ++t) {
     std::vector<float> hk(tok), hv(tok);
     for (float& x : hk) x = token_value(rng);
@@ -172,16 +189,32 @@ std::string run_case(const AppendCase& c, std::uint64_t seed) {
     a.v = View3<const float>::contiguous(dv.p, c.batch, c.heads, c.d);
     a.page = {dpage.p, static_cast<std::size_t>(c.batch)};
     a.slot = {dslot.p, static_cast<std::size_t>(c.batch)};
+    const kv::PageTableStorage step_table = cache.page_table(seqs);
+    DevBuf<std::int32_t> dptr = to_device(step_table.indptr),
+                         didx = to_device(step_table.indices),
+                         dlast = to_device(step_table.last_page_len);
+    const auto [gptr, gids] = group_table(step_table);
+    DevBuf<std::int32_t> dgptr = to_device(gptr), dgids = to_device(gids);
+    // Every other step refreshes the group store in the append (the steps between leave it
+    // stale; the next refresh must still give the right bits: it rebuilds from the pages).
+    // A group's last token comes at an odd step (groups hold 2 pages of 16 or 64 tokens).
+    a.groups = {};
+    if (t % 2 == 1 || t + 1 == c.steps) {
+      a.groups.min = reinterpret_cast<bf16*>(fused_min.p);
+      a.groups.max = reinterpret_cast<bf16*>(fused_max.p);
+      a.groups.slots = c.batch * max_groups;
+      a.groups.group_pages = group_pages;
+      a.groups.indptr = {dptr.p, dptr.n};
+      a.groups.indices = {didx.p, didx.n};
+      a.groups.group_indptr = {dgptr.p, dgptr.n};
+      a.groups.group_indices = {dgids.p, dgids.n};
+    }
     cuda::append(a, ws, nullptr, t + 1 == c.steps);  // the flag is checked once, at the end
     std::vector<std::int32_t> filled(c.batch);
     for (int b = 0; b < c.batch; ++b) filled[b] = slot[b] + 1;
     DevBuf<std::int32_t> dfilled = to_device(filled);
     cuda::encode_page_codes(a, gpc, {dpage.p, dpage.n}, {dfilled.p, dfilled.n}, ws, nullptr,
                             t + 1 == c.steps);
-    const kv::PageTableStorage step_table = cache.page_table(seqs);
-    DevBuf<std::int32_t> dptr = to_device(step_table.indptr),
-                         didx = to_device(step_table.indices),
-                         dlast = to_device(step_table.last_page_len);
     cuda::update_spread(a, {dptr.p, dptr.n}, {didx.p, didx.n}, {dlast.p, dlast.n}, 1, gmean.p,
                         gm2.p, gspread.p, ws, nullptr, t + 1 == c.steps);
     // After every step: a page's codes change while it fills (its range widens).
@@ -234,6 +267,42 @@ std::string run_case(const AppendCase& c, std::uint64_t seed) {
     return {};
   };
   if (std::string why = compare(); !why.empty()) return why;
+
+  // The groups the appends refreshed against cuda::update_groups over every group, bit for bit
+  // (a group's last refresh came with its last token; both read the bound store).
+  {
+    const auto [gptr, gids] = group_table(table);
+    DevBuf<std::int32_t> dptr = to_device(table.indptr), didx = to_device(table.indices),
+                         dlast = to_device(table.last_page_len), dgptr = to_device(gptr),
+                         dgids = to_device(gids);
+    DevBuf<std::uint16_t> ref_min(gsz), ref_max(gsz);
+    cuda::GroupUpdateArgs u;
+    u.table = {{dptr.p, dptr.n}, {didx.p, didx.n}, {dlast.p, dlast.n}};
+    u.pages.min = reinterpret_cast<const bf16*>(g.bmin.p);
+    u.pages.max = reinterpret_cast<const bf16*>(g.bmax.p);
+    u.pages.num_pages = cfg.capacity_pages;
+    u.pages.num_kv_heads = c.heads;
+    u.pages.head_dim = c.d;
+    u.group_indptr = {dgptr.p, dgptr.n};
+    u.group_indices = {dgids.p, dgids.n};
+    u.group_min = reinterpret_cast<bf16*>(ref_min.p);
+    u.group_max = reinterpret_cast<bf16*>(ref_max.p);
+    u.group_slots = c.batch * max_groups;
+    u.group_pages = group_pages;
+    cuda::SelectWorkspace sw;
+    cuda::SelectLaunch launch;
+    launch.workspace = &sw;
+    launch.max_pages_per_seq = cfg.capacity_pages;
+    cuda::update_groups(u, launch);
+    const std::vector<std::uint16_t> fmn = fused_min.download(), fmx = fused_max.download(),
+                                     rmn = ref_min.download(), rmx = ref_max.download();
+    const std::size_t row = static_cast<std::size_t>(c.heads) * c.d;
+    for (const std::int32_t slot : gids) {
+      if (!same_bits(&fmn[slot * row], &rmn[slot * row], row) ||
+          !same_bits(&fmx[slot * row], &rmx[slot * row], row))
+        return "the append's group refresh differs from update_groups";
+    }
+  }
 
   // summarize_pages: every page's stores rebuilt from the pool (as for pages an engine wrote
   // itself) over poisoned stores, in shuffled page order: the same bits again.
@@ -336,6 +405,50 @@ int error_cases() {
   if (after != marker) {
     std::printf("FAIL summarize_pages: a page with a stored NaN had its stores rewritten\n");
     ++failures;
+  }
+  // The group refresh: a page table that does not end at the appended page (flagged on the
+  // device), and group stores without the bound store (refused on the host).
+  {
+    AppendTarget gb(pages, H, d, true);
+    cuda::AppendArgs b = gb.args(gk.p, gv.p, DType::bf16, P, static_cast<std::int64_t>(H) * P * d,
+                                 static_cast<std::int64_t>(P) * d, d);
+    b.k = a.k;
+    b.v = a.v;
+    b.page = a.page;
+    b.slot = a.slot;
+    const std::int32_t zero = 0;
+    dpage.upload(&zero, 1);
+    dslot.upload(&zero, 1);
+    dk.upload(ones);
+    DevBuf<std::uint16_t> gm(static_cast<std::size_t>(2) * H * d), gx(gm.n);
+    DevBuf<std::int32_t> ptr = to_device(std::vector<std::int32_t>{0, 2}),
+                         idx = to_device(std::vector<std::int32_t>{0, 1}),
+                         gptr = to_device(std::vector<std::int32_t>{0, 1}),
+                         gidx = to_device(std::vector<std::int32_t>{0});
+    b.groups.min = reinterpret_cast<bf16*>(gm.p);
+    b.groups.max = reinterpret_cast<bf16*>(gx.p);
+    b.groups.slots = 2;
+    b.groups.indptr = {ptr.p, ptr.n};
+    b.groups.indices = {idx.p, idx.n};
+    b.groups.group_indptr = {gptr.p, gptr.n};
+    b.groups.group_indices = {gidx.p, gidx.n};
+    const auto expect_group = [&](const cuda::AppendArgs& args, ErrorCode code, const char* arg) {
+      try {
+        cuda::append(args, ws);
+        std::printf("FAIL append group refresh: no error (%s)\n", arg);
+        ++failures;
+      } catch (const Error& e) {
+        if (e.code() != code || e.argument() != arg) {
+          std::printf("FAIL append group refresh: got %s\n", e.what());
+          ++failures;
+        }
+      }
+    };
+    expect_group(b, ErrorCode::out_of_range, "group_indices");  // the table ends at page 1
+    cuda::AppendArgs no_bounds = a;
+    no_bounds.groups = b.groups;
+    expect_group(no_bounds, ErrorCode::invalid_argument, "groups");
+    CK(cudaMemset(gk.p, 0, sums * P * 2));  // the pool stays untouched for the check below
   }
   // Host-side shape errors.
   try {

@@ -38,7 +38,8 @@ class AppendWorkspace {
   AppendWorkspace(const AppendWorkspace&) = delete;
   AppendWorkspace& operator=(const AppendWorkspace&) = delete;
   // Waits for `stream`, reads and clears the flag; throws Error(out_of_range, "page" / "slot" /
-  // "tokens") for an id outside the pool or the page, Error(non_finite, "k" / "v") for a NaN or
+  // "tokens" / "group_indices") for an id outside the pool or the page (or tables that do not
+  // end at the appended page: GroupRefresh), Error(non_finite, "k" / "v") for a NaN or
   // inf input or one that overflows the cache dtype. Tokens with bad ids or values were not
   // written.
   void check(CUstream_st* stream) const;
@@ -71,10 +72,25 @@ struct SummaryStores {
   float* bound_wmax = nullptr;  // [page][kv head]; required with the store
 };
 
+// The group store of hierarchical selection (select::GroupStore's layout, bf16 bits
+// [group slot][kv head][d], device memory) refreshed by the append itself: each sequence's last
+// group (group_pages pages of the page table, its slot the group table's last entry) rebuilt
+// from the bound store once the token is folded in — the bits cuda::update_groups with
+// last_only writes, without its launch. The tables are the step's (after this token: each
+// sequence's last page is the one appended to, else the flag is set: "group_indices").
+struct GroupRefresh {
+  bf16* min = nullptr;  // null: no refresh
+  bf16* max = nullptr;
+  int slots = 0, group_pages = 16;
+  std::span<const std::int32_t> indptr, indices;              // the page table (CSR)
+  std::span<const std::int32_t> group_indptr, group_indices;  // the group table (CSR)
+};
+
 struct AppendArgs : SummaryStores {
   View3<const float> k, v;               // [B][Hkv][d] f32, unit stride on d (device)
   std::span<const std::int32_t> page;    // [B] physical page of each token (device)
   std::span<const std::int32_t> slot;    // [B] its slot in the page (device)
+  GroupRefresh groups;                   // optional; needs the bound store
 };
 
 // Validates shapes on the host (Error(shape_mismatch / invalid_argument / unsupported) naming
