@@ -298,14 +298,17 @@ def update_spread(k_pool: torch.Tensor, v_pool: torch.Tensor, mn: torch.Tensor,
                   range_max: torch.Tensor, grid: torch.Tensor, chan_codes: torch.Tensor,
                   chan_ranges: torch.Tensor, chan_spread: torch.Tensor, indptr: torch.Tensor,
                   indices: torch.Tensor, last_page_len: torch.Tensor, tokens: int,
-                  mean_seq: torch.Tensor, m2_seq: torch.Tensor, layout: str = "NHD") -> None:
+                  mean_seq: torch.Tensor, m2_seq: torch.Tensor, layout: str = "NHD",
+                  counts: Optional[torch.Tensor] = None) -> None:
     """The spread rows of a step (masskv.cuda_update_spread), in place: each sequence's last
-    `tokens` keys folded into its float64 moments mean_seq / m2_seq (B, H_kv, d)."""
+    `tokens` keys (counts: int32 (B,) per sequence instead) folded into its float64 moments
+    mean_seq / m2_seq (B, H_kv, d)."""
     _require_cuda("update_spread", indptr, "indptr")
     masskv.cuda_update_spread(
         _stores(k_pool, v_pool, layout, mn, mx, mean, m2, count, max_vnorm, None, None, None),
         _codes(codes, range_min, range_max, grid, chan_codes, chan_ranges, chan_spread),
-        indptr, indices, last_page_len, tokens, mean_seq, m2_seq, check=_eager_check(indptr))
+        indptr, indices, last_page_len, tokens, mean_seq, m2_seq, check=_eager_check(indptr),
+        counts=counts)
 
 
 @update_spread.register_fake

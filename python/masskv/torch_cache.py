@@ -79,6 +79,7 @@ class _Step:
     m2_seq: torch.Tensor | None = None
     src: torch.Tensor | None = None  # int64 rows of the (B * tokens) new rows that are written
     #                                  (None: every row: all counts equal tokens)
+    counts_dev: torch.Tensor | None = None  # int32 counts on the device (with src)
 
     @property
     def uniform(self) -> bool:
@@ -433,6 +434,8 @@ class TorchPagedCache:
         tt.copy_(torch.tensor(touched_tokens, **i32))
         self._step = _Step(list(seqs), tokens, counts, pg, sl, tp, tt, indptr, indices, last,
                            used, max_pages, src=src)
+        if src is not None:
+            self._step.counts_dev = torch.tensor(counts, **i32).to(self.device)
         if self.code_stores is not None:
             # The batch's key moments, [layer][b][H][d], in buffers kept per batch size (the
             # storage a captured step keeps, as the page table's).
@@ -587,9 +590,6 @@ class TorchPagedCache:
         if any(isinstance(n, bool) or not isinstance(n, int) or n < 0 for n in counts) or \
                 max(counts) < 1:
             raise ValueError(f"tokens: counts must be ints >= 0, at least one > 0; got {counts}")
-        if self.code_stores is not None and len(set(counts)) > 1:
-            raise ValueError("tokens: token_codes' key moments (codes=True) take one count for "
-                             f"every row of a step; got {counts}")
         return counts
 
     def _buffers(self, key: tuple, specs: list[tuple[int, int]]) -> tuple[torch.Tensor, ...]:
@@ -723,7 +723,8 @@ class TorchPagedCache:
         torch.ops.masskv.encode_page_codes(*stores, *codes, st.touched, st.touched_tokens,
                                            self.layout)
         torch.ops.masskv.update_spread(*stores, *codes, *self._kernel_table(), st.tokens,
-                                       st.mean_seq[layer], st.m2_seq[layer], self.layout)
+                                       st.mean_seq[layer], st.m2_seq[layer], self.layout,
+                                       st.counts_dev)
 
     def history(self, layer: int, width: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """Every stored key and value of the step's sequences in layer `layer`, as (B, S, H_kv,

@@ -8,6 +8,7 @@
 
 #include <array>
 #include <cstdint>
+#include <optional>
 #include <string>
 
 #include "cuda_calls.hpp"
@@ -307,7 +308,8 @@ void encode_codes_py(const nb::dict& stores, const nb::dict& codes, const InArra
 
 void update_spread_py(const nb::dict& stores, const nb::dict& codes, const InArray& indptr,
                       const InArray& indices, const InArray& last_page_len, int tokens,
-                      const InArray& mean, const InArray& m2, nb::handle stream, bool check) {
+                      const InArray& mean, const InArray& m2, nb::handle stream, bool check,
+                      const std::optional<InArray>& counts) {
   Device device = kCpu;
   const cuda::SummaryStores st = stores_of(stores, device);
   const CodesArrays c =
@@ -323,10 +325,12 @@ void update_spread_py(const nb::dict& stores, const nb::dict& codes, const InArr
                                        static_cast<std::size_t>(st.head_dim)};
   require_store(mean, Elem::f64, "mean", device, bhd);
   require_store(m2, Elem::f64, "m2", device, bhd);
+  const std::span<const std::int32_t> per_row =
+      counts ? ids_of(*counts, "counts", device, B) : std::span<const std::int32_t>{};
   CUstream_st* s = resolve_stream(stream, device);
   on_device<cuda::AppendWorkspace>(device, s, [&](auto& w) {
     cuda::update_spread(st, ptr, idx, last, tokens, mutable_data<double>(mean),
-                        mutable_data<double>(m2), c.spread, w, s, check);
+                        mutable_data<double>(m2), c.spread, w, s, check, per_row);
   });
 }
 
@@ -457,8 +461,9 @@ void bind_cuda_stores(nb::module_& m) {
         nb::arg("indptr").noconvert(), nb::arg("indices").noconvert(),
         nb::arg("last_page_len").noconvert(), nb::arg("tokens"), nb::arg("mean").noconvert(),
         nb::arg("m2").noconvert(), nb::kw_only(), nb::arg("stream").none() = nb::none(),
-        nb::arg("check") = true,
+        nb::arg("check") = true, nb::arg("counts").noconvert().none() = nb::none(),
         "The spread rows of a step (cuda::update_spread): each sequence's last `tokens` keys\n"
+        "(counts: int32 (B,) per sequence instead, a padded batch's rows; 0 allowed)\n"
         "folded into its float64 Welford moments mean / m2 ((B, H_kv, d), kept by the caller\n"
         "per sequence), the deviation rows written into codes['chan_spread'] at page ends and\n"
         "at the last token.");

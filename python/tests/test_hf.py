@@ -428,11 +428,12 @@ def test_cuda_masskv_prefill_gives_sdpa_tokens(budget):
 @cuda
 @pytest.mark.parametrize("method, hierarchical, prefill, own_cache", [
     ("dense", False, "sdpa", False), ("quest", True, "sdpa", True),
-    ("quest", False, "masskv", True), ("dense", False, "masskv", False)])
+    ("quest", False, "masskv", True), ("dense", False, "masskv", False),
+    ("token_codes", False, "sdpa", True)])
 def test_cuda_left_padded_batch_matches_sdpa(method, hierarchical, prefill, own_cache):
     """A left-padded bf16 batch on the GPU (one row all padding in the first prefill chunk):
     SDPA's logits within bf16 noise on SDPA's tokens (budget covering everything), and each
-    row's pool holds its tokens only; token_codes (one token count a step) names the limit."""
+    row's pool holds its tokens only."""
     from masskv.hf_cache import MasskvCache
 
     ids, mask = padded_batch(S=150, pads=(0, 40, 90))
@@ -459,10 +460,6 @@ def test_cuda_left_padded_batch_matches_sdpa(method, hierarchical, prefill, own_
         (state,) = attn._cuda._states.values()
         paged, seqs = state.cache, state.seqs
     assert [paged.length(s) for s in seqs] == [156, 116, 66]
-    codes = masskv.hf.MasskvAttention(method="token_codes", budget_tokens=4096)
-    model = tiny_llama(codes.register("masskv_cuda_pad_codes"), 64).cuda().to(torch.bfloat16)
-    with pytest.raises(ValueError, match="token_codes' key moments"):
-        padded_logits(model, ids, mask, [], 1, MasskvCache(codes, model.config))
 
 
 @cuda

@@ -307,10 +307,6 @@ def test_a_padded_step_keeps_each_rows_own_tokens(monkeypatch, layout):
         with pytest.raises((ValueError, TypeError), match=msg):
             c.begin_step([a, b, e], bad)
     assert [c.length(s) for s in (a, b, e)] == [7, 6, 2]  # nothing changed
-    coded = cpu_cache(codes=True)
-    s1, s2 = coded.create(), coded.create()
-    with pytest.raises(ValueError, match="token_codes' key moments"):
-        coded.begin_step([s1, s2], [3, 2])
 
 
 def test_static_steps_run_on_the_device_and_hand_back_to_the_host():

@@ -355,14 +355,18 @@ template <bool kBf16>
 __global__ void __launch_bounds__(kMaxDim) spread_kernel(Params p, const std::int32_t* indptr,
                                                          const std::int32_t* indices,
                                                          const std::int32_t* last_page_len,
-                                                         int tokens, double* mean, double* m2,
+                                                         int all_tokens,
+                                                         const std::int32_t* counts,
+                                                         double* mean, double* m2,
                                                          float* spread) {
   const int b = blockIdx.x / p.num_kv_heads, h = blockIdx.x % p.num_kv_heads;
   const int c = threadIdx.x, d = p.head_dim, P = p.page_size;
+  const int tokens = counts != nullptr ? counts[b] : all_tokens;
+  if (tokens == 0) return;  // a row with no new token this step (a padded batch)
   const std::int32_t first = indptr[b], pages = indptr[b + 1] - first;
   const std::int64_t len =
       pages > 0 ? static_cast<std::int64_t>(pages - 1) * P + last_page_len[b] : 0;
-  if (pages < 1 || last_page_len[b] < 1 || last_page_len[b] > P || len < tokens) {
+  if (tokens < 0 || pages < 1 || last_page_len[b] < 1 || last_page_len[b] > P || len < tokens) {
     if (c == 0 && h == 0) atomicOr(p.err, kBadTokens);
     return;
   }
@@ -558,12 +562,15 @@ void update_spread(const SummaryStores& stores, std::span<const std::int32_t> in
                    std::span<const std::int32_t> indices,
                    std::span<const std::int32_t> last_page_len, int tokens, double* mean,
                    double* m2, float* spread, AppendWorkspace& ws, CUstream_st* stream,
-                   bool check_errors) {
+                   bool check_errors, std::span<const std::int32_t> counts) {
   using enum ErrorCode;
   Params p = store_params(stores, ws.impl().err.get());
   require(!indptr.empty() && last_page_len.size() + 1 == indptr.size(), shape_mismatch,
           "last_page_len", "needs one entry per sequence (indptr has B + 1)");
-  require(tokens >= 1, invalid_argument, "tokens", "must be >= 1, got ", tokens);
+  require(!counts.empty() || tokens >= 1, invalid_argument, "tokens", "must be >= 1, got ",
+          tokens);
+  require(counts.empty() || counts.size() == last_page_len.size(), shape_mismatch, "counts",
+          "needs one entry per sequence");
   require(mean && m2 && spread, invalid_argument, "spread", "mean, m2 and spread are required");
   const std::size_t blocks =
       last_page_len.size() * static_cast<std::size_t>(stores.num_kv_heads);
@@ -572,10 +579,12 @@ void update_spread(const SummaryStores& stores, std::span<const std::int32_t> in
   const int threads = (stores.head_dim + 31) / 32 * 32;
   if (stores.dtype == DType::bf16) {
     spread_kernel<true><<<static_cast<unsigned>(blocks), threads, 0, stream>>>(
-        p, indptr.data(), indices.data(), last_page_len.data(), tokens, mean, m2, spread);
+        p, indptr.data(), indices.data(), last_page_len.data(), tokens,
+        counts.empty() ? nullptr : counts.data(), mean, m2, spread);
   } else {
     spread_kernel<false><<<static_cast<unsigned>(blocks), threads, 0, stream>>>(
-        p, indptr.data(), indices.data(), last_page_len.data(), tokens, mean, m2, spread);
+        p, indptr.data(), indices.data(), last_page_len.data(), tokens,
+        counts.empty() ? nullptr : counts.data(), mean, m2, spread);
   }
   check_cuda(cudaGetLastError(), "update_spread kernel launch");
   if (check_errors) ws.check(stream);

@@ -304,6 +304,42 @@ std::string run_case(const AppendCase& c, std::uint64_t seed) {
     }
   }
 
+  // update_spread with a count per sequence (a padded batch's step): the spread rows rebuilt
+  // from zero moments in two steps, sequence b first its first len - 1 - 5b tokens (page
+  // tables cut there), then the rest; the same rows and moments as the token-by-token run.
+  {
+    const int P = c.page;
+    std::vector<std::int32_t> cut(c.batch), rest(c.batch);
+    std::vector<std::int32_t> ptr{0}, idx, last;
+    for (int b = 0; b < c.batch; ++b) {
+      const int len = static_cast<int>(table.table().length(b, P));
+      cut[b] = std::max(0, len - 1 - 5 * b);
+      rest[b] = len - cut[b];
+      const int n = std::max(1, (cut[b] + P - 1) / P);  // a sequence keeps >= 1 page
+      for (int lp = 0; lp < n; ++lp) idx.push_back(table.table().page(b, lp));
+      ptr.push_back(static_cast<std::int32_t>(idx.size()));
+      last.push_back(cut[b] == 0 ? 1 : cut[b] - (n - 1) * P);
+    }
+    DevBuf<double> m0(gmean.n), m2_0(gm2.n);
+    CK(cudaMemset(m0.p, 0, m0.n * sizeof(double)));
+    CK(cudaMemset(m2_0.p, 0, m2_0.n * sizeof(double)));
+    CK(cudaMemset(gspread.p, 0x5a, gspread.n * sizeof(float)));
+    DevBuf<std::int32_t> dptr = to_device(ptr), didx = to_device(idx), dlast = to_device(last),
+                         dcut = to_device(cut), drest = to_device(rest),
+                         fptr = to_device(table.indptr), fidx = to_device(table.indices),
+                         flast = to_device(table.last_page_len);
+    cuda::update_spread(a, {dptr.p, dptr.n}, {didx.p, didx.n}, {dlast.p, dlast.n}, 0, m0.p,
+                        m2_0.p, gspread.p, ws, nullptr, true, {dcut.p, dcut.n});
+    cuda::update_spread(a, {fptr.p, fptr.n}, {fidx.p, fidx.n}, {flast.p, flast.n}, 0, m0.p,
+                        m2_0.p, gspread.p, ws, nullptr, true, {drest.p, drest.n});
+    if (std::string why = compare_codes(cache.page_codes(), table, gcodes, gra, grb, ggrid, gcc,
+                                        gcr, gspread);
+        !why.empty())
+      return "update_spread with counts: " + why;
+    if (m0.download() != gmean.download() || m2_0.download() != gm2.download())
+      return "update_spread with counts: the moments differ";
+  }
+
   // summarize_pages: every page's stores rebuilt from the pool (as for pages an engine wrote
   // itself) over poisoned stores, in shuffled page order: the same bits again.
   std::vector<std::int32_t> pages, tokens;

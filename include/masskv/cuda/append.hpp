@@ -135,7 +135,8 @@ void encode_page_codes(const SummaryStores& stores, const PageCodesStores& codes
 
 // The spread rows (kv::PageCodesView::chan_spread, [page][kv head][head_dim] f32) of a step:
 // for each sequence b of the page table (device spans: indptr [B + 1], indices,
-// last_page_len [B]), its last `tokens` keys (already in the pool) folded in position order
+// last_page_len [B]), its last `tokens` keys (or counts[b], device, when given: a padded
+// batch's rows of different token counts, 0 allowed) (already in the pool) folded in position order
 // into its f64 Welford moments mean / m2 ([B][kv head][head_dim], device, the caller's, kept
 // per sequence between steps: zeros for a new one), and at each page's last slot and at the
 // sequence's last token the population deviation sqrt(m2 / n), rounded to f32, written to
@@ -145,6 +146,7 @@ void update_spread(const SummaryStores& stores, std::span<const std::int32_t> in
                    std::span<const std::int32_t> indices,
                    std::span<const std::int32_t> last_page_len, int tokens, double* mean,
                    double* m2, float* spread, AppendWorkspace& workspace,
-                   CUstream_st* stream = nullptr, bool check_errors = true);
+                   CUstream_st* stream = nullptr, bool check_errors = true,
+                   std::span<const std::int32_t> counts = {});
 
 }  // namespace masskv::cuda
