@@ -3,7 +3,7 @@
 # tests (every CUDA kernel against the CPU references; check.log ends "N passed, N failed"), the
 # benchmark, the torch SDPA peers, and write the joined report under $OUT
 # (build.log check.log bench.log bench_ours.json bench_prefill.json bench_torch.json report.md
-# report.json prefill.md prefill.json phases.log),
+# report.json prefill.md prefill.json floor.md floor.json phases.log),
 # then the Python tests CI cannot run (PyTorch tensors, the transformers integration) with the
 # module built there (python.log), and with --e2e the whole-model decode table
 # (tools/gpu_bench/e2e.py: e2e.md, e2e.json, e2e.log; E2E_ARGS adds its options). Wheels the machine lacks (nanobind, scikit-build-core) travel
@@ -83,6 +83,10 @@ if [[ $do_bench -eq 1 ]]; then
     "$OUT/bench_torch.json" "$OUT/report.md" "$OUT/report.json"
   python3 tools/gpu_bench/prefill_report.py "$OUT/bench_prefill.json" "$OUT/bench_torch.json" \
     "$OUT/prefill.md" "$OUT/prefill.json"
+  # issue 33's table: every row against cuDNN and the floor of a fresh sparse step, same run.
+  [[ $prefill_only -eq 0 ]] && python3 tools/gpu_bench/floor_report.py "$OUT/bench_ours.json" \
+    "$OUT/bench_torch.json" "$OUT/bench_prefill.json" "$OUT/floor.md" "$OUT/floor.json" \
+    --command "scripts/gpu.sh $*" > /dev/null
   # Where a B = 1 step's time goes, kernel phase by phase (docs/gpu.md).
   [[ $prefill_only -eq 0 ]] && "$BUILD/masskv_gpu_bench" profile-phases > "$OUT/phases.log" 2>&1
 fi
