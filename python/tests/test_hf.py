@@ -370,6 +370,53 @@ def test_static_masskv_cache_flow_on_cpu_tensors(monkeypatch):
     assert torch.equal(got, want)
 
 
+def test_static_decode_steps_trace_once(monkeypatch):
+    """The static decode step under torch.compile (dynamo, a backend that runs the traced
+    graphs as they are, on CPU tensors with the append stubbed): eager's logits within bf16
+    noise, and no new graph after the second step — the per-step Python state a guard could
+    see (lengths, page lists) stays out of the traced code. The only graph breaks are the CPU
+    page table's read of its length (a CUDA cache passes the whole index buffer instead)."""
+    from masskv.hf_cache import MasskvCache
+    from masskv.torch_cache import TorchPagedCache
+
+    monkeypatch.setattr(TorchPagedCache, "append", TorchPagedCache._write_rows)
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
+    attn = masskv.hf.MasskvAttention(method="dense", page_size=4)
+    model = tiny_llama(attn.register("masskv_static_trace"), 64)
+    eager = tiny_llama("eager", 64)
+    prompt = torch.randint(0, 128, (2, 23), generator=torch.Generator().manual_seed(10))
+    cache = MasskvCache(attn, model.config, max_tokens=64, static=True)
+    ref_cache = transformers.DynamicCache(config=eager.config)
+    graphs = []
+
+    def backend(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    step = torch.compile(model, backend=backend)
+    seen = []
+    with torch.no_grad():
+        model(prompt, past_key_values=cache, use_cache=True)
+        tok = eager(prompt, past_key_values=ref_cache, use_cache=True).logits[:, -1:].argmax(-1)
+        cache.begin_static()
+        for i in range(4):
+            pos = torch.full((2, 1), 23 + i, dtype=torch.long)
+            got = step(input_ids=tok, position_ids=pos, past_key_values=cache,
+                       use_cache=True).logits[:, -1]
+            want = eager(input_ids=tok, position_ids=pos, past_key_values=ref_cache,
+                         use_cache=True).logits[:, -1]
+            torch.testing.assert_close(got, want, atol=5e-2, rtol=0)
+            seen.append(len(graphs))
+            tok = want[:, None].argmax(-1)
+    torch._dynamo.reset()
+    assert seen[1] == seen[2] == seen[3], seen  # traced for step 1 (and 2), reused after
+    breaks = torch._dynamo.utils.counters["graph_break"]
+    assert all("item()" in reason for reason in breaks), list(breaks)
+    cache.sync()
+    assert cache.get_seq_length() == 27
+
+
 def test_masskv_cache_rejects_what_it_cannot_serve():
     from masskv.hf_cache import MasskvCache
 
