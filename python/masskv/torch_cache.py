@@ -133,6 +133,10 @@ class TorchPagedCache:
     kernels; masskv.PagedKVCache is the CPU cache).
     """
 
+    # False: a decode step's append leaves the group store to update_groups (one launch more a
+    # layer; the bench's before / after of the refresh inside the append kernel).
+    refresh_groups_in_append = True
+
     def __init__(self, num_layers: int, num_kv_heads: int, head_dim: int, capacity_pages: int,
                  *, page_size: int = 16, dtype: torch.dtype = torch.bfloat16,
                  device: torch.device | str | int | None = None, layout: str = "NHD",
@@ -671,12 +675,15 @@ class TorchPagedCache:
         args = self._store_args(layer)
         if T == 1 and st.uniform:
             # The group store's last groups are refreshed by the append kernel itself (one
-            # launch fewer a layer than update_groups after it).
+            # launch fewer a layer than update_groups after it; the same bits).
+            fused = self.group_min is not None and self.refresh_groups_in_append
             groups = ((self.group_min[layer], self.group_max[layer], *self._kernel_table()[:2],
-                       st.group_indptr, st.group_indices) if self.group_min is not None else ())
+                       st.group_indptr, st.group_indices) if fused else ())
             torch.ops.masskv.append(*args, k[:, 0].float().contiguous(),
                                     v[:, 0].float().contiguous(), st.page, st.slot, self.layout,
                                     *groups)
+            if not fused:
+                self._update_groups(layer, last_only=True)
             self._update_codes(layer)
             return
         # Many tokens (a prefill): the pool rows by index, then the touched pages' summaries

@@ -664,12 +664,20 @@ def main(argv=None) -> int:
     ap.add_argument("--compile", action="store_true",
                     help="decode steps of both paths through torch.compile'd model code (the "
                          "norms, RoPE and MLP fused; Model.fuse); prefill stays eager")
+    ap.add_argument("--groups-separate", action="store_true",
+                    help="a decode step's append leaves the hierarchical group store to "
+                         "update_groups (the launch the append kernel's refresh saves: the "
+                         "before row of that change)")
     ap.add_argument("--phases", action="store_true",
                     help="also split masskv's attention time a layer into append, selection and "
                          "decode (graphs that stop after each; row fields masskv_*_us_per_layer)")
     ap.add_argument("--tiny", action="store_true", help="the tiny shape (self-test)")
     ap.add_argument("--device", default="cuda")
     a = ap.parse_args(argv)
+    if a.groups_separate:
+        from masskv.torch_cache import TorchPagedCache
+
+        TorchPagedCache.refresh_groups_in_append = False
     dev = torch.device(a.device)
     log = lambda m: print(m, flush=True)  # noqa: E731
     if dev.type == "cpu":  # the dense path's self-test: shapes, finite logits
