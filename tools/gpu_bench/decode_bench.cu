@@ -572,7 +572,9 @@ int run_bench(const char* json_path) {
       // The same step per layer, kLayers steps (rotations 0 .. kLayers - 1) in one graph.
       static_assert(kLayers <= kQRot, "a layer per query rotation");
       // Returns the µs per layer, or -1 off the shapes that have these rows.
-      const bool layer_shape = sh.batch == 1 && Hq == 32 && budget == 4096;  // as torch_peer.py
+      // B 1, and B 16 at 128K (issue 33's rows), as torch_peer.py's layer rows.
+      const bool layer_shape = (sh.batch == 1 || (sh.batch == 16 && sh.ctx == 131072)) &&
+                               Hq == 32 && budget == 4096;
       const auto layers_graph_row = [&](const std::string& kind, double row_bytes,
                                         const auto& layer_fn) {
         if (!layer_shape) return -1.0;

@@ -190,7 +190,8 @@ def main():
                                  "hq": hq, "us": None, "error": str(e)[:200]})
                     print(f"{name:6s} {form:4s} ctx={ctx:8d} B={batch:2d}: failed: {str(e)[:200]}",
                           flush=True)
-                if name != "cudnn" or batch != 1 or hq != HQ:
+                # The layer rows' shapes (masskv_gpu_bench's layer_shape): B 1, and B 16 at 128K.
+                if name != "cudnn" or hq != HQ or not (batch == 1 or (batch, ctx) == (16, 131072)):
                     continue
                 # Per layer inside a LAYERS-call CUDA graph (the "_layers_graph" rows of ours).
                 kind = f"torch_layers_{name}_{form}"
