@@ -111,7 +111,8 @@ class CudaLayers:
             selection = cache.select(layer, q, budget_tokens=attn.budget_tokens,
                                      sink_pages=attn.sink_pages,
                                      window_tokens=attn.window_tokens, scale=scale,
-                                     hierarchical=attn.hierarchical, method=attn.method)
+                                     hierarchical=attn.hierarchical, method=attn.method,
+                                     code_channels=attn.code_channels)
             attn.last_selection[layer] = selection
         out, _ = cache.decode(layer, q, selection, alpha=attn.alpha, scale=scale,
                               unit="token" if attn.method == "token_codes" else "page")

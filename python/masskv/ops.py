@@ -323,9 +323,11 @@ def token_codes_select(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tens
                        grid: torch.Tensor, chan_codes: torch.Tensor, chan_ranges: torch.Tensor,
                        chan_spread: torch.Tensor, layout: str, budget_tokens: int,
                        sink_pages: int = 1, window_tokens: int = 0, scale: float = 0.0,
-                       max_pages_per_seq: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+                       max_pages_per_seq: int = 0,
+                       code_channels: float = 0.375) -> tuple[torch.Tensor, torch.Tensor]:
     """token_codes on the GPU (masskv.cuda_token_codes_select): int32 token lists ids (B, H_kv,
-    capacity) -1 padded and count (B, H_kv); capacity from max_pages_per_seq (> 0)."""
+    capacity) -1 padded and count (B, H_kv); capacity from max_pages_per_seq (> 0);
+    code_channels 1: one pass (every token on every channel)."""
     _require_cuda("token_codes_select", q, "q")
     if max_pages_per_seq <= 0:
         raise ValueError("masskv::token_codes_select: max_pages_per_seq must be > 0 (it fixes "
@@ -334,7 +336,8 @@ def token_codes_select(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tens
     sel = masskv.cuda_token_codes_select(
         q, kv, _codes(codes, range_min, range_max, grid, chan_codes, chan_ranges, chan_spread),
         budget_tokens=budget_tokens, sink_pages=sink_pages, window_tokens=window_tokens,
-        scale=scale, max_pages_per_seq=max_pages_per_seq, check=_eager_check(q))
+        scale=scale, max_pages_per_seq=max_pages_per_seq, check=_eager_check(q),
+        code_channels=code_channels)
     return sel.ids, sel.count
 
 
@@ -342,7 +345,7 @@ def token_codes_select(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tens
 def _token_codes_fake(q, k_pool, v_pool, indptr, indices, last_page_len, codes, range_min,
                       range_max, grid, chan_codes, chan_ranges, chan_spread, layout,
                       budget_tokens, sink_pages=1, window_tokens=0, scale=0.0,
-                      max_pages_per_seq=0):
+                      max_pages_per_seq=0, code_channels=0.375):
     cap = masskv.cuda_token_codes_capacity(max_pages_per_seq, _page_size(k_pool, layout),
                                            budget_tokens, sink_pages, window_tokens)
     return _lists_fake(q, indptr, int(range_min.shape[1]), cap)

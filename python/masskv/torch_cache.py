@@ -785,12 +785,15 @@ class TorchPagedCache:
 
     def select(self, layer: int, q: torch.Tensor, *, budget_tokens: int, sink_pages: int = 1,
                window_tokens: int = 0, scale: float = 0.0, hierarchical: bool = False,
-               cover: float = 2.0, method: str = "quest") -> tuple[torch.Tensor, torch.Tensor]:
+               cover: float = 2.0, method: str = "quest",
+               code_channels: float = 0.375) -> tuple[torch.Tensor, torch.Tensor]:
         """GPU selection for the step's queries q (float32 (B, Hq, d)): int32 lists ids (B,
         H_kv, capacity) -1 padded and count (B, H_kv). method "quest": pages by the bf16 bound
         store (hierarchical: the group store first, the cache needs groups=True, then only the
         chosen groups' pages); "token_codes": tokens ranked on the page codes (codes=True),
-        the lists decode takes with unit="token"."""
+        the lists decode takes with unit="token" — in two passes (code_channels 0.375: the
+        CPU's default) or one (1: every token on every channel; as accurate in the eval,
+        docs/results/eval-standard-smollm2/, and about half the GPU's selection time)."""
         if method == "token_codes":
             if self.code_stores is None:
                 raise ValueError("select: token_codes reads the page codes "
@@ -799,7 +802,8 @@ class TorchPagedCache:
             return torch.ops.masskv.token_codes_select(
                 q, self.k_pool[layer], self.v_pool[layer], *self._kernel_table(),
                 *[self.code_stores[n][layer] for n in ops._CODE_ARGS], self.layout,
-                budget_tokens, sink_pages, window_tokens, scale, self.step_max_pages)
+                budget_tokens, sink_pages, window_tokens, scale, self.step_max_pages,
+                code_channels)
         if method != "quest":
             raise ValueError(f'select: method is "quest" or "token_codes", got {method!r}')
         if self.bound_min is None:

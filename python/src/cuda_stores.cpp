@@ -340,7 +340,7 @@ void update_spread_py(const nb::dict& stores, const nb::dict& codes, const InArr
 nb::object token_codes_select_py(const InArray& q, const KV& kv, const nb::dict& codes,
                                  std::int64_t budget_tokens, int sink_pages, int window_tokens,
                                  float scale, int max_pages_per_seq, nb::handle stream,
-                                 bool check) {
+                                 bool check, double code_channels) {
   require_cuda_kv(kv, "cuda_token_codes_select");
   const Device device = kv.device;
   const kv::PagedKVView view = kv.checked();
@@ -360,6 +360,7 @@ nb::object token_codes_select_py(const InArray& q, const KV& kv, const nb::dict&
   a.sink_pages = sink_pages;
   a.window_tokens = window_tokens;
   a.candidate_factor = 0;  // token_codes: no page stage
+  a.code_channels = code_channels;  // 1: one pass (every token on every channel)
   cuda::TwoStageLaunch launch;
   launch.stream = resolve_stream(stream, device);
   launch.max_pages_per_seq = pages_bound(max_pages_per_seq, view);
@@ -472,9 +473,12 @@ void bind_cuda_stores(nb::module_& m) {
         nb::arg("sink_pages") = 1, nb::arg("window_tokens") = 0, nb::arg("scale") = 0.0f,
         nb::arg("max_pages_per_seq") = 0, nb::arg("stream").none() = nb::none(),
         nb::arg("check") = true,
+        nb::arg("code_channels") = cuda::TwoStageSelectArgs{}.code_channels,
         "token_codes on the GPU (cuda::two_stage_select, no page stage): every token ranked on\n"
         "its page code, two passes, the q heads of a kv group pooled by log-probability — the\n"
         "CPU's token_codes lists. q float32 (B, Hq, d); codes as cuda_encode_page_codes'.\n"
+        "code_channels: the first pass's share of the channels (select(code_channels=...)'s;\n"
+        "1: one pass, every token on every channel).\n"
         "Returns a token Selection (int32 ids (B, H_kv, capacity) -1 padded, count (B, H_kv))\n"
         "for decode(..., selection=...).");
   m.def("cuda_token_codes_capacity", &cuda::two_stage_capacity, nb::arg("max_pages_per_seq"),

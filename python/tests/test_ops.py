@@ -223,6 +223,11 @@ def test_torch_cache_token_codes_match_cpu(rng, chunks):
     ref_out, ref_lse = masskv.decode_reference(q.cpu().numpy(), cpu.view(cs), selection=ref)
     np.testing.assert_allclose(out.cpu().numpy(), ref_out, atol=2e-3)
     np.testing.assert_allclose(lse.cpu().numpy(), ref_lse, atol=2e-3)
+    # One pass (every token on every channel): the CPU's one-pass lists too.
+    ids1, count1 = tc.select(1, q, budget_tokens=128, method="token_codes", code_channels=1.0)
+    ref1 = masskv.select(q.cpu().numpy(), cpu.view(cs), method="token_codes",
+                         budget_tokens=128, code_channels=1.0).selection
+    assert_same_lists(ids1, count1, ref1)
 
 
 @cuda

@@ -245,7 +245,8 @@ class MasskvKV:
             raise ValueError(f"ctx must be a multiple of {PAGE} (the step's token opens a page)")
         pages = B * (ctx // PAGE + 1)
         self.hier = method == "hier"
-        self.codes = method == "codes"
+        self.codes = method in ("codes", "codes1")
+        self.code_channels = 1.0 if method == "codes1" else 0.375  # codes1: one pass
         sparse = budget is not None
         self.cache = TorchPagedCache(s.layers, s.kv_heads, s.head_dim, pages, page_size=PAGE,
                                      device=device, bounds=sparse and not self.codes,
@@ -276,7 +277,8 @@ class MasskvKV:
         sel = None
         if self.budget is not None:
             sel = c.select(layer, qf, budget_tokens=self.budget, hierarchical=self.hier,
-                           method="token_codes" if self.codes else "quest")
+                           method="token_codes" if self.codes else "quest",
+                           code_channels=self.code_channels)
         if self.stop == "select":
             return None
         out, _ = c.decode(layer, qf, sel, unit="token" if self.codes else "page")
@@ -295,10 +297,12 @@ class MasskvKV:
         if self.codes:
             # token_codes' two passes: 3/8 of every token's 2-bit codes and of every page's
             # 8-bit ranges, then 2 x the budget's tokens' whole codes (and their pages' ranges,
-            # at most one page a token); the budget's K/V rows.
+            # at most one page a token); the budget's K/V rows. One pass: every token's whole
+            # codes and every page's ranges.
             d, tokens = s.head_dim, ctx + 1
-            first = 0.375 * (tokens * d / 4 + pages * 2 * d) + pages * 8
-            second = 2 * self.budget * (d / 4 + 2 * d)
+            share = self.code_channels
+            first = share * (tokens * d / 4 + pages * 2 * d) + pages * 8
+            second = 2 * self.budget * (d / 4 + 2 * d) if share < 1 else 0
             kv_rows = min(tokens, self.budget + 2 * PAGE) * 2 * d * 2
             return int(s.layers * B * s.kv_heads * (first + second + kv_rows))
         sel = min(pages, -(-self.budget // PAGE) + 2)
@@ -490,7 +494,7 @@ def check(model: Model, log, methods) -> list:
                 f"max |Δlogit| / max |logit| = {err:.2e}, same argmax {same:.0%}")
             if err <= bar:
                 passed.append(method)
-            elif method != "codes":
+            elif method not in ("codes", "codes1"):
                 raise SystemExit(f"check failed: masskv {method}: relative logit error "
                                  f"{err:.2e} > {bar:.2e}")
     return passed
@@ -648,7 +652,8 @@ def main(argv=None) -> int:
     ap.add_argument("--budgets", default="2048,4096")
     ap.add_argument("--methods", default="hier,quest",
                     help="masskv selections: hier (hierarchical Quest), quest (flat), codes "
-                         "(token_codes: the quality default, tokens on the page codes)")
+                         "(token_codes: the quality default, tokens on the page codes, two "
+                         "passes), codes1 (token_codes in one pass: every token on every channel)")
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--prefill-cells", default="",
                     help="BxT prompts whose TTFT is timed (e2e_prefill.py), e.g. 1x32768,1x131072")
@@ -713,8 +718,8 @@ def main(argv=None) -> int:
     budgets = [int(x) for x in a.budgets.split(",")]
     methods = [x for x in a.methods.split(",") if x]
     for x in methods:
-        if x not in ("hier", "quest", "codes"):
-            raise SystemExit(f"--methods: unknown {x!r} (hier, quest, codes)")
+        if x not in ("hier", "quest", "codes", "codes1"):
+            raise SystemExit(f"--methods: unknown {x!r} (hier, quest, codes, codes1)")
     cells = parse_cells(a.cells)
     prefill_cells = parse_cells(a.prefill_cells) if a.prefill_cells else []
     prefill_budgets = [int(x) for x in a.prefill_budgets.split(",") if x]
