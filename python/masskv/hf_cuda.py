@@ -21,7 +21,7 @@ from typing import Any
 import torch
 
 import masskv
-from masskv.hf import real_counts
+from masskv.hf_mask import real_counts
 from masskv.torch_cache import TorchPagedCache
 
 try:  # transformers' Cache subclass (no dense copy); absent with an old transformers
