@@ -245,7 +245,7 @@ class MasskvCache(Cache):
 
     def commit(self, layer: int, counts: list[int] | None) -> None:
         """Appends layer `layer`'s pending prefill chunk: counts[b] tokens of row b, the last
-        of its columns (masskv.hf.real_counts; None: every column)."""
+        of its columns (masskv.hf_mask.real_counts; None: every column)."""
         try:
             key, value = self._pending.pop(layer)
         except KeyError:

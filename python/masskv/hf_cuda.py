@@ -57,7 +57,7 @@ class CudaLayers:
 
     def __call__(self, attn: Any, module: Any, query, key, value, attention_mask,
                  scale: float, counts: list[int] | None = None, **kwargs):
-        """counts: masskv.hf.real_counts of a prefill chunk (None: no padding)."""
+        """counts: masskv.hf_mask.real_counts of a prefill chunk (None: no padding)."""
         if attn.method not in GPU_METHODS:
             raise ValueError(f"masskv attention: on CUDA tensors the methods are "
                              f"{', '.join(GPU_METHODS)}; got {attn.method!r} (the CPU path "
