@@ -158,6 +158,8 @@ class MasskvAttention:
                 # Each row's own queries (its last n[b] columns), rows without any left out.
                 n = [T] * B if counts is None else counts
                 rows_in = [b for b in range(B) if n[b] > 0]
+                if not rows_in:  # a chunk of padding alone: no token attends
+                    return torch.zeros_like(query).transpose(1, 2), None
                 keep = torch.cat([torch.arange(b * T + T - n[b], b * T + T) for b in rows_in])
                 q_indptr = np.concatenate([[0], np.cumsum([n[b] for b in rows_in])]).astype(
                     np.int32)

@@ -71,7 +71,8 @@ class _Layer(CacheLayerMixin):
         return self.get_seq_length() + int(query_length), 0
 
     def get_seq_length(self) -> int:
-        return self._owner()._lengths[self.layer]
+        owner = self._owner()  # static steps are counted on the host as they run (no read)
+        return owner._lengths[self.layer] + owner._static_steps
 
     def get_max_length(self) -> int:
         return -1
@@ -137,6 +138,9 @@ class MasskvCache(Cache):
         self.seqs: list[int] = []
         self._lengths = [0] * layers  # key columns each layer has seen (padding included)
         self._columns = 0             # key columns of the step begun last
+        self._static_steps = 0        # static decode steps since the last sync (host count)
+        self._longest = 0             # the longest row when the static steps began
+        self._first_layer = None      # the lowest layer index that appends: begins a step
         self._pending: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
 
     # -- what transformers asks ----------------------------------------------------------------
@@ -145,14 +149,19 @@ class MasskvCache(Cache):
         return len(self.seqs) if self.paged is not None else -1
 
     def sync(self) -> None:
-        """Brings the host's view up to date after static decode steps (which advance on the
-        device only, get_seq_length() standing still meanwhile): a host read."""
-        if self.paged is None or not self.paged.static_active:
-            return
-        steps = self.paged.static_steps()
-        self.paged.end_static()
-        self._lengths = [n + steps for n in self._lengths]
-        self._columns += steps
+        """Ends static decode steps: the device's lengths read back (a host sync) and the pages
+        taken ahead but not used given back; the layers' columns advance by the steps run.
+        The steps are counted on the host as they run (get_seq_length() includes them); a
+        graph replayed outside torch.compile runs no Python, so after such replays the device's
+        count is the one taken."""
+        steps = self._static_steps
+        if self.paged is not None and self.paged.static_active:
+            steps = self.paged.static_steps()
+            self.paged.end_static()  # raises if a step ran past max_tokens
+        self._static_steps = 0
+        if steps:
+            self._lengths = [n + steps for n in self._lengths]
+            self._columns += steps
 
     def reset(self) -> None:
         """Forgets every sequence (the pool is kept for the next generation)."""
@@ -163,6 +172,7 @@ class MasskvCache(Cache):
         self.seqs = []
         self._lengths = [0] * len(self.layers)
         self._columns = 0
+        self._static_steps = 0
         self._pending.clear()
 
     # -- the work ----------------------------------------------------------------------------
@@ -187,6 +197,8 @@ class MasskvCache(Cache):
         if self.static and T == 1 and self.seqs:
             return self._static_update(layer, key, value)
         self.sync()
+        if self._first_layer is None or layer < self._first_layer:
+            self._first_layer = layer
         if self._pending:
             raise ValueError("MasskvCache: a prefill chunk was never committed (the cache serves "
                              "masskv's attention only: attn_implementation=attn.register())")
@@ -218,10 +230,14 @@ class MasskvCache(Cache):
         if len(self.seqs) != key.shape[0]:
             raise ValueError(f"MasskvCache: a batch of {key.shape[0]} rows, the cache holds "
                              f"{len(self.seqs)}")
-        if layer == 0:
+        if layer == self._first_layer:  # the step's first layer begins it
             if not paged.static_active:  # the first decode step after a prefill
                 self.begin_static()
+            if self._longest + self._static_steps >= self.max_tokens:
+                raise ValueError(f"MasskvCache: a static step past max_tokens "
+                                 f"({self.max_tokens}) tokens a row; sync() or reset()")
             paged.static_step()
+            self._static_steps += 1
         paged.append(layer, key.transpose(1, 2), value.transpose(1, 2))
         key._masskv_cache = self
         return key, value
@@ -239,6 +255,8 @@ class MasskvCache(Cache):
             raise ValueError("begin_static: a prefill chunk was never committed")
         if self.paged.static_active:
             return
+        self.sync()
+        self._longest = max(self.paged.length(s) for s in self.seqs)  # before: length() ends it
         self.paged.begin_static(self.seqs, self.max_tokens)
         for t in self.paged.static_tensors():  # CUDA graphs of torch.compile need fixed addresses
             torch._dynamo.mark_static_address(t)
@@ -264,6 +282,9 @@ class MasskvCache(Cache):
         """Appends key, value [B, Hkv, T, d] of `layer`, whose columns end at `end`; the first
         layer to reach `end` begins the step."""
         T = key.shape[2]
+        if counts is not None and max(counts) == 0:  # a chunk of padding alone: no token
+            self._columns = max(self._columns, end)
+            return
         if self._columns < end:
             self._begin(T if counts is None else counts)
             self._columns = end

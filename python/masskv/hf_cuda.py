@@ -84,6 +84,8 @@ class CudaLayers:
         else:
             state = self._sync(attn, module, key, value, T, counts, attention_mask)
         if T > 1:
+            if counts is not None and max(counts) == 0:  # a chunk of padding alone
+                return torch.zeros_like(query).transpose(1, 2), None
             if attn.alpha != 1.0:
                 raise ValueError("masskv attention: an entmax (alpha != 1) prefill on the GPU is "
                                  "not served yet; run the CPU path")
@@ -143,6 +145,9 @@ class CudaLayers:
             if new_tokens < S:  # the whole history: its padding from the mask
                 counts, new_tokens = real_counts(mask, B, S, S), S
         cache = state.cache
+        if counts is not None and max(counts) == 0:  # a chunk of padding alone: nothing to add
+            state.columns = S
+            return state
         if state.columns < S:
             try:
                 cache.begin_step(state.seqs, new_tokens if counts is None else counts)

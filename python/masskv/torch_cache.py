@@ -57,6 +57,7 @@ class _Static:
     row_pages: torch.Tensor   # int32 (B, pages a row)
     row_groups: torch.Tensor | None
     iota: torch.Tensor        # int32 arange(B * pages a row)
+    over: torch.Tensor        # int32 (1,): a step ran past max_tokens
 
 
 @dataclass
@@ -505,19 +506,27 @@ class TorchPagedCache:
             self._own_last_page(s)
             s.reserved = [self._take() for _ in range(Pm - len(s.pages))]
             s.greserved = [self._gfree.pop() for _ in range(Gm - len(s.groups))] if Gm else []
-        i32 = dict(dtype=torch.int32, device=self.device)
+        i32 = dict(dtype=torch.int32)
         B = len(rows)
-        row_groups = (torch.tensor([s.groups + s.greserved for s in rows], **i32) if Gm
-                      else None)
-        self._static = _Static(rows, torch.tensor([s.length for s in rows], **i32),
-                               [s.length for s in rows],
-                               torch.tensor([s.pages + s.reserved for s in rows], **i32),
-                               row_groups, torch.arange(B * Pm, **i32))
-        z = lambda n: torch.zeros(n, **i32)  # noqa: E731
-        self._step = _Step(list(seqs), 1, [1] * B, z(B), z(B), z(B), torch.ones(B, **i32),
-                           z(B + 1), z(B * Pm), z(B), B * Pm, Pm)
+        # The same tensors for every run of static steps of this shape (kept like the page
+        # table's buffers): a graph captured for one turn replays on the next.
+        (lengths, row_pages, row_groups, iota, page, slot, touched, ones, indptr, indices, last,
+         gptr, gids, over) = self._buffers(("static", B, Pm, Gm), [
+             (B, 0), (B * Pm, 0), (B * max(Gm, 1), 0), (B * Pm, 0), (B, 0), (B, 0), (B, 0),
+             (B, 1), (B + 1, 0), (B * Pm, 0), (B, 0), (B + 1, 0), (B * max(Gm, 1), 0), (1, 0)])
+        lengths.copy_(torch.tensor([s.length for s in rows], **i32))
+        row_pages.copy_(torch.tensor([p for s in rows for p in s.pages + s.reserved], **i32))
         if Gm:
-            self._step.group_indptr, self._step.group_indices = z(B + 1), z(B * Gm)
+            row_groups.copy_(torch.tensor([g for s in rows for g in s.groups + s.greserved],
+                                          **i32))
+        iota.copy_(torch.arange(B * Pm, **i32))
+        over.zero_()
+        self._static = _Static(rows, lengths, [s.length for s in rows], row_pages.view(B, Pm),
+                               row_groups.view(B, Gm) if Gm else None, iota, over)
+        self._step = _Step(list(seqs), 1, [1] * B, page, slot, touched, ones, indptr, indices,
+                           last, B * Pm, Pm)
+        if Gm:
+            self._step.group_indptr, self._step.group_indices = gptr, gids
 
     def static_step(self) -> None:
         """Begins a decode step of the static batch on the device (one token a row): its page
@@ -528,7 +537,10 @@ class TorchPagedCache:
             raise RuntimeError("static_step: no static steps begun (begin_static)")
         P = self.page_size
         pos = sc.lengths
-        st.page.copy_(sc.row_pages.gather(1, (pos // P).long()[:, None])[:, 0])
+        Pm = sc.row_pages.shape[1]
+        # Past max_tokens: flagged (end_static raises), the index kept inside the row's pages.
+        torch.logical_or(sc.over, (pos >= Pm * P).any(), out=sc.over)
+        st.page.copy_(sc.row_pages.gather(1, (pos // P).clamp(max=Pm - 1).long()[:, None])[:, 0])
         st.slot.copy_(pos % P)
         pos.add_(1)
         pages = (pos + P - 1) // P
@@ -547,7 +559,10 @@ class TorchPagedCache:
             return
         self._static = None
         P = self.page_size
+        cap = sc.row_pages.shape[1] * P
+        over = bool(sc.over.any())
         for s, n in zip(sc.rows, sc.lengths.tolist()):
+            n = min(n, cap)
             pages, groups = s.pages + s.reserved, s.groups + s.greserved
             k = _cdiv(n, P)
             s.length, s.pages, s.reserved = n, pages[:k], []
@@ -558,6 +573,10 @@ class TorchPagedCache:
                 s.groups, s.greserved = groups[:g], []
                 self._gfree.extend(reversed(groups[g:]))
         self._step = None
+        if over:
+            raise _error(f"max_tokens: static steps ran past {cap} tokens a row (begin_static's "
+                         "max_tokens); the steps past it overwrote the row's last page",
+                         "out_of_range", "max_tokens")
 
     def static_tensors(self) -> list[torch.Tensor]:
         """Every tensor a static step reads or writes (the pool, the stores, the step's
@@ -568,7 +587,7 @@ class TorchPagedCache:
         if self.group_min is not None:
             out += [self.group_min, self.group_max, st.group_indptr, st.group_indices]
         if sc is not None:
-            out += [sc.lengths, sc.row_pages, sc.iota]
+            out += [sc.lengths, sc.row_pages, sc.iota, sc.over]
             if sc.row_groups is not None:
                 out.append(sc.row_groups)
         return out

@@ -93,22 +93,24 @@ def padded_logits(model, ids, mask, cuts, steps, cache, tokens=None):
     return torch.stack(out)
 
 
-@pytest.mark.parametrize("method, budget_tokens", [("dense", 0), ("quest", 4096)])
-def test_left_padded_batch_matches_eager(method, budget_tokens):
+@pytest.mark.parametrize("method, budget_tokens, pads", [
+    ("dense", 0, (0, 5, 11)), ("quest", 4096, (0, 5, 11)), ("dense", 0, (9, 12, 15))])
+def test_left_padded_batch_matches_eager(method, budget_tokens, pads):
     """Rows of different lengths, padded on the left (one row's padding spans the first
     prefill chunk): masskv's CPU path keeps only the tokens and gives eager's logits, in
     generate() and chunk by chunk."""
     attn = masskv.hf.MasskvAttention(method=method, budget_tokens=budget_tokens, page_size=4)
-    model = tiny_llama(attn.register(f"masskv_padded_{method}"))
+    model = tiny_llama(attn.register(f"masskv_padded_{method}_{pads[0]}"))
     eager = tiny_llama("eager")
-    ids, mask = padded_batch()
+    ids, mask = padded_batch(pads=pads)
     ref = padded_logits(eager, ids, mask, [8], 4, transformers.DynamicCache(config=eager.config))
     got = padded_logits(model, ids, mask, [8], 4, transformers.DynamicCache(config=model.config))
-    # Row 2's first chunk is all padding: its last column is no token (no logits to compare).
-    torch.testing.assert_close(got[0, :2], ref[0, :2], atol=1e-4, rtol=1e-4)
+    # A row whose first chunk is all padding has no token in its last column (no logits).
+    first = [b for b, p in enumerate(pads) if p < 8]
+    torch.testing.assert_close(got[0, first], ref[0, first], atol=1e-4, rtol=1e-4)
     torch.testing.assert_close(got[1:], ref[1:], atol=1e-4, rtol=1e-4)
     (state,) = [s for m, s in attn._states.items() if m.layer_idx == 0]
-    assert [state.cache.length(s) for s in state.seqs] == [19 + 4, 14 + 4, 8 + 4]
+    assert [state.cache.length(s) for s in state.seqs] == [19 - p + 4 for p in pads]
     kw = dict(attention_mask=mask, max_new_tokens=5, do_sample=False, pad_token_id=0)
     with torch.no_grad():
         assert torch.equal(model.generate(ids, **kw), eager.generate(ids, **kw))
@@ -285,8 +287,9 @@ def test_masskv_cache_flow_on_cpu_tensors(monkeypatch):
     assert torch.equal(got, want)
 
 
-@pytest.mark.parametrize("own_cache", [False, True])
-def test_gpu_path_flow_serves_a_left_padded_batch(monkeypatch, own_cache):
+@pytest.mark.parametrize("own_cache, pads", [(False, (0, 5, 11)), (True, (0, 5, 11)),
+                                             (False, (9, 12, 15)), (True, (9, 12, 15))])
+def test_gpu_path_flow_serves_a_left_padded_batch(monkeypatch, own_cache, pads):
     """The GPU path's flow (append stubbed by its pool write, as above) on a left-padded batch
     in two prefill chunks, one row all padding in the first: with transformers' cache
     (CudaLayers mirrors each row's tokens) and with MasskvCache (the pool alone; the second
@@ -297,7 +300,7 @@ def test_gpu_path_flow_serves_a_left_padded_batch(monkeypatch, own_cache):
 
     monkeypatch.setattr(TorchPagedCache, "append", TorchPagedCache._write_rows)
     attn = masskv.hf.MasskvAttention(method="dense", page_size=4)
-    name = attn.register(f"masskv_padded_flow_{own_cache}")
+    name = attn.register(f"masskv_padded_flow_{own_cache}_{pads[0]}")
     if not own_cache:  # the CUDA branch on CPU tensors, as test_gpu_path_flow_on_cpu_tensors
         from transformers import AttentionInterface
 
@@ -315,12 +318,13 @@ def test_gpu_path_flow_serves_a_left_padded_batch(monkeypatch, own_cache):
         AttentionInterface.register(name, fn)
     model = tiny_llama(name, 64)
     eager = tiny_llama("eager", 64)
-    ids, mask = padded_batch()
+    ids, mask = padded_batch(pads=pads)
     ref = padded_logits(eager, ids, mask, [8], 4, transformers.DynamicCache(config=eager.config))
     cache = (MasskvCache(attn, model.config, max_tokens=8) if own_cache
              else transformers.DynamicCache(config=model.config))
     got = padded_logits(model, ids, mask, [8], 4, cache)
-    torch.testing.assert_close(got[0, :2], ref[0, :2], atol=5e-2, rtol=0)
+    first = [b for b, p in enumerate(pads) if p < 8]  # rows with a token in the first chunk
+    torch.testing.assert_close(got[0, first], ref[0, first], atol=5e-2, rtol=0)
     torch.testing.assert_close(got[1:], ref[1:], atol=5e-2, rtol=0)
     if own_cache:
         paged, seqs = cache.paged, cache.seqs
@@ -328,14 +332,15 @@ def test_gpu_path_flow_serves_a_left_padded_batch(monkeypatch, own_cache):
     else:
         (state,) = attn._cuda._states.values()
         paged, seqs = state.cache, state.seqs
-    assert [paged.length(s) for s in seqs] == [19 + 4, 14 + 4, 8 + 4]
+    assert [paged.length(s) for s in seqs] == [19 - p + 4 for p in pads]
 
 
 def test_static_masskv_cache_flow_on_cpu_tensors(monkeypatch):
     """MasskvCache(static=True) on CPU tensors (append stubbed by its pool write): the decode
-    steps advance on the device alone (TorchPagedCache.static_step; get_seq_length stands
-    still until sync()), a later prefill chunk ends them, and every logit is eager's within
-    bf16 noise; generate() gives eager's tokens."""
+    steps advance on the device alone (TorchPagedCache.static_step; the host counts them for
+    get_seq_length, sync() reads the device's lengths back), a later prefill chunk ends them,
+    and every logit is eager's within bf16 noise; generate() gives eager's tokens, also for a
+    second turn on the same cache; a step past max_tokens is refused."""
     from masskv.hf_cache import MasskvCache
     from masskv.torch_cache import TorchPagedCache
 
@@ -350,7 +355,7 @@ def test_static_masskv_cache_flow_on_cpu_tensors(monkeypatch):
     ref = cache_logits(eager, [prompt[:, :15]], 5, ref_cache)
     got = cache_logits(model, [prompt[:, :15]], 5, cache)
     torch.testing.assert_close(got, ref, atol=5e-2, rtol=0)
-    assert cache.paged.static_active and cache.get_seq_length() == 15   # not read back yet
+    assert cache.paged.static_active and cache.get_seq_length() == 20  # counted on the host
     cache.sync()
     assert cache.get_seq_length() == 20 and not cache.paged.static_active
     # A second turn: a chunk after the decode steps, then more steps.
@@ -364,10 +369,18 @@ def test_static_masskv_cache_flow_on_cpu_tensors(monkeypatch):
         MasskvCache(attn, model.config, static=True)
     with torch.no_grad():
         want = eager.generate(prompt, max_new_tokens=6, do_sample=False)
-        got = model.generate(prompt, max_new_tokens=6, do_sample=False,
-                             past_key_values=MasskvCache(attn, model.config, max_tokens=64,
-                                                         static=True))
-    assert torch.equal(got, want)
+        turns = MasskvCache(attn, model.config, max_tokens=64, static=True)
+        got = model.generate(prompt, max_new_tokens=6, do_sample=False, past_key_values=turns)
+        assert torch.equal(got, want)
+        # A second turn on the same cache: generate() reads get_seq_length() to cut the new
+        # tokens, before any layer runs.
+        more = torch.cat([want, prompt[:, :4]], 1)
+        want2 = eager.generate(more, max_new_tokens=5, do_sample=False)
+        got2 = model.generate(more, max_new_tokens=5, do_sample=False, past_key_values=turns)
+        assert torch.equal(got2, want2)
+        short = MasskvCache(attn, model.config, max_tokens=26, static=True)
+        with pytest.raises(ValueError, match="past max_tokens"):
+            model.generate(prompt, max_new_tokens=6, do_sample=False, past_key_values=short)
 
 
 def test_static_decode_steps_trace_once(monkeypatch):

@@ -358,6 +358,13 @@ def test_static_steps_run_on_the_device_and_hand_back_to_the_host():
         assert torch.equal(got, want)
     with pytest.raises(RuntimeError, match="no static steps begun"):
         c.static_step()
+    # Steps past max_tokens: flagged on the device, raised when the steps end.
+    c.begin_static(seqs, 24)                    # b holds 16: 8 steps fit
+    for _ in range(9):
+        c.static_step()
+    with pytest.raises(masskv.Error, match="ran past 24 tokens"):
+        c.end_static()
+    assert not c.static_active and [c._seqs[s].length for s in seqs] == [21, 24]
     with pytest.raises(masskv.Error, match="no room"):
         c.begin_static(seqs, 12)
     coded = cpu_cache(codes=True)

@@ -486,8 +486,8 @@ void append(const AppendArgs& a, AppendWorkspace& ws, CUstream_st* stream, bool 
   if (const GroupRefresh& g = a.groups; g.min != nullptr || g.max != nullptr) {
     require(g.min != nullptr && g.max != nullptr && a.bound_min != nullptr, invalid_argument,
             "groups", "the group refresh needs both group stores and the bound store");
-    require(g.slots > 0 && g.group_pages >= 1, invalid_argument, "groups",
-            "needs slots > 0 and group_pages >= 1");
+    require(g.slots > 0 && g.group_pages >= 1 && g.group_pages <= (1 << 20), invalid_argument,
+            "groups", "needs slots > 0 and group_pages in [1, 2^20]");
     require(g.indptr.size() == static_cast<std::size_t>(B) + 1 &&
                 g.group_indptr.size() == static_cast<std::size_t>(B) + 1,
             shape_mismatch, "groups", "indptr and group_indptr need batch + 1 entries");

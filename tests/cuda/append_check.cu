@@ -306,14 +306,17 @@ std::string run_case(const AppendCase& c, std::uint64_t seed) {
 
   // update_spread with a count per sequence (a padded batch's step): the spread rows rebuilt
   // from zero moments in two steps, sequence b first its first len - 1 - 5b tokens (page
-  // tables cut there), then the rest; the same rows and moments as the token-by-token run.
+  // tables cut there; sequence 0 none, sequence 1 all), then the rest; the same rows and
+  // moments as the token-by-token run.
   {
     const int P = c.page;
     std::vector<std::int32_t> cut(c.batch), rest(c.batch);
     std::vector<std::int32_t> ptr{0}, idx, last;
     for (int b = 0; b < c.batch; ++b) {
       const int len = static_cast<int>(table.table().length(b, P));
-      cut[b] = std::max(0, len - 1 - 5 * b);
+      // Sequence 0 folds nothing in the first call, sequence 1 nothing in the second (a
+      // count of 0: a padded batch's row with no token in a step).
+      cut[b] = b == 0 ? 0 : b == 1 ? len : std::max(0, len - 1 - 5 * b);
       rest[b] = len - cut[b];
       const int n = std::max(1, (cut[b] + P - 1) / P);  // a sequence keeps >= 1 page
       for (int lp = 0; lp < n; ++lp) idx.push_back(table.table().page(b, lp));

@@ -68,6 +68,7 @@ def build(ours, peer, prefill, budget=4096):
     rows = []
     # The shape: Hq 32 (the bench also times Hq 64 rows; they are left out here).
     ours = dict(ours, rows=[r for r in ours["rows"] if r.get("hq", 32) == 32])
+    peer = dict(peer, rows=[r for r in peer["rows"] if r.get("hq", 32) == 32])
     read, launch, trip = floor_terms(ours["rows"])
     decode_peer = fastest(peer["rows"], {"torch_cudnn_gqa", "torch_cudnn_rows"})
     layers_peer = fastest(peer["rows"], {"torch_layers_cudnn_gqa", "torch_layers_cudnn_rows"})

@@ -39,7 +39,8 @@ class AppendWorkspace {
   AppendWorkspace& operator=(const AppendWorkspace&) = delete;
   // Waits for `stream`, reads and clears the flag; throws Error(out_of_range, "page" / "slot" /
   // "tokens" / "group_indices") for an id outside the pool or the page (or tables that do not
-  // end at the appended page: GroupRefresh), Error(non_finite, "k" / "v") for a NaN or
+  // end at the appended page: GroupRefresh — that token is appended, only its group row is
+  // not refreshed), Error(non_finite, "k" / "v") for a NaN or
   // inf input or one that overflows the cache dtype. Tokens with bad ids or values were not
   // written.
   void check(CUstream_st* stream) const;
