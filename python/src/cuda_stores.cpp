@@ -9,6 +9,7 @@
 #include <array>
 #include <cstdint>
 #include <optional>
+#include <span>
 #include <string>
 
 #include "cuda_calls.hpp"
@@ -71,14 +72,19 @@ T* mutable_data(const InArray& a) {
   return static_cast<T*>(const_cast<void*>(a.data()));
 }
 
-// The pool and the summary stores of a dict of tensors, all on one CUDA device (returned).
-cuda::SummaryStores stores_of(const nb::dict& d, Device& device) {
+// ValueError "<what>: unknown key 'k'" for a key of d outside `keys` (a misspelt store).
+void require_known_keys(const nb::dict& d, std::span<const char* const> keys, const char* what) {
   for (auto [key, value] : d) {
     const std::string k = nb::cast<std::string>(key);
     bool known = false;
-    for (const char* s : kStoreKeys) known = known || k == s;
-    if (!known) throw nb::value_error(("stores: unknown key '" + k + "'").c_str());
+    for (const char* s : keys) known = known || k == s;
+    if (!known) throw nb::value_error((std::string(what) + ": unknown key '" + k + "'").c_str());
   }
+}
+
+// The pool and the summary stores of a dict of tensors, all on one CUDA device (returned).
+cuda::SummaryStores stores_of(const nb::dict& d, Device& device) {
+  require_known_keys(d, kStoreKeys, "stores");
   const kv::Layout layout =
       parse_layout(d.contains("layout") ? nb::cast<std::string>(d["layout"]) : "NHD");
   const InArray k = store_array(d, "k_pool"), v = store_array(d, "v_pool");
@@ -164,14 +170,9 @@ std::span<const std::int32_t> ids_of(const InArray& a, const char* name, Device 
 // (cuda::GroupRefresh).
 cuda::GroupRefresh groups_of(const nb::dict& d, const cuda::SummaryStores& st, Device device,
                              std::size_t batch) {
-  constexpr std::array keys{"group_min", "group_max", "indptr", "indices", "group_indptr",
-                            "group_indices", "group_pages"};
-  for (auto [key, value] : d) {
-    const std::string k = nb::cast<std::string>(key);
-    bool known = false;
-    for (const char* s : keys) known = known || k == s;
-    if (!known) throw nb::value_error(("groups: unknown key '" + k + "'").c_str());
-  }
+  static constexpr std::array keys{"group_min", "group_max", "indptr", "indices",
+                                   "group_indptr", "group_indices", "group_pages"};
+  require_known_keys(d, keys, "groups");
   for (const char* k : {"group_min", "group_max", "indptr", "indices", "group_indptr",
                         "group_indices"}) {
     if (!d.contains(k)) throw nb::value_error((std::string("groups: missing '") + k + "'").c_str());
@@ -256,12 +257,7 @@ constexpr std::array kCodeKeys{"codes", "range_min", "range_max", "grid", "chan_
 
 CodesArrays codes_of(const nb::dict& d, int num_pages, int heads, int page_size, int dim,
                      Device device) {
-  for (auto [key, value] : d) {
-    const std::string k = nb::cast<std::string>(key);
-    bool known = false;
-    for (const char* c : kCodeKeys) known = known || k == c;
-    if (!known) throw nb::value_error(("codes: unknown key '" + k + "'").c_str());
-  }
+  require_known_keys(d, kCodeKeys, "codes");
   const auto get = [&](const char* key) {
     if (!d.contains(key)) {
       throw nb::value_error((std::string("codes: missing '") + key +
