@@ -145,19 +145,19 @@ class CudaLayers:
             if new_tokens < S:  # the whole history: its padding from the mask
                 counts, new_tokens = real_counts(mask, B, S, S), S
         cache = state.cache
-        if counts is not None and max(counts) == 0:  # a chunk of padding alone: nothing to add
+        n = [new_tokens] * B if counts is None else counts
+        if max(n) == 0:  # a chunk of padding alone: nothing to add
             state.columns = S
             return state
         if state.columns < S:
             try:
-                cache.begin_step(state.seqs, new_tokens if counts is None else counts)
+                cache.begin_step(state.seqs, n)
             except masskv.Error as e:
                 if e.code != "out_of_memory":
                     raise
                 # Pool full: a cache twice as large, filled from the full history of every
                 # layer (this is the step's first layer; the others append key[:, :, :S] too).
-                full = [cache.length(s) + (new_tokens if counts is None else c)
-                        for s, c in zip(state.seqs, counts or [0] * B)]
+                full = [cache.length(s) + c for s, c in zip(state.seqs, n)]
                 attn.max_tokens = 2 * max(attn.max_tokens, S)
                 del self._states[id(config)], state, cache
                 state = self._new_state(attn, config, layers, key)

@@ -343,14 +343,17 @@ class TorchPagedCache:
         if self._refs[p] == 0:
             self._free.append(p)
 
+    def _shared_last(self, s: _Seq) -> bool:
+        """Whether s's last page is partly filled and shared with a fork (an append copies it
+        first: one page more)."""
+        return bool(s.pages) and s.length % self.page_size != 0 and self._refs[s.pages[-1]] > 1
+
     def _own_last_page(self, s: _Seq) -> None:
         """Copy-on-write: a partly filled last page that a fork shares is copied before an
         append writes into it (every layer's tokens and summaries)."""
-        if not s.pages or s.length % self.page_size == 0:
+        if not self._shared_last(s):
             return
         old = s.pages[-1]
-        if self._refs[old] == 1:
-            return
         new = self._take()
         for t in self._stores_all():
             t[:, new].copy_(t[:, old])
@@ -378,8 +381,7 @@ class TorchPagedCache:
         tokens = max(counts)
         P = self.page_size
         # New pages, plus a copy of each partly filled last page a fork still shares.
-        need = sum(_cdiv(s.length + n, P) - len(s.pages)
-                   + (n > 0 and s.length % P != 0 and self._refs[s.pages[-1]] > 1)
+        need = sum(_cdiv(s.length + n, P) - len(s.pages) + (n > 0 and self._shared_last(s))
                    for s, n in zip(rows, counts))
         if need > len(self._free):
             raise _error(f"capacity_pages: the step needs {need} new pages, {len(self._free)} "
@@ -494,8 +496,7 @@ class TorchPagedCache:
         if max(s.length for s in rows) >= max_tokens:
             raise _error(f"max_tokens: a row holds {max(s.length for s in rows)} tokens, no room "
                          f"for a step within {max_tokens}", "out_of_range", "max_tokens")
-        need = sum(Pm - len(s.pages) + (s.length % P != 0 and self._refs[s.pages[-1]] > 1)
-                   for s in rows)
+        need = sum(Pm - len(s.pages) + self._shared_last(s) for s in rows)
         Gm = _cdiv(Pm, GROUP_PAGES) if self.group_min is not None else 0
         gneed = sum(Gm - len(s.groups) for s in rows) if Gm else 0
         if need > len(self._free) or gneed > len(self._gfree):
@@ -770,19 +771,17 @@ class TorchPagedCache:
         elif not isinstance(width, int) or width < longest:
             raise ValueError(f"width: must be an int >= the longest sequence ({longest}), got "
                              f"{width!r}")
-        P, H, d = self.page_size, self.num_kv_heads, self.head_dim
-        # Row b's token j sits at column width - length_b + j.
-        at = [(r.pages[j // P], j % P, b * width + width - r.length + j)
-              for b, r in enumerate(rows) for j in range(r.length)]
-        page, slot, dst = (torch.tensor(c, dtype=torch.long, device=self.device)
-                           for c in (zip(*at) if at else ([], [], [])))
+        H, d = self.num_kv_heads, self.head_dim
+        pages = [torch.tensor(r.pages, dtype=torch.long, device=self.device) for r in rows]
         out = []
         for pool in (self.k_pool[layer], self.v_pool[layer]):
             if self.layout == "HND":
                 pool = pool.transpose(1, 2)  # [page][slot][head][d]
-            t = torch.zeros((len(rows) * width, H, d), dtype=pool.dtype, device=self.device)
-            t[dst] = pool[page, slot]
-            out.append(t.view(len(rows), width, H, d))
+            t = torch.zeros((len(rows), width, H, d), dtype=pool.dtype, device=self.device)
+            for b, r in enumerate(rows):  # row b's tokens in its last r.length columns
+                if r.length:
+                    t[b, width - r.length:] = pool[pages[b]].reshape(-1, H, d)[:r.length]
+            out.append(t)
         return out[0], out[1]
 
     def _update_groups(self, layer: int, last_only: bool) -> None:
