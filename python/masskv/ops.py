@@ -213,15 +213,18 @@ def append(k_pool: torch.Tensor, v_pool: torch.Tensor, mn: torch.Tensor, mx: tor
            mean: torch.Tensor, m2: torch.Tensor, count: torch.Tensor, max_vnorm: torch.Tensor,
            bound_min: Optional[torch.Tensor], bound_max: Optional[torch.Tensor],
            bound_wmax: Optional[torch.Tensor], k: torch.Tensor, v: torch.Tensor,
-           page: torch.Tensor, slot: torch.Tensor, layout: str = "NHD",
-           group_min: Optional[torch.Tensor] = None, group_max: Optional[torch.Tensor] = None,
+           page: torch.Tensor, slot: torch.Tensor, group_min: Optional[torch.Tensor],
+           group_max: Optional[torch.Tensor], layout: str = "NHD",
            indptr: Optional[torch.Tensor] = None, indices: Optional[torch.Tensor] = None,
            group_indptr: Optional[torch.Tensor] = None,
            group_indices: Optional[torch.Tensor] = None) -> None:
     """One decode step's append (masskv.cuda_append) in place: k, v float32 (B, H_kv, d) into
     physical page page[b], slot slot[b] (int32 (B,)), with every summary store updated; with
     group_min / group_max and the step's page and group tables, each sequence's last group of
-    the group store refreshed too (update_groups' bits with last_only, one launch fewer)."""
+    the group store refreshed too (update_groups' bits with last_only, one launch fewer), else
+    None for both. They have no default on purpose: the dispatcher drops trailing arguments
+    left at their defaults, and torch 2.11's in-place dispatch then indexes the mutated ones
+    past the end (IndexError)."""
     _require_cuda("append", k, "k")
     groups = None
     if group_min is not None or group_max is not None:

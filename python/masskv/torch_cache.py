@@ -697,11 +697,13 @@ class TorchPagedCache:
             # The group store's last groups are refreshed by the append kernel itself (one
             # launch fewer a layer than update_groups after it; the same bits).
             fused = self.group_min is not None and self.refresh_groups_in_append
-            groups = ((self.group_min[layer], self.group_max[layer], *self._kernel_table()[:2],
-                       st.group_indptr, st.group_indices) if fused else ())
+            gmin, gmax = ((self.group_min[layer], self.group_max[layer]) if fused
+                          else (None, None))
+            tables = ((*self._kernel_table()[:2], st.group_indptr, st.group_indices) if fused
+                      else ())
             torch.ops.masskv.append(*args, k[:, 0].float().contiguous(),
-                                    v[:, 0].float().contiguous(), st.page, st.slot, self.layout,
-                                    *groups)
+                                    v[:, 0].float().contiguous(), st.page, st.slot, gmin, gmax,
+                                    self.layout, *tables)
             if not fused:
                 self._update_groups(layer, last_only=True)
             self._update_codes(layer)
