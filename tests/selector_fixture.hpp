@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "masskv/kv/cache.hpp"
+#include "masskv/kv/key_rows.hpp"
 #include "masskv/select/selector.hpp"
 
 namespace masskv::test {
@@ -47,12 +48,26 @@ struct SelCase {
   }
 };
 
+// A learned selector's key rows kept beside the KV (learned_codes' first pass): rows[b] is
+// [length_b][groups][dim] f32, stored in `format`.
+struct KeyRowsSpec {
+  int groups = 1, dim = 32;
+  kv::RowFormat format = kv::RowFormat::f32;
+  std::vector<std::vector<float>> rows;
+};
+
 // keys[b] / values[b]: [length_b][Hkv][d] f32.
 inline SelCase make_case(const std::vector<std::vector<float>>& keys,
                          const std::vector<std::vector<float>>& values, std::vector<float> q,
-                         int Hq, int Hkv, int d, int P, DType dtype, bool page_codes = false) {
+                         int Hq, int Hkv, int d, int P, DType dtype, bool page_codes = false,
+                         const KeyRowsSpec* key_rows = nullptr) {
   kv::CacheConfig cfg;
   cfg.page_codes = page_codes;
+  if (key_rows) {
+    cfg.key_row_groups = key_rows->groups;
+    cfg.key_row_dim = key_rows->dim;
+    cfg.key_row_format = key_rows->format;
+  }
   cfg.num_kv_heads = Hkv;
   cfg.head_dim = d;
   cfg.page_size = P;
@@ -68,7 +83,11 @@ inline SelCase make_case(const std::vector<std::vector<float>>& keys,
   for (std::size_t b = 0; b < keys.size(); ++b) {
     const kv::SeqId s = c.cache.create();
     const int len = static_cast<int>(keys[b].size() / (static_cast<std::size_t>(Hkv) * d));
-    c.cache.append(s, keys[b], values[b], len);
+    if (key_rows) {
+      c.cache.append(s, keys[b], values[b], len, key_rows->rows[b]);
+    } else {
+      c.cache.append(s, keys[b], values[b], len);
+    }
     c.seqs.push_back(s);
   }
   c.table = c.cache.page_table(c.seqs);
@@ -79,7 +98,8 @@ inline SelCase make_case(const std::vector<std::vector<float>>& keys,
 // of a group = a shared direction + `disagree` x independent noise, times `sharp`.
 inline SelCase random_case(std::mt19937& rng, const std::vector<int>& lengths, int Hq, int Hkv,
                            int d, int P, DType dtype, float sharp = 2.0f, float disagree = 0.5f,
-                           float page_shift = 0.7f, bool page_codes = false) {
+                           float page_shift = 0.7f, bool page_codes = false,
+                           const KeyRowsSpec* key_rows = nullptr) {
   std::normal_distribution<float> N(0.0f, 1.0f);
   std::vector<std::vector<float>> K, V;
   for (int len : lengths) {
@@ -111,7 +131,7 @@ inline SelCase random_case(std::mt19937& rng, const std::vector<int>& lengths, i
       }
     }
   }
-  return make_case(K, V, std::move(q), Hq, Hkv, d, P, dtype, page_codes);
+  return make_case(K, V, std::move(q), Hq, Hkv, d, P, dtype, page_codes, key_rows);
 }
 
 }  // namespace masskv::test

@@ -16,6 +16,7 @@
 #include "masskv/dtype.hpp"
 #include "masskv/error.hpp"
 #include "masskv/kv/cache.hpp"
+#include "masskv/kv/key_rows.hpp"
 #include "masskv/kv/page_codes.hpp"
 #include "masskv/select/page_bound.hpp"
 #include "masskv/select/selector.hpp"
@@ -831,6 +832,158 @@ TEST(TokenCodes, TwoPassesMatchThePlainReferenceOfTheirRule) {
   EXPECT_EQ(lists, 2 * 3 * 4 * 5 * 2);
   EXPECT_GT(differs_from_one_pass, 5);  // the first pass changes some lists
   EXPECT_GT(differs_by_rule, 5) << "the spread changes the channels of some lists";
+}
+
+// learned_codes (token_codes' second pass after a learned selector's ranking) against a plain
+// reference of its rule: ŝ_t = learned_q · the decoded key row in f64; the kept tokens and the
+// best others by ŝ up to learned_candidates × cap; the candidates' full code scores, each
+// head's LSE over them, pooled by the max and filled to the cap. Row formats f32, bf16 and
+// int4, head-collapsed and per kv head. With candidates to spare it is token_codes' one pass.
+TEST(LearnedCodes, MatchesThePlainReferenceOfItsRule) {
+  test::OneThread one;
+  std::mt19937 rng(41);
+  std::normal_distribution<float> N(0.0f, 1.0f);
+  constexpr double inf = std::numeric_limits<double>::infinity();
+  int lists = 0, differs_from_one_pass = 0;
+  struct Rows {
+    int groups, dim;
+    kv::RowFormat format;
+  };
+  for (int P : {4, 16}) {
+    for (int g : {1, 3}) {
+      for (const Rows rs : {Rows{1, 16, kv::RowFormat::f32}, Rows{2, 20, kv::RowFormat::bf16},
+                            Rows{2, 32, kv::RowFormat::int4}}) {
+        const std::vector<int> lengths{1, 17, 113, 300, 777};
+        test::KeyRowsSpec spec{rs.groups, rs.dim, rs.format, {}};
+        for (const int len : lengths) {
+          std::vector<float> r(static_cast<std::size_t>(len) * rs.groups * rs.dim);
+          for (float& x : r) x = N(rng) / 2;
+          spec.rows.push_back(std::move(r));
+        }
+        const test::SelCase c = test::random_case(rng, lengths, 2 * g, 2, 32, P, DType::f16, 2.0f,
+                                                  0.5f, 0.7f, /*page_codes=*/true, &spec);
+        const kv::PageTable t = c.table.table();
+        const kv::PageCodesView pc = c.cache.page_codes();
+        const kv::KeyRowsView keys = c.cache.key_rows();
+        std::vector<float> lq(static_cast<std::size_t>(c.B) * rs.groups * rs.dim);
+        for (float& x : lq) x = N(rng);
+        select::SelectArgs a = c.args();
+        a.learned_q = View3<const float>::contiguous(lq.data(), c.B, rs.groups, rs.dim);
+        a.learned_keys = keys;
+        for (int trial = 0; trial < 3; ++trial) {
+          select::SelectorConfig cfg;
+          cfg.method = select::Method::learned_codes;
+          cfg.budget = {select::Budget::Kind::fixed, 24 + 16 * trial, 0.9};
+          cfg.sink_pages = trial % 3;
+          cfg.learned_candidates = 1 + 2 * trial;
+          select::SelectOutput got, spare, one_pass;
+          select::run_selector(a, cfg, got);
+          select::SelectorConfig all = cfg;
+          all.learned_candidates = 1 << 20;
+          select::run_selector(a, all, spare);
+          select::SelectorConfig tc = cfg;
+          tc.method = select::Method::token_codes;
+          tc.code_channels = 1;
+          select::run_selector(a, tc, one_pass);
+          for (int b = 0; b < c.B; ++b) {
+            const int pages = t.num_pages(b);
+            const std::int64_t L = t.length(b, P);
+            const auto phys = t.indices.subspan(static_cast<std::size_t>(t.indptr[b]), pages);
+            for (int h = 0; h < 2; ++h) {
+              const int group = rs.groups == 1 ? 0 : h;
+              const float* q = lq.data() + (static_cast<std::size_t>(b) * rs.groups + group) * rs.dim;
+              std::vector<double> s(static_cast<std::size_t>(L));
+              std::vector<float> row(static_cast<std::size_t>(rs.dim));
+              for (std::int64_t x = 0; x < L; ++x) {
+                kv::decode_row(rs.format, keys.row(phys[x / P], group, static_cast<int>(x % P)),
+                               rs.dim, row.data());
+                double acc = 0;
+                for (int y = 0; y < rs.dim; ++y) acc += static_cast<double>(q[y]) * row[static_cast<std::size_t>(y)];
+                s[static_cast<std::size_t>(x)] = acc;
+              }
+              std::vector<std::uint8_t> in = reference_kept(c, cfg, b);
+              const int count = static_cast<int>(std::count(in.begin(), in.end(), 1));
+              const int cap = static_cast<int>(std::min<std::int64_t>(L, std::max<std::int64_t>(count, cfg.budget.tokens)));
+              std::vector<std::uint8_t> cand = in;
+              const std::int64_t want_n = std::min<std::int64_t>(L, static_cast<std::int64_t>(cfg.learned_candidates) * cap);
+              reference_fill_by(s, cand, count, static_cast<int>(want_n));
+              std::set<std::int64_t> cand_pages;
+              for (std::int64_t x = 0; x < L; ++x) {
+                if (cand[static_cast<std::size_t>(x)]) cand_pages.insert(x / P);
+              }
+              ASSERT_EQ(got.code_pages[static_cast<std::size_t>(b) * 2 + h],
+                        static_cast<std::int32_t>(cand_pages.size()));
+              std::vector<double> agg(static_cast<std::size_t>(L), -inf);
+              for (int i = 0; i < g; ++i) {
+                std::vector<std::int16_t> q8;
+                const kv::CodeQuery cq = reference_query(c, b, h * g + i, q8);
+                std::vector<double> full(static_cast<std::size_t>(L));
+                for (std::int64_t x = 0; x < L; ++x) {
+                  full[static_cast<std::size_t>(x)] = kv::page_code_score(
+                      cq, pc.range(phys[x / P], h), pc.row(phys[x / P], h, static_cast<int>(x % P)), 32);
+                }
+                reference_pool_log_prob(full, cand, agg);
+              }
+              reference_fill_by(agg, in, count, cap);
+              const std::vector<std::int32_t> want = ids_in(in);
+              const auto x = got.selection.view().list(b, h);
+              ASSERT_EQ(std::vector<std::int32_t>(x.begin(), x.end()), want)
+                  << "P " << P << " g " << g << " rows " << rs.groups << "x" << rs.dim << " "
+                  << kv::to_string(rs.format) << " trial " << trial << " b " << b << " h " << h;
+              const auto o = one_pass.selection.view().list(b, h);
+              const auto sp = spare.selection.view().list(b, h);
+              ASSERT_EQ(std::vector<std::int32_t>(sp.begin(), sp.end()),
+                        std::vector<std::int32_t>(o.begin(), o.end()))
+                  << "candidates to spare: token_codes' one pass";
+              differs_from_one_pass += std::vector<std::int32_t>(o.begin(), o.end()) != want;
+              ++lists;
+            }
+          }
+        }
+      }
+    }
+  }
+  EXPECT_EQ(lists, 2 * 2 * 3 * 3 * 5 * 2);
+  EXPECT_GT(differs_from_one_pass, 20);  // the learned first pass changes lists
+}
+
+TEST(LearnedCodes, RefusesMissingInputsAndBadSettingsNamingThem) {
+  std::mt19937 rng(5);
+  const std::vector<int> lengths{100};
+  test::KeyRowsSpec spec{1, 16, kv::RowFormat::f32, {std::vector<float>(100 * 16, 0.5f)}};
+  const test::SelCase c = test::random_case(rng, lengths, 4, 2, 32, 16, DType::f32, 2.0f, 0.5f,
+                                            0.7f, /*page_codes=*/true, &spec);
+  std::vector<float> lq(16, 1.0f);
+  select::SelectorConfig cfg;
+  cfg.method = select::Method::learned_codes;
+  cfg.budget = {select::Budget::Kind::fixed, 32, 0.9};
+  select::SelectOutput out;
+  select::SelectArgs a = c.args();
+  test::expect_error([&] { select::run_selector(a, cfg, out); }, ErrorCode::invalid_argument,
+                     "learned_keys");
+  a.learned_keys = c.cache.key_rows();
+  test::expect_error([&] { select::run_selector(a, cfg, out); }, ErrorCode::shape_mismatch,
+                     "learned_q");
+  a.learned_q = View3<const float>::contiguous(lq.data(), 1, 1, 16);
+  select::run_selector(a, cfg, out);  // complete: runs
+  EXPECT_EQ(out.selection.view().list(0, 0).size(), 32u);
+  a.page_codes = {};
+  test::expect_error([&] { select::run_selector(a, cfg, out); }, ErrorCode::invalid_argument,
+                     "page_codes");
+  a = c.args();
+  a.learned_keys = c.cache.key_rows();
+  a.learned_q = View3<const float>::contiguous(lq.data(), 1, 1, 16);
+  cfg.learned_candidates = 0;
+  test::expect_error([&] { select::run_selector(a, cfg, out); }, ErrorCode::invalid_argument,
+                     "learned_candidates");
+  cfg.learned_candidates = 4;
+  cfg.budget = {select::Budget::Kind::top_p, 32, 0.9};  // no mass estimate
+  test::expect_error([&] { select::run_selector(a, cfg, out); }, ErrorCode::invalid_argument,
+                     "budget");
+  lq[3] = std::nanf("");
+  cfg.budget = {select::Budget::Kind::fixed, 32, 0.9};
+  test::expect_error([&] { select::run_selector(a, cfg, out); }, ErrorCode::non_finite,
+                     "learned_q");
 }
 
 TEST(TokenCodes, TwoPassesRefuseBadSettingsNamingThem) {

@@ -200,7 +200,7 @@ std::vector<Outcome> run_sample(const model::Model& model, const model::ChatTemp
       // when the others finished must keep computing the same function (model.md).
       so.decode_activations = model::Activations::f32;
       const bool learned = std::any_of(configs.begin(), configs.end(), [](const DecodeConfig& c) {
-        return (c.selector && c.selector->method == select::Method::learned) ||
+        return (c.selector && select::uses_learned_keys(c.selector->method)) ||
                c.prefill.method == select::PrefillMethod::learned;
       });
       // Two-stage selection scores tokens on page codes kept from the first token.

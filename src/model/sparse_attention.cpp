@@ -48,10 +48,9 @@ void check_selector(const std::optional<select::SelectorConfig>& selector, const
   require(m.kind == mapping.kind && (!m.is_entmax() || m.alpha == mapping.alpha),
           ErrorCode::invalid_argument, "selector",
           "the selector serves a different attention mapping than the session's");
-  require(selector->method != select::Method::learned || learned != nullptr,
-          ErrorCode::invalid_argument, "selector",
-          "Method::learned needs SessionOptions::learned_selector (its key cache is kept from "
-          "the first token)");
+  require(!select::uses_learned_keys(selector->method) || learned != nullptr,
+          ErrorCode::invalid_argument, "selector", "Method::", select::to_string(selector->method),
+          " needs SessionOptions::learned_selector (its key cache is kept from the first token)");
 }
 
 void check_reselect(int every, double min_cos) {
@@ -226,7 +225,7 @@ void LayerAttention::decode(const AttentionCall& call, AttentionScratch& w, Deco
   stats.kv_tokens_total += static_cast<double>(len) * Hkv;
   SelectionView sv;
   // A learned selector runs on the layers it lists; the others decode densely.
-  const bool learned = opt.selector && opt.selector->method == select::Method::learned;
+  const bool learned = opt.selector && select::uses_learned_keys(opt.selector->method);
   // The first dense_layers layers decode densely (counted in the budget: choose()).
   const bool dense_layer = opt.selector && layer_ < opt.selector->dense_layers;
   if (opt.selector && !local_ && !dense_layer && (!learned || learned_ != nullptr)) {
@@ -275,7 +274,7 @@ SelectionView LayerAttention::choose(const AttentionCall& call, AttentionScratch
   sa.summaries = call.cache.summaries();
   sa.page_codes = call.cache.page_codes();
   sa.scale = call.config.attn_scale;
-  if (selector.method == select::Method::learned) {
+  if (select::uses_learned_keys(selector.method)) {
     project_queries(call, w);
     sa.learned_q = View3<float>::contiguous(w.sel_q.data(), 1, learned_->groups, learned_->dim);
     sa.learned_keys = call.cache.key_rows();

@@ -175,7 +175,7 @@ struct Context {
   float scale = 0;
   bool tokens = false;  // the items are tokens (the scorer's unit)
   // The scorer's batch-wide values per sequence, written by its prepare() (oracle: true masses
-  // [Hq][items]; learned: page masses [groups][pages]).
+  // [Hq][items]; learned: page masses [groups][pages]; learned_codes: ŝ [groups][tokens]).
   std::vector<std::vector<double>> prepared = {};
   // Page-major scans (select/page_scan.hpp), CSR order [indptr[b] * Hq + q head * pages + j].
   const float* bounds = nullptr;

@@ -30,6 +30,23 @@ double selector_read_bytes(const SelectorConfig& c, const kv::PageTable& t, cons
           kept_tokens(pages, length, s.page_size, c.sink_pages, c.window_tokens).count(length);
       return std::pair{kept_n, std::min(length, std::max(kept_n, c.budget.tokens))};
     };
+    // The codes' second pass (token_codes in two passes, learned_codes): the candidates'
+    // whole code rows and the whole ranges of the pages holding them: as counted by the
+    // selector, else at most one page per candidate (an upper bound: the candidates share
+    // pages).
+    const auto second_pass = [&] {
+      const double cand =
+          static_cast<double>(detail::code_candidate_count(c, length, token_cap().second));
+      double range_pages = H * std::min(P, cand);
+      const auto at = static_cast<std::size_t>(b) * static_cast<std::size_t>(H);
+      if (code_pages.size() >= at + static_cast<std::size_t>(H) && code_pages[at] >= 0) {
+        range_pages = 0;
+        for (std::size_t h = 0; h < static_cast<std::size_t>(H); ++h) {
+          range_pages += code_pages[at + h];
+        }
+      }
+      return H * cand * kv::page_code_bytes(s.head_dim) + range_pages * 2.0 * d;
+    };
     switch (c.method) {
       case Method::dense:
       case Method::sink_recent:
@@ -58,27 +75,17 @@ double selector_read_bytes(const SelectorConfig& c, const kv::PageTable& t, cons
       case Method::token_codes:
         if (c.code_channels < 1) {
           // Two passes: the chosen channels' codes and ranges of every page from the
-          // channel-major copy, every page's grid; then the candidates' whole code rows and
-          // the whole ranges of the pages holding them: as counted by the selector, else at
-          // most one page per candidate (an upper bound: the candidates share pages).
+          // channel-major copy, every page's grid; then the second pass.
           const int r = detail::code_channel_count(c, s.head_dim);
           const double word = (s.page_size + 3) / 4;
-          const std::int64_t cap = token_cap().second;
-          const double cand = static_cast<double>(detail::code_candidate_count(c, length, cap));
-          double range_pages = H * std::min(P, cand);
-          const auto at = static_cast<std::size_t>(b) * static_cast<std::size_t>(H);
-          if (code_pages.size() >= at + static_cast<std::size_t>(H) && code_pages[at] >= 0) {
-            range_pages = 0;
-            for (std::size_t h = 0; h < static_cast<std::size_t>(H); ++h) {
-              range_pages += code_pages[at + h];
-            }
-          }
-          bytes += H * (r * P * (word + 2.0) + P * 8.0 + cand * kv::page_code_bytes(s.head_dim)) +
-                   range_pages * 2.0 * d;
+          bytes += H * (r * P * (word + 2.0) + P * 8.0) + second_pass();
           if (c.code_channel_spread) bytes += H * 4.0 * d;  // the last page's f32 spread row
         } else {  // every page's code range (8-bit), every code
           bytes += H * (P * ranges + L * kv::page_code_bytes(s.head_dim));
         }
+        break;
+      case Method::learned_codes:  // every token's learned key rows, then the second pass
+        bytes += L * s.learned_row_bytes + second_pass();
         break;
       case Method::two_stage: {
         // Stage 1 reads every page's bounds; stage 2 the code ranges of the candidate pages
@@ -86,13 +93,14 @@ double selector_read_bytes(const SelectorConfig& c, const kv::PageTable& t, cons
         const KeptRanges<int> kept =
             kept_pages(pages, length, s.page_size, c.sink_pages, c.window_tokens);
         const auto [kept_tokens_n, cap] = token_cap();
-        const double cand = static_cast<double>(two_stage_candidates(
-            pages, kept.count(pages), cap, s.page_size, c.candidate_factor));
-        bytes += H * (P * bounds + std::max(0.0, cand) * (ranges + s.page_size *
-                                                          kv::page_code_bytes(s.head_dim)));
+        const double cand = static_cast<double>(
+            two_stage_candidates(pages, kept.count(pages), cap, s.page_size, c.candidate_factor));
+        bytes += H * (P * bounds + std::max(0.0, cand) *
+                                       (ranges + s.page_size * kv::page_code_bytes(s.head_dim)));
         // Rescoring reads the f16 keys of its shortlist (at most the candidates' tokens).
         if (c.rescore_factor > 0) {
-          const double free_tokens = static_cast<double>(std::max<std::int64_t>(0, cap - kept_tokens_n));
+          const double free_tokens =
+              static_cast<double>(std::max<std::int64_t>(0, cap - kept_tokens_n));
           bytes += H * std::min(c.rescore_factor * free_tokens, std::max(0.0, cand) * s.page_size) *
                    2.0 * d;
         }

@@ -12,21 +12,22 @@
 namespace masskv::select::detail {
 
 extern const Scorer scorer_page_bound, scorer_page_moments, scorer_exact, scorer_learned,
-    scorer_quant_keys, scorer_recency, scorer_page_codes, scorer_token_keys;
+    scorer_quant_keys, scorer_recency, scorer_page_codes, scorer_token_keys, scorer_learned_codes;
 extern const Rule rule_every, rule_top_k, rule_top_p, rule_growth, rule_reach, rule_two_stage;
 
 namespace {
 
 // The library's scorers (scorers/<name>.cpp).
 const Scorer* const kScorers[] = {
-    &scorer_page_bound,    // §2.3 bound, from the f32 summaries or the bf16 store
-    &scorer_page_moments,  // §2.4 Gaussian page model
-    &scorer_exact,         // §2.7 true masses (the oracle)
-    &scorer_learned,       // §2.8 learned selector keys
-    &scorer_quant_keys,    // §2.9 quantised selector keys
-    &scorer_recency,       // most recent first
-    &scorer_page_codes,    // 2-bit page codes (token ranks)
-    &scorer_token_keys,    // exact q·k of listed tokens (two_stage's reference, rescoring)
+    &scorer_page_bound,     // §2.3 bound, from the f32 summaries or the bf16 store
+    &scorer_page_moments,   // §2.4 Gaussian page model
+    &scorer_exact,          // §2.7 true masses (the oracle)
+    &scorer_learned,        // §2.8 learned selector keys
+    &scorer_quant_keys,     // §2.9 quantised selector keys
+    &scorer_recency,        // most recent first
+    &scorer_page_codes,     // 2-bit page codes (token ranks)
+    &scorer_token_keys,     // exact q·k of listed tokens (two_stage's reference, rescoring)
+    &scorer_learned_codes,  // learned selector keys, then the page codes (two passes)
 };
 
 struct MethodEntry {
@@ -49,6 +50,8 @@ const MethodEntry kMethods[] = {
     {Method::learned, "learned", &scorer_learned, &rule_top_k},
     {Method::two_stage, "two_stage", &scorer_page_codes, &rule_two_stage},
     {Method::token_codes, "token_codes", &scorer_page_codes, &rule_top_k, GroupRule::log_prob},
+    {Method::learned_codes, "learned_codes", &scorer_learned_codes, &rule_top_k,
+     GroupRule::log_prob},
 };
 
 const MethodEntry* entry_of(Method m) {
@@ -77,9 +80,12 @@ const Scorer* find_scorer(std::string_view name) {
 
 std::string capability_names(unsigned bits) {
   static constexpr std::pair<unsigned, std::string_view> kNames[] = {
-      {kRank, "a ranking"},        {kHeads, "a ranking per q head"},
-      {kBound, "a logit bound"},   {kMass, "a mass estimate"},
-      {kMoments, "moments (tau_hat)"}, {kListed, "ranks of listed items"}};
+      {kRank, "a ranking"},
+      {kHeads, "a ranking per q head"},
+      {kBound, "a logit bound"},
+      {kMass, "a mass estimate"},
+      {kMoments, "moments (tau_hat)"},
+      {kListed, "ranks of listed items"}};
   std::string out;
   for (const auto& [bit, name] : kNames) {
     if (!(bits & bit)) continue;
@@ -139,8 +145,9 @@ std::string method_names() {
 }
 
 void register_scorer(const Scorer& s) {
-  require(!s.name.empty() && s.score != nullptr && (s.provides & kRank), ErrorCode::invalid_argument,
-          "scorer", "a scorer needs a name, a score function and a ranking");
+  require(!s.name.empty() && s.score != nullptr && (s.provides & kRank),
+          ErrorCode::invalid_argument, "scorer",
+          "a scorer needs a name, a score function and a ranking");
   const std::lock_guard<std::mutex> lock(registered_mutex);
   require(find_in(kScorers, s.name) == nullptr && find_in(registered, s.name) == nullptr,
           ErrorCode::invalid_argument, "scorer", "a scorer named '", s.name,

@@ -30,9 +30,9 @@ enum Provides : unsigned {
 
 // The batch-wide page scans (select/page_scan.hpp) a scorer or rule reads.
 enum Scans : unsigned {
-  kBoundScan = 1u << 0,    // Context::bounds
-  kKeyMaxScan = 1u << 1,   // Context::wmax too (implies the bound scan)
-  kMomentScan = 1u << 2,   // Context::m, Context::v
+  kBoundScan = 1u << 0,   // Context::bounds
+  kKeyMaxScan = 1u << 1,  // Context::wmax too (implies the bound scan)
+  kMomentScan = 1u << 2,  // Context::m, Context::v
 };
 
 // What a rule asks of the scorer for one group.
@@ -54,10 +54,13 @@ struct Want {
 inline int code_channel_count(const SelectorConfig& c, int d) {
   return std::clamp(static_cast<int>(std::lround(c.code_channels * d)), 1, d);
 }
-// Tokens its second pass rescores (the kept ones among them), for a rule's cap of `cap` of n.
+// Tokens the codes' second pass rescores (the kept ones among them), for a rule's cap of `cap`
+// of n: code_candidates × cap after token_codes' channel pass, learned_candidates × cap after
+// learned_codes' learned pass.
 inline std::int64_t code_candidate_count(const SelectorConfig& c, std::int64_t n,
                                          std::int64_t cap) {
-  return std::min<std::int64_t>(n, static_cast<std::int64_t>(c.code_candidates) * cap);
+  const int factor = c.method == Method::learned_codes ? c.learned_candidates : c.code_candidates;
+  return std::min<std::int64_t>(n, static_cast<std::int64_t>(factor) * cap);
 }
 
 struct Scorer {
@@ -115,8 +118,8 @@ inline int score_rows(const Context& X, const Group& G) {
 inline bool pool_heads(const Context& X) {
   const bool per_head = X.scorer && (X.scorer->provides & kHeads);
   const GroupRule g = resolved_group(X.c);
-  return per_head && (g == GroupRule::aggregate || g == GroupRule::log_prob ||
-                      X.c.oracle_head_collapsed);
+  return per_head &&
+         (g == GroupRule::aggregate || g == GroupRule::log_prob || X.c.oracle_head_collapsed);
 }
 // Whether that pooling is of the rows' log-probabilities (GroupRule::log_prob, Ranked::log_prob).
 inline bool pool_log_prob(const Context& X) {

@@ -417,10 +417,11 @@ void run_eval(EvalOptions o, const std::string& cmdline, const CLI::App& app) {
   const std::vector<MethodRow> rows = method_rows(o.methods, o.budgets, protocols);
   for (const std::string& b : o.budgets) (void)parse_budget(b, 1024, "--budgets");
   const bool learned = std::any_of(rows.begin(), rows.end(), [](const MethodRow& r) {
-    return base_method(r.method) == "learned" || r.method.rfind("prefill_learned", 0) == 0;
+    return uses_learned_selector(base_method(r.method)) ||
+           r.method.rfind("prefill_learned", 0) == 0;
   });
   require(!learned || !o.selector_file.empty(), ErrorCode::invalid_argument, "--selector-file",
-          "--methods learned and prefill_learned<K> need a selector file");
+          "--methods learned, learned_codes and prefill_learned<K> need a selector file");
   const kv::RowFormat key_format =
       kv::parse_row_format(o.selector_key_format, "--selector-key-format");
   const std::string selector_tag =
@@ -684,7 +685,8 @@ void register_eval(CLI::App& app, const std::string& cmdline) {
                 "dense, token_codes (the default selector: every token on its 2-bit page code, the q heads pooled by log-probability), "
                 "two_stage (candidate pages by the bound, then their tokens on the codes), "
                 "sink_recent, quest, top_p, oracle, learned "
-                "(with --selector-file), "
+                "(with --selector-file), learned_codes (token_codes' second pass after the "
+                "--selector-file selector's ranking), "
                 "dense_entmax, entmax_support, gaussian_tau (the last three run entmax "
                 "attention: on the softmax model, or converted with --entmax-conversion); "
                 "sparse prefill with dense decode (docs/prefill.md): prefill_token, "
@@ -730,7 +732,8 @@ void register_eval(CLI::App& app, const std::string& cmdline) {
                         "file (its α and per-head temperatures) instead of plain entmax on the "
                         "softmax model");
   add_selector_file(e, o->selector_file,
-                    "The learned selector of the `learned` method (its hash keys the cache)");
+                    "The learned selector of the learned and learned_codes methods (its hash "
+                    "keys the cache)");
   add_selector_key_format(e, o->selector_key_format);
   add_no_plots(e, o->plots);
   e->add_flag("--report-only", o->report_only,

@@ -119,6 +119,7 @@ std::string row_tag_of_protocol(const MethodRow& m, const RowTags& t) {
         fmt::format("{}|pfq{}s{}m{}", t.settings, c.q_block, c.sink_blocks, c.budget.min_keys);
     return m.method.rfind("prefill_learned", 0) == 0 ? pf + t.selector : pf;
   }
+  if (base_method(m.method) == "learned_codes") return t.settings + t.codes + t.selector;
   return base_method(m.method) == "learned" ? t.settings + t.selector : t.settings;
 }
 

@@ -52,6 +52,10 @@ const Modifier kModifiers[] = {
      "one pass: every token on every channel (token_codes before 2026-12-06: selector reads "
      "9.6 % of the dense bytes against two passes' 6.1 %)",
      [](select::SelectorConfig& c) { c.code_channels = 1; }},
+    {"c2", "learned_codes", "the learned first pass keeps 2 × the budget for the codes (default 4)",
+     [](select::SelectorConfig& c) { c.learned_candidates = 2; }},
+    {"c8", "learned_codes", "the learned first pass keeps 8 × the budget for the codes (default 4)",
+     [](select::SelectorConfig& c) { c.learned_candidates = 8; }},
     // Any selector (method ""): the first layers dense, counted in the budget.
     {"dense1", "", "the first layer decodes densely, its reads counted in the budget",
      [](select::SelectorConfig& c) { c.dense_layers = 1; }},
@@ -129,6 +133,14 @@ bool is_dense(const std::string& m) { return m == "dense" || m == "dense_entmax"
 bool is_prefill(const std::string& m) { return m.rfind("prefill_", 0) == 0; }
 bool takes_top_p(const std::string& m) {
   return m == "learned" || m == "top_p" || m == "oracle" || m == "quest";
+}
+bool uses_learned_selector(const std::string& m) {
+  if (is_dense(m) || is_prefill(m)) return false;
+  try {
+    return select::uses_learned_keys(select::parse_method(m, "--methods"));
+  } catch (const Error&) {
+    return false;  // not a decode method: the caller's parse names it
+  }
 }
 bool needs_entmax(const std::string& m) {
   return m == "dense_entmax" || m == "entmax_support" || m == "gaussian_tau";

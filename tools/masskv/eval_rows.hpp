@@ -52,6 +52,9 @@ bool is_dense(const std::string& m);
 bool is_prefill(const std::string& m);
 // Methods a top-p budget ("p0.9") applies to: those with a page mass estimate.
 bool takes_top_p(const std::string& m);
+// Decode methods that score on a learned selector's key cache (--selector-file):
+// select::uses_learned_keys of the method the base names.
+bool uses_learned_selector(const std::string& m);
 bool needs_entmax(const std::string& m);
 // Every (protocol, method, budget) row of a run, checked; throws Error naming --methods.
 std::vector<MethodRow> method_rows(const std::vector<std::string>& methods,

@@ -55,8 +55,9 @@ void add_model_options(CLI::App* app, ModelOptions& o, OwnOptions own) {
                   "Decode attention: dense, token_codes (every token on its 2-bit page code), "
                   "two_stage (candidate pages by the bound, then their tokens on the codes), "
                   "sink_recent, quest, top_p, gaussian_tau, oracle, "
-                  "learned (with --selector-file) (gemma3: global layers only); modifiers as "
-                  "eval's --methods, e.g. token_codes+twopass")
+                  "learned (with --selector-file) (gemma3: global layers only), "
+                  "learned_codes (token_codes' second pass after the --selector-file "
+                  "selector's ranking); modifiers as eval's --methods, e.g. token_codes+twopass")
       ->capture_default_str();
   app->add_option("--budget", o.budget,
                   "Selector budget: tokens (e.g. 1024, 2K) or a fraction of the context (1/8); "
@@ -66,8 +67,8 @@ void add_model_options(CLI::App* app, ModelOptions& o, OwnOptions own) {
   app->add_option("--budget-min", o.budget_min,
                   "Top-p budgets: at least this many tokens (K_min; tokens or a fraction)");
   add_selector_file(app, o.selector_file,
-                    "--selector learned: the learned selector (GGUF from masskv distill or "
-                    "masskv selector init)");
+                    "--selector learned, learned_codes: the learned selector (GGUF from masskv "
+                    "distill, masskv selector init or scripts/indexer_lab.py --export)");
   add_selector_key_format(app, o.selector_key_format);
   add_kept_items(app, o.sink_pages, o.window);
   add_top_p_mass(app, o.top_p_mass, "Target mass of the top_p selector");
@@ -142,8 +143,9 @@ std::optional<select::SelectorConfig> selector_config(const ModelOptions& o, std
             ErrorCode::invalid_argument, "--budget-min", c.budget.min_tokens,
             " tokens exceed the cap of ", c.budget.tokens);
   }
-  require(c.method == select::Method::learned || o.selector_file.empty(),
-          ErrorCode::invalid_argument, "--selector-file", "is for --selector learned");
+  require(select::uses_learned_keys(c.method) || o.selector_file.empty(),
+          ErrorCode::invalid_argument, "--selector-file",
+          "is for --selector learned and learned_codes");
   // Under entmax the support-aware selectors stop by their own rule, the budget a cap (as the
   // eval's entmax rows).
   if (mapping.is_entmax() &&
@@ -171,10 +173,10 @@ void validate(const ModelOptions& o, std::int64_t context) {
   (void)selector_config(o, context, mapping);
   (void)parse_budget(o.budget, context, "--budget");  // also when --selector dense ignores it
   (void)kv::parse_row_format(o.selector_key_format, "--selector-key-format");
-  require(split_modifiers(o.selector, "--selector").first != "learned" ||
+  require(!uses_learned_selector(split_modifiers(o.selector, "--selector").first) ||
               !o.selector_file.empty(),
-          ErrorCode::invalid_argument,
-          "--selector-file", "--selector learned needs a selector file");
+          ErrorCode::invalid_argument, "--selector-file",
+          "--selector ", o.selector, " needs a selector file");
   require(o.selector_file.empty() || std::filesystem::is_regular_file(o.selector_file),
           ErrorCode::io, "--selector-file", "cannot read ", o.selector_file);
   require(o.entmax_conversion.empty() || std::filesystem::is_regular_file(o.entmax_conversion),
@@ -186,9 +188,9 @@ void apply_selector(const ModelOptions& o, std::int64_t context, model::SessionO
   so.reselect_every = o.reselect_every;
   so.reselect_cos = o.reselect_cos;
   so.learned_key_format = kv::parse_row_format(o.selector_key_format, "--selector-key-format");
-  if (!so.selector || so.selector->method != select::Method::learned) return;
+  if (!so.selector || !select::uses_learned_keys(so.selector->method)) return;
   require(!o.selector_file.empty(), ErrorCode::invalid_argument, "--selector-file",
-          "--selector learned needs a selector file");
+          "--selector ", o.selector, " needs a selector file");
   so.learned_selector = load_selector(o.selector_file);
 }
 

@@ -6,7 +6,8 @@
 //                          4 d bytes; bf16 mean + variance (page moments) 4 d bytes
 //   per token and kv head: f16 key 2 d bytes (oracle); selector key row_bytes(format, d)
 //                          (top_p with quant_keys); page codes d / 4 bytes (two_stage, the
-//                          candidates' tokens only); learned key rows (groups x their row)
+//                          candidates' tokens only); learned key rows (groups x their row;
+//                          learned_codes: then the codes of its candidates)
 // Sinks and the recent window are KV rows (in the rows read), not selector reads.
 #pragma once
 
@@ -21,15 +22,15 @@ namespace masskv::select {
 // Sizes a selector's reads depend on.
 struct ReadShape {
   int num_kv_heads = 0, head_dim = 0, page_size = 0;
-  double learned_row_bytes = 0;  // Method::learned: key-row bytes per token (all groups)
+  double learned_row_bytes = 0;  // learned, learned_codes: key-row bytes per token (all groups)
 };
 
 // Selector bytes of one decode step over every sequence of `table`, for `config`.
-// `code_pages`: the selection's SelectOutput::code_pages ([B][Hkv]), the pages token_codes'
-// second pass read; empty (or -1) counts one page per candidate, an upper bound.
+// `code_pages`: the selection's SelectOutput::code_pages ([B][Hkv]), the pages the codes'
+// second pass read (token_codes in two passes, learned_codes); empty (or -1) counts one page per
+// candidate, an upper bound.
 double selector_read_bytes(const SelectorConfig& config, const kv::PageTable& table,
-                           const ReadShape& shape,
-                           std::span<const std::int32_t> code_pages = {});
+                           const ReadShape& shape, std::span<const std::int32_t> code_pages = {});
 // Bytes of one dense f16 K+V row (one token, one kv head): the unit the reads are reported in.
 constexpr double dense_row_bytes(int head_dim) { return 4.0 * head_dim; }
 

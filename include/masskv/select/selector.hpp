@@ -32,12 +32,20 @@ enum class Method {
                    // q·k̂ on the 2-bit page codes (SelectArgs::page_codes, kv/page_codes.hpp)
   token_codes,     // tokens: every token ranked per q head by q·k̂ on the 2-bit page codes,
                    // the heads' rankings merged (two_stage without its page stage)
+  learned_codes,   // tokens: token_codes' two passes with a learned selector's ŝ as the first
+                   // (SelectArgs::learned_q · learned_keys, one ranking per selector group):
+                   // its best learned_candidates × the cap tokens rescored on the page codes
 };
 std::string_view to_string(Method m);
 // Whether the method scores on the cache's 2-bit page codes (which must then be kept from a
 // sequence's first token: CacheConfig::page_codes, SessionOptions::page_codes).
 constexpr bool needs_page_codes(Method m) {
-  return m == Method::two_stage || m == Method::token_codes;
+  return m == Method::two_stage || m == Method::token_codes || m == Method::learned_codes;
+}
+// Whether the method scores on a learned selector's key cache (SelectArgs::learned_q,
+// learned_keys; model sessions: SessionOptions::learned_selector, kept from the first token).
+constexpr bool uses_learned_keys(Method m) {
+  return m == Method::learned || m == Method::learned_codes;
 }
 // Parses the names above ("sink_recent", "top_p", ...). Throws Error naming `argument`.
 Method parse_method(std::string_view name, std::string_view argument);
@@ -122,6 +130,10 @@ struct SelectorConfig {
   // whose large-|q| channels are such, |q| alone left out heavy tokens in 6 % of the heads,
   // docs/results/lab-gemma3/), or false: Σ_h |q_hc| alone (SparQ's rule, the rule before).
   bool code_channel_spread = true;
+  // learned_codes: the first pass (the learned selector's ŝ) keeps its best learned_candidates ×
+  // the cap tokens (the kept ones among them) for the codes' second pass (>= 1). 4: the
+  // selection lab's choice for a 32-dim projection (docs/results/lab-smollm2/indexers/).
+  int learned_candidates = 4;
   // Model sessions: the first dense_layers layers decode densely and are counted in the
   // budget — the selecting layers' budget in tokens shrinks so that the layers together read
   // the budget's rows (select/read_cost.hpp budget_beside_dense_layers). 0: every layer selects.
@@ -142,16 +154,17 @@ struct SelectArgs {
   kv::SummariesView summaries;
   // Optional: bounds from the outward-rounded bf16 store instead of the f32 min/max.
   const BoundStoreView* bounds_bf16 = nullptr;
-  // The cache's page codes and their 8-bit ranges (PagedKVCache::page_codes()), for
-  // Method::token_codes and Method::two_stage (select::needs_page_codes).
+  // The cache's page codes and their 8-bit ranges (PagedKVCache::page_codes()), for the
+  // methods select::needs_page_codes names.
   kv::PageCodesView page_codes;
   // Selector keys of the cache's pool (PagedKVCache::selector_keys(), any format), for
   // MassSource::quant_keys.
   kv::SelectorKeysView selector_keys;
   float scale = 0;  // 0 means 1/sqrt(d)
-  // Method::learned: the step's projected queries [B][groups][d_s] and the pool's key rows
-  // (PagedKVCache::key_rows(), groups x d_s per token). groups == 1 is head-collapsed (one
-  // page list for every kv head); groups == the cache's kv heads: kv head h uses group h.
+  // Method::learned, learned_codes: the step's projected queries [B][groups][d_s] and the
+  // pool's key rows (PagedKVCache::key_rows(), groups x d_s per token). groups == 1 is
+  // head-collapsed (one list for every kv head); groups == the cache's kv heads: kv head h
+  // uses group h.
   // ŝ_t = q_g · k_{g,t} as stored (the selector carries its own scale).
   View3<const float> learned_q;
   kv::KeyRowsView learned_keys;
@@ -165,8 +178,9 @@ struct SelectOutput {
   std::vector<double> estimate;
   // entmax_support: 1 where the selector's own certificate held for every head of the group.
   std::vector<std::uint8_t> certified;  // [B][Hkv]
-  // token_codes in two passes: the pages whose code ranges the second pass read (those
-  // holding its candidates), [B][Hkv]; -1 for every other selector. What read_cost counts.
+  // token_codes in two passes and learned_codes: the pages whose code ranges the second pass
+  // read (those holding its candidates), [B][Hkv]; -1 for every other selector. What
+  // read_cost counts.
   std::vector<std::int32_t> code_pages;
 };
 

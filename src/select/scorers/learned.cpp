@@ -3,40 +3,19 @@
 // (SelectArgs::learned_keys), summed per page (select/learned.hpp). One ranking per kv group
 // (head-collapsed selectors: group 0 for every kv head), so the GQA rule does not apply. Its
 // ranking is its mass. learned.
+#include "select/learned.hpp"
+
 #include <algorithm>
-#include <cmath>
 
 #include "masskv/error.hpp"
-#include "select/learned.hpp"
 #include "select/scorer.hpp"
 
 namespace masskv::select::detail {
 namespace {
 
 void check(const SelectArgs& a, const SelectorConfig& c) {
-  using enum ErrorCode;
-  const kv::KeyRowsView& k = a.learned_keys;
-  require(!k.empty() && k.groups > 0 && k.dim > 0, invalid_argument, "learned_keys",
-          "Method::learned needs the selector key rows of the cache's pool");
-  require(k.num_pages == a.cache.num_pages && k.page_size == a.cache.page_size, shape_mismatch,
-          "learned_keys", "pool geometry (", k.num_pages, " pages of ", k.page_size,
-          ") differs from the cache's (", a.cache.num_pages, " of ", a.cache.page_size, ")");
-  require(k.groups == 1 || k.groups == a.cache.num_kv_heads, shape_mismatch, "learned_keys",
-          k.groups, " groups: neither 1 (head-collapsed) nor the cache's ", a.cache.num_kv_heads,
-          " kv heads");
-  const View3<const float>& q = a.learned_q;
-  require(q.data != nullptr && q.n0 == a.cache.table.batch() && q.n1 == k.groups && q.n2 == k.dim,
-          shape_mismatch, "learned_q", "expected [", a.cache.table.batch(), "][", k.groups, "][",
-          k.dim, "], got [", q.n0, "][", q.n1, "][", q.n2, "]");
-  for (int b = 0; b < q.n0; ++b) {
-    for (int g = 0; g < q.n1; ++g) {
-      for (int x = 0; x < q.n2; ++x) {
-        require(std::isfinite(q.row(b, g)[x]), non_finite, "learned_q", "learned_q[", b, "][", g,
-                "][", x, "] is not finite");
-      }
-    }
-  }
-  require(c.budget.kind != Budget::Kind::adaptive, invalid_argument, "budget",
+  check_learned_args(a);
+  require(c.budget.kind != Budget::Kind::adaptive, ErrorCode::invalid_argument, "budget",
           "learned takes a fixed or a top-p budget, not adaptive");
 }
 

@@ -2,19 +2,24 @@
 // each key, per channel, as one of four levels of its page's range on an 8-bit grid; the score
 // in integers), page by page with every q head at once. It ranks the tokens of a given list
 // (two_stage's candidates) or every token (token_codes), reading their codes and the ranges.
+// Scorer "learned_codes": the same second pass after a learned selector's first
+// (Method::learned_codes).
+#include "masskv/kv/page_codes.hpp"
+
 #include <algorithm>
 #include <cmath>
 #include <vector>
 
 #include "masskv/error.hpp"
-#include "masskv/kv/page_codes.hpp"
 #include "masskv/kv/paged_kv.hpp"
+#include "select/learned.hpp"
 #include "select/scorer.hpp"
 
 namespace masskv::select::detail {
 namespace {
 
-void check(const SelectArgs& a, const SelectorConfig& c) {
+// The codes every pass reads: present, of the cache's shape, with their ranges.
+void check_codes(const SelectArgs& a) {
   using enum ErrorCode;
   const kv::PageCodesView& pc = a.page_codes;
   require(!pc.empty(), invalid_argument, "page_codes",
@@ -24,6 +29,12 @@ void check(const SelectArgs& a, const SelectorConfig& c) {
           shape_mismatch, "page_codes", "shape differs from the cache's");
   require(pc.range_min != nullptr && pc.range_max != nullptr && pc.grid != nullptr,
           invalid_argument, "page_codes", "the ranges (range_min, range_max, grid) are missing");
+}
+
+void check(const SelectArgs& a, const SelectorConfig& c) {
+  using enum ErrorCode;
+  check_codes(a);
+  const kv::PageCodesView& pc = a.page_codes;
   require(c.code_channels > 0 && c.code_channels <= 1, invalid_argument, "code_channels",
           "must be in (0, 1], got ", c.code_channels);
   require(c.code_channels == 1 || c.code_candidates >= 1, invalid_argument, "code_candidates",
@@ -69,21 +80,54 @@ void score_items(const Context& X, const Group& G, const kv::CodeQuery* cq,
     for (; n < P && k + n < K && item(k + n) / P == j; ++n) {
       slots[static_cast<std::size_t>(n)] = item(k + n) - j * P;
     }
-    kv::page_code_scores(cq, G.g, pc.range(phys, G.h), pc.row(phys, G.h, 0), slots.data(), n,
-                         X.d, out + k, stride);
+    kv::page_code_scores(cq, G.g, pc.range(phys, G.h), pc.row(phys, G.h, 0), slots.data(), n, X.d,
+                         out + k, stride);
     k += n;
   }
 }
 
-// SelectorConfig::code_channels < 1: pass 1 on the group's chosen channels for every token,
-// pooled by the heads' log-probabilities; its best code_candidates × cap tokens (with the kept
-// ones) scored on every channel: rows over them only (Scratch::listed), the other tokens
-// ranked −inf, so that the rule's pooling takes each head's LSE over the candidates.
-void score_two_passes(const Context& X, const Group& G, Scratch& S, const Want& want,
-                      std::vector<kv::CodeQuery>& cq, const std::vector<std::int16_t>& q8) {
-  thread_local std::vector<double> weight, pooled;
-  thread_local std::vector<std::int32_t> ch, sums;
+// The second pass of two: the kept tokens and the first pass's best others by `pooled` (one
+// value per token, higher better), up to code_candidate_count in all, scored on every channel
+// (today's scores, bit for bit): the rule's rows over them only (Scratch::listed; the rest rank
+// −inf, so that the rule's pooling takes each head's LSE over the candidates). It reads the
+// ranges of the pages holding them (Scratch::code_pages, counted by read_cost).
+void rescore_candidates(const Context& X, const Group& G, Scratch& S, const Want& want,
+                        const std::vector<kv::CodeQuery>& cq, const double* pooled) {
   thread_local std::vector<std::uint8_t> open;
+  const int n = G.n, P = G.page_size;
+  const auto N = static_cast<std::size_t>(n);
+  const int want_n = static_cast<int>(code_candidate_count(X.c, n, want.cap));
+  int kept = 0;
+  open.resize(N);
+  for (std::size_t t = 0; t < N; ++t) {
+    open[t] = S.in[t] ? 0 : 1;
+    kept += S.in[t];
+  }
+  const int others = std::max(0, want_n - kept);
+  for (const RankedItem& x : best_items(pooled, n, open.data(), others, 3)) {
+    open[static_cast<std::size_t>(x.id)] = 2;  // marked: a candidate
+  }
+  std::vector<std::int32_t>& cand = S.listed;  // ascending, straight into the rule's list
+  cand.clear();
+  for (std::size_t t = 0; t < N; ++t) {
+    if (S.in[t] || open[t] == 2) cand.push_back(static_cast<std::int32_t>(t));
+  }
+  const int K = static_cast<int>(cand.size());
+  S.code_pages = 0;
+  for (std::size_t k = 0; k < cand.size(); ++k) {
+    if (k == 0 || cand[k] / P != cand[k - 1] / P) ++S.code_pages;
+  }
+  S.rank.resize(static_cast<std::size_t>(G.g) * static_cast<std::size_t>(K));
+  score_items(X, G, cq.data(), cand, K, S.rank.data(), static_cast<std::size_t>(K));
+}
+
+// token_codes' first pass (SelectorConfig::code_channels < 1): every token on the group's
+// chosen channels, the heads pooled by their log-probabilities, into `pooled`.
+void channel_pass(const Context& X, const Group& G, Scratch& S,
+                  const std::vector<kv::CodeQuery>& cq, const std::vector<std::int16_t>& q8,
+                  std::vector<double>& pooled) {
+  thread_local std::vector<double> weight;
+  thread_local std::vector<std::int32_t> ch, sums;
   thread_local std::vector<kv::CodeQuery> part;
   const int n = G.n, g = G.g, d = X.d, P = G.page_size;
   const auto N = static_cast<std::size_t>(n);
@@ -102,8 +146,8 @@ void score_two_passes(const Context& X, const Group& G, Scratch& S, const Want& 
   const int r = code_channel_count(X.c, d);
   order_by(weight.data(), d, nullptr, r, ch);
   std::sort(ch.begin(), ch.end());  // memory order
-  // Pass 1: integer sums over the chosen channels, then the definition's f64 operations with
-  // the chosen channels' Q.
+  // Integer sums over the chosen channels, then the definition's f64 operations with the
+  // chosen channels' Q.
   part.assign(cq.begin(), cq.end());
   for (int i = 0; i < g; ++i) {
     std::int32_t Q = 0;
@@ -126,34 +170,6 @@ void score_two_passes(const Context& X, const Group& G, Scratch& S, const Want& 
     }
     pool_log_prob(row, n, pooled.data());
   }
-  // The candidates, ascending, straight into the rule's item list: the kept tokens and the
-  // pooled ranking's best others (marked 2 in `open`), up to code_candidates × cap in all.
-  const int want_n = static_cast<int>(code_candidate_count(X.c, n, want.cap));
-  int kept = 0;
-  open.resize(N);
-  for (std::size_t t = 0; t < N; ++t) {
-    open[t] = S.in[t] ? 0 : 1;
-    kept += S.in[t];
-  }
-  const int others = std::max(0, want_n - kept);
-  for (const RankedItem& x : best_items(pooled.data(), n, open.data(), others, 3)) {
-    open[static_cast<std::size_t>(x.id)] = 2;
-  }
-  std::vector<std::int32_t>& cand = S.listed;
-  cand.clear();
-  for (std::size_t t = 0; t < N; ++t) {
-    if (S.in[t] || open[t] == 2) cand.push_back(static_cast<std::int32_t>(t));
-  }
-  // Pass 2: every channel of the candidates (today's scores): the rule's rows over them only
-  // (the rest rank −inf). It reads the ranges of the pages holding them (counted for
-  // read_cost).
-  const int K = static_cast<int>(cand.size());
-  S.code_pages = 0;
-  for (std::size_t k = 0; k < cand.size(); ++k) {
-    if (k == 0 || cand[k] / P != cand[k - 1] / P) ++S.code_pages;
-  }
-  S.rank.resize(static_cast<std::size_t>(g) * static_cast<std::size_t>(K));
-  score_items(X, G, cq.data(), cand, K, S.rank.data(), static_cast<std::size_t>(K));
 }
 
 void score(const Context& X, const Group& G, Scratch& S, const Want& want) {
@@ -164,7 +180,63 @@ void score(const Context& X, const Group& G, Scratch& S, const Want& want) {
   if (!want.rank) return;
   group_queries(X, G, qs, q8, cq);
   if (X.c.code_channels < 1 && want.items.empty() && want.cap > 0) {
-    score_two_passes(X, G, S, want, cq, q8);
+    thread_local std::vector<double> pooled;
+    channel_pass(X, G, S, cq, q8, pooled);
+    rescore_candidates(X, G, S, want, cq, pooled.data());
+    return;
+  }
+  const int K = want.items.empty() ? G.n : static_cast<int>(want.items.size());
+  S.rank.resize(static_cast<std::size_t>(G.g) * static_cast<std::size_t>(K));
+  score_items(X, G, cq.data(), want.items, K, rank_row(S, K, 0), static_cast<std::size_t>(K));
+}
+
+// learned_codes: the codes' checks, the learned selector's, and its candidate factor.
+void check_learned_codes(const SelectArgs& a, const SelectorConfig& c) {
+  check_codes(a);
+  check_learned_args(a);
+  require(c.learned_candidates >= 1, ErrorCode::invalid_argument, "learned_candidates",
+          "must be >= 1, got ", c.learned_candidates);
+}
+
+// Context::prepared[b]: ŝ of every token, [groups][length], one task per (sequence, selector
+// group), sequential inside (the result does not depend on the thread count). A head-collapsed
+// selector (groups == 1) scores once for every kv head.
+void prepare_learned(Context& X) {
+  const auto& t = X.a.cache.table;
+  const kv::KeyRowsView& keys = X.a.learned_keys;
+  const int B = t.batch(), G = keys.groups;
+  X.prepared.resize(static_cast<std::size_t>(B));
+  for (int b = 0; b < B; ++b) {
+    X.prepared[static_cast<std::size_t>(b)].resize(
+        static_cast<std::size_t>(G) * static_cast<std::size_t>(t.length(b, X.a.cache.page_size)));
+  }
+  const int tasks = B * G;
+#pragma omp parallel for schedule(dynamic, 1) if (tasks > 1)
+  for (int task = 0; task < tasks; ++task) {
+    const int b = task / G, g = task % G;
+    const std::int64_t L = t.length(b, X.a.cache.page_size);
+    const auto phys = t.indices.subspan(static_cast<std::size_t>(t.indptr[b]),
+                                        static_cast<std::size_t>(t.num_pages(b)));
+    learned_token_scores(keys, phys, L, g, X.a.learned_q.row(b, g),
+                         X.prepared[static_cast<std::size_t>(b)].data() +
+                             static_cast<std::size_t>(g) * static_cast<std::size_t>(L));
+  }
+}
+
+// Two passes when the rule gives a cap: ŝ (prepared) picks the candidates, the codes rank
+// them; without a cap, every token on the codes (page_codes' one pass).
+void score_learned(const Context& X, const Group& G, Scratch& S, const Want& want) {
+  thread_local std::vector<float> qs;
+  thread_local std::vector<std::int16_t> q8;
+  thread_local std::vector<kv::CodeQuery> cq;
+  S.mass.clear();
+  if (!want.rank) return;
+  group_queries(X, G, qs, q8, cq);
+  if (want.items.empty() && want.cap > 0) {
+    const int group = X.a.learned_keys.groups == 1 ? 0 : G.h;
+    const double* s = X.prepared[static_cast<std::size_t>(G.b)].data() +
+                      static_cast<std::size_t>(group) * static_cast<std::size_t>(G.n);
+    rescore_candidates(X, G, S, want, cq, s);
     return;
   }
   const int K = want.items.empty() ? G.n : static_cast<int>(want.items.size());
@@ -174,13 +246,21 @@ void score(const Context& X, const Group& G, Scratch& S, const Want& want) {
 
 }  // namespace
 
-extern const Scorer scorer_page_codes;
+extern const Scorer scorer_page_codes, scorer_learned_codes;
 const Scorer scorer_page_codes{
     .name = "page_codes",
     .provides = kRank | kHeads | kListed,
     .tokens = [](const SelectorConfig&) { return true; },
     .check = check,
     .score = score,
+};
+const Scorer scorer_learned_codes{
+    .name = "learned_codes",
+    .provides = kRank | kHeads,
+    .tokens = [](const SelectorConfig&) { return true; },
+    .check = check_learned_codes,
+    .prepare = prepare_learned,
+    .score = score_learned,
 };
 
 }  // namespace masskv::select::detail
