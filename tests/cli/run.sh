@@ -400,6 +400,13 @@ check run-bad-key-format 2 '--selector-key-format' -- "$bin" run -p hi -n 1 --se
 check run-learned-tiny 0 'KV read' -- "$bin" run -p "The capital of France is" -n 4 -t 1 \
   --selector learned --selector-file "$tmp/rand.gguf" --budget p0.9:32 --budget-min 16 \
   --page 4 --window 0
+check run-learned-codes-no-file 2 '--selector-file' -- "$bin" run -p hi -n 1 \
+  --selector learned_codes
+check run-learned-codes-top-p 2 '--budget' -- "$bin" run -p hi -n 1 --selector learned_codes \
+  --selector-file "$tmp/mean.gguf" --budget p0.9
+check run-learned-codes-tiny 0 'KV read' -- "$bin" run -p "The capital of France is" -n 4 -t 1 \
+  --selector learned_codes --selector-file "$tmp/rand.gguf" --budget 16 --page 4 --window 0
+check eval-learned-codes-no-file 2 '--selector-file' -- "$bin" eval --methods learned_codes+c2
 check bench-learned-tiny 0 '\| learned p0.9:[0-9]+ \| tg2 @ d64 \|' -- "$bin" bench -p 0 -n 2 \
   -d 64 -r 1 --selector learned --selector-file "$tmp/mean.gguf" --budget p0.9:1/2 \
   --selector-key-format bf16
