@@ -55,6 +55,20 @@ TEST(ReadCost, CountsTheFormatsEachSelectorReads) {
   c.code_channel_spread = false;  // the |q| rule reads no spread row
   EXPECT_EQ(selector_read_bytes(c, t, s, counted), pass1 - 2 * H * 4 * d + rows + 9 * 2 * d);
   c.code_channel_spread = true;
+  // learned_codes: every token's key rows (96 bytes: all groups), then the second pass as
+  // above at its own factor (4 x the cap: sequence 0's 128 candidates of 100, so all 100;
+  // sequence 1's 16), and each candidate page's grid too (no first pass read the grids).
+  c.method = Method::learned_codes;
+  c.learned_candidates = 4;
+  const double learned_rows = H * (100 + 16) * (d / 4);
+  EXPECT_EQ(selector_read_bytes(c, t, s, counted),
+            tokens * 96.0 + learned_rows + 9 * (2 * d + 8));
+  EXPECT_EQ(selector_read_bytes(c, t, s),
+            tokens * 96.0 + learned_rows + H * 8 * (2 * d + 8));
+  c.learned_candidates = 1;  // 32 + 16 candidates: the code_candidates factor is not read
+  EXPECT_EQ(selector_read_bytes(c, t, s, counted),
+            tokens * 96.0 + H * (32 + 16) * (d / 4) + 9 * (2 * d + 8));
+  c.method = Method::token_codes;
   c.code_channels = 1;
   c.budget = {};
   // two_stage: every bound, the candidate pages' code ranges and their tokens' codes: sequence 0

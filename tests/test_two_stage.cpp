@@ -980,6 +980,9 @@ TEST(LearnedCodes, RefusesMissingInputsAndBadSettingsNamingThem) {
   cfg.budget = {select::Budget::Kind::top_p, 32, 0.9};  // no mass estimate
   test::expect_error([&] { select::run_selector(a, cfg, out); }, ErrorCode::invalid_argument,
                      "budget");
+  cfg.budget = {select::Budget::Kind::adaptive, 32, 0.9};  // no stopping rule of its own
+  test::expect_error([&] { select::run_selector(a, cfg, out); }, ErrorCode::invalid_argument,
+                     "budget");
   lq[3] = std::nanf("");
   cfg.budget = {select::Budget::Kind::fixed, 32, 0.9};
   test::expect_error([&] { select::run_selector(a, cfg, out); }, ErrorCode::non_finite,

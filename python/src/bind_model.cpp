@@ -62,10 +62,13 @@ std::unique_ptr<PySession> new_session(const PyModel& pm, std::int64_t max_token
         selector_config(method, alpha, budget, budget_tokens, top_p, sink_pages, window_tokens);
   }
   o.diagnostics = diagnostics;
-  // A learned selector keeps its key cache from the first token (method "learned" then uses it).
+  // A learned selector keeps its key cache from the first token (methods "learned" and
+  // "learned_codes" then use it).
   o.learned_key_format = kv::parse_row_format(selector_key_format, "selector_key_format");
-  require(method != "learned" || !selector_file.empty(), ErrorCode::invalid_argument,
-          "selector_file", "method 'learned' needs a selector file (masskv distill)");
+  require(method == "dense" || !select::uses_learned_keys(select::parse_method(method, "method")) ||
+              !selector_file.empty(),
+          ErrorCode::invalid_argument, "selector_file", "method '", method,
+          "' needs a selector file (masskv distill)");
   if (!selector_file.empty()) {
     o.learned_selector = std::make_shared<const learn::Selector>(learn::load(selector_file));
   }
@@ -220,7 +223,7 @@ void bind_model(nb::module_& m) {
           "diagnostics: certified delta bounds per step in last_stats; fork_pages: spare pages\n"
           "per layer for sessions forked from this one; selector_file: a learned selector\n"
           "(masskv distill) whose key cache the session keeps, in selector_key_format (f32,\n"
-          "bf16, int4, mxfp4, nvfp4, mxfp8), for method='learned'.")
+          "bf16, int4, mxfp4, nvfp4, mxfp8), for method='learned' or 'learned_codes'.")
       .def("generate", &generate, nb::arg("prompt"), nb::arg("n_predict") = 64, nb::kw_only(),
            nb::arg("chat") = false, nb::arg("method") = "dense", nb::arg("budget_tokens") = 1024,
            nb::arg("temperature") = 0.0f, nb::arg("top_k") = 40, nb::arg("top_p") = 0.95f,

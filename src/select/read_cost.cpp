@@ -34,9 +34,9 @@ double selector_read_bytes(const SelectorConfig& c, const kv::PageTable& t, cons
     // whole code rows and the whole ranges of the pages holding them: as counted by the
     // selector, else at most one page per candidate (an upper bound: the candidates share
     // pages).
-    const auto second_pass = [&] {
+    const auto second_pass = [&](int factor, bool grids_read) {
       const double cand =
-          static_cast<double>(detail::code_candidate_count(c, length, token_cap().second));
+          static_cast<double>(detail::code_candidate_count(factor, length, token_cap().second));
       double range_pages = H * std::min(P, cand);
       const auto at = static_cast<std::size_t>(b) * static_cast<std::size_t>(H);
       if (code_pages.size() >= at + static_cast<std::size_t>(H) && code_pages[at] >= 0) {
@@ -45,7 +45,10 @@ double selector_read_bytes(const SelectorConfig& c, const kv::PageTable& t, cons
           range_pages += code_pages[at + h];
         }
       }
-      return H * cand * kv::page_code_bytes(s.head_dim) + range_pages * 2.0 * d;
+      // Each candidate page's range: its 8-bit min and max codes, and its f32 grid unless the
+      // first pass read every page's grid already.
+      return H * cand * kv::page_code_bytes(s.head_dim) +
+             range_pages * (2.0 * d + (grids_read ? 0.0 : 8.0));
     };
     switch (c.method) {
       case Method::dense:
@@ -78,14 +81,14 @@ double selector_read_bytes(const SelectorConfig& c, const kv::PageTable& t, cons
           // channel-major copy, every page's grid; then the second pass.
           const int r = detail::code_channel_count(c, s.head_dim);
           const double word = (s.page_size + 3) / 4;
-          bytes += H * (r * P * (word + 2.0) + P * 8.0) + second_pass();
+          bytes += H * (r * P * (word + 2.0) + P * 8.0) + second_pass(c.code_candidates, true);
           if (c.code_channel_spread) bytes += H * 4.0 * d;  // the last page's f32 spread row
         } else {  // every page's code range (8-bit), every code
           bytes += H * (P * ranges + L * kv::page_code_bytes(s.head_dim));
         }
         break;
       case Method::learned_codes:  // every token's learned key rows, then the second pass
-        bytes += L * s.learned_row_bytes + second_pass();
+        bytes += L * s.learned_row_bytes + second_pass(c.learned_candidates, false);
         break;
       case Method::two_stage: {
         // Stage 1 reads every page's bounds; stage 2 the code ranges of the candidate pages

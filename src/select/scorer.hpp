@@ -55,11 +55,9 @@ inline int code_channel_count(const SelectorConfig& c, int d) {
   return std::clamp(static_cast<int>(std::lround(c.code_channels * d)), 1, d);
 }
 // Tokens the codes' second pass rescores (the kept ones among them), for a rule's cap of `cap`
-// of n: code_candidates × cap after token_codes' channel pass, learned_candidates × cap after
-// learned_codes' learned pass.
-inline std::int64_t code_candidate_count(const SelectorConfig& c, std::int64_t n,
-                                         std::int64_t cap) {
-  const int factor = c.method == Method::learned_codes ? c.learned_candidates : c.code_candidates;
+// of n: `factor` × cap, the first pass's factor (token_codes' channel pass: code_candidates;
+// learned_codes' learned pass: learned_candidates).
+inline std::int64_t code_candidate_count(int factor, std::int64_t n, std::int64_t cap) {
   return std::min<std::int64_t>(n, static_cast<std::int64_t>(factor) * cap);
 }
 

@@ -68,7 +68,7 @@ void add_model_options(CLI::App* app, ModelOptions& o, OwnOptions own) {
                   "Top-p budgets: at least this many tokens (K_min; tokens or a fraction)");
   add_selector_file(app, o.selector_file,
                     "--selector learned, learned_codes: the learned selector (GGUF from masskv "
-                    "distill, masskv selector init or scripts/indexer_lab.py --export)");
+                    "distill, masskv selector init or scripts/indexer_export.py)");
   add_selector_key_format(app, o.selector_key_format);
   add_kept_items(app, o.sink_pages, o.window);
   add_top_p_mass(app, o.top_p_mass, "Target mass of the top_p selector");

@@ -249,7 +249,8 @@ void run_reuse(const ReuseOptions& o, const std::string& cmdline) {
   std::vector<SelectorSpec> specs;
   for (const auto& s : o.selectors) {
     specs.push_back(parse_selector(s, "--selectors"));
-    require(!uses_quant_keys(specs.back()) && specs.back().method != select::Method::learned,
+    require(!uses_quant_keys(specs.back()) && !select::uses_learned_keys(specs.back().method) &&
+                !select::needs_page_codes(specs.back().method),
             ErrorCode::invalid_argument, "--selectors", s,
             " is not studied here (bound- and moment-based selectors only)");
   }

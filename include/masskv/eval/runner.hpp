@@ -92,7 +92,7 @@ struct RunOptions {
   // step a mat-vec pass as Session::decode). Outcomes agree up to f32 rounding (argmax
   // near-ties may part).
   int max_batch = 0;
-  // The learned selector of the configurations with select::Method::learned: every prefill of
+  // The learned selector of the configurations with select::uses_learned_keys: every prefill of
   // a sample that has one keeps its key cache (model.hpp). Null: no such configuration.
   std::shared_ptr<const learn::Selector> learned_selector;
   kv::RowFormat learned_key_format = kv::RowFormat::f32;

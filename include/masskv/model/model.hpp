@@ -26,7 +26,7 @@
 // A learned selector (SessionOptions::learned_selector, docs/design.md §2.8) adds a selector key
 // cache: for every layer it lists (gemma3's local layers excepted: they keep their window),
 // the projected keys W_k x_k,t of every token, appended with the KV at prefill and decode (in
-// the KV's pages: forks share them copy-on-write). A decode step under Method::learned projects
+// the KV's pages: forks share them copy-on-write). A decode step under Method::learned (or learned_codes) projects
 // its query, scores every cached token, and selects pages by softmax(ŝ) mass (select::
 // run_selector); layers the selector does not list decode densely (counted as dense reads).
 //
@@ -165,8 +165,9 @@ struct SessionOptions {
   // head (in [-1, 1]; -1: only every reselect_every steps).
   double reselect_cos = -1;
   // The learned selector whose key cache the session keeps from its first token (so forks can
-  // decode with Method::learned; set_selector may switch to it later). Checked against the
-  // model: Error(invalid_argument, "selector"). Null: no key cache, Method::learned refused.
+  // decode with Method::learned or learned_codes; set_selector may switch to it later).
+  // Checked against the model: Error(invalid_argument, "selector"). Null: no key cache, those
+  // methods refused.
   std::shared_ptr<const learn::Selector> learned_selector;
   kv::RowFormat learned_key_format = kv::RowFormat::f32;  // row format of that key cache
   Mapping mapping = Mapping::softmax();                   // attention mapping of every layer

@@ -92,11 +92,11 @@ void score_items(const Context& X, const Group& G, const kv::CodeQuery* cq,
 // −inf, so that the rule's pooling takes each head's LSE over the candidates). It reads the
 // ranges of the pages holding them (Scratch::code_pages, counted by read_cost).
 void rescore_candidates(const Context& X, const Group& G, Scratch& S, const Want& want,
-                        const std::vector<kv::CodeQuery>& cq, const double* pooled) {
+                        const std::vector<kv::CodeQuery>& cq, const double* pooled, int factor) {
   thread_local std::vector<std::uint8_t> open;
   const int n = G.n, P = G.page_size;
   const auto N = static_cast<std::size_t>(n);
-  const int want_n = static_cast<int>(code_candidate_count(X.c, n, want.cap));
+  const int want_n = static_cast<int>(code_candidate_count(factor, n, want.cap));
   int kept = 0;
   open.resize(N);
   for (std::size_t t = 0; t < N; ++t) {
@@ -182,7 +182,7 @@ void score(const Context& X, const Group& G, Scratch& S, const Want& want) {
   if (X.c.code_channels < 1 && want.items.empty() && want.cap > 0) {
     thread_local std::vector<double> pooled;
     channel_pass(X, G, S, cq, q8, pooled);
-    rescore_candidates(X, G, S, want, cq, pooled.data());
+    rescore_candidates(X, G, S, want, cq, pooled.data(), X.c.code_candidates);
     return;
   }
   const int K = want.items.empty() ? G.n : static_cast<int>(want.items.size());
@@ -196,6 +196,9 @@ void check_learned_codes(const SelectArgs& a, const SelectorConfig& c) {
   check_learned_args(a);
   require(c.learned_candidates >= 1, ErrorCode::invalid_argument, "learned_candidates",
           "must be >= 1, got ", c.learned_candidates);
+  require(c.budget.kind == Budget::Kind::fixed, ErrorCode::invalid_argument, "budget",
+          "learned_codes takes a fixed budget (it has no mass estimate or stopping rule of its "
+          "own)");
 }
 
 // Context::prepared[b]: ŝ of every token, [groups][length], one task per (sequence, selector
@@ -224,7 +227,8 @@ void prepare_learned(Context& X) {
 }
 
 // Two passes when the rule gives a cap: ŝ (prepared) picks the candidates, the codes rank
-// them; without a cap, every token on the codes (page_codes' one pass).
+// them. Without a cap (no rule of learned_codes' asks so today: top_k with its fixed budget
+// always gives one) every token on the codes, page_codes' one pass, ŝ unused.
 void score_learned(const Context& X, const Group& G, Scratch& S, const Want& want) {
   thread_local std::vector<float> qs;
   thread_local std::vector<std::int16_t> q8;
@@ -236,7 +240,7 @@ void score_learned(const Context& X, const Group& G, Scratch& S, const Want& wan
     const int group = X.a.learned_keys.groups == 1 ? 0 : G.h;
     const double* s = X.prepared[static_cast<std::size_t>(G.b)].data() +
                       static_cast<std::size_t>(group) * static_cast<std::size_t>(G.n);
-    rescore_candidates(X, G, S, want, cq, s);
+    rescore_candidates(X, G, S, want, cq, s, X.c.learned_candidates);
     return;
   }
   const int K = want.items.empty() ? G.n : static_cast<int>(want.items.size());
