@@ -9,6 +9,7 @@ dense), unless --against names one.
 
     scripts/paired.py out/eval/results.json --method two_stage
     scripts/paired.py docs/results/eval-needles-smollm2/results.json --method quest --against dense
+    scripts/paired.py out/eval/results.json --method learned_codes --against token_codes
 """
 from __future__ import annotations
 
@@ -28,7 +29,9 @@ def main() -> int:
                     help="results.json files of masskv eval (or results.json.gz: the large ones "
                          "are committed gzipped, docs/eval.md)")
     ap.add_argument("--method", required=True, help="the method to judge (e.g. two_stage)")
-    ap.add_argument("--against", default="", help="dense or oracle (default: the weaker of the two)")
+    ap.add_argument("--against", default="",
+                    help="dense, oracle or any other method at the same budget (default: the "
+                         "weaker of dense and the oracle)")
     ap.add_argument("--min-dense", type=float, default=0.2, help="cells where dense scores >= this")
     ap.add_argument("--boot", type=int, default=10000, help="bootstrap draws")
     a = ap.parse_args()
@@ -60,6 +63,8 @@ def main() -> int:
             refs = {"dense": dense, "oracle": orc}
             if a.against:
                 ref_name = a.against
+                if ref_name not in refs:
+                    refs[ref_name] = by.get((proto, ref_name, b), {})
             else:
                 keys_o = [k for k in keys if k in orc]
                 mean = lambda d, ks: sum(d[k] for k in ks) / max(1, len(ks))
@@ -80,7 +85,9 @@ def main() -> int:
     for p, b, ref, n, mm, rm, d, lo, hi in rows:
         print(f"| {p} | {b} | {ref} | {n} | {mm:.1f} | {rm:.1f} | {d:+.1f} | [{lo:+.1f}, {hi:+.1f}] |")
     if not rows:
-        print(f"paired.py: no records of {a.method} in cells where dense >= {a.min_dense}", file=sys.stderr)
+        print(f"paired.py: no records of {a.method}"
+              + (f" beside {a.against}" if a.against else "")
+              + f" in cells where dense >= {a.min_dense}", file=sys.stderr)
         return 1
     return 0
 
