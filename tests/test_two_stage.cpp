@@ -1003,6 +1003,15 @@ TEST(TokenCodes, TwoPassesRefuseBadSettingsNamingThem) {
                        ErrorCode::invalid_argument, "code_channels");
   }
   cfg.code_channels = 0.5;
+  // An adaptive budget without a cap: no mass estimate to stop on, no rule of its own — it
+  // would keep every token; refused. With a cap it fills to the cap.
+  cfg.budget = {select::Budget::Kind::adaptive, 0, 0.9};
+  test::expect_error([&] { select::run_selector(c.args(), cfg, out); },
+                     ErrorCode::invalid_argument, "budget");
+  cfg.budget = {select::Budget::Kind::adaptive, 32, 0.9};
+  select::run_selector(c.args(), cfg, out);
+  EXPECT_EQ(out.selection.view().list(0, 0).size(), 32u);
+  cfg.budget = {select::Budget::Kind::fixed, 32, 0.9};
   cfg.code_candidates = 0;
   test::expect_error([&] { select::run_selector(c.args(), cfg, out); },
                      ErrorCode::invalid_argument, "code_candidates");

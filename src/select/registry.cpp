@@ -162,6 +162,13 @@ void check_pair(const Selector& s, const SelectorConfig& c) {
   require(missing == 0, ErrorCode::invalid_argument, c.scorer.empty() ? "method" : "scorer",
           method_name(c.method), "'s rule (", s.rule->name, ") needs ", capability_names(missing),
           ", which scorer '", scorer, "' does not provide");
+  // An adaptive budget stops by the rule's own criterion or on an estimated mass (top_k stops at
+  // p of it); with neither and no cap it would keep every item without a word.
+  require(c.budget.kind != Budget::Kind::adaptive || c.budget.tokens > 0 || (have & kMass) ||
+              s.rule->stops_itself || !s.rule->uses_budget,
+          ErrorCode::invalid_argument, "budget", "an adaptive budget without a cap needs a mass "
+          "estimate or a rule that stops by itself (not ",
+          c.scorer.empty() ? method_name(c.method) : scorer, ")");
   // A top-p budget stops on an estimated mass, whatever the rule.
   require(c.budget.kind != Budget::Kind::top_p || (have & kMass), ErrorCode::invalid_argument,
           "budget", "a top-p budget needs a mass estimate (not ",

@@ -88,6 +88,7 @@ struct Rule {
   std::string_view name;
   bool entmax_only = false;  // serves entmax attention only
   bool uses_budget = true;   // false: the budget is not read (dense)
+  bool stops_itself = false;  // an adaptive budget stops by the rule's own criterion
   // Provides bits it asks of the scorer for this config (a top-p budget's kMass is added by
   // the check).
   unsigned (*needs)(const SelectorConfig&) = nullptr;

@@ -175,6 +175,7 @@ extern const Rule rule_growth;
 const Rule rule_growth{
     .name = "growth",
     .entmax_only = true,
+    .stops_itself = true,  // the §2.2 certificate
     .needs = [](const SelectorConfig&) { return unsigned{kRank | kHeads | kBound}; },
     // The certificate's ε needs the keys' largest channel W: the f32 bound scan gives it.
     .scans = [](const SelectArgs& a, const SelectorConfig&) {

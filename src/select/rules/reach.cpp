@@ -46,6 +46,7 @@ extern const Rule rule_reach;
 const Rule rule_reach{
     .name = "reach",
     .entmax_only = true,
+    .stops_itself = true,  // the τ̂ reach
     .needs = [](const SelectorConfig&) { return unsigned{kHeads | kBound | kMoments}; },
     .select = select,
 };
