@@ -85,7 +85,12 @@ def main(argv=None) -> int:
     ap.add_argument("--model", type=Path, required=True, help="the model's GGUF (its shape)")
     ap.add_argument("-o", "--out", type=Path, required=True, help="the selector file to write")
     a = ap.parse_args(argv)
-    from gguf import GGUFWriter
+    try:
+        from gguf import GGUFWriter
+    except ImportError:
+        raise SystemExit("indexer_export.py needs the gguf package (pip install gguf)") from None
+    if not a.indexer.is_file() or not a.model.is_file():
+        raise SystemExit(f"no such file: {a.indexer if not a.indexer.is_file() else a.model}")
 
     z = np.load(a.indexer)
     meta = json.loads(str(z["meta"]))
