@@ -2,9 +2,15 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <limits>
+#include <span>
+#include <vector>
 
 #include "masskv/error.hpp"
+#include "masskv/kv/key_rows.hpp"
+#include "masskv/kv/paged_kv.hpp"
+#include "select/group.hpp"
 #include "select/vec_math.hpp"
 
 namespace masskv::select::detail {
@@ -34,6 +40,10 @@ void check_learned_args(const SelectArgs& a) {
   }
 }
 
+namespace {
+
+// out[t] = ŝ_t for the n tokens of the pages `phys` (logical order, page_size each, the last
+// one partial) of selector group `group`.
 void learned_token_scores(const kv::KeyRowsView& keys, std::span<const std::int32_t> phys,
                           std::int64_t n, int group, const float* q, double* out) {
   const int P = keys.page_size;
@@ -47,8 +57,10 @@ void learned_token_scores(const kv::KeyRowsView& keys, std::span<const std::int3
   }
 }
 
+// out[j] (j < pages of sequence b) = Σ_{t in page j} softmax(ŝ)_t for selector group `group`.
+// `scores` is scratch.
 void learned_page_masses(const kv::KeyRowsView& keys, const kv::PageTable& table, int b, int group,
-                         const float* q, std::vector<double>& scores, std::span<double> out) {
+                         const float* q, std::vector<double>& scores, double* out) {
   const int pages = table.num_pages(b), P = keys.page_size;
   const std::int64_t L = table.length(b, P);
   scores.resize(static_cast<std::size_t>(L));
@@ -66,10 +78,52 @@ void learned_page_masses(const kv::KeyRowsView& keys, const kv::PageTable& table
     const std::size_t to = from + static_cast<std::size_t>(table.page_len(b, j, P));
     double m = 0;
     for (std::size_t t = from; t < to; ++t) m += scores[t];
-    out[static_cast<std::size_t>(j)] = m;
+    out[j] = m;
     total += m;
   }
-  for (int j = 0; j < pages; ++j) out[static_cast<std::size_t>(j)] /= total;
+  for (int j = 0; j < pages; ++j) out[j] /= total;
+}
+
+}  // namespace
+
+void prepare_learned(Context& X, LearnedItems items) {
+  const kv::PageTable& t = X.a.cache.table;
+  const kv::KeyRowsView& keys = X.a.learned_keys;
+  const int B = t.batch(), G = keys.groups, P = X.a.cache.page_size;
+  const auto count = [&](int b) {  // items of sequence b
+    return static_cast<std::size_t>(items == LearnedItems::page_masses ? t.num_pages(b)
+                                                                       : t.length(b, P));
+  };
+  X.prepared.resize(static_cast<std::size_t>(B));
+  for (int b = 0; b < B; ++b) {
+    X.prepared[static_cast<std::size_t>(b)].resize(static_cast<std::size_t>(G) * count(b));
+  }
+  const int tasks = B * G;
+#pragma omp parallel if (tasks > 1)
+  {
+    std::vector<double> scores;
+#pragma omp for schedule(dynamic, 1)
+    for (int task = 0; task < tasks; ++task) {
+      const int b = task / G, g = task % G;
+      double* out =
+          X.prepared[static_cast<std::size_t>(b)].data() + static_cast<std::size_t>(g) * count(b);
+      const float* q = X.a.learned_q.row(b, g);
+      if (items == LearnedItems::page_masses) {
+        learned_page_masses(keys, t, b, g, q, scores, out);
+      } else {
+        learned_token_scores(keys,
+                             t.indices.subspan(static_cast<std::size_t>(t.indptr[b]),
+                                               static_cast<std::size_t>(t.num_pages(b))),
+                             t.length(b, P), g, q, out);
+      }
+    }
+  }
+}
+
+const double* learned_row(const Context& X, const Group& G) {
+  const int group = X.a.learned_keys.groups == 1 ? 0 : G.h;
+  return X.prepared[static_cast<std::size_t>(G.b)].data() +
+         static_cast<std::size_t>(group) * static_cast<std::size_t>(G.n);
 }
 
 }  // namespace masskv::select::detail

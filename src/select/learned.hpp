@@ -4,12 +4,6 @@
 // the tests' reference is their own f64 loop.
 #pragma once
 
-#include <cstdint>
-#include <span>
-#include <vector>
-
-#include "masskv/kv/key_rows.hpp"
-#include "masskv/kv/paged_kv.hpp"
 #include "masskv/select/selector.hpp"
 
 namespace masskv::select::detail {
@@ -18,15 +12,20 @@ namespace masskv::select::detail {
 // fit the cache's pool and batch, and the query is finite.
 void check_learned_args(const SelectArgs& a);
 
-// out[t] = ŝ_t for the n tokens of the pages `phys` (logical order, page_size each, the last
-// one partial) of selector group `group`. Deterministic, sequential.
-void learned_token_scores(const kv::KeyRowsView& keys, std::span<const std::int32_t> phys,
-                          std::int64_t n, int group, const float* q, double* out);
+struct Context;  // select/group.hpp
+struct Group;
 
-// out[j] (j < pages of sequence b) = Σ_{t in page j} softmax(ŝ)_t for selector group `group`,
-// q of keys.dim floats. `scores` is scratch. Deterministic (sequential; callers split work over
-// (b, group) only). Unchecked: callers validated the shapes.
-void learned_page_masses(const kv::KeyRowsView& keys, const kv::PageTable& table, int b, int group,
-                         const float* q, std::vector<double>& scores, std::span<double> out);
+// What a learned scorer's prepare keeps in Context::prepared[b], [selector groups][items]:
+// the page masses of softmax(ŝ) over every cached token (Method::learned), or ŝ of every token
+// (learned_codes' first pass).
+enum class LearnedItems { page_masses, token_scores };
+
+// Fills Context::prepared with `items` for every sequence and selector group: one task per
+// (sequence, group), sequential inside, so the result does not depend on the thread count; a
+// head-collapsed selector (groups == 1) scores once for every kv head. Unchecked: the scorer's
+// check ran (check_learned_args).
+void prepare_learned(Context& X, LearnedItems items);
+// Group G's row of Context::prepared (G.n items): its kv head's selector group, or group 0.
+const double* learned_row(const Context& X, const Group& G);
 
 }  // namespace masskv::select::detail

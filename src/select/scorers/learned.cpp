@@ -19,38 +19,11 @@ void check(const SelectArgs& a, const SelectorConfig& c) {
           "learned takes a fixed or a top-p budget, not adaptive");
 }
 
-// Context::prepared[b]: [groups][pages], one task per (sequence, selector group), sequential
-// inside, so the result does not depend on the thread count.
-void prepare(Context& X) {
-  const auto& t = X.a.cache.table;
-  const kv::KeyRowsView& keys = X.a.learned_keys;
-  const int B = t.batch(), G = keys.groups;
-  X.prepared.resize(static_cast<std::size_t>(B));
-  for (int b = 0; b < B; ++b) {
-    X.prepared[static_cast<std::size_t>(b)].assign(
-        static_cast<std::size_t>(G) * static_cast<std::size_t>(t.num_pages(b)), 0.0);
-  }
-  const int tasks = B * G;
-#pragma omp parallel if (tasks > 1)
-  {
-    std::vector<double> scores;
-#pragma omp for schedule(dynamic, 1)
-    for (int task = 0; task < tasks; ++task) {
-      const int b = task / G, g = task % G;
-      const auto pages = static_cast<std::size_t>(t.num_pages(b));
-      std::span<double> out(
-          X.prepared[static_cast<std::size_t>(b)].data() + static_cast<std::size_t>(g) * pages,
-          pages);
-      learned_page_masses(keys, t, b, g, X.a.learned_q.row(b, g), scores, out);
-    }
-  }
-}
+void prepare(Context& X) { prepare_learned(X, LearnedItems::page_masses); }
 
 void score(const Context& X, const Group& G, Scratch& S, const Want& want) {
   const int n = G.n;
-  const int groups = X.a.learned_keys.groups;
-  const double* m = X.prepared[static_cast<std::size_t>(G.b)].data() +
-                    static_cast<std::size_t>(groups == 1 ? 0 : G.h) * static_cast<std::size_t>(n);
+  const double* m = learned_row(X, G);
   S.mass.resize(want.mass ? static_cast<std::size_t>(n) : 0);
   if (want.mass) std::copy_n(m, n, S.mass.data());
   if (want.rank) {

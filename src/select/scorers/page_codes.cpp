@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <utility>
 #include <vector>
 
 #include "masskv/error.hpp"
@@ -172,22 +173,38 @@ void channel_pass(const Context& X, const Group& G, Scratch& S,
   }
 }
 
-void score(const Context& X, const Group& G, Scratch& S, const Want& want) {
+// What the rule asks, on the codes: two passes when it gives a cap and `first_pass` (called
+// with the group's integer queries) gives a first ranking (one value per token) and its
+// candidate factor; otherwise every asked token on every channel, one pass.
+template <class FirstPass>
+void score_codes(const Context& X, const Group& G, Scratch& S, const Want& want,
+                 FirstPass first_pass) {
   thread_local std::vector<float> qs;
   thread_local std::vector<std::int16_t> q8;
   thread_local std::vector<kv::CodeQuery> cq;
   S.mass.clear();
   if (!want.rank) return;
   group_queries(X, G, qs, q8, cq);
-  if (X.c.code_channels < 1 && want.items.empty() && want.cap > 0) {
-    thread_local std::vector<double> pooled;
-    channel_pass(X, G, S, cq, q8, pooled);
-    rescore_candidates(X, G, S, want, cq, pooled.data(), X.c.code_candidates);
-    return;
+  if (want.items.empty() && want.cap > 0) {
+    if (const auto [ranking, factor] = first_pass(cq, q8); ranking != nullptr) {
+      rescore_candidates(X, G, S, want, cq, ranking, factor);
+      return;
+    }
   }
   const int K = want.items.empty() ? G.n : static_cast<int>(want.items.size());
   S.rank.resize(static_cast<std::size_t>(G.g) * static_cast<std::size_t>(K));
   score_items(X, G, cq.data(), want.items, K, rank_row(S, K, 0), static_cast<std::size_t>(K));
+}
+
+// token_codes: its channel pass first when code_channels < 1.
+void score(const Context& X, const Group& G, Scratch& S, const Want& want) {
+  score_codes(X, G, S, want,
+              [&](const std::vector<kv::CodeQuery>& cq, const std::vector<std::int16_t>& q8) {
+                thread_local std::vector<double> pooled;
+                if (X.c.code_channels >= 1) return std::pair<const double*, int>{nullptr, 0};
+                channel_pass(X, G, S, cq, q8, pooled);
+                return std::pair<const double*, int>{pooled.data(), X.c.code_candidates};
+              });
 }
 
 // learned_codes: the codes' checks, the learned selector's, and its candidate factor.
@@ -201,51 +218,15 @@ void check_learned_codes(const SelectArgs& a, const SelectorConfig& c) {
           "own)");
 }
 
-// Context::prepared[b]: ŝ of every token, [groups][length], one task per (sequence, selector
-// group), sequential inside (the result does not depend on the thread count). A head-collapsed
-// selector (groups == 1) scores once for every kv head.
-void prepare_learned(Context& X) {
-  const auto& t = X.a.cache.table;
-  const kv::KeyRowsView& keys = X.a.learned_keys;
-  const int B = t.batch(), G = keys.groups;
-  X.prepared.resize(static_cast<std::size_t>(B));
-  for (int b = 0; b < B; ++b) {
-    X.prepared[static_cast<std::size_t>(b)].resize(
-        static_cast<std::size_t>(G) * static_cast<std::size_t>(t.length(b, X.a.cache.page_size)));
-  }
-  const int tasks = B * G;
-#pragma omp parallel for schedule(dynamic, 1) if (tasks > 1)
-  for (int task = 0; task < tasks; ++task) {
-    const int b = task / G, g = task % G;
-    const std::int64_t L = t.length(b, X.a.cache.page_size);
-    const auto phys = t.indices.subspan(static_cast<std::size_t>(t.indptr[b]),
-                                        static_cast<std::size_t>(t.num_pages(b)));
-    learned_token_scores(keys, phys, L, g, X.a.learned_q.row(b, g),
-                         X.prepared[static_cast<std::size_t>(b)].data() +
-                             static_cast<std::size_t>(g) * static_cast<std::size_t>(L));
-  }
-}
+void prepare_learned_codes(Context& X) { prepare_learned(X, LearnedItems::token_scores); }
 
-// Two passes when the rule gives a cap: ŝ (prepared) picks the candidates, the codes rank
-// them. Without a cap (no rule of learned_codes' asks so today: top_k with its fixed budget
-// always gives one) every token on the codes, page_codes' one pass, ŝ unused.
+// learned_codes: ŝ (prepared) as the first pass. (Without a cap, which no rule of
+// learned_codes' asks today — top_k with its fixed budget always gives one — ŝ is unused.)
 void score_learned(const Context& X, const Group& G, Scratch& S, const Want& want) {
-  thread_local std::vector<float> qs;
-  thread_local std::vector<std::int16_t> q8;
-  thread_local std::vector<kv::CodeQuery> cq;
-  S.mass.clear();
-  if (!want.rank) return;
-  group_queries(X, G, qs, q8, cq);
-  if (want.items.empty() && want.cap > 0) {
-    const int group = X.a.learned_keys.groups == 1 ? 0 : G.h;
-    const double* s = X.prepared[static_cast<std::size_t>(G.b)].data() +
-                      static_cast<std::size_t>(group) * static_cast<std::size_t>(G.n);
-    rescore_candidates(X, G, S, want, cq, s, X.c.learned_candidates);
-    return;
-  }
-  const int K = want.items.empty() ? G.n : static_cast<int>(want.items.size());
-  S.rank.resize(static_cast<std::size_t>(G.g) * static_cast<std::size_t>(K));
-  score_items(X, G, cq.data(), want.items, K, rank_row(S, K, 0), static_cast<std::size_t>(K));
+  score_codes(X, G, S, want,
+              [&](const std::vector<kv::CodeQuery>&, const std::vector<std::int16_t>&) {
+                return std::pair<const double*, int>{learned_row(X, G), X.c.learned_candidates};
+              });
 }
 
 }  // namespace
@@ -263,7 +244,7 @@ const Scorer scorer_learned_codes{
     .provides = kRank | kHeads,
     .tokens = [](const SelectorConfig&) { return true; },
     .check = check_learned_codes,
-    .prepare = prepare_learned,
+    .prepare = prepare_learned_codes,
     .score = score_learned,
 };
 
