@@ -108,9 +108,13 @@ def _fill_rows(counts: torch.Tensor, indptr: torch.Tensor, out: torch.Tensor,
     """On the device, no host sync: the CSR of the first counts[b] entries of each row of
     `rows` (B, W): indptr (B + 1,), out's first B * W entries (past indptr[B]: filler)."""
     B, W = rows.shape
-    indptr[1:].copy_(counts.cumsum(0))
-    row = torch.searchsorted(indptr[1:], iota, right=True).clamp_(max=B - 1)
-    col = (iota - indptr[row]).clamp_(0, W - 1)
+    # Every read is of fresh tensors, never of indptr after its write: torch 2.11's inductor
+    # searched the view indptr[1:] from its storage's start under reduce-overhead (row 0 got
+    # row 1's pages on an H100), which eager and torch 2.15's CPU inductor did not show.
+    ends = counts.cumsum(0, dtype=torch.int32)
+    row = torch.searchsorted(ends, iota, right=True).clamp_(max=B - 1)
+    col = (iota - (ends - counts)[row]).clamp_(0, W - 1)
+    indptr[1:].copy_(ends)
     out[:B * W].copy_(rows.view(-1)[row.long() * W + col.long()])
 
 
@@ -540,12 +544,15 @@ class TorchPagedCache:
         pos = sc.lengths
         Pm = sc.row_pages.shape[1]
         # Past max_tokens: flagged (end_static raises), the index kept inside the row's pages.
+        # Functional until the writes at the end (no read of a tensor this step wrote; see
+        # _fill_rows).
         torch.logical_or(sc.over, (pos >= Pm * P).any(), out=sc.over)
         st.page.copy_(sc.row_pages.gather(1, (pos // P).clamp(max=Pm - 1).long()[:, None])[:, 0])
         st.slot.copy_(pos % P)
-        pos.add_(1)
-        pages = (pos + P - 1) // P
-        st.last_page_len.copy_(pos - (pages - 1) * P)
+        n = pos + 1
+        pages = (n + P - 1) // P
+        st.last_page_len.copy_(n - (pages - 1) * P)
+        pos.copy_(n)
         _fill_rows(pages, st.indptr, st.indices, sc.row_pages, sc.iota)
         if sc.row_groups is not None:
             groups = (pages + GROUP_PAGES - 1) // GROUP_PAGES

@@ -309,6 +309,36 @@ def test_a_padded_step_keeps_each_rows_own_tokens(monkeypatch, layout):
     assert [c.length(s) for s in (a, b, e)] == [7, 6, 2]  # nothing changed
 
 
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_static_step_compiled_writes_the_tables_eager_writes(device):
+    """static_step through torch.compile (inductor; what reduce-overhead compiles) writes the
+    page, slot, lengths, page table and group table that eager writes, step after step:
+    torch 2.11's inductor on an H100 once read a view of the page table's indptr from its
+    storage's start, which handed row 0 row 1's pages."""
+    if device == "cuda" and not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
+
+    def make():
+        c = TorchPagedCache(1, 2, 16, 64, page_size=4, device=device, bounds=True,
+                            groups=True)
+        seqs = [c.create(), c.create(), c.create()]
+        c.begin_step(seqs, [5, 9, 1])
+        c.begin_static(seqs, 80)                # 20 pages, 2 groups a row
+        return c
+
+    eager, comp = make(), make()
+    step = torch.compile(comp.static_step, backend="inductor", fullgraph=True)
+    for _ in range(11):                         # across page and group boundaries
+        eager.static_step()
+        step()
+        a, b = eager._step, comp._step
+        for name in ("page", "slot", "last_page_len", "indptr", "indices", "group_indptr",
+                     "group_indices"):
+            assert torch.equal(getattr(a, name), getattr(b, name)), name
+        assert torch.equal(eager._static.lengths, comp._static.lengths)
+    assert eager.static_steps() == comp.static_steps() == 11
+
+
 def test_static_steps_run_on_the_device_and_hand_back_to_the_host():
     """begin_static / static_step: decode steps whose page, slot, lengths, page table and group
     table are written by device ops alone (what a captured graph replays). The tables equal
