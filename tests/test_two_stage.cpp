@@ -947,6 +947,132 @@ TEST(LearnedCodes, MatchesThePlainReferenceOfItsRule) {
   EXPECT_GT(differs_from_one_pass, 20);  // the learned first pass changes lists
 }
 
+// A top-p budget pMASS:CAP on the codes (token_codes in one pass, learned_codes): the lists
+// and estimates of a plain reference. Each head's mass estimate is the softmax of its code
+// scores over the tokens it scored (one pass: every token; learned_codes: the candidates of
+// the cap, the rest 0); the heads' log-probabilities pooled by the max rank the tokens, their
+// masses pooled by the mean stop the fill once the selection holds MASS (kept tokens first),
+// at most CAP. A q head's estimate is its own selected mass. A fixed budget computes no mass
+// (estimate NaN).
+TEST(TokenCodes, TopPBudgetsStopAtTheHeadsMeanSoftmaxMass) {
+  test::OneThread one;
+  std::mt19937 rng(43);
+  std::normal_distribution<float> N(0.0f, 1.0f);
+  constexpr double inf = std::numeric_limits<double>::infinity();
+  int lists = 0, stopped_early = 0;
+  for (int P : {4, 16}) {
+    for (int g : {1, 3}) {
+      const std::vector<int> lengths{1, 17, 113, 300, 777};
+      test::KeyRowsSpec spec{1, 16, kv::RowFormat::f32, {}};
+      for (const int len : lengths) {
+        std::vector<float> r(static_cast<std::size_t>(len) * 16);
+        for (float& x : r) x = N(rng) / 2;
+        spec.rows.push_back(std::move(r));
+      }
+      // Keys scaled up so that the heads' attention is peaked (top-p then stops early).
+      const test::SelCase c = test::random_case(rng, lengths, 2 * g, 2, 32, P, DType::f16, 6.0f,
+                                                0.5f, 0.7f, /*page_codes=*/true, &spec);
+      const kv::PageTable t = c.table.table();
+      const kv::PageCodesView pc = c.cache.page_codes();
+      const kv::KeyRowsView keys = c.cache.key_rows();
+      std::vector<float> lq(static_cast<std::size_t>(c.B) * 16);
+      for (float& x : lq) x = N(rng);
+      select::SelectArgs a = c.args();
+      a.learned_q = View3<const float>::contiguous(lq.data(), c.B, 1, 16);
+      a.learned_keys = keys;
+      for (const bool learned : {false, true}) {
+        for (int trial = 0; trial < 3; ++trial) {
+          select::SelectorConfig cfg;
+          cfg.method = learned ? select::Method::learned_codes : select::Method::token_codes;
+          cfg.code_channels = 1;
+          const double p = 0.5 + 0.2 * trial;
+          cfg.budget = {select::Budget::Kind::top_p, 48 + 32 * trial, p};
+          cfg.sink_pages = trial % 2;
+          cfg.learned_candidates = 2;
+          select::SelectOutput got, fixed;
+          select::run_selector(a, cfg, got);
+          select::SelectorConfig fx = cfg;
+          fx.budget.kind = select::Budget::Kind::fixed;
+          select::run_selector(a, fx, fixed);
+          for (int b = 0; b < c.B; ++b) {
+            const int pages = t.num_pages(b);
+            const std::int64_t L = t.length(b, P);
+            const auto phys = t.indices.subspan(static_cast<std::size_t>(t.indptr[b]), pages);
+            for (int h = 0; h < 2; ++h) {
+              std::vector<std::uint8_t> in = reference_kept(c, cfg, b);
+              int count = static_cast<int>(std::count(in.begin(), in.end(), 1));
+              const int cap = static_cast<int>(std::min<std::int64_t>(L, std::max<std::int64_t>(count, cfg.budget.tokens)));
+              std::vector<std::uint8_t> cand(static_cast<std::size_t>(L), 1);
+              if (learned) {  // the kept tokens and the best others by ŝ, 2 × cap in all
+                std::vector<double> s(static_cast<std::size_t>(L));
+                for (std::int64_t x = 0; x < L; ++x) {
+                  const float* row = reinterpret_cast<const float*>(
+                      keys.row(phys[x / P], 0, static_cast<int>(x % P)));
+                  double acc = 0;
+                  for (int y = 0; y < 16; ++y) acc += static_cast<double>(lq[b * 16 + y]) * row[y];
+                  s[static_cast<std::size_t>(x)] = acc;
+                }
+                cand = in;
+                reference_fill_by(s, cand, count, static_cast<int>(std::min<std::int64_t>(L, 2 * cap)));
+              }
+              std::vector<double> agg(static_cast<std::size_t>(L), -inf), mass(static_cast<std::size_t>(L), 0.0);
+              std::vector<std::vector<double>> head_mass(static_cast<std::size_t>(g),
+                                                         std::vector<double>(static_cast<std::size_t>(L), 0.0));
+              for (int i = 0; i < g; ++i) {
+                std::vector<std::int16_t> q8;
+                const kv::CodeQuery cq = reference_query(c, b, h * g + i, q8);
+                std::vector<double> full(static_cast<std::size_t>(L));
+                double mx = -inf, sum = 0;
+                for (std::int64_t x = 0; x < L; ++x) {
+                  full[x] = kv::page_code_score(cq, pc.range(phys[x / P], h),
+                                                pc.row(phys[x / P], h, static_cast<int>(x % P)), 32);
+                  if (cand[x]) mx = std::max(mx, full[x]);
+                }
+                for (std::int64_t x = 0; x < L; ++x) sum += cand[x] ? std::exp(full[x] - mx) : 0.0;
+                for (std::int64_t x = 0; x < L; ++x) {
+                  if (cand[x]) head_mass[i][x] = std::exp(full[x] - mx) / sum;
+                  mass[x] += head_mass[i][x] / g;
+                }
+                reference_pool_log_prob(full, learned ? cand : std::vector<std::uint8_t>{}, agg);
+              }
+              std::vector<std::pair<double, std::int32_t>> order;
+              for (std::int64_t x = 0; x < L; ++x) order.push_back({agg[x], static_cast<std::int32_t>(x)});
+              double have = 0;
+              for (std::int64_t x = 0; x < L; ++x) have += in[x] ? mass[x] : 0.0;
+              for (const std::int32_t x : ranked(order)) {
+                if (count >= cap || have >= p) break;
+                if (in[x]) continue;
+                in[x] = 1;
+                ++count;
+                have += mass[x];
+              }
+              const std::vector<std::int32_t> want = ids_in(in);
+              const auto x = got.selection.view().list(b, h);
+              ASSERT_EQ(std::vector<std::int32_t>(x.begin(), x.end()), want)
+                  << (learned ? "learned_codes" : "token_codes") << " P " << P << " g " << g
+                  << " trial " << trial << " b " << b << " h " << h;
+              for (int i = 0; i < g; ++i) {  // each head's own selected mass
+                double est = 0;
+                for (std::int64_t y = 0; y < L; ++y) est += in[y] ? head_mass[i][y] : 0.0;
+                const std::size_t at = static_cast<std::size_t>(b) * 2 * g + h * g + i;
+                ASSERT_NEAR(got.estimate[at], est, 1e-9);
+                ASSERT_TRUE(std::isnan(fixed.estimate[at])) << "a fixed budget computes no mass";
+              }
+              const auto f = fixed.selection.view().list(b, h);
+              ASSERT_TRUE(std::includes(f.begin(), f.end(), x.begin(), x.end()))
+                  << "the top-p list is a prefix of the fixed budget's ranking";
+              stopped_early += x.size() < f.size();
+              ++lists;
+            }
+          }
+        }
+      }
+    }
+  }
+  EXPECT_EQ(lists, 2 * 2 * 2 * 3 * 5 * 2);
+  EXPECT_GT(stopped_early, 30);  // the mass stops most lists before the cap
+}
+
 TEST(LearnedCodes, RefusesMissingInputsAndBadSettingsNamingThem) {
   std::mt19937 rng(5);
   const std::vector<int> lengths{100};
@@ -977,12 +1103,14 @@ TEST(LearnedCodes, RefusesMissingInputsAndBadSettingsNamingThem) {
   test::expect_error([&] { select::run_selector(a, cfg, out); }, ErrorCode::invalid_argument,
                      "learned_candidates");
   cfg.learned_candidates = 4;
-  cfg.budget = {select::Budget::Kind::top_p, 32, 0.9};  // no mass estimate
+  cfg.budget = {select::Budget::Kind::top_p, 0, 0.9};  // no cap: the learned pass unused
   test::expect_error([&] { select::run_selector(a, cfg, out); }, ErrorCode::invalid_argument,
                      "budget");
-  cfg.budget = {select::Budget::Kind::adaptive, 32, 0.9};  // no stopping rule of its own
+  cfg.budget = {select::Budget::Kind::adaptive, 0, 0.9};
   test::expect_error([&] { select::run_selector(a, cfg, out); }, ErrorCode::invalid_argument,
                      "budget");
+  cfg.budget = {select::Budget::Kind::top_p, 32, 0.9};  // with a cap: runs
+  select::run_selector(a, cfg, out);
   lq[3] = std::nanf("");
   cfg.budget = {select::Budget::Kind::fixed, 32, 0.9};
   test::expect_error([&] { select::run_selector(a, cfg, out); }, ErrorCode::non_finite,
@@ -1003,14 +1131,15 @@ TEST(TokenCodes, TwoPassesRefuseBadSettingsNamingThem) {
                        ErrorCode::invalid_argument, "code_channels");
   }
   cfg.code_channels = 0.5;
-  // An adaptive budget without a cap: no mass estimate to stop on, no rule of its own — it
-  // would keep every token; refused. With a cap it fills to the cap.
+  // An adaptive budget stops on the codes' mass estimate (0.9 of the mean over the group's q
+  // heads of each one's softmax over the tokens it scored), with or without a cap.
   cfg.budget = {select::Budget::Kind::adaptive, 0, 0.9};
-  test::expect_error([&] { select::run_selector(c.args(), cfg, out); },
-                     ErrorCode::invalid_argument, "budget");
+  select::run_selector(c.args(), cfg, out);
+  EXPECT_LT(out.selection.view().list(0, 0).size(), 100u);
+  for (int h = 0; h < 2; ++h) EXPECT_GE(out.estimate[2 * h] + out.estimate[2 * h + 1], 1.8 - 1e-12);
   cfg.budget = {select::Budget::Kind::adaptive, 32, 0.9};
   select::run_selector(c.args(), cfg, out);
-  EXPECT_EQ(out.selection.view().list(0, 0).size(), 32u);
+  EXPECT_LE(out.selection.view().list(0, 0).size(), 32u);
   cfg.budget = {select::Budget::Kind::fixed, 32, 0.9};
   cfg.code_candidates = 0;
   test::expect_error([&] { select::run_selector(c.args(), cfg, out); },

@@ -224,12 +224,16 @@ int fill_ranked(const Group& G, Scratch& S, const Ranked& r, int count, int cap,
   return fill(S.voters, nv, S.in, S.kept, count, cap, p, floor);
 }
 
-void selected_mass(const Group& G, const Scratch& S, int rows, double* estimate) {
-  const auto n = static_cast<std::size_t>(G.n);
+void selected_mass(const Group& G, const Scratch& S, int rows, double* estimate,
+                   std::span<const std::int32_t> items) {
+  const std::size_t n = items.empty() ? static_cast<std::size_t>(G.n) : items.size();
+  const auto item = [&](std::size_t k) {
+    return items.empty() ? k : static_cast<std::size_t>(items[k]);
+  };
   for (int i = 0; i < G.g; ++i) {
     const double* m = S.mass.data() + (rows == 1 ? 0 : static_cast<std::size_t>(i)) * n;
     double s = 0;
-    for (std::size_t j = 0; j < n; ++j) s += S.in[j] ? m[j] : 0.0;
+    for (std::size_t k = 0; k < n; ++k) s += S.in[item(k)] ? m[k] : 0.0;
     estimate[i] = s;
   }
 }

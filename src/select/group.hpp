@@ -226,7 +226,9 @@ int fill_ranked(const Group& G, Scratch& S, const Ranked& r, int count, int cap,
                 int floor);
 
 // estimate[i] (i < g) = the mass row of head i (row 0 for a group-wide ranking) summed over
-// the selection: the estimated selected mass.
-void selected_mass(const Group& G, const Scratch& S, int rows, double* estimate);
+// the selection: the estimated selected mass. With `items` (Ranked::items) the rows are of
+// those items only.
+void selected_mass(const Group& G, const Scratch& S, int rows, double* estimate,
+                   std::span<const std::int32_t> items = {});
 
 }  // namespace masskv::select::detail

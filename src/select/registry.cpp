@@ -179,6 +179,12 @@ void check_pair(const Selector& s, const SelectorConfig& c) {
 
 namespace masskv::select {
 
+bool takes_top_p(Method m) {
+  const detail::MethodEntry* e = detail::entry_of(m);
+  return e != nullptr && e->scorer != nullptr && (e->scorer->provides & detail::kMass) &&
+         (e->rule == &detail::rule_top_k || e->rule == &detail::rule_top_p);
+}
+
 GroupRule resolved_group(const SelectorConfig& c) {
   return c.group != GroupRule::method_default ? c.group : detail::method_group(c.method);
 }

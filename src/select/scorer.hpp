@@ -67,6 +67,10 @@ struct Scorer {
   unsigned scans = 0;     // Scans bits
   // The ranking is a mass (pooled by the mean under GroupRule::aggregate) or a bound (max).
   bool rank_is_mass = false;
+  // Its mass estimate (kMass) is worked out only for a budget that stops on it (top-p,
+  // adaptive): a softmax over every ranked item costs a pass the fixed budget does not need
+  // (whose estimate is then NaN).
+  bool mass_when_stopping = false;
   // Optional: whether the items are tokens for this config (default: pages).
   bool (*tokens)(const SelectorConfig&) = nullptr;
   // Optional: checks the scorer's own inputs (throws Error naming the argument).

@@ -132,7 +132,12 @@ std::string base_method(const std::string& m) { return split_reselect(m).method;
 bool is_dense(const std::string& m) { return m == "dense" || m == "dense_entmax"; }
 bool is_prefill(const std::string& m) { return m.rfind("prefill_", 0) == 0; }
 bool takes_top_p(const std::string& m) {
-  return m == "learned" || m == "top_p" || m == "oracle" || m == "quest";
+  if (is_dense(m) || is_prefill(m)) return false;
+  try {
+    return select::takes_top_p(select::parse_method(m, "--methods"));
+  } catch (const Error&) {
+    return false;  // not a decode method: the caller's parse names it
+  }
 }
 bool uses_learned_selector(const std::string& m) {
   if (is_dense(m) || is_prefill(m)) return false;

@@ -126,12 +126,10 @@ std::optional<select::SelectorConfig> selector_config(const ModelOptions& o, std
     c.budget.kind = select::Budget::Kind::top_p;  // --budget is then the cap
     c.budget.p = o.top_p_mass;
   }
-  require(c.budget.kind == select::Budget::Kind::fixed || c.method == select::Method::top_p ||
-              c.method == select::Method::oracle || c.method == select::Method::learned ||
-              c.method == select::Method::quest,
+  require(c.budget.kind == select::Budget::Kind::fixed || select::takes_top_p(c.method),
           ErrorCode::invalid_argument, "--budget",
           "a top-p budget needs a selector with a mass "
-          "estimate (top_p, quest, oracle, learned), not ",
+          "estimate (top_p, quest, oracle, learned, token_codes, learned_codes), not ",
           o.selector);
   if (!o.budget_min.empty()) {
     require(c.budget.kind == select::Budget::Kind::top_p, ErrorCode::invalid_argument,

@@ -49,6 +49,10 @@ constexpr bool uses_learned_keys(Method m) {
 }
 // Parses the names above ("sink_recent", "top_p", ...). Throws Error naming `argument`.
 Method parse_method(std::string_view name, std::string_view argument);
+// Whether a top-p budget (Budget::Kind::top_p) stops the method's selection: its scorer gives
+// a mass estimate and its rule fills by rank until that mass (top_p, quest, oracle, learned,
+// token_codes, learned_codes).
+bool takes_top_p(Method m);
 
 // How many pages a selection may hold (docs/design.md §2.8's top-K ∧ top-p, for training-free
 // selectors).

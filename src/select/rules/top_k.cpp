@@ -13,7 +13,8 @@ namespace {
 
 int select(const Context& X, const Group& G, Scratch& S, const Limits& L, double* estimate,
            std::uint8_t&) {
-  const bool mass = (X.scorer->provides & kMass) != 0;
+  const bool mass = (X.scorer->provides & kMass) != 0 &&
+                    !(X.scorer->mass_when_stopping && X.c.budget.kind == Budget::Kind::fixed);
   X.scorer->score(X, G, S, Want{.rank = true, .mass = mass, .cap = L.cap});
   const int rows = score_rows(X, G);
   const Ranked r{.rank = S.rank.data(),
@@ -26,7 +27,7 @@ int select(const Context& X, const Group& G, Scratch& S, const Limits& L, double
   const double p = X.c.budget.kind == Budget::Kind::fixed ? kInf : X.c.budget.p;
   const int count = fill_ranked(G, S, r, L.count, L.cap, p, L.floor);
   if (mass) {
-    selected_mass(G, S, rows, estimate);
+    selected_mass(G, S, rows, estimate, S.listed);
   } else {
     std::fill(estimate, estimate + G.g, std::numeric_limits<double>::quiet_NaN());
   }

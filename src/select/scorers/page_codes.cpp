@@ -3,7 +3,8 @@
 // in integers), page by page with every q head at once. It ranks the tokens of a given list
 // (two_stage's candidates) or every token (token_codes), reading their codes and the ranges.
 // Scorer "learned_codes": the same second pass after a learned selector's first
-// (Method::learned_codes).
+// (Method::learned_codes). Both give a mass estimate for a top-p budget: each head's softmax
+// of its scores over the tokens it scored (with two passes, the candidates: the rest count 0).
 #include "masskv/kv/page_codes.hpp"
 
 #include <algorithm>
@@ -173,9 +174,17 @@ void channel_pass(const Context& X, const Group& G, Scratch& S,
   }
 }
 
+// The mass rows from the rank rows of K items: each head's softmax over them (the scores are
+// logits on the codes' grid).
+void masses_of_ranks(const Group& G, Scratch& S, int K) {
+  S.mass.assign(S.rank.begin(), S.rank.begin() + static_cast<std::ptrdiff_t>(G.g) * K);
+  for (int i = 0; i < G.g; ++i) normalise_log({mass_row(S, K, i), static_cast<std::size_t>(K)});
+}
+
 // What the rule asks, on the codes: two passes when it gives a cap and `first_pass` (called
 // with the group's integer queries) gives a first ranking (one value per token) and its
-// candidate factor; otherwise every asked token on every channel, one pass.
+// candidate factor; otherwise every asked token on every channel, one pass. The masses when
+// asked (masses_of_ranks).
 template <class FirstPass>
 void score_codes(const Context& X, const Group& G, Scratch& S, const Want& want,
                  FirstPass first_pass) {
@@ -185,15 +194,18 @@ void score_codes(const Context& X, const Group& G, Scratch& S, const Want& want,
   S.mass.clear();
   if (!want.rank) return;
   group_queries(X, G, qs, q8, cq);
-  if (want.items.empty() && want.cap > 0) {
-    if (const auto [ranking, factor] = first_pass(cq, q8); ranking != nullptr) {
-      rescore_candidates(X, G, S, want, cq, ranking, factor);
-      return;
-    }
+  int K = want.items.empty() ? G.n : static_cast<int>(want.items.size());
+  const auto [ranking, factor] = want.items.empty() && want.cap > 0
+                                     ? first_pass(cq, q8)
+                                     : std::pair<const double*, int>{nullptr, 0};
+  if (ranking != nullptr) {
+    rescore_candidates(X, G, S, want, cq, ranking, factor);
+    K = static_cast<int>(S.listed.size());
+  } else {
+    S.rank.resize(static_cast<std::size_t>(G.g) * static_cast<std::size_t>(K));
+    score_items(X, G, cq.data(), want.items, K, rank_row(S, K, 0), static_cast<std::size_t>(K));
   }
-  const int K = want.items.empty() ? G.n : static_cast<int>(want.items.size());
-  S.rank.resize(static_cast<std::size_t>(G.g) * static_cast<std::size_t>(K));
-  score_items(X, G, cq.data(), want.items, K, rank_row(S, K, 0), static_cast<std::size_t>(K));
+  if (want.mass) masses_of_ranks(G, S, K);
 }
 
 // token_codes: its channel pass first when code_channels < 1.
@@ -213,9 +225,10 @@ void check_learned_codes(const SelectArgs& a, const SelectorConfig& c) {
   check_learned_args(a);
   require(c.learned_candidates >= 1, ErrorCode::invalid_argument, "learned_candidates",
           "must be >= 1, got ", c.learned_candidates);
-  require(c.budget.kind == Budget::Kind::fixed, ErrorCode::invalid_argument, "budget",
-          "learned_codes takes a fixed budget (it has no mass estimate or stopping rule of its "
-          "own)");
+  // Without a cap the learned pass would go unused (every token on the codes, one pass).
+  require(c.budget.tokens > 0, ErrorCode::invalid_argument, "budget",
+          "learned_codes needs a cap on its budget (a top-p budget as pMASS:CAP): its learned "
+          "first pass keeps learned_candidates x the cap");
 }
 
 void prepare_learned_codes(Context& X) { prepare_learned(X, LearnedItems::token_scores); }
@@ -234,14 +247,16 @@ void score_learned(const Context& X, const Group& G, Scratch& S, const Want& wan
 extern const Scorer scorer_page_codes, scorer_learned_codes;
 const Scorer scorer_page_codes{
     .name = "page_codes",
-    .provides = kRank | kHeads | kListed,
+    .provides = kRank | kHeads | kListed | kMass,
+    .mass_when_stopping = true,
     .tokens = [](const SelectorConfig&) { return true; },
     .check = check,
     .score = score,
 };
 const Scorer scorer_learned_codes{
     .name = "learned_codes",
-    .provides = kRank | kHeads,
+    .provides = kRank | kHeads | kMass,
+    .mass_when_stopping = true,
     .tokens = [](const SelectorConfig&) { return true; },
     .check = check_learned_codes,
     .prepare = prepare_learned_codes,
