@@ -730,6 +730,14 @@ def main(argv=None) -> int:
                 torch=torch.__version__, compiled=a.compile)
     log(f"{meta['card']}: read ceiling {ceiling / 1e12:.2f} TB/s")
     rows = []
+
+    def save() -> None:
+        """OUT.json and OUT.md of the rows so far: after every cell, so that a run stopped at
+        the device's time limit keeps what it measured."""
+        with open(a.out + ".json", "w") as f:
+            json.dump(dict(meta, rows=rows), f, indent=1)
+        with open(a.out + ".md", "w") as f:
+            f.write(markdown(meta, rows))
     for name in models:
         t0 = time.time()
         model = Model(SHAPES[name], dev)
@@ -746,6 +754,7 @@ def main(argv=None) -> int:
             log(f"{model.s.name} B {B} ctx {ctx}")
             rows += run_cell(model, B, ctx, budgets, methods, a.iters, ceiling, log,
                              hf=a.transformers, phases=a.phases)
+            save()
         model.fuse(False)
         for B, T in prefill_cells:
             log(f"{model.s.name} prefill B {B} T {T}")
@@ -753,16 +762,14 @@ def main(argv=None) -> int:
                 rows += e2e_prefill.run_prefill_cell(model, B, T, prefill_budgets,
                                                      a.prefill_iters, ceiling, log,
                                                      dense_backends())
+                save()
             except torch.cuda.OutOfMemoryError as e:
                 log(f"  prefill B {B} T {T}: out of memory ({str(e).splitlines()[0][:100]})")
                 torch.cuda.empty_cache()
         del model
         torch.cuda.empty_cache()
         log(f"{name}: {time.time() - t0:.0f} s")
-    with open(a.out + ".json", "w") as f:
-        json.dump(dict(meta, rows=rows), f, indent=1)
-    with open(a.out + ".md", "w") as f:
-        f.write(markdown(meta, rows))
+    save()
     log(markdown(meta, rows))
     return 0
 
