@@ -406,6 +406,11 @@ check run-learned-codes-top-p 2 '--budget' -- "$bin" run -p hi -n 1 --selector l
   --selector-file "$tmp/mean.gguf" --budget p0.9
 check run-learned-codes-tiny 0 'KV read' -- "$bin" run -p "The capital of France is" -n 4 -t 1 \
   --selector learned_codes --selector-file "$tmp/rand.gguf" --budget 16 --page 4 --window 0
+check run-learned-codes-top-p-cap 0 'KV read' -- "$bin" run -p "The capital of France is" -n 4 \
+  -t 1 --selector learned_codes --selector-file "$tmp/rand.gguf" --budget p0.9:16 --page 4 \
+  --window 0
+check run-token-codes-top-p 0 'KV read' -- "$bin" run -p "The capital of France is" -n 4 -t 1 \
+  --selector token_codes --budget p0.9 --page 4 --window 0
 check eval-learned-codes-no-file 2 '--selector-file' -- "$bin" eval --methods learned_codes+c2
 check bench-learned-tiny 0 '\| learned p0.9:[0-9]+ \| tg2 @ d64 \|' -- "$bin" bench -p 0 -n 2 \
   -d 64 -r 1 --selector learned --selector-file "$tmp/mean.gguf" --budget p0.9:1/2 \

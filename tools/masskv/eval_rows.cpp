@@ -131,10 +131,12 @@ std::string base_method(const std::string& m) { return split_reselect(m).method;
 
 bool is_dense(const std::string& m) { return m == "dense" || m == "dense_entmax"; }
 bool is_prefill(const std::string& m) { return m.rfind("prefill_", 0) == 0; }
-bool takes_top_p(const std::string& m) {
+bool takes_top_p(const std::string& m, std::string_view budget) {
   if (is_dense(m) || is_prefill(m)) return false;
   try {
-    return select::takes_top_p(select::parse_method(m, "--methods"));
+    const select::Method method = select::parse_method(m, "--methods");
+    return select::takes_top_p(method) &&
+           (!select::needs_budget_cap(method) || budget.find(':') != std::string_view::npos);
   } catch (const Error&) {
     return false;  // not a decode method: the caller's parse names it
   }
@@ -171,7 +173,7 @@ std::vector<MethodRow> method_rows(const std::vector<std::string>& methods,
       continue;
     }
     for (const std::string& b : budgets) {
-      if (is_top_p_budget(b) && !takes_top_p(base)) continue;  // no mass estimate to stop on
+      if (is_top_p_budget(b) && !takes_top_p(base, b)) continue;  // no mass estimate / cap
       if (is_top_p_budget(b) && is_prefill(base)) continue;
       rows.push_back({m, b, needs_entmax(base), protocol});
     }

@@ -51,7 +51,9 @@ bool is_dense(const std::string& m);
 // Sparse prefill rows (docs/prefill.md): the context prefilled sparsely, decode dense.
 bool is_prefill(const std::string& m);
 // Methods a top-p budget ("p0.9") applies to: those with a page mass estimate.
-bool takes_top_p(const std::string& m);
+// Whether the eval gives method m a row at top-p budget `budget` (pMASS[:CAP]): its scorer has
+// a mass estimate, and the budget a cap where the method needs one (select::needs_budget_cap).
+bool takes_top_p(const std::string& m, std::string_view budget);
 // Decode methods that score on a learned selector's key cache (--selector-file):
 // select::uses_learned_keys of the method the base names.
 bool uses_learned_selector(const std::string& m);

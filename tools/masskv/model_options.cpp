@@ -131,6 +131,10 @@ std::optional<select::SelectorConfig> selector_config(const ModelOptions& o, std
           "a top-p budget needs a selector with a mass "
           "estimate (top_p, quest, oracle, learned, token_codes, learned_codes), not ",
           o.selector);
+  require(!select::needs_budget_cap(c.method) || c.budget.tokens > 0,
+          ErrorCode::invalid_argument, "--budget", o.selector,
+          " needs a cap on its budget (pMASS:CAP): its learned first pass keeps "
+          "learned_candidates x the cap");
   if (!o.budget_min.empty()) {
     require(c.budget.kind == select::Budget::Kind::top_p, ErrorCode::invalid_argument,
             "--budget-min", "applies to top-p budgets (--budget pMASS[:CAP]) only");

@@ -47,6 +47,10 @@ constexpr bool needs_page_codes(Method m) {
 constexpr bool uses_learned_keys(Method m) {
   return m == Method::learned || m == Method::learned_codes;
 }
+// Whether every budget of the method needs a cap in tokens (a top-p budget as pMASS:CAP):
+// learned_codes' learned first pass keeps learned_candidates × the cap (without one it would go
+// unused).
+constexpr bool needs_budget_cap(Method m) { return m == Method::learned_codes; }
 // Parses the names above ("sink_recent", "top_p", ...). Throws Error naming `argument`.
 Method parse_method(std::string_view name, std::string_view argument);
 // Whether a top-p budget (Budget::Kind::top_p) stops the method's selection: its scorer gives

@@ -225,8 +225,7 @@ void check_learned_codes(const SelectArgs& a, const SelectorConfig& c) {
   check_learned_args(a);
   require(c.learned_candidates >= 1, ErrorCode::invalid_argument, "learned_candidates",
           "must be >= 1, got ", c.learned_candidates);
-  // Without a cap the learned pass would go unused (every token on the codes, one pass).
-  require(c.budget.tokens > 0, ErrorCode::invalid_argument, "budget",
+  require(c.budget.tokens > 0, ErrorCode::invalid_argument, "budget",  // needs_budget_cap
           "learned_codes needs a cap on its budget (a top-p budget as pMASS:CAP): its learned "
           "first pass keeps learned_candidates x the cap");
 }
