@@ -701,8 +701,8 @@ void register_eval(CLI::App& app, const std::string& cmdline) {
   e->add_option("--budgets", o->budgets,
                 "KV budgets: fractions of the length (1/16) or tokens (256); caps for top_p, "
                 "entmax_support and gaussian_tau. Top-p budgets pMASS[:CAP] (p0.9, p0.9:1/8): "
-                "the smallest page set with estimated mass >= MASS, for learned, top_p, quest "
-                "and oracle (other methods skip them)")
+                "the smallest set with estimated mass >= MASS, for learned, top_p, quest, "
+                "oracle, token_codes and learned_codes (with :CAP only); other methods skip them")
       ->delimiter(',');
   e->add_option("--samples", o->samples, "Samples per task and length (0: the preset's)")
       ->check(int_in(0, 1 << 20));
