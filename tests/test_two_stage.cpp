@@ -834,6 +834,65 @@ TEST(TokenCodes, TwoPassesMatchThePlainReferenceOfTheirRule) {
   EXPECT_GT(differs_by_rule, 5) << "the spread changes the channels of some lists";
 }
 
+// A selection case with a learned selector's key cache: rows of `groups` × `dim` in `format`
+// (N / 2 values), 2 kv heads of g q heads, d 32, page codes, and the selector's queries lq (N),
+// drawn from `rng` in that order; args() as run_selector takes them.
+struct LearnedCase {
+  int groups, dim;
+  kv::RowFormat format;
+  // The key rows, built (spec()) before c, whose cache copies them: declared before c.
+  test::KeyRowsSpec key_rows;
+  test::SelCase c;
+  std::vector<float> lq;
+
+  LearnedCase(std::mt19937& rng, std::normal_distribution<float>& N,
+              const std::vector<int>& lengths, int g, int P, int groups_, int dim_,
+              kv::RowFormat format_, float key_scale)
+      : groups(groups_), dim(dim_), format(format_), key_rows{groups_, dim_, format_, {}},
+        c(test::random_case(rng, lengths, 2 * g, 2, 32, P, DType::f16, key_scale, 0.5f, 0.7f,
+                            /*page_codes=*/true, spec(rng, N, lengths))) {
+    lq.resize(static_cast<std::size_t>(c.B) * groups * dim);
+    for (float& x : lq) x = N(rng);
+  }
+  select::SelectArgs args() const {
+    select::SelectArgs a = c.args();
+    a.learned_q = View3<const float>::contiguous(lq.data(), c.B, groups, dim);
+    a.learned_keys = c.cache.key_rows();
+    return a;
+  }
+  // ŝ_t of every token of sequence b for selector group `group`: lq · the decoded key row, f64.
+  std::vector<double> scores(int b, int group) const {
+    const kv::PageTable t = c.table.table();
+    const kv::KeyRowsView keys = c.cache.key_rows();
+    const int P = c.P;
+    const std::int64_t L = t.length(b, P);
+    const auto phys = t.indices.subspan(static_cast<std::size_t>(t.indptr[b]), t.num_pages(b));
+    const float* q = lq.data() + (static_cast<std::size_t>(b) * groups + group) * dim;
+    std::vector<double> s(static_cast<std::size_t>(L));
+    std::vector<float> row(static_cast<std::size_t>(dim));
+    for (std::int64_t x = 0; x < L; ++x) {
+      kv::decode_row(format, keys.row(phys[x / P], group, static_cast<int>(x % P)), dim,
+                     row.data());
+      double acc = 0;
+      for (int y = 0; y < dim; ++y) acc += static_cast<double>(q[y]) * row[static_cast<std::size_t>(y)];
+      s[static_cast<std::size_t>(x)] = acc;
+    }
+    return s;
+  }
+
+ private:
+  // key_rows' values for the given lengths (called in c's initialiser: key_rows is built).
+  const test::KeyRowsSpec* spec(std::mt19937& rng, std::normal_distribution<float>& N,
+                                const std::vector<int>& lengths) {
+    for (const int len : lengths) {
+      std::vector<float> r(static_cast<std::size_t>(len) * groups * dim);
+      for (float& x : r) x = N(rng) / 2;
+      key_rows.rows.push_back(std::move(r));
+    }
+    return &key_rows;
+  }
+};
+
 // learned_codes (token_codes' second pass after a learned selector's ranking) against a plain
 // reference of its rule: ŝ_t = learned_q · the decoded key row in f64; the kept tokens and the
 // best others by ŝ up to learned_candidates × cap; the candidates' full code scores, each
@@ -853,23 +912,12 @@ TEST(LearnedCodes, MatchesThePlainReferenceOfItsRule) {
     for (int g : {1, 3}) {
       for (const Rows rs : {Rows{1, 16, kv::RowFormat::f32}, Rows{2, 20, kv::RowFormat::bf16},
                             Rows{2, 32, kv::RowFormat::int4}}) {
-        const std::vector<int> lengths{1, 17, 113, 300, 777};
-        test::KeyRowsSpec spec{rs.groups, rs.dim, rs.format, {}};
-        for (const int len : lengths) {
-          std::vector<float> r(static_cast<std::size_t>(len) * rs.groups * rs.dim);
-          for (float& x : r) x = N(rng) / 2;
-          spec.rows.push_back(std::move(r));
-        }
-        const test::SelCase c = test::random_case(rng, lengths, 2 * g, 2, 32, P, DType::f16, 2.0f,
-                                                  0.5f, 0.7f, /*page_codes=*/true, &spec);
+        const LearnedCase lc(rng, N, {1, 17, 113, 300, 777}, g, P, rs.groups, rs.dim, rs.format,
+                             2.0f);
+        const test::SelCase& c = lc.c;
         const kv::PageTable t = c.table.table();
         const kv::PageCodesView pc = c.cache.page_codes();
-        const kv::KeyRowsView keys = c.cache.key_rows();
-        std::vector<float> lq(static_cast<std::size_t>(c.B) * rs.groups * rs.dim);
-        for (float& x : lq) x = N(rng);
-        select::SelectArgs a = c.args();
-        a.learned_q = View3<const float>::contiguous(lq.data(), c.B, rs.groups, rs.dim);
-        a.learned_keys = keys;
+        const select::SelectArgs a = lc.args();
         for (int trial = 0; trial < 3; ++trial) {
           select::SelectorConfig cfg;
           cfg.method = select::Method::learned_codes;
@@ -890,17 +938,7 @@ TEST(LearnedCodes, MatchesThePlainReferenceOfItsRule) {
             const std::int64_t L = t.length(b, P);
             const auto phys = t.indices.subspan(static_cast<std::size_t>(t.indptr[b]), pages);
             for (int h = 0; h < 2; ++h) {
-              const int group = rs.groups == 1 ? 0 : h;
-              const float* q = lq.data() + (static_cast<std::size_t>(b) * rs.groups + group) * rs.dim;
-              std::vector<double> s(static_cast<std::size_t>(L));
-              std::vector<float> row(static_cast<std::size_t>(rs.dim));
-              for (std::int64_t x = 0; x < L; ++x) {
-                kv::decode_row(rs.format, keys.row(phys[x / P], group, static_cast<int>(x % P)),
-                               rs.dim, row.data());
-                double acc = 0;
-                for (int y = 0; y < rs.dim; ++y) acc += static_cast<double>(q[y]) * row[static_cast<std::size_t>(y)];
-                s[static_cast<std::size_t>(x)] = acc;
-              }
+              const std::vector<double> s = lc.scores(b, rs.groups == 1 ? 0 : h);
               std::vector<std::uint8_t> in = reference_kept(c, cfg, b);
               const int count = static_cast<int>(std::count(in.begin(), in.end(), 1));
               const int cap = static_cast<int>(std::min<std::int64_t>(L, std::max<std::int64_t>(count, cfg.budget.tokens)));
@@ -962,24 +1000,12 @@ TEST(TokenCodes, TopPBudgetsStopAtTheHeadsMeanSoftmaxMass) {
   int lists = 0, stopped_early = 0;
   for (int P : {4, 16}) {
     for (int g : {1, 3}) {
-      const std::vector<int> lengths{1, 17, 113, 300, 777};
-      test::KeyRowsSpec spec{1, 16, kv::RowFormat::f32, {}};
-      for (const int len : lengths) {
-        std::vector<float> r(static_cast<std::size_t>(len) * 16);
-        for (float& x : r) x = N(rng) / 2;
-        spec.rows.push_back(std::move(r));
-      }
       // Keys scaled up so that the heads' attention is peaked (top-p then stops early).
-      const test::SelCase c = test::random_case(rng, lengths, 2 * g, 2, 32, P, DType::f16, 6.0f,
-                                                0.5f, 0.7f, /*page_codes=*/true, &spec);
+      const LearnedCase lc(rng, N, {1, 17, 113, 300, 777}, g, P, 1, 16, kv::RowFormat::f32, 6.0f);
+      const test::SelCase& c = lc.c;
       const kv::PageTable t = c.table.table();
       const kv::PageCodesView pc = c.cache.page_codes();
-      const kv::KeyRowsView keys = c.cache.key_rows();
-      std::vector<float> lq(static_cast<std::size_t>(c.B) * 16);
-      for (float& x : lq) x = N(rng);
-      select::SelectArgs a = c.args();
-      a.learned_q = View3<const float>::contiguous(lq.data(), c.B, 1, 16);
-      a.learned_keys = keys;
+      const select::SelectArgs a = lc.args();
       for (const bool learned : {false, true}) {
         for (int trial = 0; trial < 3; ++trial) {
           select::SelectorConfig cfg;
@@ -1004,16 +1030,9 @@ TEST(TokenCodes, TopPBudgetsStopAtTheHeadsMeanSoftmaxMass) {
               const int cap = static_cast<int>(std::min<std::int64_t>(L, std::max<std::int64_t>(count, cfg.budget.tokens)));
               std::vector<std::uint8_t> cand(static_cast<std::size_t>(L), 1);
               if (learned) {  // the kept tokens and the best others by ŝ, 2 × cap in all
-                std::vector<double> s(static_cast<std::size_t>(L));
-                for (std::int64_t x = 0; x < L; ++x) {
-                  const float* row = reinterpret_cast<const float*>(
-                      keys.row(phys[x / P], 0, static_cast<int>(x % P)));
-                  double acc = 0;
-                  for (int y = 0; y < 16; ++y) acc += static_cast<double>(lq[b * 16 + y]) * row[y];
-                  s[static_cast<std::size_t>(x)] = acc;
-                }
                 cand = in;
-                reference_fill_by(s, cand, count, static_cast<int>(std::min<std::int64_t>(L, 2 * cap)));
+                reference_fill_by(lc.scores(b, 0), cand, count,
+                                  static_cast<int>(std::min<std::int64_t>(L, 2 * cap)));
               }
               std::vector<double> agg(static_cast<std::size_t>(L), -inf), mass(static_cast<std::size_t>(L), 0.0);
               std::vector<std::vector<double>> head_mass(static_cast<std::size_t>(g),

@@ -232,8 +232,7 @@ void check_learned_codes(const SelectArgs& a, const SelectorConfig& c) {
 
 void prepare_learned_codes(Context& X) { prepare_learned(X, LearnedItems::token_scores); }
 
-// learned_codes: ŝ (prepared) as the first pass. (Without a cap, which no rule of
-// learned_codes' asks today — top_k with its fixed budget always gives one — ŝ is unused.)
+// learned_codes: ŝ (prepared) as the first pass (its check makes every budget give a cap).
 void score_learned(const Context& X, const Group& G, Scratch& S, const Want& want) {
   score_codes(X, G, S, want,
               [&](const std::vector<kv::CodeQuery>&, const std::vector<std::int16_t>&) {
