@@ -131,7 +131,8 @@ __device__ __forceinline__ void merge_warp(const Params& p, int d, int b, int hq
   float mx = lw;
 #pragma unroll
   for (int o = 16; o > 0; o /= 2) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
-  const float w = mx == -INFINITY || lane >= n_chunks ? 0.f : expf(lw - mx);
+  using Row = softmax::Row<softmax::BaseE>;  // the partials carry natural-log lse
+  const float w = lane >= n_chunks ? 0.f : Row::merge_weight(lw, mx);
   float wsum = w;
 #pragma unroll
   for (int o = 16; o > 0; o /= 2) wsum += __shfl_xor_sync(0xffffffffu, wsum, o);
@@ -143,7 +144,7 @@ __device__ __forceinline__ void merge_warp(const Params& p, int d, int b, int hq
   }
   if (dim < d) p.out[b * p.o_s0 + hq * p.o_s1 + dim] = wsum > 0.f ? acc / wsum : 0.f;
   if (threadIdx.x == 0 && p.lse) {
-    p.lse[b * p.num_q_heads + hq] = wsum > 0.f ? mx + logf(wsum) : -INFINITY;
+    p.lse[b * p.num_q_heads + hq] = Row::lse_of(mx, wsum);
   }
 }
 

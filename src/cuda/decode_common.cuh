@@ -15,6 +15,7 @@
 
 #include "device.cuh"
 #include "masskv/cuda/decode.hpp"
+#include "online_softmax.cuh"
 
 namespace masskv::cuda::decode_impl {
 
@@ -362,13 +363,13 @@ __device__ __forceinline__ void score_rows(const uint4* k_rows, int row_stride,
 // what store() leaves in shared memory.
 template <int kG>
 struct SoftmaxState {
-  float m[kG], l[kG], acc[kG][8];
+  softmax::Row<softmax::Base2> row[kG];
+  float acc[kG][8];
 
   __device__ __forceinline__ void init() {
 #pragma unroll
     for (int g = 0; g < kG; ++g) {
-      m[g] = -INFINITY;
-      l[g] = 0.f;
+      row[g] = {};
 #pragma unroll
       for (int j = 0; j < 8; ++j) acc[g][j] = 0.f;
     }
@@ -384,20 +385,18 @@ struct SoftmaxState {
     float pw[kU][kG];
 #pragma unroll
     for (int g = 0; g < kG; ++g) {
-      float mt = m[g];
+      float mt = row[g].m;
 #pragma unroll
       for (int u = 0; u < kU; ++u) mt = ok[u] ? fmaxf(mt, s[u][g]) : mt;
-      if (mt > m[g]) {
-        const float corr = exp2f(m[g] - mt);  // m = -inf gives 0: nothing accumulated yet
-        l[g] *= corr;
+      float corr;
+      if (row[g].raise(mt, corr)) {
 #pragma unroll
         for (int j = 0; j < 8; ++j) acc[g][j] *= corr;
-        m[g] = mt;
       }
 #pragma unroll
       for (int u = 0; u < kU; ++u) {
-        pw[u][g] = ok[u] ? exp2f(s[u][g] - mt) : 0.f;
-        l[g] += pw[u][g];
+        pw[u][g] = ok[u] ? row[g].weight(s[u][g]) : 0.f;
+        row[g].l += pw[u][g];
       }
     }
 #pragma unroll
@@ -421,8 +420,8 @@ struct SoftmaxState {
 #pragma unroll
       for (int j = 0; j < 8; ++j) s_acc[(rg * kG + g) * kD + lane_dim + j] = acc[g][j];
       if (lane_dim == 0) {
-        s_m[rg * kG + g] = m[g];
-        s_l[rg * kG + g] = l[g];
+        s_m[rg * kG + g] = row[g].m;
+        s_l[rg * kG + g] = row[g].l;
       }
     }
   }
@@ -472,7 +471,7 @@ template <int kG, int kD>
 __device__ __forceinline__ void write_chunk_softmax(const Params& p, const Chunk& c, int n_groups,
                                                     const float* s_acc, const float* s_m,
                                                     const float* s_l) {
-  constexpr float kLn2 = 0.6931471805599453f;
+  using Row = softmax::Row<softmax::Base2>;
   for (int idx = threadIdx.x; idx < kG * kD; idx += blockDim.x) {
     const int g = idx / kD, dim = idx % kD;
     if (g >= c.heads_here) continue;
@@ -482,12 +481,12 @@ __device__ __forceinline__ void write_chunk_softmax(const Params& p, const Chunk
     if (mx != -INFINITY) {
       float lsum = 0.f, osum = 0.f;
       for (int r = 0; r < n_groups; ++r) {
-        const float w = exp2f(s_m[r * kG + g] - mx);
+        const float w = Row::merge_weight(s_m[r * kG + g], mx);
         lsum += s_l[r * kG + g] * w;
         osum += s_acc[(r * kG + g) * kD + dim] * w;
       }
       o = osum / lsum;
-      lse = (mx + log2f(lsum)) * kLn2;
+      lse = Row::lse_of(mx, lsum);
     }
     const int hq = c.q_head0 + g;
     if (p.num_chunks == 1) {
@@ -522,7 +521,7 @@ __device__ __forceinline__ void merge_chunks(const Params& p, int d, int b, int 
   }
   mx = s_red[0];
   for (int c = threadIdx.x; c < n_chunks; c += kThreads)
-    s_w[c] = mx == -INFINITY ? 0.f : expf(p.part_w[slot0 + c] - mx);
+    s_w[c] = softmax::Row<softmax::BaseE>::merge_weight(p.part_w[slot0 + c], mx);
   __syncthreads();
   float wsum = 0.f;
   for (int c = 0; c < n_chunks; ++c) wsum += s_w[c];
@@ -544,7 +543,7 @@ __device__ __forceinline__ void merge_chunks(const Params& p, int d, int b, int 
     p.out[b * p.o_s0 + hq * p.o_s1 + dim] = o;
   }
   if (threadIdx.x == 0 && p.lse) {
-    p.lse[b * p.num_q_heads + hq] = wsum > 0.f ? mx + logf(wsum) : -INFINITY;
+    p.lse[b * p.num_q_heads + hq] = softmax::Row<softmax::BaseE>::lse_of(mx, wsum);
   }
 }
 

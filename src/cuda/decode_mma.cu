@@ -64,7 +64,7 @@ __global__ void __launch_bounds__(kThreads, 2) decode_mma_kernel(Params p) {
   // Q fragments (A operand, row g), times q_mult (base-2 logits), split hi + lo.
   std::uint32_t qa[kKs][2][2];
   load_q_frags<kBf16, kD, kG>(p, c, lane, qa);
-  float m = -INFINITY, l = 0.f;  // row g's running max (base 2) and this thread's partial sum
+  softmax::Row<softmax::Base2> row;  // row g's running max and this thread's partial sum
   float acc[kNd][4];
 #pragma unroll
   for (int nd = 0; nd < kNd; ++nd)
@@ -95,7 +95,7 @@ __global__ void __launch_bounds__(kThreads, 2) decode_mma_kernel(Params p) {
     tile_scores<kBf16, kD>(qa, sk, lane, s);
     // Online softmax on row g (base 2); this thread holds tokens nb*8 + 2 t4 + e.
     float v[2][2];
-    float mt = m;
+    float mt = row.m;
 #pragma unroll
     for (int nb = 0; nb < 2; ++nb)
 #pragma unroll
@@ -106,31 +106,29 @@ __global__ void __launch_bounds__(kThreads, 2) decode_mma_kernel(Params p) {
       }
     mt = fmaxf(mt, __shfl_xor_sync(0xffffffffu, mt, 1));
     mt = fmaxf(mt, __shfl_xor_sync(0xffffffffu, mt, 2));
-    if (mt > m) {                        // same decision on the 4 threads of the row
-      const float corr = exp2f(m - mt);  // m = -inf: 0, nothing accumulated yet
-      l *= corr;
+    float corr;
+    if (row.raise(mt, corr)) {  // same decision on the 4 threads of the row
 #pragma unroll
       for (int nd = 0; nd < kNd; ++nd) {
         acc[nd][0] *= corr;
         acc[nd][1] *= corr;
       }
-      m = mt;
     }
     float pr[2][2];
 #pragma unroll
     for (int nb = 0; nb < 2; ++nb)
 #pragma unroll
       for (int e = 0; e < 2; ++e) {
-        pr[nb][e] = v[nb][e] == -INFINITY ? 0.f : exp2f(v[nb][e] - m);
-        l += pr[nb][e];
+        pr[nb][e] = v[nb][e] == -INFINITY ? 0.f : row.weight(v[nb][e]);
+        row.l += pr[nb][e];
       }
     tile_pv<kBf16, kD>(pr, sv, lane, acc);  // P is the A operand of one k-step
   };
   stream_tiles<kRingT, true>(my_tiles, issue, compute);
   stamp(p.stamps, stamps::decode_chunks, 3);
 
-  l += __shfl_xor_sync(0xffffffffu, l, 1);
-  l += __shfl_xor_sync(0xffffffffu, l, 2);
+  row.l += __shfl_xor_sync(0xffffffffu, row.l, 1);
+  row.l += __shfl_xor_sync(0xffffffffu, row.l, 2);
   // Merge the warps (the merge area reuses the rings).
   __syncthreads();
   float* s_acc = reinterpret_cast<float*>(s_ring);  // [kWarps][kG][kD]
@@ -143,8 +141,8 @@ __global__ void __launch_bounds__(kThreads, 2) decode_mma_kernel(Params p) {
       s_acc[(warp * kG + g) * kD + nd * 8 + 2 * t4 + 1] = acc[nd][1];
     }
     if (t4 == 0) {
-      s_m[warp * kG + g] = m;
-      s_l[warp * kG + g] = l;
+      s_m[warp * kG + g] = row.m;
+      s_l[warp * kG + g] = row.l;
     }
   }
   __syncthreads();

@@ -20,7 +20,6 @@
 namespace masskv::cuda::prefill_impl {
 
 constexpr int kTile = 64;  // query tokens per CTA and keys per key tile
-constexpr float kLn2 = 0.6931471805599453f;
 constexpr float kLog2e = 1.4426950408889634f;
 
 struct Params {
@@ -151,8 +150,9 @@ __device__ __forceinline__ void mask_tile(float (&s)[8][4], int kpos0, int qpos0
 // in two steps so a kernel can put work between them:
 // tile_max masks keys after a row's query or past the sequence (-inf), takes the row max over
 // raw scores (scale > 0 keeps the order), folds the old max into l, and returns whether some
-// row's max grew (warp-uniform), with corr, the factor o must then be scaled by; m_use is the
-// max to subtract from the base-2 logits s·scale_log2. rescale_o applies corr.
+// row's max grew (warp-uniform), with corr, the factor o must then be scaled by (1 for a row
+// whose max did not grow; softmax::Row); m_use is the max to subtract from the base-2 logits
+// s·scale_log2. rescale_o applies corr.
 __device__ __forceinline__ bool tile_max(float (&s)[8][4], float (&m)[2], float (&l)[2],
                                          float (&m_use)[2], float (&corr)[2], int kpos0,
                                          int qpos0, int length, int gq, int tq,
@@ -168,12 +168,11 @@ __device__ __forceinline__ bool tile_max(float (&s)[8][4], float (&m)[2], float 
   for (int r = 0; r < 2; ++r) {
     mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
     mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
-    const float m_new = fmaxf(m[r], mx[r] * scale_log2);
-    m_use[r] = m_new == -INFINITY ? 0.f : m_new;  // a row with no key yet: p = 0, no NaN
-    grew |= m_new > m[r];
-    corr[r] = exp2_approx(m[r] - m_use[r]);
-    l[r] *= corr[r];
-    m[r] = m_new;
+    softmax::Row<softmax::Base2Approx> row{m[r], l[r]};
+    grew |= row.raise(fmaxf(m[r], mx[r] * scale_log2), corr[r]);
+    m[r] = row.m;
+    l[r] = row.l;
+    m_use[r] = row.m == -INFINITY ? 0.f : row.m;  // a row with no key yet: p = 0, no NaN
   }
   // Rescaling the running output is needed only when some row's max grew (rare after the
   // first tiles of a row); the test is warp-uniform, so the caller's branch does not diverge.
@@ -253,7 +252,7 @@ __device__ __forceinline__ void store_rows(const Params& p, const SeqGeo& g, int
       if constexpr (kTau)
         p.lse[qrow * p.num_q_heads + hq] = l[r] > 0.f ? m[r] : NAN;
       else
-        p.lse[qrow * p.num_q_heads + hq] = l[r] > 0.f ? (m[r] + log2f(l[r])) * kLn2 : -INFINITY;
+        p.lse[qrow * p.num_q_heads + hq] = softmax::Row<softmax::Base2Approx>::lse_of(m[r], l[r]);
     }
   }
 }

@@ -63,7 +63,8 @@ struct TopPExtra {
 
 // hier_select's launches, or hier_top_p's when topp is set (moments kernel only, then the
 // group stage, then hier_top_p_kernel instead of the page scan and top-k).
-void hier_launch(const HierSelectArgs& h, const SelectLaunch& launch, const TopPExtra* topp) {
+void hier_launch(const HierSelectArgs& h, const SelectLaunch& launch, const TopPExtra* topp,
+                 const HierScorer& sc) {
   using enum ErrorCode;
   require(h.groups.num_kv_heads == (h.pages.bounds8.min != nullptr
                                         ? h.pages.bounds8.num_kv_heads
@@ -108,7 +109,7 @@ void hier_launch(const HierSelectArgs& h, const SelectLaunch& launch, const TopP
   SelectLaunch gl = launch;
   gl.max_pages_per_seq = max_groups;
   gl.chunk_pages = 0;
-  Prepared gp = prepare(ga, gl, true, KeyLevel::groups);
+  Prepared gp = prepare(ga, gl, true, KeyLevel::groups, &sc.groups);
   gp.p.out_mask = ws.gmask.data();
   gp.block_topk = true;  // the mask comes from the block kernel
   gp.topk = block_topk_kernel();
@@ -118,7 +119,7 @@ void hier_launch(const HierSelectArgs& h, const SelectLaunch& launch, const TopP
   // The page level, restricted to the chosen groups' pages (hier_list_mode): the scoring kernel
   // walks the group list (one group a warp; every other page key zeroed first), or every tile
   // of the sequence under the group mask (unchosen tiles: keys 0, nothing read).
-  Prepared pp = prepare(a, launch, true);
+  Prepared pp = prepare(a, launch, true, KeyLevel::pages, &sc.pages);
   const bool list_mode = hier_list_mode(launch.hier_scan, launch.max_pages_per_seq);
   if (list_mode) {
     const int list_chunk = pp.score_threads / 32;  // groups per CTA
@@ -242,8 +243,8 @@ void hier_launch(const HierSelectArgs& h, const SelectLaunch& launch, const TopP
   if (entmax_rank) detail::launch_group_tau(tp, stream);
   const FusedPlan fused =
       launch.hier_kernel == SelectLaunch::HierKernel::fused
-          ? hier_fused_plan(a.q.n2, a.bounds8.min != nullptr, a.q.n1 / h.groups.num_kv_heads,
-                            max_groups, gcap, B * h.groups.num_kv_heads)
+          ? hier_fused_plan(sc, a.q.n1 / h.groups.num_kv_heads, max_groups, gcap,
+                            B * h.groups.num_kv_heads)
           : FusedPlan{};
   ws.hier_fused = fused.fn != nullptr;
   if (fused.fn != nullptr) {
@@ -280,8 +281,14 @@ void hier_launch(const HierSelectArgs& h, const SelectLaunch& launch, const TopP
 
 }  // namespace
 
+void select_impl::hier_select_with(const HierSelectArgs& h, const SelectLaunch& launch,
+                                   const HierScorer& sc) {
+  hier_launch(h, launch, nullptr, sc);
+}
+
 void hier_select(const HierSelectArgs& h, const SelectLaunch& launch) {
-  hier_launch(h, launch, nullptr);
+  select_impl::hier_select_with(
+      h, launch, page_bound_hier(h.pages.q.n2, h.pages.bounds8.min != nullptr));
 }
 
 void hier_top_p(const HierTopPArgs& a, const SelectLaunch& launch) {
@@ -299,7 +306,7 @@ void hier_top_p(const HierTopPArgs& a, const SelectLaunch& launch) {
               a.masses.size() == static_cast<std::size_t>(B) * Hkv * launch.max_pages_per_seq,
           shape_mismatch, "masses", "needs batch * kv heads * max_pages_per_seq entries");
   const TopPExtra t{s, a.p, a.masses};
-  hier_launch(a.hier, launch, &t);
+  hier_launch(a.hier, launch, &t, page_bound_hier(d, a.hier.pages.bounds8.min != nullptr));
 }
 
 void update_groups(const GroupUpdateArgs& g, const SelectLaunch& launch) {

@@ -2,15 +2,18 @@
 // launch's device parameters (SelParams), the error bits, a sequence's kept-page split, the
 // plan of one flat selection (Prepared), the workspace's buffers, and each kernel family's
 // host side, declared here and defined in its room:
-//   select_score.cu   page (or group) scoring: bounds -> ordered keys (the scan itself is
-//                     select_score.cuh, which the fused hierarchical kernel also runs)
+//   select_score.cu   page (or group) scoring: a scorer's ranks -> ordered keys (the scan is
+//                     select_score.cuh, generic over a device scorer; the library's scorer,
+//                     the page bound, is select_page_bound.cuh)
 //   select_topk.cu    the flat top-k: one CTA per (sequence, kv head), or a cluster
-//   select_hier.cu    the hierarchical page top-k over the chosen groups, and the one-kernel path
+//   select_hier.cu    the hierarchical page top-k over the chosen groups, and the one-kernel
+//                     path's plan (its kernel, generic over the scorers, is select_hier.cuh)
 //   select_top_p.cu   hierarchical top-p: masses from the page summaries, heaviest until p
 //   select_groups.cu  group summaries rebuilt from the page store
 //   select_plan.cu    the workspace, the argument checks and the launch plan (prepare)
-// Kernels stay in their room's anonymous namespace; only host launchers and kernel pointers
-// cross rooms.
+// Kernels stay in their room's anonymous namespace, except those generic over a device scorer
+// (select_score.cuh, select_hier.cuh: a scorer's file instantiates them); only host launchers
+// and kernel pointers cross rooms.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -204,10 +207,25 @@ struct TopPParams {
 
 using ScoreFn = void (*)(SelParams);
 
-// The scoring launch of one (head_dim, group): the kernel (its dynamic shared-memory limit
-// raised to the device's once), warps per CTA (as many as fit, <= kScoreMaxWarps), shared
-// memory, and resident CTAs per SM (for the chunk plan). Cached per (head_dim, group): after
-// the first step of a shape no CUDA call is made (stream capture).
+// The host side of a device scorer (select_score.cuh's contract): its scan kernels
+// (score_kernel<S>, and one with the row loop fully unrolled for warps that score many tiles;
+// the same kernel where the scorer has no such form) and its shared memory: warp_bytes for one
+// scoring warp's stages, query_bytes(group) for the staged query. scan_kernels<S>() fills it.
+struct ScanKernels {
+  ScoreFn fn = nullptr, fn_hot = nullptr;
+  std::size_t warp_bytes = 0;
+  std::size_t (*query_bytes)(int group) = nullptr;
+  std::size_t bytes(int warps, int group) const {
+    return static_cast<std::size_t>(warps) * warp_bytes + query_bytes(group);
+  }
+};
+// The library's scorer: the §2.3 page bound over the bf16 (u8: 8-bit) store (select_score.cu).
+ScanKernels page_bound_scan(int d, bool u8);
+
+// The scoring launch of one (scorer, group): the kernel (its dynamic shared-memory limit
+// raised to the device's), warps per CTA (as many as fit, <= kScoreMaxWarps), shared memory,
+// and resident CTAs per SM (for the chunk plan). Cached per (kernel, group): after the first
+// step of a shape no CUDA call is made (stream capture).
 struct ScorePlan {
   ScoreFn fn = nullptr;      // a warp scores one or two tiles (loops by 2: small code)
   ScoreFn fn_hot = nullptr;  // a warp scores score_hot_tiles or more (loops fully unrolled)
@@ -236,14 +254,15 @@ enum class KeyLevel { pages, groups };
 // select_plan.cu: checks a flat selection's arguments and plans its two launches (scoring
 // kernel, grids, top-k kernel, shared memory; workspace buffers grown). outputs: ids and count
 // are checked too.
+// scan: the scorer (null: the page bound of a's store).
 Prepared prepare(const QuestSelectArgs& a, const SelectLaunch& launch, bool outputs,
-                 KeyLevel level = KeyLevel::pages);
+                 KeyLevel level = KeyLevel::pages, const ScanKernels* scan = nullptr);
 void check_policy(const select::TopkPolicy& pol);
 
-// select_score.cu: the scoring kernel's plan for (head_dim, group, store), the pages a CTA
-// scores, and the kernel for a prepared chunk (the fully unrolled one from hot_tiles tiles a
-// warp: SelectLaunch::score_hot_tiles).
-ScorePlan score_plan(int d, int group, bool u8);
+// select_score.cu: the scoring kernel's plan for (scorer, group), the pages a CTA scores, and
+// the kernel for a prepared chunk (the fully unrolled one from hot_tiles tiles a warp:
+// SelectLaunch::score_hot_tiles).
+ScorePlan score_plan(const ScanKernels& k, int group);
 int plan_score_chunk(int pairs, int max_pages, int ctas_per_sm);
 void set_score_kernel(Prepared& pr, int hot_tiles);
 
@@ -257,16 +276,29 @@ void launch_topk(const Prepared& pr, cudaStream_t stream);
 
 // select_hier.cu: the one-kernel path's plan and launch, the page top-k over the chosen
 // groups, and whether the page pass walks the group list (SelectLaunch::hier_scan).
+using FusedFn = void (*)(SelParams, SelParams, std::int32_t*, std::int32_t*, int, int);
 struct FusedPlan {
-  void (*fn)(SelParams, SelParams, std::int32_t*, std::int32_t*, int, int) = nullptr;
+  FusedFn fn = nullptr;
   int ctas = 0;  // the cluster (grid.x)
   int list_off = 0;
   std::size_t smem = 0;
 };
-// The fused kernel for this call, or fn == null where it does not serve: head_dim 64 or 128,
-// at most kHierCand chosen pages, everything in the shared memory that fits, and clusters the
-// device can schedule. pairs = batch * kv heads.
-FusedPlan hier_fused_plan(int d, bool u8, int group, int max_groups, int gcap, int pairs);
+// What the hierarchical selection runs for one scorer: the group scan (over the bf16 group
+// store), the page scan, and the one-kernel path (hier_fused_kernel<group scorer, page scorer>,
+// select_hier.cuh; null where the scorer has none).
+struct HierScorer {
+  ScanKernels groups, pages;
+  FusedFn fused = nullptr;
+};
+// The library's: the page bound at both levels (fused for head_dim 64 and 128).
+HierScorer page_bound_hier(int d, bool u8);
+// hier_select with scorer sc (select.cu; cuda::hier_select passes page_bound_hier). A test
+// reaches the GPU with its own scorer through it.
+void hier_select_with(const HierSelectArgs& h, const SelectLaunch& launch, const HierScorer& sc);
+// The fused kernel for this call, or fn == null where it does not serve: a scorer with a fused
+// kernel, at most kHierCand chosen pages, everything in the shared memory that fits, and
+// clusters the device can schedule. pairs = batch * kv heads.
+FusedPlan hier_fused_plan(const HierScorer& sc, int group, int max_groups, int gcap, int pairs);
 void launch_hier_fused(const FusedPlan& f, const SelParams& gp, const SelParams& pp,
                        std::int32_t* gids, std::int32_t* gcount, int gstride, int kv_heads,
                        int batch, cudaStream_t stream);

@@ -94,7 +94,7 @@ void check_policy(const select::TopkPolicy& pol) {
 }
 
 Prepared prepare(const QuestSelectArgs& a, const SelectLaunch& launch, bool outputs,
-                 KeyLevel level) {
+                 KeyLevel level, const ScanKernels* scan) {
   using enum ErrorCode;
   require(launch.workspace != nullptr, invalid_argument, "workspace", "is required");
   const bool u8 = a.bounds8.min != nullptr;
@@ -155,7 +155,7 @@ Prepared prepare(const QuestSelectArgs& a, const SelectLaunch& launch, bool outp
   require(std::isfinite(scale) && scale > 0, invalid_argument, "scale",
           "must be finite and > 0, got ", a.scale);
 
-  const ScorePlan splan = score_plan(d, group, u8);
+  const ScorePlan splan = score_plan(scan != nullptr ? *scan : page_bound_scan(d, u8), group);
   Prepared pr;
   SelParams& p = pr.p;
   p.q = a.q.data;

@@ -1,18 +1,29 @@
-// The page scan of the CUDA selection (docs/design.md §2.3 page bounds): score_tiles, one
+// The page scan of the CUDA selection (docs/design.md §3, "Adding a scorer"): score_tiles, one
 // CTA's scoring of a chunk of (sequence, kv head)'s pages (or groups) into order-preserving
-// uint32 keys, run by quest_score_kernel (select_score.cu) and by the fused hierarchical kernel
-// (select_hier.cu). The CTA stages the group's q (split into q+ = max(q, 0), q- = min(q, 0))
-// in shared memory, then each warp streams its own 16-page tiles of bf16 min/max rows through a
-// private cp.async pipeline (lane L scores row L: page L / 2, min or max row). A page's key is
-// its bound max over the group's q heads of scale * (q+·M + q-·m + f·||q||_1·W + FLT_MIN), the
-// CPU selector's bounds_bf16 formula (page_bound.cpp), evaluated in the same order as its AVX2
-// kernel (8 lanes of FMA chains over c = l, l+8, ..., the same horizontal sum), so on an AVX2
-// host the bounds have the same bits. It also reads the 8-bit store (select::BoundStore8: codes
-// dequantised as fma(code, step, lo), then the same chains; quest_select8's bits) and takes a
-// group mask (hier_select: tiles of unchosen groups are not read, their keys are 0) or a group
-// list (hier_select on long sequences: only the listed groups' tiles are visited). With moments
-// (Gaussian-τ, group_tau.cu) the keys are entmax-aware ranks max_h float((α−1)·U_h − τ̂_h).
-// ScoreSmem is the shared-memory layout, ScoreSizes its size for the host plans.
+// uint32 keys, generic over a device scorer (below), run by score_kernel (a whole scan) and by
+// the fused hierarchical kernel (select_hier.cuh). The library's scorer is the §2.3 page bound
+// (select_page_bound.cuh: bf16 and 8-bit stores, Gaussian-τ ranks); a test adds its own
+// (tests/cuda/oldest_first.cuh) without a kernel of its own.
+//
+// Scan layout. A CTA of up to kScoreMaxWarps warps owns a chunk of pages of one (sequence, kv
+// head); its warps are independent pipelines: warp w scores the warp tiles w, w + warps,
+// w + 2 warps, ... of the chunk (kWarpPages pages each), every tile copied into the warp's own
+// shared-memory stages kStages - 1 tiles ahead (cp.async), so only __syncwarp orders a warp's
+// copies and reads (the CTA's barriers are the scorer's query staging). It takes a group mask
+// (hier_select: tiles of unchosen groups are not read, their keys are 0) or a group list
+// (hier_select on long sequences: only the listed groups' tiles are visited).
+//
+// The device scorer contract (the host side of one is ScanKernels, select_common.cuh):
+//   kStages, kStageBytes, kWarpBytes (= kStages · kStageBytes; 0 when nothing is staged)
+//   static std::size_t query_bytes(int group): the CTA's staged query, after the warps' stages
+//   begin_query(p, qs, b, h): issues the query's asynchronous copies (every thread; the scan
+//     commits them as the oldest copy group, so they overlap the first tiles' page-id loads)
+//   end_query(p, qs): after they land; CTA-wide work on the query, ending in __syncthreads()
+//   issue_tile(p, stage, h, lane, phys): copies a tile into one stage; lane L holds the
+//     physical page of the tile's page L % 16 (-1: missing or bad, zero-fill without reading)
+//   page_rank(p, stage, qs, lane, page, b, h, ok): the rank of the lane's page (lanes 2i and
+//     2i + 1 both serve page i of the tile and must return the same value; ok: its page id is
+//     valid). A page's key is ordered_key(rank) (0: not keyed), read by every top-k.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -24,21 +35,6 @@
 #include "select_common.cuh"
 
 namespace masskv::cuda::select_impl {
-
-__device__ __forceinline__ float bf16_lo(unsigned w) { return __uint_as_float(w << 16); }
-__device__ __forceinline__ float bf16_hi(unsigned w) { return __uint_as_float(w & 0xffff0000u); }
-
-// Unpacks 8 bf16 (one uint4) into floats, element i = channel c + i.
-__device__ __forceinline__ void unpack8(const uint4& r, float (&f)[8]) {
-  f[0] = bf16_lo(r.x);
-  f[1] = bf16_hi(r.x);
-  f[2] = bf16_lo(r.y);
-  f[3] = bf16_hi(r.y);
-  f[4] = bf16_lo(r.z);
-  f[5] = bf16_hi(r.z);
-  f[6] = bf16_lo(r.w);
-  f[7] = bf16_hi(r.w);
-}
 
 // 16-byte asynchronous copy global -> shared (L2 only: each summary byte is used by one CTA);
 // src_bytes 0 writes zeros without reading.
@@ -54,180 +50,9 @@ __device__ __forceinline__ void cp_async4(void* smem, const void* gmem) {
   asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(dst), "l"(gmem));
 }
 
-// Scoring layout. A CTA of up to kScoreMaxWarps warps owns a chunk of pages of one (sequence,
-// kv head); its warps are independent pipelines: warp w scores the warp tiles w, w + warps,
-// w + 2 warps, ... of the chunk (kWarpPages pages each), every tile copied into the warp's own
-// shared-memory stages with 16-byte cp.async (coalesced: 16 lanes per 256-byte row at d = 128)
-// kStages - 1 tiles ahead, so only __syncwarp orders a warp's copies and reads (one
-// __syncthreads, after the group's q is staged). In a tile, lane L scores row L: page L / 2,
-// its min row (L even: the q- chains) or its max row (L odd: the q+ chains); the two lanes of a
-// page then add their chains (shuffle) and both finish the bound.
-// Pipeline stages per warp: 2 (one tile in flight while one is scored); 3 at d = 64, where a
-// tile is half as many bytes.
-// kU8: the 8-bit store (one byte per channel, a tile half the bytes).
-template <int kD, bool kU8>
-constexpr int kRowData = kU8 ? kD : 2 * kD;  // bytes of one staged min or max row
-template <int kD, bool kU8>
-constexpr int kScoreStages = kRowData<kD, kU8> <= 128 ? 3 : 2;
-constexpr int kScoreMaxWarps = 12;
-constexpr int kHeadBatch = 4;  // q heads per pass over a row (8 accumulators each)
-
-template <int kD, bool kU8 = false>
-struct ScoreSmem {
-  static constexpr int kRowBytes =
-      kRowData<kD, kU8> + 16;  // 16 bytes of padding: lane L reads row L
-  // 8-bit: the tile's (lo, step) per page after its rows.
-  static constexpr int kGridOffset = 2 * kWarpPages * kRowBytes;
-  static constexpr int kStageBytes = kGridOffset + (kU8 ? kWarpPages * 8 : 0);
-  static constexpr int kStages = kScoreStages<kD, kU8>;
-  static constexpr int kWarpBytes = kStages * kStageBytes;
-  // q+ [group][kD], 4 floats of padding (q- in other banks than q+), q- [group][kD], f||q||_1.
-  static std::size_t q_bytes(int group) {
-    return sizeof(float) * (2 * static_cast<std::size_t>(group) * kD + 4 + group);
-  }
-  static std::size_t bytes(int warps, int group) {
-    return static_cast<std::size_t>(warps) * kWarpBytes + q_bytes(group);
-  }
-};
-
 template <int kPending>
 __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");
-}
-
-// The chains of kNB q heads (from head i0) over this lane's row; kW: also W over the row.
-// acc[i][l] = sum over k, in order, of q[i][8k + l] * row[8k + l] (one FMA chain per lane l, as
-// the AVX2 kernel's lanes), q = q- for a min row, q+ for a max row.
-// The shared-memory loads of block k + 1 (row piece and q) are issued before block k's FMAs:
-// otherwise the loop stalls on its shared loads' results (ncu: docs/gpu-results.md, tuning notes).
-template <int kNB>
-struct RowBlock {
-  uint4 x;
-  float4 q[kNB][2];
-};
-template <int kD, int kNB>
-__device__ __forceinline__ void load_block(const uint4* row, const float* qa, int i0, int k,
-                                           RowBlock<kNB>& b) {
-  b.x = row[k];
-#pragma unroll
-  for (int i = 0; i < kNB; ++i) {
-    const float4* qv = reinterpret_cast<const float4*>(qa + (i0 + i) * kD + 8 * k);
-    b.q[i][0] = qv[0];
-    b.q[i][1] = qv[1];
-  }
-}
-template <int kD, int kNB, bool kW, bool kHot>
-__device__ __forceinline__ void score_rows(const uint4* row, const float* qa, int i0, float& w,
-                                           float (&acc)[kHeadBatch][8]) {
-#pragma unroll
-  for (int i = 0; i < kNB; ++i)
-#pragma unroll
-    for (int l = 0; l < 8; ++l) acc[i][l] = 0.f;
-  RowBlock<kNB> cur, next;
-  load_block<kD, kNB>(row, qa, i0, 0, cur);
-  // kHot (a warp scores many tiles): fully unrolled. Otherwise by 2: at B = 1 a warp scores
-  // one or two tiles, so the loop runs on a cold instruction cache, where the smaller code wins
-  // (docs/gpu-results.md, tuning notes).
-#pragma unroll(kHot ? kD / 8 : 2)
-  for (int k = 0; k < kD / 8; ++k) {
-    if (k + 1 < kD / 8) load_block<kD, kNB>(row, qa, i0, k + 1, next);
-    float x[8];
-    unpack8(cur.x, x);
-    if constexpr (kW) {
-#pragma unroll
-      for (int l = 0; l < 8; ++l) w = fmaxf(w, fabsf(x[l]));
-    }
-#pragma unroll
-    for (int i = 0; i < kNB; ++i) {
-      const float4 a = cur.q[i][0], c = cur.q[i][1];
-      acc[i][0] = fmaf(a.x, x[0], acc[i][0]);
-      acc[i][1] = fmaf(a.y, x[1], acc[i][1]);
-      acc[i][2] = fmaf(a.z, x[2], acc[i][2]);
-      acc[i][3] = fmaf(a.w, x[3], acc[i][3]);
-      acc[i][4] = fmaf(c.x, x[4], acc[i][4]);
-      acc[i][5] = fmaf(c.y, x[5], acc[i][5]);
-      acc[i][6] = fmaf(c.z, x[6], acc[i][6]);
-      acc[i][7] = fmaf(c.w, x[7], acc[i][7]);
-    }
-    if (k + 1 < kD / 8) cur = next;
-  }
-}
-
-// The 8-bit form of score_rows: 16 codes per 16-byte piece, each dequantised once per row as
-// fma(code, step, lo) (the CPU's dequant8), channel 16k + l into chain l, then 16k + 8 + l
-// into chain l (ascending channels per chain, as the CPU reference).
-__device__ __forceinline__ float code_at(unsigned word, int i) {
-  // 0x4B0000bb is 2^23 + bb exactly; minus 2^23 gives the code as a float.
-  return __fsub_rn(__uint_as_float(__byte_perm(word, 0x4B000000u, 0x7440u | i)), 8388608.0f);
-}
-template <int kD, int kNB, bool kW, bool kHot>
-__device__ __forceinline__ void score_rows8(const uint4* row, const float* qa, int i0, float lo,
-                                            float step, float& w, float (&acc)[kHeadBatch][8]) {
-#pragma unroll
-  for (int i = 0; i < kNB; ++i)
-#pragma unroll
-    for (int l = 0; l < 8; ++l) acc[i][l] = 0.f;
-#pragma unroll(kHot ? kD / 16 : 2)  // as score_rows
-  for (int k = 0; k < kD / 16; ++k) {
-    const uint4 r = row[k];
-    const unsigned words[4] = {r.x, r.y, r.z, r.w};
-    float x[16];
-#pragma unroll
-    for (int e = 0; e < 16; ++e) x[e] = fmaf(code_at(words[e / 4], e % 4), step, lo);
-    if constexpr (kW) {
-#pragma unroll
-      for (int e = 0; e < 16; ++e) w = fmaxf(w, fabsf(x[e]));
-    }
-#pragma unroll
-    for (int i = 0; i < kNB; ++i) {
-      const float4* qv = reinterpret_cast<const float4*>(qa + (i0 + i) * kD + 16 * k);
-#pragma unroll
-      for (int half = 0; half < 2; ++half) {
-        const float4 a = qv[2 * half], c = qv[2 * half + 1];
-        const float* xs = x + 8 * half;
-        acc[i][0] = fmaf(a.x, xs[0], acc[i][0]);
-        acc[i][1] = fmaf(a.y, xs[1], acc[i][1]);
-        acc[i][2] = fmaf(a.z, xs[2], acc[i][2]);
-        acc[i][3] = fmaf(a.w, xs[3], acc[i][3]);
-        acc[i][4] = fmaf(c.x, xs[4], acc[i][4]);
-        acc[i][5] = fmaf(c.y, xs[5], acc[i][5]);
-        acc[i][6] = fmaf(c.z, xs[6], acc[i][6]);
-        acc[i][7] = fmaf(c.w, xs[7], acc[i][7]);
-      }
-    }
-  }
-}
-
-// Both stores: the chains of kNB q heads over this lane's row.
-template <int kD, bool kU8, int kNB, bool kW, bool kHot>
-__device__ __forceinline__ void score_any(const uint4* row, const float* qa, int i0, float lo,
-                                          float step, float& w, float (&acc)[kHeadBatch][8]) {
-  if constexpr (kU8) {
-    score_rows8<kD, kNB, kW, kHot>(row, qa, i0, lo, step, w, acc);
-  } else {
-    score_rows<kD, kNB, kW, kHot>(row, qa, i0, w, acc);
-  }
-}
-
-// score_any for a run-time batch size nb (1 .. kHeadBatch).
-template <int kD, bool kU8, bool kW, bool kHot>
-__device__ __forceinline__ void score_batch(int nb, const uint4* row, const float* qa, int i0,
-                                            float lo, float step, float& w,
-                                            float (&acc)[kHeadBatch][8]) {
-  switch (nb) {
-    case 1:
-      score_any<kD, kU8, 1, kW, kHot>(row, qa, i0, lo, step, w, acc);
-      break;
-    case 2:
-      score_any<kD, kU8, 2, kW, kHot>(row, qa, i0, lo, step, w, acc);
-      break;
-    case 3:
-      score_any<kD, kU8, 3, kW, kHot>(row, qa, i0, lo, step, w, acc);
-      break;
-    default:
-      score_any<kD, kU8, 4, kW, kHot>(row, qa, i0, lo, step, w, acc);
-      break;
-  }
 }
 
 // cp.async of 8 bytes (the 8-bit store's (lo, step) of a page); src_bytes 0 writes zeros.
@@ -237,32 +62,22 @@ __device__ __forceinline__ void cp_async8(void* smem, const void* gmem, int src_
                "r"(src_bytes));
 }
 
+constexpr int kScoreMaxWarps = 12;
 constexpr int kSkipTile = -2;  // load_id's id for a page of a group the mask leaves out
 
-// One CTA's scoring of (sequence b, kv head h): page tiles [j0, j1) of 16 pages from page j0
-// (list == null), or the groups list[j0 .. j1) (list mode: group i = pages [16 i, 16 i + 16)).
-// n: the sequence's pages (seq_pages). smem: the CTA's dynamic shared memory (ScoreSmem's
-// layout: the warps' stages, then q). Every thread of the CTA calls it (it has barriers); the
-// CTA returns at once when there is nothing to score. kHot: a warp scores many tiles (the
-// row loop fully unrolled, score_rows).
-template <int kD, bool kU8, bool kHot = false>
+// One CTA's scoring of (sequence b, kv head h) by scorer S: page tiles [j0, j1) of 16 pages
+// from page j0 (list == null), or the groups list[j0 .. j1) (list mode: group i = pages
+// [16 i, 16 i + 16)). n: the sequence's pages (seq_pages). smem: the CTA's dynamic shared
+// memory (the warps' stages, S::kWarpBytes each, then S's query). Every thread of the CTA calls
+// it (it has barriers); the CTA returns at once when there is nothing to score.
+template <class S>
 __device__ __forceinline__ void score_tiles(const SelParams& p, unsigned char* smem, int b, int h,
                                             int n, const std::int32_t* list, int j0, int j1) {
-  using Smem = ScoreSmem<kD, kU8>;
-  constexpr int kRowBytes = Smem::kRowBytes;
-  constexpr int kStages = Smem::kStages;
-  constexpr int kElem = kU8 ? 1 : 2;               // bytes per channel
-  constexpr int kPieces = kRowData<kD, kU8> / 16;  // 16-byte pieces per row
-  constexpr int kRowsPerCopy = 32 / kPieces;  // rows one warp-wide copy covers (4, 2, 1)
-  constexpr int kCopies = 2 * kWarpPages / kRowsPerCopy;
-  constexpr unsigned kAll = 0xffffffffu;
+  constexpr int kStages = S::kStages;
   const int warps = blockDim.x / 32;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int g = p.group;
-  float* s_qpos = reinterpret_cast<float*>(smem + static_cast<std::size_t>(warps) * Smem::kWarpBytes);
-  float* s_qneg = s_qpos + g * kD + 4;
-  float* s_fq = s_qneg + g * kD;
-  unsigned char* wbuf = smem + static_cast<std::size_t>(warp) * Smem::kWarpBytes;
+  unsigned char* qs = smem + static_cast<std::size_t>(warps) * S::kWarpBytes;
+  unsigned char* wbuf = smem + static_cast<std::size_t>(warp) * S::kWarpBytes;
 
   const std::int64_t slot = static_cast<std::int64_t>(b) * p.num_kv_heads + h;
   if (n < 0 || j0 >= j1) return;  // the whole CTA: before any barrier
@@ -274,12 +89,6 @@ __device__ __forceinline__ void score_tiles(const SelParams& p, unsigned char* s
                            : j0 + (warp + t * warps) * kWarpPages;
   };
   const int page_end = list != nullptr ? n : j1;  // pages past it do not exist
-
-  const std::int64_t page_stride = static_cast<std::int64_t>(p.num_kv_heads) * kD * kElem;
-  const unsigned char* mn =
-      reinterpret_cast<const unsigned char*>(p.mn) + static_cast<std::int64_t>(h) * kD * kElem;
-  const unsigned char* mx =
-      reinterpret_cast<const unsigned char*>(p.mx) + static_cast<std::int64_t>(h) * kD * kElem;
   const std::uint8_t* tmask =
       p.tile_mask != nullptr
           ? p.tile_mask + (static_cast<std::int64_t>(b) * p.num_kv_heads + h) * p.mask_stride
@@ -298,47 +107,23 @@ __device__ __forceinline__ void score_tiles(const SelParams& p, unsigned char* s
     return skipped(t) ? kSkipTile : p.indices[seq_begin + pg];
   };
   // Copies this warp's tile t into stage st: lane L holds the page id of page L % 16 of the
-  // tile (`id`; flags a bad one); copy `it` moves rows [it * kRowsPerCopy, +kRowsPerCopy) of
-  // the stage (row r = 2 * page + (0: min, 1: max)), kPieces consecutive lanes per row; missing
-  // or bad pages are zero-filled without reading.
+  // tile (`id`; flags a bad one); the scorer copies, zero-filling missing or bad pages.
   const auto issue = [&](int t, int st, int id) {
     if (skipped(t)) return;  // warp-uniform: never read (the tile's keys are written as 0)
     const int tn = min(kWarpPages, page_end - tile_page0(t));
-    const int mine = lane % kWarpPages;
     int phys = -1;
-    if (mine < tn) {
+    if (lane % kWarpPages < tn) {
       if (id >= 0 && id < p.pool_pages) {
         phys = id;
       } else if (id != kSkipTile && lane < kWarpPages) {
         atomicOr(p.err, kBadPhysical);
       }
     }
-    unsigned char* stage = wbuf + st * Smem::kStageBytes;
-    const int piece = lane % kPieces;
-#pragma unroll
-    for (int it = 0; it < kCopies; ++it) {
-      const int r = it * kRowsPerCopy + lane / kPieces;
-      const int ph = __shfl_sync(kAll, phys, r >> 1);
-      const unsigned char* src = ph >= 0 ? ((r & 1) ? mx : mn) + ph * page_stride + piece * 16
-                                         : mn;  // 0 bytes read if < 0
-      cp_async16(stage + r * kRowBytes + piece * 16, src, ph >= 0 ? 16 : 0);
-    }
-    if constexpr (kU8) {
-      if (lane < kWarpPages) {
-        const float* src = phys >= 0
-                               ? p.grid + 2 * (static_cast<std::int64_t>(phys) * p.num_kv_heads + h)
-                               : p.grid;
-        cp_async8(stage + Smem::kGridOffset + lane * 8, src, phys >= 0 ? 8 : 0);
-      }
-    }
+    S::issue_tile(p, wbuf + st * S::kStageBytes, h, lane, phys);
   };
-  // q first, copied as is into s_qpos (split below) as the oldest copy group: its latency
-  // overlaps the page-id loads the tile copies wait for (docs/gpu-results.md, tuning notes).
-  const int q_head0 = h * g;
-  for (int idx = threadIdx.x; idx < g * kD; idx += blockDim.x) {
-    const int i = idx / kD, c = idx % kD;
-    cp_async4(s_qpos + idx, p.q + b * p.q_s0 + (q_head0 + i) * p.q_s1 + c);
-  }
+  // The query first, as the oldest copy group: its latency overlaps the page-id loads the tile
+  // copies wait for (docs/gpu-results.md, tuning notes).
+  S::begin_query(p, qs, b, h);
   cp_async_commit();
 #pragma unroll
   for (int s = 0; s < kStages - 1; ++s) {
@@ -347,42 +132,12 @@ __device__ __forceinline__ void score_tiles(const SelParams& p, unsigned char* s
   }
   int next_id = load_id(kStages - 1);
 
-  cp_async_wait<kStages - 1>();  // this thread's q copies (the same idx as below)
-  for (int idx = threadIdx.x; idx < g * kD; idx += blockDim.x) {
-    const float x = s_qpos[idx];
-    s_qpos[idx] = x > 0.f ? x : 0.f;
-    // A NaN channel: q+ 0, q- NaN (so its ||q||_1 below is NaN, as the sum of |q| would be).
-    s_qneg[idx] = x < 0.f ? x : x > 0.f ? 0.f : (x == x ? 0.f : x);
-  }
-  __syncthreads();
+  cp_async_wait<kStages - 1>();  // this thread's query copies
   detail::stamp(p.stamps, p.stamp_score, 1);
-  for (int i = threadIdx.x; i < g; i += blockDim.x) {
-    // ||q||_1 summed in channel order, as SplitQuery::assign, from shared memory:
-    // q+ - q- = |q| exactly (one of them is 0); NaN where q- holds the NaN. 32 channels of
-    // each loaded at once: one shared-memory latency per 32 additions, not per addition.
-    float l1 = 0.f;
-    for (int c0 = 0; c0 < kD; c0 += 32) {
-      float qp[32], qn[32];
-#pragma unroll
-      for (int e = 0; e < 32; e += 4) {
-        const float4 a = *reinterpret_cast<const float4*>(s_qpos + i * kD + c0 + e);
-        const float4 n4 = *reinterpret_cast<const float4*>(s_qneg + i * kD + c0 + e);
-        qp[e] = a.x, qp[e + 1] = a.y, qp[e + 2] = a.z, qp[e + 3] = a.w;
-        qn[e] = n4.x, qn[e + 1] = n4.y, qn[e + 2] = n4.z, qn[e + 3] = n4.w;
-      }
-#pragma unroll
-      for (int e = 0; e < 32; ++e)
-        l1 = __fadd_rn(l1, qn[e] == qn[e] ? __fsub_rn(qp[e], qn[e]) : qn[e]);
-    }
-    s_fq[i] = __fmul_rn(p.slack_f, l1);
-  }
-  __syncthreads();  // q staged; from here on the warps run on their own
+  S::end_query(p, qs);  // ends in __syncthreads: from here on the warps run on their own
   detail::stamp(p.stamps, p.stamp_score, 2);
 
   std::uint32_t* keys = p.keys + slot * p.max_pages;
-  const float* qa = (lane & 1) ? s_qpos : s_qneg;
-  const double* tau_row =
-      p.tau != nullptr ? p.tau + static_cast<std::int64_t>(b) * p.num_kv_heads * g + q_head0 : nullptr;
   for (int t = 0; t < my_tiles; ++t) {
     // The stage written here was last read in iteration t - 1, before its closing __syncwarp.
     if (t + kStages - 1 < my_tiles) issue(t + kStages - 1, (t + kStages - 1) % kStages, next_id);
@@ -403,74 +158,50 @@ __device__ __forceinline__ void score_tiles(const SelParams& p, unsigned char* s
       const int id = p.indices[seq_begin + pg];
       ok = id >= 0 && id < p.pool_pages;
     }
-    const unsigned char* stage = wbuf + (t % kStages) * Smem::kStageBytes;
-    const uint4* row = reinterpret_cast<const uint4*>(stage + lane * kRowBytes);
-    float glo = 0.f, gstep = 0.f;  // the 8-bit grid of this lane's page
-    if constexpr (kU8) {
-      const float2 gs =
-          *reinterpret_cast<const float2*>(stage + Smem::kGridOffset + (lane / 2) * 8);
-      glo = gs.x;
-      gstep = gs.y;
-    }
-    // W = max_c max(|m_c|, |M_c|): each lane's row, then the pair's (exact in any order).
-    float w = 0.f, best = -INFINITY;
-    float acc[kHeadBatch][8];
-    for (int i0 = 0; i0 < g; i0 += kHeadBatch) {
-      const int nb = min(kHeadBatch, g - i0);
-      if (i0 == 0) {
-        score_batch<kD, kU8, true, kHot>(nb, row, qa, i0, glo, gstep, w, acc);
-        w = fmaxf(w, __shfl_xor_sync(kAll, w, 1));
-      } else {
-        score_batch<kD, kU8, false, kHot>(nb, row, qa, i0, glo, gstep, w, acc);
-      }
-#pragma unroll
-      for (int i = 0; i < kHeadBatch; ++i) {
-        if (i < nb) {
-          // v_l = (q+·M)_l + (q-·m)_l: the partner lane holds the other chain (+ commutes).
-          float v[8];
-#pragma unroll
-          for (int l = 0; l < 8; ++l) v[l] = __fadd_rn(acc[i][l], __shfl_xor_sync(kAll, acc[i][l], 1));
-          // The AVX2 hsum: ((v0+v4)+(v2+v6)) + ((v1+v5)+(v3+v7)).
-          const float s = __fadd_rn(__fadd_rn(__fadd_rn(v[0], v[4]), __fadd_rn(v[2], v[6])),
-                                    __fadd_rn(__fadd_rn(v[1], v[5]), __fadd_rn(v[3], v[7])));
-          // finish_bound: scale * (sum + fq * w + FLT_MIN), each operation rounded.
-          const float bound = __fmul_rn(
-              p.scale, __fadd_rn(__fadd_rn(s, __fmul_rn(s_fq[i0 + i], w)), FLT_MIN));
-          // CPU: m = bounds[0]; m = x > m ? x : m (in head order).
-          if (ok && isnan(bound) && (lane & 1) == 0) atomicOr(p.err, kNonFinite);
-          // select::entmax_rank: the product of two floats is exact in f64, one rounding.
-          const float rank =
-              tau_row != nullptr
-                  ? __double2float_rn(__dsub_rn(__dmul_rn(p.am1, static_cast<double>(bound)),
-                                                tau_row[i0 + i]))
-                  : bound;
-          best = (i0 + i == 0 || rank > best) ? rank : best;
-        }
-      }
-    }
-    const bool dropped = tau_row != nullptr && p.adaptive && !(best > -p.margin);
+    const float best = S::page_rank(p, wbuf + (t % kStages) * S::kStageBytes, qs, lane, pg, b,
+                                    h, ok);
+    const bool dropped = p.tau != nullptr && p.adaptive && !(best > -p.margin);
     if ((lane & 1) == 0 && in) keys[pg] = ok && !dropped ? ordered_key(best) : 0u;
     __syncwarp();  // every lane is done with this stage before it is refilled
     if (t == 0) detail::stamp(p.stamps, p.stamp_score, 4);
   }
 }
 
-// ScoreSmem at run time: one scoring warp's stages and the staged q of a group.
-struct ScoreSizes {
-  std::size_t warp_bytes, q_bytes;
-  std::size_t bytes(int warps) const {
-    return static_cast<std::size_t>(warps) * warp_bytes + q_bytes;
-  }
-};
-template <int kD>
-inline ScoreSizes score_sizes_of(bool u8, int group) {
-  return u8 ? ScoreSizes{ScoreSmem<kD, true>::kWarpBytes, ScoreSmem<kD, true>::q_bytes(group)}
-            : ScoreSizes{ScoreSmem<kD>::kWarpBytes, ScoreSmem<kD>::q_bytes(group)};
+// One scorer's whole scan: grid (chunks, kv heads, batch), blockDim = 32 * warps (warps <=
+// kScoreMaxWarps, planned on the host from the shared memory that fits: score_plan). Chunk c:
+// pages [c·chunk_pages, +chunk_pages), or in list mode entries [c·chunk_pages/16,
+// +chunk_pages/16) of the pair's tile list.
+template <class S>
+__global__ void __launch_bounds__(kScoreMaxWarps * 32) score_kernel(SelParams p) {
+  extern __shared__ uint4 smem_raw[];
+  const int chunk = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
+  detail::stamp(p.stamps, p.stamp_score, 0);
+  // Launched by programmatic dependent launch after the group top-k (hier_select's page pass):
+  // nothing is read before the predecessor is done (a no-op after a plain launch). Then the
+  // top-k may launch: its CTAs wait on the device for this grid, with no launch gap between
+  // (docs/gpu-results.md, tuning notes).
+  detail::wait_for_predecessor();
+  detail::allow_dependents();
+  const int n = seq_pages(p, b);
+  const std::int64_t slot = static_cast<std::int64_t>(b) * p.num_kv_heads + h;
+  const std::int32_t* list = p.tile_ids != nullptr ? p.tile_ids + slot * p.tile_stride : nullptr;
+  const int j0 = list != nullptr ? chunk * (p.chunk_pages / kWarpPages) : chunk * p.chunk_pages;
+  const int j_end = list != nullptr ? (n < 0 ? 0 : min(p.tile_count[slot], p.tile_stride)) : n;
+  const int j1 = list != nullptr ? min(j_end, j0 + p.chunk_pages / kWarpPages)
+                                 : min(n, j0 + p.chunk_pages);
+  score_tiles<S>(p, reinterpret_cast<unsigned char*>(smem_raw), b, h, n, list, j0, j1);
+  detail::stamp(p.stamps, p.stamp_score, stamps::kExit);
 }
-inline ScoreSizes score_sizes(int d, bool u8, int group) {
-  return d == 64    ? score_sizes_of<64>(u8, group)
-         : d == 128 ? score_sizes_of<128>(u8, group)
-                    : score_sizes_of<256>(u8, group);
+
+// A scorer's shared memory at run time: one scoring warp's stages and the staged query of a
+// group (ScanKernels, select_common.cuh).
+template <class S>
+ScanKernels scan_kernels_of(ScoreFn plain, ScoreFn hot) {
+  return {plain, hot, S::kWarpBytes, &S::query_bytes};
+}
+template <class S, class SHot = S>
+ScanKernels scan_kernels() {
+  return scan_kernels_of<S>(score_kernel<S>, score_kernel<SHot>);
 }
 
 }  // namespace masskv::cuda::select_impl

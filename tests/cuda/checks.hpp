@@ -23,5 +23,8 @@ int run_prefill_check();
 int run_append_check();
 // cuda::extend_kept against select::extend_kept, list for list (extend_check.cu).
 int run_extend_check();
+// A test scorer's device form through the GPU hierarchical selection against its CPU form
+// through select::run_selector (scorer_check.cu).
+int run_scorer_check();
 // cuda::engine_pages against kv::engine_pages, entry for entry (engine_pages_check.cu).
 int run_engine_pages_check();

@@ -67,6 +67,7 @@ std::vector<GpuTest> all_tests() {
                [](L& l) { l.hier_scan = L::HierScan::list; }});
   t.push_back({"select-compact/hier-fused", run_compact_check, true,
                [](L& l) { l.hier_kernel = L::HierKernel::fused; }});
+  t.push_back({"scorer", run_scorer_check});
   return t;
 }
 
