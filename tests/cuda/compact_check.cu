@@ -269,13 +269,7 @@ int check_moment_update(const SelData& sd, const SelGpu& g, const MomentData& md
 }  // namespace
 
 int run_compact_check() {
-  std::vector<SelCase> cases;
-  for (const SelCase& c : select_cases()) {
-    // The CPU references are scalar: keep every case's store under ~2e7 values.
-    const double values =
-        static_cast<double>(c.batch) * ((c.len + c.page - 1) / c.page) * c.hkv * c.d;
-    if (values <= 2e7) cases.push_back(c);
-  }
+  const std::vector<SelCase> cases = select_cases_up_to(2e7);  // the CPU references are scalar
   std::printf(
       "select-compact check: %zu cases, GPU 8-bit Quest vs select::quest_select8 and GPU "
       "hierarchical Quest (groups of 16 pages, cover 0.5/1/2/8) vs select::hier_select; keys and "

@@ -70,11 +70,8 @@ SelectionStorage cpu_oldest_first(const SelData& sd) {
 
 int run_scorer_check() {
   std::vector<SelCase> cases;
-  for (const SelCase& c : select_cases()) {
-    const double values =
-        static_cast<double>(c.batch) * ((c.len + c.page - 1) / c.page) * c.hkv * c.d;
-    if (c.pol.budget_pages > 0 && values <= 2e7) cases.push_back(c);  // a fixed budget needs > 0
-  }
+  for (const SelCase& c : select_cases_up_to(2e7))
+    if (c.pol.budget_pages > 0) cases.push_back(c);  // the CPU's fixed budget needs > 0
   std::printf(
       "scorer check: %zu cases, the test scorer oldest_first through its device form on the GPU "
       "hierarchical path (separate: mask and list scans; fused) vs select::run_selector with its "

@@ -371,6 +371,18 @@ inline std::vector<SelCase> select_cases() {
   return cases;
 }
 
+// The cases whose summary store holds at most max_values values (the checks against scalar CPU
+// references keep to ~2e7).
+inline std::vector<SelCase> select_cases_up_to(double max_values) {
+  std::vector<SelCase> cases;
+  for (const SelCase& c : select_cases()) {
+    const double values =
+        static_cast<double>(c.batch) * ((c.len + c.page - 1) / c.page) * c.hkv * c.d;
+    if (values <= max_values) cases.push_back(c);
+  }
+  return cases;
+}
+
 // Runs body(i) (returns its failures) for cases 0..n-1; a case that throws (host or device) is
 // one failure and the others still run; a progress line every 16 cases.
 template <class F>
