@@ -411,6 +411,13 @@ check run-learned-codes-top-p-cap 0 'KV read' -- "$bin" run -p "The capital of F
   --window 0
 check run-token-codes-top-p 0 'KV read' -- "$bin" run -p "The capital of France is" -n 4 -t 1 \
   --selector token_codes --budget p0.9 --page 4 --window 0
+# pMASS:CAP:MIN: the floor in the budget itself (the eval has no --budget-min).
+check run-top-p-floor 0 'KV read' -- "$bin" run -p "The capital of France is" -n 4 -t 1 \
+  --selector token_codes --budget p0.5:16:8 --page 4 --window 0
+check run-top-p-floor-over-cap 2 'exceeds its cap' -- "$bin" run -p hi -n 1 \
+  --selector token_codes --budget p0.9:8:16
+check run-top-p-floor-twice 2 'give one of the two' -- "$bin" run -p hi -n 1 \
+  --selector token_codes --budget p0.9:16:8 --budget-min 4
 check eval-learned-codes-no-file 2 '--selector-file' -- "$bin" eval --methods learned_codes+c2
 check bench-learned-tiny 0 '\| learned p0.9:[0-9]+ \| tg2 @ d64 \|' -- "$bin" bench -p 0 -n 2 \
   -d 64 -r 1 --selector learned --selector-file "$tmp/mean.gguf" --budget p0.9:1/2 \

@@ -700,7 +700,8 @@ void register_eval(CLI::App& app, const std::string& cmdline) {
       ->delimiter(',');
   e->add_option("--budgets", o->budgets,
                 "KV budgets: fractions of the length (1/16) or tokens (256); caps for top_p, "
-                "entmax_support and gaussian_tau. Top-p budgets pMASS[:CAP] (p0.9, p0.9:1/8): "
+                "entmax_support and gaussian_tau. Top-p budgets pMASS[:CAP[:MIN]] (p0.9, p0.9:1/8, "
+                "p0.9:1/8:1/32, MIN the floor K_min): "
                 "the smallest set with estimated mass >= MASS, for learned, top_p, quest, "
                 "oracle, token_codes and learned_codes (with :CAP only); other methods skip them")
       ->delimiter(',');

@@ -140,6 +140,8 @@ std::optional<select::SelectorConfig> selector_config(const ModelOptions& o, std
             "--budget-min", "applies to top-p budgets (--budget pMASS[:CAP]) only");
     require(!is_top_p_budget(o.budget_min), ErrorCode::invalid_argument, "--budget-min",
             "must be tokens or a fraction, got '", o.budget_min, "'");
+    require(c.budget.min_tokens == 0, ErrorCode::invalid_argument, "--budget-min",
+            "the --budget already names a floor (pMASS:CAP:MIN): give one of the two");
     c.budget.min_tokens = parse_budget(o.budget_min, context, "--budget-min").tokens;
     require(c.budget.tokens == 0 || c.budget.min_tokens <= c.budget.tokens,
             ErrorCode::invalid_argument, "--budget-min", c.budget.min_tokens,

@@ -129,8 +129,16 @@ select::Budget parse_budget(std::string_view text, std::int64_t context, std::st
   b.kind = select::Budget::Kind::top_p;
   std::string_view mass = text.substr(1);
   if (const auto colon = mass.find(':'); colon != std::string_view::npos) {
-    b.tokens = budget_tokens(mass.substr(colon + 1), context, option);
+    std::string_view cap = mass.substr(colon + 1);
     mass = mass.substr(0, colon);
+    // pMASS:CAP:MIN: the floor K_min (Budget::min_tokens), at most the cap.
+    if (const auto second = cap.find(':'); second != std::string_view::npos) {
+      b.min_tokens = budget_tokens(cap.substr(second + 1), context, option);
+      cap = cap.substr(0, second);
+    }
+    b.tokens = budget_tokens(cap, context, option);
+    require(b.min_tokens <= b.tokens, ErrorCode::invalid_argument, option, "the floor of '", text,
+            "' (", b.min_tokens, " tokens) exceeds its cap (", b.tokens, ")");
   }
   const std::string m(mass);
   std::size_t used = 0;
@@ -141,7 +149,8 @@ select::Budget parse_budget(std::string_view text, std::int64_t context, std::st
     used = 0;
   }
   require(used == m.size() && !m.empty() && p > 0 && p <= 1, ErrorCode::invalid_argument, option,
-          "a top-p budget is p<mass in (0, 1]>[:cap], e.g. p0.9 or p0.9:1/8, got '", text, "'");
+          "a top-p budget is p<mass in (0, 1]>[:cap[:floor]], e.g. p0.9, p0.9:1/8 or "
+          "p0.9:1/8:1/32, got '", text, "'");
   b.p = p;
   return b;
 }
