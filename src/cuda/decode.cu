@@ -117,8 +117,8 @@ __global__ void __launch_bounds__(kThreads, kG <= 4 ? 4 : 2) decode_chunk_kernel
 // lane c of every warp holds chunk c's lse; the max and the weight sum are warp reductions
 // (tree order, fixed: same bits on every run) instead of a barrier tree and a serial sum, and
 // thread `dim` loads its dimension of every chunk in one unrolled run of independent loads.
-// Small code on purpose: the kernel runs once per step on a cold instruction cache.
-// (The shared-memory path took ~3 µs after its wait here, profile-phases 2026-12-04.)
+// Small code on purpose: the kernel runs once per step on a cold instruction cache (the
+// shared-memory path was slower here: docs/gpu-results.md, "Where a B = 1 step's time goes").
 __device__ __forceinline__ void merge_warp(const Params& p, int d, int b, int hq, int n_chunks,
                                            std::int64_t slot0) {
   const int lane = threadIdx.x % 32, dim = threadIdx.x;
