@@ -486,7 +486,8 @@ __device__ __forceinline__ void write_chunk_softmax(const Params& p, const Chunk
         osum += s_acc[(r * kG + g) * kD + dim] * w;
       }
       o = osum / lsum;
-      lse = Row::lse_of(mx, lsum);
+      // lsum >= 1 here (the max's own weight): unchecked, so a NaN sum stays NaN, as before.
+      lse = softmax::Base2::to_natural(mx + softmax::Base2::log(lsum));
     }
     const int hq = c.q_head0 + g;
     if (p.num_chunks == 1) {

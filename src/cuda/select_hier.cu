@@ -110,8 +110,9 @@ FusedPlan hier_fused_plan(const HierScorer& sc, int group, int max_groups, int g
   int device = 0;
   check_cuda(cudaGetDevice(&device), "cudaGetDevice");
   static std::mutex mu;
-  static std::map<std::tuple<int, FusedFn, int, int, int, int>, FusedPlan> cache;
-  const auto key = std::make_tuple(device, sc.fused, group, max_groups, gcap, pairs);
+  static std::map<std::tuple<int, const void*, int, int, int, int>, FusedPlan> cache;
+  const auto key = std::make_tuple(device, reinterpret_cast<const void*>(sc.fused), group,
+                                   max_groups, gcap, pairs);
   std::lock_guard<std::mutex> lock(mu);
   const auto it = cache.find(key);
   if (it != cache.end()) return it->second;

@@ -29,7 +29,7 @@ namespace masskv::cuda::select_impl {
 // (topk_split_of(p, b, ...)), gl the chosen groups (ascending), mg of them; s_cand room for
 // mg * kWarpPages candidates; s_hist 256, s_pick 3, s_warp kHierThreads / 32 ints of shared
 // memory.
-__device__ inline void hier_page_topk(const SelParams& p, int b, int h,
+__device__ __forceinline__ void hier_page_topk(const SelParams& p, int b, int h,
                                                const TopkSplit& sp, const std::int32_t* gl,
                                                int mg, unsigned long long* s_cand, int* s_hist,
                                                int* s_pick, int* s_warp) {

@@ -201,13 +201,13 @@ struct PageBound {
   static std::size_t query_bytes(int group) {
     return sizeof(float) * (2 * static_cast<std::size_t>(group) * kD + 4 + group);
   }
-  __device__ static float* qpos(unsigned char* qs) { return reinterpret_cast<float*>(qs); }
-  __device__ static const float* qpos(const unsigned char* qs) {
+  __device__ __forceinline__ static float* qpos(unsigned char* qs) { return reinterpret_cast<float*>(qs); }
+  __device__ __forceinline__ static const float* qpos(const unsigned char* qs) {
     return reinterpret_cast<const float*>(qs);
   }
 
-  // q copied as is into q+ (split in end_query).
-  __device__ static void begin_query(const SelParams& p, unsigned char* qs, int b, int h) {
+  // q copied as is into q+ (split in split_query).
+  __device__ __forceinline__ static void begin_query(const SelParams& p, unsigned char* qs, int b, int h) {
     float* s_qpos = qpos(qs);
     const int g = p.group, q_head0 = h * g;
     for (int idx = threadIdx.x; idx < g * kD; idx += blockDim.x) {
@@ -216,11 +216,10 @@ struct PageBound {
     }
   }
 
-  __device__ static void end_query(const SelParams& p, unsigned char* qs) {
+  __device__ __forceinline__ static void split_query(const SelParams& p, unsigned char* qs) {
     const int g = p.group;
     float* s_qpos = qpos(qs);
     float* s_qneg = s_qpos + g * kD + 4;
-    float* s_fq = s_qneg + g * kD;
     for (int idx = threadIdx.x; idx < g * kD; idx += blockDim.x) {  // this thread's copies
       const float x = s_qpos[idx];
       s_qpos[idx] = x > 0.f ? x : 0.f;
@@ -228,6 +227,13 @@ struct PageBound {
       s_qneg[idx] = x < 0.f ? x : x > 0.f ? 0.f : (x == x ? 0.f : x);
     }
     __syncthreads();
+  }
+
+  __device__ __forceinline__ static void finish_query(const SelParams& p, unsigned char* qs) {
+    const int g = p.group;
+    const float* s_qneg = qpos(qs) + g * kD + 4;
+    float* s_fq = qpos(qs) + 2 * g * kD + 4;
+    const float* s_qpos = qpos(qs);
     for (int i = threadIdx.x; i < g; i += blockDim.x) {
       // ||q||_1 summed in channel order, as SplitQuery::assign, from shared memory:
       // q+ - q- = |q| exactly (one of them is 0); NaN where q- holds the NaN. 32 channels of
@@ -253,8 +259,8 @@ struct PageBound {
 
   // Copy `it` moves rows [it * kRowsPerCopy, +kRowsPerCopy) of the stage (row r = 2 * page +
   // (0: min, 1: max)), kPieces consecutive lanes per row.
-  __device__ static void issue_tile(const SelParams& p, unsigned char* stage, int h, int lane,
-                                    int phys) {
+  __device__ __forceinline__ static void issue_tile(const SelParams& p, unsigned char* stage,
+                                                    int h, int lane, int phys) {
     const std::int64_t page_stride = static_cast<std::int64_t>(p.num_kv_heads) * kD * kElem;
     const unsigned char* mn =
         reinterpret_cast<const unsigned char*>(p.mn) + static_cast<std::int64_t>(h) * kD * kElem;
@@ -279,7 +285,7 @@ struct PageBound {
     }
   }
 
-  __device__ static float page_rank(const SelParams& p, const unsigned char* stage,
+  __device__ __forceinline__ static float page_rank(const SelParams& p, const unsigned char* stage,
                                     const unsigned char* qs, int lane, int, int b, int h,
                                     bool ok) {
     const int g = p.group;

@@ -32,9 +32,10 @@ ScanKernels page_bound_scan(int d, bool u8) {
 
 ScorePlan score_plan(const ScanKernels& k, int group) {
   static std::mutex mu;
-  static std::map<std::pair<ScoreFn, int>, ScorePlan> cache;
+  static std::map<std::pair<const void*, int>, ScorePlan> cache;  // by (kernel, group)
   std::lock_guard<std::mutex> lock(mu);
-  const auto it = cache.find({k.fn, group});
+  const std::pair<const void*, int> key{reinterpret_cast<const void*>(k.fn), group};
+  const auto it = cache.find(key);
   if (it != cache.end()) return it->second;
   const std::size_t optin = detail::smem_optin();  // the kernels hold no static arrays
   detail::set_dynamic_smem(k.fn, optin, "the selection's scoring kernel");
@@ -60,7 +61,7 @@ ScorePlan score_plan(const ScanKernels& k, int group) {
              "cudaOccupancyMaxActiveBlocksPerMultiprocessor(score)");
   plan.ctas_per_sm = std::max(1, std::min(ctas, ctas_hot));
   if (cache.size() >= 1024) cache.clear();
-  cache[{k.fn, group}] = plan;
+  cache[key] = plan;
   return plan;
 }
 

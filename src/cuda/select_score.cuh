@@ -3,7 +3,7 @@
 // uint32 keys, generic over a device scorer (below), run by score_kernel (a whole scan) and by
 // the fused hierarchical kernel (select_hier.cuh). The library's scorer is the §2.3 page bound
 // (select_page_bound.cuh: bf16 and 8-bit stores, Gaussian-τ ranks); a test adds its own
-// (tests/cuda/oldest_first.cuh) without a kernel of its own.
+// (tests/cuda/oldest_first.cu) without a kernel of its own.
 //
 // Scan layout. A CTA of up to kScoreMaxWarps warps owns a chunk of pages of one (sequence, kv
 // head); its warps are independent pipelines: warp w scores the warp tiles w, w + warps,
@@ -18,7 +18,9 @@
 //   static std::size_t query_bytes(int group): the CTA's staged query, after the warps' stages
 //   begin_query(p, qs, b, h): issues the query's asynchronous copies (every thread; the scan
 //     commits them as the oldest copy group, so they overlap the first tiles' page-id loads)
-//   end_query(p, qs): after they land; CTA-wide work on the query, ending in __syncthreads()
+//   split_query(p, qs), then finish_query(p, qs): after the copies land, CTA-wide work on the
+//     query in two steps, each ending in __syncthreads() (the scan stamps "q staged" after the
+//     first, "q norms" after the second); every member is __device__ __forceinline__ static
 //   issue_tile(p, stage, h, lane, phys): copies a tile into one stage; lane L holds the
 //     physical page of the tile's page L % 16 (-1: missing or bad, zero-fill without reading)
 //   page_rank(p, stage, qs, lane, page, b, h, ok): the rank of the lane's page (lanes 2i and
@@ -133,8 +135,9 @@ __device__ __forceinline__ void score_tiles(const SelParams& p, unsigned char* s
   int next_id = load_id(kStages - 1);
 
   cp_async_wait<kStages - 1>();  // this thread's query copies
+  S::split_query(p, qs);
   detail::stamp(p.stamps, p.stamp_score, 1);
-  S::end_query(p, qs);  // ends in __syncthreads: from here on the warps run on their own
+  S::finish_query(p, qs);  // ends in __syncthreads: from here on the warps run on their own
   detail::stamp(p.stamps, p.stamp_score, 2);
 
   std::uint32_t* keys = p.keys + slot * p.max_pages;

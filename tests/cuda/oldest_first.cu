@@ -19,10 +19,16 @@ using masskv::cuda::select_impl::SelParams;
 struct Device {
   static constexpr int kStages = 1, kStageBytes = 0, kWarpBytes = 0;
   static std::size_t query_bytes(int) { return 0; }
-  __device__ static void begin_query(const SelParams&, unsigned char*, int, int) {}
-  __device__ static void end_query(const SelParams&, unsigned char*) { __syncthreads(); }
-  __device__ static void issue_tile(const SelParams&, unsigned char*, int, int, int) {}
-  __device__ static float page_rank(const SelParams&, const unsigned char*, const unsigned char*,
+  __device__ __forceinline__ static void begin_query(const SelParams&, unsigned char*, int, int) {}
+  __device__ __forceinline__ static void split_query(const SelParams&, unsigned char*) {
+    __syncthreads();
+  }
+  __device__ __forceinline__ static void finish_query(const SelParams&, unsigned char*) {
+    __syncthreads();
+  }
+  __device__ __forceinline__ static void issue_tile(const SelParams&, unsigned char*, int, int,
+                                                    int) {}
+  __device__ __forceinline__ static float page_rank(const SelParams&, const unsigned char*, const unsigned char*,
                                     int, int page, int, int, bool) {
     return -static_cast<float>(page);  // exact below 2^24 pages
   }

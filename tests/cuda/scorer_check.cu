@@ -8,6 +8,7 @@
 // flat rule takes (the oldest groups hold the oldest pages), so every list must equal the CPU's.
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdio>
 #include <vector>
@@ -113,6 +114,7 @@ int run_scorer_check() {
       l.hier_scan = v.scan;
       l.hier_kernel = v.kernel;
       CK(cudaMemset(g.ids.p, 0x7f, g.ids.n * sizeof(std::int32_t)));
+      CK(cudaMemset(g.count.p, 0xff, g.count.n * sizeof(std::int32_t)));  // -1 unless written
       cuda::select_impl::hier_select_with(h, l, sc);
       CK(cudaDeviceSynchronize());
       fused_served += ws.last_hier_fused();
@@ -121,8 +123,10 @@ int run_scorer_check() {
         for (int hh = 0; hh < c.hkv; ++hh) {
           const std::size_t slot = static_cast<std::size_t>(b) * c.hkv + hh;
           const auto w = want.list(b, hh);
-          const std::vector<std::int32_t> got(ids.begin() + slot * g.max_per_head,
-                                              ids.begin() + slot * g.max_per_head + cnt[slot]);
+          const int n = std::clamp(cnt[slot], 0, g.max_per_head);  // a bad count fails below
+          std::vector<std::int32_t> got(ids.begin() + slot * g.max_per_head,
+                                        ids.begin() + slot * g.max_per_head + n);
+          if (n != cnt[slot]) got.push_back(cnt[slot]);
           ++lists;
           if (got != std::vector<std::int32_t>(w.begin(), w.end())) {
             if (f < 3)
