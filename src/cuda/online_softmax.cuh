@@ -21,14 +21,12 @@ struct Base2 {
   __device__ __forceinline__ static float log(float x) { return log2f(x); }
   __device__ __forceinline__ static float to_natural(float x) { return x * kLn2; }
 };
-struct Base2Approx {
+struct Base2Approx : Base2 {  // Base2's log and lse, the exponent on the SFU
   __device__ __forceinline__ static float exp(float x) {
     float y;
     asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
     return y;
   }
-  __device__ __forceinline__ static float log(float x) { return log2f(x); }
-  __device__ __forceinline__ static float to_natural(float x) { return x * kLn2; }
 };
 struct BaseE {
   __device__ __forceinline__ static float exp(float x) { return expf(x); }
@@ -56,8 +54,6 @@ struct Row {
   }
   // A logit's weight against the running max (after raise).
   __device__ __forceinline__ float weight(float s) const { return B::exp(s - m); }
-  // The row's lse in natural log (-inf for a row without weight).
-  __device__ __forceinline__ float lse() const { return lse_of(m, l); }
 
   // The lse of a merged row: max mx, weights summed to sum.
   __device__ __forceinline__ static float lse_of(float mx, float sum) {

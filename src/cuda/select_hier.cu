@@ -87,20 +87,15 @@ FusedPlan plan_hier_fused(const HierScorer& sc, int group, int max_groups, int g
 
 }  // namespace
 
-template <int kD, bool kU8>
-HierScorer page_bound_hier_of() {
-  HierScorer sc{page_bound_scan(kD, false), page_bound_scan(kD, kU8), nullptr};
-  if constexpr (kD == 64 || kD == 128) sc.fused = fused_kernel<PageBound<kD, false>, PageBound<kD, kU8>>();
-  return sc;
-}
-
 HierScorer page_bound_hier(int d, bool u8) {
-  static const HierScorer sc[2][3] = {
-      {page_bound_hier_of<64, false>(), page_bound_hier_of<128, false>(),
-       page_bound_hier_of<256, false>()},
-      {page_bound_hier_of<64, true>(), page_bound_hier_of<128, true>(),
-       page_bound_hier_of<256, true>()}};
-  return sc[u8 ? 1 : 0][d == 64 ? 0 : d == 128 ? 1 : 2];
+  // The fused kernel serves head_dim 64 and 128 (its stages fit the shared memory), groups bf16.
+  static const FusedFn fused[2][2] = {
+      {fused_kernel<PageBound<64, false>, PageBound<64, false>>(),
+       fused_kernel<PageBound<64, false>, PageBound<64, true>>()},
+      {fused_kernel<PageBound<128, false>, PageBound<128, false>>(),
+       fused_kernel<PageBound<128, false>, PageBound<128, true>>()}};
+  return {page_bound_scan(d, false), page_bound_scan(d, u8),
+          d == 64 || d == 128 ? fused[d == 128 ? 1 : 0][u8 ? 1 : 0] : nullptr};
 }
 
 FusedPlan hier_fused_plan(const HierScorer& sc, int group, int max_groups, int gcap, int pairs) {

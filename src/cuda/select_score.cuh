@@ -196,15 +196,11 @@ __global__ void __launch_bounds__(kScoreMaxWarps * 32) score_kernel(SelParams p)
   detail::stamp(p.stamps, p.stamp_score, stamps::kExit);
 }
 
-// A scorer's shared memory at run time: one scoring warp's stages and the staged query of a
-// group (ScanKernels, select_common.cuh).
-template <class S>
-ScanKernels scan_kernels_of(ScoreFn plain, ScoreFn hot) {
-  return {plain, hot, S::kWarpBytes, &S::query_bytes};
-}
+// A scorer's ScanKernels (select_common.cuh): its scan kernels (SHot: the form for warps that
+// score many tiles; S itself where it has none) and its shared memory at run time.
 template <class S, class SHot = S>
 ScanKernels scan_kernels() {
-  return scan_kernels_of<S>(score_kernel<S>, score_kernel<SHot>);
+  return {score_kernel<S>, score_kernel<SHot>, S::kWarpBytes, &S::query_bytes};
 }
 
 }  // namespace masskv::cuda::select_impl
