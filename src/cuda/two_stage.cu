@@ -139,12 +139,12 @@ __global__ void __launch_bounds__(kThreads) bounds_kernel(Params p) {
 // S-th key (the (1.5 depth / S + 8)-th best of the sample, as the CPU's order_by), then the
 // keys >= T (and their indices) gathered by many CTAs, then those ranked in one CTA's shared
 // memory. Exact whenever at least `depth` keys are >= T: every key of the best `depth` is.
-// Otherwise (or past kCompactCap) rank_kernel ranks the segment from all its keys.
+// Otherwise (or past Params::compact_cap) rank_kernel ranks the segment from all its keys.
 
 __device__ __forceinline__ bool compacted(const Params& p, int seg, int depth) {
   const unsigned long long T = p.thresh[seg];
   const int c = p.ccount[seg];
-  return T != 0ull && depth > 0 && c >= depth && c <= kCompactCap;
+  return T != 0ull && depth > 0 && c >= depth && c <= p.compact_cap;
 }
 
 // With log_prob only the group's first row (the pooled keys) is ranked.
@@ -241,7 +241,7 @@ __global__ void __launch_bounds__(kRankThreads) rank_compact_kernel(Params p) {
   const bool order = !p.log_prob;  // the round robin needs each list in order; one list does not
   int np = 1;
   while (order && np < n) np *= 2;
-  std::int32_t* s_ci = reinterpret_cast<std::int32_t*>(s_ck + kCompactCap);
+  std::int32_t* s_ci = reinterpret_cast<std::int32_t*>(s_ck + p.compact_cap);
   const unsigned long long* ck = p.ckeys + static_cast<std::int64_t>(seg) * kCompactCap;
   const std::int32_t* ci = p.cidx + static_cast<std::int64_t>(seg) * kCompactCap;
   for (int i = threadIdx.x; i < max(n, np); i += blockDim.x) {
@@ -845,17 +845,19 @@ void two_stage_select(const TwoStageSelectArgs& a, const TwoStageLaunch& launch)
   const std::size_t merge1_smem = static_cast<std::size_t>((max_pages + 31) / 32) * 4;
   const std::size_t merge2_smem = static_cast<std::size_t>((kmax + 31) / 32) * 4;
   // Shared-memory limits raised once per kernel to what the largest list can need.
+  static const int compact_cap = compact_cap_of(detail::dynamic_smem_room(rank_compact_kernel));
   static const bool ready = [] {
     detail::set_dynamic_smem(rank_kernel<std::uint32_t, 1>, kMaxDepth * 12,
                              "the two-stage rank kernel");
     detail::set_dynamic_smem(rank_kernel<unsigned long long, 2>, kMaxDepth * 12,
                              "the two-stage rank kernel");
     detail::set_dynamic_smem(sample_kernel, kSampleMax * 8, "the two-stage sample kernel");
-    detail::set_dynamic_smem(rank_compact_kernel, kCompactCap * 12,
+    detail::set_dynamic_smem(rank_compact_kernel, static_cast<std::size_t>(compact_cap) * 12,
                              "the two-stage compacted rank kernel");
     return true;
   }();
   (void)ready;
+  p.compact_cap = compact_cap;
 
   // score_kernel (and the first pass): a thread per token, whole pages per CTA.
   p.score_pages = std::max(1, std::min(kScorePages, kThreads / P));
@@ -913,7 +915,7 @@ void two_stage_select(const TwoStageSelectArgs& a, const TwoStageLaunch& launch)
                             static_cast<unsigned>(segs)),
        dim3(kThreads), 0, st, p, "two-stage token compact kernel");
     go(rank_compact_kernel, dim3(static_cast<unsigned>(segs)), dim3(kRankThreads),
-       static_cast<std::size_t>(kCompactCap) * 12, st, p, "two-stage compacted rank kernel");
+       static_cast<std::size_t>(p.compact_cap) * 12, st, p, "two-stage compacted rank kernel");
   }
   go(rank_kernel<unsigned long long, 2>, dim3(static_cast<unsigned>(segs)),
          dim3(kRankThreads), rank2_smem, st, p, "two-stage token rank kernel");

@@ -21,6 +21,7 @@ constexpr int kThreads = 256;
 constexpr int kMaxBitmapBytes = 224 * 1024;  // the merge kernels' bitmap (Hopper: 227 KB a CTA)
 constexpr int kSampleMax = 8192;    // stage 2: keys sampled per segment for its threshold
 constexpr int kCompactCap = 16384;  // stage 2: keys at or above the threshold ranked in smem
+                                    // (at most: Params::compact_cap, compact_cap_of)
 constexpr int kBins = 2048;         // log_prob: histogram bins of the pooled log-probabilities,
 constexpr int kBinsPerNat = 32;     // 1/32 nat each from 0 down (the last: everything below)
 
@@ -63,6 +64,10 @@ struct Params {
   unsigned long long* ckeys;   // [B * Hq][kCompactCap]: those keys and their indices
   std::int32_t* cidx;
   int depth2;
+  // Keys one CTA ranks in shared memory, 12 bytes each (key, index): kCompactCap where the
+  // device leaves the ranking kernel room for them, less on the sm_80 paths (compact_cap_of).
+  // Past it the segment is ranked by rank_kernel from all its keys: the lists are the same.
+  int compact_cap;
   // GroupRule::log_prob (factor 0 only): every page is scored (the kept tokens too: they are in
   // each head's LSE), the heads' rows pooled into the group's first row, which alone is ranked.
   int log_prob;
@@ -192,11 +197,19 @@ __device__ __forceinline__ int stage2_items(const Params& p, const Plan& s, int 
 // pooled keys into its first head's row of keys2. segs = B * Hq, pairs = B * Hkv.
 void clear_log_prob(const Params& p, int segs, cudaStream_t stream);
 // The merge of stage 1 (candidate pages) or 2 (the output list), two_stage_merge.cu: pairs =
+// The largest power of two <= kCompactCap whose 12-byte entries fit `room` bytes of dynamic
+// shared memory (Hopper: kCompactCap; the sm_80 paths' 163 KB: 8192); 1024 at least, which
+// set_dynamic_smem then refuses with its own message if even that does not fit.
+inline int compact_cap_of(std::size_t room) {
+  int cap = kCompactCap;
+  while (cap > 1024 && static_cast<std::size_t>(cap) * 12 > room) cap /= 2;
+  return cap;
+}
 // B * Hkv CTAs, smem their bitmap's bytes.
 void launch_merge(int stage, const Params& p, int pairs, std::size_t smem, cudaStream_t stream);
 // launch_log_prob_pool also ranks: the histogram's cut bin, the items above it into the list,
 // the cut bin's items sorted in shared memory (rank_kernel ranks a group where that bin
-// overflows kCompactCap: thresh 0).
+// overflows Params::compact_cap: thresh 0). Sets the cap itself (p's is the caller's).
 void launch_log_prob_pool(const Params& p, int segs, int pairs, cudaStream_t stream);
 // token_codes' first pass (two_stage_twopass.cu), after all_pages_kernel with p1 (every page,
 // log_prob): the channels, every token's score on them, the log-prob pooling and its best

@@ -120,7 +120,7 @@ __global__ void __launch_bounds__(kThreads) pool_kernel(Params p) {
 
 // Per group (its first head's segment): the bin B holding the need-th best pooled key, the
 // count A of the bins above it; bins = {B, A, counter}; thresh 1 where the binned rank serves
-// (B's tokens fit kCompactCap), 0 where rank_kernel ranks the whole row.
+// (B's tokens fit Params::compact_cap), 0 where rank_kernel ranks the whole row.
 __global__ void __launch_bounds__(kRankThreads) bin_select_kernel(Params p) {
   __shared__ int s_warp[32];
   __shared__ int s_cut[2];
@@ -150,7 +150,7 @@ __global__ void __launch_bounds__(kRankThreads) bin_select_kernel(Params p) {
   __syncthreads();
   if (threadIdx.x == 0) {
     const int B = s_cut[0];
-    const bool ok = B >= 0 && hist[B] <= kCompactCap;
+    const bool ok = B >= 0 && hist[B] <= p.compact_cap;
     p.thresh[seg] = ok ? 1ull : 0ull;
     p.bins[3 * seg] = B;
     p.bins[3 * seg + 1] = ok ? s_cut[1] : 0;
@@ -188,7 +188,7 @@ __global__ void __launch_bounds__(kThreads) bin_compact_kernel(Params p) {
     const unsigned below_me = (1u << lane) - 1u;
     if (bin < B) list[first_above + __popc(above & below_me)] = i;
     if (bin == B) {
-      const int at = first_b + __popc(at_b & below_me);  // < kCompactCap: B's count
+      const int at = first_b + __popc(at_b & below_me);  // < compact_cap: B's count
       p.ckeys[static_cast<std::int64_t>(seg) * kCompactCap + at] = k;
       p.cidx[static_cast<std::int64_t>(seg) * kCompactCap + at] = i;
     }
@@ -206,7 +206,7 @@ __global__ void __launch_bounds__(kRankThreads) bin_rank_kernel(Params p) {
   const int n = p.ccount[seg], A = p.bins[3 * seg + 1];
   int np = 1;
   while (np < n) np *= 2;
-  std::int32_t* s_ci = reinterpret_cast<std::int32_t*>(s_ck + kCompactCap);
+  std::int32_t* s_ci = reinterpret_cast<std::int32_t*>(s_ck + p.compact_cap);
   const unsigned long long* ck = p.ckeys + static_cast<std::int64_t>(seg) * kCompactCap;
   const std::int32_t* ci = p.cidx + static_cast<std::int64_t>(seg) * kCompactCap;
   for (int i = threadIdx.x; i < np; i += blockDim.x) {
@@ -231,7 +231,10 @@ void clear_log_prob(const Params& p, int segs, cudaStream_t st) {
                      "cudaMemsetAsync(log-prob histogram)");
 }
 
-void launch_log_prob_pool(const Params& p, int segs, int pairs, cudaStream_t st) {
+void launch_log_prob_pool(const Params& caller, int segs, int pairs, cudaStream_t st) {
+  static const int compact_cap = compact_cap_of(detail::dynamic_smem_room(bin_rank_kernel));
+  Params p = caller;
+  p.compact_cap = compact_cap;
   const unsigned chunks = static_cast<unsigned>((p.kmax + kBlock - 1) / kBlock);
   lse_sum_kernel<<<dim3(chunks, static_cast<unsigned>(segs)), kThreads, 0, st>>>(p);
   detail::check_cuda(cudaGetLastError(), "log-prob sum kernel");
@@ -239,7 +242,8 @@ void launch_log_prob_pool(const Params& p, int segs, int pairs, cudaStream_t st)
   pool_kernel<<<dim3(pool_chunks, static_cast<unsigned>(pairs)), kThreads, 0, st>>>(p);
   detail::check_cuda(cudaGetLastError(), "log-prob pool kernel");
   static const bool ready = [] {
-    detail::set_dynamic_smem(bin_rank_kernel, kCompactCap * 12, "the log-prob bin rank kernel");
+    detail::set_dynamic_smem(bin_rank_kernel, static_cast<std::size_t>(compact_cap) * 12,
+                             "the log-prob bin rank kernel");
     return true;
   }();
   (void)ready;
@@ -247,7 +251,8 @@ void launch_log_prob_pool(const Params& p, int segs, int pairs, cudaStream_t st)
   detail::check_cuda(cudaGetLastError(), "log-prob bin select kernel");
   bin_compact_kernel<<<dim3(chunks, static_cast<unsigned>(segs)), kThreads, 0, st>>>(p);
   detail::check_cuda(cudaGetLastError(), "log-prob bin compact kernel");
-  bin_rank_kernel<<<static_cast<unsigned>(segs), kRankThreads, kCompactCap * 12, st>>>(p);
+  bin_rank_kernel<<<static_cast<unsigned>(segs), kRankThreads,
+                    static_cast<std::size_t>(compact_cap) * 12, st>>>(p);
   detail::check_cuda(cudaGetLastError(), "log-prob bin rank kernel");
 }
 
