@@ -49,7 +49,8 @@ ScorePlan score_plan(const ScanKernels& k, int group) {
                    ? kScoreMaxWarps
                    : static_cast<int>(std::min<std::size_t>(kScoreMaxWarps, room / k.warp_bytes));
   require(plan.warps >= 1 && qb <= optin, ErrorCode::unsupported, "q",
-          "the scoring kernel's shared memory does not fit this device for group ", group);
+          "the scoring kernel's shared memory does not fit this device: group ", group, " needs ",
+          qb, " bytes of queries plus ", k.warp_bytes, " a warp, of the ", optin, " a block may have");
   plan.smem = k.bytes(plan.warps, group);
   // The chunk plan counts on the fewer resident CTAs of the two (registers may differ).
   int ctas = 0, ctas_hot = 0;
