@@ -530,6 +530,54 @@ TEST(ExtendKept, RejectsSelectionsOfAnotherTable) {
                      ErrorCode::invalid_argument, "selection", "beyond");
 }
 
+// union_selections: every list the sorted set union of the two inputs' (in any order, with
+// repeats), against std::set on random lists of many shapes; empty lists; mismatched shapes.
+TEST(UnionSelections, EveryListIsTheSetUnionInAscendingOrder) {
+  std::mt19937 rng(17);
+  for (int trial = 0; trial < 200; ++trial) {
+    const int B = 1 + static_cast<int>(rng() % 3), H = 1 + static_cast<int>(rng() % 4);
+    const int n = 1 + static_cast<int>(rng() % 40);  // ids in [0, n)
+    const auto unit = trial % 2 ? SelectionView::Unit::token : SelectionView::Unit::page;
+    SelectionStorage a, b, out;
+    const auto fill = [&](SelectionStorage& s, int width) {
+      s.reset(unit, B, H, width);
+      for (int q = 0; q < B; ++q) {
+        for (int h = 0; h < H; ++h) {
+          const int cnt = width == 0 ? 0 : static_cast<int>(rng() % (width + 1));
+          auto slots = s.slots(q, h);
+          for (int i = 0; i < cnt; ++i) slots[static_cast<std::size_t>(i)] = static_cast<std::int32_t>(rng() % n);
+          s.count[static_cast<std::size_t>(q * H + h)] = cnt;
+        }
+      }
+    };
+    fill(a, static_cast<int>(rng() % 12));
+    fill(b, static_cast<int>(rng() % 12));
+    union_selections(a.view(), b.view(), out);
+    ASSERT_EQ(out.unit, unit);
+    ASSERT_EQ(out.batch, B);
+    ASSERT_EQ(out.num_kv_heads, H);
+    for (int q = 0; q < B; ++q) {
+      for (int h = 0; h < H; ++h) {
+        std::set<std::int32_t> want;
+        for (const std::int32_t id : a.view().list(q, h)) want.insert(id);
+        for (const std::int32_t id : b.view().list(q, h)) want.insert(id);
+        const auto got = out.view().list(q, h);
+        EXPECT_EQ(std::vector<std::int32_t>(got.begin(), got.end()),
+                  std::vector<std::int32_t>(want.begin(), want.end()))
+            << "trial " << trial << " sequence " << q << " head " << h;
+      }
+    }
+  }
+  SelectionStorage a, b, out;
+  a.reset(SelectionView::Unit::page, 1, 2, 3);
+  b.reset(SelectionView::Unit::page, 1, 1, 3);
+  test::expect_error([&] { union_selections(a.view(), b.view(), out); },
+                     ErrorCode::shape_mismatch, "selection");
+  b.reset(SelectionView::Unit::token, 1, 2, 3);
+  test::expect_error([&] { union_selections(a.view(), b.view(), out); },
+                     ErrorCode::shape_mismatch, "selection");
+}
+
 // queries_within_cos: per head, cos of two queries against the threshold; a head set at a
 // known angle decides at exactly that cosine.
 TEST(QueriesWithinCos, EveryHeadMustPassAndZeroRowsPassOnlyAgainstZero) {

@@ -259,7 +259,8 @@ std::vector<Outcome> run_sample(const model::Model& model, const model::ChatTemp
       const Root& root = roots[root_of[started]];
       auto lane = std::make_unique<Lane>(started, root.session->fork());
       lane->session.set_selector(configs[started].selector);
-      lane->session.set_reselect(configs[started].reselect_every, configs[started].reselect_cos);
+      lane->session.set_reselect(configs[started].reselect_every, configs[started].reselect_cos,
+                                 configs[started].selection_timing);
       if (configs[started].protocol == Protocol::standard) {
         // The prompt is in the cache: generation starts from the prefill's token.
         lane->fed = prompt.rest.size();

@@ -120,7 +120,7 @@ Session::Session(const Model& model, SessionOptions options)
   check_score_multipliers(options.score_multipliers, c);
   require(options.fork_pages >= 0, ErrorCode::invalid_argument, "fork_pages", "must be >= 0, got ",
           options.fork_pages);
-  check_reselect(options.reselect_every, options.reselect_cos);
+  check_reselect(options.reselect_every, options.reselect_cos, options.selection_timing);
   // Checked before the page count below divides by it (page_size 0 was a SIGFPE).
   require(options.page_size >= 1 && options.page_size <= 256 &&
               (options.page_size & (options.page_size - 1)) == 0,
@@ -206,10 +206,11 @@ void Session::set_selector(std::optional<select::SelectorConfig> selector) {
   for (LayerAttention& a : impl_->attention) a.forget_selection();
 }
 
-void Session::set_reselect(int every, double min_cos) {
-  check_reselect(every, min_cos);
+void Session::set_reselect(int every, double min_cos, SelectionTiming timing) {
+  check_reselect(every, min_cos, timing);
   impl_->opt.reselect_every = every;
   impl_->opt.reselect_cos = min_cos;
+  impl_->opt.selection_timing = timing;
   for (LayerAttention& a : impl_->attention) a.forget_selection();
 }
 

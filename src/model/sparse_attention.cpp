@@ -53,10 +53,23 @@ void check_selector(const std::optional<select::SelectorConfig>& selector, const
           " needs SessionOptions::learned_selector (its key cache is kept from the first token)");
 }
 
-void check_reselect(int every, double min_cos) {
+void check_reselect(int every, double min_cos, SelectionTiming timing) {
   require(every >= 1, ErrorCode::invalid_argument, "reselect_every", "must be >= 1, got ", every);
   require(min_cos >= -1 && min_cos <= 1, ErrorCode::invalid_argument, "reselect_cos",
           "must be in [-1, 1], got ", min_cos);
+  require(timing == SelectionTiming::fresh || every == 1, ErrorCode::invalid_argument,
+          "selection_timing", to_string(timing),
+          " attends the previous step's selection, which a reused one (reselect_every ", every,
+          ") already is: choose one");
+}
+
+std::string_view to_string(SelectionTiming t) noexcept {
+  switch (t) {
+    case SelectionTiming::fresh: return "fresh";
+    case SelectionTiming::previous: return "previous";
+    case SelectionTiming::union_previous: return "union_previous";
+  }
+  return "?";
 }
 
 LayerAttention::LayerAttention(const ModelConfig& c, int layer, const learn::Selector* learned)
@@ -258,8 +271,8 @@ SelectionView LayerAttention::choose(const AttentionCall& call, AttentionScratch
   // selection is fewer than reselect_every steps old and (reselect_cos) every q head still
   // points near the query it was made for.
   const std::span<const float> q_step(call.q.data, sz(Hq) * sz(D));
-  const bool reuse = r.length > 0 && len == r.last_step + 1 &&
-                     len - r.length < opt.reselect_every &&
+  const bool next_step = r.length > 0 && len == r.last_step + 1;
+  const bool reuse = next_step && len - r.length < opt.reselect_every &&
                      select::queries_within_cos(q_step, r.q, D, opt.reselect_cos);
   r.last_step = len;
   stats.selector_layers += 1;
@@ -300,6 +313,23 @@ SelectionView LayerAttention::choose(const AttentionCall& call, AttentionScratch
   stats.selector_rows +=
       select::selector_read_bytes(*used, view.table, shape, w.sel_out.code_pages) /
       select::dense_row_bytes(D);
+  if (opt.selection_timing != SelectionTiming::fresh) {
+    // The step attends what the layer chose one step earlier (kept rule applied to today's
+    // length), alone or joined with this step's choice; this step's is kept for the next.
+    const bool have_previous = next_step;  // r.selection was made at the step before
+    SelectionView attended = w.sel_out.selection.view();
+    if (have_previous) {
+      select::extend_kept(r.selection.view(), view.table, ps, *used, w.reused);
+      attended = w.reused.view();
+      if (opt.selection_timing == SelectionTiming::union_previous) {
+        select::union_selections(w.reused.view(), w.sel_out.selection.view(), w.joined);
+        attended = w.joined.view();
+      }
+    }
+    r.selection = w.sel_out.selection;
+    r.length = len;
+    return attended;
+  }
   if (opt.reselect_every > 1) {
     r.selection = w.sel_out.selection;
     r.length = len;

@@ -30,8 +30,9 @@ inline double seconds_since(std::chrono::steady_clock::time_point t0) {
 // session of this mapping, learned selector and page codes.
 void check_selector(const std::optional<select::SelectorConfig>& selector, const Mapping& mapping,
                     const std::shared_ptr<const learn::Selector>& learned, bool page_codes);
-// Throws Error(invalid_argument, "reselect_every"/"reselect_cos") for out-of-range values.
-void check_reselect(int every, double min_cos);
+// Throws Error(invalid_argument, "reselect_every"/"reselect_cos") for out-of-range values, and
+// Error(invalid_argument, "selection_timing") for a timing other than fresh with every > 1.
+void check_reselect(int every, double min_cos, SelectionTiming timing);
 
 // Buffers of the attention steps, shared by every layer and session of a pass (the pass's lead
 // session owns them) so that nothing is allocated per step once they have grown.
@@ -39,7 +40,8 @@ struct AttentionScratch {
   std::vector<float> sel_rows, sel_q, sel_scratch;  // learned selector projections
   select::SelectOutput sel_out;
   select::SelectorConfig sel_config;  // the selector with its budget beside dense layers
-  SelectionStorage reused;  // a layer's earlier selection, extended (reselect_every)
+  SelectionStorage reused;  // a layer's earlier selection, extended (reselect_every, timing)
+  SelectionStorage joined;  // the previous and the fresh selection (union_previous)
   std::vector<select::HeadDiagnostics> diag;
   SelectionStorage window_sel;
   kv::PageTableStorage rows_table;

@@ -82,6 +82,21 @@ void check_args(const SelectArgs& a, const SelectorConfig& c, const detail::Sele
   detail::check_pair(pick, c);
 }
 
+// `out` holding `lists` ([batch][heads], each already ordered), as wide as the widest.
+void store_lists(const std::vector<std::vector<std::int32_t>>& lists, SelectionView::Unit unit,
+                 int batch, int heads, SelectionStorage& out) {
+  std::size_t widest = 0;
+  for (const auto& list : lists) widest = std::max(widest, list.size());
+  out.reset(unit, batch, heads, static_cast<int>(widest));
+  for (int b = 0, i = 0; b < batch; ++b) {
+    for (int h = 0; h < heads; ++h, ++i) {
+      const auto& list = lists[static_cast<std::size_t>(i)];
+      std::copy(list.begin(), list.end(), out.slots(b, h).begin());
+      out.count[static_cast<std::size_t>(i)] = static_cast<std::int32_t>(list.size());
+    }
+  }
+}
+
 }  // namespace
 
 void extend_kept(const SelectionView& sel, const kv::PageTable& table, int page_size,
@@ -92,7 +107,6 @@ void extend_kept(const SelectionView& sel, const kv::PageTable& table, int page_
   require(page_size > 0, invalid_argument, "page_size", "must be > 0, got ", page_size);
   const bool tokens = sel.unit == SelectionView::Unit::token;
   std::vector<std::vector<std::int32_t>> lists;
-  std::size_t widest = 0;
   for (int b = 0; b < sel.batch; ++b) {
     detail::Group G;
     G.b = b;
@@ -116,18 +130,29 @@ void extend_kept(const SelectionView& sel, const kv::PageTable& table, int page_
       }
       std::sort(list.begin(), list.end());
       list.erase(std::unique(list.begin(), list.end()), list.end());
-      widest = std::max(widest, list.size());
       lists.push_back(std::move(list));
     }
   }
-  out.reset(sel.unit, sel.batch, sel.num_kv_heads, static_cast<int>(widest));
-  for (int b = 0, i = 0; b < sel.batch; ++b) {
-    for (int h = 0; h < sel.num_kv_heads; ++h, ++i) {
-      const auto& list = lists[static_cast<std::size_t>(i)];
-      std::copy(list.begin(), list.end(), out.slots(b, h).begin());
-      out.count[static_cast<std::size_t>(i)] = static_cast<std::int32_t>(list.size());
+  store_lists(lists, sel.unit, sel.batch, sel.num_kv_heads, out);
+}
+
+void union_selections(const SelectionView& a, const SelectionView& b, SelectionStorage& out) {
+  require(a.unit == b.unit && a.batch == b.batch && a.num_kv_heads == b.num_kv_heads,
+          ErrorCode::shape_mismatch, "selection", "a union of selections of different shapes (",
+          a.batch, " x ", a.num_kv_heads, " and ", b.batch, " x ", b.num_kv_heads, ")");
+  std::vector<std::vector<std::int32_t>> joined(static_cast<std::size_t>(a.batch) *
+                                                a.num_kv_heads);
+  for (int s = 0, i = 0; s < a.batch; ++s) {
+    for (int h = 0; h < a.num_kv_heads; ++h, ++i) {
+      auto& list = joined[static_cast<std::size_t>(i)];
+      const auto la = a.list(s, h), lb = b.list(s, h);
+      list.assign(la.begin(), la.end());
+      list.insert(list.end(), lb.begin(), lb.end());
+      std::sort(list.begin(), list.end());
+      list.erase(std::unique(list.begin(), list.end()), list.end());
     }
   }
+  store_lists(joined, a.unit, a.batch, a.num_kv_heads, out);
 }
 
 bool queries_within_cos(std::span<const float> q, std::span<const float> ref, int head_dim,

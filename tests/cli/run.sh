@@ -219,6 +219,8 @@ check eval-bad-batch 2 '--batch' -- "$bin" eval --batch -1
 check eval-bad-reselect 2 'decode selectors only' -- "$bin" eval --methods dense@4
 check eval-bad-reselect-steps 2 'METHOD@R' -- "$bin" eval --methods quest@0
 check eval-bad-reselect-cos 2 'METHOD@RcCOS' -- "$bin" eval --methods quest@4c1.5
+check eval-bad-timing 2 'METHOD@prev or METHOD@union' -- "$bin" eval --methods quest@previous
+check eval-timing-dense 2 'decode selectors only' -- "$bin" eval --methods dense@prev
 check eval-bad-modifier 2 '\+pages applies to two_stage only' -- "$bin" eval --methods quest+pages
 check eval-unknown-modifier 2 "unknown modifier '\+foo'" -- "$bin" eval --methods two_stage+foo@2
 check eval-modifier-dry-run 0 'report_rows=3' -- "$bin" eval --methods dense,oracle+tokens,two_stage+pages@2 \

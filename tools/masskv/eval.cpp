@@ -134,6 +134,7 @@ eval::DecodeConfig decode_config(const MethodRow& row, std::int64_t length, cons
   const Reselect rs = split_reselect(row.method);
   c.reselect_every = rs.every;
   c.reselect_cos = rs.min_cos;
+  c.selection_timing = rs.timing;
   select::SelectorConfig s;
   s.method = select::parse_method(rs.method, "--methods");
   s.mapping = c.mapping;
@@ -694,7 +695,9 @@ void register_eval(CLI::App& app, const std::string& cmdline) {
                 "--selector-file) for key blocks K = 16, "
                 "64, 128 (the budget: of the keys before each query block). A decode selector "
                 "with @R (quest@8) reuses each layer's selection for R decode steps; @RcCOS "
-                "(quest@8c0.9) also selects again when a query turns past cos COS. Modifiers "
+                "(quest@8c0.9) also selects again when a query turns past cos COS; @prev "
+                "(quest@prev) attends the selection made one step earlier, @union that and "
+                "the step's own (docs/eval.md \"Selection timing\"). Modifiers "
                 "METHOD+MOD set a selector option (docs/eval.md \"Modifiers\"): " +
                     modifier_help())
       ->delimiter(',');

@@ -111,8 +111,13 @@ Reselect split_reselect(const std::string& m) {
   Reselect r{m.substr(0, at), {}, 1, -1};
   std::tie(r.method, r.mods) = split_modifiers(r.method, "--methods");
   if (at == std::string::npos) return r;
-  r.every = 0;
   const std::string rest = m.substr(at + 1);
+  if (rest == "prev" || rest == "union") {
+    r.timing = rest == "prev" ? model::SelectionTiming::previous
+                              : model::SelectionTiming::union_previous;
+    return r;
+  }
+  r.every = 0;
   const char* const end = rest.data() + rest.size();
   const auto [p, ec] = std::from_chars(rest.data(), end, r.every);
   bool ok = ec == std::errc() && r.every >= 1;
@@ -124,7 +129,8 @@ Reselect split_reselect(const std::string& m) {
          r.min_cos <= 1;
   }
   require(ok, ErrorCode::invalid_argument, "--methods", "'", m,
-          "': write METHOD@R or METHOD@RcCOS (R decode steps >= 1, COS in [-1, 1])");
+          "': write METHOD@R or METHOD@RcCOS (R decode steps >= 1, COS in [-1, 1]), "
+          "METHOD@prev or METHOD@union");
   return r;
 }
 std::string base_method(const std::string& m) { return split_reselect(m).method; }
@@ -162,7 +168,7 @@ std::vector<MethodRow> method_rows(const std::vector<std::string>& methods,
     const std::string base = split_reselect(m).method;
     require(m.find('@') == std::string::npos || (!is_dense(base) && !is_prefill(base)),
             ErrorCode::invalid_argument, "--methods", "'", m,
-            "': @R (reuse a selection) applies to decode selectors only");
+            "': @R, @prev and @union (a selection's timing) apply to decode selectors only");
     if (is_prefill(base)) {
       (void)parse_prefill_row(base, "--methods");
     } else if (!is_dense(base)) {

@@ -21,13 +21,16 @@ struct MethodRow {
 
 // "quest@8": quest with each layer's selection reused for 8 decode steps
 // (SessionOptions::reselect_every); "quest@8c0.9" also selects again when a q head's query
-// turns further than cos 0.9 from the selection's (reselect_cos). Before the '@', "+MOD"
-// modifiers set a selector option (kModifiers): "oracle+tokens", "two_stage+pages".
+// turns further than cos 0.9 from the selection's (reselect_cos). "quest@prev" attends the
+// selection made at the step before, "quest@union" that and this step's together
+// (SessionOptions::selection_timing). Before the '@', "+MOD" modifiers set a selector option
+// (kModifiers): "oracle+tokens", "two_stage+pages".
 struct Reselect {
   std::string method;             // the base method, without modifiers
   std::vector<std::string> mods;  // its modifiers, in the order written
   int every = 1;
   double min_cos = -1;
+  model::SelectionTiming timing = model::SelectionTiming::fresh;
 };
 
 struct Modifier {

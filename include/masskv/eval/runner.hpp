@@ -55,6 +55,7 @@ struct DecodeConfig {
   // (SessionOptions::reselect_every, reselect_cos).
   int reselect_every = 1;
   double reselect_cos = -1;
+  model::SelectionTiming selection_timing = model::SelectionTiming::fresh;
   // Which tokens decode through `selector` (Protocol); configurations of both protocols share
   // the context's prefill.
   Protocol protocol = Protocol::strict;

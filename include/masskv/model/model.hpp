@@ -146,6 +146,10 @@ struct LayerCapture {
   std::span<const float> x;
 };
 
+// SessionOptions::selection_timing.
+enum class SelectionTiming { fresh, previous, union_previous };
+std::string_view to_string(SelectionTiming t) noexcept;
+
 struct SessionOptions {
   std::int64_t max_tokens = 4096;  // KV capacity per layer, in tokens (> 0)
   int page_size = 16;
@@ -164,6 +168,14 @@ struct SessionOptions {
   // from the one the selection was made for: cos(q, q_selected) < reselect_cos for any q
   // head (in [-1, 1]; -1: only every reselect_every steps).
   double reselect_cos = -1;
+  // Which selection a decode step attends (reselect_every 1 only; issue 33's question of
+  // taking selection off a GPU step's critical path, docs/gpu.md): `fresh`, the one its own
+  // query makes; `previous`, the one the layer made at the step before (with the pages
+  // appended since, select::extend_kept), so that a GPU could select for the next step while
+  // this one attends; `union_previous`, both (the previous pages attended while this step's
+  // selection runs, then only the new ones). Every step still runs the selector. The first
+  // step after a prefill (or a set_selector / set_reselect) has no previous: it attends fresh.
+  SelectionTiming selection_timing = SelectionTiming::fresh;
   // The learned selector whose key cache the session keeps from its first token (so forks can
   // decode with Method::learned or learned_codes; set_selector may switch to it later).
   // Checked against the model: Error(invalid_argument, "selector"). Null: no key cache, those
@@ -270,9 +282,10 @@ class Session {
   Session fork() const;
   // Replaces the decode selector (nullopt = dense). Throws like the constructor.
   void set_selector(std::optional<select::SelectorConfig> selector);
-  // Replaces SessionOptions::reselect_every and reselect_cos (checked as the constructor);
-  // the next step of every layer selects again.
-  void set_reselect(int every, double min_cos = -1);
+  // Replaces SessionOptions::reselect_every, reselect_cos and selection_timing (checked as the
+  // constructor); the next step of every layer selects again.
+  void set_reselect(int every, double min_cos = -1,
+                    SelectionTiming timing = SelectionTiming::fresh);
 
   const Model& model() const noexcept { return *model_; }
   std::int64_t position() const noexcept { return position_; }

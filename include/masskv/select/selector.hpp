@@ -205,6 +205,10 @@ void run_selector(const SelectArgs& args, const SelectorConfig& config, SelectOu
 void extend_kept(const SelectionView& selection, const kv::PageTable& table, int page_size,
                  const SelectorConfig& config, SelectionStorage& out);
 
+// out = a ∪ b, list by list, each list ascending (as extend_kept writes them). Same unit,
+// batch and kv heads, else Error(shape_mismatch, "selection").
+void union_selections(const SelectionView& a, const SelectionView& b, SelectionStorage& out);
+
 // Whether every q head of `q` ([heads][head_dim]) points within `min_cos` (cosine) of its row
 // in `ref` (same shape): the query-change test of SessionOptions::reselect_cos. A zero row has
 // no direction: it passes only against a zero row. min_cos <= -1 always passes.
