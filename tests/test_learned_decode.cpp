@@ -625,10 +625,7 @@ TEST(LearnedDecode, SmolLM2MeanScoreSelectorPicksTheMeanScoreOraclesPages) {
     };
     std::map<int, SelectionStorage> chosen;
     so.on_selection = [&](int layer, const SelectionView& sv) {
-      SelectionStorage& st = chosen[layer];
-      st.reset(sv.unit, sv.batch, sv.num_kv_heads, sv.max_per_head);
-      st.ids.assign(sv.ids.begin(), sv.ids.end());
-      st.count.assign(sv.count.begin(), sv.count.end());
+      chosen[layer].assign(sv);
     };
     Session s(*m, so);
     std::vector<float> logits(static_cast<std::size_t>(c.n_vocab));

@@ -93,14 +93,6 @@ TEST(SparseAttention, ReuseCountsTheListsRowsAndNoSelectorReads) {
   }
 }
 
-SelectionStorage copy_of(const SelectionView& v) {
-  SelectionStorage s;
-  s.reset(v.unit, v.batch, v.num_kv_heads, v.max_per_head);
-  s.ids.assign(v.ids.begin(), v.ids.end());
-  s.count.assign(v.count.begin(), v.count.end());
-  return s;
-}
-
 // Per step t a fork of the session (same caches, same reusable state) selects fresh; at layer
 // 0, whose queries and keys come from the tokens alone (so the fork's choice is the session's
 // own), the session must attend extend_kept(the choice at t - 1) (previous), or that ∪ the
@@ -125,7 +117,7 @@ TEST(SparseAttention, SelectionTimingAttendsThePreviousStepsChoice) {
       std::vector<SelectionStorage>* into = nullptr;  // [layer]: the step's lists
       so.on_selection = [&](int layer, const SelectionView& sv) {
         ASSERT_EQ(layer, static_cast<int>(into->size()));
-        into->push_back(copy_of(sv));
+        into->emplace_back().assign(sv);
       };
       std::vector<TokenId> prompt;
       // A random span twice, then decoding: the model copies on, and the heads that find the
@@ -155,7 +147,7 @@ TEST(SparseAttention, SelectionTimingAttendsThePreviousStepsChoice) {
         double read = 0;
         for (int l = 0; l < c.n_layer; ++l) {
           const auto L = static_cast<std::size_t>(l);
-          SelectionStorage want = copy_of(fresh[L].view());
+          SelectionStorage want = fresh[L];
           if (step > 0 && l == 0) {
             select::extend_kept(fresh_before[L].view(), t.table(), ps, *so.selector, want);
             if (timing == SelectionTiming::union_previous) {

@@ -48,6 +48,12 @@ struct SelectionStorage {
         static_cast<std::size_t>(max_per_head));
   }
   SelectionView view() const { return {unit, batch, num_kv_heads, max_per_head, ids, count}; }
+  // A copy of `v`'s shape and lists (a view lent by a step outlives it only copied).
+  void assign(const SelectionView& v) {
+    reset(v.unit, v.batch, v.num_kv_heads, v.max_per_head);
+    ids.assign(v.ids.begin(), v.ids.end());
+    count.assign(v.count.begin(), v.count.end());
+  }
 };
 
 }  // namespace masskv

@@ -196,7 +196,6 @@ __device__ __forceinline__ int stage2_items(const Params& p, const Plan& s, int 
 // takes each head's max); launch_log_prob_pool after it: each head's LSE, then the group's
 // pooled keys into its first head's row of keys2. segs = B * Hq, pairs = B * Hkv.
 void clear_log_prob(const Params& p, int segs, cudaStream_t stream);
-// The merge of stage 1 (candidate pages) or 2 (the output list), two_stage_merge.cu: pairs =
 // The largest power of two <= kCompactCap whose 12-byte entries fit `room` bytes of dynamic
 // shared memory (Hopper: kCompactCap; the sm_80 paths' 163 KB: 8192); 1024 at least, which
 // set_dynamic_smem then refuses with its own message if even that does not fit.
@@ -205,6 +204,7 @@ inline int compact_cap_of(std::size_t room) {
   while (cap > 1024 && static_cast<std::size_t>(cap) * 12 > room) cap /= 2;
   return cap;
 }
+// The merge of stage 1 (candidate pages) or 2 (the output list), two_stage_merge.cu: pairs =
 // B * Hkv CTAs, smem their bitmap's bytes.
 void launch_merge(int stage, const Params& p, int pairs, std::size_t smem, cudaStream_t stream);
 // launch_log_prob_pool also ranks: the histogram's cut bin, the items above it into the list,

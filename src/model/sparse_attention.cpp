@@ -316,9 +316,8 @@ SelectionView LayerAttention::choose(const AttentionCall& call, AttentionScratch
   if (opt.selection_timing != SelectionTiming::fresh) {
     // The step attends what the layer chose one step earlier (kept rule applied to today's
     // length), alone or joined with this step's choice; this step's is kept for the next.
-    const bool have_previous = next_step;  // r.selection was made at the step before
     SelectionView attended = w.sel_out.selection.view();
-    if (have_previous) {
+    if (next_step) {  // r.selection was made at the step before
       select::extend_kept(r.selection.view(), view.table, ps, *used, w.reused);
       attended = w.reused.view();
       if (opt.selection_timing == SelectionTiming::union_previous) {
